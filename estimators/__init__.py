@@ -1,0 +1,6 @@
+"""The functional core: pure numpy/scipy estimation code. No I/O, no clocks, no global RNG."""
+from .domain import Domain, Factor
+from .mechanism import Estimate, Mechanism, TensorSpec, MECHANISMS, from_state, register
+
+__all__ = ["Domain", "Factor", "Estimate", "Mechanism", "TensorSpec", "MECHANISMS", "from_state",
+           "register"]

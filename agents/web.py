@@ -1,0 +1,294 @@
+"""HTTP API of a worker (faust web views): collections, estimates, Prometheus metrics, health,
+and token-guarded refresh/reset (DESIGN.md "User-facing surfaces").
+
+    GET  /collections                      ids, schema, mechanism, ε, marginals, estimators, n
+    GET  /collections/<id>                 one of them
+    GET  /estimates/<id>                   the estimates stored for the collection (index)
+    GET  /estimates/<id>?attrs=a,b&method=m  one estimate (cells transposed to the attrs order)
+    GET  /metrics                          Prometheus text (agents/metrics.py REGISTRY)
+    GET  /healthz                          Redis PING + broker metadata; 200 or 503
+    POST /collections/<id>/refresh         refresh now          } Authorization: Bearer
+    POST /collections/<id>/reset           clear the counts     }   $LDP_API_TOKEN, else 403
+
+Every error is JSON ``{"error": "..."}`` naming what is missing or wrong.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from typing import Any, Sequence
+
+import numpy as np
+from faust import web
+
+from . import metrics, refresh
+
+log = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT_S = 2.0
+
+
+# --- helpers (pure) -----------------------------------------------------------------------------
+def parse_attrs(text: str | None) -> tuple[str, ...] | None:
+    """``"a, b"`` → ``("a", "b")``; empty → None."""
+    if text is None:
+        return None
+    attrs = tuple(a.strip() for a in text.split(",") if a.strip())
+    return attrs or None
+
+
+def match_marginal(configured: Sequence[Sequence[str]], attrs: Sequence[str]) -> tuple[str, ...] | None:
+    """The configured marginal with the same attribute set as ``attrs`` (any order), or None."""
+    want = set(attrs)
+    for m in configured:
+        if len(m) == len(attrs) and set(m) == want:
+            return tuple(m)
+    return None
+
+
+def transpose_payload(payload: dict[str, Any], attrs: Sequence[str]) -> dict[str, Any]:
+    """Reorder an estimate payload's axes (cells and labels) to ``attrs``."""
+    stored = list(payload["attrs"])
+    attrs = list(attrs)
+    if stored == attrs:
+        return dict(payload)
+    perm = [stored.index(a) for a in attrs]
+    cells = np.asarray(payload["cells"], dtype=object)
+    out = dict(payload)
+    out["attrs"] = attrs
+    out["cells"] = np.transpose(cells, perm).tolist()
+    out["labels"] = [payload["labels"][i] for i in perm]
+    return out
+
+
+def token_ok(configured: str | None, header: str | None) -> bool:
+    """True only when a token is configured and the header is exactly ``Bearer <token>``."""
+    if not configured or not header:
+        return False
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return False
+    return hmac.compare_digest(given.strip().encode(), str(configured).encode())
+
+
+def collection_info(coll: Any, mechanism: Any, n: int | None) -> dict[str, Any]:
+    """The JSON description of one collection."""
+    dom = coll.domain
+    labels = dom.labels or tuple(tuple(str(i) for i in range(s)) for s in dom.shape)
+    try:
+        eps_record = float(mechanism.epsilon)
+    except Exception:  # noqa: BLE001 - adaptive mechanisms may lack state yet
+        eps_record = None
+    return {
+        "id": coll.id,
+        "topic": getattr(coll, "topic", None),
+        "version": getattr(coll, "version", None),
+        "schema": {a: list(lab) for a, lab in zip(dom.attrs, labels)},
+        "mechanism": getattr(coll, "mechanism_name", getattr(mechanism, "name", None)),
+        "epsilon": getattr(coll, "epsilon", None),
+        "epsilon_scope": getattr(coll, "epsilon_scope", None),
+        "epsilon_per_record": eps_record,
+        "marginals": [list(m) for m in coll.marginals],
+        "estimators": list(coll.estimators),
+        "n": n,
+        "refresh_interval_s": getattr(coll, "refresh_interval_s", None),
+        "drift_window_s": getattr(coll, "drift_window_s", None),
+        "drift_threshold": getattr(coll, "drift_threshold", None),
+        "expect_traffic": getattr(coll, "expect_traffic", None),
+    }
+
+
+def _bootstraps(ctx: Any) -> list[tuple[str, int]]:
+    raw = getattr(ctx, "kafka_bootstrap", None) or getattr(ctx.config, "kafka_bootstrap", None) or ""
+    out = []
+    for part in str(raw).split(","):
+        part = part.strip()
+        if "://" in part:
+            part = part.split("://", 1)[1]
+        if not part:
+            continue
+        host, _, port = part.rpartition(":")
+        out.append((host.strip("[]") or "127.0.0.1", int(port or 9092)))
+    return out
+
+
+def _broker_ok(addrs: Sequence[tuple[str, int]]) -> tuple[bool, str]:
+    from ..services import kafka_metadata_ok
+    last = "no bootstrap servers configured"
+    for host, port in addrs:
+        try:
+            if kafka_metadata_ok(host, port, timeout=HEALTH_TIMEOUT_S):
+                return True, f"{host}:{port} answered metadata"
+            last = f"{host}:{port} answered without brokers"
+        except OSError as exc:
+            last = f"{host}:{port}: {exc.__class__.__name__}: {exc}"
+    return False, last
+
+
+def _assigned_partitions(app: Any) -> int | None:
+    try:
+        return len(app.consumer.assignment())
+    except Exception:  # noqa: BLE001 - not started / not available
+        return None
+
+
+# --- views --------------------------------------------------------------------------------------
+def install(app: Any, ctx: Any) -> None:
+    """Add the views to the faust ``app``; ``ctx`` is the worker's agents/context.Context."""
+
+    def coll_or_none(cid: str) -> Any:
+        return ctx.config.collections.get(cid)
+
+    def mechanism_of(cid: str) -> Any:
+        mechs = getattr(ctx, "mechanisms", None) or {}
+        return mechs.get(cid) or ctx.config.collections[cid].mechanism()
+
+    def unknown(view: web.View, cid: str) -> Any:
+        return view.error(404, f"unknown collection {cid!r}",
+                          collections=sorted(ctx.config.collections))
+
+    def guarded(view: web.View, request: Any) -> Any | None:
+        configured = getattr(ctx.config, "api_token", None)
+        if not configured:
+            return view.error(403, "state-changing endpoints are disabled: no API token "
+                                   "configured (set LDP_API_TOKEN)")
+        if not token_ok(configured, request.headers.get("Authorization")):
+            return view.error(403, "missing or wrong token (send 'Authorization: Bearer "
+                                   "$LDP_API_TOKEN')")
+        return None
+
+    async def n_of(cid: str) -> int | None:
+        try:
+            return int(await ctx.store.n(cid))
+        except Exception:  # noqa: BLE001 - Redis down: still describe the collection
+            log.warning("n(%s) unavailable", cid, exc_info=True)
+            return None
+
+    @app.page("/collections", name="ldp_collections")
+    class Collections(web.View):
+        async def get(self, request: web.Request) -> web.Response:
+            out = []
+            for cid, coll in ctx.config.collections.items():
+                out.append(collection_info(coll, mechanism_of(cid), await n_of(cid)))
+            return self.json({"collections": out})
+
+    @app.page("/collections/{collection}", name="ldp_collection")
+    class CollectionView(web.View):
+        async def get(self, request: web.Request, collection: str) -> web.Response:
+            coll = coll_or_none(collection)
+            if coll is None:
+                return unknown(self, collection)
+            return self.json(collection_info(coll, mechanism_of(collection),
+                                             await n_of(collection)))
+
+    @app.page("/estimates/{collection}", name="ldp_estimates")
+    class Estimates(web.View):
+        async def get(self, request: web.Request, collection: str) -> web.Response:
+            coll = coll_or_none(collection)
+            if coll is None:
+                return unknown(self, collection)
+            attrs = parse_attrs(request.query.get("attrs"))
+            method = request.query.get("method")
+            if method is not None and method not in coll.estimators:
+                return self.error(404, f"method {method!r} is not configured for collection "
+                                       f"{collection!r}", estimators=list(coll.estimators))
+            try:
+                if attrs is None:
+                    return self.json(await self._index(coll, method))
+                return await self._one(coll, attrs, method or coll.estimators[0])
+            except Exception as exc:  # noqa: BLE001 - Redis unavailable
+                log.warning("estimates %s failed", collection, exc_info=True)
+                return self.error(503, f"estimate store unavailable: {exc.__class__.__name__}: {exc}")
+
+        async def _index(self, coll: Any, method: str | None) -> dict[str, Any]:
+            items = []
+            for m in coll.marginals:
+                for meth in ([method] if method else coll.estimators):
+                    p = await ctx.store.get_estimate(coll.id, meth, tuple(m))
+                    items.append({"attrs": list(m), "method": meth,
+                                  "updated_at": None if p is None else p.get("updated_at"),
+                                  "n": None if p is None else p.get("n"),
+                                  "available": p is not None})
+            return {"collection": coll.id, "estimates": items}
+
+        async def _one(self, coll: Any, attrs: tuple[str, ...], method: str) -> web.Response:
+            if len(set(attrs)) != len(attrs):
+                return self.error(400, f"attrs: an attribute is repeated in {list(attrs)}")
+            missing = [a for a in attrs if a not in coll.domain.attrs]
+            if missing:
+                return self.error(404, f"attribute {missing[0]!r} is not in the schema of "
+                                       f"collection {coll.id!r}", attributes=list(coll.domain.attrs))
+            stored = match_marginal(coll.marginals, attrs)
+            if stored is None:
+                return self.error(404, f"marginal {','.join(attrs)} is not configured for "
+                                       f"collection {coll.id!r}",
+                                  marginals=[",".join(m) for m in coll.marginals])
+            payload = await ctx.store.get_estimate(coll.id, method, stored)
+            if payload is None:
+                return self.error(404, f"no estimate yet for {','.join(attrs)} with {method!r} in "
+                                       f"collection {coll.id!r} (refreshed every "
+                                       f"{coll.refresh_interval_s}s once reports arrive)")
+            return self.json(transpose_payload(payload, attrs))
+
+    @app.page("/metrics", name="ldp_metrics")
+    class Metrics(web.View):
+        async def get(self, request: web.Request) -> web.Response:
+            body, content_type = metrics.render()
+            # aiohttp refuses a charset inside content_type=; send the full header instead
+            return self.bytes(body, headers={"Content-Type": content_type})
+
+    @app.page("/healthz", name="ldp_healthz")
+    class Healthz(web.View):
+        async def get(self, request: web.Request) -> web.Response:
+            checks: dict[str, Any] = {}
+            try:
+                r = refresh._redis_of(ctx.store)
+                await asyncio.wait_for(r.ping(), HEALTH_TIMEOUT_S)
+                checks["redis"] = {"ok": True}
+            except Exception as exc:  # noqa: BLE001
+                checks["redis"] = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
+            try:
+                ok, detail = await asyncio.wait_for(
+                    asyncio.to_thread(_broker_ok, _bootstraps(ctx)), 2 * HEALTH_TIMEOUT_S + 1)
+                checks["broker"] = {"ok": ok, "detail": detail}
+            except Exception as exc:  # noqa: BLE001
+                checks["broker"] = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
+            checks["consumer"] = {"assigned_partitions": _assigned_partitions(app)}
+            healthy = checks["redis"]["ok"] and checks["broker"]["ok"]
+            started = getattr(ctx, "started_at", None)
+            return self.json({"status": "ok" if healthy else "unavailable", "checks": checks,
+                              "uptime_s": None if not started else round(time.time() - started, 3)},
+                             status=200 if healthy else 503)
+
+    @app.page("/collections/{collection}/refresh", name="ldp_refresh")
+    class Refresh(web.View):
+        async def post(self, request: web.Request, collection: str) -> web.Response:
+            denied = guarded(self, request)
+            if denied is not None:
+                return denied
+            if coll_or_none(collection) is None:
+                return unknown(self, collection)
+            t0 = time.perf_counter()
+            payloads = await refresh.refresh_now(ctx, collection)
+            if payloads is None:
+                return self.error(409, f"collection {collection!r} is being refreshed by another "
+                                       f"worker; try again")
+            return self.json({"collection": collection, "refreshed": len(payloads),
+                              "estimates": [{"attrs": p["attrs"], "method": p["method"],
+                                             "n": p["n"]} for p in payloads],
+                              "seconds": round(time.perf_counter() - t0, 4)})
+
+    @app.page("/collections/{collection}/reset", name="ldp_reset")
+    class Reset(web.View):
+        async def post(self, request: web.Request, collection: str) -> web.Response:
+            denied = guarded(self, request)
+            if denied is not None:
+                return denied
+            if coll_or_none(collection) is None:
+                return unknown(self, collection)
+            await ctx.store.reset(collection)
+            metrics.clear_collection(collection)
+            metrics.COLLECTION_REPORTS.labels(collection).set(0)
+            return self.json({"collection": collection, "reset": True})

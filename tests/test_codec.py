@@ -1,0 +1,239 @@
+"""Report-batch codec: round trips, every DecodeError reason, check_batch reasons, fuzzing."""
+from __future__ import annotations
+
+import base64
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from ldpstream.estimators.domain import Domain
+from ldpstream.estimators.mechanism import Mechanism
+from ldpstream.producers.codec import (DLQ_PAYLOAD_LIMIT, MAGIC, DecodeError, ReportBatch,
+                                       batch_from_json, batch_to_json, check_batch, decode_batch,
+                                       dlq_record, encode_batch, explain_batch)
+
+
+class BoundsOnly(Mechanism):
+    """The smallest concrete mechanism: check_batch needs only name, width and bounds."""
+
+    name = "bounds-only"
+    estimators = ()
+
+    def __init__(self, bounds, version=0):
+        super().__init__(Domain(tuple(f"a{i}" for i in range(len(bounds))), tuple(bounds)), version)
+        self._bounds = np.asarray(bounds)
+
+    epsilon = 1.0
+    report_width = property(lambda self: len(self._bounds))
+
+    def report_bounds(self):
+        return self._bounds
+
+    def randomize(self, records, rng):
+        return records
+
+    def tensors(self, marginals):
+        return []
+
+    def estimate(self, counts, attrs, method, **options):
+        raise NotImplementedError
+
+    def state(self):
+        return {"mechanism": self.name, "version": self.version}
+
+
+@pytest.mark.parametrize("hi,dtype", [(2, np.uint8), (255, np.uint8), (256, np.uint16),
+                                      (65535, np.uint16), (65536, np.uint32),
+                                      (2**32 - 1, np.uint32)])
+@pytest.mark.parametrize("width", [1, 3, 8])
+@pytest.mark.parametrize("with_ids", [False, True])
+def test_round_trip(hi, dtype, width, with_ids):
+    rng = np.random.default_rng(hi + width)
+    n = 37
+    reports = rng.integers(0, hi, size=(n, width), endpoint=True, dtype=np.int64)
+    reports[0, 0] = hi
+    ids = rng.integers(0, 2**63, size=n, dtype=np.int64).astype(np.uint64) * 2 if with_ids else None
+    blob = encode_batch("adult", 7, reports, device_ids=ids, sent_at=1234.5)
+    b = decode_batch(blob)
+    assert b.collection == "adult" and b.version == 7 and b.sent_at == 1234.5
+    assert b.reports.dtype == dtype and b.reports.shape == (n, width)
+    np.testing.assert_array_equal(b.reports, reports)
+    if with_ids:
+        assert b.device_ids.dtype == np.uint64
+        np.testing.assert_array_equal(b.device_ids, ids)
+    else:
+        assert b.device_ids is None
+    assert batch_from_json(batch_to_json(b)) == b
+    # exact size: header + ids + values
+    expect = 4 + 3 + len("adult") + 4 + 8 + 4 + 2 + 1 + (8 * n if with_ids else 0) \
+        + n * width * np.dtype(dtype).itemsize
+    assert len(blob) == expect
+
+
+def test_single_report_and_unicode_collection():
+    blob = encode_batch("météo-φ", 0, [3, 1, 4])
+    b = decode_batch(bytearray(blob))
+    assert b.collection == "météo-φ" and b.n == 1 and b.reports.tolist() == [[3, 1, 4]]
+    assert b.sent_at > 1e9  # defaults to now
+
+
+def test_layout_is_the_documented_one():
+    blob = encode_batch("c", 258, np.array([[1, 2]]), device_ids=[5], sent_at=2.0)
+    assert blob[:4] == MAGIC and blob[4] == 1 and blob[5] == 1 and blob[6] == 1 and blob[7:8] == b"c"
+    version, sent_at, n, width, code = struct.unpack_from("<IdIHB", blob, 8)
+    assert (version, sent_at, n, width, code) == (258, 2.0, 1, 2, 1)
+    assert struct.unpack_from("<Q", blob, 8 + 19)[0] == 5
+    assert blob[-2:] == b"\x01\x02"
+
+
+@pytest.mark.parametrize("bad", [
+    dict(collection=""), dict(collection="x" * 256), dict(version=-1), dict(version=2**32),
+    dict(reports=[[-1, 0]]), dict(reports=[[2**32, 0]]), dict(reports=np.zeros((0, 2), int)),
+    dict(reports=np.zeros((2, 0), int)), dict(reports=[[0.5, 1.0]]), dict(reports=np.zeros((2, 2, 2), int)),
+    dict(device_ids=[1, 2, 3]), dict(device_ids=[-1, 2]), dict(sent_at=float("nan")),
+])
+def test_encode_rejects_bad_input(bad):
+    args = dict(collection="c", version=1, reports=[[1, 2], [3, 4]])
+    ids = bad.pop("device_ids", None)
+    sent = bad.pop("sent_at", 1.0)
+    args.update(bad)
+    with pytest.raises(ValueError):
+        encode_batch(args["collection"], args["version"], args["reports"], device_ids=ids,
+                     sent_at=sent)
+
+
+def _reason(data, **kw):
+    with pytest.raises(DecodeError) as ei:
+        decode_batch(data, **kw)
+    assert str(ei.value).startswith(ei.value.reason + ": ")
+    return ei.value.reason
+
+
+def test_every_truncation_prefix_is_truncated():
+    blob = encode_batch("adult", 3, np.arange(12).reshape(4, 3), device_ids=np.arange(4))
+    for k in range(len(blob)):
+        assert _reason(blob[:k]) == "truncated", k
+    assert decode_batch(blob).n == 4
+
+
+def test_decode_reasons():
+    good = encode_batch("adult", 3, np.arange(12).reshape(4, 3))
+    assert _reason(good, max_bytes=len(good) - 1) == "oversized"
+    assert decode_batch(good, max_bytes=len(good)).n == 4
+    assert _reason(b"x" * 2_000_000) == "oversized"
+    assert _reason(b"LDPX" + good[4:]) == "bad_magic"
+    assert _reason(b"{\"json\": 1}") == "bad_magic"
+    assert _reason(b"L") == "truncated"  # a prefix of the magic
+    assert _reason(b"") == "truncated"
+    assert _reason(good + b"\x00") == "malformed"          # trailing bytes
+    assert _reason(good[:4] + b"\x02" + good[5:]) == "malformed"   # format version
+    assert _reason(good[:5] + b"\x02" + good[6:]) == "malformed"   # unknown flag
+    assert _reason(good[:6] + b"\x00" + good[7:]) == "malformed"   # empty collection id
+    bad_utf8 = bytearray(good)
+    bad_utf8[7] = 0xFF
+    assert _reason(bytes(bad_utf8)) == "malformed"
+    pos_code = 7 + 5 + 4 + 8 + 4 + 2
+    assert _reason(good[:pos_code] + b"\x03" + good[pos_code + 1:]) == "malformed"  # dtype code
+    pos_n = 7 + 5 + 4 + 8
+    zero_n = good[:pos_n] + struct.pack("<I", 0) + good[pos_n + 4:pos_code + 1]
+    with pytest.raises(DecodeError) as ei:
+        decode_batch(zero_n)
+    assert ei.value.reason == "malformed" and ei.value.collection == "adult"
+    nan = good[:7 + 5 + 4] + struct.pack("<d", float("inf")) + good[7 + 5 + 12:]
+    assert _reason(nan) == "malformed"
+    # a header that claims more reports than present
+    big_n = good[:pos_n] + struct.pack("<I", 5) + good[pos_n + 4:]
+    with pytest.raises(DecodeError) as ei:
+        decode_batch(big_n)
+    assert ei.value.reason == "truncated" and ei.value.collection == "adult"
+    with pytest.raises(DecodeError):
+        decode_batch("not bytes")  # type: ignore[arg-type]
+
+
+def test_fuzz_random_bytes_only_decode_error():
+    rng = np.random.default_rng(20240501)
+    good = encode_batch("adult", 3, np.arange(24).reshape(8, 3) % 5, device_ids=np.arange(8))
+    seen: dict[str, int] = {}
+    ok = 0
+    for i in range(6000):
+        kind = i % 3
+        if kind == 0:  # pure noise, sometimes starting with the magic
+            data = rng.integers(0, 256, size=int(rng.integers(0, 200)), dtype=np.uint8).tobytes()
+            if rng.random() < 0.5:
+                data = MAGIC + data
+        elif kind == 1:  # flip a few bytes of a valid message
+            arr = np.frombuffer(good, dtype=np.uint8).copy()
+            idx = rng.integers(0, len(arr), size=int(rng.integers(1, 4)))
+            arr[idx] = rng.integers(0, 256, size=len(idx))
+            data = arr.tobytes()
+        else:  # splice: cut and append noise
+            cut = int(rng.integers(0, len(good)))
+            data = good[:cut] + rng.integers(0, 256, size=int(rng.integers(0, 30)),
+                                             dtype=np.uint8).tobytes()
+        try:
+            b = decode_batch(data, max_bytes=150)
+            ok += 1
+            assert b.reports.ndim == 2 and b.reports.shape[0] >= 1
+        except DecodeError as exc:
+            seen[exc.reason] = seen.get(exc.reason, 0) + 1
+    assert set(seen) == {"oversized", "bad_magic", "truncated", "malformed"}
+    assert ok > 0  # byte flips inside the values still decode
+
+
+def test_check_batch_reasons():
+    mech = BoundsOnly([2, 3, 4], version=1)
+    known = {"adult": {1: mech}}
+    rep = np.array([[1, 2, 3], [0, 0, 0]])
+    assert check_batch(decode_batch(encode_batch("adult", 1, rep)), known) is None
+    assert check_batch(decode_batch(encode_batch("other", 1, rep)), known) == "unknown_collection"
+    assert check_batch(decode_batch(encode_batch("adult", 2, rep)), known) == "unknown_version"
+    assert check_batch(decode_batch(encode_batch("adult", 1, rep[:, :2])), known) == "wrong_width"
+    for col, val in [(0, 2), (1, 3), (2, 4), (2, 300)]:
+        bad = rep.copy()
+        bad[1, col] = val
+        b = decode_batch(encode_batch("adult", 1, bad))
+        assert check_batch(b, known) == "out_of_domain"
+        reason, detail = explain_batch(b, known)
+        assert f"field {col} = {val}" in detail
+
+
+def test_json_debug_form_errors():
+    for text in ["nope", "[1]", '{"collection": 1, "version": 1, "reports": [[1]]}',
+                 '{"collection": "c", "version": 1.5, "reports": [[1]]}',
+                 '{"collection": "c", "version": 1, "reports": [[1], [1, 2]]}',
+                 '{"collection": "c", "version": 1, "reports": [[0.5]]}',
+                 '{"collection": "c", "version": 1, "reports": [[1]], "extra": 1}',
+                 '{"collection": "c", "version": 1, "reports": [[-1]]}',
+                 '{"collection": "c", "version": 1, "reports": [[1]], "format": 9}']:
+        with pytest.raises(DecodeError) as ei:
+            batch_from_json(text)
+        assert ei.value.reason == "malformed", text
+    b = batch_from_json('{"collection": "c", "version": 1, "reports": [[1, 2]], "sent_at": 5}')
+    assert b.reports.tolist() == [[1, 2]] and b.sent_at == 5.0 and b.device_ids is None
+
+
+def test_dlq_record():
+    payload = bytes(range(256)) * 300  # 76.8 KB > 64 KiB
+    rec = json.loads(dlq_record("truncated", "short", collection=None, topic="ldp.reports.adult",
+                                partition=2, offset=99, payload=payload, received_at=5.0))
+    assert rec["reason"] == "truncated" and rec["detail"] == "short" and rec["collection"] is None
+    assert (rec["topic"], rec["partition"], rec["offset"], rec["received_at"]) == \
+        ("ldp.reports.adult", 2, 99, 5.0)
+    assert base64.b64decode(rec["payload_b64"]) == payload[:DLQ_PAYLOAD_LIMIT]
+    assert rec["payload_bytes"] == len(payload)
+
+
+def test_decode_is_vectorized_and_fast():
+    import time
+    rng = np.random.default_rng(1)
+    rep = rng.integers(0, 16, size=(100_000, 8))
+    blob = encode_batch("adult", 1, rep, device_ids=np.arange(100_000))
+    known = {"adult": {1: BoundsOnly([16] * 8)}}
+    t = time.perf_counter()
+    b = decode_batch(blob, max_bytes=len(blob))
+    assert check_batch(b, known) is None
+    dt = time.perf_counter() - t
+    assert dt < 0.5, dt  # ~ms in practice; a per-report loop would take far longer
+    assert isinstance(b, ReportBatch)

@@ -1,0 +1,188 @@
+"""docker-compose.yml / Dockerfile are consistent (Docker is not available in CI: static checks).
+
+Checks: the stack's services and images, ports, named volumes declared, depends_on targets exist
+and wait for healthchecks, no literal secrets, every bind-mounted host path exists in the repo,
+every ${VAR} is documented in .env.example and the API docs, Prometheus scrapes every worker.
+"""
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+TEXT = COMPOSE.read_text()
+SPEC = yaml.safe_load(TEXT)  # safe_load resolves the << merge keys compose uses
+SERVICES = SPEC["services"]
+WORKERS = sorted(s for s in SERVICES if s.startswith("worker"))
+VAR = re.compile(r"\$\{([A-Z0-9_]+)(?::?[-?+][^}]*)?\}")
+
+
+def _env(svc):
+    env = SERVICES[svc].get("environment", {})
+    if isinstance(env, list):
+        env = dict(e.split("=", 1) if "=" in e else (e, None) for e in env)
+    return env
+
+
+def _volumes(svc):
+    for v in SERVICES[svc].get("volumes", []):
+        if isinstance(v, dict):
+            yield v["source"], v["target"]
+        else:
+            src, tgt = v.split(":")[:2]
+            yield src, tgt
+
+
+def test_services_present_with_expected_images():
+    assert {"kafka", "redis", "fleet", "prometheus", "grafana"} <= set(SERVICES)
+    assert len(WORKERS) >= 2, "at least two workers (scale-out is the point)"
+    assert SERVICES["kafka"]["image"].startswith("apache/kafka:")
+    assert SERVICES["redis"]["image"].startswith("redis:")
+    assert SERVICES["prometheus"]["image"].startswith("prom/prometheus:")
+    assert SERVICES["grafana"]["image"].startswith("grafana/grafana:")
+    for svc in SERVICES.values():  # pinned images, never :latest from a registry
+        if "build" not in svc:
+            assert not svc["image"].endswith(":latest"), svc["image"]
+    for name in WORKERS + ["fleet"]:
+        assert SERVICES[name]["build"]["dockerfile"] == "Dockerfile"
+        assert (ROOT / SERVICES[name]["build"]["context"] / "Dockerfile").is_file()
+
+
+def test_kafka_is_single_node_kraft():
+    env = _env("kafka")
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"].startswith(f"{env['KAFKA_NODE_ID']}@kafka:")
+    assert "ZOOKEEPER" not in " ".join(env)
+    listeners = dict(x.split("://") for x in env["KAFKA_LISTENERS"].split(","))
+    for name in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","):
+        assert name.split(":")[0] in listeners
+    # the workers use the listener that is advertised inside the compose network
+    internal = [a for a in env["KAFKA_ADVERTISED_LISTENERS"].split(",") if "//kafka:" in a][0]
+    for w in WORKERS:
+        assert _env(w)["KAFKA_BOOTSTRAP_SERVERS"] == internal.split("://")[1]
+    default_id = re.search(r"KAFKA_CLUSTER_ID:-([^}]+)\}", TEXT).group(1)
+    assert re.fullmatch(r"[A-Za-z0-9_-]{22}", default_id), "CLUSTER_ID must be a base64 UUID"
+
+
+def test_healthchecks_and_depends_on_conditions():
+    for name in ["kafka", "redis", "prometheus", "grafana", *WORKERS]:
+        hc = SERVICES[name].get("healthcheck")
+        assert hc and hc["test"], f"{name} needs a healthcheck"
+    for name, svc in SERVICES.items():
+        deps = svc.get("depends_on", {})
+        assert isinstance(deps, dict), f"{name}: depends_on must use conditions"
+        for target, cond in deps.items():
+            assert target in SERVICES, f"{name} depends on unknown service {target}"
+            assert cond["condition"] == "service_healthy", (name, target)
+            assert SERVICES[target].get("healthcheck"), f"{target} has no healthcheck to wait for"
+    for w in WORKERS:
+        assert set(SERVICES[w]["depends_on"]) >= {"kafka", "redis"}
+    assert "/healthz" in " ".join(SERVICES[WORKERS[0]]["healthcheck"]["test"])
+
+
+def test_ports_unique_and_valid():
+    host_ports = []
+    for name, svc in SERVICES.items():
+        for p in svc.get("ports", []):
+            host, container = str(p).split(":")[-2:]
+            assert 0 < int(host) < 65536 and 0 < int(container) < 65536
+            host_ports.append(int(host))
+    assert len(host_ports) == len(set(host_ports)), "host port used twice"
+    assert {6066, 9090, 3000} <= set(host_ports)
+    for w in WORKERS:
+        assert any(str(p).endswith(":6066") for p in SERVICES[w]["ports"])
+
+
+def test_volumes_declared_and_host_paths_exist():
+    declared = set(SPEC.get("volumes") or {})
+    used = set()
+    for name in SERVICES:
+        for src, tgt in _volumes(name):
+            assert tgt.startswith("/"), (name, tgt)
+            if src.startswith((".", "/")):
+                path = (ROOT / src).resolve()
+                assert path.exists(), f"{name}: mounted host path {src} missing from the repo"
+                assert ROOT in path.parents or path == ROOT, f"{name}: {src} outside the repo"
+            else:
+                assert src in declared, f"{name}: named volume {src} not declared"
+                used.add(src)
+    assert declared == used, f"declared but unused volumes: {declared - used}"
+    for name in ("kafka", "redis", "prometheus", "grafana"):
+        assert any(not s.startswith((".", "/")) for s, _ in _volumes(name)), f"{name}: no data volume"
+
+
+def test_grafana_and_prometheus_mount_the_repo_dashboards():
+    prom = dict((t, s) for s, t in _volumes("prometheus"))
+    assert Path(prom["/etc/prometheus"]).as_posix().endswith("dashboards/prometheus")
+    cmd = " ".join(SERVICES["prometheus"]["command"])
+    assert "--config.file=/etc/prometheus/prometheus.yml" in cmd
+    graf = dict((t, s) for s, t in _volumes("grafana"))
+    assert graf["/etc/grafana/provisioning"].endswith("dashboards/grafana/provisioning")
+    prov = yaml.safe_load((ROOT / "dashboards/grafana/provisioning/dashboards/ldpstream.yml").read_text())
+    dash_path = prov["providers"][0]["options"]["path"]
+    assert dash_path in graf, "the dashboards folder the provider reads must be mounted"
+    ds = yaml.safe_load((ROOT / "dashboards/grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert ds["datasources"][0]["url"] == "http://prometheus:9090"
+
+
+def test_prometheus_scrapes_every_worker():
+    cfg = yaml.safe_load((ROOT / "dashboards/prometheus/prometheus.yml").read_text())
+    targets = [t for job in cfg["scrape_configs"] if job.get("metrics_path", "/metrics") == "/metrics"
+               for sc in job.get("static_configs", []) for t in sc["targets"]]
+    for w in WORKERS:
+        assert f"{w}:6066" in targets, f"{w} not scraped"
+    for rf in cfg.get("rule_files", []):
+        assert (ROOT / "dashboards/prometheus" / rf).is_file(), rf
+
+
+SECRET_KEY = re.compile(r"(PASSWORD|SECRET|TOKEN|_KEY|CREDENTIAL)", re.I)
+
+
+def test_no_literal_secrets():
+    for name in SERVICES:
+        for key, value in _env(name).items():
+            if SECRET_KEY.search(key):
+                assert isinstance(value, str) and re.fullmatch(r"\$\{[A-Z0-9_]+:\?[^}]+\}", value), \
+                    f"{name}.{key} must come from the environment with ${{VAR:?...}}, got {value!r}"
+    assert "LDP_API_TOKEN" not in _env("fleet"), "devices need no API token"
+    env_example = (ROOT / ".env.example").read_text()
+    for line in env_example.splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            if SECRET_KEY.search(key) and key != "GRAFANA_ADMIN_USER":
+                assert value.strip() == "", f".env.example must not ship a value for {key}"
+    assert not (ROOT / ".env").exists() or ".env" in (ROOT / ".dockerignore").read_text()
+
+
+def test_env_var_references_documented():
+    names = set(VAR.findall(TEXT))
+    assert {"LDP_API_TOKEN", "GRAFANA_ADMIN_PASSWORD"} <= names
+    example = (ROOT / ".env.example").read_text()
+    docs = (ROOT / "docs/readme/70-api.md").read_text()
+    for name in names:
+        assert re.search(rf"^{name}=", example, re.M), f"{name} missing from .env.example"
+        assert name in docs, f"{name} not documented in docs/readme/70-api.md"
+
+
+def test_dockerfile_installs_the_project():
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    assert re.search(r"pip install \.", text)
+    assert re.search(r"^USER (?!root)\w+", text, re.M), "run unprivileged"
+    copied = re.findall(r"^COPY (.+) \./", text, re.M)
+    for src in " ".join(copied).split():
+        assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for pkg_dir in set(re.findall(r'"ldpstream[.\w]*" = "(\w+)"', pyproject)):
+        assert pkg_dir in " ".join(copied), f"package folder {pkg_dir} not copied into the image"
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    assert ".env" in ignore and ".venv" in ignore
+
+
+@pytest.mark.parametrize("svc", ["fleet", "worker-1"])
+def test_commands_are_cli_subcommands(svc):
+    from ldpstream.cli import build_parser
+    cmd = [re.sub(r"\$\{[A-Z_]+:-([^}]+)\}", r"\1", c) for c in SERVICES[svc]["command"]]
+    build_parser().parse_args(cmd)  # exits (SystemExit) on an unknown option

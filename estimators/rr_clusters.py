@@ -32,8 +32,8 @@ from .dependence import dependence_matrix
 from .rr_joint import submarginal_pq
 
 __all__ = ["cluster_dependence", "cluster_attributes", "clusters_from_randomized", "Block",
-           "blocks_for", "to_blocks", "from_blocks", "castell_blocks", "independent_blocks",
-           "truncated_blocks", "ibu_blocks", "BlockIBUResult"]
+           "blocks_for", "to_blocks", "from_blocks", "castell_blocks", "castell_blocks_variance",
+           "independent_blocks", "truncated_blocks", "ibu_blocks", "BlockIBUResult"]
 
 
 # --- Alg. 1 -------------------------------------------------------------------------------------
@@ -214,6 +214,26 @@ def independent_blocks(counts: np.ndarray, blocks: Sequence[Block]) -> np.ndarra
         est = est / s if s > 0 else np.full(b.size, 1.0 / b.size)
         out = np.multiply.outer(out, est)
     return out
+
+
+def castell_blocks_variance(counts: np.ndarray, blocks: Sequence[Block]) -> np.ndarray:
+    """Per-cell variance of :func:`castell_blocks` (plug-in multinomial
+    covariance): (Σ_v A[c,v]² λ_v − Π̂_c²)/n with A the Kronecker inverse; for a GRR block
+    A∘A = a·I + b·J with a = ((1−q)² − q²)/(p−q)², b = q²/(p−q)²."""
+    lam = np.asarray(counts, dtype=float)
+    n = lam.sum()
+    lam = lam / n
+    second = lam
+    for axis, b in enumerate(blocks):
+        if b.matrix is None:
+            d = b.p - b.q
+            a_, b_ = ((1 - b.q) ** 2 - b.q ** 2) / d ** 2, b.q ** 2 / d ** 2
+            second = a_ * second + b_ * second.sum(axis=axis, keepdims=True)
+        else:
+            A2 = np.linalg.inv(b.matrix).T ** 2
+            second = np.moveaxis(np.tensordot(A2, second, axes=([1], [axis])), 0, axis)
+    est = castell_blocks(counts, blocks)
+    return np.maximum((second - est * est) / n, 0.0)
 
 
 def truncated_blocks(estimate: np.ndarray) -> np.ndarray:

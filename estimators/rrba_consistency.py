@@ -1,0 +1,148 @@
+"""Consistent RRBA tables across views ([RRBA] §4.3, MECHANISMS.md §4) and the maximum-entropy
+combination of consistent low-order tables into a higher-order one.
+
+Least squares: minimise Σ_S ‖T_S − T̂_S‖² subject to A·x = b, where the rows of A say "every
+marginal shared by two tables is equal" and "every table sums to 1". The KKT system
+[[I, Aᵀ], [A, 0]]·[x; λ] = [x̂; b] is solved through its Schur complement
+(A·Aᵀ)·λ = A·x̂ − b (minimum-norm solution: the equality rows are redundant), x = x̂ − Aᵀ·λ.
+Non-negativity is then restored by Dykstra's alternating projections between that affine set
+and the non-negative orthant, which converges to the Euclidean projection of x̂ onto their
+intersection (the LS problem with x ≥ 0 added), not merely a clipped copy.
+
+>>> t1 = np.array([[0.3, 0.2], [0.1, 0.4]])          # attributes (a, b)
+>>> t2 = np.array([[0.6, 0.0], [0.2, 0.2]])          # attributes (a, c): a-marginal 0.6/0.4
+>>> out = consistent_tables([(("a", "b"), t1), (("a", "c"), t2)])
+>>> np.allclose(out[0].sum(axis=1), out[1].sum(axis=1)), round(float(out[0].sum()), 9)
+(True, 1.0)
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["consistency_system", "project_affine", "consistent_tables", "marginal_of",
+           "maxent_table"]
+
+Table = tuple[tuple, np.ndarray]
+
+
+def marginal_of(attrs: Sequence, table: np.ndarray, sub: Sequence) -> np.ndarray:
+    """Sum ``table`` (axes named by ``attrs``) down to the attributes ``sub``, in that order."""
+    attrs, sub = list(attrs), list(sub)
+    keep = [attrs.index(a) for a in sub]
+    drop = tuple(i for i in range(len(attrs)) if i not in keep)
+    out = table.sum(axis=drop) if drop else table
+    remaining = [i for i in range(len(attrs)) if i in keep]
+    return np.transpose(out, [remaining.index(i) for i in keep])
+
+
+def _marginal_matrix(attrs: Sequence, shape: Sequence[int], sub: Sequence) -> np.ndarray:
+    """Matrix M with M @ table.ravel() == marginal_of(attrs, table, sub).ravel()."""
+    size = int(np.prod(shape))
+    cells = np.indices(shape).reshape(len(shape), size)
+    attrs = list(attrs)
+    sub_shape = [shape[attrs.index(a)] for a in sub]
+    rows = np.ravel_multi_index(tuple(cells[attrs.index(a)] for a in sub), sub_shape)
+    M = np.zeros((int(np.prod(sub_shape)), size))
+    M[rows, np.arange(size)] = 1.0
+    return M
+
+
+def consistency_system(tables: Sequence[Table]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """(A, b, offsets): the equality constraints over the concatenated raveled tables.
+
+    For every attribute set I that is the intersection of two tables' attributes, all tables
+    containing I are tied to the first of them on their I-marginal; plus one sum-to-1 row per
+    table. ``offsets[i]`` is where table i starts in x."""
+    attrs = [tuple(a) for a, _ in tables]
+    shapes = [np.shape(t) for _, t in tables]
+    offsets = list(np.cumsum([0] + [int(np.prod(s)) for s in shapes]))
+    n = offsets[-1]
+    inter = set()
+    for i in range(len(attrs)):
+        for j in range(i + 1, len(attrs)):
+            shared = tuple(a for a in attrs[i] if a in attrs[j])
+            if shared:
+                inter.add(tuple(sorted(shared, key=str)))
+    rows, rhs = [], []
+    for I in sorted(inter, key=lambda s: (len(s), [str(a) for a in s])):
+        holders = [i for i in range(len(attrs)) if set(I) <= set(attrs[i])]
+        M0 = _marginal_matrix(attrs[holders[0]], shapes[holders[0]], I)
+        for h in holders[1:]:
+            Mh = _marginal_matrix(attrs[h], shapes[h], I)
+            block = np.zeros((M0.shape[0], n))
+            block[:, offsets[holders[0]]:offsets[holders[0] + 1]] = M0
+            block[:, offsets[h]:offsets[h + 1]] -= Mh
+            rows.append(block)
+            rhs.append(np.zeros(M0.shape[0]))
+    for i in range(len(attrs)):
+        r = np.zeros((1, n))
+        r[0, offsets[i]:offsets[i + 1]] = 1.0
+        rows.append(r)
+        rhs.append(np.ones(1))
+    return np.vstack(rows), np.concatenate(rhs), offsets
+
+
+def project_affine(x: np.ndarray, A: np.ndarray, b: np.ndarray,
+                   gram_pinv: np.ndarray | None = None) -> np.ndarray:
+    """Euclidean projection of x onto {A·x = b}: the KKT solution x − Aᵀ(AAᵀ)⁺(Ax − b)."""
+    G = np.linalg.pinv(A @ A.T) if gram_pinv is None else gram_pinv
+    return x - A.T @ (G @ (A @ x - b))
+
+
+def consistent_tables(tables: Sequence[Table], nonnegative: bool = True, tol: float = 1e-10,
+                      max_iter: int = 20000) -> list[np.ndarray]:
+    """Least-squares consistent versions of ``tables`` (list of (attrs, array)), [RRBA] §4.3.
+
+    With ``nonnegative`` the result is the projection onto {consistent, sums 1, x ≥ 0}
+    (Dykstra), within ``tol`` of consistency."""
+    if not tables:
+        return []
+    A, b, off = consistency_system(tables)
+    x_hat = np.concatenate([np.asarray(t, dtype=float).ravel() for _, t in tables])
+    G = np.linalg.pinv(A @ A.T)
+    x = project_affine(x_hat, A, b, G)
+    if nonnegative and np.any(x < 0):
+        # Dykstra: alternate P_affine and P_{x>=0} with correction terms
+        z, p_aff, q_pos = x_hat.copy(), np.zeros_like(x_hat), np.zeros_like(x_hat)
+        for _ in range(max_iter):
+            y = project_affine(z + p_aff, A, b, G)
+            p_aff = z + p_aff - y
+            z_new = np.maximum(y + q_pos, 0.0)
+            q_pos = y + q_pos - z_new
+            done = np.max(np.abs(A @ z_new - b)) < tol and np.max(np.abs(z_new - z)) < tol
+            z = z_new
+            if done:
+                break
+        x = z
+    return [x[off[i]:off[i + 1]].reshape(np.shape(t)) for i, (_, t) in enumerate(tables)]
+
+
+def maxent_table(attrs: Sequence, shape: Sequence[int], marginals: Sequence[Table],
+                 max_iter: int = 500, tol: float = 1e-10) -> tuple[np.ndarray, int]:
+    """Maximum-entropy table over ``attrs`` matching the given marginals (iterative proportional
+    fitting from the uniform table). Returns (table, iterations). Marginals over attribute sets
+    not contained in ``attrs`` are rejected."""
+    attrs = list(attrs)
+    table = np.full(tuple(shape), 1.0 / int(np.prod(shape)))
+    for sub, _ in marginals:
+        if not set(sub) <= set(attrs):
+            raise ValueError(f"marginal over {sub} is not inside {attrs}")
+    it = 0
+    for it in range(1, max_iter + 1):
+        prev = table.copy()
+        for sub, target in marginals:
+            sub = list(sub)
+            cur = marginal_of(attrs, table, sub)
+            ratio = np.divide(target, cur, out=np.zeros_like(cur, dtype=float), where=cur > 0)
+            # broadcast ratio (axes ordered as sub) back onto the table's axes
+            order = sorted(range(len(sub)), key=lambda i: attrs.index(sub[i]))
+            r = np.transpose(ratio, order)
+            expand = [attrs.index(sub[i]) for i in order]
+            bshape = [table.shape[i] if i in expand else 1 for i in range(len(attrs))]
+            table = table * r.reshape(bshape)
+        if np.max(np.abs(table - prev)) < tol:
+            break
+    s = table.sum()
+    return (table / s if s > 0 else table), it

@@ -1,0 +1,150 @@
+"""``ldpstream estimates``: query a running worker's HTTP API.
+
+    ldpstream estimates                         collections (GET /collections)
+    ldpstream estimates adult                   the estimates stored for a collection
+    ldpstream estimates adult --attrs sex,income [--method truncated] [--json]
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from .cli import CliError
+
+TIMEOUT_S = 10.0
+
+
+def fetch(url: str, path: str, params: dict[str, str] | None = None) -> Any:
+    """GET ``url + path`` and decode its JSON; HTTP errors become :class:`CliError` with the
+    server's ``error`` message."""
+    query = "?" + urllib.parse.urlencode(params) if params else ""
+    full = url.rstrip("/") + path + query
+    try:
+        with urllib.request.urlopen(full, timeout=TIMEOUT_S) as resp:
+            return json.loads(resp.read().decode())
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read().decode())
+            msg = body.get("error", str(body))
+            for key in ("collections", "marginals", "estimators", "attributes"):
+                if key in body:
+                    msg += f" (available {key}: {', '.join(map(str, body[key]))})"
+        except Exception:  # noqa: BLE001 - not JSON
+            msg = f"HTTP {exc.code} {exc.reason}"
+        raise CliError(msg) from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise CliError(f"--url: cannot reach {url} ({reason}); is a worker running? "
+                       f"(`ldpstream up` or `ldpstream worker`)") from None
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _age(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return f"{max(0.0, time.time() - float(ts)):.1f}s ago"
+
+
+def _console():
+    from rich.console import Console
+    return Console(file=sys.stdout, soft_wrap=True)
+
+
+def print_collections(data: dict[str, Any]) -> None:
+    from rich.table import Table
+    t = Table(title="collections")
+    for col in ("id", "mechanism", "ε/record", "scope", "n", "marginals", "estimators", "refresh"):
+        t.add_column(col)
+    for c in data["collections"]:
+        t.add_row(c["id"], str(c.get("mechanism")), _fmt(c.get("epsilon_per_record"), 3),
+                  str(c.get("epsilon_scope") or "-"), _fmt(c.get("n")),
+                  "; ".join(",".join(m) for m in c.get("marginals", [])),
+                  ", ".join(c.get("estimators", [])), f"{_fmt(c.get('refresh_interval_s'))}s")
+    _console().print(t)
+
+
+def print_index(data: dict[str, Any]) -> None:
+    from rich.table import Table
+    t = Table(title=f"estimates of {data['collection']}")
+    for col in ("attrs", "method", "n", "updated"):
+        t.add_column(col)
+    for e in data["estimates"]:
+        t.add_row(",".join(e["attrs"]), e["method"], _fmt(e.get("n")),
+                  _age(e.get("updated_at")) if e.get("available") else "not yet")
+    _console().print(t)
+
+
+def cell_rows(est: dict[str, Any]) -> list[tuple[tuple[str, ...], Any]]:
+    """Flatten an estimate into ``(labels per attribute, value)`` rows in C order."""
+    rows: list[tuple[tuple[str, ...], Any]] = []
+
+    def walk(cells: Any, depth: int, prefix: tuple[str, ...]) -> None:
+        if depth == len(est["labels"]):
+            rows.append((prefix, cells))
+            return
+        for lab, sub in zip(est["labels"][depth], cells):
+            walk(sub, depth + 1, prefix + (str(lab),))
+
+    walk(est["cells"], 0, ())
+    return rows
+
+
+def print_estimate(est: dict[str, Any]) -> None:
+    from rich.table import Table
+    attrs = est["attrs"]
+    head = (f"{est['collection']}: {','.join(attrs)} by {est['method']}"
+            + (f" (chose {est['chosen']})" if est.get("chosen") else ""))
+    info = (f"n={est.get('n')}  ε={_fmt(est.get('epsilon'), 3)} per record"
+            f" ({est.get('epsilon_scope') or '-'} scope)  error bound={_fmt(est.get('error_bound'))}"
+            f"  drift TVD={_fmt(est.get('drift_tvd'))}  updated {_age(est.get('updated_at'))}")
+    if est.get("iterations") is not None:
+        info += f"  iterations={est['iterations']} converged={est.get('converged')}"
+    if len(attrs) == 2:
+        t = Table(title=head, caption=info)
+        t.add_column(f"{attrs[0]} \\ {attrs[1]}")
+        for lab in est["labels"][1]:
+            t.add_column(str(lab), justify="right")
+        for lab, row in zip(est["labels"][0], est["cells"]):
+            t.add_row(str(lab), *(_fmt(v) for v in row))
+    else:
+        t = Table(title=head, caption=info)
+        for a in attrs:
+            t.add_column(a)
+        t.add_column("p", justify="right")
+        for labels, v in cell_rows(est):
+            t.add_row(*labels, _fmt(v))
+    _console().print(t)
+
+
+def main(args: Any) -> int:
+    url = args.url
+    if not args.collection:
+        if args.attrs or args.method:
+            raise CliError("collection: name a collection to use --attrs/--method")
+        data = fetch(url, "/collections")
+        print(json.dumps(data, indent=2)) if args.json else print_collections(data)
+        return 0
+    cid = urllib.parse.quote(args.collection, safe="")
+    params: dict[str, str] = {}
+    if args.method:
+        params["method"] = args.method
+    if args.attrs:
+        params["attrs"] = args.attrs
+        data = fetch(url, f"/estimates/{cid}", params)
+        print(json.dumps(data, indent=2)) if args.json else print_estimate(data)
+    else:
+        data = fetch(url, f"/estimates/{cid}", params)
+        print(json.dumps(data, indent=2)) if args.json else print_index(data)
+    return 0

@@ -28,19 +28,12 @@ log = logging.getLogger(__name__)
 #: Redis keys owned by this module (hash-tagged like agents/store.py's keys).
 LEASE_KEY = "ldp:{%s}:refresh_lease"
 LOCK_KEY = "ldp:{%s}:refresh_lock"
-#: max ``sent_at`` (unix seconds) of the reports counted so far; written by the ingest agent via
-#: :func:`record_sent_at_max` (or by CountStore when it grows that feature).
+#: max ``sent_at`` (unix seconds) of the reports counted so far; CountStore.apply(sent_at_max=...)
+#: raises it atomically with the counts (read here for the freshness gauge).
 SENT_AT_MAX_KEY = "ldp:{%s}:sent_at_max"
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-_MAX_SET = """
-local cur = redis.call('GET', KEYS[1])
-if (not cur) or tonumber(cur) < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[1]) return 1
-end
 return 0
 """
 
@@ -168,11 +161,6 @@ async def release(redis: Any, key: str, token: str) -> bool:
     return bool(await redis.eval(_RELEASE, 1, key, token))
 
 
-async def record_sent_at_max(redis: Any, collection: str, sent_at: float) -> None:
-    """Raise ``ldp:{id}:sent_at_max`` to ``sent_at`` if larger (atomic; for the ingest agent)."""
-    await redis.eval(_MAX_SET, 1, SENT_AT_MAX_KEY % collection, repr(float(sent_at)))
-
-
 async def read_sent_at_max(redis: Any, collection: str) -> float | None:
     raw = await redis.get(SENT_AT_MAX_KEY % collection)
     return None if raw is None else float(raw)
@@ -207,6 +195,9 @@ class Refresher:
         return self.ctx.config.collections[cid]
 
     def mechanism(self, cid: str) -> Mechanism:
+        getter = getattr(self.ctx, "mechanism", None)
+        if callable(getter):
+            return getter(cid)
         mechs = getattr(self.ctx, "mechanisms", None) or {}
         mech = mechs.get(cid)
         return mech if mech is not None else self.collection(cid).mechanism()
@@ -223,8 +214,33 @@ class Refresher:
         coll = self.collection(cid)
         lease_ms = max(500, int(0.8 * float(coll.refresh_interval_s) * 1000))
         if await acquire(self.redis, LEASE_KEY % cid, lease_ms) is None:
+            # another worker refreshes this interval: mirror its estimates into our gauges so
+            # every worker's /metrics agrees (Prometheus combines workers with max by ...)
+            await self.sync_gauges(cid)
             return None
         return await self.refresh(cid, wait_s=0.0)
+
+    async def sync_gauges(self, cid: str) -> int:
+        """Set this worker's gauges from the estimates stored in Redis; returns how many."""
+        coll = self.collection(cid)
+        payloads = []
+        for attrs in coll.marginals:
+            for method in coll.estimators:
+                p = await self.store.get_estimate(cid, method, tuple(attrs))
+                if p is not None:
+                    payloads.append(p)
+        n_reports = await self.store.n(cid)
+        metrics.COLLECTION_REPORTS.labels(cid).set(float(n_reports))
+        metrics.EPSILON_PER_RECORD.labels(cid).set(float(self.mechanism(cid).epsilon))
+        if not payloads:
+            return 0
+        newest = max(float(p["updated_at"]) for p in payloads)
+        metrics.LAST_REFRESH.labels(cid).set(newest)
+        sent = max((p.get("sent_at_max") or 0.0 for p in payloads), default=0.0)
+        if sent:
+            metrics.FRESHNESS.labels(cid).set(max(0.0, newest - float(sent)))
+        self._estimate_gauges(cid, payloads)
+        return len(payloads)
 
     async def refresh(self, cid: str, *, wait_s: float = 30.0,
                       lock_ttl_s: float = 120.0) -> list[dict[str, Any]] | None:
@@ -262,6 +278,7 @@ class Refresher:
                                               counts, now)
         window = float(coll.drift_window_s)
         for p in payloads:
+            p["sent_at_max"] = sent_at_max
             try:
                 hist = await self.store.estimate_history(cid, p["method"], p["attrs"],
                                                          2 * window + 2 * float(coll.refresh_interval_s))
@@ -289,6 +306,10 @@ class Refresher:
         metrics.EPSILON_PER_RECORD.labels(cid).set(float(mech.epsilon))
         if sent_at_max is not None and n_reports:
             metrics.FRESHNESS.labels(cid).set(max(0.0, now - sent_at_max))
+        self._estimate_gauges(cid, payloads)
+
+    @staticmethod
+    def _estimate_gauges(cid: str, payloads: Sequence[Mapping[str, Any]]) -> None:
         for p in payloads:
             marginal = metrics.marginal_label(p["attrs"])
             method = p["method"]
@@ -302,14 +323,19 @@ class Refresher:
                 metrics.ESTIMATE_DRIFT.labels(cid, marginal, method).set(float(p["drift_tvd"]))
 
 
-_REFRESHERS: dict[int, Refresher] = {}
-
-
 def refresher_for(ctx: Any) -> Refresher:
-    """The :class:`Refresher` of a worker context (created on first use)."""
-    r = _REFRESHERS.get(id(ctx))
-    if r is None or r.ctx is not ctx:
-        r = _REFRESHERS[id(ctx)] = Refresher(ctx)
+    """The :class:`Refresher` of a worker context (created on first use, kept in
+    ``ctx.extras["refresh"]``)."""
+    extras = getattr(ctx, "extras", None)
+    if extras is None:
+        extras = {}
+        try:
+            ctx.extras = extras
+        except AttributeError:
+            pass
+    r = extras.get("refresh")
+    if r is None:
+        r = extras["refresh"] = Refresher(ctx)
     return r
 
 

@@ -142,8 +142,7 @@ def install(app: Any, ctx: Any) -> None:
         return ctx.config.collections.get(cid)
 
     def mechanism_of(cid: str) -> Any:
-        mechs = getattr(ctx, "mechanisms", None) or {}
-        return mechs.get(cid) or ctx.config.collections[cid].mechanism()
+        return refresh.refresher_for(ctx).mechanism(cid)
 
     def unknown(view: web.View, cid: str) -> Any:
         return view.error(404, f"unknown collection {cid!r}",

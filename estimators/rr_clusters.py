@@ -259,31 +259,34 @@ class BlockIBUResult:
 
 def ibu_blocks(counts: np.ndarray, blocks: Sequence[Block], *, tol: float = 1e-8,
                max_iter: int = 10000, init: str = "castell") -> BlockIBUResult:
-    """EM / iterative Bayesian update under the block channels:
-    Π ← Π ⊙ ((Λ/n ⊘ (Π ×ₖ Pₖᵀ)) ×ₖ Pₖ). Stops when the largest cell change is < ``tol``."""
+    """EM / iterative Bayesian update under the block channels (plain EM, no acceleration):
+    Π ← Π ⊙ ((Λ/n ⊘ (Π ×ₖ Pₖᵀ)) ×ₖ Pₖ). Same stopping rule as :func:`~.ibu.ibu`: the relative
+    change of the log-likelihood Σ Λ·ln(Π ×ₖ Pₖᵀ) between iterations is ≤ ``tol``."""
     lam = np.asarray(counts, dtype=float)
     n = lam.sum()
     if n <= 0:
         raise ValueError("no reports counted")
     lam = lam / n
     if init == "castell":
-        pi = np.clip(castell_blocks(lam, blocks), 0, None) + 1e-12
+        pi = np.clip(castell_blocks(lam, blocks), 0, None)
+        pi = pi / pi.sum() * (1 - 1e-3) + 1e-3 / pi.size  # keep every cell movable
     elif init == "uniform":
-        pi = np.ones(lam.shape)
+        pi = np.full(lam.shape, 1.0 / lam.size)
     else:
         raise ValueError(f"init must be 'castell' or 'uniform', got {init!r}")
-    pi /= pi.sum()
+    pos = lam > 0
+    prev = None
     for it in range(1, int(max_iter) + 1):
         fwd = pi
         for axis, b in enumerate(blocks):
             fwd = b.fwd_t(fwd, axis)
+        loglik = float(n * (lam[pos] * np.log(np.maximum(fwd[pos], 1e-300))).sum())
+        if prev is not None and abs(loglik - prev) <= tol * abs(loglik):
+            return BlockIBUResult(pi, it - 1, True)
+        prev = loglik
         ratio = np.divide(lam, fwd, out=np.zeros_like(lam), where=fwd > 0)
         for axis, b in enumerate(blocks):
             ratio = b.back(ratio, axis)
-        new = pi * ratio
-        new /= new.sum()
-        delta = float(np.abs(new - pi).max())
-        pi = new
-        if delta < tol:
-            return BlockIBUResult(pi, it, True)
+        pi = pi * ratio
+        pi /= pi.sum()
     return BlockIBUResult(pi, int(max_iter), False)

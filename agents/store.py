@@ -1,0 +1,285 @@
+"""Redis count tensors, applied exactly once (DESIGN.md, "Exactly-once counting").
+
+A worker counts a batch of reports with numpy and hands the per-tensor deltas to
+:meth:`CountStore.apply` together with the Kafka offset reached on its partition. One Lua script
+call checks-and-sets that offset and adds every nonzero cell with ``BITFIELD ... INCRBY i64``
+(at most 1,000 operations per BITFIELD call: Lua's ``unpack`` limit is 8,000 values and each
+operation takes 4), so a delta is counted atomically, and a replayed delta (offset already
+recorded, e.g. after a crash before the Kafka commit) is skipped.
+
+Keys, all under the hash tag ``{collection}`` so one script may touch them on Redis Cluster::
+
+    ldp:{<id>}:t:<tensor key>:<chunk>    int64 big-endian cells (BITFIELD i64), chunk_cells each
+    ldp:{<id>}:offsets                   hash partition -> last applied offset
+    ldp:{<id>}:n                         reports counted
+    ldp:{<id>}:sent_at_max               newest ``sent_at`` counted (unix seconds)
+    ldp:{<id>}:est:<method>:<marginal>   latest estimate (JSON)
+    ldp:{<id>}:hist:<method>:<marginal>  capped list of past estimates (JSON, newest first)
+
+Tensors are read with GETRANGE and ``np.frombuffer(..., '>i8')``; a missing key or a short
+string reads as zeros.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..estimators.mechanism import TensorSpec, marginal_key
+
+__all__ = ["CountStore", "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS", "key_prefix"]
+
+DEFAULT_CHUNK_CELLS = 2**22           # 32 MiB of int64 per Redis string
+BITFIELD_OPS_PER_CALL = 1000          # 4 values per op; Lua unpack() takes at most 8000
+DEFAULT_HISTORY_CAP = 256             # past estimates kept per (method, marginal)
+
+# KEYS: offsets, n, sent_at_max, chunk keys...
+# ARGV: partition, offset, n_reports, sent_at ('' = none), ops per BITFIELD call, then one blob per
+#       chunk key: packed little-endian records (cell u32, delta i64), 12 bytes each. Binary blobs
+#       keep redis-py's argument packing out of the hot path (20k string args cost ~17 ms).
+_APPLY_LUA = """
+local stored = redis.call('HGET', KEYS[1], ARGV[1])
+if stored and tonumber(stored) >= tonumber(ARGV[2]) then return 0 end
+local maxops = tonumber(ARGV[5])
+local args = {}
+for k = 4, #KEYS do
+  local blob = ARGV[k + 2]
+  local cnt = #blob / 12
+  local pos = 1
+  local done = 0
+  while done < cnt do
+    local m = math.min(cnt - done, maxops)
+    local v = {struct.unpack('<' .. string.rep('I4i8', m), blob, pos)}
+    pos = v[2 * m + 1]
+    local a = 0
+    for j = 1, 2 * m, 2 do
+      args[a + 1] = 'INCRBY'; args[a + 2] = 'i64'
+      args[a + 3] = '#' .. string.format('%.0f', v[j])
+      args[a + 4] = string.format('%.0f', v[j + 1])
+      a = a + 4
+    end
+    redis.call('BITFIELD', KEYS[k], unpack(args, 1, a))
+    done = done + m
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('INCRBY', KEYS[2], ARGV[3])
+if ARGV[4] ~= '' then
+  local cur = redis.call('GET', KEYS[3])
+  if (not cur) or tonumber(cur) < tonumber(ARGV[4]) then redis.call('SET', KEYS[3], ARGV[4]) end
+end
+return 1
+"""
+_OP = np.dtype([("cell", "<u4"), ("delta", "<i8")])  # packed: 12 bytes, as the script reads them
+
+
+def key_prefix(collection: str) -> str:
+    """``ldp:{<collection>}`` — every key of a collection starts with it (one hash slot)."""
+    return "ldp:{" + collection + "}"
+
+
+def _glob_escape(s: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
+
+
+class CountStore:
+    """Count tensors, offsets and estimates of collections in Redis (``redis.asyncio``).
+
+    ``redis`` is a ``redis.asyncio.Redis`` (or ``RedisCluster``) client; hiredis is used by
+    redis-py when installed.
+    """
+
+    def __init__(self, redis: Any, *, chunk_cells: int = DEFAULT_CHUNK_CELLS,
+                 history_cap: int = DEFAULT_HISTORY_CAP,
+                 ops_per_call: int = BITFIELD_OPS_PER_CALL) -> None:
+        if not 1 <= chunk_cells <= 2**32:
+            raise ValueError("chunk_cells must be in 1..2**32")
+        if not 1 <= ops_per_call <= 2000:
+            raise ValueError("ops_per_call must be in 1..2000 (Lua unpack limit)")
+        self.redis = redis
+        self.chunk_cells = int(chunk_cells)
+        self.history_cap = int(history_cap)
+        self.ops_per_call = int(ops_per_call)
+        self._apply = redis.register_script(_APPLY_LUA)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> "CountStore":
+        """A store on a new ``redis.asyncio`` client for ``url``."""
+        import redis.asyncio as aioredis
+
+        return cls(aioredis.from_url(url), **kwargs)
+
+    async def close(self) -> None:
+        close = getattr(self.redis, "aclose", None) or self.redis.close
+        await close()
+
+    # --- key names ------------------------------------------------------------------------------
+    def chunk_key(self, collection: str, tensor_key: str, chunk: int) -> str:
+        return f"{key_prefix(collection)}:t:{tensor_key}:{chunk}"
+
+    def _est_key(self, collection: str, kind: str, method: str, attrs: Sequence[str]) -> str:
+        return f"{key_prefix(collection)}:{kind}:{method}:{marginal_key(tuple(attrs))}"
+
+    # --- counting -------------------------------------------------------------------------------
+    def _apply_args(self, collection: str, deltas: Mapping[str, np.ndarray]
+                    ) -> tuple[list[str], list[bytes]]:
+        """Chunk keys and, per key, the packed (cell, delta) records of its nonzero cells."""
+        keys: list[str] = []
+        blobs: list[bytes] = []
+        for tkey, delta in deltas.items():
+            flat = np.asarray(delta).ravel()
+            if flat.size and flat.dtype.kind not in "iub":
+                raise TypeError(f"delta {tkey!r} must be integer counts, got dtype {flat.dtype}")
+            flat = flat.astype(np.int64, copy=False)
+            nz = np.flatnonzero(flat)
+            if nz.size == 0:
+                continue
+            if np.abs(flat[nz]).max() >= 2**53:
+                raise ValueError(f"delta {tkey!r} has a cell beyond 2**53 (Lua numbers are doubles)")
+            chunk_of = nz // self.chunk_cells
+            recs = np.empty(nz.size, dtype=_OP)
+            recs["cell"] = nz - chunk_of * self.chunk_cells
+            recs["delta"] = flat[nz]
+            cuts = np.flatnonzero(np.diff(chunk_of)) + 1
+            for s, e in zip(np.concatenate(([0], cuts)).tolist(),
+                            np.concatenate((cuts, [nz.size])).tolist()):
+                keys.append(self.chunk_key(collection, tkey, int(chunk_of[s])))
+                blobs.append(recs[s:e].tobytes())
+        return keys, blobs
+
+    async def apply(self, collection: str, partition: int, offset: int,
+                    deltas: Mapping[str, np.ndarray], n_reports: int, *,
+                    sent_at_max: float | None = None) -> bool:
+        """Add ``deltas`` (tensor key → integer array, flattened in C order) and record ``offset``
+        for ``partition`` in one atomic script. Returns False (and changes nothing) when
+        ``offset`` is not above the offset already recorded for the partition.
+
+        ``sent_at_max`` (optional) raises ``ldp:{id}:sent_at_max`` (freshness gauge).
+        """
+        pre = key_prefix(collection)
+        keys, blobs = self._apply_args(collection, deltas)
+        sent = "" if sent_at_max is None or not math.isfinite(sent_at_max) else repr(float(sent_at_max))
+        argv = [int(partition), int(offset), int(n_reports), sent, self.ops_per_call, *blobs]
+        res = await self._apply(keys=[f"{pre}:offsets", f"{pre}:n", f"{pre}:sent_at_max", *keys],
+                                args=argv)
+        return bool(int(res))
+
+    # --- reading --------------------------------------------------------------------------------
+    def _chunks(self, size: int) -> list[tuple[int, int]]:
+        """(chunk index, cells in that chunk) of a tensor of ``size`` cells."""
+        return [(c, min(self.chunk_cells, size - c * self.chunk_cells))
+                for c in range(max(1, -(-size // self.chunk_cells)))] if size else []
+
+    async def read_all(self, collection: str, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+        """Every tensor of ``specs`` (int64, ``spec.shape``), read in one MULTI/EXEC so they form a
+        consistent snapshot."""
+        plan: list[tuple[TensorSpec, list[tuple[int, int]]]] = []
+        pipe = self.redis.pipeline(transaction=True)
+        for spec in specs:
+            chunks = self._chunks(spec.size)
+            plan.append((spec, chunks))
+            for c, cells in chunks:
+                pipe.getrange(self.chunk_key(collection, spec.key, c), 0, 8 * cells - 1)
+        raw = await pipe.execute() if any(ch for _, ch in plan) else []
+        out: dict[str, np.ndarray] = {}
+        i = 0
+        for spec, chunks in plan:
+            flat = np.zeros(spec.size, dtype=np.int64)
+            for c, cells in chunks:
+                buf = raw[i] or b""
+                i += 1
+                k = min(len(buf) // 8, cells)
+                if k:
+                    start = c * self.chunk_cells
+                    flat[start:start + k] = np.frombuffer(buf, dtype=">i8", count=k)
+            out[spec.key] = flat.reshape(spec.shape)
+        return out
+
+    async def read(self, collection: str, spec: TensorSpec) -> np.ndarray:
+        """One tensor (int64, ``spec.shape``); missing cells are zeros."""
+        return (await self.read_all(collection, [spec]))[spec.key]
+
+    async def offsets(self, collection: str) -> dict[int, int]:
+        """Last applied Kafka offset per partition."""
+        raw = await self.redis.hgetall(f"{key_prefix(collection)}:offsets")
+        return {int(k): int(v) for k, v in raw.items()}
+
+    async def n(self, collection: str) -> int:
+        """Reports counted so far."""
+        raw = await self.redis.get(f"{key_prefix(collection)}:n")
+        return int(raw) if raw is not None else 0
+
+    async def sent_at_max(self, collection: str) -> float | None:
+        """Newest ``sent_at`` among counted batches (None before any)."""
+        raw = await self.redis.get(f"{key_prefix(collection)}:sent_at_max")
+        return None if raw is None else float(raw)
+
+    # --- estimates ------------------------------------------------------------------------------
+    async def put_estimate(self, collection: str, method: str, attrs: Sequence[str],
+                           payload: Mapping[str, Any]) -> None:
+        """Store the latest estimate and push it on the capped history (one MULTI/EXEC).
+        ``payload`` gets ``updated_at`` (now) if it has none."""
+        doc = _finite_json(dict(payload))
+        doc.setdefault("updated_at", time.time())
+        text = json.dumps(doc, allow_nan=False)
+        hist = self._est_key(collection, "hist", method, attrs)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(self._est_key(collection, "est", method, attrs), text)
+        pipe.lpush(hist, text)
+        pipe.ltrim(hist, 0, self.history_cap - 1)
+        await pipe.execute()
+
+    async def get_estimate(self, collection: str, method: str,
+                           attrs: Sequence[str]) -> dict[str, Any] | None:
+        """The latest estimate payload, or None."""
+        raw = await self.redis.get(self._est_key(collection, "est", method, attrs))
+        return None if raw is None else json.loads(raw)
+
+    async def estimate_history(self, collection: str, method: str, attrs: Sequence[str],
+                               since_s: float) -> list[dict[str, Any]]:
+        """Past estimates whose ``updated_at`` lies within the last ``since_s`` seconds (a
+        duration, not a timestamp), oldest first."""
+        cutoff = time.time() - float(since_s)
+        raw = await self.redis.lrange(self._est_key(collection, "hist", method, attrs), 0, -1)
+        out = []
+        for item in raw:  # newest first; stop at the first one too old
+            doc = json.loads(item)
+            if float(doc.get("updated_at", 0.0)) < cutoff:
+                break
+            out.append(doc)
+        out.reverse()
+        return out
+
+    # --- admin ----------------------------------------------------------------------------------
+    async def reset(self, collection: str) -> int:
+        """Delete every key of ``collection`` (counts, offsets, n, estimates, history, and any
+        other ``ldp:{id}:*`` key). Returns the number of keys deleted."""
+        pattern = _glob_escape(key_prefix(collection)) + ":*"
+        deleted = 0
+        batch: list[Any] = []
+        async for key in self.redis.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += await self.redis.delete(*batch)
+                batch = []
+        if batch:
+            deleted += await self.redis.delete(*batch)
+        return int(deleted)
+
+
+def _finite_json(obj: Any) -> Any:
+    """JSON-ready copy: numpy arrays/scalars to Python, tuples to lists, NaN/inf to None."""
+    if isinstance(obj, np.ndarray):
+        obj = obj.tolist()
+    elif isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, dict):
+        return {str(k): _finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_json(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

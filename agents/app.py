@@ -1,0 +1,145 @@
+"""The faust worker (``ldpstream worker``): ingest, refresh timers, HTTP views, metrics.
+
+:func:`create_app` builds the faust :class:`faust.App` and its :class:`~.context.Context`. Faust
+runs the worker lifecycle, the web server (agents/web.py) and the refresh timers
+(agents/refresh.py); reports are consumed by :class:`~.ingest.IngestService`, an aiokafka consumer
+owned by a mode service that the app starts and stops with itself (agents/ingest.py explains why
+not a faust agent: exactly-once needs our own offsets in Redis to drive the consumer position).
+
+Environment: ``KAFKA_BOOTSTRAP_SERVERS``, ``REDIS_URL`` (required), ``LDP_SESSION_TIMEOUT_S``
+(consumer group session timeout; a few seconds for the embedded Tansu broker, which answers a
+group join after half of it), ``LDP_WEB_BIND`` (default 0.0.0.0), ``LDP_APP_ID``,
+``LDP_LOG_LEVEL`` (default WARN).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+from .context import Context
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SESSION_TIMEOUT_S = 30.0
+
+
+def _broker_urls(bootstrap: str) -> list[str]:
+    out = []
+    for part in bootstrap.split(","):
+        part = part.strip()
+        if part:
+            out.append(part if "://" in part else f"kafka://{part}")
+    return out
+
+
+def make_store(redis_url: str) -> Any:
+    """A :class:`~.store.CountStore` on a ``redis.asyncio`` client with short socket timeouts
+    (a dead Redis must surface as an error the ingest service retries, not as a hang)."""
+    import redis.asyncio as aioredis
+
+    from .store import CountStore
+
+    client = aioredis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=2.0,
+                               health_check_interval=5)
+    return CountStore(client)
+
+
+def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int = 6066, *,
+               web_bind: str | None = None, session_timeout_s: float | None = None,
+               app_id: str | None = None, install_web: bool = True,
+               install_refresh: bool = True, ingest: bool = True,
+               ingest_options: dict[str, Any] | None = None) -> tuple[Any, Context]:
+    """The faust app of one worker and its context.
+
+    The ingest service joins the consumer group ``<app_id>-ingest``; ``session_timeout_s`` is used
+    for it and for faust's own group (``broker_session_timeout``).
+    """
+    import faust
+
+    from .ingest import IngestService
+
+    app_id = app_id or os.environ.get("LDP_APP_ID", "ldpstream")
+    if session_timeout_s is None:
+        session_timeout_s = float(os.environ.get("LDP_SESSION_TIMEOUT_S", DEFAULT_SESSION_TIMEOUT_S))
+    web_bind = web_bind or os.environ.get("LDP_WEB_BIND", "0.0.0.0")
+    datadir = tempfile.mkdtemp(prefix="ldpstream-faust-")
+    extra: dict[str, Any] = {}
+    if web_bind in ("127.0.0.1", "localhost"):
+        extra["web_host"] = "127.0.0.1"
+    app = faust.App(
+        app_id, broker=_broker_urls(kafka_bootstrap), store="memory://",
+        value_serializer="raw", key_serializer="raw", web_enabled=True, web_port=int(web_port),
+        web_bind=web_bind, **extra,
+        broker_session_timeout=float(session_timeout_s),
+        broker_heartbeat_interval=max(0.1, float(session_timeout_s) / 4),
+        topic_partitions=1, topic_replication_factor=1, datadir=datadir,
+        producer_max_request_size=4 * 1024 * 1024)
+    ctx = Context(config=config, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap)
+    ctx.store = make_store(redis_url)
+    ctx.extras["datadir"] = datadir
+    for cid in config.collections:
+        ctx.mechanism(cid)
+    if ingest:
+        service = IngestService(ctx, group_id=f"{app_id}-ingest",
+                                session_timeout_ms=int(float(session_timeout_s) * 1000),
+                                **(ingest_options or {}))
+        ctx.ingest = service
+        app.add_dependency(service)
+
+    if install_refresh:
+        from . import refresh
+        refresh.install(app, ctx)
+    if install_web:
+        from . import web
+        web.install(app, ctx)
+    return app, ctx
+
+
+def _cleanup(ctx: Context) -> None:
+    datadir = ctx.extras.get("datadir")
+    if datadir:
+        shutil.rmtree(datadir, ignore_errors=True)
+
+
+def main(args) -> int:
+    """``ldpstream worker [--config F] [--web-port P]``."""
+    from ..cli import CliError
+
+    try:
+        from ..config import ConfigError, load_config
+    except ImportError as exc:  # pragma: no cover
+        raise CliError(f"config module unavailable: {exc}") from None
+    try:
+        config = load_config(getattr(args, "config", None))
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    bootstrap = getattr(config, "kafka_bootstrap", None) or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    redis_url = getattr(config, "redis_url", None) or os.environ.get("REDIS_URL")
+    if not bootstrap:
+        raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set (`ldpstream up` starts an embedded "
+                       "broker, Redis and a worker)")
+    if not redis_url:
+        raise CliError("REDIS_URL is not set (`ldpstream up` starts an embedded Redis)")
+    from faust.worker import Worker
+
+    app, ctx = create_app(config, bootstrap, redis_url, int(getattr(args, "web_port", 6066)))
+    loglevel = os.environ.get("LDP_LOG_LEVEL", "WARN").upper()
+    if loglevel == "WARNING":
+        loglevel = "WARN"
+    print(f"ldpstream worker: broker {bootstrap}, Redis {redis_url}, "
+          f"http://{'127.0.0.1' if app.conf.web_bind == '0.0.0.0' else app.conf.web_bind}:"
+          f"{app.conf.web_port}/ (collections: {', '.join(config.collections)})",
+          file=sys.stderr, flush=True)
+    worker = Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0
+        return code
+    finally:
+        _cleanup(ctx)
+    return 0

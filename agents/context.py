@@ -1,0 +1,34 @@
+"""The worker's shared context: configuration, connections and the mechanisms in force.
+
+One :class:`Context` per worker process; the faust app, the ingest service (agents/ingest.py), the
+refresh timers and the HTTP views all read it. Nothing in it is the state of record: counts and
+offsets live in Redis (agents/store.py), the mechanism state is published to ``ldp.config``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..estimators.mechanism import Mechanism
+
+
+@dataclass
+class Context:
+    config: Any  # ldpstream.config.AppConfig
+    redis_url: str
+    kafka_bootstrap: str
+    store: Any = None  # agents.store.CountStore, created on app start
+    mechanisms: dict[str, Mechanism] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    #: the ingest service (agents/ingest.py) once the app has started it
+    ingest: Any = None
+    #: anything other modules want to hang on the context (keyed by module name)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def mechanism(self, collection: str) -> Mechanism:
+        """The mechanism in force for ``collection`` (built from the config on first use)."""
+        mech = self.mechanisms.get(collection)
+        if mech is None:
+            mech = self.mechanisms[collection] = self.config.collections[collection].mechanism()
+        return mech

@@ -1,0 +1,466 @@
+"""The ingest service: Kafka report batches → validated numpy counts → Redis, exactly once.
+
+Why not a faust agent. faust-streaming acknowledges and commits offsets on its own schedule
+(``broker_commit_every``/``broker_commit_interval``), independently of what the agent has applied
+to Redis, and its own recovery seeks partitions to the *committed* offsets during a rebalance
+(faust-streaming issues #216 "resumes from kafka before seeking to committed offsets", #312 "commits
+the wrong offset in case of a gap in acks", #54 seek after revoke). A seek of ours inside
+``on_partitions_assigned`` would race with faust's; and a faust stream costs ≈ 65 µs per message
+(DESIGN.md). So the app keeps faust for what it is good at (worker lifecycle, web server, timers)
+and consumes reports with an aiokafka consumer owned by this :class:`mode.Service`, which the
+faust app starts and stops with itself.
+
+Exactly-once design (the state of record is Redis, never Kafka's committed offsets):
+
+1. On partition assignment (aiokafka's rebalance listener) read ``store.offsets(collection)`` and
+   seek every assigned partition to ``stored + 1`` (to the beginning when nothing is stored).
+2. Per message, skip offsets ``<= stored`` (dedupe; belt and braces after the seek).
+3. Messages are buffered per partition; a flush (``ingest.batch_reports`` reports or
+   ``ingest.batch_seconds``) sends the partition's rejects to ``ldp.dlq`` (acknowledged first), then
+   counts its reports with numpy (``mechanism.count``) and applies ONE delta per partition with the
+   highest offset of the batch in one Lua call (``CountStore.apply``), which adds the cells and
+   sets the offset atomically and skips a delta whose offset is already recorded.
+4. On revocation, pending (unapplied) deltas of the revoked partitions are dropped, not applied:
+   whoever gets the partition re-reads the offset from Redis and re-consumes them; the callback
+   returns only after an in-flight apply touching those partitions has finished, so after it no
+   stale delta of ours can land.
+5. Redis down: the apply is retried with backoff forever (never skipped), every assigned partition
+   is paused meanwhile, and the consumer keeps polling (paused, so nothing is fetched) to stay in
+   the group; consumption resumes when Redis answers.
+
+Kafka commits are best effort (stored + 1, every few seconds) for lag tooling only.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from collections import defaultdict
+from typing import Any, Iterable
+
+import numpy as np
+from mode import Service
+
+from ..producers.codec import DLQ_TOPIC, DecodeError, ReportBatch, decode_batch, dlq_record, explain_batch
+from . import metrics
+
+log = logging.getLogger(__name__)
+
+CONFIG_TOPIC = "ldp.config"
+REDIS_ERRORS: tuple[type[BaseException], ...]
+try:
+    import redis.exceptions as _rexc
+
+    REDIS_ERRORS = (_rexc.ConnectionError, _rexc.TimeoutError, _rexc.BusyLoadingError,
+                    _rexc.TryAgainError, ConnectionError, OSError, asyncio.TimeoutError)
+except ImportError:  # pragma: no cover
+    REDIS_ERRORS = (ConnectionError, OSError, asyncio.TimeoutError)
+
+
+@dataclasses.dataclass
+class _Pending:
+    """What one partition consumed since its last apply."""
+
+    reports: list[np.ndarray] = dataclasses.field(default_factory=list)
+    n: int = 0
+    last_offset: int | None = None
+    sent_at_max: float | None = None
+    messages: int = 0
+    rejects: list[tuple[str, str, str, bytes, int]] = dataclasses.field(default_factory=list)
+    rejected_reports: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+
+
+class IngestService(Service):
+    """Consume every collection's report topic, count, apply to Redis exactly once."""
+
+    def __init__(self, ctx: Any, *, group_id: str = "ldpstream-ingest",
+                 session_timeout_ms: int = 10_000, batch_reports: int | None = None,
+                 batch_seconds: float | None = None, max_message_bytes: int | None = None,
+                 publish_config: bool = True, create_topics: bool = True,
+                 poll_ms: int = 100, max_records: int = 5000, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ctx = ctx
+        ingest = getattr(ctx.config, "ingest", None)
+        self.batch_reports = int(batch_reports or getattr(ingest, "batch_reports", 20_000))
+        self.batch_seconds = float(batch_seconds or getattr(ingest, "batch_seconds", 0.5))
+        self.max_message_bytes = int(max_message_bytes or getattr(ingest, "max_message_bytes",
+                                                                  1_048_576))
+        self.group_id = group_id
+        self.session_timeout_ms = int(session_timeout_ms)
+        self.publish_config_on_start = publish_config
+        self.create_topics_on_start = create_topics
+        self.poll_ms = poll_ms
+        self.max_records = max_records
+        self.collections = dict(ctx.config.collections)
+        self.topic_of = {cid: c.topic for cid, c in self.collections.items()}
+        self.cid_of = {c.topic: cid for cid, c in self.collections.items()}
+        self.specs = {cid: c.tensors() for cid, c in self.collections.items()}
+        self.consumer = None
+        self.producer = None
+        self._stored: dict[Any, int | None] = {}   # tp -> last applied offset (None: nothing)
+        self._pending: dict[Any, _Pending] = {}
+        self._pending_reports = 0
+        self._pending_since: float | None = None
+        self._revoked: set[Any] = set()
+        self._applying: set[Any] = set()            # tps of the apply attempt in flight
+        self._blocked = False
+        self._last_commit = 0.0
+        self._last_lag = 0.0
+        self.applied_batches = 0
+        self.skipped_batches = 0
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def known(self) -> dict[str, dict[int, Any]]:
+        """collection → {version: mechanism} accepted on the wire."""
+        return {cid: {self.ctx.mechanism(cid).version: self.ctx.mechanism(cid)}
+                for cid in self.collections}
+
+    async def on_start(self) -> None:
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+        boot = self.ctx.kafka_bootstrap
+        if self.create_topics_on_start:
+            from ..services import create_topics
+            topics = {c.topic: int(c.partitions) for c in self.collections.values()}
+            topics.update({DLQ_TOPIC: 1, CONFIG_TOPIC: 1})
+            await create_topics(boot, topics, compacted={CONFIG_TOPIC})
+        self.producer = AIOKafkaProducer(bootstrap_servers=boot, acks="all", linger_ms=5,
+                                         max_request_size=max(1_048_576, 2 * 65_536 + 4096),
+                                         client_id="ldpstream-worker")
+        await self.producer.start()
+        if self.publish_config_on_start:
+            await self.publish_config()
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=boot, group_id=self.group_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
+            rebalance_timeout_ms=max(self.session_timeout_ms, 30_000),
+            max_partition_fetch_bytes=max(4 * 1_048_576, 2 * self.max_message_bytes),
+            fetch_max_bytes=64 * 1_048_576, client_id="ldpstream-ingest")
+        self.consumer.subscribe(sorted(self.cid_of), listener=_Listener(self))
+        await self.consumer.start()
+        self.ctx.ingest = self
+
+    async def on_stop(self) -> None:
+        consumer, self.consumer = self.consumer, None
+        producer, self.producer = self.producer, None
+        if consumer is not None:
+            try:
+                await consumer.stop()
+            except Exception:  # noqa: BLE001
+                log.warning("ingest: consumer stop failed", exc_info=True)
+        if producer is not None:
+            try:
+                await producer.stop()
+            except Exception:  # noqa: BLE001
+                log.warning("ingest: producer stop failed", exc_info=True)
+
+    async def publish_config(self) -> None:
+        """Publish every collection's mechanism state to the compacted ``ldp.config``."""
+        futs = []
+        for cid in self.collections:
+            state = dict(self.ctx.mechanism(cid).state())
+            state["collection"] = cid
+            futs.append(await self.producer.send(CONFIG_TOPIC, json.dumps(state).encode(),
+                                                 key=cid.encode()))
+        await asyncio.gather(*futs)
+
+    def assignment(self) -> set:
+        return set(self.consumer.assignment()) if self.consumer is not None else set()
+
+    # --- rebalance ------------------------------------------------------------------------------
+    async def on_assigned(self, assigned: Iterable[Any]) -> None:
+        assigned = set(assigned)
+        by_cid: dict[str, list[Any]] = defaultdict(list)
+        for tp in assigned:
+            self._revoked.discard(tp)
+            by_cid[self.cid_of[tp.topic]].append(tp)
+        for cid, tps in by_cid.items():
+            offsets = await self._redis_retry(lambda cid=cid: self.ctx.store.offsets(cid),
+                                              what=f"read offsets of {cid}")
+            for tp in tps:
+                stored = offsets.get(tp.partition)
+                self._stored[tp] = stored
+                self._pending.pop(tp, None)
+                if stored is None:
+                    await self.consumer.seek_to_beginning(tp)
+                else:
+                    self.consumer.seek(tp, stored + 1)
+        self._recount_pending()
+        log.info("ingest: assigned %s", sorted((tp.topic, tp.partition, self._stored.get(tp))
+                                               for tp in assigned))
+
+    async def on_revoked(self, revoked: Iterable[Any]) -> None:
+        revoked = set(revoked)
+        self._revoked |= revoked
+        for tp in revoked:
+            self._pending.pop(tp, None)
+            self._stored.pop(tp, None)
+        self._recount_pending()
+        # an apply already sent for a revoked partition must finish before another owner reads
+        while self._applying & revoked:
+            await asyncio.sleep(0.01)
+
+    def _recount_pending(self) -> None:
+        self._pending_reports = sum(p.n for p in self._pending.values())
+        if not self._pending:
+            self._pending_since = None
+
+    # --- consuming ------------------------------------------------------------------------------
+    @Service.task
+    async def _consume(self) -> None:
+        while not self.should_stop:
+            if self.consumer is None:
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                data = await self.consumer.getmany(timeout_ms=self.poll_ms,
+                                                   max_records=self.max_records)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep the worker alive; aiokafka reconnects
+                log.warning("ingest: poll failed", exc_info=True)
+                await asyncio.sleep(0.5)
+                continue
+            for tp, msgs in data.items():
+                self._take(tp, msgs)
+            now = time.monotonic()
+            due = self._pending and (
+                self._pending_reports >= self.batch_reports
+                or (self._pending_since is not None and now - self._pending_since >= self.batch_seconds))
+            if due:
+                await self.flush()
+            if now - self._last_lag >= 1.0:
+                self._last_lag = now
+                self._update_lag()
+            if now - self._last_commit >= 5.0:
+                self._last_commit = now
+                await self._commit()
+
+    def _take(self, tp: Any, msgs: list) -> None:
+        """Decode and validate the messages of one partition into its pending buffer."""
+        if tp in self._revoked or tp not in self._stored:
+            return
+        stored = self._stored[tp]
+        if stored is not None:
+            msgs = [m for m in msgs if m.offset > stored]
+        if not msgs:
+            return
+        cid = self.cid_of[tp.topic]
+        pend = self._pending.get(tp)
+        if pend is None:
+            pend = self._pending[tp] = _Pending()
+            if self._pending_since is None:
+                self._pending_since = time.monotonic()
+        known = self.known()
+        good: list[tuple[Any, ReportBatch]] = []
+        for m in msgs:
+            try:
+                good.append((m, decode_batch(m.value if m.value is not None else b"",
+                                             max_bytes=self.max_message_bytes)))
+            except DecodeError as exc:
+                pend.rejects.append((exc.reason, exc.detail, exc.collection or "", m.value or b"",
+                                     m.offset))
+                key = ("unknown", exc.reason)
+                pend.rejected_reports[key] = pend.rejected_reports.get(key, 0) + 1
+        # validate: one vectorized check for all batches sharing (collection, version, width);
+        # only when that fails, find the bad batches one by one
+        groups: dict[tuple, list[tuple[Any, ReportBatch]]] = defaultdict(list)
+        for m, b in good:
+            groups[(b.collection, b.version, b.width)].append((m, b))
+        for items in groups.values():
+            if len(items) > 1:
+                joined = dataclasses.replace(items[0][1], reports=np.concatenate(
+                    [b.reports for _, b in items]), device_ids=None)
+                ok = explain_batch(joined, known) is None if joined.collection == cid else False
+            else:
+                ok = False
+            for m, b in items:
+                res = None if ok else (
+                    explain_batch(b, known) if b.collection == cid else
+                    ("unknown_collection", f"batch of collection {b.collection!r} on topic {tp.topic}"))
+                if res is None:
+                    pend.reports.append(b.reports)
+                    pend.n += b.n
+                    if pend.sent_at_max is None or b.sent_at > pend.sent_at_max:
+                        pend.sent_at_max = b.sent_at
+                    self._pending_reports += b.n
+                else:
+                    pend.rejects.append((res[0], res[1], b.collection, m.value, m.offset))
+                    key = (cid, res[0])
+                    pend.rejected_reports[key] = pend.rejected_reports.get(key, 0) + b.n
+        pend.messages += len(msgs)
+        pend.last_offset = max(msgs[-1].offset, pend.last_offset or -1)
+        metrics.MESSAGES_CONSUMED.labels(cid).inc(len(msgs))
+
+    async def flush(self) -> None:
+        """Apply every partition's pending delta (DLQ records first), one Lua call each."""
+        pending, self._pending = self._pending, {}
+        self._pending_reports = 0
+        self._pending_since = None
+        for tp, pend in pending.items():
+            if tp in self._revoked or pend.last_offset is None:
+                continue
+            await self._apply_partition(tp, pend)
+
+    async def _apply_partition(self, tp: Any, pend: _Pending) -> None:
+        cid = self.cid_of[tp.topic]
+        if pend.rejects:
+            await self._send_dlq(tp, cid, pend)
+        mech = self.ctx.mechanism(cid)
+        if pend.reports:
+            reports = pend.reports[0] if len(pend.reports) == 1 else np.concatenate(pend.reports)
+            deltas = mech.count(reports, self.specs[cid])
+        else:
+            deltas = {}
+        t0 = time.perf_counter()
+
+        async def attempt() -> bool:
+            self._applying.add(tp)
+            try:
+                return await self.ctx.store.apply(cid, tp.partition, pend.last_offset, deltas,
+                                                  pend.n, sent_at_max=pend.sent_at_max)
+            finally:
+                self._applying.discard(tp)
+
+        applied = await self._redis_retry(attempt, what=f"apply {cid}[{tp.partition}]",
+                                          abandon=lambda: tp in self._revoked)
+        if applied is _ABANDONED:
+            log.info("ingest: %s[%d] revoked while Redis was down; delta left to the new owner",
+                     cid, tp.partition)
+            return
+        metrics.BATCH_APPLY_SECONDS.labels(cid).observe(time.perf_counter() - t0)
+        if applied:
+            self.applied_batches += 1
+            if pend.n:
+                metrics.REPORTS_INGESTED.labels(cid).inc(pend.n)
+            for (coll, reason), k in pend.rejected_reports.items():
+                metrics.REPORTS_REJECTED.labels(coll, reason).inc(k)
+            if tp not in self._revoked:
+                self._stored[tp] = pend.last_offset
+        else:
+            # someone else recorded this offset (or beyond): re-read and re-seek
+            self.skipped_batches += 1
+            log.warning("ingest: %s[%d] offset %d already applied; re-reading offsets",
+                        cid, tp.partition, pend.last_offset)
+            if tp not in self._revoked and tp in self.assignment():
+                offsets = await self._redis_retry(lambda: self.ctx.store.offsets(cid),
+                                                  what=f"read offsets of {cid}")
+                stored = offsets.get(tp.partition)
+                self._stored[tp] = stored
+                self._pending.pop(tp, None)
+                self._recount_pending()
+                if stored is not None:
+                    self.consumer.seek(tp, stored + 1)
+
+    async def _send_dlq(self, tp: Any, cid: str, pend: _Pending) -> None:
+        now = time.time()
+        futs = []
+        for reason, detail, coll, payload, offset in pend.rejects:
+            rec = dlq_record(reason, detail, collection=coll or None, topic=tp.topic,
+                             partition=tp.partition, offset=offset, payload=payload,
+                             received_at=now)
+            futs.append(await self.producer.send(DLQ_TOPIC, rec, key=cid.encode()))
+        # the offset that covers these messages is recorded only after the DLQ has them
+        await asyncio.gather(*futs)
+
+    async def _redis_retry(self, fn, *, what: str, abandon=None):
+        """``await fn()`` until it succeeds; while Redis is unreachable pause consumption and
+        retry with backoff (0.1 s → 2 s). ``abandon()`` true → give up (returns _ABANDONED)."""
+        delay = 0.1
+        blocked_at = None
+        while True:
+            if abandon is not None and abandon():
+                return _ABANDONED
+            try:
+                result = await fn()
+            except REDIS_ERRORS as exc:
+                if blocked_at is None:
+                    blocked_at = time.monotonic()
+                    log.warning("ingest: Redis unavailable (%s: %s) during %s; pausing "
+                                "consumption and retrying", exc.__class__.__name__, exc, what)
+                    self._set_blocked(True)
+                await self._idle_poll(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            if blocked_at is not None:
+                log.warning("ingest: Redis back after %.1fs; resuming (%s)",
+                            time.monotonic() - blocked_at, what)
+                self._set_blocked(False)
+            return result
+
+    def _set_blocked(self, blocked: bool) -> None:
+        self._blocked = blocked
+        if self.consumer is None:
+            return
+        tps = self.assignment()
+        if blocked:
+            self.consumer.pause(*tps)
+        else:
+            self.consumer.resume(*tps)
+
+    async def _idle_poll(self, seconds: float) -> None:
+        """Wait while blocked. Partitions are paused, so nothing is fetched; partitions newly
+        assigned meanwhile are paused as soon as they appear."""
+        await asyncio.sleep(seconds)
+        if self.consumer is not None and self._blocked:
+            new = self.assignment() - set(self.consumer.paused())
+            if new:
+                self.consumer.pause(*new)
+
+    def _update_lag(self) -> None:
+        if self.consumer is None:
+            return
+        lag: dict[str, int] = defaultdict(int)
+        for tp in self.assignment():
+            hw = self.consumer.highwater(tp)
+            if hw is None:
+                continue
+            stored = self._stored.get(tp)
+            lag[self.cid_of[tp.topic]] += max(0, hw - (0 if stored is None else stored + 1))
+        for cid in self.collections:
+            metrics.CONSUMER_LAG.labels(cid).set(lag.get(cid, 0))
+
+    async def _commit(self) -> None:
+        """Best-effort Kafka commit of the applied offsets (tooling only; Redis is the record)."""
+        if self.consumer is None:
+            return
+        assigned = self.assignment()
+        offsets = {tp: off + 1 for tp, off in self._stored.items()
+                   if off is not None and tp in assigned and tp not in self._revoked}
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except Exception as exc:  # noqa: BLE001 - rebalancing etc.; Redis is the record anyway
+            log.debug("ingest: Kafka commit skipped: %s", exc)
+
+    # --- introspection for tests / health -------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return {"assigned": sorted(f"{tp.topic}[{tp.partition}]" for tp in self.assignment()),
+                "blocked": self._blocked, "pending_reports": self._pending_reports,
+                "applied_batches": self.applied_batches, "skipped_batches": self.skipped_batches}
+
+
+_ABANDONED = object()
+
+
+def _listener_base():
+    from aiokafka import ConsumerRebalanceListener
+    return ConsumerRebalanceListener
+
+
+class _Listener(_listener_base()):
+    """aiokafka rebalance listener delegating to the service (both callbacks are awaited by
+    aiokafka's coordinator before it proceeds)."""
+
+    def __init__(self, service: IngestService) -> None:
+        self.service = service
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        await self.service.on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        await self.service.on_assigned(assigned)

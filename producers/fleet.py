@@ -1,0 +1,265 @@
+"""``ldpstream fleet``: simulate N devices sending randomized reports at a target rate.
+
+Vectorized: each tick of the token bucket samples all of the tick's true records at once (rows of
+a CSV, by default the bundled UCI Adult encoded against the collection's domain, or a seeded
+built-in generator), randomizes them with the collection's mechanism in one numpy call, assigns
+them to random devices of the fleet and hands them to a :class:`~.device.Gateway`, which packs
+``--batch`` reports per Kafka message. ``--drift-at T --drift-to SRC`` switches the population T
+seconds after the start. The mechanism state (and its version, stamped on every report) comes
+from the compacted topic ``ldp.config``; while no worker has published one yet, the fleet waits
+a few seconds, then falls back to the state built from the local config.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..estimators.mechanism import Mechanism
+from .device import ConfigWatcher, Gateway, mechanism_from_state
+from .generator import is_generator_spec, parse_spec
+from .publisher import Publisher
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH = 500
+TICK_S = 0.05
+
+Source = Callable[[int, np.random.Generator], np.ndarray]
+
+
+def make_source(spec: str | None, domain, seed: int = 0) -> tuple[Source, str]:
+    """A sampler of true records over ``domain``: a CSV path (``None`` = bundled Adult) or a
+    generator spec (``generator[:product|skewed][,seed=..]``). Returns (sampler, description)."""
+    if is_generator_spec(spec):
+        pop = parse_spec(spec, domain, default_seed=seed)  # type: ignore[arg-type]
+        return pop.sample, f"generator:{pop.kind}(seed={pop.seed})"
+    from ..datasets import load_csv
+
+    ds = load_csv(spec, columns=domain.attrs, domain=domain)
+    records = ds.records
+
+    def sample(n: int, rng: np.random.Generator) -> np.ndarray:
+        return records[rng.integers(0, len(records), size=n)]
+
+    return sample, f"csv:{spec or 'adult'}({ds.n} rows)"
+
+
+@dataclass
+class FleetStats:
+    sent_reports: int = 0
+    sent_messages: int = 0
+    seconds: float = 0.0
+    drifted_at: float | None = None
+    version: int | None = None
+    source: str = ""
+    counts: dict[str, np.ndarray] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.sent_reports / self.seconds if self.seconds > 0 else 0.0
+
+
+async def resolve_mechanism(bootstrap: str, collection, *, timeout_s: float = 10.0,
+                            watcher: ConfigWatcher | None = None) -> tuple[Mechanism, ConfigWatcher | None]:
+    """The collection's mechanism as published in ``ldp.config`` (waiting up to ``timeout_s``),
+    else the one built from the local config."""
+    try:
+        if watcher is None:
+            watcher = await ConfigWatcher(bootstrap).start(timeout_s=timeout_s)
+        state = await watcher.wait_for(collection.id, timeout_s)
+    except (ConnectionError, OSError) as exc:
+        log.warning("cannot read ldp.config (%s); using the local config", exc)
+        state = None
+    if state is not None:
+        try:
+            return mechanism_from_state(state), watcher
+        except Exception as exc:  # noqa: BLE001 - a bad published state must not stop devices
+            log.warning("cannot rebuild the published mechanism of %s (%s); using the local config",
+                        collection.id, exc)
+    else:
+        log.warning("no mechanism state for %s in ldp.config after %.0fs; using the local config",
+                    collection.id, timeout_s)
+    return collection.mechanism(), watcher
+
+
+async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devices: int = 1000,
+                    rate: float = 2000.0, batch: int = DEFAULT_BATCH, total: int | None = None,
+                    duration: float | None = None, drift_at: float | None = None,
+                    drift_to: str | None = None, seed: int | None = None,
+                    keep_counts: bool = False, mechanism: Mechanism | None = None,
+                    config_timeout_s: float = 10.0, publisher: Publisher | None = None,
+                    stop: asyncio.Event | None = None,
+                    progress: Callable[[FleetStats], None] | None = None,
+                    progress_every_s: float = 2.0) -> FleetStats:
+    """Run the simulated fleet until ``total`` reports, ``duration`` seconds or ``stop`` is set;
+    every message is acknowledged before it returns. ``keep_counts`` tallies the exact count
+    tensors of the reports sent (``collection.tensors()``) for tests."""
+    if devices < 1:
+        raise ValueError("devices must be >= 1")
+    if rate < 0:
+        raise ValueError("rate must be >= 0")
+    ss = np.random.SeedSequence(seed)
+    rng = np.random.default_rng(ss)
+    source, desc = make_source(data, collection.domain, seed=int(ss.generate_state(1)[0]))
+    stats = FleetStats(source=desc)
+    watcher = None
+    if mechanism is None:
+        mechanism, watcher = await resolve_mechanism(bootstrap, collection, timeout_s=config_timeout_s)
+    mech_box = [mechanism]
+    if watcher is not None:
+        def on_change(cid: str, state: dict) -> None:
+            if cid == collection.id and int(state.get("version", 0)) != mech_box[0].version:
+                try:
+                    mech_box[0] = mechanism_from_state(state)
+                    log.info("fleet: mechanism of %s now at version %d", cid, mech_box[0].version)
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("fleet: ignoring unusable state of %s: %s", cid, exc)
+        watcher.on_change = on_change
+    specs = collection.tensors() if keep_counts else []
+    if keep_counts:
+        stats.counts = {s.key: np.zeros(s.shape, dtype=np.int64) for s in specs}
+    own_publisher = publisher is None
+    if own_publisher:
+        publisher = await Publisher(bootstrap).start()
+    gateway = Gateway(collection.id, publisher, batch=batch, topic=collection.topic)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    last = t0
+    next_progress = t0 + progress_every_s
+    tokens = 0.0
+    burst = max(rate * 0.5, float(batch))
+    chunk_fast = max(batch, min(50 * batch, 100_000))
+    try:
+        while not stop.is_set():
+            now = loop.time()
+            elapsed = now - t0
+            if duration is not None and elapsed >= duration:
+                break
+            remaining = None if total is None else total - stats.sent_reports
+            if remaining is not None and remaining <= 0:
+                break
+            if drift_at is not None and stats.drifted_at is None and elapsed >= drift_at:
+                source, desc = make_source(drift_to or "generator:skewed", collection.domain,
+                                           seed=int(ss.generate_state(2)[1]))
+                stats.drifted_at = elapsed
+                stats.source += f" -> {desc} at {elapsed:.1f}s"
+                log.info("fleet: population drifted to %s", desc)
+            if rate > 0:
+                tokens = min(tokens + rate * (now - last), burst)
+                last = now
+                n = int(tokens)
+                if n < 1:
+                    await asyncio.sleep(max(TICK_S, (1.0 - tokens) / rate))
+                    continue
+            else:
+                n = chunk_fast
+            if remaining is not None:
+                n = min(n, remaining)
+            records = source(n, rng)
+            mech = mech_box[0]
+            reports = mech.randomize(records, rng)
+            ids = rng.integers(0, devices, size=n, dtype=np.uint64)
+            await gateway.add(reports, mech.version, ids)
+            stats.version = mech.version
+            if keep_counts:
+                for key, delta in mech.count(reports, specs).items():
+                    stats.counts[key] += delta  # type: ignore[index]
+            stats.sent_reports += n
+            if rate > 0:
+                tokens -= n
+                await asyncio.sleep(TICK_S)
+            else:
+                await asyncio.sleep(0)
+            if progress is not None and loop.time() >= next_progress:
+                stats.sent_messages = gateway.sent_messages
+                stats.seconds = loop.time() - t0
+                progress(stats)
+                next_progress += progress_every_s
+        await gateway.flush()
+    finally:
+        stats.sent_messages = gateway.sent_messages
+        stats.seconds = loop.time() - t0
+        if own_publisher:
+            await publisher.stop()
+        if watcher is not None:
+            await watcher.stop()
+    return stats
+
+
+def _print_progress(stats: FleetStats) -> None:
+    print(f"fleet: {stats.sent_reports:,} reports in {stats.sent_messages:,} messages, "
+          f"{stats.rate:,.0f}/s, version {stats.version}", file=sys.stderr, flush=True)
+
+
+def main(args) -> int:
+    from ..cli import CliError
+
+    try:
+        from ..config import ConfigError, load_config
+    except ImportError as exc:  # pragma: no cover - config module not built yet
+        raise CliError(f"config module unavailable: {exc}") from None
+    logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    if args.collection is None:
+        collection = next(iter(config.collections.values()))
+    elif args.collection in config.collections:
+        collection = config.collections[args.collection]
+    else:
+        raise CliError(f"--collection: unknown collection {args.collection!r}; configured: "
+                       f"{', '.join(config.collections)}")
+    bootstrap = config.kafka_bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set (or run `ldpstream up` for the embedded "
+                       "stack with a fleet)")
+    if args.devices < 1:
+        raise CliError(f"--devices: must be >= 1 (got {args.devices})")
+    if args.rate < 0:
+        raise CliError(f"--rate: must be >= 0 (got {args.rate})")
+    batch = args.batch if args.batch is not None else DEFAULT_BATCH
+    if batch < 1:
+        raise CliError(f"--batch: must be >= 1 (got {batch})")
+    if args.total is not None and args.total < 1:
+        raise CliError(f"--total: must be >= 1 (got {args.total})")
+    if args.drift_to is not None and args.drift_at is None:
+        raise CliError("--drift-to needs --drift-at SECONDS")
+    for name, spec in (("--data", args.data), ("--drift-to", args.drift_to)):
+        try:
+            make_source(spec, collection.domain, seed=0)
+        except Exception as exc:  # DatasetError, GeneratorSpecError
+            raise CliError(f"{name}: {exc}") from None
+    quiet = bool(getattr(args, "quiet", False))
+
+    async def run() -> FleetStats:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        return await run_fleet(bootstrap, collection, data=args.data, devices=args.devices,
+                               rate=args.rate, batch=batch, total=args.total,
+                               drift_at=args.drift_at, drift_to=args.drift_to, seed=args.seed,
+                               stop=stop, progress=None if quiet else _print_progress)
+
+    t = time.monotonic()
+    stats = asyncio.run(run())
+    if not quiet:
+        print(f"fleet: done, {stats.sent_reports:,} reports in {stats.sent_messages:,} messages to "
+              f"{collection.topic} in {time.monotonic() - t:.1f}s ({stats.rate:,.0f}/s); source "
+              f"{stats.source}", file=sys.stderr)
+    return 0

@@ -1,0 +1,114 @@
+"""``ldpstream simulate`` for the rr family: JSON schema, ε bookkeeping, and one-line errors."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ldpstream import cli
+from ldpstream.simulate.rr import draw_subsets
+
+TOP_KEYS = {"n", "m", "epsilon", "epsilon_scope", "epsilon_per_record", "results"}
+ROW_KEYS = {"mechanism", "estimator", "w", "subsets", "metrics", "seconds"}
+METRIC_KEYS = {"tvd", "max_abs", "mae", "mse"}
+
+
+def _run(capsys, *argv):
+    rc = cli.main(["simulate", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_json_schema_small_run(capsys):
+    rc, out, _ = _run(capsys, "--mechanism", "rr-ind", "--estimator", "castell", "--estimator",
+                      "ibu", "--estimator", "rr-adjustment", "--ways", "2", "--subsets", "2",
+                      "--seed", "3", "--epsilon", "2", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert set(doc) == TOP_KEYS
+    assert doc["n"] == 32561 and doc["m"] == 8 and doc["epsilon"] == 2.0
+    assert doc["epsilon_scope"] == "attribute"
+    assert doc["epsilon_per_record"] == pytest.approx(16.0)  # computed from 8 GRR(2) channels
+    assert [r["estimator"] for r in doc["results"]] == ["castell", "ibu", "rr-adjustment"]
+    for r in doc["results"]:
+        extra = {"iterations", "converged_fraction"} if r["estimator"] != "castell" else set()
+        assert set(r) == ROW_KEYS | extra
+        assert r["mechanism"] == "rr-ind" and r["w"] == 2 and r["subsets"] == 2
+        assert set(r["metrics"]) == METRIC_KEYS
+        assert all(np.isfinite(v) and v >= 0 for v in r["metrics"].values())
+        assert 0 < r["metrics"]["tvd"] < 0.1
+        assert r["seconds"] >= 0
+        if extra:
+            assert r["iterations"] >= 1 and 0 <= r["converged_fraction"] <= 1
+
+
+def test_record_scope_runs_and_stderr(capsys):
+    rc, out, _ = _run(capsys, "--mechanism", "rr-clusters", "--estimator", "rr-independent",
+                      "--estimator", "castell", "--ways", "2", "--subsets", "2", "--runs", "2",
+                      "--epsilon", "4", "--epsilon-scope", "record", "--json", "--proper")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["epsilon_scope"] == "record"
+    assert doc["epsilon_per_record"] == pytest.approx(4.0)  # 8 attributes × 0.5
+    for r in doc["results"]:
+        assert set(r["stderr"]) == METRIC_KEYS and r["mechanism"] == "rr-clusters"
+        assert r["metrics"]["tvd"] <= 1.0  # --proper: distributions, so TVD ≤ 1
+
+
+def test_rr_joint_and_custom_csv(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    a = rng.choice(["x", "y", "z"], 3000)
+    b = np.where(rng.random(3000) < 0.8, a, rng.choice(["x", "y", "z"], 3000))
+    c = rng.choice(["p", "q"], 3000)
+    path = tmp_path / "toy.csv"
+    path.write_text("a,b,c\n" + "\n".join(f"{u}, {v}, {w}" for u, v, w in zip(a, b, c)) + "\n")
+    rc, out, _ = _run(capsys, "--data", str(path), "--columns", "a,b,c", "--mechanism",
+                      "rr-joint", "--estimator", "castell", "--estimator", "truncated",
+                      "--ways", "2,3", "--subsets", "5", "--epsilon", "2", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["n"] == 3000 and doc["m"] == 3
+    assert doc["epsilon_per_record"] == pytest.approx(6.0)  # ε_C = Σ ε_A
+    rows = {(r["estimator"], r["w"]): r for r in doc["results"]}
+    assert rows[("castell", 2)]["subsets"] == 3 and rows[("castell", 3)]["subsets"] == 1
+
+
+def test_table_output(capsys):
+    rc, out, _ = _run(capsys, "--ways", "2", "--subsets", "1", "--estimator", "castell")
+    assert rc == 0 and "castell" in out and "tvd" in out and "ε per record=8" in out
+
+
+def test_draw_subsets_seeded_distinct():
+    s = draw_subsets(8, 3, 20, seed=5)
+    assert len(s) == 20 == len(set(s)) and all(len(x) == 3 for x in s)
+    assert s == draw_subsets(8, 3, 20, seed=5) and s != draw_subsets(8, 3, 20, seed=6)
+    assert len(draw_subsets(4, 2, 20, seed=0)) == 6  # all of them
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--data", "/no/such/file.csv"], "/no/such/file.csv"),
+    (["--columns", "sex,not-a-column"], "'not-a-column'"),
+    (["--epsilon", "0"], "--epsilon"),
+    (["--epsilon", "-2"], "--epsilon"),
+    (["--epsilon", "nan"], "--epsilon"),
+    (["--mechanism", "rr-joint", "--estimator", "hybrid"], "'hybrid'"),
+    (["--ways", "2,12"], "--ways"),
+])
+def test_errors_are_one_line(capsys, argv, needle):
+    rc, out, err = _run(capsys, *argv, "--subsets", "1")
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ldpstream: error: ") and needle in lines[0]
+
+
+def test_error_via_console_script():
+    exe = Path(sys.executable).parent / "ldpstream"
+    if not exe.exists():
+        pytest.skip("console script not installed next to the interpreter")
+    p = subprocess.run([str(exe), "simulate", "--columns", "bogus"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == ""
+    assert len(p.stderr.strip().splitlines()) == 1 and "'bogus'" in p.stderr

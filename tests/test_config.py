@@ -1,0 +1,233 @@
+"""Config loading: the bundled demo, YAML/TOML equivalence, marginal expansion, and errors that
+start with the field path."""
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from ldpstream.config import (AppConfig, ConfigError, default_config_path, load_config,
+                              parse_config)
+from ldpstream.datasets import ADULT_COLUMNS
+
+BASE = {
+    "collections": [{
+        "id": "toy",
+        "schema": {"attributes": {"a": ["x", "y"], "b": ["p", "q", "r"], "c": ["0", "1"],
+                                  "d": ["u", "v", "w", "z"]}},
+        "mechanism": "rr-ind",
+        "epsilon": 1.5,
+        "marginals": [["a", "b"], ["c", "d", "a"]],
+        "estimators": ["castell", "truncated"],
+    }]
+}
+
+
+def err(data, env=None, base_dir=".") -> str:
+    with pytest.raises(ConfigError) as ei:
+        parse_config(data, env=env or {}, base_dir=base_dir)
+    return str(ei.value)
+
+
+def with_(path: str, value, base=BASE):
+    """A copy of ``base`` with the dotted ``path`` (list indices as ints) set (value ... = delete)."""
+    d = copy.deepcopy(base)
+    parts = [int(p) if p.isdigit() else p for p in path.split(".")]
+    cur = d
+    for p in parts[:-1]:
+        cur = cur[p]
+    if value is ...:
+        del cur[parts[-1]]
+    else:
+        cur[parts[-1]] = value
+    return d
+
+
+def test_demo_config_loads():
+    cfg = load_config(env={})
+    assert isinstance(cfg, AppConfig) and list(cfg.collections) == ["adult"]
+    c = cfg.collections["adult"]
+    assert c.domain.attrs == ADULT_COLUMNS
+    assert c.topic == "ldp.reports.adult" and c.partitions == 4 and c.version == 0
+    assert c.mechanism_name == "rr-ind" and c.epsilon_scope == "attribute"
+    assert c.estimators == ["castell", "truncated", "ibu", "hybrid-auto", "rr-independent"]
+    assert ("relationship", "marital-status", "sex") in c.marginals
+    assert (c.refresh_interval_s, c.drift_window_s, c.drift_threshold, c.expect_traffic) == \
+        (5.0, 60.0, 0.05, True)
+    mech = c.mechanism()
+    assert mech.name == "rr-ind" and mech.version == 0
+    assert math.isclose(mech.epsilon, 2.0 * len(ADULT_COLUMNS))  # computed from the channels
+    specs = c.tensors()
+    assert [s.key for s in specs] == ["m:" + "|".join(m) for m in c.marginals]
+    assert cfg.ingest.batch_reports == 20000 and cfg.ingest.max_message_bytes == 1 << 20
+    assert cfg.api_token is None and cfg.kafka_bootstrap is None and cfg.redis_url is None
+    assert load_config(default_config_path(), env={}).collections["adult"].domain == c.domain
+
+
+def test_environment_supplies_secrets_and_endpoints():
+    cfg = parse_config(BASE, env={"LDP_API_TOKEN": "s3cret", "KAFKA_BOOTSTRAP_SERVERS": "k:9092",
+                                  "REDIS_URL": "redis://r:6379/0"})
+    assert (cfg.api_token, cfg.kafka_bootstrap, cfg.redis_url) == \
+        ("s3cret", "k:9092", "redis://r:6379/0")
+    assert err({**BASE, "api_token": "x"}).startswith("api_token: ")
+
+
+def test_toml_equivalent_loads(tmp_path):
+    toml = tmp_path / "demo.toml"
+    toml.write_text('''
+[ingest]
+batch_reports = 20000
+batch_seconds = 0.5
+max_message_bytes = 1048576
+
+[[collections]]
+id = "adult"
+mechanism = "rr-ind"
+epsilon = 2
+epsilon_scope = "attribute"
+partitions = 4
+marginals = [["sex", "Salary"], ["race", "sex"], ["education", "Salary"],
+             ["relationship", "marital-status", "sex"]]
+estimators = ["castell", "truncated", "ibu", "hybrid-auto", "rr-independent"]
+refresh_interval_s = 5
+drift_window_s = 60
+drift_threshold = 0.05
+expect_traffic = true
+version = 0
+
+[collections.schema.csv]
+columns = ["workclass", "education", "marital-status", "occupation", "relationship", "race",
+           "sex", "Salary"]
+''')
+    a = load_config(toml, env={})
+    b = load_config(env={})
+    assert a.collections == b.collections and a.ingest == b.ingest
+
+
+def test_all_ways_expansion():
+    cfg = parse_config(with_("collections.0.marginals", {"all_ways_up_to": 3}), env={})
+    m = cfg.collections["toy"].marginals
+    assert len(m) == 6 + 4  # C(4,2) + C(4,3)
+    assert m[0] == ("a", "b") and m[-1] == ("b", "c", "d")  # schema order
+    assert all(list(t) == sorted(t, key="abcd".index) for t in m)
+    demo = yaml.safe_load(default_config_path().read_text())
+    demo["collections"][0]["marginals"] = {"all_ways_up_to": 4}
+    cfg = parse_config(demo, env={}, base_dir=default_config_path().parent)
+    assert len(cfg.collections["adult"].marginals) == 28 + 56 + 70
+
+
+def test_csv_schema_relative_path(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "d.csv").write_text("color, size,extra\nred, S,1\nblue,M,2\nred,L,3\n")
+    cfgfile = tmp_path / "sub" / "c.yaml"
+    cfgfile.write_text(yaml.safe_dump({"collections": [{
+        "id": "shop", "schema": {"csv": {"path": "d.csv", "columns": ["size", "color"]}},
+        "epsilon": 1, "epsilon_scope": "record", "marginals": [["color", "size"]]}]}))
+    c = load_config(cfgfile, env={}).collections["shop"]
+    assert c.domain.attrs == ("size", "color") and c.domain.labels == (("L", "M", "S"),
+                                                                        ("blue", "red"))
+    assert c.epsilon_per_attribute == 0.5
+    mech = c.mechanism()
+    assert math.isclose(mech.epsilon, 1.0) and c.estimators == ["truncated"]
+    rng = np.random.default_rng(0)
+    rep = mech.randomize(np.array([[0, 1], [2, 0]]), rng)
+    assert rep.shape == (2, 2)
+
+
+@pytest.mark.parametrize("path,value,expect", [
+    ("collections.0.epsilon", -1, "collections[0].epsilon: must be a number > 0 (got -1)"),
+    ("collections.0.epsilon", "2", "collections[0].epsilon: must be a finite number (got '2')"),
+    ("collections.0.epsilon", True, "collections[0].epsilon: must be a finite number (got True)"),
+    ("collections.0.epsilon", float("inf"), "collections[0].epsilon: must be a finite number"),
+    ("collections.0.epsilon", ..., "collections[0].epsilon: required field missing"),
+    ("collections.0.partitions", 0, "collections[0].partitions: must be an integer >= 1 (got 0)"),
+    ("collections.0.partitions", 2.5, "collections[0].partitions: must be an integer"),
+    ("collections.0.drift_threshold", 1.5, "collections[0].drift_threshold: must be a number <= 1"),
+    ("collections.0.refresh_interval_s", 0, "collections[0].refresh_interval_s: must be a number > 0"),
+    ("collections.0.epsilon_scope", "device",
+     "collections[0].epsilon_scope: must be one of 'attribute' or 'record' (got 'device')"),
+    ("collections.0.expect_traffic", "yes", "collections[0].expect_traffic: must be true or false"),
+    ("collections.0.version", -2, "collections[0].version: must be an integer >= 0"),
+    ("collections.0.epsilonn", 1, "collections[0].epsilonn: unknown field (allowed: id, schema,"),
+    ("collections.0.schema.attributes.a", ["x"],
+     "collections[0].schema.attributes.a: needs at least 2 categories"),
+    ("collections.0.schema.attributes.a", ["x", False],
+     "collections[0].schema.attributes.a[1]: category must be a string"),
+    ("collections.0.schema.attributes.a", ["x", "x"],
+     "collections[0].schema.attributes.a: category 'x' is listed twice"),
+    ("collections.0.schema.csv", {"columns": ["sex"]},
+     "collections[0].schema: give exactly one of 'attributes' or 'csv'"),
+    ("collections.0.schema.attributes", ..., "collections[0].schema: give exactly one of"),
+    ("collections.0.schema.attributes.a", "xy", "collections[0].schema.attributes.a: must be a list"),
+    ("collections.0.mechanism", "rr-magic",
+     "collections[0].mechanism: unknown mechanism 'rr-magic' (known: "),
+    ("collections.0.estimators", ["castell", "magic"],
+     "collections[0].estimators[1]: unknown estimator 'magic' for rr-ind (known: castell,"),
+    ("collections.0.estimators", [], "collections[0].estimators: must not be empty"),
+    ("collections.0.marginals", [["a", "bb", "zz"]],
+     "collections[0].marginals[0]: unknown attributes 'bb', 'zz' (attributes: a, b, c, d)"),
+    ("collections.0.marginals", [["a", "b"], ["a", "a"]],
+     "collections[0].marginals[1]: lists an attribute twice"),
+    ("collections.0.marginals", [], "collections[0].marginals: must be a non-empty list"),
+    ("collections.0.marginals", {"all_ways_up_to": 5},
+     "collections[0].marginals.all_ways_up_to: must be an integer in 2..4"),
+    ("collections.0.marginals", {"all_ways": 2}, "collections[0].marginals.all_ways: unknown field"),
+    ("collections.0.marginals", ..., "collections[0].marginals: required field missing"),
+    ("collections.0.id", "bad id{x}", "collections[0].id: must match"),
+    ("collections", [], "collections: must not be empty"),
+    ("ingest", {"batch_reports": 0}, "ingest.batch_reports: must be an integer >= 1 (got 0)"),
+    ("ingest", {"batch_sec": 1}, "ingest.batch_sec: unknown field (allowed: batch_reports,"),
+    ("kafka", "x", "kafka: unknown field (allowed: collections, ingest)"),
+])
+def test_errors_name_their_field(path, value, expect):
+    assert err(with_(path, value)).startswith(expect)
+
+
+def test_error_collects_several_and_duplicate_ids():
+    data = copy.deepcopy(BASE)
+    data["collections"].append(copy.deepcopy(BASE["collections"][0]))
+    assert err(data).startswith("collections[1].id: duplicate collection id 'toy'")
+    data["collections"][0]["epsilon"] = 0
+    data["collections"][1]["partitions"] = -1
+    with pytest.raises(ConfigError) as ei:
+        parse_config(data, env={})
+    assert ei.value.errors == ["collections[0].epsilon: must be a number > 0 (got 0)",
+                               "collections[1].partitions: must be an integer >= 1 (got -1)"]
+    assert "and 1 more" in str(ei.value)
+
+
+def test_csv_errors(tmp_path):
+    bad = with_("collections.0.schema", {"csv": {"path": "nope.csv", "columns": ["a"]}})
+    assert err(bad, base_dir=tmp_path).startswith("collections[0].schema.csv.path: ")
+    bad = with_("collections.0.schema", {"csv": {"columns": ["sex", "salary"]}})
+    assert err(bad).startswith("collections[0].schema.csv.columns: ")
+    assert "unknown column 'salary'" in err(bad)
+    bad = with_("collections.0.schema", {"csv": {"path": "x.csv"}})
+    assert err(bad, base_dir=tmp_path).startswith("collections[0].schema.csv.columns: required")
+
+
+def test_file_level_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "c.json").write_text("{}")
+    with pytest.raises(ConfigError, match="must be .yaml, .yml or .toml"):
+        load_config(tmp_path / "c.json")
+    (tmp_path / "c.yaml").write_text("collections: [\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(tmp_path / "c.yaml")
+    (tmp_path / "c.toml").write_text("collections = [\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(tmp_path / "c.toml")
+    (tmp_path / "e.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match=r"^\(top level\): must be a mapping"):
+        load_config(tmp_path / "e.yaml")
+
+
+def test_config_error_is_a_cli_error():
+    from ldpstream.cli import CliError
+
+    assert issubclass(ConfigError, CliError)

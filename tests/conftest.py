@@ -72,3 +72,137 @@ def service_env(kafka_broker, redis_server):
     env.update(KAFKA_BOOTSTRAP_SERVERS=kafka_broker.bootstrap, REDIS_URL=redis_server.url,
                LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1")
     return env
+
+
+# --- worker processes and configs (generic helpers for pipeline tests) ---------------------------
+
+def write_config(path, collection_id: str, *, columns=("sex", "race", "relationship", "Salary"),
+                 partitions: int = 3, marginals=None, version: int = 0, epsilon: float = 1.0,
+                 estimators=("castell",), refresh_interval_s: float = 2.0, ingest=None) -> str:
+    """Write a YAML config with one collection over Adult ``columns`` (bundled CSV)."""
+    import yaml
+
+    coll = {"id": collection_id, "schema": {"csv": {"columns": list(columns)}},
+            "mechanism": "rr-ind", "epsilon": epsilon, "partitions": partitions,
+            "marginals": [list(m) for m in marginals] if marginals is not None
+            else {"all_ways_up_to": 2},
+            "estimators": list(estimators), "refresh_interval_s": refresh_interval_s,
+            "version": version}
+    doc = {"collections": [coll]}
+    if ingest:
+        doc["ingest"] = dict(ingest)
+    with open(path, "w") as fh:
+        yaml.safe_dump(doc, fh)
+    return str(path)
+
+
+class WorkerProcess:
+    """``ldpstream worker`` as a child process (own process group, log file)."""
+
+    def __init__(self, config_path: str, env: dict, log_path: str, web_port: int | None = None):
+        from ldpstream.services import free_port
+        import subprocess
+        import sys
+
+        self.config_path = config_path
+        self.env = env
+        self.log_path = log_path
+        self.web_port = web_port or free_port()
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ldpstream.cli", "worker", "--config", config_path,
+             "--web-port", str(self.web_port)],
+            env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    def get(self, path: str, timeout: float = 5.0) -> str:
+        import urllib.request
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
+            return resp.read().decode()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until /healthz shows the ingest service holding partitions."""
+        import json
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                doc = json.loads(self.get("/healthz", timeout=2.0))
+                if (doc.get("checks", {}).get("ingest") or {}).get("assigned"):
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"worker not ready after {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        self._log.flush()
+        with open(self.log_path, "rb") as fh:
+            return "\n".join(fh.read().decode("utf-8", "replace").splitlines()[-n:])
+
+    def kill(self, sig=None) -> None:
+        import os
+        import signal
+
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig or signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(30)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, wait for a clean exit (SIGKILL after ``timeout``); returns the exit code."""
+        import os
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def spawn_worker(service_env, tmp_path):
+    """``spawn_worker(config_path, env=None) -> WorkerProcess``; all are killed after the test."""
+    procs: list[WorkerProcess] = []
+
+    def spawn(config_path: str, env: dict | None = None) -> WorkerProcess:
+        w = WorkerProcess(config_path, env or service_env, str(tmp_path / f"worker-{len(procs)}.log"))
+        procs.append(w)
+        return w
+
+    yield spawn
+    for w in procs:
+        try:
+            w.kill()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+async def wait_for_n(store, collection: str, n: int, timeout: float = 60.0) -> int:
+    """Poll ``store.n(collection)`` until it reaches ``n`` (returns the last value)."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout
+    got = -1
+    while time.monotonic() < deadline:
+        got = await store.n(collection)
+        if got >= n:
+            return got
+        await asyncio.sleep(0.1)
+    return got

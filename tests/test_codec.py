@@ -225,15 +225,23 @@ def test_dlq_record():
     assert rec["payload_bytes"] == len(payload)
 
 
-def test_decode_is_vectorized_and_fast():
+def test_decode_is_vectorized_and_fast(capsys):
     import time
     rng = np.random.default_rng(1)
     rep = rng.integers(0, 16, size=(100_000, 8))
-    blob = encode_batch("adult", 1, rep, device_ids=np.arange(100_000))
     known = {"adult": {1: BoundsOnly([16] * 8)}}
     t = time.perf_counter()
-    b = decode_batch(blob, max_bytes=len(blob))
-    assert check_batch(b, known) is None
-    dt = time.perf_counter() - t
-    assert dt < 0.5, dt  # ~ms in practice; a per-report loop would take far longer
+    blob = encode_batch("adult", 1, rep, device_ids=np.arange(100_000))
+    enc = time.perf_counter() - t
+    best = 1e9
+    for _ in range(5):
+        t = time.perf_counter()
+        b = decode_batch(blob, max_bytes=len(blob))
+        assert check_batch(b, known) is None
+        best = min(best, time.perf_counter() - t)
+    assert best < 0.5, best  # ~ms in practice; a per-report loop would take far longer
     assert isinstance(b, ReportBatch)
+    with capsys.disabled():
+        print(f"\n[codec] 100,000 reports x 8 fields + device ids ({len(blob) / 1e6:.1f} MB): "
+              f"encode {enc * 1e3:.1f} ms, decode+check {best * 1e3:.2f} ms "
+              f"({100_000 / best / 1e6:.0f}M reports/s)")

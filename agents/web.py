@@ -254,7 +254,14 @@ def install(app: Any, ctx: Any) -> None:
                 checks["broker"] = {"ok": ok, "detail": detail}
             except Exception as exc:  # noqa: BLE001
                 checks["broker"] = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
-            checks["consumer"] = {"assigned_partitions": _assigned_partitions(app)}
+            ingest = getattr(ctx, "ingest", None)
+            if ingest is not None and hasattr(ingest, "status"):
+                try:
+                    checks["ingest"] = ingest.status()
+                except Exception as exc:  # noqa: BLE001
+                    checks["ingest"] = {"error": f"{exc.__class__.__name__}: {exc}"}
+            else:
+                checks["ingest"] = {"assigned_partitions": _assigned_partitions(app)}
             healthy = checks["redis"]["ok"] and checks["broker"]["ok"]
             started = getattr(ctx, "started_at", None)
             return self.json({"status": "ok" if healthy else "unavailable", "checks": checks,

@@ -81,8 +81,12 @@ def test_clear_error_when_binary_fails(tmp_path):
     bad = tmp_path / "fake-redis"
     bad.write_text("#!/bin/sh\necho 'boom: cannot start' >&2\nexit 3\n")
     bad.chmod(0o755)
+    r = EmbeddedRedis(binary=str(bad))
     with pytest.raises(ServiceError, match=r"(?s)exited with code 3.*boom"):
-        EmbeddedRedis(binary=str(bad)).start()
+        r.start()
+    assert r.log_path and os.path.exists(r.log_path) and r.data_dir is None
+    r.stop()  # drops the kept log
+    assert r.log_path is None
 
 
 def test_missing_binary_is_a_clear_error(monkeypatch):

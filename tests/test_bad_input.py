@@ -1,0 +1,129 @@
+"""Bad input never crashes the worker and never touches a count: random bytes, truncated and
+malformed batches, unknown collection or version, wrong width, out-of-domain values and oversized
+messages all land in ``ldp.dlq`` with the right reason, ``ldp_reports_rejected_total`` rises, and
+good reports sent after them are counted."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+
+import numpy as np
+
+from conftest import wait_for_n, write_config
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(w in line for w in want):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_bad_input_goes_to_dlq_and_counts_stay_exact(tmp_path, kafka_broker, redis_server,
+                                                     spawn_worker, unique_name):
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
+    from ldpstream.producers.codec import encode_batch
+
+    cid = unique_name
+    path = write_config(tmp_path / "c.yaml", cid, partitions=2, version=2,
+                        columns=("sex", "race", "Salary"))
+    coll = load_config(path).collections[cid]
+    mech = coll.mechanism()
+    specs = coll.tensors()
+    worker = spawn_worker(path)
+    worker.wait_ready(60)
+    rng = np.random.default_rng(3)
+    shape = np.array(coll.domain.shape)
+
+    def good(n: int) -> np.ndarray:
+        return mech.randomize(rng.integers(0, shape, size=(n, len(shape))), rng)
+
+    good_a, good_b = good(400), good(250)
+    valid = encode_batch(cid, 2, good(10))
+    out_of_domain = good(20)
+    out_of_domain[7, 1] = shape[1]  # one value just past its attribute's domain
+    big = rng.integers(0, 2, size=(400_000, 3), dtype=np.uint8)  # 1.2 MB > 1 MiB limit
+    bad = [  # (payload, reason, collection label of the counter, reports it counts)
+        (rng.bytes(300), "bad_magic", "unknown", 1),
+        (valid[:-7], "truncated", "unknown", 1),
+        (valid + b"\x00\x01", "malformed", "unknown", 1),
+        (encode_batch(cid, 2, big), "oversized", "unknown", 1),
+        (encode_batch("no-such-collection", 2, good(5)), "unknown_collection", cid, 5),
+        (encode_batch(cid, 99, good(6)), "unknown_version", cid, 6),
+        (encode_batch(cid, 2, np.zeros((8, 5), np.uint8)), "wrong_width", cid, 8),
+        (encode_batch(cid, 2, out_of_domain), "out_of_domain", cid, 20),
+        (b"", "truncated", "unknown", 1),
+    ]
+
+    async def run():
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap,
+                                    max_request_size=8 * 1024 * 1024)
+        await producer.start()
+        try:
+            await producer.send_and_wait(coll.topic, encode_batch(cid, 2, good_a), partition=0)
+            for payload, *_ in bad:
+                await producer.send_and_wait(coll.topic, payload, partition=0)
+            # partition 1 gets bad input only, then a good batch
+            await producer.send_and_wait(coll.topic, b"LDPB\x07junk", partition=1)
+            await producer.send_and_wait(coll.topic, encode_batch(cid, 2, good_b), partition=1)
+        finally:
+            await producer.stop()
+        store = make_store(redis_server.url)
+        total = len(good_a) + len(good_b)
+        assert await wait_for_n(store, cid, total, timeout=30) == total, worker.log_tail()
+        got = await store.read_all(cid, specs)
+        want = {k: a + b for (k, a), b in zip(mech.count(good_a, specs).items(),
+                                               mech.count(good_b, specs).values())}
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+        offsets = await store.offsets(cid)
+        assert offsets == {0: len(bad), 1: 1}, offsets  # last offsets, rejects included
+        await store.close()
+
+        # the dead letters, read from the beginning of ldp.dlq (shared by all tests: filter)
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=None,
+                                    enable_auto_commit=False)
+        await consumer.start()
+        tp = TopicPartition("ldp.dlq", 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        records = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(records) < len(bad) + 1:
+            for msgs in (await consumer.getmany(timeout_ms=500)).values():
+                for m in msgs:
+                    doc = json.loads(m.value)
+                    if doc["topic"] == coll.topic:
+                        records.append(doc)
+        await consumer.stop()
+        return records
+
+    records = asyncio.run(run())
+    got = Counter((r["partition"], r["reason"]) for r in records)
+    want = Counter((0, reason) for _, reason, _, _ in bad)
+    want[(1, "malformed")] += 1  # b"LDPB\x07junk": unknown format version
+    assert got == want, records
+    p0 = sorted((r for r in records if r["partition"] == 0), key=lambda r: r["offset"])
+    assert [r["offset"] for r in p0] == list(range(1, len(bad) + 1))
+    assert all(r["detail"] and r["received_at"] > 0 for r in records)
+    ood = next(r for r in records if r["reason"] == "out_of_domain")
+    assert ood["collection"] == cid and ood["payload_bytes"] == len(bad[7][0])
+
+    text = worker.get("/metrics")
+    expected = Counter()
+    for _, reason, label, k in bad:
+        expected[(label, reason)] += k
+    expected[("unknown", "malformed")] += 1
+    for (label, reason), k in expected.items():
+        assert _metric(text, "ldp_reports_rejected_total", collection=label, reason=reason) == k, (
+            label, reason, k)
+    assert _metric(text, "ldp_reports_ingested_total", collection=cid) == 650
+    assert worker.proc.poll() is None  # still running
+    assert worker.stop() == 0

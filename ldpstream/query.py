@@ -65,13 +65,14 @@ def _console():
 def print_collections(data: dict[str, Any]) -> None:
     from rich.table import Table
     t = Table(title="collections")
-    for col in ("id", "mechanism", "ε/record", "scope", "n", "marginals", "estimators", "refresh"):
-        t.add_column(col)
+    t.add_column("id", no_wrap=True)
+    for col in ("mechanism", "ε/record", "scope", "n", "marginals", "estimators", "refresh"):
+        t.add_column(col, no_wrap=col in ("ε/record", "n"))
     for c in data["collections"]:
         t.add_row(c["id"], str(c.get("mechanism")), _fmt(c.get("epsilon_per_record"), 3),
                   str(c.get("epsilon_scope") or "-"), _fmt(c.get("n")),
-                  "; ".join(",".join(m) for m in c.get("marginals", [])),
-                  ", ".join(c.get("estimators", [])), f"{_fmt(c.get('refresh_interval_s'))}s")
+                  "\n".join(",".join(m) for m in c.get("marginals", [])),
+                  "\n".join(c.get("estimators", [])), f"{_fmt(c.get('refresh_interval_s'))}s")
     _console().print(t)
 
 

@@ -71,6 +71,10 @@ class Plan:
     proper: bool = False
     phase1_fraction: float = 0.1
     ibu_options: dict[str, Any] = field(default_factory=dict)
+    #: metric names to compute (``l2`` = Euclidean distance ‖P − Q‖₂ is available for benches)
+    metrics: tuple[str, ...] = METRICS
+    #: estimators whose clip-rescaled output is also scored, as rows named ``<estimator>+clip``
+    also_clipped: tuple[str, ...] = ()
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -195,9 +199,14 @@ def _adjustment(mech, reports: np.ndarray):
     return patterns, res.weights, res.iterations, res.converged
 
 
-def _metrics(est: np.ndarray, truth: np.ndarray) -> dict[str, float]:
-    return {"tvd": M.tvd(est, truth), "max_abs": M.max_abs(est, truth),
-            "mae": M.mae(est, truth), "mse": M.mse(est, truth)}
+_METRIC_FUNCS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
+    "tvd": M.tvd, "max_abs": M.max_abs, "mae": M.mae, "mse": M.mse,
+    "l2": lambda p, q: float(np.sqrt(np.square(np.asarray(p) - np.asarray(q)).sum())),
+}
+
+
+def _metrics(est: np.ndarray, truth: np.ndarray, names: Sequence[str]) -> dict[str, float]:
+    return {k: _METRIC_FUNCS[k](est, truth) for k in names}
 
 
 def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -209,10 +218,12 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
     subsets = {w: draw_subsets(m, w, plan.subsets, plan.seed) for w in plan.ways}
     truths = {(w, s): histogram(recs, s, [dom.shape[c] for c in s]) / n
               for w in plan.ways for s in subsets[w]}
-    # acc[(estimator, w)] -> per-run metric means, seconds, iterations, converged flags
+    names = list(plan.estimators) + [f"{e}+clip" for e in plan.also_clipped
+                                      if e in plan.estimators]
+    # acc[(row name, w)] -> per-run metric means, seconds, iterations, converged flags
     acc: dict[tuple[str, int], dict[str, list]] = {
         (e, w): {"metrics": [], "seconds": [], "iterations": [], "converged": []}
-        for e in plan.estimators for w in plan.ways}
+        for e in names for w in plan.ways}
     eps_record = None
     for run in range(plan.runs):
         rng = np.random.default_rng([plan.seed, run])
@@ -226,7 +237,7 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
             adj_seconds = time.perf_counter() - t0
         for w in plan.ways:
             per = {e: {"metrics": [], "seconds": 0.0, "iterations": [], "converged": []}
-                   for e in plan.estimators}
+                   for e in names}
             for s in subsets[w]:
                 attrs = tuple(dom.attrs[c] for c in s)
                 shape = [dom.shape[c] for c in s]
@@ -244,33 +255,38 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
                         values = est.factor.values
                         iters, conv = est.iterations, est.converged
                     per[e]["seconds"] += time.perf_counter() - t0
-                    per[e]["metrics"].append(_metrics(values, truth))
+                    per[e]["metrics"].append(_metrics(values, truth, plan.metrics))
                     if e in ITERATIVE:
                         per[e]["iterations"].append(iters)
                         per[e]["converged"].append(bool(conv))
+                    if f"{e}+clip" in per:
+                        clipped = per[f"{e}+clip"]
+                        clipped["seconds"] += time.perf_counter() - t0
+                        clipped["metrics"].append(_metrics(clip_rescale(values), truth,
+                                                           plan.metrics))
                     if advance is not None:
                         advance(1)
-            for e in plan.estimators:
+            for e in names:
                 a = acc[(e, w)]
                 a["metrics"].append({k: float(np.mean([x[k] for x in per[e]["metrics"]]))
-                                     for k in METRICS})
+                                     for k in plan.metrics})
                 a["seconds"].append(per[e]["seconds"] + (adj_seconds if e == "rr-adjustment"
                                                          else 0.0))
                 a["iterations"].extend(per[e]["iterations"])
                 a["converged"].extend(per[e]["converged"])
     results = []
-    for e in plan.estimators:
+    for e in names:
         for w in plan.ways:
             a = acc[(e, w)]
             row: dict[str, Any] = {
                 "mechanism": plan.mechanism, "estimator": e, "w": w,
                 "subsets": len(subsets[w]),
-                "metrics": {k: float(np.mean([r[k] for r in a["metrics"]])) for k in METRICS},
+                "metrics": {k: float(np.mean([r[k] for r in a["metrics"]])) for k in plan.metrics},
                 "seconds": float(np.mean(a["seconds"])),
             }
             if plan.runs > 1:
                 row["stderr"] = {k: float(np.std([r[k] for r in a["metrics"]], ddof=1)
-                                          / np.sqrt(plan.runs)) for k in METRICS}
+                                          / np.sqrt(plan.runs)) for k in plan.metrics}
             if e in ITERATIVE:
                 row["iterations"] = float(np.mean(a["iterations"]))
                 row["converged_fraction"] = float(np.mean(a["converged"]))

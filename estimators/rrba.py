@@ -210,6 +210,13 @@ def block_step(block_counts: Sequence[np.ndarray], current: Sequence[np.ndarray]
     return BlockResult(new, bool(conv))
 
 
+def _clean(table: np.ndarray, tiny: float = 1e-15) -> np.ndarray:
+    """Zero the cells below ``tiny`` (IPF leaves denormals) and renormalise."""
+    t = np.where(table < tiny, 0.0, table)
+    s = t.sum()
+    return t / s if s > 0 else t
+
+
 # --- the Mechanism ---------------------------------------------------------------------------
 @register
 class RRBA(Mechanism):
@@ -375,7 +382,7 @@ class RRBA(Mechanism):
         attrs = tuple(attrs)
         inside = [marginal_of(a, t, attrs) for a, t in tables if set(attrs) <= set(a)]
         if inside:
-            return np.mean(inside, axis=0), "direct"
+            return _clean(np.mean(inside, axis=0)), "direct"
         cons = {}
         for a, t in tables:
             sub = tuple(x for x in attrs if x in a)
@@ -384,7 +391,7 @@ class RRBA(Mechanism):
         subs = [s for s in cons if not any(set(s) < set(o) for o in cons)]
         margs = [(s, np.mean(cons[s], axis=0)) for s in subs]
         table, _ = maxent_table(attrs, self.domain.project(attrs).shape, margs)
-        return table, "maxent"
+        return _clean(table), "maxent"
 
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str], method: str = "last-two",
                  **options: Any) -> Estimate:

@@ -5,9 +5,11 @@ Least squares: minimise Σ_S ‖T_S − T̂_S‖² subject to A·x = b, where th
 marginal shared by two tables is equal" and "every table sums to 1". The KKT system
 [[I, Aᵀ], [A, 0]]·[x; λ] = [x̂; b] is solved through its Schur complement
 (A·Aᵀ)·λ = A·x̂ − b (minimum-norm solution: the equality rows are redundant), x = x̂ − Aᵀ·λ.
-Non-negativity is then restored by Dykstra's alternating projections between that affine set
-and the non-negative orthant, which converges to the Euclidean projection of x̂ onto their
-intersection (the LS problem with x ≥ 0 added), not merely a clipped copy.
+Non-negativity is then restored exactly, as the solution of the same LS with x ≥ 0 added (a
+convex QP): a primal active set fixes the negative cells at 0 and re-solves the KKT system on the
+free cells, releasing a fixed cell whose bound multiplier μ = Aᵀλ − x̂ is negative, until the KKT
+conditions hold. (Dykstra's alternating projections, which converge to the same point, are the
+fallback if the active set cycles.) The result is not a clipped copy: it stays consistent.
 
 >>> t1 = np.array([[0.3, 0.2], [0.1, 0.4]])          # attributes (a, b)
 >>> t2 = np.array([[0.6, 0.0], [0.2, 0.2]])          # attributes (a, c): a-marginal 0.6/0.4
@@ -84,43 +86,78 @@ def consistency_system(tables: Sequence[Table]) -> tuple[np.ndarray, np.ndarray,
     return np.vstack(rows), np.concatenate(rhs), offsets
 
 
-def project_affine(x: np.ndarray, A: np.ndarray, b: np.ndarray,
-                   gram_pinv: np.ndarray | None = None) -> np.ndarray:
+def _solve_gram(M: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Minimum-norm solution of the symmetric PSD system M·y = r (eigen-decomposition)."""
+    w, V = np.linalg.eigh(M)
+    keep = w > max(w.max(), 0.0) * 1e-12
+    return V[:, keep] @ ((V[:, keep].T @ r) / w[keep])
+
+
+def project_affine(x: np.ndarray, A: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Euclidean projection of x onto {A·x = b}: the KKT solution x − Aᵀ(AAᵀ)⁺(Ax − b)."""
-    G = np.linalg.pinv(A @ A.T) if gram_pinv is None else gram_pinv
-    return x - A.T @ (G @ (A @ x - b))
+    return x - A.T @ _solve_gram(A @ A.T, A @ x - b)
 
 
-def consistent_tables(tables: Sequence[Table], nonnegative: bool = True, tol: float = 1e-10,
-                      max_iter: int = 20000) -> list[np.ndarray]:
+def _active_set(x_hat: np.ndarray, A: np.ndarray, b: np.ndarray, tol: float,
+                max_iter: int) -> np.ndarray | None:
+    n = len(x_hat)
+    fixed = np.zeros(n, dtype=bool)
+    for _ in range(max_iter):
+        free = ~fixed
+        AF = A[:, free]
+        lam = _solve_gram(AF @ AF.T, AF @ x_hat[free] - b)
+        x = np.zeros(n)
+        x[free] = x_hat[free] - AF.T @ lam
+        neg = x < -tol
+        if neg.any():
+            fixed |= neg
+            continue
+        mu = A.T @ lam - x_hat          # multipliers of the bounds x_i ≥ 0 (must be ≥ 0)
+        release = fixed & (mu < -1e-9)
+        if not release.any():
+            return np.maximum(x, 0.0)
+        fixed &= ~release
+    return None
+
+
+def _dykstra(x_hat: np.ndarray, A: np.ndarray, b: np.ndarray, tol: float,
+             max_iter: int) -> np.ndarray:
+    G = np.linalg.pinv(A @ A.T)
+    z, p_aff, q_pos = x_hat.copy(), np.zeros_like(x_hat), np.zeros_like(x_hat)
+    for _ in range(max_iter):
+        r = z + p_aff
+        y = r - A.T @ (G @ (A @ r - b))
+        p_aff = r - y
+        z_new = np.maximum(y + q_pos, 0.0)
+        q_pos = y + q_pos - z_new
+        done = np.max(np.abs(A @ z_new - b)) < tol and np.max(np.abs(z_new - z)) < tol
+        z = z_new
+        if done:
+            break
+    return z
+
+
+def consistent_tables(tables: Sequence[Table], nonnegative: bool = True, tol: float = 1e-12,
+                      max_iter: int = 200) -> list[np.ndarray]:
     """Least-squares consistent versions of ``tables`` (list of (attrs, array)), [RRBA] §4.3.
 
-    With ``nonnegative`` the result is the projection onto {consistent, sums 1, x ≥ 0}
-    (Dykstra), within ``tol`` of consistency."""
+    With ``nonnegative`` the result solves the LS with x ≥ 0 added (active set; Dykstra as the
+    fallback)."""
     if not tables:
         return []
     A, b, off = consistency_system(tables)
     x_hat = np.concatenate([np.asarray(t, dtype=float).ravel() for _, t in tables])
-    G = np.linalg.pinv(A @ A.T)
-    x = project_affine(x_hat, A, b, G)
-    if nonnegative and np.any(x < 0):
-        # Dykstra: alternate P_affine and P_{x>=0} with correction terms
-        z, p_aff, q_pos = x_hat.copy(), np.zeros_like(x_hat), np.zeros_like(x_hat)
-        for _ in range(max_iter):
-            y = project_affine(z + p_aff, A, b, G)
-            p_aff = z + p_aff - y
-            z_new = np.maximum(y + q_pos, 0.0)
-            q_pos = y + q_pos - z_new
-            done = np.max(np.abs(A @ z_new - b)) < tol and np.max(np.abs(z_new - z)) < tol
-            z = z_new
-            if done:
-                break
-        x = z
+    x = project_affine(x_hat, A, b)
+    if nonnegative and np.any(x < -tol):
+        sol = _active_set(x_hat, A, b, tol, max_iter)
+        x = sol if sol is not None else _dykstra(x_hat, A, b, 1e-10, 20000)
+    elif nonnegative:
+        x = np.maximum(x, 0.0)
     return [x[off[i]:off[i + 1]].reshape(np.shape(t)) for i, (_, t) in enumerate(tables)]
 
 
 def maxent_table(attrs: Sequence, shape: Sequence[int], marginals: Sequence[Table],
-                 max_iter: int = 500, tol: float = 1e-10) -> tuple[np.ndarray, int]:
+                 max_iter: int = 200, tol: float = 1e-9) -> tuple[np.ndarray, int]:
     """Maximum-entropy table over ``attrs`` matching the given marginals (iterative proportional
     fitting from the uniform table). Returns (table, iterations). Marginals over attribute sets
     not contained in ``attrs`` are rejected."""

@@ -119,10 +119,17 @@ class WorkerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.web_port}"
 
-    def get(self, path: str, timeout: float = 5.0) -> str:
+    def get(self, path: str, timeout: float = 5.0, *, any_status: bool = False) -> str:
+        """GET a path of the worker's web server; ``any_status`` returns error bodies too."""
+        import urllib.error
         import urllib.request
-        with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
-            return resp.read().decode()
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
+                return resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            if any_status:
+                return exc.read().decode()
+            raise
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Until /healthz shows the ingest service holding partitions."""

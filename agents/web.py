@@ -8,7 +8,8 @@ and token-guarded refresh/reset (DESIGN.md "User-facing surfaces").
     GET  /metrics                          Prometheus text (agents/metrics.py REGISTRY)
     GET  /healthz                          Redis PING + broker metadata; 200 or 503
     POST /collections/<id>/refresh         refresh now          } Authorization: Bearer
-    POST /collections/<id>/reset           clear the counts     }   $LDP_API_TOKEN, else 403
+    POST /collections/<id>/reset           clear counts+estimates }  $LDP_API_TOKEN, else 403
+                                           (Kafka offsets kept: nothing is recounted)
 
 Every error is JSON ``{"error": "..."}`` naming what is missing or wrong.
 """
@@ -98,6 +99,30 @@ def collection_info(coll: Any, mechanism: Any, n: int | None) -> dict[str, Any]:
         "drift_threshold": getattr(coll, "drift_threshold", None),
         "expect_traffic": getattr(coll, "expect_traffic", None),
     }
+
+
+def _glob_escape(s: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
+
+
+async def reset_counts(store: Any, collection: str) -> int:
+    """Delete a collection's counts, n, estimates and history but KEEP its Kafka offsets
+    (``ldp:{<id>}:offsets``): reports already counted must not be counted again when a partition
+    moves to another worker, which seeks to the stored offset. Returns the keys deleted."""
+    redis = refresh._redis_of(store)
+    prefix = "ldp:{" + collection + "}"
+    keep = {f"{prefix}:offsets".encode(), f"{prefix}:offsets"}
+    deleted, batch = 0, []
+    async for key in redis.scan_iter(match=_glob_escape(prefix) + ":*", count=1000):
+        if key in keep:
+            continue
+        batch.append(key)
+        if len(batch) >= 500:
+            deleted += await redis.delete(*batch)
+            batch = []
+    if batch:
+        deleted += await redis.delete(*batch)
+    return int(deleted)
 
 
 def _bootstraps(ctx: Any) -> list[tuple[str, int]]:
@@ -294,7 +319,8 @@ def install(app: Any, ctx: Any) -> None:
                 return denied
             if coll_or_none(collection) is None:
                 return unknown(self, collection)
-            await ctx.store.reset(collection)
+            deleted = await reset_counts(ctx.store, collection)
             metrics.clear_collection(collection)
             metrics.COLLECTION_REPORTS.labels(collection).set(0)
-            return self.json({"collection": collection, "reset": True})
+            return self.json({"collection": collection, "reset": True, "keys_deleted": deleted,
+                              "offsets_kept": True})

@@ -219,7 +219,16 @@ def test_query_cli(stack, capsys):
     assert "'education'" in capsys.readouterr().err
 
 
-def test_token_guard_and_reset(stack):
+def test_token_guard_and_reset(stack, redis_server):
+    from ldpstream.agents.app import make_store
+
+    async def offsets():
+        store = make_store(redis_server.url)
+        try:
+            return await store.offsets(cid)
+        finally:
+            await store.close()
+
     url, cid = stack["url"], stack["cid"]
     for path in (f"/collections/{cid}/refresh", f"/collections/{cid}/reset"):
         assert get_json(url, path, method="POST")[0] == 403
@@ -227,8 +236,10 @@ def test_token_guard_and_reset(stack):
         assert get_json(url, path, method="POST", token=TOKEN + "x")[0] == 403
     assert get_json(url, "/collections/nope/refresh", method="POST", token=TOKEN)[0] == 404
     assert get_json(url, f"/estimates/{cid}?attrs=sex,Salary")[0] == 200  # nothing was reset
+    before = asyncio.run(offsets())
     status, doc = get_json(url, f"/collections/{cid}/reset", method="POST", token=TOKEN)
-    assert status == 200 and doc["reset"] is True
+    assert status == 200 and doc["reset"] is True and doc["keys_deleted"] > 0
+    assert asyncio.run(offsets()) == before != {}  # kept: a rebalance must not recount
     _, coll = get_json(url, f"/collections/{cid}")
     assert coll["n"] == 0
     time.sleep(1.5)  # timers run on empty counts: no estimate is made up

@@ -181,6 +181,15 @@ def test_dockerfile_installs_the_project():
     assert ".env" in ignore and ".venv" in ignore
 
 
+def test_log_level_defaults_are_valid_logging_levels():
+    import logging
+
+    for default in re.findall(r"\$\{LDP_LOG_LEVEL:-([^}]+)\}", TEXT):
+        assert isinstance(logging.getLevelName(default), int), default  # 'info' would crash
+    example = re.search(r"^LDP_LOG_LEVEL=(.*)$", (ROOT / ".env.example").read_text(), re.M).group(1)
+    assert isinstance(logging.getLevelName(example), int)
+
+
 @pytest.mark.parametrize("svc", ["fleet", "worker-1"])
 def test_commands_are_cli_subcommands(svc):
     from ldpstream.cli import build_parser

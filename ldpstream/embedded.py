@@ -1,0 +1,245 @@
+"""``ldpstream up``: the whole stack on one machine, no Docker.
+
+With no ``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL`` in the environment it starts the embedded
+Kafka-protocol broker (Tansu) and a Redis server as child processes (ldpstream/services.py),
+creates the topics, starts a worker (``ldpstream worker`` as a child process, consumer-group
+session timeout of a few seconds because Tansu answers a group join after half of it) and a
+simulated fleet on the bundled Adult data (in this process), prints where the API and /metrics
+are and a live one-line status (reports/s, n, last refresh), and stops everything on Ctrl-C
+(SIGINT), SIGTERM or after ``--duration`` seconds: fleet first (its messages flushed), then the
+worker (SIGTERM, clean faust shutdown), then the broker and Redis.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_SESSION_TIMEOUT_S = 3.0
+
+try:
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+except (OSError, AttributeError):  # pragma: no cover
+    _PRCTL = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+class WorkerChild:
+    """``ldpstream worker`` as a child process in its own process group."""
+
+    def __init__(self, config_path: str | None, web_port: int, env: dict[str, str]) -> None:
+        argv = [sys.executable, "-m", "ldpstream.cli", "worker", "--web-port", str(web_port)]
+        if config_path:
+            argv += ["--config", config_path]
+        fd, self.log_path = tempfile.mkstemp(prefix="ldpstream-worker-", suffix=".log")
+        os.close(fd)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_die_with_parent if _PRCTL is not None else None)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, n: int = 15) -> str:
+        try:
+            with open(self.log_path, "rb") as fh:
+                lines = fh.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(l for l in lines[-n:] if l.strip() not in ("", "\x1b[?25l", "\x1b[?25h"))
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+            except ProcessLookupError:
+                pass
+        try:  # grandchildren, if any, go with the group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._log.close()
+        return self.proc.returncode
+
+
+def _fmt_age(ts: float | None) -> str:
+    if ts is None:
+        return "never"
+    return f"{max(0.0, time.time() - ts):.0f}s ago"
+
+
+async def _last_refresh(store: Any, coll: Any) -> float | None:
+    """``updated_at`` of the newest estimate of the collection's first marginal."""
+    best = None
+    for method in coll.estimators[:2]:
+        try:
+            doc = await store.get_estimate(coll.id, method, coll.marginals[0])
+        except Exception:  # noqa: BLE001 - Redis busy / not there yet
+            return best
+        if doc and doc.get("updated_at") is not None:
+            best = max(best or 0.0, float(doc["updated_at"]))
+    return best
+
+
+async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: WorkerChild,
+               stop: asyncio.Event, web_port: int) -> None:
+    from .agents.app import make_store
+    from .producers.fleet import run_fleet
+
+    coll = next(iter(config.collections.values()))
+    store = make_store(redis_url)
+    fleet_task = None
+    if not args.no_fleet:
+        fleet_task = asyncio.create_task(run_fleet(
+            bootstrap, coll, rate=float(args.rate), devices=int(args.devices), stop=stop,
+            config_timeout_s=60.0), name="fleet")
+    tty = sys.stdout.isatty()
+    t_start = time.monotonic()
+    last_n, last_t = None, time.monotonic()
+    next_plain = 0.0
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+            if args.duration is not None and time.monotonic() - t_start >= float(args.duration):
+                stop.set()
+            if not worker.alive():
+                print(f"\nldpstream up: the worker exited with code {worker.proc.returncode}:\n"
+                      f"{worker.tail()}", file=sys.stderr)
+                stop.set()
+                break
+            if fleet_task is not None and fleet_task.done() and fleet_task.exception():
+                print(f"\nldpstream up: the fleet failed: {fleet_task.exception()}", file=sys.stderr)
+                fleet_task = None
+            try:
+                n = await store.n(coll.id)
+            except Exception:  # noqa: BLE001 - Redis not answering right now
+                n = None
+            now = time.monotonic()
+            rate = (n - last_n) / (now - last_t) if n is not None and last_n is not None else 0.0
+            if n is not None:
+                last_n, last_t = n, now
+            refreshed = await _last_refresh(store, coll)
+            line = (f"{coll.id}: {rate:8,.0f} reports/s   n = {n if n is not None else '?':>10}   "
+                    f"last refresh {_fmt_age(refreshed)}")
+            if tty:
+                print("\r" + line + "   ", end="", flush=True)
+            elif now >= next_plain:
+                print(line, flush=True)
+                next_plain = now + 5.0
+    finally:
+        stop.set()
+        if tty:
+            print()
+        if fleet_task is not None:
+            try:
+                stats = await asyncio.wait_for(fleet_task, 30)
+                print(f"fleet: sent {stats.sent_reports:,} reports in {stats.sent_messages:,} "
+                      f"messages", flush=True)
+            except Exception as exc:  # noqa: BLE001
+                print(f"fleet: stopped ({exc.__class__.__name__}: {exc})", file=sys.stderr)
+        await store.close()
+
+
+def main(args: Any) -> int:
+    from .cli import CliError
+    from .config import ConfigError, load_config
+    from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics
+
+    logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    if args.duration is not None and args.duration <= 0:
+        raise CliError(f"--duration: must be > 0 seconds (got {args.duration})")
+    if args.rate < 0:
+        raise CliError(f"--rate: must be >= 0 (got {args.rate})")
+    if args.devices < 1:
+        raise CliError(f"--devices: must be >= 1 (got {args.devices})")
+    bootstrap = config.kafka_bootstrap
+    redis_url = config.redis_url
+    broker = redis = worker = None
+    stop_signals = {"n": 0}
+    try:
+        try:
+            if not bootstrap:
+                broker = EmbeddedBroker()
+                bootstrap = broker.start()
+                print(f"embedded Kafka broker (Tansu): {bootstrap}", flush=True)
+            if not redis_url:
+                redis = EmbeddedRedis()
+                redis_url = redis.start()
+                print(f"embedded Redis: {redis_url}", flush=True)
+        except ServiceError as exc:
+            raise CliError(str(exc)) from None
+        topics = {c.topic: int(c.partitions) for c in config.collections.values()}
+        topics.update({"ldp.dlq": 1, "ldp.config": 1})
+        asyncio.run(create_topics(bootstrap, topics, compacted={"ldp.config"}))
+        env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url)
+        env.setdefault("LDP_WEB_BIND", "127.0.0.1")
+        if broker is not None:
+            env.setdefault("LDP_SESSION_TIMEOUT_S", str(EMBEDDED_SESSION_TIMEOUT_S))
+        web_port = int(args.web_port)
+        worker = WorkerChild(args.config, web_port, env)
+        host = "127.0.0.1" if env["LDP_WEB_BIND"] in ("0.0.0.0", "127.0.0.1") else env["LDP_WEB_BIND"]
+        cids = list(config.collections)
+        print(f"worker: pid {worker.proc.pid}, log {worker.log_path}", flush=True)
+        print(f"API:     http://{host}:{web_port}/collections   "
+              f"http://{host}:{web_port}/estimates/{cids[0]}", flush=True)
+        print(f"metrics: http://{host}:{web_port}/metrics   health: http://{host}:{web_port}/healthz",
+              flush=True)
+        print("Ctrl-C stops everything." + ("" if args.duration is None else
+                                             f" (stopping by itself after {args.duration:g}s)"),
+              flush=True)
+
+        async def runner() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+
+            def on_signal() -> None:
+                stop_signals["n"] += 1
+                stop.set()
+
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, on_signal)
+            await _run(args, config, bootstrap, redis_url, worker, stop, web_port)
+
+        asyncio.run(runner())
+        print("stopping: worker ...", flush=True)
+    finally:
+        # ignore further Ctrl-C while shutting down, so the children are always reaped
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            code = worker.stop() if worker is not None else None
+            if code not in (None, 0):
+                print(f"worker exited with code {code}", file=sys.stderr)
+            if broker is not None:
+                broker.stop()
+            if redis is not None:
+                redis.stop()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    print("stopped.", flush=True)
+    return 0

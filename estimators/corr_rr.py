@@ -1,0 +1,508 @@
+"""``corr-rr``: the Corr-RR device protocol ([Corr-RR] §3, :mod:`.corr_rr_paper`) with an unbiased
+estimator, an MSE-optimal copy table and a shrinkage combination (MECHANISMS.md §5).
+
+**Linear model.** With g_j = P2_jᵀ f_j the distribution of the pivot's GRR_ε output and M_jk the
+published copy channel, the expected frequency of Phase II column k is
+
+    λ_k = (1/m)·[ g_k + Σ_{j≠k} M_jkᵀ g_j ] = Σ_j H_kj f_j,   H_kk = P2_kᵀ/m, H_kj = M_jkᵀ P2_jᵀ/m,
+
+linear in *all* the marginals. The covariance of one Phase II user's column indicators is exact
+from the marginals alone (only the pivot is randomized): diagonal blocks diag(λ_k) − λ_kλ_kᵀ,
+off-diagonal blocks (1/m)[D(g_k)M_kl + (D(g_l)M_lk)ᵀ + Σ_{j∉{k,l}} M_jkᵀ D(g_j) M_jl] − λ_kλ_lᵀ.
+
+**Unbiased estimate (GLS).** In the sum-zero coordinates f_k = 1/d_k + Q_k θ_k (Q_k orthonormal),
+Phase I gives z₁ = Qᵀ(f̂ᴵ − u) = θ + e₁ (Cov R₁, SPL decode, per attribute) and Phase II gives
+z₂ = Qᵀ(λ̂ − Hu) = Gθ + e₂ (G = QᵀHQ, Cov R₂ = QᵀΣᴵᴵQ/n₂). Then
+
+    θ̂ = C (R₁⁻¹ z₁ + Gᵀ R₂⁻¹ z₂),   C = (R₁⁻¹ + Gᵀ R₂⁻¹ G)⁻¹,   Cov(f̂) = Q C Qᵀ,
+
+with the weights evaluated at a plug-in estimate (two passes). This is the stated variance
+(i.i.d. users; Phase I's cross-attribute covariance, which needs the joint, is left out of the
+weights). It is unbiased for any copy table, including the published one.
+
+**Biased decode and shrinkage.** The published decode B (every Phase II column read as GRR(ε),
+count-weighted with Phase I) has E[B] = T f + t₀ with T = (n₁/n)I + (n₂/n)D_Δ⁻¹H, so its bias,
+variance and covariance with the GLS estimate U are known linear functions. At small ε B can have
+the lower MSE (bias traded for variance): the reported estimate is U + w(B − U) with the w that
+minimises the estimated MSE, Σb² estimated without bias as Σ(b̂² − Var b̂), b̂ = (T − I)U + t₀.
+
+**Copy table.** A pure function of the Phase I estimates (:func:`optimal_table`): the candidates
+are (a) per column, the t minimising the exact MSE of the Phase II decode (bias from the pivot's
+marginal, any d; a box-constrained quadratic, solved numerically), (b) the common t minimising
+Var(U), and mixtures of the two; the one with the smallest predicted MSE of the shrinkage estimate
+is published.
+
+The copies are post-processing of the pivot's report: an unbiased corr-rr cannot carry more
+information than SMP's (index, value) report; its gains over SMP come from the shrinkage toward
+the decode, i.e. from marginals that the copy channel maps onto each other.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from scipy import optimize
+
+from . import channels as ch
+from .corr_rr_paper import TwoPhase, paper_py_table, phase1_estimates
+from .domain import Factor
+from .mechanism import Estimate, register
+from .multi_baselines import apply_proper, grr_decode
+from .proper import clip_rescale
+
+__all__ = ["CorrRR", "PhaseModel", "Combined", "optimal_table", "decode_optimal_table",
+           "shrunk_plugin"]
+
+
+@lru_cache(maxsize=64)
+def _contrast(d: int) -> np.ndarray:
+    """d×(d−1) orthonormal basis of the sum-zero vectors."""
+    q, _ = np.linalg.qr(np.vstack([np.ones((1, d)), np.eye(d)[:-1]]).T)
+    return q[:, 1:]
+
+
+def _blockdiag(blocks: Sequence[np.ndarray]) -> np.ndarray:
+    rows = sum(b.shape[0] for b in blocks)
+    cols = sum(b.shape[1] for b in blocks)
+    out = np.zeros((rows, cols))
+    r = c = 0
+    for b in blocks:
+        out[r:r + b.shape[0], c:c + b.shape[1]] = b
+        r += b.shape[0]
+        c += b.shape[1]
+    return out
+
+
+@dataclass
+class Combined:
+    """The parts of a corr-rr estimate (flattened over attributes, domain order)."""
+
+    unbiased: np.ndarray
+    decode: np.ndarray
+    weight: np.ndarray
+    estimate: np.ndarray
+    cov_unbiased: np.ndarray
+    mse_estimate: float
+    bias2_estimate: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class PhaseModel:
+    """The linear model of one copy table: shapes, ε, n₁, n₂ and the copy channels M[j][k]."""
+
+    def __init__(self, shape: Sequence[int], eps: float, n1: float, n2: float,
+                 M: Sequence[Sequence[np.ndarray | None]]) -> None:
+        self.shape = tuple(int(d) for d in shape)
+        self.m = len(self.shape)
+        self.eps = float(eps)
+        self.n1, self.n2 = float(n1), float(n2)
+        self.n = self.n1 + self.n2
+        self.off = np.concatenate([[0], np.cumsum(self.shape)]).astype(int)
+        self.D = int(self.off[-1])
+        self.P1 = [ch.grr(self.eps / self.m, d) for d in self.shape]
+        self.P2 = [ch.grr(self.eps, d) for d in self.shape]
+        self.pq1 = [ch.grr_pq(self.eps / self.m, d) for d in self.shape]
+        self.pq2 = [ch.grr_pq(self.eps, d) for d in self.shape]
+        m = self.m
+        # Mbig_j = [M_j1 | … | M_jm] with M_jj = I
+        self.Mbig = []
+        for j in range(m):
+            blocks = [np.eye(self.shape[j]) if k == j else np.asarray(M[j][k], dtype=float)
+                      for k in range(m)]
+            self.Mbig.append(np.hstack(blocks))
+        H = np.zeros((self.D, self.D))
+        for j in range(m):
+            sj = slice(self.off[j], self.off[j + 1])
+            H[:, sj] = (self.Mbig[j].T @ self.P2[j].T) / m
+        self.H = H
+        self.Q = _blockdiag([_contrast(d) for d in self.shape])
+        self.u = np.concatenate([np.full(d, 1.0 / d) for d in self.shape])
+        self.delta2 = np.concatenate([np.full(d, p - q) for d, (p, q) in zip(self.shape, self.pq2)])
+        self.q2 = np.concatenate([np.full(d, q) for d, (p, q) in zip(self.shape, self.pq2)])
+        self.omega = np.concatenate([np.full(d, 1.0 / (m * d)) for d in self.shape])
+
+    # -- pieces ----------------------------------------------------------------------------------
+    def split(self, v: np.ndarray) -> list[np.ndarray]:
+        return [v[self.off[k]:self.off[k + 1]] for k in range(self.m)]
+
+    def lam(self, f: np.ndarray) -> np.ndarray:
+        return self.H @ f
+
+    def cov1(self, f: np.ndarray) -> np.ndarray:
+        """Cov of the Phase I (SPL) decode f̂ᴵ (block diagonal, i.i.d. users)."""
+        if self.n1 <= 0:
+            return np.zeros((self.D, self.D))
+        blocks = []
+        for k, (p, q) in enumerate(self.pq1):
+            g = self.P1[k].T @ f[self.off[k]:self.off[k + 1]]
+            blocks.append((np.diag(g) - np.outer(g, g)) / (self.n1 * (p - q) ** 2))
+        return _blockdiag(blocks)
+
+    def cov2(self, f: np.ndarray) -> np.ndarray:
+        """Cov of the Phase II column frequencies λ̂ (exact for i.i.d. users)."""
+        E = np.zeros((self.D, self.D))
+        for j in range(self.m):
+            g = self.P2[j].T @ f[self.off[j]:self.off[j + 1]]
+            E += (self.Mbig[j].T * g) @ self.Mbig[j]
+        E /= self.m
+        lam = self.lam(f)
+        for k in range(self.m):
+            s = slice(self.off[k], self.off[k + 1])
+            E[s, s] = np.diag(lam[s])
+        return (E - np.outer(lam, lam)) / max(self.n2, 1.0)
+
+    # -- GLS ---------------------------------------------------------------------------------------
+    def gls(self, fw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                           np.ndarray]:
+        """(K1, K2, Σ1, Σ2, Cov U) with U = u + K1(f̂ᴵ − u) + K2(λ̂ − Hu), weights at ``fw``."""
+        Q = self.Q
+        S1, S2 = self.cov1(fw), self.cov2(fw)
+        G = Q.T @ self.H @ Q
+        R2 = Q.T @ S2 @ Q
+        R2i = np.linalg.pinv(R2, hermitian=True)
+        info = G.T @ R2i @ G
+        if self.n1 > 0:
+            R1i = np.linalg.inv(Q.T @ S1 @ Q)
+            info = info + R1i
+        else:
+            R1i = np.zeros_like(info)
+        C = np.linalg.pinv(info, hermitian=True)
+        K1 = Q @ C @ R1i @ Q.T
+        K2 = Q @ C @ G.T @ R2i @ Q.T
+        cov = K1 @ S1 @ K1.T + K2 @ S2 @ K2.T
+        return K1, K2, S1, S2, cov
+
+    def unbiased(self, f1: np.ndarray, lam: np.ndarray, fw: np.ndarray
+                 ) -> tuple[np.ndarray, tuple]:
+        K1, K2, S1, S2, cov = self.gls(fw)
+        U = self.u + (K1 @ (f1 - self.u) if self.n1 > 0 else 0.0) + K2 @ (lam - self.H @ self.u)
+        return U, (K1, K2, S1, S2, cov)
+
+    # -- the published decode ------------------------------------------------------------------------
+    def decode(self, f1: np.ndarray | None, lam: np.ndarray) -> np.ndarray:
+        d2 = (lam - self.q2) / self.delta2
+        if f1 is None or self.n1 <= 0:
+            return d2
+        return (self.n1 * f1 + self.n2 * d2) / self.n
+
+    def decode_affine(self) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """(T, t0, w1, w2): E[B] = T f + t0, B = w1 f̂ᴵ + w2 (λ̂ − q)/Δ."""
+        w1 = self.n1 / self.n if self.n1 > 0 else 0.0
+        w2 = 1.0 - w1
+        T = w1 * np.eye(self.D) + w2 * (self.H / self.delta2[:, None])
+        t0 = -w2 * self.q2 / self.delta2
+        return T, t0, w1, w2
+
+    # -- combination ---------------------------------------------------------------------------------
+    def parts(self, gl: tuple) -> dict[str, np.ndarray]:
+        """Per-cell a = Var U, c = Var B, r = Cov(U, B), and T − I, Cov U."""
+        K1, K2, S1, S2, covU = gl
+        T, t0, w1, w2 = self.decode_affine()
+        Dg = 1.0 / self.delta2
+        covB_diag = w1 ** 2 * np.diag(S1) + w2 ** 2 * np.diag(S2) * Dg ** 2
+        covUB_diag = w1 * np.einsum("ij,ji->i", K1, S1) + w2 * np.einsum("ij,ji->i", K2, S2) * Dg
+        return {"a": np.diag(covU).copy(), "c": covB_diag, "r": covUB_diag,
+                "TI": T - np.eye(self.D), "t0": t0, "covU": covU, "S1": S1}
+
+    def shrink_weight(self, parts: Mapping[str, np.ndarray], b2: np.ndarray
+                      ) -> tuple[np.ndarray, float]:
+        """Per-attribute weights w_k and the predicted eq. 5 MSE of U + w(B − U), given the
+        per-cell ω·bias² estimates ``b2`` (summed within each attribute)."""
+        om = self.omega
+        a, c, r = parts["a"], parts["c"], parts["r"]
+        w = np.zeros(self.m)
+        mse = 0.0
+        for k in range(self.m):
+            s = slice(self.off[k], self.off[k + 1])
+            bk = max(0.0, float(np.sum(b2[s])))
+            num = float(om[s] @ (a[s] - r[s]))
+            den = float(om[s] @ (a[s] - 2 * r[s] + c[s])) + bk
+            w[k] = float(np.clip(num / den, 0.0, 1.0)) if den > 0 else 0.0
+            mse += float(om[s] @ ((1 - w[k]) ** 2 * a[s] + w[k] ** 2 * c[s]
+                                  + 2 * w[k] * (1 - w[k]) * r[s])) + w[k] ** 2 * bk
+        return w, mse
+
+    #: a bias is acted on only if the pooled Σω·b̂² is significant at this level under "no
+    #: bias" (a false alarm mixes in the noisy U); then per attribute Σω(b̂² − Var b̂)
+    alpha: float = 1e-3
+
+    def bias2(self, bhat: np.ndarray, V: np.ndarray) -> np.ndarray:
+        """Per-cell ω·b² estimates from b̂ ~ N(b, V): zero unless the pooled quadratic form
+        Q = Σω b̂² exceeds the (1 − α) quantile of its no-bias law (Satterthwaite: g·χ²_h with
+        g = tr((ΩV)²)/tr(ΩV), h = tr(ΩV)²/tr((ΩV)²)); else the unbiased per-cell ω(b̂² − V_ii)."""
+        from scipy.stats import chi2
+        OV = self.omega[:, None] * V
+        Q = float(self.omega @ bhat ** 2)
+        t1 = float(np.trace(OV))
+        t2 = float(np.sum(OV * OV.T))
+        if t1 <= 0 or t2 <= 0:
+            return self.omega * bhat ** 2
+        g, h = t2 / t1, t1 * t1 / t2
+        if Q <= g * chi2.ppf(1 - self.alpha, h):
+            return np.zeros_like(bhat)
+        return self.omega * (bhat ** 2 - np.diag(V))
+
+    def combine(self, f1: np.ndarray | None, lam: np.ndarray) -> Combined:
+        """The corr-rr estimate from Phase I estimates and Phase II column frequencies. Two
+        passes: weights and covariances at the proper decode B, then at the proper combined
+        estimate of the first pass."""
+        B = self.decode(f1, lam)
+        f1v = f1 if f1 is not None else self.u
+        fw = np.concatenate([clip_rescale(b) for b in self.split(B)])
+        for _ in range(2):
+            U, gl = self.unbiased(f1v, lam, fw)
+            parts = self.parts(gl)
+            bhat = parts["TI"] @ U + parts["t0"]
+            b2 = self.bias2(bhat, parts["TI"] @ parts["covU"] @ parts["TI"].T)
+            w, mse = self.shrink_weight(parts, b2)
+            est = U + np.repeat(w, self.shape) * (B - U)
+            fw = np.concatenate([clip_rescale(x) for x in self.split(est)])
+        b2a = float(sum(max(0.0, x.sum()) for x in self.split(b2)))
+        return Combined(U, B, w, est, parts["covU"], mse, b2a,
+                        {"mse_unbiased": float(self.omega @ parts["a"]),
+                         "mse_decode": float(self.omega @ parts["c"]) + b2a,
+                         "mse_cells": ((1 - np.repeat(w, self.shape)) ** 2 * parts["a"]
+                                       + np.repeat(w, self.shape) ** 2
+                                       * (parts["c"] + np.maximum(b2, 0) / self.omega)
+                                       + 2 * np.repeat(w * (1 - w), self.shape) * parts["r"])})
+
+    def predicted(self, f: np.ndarray, post: np.ndarray | None = None) -> dict[str, float]:
+        """Planning: predicted MSEs (eq. 5 weights) of U, B and the shrinkage at the plug-in f,
+        the squared bias of B charged with ``post`` (the plug-in's uncertainty)."""
+        gl = self.gls(f)
+        parts = self.parts(gl)
+        b = parts["TI"] @ f + parts["t0"]
+        b2 = self.omega * b ** 2
+        if post is not None:  # expected squared bias over what the plan does not know
+            b2 = b2 + self.omega * np.einsum("ij,jk,ik->i", parts["TI"], post, parts["TI"])
+        w, mse = self.shrink_weight(parts, b2)
+        return {"unbiased": float(self.omega @ parts["a"]),
+                "decode": float(self.omega @ parts["c"] + b2.sum()), "shrink": mse,
+                "weight": float(np.mean(w))}
+
+
+# --- the copy table -----------------------------------------------------------------------------------
+
+def _channels(affine, table: np.ndarray, m: int):
+    return [[None if j == k else np.clip(affine[j][k][0] + table[j, k] * affine[j][k][1], 0, None)
+             for k in range(m)] for j in range(m)]
+
+
+def decode_optimal_table(f: Sequence[np.ndarray], eps: float, n2: float, affine) -> np.ndarray:
+    """Per column k, the t_jk ∈ [0,1] (j ≠ k) minimising the exact MSE of the GRR decode of Phase II
+    column k: E[D_k] = e0 + Σ_j t_jk s_jk with s_jk = M1_jkᵀ g_j/(mΔ_k) (the pivot's marginal), and
+    Var D_k = λ(1−λ)/(n₂Δ_k²), λ = q + Δ_k E[D_k]. A box-constrained quadratic (L-BFGS-B)."""
+    m = len(f)
+    shape = [len(x) for x in f]
+    P2 = [ch.grr(eps, d) for d in shape]
+    g = [P.T @ x for P, x in zip(P2, f)]
+    T = np.ones((m, m))
+    for k in range(m):
+        p, q = ch.grr_pq(eps, shape[k])
+        dl = p - q
+        others = [j for j in range(m) if j != k]
+        base = g[k].copy()
+        S = np.empty((shape[k], m - 1))
+        for i, j in enumerate(others):
+            M0, M1 = affine[j][k]
+            base += M0.T @ g[j]
+            S[:, i] = M1.T @ g[j] / (m * dl)
+        e0 = (base / m - q) / dl
+        beta = e0 - f[k]
+        ell = q + dl * e0
+        nn = max(float(n2), 1.0)
+
+        def obj(t):
+            e = beta + S @ t
+            lam = ell + dl * (S @ t)
+            val = e @ e + np.sum(lam * (1 - lam)) / (nn * dl ** 2)
+            grad = 2 * S.T @ e + (dl * S.T @ (1 - 2 * lam)) / (nn * dl ** 2)
+            return val, grad
+
+        t0 = np.full(m - 1, 0.5)
+        res = optimize.minimize(obj, t0, jac=True, method="L-BFGS-B", bounds=[(0, 1)] * (m - 1))
+        T[others, k] = np.clip(res.x, 0, 1)
+    return T
+
+
+def shrunk_plugin(f1: Sequence[np.ndarray], eps: float, n1: float, z: float = 2.0
+                  ) -> tuple[list[np.ndarray], np.ndarray]:
+    """The plug-in marginals for planning and their uncertainty: every raw Phase I (SPL)
+    estimate shrunk by the factor s_k = 1 − tr Var·(1 + z·√(2/dof))/‖f̂_k − c‖² (positive part;
+    James–Stein with a z-σ margin, so pure noise is not taken for a difference) toward a centre c,
+    then made proper. With one common domain size c is the mean of the m estimates
+    (Efron–Morris: believe the marginals differ only as far as Phase I shows it), else uniform.
+    The returned covariance, blocks s_k·Σᴵ_k + (1 − s_k)(1 − s_l)·Σ̄/m (the centre's noise), is
+    what the plan charges for not knowing f."""
+    m = len(f1)
+    f1 = [np.asarray(f, dtype=float) for f in f1]
+    shape = [len(f) for f in f1]
+    same = len(set(shape)) == 1
+    centre = np.mean(f1, axis=0) if same else None
+    out, svals, covs, trs, dists = [], [], [], [], []
+    for f in f1:
+        d = len(f)
+        c = centre if same else np.full(d, 1.0 / d)
+        p, q = ch.grr_pq(eps / m, d)
+        lam = q + (p - q) * np.clip(f, 0, 1)
+        cov = (np.diag(lam) - np.outer(lam, lam)) / (max(n1, 1.0) * (p - q) ** 2)
+        covs.append(cov)
+        trs.append(float(np.trace(cov)) * ((m - 1) / m if same else 1.0))
+        dists.append(float(np.sum((f - c) ** 2)))
+    def factor(tr: float, dist: float, dof: int) -> float:
+        # believe a difference only beyond `z` standard deviations of its noise (χ²_dof / dof)
+        if n1 <= 0 or dist <= 0:
+            return 0.0
+        return max(0.0, 1.0 - tr * (1.0 + z * np.sqrt(2.0 / max(dof, 1))) / dist)
+
+    if same:  # one pooled factor: m·d cells estimate it far better than d
+        sp = factor(sum(trs), sum(dists), (m - 1) * (shape[0] - 1))
+        svals = [sp] * m
+    else:
+        svals = [factor(t, dd, d - 1) for t, dd, d in zip(trs, dists, shape)]
+    for f, sk in zip(f1, svals):
+        c = centre if same else np.full(len(f), 1.0 / len(f))
+        out.append(clip_rescale(c + sk * (f - c)))
+    D = sum(shape)
+    off = np.concatenate([[0], np.cumsum(shape)])
+    post = np.zeros((D, D))
+    for k in range(m):
+        sl = slice(off[k], off[k + 1])
+        post[sl, sl] += svals[k] * covs[k]
+    if same:
+        cbar = np.mean(covs, axis=0) / m
+        for k in range(m):
+            for l in range(m):
+                post[off[k]:off[k + 1], off[l]:off[l + 1]] += (1 - svals[k]) * (1 - svals[l]) * cbar
+    return out, post
+
+
+def optimal_table(f: Sequence[np.ndarray], eps: float, n1: float, n2: float, affine,
+                  post: np.ndarray | None = None, grid: int = 9,
+                  candidates: Sequence[np.ndarray] = ()) -> tuple[np.ndarray, dict[str, Any]]:
+    """The copy table corr-rr publishes: a pure function of the plug-in marginals ``f`` (proper;
+    see :func:`shrunk_plugin`), ε, the planned n₁, n₂ and the copy family
+    ``affine[j][k] = (M0, M1)``. ``candidates``: further tables to consider (e.g. the published
+    one). Returns (table, info)."""
+    m = len(f)
+    shape = [len(x) for x in f]
+    fvec = np.concatenate([np.asarray(x, dtype=float) for x in f])
+
+    def model(T):
+        return PhaseModel(shape, eps, n1, n2, _channels(affine, T, m))
+
+    TB = decode_optimal_table(f, eps, n2, affine)
+    # (b) the common t minimising Var U
+    ts = np.linspace(0.0, 1.0, grid)
+    var_u = []
+    for t in ts:
+        T = np.full((m, m), t)
+        var_u.append(model(T).predicted(fvec)["unbiased"])
+    i = int(np.argmin(var_u))
+    lo, hi = ts[max(i - 1, 0)], ts[min(i + 1, grid - 1)]
+    res = optimize.minimize_scalar(lambda t: model(np.full((m, m), t)).predicted(fvec)["unbiased"],
+                                   bounds=(lo, hi), method="bounded", options={"xatol": 1e-3})
+    tU = float(res.x) if res.fun <= var_u[i] else float(ts[i])
+    TU = np.full((m, m), tU)
+    best = None
+    tried = []
+    cands = [(f"mix{s:g}", s * TB + (1 - s) * TU) for s in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    cands += [(f"candidate{i}", np.asarray(T, dtype=float)) for i, T in enumerate(candidates)]
+    for label, T in cands:
+        pr = model(T).predicted(fvec, post)
+        tried.append({"table": label, **pr})
+        if best is None or pr["shrink"] < best[1]["shrink"]:
+            best = (T, pr)
+    T, pr = best
+    T = T.copy()
+    np.fill_diagonal(T, 1.0)
+    return T, {"t_unbiased": tU, "predicted": pr, "tried": tried}
+
+
+# --- the mechanism ------------------------------------------------------------------------------------
+
+@register
+class CorrRR(TwoPhase):
+    """``corr-rr``: the Corr-RR device protocol (p_y copies for one common d, Cond-RR copies for
+    different domain sizes) with the MSE-optimal table and the GLS + shrinkage estimator.
+
+    Estimators: ``corr-rr`` (shrinkage, default), ``unbiased`` (GLS), ``decode`` (the published
+    decode under this table), ``phase1`` (SPL on Phase I only)."""
+
+    name = "corr-rr"
+    estimators = ("corr-rr", "unbiased", "decode", "phase1")
+
+    def affine_all(self):
+        m = len(self.domain)
+        return [[None if j == k else self.affine(j, k) for k in range(m)] for j in range(m)]
+
+    def refine(self, counts: Mapping[str, np.ndarray], n_plan: int | None = None) -> "CorrRR":
+        n1, n2 = self.plan(counts, n_plan)
+        raw = self.phase1(counts)
+        f1, post = shrunk_plugin(raw, self.target_epsilon, n1)
+        cond = None
+        if self.copy == "cond":
+            from .cond_rr import conditional_channels
+            cond = conditional_channels(self.phase1_pairs(counts), self.P1, self.P2)
+            tmp = type(self)(self.domain, self.target_epsilon, self.beta, "cond", self.table, cond)
+            affine = tmp.affine_all()
+            cands = [np.ones((len(self.domain),) * 2)]  # the plain conditional (published)
+        else:
+            affine = self.affine_all()
+            cands = [paper_py_table(raw, self.target_epsilon, n2)]
+        table, _ = optimal_table(f1, self.target_epsilon, n1, n2, affine, post, candidates=cands)
+        return self._with(table, cond, n1 + n2)
+
+    def model(self, n1: float, n2: float) -> PhaseModel:
+        return PhaseModel(self.domain.shape, self.target_epsilon, n1, n2, self.copy_channels())
+
+    def combined(self, counts: Mapping[str, np.ndarray]) -> Combined:
+        c1, c2 = self.column_counts(counts)
+        n1, n2 = float(c1[0].sum()), float(c2[0].sum())
+        if n2 <= 0:
+            raise ValueError("corr-rr: no Phase II reports counted")
+        f1 = np.concatenate(phase1_estimates(c1, self.target_epsilon, self.domain.shape)) \
+            if n1 > 0 else None
+        lam = np.concatenate([c / n2 for c in c2])
+        return self.model(n1, n2).combine(f1, lam)
+
+    def estimate_all(self, counts: Mapping[str, np.ndarray], method: str | None = "corr-rr"
+                     ) -> list[np.ndarray]:
+        method = method or "corr-rr"
+        if method == "phase1":
+            c1, _ = self.column_counts(counts)
+            if c1[0].sum() <= 0:
+                raise ValueError("no Phase I reports counted")
+            return phase1_estimates(c1, self.target_epsilon, self.domain.shape)
+        cb = self.combined(counts)
+        v = {"corr-rr": cb.estimate, "unbiased": cb.unbiased, "decode": cb.decode}[method]
+        off = np.concatenate([[0], np.cumsum(self.domain.shape)])
+        return [v[off[k]:off[k + 1]] for k in range(len(self.domain))]
+
+    def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
+                 method: str = "corr-rr", **options: Any) -> Estimate:
+        """Options: ``proper`` ('clip' | 'simplex'). ``error_bound``: the root of the estimated
+        MSE summed over the marginal's cells (``unbiased``: of its stated variance)."""
+        i = self._one(attrs, method)
+        n1, n2 = self.phase_sizes(counts)
+        off = np.concatenate([[0], np.cumsum(self.domain.shape)])
+        s = slice(off[i], off[i + 1])
+        extra: dict[str, Any] = {"n1": n1, "n2": n2, "version": self.version}
+        bound = None
+        if method == "phase1":
+            vals = self.estimate_all(counts, "phase1")[i]
+        else:
+            cb = self.combined(counts)
+            vals = {"corr-rr": cb.estimate, "unbiased": cb.unbiased, "decode": cb.decode}[method][s]
+            var = np.diag(cb.cov_unbiased)[s]
+            extra.update(weight_decode=cb.weight.tolist(), variance_unbiased=var.tolist(),
+                         mse_estimate=cb.mse_estimate)
+            if method == "unbiased":
+                bound = float(np.sqrt(var.sum()))
+            elif method == "corr-rr":
+                bound = float(np.sqrt(cb.mse_estimate * len(self.domain) * self.domain.shape[i]))
+        vals = apply_proper(np.asarray(vals, dtype=float), options.get("proper"))
+        return Estimate(Factor(self.domain.project(tuple(attrs)), vals), method, n1 + n2,
+                        self.epsilon, error_bound=bound, extra=extra)

@@ -370,9 +370,15 @@ class RRClusters(_Clustered):
     name = "rr-clusters"
     estimators = ("rr-independent", "castell", "truncated", "ibu", "rr-adjustment")
 
-    def __init__(self, domain: Domain, clusters: Sequence[Sequence[str]],
-                 epsilon: float | Sequence[float], version: int = 0,
+    def __init__(self, domain: Domain, clusters: Sequence[Sequence[str]] | None = None,
+                 epsilon: float | Sequence[float] | None = None, version: int = 0,
                  max_cells: int | None = None, min_dependence: float | None = None) -> None:
+        """``clusters=None``: all singletons (RR-Independent with GRR) until a clustering round
+        publishes clusters in a new version."""
+        if epsilon is None:
+            raise ValueError("rr-clusters needs epsilon (per attribute)")
+        if clusters is None:
+            clusters = [(a,) for a in domain.attrs]
         super().__init__(domain, clusters, epsilon, version)
         self.max_cells = max_cells
         self.min_dependence = min_dependence

@@ -48,6 +48,8 @@ def test_registered_and_epsilon_computed():
     assert ch.epsilon(joint_channel(5.0, DOM.shape)) == pytest.approx(j.epsilon)
     c = RRClusters(DOM, [("a", "b"), ("c",), ("d",)], 1.0)
     assert c.cluster_eps == [2.0, 1.0, 1.0] and c.epsilon == pytest.approx(4.0)
+    single = RRClusters(DOM, epsilon=1.0, version=1)  # before any clustering round
+    assert single.clusters == [("a",), ("b",), ("c",), ("d",)] and single.epsilon == 4.0
     with pytest.raises(ValueError):
         RRIndependent(DOM, 0.0)
     with pytest.raises(ValueError):

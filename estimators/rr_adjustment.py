@@ -48,8 +48,13 @@ def distinct_patterns(records: np.ndarray, shape: Sequence[int] | None = None
 
 @dataclass(frozen=True)
 class AdjustmentResult:
-    """Weights of the distinct patterns (sum 1), sweeps run, and whether every weighted target
-    marginal is within ``tol`` of its target (max absolute cell gap ``gap``)."""
+    """Weights of the distinct patterns (sum 1), sweeps run, whether the raking converged, and
+    ``gap``, the largest remaining |weighted marginal − target| cell.
+
+    Converged means: every target is met within ``tol``, or the weights stopped moving (a
+    fixed point). The second case happens when the targets cannot all be met on the observed
+    patterns — e.g. a target cell > 0 whose only patterns carry a cell another target sets to 0 —
+    and ``gap`` then says by how much they are missed."""
 
     weights: np.ndarray
     iterations: int
@@ -79,9 +84,8 @@ def rr_adjustment(patterns: np.ndarray, counts: np.ndarray, targets, *, tol: flo
 
     ``targets``: one proper marginal per column (``targets[j]`` over column j), or a list of
     ``(columns, table)`` pairs for joint targets. One iteration is one sweep over the targets;
-    it stops when after a sweep every weighted marginal is within ``tol`` of its target.
-    A target cell > 0 that no pattern can carry makes exact convergence impossible: the result
-    then says ``converged=False`` after ``max_iter`` sweeps.
+    it stops when after a sweep every weighted marginal is within ``tol`` of its target, or no
+    weight moved by more than ``tol``·max(weight) in the sweep (see :class:`AdjustmentResult`).
     """
     patterns = np.asarray(patterns)
     counts = np.asarray(counts, dtype=float)
@@ -94,6 +98,7 @@ def rr_adjustment(patterns: np.ndarray, counts: np.ndarray, targets, *, tol: flo
     gap = np.inf
     it = 0
     for it in range(1, int(max_iter) + 1):
+        w_prev = w
         for code, (cols, t) in zip(codes, tg):
             s = np.bincount(code, weights=w, minlength=t.size)
             factor = np.divide(t.ravel(), s, out=np.zeros(t.size), where=s > 0)
@@ -103,7 +108,7 @@ def rr_adjustment(patterns: np.ndarray, counts: np.ndarray, targets, *, tol: flo
             w = w / total
         gap = max(float(np.abs(np.bincount(code, weights=w, minlength=t.size) - t.ravel()).max())
                   for code, (cols, t) in zip(codes, tg))
-        if gap < tol:
+        if gap < tol or float(np.abs(w - w_prev).max()) < tol * float(w.max()):
             return AdjustmentResult(w, it, True, gap)
     return AdjustmentResult(w, it, False, gap)
 

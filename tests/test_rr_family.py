@@ -186,6 +186,15 @@ def test_rr_adjustment_matches_targets_and_joint_targets():
         rr_adjustment(patterns, counts, [np.array([1.2, -0.2, 0.0]), t[1], t[2]])
 
 
+def test_rr_adjustment_infeasible_targets_stop_at_fixed_point():
+    # y1 = 1 only occurs with y0 = 1, which the first target sets to 0: the second target's
+    # (½, ½) cannot be met; the raking stops at its fixed point and reports the gap
+    res = rr_adjustment(np.array([[0, 0], [1, 1]]), np.array([5, 5]),
+                        [np.array([1.0, 0.0]), np.array([0.5, 0.5])])
+    assert res.converged and res.iterations <= 3
+    assert res.weights.tolist() == [1.0, 0.0] and res.gap == pytest.approx(0.5)
+
+
 # --- block channels (RR-Joint / RR-Clusters estimation) ----------------------------------------
 
 def _blocks_and_dense(rng):

@@ -57,7 +57,7 @@ def _score(counts: np.ndarray, truth: np.ndarray, n: int) -> tuple[float, float]
 
 def run(quick: bool, verbose: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
-    runs = 2 if quick else 10
+    runs = 2 if quick else 20
     bn = read_bif(survey_path())
     dom = bn.domain
     attrs = dom.attrs

@@ -4,7 +4,8 @@ combination of consistent low-order tables into a higher-order one.
 Least squares: minimise Σ_S ‖T_S − T̂_S‖² subject to A·x = b, where the rows of A say "every
 marginal shared by two tables is equal" and "every table sums to 1". The KKT system
 [[I, Aᵀ], [A, 0]]·[x; λ] = [x̂; b] is solved through its Schur complement
-(A·Aᵀ)·λ = A·x̂ − b (minimum-norm solution: the equality rows are redundant), x = x̂ − Aᵀ·λ.
+(A·Aᵀ)·λ = A·x̂ − b (pivoted Cholesky: the equality rows are redundant, and every solution λ
+gives the same x = x̂ − Aᵀ·λ).
 Non-negativity is then restored exactly, as the solution of the same LS with x ≥ 0 added (a
 convex QP): a primal active set fixes the negative cells at 0 and re-solves the KKT system on the
 free cells, releasing a fixed cell whose bound multiplier μ = Aᵀλ − x̂ is negative, until the KKT
@@ -22,6 +23,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from scipy import sparse
+from scipy.linalg import lapack, solve_triangular
 
 __all__ = ["consistency_system", "project_affine", "consistent_tables", "marginal_of",
            "maxent_table"]
@@ -39,27 +42,26 @@ def marginal_of(attrs: Sequence, table: np.ndarray, sub: Sequence) -> np.ndarray
     return np.transpose(out, [remaining.index(i) for i in keep])
 
 
-def _marginal_matrix(attrs: Sequence, shape: Sequence[int], sub: Sequence) -> np.ndarray:
-    """Matrix M with M @ table.ravel() == marginal_of(attrs, table, sub).ravel()."""
+def _marginal_rows(attrs: Sequence, shape: Sequence[int], sub: Sequence) -> tuple[np.ndarray, int]:
+    """For every cell of ``table`` (raveled), the raveled cell of its ``sub``-marginal; and the
+    number of marginal cells."""
     size = int(np.prod(shape))
     cells = np.indices(shape).reshape(len(shape), size)
     attrs = list(attrs)
     sub_shape = [shape[attrs.index(a)] for a in sub]
     rows = np.ravel_multi_index(tuple(cells[attrs.index(a)] for a in sub), sub_shape)
-    M = np.zeros((int(np.prod(sub_shape)), size))
-    M[rows, np.arange(size)] = 1.0
-    return M
+    return rows, int(np.prod(sub_shape))
 
 
-def consistency_system(tables: Sequence[Table]) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """(A, b, offsets): the equality constraints over the concatenated raveled tables.
+def consistency_system(tables: Sequence[Table]) -> tuple[sparse.csc_array, np.ndarray, list[int]]:
+    """(A, b, offsets): the equality constraints over the concatenated raveled tables (A sparse).
 
     For every attribute set I that is the intersection of two tables' attributes, all tables
     containing I are tied to the first of them on their I-marginal; plus one sum-to-1 row per
     table. ``offsets[i]`` is where table i starts in x."""
     attrs = [tuple(a) for a, _ in tables]
     shapes = [np.shape(t) for _, t in tables]
-    offsets = list(np.cumsum([0] + [int(np.prod(s)) for s in shapes]))
+    offsets = [int(o) for o in np.cumsum([0] + [int(np.prod(s)) for s in shapes])]
     n = offsets[-1]
     inter = set()
     for i in range(len(attrs)):
@@ -67,35 +69,53 @@ def consistency_system(tables: Sequence[Table]) -> tuple[np.ndarray, np.ndarray,
             shared = tuple(a for a in attrs[i] if a in attrs[j])
             if shared:
                 inter.add(tuple(sorted(shared, key=str)))
-    rows, rhs = [], []
+    R, C, V, rhs = [], [], [], []
+    row0 = 0
     for I in sorted(inter, key=lambda s: (len(s), [str(a) for a in s])):
         holders = [i for i in range(len(attrs)) if set(I) <= set(attrs[i])]
-        M0 = _marginal_matrix(attrs[holders[0]], shapes[holders[0]], I)
+        r0, size = _marginal_rows(attrs[holders[0]], shapes[holders[0]], I)
         for h in holders[1:]:
-            Mh = _marginal_matrix(attrs[h], shapes[h], I)
-            block = np.zeros((M0.shape[0], n))
-            block[:, offsets[holders[0]]:offsets[holders[0] + 1]] = M0
-            block[:, offsets[h]:offsets[h + 1]] -= Mh
-            rows.append(block)
-            rhs.append(np.zeros(M0.shape[0]))
+            rh, _ = _marginal_rows(attrs[h], shapes[h], I)
+            R += [row0 + r0, row0 + rh]
+            C += [offsets[holders[0]] + np.arange(len(r0)), offsets[h] + np.arange(len(rh))]
+            V += [np.ones(len(r0)), -np.ones(len(rh))]
+            rhs.append(np.zeros(size))
+            row0 += size
     for i in range(len(attrs)):
-        r = np.zeros((1, n))
-        r[0, offsets[i]:offsets[i + 1]] = 1.0
-        rows.append(r)
+        width = offsets[i + 1] - offsets[i]
+        R.append(np.full(width, row0))
+        C.append(offsets[i] + np.arange(width))
+        V.append(np.ones(width))
         rhs.append(np.ones(1))
-    return np.vstack(rows), np.concatenate(rhs), offsets
+        row0 += 1
+    A = sparse.coo_array((np.concatenate(V), (np.concatenate(R), np.concatenate(C))),
+                         shape=(row0, n)).tocsc()
+    return A, np.concatenate(rhs), offsets
 
 
 def _solve_gram(M: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """Minimum-norm solution of the symmetric PSD system M·y = r (eigen-decomposition)."""
-    w, V = np.linalg.eigh(M)
-    keep = w > max(w.max(), 0.0) * 1e-12
-    return V[:, keep] @ ((V[:, keep].T @ r) / w[keep])
+    """A solution of the consistent symmetric PSD system M·y = r (M = A·Aᵀ, rank-deficient
+    because the equality rows are redundant): pivoted Cholesky PᵀMP = UᵀU with rank detection,
+    the free components set to 0. Every solution gives the same Aᵀ·y, hence the same x."""
+    c, piv, rank, info = lapack.dpstrf(M, lower=0)
+    if info < 0:  # pragma: no cover - LAPACK argument error
+        raise ValueError(f"dpstrf failed (info={info})")
+    piv = piv - 1
+    U = np.triu(c[:rank, :rank])
+    z = solve_triangular(U, solve_triangular(U, r[piv[:rank]], trans="T"))
+    y = np.zeros(M.shape[0])
+    y[piv[:rank]] = z
+    return y
 
 
-def project_affine(x: np.ndarray, A: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _gram(A) -> np.ndarray:
+    G = A @ A.T
+    return G.toarray() if sparse.issparse(G) else G
+
+
+def project_affine(x: np.ndarray, A, b: np.ndarray) -> np.ndarray:
     """Euclidean projection of x onto {A·x = b}: the KKT solution x − Aᵀ(AAᵀ)⁺(Ax − b)."""
-    return x - A.T @ _solve_gram(A @ A.T, A @ x - b)
+    return x - A.T @ _solve_gram(_gram(A), A @ x - b)
 
 
 def _active_set(x_hat: np.ndarray, A: np.ndarray, b: np.ndarray, tol: float,
@@ -105,7 +125,7 @@ def _active_set(x_hat: np.ndarray, A: np.ndarray, b: np.ndarray, tol: float,
     for _ in range(max_iter):
         free = ~fixed
         AF = A[:, free]
-        lam = _solve_gram(AF @ AF.T, AF @ x_hat[free] - b)
+        lam = _solve_gram(_gram(AF), AF @ x_hat[free] - b)
         x = np.zeros(n)
         x[free] = x_hat[free] - AF.T @ lam
         neg = x < -tol
@@ -122,7 +142,7 @@ def _active_set(x_hat: np.ndarray, A: np.ndarray, b: np.ndarray, tol: float,
 
 def _dykstra(x_hat: np.ndarray, A: np.ndarray, b: np.ndarray, tol: float,
              max_iter: int) -> np.ndarray:
-    G = np.linalg.pinv(A @ A.T)
+    G = np.linalg.pinv(_gram(A))
     z, p_aff, q_pos = x_hat.copy(), np.zeros_like(x_hat), np.zeros_like(x_hat)
     for _ in range(max_iter):
         r = z + p_aff

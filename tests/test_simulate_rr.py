@@ -112,3 +112,20 @@ def test_error_via_console_script():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == ""
     assert len(p.stderr.strip().splitlines()) == 1 and "'bogus'" in p.stderr
+
+
+def test_bench_adult_quick(capsys):
+    from ldpstream.bench import adult
+    doc = adult.run(quick=True)
+    assert set(doc["scopes"]) == {"attribute", "record"} and doc["ways"] == [2, 3, 4]
+    assert doc["scopes"]["attribute"]["epsilon_per_record"] == pytest.approx(32.0)
+    assert doc["scopes"]["record"]["epsilon_per_record"] == pytest.approx(4.0)
+    names = {r["estimator"] for r in doc["scopes"]["record"]["results"]}
+    assert names == set(adult.ESTIMATORS) | {"truncated+clip"}
+    assert all(set(r["metrics"]) == {"tvd", "max_abs", "l2"}
+               for r in doc["scopes"]["record"]["results"])
+    assert [c["passed"] for c in doc["checks"]][0] is True  # record scope: ibu beats truncated
+    assert len(doc["checks"]) == 3
+    adult.print_report(doc)
+    out = capsys.readouterr().out
+    assert "Table VI" in out and "n/a" in out and "PASS" in out

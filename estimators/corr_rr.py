@@ -43,7 +43,7 @@ from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from scipy import optimize
+from scipy import optimize, special
 
 from . import channels as ch
 from .corr_rr_paper import TwoPhase, paper_py_table, phase1_estimates
@@ -61,6 +61,22 @@ def _contrast(d: int) -> np.ndarray:
     """d×(d−1) orthonormal basis of the sum-zero vectors."""
     q, _ = np.linalg.qr(np.vstack([np.ones((1, d)), np.eye(d)[:-1]]).T)
     return q[:, 1:]
+
+
+def _spd_inv(A: np.ndarray) -> np.ndarray:
+    """Inverse of a symmetric positive (semi-)definite matrix by Cholesky (a relative jitter on
+    the diagonal if needed; eigen-decompositions are far slower on small matrices here)."""
+    A = 0.5 * (A + A.T)
+    n = A.shape[0]
+    scale = float(np.trace(A)) / max(n, 1) or 1.0
+    for jit in (0.0, 1e-12, 1e-10, 1e-8):
+        try:
+            L = np.linalg.cholesky(A + (jit * scale) * np.eye(n))
+        except np.linalg.LinAlgError:
+            continue
+        Li = np.linalg.solve(L, np.eye(n))
+        return Li.T @ Li
+    return np.linalg.pinv(A, hermitian=True)
 
 
 def _blockdiag(blocks: Sequence[np.ndarray]) -> np.ndarray:
@@ -161,14 +177,14 @@ class PhaseModel:
         S1, S2 = self.cov1(fw), self.cov2(fw)
         G = Q.T @ self.H @ Q
         R2 = Q.T @ S2 @ Q
-        R2i = np.linalg.pinv(R2, hermitian=True)
+        R2i = _spd_inv(R2)
         info = G.T @ R2i @ G
         if self.n1 > 0:
-            R1i = np.linalg.inv(Q.T @ S1 @ Q)
+            R1i = _spd_inv(Q.T @ S1 @ Q)
             info = info + R1i
         else:
             R1i = np.zeros_like(info)
-        C = np.linalg.pinv(info, hermitian=True)
+        C = _spd_inv(info)
         K1 = Q @ C @ R1i @ Q.T
         K2 = Q @ C @ G.T @ R2i @ Q.T
         cov = K1 @ S1 @ K1.T + K2 @ S2 @ K2.T
@@ -232,7 +248,6 @@ class PhaseModel:
         """Per-cell ω·b² estimates from b̂ ~ N(b, V): zero unless the pooled quadratic form
         Q = Σω b̂² exceeds the (1 − α) quantile of its no-bias law (Satterthwaite: g·χ²_h with
         g = tr((ΩV)²)/tr(ΩV), h = tr(ΩV)²/tr((ΩV)²)); else the unbiased per-cell ω(b̂² − V_ii)."""
-        from scipy.stats import chi2
         OV = self.omega[:, None] * V
         Q = float(self.omega @ bhat ** 2)
         t1 = float(np.trace(OV))
@@ -240,7 +255,7 @@ class PhaseModel:
         if t1 <= 0 or t2 <= 0:
             return self.omega * bhat ** 2
         g, h = t2 / t1, t1 * t1 / t2
-        if Q <= g * chi2.ppf(1 - self.alpha, h):
+        if Q <= g * 2.0 * special.gammaincinv(h / 2.0, 1 - self.alpha):  # χ²_h quantile
             return np.zeros_like(bhat)
         return self.omega * (bhat ** 2 - np.diag(V))
 
@@ -290,10 +305,28 @@ def _channels(affine, table: np.ndarray, m: int):
              for k in range(m)] for j in range(m)]
 
 
+def _box_qp(A: np.ndarray, g: np.ndarray, sweeps: int = 500, tol: float = 1e-12) -> np.ndarray:
+    """argmin tᵀAt + gᵀt over [0, 1]^k for a small PSD A (cyclic coordinate descent, exact on
+    each coordinate; converges for convex quadratics)."""
+    k = len(g)
+    t = np.full(k, 0.5)
+    for _ in range(sweeps):
+        prev = t.copy()
+        for i in range(k):
+            r = g[i] + 2 * (A[i] @ t - A[i, i] * t[i])
+            if A[i, i] > 1e-300:
+                t[i] = min(1.0, max(0.0, -r / (2 * A[i, i])))
+            else:
+                t[i] = 0.0 if r > 0 else 1.0
+        if np.max(np.abs(t - prev)) < tol:
+            break
+    return t
+
+
 def decode_optimal_table(f: Sequence[np.ndarray], eps: float, n2: float, affine) -> np.ndarray:
     """Per column k, the t_jk ∈ [0,1] (j ≠ k) minimising the exact MSE of the GRR decode of Phase II
     column k: E[D_k] = e0 + Σ_j t_jk s_jk with s_jk = M1_jkᵀ g_j/(mΔ_k) (the pivot's marginal), and
-    Var D_k = λ(1−λ)/(n₂Δ_k²), λ = q + Δ_k E[D_k]. A box-constrained quadratic (L-BFGS-B)."""
+    Var D_k = λ(1−λ)/(n₂Δ_k²), λ = q + Δ_k E[D_k]: a convex quadratic on a box (:func:`_box_qp`)."""
     m = len(f)
     shape = [len(x) for x in f]
     P2 = [ch.grr(eps, d) for d in shape]
@@ -313,17 +346,10 @@ def decode_optimal_table(f: Sequence[np.ndarray], eps: float, n2: float, affine)
         beta = e0 - f[k]
         ell = q + dl * e0
         nn = max(float(n2), 1.0)
-
-        def obj(t):
-            e = beta + S @ t
-            lam = ell + dl * (S @ t)
-            val = e @ e + np.sum(lam * (1 - lam)) / (nn * dl ** 2)
-            grad = 2 * S.T @ e + (dl * S.T @ (1 - 2 * lam)) / (nn * dl ** 2)
-            return val, grad
-
-        t0 = np.full(m - 1, 0.5)
-        res = optimize.minimize(obj, t0, jac=True, method="L-BFGS-B", bounds=[(0, 1)] * (m - 1))
-        T[others, k] = np.clip(res.x, 0, 1)
+        # Σ_v bias² + Var = tᵀAt + gᵀt + const on the box [0, 1]^(m−1)
+        A = (1.0 - 1.0 / nn) * (S.T @ S)
+        lin = 2 * S.T @ beta + S.T @ (1 - 2 * ell) / (nn * dl)
+        T[others, k] = _box_qp(A, lin)
     return T
 
 

@@ -400,7 +400,7 @@ class CorrRRPaper(TwoPhase):
         if self.copy == "py":
             return self._with(paper_py_table(f1, self.target_epsilon, n2), None, n1 + n2)
         from .cond_rr import conditional_channels
-        cond = conditional_channels(self.phase1_pairs(counts), f1, self.P1, self.P2)
+        cond = conditional_channels(self.phase1_pairs(counts), self.P1, self.P2)
         m = len(self.domain)
         return self._with(np.ones((m, m)), cond, n1 + n2)
 

@@ -130,6 +130,15 @@ class _RRBase(Mechanism):
         records = np.asarray(records)
         if records.ndim != 2 or records.shape[1] != len(self.domain):
             raise ValueError(f"records must be (n, {len(self.domain)}), got {records.shape}")
+        if len(records):
+            if records.dtype.kind not in "iu":
+                raise ValueError(f"records must be integer category indices, got {records.dtype}")
+            hi = records.max(axis=0)
+            bad = np.flatnonzero(hi >= np.asarray(self.domain.shape))
+            if bad.size or (records.dtype.kind == "i" and records.min() < 0):
+                j = int(bad[0]) if bad.size else int(np.argmin(records.min(axis=0)))
+                raise ValueError(f"attribute {self.domain.attrs[j]!r}: value outside 0…"
+                                 f"{self.domain.shape[j] - 1}")
         return records
 
     def _estimate(self, values: np.ndarray, attrs: Sequence[str], method: str, n: float,
@@ -202,7 +211,8 @@ class RRIndependent(_RRBase):
         n = float(c.sum())
         if n <= 0:
             raise ValueError(f"no reports counted for {attrs}")
-        bound = expected_tvd(castell_variance(c, P))
+        bound = (expected_tvd(castell_variance(c, P))
+                 if method not in ("rr-independent", "rr-adjustment") else None)
         if method == "castell":
             return self._estimate(castell(c, P), attrs, method, n, options, error_bound=bound)
         if method == "truncated":
@@ -317,25 +327,25 @@ class _Clustered(_RRBase):
         groups, blocks = self.blocks(attrs)
         cb = to_blocks(c, attrs, groups)
         back = lambda t: from_blocks(t, attrs, groups, self._shape)  # noqa: E731
-        raw = back(castell_blocks(cb, blocks))
-        bound = expected_tvd(back(castell_blocks_variance(cb, blocks)))
-        if method == "castell":
-            return self._estimate(raw, attrs, method, n, options, error_bound=bound)
-        if method == "truncated":
-            return self._estimate(truncated_blocks(raw), attrs, method, n, options,
-                                  error_bound=bound)
+        if method == "rr-independent":
+            return self._estimate(back(independent_blocks(cb, blocks)), attrs, method, n, options)
+        if method == "rr-adjustment":
+            kw = {k: options[k] for k in ("tol", "max_iter") if k in options}
+            table, r = rr_adjustment_table(c, self.adjustment_targets(c, attrs), **kw)
+            return self._estimate(table, attrs, method, n, options, iterations=r.iterations,
+                                  converged=r.converged, extra={"gap": r.gap})
+        bound = expected_tvd(castell_blocks_variance(cb, blocks))  # cell order does not matter
         if method == "ibu":
             kw = {k: options[k] for k in ("tol", "max_iter", "init") if k in options}
             r = ibu_blocks(cb, blocks, **kw)
             return self._estimate(back(r.estimate), attrs, method, n, options, error_bound=bound,
                                   iterations=r.iterations, converged=r.converged,
                                   extra={"error_bound_of": "castell (proxy)"})
-        if method == "rr-independent":
-            return self._estimate(back(independent_blocks(cb, blocks)), attrs, method, n, options)
-        kw = {k: options[k] for k in ("tol", "max_iter") if k in options}
-        table, r = rr_adjustment_table(c, self.adjustment_targets(c, attrs), **kw)
-        return self._estimate(table, attrs, method, n, options, iterations=r.iterations,
-                              converged=r.converged, extra={"gap": r.gap})
+        raw = back(castell_blocks(cb, blocks))
+        if method == "castell":
+            return self._estimate(raw, attrs, method, n, options, error_bound=bound)
+        return self._estimate(truncated_blocks(raw), attrs, method, n, options,
+                              error_bound=bound)
 
 
 @register

@@ -225,3 +225,13 @@ def test_rr_joint_and_clusters_estimates():
     y = c.randomize(np.tile(np.array([1, 2, 0, 4], np.uint8), (n, 1)), rng)
     freq = np.bincount(y[:, 0].astype(int) * 4 + y[:, 1], minlength=12)
     assert stats.chisquare(freq, joint_channel(4.0, 12)[1 * 4 + 2] * n).pvalue > 1e-4
+
+
+@pytest.mark.parametrize("mech", [RRIndependent(DOM, 1.0), RRJoint(DOM, 1.0),
+                                  RRClusters(DOM, epsilon=1.0)], ids=lambda m: m.name)
+def test_randomize_rejects_out_of_domain_records(mech):
+    bad = np.array([[0, 0, 2, 0]], dtype=np.uint8)  # c has 2 categories
+    with pytest.raises(ValueError, match="'c'"):
+        mech.randomize(bad, np.random.default_rng(0))
+    with pytest.raises(ValueError):
+        mech.randomize(np.array([[0, -1, 0, 0]]), np.random.default_rng(0))

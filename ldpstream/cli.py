@@ -9,9 +9,9 @@ import argparse
 import importlib
 import sys
 
+from ldpstream.errors import CliError
 
-class CliError(Exception):
-    """A user error: printed as one line ``ldpstream: error: ...`` with exit status 2."""
+__all__ = ["CliError", "build_parser", "main"]
 
 
 def _simulate_args(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,5 @@
+import sys
+
+from ldpstream.cli import main
+
+sys.exit(main())

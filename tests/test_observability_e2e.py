@@ -156,6 +156,20 @@ def test_dashboards_and_alerts_against_real_prometheus(tmp_path):
         assert float(rejected[0]["value"][1]) >= 7, rejected  # 3 undecodable + 4 of version 99
         timings["panels_ok"] = time.monotonic() - t_start
 
+        # naming conventions and low-cardinality labels, as Prometheus stored them
+        series = prom.api("series", match='{__name__=~"ldp_.+"}', start=f"{fleet_t0:.0f}")
+        allowed = {"__name__", "job", "instance", "collection", "reason", "marginal", "method",
+                   "cell", "le"}
+        assert all(set(s) <= allowed for s in series), [s for s in series if set(s) - allowed]
+        assert len(series) < 300, len(series)  # 1 collection, 2 marginals x 2 methods, 14 cells
+        meta = prom.api("metadata")
+        assert "ldp_reports_ingested_total" in meta and "ldp_estimate_drift_tvd" in meta, list(meta)
+        for name, (m, *_) in meta.items():
+            if name.startswith("ldp_") and m["type"] == "counter":
+                assert name.endswith("_total"), name
+            if name.startswith("ldp_") and m["type"] == "histogram":
+                assert name.endswith("_seconds"), name  # base unit
+
         # before the drift: noise stays below the threshold, EstimateDrift is not firing
         # (Prometheus' own ALERTS series records every pending/firing evaluation)
         drift_at_wall = fleet_t0 + DRIFT_AT

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -226,3 +227,25 @@ def test_dashboards_and_alerts_against_real_prometheus(tmp_path):
         prom.stop()
         redis.stop()
         broker.stop()
+
+
+def test_readme_section_documents_every_alert_and_metric():
+    """docs/readme/90-dashboards-alerts.md: a heading per alert whose GitHub anchor is the one
+    the rule's runbook annotation links to, a table row per alert, and every exported metric."""
+    from observability_helpers import ROOT, RULES
+
+    from ldpstream.agents.metrics import METRIC_NAMES
+
+    doc = (ROOT / "docs" / "readme" / "90-dashboards-alerts.md").read_text()
+    headings = {h.strip().lower() for h in re.findall(r"^#+ (.+)$", doc, re.MULTILINE)}
+    rules = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
+    for r in rules:
+        anchor = re.match(r"README\.md#(\w+)", r["annotations"]["runbook"]).group(1)
+        assert anchor == r["alert"].lower() and anchor in headings, (r["alert"], anchor)
+        assert f"| [{r['alert']}](#{anchor}) |" in doc, r["alert"]
+        hold = r.get("for", "none")
+        row = next(line for line in doc.splitlines() if line.startswith(f"| [{r['alert']}]"))
+        assert f"| {hold}" in row, (r["alert"], hold, row)
+    for name in METRIC_NAMES:
+        assert f"| `{name}` |" in doc, name
+    assert "for: 5s" in doc and "docker compose up" in doc

@@ -216,7 +216,8 @@ class LoPub(Mechanism):
             return self._result(self._lasso(bit_counts, n, attrs, options), attrs, method, n)
         init = self._lasso(bit_counts, n, attrs, options) if method == "lasso-em" else None
         res = em_jd(distinct_reports(parts, blooms), blooms, self.f, init=init,
-                    tol=float(options.get("tol", 1e-6)), max_iter=int(options.get("max_iter", 2000)))
+                    tol=float(options.get("tol", 1e-4)),
+                    max_iter=int(options.get("max_iter", 1000)))
         extra = {} if init is None else {"lasso_support": int(np.count_nonzero(init))}
         return self._result(res.joint, attrs, method, n, iterations=res.iterations,
                             converged=res.converged, extra=extra)

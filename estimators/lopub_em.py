@@ -11,7 +11,8 @@ so a report enters the posterior only through its **match vectors** t_j = (ŝ_j�
 We therefore reduce the reports to the table of distinct match-vector tuples with their counts
 (:func:`distinct_reports`; ``np.unique``, a sufficient statistic coarser than the packed bits)
 and run EM on it: π_{t+1}(ω) = π_t(ω)·(1/N) Σ_k w_k Π_j P_j[k, ω_j] / Σ_ω' π_t(ω') Π_j P_j[k, ω'_j],
-from the uniform start (Alg. 1) or a given one (Alg. 3), until max |π_{t+1} − π_t| ≤ δ.
+from the uniform start (Alg. 1) or a given one (Alg. 3), until ‖π_{t+1} − π_t‖₁ ≤ δ (Alg. 1 leaves
+the norm open; L1 does not depend on the number of cells) or ``max_iter``.
 The likelihood is a product over attributes, so both sums are two matmuls of Khatri–Rao halves
 (no loop over reports).
 
@@ -97,7 +98,7 @@ class EMResult:
 
 
 def em_jd(reports: DistinctReports, blooms: Sequence[np.ndarray], f: float, *,
-          init: np.ndarray | None = None, tol: float = 1e-6, max_iter: int = 2000) -> EMResult:
+          init: np.ndarray | None = None, tol: float = 1e-4, max_iter: int = 1000) -> EMResult:
     """[LoPub Alg. 1] EM over the joint of S from its distinct reports. ``init`` (e.g. Lasso's
     estimate, Alg. 3) fixes the start; its zero cells stay zero."""
     if reports.n <= 0:
@@ -137,7 +138,7 @@ def em_jd(reports: DistinctReports, blooms: Sequence[np.ndarray], f: float, *,
             num += left.T @ (right * (weights[lo:hi] / np.maximum(den, 1e-300))[:, None])
         new = pi * num / n
         new /= new.sum()
-        delta = float(np.abs(new - pi).max())
+        delta = float(np.abs(new - pi).sum())
         pi = new
         if delta <= tol:
             converged = True

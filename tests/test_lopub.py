@@ -22,6 +22,14 @@ from ldpstream.estimators.synthesis import synthesize
 from ldpstream.simulate.lopub import marginal_fidelity, synthesize_dataset, true_joint
 
 
+@pytest.fixture(autouse=True)
+def _one_blas_thread():
+    """Small matmuls in EM loops: one BLAS thread is much faster on the shared 2-core box."""
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(1):
+        yield
+
+
 def _sample(joint: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     flat = rng.choice(joint.size, size=n, p=joint.reshape(-1))
     return np.stack(np.unravel_index(flat, joint.shape), axis=1)

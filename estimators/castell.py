@@ -102,8 +102,12 @@ def apply_modes(T: np.ndarray, mats: Sequence[np.ndarray], *, out: np.ndarray | 
 
 def check_inputs(counts: np.ndarray, channels: Sequence[np.ndarray]) -> tuple[np.ndarray,
                                                                                list[np.ndarray]]:
-    """Counts as a float array (≥ 1 axis) and the channels as float matrices matching its axes."""
-    counts = np.asarray(counts, dtype=float)
+    """Counts as a numeric array (≥ 1 axis, dtype kept) and the channels as float matrices
+    matching its axes. Costs one pass over the counts (the minimum); non-finite counts are caught
+    by :func:`_frequencies` through their sum."""
+    counts = np.asarray(counts)
+    if counts.dtype.kind not in "biuf":
+        counts = counts.astype(float)
     if counts.ndim == 0:
         raise ValueError("counts must have at least one axis")
     channels = [np.asarray(P, dtype=float) for P in channels]
@@ -112,16 +116,21 @@ def check_inputs(counts: np.ndarray, channels: Sequence[np.ndarray]) -> tuple[np
     for i, (P, d) in enumerate(zip(channels, counts.shape)):
         if P.shape != (d, d):
             raise ValueError(f"channel {i} is {P.shape} but axis {i} of the counts has {d} values")
-    if np.any(counts < 0) or not np.all(np.isfinite(counts)):
+    if counts.size and counts.min() < 0:
         raise ValueError("counts must be finite and non-negative")
     return counts, channels
 
 
 def _frequencies(counts: np.ndarray) -> tuple[np.ndarray, float]:
+    """(λ = Λ/n as a fresh C-contiguous float64 array, n)."""
     n = float(counts.sum())
+    if not np.isfinite(n):
+        raise ValueError("counts must be finite and non-negative")
     if n <= 0:
         raise ValueError("counts are all zero: nothing to estimate")
-    return counts / n, n
+    lam = np.empty(counts.shape)
+    np.divide(counts, n, out=lam)
+    return lam, n
 
 
 def _inverses(channels: Sequence[np.ndarray]) -> list[np.ndarray]:

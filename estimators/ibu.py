@@ -115,7 +115,10 @@ def ibu(counts: np.ndarray, channels: Sequence[np.ndarray], *, tol: float = 1e-8
     distribution), ``"uniform"``, or an array (clip-rescaled).
     """
     counts, channels = check_inputs(counts, channels)
-    if counts.sum() <= 0:
+    total = float(counts.sum())
+    if not np.isfinite(total):
+        raise ValueError("counts must be finite and non-negative")
+    if total <= 0:
         raise ValueError("counts are all zero: nothing to estimate")
     if not tol > 0:
         raise ValueError(f"ibu: tol must be > 0, got {tol!r}")

@@ -63,20 +63,24 @@ def _contrast(d: int) -> np.ndarray:
     return q[:, 1:]
 
 
-def _spd_inv(A: np.ndarray) -> np.ndarray:
-    """Inverse of a symmetric positive (semi-)definite matrix by Cholesky (a relative jitter on
-    the diagonal if needed; eigen-decompositions are far slower on small matrices here)."""
+def _spd_inv(A: np.ndarray, rcond: float = 1e-10) -> np.ndarray:
+    """(Pseudo-)inverse of a symmetric positive semi-definite matrix: Cholesky when A is well
+    conditioned (eigen-decompositions are far slower on small matrices here), else the
+    eigen-decomposition with eigenvalues below ``rcond``·max dropped (e.g. identical Phase II
+    columns when every p_y = 1: their differences have no variance and carry no information)."""
     A = 0.5 * (A + A.T)
     n = A.shape[0]
-    scale = float(np.trace(A)) / max(n, 1) or 1.0
-    for jit in (0.0, 1e-12, 1e-10, 1e-8):
-        try:
-            L = np.linalg.cholesky(A + (jit * scale) * np.eye(n))
-        except np.linalg.LinAlgError:
-            continue
-        Li = np.linalg.solve(L, np.eye(n))
-        return Li.T @ Li
-    return np.linalg.pinv(A, hermitian=True)
+    try:
+        L = np.linalg.cholesky(A)
+        dg = np.diag(L) ** 2
+        if dg.min() > 1e3 * rcond * dg.max():
+            Li = np.linalg.solve(L, np.eye(n))
+            return Li.T @ Li
+    except np.linalg.LinAlgError:
+        pass
+    w, V = np.linalg.eigh(A)
+    keep = w > rcond * max(float(w.max()), 0.0)
+    return (V[:, keep] / w[keep]) @ V[:, keep].T
 
 
 def _blockdiag(blocks: Sequence[np.ndarray]) -> np.ndarray:
@@ -270,18 +274,33 @@ class PhaseModel:
             U, gl = self.unbiased(f1v, lam, fw)
             parts = self.parts(gl)
             bhat = parts["TI"] @ U + parts["t0"]
-            b2 = self.bias2(bhat, parts["TI"] @ parts["covU"] @ parts["TI"].T)
-            w, mse = self.shrink_weight(parts, b2)
+            V = parts["TI"] @ parts["covU"] @ parts["TI"].T
+            b2 = self.bias2(bhat, V)
+            w, _ = self.shrink_weight(parts, b2)
             est = U + np.repeat(w, self.shape) * (B - U)
             fw = np.concatenate([clip_rescale(x) for x in self.split(est)])
-        b2a = float(sum(max(0.0, x.sum()) for x in self.split(b2)))
+        # the reported MSE estimate uses the unbiased (untested) squared-bias estimate
+        b2u = self.omega * (bhat ** 2 - np.diag(V))
+        mse = self._mse_at(parts, w, b2u)
+        b2a = float(sum(max(0.0, x.sum()) for x in self.split(b2u)))
         return Combined(U, B, w, est, parts["covU"], mse, b2a,
                         {"mse_unbiased": float(self.omega @ parts["a"]),
                          "mse_decode": float(self.omega @ parts["c"]) + b2a,
                          "mse_cells": ((1 - np.repeat(w, self.shape)) ** 2 * parts["a"]
                                        + np.repeat(w, self.shape) ** 2
-                                       * (parts["c"] + np.maximum(b2, 0) / self.omega)
+                                       * (parts["c"] + np.maximum(b2u, 0) / self.omega)
                                        + 2 * np.repeat(w * (1 - w), self.shape) * parts["r"])})
+
+    def _mse_at(self, parts: Mapping[str, np.ndarray], w: np.ndarray, b2: np.ndarray) -> float:
+        om = self.omega
+        a, c, r = parts["a"], parts["c"], parts["r"]
+        tot = 0.0
+        for k in range(self.m):
+            s = slice(self.off[k], self.off[k + 1])
+            bk = max(0.0, float(np.sum(b2[s])))
+            tot += float(om[s] @ ((1 - w[k]) ** 2 * a[s] + w[k] ** 2 * c[s]
+                                  + 2 * w[k] * (1 - w[k]) * r[s])) + w[k] ** 2 * bk
+        return tot
 
     def predicted(self, f: np.ndarray, post: np.ndarray | None = None) -> dict[str, float]:
         """Planning: predicted MSEs (eq. 5 weights) of U, B and the shrinkage at the plug-in f,
@@ -407,11 +426,13 @@ def shrunk_plugin(f1: Sequence[np.ndarray], eps: float, n1: float, z: float = 2.
 
 def optimal_table(f: Sequence[np.ndarray], eps: float, n1: float, n2: float, affine,
                   post: np.ndarray | None = None, grid: int = 9,
-                  candidates: Sequence[np.ndarray] = ()) -> tuple[np.ndarray, dict[str, Any]]:
+                  candidates: Sequence[np.ndarray] = (), margin: float = 0.0
+                  ) -> tuple[np.ndarray, dict[str, Any]]:
     """The copy table corr-rr publishes: a pure function of the plug-in marginals ``f`` (proper;
     see :func:`shrunk_plugin`), ε, the planned n₁, n₂ and the copy family
-    ``affine[j][k] = (M0, M1)``. ``candidates``: further tables to consider (e.g. the published
-    one). Returns (table, info)."""
+    ``affine[j][k] = (M0, M1)``. ``candidates``: further tables to consider; the first (the
+    published one) is kept unless another is predicted better by more than ``margin`` (relative),
+    since the prediction rests on a noisy plug-in. Returns (table, info)."""
     m = len(f)
     shape = [len(x) for x in f]
     fvec = np.concatenate([np.asarray(x, dtype=float) for x in f])
@@ -442,6 +463,10 @@ def optimal_table(f: Sequence[np.ndarray], eps: float, n1: float, n2: float, aff
         if best is None or pr["shrink"] < best[1]["shrink"]:
             best = (T, pr)
     T, pr = best
+    if candidates:
+        first = tried[len(cands) - len(candidates)]
+        if first["shrink"] <= (1 + margin) * pr["shrink"]:
+            T, pr = np.asarray(candidates[0], dtype=float), first
     T = T.copy()
     np.fill_diagonal(T, 1.0)
     return T, {"t_unbiased": tU, "predicted": pr, "tried": tried}

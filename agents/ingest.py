@@ -36,6 +36,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import struct
 import time
 from collections import defaultdict
 from typing import Any, Iterable
@@ -44,6 +45,7 @@ import numpy as np
 from mode import Service
 
 from ..producers.codec import DLQ_TOPIC, DecodeError, ReportBatch, decode_batch, dlq_record, explain_batch
+from ..estimators.mechanism import Mechanism
 from . import metrics
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,8 @@ class _Pending:
     last_offset: int | None = None
     sent_at_max: float | None = None
     messages: int = 0
+    epoch: int = 0
+    since: float = dataclasses.field(default_factory=time.monotonic)
     rejects: list[tuple[str, str, str, bytes, int]] = dataclasses.field(default_factory=list)
     rejected_reports: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
@@ -93,6 +97,8 @@ class IngestService(Service):
         self.create_topics_on_start = create_topics
         self.poll_ms = poll_ms
         self.max_records = max_records
+        self._msgs_seen = 0
+        self._reports_seen = 0
         self.collections = dict(ctx.config.collections)
         self.topic_of = {cid: c.topic for cid, c in self.collections.items()}
         self.cid_of = {c.topic: cid for cid, c in self.collections.items()}
@@ -100,9 +106,11 @@ class IngestService(Service):
         self.consumer = None
         self.producer = None
         self._stored: dict[Any, int | None] = {}   # tp -> last applied offset (None: nothing)
+        self._seen: dict[Any, int] = {}            # tp -> highest offset taken (pending or applied)
+        self._epoch: dict[Any, int] = defaultdict(int)  # tp -> bumped on every assign/revoke
         self._pending: dict[Any, _Pending] = {}
         self._pending_reports = 0
-        self._pending_since: float | None = None
+        self._flush_task: asyncio.Task | None = None
         self._revoked: set[Any] = set()
         self._applying: set[Any] = set()            # tps of the apply attempt in flight
         self._blocked = False
@@ -110,6 +118,9 @@ class IngestService(Service):
         self._last_lag = 0.0
         self.applied_batches = 0
         self.skipped_batches = 0
+        self.applied_reports = 0
+        self.assigned_at: float | None = None     # unix time the last assignment was done
+        self.last_apply_at: float | None = None   # unix time of the last applied delta
 
     # --- lifecycle ------------------------------------------------------------------------------
     def known(self) -> dict[str, dict[int, Any]]:
@@ -144,6 +155,11 @@ class IngestService(Service):
         self.ctx.ingest = self
 
     async def on_stop(self) -> None:
+        if self._flush_task is not None:  # let an apply in flight finish (it is atomic anyway)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._flush_task), 10.0)
+            except Exception:  # noqa: BLE001
+                self._flush_task.cancel()
         consumer, self.consumer = self.consumer, None
         producer, self.producer = self.producer, None
         if consumer is not None:
@@ -172,32 +188,59 @@ class IngestService(Service):
 
     # --- rebalance ------------------------------------------------------------------------------
     async def on_assigned(self, assigned: Iterable[Any]) -> None:
+        """Position every newly assigned partition at its Redis offset + 1 (the beginning when
+        none is stored). The partitions stay paused (and ignored by :meth:`_take`) until then."""
+        consumer = self.consumer
+        if consumer is None:
+            return
         assigned = set(assigned)
+        for tp in assigned:
+            self._epoch[tp] += 1
+            self._revoked.discard(tp)
+            self._stored.pop(tp, None)
+            self._seen.pop(tp, None)
+            self._pending.pop(tp, None)
+        self._recount_pending()
+        consumer.pause(*assigned)
         by_cid: dict[str, list[Any]] = defaultdict(list)
         for tp in assigned:
-            self._revoked.discard(tp)
             by_cid[self.cid_of[tp.topic]].append(tp)
+        stored_of: dict[Any, int | None] = {}
         for cid, tps in by_cid.items():
             offsets = await self._redis_retry(lambda cid=cid: self.ctx.store.offsets(cid),
-                                              what=f"read offsets of {cid}")
+                                              what=f"read offsets of {cid}",
+                                              abandon=lambda: self.consumer is not consumer)
+            if offsets is _ABANDONED:
+                return
             for tp in tps:
-                stored = offsets.get(tp.partition)
-                self._stored[tp] = stored
-                self._pending.pop(tp, None)
-                if stored is None:
-                    await self.consumer.seek_to_beginning(tp)
-                else:
-                    self.consumer.seek(tp, stored + 1)
-        self._recount_pending()
-        log.info("ingest: assigned %s", sorted((tp.topic, tp.partition, self._stored.get(tp))
+                stored_of[tp] = offsets.get(tp.partition)
+        if self.consumer is not consumer:
+            return
+        begin = [tp for tp in assigned if stored_of[tp] is None]
+        for tp in assigned:
+            if stored_of[tp] is not None:
+                consumer.seek(tp, stored_of[tp] + 1)
+        if begin:
+            await consumer.seek_to_beginning(*begin)
+        current = self.assignment()
+        ready = {tp for tp in assigned if tp in current and tp not in self._revoked}
+        for tp in ready:
+            self._stored[tp] = stored_of[tp]
+            self._seen[tp] = -1 if stored_of[tp] is None else stored_of[tp]
+        if not self._blocked and ready:
+            consumer.resume(*ready)
+        self.assigned_at = time.time()
+        log.info("ingest: assigned %s", sorted((tp.topic, tp.partition, stored_of[tp])
                                                for tp in assigned))
 
     async def on_revoked(self, revoked: Iterable[Any]) -> None:
         revoked = set(revoked)
         self._revoked |= revoked
         for tp in revoked:
+            self._epoch[tp] += 1
             self._pending.pop(tp, None)
             self._stored.pop(tp, None)
+            self._seen.pop(tp, None)
         self._recount_pending()
         # an apply already sent for a revoked partition must finish before another owner reads
         while self._applying & revoked:
@@ -205,8 +248,6 @@ class IngestService(Service):
 
     def _recount_pending(self) -> None:
         self._pending_reports = sum(p.n for p in self._pending.values())
-        if not self._pending:
-            self._pending_since = None
 
     # --- consuming ------------------------------------------------------------------------------
     @Service.task
@@ -217,7 +258,7 @@ class IngestService(Service):
                 continue
             try:
                 data = await self.consumer.getmany(timeout_ms=self.poll_ms,
-                                                   max_records=self.max_records)
+                                                   max_records=self._poll_records())
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep the worker alive; aiokafka reconnects
@@ -225,13 +266,15 @@ class IngestService(Service):
                 await asyncio.sleep(0.5)
                 continue
             for tp, msgs in data.items():
+                before = self._pending_reports
                 self._take(tp, msgs)
+                self._msgs_seen += len(msgs)
+                self._reports_seen += self._pending_reports - before
             now = time.monotonic()
-            due = self._pending and (
-                self._pending_reports >= self.batch_reports
-                or (self._pending_since is not None and now - self._pending_since >= self.batch_seconds))
+            due = [tp for tp, p in self._pending.items()
+                   if p.n >= self.batch_reports or now - p.since >= self.batch_seconds]
             if due:
-                await self.flush()
+                await self._start_flush(due)
             if now - self._last_lag >= 1.0:
                 self._last_lag = now
                 self._update_lag()
@@ -239,22 +282,37 @@ class IngestService(Service):
                 self._last_commit = now
                 await self._commit()
 
+    def _poll_records(self) -> int:
+        """Messages to take per poll: about one delta's worth (``batch_reports``) at the mean
+        reports per message seen so far, so deltas stay cache-sized whatever the batch size."""
+        if self._msgs_seen < 100:
+            return min(self.max_records, 200)
+        per_msg = max(1.0, self._reports_seen / self._msgs_seen)
+        return int(max(16, min(self.max_records, self.batch_reports / per_msg)))
+
     def _take(self, tp: Any, msgs: list) -> None:
         """Decode and validate the messages of one partition into its pending buffer."""
-        if tp in self._revoked or tp not in self._stored:
-            return
-        stored = self._stored[tp]
-        if stored is not None:
-            msgs = [m for m in msgs if m.offset > stored]
-        if not msgs:
-            return
+        seen = self._seen.get(tp)
+        if tp in self._revoked or seen is None:
+            return  # not (or no longer) positioned at its Redis offset: the records come again
+        if msgs[0].offset <= seen:
+            msgs = [m for m in msgs if m.offset > seen]
+            if not msgs:
+                return
+        self._seen[tp] = msgs[-1].offset
         cid = self.cid_of[tp.topic]
         pend = self._pending.get(tp)
         if pend is None:
-            pend = self._pending[tp] = _Pending()
-            if self._pending_since is None:
-                self._pending_since = time.monotonic()
+            pend = self._pending[tp] = _Pending(epoch=self._epoch[tp])
         known = self.known()
+        pend.messages += len(msgs)
+        pend.last_offset = max(msgs[-1].offset, pend.last_offset or -1)
+        metrics.MESSAGES_CONSUMED.labels(cid).inc(len(msgs))
+        if len(msgs) >= 16:
+            fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
+            if fast is not None and fast.collection == cid and explain_batch(fast, known) is None:
+                self._accept(pend, fast.reports, fast.sent_at)
+                return
         good: list[tuple[Any, ReportBatch]] = []
         for m in msgs:
             try:
@@ -282,28 +340,56 @@ class IngestService(Service):
                     explain_batch(b, known) if b.collection == cid else
                     ("unknown_collection", f"batch of collection {b.collection!r} on topic {tp.topic}"))
                 if res is None:
-                    pend.reports.append(b.reports)
-                    pend.n += b.n
-                    if pend.sent_at_max is None or b.sent_at > pend.sent_at_max:
-                        pend.sent_at_max = b.sent_at
-                    self._pending_reports += b.n
+                    self._accept(pend, b.reports, b.sent_at)
                 else:
                     pend.rejects.append((res[0], res[1], b.collection, m.value, m.offset))
                     key = (cid, res[0])
                     pend.rejected_reports[key] = pend.rejected_reports.get(key, 0) + b.n
-        pend.messages += len(msgs)
-        pend.last_offset = max(msgs[-1].offset, pend.last_offset or -1)
-        metrics.MESSAGES_CONSUMED.labels(cid).inc(len(msgs))
+
+    def _accept(self, pend: _Pending, reports: np.ndarray, sent_at: float) -> None:
+        pend.reports.append(reports)
+        n = int(reports.shape[0])
+        pend.n += n
+        self._pending_reports += n
+        if pend.sent_at_max is None or sent_at > pend.sent_at_max:
+            pend.sent_at_max = sent_at
+
+    async def _start_flush(self, tps: list) -> None:
+        """Hand the pending deltas of ``tps`` to a background flush, so the next messages are
+        fetched and decoded while Redis applies these. At most one flush is in flight: a new one
+        first waits for the previous (which also bounds memory, e.g. while Redis is down)."""
+        await self.wait_flushed()
+        batch = {tp: self._pending.pop(tp) for tp in tps if tp in self._pending}
+        self._recount_pending()
+        if batch:
+            self._flush_task = asyncio.create_task(self._flush(batch), name="ldp-ingest-flush")
+
+    async def wait_flushed(self) -> None:
+        task, self._flush_task = self._flush_task, None
+        if task is not None:
+            await task
 
     async def flush(self) -> None:
-        """Apply every partition's pending delta (DLQ records first), one Lua call each."""
-        pending, self._pending = self._pending, {}
-        self._pending_reports = 0
-        self._pending_since = None
-        for tp, pend in pending.items():
-            if tp in self._revoked or pend.last_offset is None:
-                continue
-            await self._apply_partition(tp, pend)
+        """Apply every partition's pending delta now and wait for it."""
+        await self._start_flush(list(self._pending))
+        await self.wait_flushed()
+
+    async def _flush(self, batch: dict) -> None:
+        """Apply the deltas of several partitions concurrently (each one Lua call; DLQ records
+        first). Only stale deltas are dropped; an unexpected error crashes the worker (it restarts
+        from the offsets in Redis) rather than leave consumed-but-uncounted records behind."""
+        live = [(tp, p) for tp, p in batch.items()
+                if not self._stale(tp, p) and p.last_offset is not None]
+        try:
+            await asyncio.gather(*(self._apply_partition(tp, p) for tp, p in live))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            log.exception("ingest: flush failed; stopping the worker (it resumes from Redis)")
+            await self.crash(exc)
+
+    def _stale(self, tp: Any, pend: _Pending) -> bool:
+        return tp in self._revoked or pend.epoch != self._epoch[tp]
 
     async def _apply_partition(self, tp: Any, pend: _Pending) -> None:
         cid = self.cid_of[tp.topic]
@@ -312,12 +398,14 @@ class IngestService(Service):
         mech = self.ctx.mechanism(cid)
         if pend.reports:
             reports = pend.reports[0] if len(pend.reports) == 1 else np.concatenate(pend.reports)
-            deltas = mech.count(reports, self.specs[cid])
+            deltas = count_reports(mech, reports, self.specs[cid])
         else:
             deltas = {}
         t0 = time.perf_counter()
 
-        async def attempt() -> bool:
+        async def attempt() -> Any:
+            if self._stale(tp, pend):
+                return _ABANDONED
             self._applying.add(tp)
             try:
                 return await self.ctx.store.apply(cid, tp.partition, pend.last_offset, deltas,
@@ -326,7 +414,7 @@ class IngestService(Service):
                 self._applying.discard(tp)
 
         applied = await self._redis_retry(attempt, what=f"apply {cid}[{tp.partition}]",
-                                          abandon=lambda: tp in self._revoked)
+                                          abandon=lambda: self._stale(tp, pend))
         if applied is _ABANDONED:
             log.info("ingest: %s[%d] revoked while Redis was down; delta left to the new owner",
                      cid, tp.partition)
@@ -334,26 +422,39 @@ class IngestService(Service):
         metrics.BATCH_APPLY_SECONDS.labels(cid).observe(time.perf_counter() - t0)
         if applied:
             self.applied_batches += 1
+            self.applied_reports += pend.n
+            self.last_apply_at = time.time()
             if pend.n:
                 metrics.REPORTS_INGESTED.labels(cid).inc(pend.n)
             for (coll, reason), k in pend.rejected_reports.items():
                 metrics.REPORTS_REJECTED.labels(coll, reason).inc(k)
-            if tp not in self._revoked:
+            if not self._stale(tp, pend):
                 self._stored[tp] = pend.last_offset
         else:
             # someone else recorded this offset (or beyond): re-read and re-seek
             self.skipped_batches += 1
             log.warning("ingest: %s[%d] offset %d already applied; re-reading offsets",
                         cid, tp.partition, pend.last_offset)
-            if tp not in self._revoked and tp in self.assignment():
-                offsets = await self._redis_retry(lambda: self.ctx.store.offsets(cid),
-                                                  what=f"read offsets of {cid}")
-                stored = offsets.get(tp.partition)
-                self._stored[tp] = stored
-                self._pending.pop(tp, None)
-                self._recount_pending()
-                if stored is not None:
-                    self.consumer.seek(tp, stored + 1)
+            if self._stale(tp, pend) or tp not in self.assignment():
+                return
+            offsets = await self._redis_retry(lambda: self.ctx.store.offsets(cid),
+                                              what=f"read offsets of {cid}",
+                                              abandon=lambda: self._stale(tp, pend))
+            if offsets is _ABANDONED or self._stale(tp, pend):
+                return
+            stored = offsets.get(tp.partition)
+            self._epoch[tp] += 1  # what is pending for tp now is behind the new position
+            self._pending.pop(tp, None)
+            self._recount_pending()
+            self._stored[tp] = stored
+            if stored is not None:
+                self._seen[tp] = stored
+                self.consumer.seek(tp, stored + 1)
+            else:  # cannot happen after a skip; be safe: start the partition over
+                self._seen.pop(tp, None)
+                await self.consumer.seek_to_beginning(tp)
+                if not self._stale(tp, dataclasses.replace(pend, epoch=self._epoch[tp])):
+                    self._seen[tp] = -1
 
     async def _send_dlq(self, tp: Any, cid: str, pend: _Pending) -> None:
         now = time.time()
@@ -398,8 +499,8 @@ class IngestService(Service):
         tps = self.assignment()
         if blocked:
             self.consumer.pause(*tps)
-        else:
-            self.consumer.resume(*tps)
+        else:  # partitions still being positioned by on_assigned stay paused
+            self.consumer.resume(*(tp for tp in tps if tp in self._seen))
 
     async def _idle_poll(self, seconds: float) -> None:
         """Wait while blocked. Partitions are paused, so nothing is fetched; partitions newly
@@ -441,10 +542,72 @@ class IngestService(Service):
     def status(self) -> dict[str, Any]:
         return {"assigned": sorted(f"{tp.topic}[{tp.partition}]" for tp in self.assignment()),
                 "blocked": self._blocked, "pending_reports": self._pending_reports,
-                "applied_batches": self.applied_batches, "skipped_batches": self.skipped_batches}
+                "applied_batches": self.applied_batches, "skipped_batches": self.skipped_batches,
+                "applied_reports": self.applied_reports, "assigned_at": self.assigned_at,
+                "last_apply_at": self.last_apply_at}
 
 
 _ABANDONED = object()
+
+
+def count_reports(mech: Any, reports: np.ndarray, specs: list) -> dict[str, np.ndarray]:
+    """``mech.count(reports, specs)``; for mechanisms that keep the default count (histograms of
+    ``spec.columns``) the same tensors computed faster on validated reports: each used column
+    converted once, flat cell indices by multiply-add, one ``bincount`` per tensor (no bounds
+    re-check: the batch passed ``check_batch`` against ``report_bounds()``)."""
+    if type(mech).count is not Mechanism.count or any(not s.columns for s in specs):
+        return mech.count(reports, specs)
+    cols = {c: reports[:, c].astype(np.intp) for c in sorted({c for s in specs for c in s.columns})}
+    out = {}
+    for s in specs:
+        flat = None
+        for c, size in zip(s.columns, s.shape):
+            flat = cols[c].copy() if flat is None else flat * int(size) + cols[c]
+        out[s.key] = np.bincount(flat, minlength=s.size).astype(np.int64, copy=False).reshape(s.shape)
+    return out
+
+# The report-batch header (producers/codec.py documents the layout): magic, format version, flags,
+# collection length | collection id | config version, sent_at, n, width, value dtype code.
+_HEAD0 = struct.Struct("<4sBBB")
+_HEAD1 = struct.Struct("<IdIHB")
+_VALUE_DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+
+
+def decode_uniform(values: list, max_bytes: int) -> ReportBatch | None:
+    """Decode many messages of identical layout at once (e.g. a stream of single-report messages
+    of one collection): all of the same length, and header bytes equal to the first message's
+    except ``sent_at``. The first message is decoded and validated by the codec's
+    :func:`decode_batch`; the others then have the same structure, so their values are cut out of
+    one ``(k, length)`` byte matrix without a per-message Python decode. Returns one batch holding
+    every report (``sent_at`` = the newest), or None when the messages are not uniform (the caller
+    then decodes them one by one)."""
+    if not values or values[0] is None:
+        return None
+    size = len(values[0])
+    if size > max_bytes or size < _HEAD0.size:
+        return None
+    for v in values:
+        if v is None or len(v) != size:
+            return None
+    try:
+        first = decode_batch(values[0], max_bytes=max_bytes)
+    except DecodeError:
+        return None
+    clen = values[0][6]
+    t_at = _HEAD0.size + clen + 4                 # sent_at: f64 after the config version
+    head = _HEAD0.size + clen + _HEAD1.size
+    ids = 8 * first.n if values[0][5] & 1 else 0
+    rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), size)
+    if not ((rows[:, :t_at] == rows[0, :t_at]).all()
+            and (rows[:, t_at + 8:head] == rows[0, t_at + 8:head]).all()):
+        return None
+    sent = np.ascontiguousarray(rows[:, t_at:t_at + 8]).view("<f8").ravel()
+    if not np.isfinite(sent).all():
+        return None
+    dt = _VALUE_DTYPES[values[0][head - 1]]
+    reports = np.ascontiguousarray(rows[:, head + ids:]).view(dt).reshape(-1, first.width)
+    return ReportBatch(first.collection, first.version,
+                       reports.astype(dt.newbyteorder("="), copy=False), None, float(sent.max()))
 
 
 def _listener_base():

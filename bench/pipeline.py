@@ -1,0 +1,252 @@
+"""``ldpstream bench pipeline [--json] [--quick]``: end-to-end ingest rate vs raw consumption.
+
+On the embedded broker (Tansu) and Redis, in one run:
+
+1. prefill ``ldp.reports.adult`` (bundled Adult demo collection, 4 partitions) with the fleet's
+   default report batches (500 reports per message, lz4/gzip as the fleet sends them);
+2. **raw**: an aiokafka consumer (no group) reads the whole topic and decodes every message with
+   the same codec (``decode_batch``): reports/s from the seek to the last message;
+3. **ingest**: a ``ldpstream worker`` child process consumes the same topic; reports/s into Redis
+   (timed by the worker, ``/healthz``: from the end of its partition assignment to its last
+   applied delta);
+4. the same with one report per message (``single_report_rate``) on a second collection;
+5. with the worker running: ``refresh_seconds`` (mean of ``ldp_estimate_refresh_seconds`` on
+   /metrics) and ``freshness_seconds`` (median time from sending a batch to the first stored
+   estimate whose n includes it; target ≤ 2 × refresh interval).
+
+Prints a table, or JSON with --json: ``ingest_rate``, ``raw_consume_rate``, ``ratio``,
+``reports_per_message``, ``single_report_rate`` (+ ``single_raw_consume_rate``,
+``refresh_seconds``, ``freshness_seconds``, ``refresh_interval_s``, sizes).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BATCH = 500
+
+
+def _write_config(path: Path) -> None:
+    from ..config import default_config_path
+
+    doc = yaml.safe_load(default_config_path().read_text())
+    base = doc["collections"][0]
+    base.setdefault("schema", {}).setdefault("csv", {}).pop("path", None)
+    single = dict(base, id=base["id"] + "1")
+    doc["collections"] = [base, single]
+    path.write_text(yaml.safe_dump(doc))
+
+
+async def _prefill(bootstrap: str, coll: Any, total: int, batch: int) -> Any:
+    from ..producers.fleet import run_fleet
+
+    return await run_fleet(bootstrap, coll, rate=0, total=total, batch=batch, seed=1,
+                           mechanism=coll.mechanism())
+
+
+async def _raw_consume(bootstrap: str, coll: Any, messages: int) -> tuple[float, int]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from ..producers.codec import decode_batch
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                enable_auto_commit=False, max_partition_fetch_bytes=4 << 20,
+                                fetch_max_bytes=64 << 20)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(coll.topic, p) for p in range(int(coll.partitions))]
+        consumer.assign(tps)
+        t0 = time.perf_counter()
+        await consumer.seek_to_beginning(*tps)
+        got = reports = 0
+        while got < messages:
+            data = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            for msgs in data.values():
+                for m in msgs:
+                    reports += decode_batch(m.value).n
+                got += len(msgs)
+        return reports / (time.perf_counter() - t0), reports
+    finally:
+        await consumer.stop()
+
+
+def _start_worker(config: Path, env: dict, port: int, log: Path) -> subprocess.Popen:
+    fh = open(log, "ab")
+    return subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "worker", "--config",
+                             str(config), "--web-port", str(port)], env=env, stdout=fh,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def _stop_worker(proc: subprocess.Popen) -> None:
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+async def _ingest_rate(store: Any, cid: str, total: int, port: int,
+                       timeout: float = 300.0) -> float:
+    """Reports/s into Redis as the worker times it: from the end of its partition assignment
+    (seeks done, like the raw consumer's clock) to its last applied delta (``/healthz``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await store.n(cid) >= total:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+                ing = json.loads(resp.read())["checks"]["ingest"]
+            if ing.get("assigned_at") is None or ing.get("last_apply_at") is None:
+                raise RuntimeError(f"worker status without timings: {ing}")
+            return ing["applied_reports"] / (ing["last_apply_at"] - ing["assigned_at"])
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{cid}: only {await store.n(cid)} of {total} reports ingested")
+
+
+def _metric_mean(text: str, name: str, cid: str) -> float | None:
+    total = count = None
+    for line in text.splitlines():
+        if f'collection="{cid}"' not in line:
+            continue
+        if line.startswith(name + "_sum"):
+            total = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(name + "_count"):
+            count = float(line.rsplit(" ", 1)[1])
+    return total / count if total is not None and count else None
+
+
+async def _freshness(bootstrap: str, store: Any, coll: Any, samples: int) -> list[float]:
+    """Send one batch, wait for an estimate whose n includes it; seconds per sample."""
+    import numpy as np
+
+    from ..producers.device import Gateway
+    from ..producers.publisher import Publisher
+
+    mech = coll.mechanism()
+    method, attrs = coll.estimators[0], coll.marginals[0]
+    rng = np.random.default_rng(3)
+    out = []
+    async with Publisher(bootstrap) as pub:
+        for _ in range(samples):
+            doc = await store.get_estimate(coll.id, method, attrs)
+            n_before = max(int(doc["n"]) if doc else 0, await store.n(coll.id))
+            recs = rng.integers(0, np.array(coll.domain.shape), size=(BATCH, len(coll.domain)))
+            gw = Gateway(coll.id, pub, batch=BATCH, topic=coll.topic)
+            t0 = time.time()
+            await gw.add(mech.randomize(recs, rng), mech.version)
+            await gw.flush()
+            deadline = time.monotonic() + 6 * float(coll.refresh_interval_s) + 30
+            while time.monotonic() < deadline:
+                doc = await store.get_estimate(coll.id, method, attrs)
+                if doc and int(doc["n"]) >= n_before + BATCH:
+                    out.append(time.time() - t0)
+                    break
+                await asyncio.sleep(0.05)
+            # de-phase the next sample from the refresh timer
+            await asyncio.sleep(float(rng.uniform(0.0, float(coll.refresh_interval_s))))
+    return out
+
+
+async def run(quick: bool = False, progress=None) -> dict[str, Any]:
+    from ..agents.app import make_store
+    from ..config import load_config
+    from ..services import EmbeddedBroker, EmbeddedRedis, create_topics, free_port
+
+    say = progress or (lambda msg: None)
+    total = 500_000 if quick else 4_000_000
+    single_total = 30_000 if quick else 150_000
+    samples = 2 if quick else 5
+    work = Path(tempfile.mkdtemp(prefix="ldpstream-bench-"))
+    cfg_path = work / "bench.yaml"
+    _write_config(cfg_path)
+    config = load_config(cfg_path, env={})
+    batched, single = list(config.collections.values())
+    broker, redis = EmbeddedBroker(), EmbeddedRedis()
+    result: dict[str, Any] = {}
+    worker = None
+    try:
+        bootstrap, redis_url = broker.start(), redis.start()
+        await create_topics(bootstrap, {c.topic: int(c.partitions) for c in (batched, single)}
+                            | {"ldp.dlq": 1, "ldp.config": 1}, compacted={"ldp.config"})
+        env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
+                   LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1")
+        store = make_store(redis_url)
+        port = free_port()
+
+        say(f"prefill {total:,} reports, {BATCH} per message ...")
+        stats = await _prefill(bootstrap, batched, total, BATCH)
+        say("raw aiokafka consumption + decode ...")
+        raw, raw_reports = await _raw_consume(bootstrap, batched, stats.sent_messages)
+        assert raw_reports == total, (raw_reports, total)
+        say("ingest (worker) ...")
+        worker = _start_worker(cfg_path, env, port, work / "worker-1.log")
+        ingest = await _ingest_rate(store, batched.id, total, port)
+        _stop_worker(worker)
+        result.update(ingest_rate=ingest, raw_consume_rate=raw, ratio=ingest / raw,
+                      reports_per_message=BATCH, reports=total)
+
+        say(f"prefill {single_total:,} single-report messages ...")
+        stats1 = await _prefill(bootstrap, single, single_total, 1)
+        raw1, _ = await _raw_consume(bootstrap, single, stats1.sent_messages)
+        say("ingest of single-report messages ...")
+        worker = _start_worker(cfg_path, env, port, work / "worker-2.log")
+        rate1 = await _ingest_rate(store, single.id, single_total, port)
+        result.update(single_report_rate=rate1, single_raw_consume_rate=raw1,
+                      single_reports=single_total)
+
+        say("refresh and freshness ...")
+        try:
+            fresh = await _freshness(bootstrap, store, batched, samples)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+            result["refresh_seconds"] = _metric_mean(text, "ldp_estimate_refresh_seconds",
+                                                     batched.id)
+            result["freshness_seconds"] = statistics.median(fresh) if fresh else None
+            result["freshness_samples"] = fresh
+            result["refresh_interval_s"] = float(batched.refresh_interval_s)
+        except Exception as exc:  # noqa: BLE001 - refresh part is optional
+            result["refresh_error"] = f"{exc.__class__.__name__}: {exc}"
+        await store.close()
+    finally:
+        if worker is not None:
+            _stop_worker(worker)
+        broker.stop()
+        redis.stop()
+    return result
+
+
+def main(args) -> int:
+    quiet = bool(getattr(args, "json", False))
+    res = asyncio.run(run(quick=bool(getattr(args, "quick", False)),
+                          progress=None if quiet else (lambda m: print(m, file=sys.stderr,
+                                                                       flush=True))))
+    if getattr(args, "json", False):
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"{'measure':<44} {'value':>14}")
+    print(f"{'raw aiokafka consume + decode (reports/s)':<44} {res['raw_consume_rate']:>14,.0f}")
+    print(f"{'ingest into Redis (reports/s)':<44} {res['ingest_rate']:>14,.0f}")
+    print(f"{'ratio (target >= 0.5)':<44} {res['ratio']:>14.2f}")
+    print(f"{'reports per message':<44} {res['reports_per_message']:>14d}")
+    print(f"{'single-report messages: raw (reports/s)':<44} {res['single_raw_consume_rate']:>14,.0f}")
+    print(f"{'single-report messages: ingest (reports/s)':<44} {res['single_report_rate']:>14,.0f}")
+    if res.get("refresh_seconds") is not None:
+        print(f"{'refresh duration (s)':<44} {res['refresh_seconds']:>14.3f}")
+    if res.get("freshness_seconds") is not None:
+        print(f"{'freshness, send -> estimate (s)':<44} {res['freshness_seconds']:>14.2f}"
+              f"   (refresh every {res['refresh_interval_s']:g}s)")
+    return 0

@@ -535,7 +535,8 @@ class CorrRR(TwoPhase):
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                  method: str = "corr-rr", **options: Any) -> Estimate:
         """Options: ``proper`` ('clip' | 'simplex'). ``error_bound``: the root of the estimated
-        MSE summed over the marginal's cells (``unbiased``: of its stated variance)."""
+        squared error summed over the marginal's cells (``unbiased``: of its stated variance;
+        ``corr-rr``: it assumes no bias the significance test could not see)."""
         i = self._one(attrs, method)
         n1, n2 = self.phase_sizes(counts)
         off = np.concatenate([[0], np.cumsum(self.domain.shape)])
@@ -553,7 +554,7 @@ class CorrRR(TwoPhase):
             if method == "unbiased":
                 bound = float(np.sqrt(var.sum()))
             elif method == "corr-rr":
-                bound = float(np.sqrt(cb.mse_estimate * len(self.domain) * self.domain.shape[i]))
+                bound = float(np.sqrt(np.sum(cb.extra["mse_cells"][s])))
         vals = apply_proper(np.asarray(vals, dtype=float), options.get("proper"))
         return Estimate(Factor(self.domain.project(tuple(attrs)), vals), method, n1 + n2,
                         self.epsilon, error_bound=bound, extra=extra)

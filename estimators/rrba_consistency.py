@@ -7,10 +7,10 @@ marginal shared by two tables is equal" and "every table sums to 1". The KKT sys
 (A·Aᵀ)·λ = A·x̂ − b (pivoted Cholesky: the equality rows are redundant, and every solution λ
 gives the same x = x̂ − Aᵀ·λ).
 Non-negativity is then restored exactly, as the solution of the same LS with x ≥ 0 added (a
-convex QP): a primal active set fixes the negative cells at 0 and re-solves the KKT system on the
-free cells, releasing a fixed cell whose bound multiplier μ = Aᵀλ − x̂ is negative, until the KKT
-conditions hold. (Dykstra's alternating projections, which converge to the same point, are the
-fallback if the active set cycles.) The result is not a clipped copy: it stays consistent.
+convex QP), by a semismooth Newton method on its dual (x(ν) = max(x̂ − Aᵀν, 0); Newton steps on
+A·x(ν) = b with the generalized Jacobian A·D·Aᵀ, Armijo line search), started from the
+equality-only multipliers. (Dykstra's alternating projections, which converge to the same point
+slowly, are the fallback.) The result is not a clipped copy: it stays consistent.
 
 >>> t1 = np.array([[0.3, 0.2], [0.1, 0.4]])          # attributes (a, b)
 >>> t2 = np.array([[0.6, 0.0], [0.2, 0.2]])          # attributes (a, c): a-marginal 0.6/0.4
@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 from scipy import sparse
-from scipy.linalg import lapack, solve_triangular
+from scipy.linalg import cho_factor, cho_solve, lapack, solve_triangular
 
 __all__ = ["consistency_system", "project_affine", "consistent_tables", "marginal_of",
            "maxent_table"]
@@ -118,25 +118,34 @@ def project_affine(x: np.ndarray, A, b: np.ndarray) -> np.ndarray:
     return x - A.T @ _solve_gram(_gram(A), A @ x - b)
 
 
-def _active_set(x_hat: np.ndarray, A: np.ndarray, b: np.ndarray, tol: float,
-                max_iter: int) -> np.ndarray | None:
-    n = len(x_hat)
-    fixed = np.zeros(n, dtype=bool)
+def _semismooth_newton(x_hat: np.ndarray, A, b: np.ndarray, tol: float,
+                       max_iter: int) -> np.ndarray | None:
+    """Projection of x̂ onto {A·x = b, x ≥ 0} through its dual: x(ν) = max(x̂ − Aᵀν, 0) maximises
+    the concave θ(ν) = ½‖x(ν) − x̂‖² + νᵀ(A·x(ν) − b), whose gradient is A·x(ν) − b. Newton steps
+    with the generalized Hessian −A·D·Aᵀ (D = the free cells) plus a ridge min(1, ‖∇θ‖) (which
+    keeps it definite and vanishes at the solution) and Armijo backtracking; stops when A·x(ν) = b within ``tol``. None if it does not."""
+    nu = _solve_gram(_gram(A), A @ x_hat - b)          # the equality-only KKT multipliers
+
+    def theta(v):
+        x = np.maximum(x_hat - A.T @ v, 0.0)
+        return 0.5 * np.sum((x - x_hat) ** 2) + v @ (A @ x - b), x
+
+    th, x = theta(nu)
     for _ in range(max_iter):
-        free = ~fixed
-        AF = A[:, free]
-        lam = _solve_gram(_gram(AF), AF @ x_hat[free] - b)
-        x = np.zeros(n)
-        x[free] = x_hat[free] - AF.T @ lam
-        neg = x < -tol
-        if neg.any():
-            fixed |= neg
-            continue
-        mu = A.T @ lam - x_hat          # multipliers of the bounds x_i ≥ 0 (must be ≥ 0)
-        release = fixed & (mu < -1e-9)
-        if not release.any():
-            return np.maximum(x, 0.0)
-        fixed &= ~release
+        g = A @ x - b
+        if np.max(np.abs(g)) < tol:
+            return x
+        free = (x_hat - A.T @ nu) > 0
+        M = _gram(A[:, free])
+        M[np.diag_indices_from(M)] += min(1.0, float(np.linalg.norm(g))) + 1e-12  # LM-style ridge
+        step = cho_solve(cho_factor(M), g)
+        slope, t = float(g @ step), 1.0
+        while True:
+            th_new, x_new = theta(nu + t * step)
+            if th_new >= th + 1e-4 * t * slope or t < 1e-12:
+                break
+            t *= 0.5
+        nu, th, x = nu + t * step, th_new, x_new
     return None
 
 
@@ -158,18 +167,18 @@ def _dykstra(x_hat: np.ndarray, A: np.ndarray, b: np.ndarray, tol: float,
 
 
 def consistent_tables(tables: Sequence[Table], nonnegative: bool = True, tol: float = 1e-12,
-                      max_iter: int = 200) -> list[np.ndarray]:
+                      max_iter: int = 500) -> list[np.ndarray]:
     """Least-squares consistent versions of ``tables`` (list of (attrs, array)), [RRBA] §4.3.
 
-    With ``nonnegative`` the result solves the LS with x ≥ 0 added (active set; Dykstra as the
-    fallback)."""
+    With ``nonnegative`` the result solves the LS with x ≥ 0 added (semismooth Newton on the dual;
+    Dykstra as the fallback)."""
     if not tables:
         return []
     A, b, off = consistency_system(tables)
     x_hat = np.concatenate([np.asarray(t, dtype=float).ravel() for _, t in tables])
     x = project_affine(x_hat, A, b)
     if nonnegative and np.any(x < -tol):
-        sol = _active_set(x_hat, A, b, tol, max_iter)
+        sol = _semismooth_newton(x_hat, A, b, 1e-11, max_iter)
         x = sol if sol is not None else _dykstra(x_hat, A, b, 1e-10, 20000)
     elif nonnegative:
         x = np.maximum(x, 0.0)

@@ -46,6 +46,9 @@ def test_bad_input_goes_to_dlq_and_counts_stay_exact(tmp_path, kafka_broker, red
         return mech.randomize(rng.integers(0, shape, size=(n, len(shape))), rng)
 
     good_a, good_b = good(400), good(250)
+    burst = good(40)  # then 40 single-report messages, one of them out of domain
+    burst[17, 0] = shape[0]
+    burst_ok = np.delete(burst, 17, axis=0)
     valid = encode_batch(cid, 2, good(10))
     out_of_domain = good(20)
     out_of_domain[7, 1] = shape[1]  # one value just past its attribute's domain
@@ -73,18 +76,20 @@ def test_bad_input_goes_to_dlq_and_counts_stay_exact(tmp_path, kafka_broker, red
             # partition 1 gets bad input only, then a good batch
             await producer.send_and_wait(coll.topic, b"LDPB\x07junk", partition=1)
             await producer.send_and_wait(coll.topic, encode_batch(cid, 2, good_b), partition=1)
+            for row in burst:
+                await producer.send(coll.topic, encode_batch(cid, 2, row[None, :]), partition=1)
+            await producer.flush()
         finally:
             await producer.stop()
         store = make_store(redis_server.url)
-        total = len(good_a) + len(good_b)
+        total = len(good_a) + len(good_b) + len(burst_ok)
         assert await wait_for_n(store, cid, total, timeout=30) == total, worker.log_tail()
         got = await store.read_all(cid, specs)
-        want = {k: a + b for (k, a), b in zip(mech.count(good_a, specs).items(),
-                                               mech.count(good_b, specs).values())}
+        want = mech.count(np.concatenate([good_a, good_b, burst_ok]), specs)
         for key in want:
             np.testing.assert_array_equal(got[key], want[key], err_msg=key)
         offsets = await store.offsets(cid)
-        assert offsets == {0: len(bad), 1: 1}, offsets  # last offsets, rejects included
+        assert offsets == {0: len(bad), 1: 1 + len(burst)}, offsets  # last offsets, rejects included
         await store.close()
 
         # the dead letters, read from the beginning of ldp.dlq (shared by all tests: filter)
@@ -96,7 +101,7 @@ def test_bad_input_goes_to_dlq_and_counts_stay_exact(tmp_path, kafka_broker, red
         await consumer.seek_to_beginning(tp)
         records = []
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and len(records) < len(bad) + 1:
+        while time.monotonic() < deadline and len(records) < len(bad) + 2:
             for msgs in (await consumer.getmany(timeout_ms=500)).values():
                 for m in msgs:
                     doc = json.loads(m.value)
@@ -109,11 +114,14 @@ def test_bad_input_goes_to_dlq_and_counts_stay_exact(tmp_path, kafka_broker, red
     got = Counter((r["partition"], r["reason"]) for r in records)
     want = Counter((0, reason) for _, reason, _, _ in bad)
     want[(1, "malformed")] += 1  # b"LDPB\x07junk": unknown format version
+    want[(1, "out_of_domain")] += 1  # the bad one of the burst
     assert got == want, records
     p0 = sorted((r for r in records if r["partition"] == 0), key=lambda r: r["offset"])
     assert [r["offset"] for r in p0] == list(range(1, len(bad) + 1))
     assert all(r["detail"] and r["received_at"] > 0 for r in records)
-    ood = next(r for r in records if r["reason"] == "out_of_domain")
+    assert next(r for r in records if r["partition"] == 1 and r["reason"] == "out_of_domain")[
+        "offset"] == 2 + 17
+    ood = next(r for r in records if r["reason"] == "out_of_domain" and r["partition"] == 0)
     assert ood["collection"] == cid and ood["payload_bytes"] == len(bad[7][0])
 
     text = worker.get("/metrics")
@@ -121,9 +129,10 @@ def test_bad_input_goes_to_dlq_and_counts_stay_exact(tmp_path, kafka_broker, red
     for _, reason, label, k in bad:
         expected[(label, reason)] += k
     expected[("unknown", "malformed")] += 1
+    expected[(cid, "out_of_domain")] += 1
     for (label, reason), k in expected.items():
         assert _metric(text, "ldp_reports_rejected_total", collection=label, reason=reason) == k, (
             label, reason, k)
-    assert _metric(text, "ldp_reports_ingested_total", collection=cid) == 650
+    assert _metric(text, "ldp_reports_ingested_total", collection=cid) == 650 + 39
     assert worker.proc.poll() is None  # still running
     assert worker.stop() == 0

@@ -87,11 +87,13 @@ def run_view(cells: np.ndarray, sizes: Sequence[int], p: float, gamma: float, bl
 
 def run_once(ds: Dataset, mech: RRBA, rng: np.random.Generator,
              stop_at_convergence: bool = True) -> tuple[dict[str, list], dict[str, Any]]:
-    """Randomize and aggregate every view; returns ({estimator: [(attrs, table), …]}, info)."""
+    """Randomize and aggregate every view; returns ({estimator: [(attrs, table), …]}, info);
+    ``info["raw"][combination]`` holds its (counts, T̃) per version."""
     V = len(mech.views)
     perm = rng.permutation(ds.n)
     per_est: dict[str, list] = {e: [] for e in ESTIMATORS}
     reports, conv, blocks = 0, 0, 0
+    raw: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
     for v, view in enumerate(mech.views):
         idx = perm[v::V]
         cells = np.stack([np.ravel_multi_index(
@@ -107,10 +109,12 @@ def run_once(ds: Dataset, mech: RRBA, rng: np.random.Generator,
             pl = clip_rescale(pooled_estimate(run.counts[j], run.tildes[j], mech.p))
             per_est["last-two"].append((comb, lt.reshape(mech.dims[v][j])))
             per_est["pooled"].append((comb, pl.reshape(mech.dims[v][j])))
+            raw[comb] = (run.counts[j], run.tildes[j])
     for e in ESTIMATORS:
         cons = consistent_tables(per_est[e])
         per_est[e] = [(a, t) for (a, _), t in zip(per_est[e], cons)]
-    return per_est, {"reports": reports, "views_converged": conv, "views": V, "blocks": blocks}
+    return per_est, {"reports": reports, "views_converged": conv, "views": V, "blocks": blocks,
+                     "raw": raw}
 
 
 def true_marginal(ds: Dataset, attrs: Sequence[str]) -> np.ndarray:

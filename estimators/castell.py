@@ -23,12 +23,39 @@ inversion is ``mode_product(Λ, P⁻¹, k)`` (which is "×_k P⁻ᵀ" in the pap
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Sequence
 
 import numpy as np
 
 __all__ = ["mode_product", "castell", "castell_naive", "castell_reduced", "castell_variance",
-           "expected_tvd", "check_inputs", "apply_modes"]
+           "expected_tvd", "check_inputs", "apply_modes", "BLAS_THREADS"]
+
+#: BLAS threads used by :func:`apply_modes` on large tensors (``None``: leave BLAS as it is).
+#: The products are skinny (inner dimension d_i), close to memory-bound, and a multi-threaded
+#: BLAS collapses when the cores are shared (measured: 30× slower per pass on a loaded 2-core
+#: machine), so one thread is the robust default. Needs ``threadpoolctl`` (a scikit-learn
+#: dependency); without it the setting is ignored.
+BLAS_THREADS: int | None = 1
+_LIMIT_FROM = 1 << 16  # smaller products run single-threaded in BLAS anyway
+_controller = None
+
+
+def _blas_limit():
+    """Context manager limiting BLAS to :data:`BLAS_THREADS` threads (a no-op if unavailable)."""
+    global _controller
+    if BLAS_THREADS is None:
+        return contextlib.nullcontext()
+    if _controller is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _controller = ThreadpoolController()
+        except Exception:  # pragma: no cover - optional dependency
+            _controller = False
+    if _controller is False:
+        return contextlib.nullcontext()
+    return _controller.limit(limits=BLAS_THREADS, user_api="blas")
 
 
 def mode_product(T: np.ndarray, M: np.ndarray, axis: int) -> np.ndarray:
@@ -54,19 +81,34 @@ def mode_product(T: np.ndarray, M: np.ndarray, axis: int) -> np.ndarray:
     return out.reshape(before + (k,) + after)
 
 
+_local = threading.local()
+_CHUNK = 1 << 16  # elements per block when the first pass converts the input's dtype
+
+
+def _scratch(n: int) -> np.ndarray:
+    """A per-thread float64 work array of ``n`` elements, reused across calls (a fresh large
+    array costs a page-fault pass; the scratch is never returned to callers)."""
+    arr = getattr(_local, "scratch", None)
+    if arr is None or arr.size < n:
+        arr = np.empty(n)
+        _local.scratch = arr
+    return arr[:n]
+
+
 def apply_modes(T: np.ndarray, mats: Sequence[np.ndarray], *, out: np.ndarray | None = None,
-                buf: np.ndarray | None = None, overwrite_input: bool = False) -> np.ndarray:
-    """``T ×₁ M₁ … ×_w M_w`` in :func:`mode_product`'s convention (``M_k`` square, one per axis).
+                buf: np.ndarray | None = None, scale: float = 1.0) -> np.ndarray:
+    """``scale · T ×₁ M₁ … ×_w M_w`` in :func:`mode_product`'s convention (``M_k`` square, one
+    per axis); ``T`` may have any real dtype (e.g. int64 counts).
 
     Fast path used by every estimator: w BLAS products on reshaped views, no transposition
     copies. Pass ``i`` views the current tensor as ``(d_i, rest)`` and writes ``restᵀ @ M_i``
     (shape ``(rest, d_i)``), which is the same tensor with axis i rotated to the end; after w
-    passes the axis order is the original again. Passes alternate between two buffers: ``out``
-    and ``buf`` (optional float64 arrays of ``T.size`` elements, distinct from each other and
-    from ``T``) avoid allocations in loops; ``overwrite_input=True`` lets a C-contiguous float64
-    ``T`` serve as the scratch buffer.
+    passes the axis order is the original again. ``scale`` is folded into M₁; a non-float64 or
+    non-contiguous ``T`` is converted block by block inside the first pass (no full-size copy).
+    Passes alternate between ``out`` and ``buf`` (float64 arrays of ``T.size`` elements, distinct
+    from each other and from ``T``); by default ``out`` is fresh and ``buf`` a per-thread scratch.
     """
-    T = np.asarray(T, dtype=float)
+    T = np.asarray(T)
     shape = T.shape
     N = T.size
     w = len(mats)
@@ -78,25 +120,27 @@ def apply_modes(T: np.ndarray, mats: Sequence[np.ndarray], *, out: np.ndarray | 
                              f"{M.shape}")
     if N == 0:
         return np.zeros(shape)
-    X = T.reshape(-1)
-    if buf is None and w > 1:
-        if overwrite_input and T.flags.c_contiguous and w % 2 == 1:
-            buf = X  # pass 0 writes out, pass 1 may then overwrite the consumed input
-        else:
-            buf = np.empty(N)
-    if out is None:
-        if overwrite_input and T.flags.c_contiguous and w % 2 == 0:
-            out = X  # pass 0 writes buf, pass 1 overwrites the consumed input
-        else:
-            out = np.empty(N)
-    out = out.reshape(-1)
-    for i, M in enumerate(mats):
-        d = shape[i]
-        tgt = out if (w - 1 - i) % 2 == 0 else buf  # the last pass writes ``out``
-        if tgt is X:  # a caller-supplied buffer aliases the current input
-            X = X.copy()
-        np.matmul(X.reshape(d, N // d).T, M, out=tgt.reshape(N // d, d))
-        X = tgt
+    out = np.empty(N) if out is None else out.reshape(-1)
+    if w > 1 and buf is None:
+        buf = _scratch(N)
+    mats = [np.asarray(M, dtype=float) for M in mats]
+    if scale != 1.0:
+        mats[0] = mats[0] * scale
+    with _blas_limit() if N >= _LIMIT_FROM else contextlib.nullcontext():
+        X = T
+        for i, M in enumerate(mats):
+            d = shape[i]
+            R = N // d
+            tgt = (out if (w - 1 - i) % 2 == 0 else buf).reshape(R, d)  # last pass → out
+            if i == 0 and not (T.dtype == np.float64 and T.flags.c_contiguous):
+                src = T.reshape(d, R)
+                step = max(1, _CHUNK // d)
+                for s0 in range(0, R, step):
+                    blk = src[:, s0:s0 + step].astype(np.float64)
+                    np.matmul(blk.T, M, out=tgt[s0:s0 + step])
+            else:
+                np.matmul(X.reshape(d, R).T, M, out=tgt)
+            X = tgt
     return out.reshape(shape)
 
 
@@ -121,16 +165,20 @@ def check_inputs(counts: np.ndarray, channels: Sequence[np.ndarray]) -> tuple[np
     return counts, channels
 
 
-def _frequencies(counts: np.ndarray) -> tuple[np.ndarray, float]:
-    """(λ = Λ/n as a fresh C-contiguous float64 array, n)."""
+def _total(counts: np.ndarray) -> float:
+    """n = Σ Λ, checked finite and positive."""
     n = float(counts.sum())
     if not np.isfinite(n):
         raise ValueError("counts must be finite and non-negative")
     if n <= 0:
         raise ValueError("counts are all zero: nothing to estimate")
-    lam = np.empty(counts.shape)
-    np.divide(counts, n, out=lam)
-    return lam, n
+    return n
+
+
+def _frequencies(counts: np.ndarray) -> tuple[np.ndarray, float]:
+    """(λ = Λ/n as a fresh float64 array, n)."""
+    n = _total(counts)
+    return np.divide(counts, n, dtype=np.float64), n
 
 
 def _inverses(channels: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -150,8 +198,8 @@ def castell(counts: np.ndarray, channels: Sequence[np.ndarray]) -> np.ndarray:
     inverted once; no Kronecker matrix is formed.
     """
     counts, channels = check_inputs(counts, channels)
-    lam, _ = _frequencies(counts)
-    return apply_modes(lam, _inverses(channels), overwrite_input=True)
+    n = _total(counts)
+    return apply_modes(counts, _inverses(channels), scale=1.0 / n)
 
 
 def castell_naive(counts: np.ndarray, channels: Sequence[np.ndarray]) -> np.ndarray:
@@ -183,12 +231,14 @@ def castell_variance(counts: np.ndarray, channels: Sequence[np.ndarray]) -> np.n
     with the element-wise squared inverses, the second is Π̂_c itself. No |Ω|² matrix is formed.
     """
     counts, channels = check_inputs(counts, channels)
-    lam, n = _frequencies(counts)
+    n = _total(counts)
     inv = _inverses(channels)
-    second = apply_modes(lam, [Q * Q for Q in inv])
-    est = apply_modes(lam, inv)
-    var = (second - est * est) / n
-    return np.maximum(var, 0.0)
+    var = apply_modes(counts, [Q * Q for Q in inv], scale=1.0 / n)
+    est = apply_modes(counts, inv, scale=1.0 / n)
+    est *= est
+    var -= est
+    var /= n
+    return np.maximum(var, 0.0, out=var)
 
 
 def expected_tvd(variance: np.ndarray) -> float:

@@ -65,6 +65,8 @@ class LoPub(Mechanism):
 
     name: ClassVar[str] = "lopub"
     estimators: ClassVar[tuple[str, ...]] = ("em", "lasso", "lasso-em", "cooccurrence")
+    #: the estimators :meth:`estimate` runs from count tensors alone (the others need reports)
+    count_estimators: ClassVar[tuple[str, ...]] = ("lasso", "cooccurrence")
 
     def __init__(self, domain: Domain, f: float = 0.5, *, bits: int | Sequence[int] | None = None,
                  hashes: int | None = None, p_fp: float = DEFAULT_P_FP, seed: int = 0,

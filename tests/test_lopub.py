@@ -291,6 +291,11 @@ def test_lopub_end_to_end_synthesis_roughly_preserves_marginals():
     fid = marginal_fidelity(ds, x)
     assert fid["tvd_1way"] < 0.02 and fid["tvd_2way"] < 0.05, fid
     assert any({"marital-status", "relationship"} <= set(c) for c in info["clusters"])
+    # clusters too large for a cell budget: φ is raised until every cluster fits
+    x2, info2 = synthesize_dataset(ds, mech, mech.randomize(ds.records, rng), "cooccurrence",
+                                   rng, max_clique_cells=14)
+    assert all(ds.domain.size(c) <= 14 for c in info2["clusters"])
+    assert info2["phi_used"] > info2["phi"] and x2.shape == ds.records.shape
 
 
 # --- state and CLI -----------------------------------------------------------------------------------

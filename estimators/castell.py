@@ -85,9 +85,14 @@ _local = threading.local()
 _CHUNK = 1 << 16  # elements per block when the first pass converts the input's dtype
 
 
+_SCRATCH_MAX = 1 << 24  # keep at most 128 MB of scratch per thread
+
+
 def _scratch(n: int) -> np.ndarray:
     """A per-thread float64 work array of ``n`` elements, reused across calls (a fresh large
     array costs a page-fault pass; the scratch is never returned to callers)."""
+    if n > _SCRATCH_MAX:
+        return np.empty(n)
     arr = getattr(_local, "scratch", None)
     if arr is None or arr.size < n:
         arr = np.empty(n)

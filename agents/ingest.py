@@ -36,6 +36,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import struct
 import time
 from collections import defaultdict
@@ -65,7 +66,7 @@ except ImportError:  # pragma: no cover
 class _Pending:
     """What one partition consumed since its last apply."""
 
-    reports: list[np.ndarray] = dataclasses.field(default_factory=list)
+    deltas: dict[str, np.ndarray] | None = None   # counts of the accepted reports, so far
     n: int = 0
     last_offset: int | None = None
     sent_at_max: float | None = None
@@ -97,6 +98,8 @@ class IngestService(Service):
         self.create_topics_on_start = create_topics
         self.poll_ms = poll_ms
         self.max_records = max_records
+        #: consumption waits for the flush in flight beyond this many pending reports
+        self.max_pending_reports = 32 * self.batch_reports
         self._msgs_seen = 0
         self._reports_seen = 0
         self.collections = dict(ctx.config.collections)
@@ -117,6 +120,10 @@ class IngestService(Service):
         self._last_commit = 0.0
         self._last_lag = 0.0
         self.applied_batches = 0
+        #: seconds spent (cumulative, polls that returned data): waiting in getmany, decoding +
+        #: validating + counting (count: the counting part), waiting for the previous flush; and
+        #: applying (one Lua call each, in the background flush)
+        self.timings = {"poll": 0.0, "decode": 0.0, "flush_wait": 0.0, "count": 0.0, "apply": 0.0}
         self.skipped_batches = 0
         self.applied_reports = 0
         self.assigned_at: float | None = None     # unix time the last assignment was done
@@ -256,25 +263,38 @@ class IngestService(Service):
             if self.consumer is None:
                 await asyncio.sleep(0.05)
                 continue
+            t0 = time.perf_counter()
             try:
-                data = await self.consumer.getmany(timeout_ms=self.poll_ms,
-                                                   max_records=self._poll_records())
+                data = await self.consumer.getmany(
+                    timeout_ms=self.poll_ms if not self._pending else min(self.poll_ms, 20),
+                    max_records=self._poll_records())
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep the worker alive; aiokafka reconnects
                 log.warning("ingest: poll failed", exc_info=True)
                 await asyncio.sleep(0.5)
                 continue
+            t1 = time.perf_counter()
             for tp, msgs in data.items():
                 before = self._pending_reports
                 self._take(tp, msgs)
                 self._msgs_seen += len(msgs)
                 self._reports_seen += self._pending_reports - before
+            t2 = time.perf_counter()
             now = time.monotonic()
-            due = [tp for tp, p in self._pending.items()
-                   if p.n >= self.batch_reports or now - p.since >= self.batch_seconds]
-            if due:
-                await self._start_flush(due)
+            due = any(p.n >= self.batch_reports or now - p.since >= self.batch_seconds
+                      for p in self._pending.values())
+            in_flight = self._flush_task is not None and not self._flush_task.done()
+            if due and (not in_flight or self._pending_reports >= self.max_pending_reports):
+                # every partition with something pending goes: their applies run concurrently
+                # (one Redis fsync serves them all); while a flush is in flight the deltas grow
+                # instead, up to max_pending_reports, so slow applies mean bigger deltas
+                await self._start_flush(list(self._pending))
+            t3 = time.perf_counter()
+            if data:
+                self.timings["poll"] += t1 - t0
+                self.timings["decode"] += t2 - t1
+                self.timings["flush_wait"] += t3 - t2
             if now - self._last_lag >= 1.0:
                 self._last_lag = now
                 self._update_lag()
@@ -311,7 +331,7 @@ class IngestService(Service):
         if len(msgs) >= 16:
             fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
             if fast is not None and fast.collection == cid and explain_batch(fast, known) is None:
-                self._accept(pend, fast.reports, fast.sent_at)
+                self._accept(pend, cid, [fast.reports], fast.sent_at)
                 return
         good: list[tuple[Any, ReportBatch]] = []
         for m in msgs:
@@ -325,6 +345,8 @@ class IngestService(Service):
                 pend.rejected_reports[key] = pend.rejected_reports.get(key, 0) + 1
         # validate: one vectorized check for all batches sharing (collection, version, width);
         # only when that fails, find the bad batches one by one
+        accepted: list[np.ndarray] = []
+        sent_at_max = -math.inf
         groups: dict[tuple, list[tuple[Any, ReportBatch]]] = defaultdict(list)
         for m, b in good:
             groups[(b.collection, b.version, b.width)].append((m, b))
@@ -340,19 +362,33 @@ class IngestService(Service):
                     explain_batch(b, known) if b.collection == cid else
                     ("unknown_collection", f"batch of collection {b.collection!r} on topic {tp.topic}"))
                 if res is None:
-                    self._accept(pend, b.reports, b.sent_at)
+                    accepted.append(b.reports)
+                    sent_at_max = max(sent_at_max, b.sent_at)
                 else:
                     pend.rejects.append((res[0], res[1], b.collection, m.value, m.offset))
                     key = (cid, res[0])
                     pend.rejected_reports[key] = pend.rejected_reports.get(key, 0) + b.n
+        if accepted:
+            self._accept(pend, cid, accepted, sent_at_max)
 
-    def _accept(self, pend: _Pending, reports: np.ndarray, sent_at: float) -> None:
-        pend.reports.append(reports)
+    def _accept(self, pend: _Pending, cid: str, accepted: list[np.ndarray],
+                sent_at: float) -> None:
+        """Count validated reports into the partition's running delta (counted per poll, so the
+        arrays stay cache-sized and memory is the tensors', not the reports')."""
+        t0 = time.perf_counter()
+        reports = accepted[0] if len(accepted) == 1 else np.concatenate(accepted)
+        counts = count_reports(self.ctx.mechanism(cid), reports, self.specs[cid])
+        if pend.deltas is None:
+            pend.deltas = counts
+        else:
+            for key, delta in counts.items():
+                pend.deltas[key] += delta
         n = int(reports.shape[0])
         pend.n += n
         self._pending_reports += n
         if pend.sent_at_max is None or sent_at > pend.sent_at_max:
             pend.sent_at_max = sent_at
+        self.timings["count"] += time.perf_counter() - t0
 
     async def _start_flush(self, tps: list) -> None:
         """Hand the pending deltas of ``tps`` to a background flush, so the next messages are
@@ -395,12 +431,7 @@ class IngestService(Service):
         cid = self.cid_of[tp.topic]
         if pend.rejects:
             await self._send_dlq(tp, cid, pend)
-        mech = self.ctx.mechanism(cid)
-        if pend.reports:
-            reports = pend.reports[0] if len(pend.reports) == 1 else np.concatenate(pend.reports)
-            deltas = count_reports(mech, reports, self.specs[cid])
-        else:
-            deltas = {}
+        deltas = pend.deltas or {}
         t0 = time.perf_counter()
 
         async def attempt() -> Any:
@@ -420,6 +451,7 @@ class IngestService(Service):
                      cid, tp.partition)
             return
         metrics.BATCH_APPLY_SECONDS.labels(cid).observe(time.perf_counter() - t0)
+        self.timings["apply"] += time.perf_counter() - t0
         if applied:
             self.applied_batches += 1
             self.applied_reports += pend.n
@@ -544,7 +576,8 @@ class IngestService(Service):
                 "blocked": self._blocked, "pending_reports": self._pending_reports,
                 "applied_batches": self.applied_batches, "skipped_batches": self.skipped_batches,
                 "applied_reports": self.applied_reports, "assigned_at": self.assigned_at,
-                "last_apply_at": self.last_apply_at}
+                "last_apply_at": self.last_apply_at,
+                "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}
 
 
 _ABANDONED = object()

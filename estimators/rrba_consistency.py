@@ -8,9 +8,10 @@ marginal shared by two tables is equal" and "every table sums to 1". The KKT sys
 gives the same x = x̂ − Aᵀ·λ).
 Non-negativity is then restored exactly, as the solution of the same LS with x ≥ 0 added (a
 convex QP), by a semismooth Newton method on its dual (x(ν) = max(x̂ − Aᵀν, 0); Newton steps on
-A·x(ν) = b with the generalized Jacobian A·D·Aᵀ, Armijo line search), started from the
-equality-only multipliers. (Dykstra's alternating projections, which converge to the same point
-slowly, are the fallback.) The result is not a clipped copy: it stays consistent.
+A·x(ν) = b with the generalized Jacobian A·D·Aᵀ and an exact line search on the piecewise-quadratic
+dual), started from the equality-only multipliers; about 10–15 iterations on Adult-sized
+problems. (Dykstra's alternating projections, which converge to the same point slowly, are the
+fallback.) The result is not a clipped copy: it stays consistent.
 
 >>> t1 = np.array([[0.3, 0.2], [0.1, 0.4]])          # attributes (a, b)
 >>> t2 = np.array([[0.6, 0.0], [0.2, 0.2]])          # attributes (a, c): a-marginal 0.6/0.4
@@ -118,34 +119,53 @@ def project_affine(x: np.ndarray, A, b: np.ndarray) -> np.ndarray:
     return x - A.T @ _solve_gram(_gram(A), A @ x - b)
 
 
+def _exact_step(c: np.ndarray, d: np.ndarray, db: float) -> float:
+    """argmax_t θ(ν + t·Δ) for the piecewise-quadratic concave dual: the root of the
+    non-increasing piecewise-linear φ'(t) = dᵀ·max(c − t·d, 0) − Δᵀb (c = x̂ − Aᵀν, d = AᵀΔ),
+    found by bisection over the sorted breakpoints c_i/d_i and linear interpolation."""
+    def dphi(t: float) -> float:
+        return float(d @ np.maximum(c - t * d, 0.0) - db)
+
+    nz = d != 0
+    bp = np.unique(c[nz] / d[nz])
+    bp = bp[bp > 0]
+    if len(bp) == 0 or dphi(bp[-1]) > 0:          # past the last kink φ' is linear
+        t0 = float(bp[-1]) if len(bp) else 0.0
+        f0, f1 = dphi(t0), dphi(t0 + 1.0)
+        return t0 + f0 / (f0 - f1) if f0 > f1 else max(t0, 1.0)
+    if dphi(bp[0]) <= 0:
+        a, b = 0.0, float(bp[0])
+    else:
+        i, j = 0, len(bp) - 1                      # φ'(bp[i]) > 0 ≥ φ'(bp[j])
+        while j - i > 1:
+            mid = (i + j) // 2
+            if dphi(bp[mid]) > 0:
+                i = mid
+            else:
+                j = mid
+        a, b = float(bp[i]), float(bp[j])
+    fa, fb = dphi(a), dphi(b)
+    return a + fa * (b - a) / (fa - fb) if fa > fb else a
+
+
 def _semismooth_newton(x_hat: np.ndarray, A, b: np.ndarray, tol: float,
                        max_iter: int) -> np.ndarray | None:
     """Projection of x̂ onto {A·x = b, x ≥ 0} through its dual: x(ν) = max(x̂ − Aᵀν, 0) maximises
-    the concave θ(ν) = ½‖x(ν) − x̂‖² + νᵀ(A·x(ν) − b), whose gradient is A·x(ν) − b. Newton steps
-    with the generalized Hessian −A·D·Aᵀ (D = the free cells) plus a ridge min(1, ‖∇θ‖) (which
-    keeps it definite and vanishes at the solution) and Armijo backtracking; stops when A·x(ν) = b within ``tol``. None if it does not."""
+    the concave θ(ν) = ½‖x(ν) − x̂‖² + νᵀ(A·x(ν) − b), whose gradient is A·x(ν) − b. Newton
+    directions from the generalized Hessian −A·D·Aᵀ (D = the free cells, plus a 1e-10 ridge
+    that keeps it definite where the equality rows are redundant) and an exact line search on
+    the piecewise-quadratic θ; stops when A·x(ν) = b within ``tol``. None if it does not."""
     nu = _solve_gram(_gram(A), A @ x_hat - b)          # the equality-only KKT multipliers
-
-    def theta(v):
-        x = np.maximum(x_hat - A.T @ v, 0.0)
-        return 0.5 * np.sum((x - x_hat) ** 2) + v @ (A @ x - b), x
-
-    th, x = theta(nu)
     for _ in range(max_iter):
+        c = x_hat - A.T @ nu
+        x = np.maximum(c, 0.0)
         g = A @ x - b
         if np.max(np.abs(g)) < tol:
             return x
-        free = (x_hat - A.T @ nu) > 0
-        M = _gram(A[:, free])
-        M[np.diag_indices_from(M)] += min(1.0, float(np.linalg.norm(g))) + 1e-12  # LM-style ridge
+        M = _gram(A[:, c > 0])
+        M[np.diag_indices_from(M)] += 1e-10
         step = cho_solve(cho_factor(M), g)
-        slope, t = float(g @ step), 1.0
-        while True:
-            th_new, x_new = theta(nu + t * step)
-            if th_new >= th + 1e-4 * t * slope or t < 1e-12:
-                break
-            t *= 0.5
-        nu, th, x = nu + t * step, th_new, x_new
+        nu = nu + _exact_step(c, A.T @ step, float(step @ b)) * step
     return None
 
 
@@ -167,7 +187,7 @@ def _dykstra(x_hat: np.ndarray, A: np.ndarray, b: np.ndarray, tol: float,
 
 
 def consistent_tables(tables: Sequence[Table], nonnegative: bool = True, tol: float = 1e-12,
-                      max_iter: int = 500) -> list[np.ndarray]:
+                      max_iter: int = 100) -> list[np.ndarray]:
     """Least-squares consistent versions of ``tables`` (list of (attrs, array)), [RRBA] §4.3.
 
     With ``nonnegative`` the result solves the LS with x ≥ 0 added (semismooth Newton on the dual;

@@ -161,6 +161,26 @@ async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: W
         await store.close()
 
 
+async def _warn_stale_offsets(config: Any, redis_url: str) -> None:
+    """A fresh in-memory broker starts its logs at offset 0: offsets an external Redis kept from
+    an earlier broker would make the worker skip the new reports below them."""
+    from .agents.app import make_store
+
+    store = make_store(redis_url)
+    try:
+        for cid in config.collections:
+            offsets = await store.offsets(cid)
+            if offsets:
+                print(f"warning: REDIS_URL holds Kafka offsets of collection {cid!r} from an earlier "
+                      f"broker {offsets}; with the new embedded broker, reports below them would be "
+                      f"skipped. Use a fresh Redis or reset the collection "
+                      f"(POST /collections/{cid}/reset).", file=sys.stderr, flush=True)
+    except Exception as exc:  # noqa: BLE001 - the worker reports Redis problems itself
+        log.debug("offset check skipped: %s", exc)
+    finally:
+        await store.close()
+
+
 def main(args: Any) -> int:
     from .cli import CliError
     from .config import ConfigError, load_config
@@ -194,6 +214,8 @@ def main(args: Any) -> int:
                 print(f"embedded Redis: {redis_url}", flush=True)
         except ServiceError as exc:
             raise CliError(str(exc)) from None
+        if broker is not None and redis is None:
+            asyncio.run(_warn_stale_offsets(config, redis_url))
         topics = {c.topic: int(c.partitions) for c in config.collections.values()}
         topics.update({"ldp.dlq": 1, "ldp.config": 1})
         asyncio.run(create_topics(bootstrap, topics, compacted={"ldp.config"}))

@@ -11,6 +11,11 @@ Part 2 — castell on a large tensor (d = 10, w = 7: 10⁷ cells; ``--quick``: d
 memory-bound reference measured in the same run on the same machine: w passes of
 ``np.add(T, 0, out=buf)`` over a float64 tensor of the same size (the least any w-pass method must
 move). ``ratio = castell_s / reference_s``.
+
+Extra study, not part of ``ldpstream bench castell`` (minutes, not seconds): IBU convergence on
+every 2…6-way marginal of the bundled Adult, ε = 4 and ε = 4/8 per attribute::
+
+    .venv/bin/python -m ldpstream.bench.castell ibu-adult --seed 0 [--plain] [--max-w 6]
 """
 from __future__ import annotations
 
@@ -135,6 +140,46 @@ def _print(doc: dict[str, Any]) -> None:
         print(tail)
 
 
+def ibu_adult(seed: int = 0, epsilons: tuple[float, ...] = (4.0, 0.5), max_w: int = 6,
+              accelerate: bool = True) -> list[dict[str, Any]]:
+    """IBU (default options) on every w-way marginal of Adult, w = 2…max_w; one seeded GRR
+    randomization of all 8 attributes per ε (ε per attribute)."""
+    import itertools
+
+    from ldpstream.datasets import load_csv
+    from ldpstream.estimators.channels import randomize
+    from ldpstream.estimators.ibu import ibu
+    from ldpstream.estimators.mechanism import histogram
+
+    ds = load_csv()
+    m = len(ds.domain)
+    rows = []
+    for eps in epsilons:
+        rng = np.random.default_rng(seed)
+        chans = [grr(eps, d) for d in ds.domain.shape]
+        y = np.stack([randomize(ds.records[:, i], chans[i], rng) for i in range(m)], axis=1)
+        for w in range(2, max_w + 1):
+            runs = []
+            for attrs in itertools.combinations(range(m), w):
+                shape = tuple(ds.domain.shape[i] for i in attrs)
+                counts = histogram(y, attrs, shape)
+                t0 = time.perf_counter()
+                r = ibu(counts, [chans[i] for i in attrs], accelerate=accelerate)
+                dt = time.perf_counter() - t0
+                mono = bool(np.all(np.diff(r.loglik) >= -1e-12 * np.abs(r.loglik[:-1])))
+                runs.append((r.converged, r.iterations, dt, mono, int(np.prod(shape))))
+            rows.append({"epsilon": eps, "w": w, "runs": len(runs),
+                         "converged": sum(x[0] for x in runs),
+                         "mean_iterations": float(np.mean([x[1] for x in runs])),
+                         "max_iterations": max(x[1] for x in runs),
+                         "mean_s": float(np.mean([x[2] for x in runs])),
+                         "max_s": max(x[2] for x in runs),
+                         "monotone": all(x[3] for x in runs),
+                         "max_cells": max(x[4] for x in runs)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(args: Any) -> int:
     doc = run(quick=bool(getattr(args, "quick", False)))
     if getattr(args, "json", False):
@@ -142,3 +187,15 @@ def main(args: Any) -> int:
     else:
         _print(doc)
     return 0
+
+
+if __name__ == "__main__":  # the IBU study (see module docstring)
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m ldpstream.bench.castell")
+    ap.add_argument("study", choices=("ibu-adult",))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-w", type=int, default=6)
+    ap.add_argument("--plain", action="store_true", help="plain EM (no SQUAREM)")
+    a = ap.parse_args()
+    ibu_adult(seed=a.seed, max_w=a.max_w, accelerate=not a.plain)

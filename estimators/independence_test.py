@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import minimize
-from scipy.special import logsumexp, softmax
+from scipy.special import softmax
 
 __all__ = ["IndependenceResult", "em_table", "fit_null", "fit_full", "statistic",
            "independence_test"]

@@ -8,6 +8,7 @@ LoPub hash seeds) are captured by :meth:`Mechanism.state`, a JSON-serializable d
 """
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
@@ -118,6 +119,17 @@ class Mechanism(ABC):
 
 MECHANISMS: dict[str, type[Mechanism]] = {}
 
+#: mechanism name → module of this package that registers it (imported on first use, so that
+#: loading one family never pays for the others' imports, e.g. scikit-learn for LoPub)
+PROVIDERS: dict[str, str] = {
+    "rr-ind": "rr_ind", "rr-joint": "rr_ind", "rr-clusters": "rr_ind",
+    "rrba": "rrba",
+    "corr-rr": "corr_rr", "corr-rr-paper": "corr_rr_paper",
+    "spl": "multi_baselines", "smp": "multi_baselines", "rs-fd": "multi_baselines",
+    "rs-rfd": "multi_baselines",
+    "lopub": "lopub",
+}
+
 
 def register(cls: type[Mechanism]) -> type[Mechanism]:
     """Class decorator: make a mechanism available by its ``name``."""
@@ -125,9 +137,20 @@ def register(cls: type[Mechanism]) -> type[Mechanism]:
     return cls
 
 
+def mechanism_class(name: str) -> type[Mechanism]:
+    """The class registered as ``name``, importing its module on first use.
+
+    >>> mechanism_class("rr-ind").name
+    'rr-ind'
+    """
+    if name not in MECHANISMS and name in PROVIDERS:
+        importlib.import_module(f"{__package__}.{PROVIDERS[name]}")
+    if name not in MECHANISMS:
+        known = sorted(set(MECHANISMS) | set(PROVIDERS))
+        raise ValueError(f"unknown mechanism {name!r}; known: {', '.join(known)}")
+    return MECHANISMS[name]
+
+
 def from_state(state: Mapping[str, Any]) -> Mechanism:
     """Rebuild a mechanism from :meth:`Mechanism.state` (dispatches on ``state['mechanism']``)."""
-    name = state.get("mechanism")
-    if name not in MECHANISMS:
-        raise ValueError(f"unknown mechanism {name!r}; known: {sorted(MECHANISMS)}")
-    return MECHANISMS[name].from_state(state)  # type: ignore[attr-defined]
+    return mechanism_class(str(state.get("mechanism"))).from_state(state)  # type: ignore[attr-defined]

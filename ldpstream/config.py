@@ -30,11 +30,9 @@ The API token, Kafka bootstrap and Redis URL never come from the file: ``LDP_API
 """
 from __future__ import annotations
 
-import importlib
 import itertools
 import math
 import os
-import pkgutil
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -49,7 +47,7 @@ from pydantic_core import PydanticCustomError
 from .cli import CliError
 from .datasets import ADULT_COLUMNS, DatasetError, adult_path, load_csv
 from .estimators.domain import Domain
-from .estimators.mechanism import MECHANISMS, Mechanism, TensorSpec
+from .estimators.mechanism import MECHANISMS, PROVIDERS, Mechanism, TensorSpec, mechanism_class
 
 __all__ = ["ConfigError", "AppConfig", "IngestConfig", "Collection", "load_config",
            "parse_config", "build_mechanism", "default_config_path", "REPORTS_TOPIC_PREFIX",
@@ -198,30 +196,14 @@ class AppConfig:
 
 # --- mechanisms ----------------------------------------------------------------------------------
 
-_LOADED = False
-
-
 def known_mechanisms(name: str | None = None) -> dict[str, type[Mechanism]]:
-    """The mechanism registry. Modules of the estimators package register their classes when
-    imported: ``rr_ind`` is imported first; all the others only when ``name`` is still missing
-    (or ``name`` is None)."""
-    global _LOADED
-    if name is not None and name in MECHANISMS:
-        return MECHANISMS
-    try:
-        importlib.import_module(f"{__package__}.estimators.rr_ind")
-    except ImportError:
-        pass
-    if name is not None and name in MECHANISMS:
-        return MECHANISMS
-    if not _LOADED:
-        from . import estimators as pkg
-        for mod in pkgutil.iter_modules(pkg.__path__):
-            try:
-                importlib.import_module(f"{pkg.__name__}.{mod.name}")
-            except Exception:  # noqa: BLE001 - a broken optional module must not break configs
-                pass
-        _LOADED = True
+    """The mechanism registry, with ``name``'s module imported (all of them when ``name`` is
+    None). An unknown ``name`` is simply absent from the result."""
+    for n in ([name] if name is not None else list(PROVIDERS)):
+        try:
+            mechanism_class(n)
+        except ValueError:
+            pass
     return MECHANISMS
 
 

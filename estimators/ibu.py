@@ -7,8 +7,7 @@ The randomized table Λ is multinomial with cell probabilities ``q = Π ×₁ P�
     F(Π) = Π ⊙ ((λ ⊘ q) ×₁ P₁ᵀ … ×_w P_wᵀ),   λ = Λ/n,
 
 two passes of w mode products (the cost of about two Castell estimates). Every iterate is
-non-negative and sums to 1,
-and the log-likelihood ``ℓ(Π) = Σ_v Λ_v·ln q_v`` never decreases.
+non-negative and sums to 1, and the log-likelihood ``ℓ(Π) = Σ_v Λ_v·ln q_v`` never decreases.
 
 Plain EM crawls on sparse high-w tables (Adult 5–6-way: 10⁴–10⁵ cells for 32,561 reports), so by
 default each cycle is a SQUAREM step (Varadhan & Roland 2008, scheme S3): with Π₁ = F(Π₀),

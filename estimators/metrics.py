@@ -59,8 +59,10 @@ def l2_counts(p: np.ndarray, q: np.ndarray, n: float) -> float:
 
 
 def _kl_to(p: np.ndarray, m: np.ndarray) -> float:
-    pos = p > 0  # 0·log(0/m) = 0; m ≥ p/2 > 0 wherever p > 0
-    return float(np.sum(p[pos] * np.log(p[pos] / m[pos])))
+    pos = p > 0  # 0·log(0/m) = 0; m ≥ p/2 > 0 wherever p > 0 ...
+    # ... except where p is subnormal and p/2 underflows to 0: there p·log(p/m) → p·ln 2 (m = p/2)
+    ratio = np.where(m[pos] > 0, p[pos] / np.where(m[pos] > 0, m[pos], 1.0), 2.0)
+    return float(np.sum(p[pos] * np.log(ratio)))
 
 
 def jsd(p: np.ndarray, q: np.ndarray) -> float:

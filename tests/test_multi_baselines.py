@@ -183,7 +183,7 @@ def test_cross_check_multi_freq_ldpy(name):
     (2) our raw unbiased estimator on *their* client's reports has the analytic MSE of the
         unbiased estimator within 4 standard errors (+5 %) — their randomizer is the channel ours
         assumes."""
-    mdl = pytest.importorskip("multi_freq_ldpy")
+    import multi_freq_ldpy as mdl
     from multi_freq_ldpy.mdim_freq_est.RSpFD_solution import (RSpFD_GRR_Aggregator_MI,
                                                               RSpFD_GRR_Client)
     from multi_freq_ldpy.mdim_freq_est.SPL_solution import SPL_GRR_Aggregator_MI, SPL_GRR_Client

@@ -176,7 +176,6 @@ def test_rr_ind_estimates_are_accurate_and_labelled():
 
 
 def test_rr_ind_ibu():
-    pytest.importorskip("ldpstream.estimators.ibu")
     recs = _records(30_000, seed=6)
     m = RRIndependent(DOM, 1.0)
     y = m.randomize(recs, np.random.default_rng(4))

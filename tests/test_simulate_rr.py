@@ -106,8 +106,7 @@ def test_errors_are_one_line(capsys, argv, needle):
 
 def test_error_via_console_script():
     exe = Path(sys.executable).parent / "ldpstream"
-    if not exe.exists():
-        pytest.skip("console script not installed next to the interpreter")
+    assert exe.exists(), "console script missing: pip install -e . (scripts/bootstrap.sh)"
     p = subprocess.run([str(exe), "simulate", "--columns", "bogus"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == ""

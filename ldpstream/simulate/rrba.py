@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from math import comb
 from typing import Any, Sequence
 
 import numpy as np

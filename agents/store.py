@@ -1,11 +1,31 @@
 """Redis count tensors, applied exactly once (DESIGN.md, "Exactly-once counting").
 
 A worker counts a batch of reports with numpy and hands the per-tensor deltas to
-:meth:`CountStore.apply` together with the Kafka offset reached on its partition. One Lua script
-call checks-and-sets that offset and adds every nonzero cell with ``BITFIELD ... INCRBY i64``
-(at most 1,000 operations per BITFIELD call: Lua's ``unpack`` limit is 8,000 values and each
-operation takes 4), so a delta is counted atomically, and a replayed delta (offset already
-recorded, e.g. after a crash before the Kafka commit) is skipped.
+:meth:`CountStore.apply_many` (or :meth:`CountStore.apply` for one partition) together with the
+range of Kafka offsets the delta covers on its partition: ``(expected, offset]``, where
+``expected`` is the offset the worker believes is stored (the one it sought from, or the end of
+its previous delta; -1 when nothing is stored yet). One Lua script call compares-and-sets the
+stored offset and adds every nonzero cell with ``BITFIELD ... INCRBY i64`` (at most 1,000
+operations per BITFIELD call: Lua's ``unpack`` limit is 8,000 values and each operation takes 4):
+
+- stored == ``expected`` (absent counts as -1): the delta is added and ``offset`` stored → APPLIED;
+- stored >= ``offset``: the range is already counted (a replay, e.g. a retry after a timeout, or
+  another worker got there first) → REPLAYED, nothing changes;
+- anything else (stored inside the range, or behind ``expected``): the delta does not start where
+  the counts end → CONFLICT, nothing changes; the worker must drop what it has pending for the
+  partition and re-read from stored + 1 (:class:`ApplyResult` carries the stored offset).
+
+So the applied ranges of a partition form one gap-free, overlap-free chain whoever applies them:
+a frozen worker ("zombie") whose apply lands after the new owner read the offset is harmless —
+either its range meets the stored offset (then it is counted and the new owner's overlapping delta
+conflicts) or it conflicts itself. Without ``expected`` (``None``) a delta is applied when
+``offset`` > stored (the pre-CAS rule, kept for callers that do not track ranges; it cannot detect
+a stale overlapping delta, so the ingest service always passes ``expected``).
+
+Several partitions of one collection go in ONE script call (:meth:`CountStore.apply_many`, one
+call per flush of the ingest service): the call is atomic as a whole (no client sees part of it),
+but it is not all-or-nothing — each partition is compared and applied on its own, so a partition
+that conflicts (another worker took it over) does not hold back the others.
 
 Keys, all under the hash tag ``{collection}`` so one script may touch them on Redis Cluster::
 
@@ -21,6 +41,8 @@ string reads as zeros.
 """
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import math
 import time
@@ -30,43 +52,120 @@ import numpy as np
 
 from ..estimators.mechanism import TensorSpec, marginal_key
 
-__all__ = ["CountStore", "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS", "key_prefix"]
+__all__ = ["CountStore", "ApplyStatus", "ApplyResult", "PartitionDelta", "BITFIELD_OPS_PER_CALL",
+           "DEFAULT_CHUNK_CELLS", "key_prefix"]
 
 DEFAULT_CHUNK_CELLS = 2**22           # 32 MiB of int64 per Redis string
 BITFIELD_OPS_PER_CALL = 1000          # 4 values per op; Lua unpack() takes at most 8000
 DEFAULT_HISTORY_CAP = 256             # past estimates kept per (method, marginal)
 
 # KEYS: offsets, n, sent_at_max, chunk keys...
-# ARGV: partition, offset, n_reports, sent_at ('' = none), ops per BITFIELD call, then one text
-#       blob per chunk key: "#<cell> <delta> #<cell> <delta> ...". One blob per key keeps redis-py's
-#       argument packing out of the hot path (20k separate args cost ~17 ms), and string.gmatch
-#       hands the script ready-made arguments (half the in-Redis time of unpacking binary
-#       records with struct and formatting them in Lua, measured here).
+# ARGV: ops per BITFIELD call, number of partitions P, then 6 values per partition: partition,
+#       expected previous offset ('' = unchecked: apply when offset > stored), offset, n_reports,
+#       sent_at ('' = none), number of its chunk keys; then one text blob per chunk key (KEYS[4..]
+#       in order, each partition's keys consecutive): "#<cell> <delta> #<cell> <delta> ...". One
+#       blob per key keeps redis-py's argument packing out of the hot path (20k separate args cost
+#       ~17 ms), and string.gmatch hands the script ready-made arguments (half the in-Redis time
+#       of unpacking binary records with struct and formatting them in Lua, measured here).
+# Returns per partition: status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none).
 _APPLY_LUA = """
-local stored = redis.call('HGET', KEYS[1], ARGV[1])
-if stored and tonumber(stored) >= tonumber(ARGV[2]) then return 0 end
-local maxargs = 4 * tonumber(ARGV[5])
-local args = {}
-for k = 4, #KEYS do
-  local a = 0
-  for cell, delta in string.gmatch(ARGV[k + 2], '(%S+) (%S+)') do
-    args[a + 1] = 'INCRBY'; args[a + 2] = 'i64'; args[a + 3] = cell; args[a + 4] = delta
-    a = a + 4
-    if a >= maxargs then
-      redis.call('BITFIELD', KEYS[k], unpack(args, 1, a))
-      a = 0
+local maxargs = 4 * tonumber(ARGV[1])
+local nparts = tonumber(ARGV[2])
+local blob0 = 2 + 6 * nparts - 3
+local k = 4
+local out = {}
+local n_add = 0
+local applied = false
+local sent, sent_s = nil, nil
+for i = 0, nparts - 1 do
+  local h = 3 + 6 * i
+  local offset = tonumber(ARGV[h + 2])
+  local nkeys = tonumber(ARGV[h + 5])
+  local raw = redis.call('HGET', KEYS[1], ARGV[h])
+  local stored = -1
+  if raw then stored = tonumber(raw) end
+  local status
+  if ARGV[h + 1] == '' then
+    if stored < offset then status = 1 else status = 0 end
+  elseif stored == tonumber(ARGV[h + 1]) then status = 1
+  elseif stored >= offset then status = 0
+  else status = -1 end
+  if status == 1 then
+    for j = k, k + nkeys - 1 do
+      local args = {}
+      local a = 0
+      for cell, delta in string.gmatch(ARGV[blob0 + j], '(%S+) (%S+)') do
+        args[a + 1] = 'INCRBY'; args[a + 2] = 'i64'; args[a + 3] = cell; args[a + 4] = delta
+        a = a + 4
+        if a >= maxargs then
+          redis.call('BITFIELD', KEYS[j], unpack(args, 1, a))
+          a = 0
+        end
+      end
+      if a > 0 then redis.call('BITFIELD', KEYS[j], unpack(args, 1, a)) end
+    end
+    redis.call('HSET', KEYS[1], ARGV[h], ARGV[h + 2])
+    stored = offset
+    applied = true
+    n_add = n_add + tonumber(ARGV[h + 3])
+    if ARGV[h + 4] ~= '' and ((not sent) or tonumber(ARGV[h + 4]) > sent) then
+      sent = tonumber(ARGV[h + 4]); sent_s = ARGV[h + 4]
     end
   end
-  if a > 0 then redis.call('BITFIELD', KEYS[k], unpack(args, 1, a)) end
+  k = k + nkeys
+  out[2 * i + 1] = status
+  out[2 * i + 2] = stored
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('INCRBY', KEYS[2], ARGV[3])
-if ARGV[4] ~= '' then
+if applied then redis.call('INCRBY', KEYS[2], n_add) end
+if sent then
   local cur = redis.call('GET', KEYS[3])
-  if (not cur) or tonumber(cur) < tonumber(ARGV[4]) then redis.call('SET', KEYS[3], ARGV[4]) end
+  if (not cur) or tonumber(cur) < sent then redis.call('SET', KEYS[3], sent_s) end
 end
-return 1
+return out
 """
+
+
+class ApplyStatus(str, enum.Enum):
+    """Outcome of one partition's delta in :meth:`CountStore.apply_many`."""
+
+    APPLIED = "applied"      # counted; the stored offset is now the delta's offset
+    REPLAYED = "replayed"    # stored offset >= the delta's offset: already counted, skipped
+    CONFLICT = "conflict"    # the delta does not start at the stored offset: refused
+
+
+_STATUS = {1: ApplyStatus.APPLIED, 0: ApplyStatus.REPLAYED, -1: ApplyStatus.CONFLICT}
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionDelta:
+    """Counts of the reports at offsets ``(expected, offset]`` of one partition.
+
+    ``expected``: the stored offset the delta continues from (-1: nothing stored yet); it is the
+    offset the consumer sought from or the end of its previous delta, not ``first offset - 1``
+    (Kafka offsets may have gaps: control records, compaction, retention). ``None`` applies the
+    delta whenever ``offset`` > stored (unchecked; cannot detect an overlapping stale delta)."""
+
+    partition: int
+    offset: int
+    deltas: Mapping[str, np.ndarray]
+    n_reports: int
+    expected: int | None = None
+    sent_at_max: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyResult:
+    """``status`` of a partition's delta and the partition's stored offset after the call
+    (``None``: nothing stored). On CONFLICT (or a REPLAYED delta ending below ``stored``) a
+    consumer must drop its pending deltas of the partition and re-read from ``stored + 1``."""
+
+    partition: int
+    status: ApplyStatus
+    stored: int | None
+
+    @property
+    def applied(self) -> bool:
+        return self.status is ApplyStatus.APPLIED
 
 
 def key_prefix(collection: str) -> str:
@@ -143,20 +242,56 @@ class CountStore:
 
     async def apply(self, collection: str, partition: int, offset: int,
                     deltas: Mapping[str, np.ndarray], n_reports: int, *,
-                    sent_at_max: float | None = None) -> bool:
+                    sent_at_max: float | None = None, expected: int | None = None) -> bool:
         """Add ``deltas`` (tensor key → integer array, flattened in C order) and record ``offset``
-        for ``partition`` in one atomic script. Returns False (and changes nothing) when
-        ``offset`` is not above the offset already recorded for the partition.
+        for ``partition`` in one atomic script; True when applied.
 
-        ``sent_at_max`` (optional) raises ``ldp:{id}:sent_at_max`` (freshness gauge).
+        ``expected`` (the stored offset this delta continues from, -1 for none) makes it a
+        compare-and-set: applied only when the stored offset equals it; False when the range is
+        already counted or does not meet the stored offset (:meth:`apply_many` tells which).
+        Without ``expected``: False (and nothing changes) when ``offset`` is not above the stored
+        offset. ``sent_at_max`` (optional) raises ``ldp:{id}:sent_at_max`` (freshness gauge).
         """
+        res = await self.apply_many(collection, [PartitionDelta(
+            int(partition), int(offset), deltas, int(n_reports), expected, sent_at_max)])
+        return res[0].applied
+
+    async def apply_many(self, collection: str,
+                         items: Sequence[PartitionDelta]) -> list[ApplyResult]:
+        """Apply the deltas of several partitions of ``collection`` in ONE script call (see the
+        module docstring for the compare-and-set). The call is atomic as a whole, but each
+        partition is decided on its own: some may be APPLIED while others are REPLAYED or in
+        CONFLICT (those change nothing). Results are in the order of ``items``."""
+        if not items:
+            return []
         pre = key_prefix(collection)
-        keys, blobs = self._apply_args(collection, deltas)
-        sent = "" if sent_at_max is None or not math.isfinite(sent_at_max) else repr(float(sent_at_max))
-        argv = [int(partition), int(offset), int(n_reports), sent, self.ops_per_call, *blobs]
+        keys: list[str] = []
+        blobs: list[str] = []
+        head: list[Any] = []
+        for it in items:
+            offset = int(it.offset)
+            if it.expected is not None:
+                expected = int(it.expected)
+                if expected < -1 or offset <= expected:
+                    raise ValueError(f"partition {it.partition}: delta range ({expected}, "
+                                     f"{offset}] is empty or starts below -1")
+            if offset < 0:
+                raise ValueError(f"partition {it.partition}: offset must be >= 0 (got {offset})")
+            k, b = self._apply_args(collection, it.deltas)
+            keys += k
+            blobs += b
+            sent = it.sent_at_max
+            sent_s = "" if sent is None or not math.isfinite(sent) else repr(float(sent))
+            head += [int(it.partition), "" if it.expected is None else int(it.expected), offset,
+                     int(it.n_reports), sent_s, len(k)]
         res = await self._apply(keys=[f"{pre}:offsets", f"{pre}:n", f"{pre}:sent_at_max", *keys],
-                                args=argv)
-        return bool(int(res))
+                                args=[self.ops_per_call, len(items), *head, *blobs])
+        out = []
+        for i, it in enumerate(items):
+            stored = int(res[2 * i + 1])
+            out.append(ApplyResult(int(it.partition), _STATUS[int(res[2 * i])],
+                                   None if stored < 0 else stored))
+        return out
 
     # --- reading --------------------------------------------------------------------------------
     def _chunks(self, size: int) -> list[tuple[int, int]]:

@@ -146,14 +146,10 @@ def read_bif(path: str | Path) -> BayesNet:
 
 
 def survey_path() -> Path:
-    """The Survey network of the shared data folder (``/work/shared/data/bn/survey.bif``), found
-    beside the repository or via ``$LDPSTREAM_SHARED``."""
-    import os
-    here = Path(__file__).resolve()
-    candidates = [Path(os.environ["LDPSTREAM_SHARED"]) / "data" / "bn" / "survey.bif"] \
-        if os.environ.get("LDPSTREAM_SHARED") else []
-    candidates += [p / "shared" / "data" / "bn" / "survey.bif" for p in here.parents]
-    for c in candidates:
-        if c.exists():
-            return c
-    raise BIFError("survey.bif not found (looked in shared/data/bn beside the repository)")
+    """The Survey network bundled with the package (``ldpstream/data/survey.bif``, from the
+    bnlearn repository; see ``ldpstream/data/SURVEY-SOURCE.md``)."""
+    from importlib import resources
+    path = Path(str(resources.files("ldpstream") / "data" / "survey.bif"))
+    if not path.exists():
+        raise BIFError(f"{path}: bundled survey.bif is missing (reinstall ldpstream)")
+    return path

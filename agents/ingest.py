@@ -506,6 +506,10 @@ class IngestService(Service):
         blocked_at = None
         while True:
             if abandon is not None and abandon():
+                if blocked_at is not None:  # else the partitions stayed paused for good
+                    log.warning("ingest: gave up %s after %.1fs (revoked)", what,
+                                time.monotonic() - blocked_at)
+                    self._set_blocked(False)
                 return _ABANDONED
             try:
                 result = await fn()

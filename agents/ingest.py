@@ -15,15 +15,25 @@ Exactly-once design (the state of record is Redis, never Kafka's committed offse
 1. On partition assignment (aiokafka's rebalance listener) read ``store.offsets(collection)`` and
    seek every assigned partition to ``stored + 1`` (to the beginning when nothing is stored).
 2. Per message, skip offsets ``<= stored`` (dedupe; belt and braces after the seek).
-3. Messages are buffered per partition; a flush (``ingest.batch_reports`` reports or
-   ``ingest.batch_seconds``) sends the partition's rejects to ``ldp.dlq`` (acknowledged first), then
-   counts its reports with numpy (``mechanism.count``) and applies ONE delta per partition with the
-   highest offset of the batch in one Lua call (``CountStore.apply``), which adds the cells and
-   sets the offset atomically and skips a delta whose offset is already recorded.
+3. Each poll's reports are counted with numpy (``mechanism.count``) into the partition's running
+   delta, which covers the offsets ``(base, last]``: ``base`` is the offset the partition was
+   sought from or the end of its previous delta. A flush (``ingest.batch_reports`` reports or
+   ``ingest.batch_seconds``) sends the rejects to ``ldp.dlq`` (acknowledged first), then applies
+   ONE delta per partition, all partitions of a collection in ONE Lua call
+   (``CountStore.apply_many``), a compare-and-set per partition: a delta is counted only when the
+   stored offset equals its ``base``, and the offset set to ``last``, atomically. A delta whose
+   range is already counted is skipped (REPLAYED); any other mismatch is a CONFLICT (someone else
+   moved the partition's offset: a new owner, or this worker while frozen): nothing changes, the
+   partition's pending delta is dropped and it is re-sought to ``stored + 1`` (returned by the
+   script). So the counted ranges of a partition form a gap-free, overlap-free chain whoever
+   applies them, even when a worker frozen past the session timeout (not killed: its revocation
+   callback never ran) wakes up and sends a stale delta after the new owner read the offset. The
+   partitions of one flush are decided each on its own (not all-or-nothing): a conflict on one
+   does not hold back the others.
 4. On revocation, pending (unapplied) deltas of the revoked partitions are dropped, not applied:
    whoever gets the partition re-reads the offset from Redis and re-consumes them; the callback
-   returns only after an in-flight apply touching those partitions has finished, so after it no
-   stale delta of ours can land.
+   returns only after an in-flight apply touching those partitions has finished (not needed for
+   correctness since the compare-and-set, it spares the new owner a conflict).
 5. Redis down: the apply is retried with backoff forever (never skipped), every assigned partition
    is paused meanwhile, and the consumer keeps polling (paused, so nothing is fetched) to stay in
    the group; consumption resumes when Redis answers.
@@ -48,6 +58,7 @@ from mode import Service
 from ..producers.codec import DLQ_TOPIC, DecodeError, ReportBatch, decode_batch, dlq_record, explain_batch
 from ..estimators.mechanism import Mechanism
 from . import metrics
+from .store import ApplyStatus, PartitionDelta
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +79,7 @@ class _Pending:
 
     deltas: dict[str, np.ndarray] | None = None   # counts of the accepted reports, so far
     n: int = 0
+    base: int = -1            # the delta covers offsets (base, last_offset]; -1: from the start
     last_offset: int | None = None
     sent_at_max: float | None = None
     messages: int = 0
@@ -122,9 +134,10 @@ class IngestService(Service):
         self.applied_batches = 0
         #: seconds spent (cumulative, polls that returned data): waiting in getmany, decoding +
         #: validating + counting (count: the counting part), waiting for the previous flush; and
-        #: applying (one Lua call each, in the background flush)
+        #: applying (one Lua call per collection and flush, in the background flush task)
         self.timings = {"poll": 0.0, "decode": 0.0, "flush_wait": 0.0, "count": 0.0, "apply": 0.0}
-        self.skipped_batches = 0
+        self.skipped_batches = 0   # deltas whose range was already counted (REPLAYED)
+        self.conflicts = 0         # deltas refused by the compare-and-set (re-sought)
         self.applied_reports = 0
         self.assigned_at: float | None = None     # unix time the last assignment was done
         self.last_apply_at: float | None = None   # unix time of the last applied delta
@@ -322,8 +335,8 @@ class IngestService(Service):
         self._seen[tp] = msgs[-1].offset
         cid = self.cid_of[tp.topic]
         pend = self._pending.get(tp)
-        if pend is None:
-            pend = self._pending[tp] = _Pending(epoch=self._epoch[tp])
+        if pend is None:  # continues from the previous delta's end (or the sought offset)
+            pend = self._pending[tp] = _Pending(epoch=self._epoch[tp], base=seen)
         known = self.known()
         pend.messages += len(msgs)
         pend.last_offset = max(msgs[-1].offset, pend.last_offset or -1)
@@ -411,13 +424,20 @@ class IngestService(Service):
         await self.wait_flushed()
 
     async def _flush(self, batch: dict) -> None:
-        """Apply the deltas of several partitions concurrently (each one Lua call; DLQ records
-        first). Only stale deltas are dropped; an unexpected error crashes the worker (it restarts
-        from the offsets in Redis) rather than leave consumed-but-uncounted records behind."""
+        """Apply the deltas of several partitions: DLQ records first, then ONE Lua call per
+        collection (all its partitions; collections concurrently). Only stale deltas are dropped;
+        an unexpected error crashes the worker (it restarts from the offsets in Redis) rather than
+        leave consumed-but-uncounted records behind."""
         live = [(tp, p) for tp, p in batch.items()
                 if not self._stale(tp, p) and p.last_offset is not None]
+        by_cid: dict[str, list[tuple[Any, _Pending]]] = defaultdict(list)
+        for tp, p in live:
+            by_cid[self.cid_of[tp.topic]].append((tp, p))
         try:
-            await asyncio.gather(*(self._apply_partition(tp, p) for tp, p in live))
+            await asyncio.gather(*(self._send_dlq(tp, self.cid_of[tp.topic], p)
+                                   for tp, p in live if p.rejects))
+            await asyncio.gather(*(self._apply_collection(cid, parts)
+                                   for cid, parts in by_cid.items()))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -427,66 +447,83 @@ class IngestService(Service):
     def _stale(self, tp: Any, pend: _Pending) -> bool:
         return tp in self._revoked or pend.epoch != self._epoch[tp]
 
-    async def _apply_partition(self, tp: Any, pend: _Pending) -> None:
-        cid = self.cid_of[tp.topic]
-        if pend.rejects:
-            await self._send_dlq(tp, cid, pend)
-        deltas = pend.deltas or {}
+    async def _apply_collection(self, cid: str, parts: list[tuple[Any, _Pending]]) -> None:
+        """One compare-and-set script call for the deltas of ``parts`` (partitions of ``cid``),
+        retried while Redis is unreachable (stale partitions are left out of every retry)."""
         t0 = time.perf_counter()
 
         async def attempt() -> Any:
-            if self._stale(tp, pend):
+            live = [(tp, p) for tp, p in parts if not self._stale(tp, p)]
+            if not live:
                 return _ABANDONED
-            self._applying.add(tp)
+            tps = {tp for tp, _ in live}
+            self._applying |= tps
             try:
-                return await self.ctx.store.apply(cid, tp.partition, pend.last_offset, deltas,
-                                                  pend.n, sent_at_max=pend.sent_at_max)
+                res = await self.ctx.store.apply_many(cid, [
+                    PartitionDelta(tp.partition, p.last_offset, p.deltas or {}, p.n,
+                                   expected=p.base, sent_at_max=p.sent_at_max)
+                    for tp, p in live])
             finally:
-                self._applying.discard(tp)
+                self._applying -= tps
+            return list(zip(live, res))
 
-        applied = await self._redis_retry(attempt, what=f"apply {cid}[{tp.partition}]",
-                                          abandon=lambda: self._stale(tp, pend))
-        if applied is _ABANDONED:
-            log.info("ingest: %s[%d] revoked while Redis was down; delta left to the new owner",
-                     cid, tp.partition)
+        results = await self._redis_retry(
+            attempt, what=f"apply {cid}{sorted(tp.partition for tp, _ in parts)}",
+            abandon=lambda: all(self._stale(tp, p) for tp, p in parts))
+        if results is _ABANDONED:
+            log.info("ingest: %s %s revoked while Redis was down; deltas left to the new owner",
+                     cid, sorted(tp.partition for tp, _ in parts))
             return
-        metrics.BATCH_APPLY_SECONDS.labels(cid).observe(time.perf_counter() - t0)
-        self.timings["apply"] += time.perf_counter() - t0
-        if applied:
-            self.applied_batches += 1
-            self.applied_reports += pend.n
-            self.last_apply_at = time.time()
-            if pend.n:
-                metrics.REPORTS_INGESTED.labels(cid).inc(pend.n)
-            for (coll, reason), k in pend.rejected_reports.items():
-                metrics.REPORTS_REJECTED.labels(coll, reason).inc(k)
-            if not self._stale(tp, pend):
-                self._stored[tp] = pend.last_offset
+        elapsed = time.perf_counter() - t0
+        metrics.BATCH_APPLY_SECONDS.labels(cid).observe(elapsed)
+        self.timings["apply"] += elapsed
+        for (tp, pend), res in results:
+            if res.status is ApplyStatus.APPLIED:
+                self.applied_batches += 1
+                self.applied_reports += pend.n
+                self.last_apply_at = time.time()
+                if pend.n:
+                    metrics.REPORTS_INGESTED.labels(cid).inc(pend.n)
+                for (coll, reason), k in pend.rejected_reports.items():
+                    metrics.REPORTS_REJECTED.labels(coll, reason).inc(k)
+                if not self._stale(tp, pend):
+                    self._stored[tp] = pend.last_offset
+            elif res.status is ApplyStatus.REPLAYED and res.stored == pend.last_offset:
+                # counted up to exactly here already (e.g. our own apply whose reply was lost to a
+                # timeout): the position is right, the next delta continues from it
+                self.skipped_batches += 1
+                log.info("ingest: %s[%d] offsets (%d, %d] already counted; skipped", cid,
+                         tp.partition, pend.base, pend.last_offset)
+                if not self._stale(tp, pend):
+                    self._stored[tp] = res.stored
+            else:
+                if res.status is ApplyStatus.REPLAYED:
+                    self.skipped_batches += 1
+                else:
+                    self.conflicts += 1
+                log.warning("ingest: %s[%d] delta (%d, %d] %s: stored offset is %s; dropping "
+                            "what is pending and re-reading from there", cid, tp.partition,
+                            pend.base, pend.last_offset, res.status.value, res.stored)
+                await self._resync(tp, pend, res.stored)
+
+    async def _resync(self, tp: Any, pend: _Pending, stored: int | None) -> None:
+        """Drop what is pending for ``tp`` and re-seek it to ``stored + 1`` (the beginning when
+        nothing is stored), unless it was revoked or re-assigned meanwhile."""
+        if self._stale(tp, pend) or tp not in self.assignment():
+            return
+        self._epoch[tp] += 1  # what is pending for tp now is behind the new position
+        epoch = self._epoch[tp]
+        self._pending.pop(tp, None)
+        self._recount_pending()
+        self._stored[tp] = stored
+        if stored is not None:
+            self._seen[tp] = stored
+            self.consumer.seek(tp, stored + 1)
         else:
-            # someone else recorded this offset (or beyond): re-read and re-seek
-            self.skipped_batches += 1
-            log.warning("ingest: %s[%d] offset %d already applied; re-reading offsets",
-                        cid, tp.partition, pend.last_offset)
-            if self._stale(tp, pend) or tp not in self.assignment():
-                return
-            offsets = await self._redis_retry(lambda: self.ctx.store.offsets(cid),
-                                              what=f"read offsets of {cid}",
-                                              abandon=lambda: self._stale(tp, pend))
-            if offsets is _ABANDONED or self._stale(tp, pend):
-                return
-            stored = offsets.get(tp.partition)
-            self._epoch[tp] += 1  # what is pending for tp now is behind the new position
-            self._pending.pop(tp, None)
-            self._recount_pending()
-            self._stored[tp] = stored
-            if stored is not None:
-                self._seen[tp] = stored
-                self.consumer.seek(tp, stored + 1)
-            else:  # cannot happen after a skip; be safe: start the partition over
-                self._seen.pop(tp, None)
-                await self.consumer.seek_to_beginning(tp)
-                if not self._stale(tp, dataclasses.replace(pend, epoch=self._epoch[tp])):
-                    self._seen[tp] = -1
+            self._seen.pop(tp, None)  # ignore records until positioned
+            await self.consumer.seek_to_beginning(tp)
+            if self._epoch[tp] == epoch and tp not in self._revoked:
+                self._seen[tp] = -1
 
     async def _send_dlq(self, tp: Any, cid: str, pend: _Pending) -> None:
         now = time.time()
@@ -579,6 +616,7 @@ class IngestService(Service):
         return {"assigned": sorted(f"{tp.topic}[{tp.partition}]" for tp in self.assignment()),
                 "blocked": self._blocked, "pending_reports": self._pending_reports,
                 "applied_batches": self.applied_batches, "skipped_batches": self.skipped_batches,
+                "conflicts": self.conflicts,
                 "applied_reports": self.applied_reports, "assigned_at": self.assigned_at,
                 "last_apply_at": self.last_apply_at,
                 "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}

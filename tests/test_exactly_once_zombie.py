@@ -1,0 +1,114 @@
+"""Exactly-once with a frozen worker ("zombie") whose apply lands late.
+
+Worker A sends an apply covering offsets (S, X]; the apply is held in flight (Redis
+``CLIENT PAUSE WRITE`` holds every write, so it waits in Redis like a packet stuck on the
+network), and A is SIGSTOPped past the consumer-group session timeout (3 s). Worker B starts,
+takes both partitions over, reads the stored offsets S (reads are not paused), consumes and
+sends its own first apply (S, S2], S2 > X. Then Redis is unpaused (A's stale apply lands first,
+B's after it) and A is SIGCONTed. With the old "offset > stored" rule B's delta was applied too and
+(S, X] was counted twice; with the compare-and-set B's delta is refused (conflict), B re-reads from
+X + 1, and the final counts equal the counts of the reports produced, exactly."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import numpy as np
+
+from conftest import wait_for_n, write_config
+
+TOTAL = 100_000
+
+
+def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fresh_redis,
+                                                      service_env, spawn_worker, unique_name):
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
+    from ldpstream.producers.fleet import run_fleet
+
+    cid = unique_name
+    # timed flushes only (every 1 s; batch_reports is never reached); no refresh during the test
+    path = write_config(tmp_path / "c.yaml", cid, partitions=2, refresh_interval_s=120.0,
+                        ingest={"batch_reports": 10_000_000, "batch_seconds": 1.0})
+    coll = load_config(path).collections[cid]
+    env = dict(service_env, REDIS_URL=fresh_redis.url)
+    a = spawn_worker(path, env=env)
+    a.wait_ready(60)
+    store = make_store(fresh_redis.url)
+    events: list[str] = []
+    t0 = time.monotonic()
+
+    def note(msg: str) -> None:
+        events.append(f"{time.monotonic() - t0:5.1f}s {msg}")
+
+    def ingest_status(w) -> dict:
+        return json.loads(w.get("/healthz", any_status=True))["checks"]["ingest"]
+
+    async def blocked_applies() -> int:
+        return sum(1 for c in await store.redis.client_list()
+                   if c.get("cmd") == "evalsha" and "b" in c.get("flags", ""))
+
+    async def wait_blocked(k: int, who, timeout: float = 4.0) -> None:
+        deadline = time.monotonic() + timeout
+        while await blocked_applies() < k:
+            assert time.monotonic() < deadline, f"no apply of {who} held:\n{who.log_tail()}"
+            await asyncio.sleep(0.02)
+
+    async def chaos():
+        deadline = time.monotonic() + 40
+        while await store.n(cid) < 5_000:  # A is applying
+            assert time.monotonic() < deadline, a.log_tail()
+            await asyncio.sleep(0.05)
+        await store.redis.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
+        try:
+            await wait_blocked(1, a)             # A's next timed apply is held in Redis
+            await asyncio.sleep(0.3)
+            held_a = await blocked_applies()
+            os.killpg(a.proc.pid, signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            stored = await store.offsets(cid)
+            note(f"{held_a} apply call(s) of A held, SIGSTOP A: stored {stored}, n={await store.n(cid)}")
+            b = spawn_worker(path, env=env)
+            await asyncio.to_thread(b.wait_ready, 60)  # B holds partitions: A's session expired
+            st = ingest_status(b)
+            note(f"B assigned {st['assigned']} after {time.monotonic() - frozen_at:.1f}s")
+            await wait_blocked(held_a + 1, b)    # B's first apply (S, S2] is held behind A's
+            assert await store.offsets(cid) == stored
+        finally:
+            # unpause while A is still frozen: its apply runs now, whatever A's socket timeout
+            # (A would drop the connection, and the held command with it, on waking first)
+            await store.redis.execute_command("CLIENT", "UNPAUSE")
+        while await blocked_applies():
+            await asyncio.sleep(0.01)
+        note(f"unpaused: stored {await store.offsets(cid)}")
+        os.killpg(a.proc.pid, signal.SIGCONT)
+        note(f"SIGCONT A after {time.monotonic() - frozen_at:.1f}s frozen")
+        return b
+
+    async def run():
+        chaos_task = asyncio.create_task(chaos())
+        stats = await run_fleet(kafka_broker.bootstrap, coll, rate=5_000, total=TOTAL, batch=100,
+                                seed=11, keep_counts=True, devices=2000)
+        b = await chaos_task
+        n = await wait_for_n(store, cid, TOTAL, timeout=60)
+        await asyncio.sleep(2.5)  # anything counted twice would show up now
+        n = await store.n(cid)
+        sa, sb = ingest_status(a), ingest_status(b)
+        for name, st in (("A", sa), ("B", sb)):
+            note(f"{name}: applied {st['applied_batches']}, skipped {st['skipped_batches']}, "
+                 f"conflicts {st.get('conflicts')}, assigned {st['assigned']}")
+        print("\n" + "\n".join(events))
+        assert n == TOTAL, (n, events, a.log_tail(), b.log_tail())
+        got = await store.read_all(cid, coll.tensors())
+        for key, want in stats.counts.items():
+            np.testing.assert_array_equal(got[key], want, err_msg=key)
+        await store.close()
+        return stats, b, sb
+
+    stats, b, sb = asyncio.run(run())
+    assert stats.sent_reports == TOTAL
+    assert sb.get("conflicts", 0) >= 1  # B's first delta was refused: the scenario happened
+    assert a.stop() == 0 and b.stop() == 0

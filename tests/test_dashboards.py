@@ -32,7 +32,7 @@ def _run(*args):
 @needs_promtool
 def test_promtool_check_rules():
     out = _run("check", "rules", "rules/ldpstream.rules.yml")
-    assert "6 rules found" in out
+    assert "7 rules found" in out
 
 
 @needs_promtool
@@ -61,7 +61,7 @@ def test_every_rule_has_runbook_and_summary():
         assert {"summary", "description", "runbook"} <= set(r["annotations"]), r["alert"]
         assert r["labels"]["severity"] in {"info", "warning", "critical"}
     expected = {"EstimateDrift", "IngestStalled", "RejectSpike", "ConsumerLagHigh", "EstimateStale",
-                "PrivacyBudgetChanged"}
+                "PrivacyBudgetChanged", "WorkerDown"}
     assert expected <= {r["alert"] for r in rules["groups"][0]["rules"]}
 
 

@@ -62,7 +62,7 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
         while await store.n(cid) < 5_000:  # A is applying
             assert time.monotonic() < deadline, a.log_tail()
             await asyncio.sleep(0.05)
-        await store.redis.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
+        await store.redis.execute_command("CLIENT", "PAUSE", 90_000, "WRITE")
         try:
             await wait_blocked(1, a)             # A's next timed apply is held in Redis
             await asyncio.sleep(0.3)

@@ -17,7 +17,6 @@ import signal
 import time
 
 import numpy as np
-
 from conftest import wait_for_n, write_config
 
 TOTAL = 100_000
@@ -26,8 +25,9 @@ TOTAL = 100_000
 def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fresh_redis,
                                                       service_env, spawn_worker, unique_name):
     from ldpstream.agents.app import make_store
-    from ldpstream.config import load_config
     from ldpstream.producers.fleet import run_fleet
+
+    from ldpstream.config import load_config
 
     cid = unique_name
     # timed flushes only (every 1 s; batch_reports is never reached); no refresh during the test

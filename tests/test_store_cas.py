@@ -11,9 +11,9 @@ import random
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
-
 from ldpstream.agents.store import ApplyStatus, CountStore, PartitionDelta
 from ldpstream.estimators.mechanism import TensorSpec
+
 from ldpstream.services import EmbeddedRedis
 
 SPEC = TensorSpec("m:a|b", ("a", "b"), (3, 4), (0, 1))
@@ -231,10 +231,10 @@ def test_random_interleaving_of_workers_counts_exactly(redis_url, seed):
             rnd.shuffle(batch)   # several deltas of one partition may even arrive out of order
             for r, d in zip(await self.store.apply_many(coll, batch), batch):
                 self.outcomes[r.status] += 1
-                if r.status is CONFLICT or (r.status is REPLAYED and r.stored != d.offset):
-                    if d.partition in self.pos:   # resync (a zombie may still think it owns p)
-                        self.pos[d.partition] = -1 if r.stored is None else r.stored
-                        self.inflight = [x for x in self.inflight if x.partition != d.partition]
+                resync = r.status is CONFLICT or (r.status is REPLAYED and r.stored != d.offset)
+                if resync and d.partition in self.pos:  # (a zombie may still think it owns p)
+                    self.pos[d.partition] = -1 if r.stored is None else r.stored
+                    self.inflight = [x for x in self.inflight if x.partition != d.partition]
 
     async def body(*stores):
         await stores[0].reset(coll)
@@ -275,6 +275,6 @@ def test_random_interleaving_of_workers_counts_exactly(redis_url, seed):
         assert await stores[0].n(coll) == sum(lg.offsets.size for lg in logs)
         return steps, outcomes
 
-    steps, outcomes = run(body, redis_url)
+    _, outcomes = run(body, redis_url)
     # the schedule did exercise the refusals (zombie deltas, retries, out-of-order deltas)
     assert outcomes[REPLAYED] > 0 and outcomes[CONFLICT] > 0, outcomes

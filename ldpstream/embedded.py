@@ -173,8 +173,10 @@ async def _warn_stale_offsets(config: Any, redis_url: str) -> None:
             if offsets:
                 print(f"warning: REDIS_URL holds Kafka offsets of collection {cid!r} from an earlier "
                       f"broker {offsets}; with the new embedded broker, reports below them would be "
-                      f"skipped. Use a fresh Redis or reset the collection "
-                      f"(POST /collections/{cid}/reset).", file=sys.stderr, flush=True)
+                      f"skipped. Use a fresh Redis, or delete that collection's keys "
+                      f"(redis-cli --scan --pattern 'ldp:{{{cid}}}:*' | xargs redis-cli del; "
+                      f"POST /collections/{cid}/reset keeps the offsets on purpose).",
+                      file=sys.stderr, flush=True)
     except Exception as exc:  # noqa: BLE001 - the worker reports Redis problems itself
         log.debug("offset check skipped: %s", exc)
     finally:

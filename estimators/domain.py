@@ -9,6 +9,8 @@ Domain(c: 4, a: 2)
 8
 >>> dom.axes(("c", "a"))
 (2, 0)
+>>> Domain.from_dict(dom.to_dict()) == dom
+True
 >>> f = Factor(dom, np.arange(24.0).reshape(2, 3, 4))
 >>> f.project(("a",)).values.tolist()
 [66.0, 210.0]
@@ -16,7 +18,7 @@ Domain(c: 4, a: 2)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -50,6 +52,17 @@ class Domain:
         """Build from ``{attribute: [category, ...]}`` (insertion order kept)."""
         return cls(tuple(categories), tuple(len(v) for v in categories.values()),
                    tuple(tuple(v) for v in categories.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form (attrs, shape, labels or None); :meth:`from_dict` inverts it."""
+        return {"attrs": list(self.attrs), "shape": list(self.shape),
+                "labels": None if self.labels is None else [list(lab) for lab in self.labels]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Domain":
+        labels = d.get("labels")
+        return cls(tuple(d["attrs"]), tuple(d["shape"]),
+                   None if labels is None else tuple(tuple(lab) for lab in labels))
 
     def axes(self, attrs: Iterable[str]) -> tuple[int, ...]:
         """Positions of ``attrs`` in this domain (in the order given)."""

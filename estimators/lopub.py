@@ -274,9 +274,7 @@ class LoPub(Mechanism):
             "mechanism": self.name,
             "version": self.version,
             "format": STATE_FORMAT,
-            "domain": {"attrs": list(self.domain.attrs), "shape": list(self.domain.shape),
-                       "labels": None if self.domain.labels is None
-                       else [list(lab) for lab in self.domain.labels]},
+            "domain": self.domain.to_dict(),
             "f": self.f,
             "bits": list(self.bits),
             "hashes": self.hashes,
@@ -293,8 +291,7 @@ class LoPub(Mechanism):
         fmt = int(state.get("format", 0))
         if fmt != STATE_FORMAT:
             raise ValueError(f"LoPub state format {fmt} is not supported (expected {STATE_FORMAT})")
-        dom = state["domain"]
-        domain = Domain(tuple(dom["attrs"]), tuple(dom["shape"]), dom.get("labels"))
+        domain = Domain.from_dict(state["domain"])
         return cls(domain, float(state["f"]), bits=state["bits"], hashes=int(state["hashes"]),
                    p_fp=float(state.get("p_fp", DEFAULT_P_FP)), seed=int(state.get("seed", 0)),
                    hash_seeds=[int(s) for s in state["hash_seeds"]],

@@ -88,17 +88,6 @@ def apply_proper(values: np.ndarray, proper: Any) -> np.ndarray:
     raise ValueError(f"proper must be 'clip' or 'simplex', got {proper!r}")
 
 
-def _domain_state(domain: Domain) -> dict[str, Any]:
-    return {"attrs": list(domain.attrs), "shape": list(domain.shape),
-            "labels": None if domain.labels is None else [list(l) for l in domain.labels]}
-
-
-def _domain_from_state(d: Mapping[str, Any]) -> Domain:
-    labels = d.get("labels")
-    return Domain(tuple(d["attrs"]), tuple(d["shape"]),
-                  None if labels is None else tuple(tuple(l) for l in labels))
-
-
 class _RRBase(Mechanism):
     """Shared layout: one randomized value per attribute; tensors are marginals."""
 
@@ -246,13 +235,13 @@ class RRIndependent(_RRBase):
 
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
-                "domain": _domain_state(self.domain),
+                "domain": self.domain.to_dict(),
                 "channels": [P.tolist() for P in self.channels],
                 "epsilons": list(self.epsilons)}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRIndependent":
-        return cls(_domain_from_state(state["domain"]),
+        return cls(Domain.from_dict(state["domain"]),
                    channels=[np.asarray(P, dtype=float) for P in state["channels"]],
                    version=int(state.get("version", 0)))
 
@@ -361,12 +350,12 @@ class RRJoint(_Clustered):
 
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
-                "domain": _domain_state(self.domain), "epsilons": list(self.epsilons),
+                "domain": self.domain.to_dict(), "epsilons": list(self.epsilons),
                 "epsilon_c": self.cluster_eps[0]}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRJoint":
-        return cls(_domain_from_state(state["domain"]), state["epsilons"],
+        return cls(Domain.from_dict(state["domain"]), state["epsilons"],
                    version=int(state.get("version", 0)))
 
 
@@ -407,12 +396,12 @@ class RRClusters(_Clustered):
 
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
-                "domain": _domain_state(self.domain), "epsilons": list(self.epsilons),
+                "domain": self.domain.to_dict(), "epsilons": list(self.epsilons),
                 "clusters": [list(c) for c in self.clusters],
                 "max_cells": self.max_cells, "min_dependence": self.min_dependence}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRClusters":
-        return cls(_domain_from_state(state["domain"]), state["clusters"], state["epsilons"],
+        return cls(Domain.from_dict(state["domain"]), state["clusters"], state["epsilons"],
                    version=int(state.get("version", 0)), max_cells=state.get("max_cells"),
                    min_dependence=state.get("min_dependence"))

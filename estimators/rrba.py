@@ -415,9 +415,7 @@ class RRBA(Mechanism):
                    "cells": self.history[v][j][-1].tolist()} for v, j, c in self.combinations()]
         return {
             "mechanism": self.name, "version": self.version,
-            "domain": {"attrs": list(self.domain.attrs), "shape": list(self.domain.shape),
-                       "labels": None if self.domain.labels is None
-                       else [list(l) for l in self.domain.labels]},
+            "domain": self.domain.to_dict(),
             "p": self.p, "gamma": self.gamma, "k": self.k, "block_size": self.block_size,
             "alpha": self.alpha, "max_versions": self.max_versions,
             "views": [[list(c) for c in view] for view in self.views],
@@ -430,9 +428,7 @@ class RRBA(Mechanism):
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRBA":
-        d = state["domain"]
-        dom = Domain(tuple(d["attrs"]), tuple(d["shape"]),
-                     None if d.get("labels") is None else tuple(tuple(l) for l in d["labels"]))
+        dom = Domain.from_dict(state["domain"])
         return cls(dom, state["p"], state["gamma"], state["k"], state["views"], state["block_size"],
                    state["alpha"], state["max_versions"], state.get("history"),
                    state.get("converged"), state["version"])

@@ -37,6 +37,7 @@ import numpy as np
 
 from .castell import apply_modes, castell, check_inputs
 from .proper import clip_rescale
+from .rr_independent import rr_independent
 
 __all__ = ["IBUResult", "ibu"]
 
@@ -95,11 +96,13 @@ def _initial(counts: np.ndarray, channels: Sequence[np.ndarray], init: str | np.
     if isinstance(init, str):
         if init == "uniform":
             return np.full(N, 1.0 / N)
-        if init == "castell":
-            start = clip_rescale(castell(counts, channels)).reshape(-1)
+        if init in ("independent", "castell"):
+            est = rr_independent if init == "independent" else castell
+            start = clip_rescale(est(counts, channels)).reshape(-1)
             # EM cannot leave a zero cell: keep every cell positive
             return (1.0 - mix) * start + mix / N
-        raise ValueError(f"ibu: init must be 'castell', 'uniform' or an array, got {init!r}")
+        raise ValueError("ibu: init must be 'independent', 'castell', 'uniform' or an array, "
+                         f"got {init!r}")
     start = np.asarray(init, dtype=float)
     if start.shape != counts.shape:
         raise ValueError(f"ibu: init has shape {start.shape}, counts have {counts.shape}")
@@ -107,12 +110,15 @@ def _initial(counts: np.ndarray, channels: Sequence[np.ndarray], init: str | np.
 
 
 def ibu(counts: np.ndarray, channels: Sequence[np.ndarray], *, tol: float = 1e-8,
-        max_iter: int = 10000, init: str | np.ndarray = "castell", accelerate: bool = True,
+        max_iter: int = 10000, init: str | np.ndarray = "independent", accelerate: bool = True,
         mix: float = 1e-3) -> IBUResult:
     """Maximum-likelihood joint estimate by IBU/EM (module docstring).
 
-    ``init``: ``"castell"`` (clip-rescaled Castell estimate mixed with ``mix`` of the uniform
-    distribution), ``"uniform"``, or an array (clip-rescaled).
+    ``init``: ``"independent"`` (default: the RR-Independent product of the clip-rescaled 1-way
+    estimates, mixed with ``mix`` of the uniform distribution), ``"castell"`` (the clip-rescaled
+    Castell estimate, mixed likewise), ``"uniform"``, or an array (clip-rescaled). Starting from
+    the independence product, EM adds only the dependence the data support before the stopping
+    rule ends it: measured on Adult it beats the Castell start at every ε tried (README).
     """
     counts, channels = check_inputs(counts, channels)
     total = float(counts.sum())

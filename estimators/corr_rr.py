@@ -1,5 +1,6 @@
 """``corr-rr``: the Corr-RR device protocol ([Corr-RR] §3, :mod:`.corr_rr_paper`) with an unbiased
-estimator, an MSE-optimal copy table and a shrinkage combination (MECHANISMS.md §5).
+GLS estimate, variance-weighted combinations and a copy table chosen for the final estimator
+(MECHANISMS.md §5).
 
 **Linear model.** With g_j = P2_jᵀ f_j the distribution of the pivot's GRR_ε output and M_jk the
 published copy channel, the expected frequency of Phase II column k is
@@ -7,8 +8,10 @@ published copy channel, the expected frequency of Phase II column k is
     λ_k = (1/m)·[ g_k + Σ_{j≠k} M_jkᵀ g_j ] = Σ_j H_kj f_j,   H_kk = P2_kᵀ/m, H_kj = M_jkᵀ P2_jᵀ/m,
 
 linear in *all* the marginals. The covariance of one Phase II user's column indicators is exact
-from the marginals alone (only the pivot is randomized): diagonal blocks diag(λ_k) − λ_kλ_kᵀ,
-off-diagonal blocks (1/m)[D(g_k)M_kl + (D(g_l)M_lk)ᵀ + Σ_{j∉{k,l}} M_jkᵀ D(g_j) M_jl] − λ_kλ_lᵀ.
+from the marginals alone (only the pivot is randomized; given the pivot's output the copies are
+independent): diagonal blocks diag(λ_k) − λ_kλ_kᵀ, off-diagonal blocks (1/m)[D(g_k)M_kl +
+(D(g_l)M_lk)ᵀ + Σ_{j∉{k,l}} M_jkᵀ D(g_j) M_jl] − λ_kλ_lᵀ (checked against the exact channel in
+the tests).
 
 **Unbiased estimate (GLS).** In the sum-zero coordinates f_k = 1/d_k + Q_k θ_k (Q_k orthonormal),
 Phase I gives z₁ = Qᵀ(f̂ᴵ − u) = θ + e₁ (Cov R₁, SPL decode, per attribute) and Phase II gives
@@ -16,25 +19,27 @@ z₂ = Qᵀ(λ̂ − Hu) = Gθ + e₂ (G = QᵀHQ, Cov R₂ = QᵀΣᴵᴵQ/n₂
 
     θ̂ = C (R₁⁻¹ z₁ + Gᵀ R₂⁻¹ z₂),   C = (R₁⁻¹ + Gᵀ R₂⁻¹ G)⁻¹,   Cov(f̂) = Q C Qᵀ,
 
-with the weights evaluated at a plug-in estimate (two passes). This is the stated variance
-(i.i.d. users; Phase I's cross-attribute covariance, which needs the joint, is left out of the
-weights). It is unbiased for any copy table, including the published one.
+with the weights evaluated at a plug-in estimate (two passes): Phase I and Phase II are weighted
+by their inverse covariances, never by their counts. Phase I's cross-attribute covariance is
+left out of R₁: on a fixed dataset it is exactly zero (the attributes are randomized
+independently), for i.i.d. users it is (F_kl − f_k f_lᵀ)/n₁ against diagonal blocks of order
+1/(n₁Δ²) — without the 1/Δ² amplification, and it would need the Phase I pair counts.
 
-**Biased decode and shrinkage.** The published decode B (every Phase II column read as GRR(ε),
-count-weighted with Phase I) has E[B] = T f + t₀ with T = (n₁/n)I + (n₂/n)D_Δ⁻¹H, so its bias,
-variance and covariance with the GLS estimate U are known linear functions. At small ε B can have
-the lower MSE (bias traded for variance): the reported estimate is U + w(B − U) with the w that
-minimises the estimated MSE, Σb² estimated without bias as Σ(b̂² − Var b̂), b̂ = (T − I)U + t₀.
+**Final estimate.**
 
-**Copy table.** A pure function of the Phase I estimates (:func:`optimal_table`): the candidates
-are (a) per column, the t minimising the exact MSE of the Phase II decode (bias from the pivot's
-marginal, any d; a box-constrained quadratic, solved numerically), (b) the common t minimising
-Var(U), and mixtures of the two; the one with the smallest predicted MSE of the shrinkage estimate
-is published.
+* One common domain size (:meth:`PhaseModel.combine_pooled`, :mod:`.corr_rr_eb`): U pooled
+  across attributes by empirical Bayes — each attribute's deviation from the mean marginal shrunk
+  by its REML-fitted variance, to the pooled GLS mean when the deviations are not significant.
+  The copy table is the per-pair p_y table whose oracle risk for that estimate is closest to the
+  best common p_y at every deviation size Phase I cannot exclude (:func:`pooling_table`).
+* Different domain sizes (Cond-RR; :meth:`PhaseModel.combine`): per attribute, the non-negative
+  weights on P = f̂ᴵ, D = the Phase II GRR decode and U that minimise the estimated MSE, D's bias
+  (exactly A f + a0 for a known A) estimated from U and acted on only when significant. The
+  table comes from :func:`optimal_table`.
 
 The copies are post-processing of the pivot's report: an unbiased corr-rr cannot carry more
-information than SMP's (index, value) report; its gains over SMP come from the shrinkage toward
-the decode, i.e. from marginals that the copy channel maps onto each other.
+information than SMP's (index, value) report; its gains over SMP come from pooling what the
+attributes share.
 """
 from __future__ import annotations
 
@@ -46,14 +51,14 @@ import numpy as np
 from scipy import optimize, special
 
 from . import channels as ch
-from .corr_rr_paper import TwoPhase, paper_py_table, phase1_estimates
+from .corr_rr_paper import TwoPhase, grr_copy_channel, phase1_estimates
 from .domain import Factor
 from .mechanism import Estimate, register
-from .multi_baselines import apply_proper, grr_decode
+from .multi_baselines import apply_proper
 from .proper import clip_rescale
 
 __all__ = ["CorrRR", "PhaseModel", "Combined", "optimal_table", "decode_optimal_table",
-           "shrunk_plugin"]
+           "shrunk_plugin", "pooling_table"]
 
 
 @lru_cache(maxsize=64)
@@ -97,7 +102,10 @@ def _blockdiag(blocks: Sequence[np.ndarray]) -> np.ndarray:
 
 @dataclass
 class Combined:
-    """The parts of a corr-rr estimate (flattened over attributes, domain order)."""
+    """The parts of a corr-rr estimate (flattened over attributes, domain order). ``weight``
+    (per attribute): the weight of the pooled mean (pooled path) or of the Phase II decode D
+    (three-source path); ``extra`` holds the fitted τ² or all three weights and the per-cell
+    MSE estimates ``mse_cells``."""
 
     unbiased: np.ndarray
     decode: np.ndarray
@@ -194,6 +202,16 @@ class PhaseModel:
         cov = K1 @ S1 @ K1.T + K2 @ S2 @ K2.T
         return K1, K2, S1, S2, cov
 
+    def information(self, fw: np.ndarray) -> np.ndarray:
+        """C⁻¹ = R₁⁻¹ + GᵀR₂⁻¹G: the information of the GLS estimate in sum-zero coordinates at
+        the plug-in ``fw`` (Phase I and Phase II column frequencies)."""
+        Q = self.Q
+        G = Q.T @ self.H @ Q
+        info = G.T @ _spd_inv(Q.T @ self.cov2(fw) @ Q) @ G
+        if self.n1 > 0:
+            info = info + _spd_inv(Q.T @ self.cov1(fw) @ Q)
+        return 0.5 * (info + info.T)
+
     def unbiased(self, f1: np.ndarray, lam: np.ndarray, fw: np.ndarray
                  ) -> tuple[np.ndarray, tuple]:
         K1, K2, S1, S2, cov = self.gls(fw)
@@ -216,37 +234,81 @@ class PhaseModel:
         return T, t0, w1, w2
 
     # -- combination ---------------------------------------------------------------------------------
-    def parts(self, gl: tuple) -> dict[str, np.ndarray]:
-        """Per-cell a = Var U, c = Var B, r = Cov(U, B), and T − I, Cov U."""
+    def source_cov(self, gl: tuple) -> dict[str, np.ndarray]:
+        """Per-cell variances and covariances of the three estimates of every marginal:
+        P = f̂ᴵ (Phase I, SPL decode), D = (λ̂ − q)/Δ (Phase II column read as GRR(ε), the
+        published decode without Phase I) and U (GLS). P and D come from disjoint users."""
         K1, K2, S1, S2, covU = gl
-        T, t0, w1, w2 = self.decode_affine()
         Dg = 1.0 / self.delta2
-        covB_diag = w1 ** 2 * np.diag(S1) + w2 ** 2 * np.diag(S2) * Dg ** 2
-        covUB_diag = w1 * np.einsum("ij,ji->i", K1, S1) + w2 * np.einsum("ij,ji->i", K2, S2) * Dg
-        return {"a": np.diag(covU).copy(), "c": covB_diag, "r": covUB_diag,
-                "TI": T - np.eye(self.D), "t0": t0, "covU": covU, "S1": S1}
+        z = np.zeros(self.D)
+        return {"PP": np.diag(S1).copy(), "DD": np.diag(S2) * Dg ** 2, "UU": np.diag(covU).copy(),
+                "PD": z, "PU": np.einsum("ij,ij->i", S1, K1),
+                "DU": Dg * np.einsum("ij,ij->i", S2, K2)}
 
-    def shrink_weight(self, parts: Mapping[str, np.ndarray], b2: np.ndarray
-                      ) -> tuple[np.ndarray, float]:
-        """Per-attribute weights w_k and the predicted eq. 5 MSE of U + w(B − U), given the
-        per-cell ω·bias² estimates ``b2`` (summed within each attribute)."""
-        om = self.omega
-        a, c, r = parts["a"], parts["c"], parts["r"]
-        w = np.zeros(self.m)
-        mse = 0.0
-        for k in range(self.m):
-            s = slice(self.off[k], self.off[k + 1])
-            bk = max(0.0, float(np.sum(b2[s])))
-            num = float(om[s] @ (a[s] - r[s]))
-            den = float(om[s] @ (a[s] - 2 * r[s] + c[s])) + bk
-            w[k] = float(np.clip(num / den, 0.0, 1.0)) if den > 0 else 0.0
-            mse += float(om[s] @ ((1 - w[k]) ** 2 * a[s] + w[k] ** 2 * c[s]
-                                  + 2 * w[k] * (1 - w[k]) * r[s])) + w[k] ** 2 * bk
-        return w, mse
+    def decode_bias_map(self) -> tuple[np.ndarray, np.ndarray]:
+        """(A, a0): the bias of D is A f + a0 (A = H/Δ − I, a0 = −q/Δ; exact for any table)."""
+        return self.H / self.delta2[:, None] - np.eye(self.D), -self.q2 / self.delta2
 
-    #: a bias is acted on only if the pooled Σω·b̂² is significant at this level under "no
-    #: bias" (a false alarm mixes in the noisy U); then per attribute Σω(b̂² − Var b̂)
-    alpha: float = 1e-3
+    _SRC = ("P", "D", "U")
+
+    def _source_matrix(self, cv: Mapping[str, np.ndarray], s: slice, b2: np.ndarray
+                       ) -> np.ndarray:
+        om = self.omega[s]
+        M = np.empty((3, 3))
+        for i, a in enumerate(self._SRC):
+            for j, b in enumerate(self._SRC):
+                key = a + b if a + b in cv else b + a
+                M[i, j] = float(om @ cv[key][s])
+        M[1, 1] += float(om @ b2[s])
+        return M
+
+    @staticmethod
+    def simplex_weights(M: np.ndarray) -> np.ndarray:
+        """argmin wᵀMw over w ≥ 0, Σw = 1 (every support of a 3-vector tried; closed form on
+        each)."""
+        best, bw = np.inf, None
+        n = len(M)
+        for mask in range(1, 1 << n):
+            idx = [i for i in range(n) if mask >> i & 1]
+            A = M[np.ix_(idx, idx)]
+            try:
+                x = np.linalg.solve(A + 1e-300 * np.eye(len(idx)), np.ones(len(idx)))
+            except np.linalg.LinAlgError:
+                continue
+            if x.sum() <= 0 or np.any(x < -1e-12):
+                continue
+            w = np.zeros(n)
+            w[idx] = np.clip(x, 0, None) / np.clip(x, 0, None).sum()
+            v = float(w @ M @ w)
+            if v < best - 1e-300:
+                best, bw = v, w
+        if bw is None:  # degenerate: fall back to the unbiased estimate
+            bw = np.array([0.0, 0.0, 1.0])
+        return bw
+
+    def source_weights(self, cv: Mapping[str, np.ndarray], b2: np.ndarray) -> np.ndarray:
+        """m×3 weights on (P, D, U) per attribute minimising the eq. 5 MSE, given the per-cell
+        squared bias ``b2`` of D."""
+        return np.array([self.simplex_weights(self._source_matrix(
+            cv, slice(self.off[k], self.off[k + 1]), b2)) for k in range(self.m)])
+
+    def _mix(self, W: np.ndarray, P: np.ndarray, Dd: np.ndarray, U: np.ndarray) -> np.ndarray:
+        Wc = np.repeat(W, self.shape, axis=0)
+        return Wc[:, 0] * P + Wc[:, 1] * Dd + Wc[:, 2] * U
+
+    def _mse_cells(self, W: np.ndarray, cv: Mapping[str, np.ndarray], b2: np.ndarray
+                   ) -> np.ndarray:
+        Wc = np.repeat(W, self.shape, axis=0)
+        out = b2 * Wc[:, 1] ** 2
+        for i, a in enumerate(self._SRC):
+            for j, b in enumerate(self._SRC):
+                key = a + b if a + b in cv else b + a
+                out = out + Wc[:, i] * Wc[:, j] * cv[key]
+        return out
+
+    #: a bias of D is acted on only if the pooled Σω·b̂² is significant at this level under "no
+    #: bias" (a false alarm puts weight on the far noisier U); then per cell ω(b̂² − Var b̂)
+    alpha: float = 1e-2
 
     def bias2(self, bhat: np.ndarray, V: np.ndarray) -> np.ndarray:
         """Per-cell ω·b² estimates from b̂ ~ N(b, V): zero unless the pooled quadratic form
@@ -264,57 +326,102 @@ class PhaseModel:
         return self.omega * (bhat ** 2 - np.diag(V))
 
     def combine(self, f1: np.ndarray | None, lam: np.ndarray) -> Combined:
-        """The corr-rr estimate from Phase I estimates and Phase II column frequencies. Two
-        passes: weights and covariances at the proper decode B, then at the proper combined
-        estimate of the first pass."""
+        """Three-source estimate (any domain sizes): per attribute, the weights on P, D and U
+        (non-negative, summing to 1) that minimise the estimated eq. 5 MSE, D's squared bias
+        estimated from U (:meth:`bias2`). Variance weights throughout: the GLS inside U, and
+        Phase I against Phase II in the mix (the published count weights n₁/n, n₂/n are not
+        used). Two passes: covariances at the proper published decode, then at the first
+        estimate."""
         B = self.decode(f1, lam)
         f1v = f1 if f1 is not None else self.u
+        Dd = (lam - self.q2) / self.delta2
+        A, a0 = self.decode_bias_map()
         fw = np.concatenate([clip_rescale(b) for b in self.split(B)])
         for _ in range(2):
             U, gl = self.unbiased(f1v, lam, fw)
-            parts = self.parts(gl)
-            bhat = parts["TI"] @ U + parts["t0"]
-            V = parts["TI"] @ parts["covU"] @ parts["TI"].T
-            b2 = self.bias2(bhat, V)
-            w, _ = self.shrink_weight(parts, b2)
-            est = U + np.repeat(w, self.shape) * (B - U)
+            cv = self.source_cov(gl)
+            if self.n1 <= 0:  # no Phase I: P gets no weight
+                cv["PP"] = np.full(self.D, 1e300)
+            bhat = A @ U + a0
+            V = A @ gl[4] @ A.T
+            b2 = self.bias2(bhat, V) / self.omega
+            W = self.source_weights(cv, np.maximum(b2, 0.0))
+            est = self._mix(W, f1v, Dd, U)
             fw = np.concatenate([clip_rescale(x) for x in self.split(est)])
-        # the reported MSE estimate uses the unbiased (untested) squared-bias estimate
-        b2u = self.omega * (bhat ** 2 - np.diag(V))
-        mse = self._mse_at(parts, w, b2u)
-        b2a = float(sum(max(0.0, x.sum()) for x in self.split(b2u)))
-        return Combined(U, B, w, est, parts["covU"], mse, b2a,
-                        {"mse_unbiased": float(self.omega @ parts["a"]),
-                         "mse_decode": float(self.omega @ parts["c"]) + b2a,
-                         "mse_cells": ((1 - np.repeat(w, self.shape)) ** 2 * parts["a"]
-                                       + np.repeat(w, self.shape) ** 2
-                                       * (parts["c"] + np.maximum(b2u, 0) / self.omega)
-                                       + 2 * np.repeat(w * (1 - w), self.shape) * parts["r"])})
+        b2u = np.maximum(bhat ** 2 - np.diag(V), 0.0)  # unbiased per cell, floored
+        cells = self._mse_cells(W, cv, b2u)
+        return Combined(U, B, W[:, 1], est, gl[4], float(self.omega @ cells),
+                        float(self.omega @ b2u),
+                        {"weights": {s: W[:, i].tolist() for i, s in
+                                     enumerate(("phase1", "decode", "unbiased"))},
+                         "mse_unbiased": float(self.omega @ cv["UU"]), "mse_cells": cells})
 
-    def _mse_at(self, parts: Mapping[str, np.ndarray], w: np.ndarray, b2: np.ndarray) -> float:
-        om = self.omega
-        a, c, r = parts["a"], parts["c"], parts["r"]
-        tot = 0.0
-        for k in range(self.m):
-            s = slice(self.off[k], self.off[k + 1])
-            bk = max(0.0, float(np.sum(b2[s])))
-            tot += float(om[s] @ ((1 - w[k]) ** 2 * a[s] + w[k] ** 2 * c[s]
-                                  + 2 * w[k] * (1 - w[k]) * r[s])) + w[k] ** 2 * bk
-        return tot
+    def combine_pooled(self, f1: np.ndarray | None, lam: np.ndarray, alpha: float | None = 0.2,
+                       per_attribute: bool = True) -> Combined:
+        """One common domain size: the GLS estimate U pooled across attributes by empirical
+        Bayes (:mod:`.corr_rr_eb`): the deviations from the mean marginal are shrunk by their
+        REML-fitted variances, all the way to the pooled GLS mean when they are not significant
+        (level ``alpha``). Two passes: covariances at the proper published decode, then at the
+        first estimate."""
+        from .corr_rr_eb import fit_pooling, pooled_smoother
+        if len(set(self.shape)) != 1:
+            raise ValueError("pooling across attributes needs one common domain size")
+        m, k = self.m, self.shape[0] - 1
+        B = self.decode(f1, lam)
+        f1v = f1 if f1 is not None else self.u
+        fw = np.concatenate([clip_rescale(b) for b in self.split(B)])
+        Q = self.Q
+        for _ in range(2):
+            U, gl = self.unbiased(f1v, lam, fw)
+            th = Q.T @ (U - self.u)
+            C = Q.T @ gl[4] @ Q
+            C = 0.5 * (C + C.T)
+            fit = fit_pooling(th, C, m, k, alpha, per_attribute)
+            S = pooled_smoother(C, fit.tau2, m, k)
+            est = self.u + Q @ (S @ th)
+            fw = np.concatenate([clip_rescale(x) for x in self.split(est)])
+        # stated MSE per cell: the variance for the fitted τ (exact), plus the squared bias
+        # expected under the fitted deviation model, E(Rθ)² = diag(R D_τ Rᵀ) (R J = 0: the pooled
+        # mean is unbiased). An unbiased estimate of (Rθ)² from U is far too noisy at small ε.
+        R = S - np.eye(len(S))
+        var = np.einsum("ij,jk,ik->i", Q @ S, C, Q @ S)
+        Dt = np.kron(np.diag(fit.tau2), np.eye(k))
+        b2 = np.einsum("ij,jk,ik->i", Q @ R, Dt, Q @ R)
+        cells = var + b2
+        # weight of the pooled mean per attribute (1: fully pooled), for reporting
+        cbar = np.array([np.trace(C[i * k:(i + 1) * k, i * k:(i + 1) * k]) / k for i in range(m)])
+        wpool = np.where(fit.tau2 > 0, cbar / (cbar + fit.tau2), 1.0)
+        return Combined(U, B, wpool, est, gl[4], float(self.omega @ cells),
+                        float(self.omega @ b2),
+                        {"tau2": fit.tau2.tolist(), "lr": fit.lr, "pooled": fit.pooled,
+                         "mse_unbiased": float(self.omega @ np.diag(gl[4])),
+                         "mse_cells": cells})
 
     def predicted(self, f: np.ndarray, post: np.ndarray | None = None) -> dict[str, float]:
-        """Planning: predicted MSEs (eq. 5 weights) of U, B and the shrinkage at the plug-in f,
-        the squared bias of B charged with ``post`` (the plug-in's uncertainty)."""
+        """Planning: predicted eq. 5 MSEs of U, of the published decode B and of the
+        three-source combination at the plug-in f, the squared bias charged with ``post`` (the
+        plug-in's uncertainty)."""
         gl = self.gls(f)
-        parts = self.parts(gl)
-        b = parts["TI"] @ f + parts["t0"]
-        b2 = self.omega * b ** 2
+        cv = self.source_cov(gl)
+        if self.n1 <= 0:
+            cv["PP"] = np.full(self.D, 1e300)
+        A, a0 = self.decode_bias_map()
+        b = A @ f + a0
+        b2 = b ** 2
+        T, t0, w1, w2 = self.decode_affine()
+        bB = (T - np.eye(self.D)) @ f + t0
+        bB2 = bB ** 2
         if post is not None:  # expected squared bias over what the plan does not know
-            b2 = b2 + self.omega * np.einsum("ij,jk,ik->i", parts["TI"], post, parts["TI"])
-        w, mse = self.shrink_weight(parts, b2)
-        return {"unbiased": float(self.omega @ parts["a"]),
-                "decode": float(self.omega @ parts["c"] + b2.sum()), "shrink": mse,
-                "weight": float(np.mean(w))}
+            b2 = b2 + np.einsum("ij,jk,ik->i", A, post, A)
+            TI = T - np.eye(self.D)
+            bB2 = bB2 + np.einsum("ij,jk,ik->i", TI, post, TI)
+        W = self.source_weights(cv, b2)
+        cells = self._mse_cells(W, cv, b2)
+        varB = w1 ** 2 * np.where(cv["PP"] < 1e300, cv["PP"], 0.0) + w2 ** 2 * cv["DD"]
+        return {"unbiased": float(self.omega @ cv["UU"]),
+                "decode": float(self.omega @ (varB + bB2)),
+                "combined": float(self.omega @ cells),
+                "weight_decode": float(np.mean(W[:, 1]))}
 
 
 # --- the copy table -----------------------------------------------------------------------------------
@@ -428,9 +535,11 @@ def optimal_table(f: Sequence[np.ndarray], eps: float, n1: float, n2: float, aff
                   post: np.ndarray | None = None, grid: int = 9,
                   candidates: Sequence[np.ndarray] = (), margin: float = 0.0
                   ) -> tuple[np.ndarray, dict[str, Any]]:
-    """The copy table corr-rr publishes: a pure function of the plug-in marginals ``f`` (proper;
-    see :func:`shrunk_plugin`), ε, the planned n₁, n₂ and the copy family
-    ``affine[j][k] = (M0, M1)``. ``candidates``: further tables to consider; the first (the
+    """The Cond-RR table corr-rr publishes (different domain sizes): a pure function of the
+    plug-in marginals ``f`` (proper; see :func:`shrunk_plugin`), ε, the planned n₁, n₂ and the
+    copy family ``affine[j][k] = (M0, M1)``: of (a) the per-column decode-optimal table, (b) the
+    common t minimising Var U and their mixtures, the one with the smallest predicted MSE of the
+    three-source estimate (:meth:`PhaseModel.predicted`). ``candidates``: further tables to consider; the first (the
     published one) is kept unless another is predicted better by more than ``margin`` (relative),
     since the prediction rests on a noisy plug-in. Returns (table, info)."""
     m = len(f)
@@ -460,16 +569,47 @@ def optimal_table(f: Sequence[np.ndarray], eps: float, n1: float, n2: float, aff
     for label, T in cands:
         pr = model(T).predicted(fvec, post)
         tried.append({"table": label, **pr})
-        if best is None or pr["shrink"] < best[1]["shrink"]:
+        if best is None or pr["combined"] < best[1]["combined"]:
             best = (T, pr)
     T, pr = best
     if candidates:
         first = tried[len(cands) - len(candidates)]
-        if first["shrink"] <= (1 + margin) * pr["shrink"]:
+        if first["combined"] <= (1 + margin) * pr["combined"]:
             T, pr = np.asarray(candidates[0], dtype=float), first
     T = T.copy()
     np.fill_diagonal(T, 1.0)
     return T, {"t_unbiased": tU, "predicted": pr, "tried": tried}
+
+
+def pooling_table(f1: Sequence[np.ndarray], eps: float, n1: float, n2: float
+                  ) -> tuple[np.ndarray, dict[str, Any]]:
+    """The p_y table for one common domain size (:mod:`.corr_rr_eb`): the per-pair table whose
+    oracle risk under the pooled estimate is closest to the best common p_y at every
+    deviation variance τ² the Phase I estimates ``f1`` (raw SPL) cannot exclude. A pure function
+    of the Phase I estimates; information at the proper mean Phase I marginal."""
+    from .corr_rr_eb import minimax_table, tau_interval
+    m = len(f1)
+    d = len(f1[0])
+    k = d - 1
+    shape = (d,) * m
+    fbar = clip_rescale(np.mean(np.asarray(f1, dtype=float), axis=0))
+    fv = np.tile(fbar, m)
+
+    def model(T):
+        return PhaseModel(shape, eps, n1, n2, [[None if j == l else grr_copy_channel(T[j, l], d)
+                                                for l in range(m)] for j in range(m)])
+
+    base = model(np.ones((m, m)))
+    Q = base.Q
+    th1 = Q.T @ (np.concatenate(f1) - base.u)
+    C1 = Q.T @ base.cov1(fv) @ Q
+    if n1 > 0:
+        lo, hi = tau_interval(th1, 0.5 * (C1 + C1.T), m, k)
+    else:
+        from .corr_rr_eb import tau_cap
+        lo, hi = 0.0, tau_cap(m, d)
+    T, info = minimax_table(lambda T: model(T).information(fv), m, d, lo, hi)
+    return T, info
 
 
 # --- the mechanism ------------------------------------------------------------------------------------
@@ -477,10 +617,11 @@ def optimal_table(f: Sequence[np.ndarray], eps: float, n1: float, n2: float, aff
 @register
 class CorrRR(TwoPhase):
     """``corr-rr``: the Corr-RR device protocol (p_y copies for one common d, Cond-RR copies for
-    different domain sizes) with the MSE-optimal table and the GLS + shrinkage estimator.
+    different domain sizes) with a table planned for the final estimate, the unbiased GLS and the
+    pooled (one d) or three-source (different d) combination.
 
-    Estimators: ``corr-rr`` (shrinkage, default), ``unbiased`` (GLS), ``decode`` (the published
-    decode under this table), ``phase1`` (SPL on Phase I only)."""
+    Estimators: ``corr-rr`` (default), ``unbiased`` (GLS), ``decode`` (the published decode under
+    this table, count-weighted with Phase I), ``phase1`` (SPL on Phase I only)."""
 
     name = "corr-rr"
     estimators = ("corr-rr", "unbiased", "decode", "phase1")
@@ -492,18 +633,17 @@ class CorrRR(TwoPhase):
     def refine(self, counts: Mapping[str, np.ndarray], n_plan: int | None = None) -> "CorrRR":
         n1, n2 = self.plan(counts, n_plan)
         raw = self.phase1(counts)
+        if self.copy == "py":
+            table, _ = pooling_table(raw, self.target_epsilon, n1, n2)
+            return self._with(table, None, n1 + n2)
+        # Cond-RR: the weight of each Phase I conditional against the uniform copy
         f1, post = shrunk_plugin(raw, self.target_epsilon, n1)
-        cond = None
-        if self.copy == "cond":
-            from .cond_rr import conditional_channels
-            cond = conditional_channels(self.phase1_pairs(counts), self.P1, self.P2)
-            tmp = type(self)(self.domain, self.target_epsilon, self.beta, "cond", self.table, cond)
-            affine = tmp.affine_all()
-            cands = [np.ones((len(self.domain),) * 2)]  # the plain conditional (published)
-        else:
-            affine = self.affine_all()
-            cands = [paper_py_table(raw, self.target_epsilon, n2)]
-        table, _ = optimal_table(f1, self.target_epsilon, n1, n2, affine, post, candidates=cands)
+        from .cond_rr import conditional_channels
+        cond = conditional_channels(self.phase1_pairs(counts), self.P1, self.P2)
+        tmp = type(self)(self.domain, self.target_epsilon, self.beta, "cond", self.table, cond)
+        cands = [np.ones((len(self.domain),) * 2)]  # the plain conditional (published)
+        table, _ = optimal_table(f1, self.target_epsilon, n1, n2, tmp.affine_all(), post,
+                                 candidates=cands)
         return self._with(table, cond, n1 + n2)
 
     def model(self, n1: float, n2: float) -> PhaseModel:
@@ -517,7 +657,10 @@ class CorrRR(TwoPhase):
         f1 = np.concatenate(phase1_estimates(c1, self.target_epsilon, self.domain.shape)) \
             if n1 > 0 else None
         lam = np.concatenate([c / n2 for c in c2])
-        return self.model(n1, n2).combine(f1, lam)
+        pm = self.model(n1, n2)
+        if len(set(self.domain.shape)) == 1:
+            return pm.combine_pooled(f1, lam)
+        return pm.combine(f1, lam)
 
     def estimate_all(self, counts: Mapping[str, np.ndarray], method: str | None = "corr-rr"
                      ) -> list[np.ndarray]:
@@ -549,8 +692,9 @@ class CorrRR(TwoPhase):
             cb = self.combined(counts)
             vals = {"corr-rr": cb.estimate, "unbiased": cb.unbiased, "decode": cb.decode}[method][s]
             var = np.diag(cb.cov_unbiased)[s]
-            extra.update(weight_decode=cb.weight.tolist(), variance_unbiased=var.tolist(),
-                         mse_estimate=cb.mse_estimate)
+            extra.update(weight=cb.weight.tolist(), variance_unbiased=var.tolist(),
+                         mse_estimate=cb.mse_estimate,
+                         **{k: v for k, v in cb.extra.items() if k in ("tau2", "weights")})
             if method == "unbiased":
                 bound = float(np.sqrt(var.sum()))
             elif method == "corr-rr":

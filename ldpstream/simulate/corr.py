@@ -121,14 +121,19 @@ def run_once(ds: Dataset, mechanism: str, eps: float, rng: np.random.Generator,
         cls = CorrRR if mechanism == "corr-rr" else CorrRRPaper
         mech: Any = cls(ds.domain, eps, beta)
         mech, counts = run_two_phase(mech, ds.records, rng)
+        cb = None
+        if mechanism == "corr-rr" and any(e != "phase1" for e in estimators):
+            cb = mech.combined(counts)  # once: every corr-rr estimator is a part of it
+            off = np.cumsum(ds.domain.shape)[:-1]
+            parts = {"corr-rr": cb.estimate, "unbiased": cb.unbiased, "decode": cb.decode}
         for e in estimators:
-            ests[e] = mech.estimate_all(counts, e)
+            ests[e] = (np.split(parts[e], off) if cb is not None and e in parts
+                       else mech.estimate_all(counts, e))
         n1, n2 = mech.phase_sizes(counts)
         info.update(n1=n1, n2=n2, copy=mech.copy, table=mech.table.round(4).tolist())
-        if mechanism == "corr-rr" and any(e != "phase1" for e in estimators):
-            cb = mech.combined(counts)
-            info.update(weight_decode=np.round(cb.weight, 4).tolist(),
-                        mse_estimate=cb.mse_estimate)
+        if cb is not None:
+            info.update(weight=np.round(cb.weight, 4).tolist(), mse_estimate=cb.mse_estimate,
+                        **{k: v for k, v in cb.extra.items() if k in ("tau2", "weights")})
     elif mechanism == "rs-rfd":
         mech, est, n1, n2 = rsrfd_two_phase(ds.domain, eps, ds.records, rng, beta, rs_scope)
         ests["unbiased"] = est

@@ -22,6 +22,7 @@ import numpy as np
 from ..estimators.mechanism import Mechanism
 from ..estimators.metrics import tvd
 from . import metrics
+from .store import history_cap_for
 
 log = logging.getLogger(__name__)
 
@@ -277,16 +278,20 @@ class Refresher:
         payloads = await loop.run_in_executor(self.executor, refresh_collection, coll, mech,
                                               counts, now)
         window = float(coll.drift_window_s)
+        interval = float(coll.refresh_interval_s)
+        # keep enough history that an entry a drift window old always exists (a fixed cap would
+        # silently disable drift for windows longer than cap × interval)
+        cap = history_cap_for(window, interval)
         for p in payloads:
             p["sent_at_max"] = sent_at_max
             try:
                 hist = await self.store.estimate_history(cid, p["method"], p["attrs"],
-                                                         2 * window + 2 * float(coll.refresh_interval_s))
+                                                         2 * window + 2 * interval)
             except Exception:  # noqa: BLE001
                 log.warning("refresh %s: no estimate history", cid, exc_info=True)
                 hist = []
             p["drift_tvd"] = drift_tvd(p, hist, window)
-            await self.store.put_estimate(cid, p["method"], p["attrs"], p)
+            await self.store.put_estimate(cid, p["method"], p["attrs"], p, history_cap=cap)
         elapsed = time.perf_counter() - t0
         self._update_gauges(cid, mech, payloads, n_reports, now, sent_at_max, elapsed)
         return payloads

@@ -34,7 +34,8 @@ Keys, all under the hash tag ``{collection}`` so one script may touch them on Re
     ldp:{<id>}:n                         reports counted
     ldp:{<id>}:sent_at_max               newest ``sent_at`` counted (unix seconds)
     ldp:{<id>}:est:<method>:<marginal>   latest estimate (JSON)
-    ldp:{<id>}:hist:<method>:<marginal>  capped list of past estimates (JSON, newest first)
+    ldp:{<id>}:hist:<method>:<marginal>  capped list of past estimates (JSON, newest first; the
+                                         refresher caps it at history_cap_for(window, interval))
 
 Tensors are read with GETRANGE and ``np.frombuffer(..., '>i8')``; a missing key or a short
 string reads as zeros.
@@ -53,11 +54,27 @@ import numpy as np
 from ..estimators.mechanism import TensorSpec, marginal_key
 
 __all__ = ["CountStore", "ApplyStatus", "ApplyResult", "PartitionDelta", "BITFIELD_OPS_PER_CALL",
-           "DEFAULT_CHUNK_CELLS", "key_prefix"]
+           "DEFAULT_CHUNK_CELLS", "DEFAULT_HISTORY_CAP", "MAX_HISTORY_CAP", "history_cap_for",
+           "key_prefix"]
 
 DEFAULT_CHUNK_CELLS = 2**22           # 32 MiB of int64 per Redis string
 BITFIELD_OPS_PER_CALL = 1000          # 4 values per op; Lua unpack() takes at most 8000
-DEFAULT_HISTORY_CAP = 256             # past estimates kept per (method, marginal)
+DEFAULT_HISTORY_CAP = 256             # past estimates kept per (method, marginal) by default
+MAX_HISTORY_CAP = 10_000              # the most a collection may ask for (config.py enforces it)
+
+
+def history_cap_for(drift_window_s: float, refresh_interval_s: float) -> int:
+    """Past estimates to keep per (method, marginal) so that drift always finds one
+    ``drift_window_s`` old: ``ceil(2 · drift_window_s / refresh_interval_s) + 4``.
+
+    One refresh per interval needs ``window / interval + 1`` entries; the factor 2 covers refreshes
+    closer together than the interval (several workers: the refresh lease lasts 0.8 interval;
+    forced ``POST .../refresh``; timer jitter). A fixed cap would silently disable drift for a
+    window longer than ``cap × interval``."""
+    w, i = float(drift_window_s), float(refresh_interval_s)
+    if not (w > 0 and i > 0 and math.isfinite(w) and math.isfinite(i)):
+        raise ValueError(f"drift window and refresh interval must be finite and > 0 (got {w}, {i})")
+    return math.ceil(2.0 * w / i) + 4
 
 # KEYS: offsets, n, sent_at_max, chunk keys...
 # ARGV: ops per BITFIELD call, number of partitions P, then 6 values per partition: partition,
@@ -345,9 +362,13 @@ class CountStore:
 
     # --- estimates ------------------------------------------------------------------------------
     async def put_estimate(self, collection: str, method: str, attrs: Sequence[str],
-                           payload: Mapping[str, Any]) -> None:
+                           payload: Mapping[str, Any], *, history_cap: int | None = None) -> None:
         """Store the latest estimate and push it on the capped history (one MULTI/EXEC).
-        ``payload`` gets ``updated_at`` (now) if it has none."""
+        ``payload`` gets ``updated_at`` (now) if it has none. ``history_cap``: entries kept (the
+        collection's :func:`history_cap_for`; default: the store's ``history_cap``)."""
+        cap = self.history_cap if history_cap is None else int(history_cap)
+        if cap < 1:
+            raise ValueError(f"history_cap must be >= 1 (got {cap})")
         doc = _finite_json(dict(payload))
         doc.setdefault("updated_at", time.time())
         text = json.dumps(doc, allow_nan=False)
@@ -355,7 +376,7 @@ class CountStore:
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(self._est_key(collection, "est", method, attrs), text)
         pipe.lpush(hist, text)
-        pipe.ltrim(hist, 0, self.history_cap - 1)
+        pipe.ltrim(hist, 0, cap - 1)
         await pipe.execute()
 
     async def get_estimate(self, collection: str, method: str,

@@ -44,6 +44,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from .agents.store import MAX_HISTORY_CAP, history_cap_for
 from .cli import CliError
 from .datasets import ADULT_COLUMNS, DatasetError, adult_path, load_csv
 from .estimators.domain import Domain
@@ -312,6 +313,7 @@ def _build_collection(cf: _CollectionFile, path: str, base_dir: Path) -> Collect
                               f"{cf.mechanism} (known: {', '.join(allowed)})")
     if len(set(cf.estimators)) != len(cf.estimators):
         raise ConfigError(f"{path}.estimators: lists an estimator twice")
+    _check_drift_history(cf.drift_window_s, cf.refresh_interval_s, path)
     coll = Collection(id=cf.id, domain=domain, mechanism_name=cf.mechanism,
                       epsilon=float(cf.epsilon), epsilon_scope=cf.epsilon_scope,
                       marginals=marginals, estimators=list(cf.estimators),
@@ -327,6 +329,21 @@ def _build_collection(cf: _CollectionFile, path: str, base_dir: Path) -> Collect
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{path}: cannot build mechanism {cf.mechanism!r}: {exc}") from None
     return coll
+
+
+def _check_drift_history(window: float, interval: float, path: str) -> None:
+    """Drift compares with an estimate ``drift_window_s`` old, so the history keeps
+    :func:`~ldpstream.agents.store.history_cap_for` entries per marginal and estimator; more than
+    ``MAX_HISTORY_CAP`` is refused rather than kept unbounded (or capped, which would silently
+    turn drift off)."""
+    cap = history_cap_for(window, interval)
+    if cap > MAX_HISTORY_CAP:
+        most = (MAX_HISTORY_CAP - 4) // 2
+        raise ConfigError(f"{path}.drift_window_s: must be at most {most} × refresh_interval_s "
+                          f"(got {_got(window)} s with refresh_interval_s {_got(interval)}: drift "
+                          f"would need {cap} past estimates per marginal and estimator, the limit "
+                          f"is {MAX_HISTORY_CAP}); shorten drift_window_s or raise "
+                          f"refresh_interval_s")
 
 
 def _domain(schema: _SchemaFile, path: str, base_dir: Path) -> tuple[Domain, str]:

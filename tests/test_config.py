@@ -147,6 +147,8 @@ def test_csv_schema_relative_path(tmp_path):
     ("collections.0.partitions", 2.5, "collections[0].partitions: must be an integer"),
     ("collections.0.drift_threshold", 1.5, "collections[0].drift_threshold: must be a number <= 1"),
     ("collections.0.refresh_interval_s", 0, "collections[0].refresh_interval_s: must be a number > 0"),
+    ("collections.0.drift_window_s", 86_400,
+     "collections[0].drift_window_s: must be at most 4998 × refresh_interval_s (got 86400 s"),
     ("collections.0.epsilon_scope", "device",
      "collections[0].epsilon_scope: must be one of 'attribute' or 'record' (got 'device')"),
     ("collections.0.expect_traffic", "yes", "collections[0].expect_traffic: must be true or false"),

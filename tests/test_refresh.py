@@ -183,6 +183,37 @@ def test_two_workers_one_refresh_per_interval(redis_url):
     asyncio.run(run())
 
 
+def test_drift_with_a_window_longer_than_256_intervals(redis_url):
+    """drift_window_s = 400 refresh intervals: the history must keep an estimate that old. With a
+    fixed 256-entry cap every refresh trimmed it below the window, so drift stayed None forever
+    and EstimateDrift could never fire."""
+    coll, mech = make_collection(cid="longwin", marginals=[("sex", "income")],
+                                 estimators=["castell"], refresh_interval_s=1.0,
+                                 drift_window_s=400.0)
+    reports, counts = reports_and_counts(mech, coll, n=5000, seed=4)
+    old = refresh_collection(coll, mech, counts, now=0.0)[0]
+    old["cells"] = [[0.25, 0.25], [0.25, 0.25]]
+
+    async def run():
+        store = await _fresh_store(redis_url)
+        await store.apply("longwin", 0, 1, counts, len(reports))
+        # the history of a steady refresh every interval for the last 450 s (oldest pushed first)
+        key = "ldp:{longwin}:hist:castell:m:sex|income"
+        now = time.time()
+        await store.redis.lpush(key, *[json.dumps(dict(old, updated_at=now - 450 + i))
+                                       for i in range(450)])
+        w = Refresher(_ctx(coll, store))
+        for _ in range(3):  # steady state: every refresh still finds an entry 400 s old
+            (p,) = await w.refresh("longwin")
+            assert p["drift_tvd"] is not None
+            assert p["drift_tvd"] == pytest.approx(tvd(np.asarray(p["cells"]),
+                                                       np.asarray(old["cells"])))
+        assert await store.redis.llen(key) == 453  # under the collection's cap (804): all kept
+        w.executor.shutdown(wait=True)
+        await store.close()
+    asyncio.run(run())
+
+
 def _gauge(name, **labels):
     return metrics.REGISTRY.get_sample_value(name, labels)
 

@@ -174,6 +174,26 @@ def test_estimates_and_history(redis_url):
     run(body, redis_url, history_cap=20)
 
 
+def test_history_cap_per_call_and_sized_from_the_drift_window(redis_url):
+    from ldpstream.agents.store import history_cap_for
+
+    assert history_cap_for(60, 5) == 28 and history_cap_for(400, 1) == 804
+    assert history_cap_for(0.3, 1) == 5  # window shorter than the interval: the previous one
+    with pytest.raises(ValueError):
+        history_cap_for(60, 0)
+
+    async def body(store: CountStore):
+        await store.reset("cap")
+        for i in range(40):
+            await store.put_estimate("cap", "castell", ("a",), {"n": i}, history_cap=30)
+        assert len(await store.estimate_history("cap", "castell", ("a",), 1e9)) == 30  # > 20
+        await store.put_estimate("cap", "castell", ("a",), {"n": 40})  # the store's default
+        assert len(await store.estimate_history("cap", "castell", ("a",), 1e9)) == 20
+        with pytest.raises(ValueError):
+            await store.put_estimate("cap", "castell", ("a",), {"n": 41}, history_cap=0)
+    run(body, redis_url, history_cap=20)
+
+
 def test_survives_redis_restart():
     spec = TensorSpec("m:r", ("a",), (4,))
 

@@ -21,6 +21,13 @@ Two selection rules:
     the 1-way castell variance and m_j the clip-rescaled marginals.
 
 Both return ``(estimate, name)`` with name ``"castell"`` or ``"rr-independent"``.
+
+Error bound of a chosen RR-Independent estimate (:func:`product_tvd_bound`): the product is biased,
+so castell's expected TVD says nothing about it. With e = Π̃ − Π over |Ω| cells,
+TVD = ½‖e‖₁ ≤ ½·sqrt(|Ω|)·‖e‖₂ (Cauchy–Schwarz) and E‖e‖₂ ≤ sqrt(E‖e‖₂²) (Jensen), so
+E[TVD] ≤ ½·sqrt(|Ω|·E‖e‖²), with E‖e‖² the *estimated* bias² + variance above; capped at 1 (Π̃
+and Π are distributions). It is a bound given that estimate, not a guarantee: bias² is itself
+estimated from the data (with the upward lean described above).
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ import numpy as np
 from .castell import castell, castell_variance, check_inputs
 from .rr_independent import marginal_estimates, outer
 
-__all__ = ["hybrid", "hybrid_auto", "hybrid_bounds", "auto_errors"]
+__all__ = ["hybrid", "hybrid_auto", "hybrid_bounds", "auto_errors", "product_tvd_bound"]
 
 
 def hybrid_bounds(shape: Sequence[int], n: float, epsilons: Sequence[float]) -> tuple[float, float]:
@@ -91,3 +98,12 @@ def hybrid_auto(counts: np.ndarray, channels: Sequence[np.ndarray]) -> tuple[np.
     if e["castell_err"] <= e["rr-independent_err"]:
         return e["castell"], "castell"  # type: ignore[return-value]
     return e["rr-independent"], "rr-independent"  # type: ignore[return-value]
+
+
+def product_tvd_bound(counts: np.ndarray, channels: Sequence[np.ndarray]) -> float:
+    """Bound on the expected TVD of the RR-Independent estimate (module docstring):
+    ``min(1, ½·sqrt(|Ω|·E‖Π̃ − Π‖²))`` with E‖Π̃ − Π‖² = estimated bias² + variance from
+    :func:`auto_errors`."""
+    err2 = float(auto_errors(counts, channels)["rr-independent_err"])  # type: ignore[arg-type]
+    cells = int(np.asarray(counts).size)
+    return float(min(1.0, 0.5 * np.sqrt(cells * max(err2, 0.0))))

@@ -15,8 +15,11 @@ exactly). ε is always computed from the channel entries, never echoed.
 
 ``error_bound`` is the expected TVD of the unbiased inverse estimate (castell) under a normal
 approximation of its closed-form variance. It is attached to castell and, as a conservative
-proxy, to truncated, hybrid, hybrid-auto and ibu (their errors are typically smaller); the biased
-product / raking estimates (rr-independent, rr-adjustment) carry none.
+proxy, to truncated and ibu (their errors are typically smaller). ``hybrid`` / ``hybrid-auto``
+carry castell's bound when they chose castell; when they chose the biased RR-Independent product
+they carry :func:`~.hybrid.product_tvd_bound`, ½·sqrt(|Ω|·(estimated bias² + variance)) by
+Cauchy–Schwarz (``extra["error_bound_of"]`` names which). The plain rr-independent and
+rr-adjustment estimators carry none.
 """
 from __future__ import annotations
 
@@ -207,16 +210,16 @@ class RRIndependent(_RRBase):
         if method == "truncated":
             from .truncated import truncated
             return self._estimate(truncated(c, P), attrs, method, n, options, error_bound=bound)
-        if method == "hybrid":
-            from .hybrid import hybrid
-            est, chosen = hybrid(c, P, [self.epsilons[i] for i in self.domain.axes(attrs)])
+        if method in ("hybrid", "hybrid-auto"):
+            from .hybrid import hybrid, hybrid_auto, product_tvd_bound
+            est, chosen = (hybrid(c, P, [self.epsilons[i] for i in self.domain.axes(attrs)])
+                           if method == "hybrid" else hybrid_auto(c, P))
+            if chosen == "rr-independent":  # biased: castell's variance says nothing about it
+                bound, of = product_tvd_bound(c, P), "rr-independent (bias² + variance)"
+            else:
+                of = "castell"
             return self._estimate(est, attrs, method, n, options, error_bound=bound,
-                                  extra={"chosen": chosen})
-        if method == "hybrid-auto":
-            from .hybrid import hybrid_auto
-            est, chosen = hybrid_auto(c, P)
-            return self._estimate(est, attrs, method, n, options, error_bound=bound,
-                                  extra={"chosen": chosen})
+                                  extra={"chosen": chosen, "error_bound_of": of})
         if method == "rr-independent":
             from .rr_independent import rr_independent
             return self._estimate(rr_independent(c, P), attrs, method, n, options)

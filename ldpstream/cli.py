@@ -26,7 +26,7 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
                         "| rs-fd | rs-rfd | lopub")
     p.add_argument("--estimator", action="append", default=None,
                    help="repeatable: castell | truncated | hybrid | hybrid-auto | rr-independent | "
-                        "rr-adjustment | ibu (rr family); em | lasso | lasso-em | cooccurrence (lopub)")
+                        "rr-adjustment | rr-adjustment-full | ibu (rr family); em | lasso | lasso-em | cooccurrence (lopub)")
     p.add_argument("--ways", default="2,3", help="comma-separated w values (marginal sizes)")
     p.add_argument("--subsets", type=int, default=10, help="random attribute subsets per w")
     p.add_argument("--seed", type=int, default=0)

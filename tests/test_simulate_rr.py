@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from ldpstream import cli
+from ldpstream.estimators.rr_ind import RRClusters, RRIndependent, RRJoint
+from ldpstream.simulate import rr as sim_rr
 from ldpstream.simulate.rr import draw_subsets
 
 TOP_KEYS = {"n", "m", "epsilon", "epsilon_scope", "epsilon_per_record", "results"}
@@ -128,3 +130,45 @@ def test_bench_adult_quick(capsys):
     adult.print_report(doc)
     out = capsys.readouterr().out
     assert "Table VI" in out and "n/a" in out and "PASS" in out
+
+
+@pytest.mark.parametrize("cls", [RRIndependent, RRJoint, RRClusters], ids=lambda c: c.name)
+def test_simulate_equals_mechanism_estimate_for_every_estimator(cls):
+    """One code path: every estimator's simulate metric equals the metric of ``mech.estimate`` on
+    the exact count tensor of the same reports (same seed), as a streaming server would have."""
+    ds = sim_rr.load_dataset(None, "workclass,education,marital-status,relationship,sex")
+    plan = sim_rr.Plan(ds, cls.name, cls.estimators, (2, 3), 1, seed=4, runs=1, epsilon=2.0)
+    doc = sim_rr.simulate(plan)
+    rows = {(r["estimator"], r["w"]): r for r in doc["results"]}
+    mech, reports, eps = sim_rr._randomize(plan, np.random.default_rng([plan.seed, 0]))
+    assert eps == doc["epsilon_per_record"]
+    for w in plan.ways:
+        (s,) = draw_subsets(len(ds.domain), w, 1, plan.seed)
+        attrs = tuple(ds.domain.attrs[c] for c in s)
+        counts = mech.count(reports, mech.tensors([attrs]))
+        truth = sim_rr.histogram(ds.records, s, [ds.domain.shape[c] for c in s]) / ds.n
+        for e in cls.estimators:
+            est = mech.estimate(counts, attrs, e)
+            assert rows[(e, w)]["metrics"] == sim_rr._metrics(est.factor.values, truth,
+                                                              sim_rr.METRICS), (e, w)
+            if e in sim_rr.ITERATIVE:
+                assert rows[(e, w)]["iterations"] == est.iterations
+
+
+def test_rr_adjustment_full_is_simulate_only_and_differs(capsys):
+    """Alg. 2 on whole records is kept as ``rr-adjustment-full`` (simulate only); it rakes all m
+    attributes, so its w-way estimate differs from the w-way-table ``rr-adjustment``."""
+    assert "rr-adjustment-full" not in RRIndependent.estimators
+    rc, out, _ = _run(capsys, "--mechanism", "rr-ind", "--estimator", "rr-adjustment",
+                      "--estimator", "rr-adjustment-full", "--ways", "2", "--subsets", "2",
+                      "--epsilon", "1", "--json")
+    assert rc == 0
+    rows = {r["estimator"]: r for r in json.loads(out)["results"]}
+    assert set(rows) == {"rr-adjustment", "rr-adjustment-full"}
+    for r in rows.values():
+        assert r["converged_fraction"] == 1.0 and r["iterations"] >= 1
+        assert 0 < r["metrics"]["tvd"] < 0.5
+    assert rows["rr-adjustment"]["metrics"]["tvd"] != rows["rr-adjustment-full"]["metrics"]["tvd"]
+    rc, _, err = _run(capsys, "--mechanism", "rr-joint", "--estimator", "rr-adjustment-full",
+                      "--subsets", "1")
+    assert rc == 2 and "'rr-adjustment-full'" in err

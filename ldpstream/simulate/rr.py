@@ -18,10 +18,14 @@ with RR-Clusters and only their reports are used for estimation. Every user repo
 ε per user is the ε of one report. Thresholds: T_v = 1000 cells, T_d = 0.1 (Cramér's V on the
 randomized data).
 
-rr-adjustment ([MDRR] Alg. 2) rakes once per run on the distinct randomized patterns of all m
-attributes (targets: clip-rescaled 1-way RR-Independent estimates, or for rr-clusters the
-clip-rescaled cluster joints); each subset's estimate is the sum of pattern weights. Its
-``seconds`` include that raking once per w row.
+Every estimator the mechanism offers goes through ``mech.estimate`` on the subset's count table,
+exactly what the streaming server computes from the same reports. That includes rr-adjustment
+([MDRR] Alg. 2 on the distinct randomized patterns of the w-way table). ``rr-adjustment-full``
+(simulate only: a server keeps w-way tables, not whole records) is Alg. 2 as the paper runs it on
+full records: one raking per run over the distinct randomized patterns of all m attributes
+(targets: clip-rescaled 1-way RR-Independent estimates, or for rr-clusters the clip-rescaled
+cluster joints); each subset's estimate is the sum of pattern weights. Its ``seconds`` include
+that raking once per w row.
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ import numpy as np
 from ..cli import CliError
 from ..datasets import ADULT_COLUMNS, Dataset, DatasetError, load_csv
 from ..estimators import metrics as M
-from ..estimators.mechanism import histogram, marginal_key
+from ..estimators.mechanism import histogram
 from ..estimators.proper import clip_rescale
 from ..estimators.rr_adjustment import adjusted_marginal, distinct_patterns, rr_adjustment
 from ..estimators.rr_ind import RRClusters, RRIndependent, RRJoint, apply_proper
@@ -49,7 +53,10 @@ MECHS = {"rr-ind": RRIndependent, "rr-joint": RRJoint, "rr-clusters": RRClusters
 DEFAULT_ESTIMATORS = {"rr-ind": ("castell", "truncated", "ibu"),
                       "rr-joint": ("castell", "ibu"),
                       "rr-clusters": ("rr-independent", "castell", "ibu")}
-ITERATIVE = ("ibu", "rr-adjustment")
+#: simulate-only estimators (need whole randomized records), per mechanism
+FULL_RECORD = {"rr-ind": ("rr-adjustment-full",), "rr-clusters": ("rr-adjustment-full",),
+               "rr-joint": ()}
+ITERATIVE = ("ibu", "rr-adjustment", "rr-adjustment-full")
 METRICS = ("tvd", "max_abs", "mae", "mse")
 CLUSTER_MAX_CELLS = 1000
 CLUSTER_MIN_DEPENDENCE = 0.1
@@ -130,10 +137,11 @@ def plan_from_args(args: Any) -> Plan:
         raise CliError(f"--runs: must be ≥ 1, got {args.runs}")
     cls = MECHS[args.mechanism]
     ests = tuple(args.estimator) if args.estimator else DEFAULT_ESTIMATORS[args.mechanism]
+    allowed = cls.estimators + FULL_RECORD[args.mechanism]
     for e in ests:
-        if e not in cls.estimators:
+        if e not in allowed:
             raise CliError(f"--estimator: {e!r} does not apply to --mechanism {args.mechanism} "
-                           f"(choose from {', '.join(cls.estimators)})")
+                           f"(choose from {', '.join(allowed)})")
     ests = tuple(dict.fromkeys(ests))
     beta = float(getattr(args, "phase1_fraction", 0.1))
     if args.mechanism == "rr-clusters" and not 0 < beta < 1:
@@ -181,7 +189,8 @@ def _randomize(plan: Plan, rng: np.random.Generator):
 
 
 def _adjustment(mech, reports: np.ndarray):
-    """Alg. 2 once over all m attributes: (patterns, weights, iterations, converged)."""
+    """``rr-adjustment-full``: Alg. 2 once over all m attributes of the randomized records:
+    (patterns, weights, iterations, converged)."""
     shape = mech.domain.shape
     patterns, counts, _ = distinct_patterns(reports, shape)
     targets: list = []
@@ -231,7 +240,7 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
         eps_record = eps_rec
         adj = None
         adj_seconds = 0.0
-        if "rr-adjustment" in plan.estimators:
+        if "rr-adjustment-full" in plan.estimators:
             t0 = time.perf_counter()
             adj = _adjustment(mech, reports)
             adj_seconds = time.perf_counter() - t0
@@ -241,11 +250,11 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
             for s in subsets[w]:
                 attrs = tuple(dom.attrs[c] for c in s)
                 shape = [dom.shape[c] for c in s]
-                counts = {marginal_key(attrs): histogram(reports, s, shape)}
+                counts = mech.count(reports, mech.tensors([attrs]))
                 truth = truths[(w, s)]
                 for e in plan.estimators:
                     t0 = time.perf_counter()
-                    if e == "rr-adjustment":
+                    if e == "rr-adjustment-full":
                         patterns, weights, iters, conv = adj  # type: ignore[misc]
                         values = apply_proper(adjusted_marginal(patterns, weights, s, shape),
                                               plan.proper)
@@ -270,7 +279,7 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
                 a = acc[(e, w)]
                 a["metrics"].append({k: float(np.mean([x[k] for x in per[e]["metrics"]]))
                                      for k in plan.metrics})
-                a["seconds"].append(per[e]["seconds"] + (adj_seconds if e == "rr-adjustment"
+                a["seconds"].append(per[e]["seconds"] + (adj_seconds if e == "rr-adjustment-full"
                                                          else 0.0))
                 a["iterations"].extend(per[e]["iterations"])
                 a["converged"].extend(per[e]["converged"])

@@ -352,9 +352,10 @@ class IngestService(Service):
                 good.append((m, decode_batch(m.value if m.value is not None else b"",
                                              max_bytes=self.max_message_bytes)))
             except DecodeError as exc:
-                pend.rejects.append((exc.reason, exc.detail, exc.collection or "", m.value or b"",
-                                     m.offset))
-                key = ("unknown", exc.reason)
+                # the topic names the collection even when the bytes cannot: count and file
+                # the reject under it (the DLQ record's topic/offset locate the message)
+                pend.rejects.append((exc.reason, exc.detail, cid, m.value or b"", m.offset))
+                key = (cid, exc.reason)
                 pend.rejected_reports[key] = pend.rejected_reports.get(key, 0) + 1
         # validate: one vectorized check for all batches sharing (collection, version, width);
         # only when that fails, find the bad batches one by one
@@ -378,7 +379,7 @@ class IngestService(Service):
                     accepted.append(b.reports)
                     sent_at_max = max(sent_at_max, b.sent_at)
                 else:
-                    pend.rejects.append((res[0], res[1], b.collection, m.value, m.offset))
+                    pend.rejects.append((res[0], res[1], cid, m.value, m.offset))
                     key = (cid, res[0])
                     pend.rejected_reports[key] = pend.rejected_reports.get(key, 0) + b.n
         if accepted:

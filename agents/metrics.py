@@ -24,7 +24,8 @@ REPORTS_INGESTED = Counter(
     ["collection"], registry=REGISTRY)
 REPORTS_REJECTED = Counter(
     "ldp_reports_rejected_total",
-    "Reports sent to the dead-letter topic (an undecodable message counts 1, collection=unknown).",
+    "Reports sent to the dead-letter topic (an undecodable message counts 1, under the "
+    "collection of its topic).",
     ["collection", "reason"], registry=REGISTRY)
 MESSAGES_CONSUMED = Counter(
     "ldp_messages_consumed_total", "Kafka messages consumed from a collection's report topic.",

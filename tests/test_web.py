@@ -170,7 +170,7 @@ def test_metrics_expose_every_ldp_metric(stack):
 
     assert value("ldp_reports_ingested_total", collection=cid) == TOTAL
     assert value("ldp_collection_reports", collection=cid) == TOTAL
-    assert value("ldp_reports_rejected_total", collection="unknown", reason="bad_magic") >= 1
+    assert value("ldp_reports_rejected_total", collection=cid, reason="bad_magic") >= 1
     assert value("ldp_messages_consumed_total", collection=cid) >= TOTAL / 500
     assert value("ldp_batch_apply_seconds_count", collection=cid) >= 1
     assert value("ldp_consumer_lag_messages", collection=cid) >= 0

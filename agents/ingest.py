@@ -47,7 +47,6 @@ import dataclasses
 import json
 import logging
 import math
-import struct
 import time
 from collections import defaultdict
 from typing import Any, Iterable
@@ -55,7 +54,8 @@ from typing import Any, Iterable
 import numpy as np
 from mode import Service
 
-from ..producers.codec import DLQ_TOPIC, DecodeError, ReportBatch, decode_batch, dlq_record, explain_batch
+from ..producers.codec import (DLQ_TOPIC, DecodeError, ReportBatch, decode_batch, decode_uniform,
+                               dlq_record, explain_batch)
 from ..estimators.mechanism import Mechanism
 from . import metrics
 from .store import ApplyStatus, PartitionDelta
@@ -641,50 +641,6 @@ def count_reports(mech: Any, reports: np.ndarray, specs: list) -> dict[str, np.n
             flat = cols[c].copy() if flat is None else flat * int(size) + cols[c]
         out[s.key] = np.bincount(flat, minlength=s.size).astype(np.int64, copy=False).reshape(s.shape)
     return out
-
-# The report-batch header (producers/codec.py documents the layout): magic, format version, flags,
-# collection length | collection id | config version, sent_at, n, width, value dtype code.
-_HEAD0 = struct.Struct("<4sBBB")
-_HEAD1 = struct.Struct("<IdIHB")
-_VALUE_DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
-
-
-def decode_uniform(values: list, max_bytes: int) -> ReportBatch | None:
-    """Decode many messages of identical layout at once (e.g. a stream of single-report messages
-    of one collection): all of the same length, and header bytes equal to the first message's
-    except ``sent_at``. The first message is decoded and validated by the codec's
-    :func:`decode_batch`; the others then have the same structure, so their values are cut out of
-    one ``(k, length)`` byte matrix without a per-message Python decode. Returns one batch holding
-    every report (``sent_at`` = the newest), or None when the messages are not uniform (the caller
-    then decodes them one by one)."""
-    if not values or values[0] is None:
-        return None
-    size = len(values[0])
-    if size > max_bytes or size < _HEAD0.size:
-        return None
-    for v in values:
-        if v is None or len(v) != size:
-            return None
-    try:
-        first = decode_batch(values[0], max_bytes=max_bytes)
-    except DecodeError:
-        return None
-    clen = values[0][6]
-    t_at = _HEAD0.size + clen + 4                 # sent_at: f64 after the config version
-    head = _HEAD0.size + clen + _HEAD1.size
-    ids = 8 * first.n if values[0][5] & 1 else 0
-    rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), size)
-    if not ((rows[:, :t_at] == rows[0, :t_at]).all()
-            and (rows[:, t_at + 8:head] == rows[0, t_at + 8:head]).all()):
-        return None
-    sent = np.ascontiguousarray(rows[:, t_at:t_at + 8]).view("<f8").ravel()
-    if not np.isfinite(sent).all():
-        return None
-    dt = _VALUE_DTYPES[values[0][head - 1]]
-    reports = np.ascontiguousarray(rows[:, head + ids:]).view(dt).reshape(-1, first.width)
-    return ReportBatch(first.collection, first.version,
-                       reports.astype(dt.newbyteorder("="), copy=False), None, float(sent.max()))
-
 
 def _listener_base():
     from aiokafka import ConsumerRebalanceListener

@@ -18,7 +18,8 @@ little-endian::
     26+L    8n    device ids, u64 (only when flags bit 0)
     ...     n*width*code  values, row-major
 
-Decoding is vectorized (``np.frombuffer``); no Python loop over reports. A JSON form of the same
+Decoding is vectorized (``np.frombuffer``); no Python loop over reports; :func:`decode_uniform`
+decodes many same-layout messages (e.g. single reports) as one byte matrix. A JSON form of the same
 batch exists for debugging. :func:`check_batch` validates a decoded batch against the known
 mechanisms; :func:`dlq_record` builds the dead-letter record for ``ldp.dlq``.
 """
@@ -39,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "MAX_MESSAGE_BYTES", "DLQ_TOPIC", "DECODE_REASONS",
            "CHECK_REASONS", "DecodeError", "ReportBatch", "encode_batch", "decode_batch",
-           "check_batch", "explain_batch", "batch_to_json", "batch_from_json", "dlq_record"]
+           "decode_uniform", "check_batch", "explain_batch", "batch_to_json", "batch_from_json", "dlq_record"]
 
 MAGIC = b"LDPB"
 FORMAT_VERSION = 1
@@ -202,6 +203,44 @@ def decode_batch(data: bytes | bytearray | memoryview, *,
     reports = np.frombuffer(data, dtype=dt, count=n * width, offset=pos).reshape(n, width)
     reports = reports.astype(dt.newbyteorder("="), copy=False)
     return ReportBatch(collection, int(version), reports, device_ids, float(sent_at))
+
+
+def decode_uniform(values: list, max_bytes: int = MAX_MESSAGE_BYTES) -> ReportBatch | None:
+    """Decode many messages of identical layout at once (the worker's fast path, e.g. a stream of
+    single-report messages of one collection): all of the same length, and header bytes equal to
+    the first message's except ``sent_at``. The first message is decoded and validated by
+    :func:`decode_batch`; the others then have the same structure, so their values are cut out of
+    one ``(k, length)`` byte matrix without a per-message Python decode. Returns one batch holding
+    every report (``sent_at`` = the newest, ``device_ids`` dropped), or None when the messages are
+    not uniform (the caller then decodes them one by one with :func:`decode_batch`)."""
+    if not values or values[0] is None:
+        return None
+    first_raw = bytes(values[0])
+    size = len(first_raw)
+    if size > max_bytes or size < _HEAD0.size:
+        return None
+    for v in values:
+        if v is None or len(v) != size:
+            return None
+    try:
+        first = decode_batch(first_raw, max_bytes=max_bytes)
+    except DecodeError:
+        return None
+    _, _, flags, clen = _HEAD0.unpack_from(first_raw, 0)
+    sent_at = _HEAD0.size + clen + 4             # sent_at: the f64 after the u32 config version
+    head = _HEAD0.size + clen + _HEAD1.size      # end of the header (after the dtype code)
+    ids = 8 * first.n if flags & FLAG_DEVICE_IDS else 0
+    rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), size)
+    if not ((rows[:, :sent_at] == rows[0, :sent_at]).all()
+            and (rows[:, sent_at + 8:head] == rows[0, sent_at + 8:head]).all()):
+        return None
+    sent = np.ascontiguousarray(rows[:, sent_at:sent_at + 8]).view("<f8").ravel()
+    if not np.isfinite(sent).all():
+        return None
+    dt = _DTYPES[first_raw[head - 1]]
+    reports = np.ascontiguousarray(rows[:, head + ids:]).view(dt).reshape(-1, first.width)
+    return ReportBatch(first.collection, first.version,
+                       reports.astype(dt.newbyteorder("="), copy=False), None, float(sent.max()))
 
 
 def explain_batch(batch: ReportBatch,

@@ -12,7 +12,7 @@ from ldpstream.estimators.domain import Domain
 from ldpstream.estimators.mechanism import Mechanism
 from ldpstream.producers.codec import (DLQ_PAYLOAD_LIMIT, MAGIC, DecodeError, ReportBatch,
                                        batch_from_json, batch_to_json, check_batch, decode_batch,
-                                       dlq_record, encode_batch, explain_batch)
+                                       decode_uniform, dlq_record, encode_batch, explain_batch)
 
 
 class BoundsOnly(Mechanism):
@@ -245,3 +245,59 @@ def test_decode_is_vectorized_and_fast(capsys):
         print(f"\n[codec] 100,000 reports x 8 fields + device ids ({len(blob) / 1e6:.1f} MB): "
               f"encode {enc * 1e3:.1f} ms, decode+check {best * 1e3:.2f} ms "
               f"({100_000 / best / 1e6:.0f}M reports/s)")
+
+
+def test_uniform_fast_decode_matches_the_codec():
+    """The many-messages decode path (the worker's fast path) gives exactly what decode_batch
+    gives per message, and refuses anything that is not uniform."""
+    rng = np.random.default_rng(1)
+    for n, width, hi, ids in ((1, 8, 9, True), (3, 4, 300, False), (2, 2, 70_000, True)):
+        reps = [rng.integers(0, hi, size=(n, width)) for _ in range(40)]
+        for r in reps:  # the same value dtype in every message
+            r[0, 0] = hi - 1
+        vals = [encode_batch("c1", 5, r, device_ids=rng.integers(0, 2**63, n) if ids else None,
+                             sent_at=1000.0 + i) for i, r in enumerate(reps)]
+        fast = decode_uniform(vals, 1 << 20)
+        slow = [decode_batch(v) for v in vals]
+        assert fast is not None and fast.collection == "c1" and fast.version == 5
+        np.testing.assert_array_equal(fast.reports, np.concatenate([b.reports for b in slow]))
+        assert fast.sent_at == 1039.0
+    one = encode_batch("c1", 5, np.ones((1, 3), int))
+    assert decode_uniform([one, encode_batch("c1", 6, np.ones((1, 3), int))], 1 << 20) is None
+    assert decode_uniform([one, encode_batch("c2", 5, np.ones((1, 3), int))], 1 << 20) is None
+    assert decode_uniform([one, one[:-1] + b"\x07"], 1 << 20) is not None  # values differ: fine
+    assert decode_uniform([one, b"X" + one[1:]], 1 << 20) is None          # header differs
+    assert decode_uniform([one, one[:-1]], 1 << 20) is None                # length differs
+    assert decode_uniform([one[:-1], one[:-1]], 1 << 20) is None           # truncated
+    assert decode_uniform([one, one], len(one) - 1) is None                # oversized
+    bad_time = bytearray(one)
+    bad_time[11 + 2:19 + 2] = np.array([np.nan]).tobytes()
+    assert decode_uniform([one, bytes(bad_time)], 1 << 20) is None
+    assert decode_uniform([], 1 << 20) is None and decode_uniform([None, one], 1 << 20) is None
+
+
+def test_uniform_decode_never_disagrees_with_decode_batch():
+    """Seeded mutations of uniform message lists (a flipped byte anywhere, header included): the
+    fast path either declines (None) or returns exactly the per-message decode."""
+    rng = np.random.default_rng(7)
+    declined = agreed = 0
+    for trial in range(300):
+        n, width = int(rng.integers(1, 3)), int(rng.integers(1, 5))
+        vals = [encode_batch("cø", 3, rng.integers(0, 200, size=(n, width)),
+                             device_ids=np.arange(n) if trial % 2 else None,
+                             sent_at=float(i)) for i in range(int(rng.integers(2, 20)))]
+        k = int(rng.integers(0, len(vals)))
+        msg = bytearray(vals[k])
+        msg[int(rng.integers(0, len(msg)))] ^= 1 << int(rng.integers(0, 8))
+        vals[k] = bytes(msg)
+        fast = decode_uniform(vals, 1 << 20)
+        if fast is None:
+            declined += 1
+            continue
+        slow = [decode_batch(v) for v in vals]  # accepted → every message decodes on its own
+        assert all(b.collection == fast.collection and b.version == fast.version for b in slow)
+        np.testing.assert_array_equal(fast.reports, np.concatenate([b.reports for b in slow]))
+        assert fast.sent_at == max(b.sent_at for b in slow)
+        agreed += 1
+    assert declined > 30 and agreed > 30  # both branches exercised
+

@@ -72,35 +72,14 @@ def test_fleet_and_device_reports_counted_exactly(tmp_path, kafka_broker, redis_
     assert worker.stop() == 0
 
 
-def test_uniform_fast_decode_matches_the_codec():
-    """The worker's many-messages decode path gives exactly what decode_batch gives per message,
-    and refuses anything that is not uniform."""
-    from ldpstream.agents.ingest import decode_uniform
-    from ldpstream.producers.codec import decode_batch, encode_batch
+def test_worker_decodes_with_the_codec_fast_path():
+    """One definition of the wire layout: the worker's many-messages decode is the codec's
+    (tests/test_codec.py checks it against decode_batch), not a second copy of the header."""
+    from ldpstream.agents import ingest
+    from ldpstream.producers import codec
 
-    rng = np.random.default_rng(1)
-    for n, width, hi, ids in ((1, 8, 9, True), (3, 4, 300, False), (2, 2, 70_000, True)):
-        reps = [rng.integers(0, hi, size=(n, width)) for _ in range(40)]
-        for r in reps:  # the same value dtype in every message
-            r[0, 0] = hi - 1
-        vals = [encode_batch("c1", 5, r, device_ids=rng.integers(0, 2**63, n) if ids else None,
-                             sent_at=1000.0 + i) for i, r in enumerate(reps)]
-        fast = decode_uniform(vals, 1 << 20)
-        slow = [decode_batch(v) for v in vals]
-        assert fast is not None and fast.collection == "c1" and fast.version == 5
-        np.testing.assert_array_equal(fast.reports, np.concatenate([b.reports for b in slow]))
-        assert fast.sent_at == 1039.0
-    one = encode_batch("c1", 5, np.ones((1, 3), int))
-    assert decode_uniform([one, encode_batch("c1", 6, np.ones((1, 3), int))], 1 << 20) is None
-    assert decode_uniform([one, encode_batch("c2", 5, np.ones((1, 3), int))], 1 << 20) is None
-    assert decode_uniform([one, one[:-1] + b"\x07"], 1 << 20) is not None  # values differ: fine
-    assert decode_uniform([one, b"X" + one[1:]], 1 << 20) is None          # header differs
-    assert decode_uniform([one, one[:-1]], 1 << 20) is None                # length differs
-    assert decode_uniform([one[:-1], one[:-1]], 1 << 20) is None           # truncated
-    assert decode_uniform([one, one], len(one) - 1) is None                # oversized
-    bad_time = bytearray(one)
-    bad_time[11 + 2:19 + 2] = np.array([np.nan]).tobytes()
-    assert decode_uniform([one, bytes(bad_time)], 1 << 20) is None
+    assert ingest.decode_uniform is codec.decode_uniform
+    assert not any(hasattr(ingest, name) for name in ("_HEAD0", "_HEAD1", "_VALUE_DTYPES"))
 
 
 def test_fast_count_equals_mechanism_count():

@@ -1,0 +1,30 @@
+"""Smoke test of ``ldpstream bench pipeline --quick --json`` (its own embedded broker, Redis and
+worker child processes): it runs to the end and prints the documented JSON keys with positive
+values. No performance target is asserted (the machine is shared); ``--quick`` takes ≈ 15 s."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+KEYS = {"ingest_rate", "raw_consume_rate", "ratio", "reports_per_message", "single_report_rate"}
+REFRESH_KEYS = {"refresh_seconds", "freshness_seconds", "refresh_interval_s"}
+
+
+def test_bench_pipeline_quick_json():
+    res = subprocess.run([sys.executable, "-m", "ldpstream.cli", "bench", "pipeline", "--quick",
+                          "--json"], capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    doc = json.loads(res.stdout)
+    assert KEYS | REFRESH_KEYS <= set(doc), sorted(doc)
+    assert "refresh_error" not in doc, doc["refresh_error"]
+    for key in KEYS | REFRESH_KEYS:
+        v = doc[key]
+        assert isinstance(v, (int, float)) and not isinstance(v, bool), (key, v)
+        assert math.isfinite(v) and v > 0, (key, v)
+    assert doc["reports_per_message"] == 500
+    assert doc["ratio"] == doc["ingest_rate"] / doc["raw_consume_rate"]
+    assert doc["refresh_interval_s"] == 1.0  # --quick refreshes every second
+    assert doc["reports"] == 200_000 and doc["single_reports"] == 20_000
+    assert len(doc["freshness_samples"]) == 2

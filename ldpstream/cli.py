@@ -31,14 +31,17 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--subsets", type=int, default=10, help="random attribute subsets per w")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", type=int, default=1, help="seeded repetitions (JSON adds standard errors)")
-    p.add_argument("--epsilon", type=float, default=1.0)
+    p.add_argument("--epsilon", type=float, default=None,
+                   help="privacy budget (default: 1.0 for the rr and corr families; rrba solves p "
+                        "(or γ, with --p) from it; lopub derives ε from --f and rejects it)")
     p.add_argument("--epsilon-scope", choices=("attribute", "record"), default="attribute")
     p.add_argument("--proper", action="store_true", help="apply the proper-distribution repair")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     # RRBA
     p.add_argument("--k", type=int, default=2, help="RRBA combination size")
     p.add_argument("--p", type=float, default=None, help="RRBA truth probability p")
-    p.add_argument("--gamma", type=float, default=0.05, help="RRBA floor γ on fake-cell tables")
+    p.add_argument("--gamma", type=float, default=None,
+                   help="RRBA floor γ on fake-cell tables (default 0.05)")
     p.add_argument("--block-size", action="append", type=int, default=None, help="RRBA block size(s)")
     # Corr-RR
     p.add_argument("--phase1-fraction", type=float, default=0.1, help="Corr-RR Phase I fraction β")

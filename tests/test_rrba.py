@@ -385,14 +385,20 @@ def test_simulate_cli_json(survey_csv, capsys):
                    "--block-size", "250", "--json", "--subsets", "4"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [r["block_size"] for r in doc["results"]] == [50, 250]
+    # one row per (block size, estimator, w), metrics under "metrics", block fields kept
+    assert [(r["block_size"], r["estimator"], r["w"]) for r in doc["results"]] == [
+        (b, e, w) for b in (50, 250) for e in ("last-two", "pooled") for w in (2, 3, 4)]
     assert doc["ways"] == [2, 3, 4]
-    assert doc["epsilon_per_record"] == pytest.approx(
+    assert doc["epsilon_per_record"] == doc["epsilon"] == pytest.approx(
         max(epsilon_view(0.5, 0.05, s) for s in RRBA(load_csv(survey_csv, list("ASEORT")).domain,
                                                      0.5, 0.05).sizes))
-    row = doc["results"][1]["rows"][0]
+    assert doc["epsilon_target"] is None
+    row = doc["results"][6]
+    assert row["block_size"] == 250 and row["mechanism"] == "rrba"
     assert set(row["metrics"]) == {"l2_counts", "jsd", "tvd"}
     assert 0 < row["metrics"]["tvd"] < 0.3
+    assert {"reports_until_convergence", "views_converged", "views", "blocks", "derivation",
+            "seconds", "subsets"} <= set(row)
     assert doc["results"][0]["reports_until_convergence"] <= 6000
 
 

@@ -192,6 +192,7 @@ def _check(args) -> tuple[str, list[str]]:
     mech = args.mechanism
     if mech not in MECHANISMS:
         raise CliError(f"--mechanism: {mech!r} is not in this family ({', '.join(MECHANISMS)})")
+    args.epsilon = args.epsilon if args.epsilon is not None else 1.0  # cli default: None
     if not np.isfinite(args.epsilon) or args.epsilon <= 0:
         raise CliError(f"--epsilon: must be a number > 0 (got {args.epsilon})")
     if not 0 < args.phase1_fraction < 1:

@@ -30,7 +30,6 @@ that raking once per w row.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from ..estimators.proper import clip_rescale
 from ..estimators.rr_adjustment import adjusted_marginal, distinct_patterns, rr_adjustment
 from ..estimators.rr_ind import RRClusters, RRIndependent, RRJoint, apply_proper
 from ..estimators.rr_joint import estimate_joint
+from . import check_epsilon
 
 MECHS = {"rr-ind": RRIndependent, "rr-joint": RRJoint, "rr-clusters": RRClusters}
 DEFAULT_ESTIMATORS = {"rr-ind": ("castell", "truncated", "ibu"),
@@ -86,14 +86,8 @@ class Plan:
 
 # --- validation ---------------------------------------------------------------------------------
 
-def check_epsilon(eps: Any) -> float:
-    try:
-        e = float(eps)
-    except (TypeError, ValueError):
-        raise CliError(f"--epsilon: must be a finite number > 0, got {eps!r}") from None
-    if not math.isfinite(e) or e <= 0:
-        raise CliError(f"--epsilon: must be a finite number > 0, got {eps}")
-    return e
+#: ``--epsilon`` when not given (per attribute or per record, by ``--epsilon-scope``)
+DEFAULT_EPSILON = 1.0
 
 
 def parse_ways(text: str, m: int) -> tuple[int, ...]:
@@ -130,7 +124,7 @@ def plan_from_args(args: Any) -> Plan:
     if args.mechanism not in MECHS:
         raise CliError(f"--mechanism: {args.mechanism!r} is not in the rr family "
                        f"({', '.join(MECHS)})")
-    eps = check_epsilon(args.epsilon)
+    eps = check_epsilon(DEFAULT_EPSILON if args.epsilon is None else args.epsilon)
     if int(args.subsets) < 1:
         raise CliError(f"--subsets: must be ≥ 1, got {args.subsets}")
     if int(args.runs) < 1:

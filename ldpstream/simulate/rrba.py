@@ -15,8 +15,15 @@ tables' marginals on the subset (``derivation: maxent``). Metrics (MECHANISMS.md
 (n = the dataset size), jsd (nats), tvd against the dataset's own marginal.
 
 ε: the corrected per-record ε (sum over a view's combinations of ln(1 + p·|Ω_S|/((1−p)·γ)), max
-over views) — not the paper's ln(1/(1−p)), which is printed beside it for reference. Without
-``--p``, p is solved so that the per-record ε equals ``--epsilon``.
+over views) — not the paper's ln(1/(1−p)), which is printed beside it for reference. ε follows
+from p and γ, so at most two of ``--epsilon``, ``--p``, ``--gamma`` may be given: without ``--p``,
+p is solved so that the per-record ε equals ``--epsilon`` (default 1.0) at γ (default 0.05); with
+``--p`` and ``--epsilon``, γ is solved instead; all three are rejected.
+
+JSON: ``epsilon`` and ``epsilon_per_record`` are the computed per-record ε; ``epsilon_target`` the
+``--epsilon`` that p or γ was solved from (``null`` if none); one ``results`` row per (block size,
+estimator, w) with a ``metrics`` object (and ``stderr`` with ``--runs`` > 1) plus the block-size
+fields (``reports_until_convergence`` …).
 """
 from __future__ import annotations
 
@@ -31,12 +38,15 @@ from ..cli import CliError
 from ..datasets import Dataset
 from ..estimators import metrics as M
 from ..estimators.rrba import (RRBA, block_step, floor_table, last_two_estimate, paper_epsilon,
-                               pooled_estimate, randomize_cells, solve_p)
+                               pooled_estimate, randomize_cells, solve_gamma, solve_p)
 from ..estimators.proper import clip_rescale
 from ..estimators.rrba_consistency import consistent_tables
+from . import check_epsilon
 from .rr import draw_subsets, load_dataset, parse_ways
 
 DEFAULT_BLOCK_SIZES = (18, 50, 150, 250)
+DEFAULT_EPSILON = 1.0
+DEFAULT_GAMMA = 0.05
 METRICS = ("l2_counts", "jsd", "tvd")
 ESTIMATORS = ("last-two", "pooled")
 
@@ -142,7 +152,8 @@ def evaluate(ds: Dataset, mech: RRBA, tables: list, subsets: dict[int, list[tupl
 
 def simulate(ds: Dataset, p: float, gamma: float, k: int, block_sizes: Sequence[int],
              ways: Sequence[int], n_subsets: int, seed: int = 0, runs: int = 1,
-             alpha: float = 0.05, stop_at_convergence: bool = True) -> dict[str, Any]:
+             alpha: float = 0.05, stop_at_convergence: bool = True,
+             epsilon_target: float | None = None) -> dict[str, Any]:
     """The whole experiment as a JSON-able dict (see the module docstring)."""
     attrs = ds.domain.attrs
     subsets = {w: [tuple(attrs[i] for i in s) for s in draw_subsets(len(attrs), w, n_subsets, seed)]
@@ -161,32 +172,33 @@ def simulate(ds: Dataset, p: float, gamma: float, k: int, block_sizes: Sequence[
             per_run.append({e: evaluate(ds, mech, tables[e], subsets, truths) for e in ESTIMATORS})
             infos.append(info)
             secs.append(time.perf_counter() - t0)
-        rows = []
-        for e in ESTIMATORS:
-            for w in ways:
-                vals = {m: [pr[e][w][m] for pr in per_run] for m in METRICS}
-                row = {"estimator": e, "w": w, "subsets": len(subsets[w]),
-                       "derivation": per_run[0][e][w]["derivation"],
-                       "metrics": {m: float(np.mean(v)) for m, v in vals.items()}}
-                if runs > 1:
-                    row["stderr"] = {m: float(np.std(v, ddof=1) / np.sqrt(runs)) for m, v in vals.items()}
-                rows.append(row)
         rep = [i["reports"] for i in infos]
-        results.append({
-            "block_size": B,
+        block = {
             "reports_until_convergence": float(np.mean(rep)),
             "reports_stderr": float(np.std(rep, ddof=1) / np.sqrt(runs)) if runs > 1 else None,
             "views_converged": float(np.mean([i["views_converged"] for i in infos])),
             "views": infos[0]["views"],
             "blocks": float(np.mean([i["blocks"] for i in infos])),
-            "seconds": float(np.mean(secs)),
-            "rows": rows,
-        })
+        }
+        for e in ESTIMATORS:
+            for w in ways:
+                vals = {m: [pr[e][w][m] for pr in per_run] for m in METRICS}
+                row = {"mechanism": "rrba", "block_size": B, "estimator": e, "w": w,
+                       "subsets": len(subsets[w]),
+                       "metrics": {m: float(np.mean(v)) for m, v in vals.items()}}
+                if runs > 1:
+                    row["stderr"] = {m: float(np.std(v, ddof=1) / np.sqrt(runs))
+                                     for m, v in vals.items()}
+                # seconds: one whole run at this block size (every estimator and w)
+                row.update(seconds=float(np.mean(secs)),
+                           derivation=per_run[0][e][w]["derivation"], **block)
+                results.append(row)
     return {
         "mechanism": "rrba", "n": ds.n, "m": len(attrs), "attributes": list(attrs), "k": k,
         "p": p, "gamma": gamma, "alpha": alpha, "views": len(base.views),
         "combinations_per_view": [len(v) for v in base.views],
-        "epsilon_per_record": base.epsilon, "epsilon_scope": "record",
+        "epsilon": base.epsilon, "epsilon_per_record": base.epsilon, "epsilon_scope": "record",
+        "epsilon_target": epsilon_target,
         "epsilon_per_view": [base.view_epsilon(v) for v in range(len(base.views))],
         "paper_epsilon_claim": paper_epsilon(p),
         "seed": seed, "runs": runs, "ways": list(ways),
@@ -207,32 +219,45 @@ def one_blas_thread():
         return contextlib.nullcontext()
 
 
-def _params(args: Any, ds: Dataset) -> tuple[float, float, int, tuple[int, ...], tuple[int, ...]]:
+def _params(args: Any, ds: Dataset
+            ) -> tuple[float, float, int, tuple[int, ...], tuple[int, ...], float | None]:
+    """(p, γ, k, block sizes, ways, the target ε p or γ was solved from, or None)."""
     m = len(ds.domain)
     k = int(args.k)
     if not 2 <= k <= m:
         raise CliError(f"--k: must be between 2 and the {m} columns, got {k}")
-    gamma = float(args.gamma)
+    gamma = DEFAULT_GAMMA if args.gamma is None else float(args.gamma)
     if not (np.isfinite(gamma) and 0 < gamma <= 1):
         raise CliError(f"--gamma: must be in (0, 1], got {args.gamma}")
     sizes = args.block_size or list(DEFAULT_BLOCK_SIZES)
     if any(int(b) < 1 for b in sizes):
         raise CliError(f"--block-size: must be ≥ 1, got {min(sizes)}")
+    eps = None if args.epsilon is None else check_epsilon(args.epsilon)
+    probe = RRBA(ds.domain, 0.5, gamma, k)
+    view_sizes = [probe.sizes[v] for v in range(len(probe.views))]
     if args.p is not None:
         p = float(args.p)
         if not (np.isfinite(p) and 0 < p < 1):
             raise CliError(f"--p: must be in (0, 1), got {args.p}")
+        if eps is not None:
+            if args.gamma is not None:
+                have = RRBA(ds.domain, p, gamma, k).epsilon
+                raise CliError(f"--epsilon: rrba's ε follows from --p and --gamma (here "
+                               f"{have:.4g} per record); give at most two of --epsilon, --p, "
+                               "--gamma")
+            try:  # the largest γ whose ε is ≤ the target in every view (= in the largest)
+                gamma = max(solve_gamma(eps, p, s) for s in view_sizes)
+            except ValueError as exc:
+                raise CliError(f"--epsilon: {exc}") from None
     else:
-        eps = float(args.epsilon)
-        if not (np.isfinite(eps) and eps > 0):
-            raise CliError(f"--epsilon: must be a finite number > 0, got {args.epsilon}")
-        probe = RRBA(ds.domain, 0.5, gamma, k)
-        p = min(solve_p(eps, gamma, probe.sizes[v]) for v in range(len(probe.views)))
+        if eps is None:
+            eps = DEFAULT_EPSILON
+        p = min(solve_p(eps, gamma, s) for s in view_sizes)
     ways = (2, 3, 4) if args.ways == "2,3" else parse_ways(args.ways, m)  # rrba default: 2,3,4
     ways = tuple(w for w in ways if w <= m) or (2,)
     if any(w < 2 for w in ways):
         raise CliError("--ways: RRBA estimates 2-way and larger tables")
-    return p, gamma, k, tuple(int(b) for b in dict.fromkeys(sizes)), ways
+    return p, gamma, k, tuple(int(b) for b in dict.fromkeys(sizes)), ways, eps
 
 
 def print_table(doc: dict[str, Any]) -> None:
@@ -245,15 +270,14 @@ def print_table(doc: dict[str, Any]) -> None:
     for c in ("B", "reports", "conv. views", "estimator", "w", "derivation", "l2_counts", "jsd",
               "tvd", "s"):
         t.add_column(c, justify="left" if c in ("estimator", "derivation") else "right")
-    for r in doc["results"]:
-        for row in r["rows"]:
-            mt, se = row["metrics"], row.get("stderr")
-            cell = (lambda k: f"{mt[k]:.4g}" + (f" ±{se[k]:.2g}" if se else ""))
-            d = row["derivation"]
-            t.add_row(str(r["block_size"]), f"{r['reports_until_convergence']:.0f}",
-                      f"{r['views_converged']:.1f}/{r['views']}", row["estimator"], str(row["w"]),
-                      "direct" if not d["maxent"] else ("maxent" if not d["direct"] else "mixed"),
-                      cell("l2_counts"), cell("jsd"), cell("tvd"), f"{r['seconds']:.2f}")
+    for row in doc["results"]:
+        mt, se = row["metrics"], row.get("stderr")
+        cell = (lambda k, mt=mt, se=se: f"{mt[k]:.4g}" + (f" ±{se[k]:.2g}" if se else ""))
+        d = row["derivation"]
+        t.add_row(str(row["block_size"]), f"{row['reports_until_convergence']:.0f}",
+                  f"{row['views_converged']:.1f}/{row['views']}", row["estimator"], str(row["w"]),
+                  "direct" if not d["maxent"] else ("maxent" if not d["direct"] else "mixed"),
+                  cell("l2_counts"), cell("jsd"), cell("tvd"), f"{row['seconds']:.2f}")
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
@@ -268,10 +292,10 @@ def main(args: Any) -> int:
     if int(args.runs) < 1:
         raise CliError(f"--runs: must be ≥ 1, got {args.runs}")
     ds = load_dataset(args.data, args.columns)
-    p, gamma, k, sizes, ways = _params(args, ds)
+    p, gamma, k, sizes, ways, eps = _params(args, ds)
     with one_blas_thread():
         doc = simulate(ds, p, gamma, k, sizes, ways, int(args.subsets), int(args.seed),
-                       int(args.runs))
+                       int(args.runs), epsilon_target=eps)
     if args.json:
         print(json.dumps(doc))
     else:

@@ -53,26 +53,39 @@ def load_csv(path: str | Path | None = None, columns: Sequence[str] | None = Non
 
     With ``domain`` (which must carry labels) values are encoded against it and a value outside it
     raises :class:`DatasetError`; otherwise the domain is built from the sorted distinct values.
-    Default: the bundled Adult file and its eight categorical attributes.
+    ``columns=None``: the domain's attributes, else every column of the header of ``path``, else
+    (no path) the bundled Adult file and its eight categorical attributes.
     """
+    if columns is None and domain is not None:
+        columns = domain.attrs
+    elif columns is None and path is None:
+        columns = ADULT_COLUMNS
     path = Path(path) if path is not None else adult_path()
-    if columns is None:
-        columns = domain.attrs if domain is not None else ADULT_COLUMNS
-    columns = tuple(columns)
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.reader(fh, skipinitialspace=True)
-            header = [h.strip() for h in next(reader)]
+            first = next(reader, None)
+            if first is None or not any(c.strip() for c in first):
+                raise DatasetError(f"{path}: no header (the file is empty or its first line is "
+                                   "blank)")
+            header = [h.strip() for h in first]
             rows = [r for r in reader if r and any(c.strip() for c in r)]
     except FileNotFoundError:
         raise DatasetError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DatasetError(f"{path}: cannot read CSV ({exc.__class__.__name__}: {exc})") from None
+    if columns is None:  # a CSV without --columns: every column of its header
+        if any(not h for h in header):
+            raise DatasetError(f"{path}: header has an empty column name (column "
+                               f"{[not h for h in header].index(True) + 1}); name it or pass "
+                               "the columns to use")
+        columns = header
+    columns = tuple(columns)
     missing = [c for c in columns if c not in header]
     if missing:
         raise DatasetError(f"{path}: unknown column {missing[0]!r}; columns are: {', '.join(header)}")
     if len(set(columns)) != len(columns):
-        raise DatasetError(f"duplicate column in {columns}")
+        raise DatasetError(f"{path}: duplicate column in {columns}")
     idx = [header.index(c) for c in columns]
     width = len(header)
     bad = next((i for i, r in enumerate(rows) if len(r) != width), None)

@@ -145,3 +145,40 @@ def test_rr_family_default_epsilon(capsys):
     doc = json.loads(out)
     assert doc["epsilon"] == 1.0 and doc["epsilon_per_record"] == pytest.approx(3.0)
 
+
+
+# --- --data without --columns: every column of the CSV ------------------------------------------
+
+def test_load_csv_defaults_to_every_header_column(toy_csv):
+    ds = load_csv(toy_csv)
+    assert ds.domain.attrs == ("a", "b", "c", "d") and ds.domain.shape == (3, 3, 2, 2)
+    assert ds.n == 3000
+    assert load_csv(None).domain.attrs[0] == "workclass"  # no path: the bundled Adult columns
+
+
+@pytest.mark.parametrize("family", [
+    ["--mechanism", "rr-ind", "--estimator", "castell"],
+    ["--mechanism", "rrba", "--p", "0.5", "--block-size", "200"],
+    ["--mechanism", "lopub", "--estimator", "cooccurrence"],
+    ["--mechanism", "corr-rr"],
+], ids=lambda f: f[1])
+def test_data_without_columns_uses_the_csv_header(capsys, toy_csv, family):
+    rc, out, err = _run(capsys, *family, "--data", str(toy_csv), "--ways", "2", "--subsets", "1",
+                        "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["n"] == 3000 and doc["m"] == 4
+
+
+@pytest.mark.parametrize("text,needle", [("", "no header"), ("\n\n", "no header"),
+                                         ("a,b\n", "no records"),
+                                         ("a,,c\nx,y,z\n", "empty column name")])
+@pytest.mark.parametrize("mechanism", ["rr-ind", "rrba", "lopub", "corr-rr"])
+def test_unusable_csv_is_one_clear_line(capsys, tmp_path, text, needle, mechanism):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    rc, out, err = _run(capsys, "--mechanism", mechanism, "--data", str(path))
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and str(path) in lines[0]
+    assert "StopIteration" not in lines[0]

@@ -89,14 +89,17 @@ def epsilon_of_report(channels: Iterable[np.ndarray]) -> float:
 def randomize(x: np.ndarray, P: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Pass every value of the integer array ``x`` through channel ``P`` (vectorized).
 
-    GRR-shaped channels use keep-or-shift sampling (two draws per value); any other channel uses
-    inverse-CDF sampling on its rows.
+    Exactly GRR-shaped channels (every diagonal entry within 1e-15 relative of P[0,0], every
+    off-diagonal one within 1e-15 relative of P[0,1]) use keep-or-shift sampling (two draws per
+    value); any other channel — a near-GRR user matrix included — uses inverse-CDF sampling on its
+    rows.
     """
     x = np.asarray(x)
     d = P.shape[0]
     p, q = P[0, 0], P[0, 1] if d > 1 else 0.0
     off = ~np.eye(d, dtype=bool)
-    if np.allclose(np.diag(P), p) and np.allclose(P[off], q):
+    if (np.abs(np.diag(P) - p).max() <= 1e-15 * abs(p)
+            and np.abs(P[off] - q).max(initial=0.0) <= 1e-15 * abs(q)):
         keep = rng.random(x.shape) < p
         other = rng.integers(0, d - 1, size=x.shape, dtype=x.dtype if x.dtype.kind in "iu" else np.int64)
         other = other + (other >= x)

@@ -158,3 +158,41 @@ def test_randomize_a_million_records_of_eight_attributes():
 def test_module_doctest():
     import doctest
     assert doctest.testmod(channels).failed == 0
+
+
+def _inverse_cdf_reference(x, P, rng):
+    """The general path written out: one uniform per value against the row's cumulative sums."""
+    cum = np.cumsum(P, axis=1)
+    cum[:, -1] = 1.0
+    u = rng.random(x.shape)
+    return (u[:, None] >= cum[x][:, :-1]).sum(axis=1)
+
+
+def _keep_or_shift_reference(x, p, d, rng):
+    keep = rng.random(x.shape) < p
+    other = rng.integers(0, d - 1, size=x.shape, dtype=x.dtype)
+    return np.where(keep, x, other + (other >= x))
+
+
+@pytest.mark.parametrize("d", [2, 3, 6])
+def test_near_grr_matrix_is_sampled_by_its_own_rows(d):
+    """A user matrix within 1e-9 of GRR is not GRR: ``randomize`` must sample it through the
+    inverse-CDF path (same seed → the same draws as the written-out general path), while an exact
+    GRR keeps the keep-or-shift fast path."""
+    x = np.random.default_rng(1).integers(0, d, 5000).astype(np.int64)
+    P = grr(1.0, d)
+    near = P.copy()
+    near[0, 0] += 1e-9
+    near[0, 1] -= 1e-9
+    near = validate(near)
+    assert np.allclose(near, P)  # what the old test (np.allclose) could not tell apart
+    got = randomize(x, near, np.random.default_rng(7))
+    assert np.array_equal(got, _inverse_cdf_reference(x, near, np.random.default_rng(7)))
+    fast = randomize(x, P, np.random.default_rng(7))
+    assert np.array_equal(fast, _keep_or_shift_reference(x, P[0, 0], d, np.random.default_rng(7)))
+    # perturbing an off-diagonal entry only (the diagonal stays constant) is not GRR either
+    off = P.copy()
+    off[1, 0] += 1e-9
+    off[1, d - 1] -= 1e-9
+    got = randomize(x, off, np.random.default_rng(8))
+    assert np.array_equal(got, _inverse_cdf_reference(x, off, np.random.default_rng(8)))

@@ -11,7 +11,8 @@ values of that subset (this is what Alg. 2 returns: weights on the randomized re
 
 Targets may also be joint tables over groups of columns (RR-Clusters: one target per cluster).
 
-Worked check (constructed; see tests/test_rr_family.py): two binary attributes, randomized records
+Worked check (a constructed stand-in for [MDRR] Example 1, not the paper's numbers; see
+tests/test_rr_family.py): two binary attributes, randomized records
 3 × (0,0) and 1 × (1,1), both attributes through P = [[0.9, 0.1], [0.6, 0.4]] (ε = ln 4), so the
 RR-Independent marginal estimates are exactly (½, ½); Alg. 2 moves the weights from (¼·3, ¼) to
 (½, ½) and the adjusted joint is [[½, 0], [0, ½]] after one sweep.

@@ -142,26 +142,41 @@ def test_clustering_walk_and_recompute():
 # --- Alg. 2 -------------------------------------------------------------------------------------
 
 def test_rr_adjustment_example_1():
-    """[MDRR] Example 1, reconstructed (the paper's exact numbers were not available here): two
-    binary attributes, randomized records 3×(0,0) and 1×(1,1), both through
+    """A constructed stand-in for [MDRR] Example 1 (NOT the paper's numbers, which were not
+    available here): two binary attributes, randomized records 3×(0,0) and 1×(1,1), both through
     P = [[0.9, 0.1], [0.6, 0.4]] (ε = ln 4). The RR-Independent marginal estimates solve
-    Pᵀπ = (¾, ¼): π = (½, ½). Alg. 2 gives each (0,0) record ⅙ and the (1,1) record ½:
-    the adjusted joint is [[½, 0], [0, ½]] (perfect dependence recovered, where the independence
-    estimate would say ¼ everywhere)."""
+    Pᵀπ = (¾, ¼): π = (½, ½) exactly. Alg. 2 gives each (0,0) record ⅙ and the (1,1) record ½:
+    the adjusted joint is exactly [[½, 0], [0, ½]] (perfect dependence recovered, where the
+    independence estimate would say ¼ everywhere)."""
+    from fractions import Fraction as Fr
     P = np.array([[0.9, 0.1], [0.6, 0.4]])
     assert ch.epsilon(P) == pytest.approx(np.log(4))
+    # the targets in exact arithmetic: Pᵀπ = (3/4, 1/4) with P in tenths → π = (1/2, 1/2)
+    a, b, c, d, y0, y1 = Fr(9, 10), Fr(6, 10), Fr(1, 10), Fr(4, 10), Fr(3, 4), Fr(1, 4)
+    det = a * d - b * c
+    assert ((d * y0 - b * y1) / det, (a * y1 - c * y0) / det) == (Fr(1, 2), Fr(1, 2))
     records = np.array([[0, 0]] * 3 + [[1, 1]])
     patterns, counts, inverse = distinct_patterns(records, (2, 2))
     assert patterns.tolist() == [[0, 0], [1, 1]] and counts.tolist() == [3, 1]
+    # the float inversion lands on ½ to the last bit (1 ulp)
     targets = [castell(np.bincount(records[:, j], minlength=2), [P]) for j in range(2)]
-    assert np.allclose(targets, [[0.5, 0.5], [0.5, 0.5]])
+    assert np.abs(np.array(targets) - 0.5).max() <= 2 ** -53
+    # Alg. 2 on the exact targets: exactly ⅙ per (0,0) record, ½ for the (1,1) record, joint
+    # exactly ½, 0, 0, ½
+    half = [np.array([0.5, 0.5])] * 2
+    res = rr_adjustment(patterns, counts, half)
+    assert res.converged and res.iterations == 1 and res.gap == 0.0
+    assert (res.weights / counts).tolist() == [1 / 6, 1 / 2]
+    joint = adjusted_marginal(patterns, res.weights, [0, 1], (2, 2))
+    assert joint.tolist() == [[0.5, 0.0], [0.0, 0.5]]
+    table, _ = rr_adjustment_table(np.array([[3, 0], [0, 1]]), half)
+    assert table.tolist() == [[0.5, 0.0], [0.0, 0.5]]
+    # and on the float targets: the zeros stay exact, the diagonal is ½ to 1 ulp
     res = rr_adjustment(patterns, counts, targets)
     assert res.converged and res.iterations == 1
-    assert np.allclose(res.weights / counts, [1 / 6, 1 / 2])  # per-record weights
     joint = adjusted_marginal(patterns, res.weights, [0, 1], (2, 2))
-    assert np.allclose(joint, [[0.5, 0], [0, 0.5]], atol=1e-12)
-    table, _ = rr_adjustment_table(np.array([[3, 0], [0, 1]]), targets)
-    assert np.allclose(table, joint)
+    assert joint[0, 1] == 0.0 and joint[1, 0] == 0.0
+    assert np.abs(np.diag(joint) - 0.5).max() <= 2 ** -53
 
 
 def test_rr_adjustment_matches_targets_and_joint_targets():

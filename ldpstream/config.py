@@ -2,7 +2,9 @@
 
 Every error is a :class:`ConfigError` whose message starts with the path of the offending field,
 e.g. ``collections[0].epsilon: must be a number > 0 (got -1)``. Unknown fields, unknown attribute
-names in marginals and unknown mechanism / estimator names are rejected, naming them.
+names in marginals and unknown mechanism / estimator names are rejected, naming them. Every
+problem is collected (``ConfigError.errors``): type errors of all fields, and the semantic checks
+of every collection on the fields that passed their type check.
 
 File layout (YAML; TOML has the same keys)::
 
@@ -35,6 +37,7 @@ import math
 import os
 import re
 import tomllib
+import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -76,18 +79,9 @@ class ConfigError(CliError, ValueError):
 # --- file models (pydantic v2, strict) -----------------------------------------------------------
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, frozen=True, allow_inf_nan=False, populate_by_name=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_unknown_fields(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            allowed = [f.alias or name for name, f in cls.model_fields.items()]
-            extra = [k for k in data if k not in allowed]
-            if extra:
-                raise PydanticCustomError("unknown_field", "unknown field (allowed: {allowed})",
-                                          {"field": str(extra[0]), "allowed": ", ".join(allowed)})
-        return data
+    # extra="forbid": an unknown field is one more error, the other fields are still validated
+    model_config = ConfigDict(strict=True, frozen=True, allow_inf_nan=False, populate_by_name=False,
+                              extra="forbid")
 
 
 Number = float  # strict: ints are accepted as numbers, bools and strings are not
@@ -260,32 +254,57 @@ def load_config(path: str | os.PathLike[str] | None = None, *,
 def parse_config(data: Any, *, base_dir: str | os.PathLike[str] = ".",
                  env: Mapping[str, str] | None = None, source: str | None = None) -> AppConfig:
     """Validate an already-parsed config mapping (relative CSV paths resolve against
-    ``base_dir``)."""
+    ``base_dir``).
+
+    Every problem is reported (``ConfigError.errors``): the type errors of every field, and the
+    semantic checks (id syntax, schema, unknown attributes in marginals, unknown mechanism or
+    estimator, drift history size, duplicate ids) of every collection on the fields that passed
+    their type check — a check that needs a field with a type error is skipped."""
     env = os.environ if env is None else env
     if not isinstance(data, Mapping):
         raise ConfigError(f"(top level): must be a mapping with 'collections' (got "
                           f"{type(data).__name__})")
     if "api_token" in data:
         raise ConfigError("api_token: never put the token in the file; set LDP_API_TOKEN")
+    app: _AppFile | None
     try:
         app = _AppFile.model_validate(data)
+        type_errors: list[Mapping[str, Any]] = []
     except ValidationError as exc:
-        raise ConfigError([_format_error(e) for e in exc.errors()]) from None
+        app, type_errors = None, exc.errors()
+    # type errors not inside one collection first (top level, ingest, an empty list), then per
+    # collection: its type errors, then its semantic errors
+    per_coll: dict[int, list[Mapping[str, Any]]] = {}
     errors: list[str] = []
+    for e in type_errors:
+        loc = tuple(e.get("loc", ()))
+        if len(loc) >= 2 and loc[0] == "collections" and isinstance(loc[1], int):
+            per_coll.setdefault(loc[1], []).append(e)
+        else:
+            errors.append(_format_error(e))
+    raw_colls = data.get("collections")
     collections: dict[str, Collection] = {}
-    for i, cf in enumerate(app.collections):
+    seen_ids: set[str] = set()
+    for i, raw in enumerate(raw_colls if isinstance(raw_colls, list) else []):
         path = f"collections[{i}]"
-        try:
-            coll = _build_collection(cf, path, Path(base_dir))
-        except ConfigError as exc:
-            errors.extend(exc.errors)
-            continue
-        if coll.id in collections:
-            errors.append(f"{path}.id: duplicate collection id {coll.id!r}")
-            continue
-        collections[coll.id] = coll
-    if errors:
-        raise ConfigError(errors)
+        mine = per_coll.get(i, [])
+        errors.extend(_format_error(e) for e in mine)
+        if not isinstance(raw, Mapping) or any(len(e["loc"]) == 2 for e in mine):
+            continue  # the collection itself is not a mapping: nothing to check inside
+        bad = {str(e["loc"][2]) for e in mine}
+        coll_errors: list[str] = []
+        coll = _build_collection(_collection_values(raw, bad), path, Path(base_dir), coll_errors)
+        errors.extend(coll_errors)
+        cid = raw.get("id") if "id" not in bad else None
+        if isinstance(cid, str) and _ID_RE.match(cid):
+            if cid in seen_ids:
+                errors.append(f"{path}.id: duplicate collection id {cid!r}")
+                continue
+            seen_ids.add(cid)
+        if coll is not None:
+            collections[coll.id] = coll
+    if errors or app is None:
+        raise ConfigError(errors or ["(top level): invalid config"])
     ing = app.ingest
     return AppConfig(collections=collections,
                      ingest=IngestConfig(ing.batch_reports, float(ing.batch_seconds),
@@ -296,38 +315,82 @@ def parse_config(data: Any, *, base_dir: str | os.PathLike[str] = ".",
                      source=source)
 
 
-def _build_collection(cf: _CollectionFile, path: str, base_dir: Path) -> Collection:
-    if not _ID_RE.match(cf.id):
-        raise ConfigError(f"{path}.id: must match [A-Za-z0-9][A-Za-z0-9_.-]* (at most 64 "
-                          f"characters; got {cf.id!r})")
-    domain, source = _domain(cf.schema_, f"{path}.schema", base_dir)
-    marginals = _marginals(cf.marginals, domain, f"{path}.marginals")
-    mechs = known_mechanisms(cf.mechanism)
-    if cf.mechanism not in mechs:
-        raise ConfigError(f"{path}.mechanism: unknown mechanism {cf.mechanism!r} (known: "
+def _collection_values(raw: Mapping[str, Any], bad: set[str]) -> dict[str, Any]:
+    """The collection's fields for the semantic checks: the file's values of the fields that
+    passed their type check, defaults for omitted optional ones; fields in ``bad`` (a type error)
+    and missing required ones are absent."""
+    out: dict[str, Any] = {}
+    for name, f in _CollectionFile.model_fields.items():
+        key = f.alias or name
+        if key in bad:
+            continue
+        if key in raw:
+            out[key] = raw[key]
+        elif not f.is_required():
+            out[key] = f.get_default(call_default_factory=True)
+    return out
+
+
+def _build_collection(v: Mapping[str, Any], path: str, base_dir: Path,
+                      errors: list[str]) -> Collection | None:
+    """Run every semantic check whose fields are present in ``v`` (see
+    :func:`_collection_values`), appending problems to ``errors``; the :class:`Collection` when
+    every field is present and valid, else None."""
+    n_errors = len(errors)
+
+    def check(fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except ConfigError as exc:
+            errors.extend(exc.errors)
+            return None
+
+    if "id" in v and not _ID_RE.match(v["id"]):
+        errors.append(f"{path}.id: must match [A-Za-z0-9][A-Za-z0-9_.-]* (at most 64 "
+                      f"characters; got {v['id']!r})")
+    domain = source = None
+    if "schema" in v:
+        schema = v["schema"] if isinstance(v["schema"], _SchemaFile) else \
+            _SchemaFile.model_validate(v["schema"])
+        domain, source = check(_domain, schema, f"{path}.schema", base_dir) or (None, None)
+    marginals = None
+    if domain is not None and "marginals" in v:
+        marginals = check(_marginals, v["marginals"], domain, f"{path}.marginals")
+    if "mechanism" in v:
+        mechs = known_mechanisms(v["mechanism"])
+        if v["mechanism"] not in mechs:
+            errors.append(f"{path}.mechanism: unknown mechanism {v['mechanism']!r} (known: "
                           f"{', '.join(sorted(mechs))})")
-    allowed = tuple(getattr(mechs[cf.mechanism], "estimators", ()))
-    for j, est in enumerate(cf.estimators):
-        if est not in allowed:
-            raise ConfigError(f"{path}.estimators[{j}]: unknown estimator {est!r} for "
-                              f"{cf.mechanism} (known: {', '.join(allowed)})")
-    if len(set(cf.estimators)) != len(cf.estimators):
-        raise ConfigError(f"{path}.estimators: lists an estimator twice")
-    _check_drift_history(cf.drift_window_s, cf.refresh_interval_s, path)
-    coll = Collection(id=cf.id, domain=domain, mechanism_name=cf.mechanism,
-                      epsilon=float(cf.epsilon), epsilon_scope=cf.epsilon_scope,
-                      marginals=marginals, estimators=list(cf.estimators),
-                      partitions=cf.partitions, refresh_interval_s=float(cf.refresh_interval_s),
-                      drift_window_s=float(cf.drift_window_s),
-                      drift_threshold=float(cf.drift_threshold),
-                      expect_traffic=cf.expect_traffic, version=cf.version, schema_source=source)
+        elif "estimators" in v:
+            allowed = tuple(getattr(mechs[v["mechanism"]], "estimators", ()))
+            for j, est in enumerate(v["estimators"]):
+                if est not in allowed:
+                    errors.append(f"{path}.estimators[{j}]: unknown estimator {est!r} for "
+                                  f"{v['mechanism']} (known: {', '.join(allowed)})")
+            if len(set(v["estimators"])) != len(v["estimators"]):
+                errors.append(f"{path}.estimators: lists an estimator twice")
+    if "drift_window_s" in v and "refresh_interval_s" in v:
+        check(_check_drift_history, v["drift_window_s"], v["refresh_interval_s"], path)
+    names = [f.alias or n for n, f in _CollectionFile.model_fields.items()]
+    if len(errors) > n_errors or marginals is None or any(k not in v for k in names):
+        return None
+    coll = Collection(id=v["id"], domain=domain, mechanism_name=v["mechanism"],
+                      epsilon=float(v["epsilon"]), epsilon_scope=v["epsilon_scope"],
+                      marginals=marginals, estimators=list(v["estimators"]),
+                      partitions=v["partitions"], refresh_interval_s=float(v["refresh_interval_s"]),
+                      drift_window_s=float(v["drift_window_s"]),
+                      drift_threshold=float(v["drift_threshold"]),
+                      expect_traffic=v["expect_traffic"], version=v["version"],
+                      schema_source=source)
     try:
         mech = build_mechanism(coll)
         coll._mech.append(mech)
     except ConfigError as exc:
-        raise ConfigError(f"{path}.mechanism: " + str(exc).split(": ", 1)[-1]) from None
+        errors.append(f"{path}.mechanism: " + str(exc).split(": ", 1)[-1])
+        return None
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{path}: cannot build mechanism {cf.mechanism!r}: {exc}") from None
+        errors.append(f"{path}: cannot build mechanism {v['mechanism']!r}: {exc}")
+        return None
     return coll
 
 
@@ -416,22 +479,25 @@ def _marginals(spec: Any, domain: Domain, path: str) -> list[tuple[str, ...]]:
         raise ConfigError(f"{path}: must be a non-empty list of attribute lists or "
                           f"{{all_ways_up_to: W}} (got {spec!r})")
     out: list[tuple[str, ...]] = []
+    errors: list[str] = []
     for j, m in enumerate(spec):
         p = f"{path}[{j}]"
         if isinstance(m, str):
             m = [m]
         if not isinstance(m, list) or not m or not all(isinstance(a, str) for a in m):
-            raise ConfigError(f"{p}: must be a non-empty list of attribute names (got {m!r})")
+            errors.append(f"{p}: must be a non-empty list of attribute names (got {m!r})")
+            continue
         unknown = [a for a in m if a not in attrs]
         if unknown:
-            raise ConfigError(f"{p}: unknown attribute{'s' if len(unknown) > 1 else ''} "
-                              f"{', '.join(repr(a) for a in unknown)} (attributes: "
-                              f"{', '.join(attrs)})")
-        if len(set(m)) != len(m):
-            raise ConfigError(f"{p}: lists an attribute twice ({m})")
-        t = tuple(m)
-        if t not in out:
-            out.append(t)
+            errors.append(f"{p}: unknown attribute{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(repr(a) for a in unknown)} (attributes: "
+                          f"{', '.join(attrs)})")
+        elif len(set(m)) != len(m):
+            errors.append(f"{p}: lists an attribute twice ({m})")
+        elif tuple(m) not in out:
+            out.append(tuple(m))
+    if errors:
+        raise ConfigError(errors)
     return out
 
 
@@ -447,6 +513,29 @@ def _loc(loc: Sequence[Any]) -> str:
     return out or "(top level)"
 
 
+def _allowed_at(loc: Sequence[Any]) -> str:
+    """The field names of the file model at ``loc`` (for "unknown field" errors)."""
+    model: Any = _AppFile
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field_ = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        model = None if field_ is None else _model_in(field_.annotation)
+        if model is None:
+            return "?"
+    return ", ".join(f.alias or n for n, f in model.model_fields.items())
+
+
+def _model_in(tp: Any) -> Any:
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return tp
+    for arg in typing.get_args(tp):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
 def _got(v: Any) -> str:
     if isinstance(v, float) and math.isfinite(v) and v.is_integer():
         return str(int(v))
@@ -458,8 +547,8 @@ def _format_error(e: Mapping[str, Any]) -> str:
     typ = e.get("type", "")
     ctx = e.get("ctx") or {}
     inp = e.get("input")
-    if typ == "unknown_field":
-        return f"{_loc(loc + [ctx['field']])}: unknown field (allowed: {ctx['allowed']})"
+    if typ == "extra_forbidden":
+        return f"{_loc(loc)}: unknown field (allowed: {_allowed_at(loc[:-1])})"
     where = _loc(loc)
     if typ == "missing":
         return f"{where}: required field missing"

@@ -197,8 +197,59 @@ def test_error_collects_several_and_duplicate_ids():
     with pytest.raises(ConfigError) as ei:
         parse_config(data, env={})
     assert ei.value.errors == ["collections[0].epsilon: must be a number > 0 (got 0)",
-                               "collections[1].partitions: must be an integer >= 1 (got -1)"]
-    assert "and 1 more" in str(ei.value)
+                               "collections[1].partitions: must be an integer >= 1 (got -1)",
+                               "collections[1].id: duplicate collection id 'toy'"]
+    assert "and 2 more" in str(ei.value)
+
+
+def test_semantic_errors_are_reported_alongside_type_errors():
+    """Type errors do not hide the semantic checks of the fields that parsed: an unknown attribute
+    in a marginal, an unknown estimator, an unknown field, a second collection's problems."""
+    data = copy.deepcopy(BASE)
+    c0 = data["collections"][0]
+    c0.update(epsilon="2", partitions=0, colour="red",
+              marginals=[["a", "zz"], ["b", "c"], ["a", "a"]], estimators=["castell", "magic"])
+    data["collections"].append(dict(copy.deepcopy(BASE["collections"][0]), id="two",
+                                    mechanism="rr-magic", drift_window_s=1e6))
+    with pytest.raises(ConfigError) as ei:
+        parse_config(data, env={})
+    assert ei.value.errors == [
+        "collections[0].epsilon: must be a finite number (got '2')",
+        "collections[0].partitions: must be an integer >= 1 (got 0)",
+        "collections[0].colour: unknown field (allowed: id, schema, mechanism, epsilon, "
+        "epsilon_scope, partitions, marginals, estimators, refresh_interval_s, drift_window_s, "
+        "drift_threshold, expect_traffic, version)",
+        "collections[0].marginals[0]: unknown attribute 'zz' (attributes: a, b, c, d)",
+        "collections[0].marginals[2]: lists an attribute twice (['a', 'a'])",
+        "collections[0].estimators[1]: unknown estimator 'magic' for rr-ind (known: castell, "
+        "truncated, hybrid, hybrid-auto, ibu, rr-independent, rr-adjustment)",
+        ei.value.errors[6],  # the registry's mechanism list, checked below
+        "collections[1].drift_window_s: must be at most 4998 × refresh_interval_s (got 1000000 s "
+        "with refresh_interval_s 5: drift would need 400004 past estimates per marginal and "
+        "estimator, the limit is 10000); shorten drift_window_s or raise refresh_interval_s",
+    ]
+    assert ei.value.errors[6].startswith("collections[1].mechanism: unknown mechanism 'rr-magic'")
+
+
+def test_checks_needing_a_field_with_a_type_error_are_skipped():
+    # the schema does not parse: its marginals cannot be checked (no spurious "unknown attribute")
+    bad = with_("collections.0.schema", {"attributes": {"a": "xy"}})
+    bad["collections"][0]["estimators"] = ["magic"]
+    with pytest.raises(ConfigError) as ei:
+        parse_config(bad, env={})
+    assert [e.split(":")[0] for e in ei.value.errors] == [
+        "collections[0].schema.attributes.a", "collections[0].estimators[0]"]
+    # estimators that do not parse are not checked against the mechanism
+    bad = with_("collections.0.estimators", "castell")
+    with pytest.raises(ConfigError) as ei:
+        parse_config(bad, env={})
+    assert ei.value.errors == ["collections[0].estimators: must be a list (got 'castell')"]
+    # a collection that is not a mapping at all
+    bad = copy.deepcopy(BASE)
+    bad["collections"].append("toy2")
+    with pytest.raises(ConfigError) as ei:
+        parse_config(bad, env={})
+    assert ei.value.errors == ["collections[1]: must be a mapping (got 'toy2')"]
 
 
 def test_csv_errors(tmp_path):

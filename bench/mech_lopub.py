@@ -106,7 +106,7 @@ def run(quick: bool = False, verbose: bool = True) -> dict[str, Any]:
                 continue
             secs = time.perf_counter() - t0
             synth.append({"f": f, "source": "LoPub synthetic (EM)",
-                          "epsilon": mech.epsilon_exact, "epsilon_eq8": mech.epsilon,
+                          "epsilon": mech.epsilon, "epsilon_eq8": mech.epsilon_eq8,
                           "clusters": info["clusters"], "seconds": secs,
                           **marginal_fidelity(ds, x), **classification(ds, x)})
             if verbose:

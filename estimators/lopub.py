@@ -12,12 +12,14 @@ values in {0, 1} (:mod:`~ldpstream.estimators.bloom`). The server keeps count te
 ``lasso-em`` need per-report likelihoods and take the reports (``reports=``, or
 :meth:`LoPub.estimate_reports`), reduced to their table of distinct match vectors.
 
-``epsilon`` is eq. 8 (2h·ln((2−f)/f) per attribute, summed: an upper bound); ``epsilon_exact`` is
-computed from the actual filters (≤ eq. 8; see :mod:`~ldpstream.estimators.bloom`).
+``epsilon`` is computed from the actual filters (Σ_j ln((2−f)/f)·max Hamming distance between two
+values' filters; see :mod:`~ldpstream.estimators.bloom`); ``epsilon_eq8`` is the paper's eq. 8
+(2h·ln((2−f)/f) per attribute, summed), an upper bound that is reached only when the filters of
+two values of every attribute are disjoint. ``epsilon_exact`` is an alias of ``epsilon``.
 
 >>> from ldpstream.estimators.domain import Domain
 >>> mech = LoPub(Domain(("a", "b"), (3, 2)), f=0.5, bits=16, hashes=2, seed=1)
->>> mech.report_width, round(mech.epsilon, 4), mech.epsilon_exact <= mech.epsilon
+>>> mech.report_width, round(mech.epsilon_eq8, 4), mech.epsilon <= mech.epsilon_eq8
 (32, 8.7889, True)
 >>> LoPub.from_state(mech.state()).state() == mech.state()
 True
@@ -96,18 +98,24 @@ class LoPub(Mechanism):
     # --- privacy ---------------------------------------------------------------------------------
     @property
     def epsilon_attribute(self) -> float:
-        """[LoPub eq. 8] per attribute: 2h·ln((2−f)/f)."""
+        """[LoPub eq. 8] per attribute: 2h·ln((2−f)/f) (an upper bound)."""
         return bloom.epsilon_declared(self.f, self.hashes)
 
     @property
-    def epsilon(self) -> float:
-        """[LoPub eq. 8] per record: the per-attribute ε summed over attributes (an upper bound)."""
+    def epsilon_eq8(self) -> float:
+        """[LoPub eq. 8] per record: the per-attribute bound summed over attributes."""
         return bloom.epsilon_declared(self.f, self.hashes, len(self.domain))
 
     @property
-    def epsilon_exact(self) -> float:
-        """ε computed from the actual filters: Σ_j ln((2−f)/f)·max Hamming distance."""
+    def epsilon(self) -> float:
+        """ε one report costs, computed from the actual filters: Σ_j ln((2−f)/f)·max Hamming
+        distance between two values' filters (≤ :attr:`epsilon_eq8`)."""
         return float(sum(bloom.epsilon_exact(B, self.f) for B in self.blooms))
+
+    @property
+    def epsilon_exact(self) -> float:
+        """Alias of :attr:`epsilon` (the computed ε)."""
+        return self.epsilon
 
     # --- device side ------------------------------------------------------------------------------
     @property

@@ -100,7 +100,7 @@ def test_lopub_schema_epsilon_is_the_exact_one(capsys):
     doc = json.loads(out)
     mech = LoPub(load_csv(None, ADULT3.split(",")).domain, f=0.5, seed=0)
     assert doc["epsilon"] == doc["epsilon_per_record"] == pytest.approx(mech.epsilon_exact)
-    assert doc["epsilon_eq8"] == pytest.approx(mech.epsilon) and doc["epsilon_eq8"] > doc["epsilon"]
+    assert doc["epsilon_eq8"] == pytest.approx(mech.epsilon_eq8) and doc["epsilon_eq8"] > doc["epsilon"]
     assert doc["epsilon_attribute_eq8"] == pytest.approx(mech.epsilon_attribute)
     _check_rows(doc, {"tvd"})
     for r in doc["results"]:

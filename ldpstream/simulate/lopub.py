@@ -123,7 +123,7 @@ def evaluate(ds: Dataset, *, f: float, estimators: Sequence[str], ways: Sequence
         "hashes": mech.hashes, "bits": dict(zip(ds.domain.attrs, mech.bits)),
         "epsilon": mech.epsilon_exact, "epsilon_per_record": mech.epsilon_exact,
         "epsilon_exact": mech.epsilon_exact,
-        "epsilon_eq8": mech.epsilon, "epsilon_attribute_eq8": mech.epsilon_attribute,
+        "epsilon_eq8": mech.epsilon_eq8, "epsilon_attribute_eq8": mech.epsilon_attribute,
         "epsilon_scope": "record",
         "seed": seed, "runs": runs, "subsets": {str(w): [list(s) for s in chosen[w]] for w in ways},
         "results": rows,

@@ -39,7 +39,7 @@ import numpy as np
 from scipy import optimize, stats
 
 __all__ = ["PooledFit", "tau_cap", "reml_nll", "fit_pooling", "pooled_smoother", "tau_interval",
-           "table_risk", "minimax_table"]
+           "table_risk", "minimax_table", "pool_estimates"]
 
 
 def tau_cap(m: int, d: int) -> float:
@@ -209,3 +209,23 @@ def minimax_table(info, m: int, d: int, lo: float, hi: float, npts: int = 10,
             bestT, bestr = T.copy(), cur
     return bestT, {"regret": bestr, "common_t": float(common[ic]),
                    "common_regret": float(reg_c[ic]), "tau2_range": [lo, hi]}
+
+
+def pool_estimates(est: Sequence[np.ndarray], covs: Sequence[np.ndarray], alpha: float | None = 0.2,
+                   per_attribute: bool = True) -> tuple[list[np.ndarray], PooledFit]:
+    """The same empirical-Bayes pooling applied to any unbiased per-attribute marginals with
+    independent blocks (e.g. SMP's): ``est[k]`` with covariance ``covs[k]``, one common d. Used
+    as a reference: it shows what pooling alone buys on a mechanism without copies."""
+    from .corr_rr import _contrast
+    m = len(est)
+    d = len(est[0])
+    k = d - 1
+    Qd = _contrast(d)
+    th = np.concatenate([Qd.T @ (np.asarray(e, dtype=float) - 1.0 / d) for e in est])
+    C = np.zeros((m * k, m * k))
+    for i, c in enumerate(covs):
+        C[i * k:(i + 1) * k, i * k:(i + 1) * k] = Qd.T @ c @ Qd
+    C = 0.5 * (C + C.T)
+    fit = fit_pooling(th, C, m, k, alpha, per_attribute)
+    out = pooled_smoother(C, fit.tau2, m, k) @ th
+    return [1.0 / d + Qd @ out[i * k:(i + 1) * k] for i in range(m)], fit

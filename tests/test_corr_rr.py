@@ -307,6 +307,15 @@ def test_simulate_cli(capsys):
     assert res["mechanism"] == "corr-rr" and res["runs"] == 2 and res["n"] == 3000
     assert [r["estimator"] for r in res["results"]] == ["corr-rr", "unbiased"]
     assert res["results"][0]["stderr"] is not None and res["epsilon_record"] == pytest.approx(1.0)
+    assert res["epsilon_per_record"] == pytest.approx(1.0) and "whole report" in res["epsilon_meaning"]
+    for scope, want in (("attribute", np.log(3 * np.expm1(1.0) + 1)), ("record", 1.0)):
+        rc, out = _cli(["simulate", "--mechanism", "rs-fd", "--generator", "corr:m=3,d=3,n=2000",
+                        "--epsilon", "1", "--epsilon-scope", scope, "--json"])
+        r = json.loads(out)
+        assert rc == 0 and r["epsilon_per_record"] == pytest.approx(want, rel=1e-9)
+        # one-attribute neighbours: exactly ε as published; below ε with GRR(ε) on records
+        assert (r["epsilon_per_attribute"] == pytest.approx(1.0, rel=1e-6) if scope == "attribute"
+                else r["epsilon_per_attribute"] < 1.0)
     rc, out = _cli(["simulate", "--mechanism", "rs-fd", "--generator", "corr:m=3,d=3,n=2000",
                     "--epsilon", "1"])
     assert rc == 0 and "one attribute 1 " in out and "records 1.817" in out
@@ -325,6 +334,10 @@ def test_bench_quick():
     res = mech_corr.run(quick=True, verbose=False)
     assert set(res["settings"]) and "timing" in res
     for label, s in res["settings"].items():
-        assert set(s["mse"]) == set(mech_corr.MECHS)
+        ref = () if label.startswith("adult") else (mech_corr.REFERENCE,)
+        assert set(s["mse"]) == set(mech_corr.MECHS + ref)
         assert len(s["summary"]["rows"]) == 3
+        for row in s["summary"]["rows"]:
+            assert row["ratio_vs_paper_se"] >= 0 and np.isfinite(row["ratio_vs_best"])
+        assert all(c["epsilon_per_record"] > 0 for c in s["mse"]["corr-rr"].values())
     assert res["timing"]["spl"]["speedup"] > 0

@@ -13,12 +13,19 @@ Two-phase mechanisms (corr-rr, corr-rr-paper, rs-rfd): exactly round(β·n) rand
 Cond-RR conditionals, RS+RFD priors) is computed from their reports only, then the other users
 report in Phase II. Attributes with different domain sizes use Cond-RR copies.
 
-ε: ``--epsilon`` is the budget of one user's report as [Corr-RR] states it. With the default
-``--epsilon-scope attribute`` every mechanism is run as published: SPL, SMP and Corr-RR are then
-ε-LDP on whole records; RS+FD and RS+RFD use the amplified ε' that is exact for records differing
-in ONE attribute (their whole-record ε, ε', is printed). ``--epsilon-scope record`` drops the
-amplification, so every mechanism is ε-LDP on whole records. Both ε's are computed from the
-channels and printed.
+ε: ``--epsilon`` is the budget of one user's whole report, as [Corr-RR] and Arcolezi et al. state
+it for this family (every mechanism sends ONE report covering all m attributes; SPL splits it,
+ε/m per attribute). ``--epsilon-scope record`` means what it means for the rr family: one budget
+for the whole record, every mechanism ε-LDP on whole records (RS+FD/RS+RFD then use GRR(ε)).
+``--epsilon-scope attribute`` (the default) differs from the rr family, where it gives *every
+attribute* ε (a record then costs m·ε): here it only switches RS+FD and RS+RFD to their
+published amplified ε', which is exact for records differing in ONE attribute, so that the
+paper's comparison can be reproduced; SPL, SMP and Corr-RR are unchanged and stay ε-LDP on whole
+records. Giving every attribute ε here would turn SPL into GRR(ε) per attribute and change the
+published setting of every figure. Every run states the ε computed from the channels: per record
+(``epsilon_per_record``: records that may differ anywhere; for RS+FD under ``attribute`` this is
+ε', larger than ``--epsilon``) and, where it is computed, for one-attribute neighbours
+(``epsilon_per_attribute``).
 """
 from __future__ import annotations
 
@@ -184,6 +191,14 @@ def simulate(ds: Dataset, mechanism: str, eps: float, runs: int = 1, seed: int =
             "m": len(ds.domain), "shape": list(ds.domain.shape), "phase1_fraction": beta,
             "proper": bool(proper), "seed": seed, "runs": runs,
             "epsilon_record": last["epsilon_record"], "epsilon_attribute": last["epsilon_attribute"],
+            "epsilon_per_record": last["epsilon_record"],
+            "epsilon_per_attribute": last["epsilon_attribute"],
+            "epsilon_meaning": ("--epsilon is the budget of one user's whole report; scope "
+                                + ("record: every mechanism is ε-LDP on whole records"
+                                   if scope == "record" else
+                                   "attribute: as published — RS+FD/RS+RFD amplified (ε for "
+                                   "one-attribute neighbours, epsilon_per_record on whole "
+                                   "records); the others ε-LDP on whole records")),
             "seconds_per_run": float(np.mean([i["seconds"] for i in infos])),
             "results": rows, "last_run": last}
 

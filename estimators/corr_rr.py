@@ -356,13 +356,14 @@ class PhaseModel:
                                      enumerate(("phase1", "decode", "unbiased"))},
                          "mse_unbiased": float(self.omega @ cv["UU"]), "mse_cells": cells})
 
-    def combine_pooled(self, f1: np.ndarray | None, lam: np.ndarray, alpha: float | None = 0.2,
-                       per_attribute: bool = True) -> Combined:
+    def combine_pooled(self, f1: np.ndarray | None, lam: np.ndarray,
+                       alpha: float | str | None = "aic", per_attribute: bool = True) -> Combined:
         """One common domain size: the GLS estimate U pooled across attributes by empirical
         Bayes (:mod:`.corr_rr_eb`): the deviations from the mean marginal are shrunk by their
-        REML-fitted variances, all the way to the pooled GLS mean when they are not significant
-        (level ``alpha``). Two passes: covariances at the proper published decode, then at the
-        first estimate."""
+        REML-fitted variances (pooled / common τ / per-attribute τ chosen by AIC; ``alpha``:
+        see :func:`.corr_rr_eb.fit_pooling`), all the way to the pooled GLS mean when the pooled
+        model wins. Two passes: covariances at the proper published decode, then at the first
+        estimate."""
         from .corr_rr_eb import fit_pooling, pooled_smoother
         if len(set(self.shape)) != 1:
             raise ValueError("pooling across attributes needs one common domain size")

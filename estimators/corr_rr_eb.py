@@ -12,9 +12,12 @@ deviations (its bias); here they are estimated and shrunk by how large they are.
 
 **Model (random deviations, empirical Bayes).** θ_k = μ + δ_k, δ_k ~ N(0, τ_k²·I), μ flat.
 The τ_k² are fitted by restricted maximum likelihood (REML) from θ̂ ~ N(Jμ, C + D_τ) and bounded
-by the simplex (no deviation can exceed it: τ² ≤ (1 − 1/min(m, d))/(d − 1)). Unless the
-likelihood ratio against τ = 0 is significant (level ``alpha``, χ²_m reference), τ = 0: all
-attributes get the pooled GLS estimate of μ. The estimate is the posterior mean
+by the simplex (no deviation can exceed it: τ² ≤ (1 − 1/min(m, d))/(d − 1)). Three nested models
+are fitted — pooled (τ = 0: every attribute gets the pooled GLS estimate of μ), one common τ, one
+τ per attribute — and the one with the smallest REML AIC (−2ℓ + 2·parameters) is used (measured
+against hard gates at α = 0.05…0.5 and no selection on eleven cells: the largest loss against the
+best choice per cell is 1.39× for AIC, 1.6–2.3× for the others). The estimate is the posterior
+mean
 
     θ̃ = Jμ̂ + D_τ Σ⁻¹(θ̂ − Jμ̂),   Σ = C + D_τ,   μ̂ = (JᵀΣ⁻¹J)⁻¹JᵀΣ⁻¹θ̂,
 
@@ -87,10 +90,13 @@ class PooledFit:
     pooled: bool
 
 
-def fit_pooling(theta: np.ndarray, C: np.ndarray, m: int, k: int, alpha: float = 0.2,
-                per_attribute: bool = True) -> PooledFit:
-    """REML fit of the deviation variances, bounded by :func:`tau_cap`, gated at level ``alpha``
-    (``alpha`` = None: no gate)."""
+def fit_pooling(theta: np.ndarray, C: np.ndarray, m: int, k: int,
+                alpha: float | str | None = "aic", per_attribute: bool = True) -> PooledFit:
+    """REML fit of the deviation variances, bounded by :func:`tau_cap`. ``alpha="aic"``
+    (default): of the three nested models — pooled (τ = 0), one common τ, one τ per attribute —
+    the one with the smallest REML −2ℓ + 2·(parameters). A number: the per-attribute (or common)
+    fit unless its likelihood ratio against τ = 0 is below the χ² quantile at that level (a hard
+    gate); None: the REML fit as is."""
     cap = tau_cap(m, k + 1)
     nll = reml_nll(theta, C, m, k)
     xs = np.linspace(np.log(cap) - 25.0, np.log(cap), 51)
@@ -99,13 +105,20 @@ def fit_pooling(theta: np.ndarray, C: np.ndarray, m: int, k: int, alpha: float =
     r = optimize.minimize_scalar(lambda x: nll(np.array([x])),
                                  bounds=(xs[max(i - 1, 0)], xs[min(i + 1, len(xs) - 1)]),
                                  method="bounded", options={"xatol": 1e-3})
-    x, best = (np.full(m, r.x), r.fun) if r.fun <= v[i] else (np.full(m, xs[i]), v[i])
+    x, best = (np.full(m, r.x), float(r.fun)) if r.fun <= v[i] else (np.full(m, xs[i]), v[i])
+    x_iso, v_iso = x.copy(), best
     if per_attribute and m > 1:
         rr = optimize.minimize(nll, x, method="L-BFGS-B", bounds=[(xs[0], xs[-1])] * m,
                                options={"maxiter": 200})
         if np.isfinite(rr.fun) and rr.fun < best:
             x, best = rr.x, float(rr.fun)
-    lr = float(nll(np.full(m, xs[0] - 200.0)) - best)  # τ² ≈ 0: the pooled model
+    v0 = float(nll(np.full(m, xs[0] - 200.0)))  # τ² ≈ 0: the pooled model
+    lr = v0 - best
+    if alpha == "aic":  # pooled (0), common τ (1) or per attribute (m): smallest −2ℓ + 2·params
+        crit = [v0, v_iso + 2.0, best + 2.0 * m if per_attribute and m > 1 else np.inf]
+        i = int(np.argmin(crit))
+        tau2 = [np.zeros(m), np.exp(x_iso), np.exp(x)][i]
+        return PooledFit(tau2, lr, i == 0)
     df = m if per_attribute else 1
     pooled = alpha is not None and lr <= stats.chi2.ppf(1.0 - alpha, df)
     tau2 = np.zeros(m) if pooled else np.exp(x)
@@ -211,8 +224,9 @@ def minimax_table(info, m: int, d: int, lo: float, hi: float, npts: int = 10,
                    "common_regret": float(reg_c[ic]), "tau2_range": [lo, hi]}
 
 
-def pool_estimates(est: Sequence[np.ndarray], covs: Sequence[np.ndarray], alpha: float | None = 0.2,
-                   per_attribute: bool = True) -> tuple[list[np.ndarray], PooledFit]:
+def pool_estimates(est: Sequence[np.ndarray], covs: Sequence[np.ndarray],
+                   alpha: float | str | None = "aic", per_attribute: bool = True
+                   ) -> tuple[list[np.ndarray], PooledFit]:
     """The same empirical-Bayes pooling applied to any unbiased per-attribute marginals with
     independent blocks (e.g. SMP's): ``est[k]`` with covariance ``covs[k]``, one common d. Used
     as a reference: it shows what pooling alone buys on a mechanism without copies."""

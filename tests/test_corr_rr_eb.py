@@ -136,13 +136,16 @@ def test_pooling_smoother_limits_and_gate():
         th, C, rng = _gauss(m, k, np.zeros(m), 100 + s)
         z = th + rng.multivariate_normal(np.zeros(m * k), C)
         pooled.append(fit_pooling(z, C, m, k).pooled)
+        assert fit_pooling(z, C, m, k, alpha=0.2).tau2.shape == (m,)
     assert np.mean(pooled) > 0.7
     for s in range(10):
         th, C, rng = _gauss(m, k, np.array([0.05, 0.0, 0.0, 0.05]), 200 + s)
         z = th + rng.multivariate_normal(np.zeros(m * k), C)
-        fit = fit_pooling(z, C, m, k)
-        assert not fit.pooled and fit.tau2.max() <= tau_cap(m, k + 1)
-        # the deviating attributes are told apart (the others deviate from the shifted mean only)
+        fit = fit_pooling(z, C, m, k)  # AIC: common or per-attribute τ, never pooled
+        assert not fit.pooled and 0 < fit.tau2.min() and fit.tau2.max() <= tau_cap(m, k + 1)
+        # per attribute: the deviating attributes are told apart (the others deviate from the
+        # shifted mean only)
+        fit = fit_pooling(z, C, m, k, alpha=None)
         assert fit.tau2[0] + fit.tau2[3] > 3 * (fit.tau2[1] + fit.tau2[2])
 
 

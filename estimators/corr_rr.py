@@ -360,8 +360,8 @@ class PhaseModel:
                        alpha: float | str | None = "aic", per_attribute: bool = True) -> Combined:
         """One common domain size: the GLS estimate U pooled across attributes by empirical
         Bayes (:mod:`.corr_rr_eb`): the deviations from the mean marginal are shrunk by their
-        REML-fitted variances (pooled / common τ / per-attribute τ chosen by AIC; ``alpha``:
-        see :func:`.corr_rr_eb.fit_pooling`), all the way to the pooled GLS mean when the pooled
+        REML-fitted variances (pooled unless a common τ passes AIC, then per attribute;
+        ``alpha``: see :func:`.corr_rr_eb.fit_pooling`), all the way to the pooled GLS mean when the pooled
         model wins. Two passes: covariances at the proper published decode, then at the first
         estimate."""
         from .corr_rr_eb import fit_pooling, pooled_smoother

@@ -141,7 +141,7 @@ def test_pooling_smoother_limits_and_gate():
     for s in range(10):
         th, C, rng = _gauss(m, k, np.array([0.05, 0.0, 0.0, 0.05]), 200 + s)
         z = th + rng.multivariate_normal(np.zeros(m * k), C)
-        fit = fit_pooling(z, C, m, k)  # AIC: common or per-attribute τ, never pooled
+        fit = fit_pooling(z, C, m, k)  # AIC: never pooled, per-attribute τ
         assert not fit.pooled and 0 < fit.tau2.min() and fit.tau2.max() <= tau_cap(m, k + 1)
         # per attribute: the deviating attributes are told apart (the others deviate from the
         # shifted mean only)

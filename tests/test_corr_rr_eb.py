@@ -17,8 +17,10 @@ from ldpstream.producers.synthetic import generate, parse_spec
 EQ = Domain(("a", "b", "c"), (3, 3, 3))
 HET = Domain(("a", "b", "c"), (2, 3, 2))
 
+
 def _truth(X, shape):
     return [np.bincount(X[:, j].astype(np.intp), minlength=d) / len(X) for j, d in enumerate(shape)]
+
 
 def _mech(dom, copy, seed=3, table=None):
     rng = np.random.default_rng(seed)
@@ -29,6 +31,7 @@ def _mech(dom, copy, seed=3, table=None):
         cond = [[None if j == k else rng.dirichlet(np.ones(dom.shape[k]), size=dom.shape[j])
                  for k in range(m)] for j in range(m)]
     return CorrRR(dom, 1.2, 0.2, copy=copy, table=table, cond=cond)
+
 
 @pytest.mark.parametrize("dom,copy", [(EQ, "py"), (HET, "cond")], ids=["p_y", "cond"])
 def test_phase2_covariance_is_exact(dom, copy):
@@ -52,12 +55,14 @@ def test_phase2_covariance_is_exact(dom, copy):
     assert np.allclose(pm.lam(f), lam, atol=1e-12)
     assert np.allclose(pm.cov2(f), cov, atol=1e-12)
 
+
 def _runs(mech, X, R, seed):
     out = []
     for r in range(R):
         counts = mech.count(mech.randomize(X, np.random.default_rng([seed, r])), mech.tensors())
         out.append(mech.combined(counts))
     return out
+
 
 def test_variance_weights_beat_count_weights():
     """Equal marginals, every p_y = 1: the published decode is unbiased, so its only loss is the
@@ -91,6 +96,7 @@ def test_variance_weights_beat_count_weights():
     assert np.mean(mse_p) < 0.6 * np.mean(mse_b)
     assert np.mean(w1) < 0.05
 
+
 def test_simplex_weights_are_the_constrained_minimum():
     rng = np.random.default_rng(2)
     grid = [(a, b, 1 - a - b) for a in np.linspace(0, 1, 101) for b in np.linspace(0, 1, 101)
@@ -103,6 +109,7 @@ def test_simplex_weights_are_the_constrained_minimum():
         brute = min(np.array(g) @ M @ np.array(g) for g in grid)
         assert w @ M @ w <= brute + 1e-12
 
+
 # --- empirical-Bayes pooling ---------------------------------------------------------------------
 
 def _gauss(m, k, tau2, seed, scale=1e-3):
@@ -112,6 +119,7 @@ def _gauss(m, k, tau2, seed, scale=1e-3):
     mu = rng.normal(size=k) * 0.05
     theta = np.tile(mu, m) + np.repeat(np.sqrt(tau2), k) * rng.normal(size=m * k)
     return theta, C, rng
+
 
 def test_pooling_smoother_limits_and_gate():
     m, k = 4, 3
@@ -139,6 +147,7 @@ def test_pooling_smoother_limits_and_gate():
         fit = fit_pooling(z, C, m, k, alpha=None)
         assert fit.tau2[0] + fit.tau2[3] > 3 * (fit.tau2[1] + fit.tau2[2])
 
+
 def test_table_risk_and_minimax_table():
     m, d = 3, 4
     k = d - 1
@@ -159,6 +168,7 @@ def test_table_risk_and_minimax_table():
     T2, _ = minimax_table(info, m, d, 0.0, tau_cap(m, d))
     assert np.array_equal(T, T2) and np.all(np.diag(T) == 1)
     assert meta["regret"] <= meta["common_regret"] + 1e-12 and meta["regret"] < 1.15
+
 
 def test_pooled_stated_mse_and_below_paper_on_d10():
     """The d = 10 cells where corr-rr used to tie corr-rr-paper (ratio 0.98–1.04): same data and
@@ -181,6 +191,7 @@ def test_pooled_stated_mse_and_below_paper_on_d10():
         assert diff.mean() / (diff.std(ddof=1) / np.sqrt(len(diff))) < -4, (eps, c, p)
         assert np.mean(c) < 0.75 * np.mean(p)
         assert 0.5 < np.mean(stated) / np.mean(c) < 2.0, (np.mean(stated), np.mean(c))
+
 
 def test_pooling_table_pure_and_mixed():
     """The published table is a pure function of the Phase I estimates, in [0, 1], and mixes

@@ -54,7 +54,7 @@ from . import channels as ch
 from .corr_rr_paper import TwoPhase, grr_copy_channel, phase1_estimates
 from .domain import Factor
 from .mechanism import Estimate, register
-from .multi_baselines import apply_proper
+from .proper import repair
 from .proper import clip_rescale
 
 __all__ = ["CorrRR", "PhaseModel", "Combined", "optimal_table", "decode_optimal_table",
@@ -700,6 +700,6 @@ class CorrRR(TwoPhase):
                 bound = float(np.sqrt(var.sum()))
             elif method == "corr-rr":
                 bound = float(np.sqrt(np.sum(cb.extra["mse_cells"][s])))
-        vals = apply_proper(np.asarray(vals, dtype=float), options.get("proper"))
+        vals = repair(np.asarray(vals, dtype=float), options.get("proper"))
         return Estimate(Factor(self.domain.project(tuple(attrs)), vals), method, n1 + n2,
                         self.epsilon, error_bound=bound, extra=extra)

@@ -35,9 +35,9 @@ import numpy as np
 from . import channels as ch
 from .domain import Domain, Factor
 from .mechanism import Estimate, Mechanism, TensorSpec, register
-from .multi_baselines import (apply_proper, domain_from_state, domain_state, grr_decode,
+from .multi_baselines import (grr_decode,
                               report_dtype)
-from .proper import clip_rescale
+from .proper import repair
 
 __all__ = ["TwoPhase", "CorrRRPaper", "paper_py", "paper_py_table", "grr_copy_channel",
            "phase1_estimates", "run_two_phase"]
@@ -324,7 +324,7 @@ class TwoPhase(Mechanism):
 
     # -- state -----------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        st = {"mechanism": self.name, "version": self.version, "domain": domain_state(self.domain),
+        st = {"mechanism": self.name, "version": self.version, "domain": self.domain.to_dict(),
               "epsilon": self.target_epsilon, "phase1_fraction": self.beta, "copy": self.copy,
               "table": self.table.tolist(), "n_plan": self.n_plan,
               "report": "[phase, y_1..y_m]; phase 0 = Phase I (SPL, GRR(eps/m) per attribute), "
@@ -337,7 +337,7 @@ class TwoPhase(Mechanism):
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "TwoPhase":
         cond = state.get("cond")
-        return cls(domain_from_state(state["domain"]), float(state["epsilon"]),
+        return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
                    float(state.get("phase1_fraction", 0.1)), state.get("copy"),
                    np.asarray(state["table"], dtype=float),
                    None if cond is None else [[None if M is None else np.asarray(M) for M in row]
@@ -428,7 +428,7 @@ class CorrRRPaper(TwoPhase):
                  method: str = "paper", **options: Any) -> Estimate:
         """Options: ``proper`` ('clip' | 'simplex')."""
         i = self._one(attrs, method)
-        vals = apply_proper(self.estimate_all(counts, method)[i], options.get("proper"))
+        vals = repair(self.estimate_all(counts, method)[i], options.get("proper"))
         n1, n2 = self.phase_sizes(counts)
         return Estimate(Factor(self.domain.project(tuple(attrs)), vals), method, n1 + n2,
                         self.epsilon, extra={"n1": n1, "n2": n2, "version": self.version})

@@ -34,11 +34,11 @@ from scipy import optimize
 from . import channels as ch
 from .domain import Domain, Factor
 from .mechanism import Estimate, Mechanism, TensorSpec, marginal_key, register
-from .proper import clip_rescale, project_simplex
+from .proper import clip_rescale, repair
 
 __all__ = ["SPL", "SMP", "RSFD", "RSRFD", "grr_decode", "grr_decode_variance",
            "amplified_epsilon", "amplification_for", "attribute_epsilon", "neighbour_epsilons",
-           "marginal_mse", "apply_proper", "domain_state", "domain_from_state", "report_dtype"]
+           "marginal_mse", "report_dtype"]
 
 
 # --- small shared helpers -------------------------------------------------------------------------
@@ -46,29 +46,6 @@ __all__ = ["SPL", "SMP", "RSFD", "RSRFD", "grr_decode", "grr_decode_variance",
 def report_dtype(shape: Sequence[int]):
     m = max(int(s) for s in shape)
     return np.uint8 if m <= 256 else np.uint16 if m <= 65536 else np.uint32
-
-
-def domain_state(domain: Domain) -> dict[str, Any]:
-    return {"attrs": list(domain.attrs), "shape": list(domain.shape),
-            "labels": None if domain.labels is None else [list(l) for l in domain.labels]}
-
-
-def domain_from_state(d: Mapping[str, Any]) -> Domain:
-    labels = d.get("labels")
-    return Domain(tuple(d["attrs"]), tuple(d["shape"]),
-                  None if labels is None else tuple(tuple(l) for l in labels))
-
-
-def apply_proper(values: np.ndarray, proper: Any) -> np.ndarray:
-    """falsy → unchanged; ``True``/``"clip"`` → [MDRR §6.4] clip-rescale; ``"simplex"`` →
-    Euclidean projection onto the simplex."""
-    if not proper:
-        return values
-    if proper is True or proper == "clip":
-        return clip_rescale(values)
-    if proper == "simplex":
-        return project_simplex(values)
-    raise ValueError(f"proper must be 'clip' or 'simplex', got {proper!r}")
 
 
 def marginal_mse(estimates: Sequence[np.ndarray], truth: Sequence[np.ndarray]) -> float:
@@ -214,7 +191,7 @@ class _Multi(Mechanism):
         est = self.estimate_all(counts)[i]
         n = self._n(counts)
         var = self.variance(np.clip(est, 0, 1), n, fixed_data=False)[i]
-        vals = apply_proper(est, options.get("proper"))
+        vals = repair(est, options.get("proper"))
         return Estimate(Factor(self.domain.project((a,)), vals), method, int(n), self.epsilon,
                         error_bound=float(np.sqrt(var.sum())),
                         extra={"variance": var.tolist()})
@@ -242,11 +219,11 @@ class _Multi(Mechanism):
 
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
-                "domain": domain_state(self.domain), "epsilon": self.target_epsilon}
+                "domain": self.domain.to_dict(), "epsilon": self.target_epsilon}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "_Multi":
-        return cls(domain_from_state(state["domain"]), float(state["epsilon"]),
+        return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
                    version=int(state.get("version", 0)))
 
 
@@ -496,7 +473,7 @@ class RSFD(_Multi):
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RSFD":
-        return cls(domain_from_state(state["domain"]), float(state["epsilon"]),
+        return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
                    scope=state.get("scope", "attribute"), version=int(state.get("version", 0)))
 
 
@@ -546,7 +523,7 @@ class RSRFD(RSFD):
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RSRFD":
-        return cls(domain_from_state(state["domain"]), float(state["epsilon"]),
+        return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
                    priors=[np.asarray(p) for p in state["priors"]],
                    scope=state.get("scope", "attribute"), floor=float(state.get("floor", 0.1)),
                    version=int(state.get("version", 0)))

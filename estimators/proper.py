@@ -54,3 +54,19 @@ def project_simplex(p: np.ndarray) -> np.ndarray:
     rho = np.nonzero(u - css / j > 0)[0][-1]
     theta = css[rho] / (rho + 1)
     return np.maximum(v - theta, 0.0).reshape(p.shape)
+
+
+def repair(values: np.ndarray, proper: object) -> np.ndarray:
+    """The ``proper=`` option of every estimator: falsy → unchanged; ``True`` or ``"clip"`` →
+    :func:`clip_rescale` [MDRR §6.4]; ``"simplex"`` → :func:`project_simplex`.
+
+    >>> repair(np.array([0.6, -0.2, 0.6]), "clip").tolist()
+    [0.5, 0.0, 0.5]
+    """
+    if not proper:
+        return values
+    if proper is True or proper == "clip":
+        return clip_rescale(values)
+    if proper == "simplex":
+        return project_simplex(values)
+    raise ValueError(f"proper must be 'clip' or 'simplex', got {proper!r}")

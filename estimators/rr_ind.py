@@ -31,13 +31,13 @@ from . import channels as ch
 from .castell import castell, castell_variance, expected_tvd
 from .domain import Domain, Factor
 from .mechanism import Estimate, Mechanism, TensorSpec, marginal_key, register
-from .proper import clip_rescale, project_simplex
+from .proper import clip_rescale, repair
 from .rr_adjustment import rr_adjustment_table
 from .rr_clusters import (Block, blocks_for, castell_blocks, castell_blocks_variance, from_blocks,
                           ibu_blocks, independent_blocks, to_blocks, truncated_blocks)
 from .rr_joint import joint_pq, randomize_joint
 
-__all__ = ["RRIndependent", "RRJoint", "RRClusters", "marginal_counts", "apply_proper"]
+__all__ = ["RRIndependent", "RRJoint", "RRClusters", "marginal_counts"]
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -77,18 +77,6 @@ def marginal_counts(domain: Domain, counts: Mapping[str, np.ndarray],
         raise KeyError(f"no count tensor holds the marginal {attrs}; tensors: {sorted(counts)}")
     _, axes, t = best
     return Factor(domain.project(axes), t).project(attrs).values
-
-
-def apply_proper(values: np.ndarray, proper: Any) -> np.ndarray:
-    """``proper``: falsy → unchanged; ``True``/``"clip"`` → [MDRR §6.4] clip-rescale;
-    ``"simplex"`` → Euclidean projection onto the simplex."""
-    if not proper:
-        return values
-    if proper is True or proper == "clip":
-        return clip_rescale(values)
-    if proper == "simplex":
-        return project_simplex(values)
-    raise ValueError(f"proper must be 'clip' or 'simplex', got {proper!r}")
 
 
 class _RRBase(Mechanism):
@@ -135,7 +123,7 @@ class _RRBase(Mechanism):
 
     def _estimate(self, values: np.ndarray, attrs: Sequence[str], method: str, n: float,
                   options: Mapping[str, Any], **kw: Any) -> Estimate:
-        values = apply_proper(np.asarray(values, dtype=float), options.get("proper"))
+        values = repair(np.asarray(values, dtype=float), options.get("proper"))
         return Estimate(Factor(self.domain.project(attrs), values), method, int(round(n)),
                         self.epsilon, **kw)
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np

@@ -45,7 +45,8 @@ from ..estimators import metrics as M
 from ..estimators.mechanism import histogram
 from ..estimators.proper import clip_rescale
 from ..estimators.rr_adjustment import adjusted_marginal, distinct_patterns, rr_adjustment
-from ..estimators.rr_ind import RRClusters, RRIndependent, RRJoint, apply_proper
+from ..estimators.proper import repair
+from ..estimators.rr_ind import RRClusters, RRIndependent, RRJoint
 from ..estimators.rr_joint import estimate_joint
 from . import check_epsilon
 
@@ -250,7 +251,7 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
                     t0 = time.perf_counter()
                     if e == "rr-adjustment-full":
                         patterns, weights, iters, conv = adj  # type: ignore[misc]
-                        values = apply_proper(adjusted_marginal(patterns, weights, s, shape),
+                        values = repair(adjusted_marginal(patterns, weights, s, shape),
                                               plan.proper)
                     else:
                         opts = dict(plan.ibu_options) if e == "ibu" else {}

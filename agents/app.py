@@ -109,14 +109,9 @@ def main(args) -> int:
     """``ldpstream worker [--config F] [--web-port P]``."""
     from ..cli import CliError
 
-    try:
-        from ..config import ConfigError, load_config
-    except ImportError as exc:  # pragma: no cover
-        raise CliError(f"config module unavailable: {exc}") from None
-    try:
-        config = load_config(getattr(args, "config", None))
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
+    from ..config import load_config
+
+    config = load_config(getattr(args, "config", None))  # ConfigError is a CliError: one line
     bootstrap = getattr(config, "kafka_bootstrap", None) or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     redis_url = getattr(config, "redis_url", None) or os.environ.get("REDIS_URL")
     if not bootstrap:

@@ -185,15 +185,12 @@ async def _warn_stale_offsets(config: Any, redis_url: str) -> None:
 
 def main(args: Any) -> int:
     from .cli import CliError
-    from .config import ConfigError, load_config
+    from .config import load_config
     from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
+    config = load_config(args.config)  # ConfigError is a CliError: one line, exit 2
     if args.duration is not None and args.duration <= 0:
         raise CliError(f"--duration: must be > 0 seconds (got {args.duration})")
     if args.rate < 0:

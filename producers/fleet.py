@@ -204,16 +204,11 @@ def _print_progress(stats: FleetStats) -> None:
 def main(args) -> int:
     from ..cli import CliError
 
-    try:
-        from ..config import ConfigError, load_config
-    except ImportError as exc:  # pragma: no cover - config module not built yet
-        raise CliError(f"config module unavailable: {exc}") from None
+    from ..config import load_config
+
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
+    config = load_config(args.config)  # ConfigError is a CliError: one line, exit 2
     if args.collection is None:
         collection = next(iter(config.collections.values()))
     elif args.collection in config.collections:

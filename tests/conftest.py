@@ -18,46 +18,35 @@ import uuid
 import pytest
 
 
-def _services():
+def _running(kind: str):
+    """Start an embedded ``EmbeddedRedis`` / ``EmbeddedBroker``, yield it, stop it. A missing binary
+    fails the test with the bootstrap hint (never a skip)."""
     from ldpstream import services
-    return services
+    server = getattr(services, kind)()
+    try:
+        server.start()
+    except services.ServiceError as exc:
+        pytest.fail(f"cannot start {kind} (run scripts/bootstrap.sh): {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
 def redis_server():
-    services = _services()
-    server = services.EmbeddedRedis()
-    try:
-        server.start()
-    except services.ServiceError as exc:
-        pytest.fail(f"no Redis server (run scripts/bootstrap.sh): {exc}")
-    yield server
-    server.stop()
+    yield from _running("EmbeddedRedis")
 
 
 @pytest.fixture
 def fresh_redis():
     """A Redis server of the test's own (for tests that restart or kill it)."""
-    services = _services()
-    server = services.EmbeddedRedis()
-    try:
-        server.start()
-    except services.ServiceError as exc:
-        pytest.fail(f"no Redis server (run scripts/bootstrap.sh): {exc}")
-    yield server
-    server.stop()
+    yield from _running("EmbeddedRedis")
 
 
 @pytest.fixture(scope="session")
 def kafka_broker():
-    services = _services()
-    broker = services.EmbeddedBroker()
-    try:
-        broker.start()
-    except services.ServiceError as exc:
-        pytest.fail(f"no Kafka broker (run scripts/bootstrap.sh): {exc}")
-    yield broker
-    broker.stop()
+    yield from _running("EmbeddedBroker")
 
 
 @pytest.fixture

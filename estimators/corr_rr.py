@@ -53,9 +53,9 @@ from scipy import optimize, special
 from . import channels as ch
 from .corr_rr_paper import TwoPhase, grr_copy_channel, phase1_estimates
 from .domain import Factor
+from .multi_baselines import one_way_axis
 from .mechanism import Estimate, register
-from .proper import repair
-from .proper import clip_rescale
+from .proper import clip_rescale, repair
 
 __all__ = ["CorrRR", "PhaseModel", "Combined", "optimal_table", "decode_optimal_table",
            "shrunk_plugin", "pooling_table"]
@@ -681,7 +681,7 @@ class CorrRR(TwoPhase):
         """Options: ``proper`` ('clip' | 'simplex'). ``error_bound``: the root of the estimated
         squared error summed over the marginal's cells (``unbiased``: of its stated variance;
         ``corr-rr``: it assumes no bias the significance test could not see)."""
-        i = self._one(attrs, method)
+        i = one_way_axis(self, attrs, method)
         n1, n2 = self.phase_sizes(counts)
         off = np.concatenate([[0], np.cumsum(self.domain.shape)])
         s = slice(off[i], off[i + 1])

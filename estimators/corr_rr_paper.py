@@ -35,7 +35,7 @@ import numpy as np
 from . import channels as ch
 from .domain import Domain, Factor
 from .mechanism import Estimate, Mechanism, TensorSpec, register
-from .multi_baselines import (grr_decode,
+from .multi_baselines import (grr_decode, one_way_axis,
                               report_dtype)
 from .proper import repair
 
@@ -367,15 +367,6 @@ class TwoPhase(Mechanism):
                      ) -> list[np.ndarray]:
         raise NotImplementedError
 
-    def _one(self, attrs: Sequence[str], method: str) -> int:
-        if method not in self.estimators:
-            raise ValueError(f"{self.name}: unknown estimator {method!r}; choose one of "
-                             + ", ".join(self.estimators))
-        attrs = tuple(attrs)
-        if len(attrs) != 1:
-            raise ValueError(f"{self.name} estimates one-way marginals only, got {attrs}")
-        return self.domain.axes(attrs)[0]
-
 
 def _check_stochastic(M: np.ndarray, dj: int, dk: int) -> np.ndarray:
     if M.shape != (dj, dk) or not np.all(np.isfinite(M)) or M.min() < -1e-12:
@@ -427,7 +418,7 @@ class CorrRRPaper(TwoPhase):
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                  method: str = "paper", **options: Any) -> Estimate:
         """Options: ``proper`` ('clip' | 'simplex')."""
-        i = self._one(attrs, method)
+        i = one_way_axis(self, attrs, method)
         vals = repair(self.estimate_all(counts, method)[i], options.get("proper"))
         n1, n2 = self.phase_sizes(counts)
         return Estimate(Factor(self.domain.project(tuple(attrs)), vals), method, n1 + n2,

@@ -38,7 +38,7 @@ from .proper import clip_rescale, repair
 
 __all__ = ["SPL", "SMP", "RSFD", "RSRFD", "grr_decode", "grr_decode_variance",
            "amplified_epsilon", "amplification_for", "attribute_epsilon", "neighbour_epsilons",
-           "marginal_mse", "report_dtype"]
+           "marginal_mse", "one_way_axis", "report_dtype"]
 
 
 # --- small shared helpers -------------------------------------------------------------------------
@@ -46,6 +46,18 @@ __all__ = ["SPL", "SMP", "RSFD", "RSRFD", "grr_decode", "grr_decode_variance",
 def report_dtype(shape: Sequence[int]):
     m = max(int(s) for s in shape)
     return np.uint8 if m <= 256 else np.uint16 if m <= 65536 else np.uint32
+
+
+def one_way_axis(mech: Mechanism, attrs: Sequence[str], method: str) -> int:
+    """Axis of the single attribute in ``attrs`` after checking ``method`` is one of
+    ``mech.estimators`` (the families of [Corr-RR] §5 estimate one-way marginals only)."""
+    if method not in mech.estimators:
+        raise ValueError(f"{mech.name}: unknown estimator {method!r}; choose one of "
+                         + ", ".join(mech.estimators))
+    attrs = tuple(attrs)
+    if len(attrs) != 1:
+        raise ValueError(f"{mech.name} estimates one-way marginals only, got {attrs}")
+    return mech.domain.axes(attrs)[0]
 
 
 def marginal_mse(estimates: Sequence[np.ndarray], truth: Sequence[np.ndarray]) -> float:
@@ -165,16 +177,6 @@ class _Multi(Mechanism):
             raise ValueError("records hold a value outside the domain")
         return records
 
-    def _check(self, attrs: Sequence[str], method: str) -> str:
-        if method not in self.estimators:
-            raise ValueError(f"{self.name}: unknown estimator {method!r}; choose one of "
-                             + ", ".join(self.estimators))
-        attrs = tuple(attrs)
-        if len(attrs) != 1:
-            raise ValueError(f"{self.name} estimates one-way marginals only, got {attrs}")
-        self.domain.axes(attrs)
-        return attrs[0]
-
     def _column_tensors(self, offset: int = 0) -> list[TensorSpec]:
         return [TensorSpec(marginal_key((a,)), (a,), (d,), (i + offset,))
                 for i, (a, d) in enumerate(zip(self.domain.attrs, self.domain.shape))]
@@ -186,8 +188,8 @@ class _Multi(Mechanism):
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                  method: str = "unbiased", **options: Any) -> Estimate:
         """Options: ``proper`` ('clip' | 'simplex')."""
-        a = self._check(attrs, method)
-        i = self.domain.axes((a,))[0]
+        i = one_way_axis(self, attrs, method)
+        a = self.domain.attrs[i]
         est = self.estimate_all(counts)[i]
         n = self._n(counts)
         var = self.variance(np.clip(est, 0, 1), n, fixed_data=False)[i]

@@ -6,7 +6,8 @@ runs the worker lifecycle, the web server (agents/web.py) and the refresh timers
 owned by a mode service that the app starts and stops with itself (agents/ingest.py explains why
 not a faust agent: exactly-once needs our own offsets in Redis to drive the consumer position).
 
-Environment: ``KAFKA_BOOTSTRAP_SERVERS``, ``REDIS_URL`` (required), ``LDP_SESSION_TIMEOUT_S``
+Environment: ``KAFKA_BOOTSTRAP_SERVERS``, ``REDIS_URL`` (required; ``redis+cluster://h:p,h:p`` or
+``REDIS_CLUSTER_NODES=h:p,h:p`` for a Redis Cluster), ``LDP_SESSION_TIMEOUT_S``
 (consumer group session timeout; a few seconds for the embedded Tansu broker, which answers a
 group join after half of it), ``LDP_WEB_BIND`` (default 0.0.0.0), ``LDP_APP_ID``,
 ``LDP_LOG_LEVEL`` (default WARN).
@@ -37,15 +38,14 @@ def _broker_urls(bootstrap: str) -> list[str]:
 
 
 def make_store(redis_url: str) -> Any:
-    """A :class:`~.store.CountStore` on a ``redis.asyncio`` client with short socket timeouts
-    (a dead Redis must surface as an error the ingest service retries, not as a hang)."""
-    import redis.asyncio as aioredis
-
+    """A :class:`~.store.CountStore` on the ``redis.asyncio`` client of ``redis_url``: one server,
+    or a Redis Cluster for ``redis+cluster://host:port,...`` (agents/redis_client.py), with short
+    socket timeouts (a dead Redis must surface as an error the ingest service retries, not as a
+    hang)."""
+    from .redis_client import connect
     from .store import CountStore
 
-    client = aioredis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=2.0,
-                               health_check_interval=5)
-    return CountStore(client)
+    return CountStore(connect(redis_url))
 
 
 def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int = 6066, *,
@@ -113,19 +113,22 @@ def main(args) -> int:
 
     config = load_config(getattr(args, "config", None))  # ConfigError is a CliError: one line
     bootstrap = getattr(config, "kafka_bootstrap", None) or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    redis_url = getattr(config, "redis_url", None) or os.environ.get("REDIS_URL")
+    redis_url = config.redis_url  # REDIS_URL or REDIS_CLUSTER_NODES, resolved by load_config
     if not bootstrap:
         raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set (`ldpstream up` starts an embedded "
                        "broker, Redis and a worker)")
     if not redis_url:
-        raise CliError("REDIS_URL is not set (`ldpstream up` starts an embedded Redis)")
+        raise CliError("REDIS_URL (or REDIS_CLUSTER_NODES) is not set (`ldpstream up` starts an "
+                       "embedded Redis)")
     from faust.worker import Worker
+
+    from .redis_client import display_url
 
     app, ctx = create_app(config, bootstrap, redis_url, int(getattr(args, "web_port", 6066)))
     loglevel = os.environ.get("LDP_LOG_LEVEL", "WARN").upper()
     if loglevel == "WARNING":
         loglevel = "WARN"
-    print(f"ldpstream worker: broker {bootstrap}, Redis {redis_url}, "
+    print(f"ldpstream worker: broker {bootstrap}, Redis {display_url(redis_url)}, "
           f"http://{'127.0.0.1' if app.conf.web_bind == '0.0.0.0' else app.conf.web_bind}:"
           f"{app.conf.web_port}/ (collections: {', '.join(config.collections)})",
           file=sys.stderr, flush=True)

@@ -28,7 +28,8 @@ File layout (YAML; TOML has the same keys)::
         version: 0
 
 The API token, Kafka bootstrap and Redis URL never come from the file: ``LDP_API_TOKEN``,
-``KAFKA_BOOTSTRAP_SERVERS``, ``REDIS_URL`` (unset = embedded services).
+``KAFKA_BOOTSTRAP_SERVERS``, ``REDIS_URL`` (unset = embedded services; a Redis Cluster is
+``REDIS_URL=redis+cluster://host:port,host:port`` or ``REDIS_CLUSTER_NODES=host:port,host:port``).
 """
 from __future__ import annotations
 
@@ -303,6 +304,12 @@ def parse_config(data: Any, *, base_dir: str | os.PathLike[str] = ".",
             seen_ids.add(cid)
         if coll is not None:
             collections[coll.id] = coll
+    from .agents.redis_client import RedisUrlError, redis_url_from_env  # imports redis-py
+
+    try:
+        redis_url = redis_url_from_env(env)
+    except RedisUrlError as exc:
+        errors.append(str(exc))
     if errors or app is None:
         raise ConfigError(errors or ["(top level): invalid config"])
     ing = app.ingest
@@ -311,7 +318,7 @@ def parse_config(data: Any, *, base_dir: str | os.PathLike[str] = ".",
                                          ing.max_message_bytes),
                      api_token=env.get("LDP_API_TOKEN") or None,
                      kafka_bootstrap=env.get("KAFKA_BOOTSTRAP_SERVERS") or None,
-                     redis_url=env.get("REDIS_URL") or None,
+                     redis_url=redis_url,
                      source=source)
 
 

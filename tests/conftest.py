@@ -3,6 +3,8 @@ loopback free ports via ``ldpstream.services`` for the whole session.
 
 - ``redis_server`` → the :class:`~ldpstream.services.EmbeddedRedis` (``.url``, ``.restart()``);
   tests that restart it should use ``fresh_redis`` (function scoped, their own server).
+- ``redis_cluster`` / ``fresh_redis_cluster`` → an
+  :class:`~ldpstream.services.EmbeddedRedisCluster` (3 masters + 3 replicas; ``.url``, ``.seeds``).
 - ``kafka_broker`` → the :class:`~ldpstream.services.EmbeddedBroker` (``.bootstrap``).
 - ``unique_name`` → a fresh id per test, for topics/collections/consumer groups that must not
   collide across tests sharing the session broker.
@@ -42,6 +44,19 @@ def redis_server():
 def fresh_redis():
     """A Redis server of the test's own (for tests that restart or kill it)."""
     yield from _running("EmbeddedRedis")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A Redis Cluster (3 masters + 3 replicas, :class:`~ldpstream.services.EmbeddedRedisCluster`)
+    shared by the session; tests that kill nodes use ``fresh_redis_cluster``."""
+    yield from _running("EmbeddedRedisCluster")
+
+
+@pytest.fixture
+def fresh_redis_cluster():
+    """A Redis Cluster of the test's own (for tests that kill masters)."""
+    yield from _running("EmbeddedRedisCluster")
 
 
 @pytest.fixture(scope="session")

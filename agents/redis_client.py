@@ -1,0 +1,137 @@
+"""Redis connections for the worker and the tools: one server or a Redis Cluster, chosen by URL.
+
+* ``redis://host:port/db`` (also ``rediss://``, ``unix://``): one server, ``redis.asyncio.Redis``.
+* ``redis+cluster://[user:password@]host:port,host:port,...`` (``rediss+cluster://`` for TLS):
+  a Redis Cluster, ``redis.asyncio.cluster.RedisCluster`` seeded with those nodes. The client
+  discovers the other nodes, sends each command to the master of its key's hash slot, follows
+  ``MOVED``/``ASK`` redirections and reloads its slot map when a node dies (failover).
+* ``REDIS_CLUSTER_NODES=host:port,host:port`` in the environment means the same as
+  ``REDIS_URL=redis+cluster://host:port,host:port`` (set one of the two).
+
+Every client has short socket timeouts, so a dead server surfaces as an error that the ingest
+service retries (:data:`TRANSIENT_ERRORS`) instead of a hang. On a cluster, a multi-key command,
+a Lua script or a MULTI/EXEC must keep to the keys of one hash slot: the key scheme puts each
+shard's keys under one hash tag (agents/keys.py).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping, Sequence
+from urllib.parse import unquote
+
+import redis.exceptions as rexc
+
+__all__ = ["CLUSTER_SCHEMES", "CLUSTER_NODES_ENV", "RedisUrlError", "TRANSIENT_ERRORS",
+           "cluster_url", "connect", "display_url", "is_cluster_url", "parse_nodes",
+           "redis_url_from_env"]
+
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+CLUSTER_NODES_ENV = "REDIS_CLUSTER_NODES"
+SOCKET_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 2.0
+HEALTH_CHECK_INTERVAL_S = 5
+#: Client-side retries of one command on a cluster (connection errors reload the slot map first);
+#: past them the error reaches the caller, whose own retry loop (ingest) pauses consumption.
+CLUSTER_RETRIES = 3
+
+#: Errors that mean "Redis is not reachable right now; try again": a dead or restarting server,
+#: a timeout, and on a cluster a failover in progress (CLUSTERDOWN / MASTERDOWN replies, a slot
+#: whose master is gone from the client's map).
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    rexc.ConnectionError, rexc.TimeoutError, rexc.BusyLoadingError, rexc.TryAgainError,
+    rexc.ClusterDownError, rexc.SlotNotCoveredError, ConnectionError, OSError,
+    asyncio.TimeoutError)
+
+
+class RedisUrlError(ValueError):
+    """A Redis URL or seed-node list that cannot be used (the message names the setting)."""
+
+
+def is_cluster_url(url: str) -> bool:
+    """True for ``redis+cluster://`` and ``rediss+cluster://`` URLs."""
+    return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
+
+
+def parse_nodes(text: str | Sequence[str], *, what: str = CLUSTER_NODES_ENV
+                ) -> list[tuple[str, int]]:
+    """``"host:port,host:port"`` (or a list of ``host:port``) → ``[(host, port), ...]``;
+    :class:`RedisUrlError` naming ``what`` for an empty list or a malformed entry."""
+    parts = text.split(",") if isinstance(text, str) else list(text)
+    out: list[tuple[str, int]] = []
+    for raw in parts:
+        item = str(raw).strip()
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise RedisUrlError(f"{what}: {item!r} is not host:port")
+        out.append((host, int(port)))
+    if not out:
+        raise RedisUrlError(f"{what}: no seed node (expected host:port,host:port,...)")
+    return out
+
+
+def cluster_url(nodes: str | Sequence[str], *, tls: bool = False) -> str:
+    """The ``redis+cluster://`` URL of seed ``nodes`` (``"h:p,h:p"`` or a list)."""
+    seeds = ",".join(f"{h}:{p}" for h, p in parse_nodes(nodes))
+    return f"{CLUSTER_SCHEMES[1] if tls else CLUSTER_SCHEMES[0]}://{seeds}"
+
+
+def redis_url_from_env(env: Mapping[str, str]) -> str | None:
+    """``REDIS_URL``, or the cluster URL of ``REDIS_CLUSTER_NODES``; None when neither is set.
+    Both set to different things is an error (which one would win is a guess)."""
+    url = (env.get("REDIS_URL") or "").strip() or None
+    nodes = (env.get(CLUSTER_NODES_ENV) or "").strip() or None
+    if nodes is None:
+        return url
+    from_nodes = cluster_url(nodes)
+    if url is not None and url != from_nodes:
+        raise RedisUrlError(f"{CLUSTER_NODES_ENV}: set together with REDIS_URL={display_url(url)!r}"
+                            f"; set only one of them")
+    return from_nodes
+
+
+def _split_cluster_url(url: str) -> tuple[bool, str | None, str | None, list[tuple[str, int]]]:
+    scheme, _, rest = url.partition("://")
+    rest = rest.split("/", 1)[0].split("?", 1)[0]
+    user = password = None
+    if "@" in rest:
+        cred, rest = rest.rsplit("@", 1)
+        user, _, password = cred.partition(":")
+        user, password = unquote(user) or None, unquote(password) or None
+    return scheme.lower() == CLUSTER_SCHEMES[1], user, password, parse_nodes(rest, what="REDIS_URL")
+
+
+def display_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for logs and banners)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return url
+    cred, at, tail = rest.partition("@")
+    user = cred.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{tail}" if ":" in cred else url
+
+
+def connect(url: str, **options: Any) -> Any:
+    """A ``redis.asyncio`` client for ``url``: ``RedisCluster`` for a cluster URL, ``Redis``
+    otherwise; short socket timeouts and a health check either way (``options`` override)."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+    from redis.backoff import ExponentialWithJitterBackoff
+    from redis.retry import Retry
+
+    common: dict[str, Any] = dict(socket_timeout=SOCKET_TIMEOUT_S,
+                                  socket_connect_timeout=CONNECT_TIMEOUT_S,
+                                  health_check_interval=HEALTH_CHECK_INTERVAL_S)
+    if not is_cluster_url(url):
+        return aioredis.from_url(url, **{**common, **options})
+    tls, user, password, nodes = _split_cluster_url(url)
+    kwargs: dict[str, Any] = dict(
+        common, username=user, password=password, ssl=tls,
+        # a master that died leaves its slots uncovered until its replica is promoted: start
+        # anyway and report those slots as unreachable (transient) meanwhile
+        require_full_coverage=False,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), CLUSTER_RETRIES))
+    kwargs.update(options)
+    return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], **kwargs)

@@ -21,6 +21,8 @@ import sys
 import tempfile
 from typing import Any
 
+from ..config import ConfigError
+from ..producers.signing import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, load_signing_key
 from .context import Context
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,17 @@ def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int 
         topic_partitions=1, topic_replication_factor=1, datadir=datadir,
         producer_max_request_size=4 * 1024 * 1024)
     ctx = Context(config=config, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap)
+    try:
+        key = load_signing_key()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if key is not None:
+        ctx.signing_key = key
+    else:
+        log.warning("no %s configured: signing ldp.config with an ephemeral key; devices must "
+                    "pin %s=%s", ENV_SIGNING_KEY, ENV_PUBLIC_KEY,
+                    ctx.signing_key.verify_key.to_text())
+    ctx.extras["ephemeral_key"] = key is None
     ctx.store = make_store(redis_url)
     ctx.extras["datadir"] = datadir
     for cid in config.collections:
@@ -128,6 +141,11 @@ def main(args) -> int:
     loglevel = os.environ.get("LDP_LOG_LEVEL", "WARN").upper()
     if loglevel == "WARNING":
         loglevel = "WARN"
+    pub = ctx.signing_key.verify_key.to_text()
+    print(f"ldpstream worker: ldp.config signed by key {ctx.signing_key.verify_key.key_id} "
+          + (f"(ephemeral: set {ENV_SIGNING_KEY}_FILE, see `ldpstream keygen`); devices pin "
+             f"{ENV_PUBLIC_KEY}={pub}" if ctx.extras["ephemeral_key"] else f"(public key {pub})"),
+          file=sys.stderr, flush=True)
     print(f"ldpstream worker: broker {bootstrap}, Redis {display_url(redis_url)}, "
           f"http://{'127.0.0.1' if app.conf.web_bind == '0.0.0.0' else app.conf.web_bind}:"
           f"{app.conf.web_port}/ (collections: {', '.join(config.collections)})",

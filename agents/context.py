@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..estimators.mechanism import Mechanism
+from ..producers.signing import SigningKey
 
 
 @dataclass
@@ -21,6 +22,8 @@ class Context:
     store: Any = None  # agents.store.CountStore, created on app start
     mechanisms: dict[str, Mechanism] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
+    #: signs every mechanism state published to ``ldp.config`` (producers/signing.py)
+    signing_key: SigningKey = field(default_factory=SigningKey.generate)
     #: the ingest service (agents/ingest.py) once the app has started it
     ingest: Any = None
     #: anything other modules want to hang on the context (keyed by module name)

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -194,13 +193,12 @@ class IngestService(Service):
                 log.warning("ingest: producer stop failed", exc_info=True)
 
     async def publish_config(self) -> None:
-        """Publish every collection's mechanism state to the compacted ``ldp.config``."""
+        """Publish every collection's mechanism state, signed with the worker's key
+        (producers/signing.py), to the compacted ``ldp.config``."""
         futs = []
         for cid in self.collections:
-            state = dict(self.ctx.mechanism(cid).state())
-            state["collection"] = cid
-            futs.append(await self.producer.send(CONFIG_TOPIC, json.dumps(state).encode(),
-                                                 key=cid.encode()))
+            value = self.ctx.signing_key.sign_state(self.ctx.mechanism(cid).state(), cid)
+            futs.append(await self.producer.send(CONFIG_TOPIC, value, key=cid.encode()))
         await asyncio.gather(*futs)
 
     def assignment(self) -> set:

@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drift-to", default=None, help="CSV or 'generator' after the drift")
     p.add_argument("--seed", type=int, default=None)
 
+    p = sub.add_parser("keygen", help="write the key pair that signs ldp.config (docs/security.md)")
+    p.add_argument("--out", default=".", help="directory for config-signing.key and .pub")
+    p.add_argument("--force", action="store_true", help="replace an existing key")
+
     p = sub.add_parser("estimates", help="query a running system's estimates")
     p.add_argument("collection", nargs="?")
     p.add_argument("--attrs", default=None)
@@ -104,6 +108,7 @@ _COMMANDS = {
     "worker": "ldpstream.agents.app",
     "fleet": "ldpstream.producers.fleet",
     "estimates": "ldpstream.query",
+    "keygen": "ldpstream.producers.signing",
 }
 
 

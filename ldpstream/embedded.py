@@ -20,7 +20,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .producers.signing import VerifyKey
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +103,7 @@ async def _last_refresh(store: Any, coll: Any) -> float | None:
 
 
 async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: WorkerChild,
-               stop: asyncio.Event, web_port: int) -> None:
+               stop: asyncio.Event, web_port: int, verify_key: VerifyKey) -> None:
     from .agents.app import make_store
     from .producers.fleet import run_fleet
 
@@ -110,7 +113,7 @@ async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: W
     if not args.no_fleet:
         fleet_task = asyncio.create_task(run_fleet(
             bootstrap, coll, rate=float(args.rate), devices=int(args.devices), stop=stop,
-            config_timeout_s=60.0), name="fleet")
+            config_timeout_s=60.0, verify_key=verify_key), name="fleet")
     tty = sys.stdout.isatty()
     t_start = time.monotonic()
     last_n, last_t = None, time.monotonic()
@@ -186,6 +189,8 @@ async def _warn_stale_offsets(config: Any, redis_url: str) -> None:
 def main(args: Any) -> int:
     from .cli import CliError
     from .config import load_config
+    from .producers.signing import (ENV_SIGNING_KEY, ENV_SIGNING_KEY_FILE, SigningKey,
+                                    load_signing_key)
     from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
@@ -218,7 +223,15 @@ def main(args: Any) -> int:
         topics = {c.topic: int(c.partitions) for c in config.collections.values()}
         topics.update({"ldp.dlq": 1, "ldp.config": 1})
         asyncio.run(create_topics(bootstrap, topics, compacted={"ldp.config"}))
+        try:
+            key = load_signing_key()
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url)
+        if key is None:  # an ephemeral key pair: the worker signs, this process's fleet verifies
+            key = SigningKey.generate()
+            env[ENV_SIGNING_KEY] = key.to_text()
+            env.pop(ENV_SIGNING_KEY_FILE, None)
         env.setdefault("LDP_WEB_BIND", "127.0.0.1")
         if broker is not None:
             env.setdefault("LDP_SESSION_TIMEOUT_S", str(EMBEDDED_SESSION_TIMEOUT_S))
@@ -245,7 +258,8 @@ def main(args: Any) -> int:
 
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, on_signal)
-            await _run(args, config, bootstrap, redis_url, worker, stop, web_port)
+            await _run(args, config, bootstrap, redis_url, worker, stop, web_port,
+                       key.verify_key)
 
         asyncio.run(runner())
         print("stopping: worker ...", flush=True)

@@ -1,9 +1,11 @@
 """The device client: randomize on the device, buffer reports, publish report batches.
 
 * :class:`ConfigWatcher` reads the compacted topic ``ldp.config`` (key = collection id, value =
-  JSON of ``Mechanism.state()`` plus ``collection``) from its beginning and keeps following it, so
-  devices always randomize with the mechanism state in force and stamp every report with its
-  ``version`` (RRBA tables, Corr-RR phases change it).
+  a signed ``Mechanism.state()``, producers/signing.py) from its beginning and keeps following
+  it, so devices always randomize with the mechanism state in force and stamp every report with
+  its ``version`` (RRBA tables, Corr-RR phases change it). It accepts only states signed by the
+  pinned key, never an older one than it has (replay), and never one whose computed ε exceeds
+  the device's ceiling.
 * :class:`Device` randomizes its own records with ``mechanism.randomize(records, rng)`` (the true
   values never leave it), buffers the reports and publishes them as one report batch when the
   buffer is full or on :meth:`Device.flush`.
@@ -14,7 +16,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any, Callable, Mapping
@@ -24,6 +25,7 @@ import numpy as np
 from ..estimators.mechanism import Mechanism, from_state
 from .codec import encode_batch
 from .publisher import Publisher
+from .signing import SignedState, StateRejected, VerifyKey, load_verify_key
 
 log = logging.getLogger(__name__)
 
@@ -34,24 +36,64 @@ def report_topic(collection: str) -> str:
     return f"ldp.reports.{collection}"
 
 
-def mechanism_from_state(state: Mapping[str, Any]) -> Mechanism:
-    """Rebuild a mechanism from a ``ldp.config`` value (``collection`` is ignored)."""
-    return from_state({k: v for k, v in state.items() if k != "collection"})
+#: relative slack of the ε ceiling (float rounding of the computed ε, never a real excess)
+CEILING_RTOL = 1e-9
+
+
+def mechanism_from_state(signed: SignedState, *, max_epsilon: float | None = None) -> Mechanism:
+    """Rebuild the mechanism of a verified ``ldp.config`` state (:meth:`VerifyKey.open`);
+    refuses (:class:`StateRejected` ``over_ceiling``) a state whose ε, computed from the channel
+    it would apply, exceeds ``max_epsilon``."""
+    if not isinstance(signed, SignedState):
+        raise StateRejected("unsigned", f"expected a verified SignedState, got "
+                                        f"{type(signed).__name__}")
+    body = {k: v for k, v in signed.state.items() if k not in ("collection", "issued_at")}
+    try:
+        mech = from_state(body)
+        eps = float(mech.epsilon)
+    except Exception as exc:  # noqa: BLE001 - any unusable state is refused, never adopted
+        raise StateRejected("unusable", f"{exc.__class__.__name__}: {exc}") from None
+    if max_epsilon is not None and not eps <= max_epsilon * (1 + CEILING_RTOL):
+        raise StateRejected("over_ceiling", f"state version {signed.version} of "
+                                            f"{signed.collection!r} costs ε = {eps:g} per report, "
+                                            f"above this device's ceiling {max_epsilon:g}")
+    return mech
 
 
 class ConfigWatcher:
-    """Follow ``ldp.config`` from the beginning (no consumer group), keeping the newest state per
-    collection id. ``on_change(collection, state)`` is called for every new or newer state."""
+    """Follow ``ldp.config`` from the beginning (no consumer group), keeping the newest verified
+    state per collection id. ``on_change(collection, signed)`` is called for every new or newer
+    accepted state; ``mechanisms[collection]`` is the mechanism rebuilt from it.
+
+    ``verify_key``: the pinned public key (default: ``LDP_CONFIG_PUBLIC_KEY(_FILE)``; without one
+    every state is refused). ``max_epsilon``: this device's ceiling on the computed ε per report
+    (one number, or per collection id; None: no ceiling). Refused records are counted in
+    ``rejected`` (reason → count) and the last ones kept in ``refusals``."""
 
     def __init__(self, bootstrap: str, *, topic: str = CONFIG_TOPIC,
-                 on_change: Callable[[str, dict], None] | None = None) -> None:
+                 on_change: Callable[[str, SignedState], None] | None = None,
+                 verify_key: VerifyKey | None = None,
+                 max_epsilon: float | Mapping[str, float] | None = None) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.on_change = on_change
-        self.states: dict[str, dict] = {}
+        self.verify_key = verify_key if verify_key is not None else load_verify_key()
+        self.max_epsilon = max_epsilon
+        self.states: dict[str, SignedState] = {}
+        self.mechanisms: dict[str, Mechanism] = {}
+        self.rejected: dict[str, int] = {}
+        self.refusals: list[StateRejected] = []
         self._consumer = None
         self._task: asyncio.Task | None = None
         self._changed = asyncio.Event()
+        if self.verify_key is None:
+            log.warning("no public key pinned (LDP_CONFIG_PUBLIC_KEY): every %s state will be "
+                        "refused", topic)
+
+    def ceiling(self, collection: str) -> float | None:
+        if self.max_epsilon is None or isinstance(self.max_epsilon, (int, float)):
+            return self.max_epsilon
+        return self.max_epsilon.get(collection)
 
     async def start(self, timeout_s: float = 30.0) -> "ConfigWatcher":
         from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -96,21 +138,36 @@ class ConfigWatcher:
         if value is None:
             return  # tombstone: keep what we had (devices must not stop reporting)
         try:
-            state = json.loads(value)
-            collection = str(state.get("collection") or (key or b"").decode())
-            version = int(state.get("version", 0))
-        except (ValueError, AttributeError, TypeError) as exc:
-            log.warning("ignoring an unreadable %s record: %s", self.topic, exc)
+            signed, mech = self._verify(key, value)
+        except StateRejected as exc:
+            self.rejected[exc.reason] = self.rejected.get(exc.reason, 0) + 1
+            self.refusals = (self.refusals + [exc])[-100:]
+            log.warning("refusing a %s record (key %r): %s", self.topic, key, exc)
             return
-        old = self.states.get(collection)
-        if old is not None and int(old.get("version", 0)) > version:
-            return
-        self.states[collection] = state
+        self.states[signed.collection] = signed
+        self.mechanisms[signed.collection] = mech
         self._changed.set()
         if self.on_change is not None:
-            self.on_change(collection, state)
+            self.on_change(signed.collection, signed)
 
-    async def wait_for(self, collection: str, timeout_s: float) -> dict | None:
+    def _verify(self, key: bytes | None, value: bytes) -> tuple[SignedState, Mechanism]:
+        if self.verify_key is None:
+            raise StateRejected("no_public_key", "no public key pinned (set "
+                                                 "LDP_CONFIG_PUBLIC_KEY or _FILE)")
+        try:
+            collection = key.decode("utf-8") if key else None
+        except UnicodeDecodeError:
+            raise StateRejected("malformed", "record key is not UTF-8") from None
+        signed = self.verify_key.open(value, collection=collection)
+        old = self.states.get(signed.collection)
+        if old is not None and signed.order < old.order:
+            raise StateRejected("replayed", f"version {signed.version} issued at "
+                                            f"{signed.issued_at:.3f} is older than the state in "
+                                            f"force (version {old.version} issued at "
+                                            f"{old.issued_at:.3f})")
+        return signed, mechanism_from_state(signed, max_epsilon=self.ceiling(signed.collection))
+
+    async def wait_for(self, collection: str, timeout_s: float) -> SignedState | None:
         """The newest state of ``collection``, waiting up to ``timeout_s`` for one to appear."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s

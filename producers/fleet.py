@@ -23,9 +23,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ..estimators.mechanism import Mechanism
-from .device import ConfigWatcher, Gateway, mechanism_from_state
+from .device import ConfigWatcher, Gateway
 from .generator import is_generator_spec, parse_spec
 from .publisher import Publisher
+from .signing import SignedState, VerifyKey, load_verify_key
 
 log = logging.getLogger(__name__)
 
@@ -68,26 +69,40 @@ class FleetStats:
         return self.sent_reports / self.seconds if self.seconds > 0 else 0.0
 
 
+def default_ceiling(collection) -> float:
+    """A fleet's ε ceiling when none is given: the ε per report of the locally configured
+    mechanism (computed from its channel), i.e. what the devices agreed to."""
+    return float(collection.mechanism().epsilon)
+
+
 async def resolve_mechanism(bootstrap: str, collection, *, timeout_s: float = 10.0,
-                            watcher: ConfigWatcher | None = None) -> tuple[Mechanism, ConfigWatcher | None]:
-    """The collection's mechanism as published in ``ldp.config`` (waiting up to ``timeout_s``),
-    else the one built from the local config."""
+                            watcher: ConfigWatcher | None = None,
+                            verify_key: VerifyKey | None = None,
+                            max_epsilon: float | None = None) -> tuple[Mechanism, ConfigWatcher | None]:
+    """The collection's mechanism as published (signed) in ``ldp.config`` (waiting up to
+    ``timeout_s``), else the one built from the local config. Without a pinned public key
+    (``verify_key`` or ``LDP_CONFIG_PUBLIC_KEY``) nothing published can be trusted: the local
+    config is used at once."""
+    verify_key = verify_key if verify_key is not None else load_verify_key()
+    if watcher is None and verify_key is None:
+        log.warning("no public key pinned (LDP_CONFIG_PUBLIC_KEY): ignoring ldp.config, using the "
+                    "local config of %s", collection.id)
+        return collection.mechanism(), None
+    ceiling = default_ceiling(collection) if max_epsilon is None else max_epsilon
     try:
         if watcher is None:
-            watcher = await ConfigWatcher(bootstrap).start(timeout_s=timeout_s)
+            watcher = await ConfigWatcher(bootstrap, verify_key=verify_key,
+                                          max_epsilon={collection.id: ceiling}
+                                          ).start(timeout_s=timeout_s)
         state = await watcher.wait_for(collection.id, timeout_s)
     except (ConnectionError, OSError) as exc:
         log.warning("cannot read ldp.config (%s); using the local config", exc)
         state = None
     if state is not None:
-        try:
-            return mechanism_from_state(state), watcher
-        except Exception as exc:  # noqa: BLE001 - a bad published state must not stop devices
-            log.warning("cannot rebuild the published mechanism of %s (%s); using the local config",
-                        collection.id, exc)
-    else:
-        log.warning("no mechanism state for %s in ldp.config after %.0fs; using the local config",
-                    collection.id, timeout_s)
+        return watcher.mechanisms[collection.id], watcher
+    log.warning("no usable mechanism state for %s in ldp.config after %.0fs (refused: %s); "
+                "using the local config", collection.id, timeout_s,
+                watcher.rejected if watcher is not None else {})
     return collection.mechanism(), watcher
 
 
@@ -97,6 +112,7 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
                     drift_to: str | None = None, seed: int | None = None,
                     keep_counts: bool = False, mechanism: Mechanism | None = None,
                     config_timeout_s: float = 10.0, publisher: Publisher | None = None,
+                    verify_key: VerifyKey | None = None, max_epsilon: float | None = None,
                     stop: asyncio.Event | None = None,
                     progress: Callable[[FleetStats], None] | None = None,
                     progress_every_s: float = 2.0) -> FleetStats:
@@ -113,16 +129,16 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
     stats = FleetStats(source=desc)
     watcher = None
     if mechanism is None:
-        mechanism, watcher = await resolve_mechanism(bootstrap, collection, timeout_s=config_timeout_s)
+        mechanism, watcher = await resolve_mechanism(bootstrap, collection,
+                                                     timeout_s=config_timeout_s,
+                                                     verify_key=verify_key, max_epsilon=max_epsilon)
     mech_box = [mechanism]
     if watcher is not None:
-        def on_change(cid: str, state: dict) -> None:
-            if cid == collection.id and int(state.get("version", 0)) != mech_box[0].version:
-                try:
-                    mech_box[0] = mechanism_from_state(state)
-                    log.info("fleet: mechanism of %s now at version %d", cid, mech_box[0].version)
-                except Exception as exc:  # noqa: BLE001
-                    log.warning("fleet: ignoring unusable state of %s: %s", cid, exc)
+        def on_change(cid: str, signed: SignedState) -> None:
+            # the watcher verified the signature, the order and the ε ceiling
+            if cid == collection.id and signed.version != mech_box[0].version:
+                mech_box[0] = watcher.mechanisms[cid]
+                log.info("fleet: mechanism of %s now at version %d", cid, mech_box[0].version)
         watcher.on_change = on_change
     specs = collection.tensors() if keep_counts else []
     if keep_counts:

@@ -20,6 +20,17 @@ import uuid
 import pytest
 
 
+def pytest_configure(config) -> None:
+    """One ldp.config signing key pair for the session (like one deployment): workers started by
+    the tests sign with it, devices and fleets in the tests pin its public key."""
+    from ldpstream.producers.signing import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, SigningKey
+
+    if not os.environ.get(ENV_SIGNING_KEY):
+        key = SigningKey.generate()
+        os.environ[ENV_SIGNING_KEY] = key.to_text()
+        os.environ[ENV_PUBLIC_KEY] = key.verify_key.to_text()
+
+
 def _running(kind: str):
     """Start an embedded ``EmbeddedRedis`` / ``EmbeddedBroker``, yield it, stop it. A missing binary
     fails the test with the bootstrap hint (never a skip)."""

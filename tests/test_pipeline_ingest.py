@@ -30,7 +30,7 @@ def test_fleet_and_device_reports_counted_exactly(tmp_path, kafka_broker, redis_
         watcher = await ConfigWatcher(kafka_broker.bootstrap).start()
         state = await watcher.wait_for(cid, 20)
         await watcher.stop()
-        assert state is not None and state["collection"] == cid and state["version"] == 3
+        assert state is not None and state.collection == cid and state.version == 3
         mech = mechanism_from_state(state)
         assert mech.version == 3
 

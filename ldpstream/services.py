@@ -695,16 +695,27 @@ class EmbeddedBroker(_Child):
         return result[0]
 
 
+TOPIC_REPLICATION_ENV = "LDP_TOPIC_REPLICATION"
+
+
 async def create_topics(bootstrap: str, topics: Mapping[str, int],
-                        compacted: Collection[str] = (), *, replication: int = 1,
+                        compacted: Collection[str] = (), *, replication: int | None = None,
                         timeout_s: float = 30.0) -> list[str]:
     """Create the missing topics (``{name: partitions}``); topics in ``compacted`` get
     ``cleanup.policy=compact``. Existing topics are left as they are. Returns the names created.
+    ``replication`` (copies of each partition) defaults to ``$LDP_TOPIC_REPLICATION`` or 1 (one
+    embedded broker); a 3-broker Kafka wants 3.
 
     Tansu accepts and records ``cleanup.policy=compact`` (DescribeConfigs returns it).
     """
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import KafkaError
+
+    if replication is None:
+        raw = os.environ.get(TOPIC_REPLICATION_ENV, "1")
+        if not raw.isdigit() or int(raw) < 1:
+            raise ServiceError(f"{TOPIC_REPLICATION_ENV}: must be an integer >= 1 (got {raw!r})")
+        replication = int(raw)
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
     deadline = time.monotonic() + timeout_s

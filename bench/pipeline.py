@@ -165,7 +165,30 @@ async def _freshness(bootstrap: str, store: Any, coll: Any, samples: int) -> lis
     return out
 
 
-async def run(quick: bool = False, progress=None) -> dict[str, Any]:
+async def _cluster_ingest(cfg_path: Path, env: dict, coll: Any, total: int, raw: float,
+                          work: Path) -> dict[str, Any]:
+    """The ingest run again, the worker writing to a Redis Cluster (3 masters + 3 replicas)
+    instead of the single Redis: same prefilled topic, fresh offsets (so it reads it all)."""
+    from ..agents.app import make_store
+    from ..services import EmbeddedRedisCluster, free_port
+
+    cluster = EmbeddedRedisCluster(masters=3, replicas=1)
+    worker = None
+    try:
+        url = cluster.start()
+        store = make_store(url)
+        port = free_port()
+        worker = _start_worker(cfg_path, dict(env, REDIS_URL=url), port, work / "worker-c.log")
+        rate = await _ingest_rate(store, coll.id, total, port)
+        await store.close()
+    finally:
+        if worker is not None:
+            _stop_worker(worker)
+        cluster.stop()
+    return {"cluster_ingest_rate": rate, "cluster_ratio": rate / raw, "cluster_masters": 3}
+
+
+async def run(quick: bool = False, progress=None, redis_cluster: bool = False) -> dict[str, Any]:
     from ..agents.app import make_store
     from ..config import load_config
     from ..services import EmbeddedBroker, EmbeddedRedis, create_topics, free_port
@@ -227,6 +250,11 @@ async def run(quick: bool = False, progress=None) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - refresh part is optional
             result["refresh_error"] = f"{exc.__class__.__name__}: {exc}"
         await store.close()
+        if redis_cluster:
+            _stop_worker(worker)
+            worker = None
+            say("ingest (worker) into a Redis Cluster of 3 masters + 3 replicas ...")
+            result.update(await _cluster_ingest(cfg_path, env, batched, total, raw, work))
     finally:
         if worker is not None:
             _stop_worker(worker)
@@ -239,7 +267,8 @@ def main(args) -> int:
     quiet = bool(getattr(args, "json", False))
     res = asyncio.run(run(quick=bool(getattr(args, "quick", False)),
                           progress=None if quiet else (lambda m: print(m, file=sys.stderr,
-                                                                       flush=True))))
+                                                                       flush=True)),
+                          redis_cluster=bool(getattr(args, "redis_cluster", False))))
     if getattr(args, "json", False):
         print(json.dumps(res, indent=2))
         return 0
@@ -250,6 +279,10 @@ def main(args) -> int:
     print(f"{'reports per message':<44} {res['reports_per_message']:>14d}")
     print(f"{'single-report messages: raw (reports/s)':<44} {res['single_raw_consume_rate']:>14,.0f}")
     print(f"{'single-report messages: ingest (reports/s)':<44} {res['single_report_rate']:>14,.0f}")
+    if "cluster_ingest_rate" in res:
+        print(f"{'ingest into Redis Cluster, 3 masters (rep/s)':<44} "
+              f"{res['cluster_ingest_rate']:>14,.0f}")
+        print(f"{'ratio on the cluster':<44} {res['cluster_ratio']:>14.2f}")
     if res.get("refresh_seconds") is not None:
         print(f"{'refresh duration (s)':<44} {res['refresh_seconds']:>14.3f}")
     if res.get("freshness_seconds") is not None:

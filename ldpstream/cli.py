@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", choices=("castell", "adult", "pipeline", "mechanisms"))
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
+    p.add_argument("--redis-cluster", action="store_true",
+                   help="pipeline: also ingest into a Redis Cluster and time applies on 1 and 3 "
+                        "masters")
 
     p = sub.add_parser("up", help="embedded stack: broker, Redis, worker and fleet on this machine")
     p.add_argument("--config", default=None, help="collections config (default: bundled Adult demo)")

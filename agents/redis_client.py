@@ -22,7 +22,7 @@ from urllib.parse import unquote
 import redis.exceptions as rexc
 
 __all__ = ["CLUSTER_SCHEMES", "CLUSTER_NODES_ENV", "RedisUrlError", "TRANSIENT_ERRORS",
-           "cluster_url", "connect", "display_url", "is_cluster_url", "parse_nodes",
+           "cluster_url", "connect", "display_url", "health", "is_cluster_url", "parse_nodes",
            "redis_url_from_env"]
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -135,3 +135,44 @@ def connect(url: str, **options: Any) -> Any:
         retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), CLUSTER_RETRIES))
     kwargs.update(options)
     return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], **kwargs)
+
+
+async def health(client: Any, timeout_s: float = 2.0) -> dict[str, Any]:
+    """What ``/healthz`` reports about Redis: ``{"ok": bool, ...}``.
+
+    One server: a PING. A cluster: a PING to every master in the client's slot map plus
+    ``CLUSTER INFO`` of one of them, so a dead master (a failover in progress) shows as
+    ``{"ok": False, "cluster_state": "fail", "unreachable": ["127.0.0.1:7001"], ...}`` instead of
+    the PONG of whichever node answers first; errors are named, never raised."""
+    from redis.asyncio.cluster import RedisCluster
+
+    if not isinstance(client, RedisCluster):
+        try:
+            await asyncio.wait_for(client.ping(), timeout_s)
+            return {"ok": True}
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            return {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
+    try:
+        await asyncio.wait_for(client.initialize(), timeout_s)  # loads the slot map once
+        masters = client.get_primaries()
+    except Exception as exc:  # noqa: BLE001
+        return {"ok": False, "cluster_state": "unknown",
+                "error": f"{exc.__class__.__name__}: {exc}"}
+    unreachable: list[str] = []
+    state = "unknown"
+    for node in masters:
+        try:
+            if state == "unknown":
+                info = await asyncio.wait_for(
+                    client.execute_command("CLUSTER INFO", target_nodes=node), timeout_s)
+                state = str(info.get("cluster_state", "unknown"))
+            else:
+                await asyncio.wait_for(client.execute_command("PING", target_nodes=node),
+                                       timeout_s)
+        except Exception:  # noqa: BLE001 - a dead master is the point of the check
+            unreachable.append(node.name)
+    ok = not unreachable and state == "ok"
+    out: dict[str, Any] = {"ok": ok, "cluster_state": state, "masters": len(masters)}
+    if unreachable:
+        out["unreachable"] = unreachable
+    return out

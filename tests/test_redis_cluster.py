@@ -9,7 +9,7 @@ import os
 import pytest
 
 from ldpstream.agents.redis_client import (TRANSIENT_ERRORS, RedisUrlError, cluster_url, connect,
-                                           display_url, is_cluster_url, parse_nodes,
+                                           display_url, health, is_cluster_url, parse_nodes,
                                            redis_url_from_env)
 from ldpstream.config import ConfigError, parse_config
 from ldpstream.services import CLUSTER_SLOTS, EmbeddedRedisCluster
@@ -101,7 +101,9 @@ def test_master_killed_replica_promoted_client_follows(fresh_redis_cluster):
             await r.execute_command("WAIT", 1, 2000, target_nodes=r.get_node_from_key(key))
             master = c.master_of(key)
             replica = c.replicas_of(master)[0]
+            assert await health(r) == {"ok": True, "cluster_state": "ok", "masters": 3}
             c.crash_master(master)
+            during = await health(r)
             errors: list[str] = []
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 30
@@ -114,6 +116,12 @@ def test_master_killed_replica_promoted_client_follows(fresh_redis_cluster):
                     assert loop.time() < deadline, errors
                     await asyncio.sleep(0.1)
             new = c.wait_failover(master)
+            after = await health(r)
+            while not after["ok"]:  # the client reloads its slot map after a failed PING
+                assert loop.time() < deadline, after
+                await asyncio.sleep(0.1)
+                after = await health(r)
+            assert during["ok"] is False and during["unreachable"] == [f"127.0.0.1:{master.port}"]
             return value, replica.port, new.port, errors
         finally:
             await r.aclose()

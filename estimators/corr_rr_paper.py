@@ -34,9 +34,9 @@ import numpy as np
 
 from . import channels as ch
 from .domain import Domain, Factor
-from .mechanism import Estimate, Mechanism, TensorSpec, register
-from .multi_baselines import (grr_decode, one_way_axis,
-                              report_dtype)
+from .mechanism import (Estimate, Mechanism, Params, TensorSpec, VersionedCounts, record_budget,
+                        register)
+from .multi_baselines import grr_decode, one_way_axis, one_way_reason, report_dtype
 from .proper import repair
 
 __all__ = ["TwoPhase", "CorrRRPaper", "paper_py", "paper_py_table", "grr_copy_channel",
@@ -110,15 +110,32 @@ class TwoPhase(Mechanism):
     conditional; any domain sizes). ``table``: m×m array of t (diagonal ignored); ``cond``: the
     conditional matrices C[j][k] (d_j × d_k) for ``copy="cond"``. ``n_plan``: the number of users
     the table was planned for (Phase I + II), used to plan the next table.
+
+    ``phase``: the phase this version's devices report in — 0 (Phase I), 1 (Phase II) or None
+    (each device is in Phase I with probability β). Live, version 0 is Phase I; the rule that ends
+    it: once ``phase1_reports`` Phase I reports are counted, :meth:`adapt` computes the copy
+    table from them (:meth:`refine`) and publishes it as the next version, in Phase II. Phase I
+    reports of every version are estimated from; Phase II reports of the versions since
+    ``table_since`` (those made with the current table).
     """
 
     estimators: tuple[str, ...] = ()
+    #: Phase I reports before the table is computed (the default of the live rule)
+    PHASE1_REPORTS = 1000
 
     def __init__(self, domain: Domain, epsilon: float, phase1_fraction: float = 0.1,
                  copy: str | None = None, table: np.ndarray | None = None,
                  cond: Sequence[Sequence[np.ndarray | None]] | None = None,
-                 n_plan: int | None = None, version: int = 0) -> None:
+                 n_plan: int | None = None, version: int = 0, phase: int | None = None,
+                 phase1_reports: int | None = None, table_since: int | None = None) -> None:
         super().__init__(domain, version)
+        if phase not in (None, 0, 1):
+            raise ValueError(f"phase must be 0, 1 or None, got {phase!r}")
+        self.phase = phase
+        self.phase1_reports = self.PHASE1_REPORTS if phase1_reports is None else int(phase1_reports)
+        if self.phase1_reports < 1:
+            raise ValueError(f"phase1_reports must be ≥ 1, got {phase1_reports!r}")
+        self.table_since = self.version if table_since is None else int(table_since)
         self.target_epsilon = float(epsilon)
         if not np.isfinite(self.target_epsilon) or self.target_epsilon <= 0:
             raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
@@ -221,13 +238,17 @@ class TwoPhase(Mechanism):
         phase[rng.permutation(n)[:int(round(self.beta * n))]] = 0
         return phase
 
-    def randomize(self, records: np.ndarray, rng: np.random.Generator,
-                  phase: np.ndarray | int | None = None) -> np.ndarray:
-        """Reports ``[phase, y…]``; ``phase`` None → :meth:`assign_phases`."""
+    def with_phase(self, phase: int | None) -> "TwoPhase":
+        """This state with devices reporting in ``phase`` (same version)."""
+        st = self.state()
+        st["phase"] = phase
+        return type(self).from_state(st)
+
+    def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Reports ``[phase, y…]`` in :attr:`phase` (None → :meth:`assign_phases`)."""
         x = self._records(records)
         n = len(x)
-        if phase is None:
-            phase = self.assign_phases(n, rng)
+        phase = self.assign_phases(n, rng) if self.phase is None else self.phase
         phase = np.broadcast_to(np.asarray(phase, dtype=np.uint8), (n,))
         dtype = report_dtype((2,) + self.domain.shape)
         out = np.empty((n, 1 + len(self.domain)), dtype=dtype)
@@ -319,8 +340,62 @@ class TwoPhase(Mechanism):
         raise NotImplementedError
 
     def _with(self, table: np.ndarray, cond, n_plan: int | None) -> "TwoPhase":
+        """The next version: Phase II with the new table."""
         return type(self)(self.domain, self.target_epsilon, self.beta, self.copy, table, cond,
-                          n_plan, self.version + 1)
+                          n_plan, self.version + 1, 1, self.phase1_reports, self.version + 1)
+
+    # -- the adaptive protocol ---------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
+                    epsilon_scope: str = "attribute", version: int = 0) -> "TwoPhase":
+        """Version 0 in Phase I. ``params``: ``phase1_reports`` (the rule ending Phase I, 1000),
+        ``phase1_fraction`` β (0.1: Phase I's share of the planned users, so the table is
+        planned for n₂ = n₁/β − n₁ Phase II users unless ``n_plan`` users are given), ``copy``
+        (``py`` | ``cond``). ε per report: :func:`~.mechanism.record_budget`."""
+        pr = Params(cls.name, params)
+        reports = pr.integer("phase1_reports", cls.PHASE1_REPORTS, ge=1)
+        beta = pr.number("phase1_fraction", 0.1, gt=0.0, lt=1.0)
+        n_plan = pr.integer("n_plan", None, ge=2)
+        copy = pr.choice("copy", None, ("py", "cond"))
+        pr.done()
+        return cls(domain, record_budget(epsilon, epsilon_scope, len(domain)), beta, copy,
+                   n_plan=n_plan, version=version, phase=0, phase1_reports=reports)
+
+    def accepted_versions(self) -> tuple[int, ...]:
+        """Every version so far: Phase I reports do not depend on the table."""
+        return tuple(range(self.version + 1))
+
+    def combined_counts(self, counts: VersionedCounts) -> dict[str, np.ndarray]:
+        """Phase I rows of every version, Phase II rows of the versions since the current table
+        was published (axis 0 of every tensor is the phase)."""
+        out: dict[str, np.ndarray] = {s.key: np.zeros(s.shape, dtype=np.int64)
+                                      for s in self.tensors()}
+        for v in self.accepted_versions():
+            for k, t in counts.get(v, {}).items():
+                if k in out:
+                    t = np.asarray(t)
+                    out[k][0] += t[0]
+                    if v >= self.table_since:
+                        out[k][1] += t[1]
+        return out
+
+    def _phase1_counted(self, counts: VersionedCounts) -> int:
+        return int(self.combined_counts(counts)[self.tensors()[0].key][0].sum())
+
+    def reports_until_adapt(self, counts: VersionedCounts) -> int | None:
+        if self.phase != 0:
+            return None
+        return max(1, self.phase1_reports - self._phase1_counted(counts))
+
+    def adapt(self, counts: VersionedCounts) -> "TwoPhase | None":
+        """End Phase I once ``phase1_reports`` Phase I reports are counted: the table planned
+        from them (:meth:`refine`), published in Phase II."""
+        if self.phase != 0 or self._phase1_counted(counts) < self.phase1_reports:
+            return None
+        return self.refine(self.combined_counts(counts))
+
+    def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
+        return super().check_marginal(attrs, method) or one_way_reason(self, attrs, method)
 
     # -- state -----------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -329,7 +404,11 @@ class TwoPhase(Mechanism):
               "table": self.table.tolist(), "n_plan": self.n_plan,
               "report": "[phase, y_1..y_m]; phase 0 = Phase I (SPL, GRR(eps/m) per attribute), "
                         "1 = Phase II (pivot GRR(eps) + copies)",
-              "assignment": "each device is in Phase I with probability phase1_fraction"}
+              "phase": self.phase, "phase1_reports": self.phase1_reports,
+              "table_since": self.table_since,
+              "assignment": ("each device is in Phase I with probability phase1_fraction"
+                             if self.phase is None else f"every device reports in "
+                             f"Phase {'I' if self.phase == 0 else 'II'}")}
         if self.copy == "cond":
             st["cond"] = [[None if M is None else M.tolist() for M in row] for row in self.cond]
         return st
@@ -342,7 +421,8 @@ class TwoPhase(Mechanism):
                    np.asarray(state["table"], dtype=float),
                    None if cond is None else [[None if M is None else np.asarray(M) for M in row]
                                               for row in cond],
-                   state.get("n_plan"), int(state.get("version", 0)))
+                   state.get("n_plan"), int(state.get("version", 0)), state.get("phase"),
+                   state.get("phase1_reports"), state.get("table_since"))
 
     # -- audit -----------------------------------------------------------------------------------
     def phase2_channel(self) -> tuple[np.ndarray, np.ndarray]:
@@ -432,9 +512,9 @@ def run_two_phase(mech: TwoPhase, records: np.ndarray, rng: np.random.Generator,
     records = np.asarray(records)
     phase = mech.assign_phases(len(records), rng)
     specs = mech.tensors()
-    r1 = mech.randomize(records[phase == 0], rng, phase=0)
+    r1 = mech.with_phase(0).randomize(records[phase == 0], rng)
     counts = mech.count(r1, specs)
     refined = mech.refine(counts, n_plan if n_plan is not None else len(records))
-    r2 = refined.randomize(records[phase != 0], rng, phase=1)
+    r2 = refined.with_phase(1).randomize(records[phase != 0], rng)
     c2 = refined.count(r2, specs)
     return refined, {k: counts[k] + c2[k] for k in counts}

@@ -13,12 +13,12 @@ its ranking, which is all Alg. 1 needs.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 __all__ = ["contingency", "cramers_v_table", "pearson_abs_table", "cramers_v", "pearson_abs",
-           "dependence_matrix"]
+           "dependence_matrix", "dependence_from_tables"]
 
 
 def contingency(x: np.ndarray, y: np.ndarray, dx: int | None = None,
@@ -95,6 +95,14 @@ def dependence_matrix(records: np.ndarray, shape: Sequence[int] | None = None,
     shape = [int(s) for s in shape]
     if len(shape) != m:
         raise ValueError(f"shape lists {len(shape)} sizes for {m} columns")
+    return dependence_from_tables(
+        lambda a, b: contingency(records[:, a], records[:, b], shape[a], shape[b]), m, kinds)
+
+
+def dependence_from_tables(table: Callable[[int, int], np.ndarray], m: int,
+                           kinds: str | Sequence[str] = "nominal") -> np.ndarray:
+    """:func:`dependence_matrix` from the pair contingency tables (``table(a, b)`` for a < b),
+    e.g. count tensors kept by a server."""
     if isinstance(kinds, str):
         kinds = [kinds] * m
     kinds = list(kinds)
@@ -103,7 +111,7 @@ def dependence_matrix(records: np.ndarray, shape: Sequence[int] | None = None,
     out = np.eye(m)
     for a in range(m):
         for b in range(a + 1, m):
-            t = contingency(records[:, a], records[:, b], shape[a], shape[b])
+            t = np.asarray(table(a, b))
             both_ordinal = kinds[a] == kinds[b] == "ordinal"
             out[a, b] = out[b, a] = pearson_abs_table(t) if both_ordinal else cramers_v_table(t)
     return out

@@ -38,7 +38,8 @@ from .cooccurrence import cooccurrence_counts, cooccurrence_from_bits, solve_coo
 from .domain import Domain, Factor
 from .lopub_em import distinct_reports, em_jd
 from .lopub_lasso import lasso_jd
-from .mechanism import Estimate, Mechanism, TensorSpec, register
+from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, record_budget,
+                        register)
 from .proper import clip_rescale, project_simplex
 
 __all__ = ["LoPub", "STATE_FORMAT", "DEFAULT_P_FP"]
@@ -231,6 +232,61 @@ class LoPub(Mechanism):
         extra = {} if init is None else {"lasso_support": int(np.count_nonzero(init))}
         return self._result(res.joint, attrs, method, n, iterations=res.iterations,
                             converged=res.converged, extra=extra)
+
+    # --- configuration ----------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
+                    epsilon_scope: str = "attribute", version: int = 0) -> "LoPub":
+        """``params``: ``bits`` (per attribute, default from ``p_fp``), ``hashes``, ``p_fp``
+        (0.01), ``seed`` (0), ``max_cooccurrence_cells``. The flip probability f is solved from
+        ε (:func:`~.mechanism.record_budget`): the computed ε is ln((2−f)/f)·Σ_j H_j with H_j the
+        largest Hamming distance between two of attribute j's filters, so
+        f = 2/(1 + e^{ε/ΣH}). An explicit ``f`` must give that same ε."""
+        pr = Params(cls.name, params)
+        f = pr.number("f", None, gt=0.0, lt=1.0)
+        bits = pr.value("bits")
+        if bits is not None and (isinstance(bits, bool) or not (
+                isinstance(bits, int) or (isinstance(bits, list) and all(
+                    isinstance(b, int) and not isinstance(b, bool) for b in bits)))):
+            raise ParamError("bits", f"must be an integer or one integer per attribute (got "
+                                     f"{bits!r})")
+        hashes = pr.integer("hashes", None, ge=1)
+        p_fp = pr.number("p_fp", DEFAULT_P_FP, gt=0.0, lt=1.0)
+        seed = pr.integer("seed", 0, ge=0)
+        cells = pr.integer("max_cooccurrence_cells", 1 << 16, ge=1)
+        pr.done()
+        try:
+            probe = cls(domain, 0.5, bits=bits, hashes=hashes, p_fp=p_fp, seed=seed,
+                        max_cooccurrence_cells=cells)
+        except ValueError as exc:
+            raise ParamError("bits", str(exc)) from None
+        eps = record_budget(epsilon, epsilon_scope, len(domain))
+        ham = probe.epsilon / np.log(3.0)   # Σ_j H_j (ε at f = 0.5 is ln 3 · Σ H)
+        solved = float(2.0 / (1.0 + np.exp(eps / ham)))
+        if f is not None and not np.isclose(f, solved, rtol=1e-6):
+            have = float(np.log((2 - f) / f) * ham)
+            raise ParamError("f", f"lopub's ε follows from f and the Bloom filters (f = {f:g} "
+                                  f"gives {have:.4g} per record, epsilon asks {eps:.4g}); give "
+                                  "epsilon only (f is solved from it) or make them agree")
+        return cls(domain, solved, bits=bits, hashes=hashes, p_fp=p_fp, seed=seed,
+                   hash_seeds=probe.hash_seeds, version=version, max_cooccurrence_cells=cells)
+
+    def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
+        """em / lasso-em need every report's likelihood (whole reports), not counts;
+        cooccurrence of w > 2 attributes needs a w-way bit tensor within
+        ``max_cooccurrence_cells``."""
+        why = super().check_marginal(attrs, method)
+        if why:
+            return why
+        if method not in self.count_estimators:
+            return (f"lopub's {method} needs whole reports (per-report likelihoods); the stream "
+                    f"keeps count tensors: use {' or '.join(self.count_estimators)}")
+        if method == "cooccurrence" and len(attrs) > 2:
+            cells = int(np.prod([self.bits[self.domain.axes((a,))[0]] for a in attrs]))
+            if cells > self.max_cooccurrence_cells:
+                return (f"cooccurrence of {len(attrs)} attributes needs a {cells}-cell bit "
+                        f"tensor, above max_cooccurrence_cells {self.max_cooccurrence_cells}")
+        return None
 
     # --- helpers ----------------------------------------------------------------------------------
     def _check(self, attrs: tuple[str, ...], method: str) -> None:

@@ -1,17 +1,28 @@
-"""The one interface every mechanism family implements (channel/ε, randomize, count layout,
-estimate), so the pipeline (producers → agents → estimators) is written once.
+"""The one interface every mechanism family implements (construction, channel/ε, randomize,
+count layout, adaptive step, estimate), so the pipeline (producers → agents → estimators) and
+``ldpstream simulate`` are written once.
 
-A mechanism is a value: its parameters and any adaptive state (RRBA tables, Corr-RR p_y tables,
-LoPub hash seeds) are captured by :meth:`Mechanism.state`, a JSON-serializable dict carrying a
-``version``; :func:`from_state` rebuilds it. Reports are rows of small non-negative integers
-(``report_width`` of them, each below ``report_bounds()[i]``).
+A mechanism is a value: its parameters and any adaptive state (RRBA tables, Corr-RR phase and p_y
+tables, RR-Clusters clusters, LoPub hash seeds) are captured by :meth:`Mechanism.state`, a
+JSON-serializable dict carrying a ``version``; :meth:`Mechanism.from_state` rebuilds it and
+:meth:`Mechanism.from_config` builds version 0 from a collection's config. Reports are rows of
+small non-negative integers (``report_width`` of them, each below ``report_bounds()[i]``).
+
+The adaptive loop, the same offline and on the stream::
+
+    counts[v] += mech.count(mech.randomize(block, rng), mech.tensors(marginals))  # v = mech.version
+    new = mech.adapt(counts)              # None: keep collecting; else the next version
+    est = mech.estimate_versions(counts, attrs, method)   # combines every accepted version
+
+``counts`` is a :data:`VersionedCounts` (version → tensor key → int64 counts). Static families
+never adapt and accept their one version.
 """
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence, TypeAlias
 
 import numpy as np
 
@@ -47,6 +58,107 @@ class Estimate:
     iterations: int | None = None
     converged: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+#: mechanism version → tensor key → int64 counts
+VersionedCounts: TypeAlias = Mapping[int, Mapping[str, np.ndarray]]
+
+
+class ParamError(ValueError):
+    """A bad mechanism parameter; ``field`` names it inside the collection's ``params:``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class Params:
+    """Typed reads of a family's ``params:`` mapping; every error is a :class:`ParamError`
+    naming the field, and :meth:`done` rejects fields the family did not read."""
+
+    def __init__(self, family: str, params: Mapping[str, Any] | None) -> None:
+        if params is not None and not isinstance(params, Mapping):
+            raise ParamError("(params)", f"must be a mapping (got {type(params).__name__})")
+        self.family = family
+        self.raw = dict(params or {})
+        self.read: list[str] = []
+
+    def has(self, name: str) -> bool:
+        if name not in self.read:
+            self.read.append(name)
+        return name in self.raw and self.raw[name] is not None
+
+    def number(self, name: str, default: float | None, *, gt: float | None = None,
+               ge: float | None = None, lt: float | None = None,
+               le: float | None = None) -> float | None:
+        if not self.has(name):
+            return default
+        v = self.raw[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+            raise ParamError(name, f"must be a finite number (got {v!r})")
+        for bound, ok, op in ((gt, lambda b: v > b, ">"), (ge, lambda b: v >= b, ">="),
+                              (lt, lambda b: v < b, "<"), (le, lambda b: v <= b, "<=")):
+            if bound is not None and not ok(bound):
+                raise ParamError(name, f"must be {op} {bound:g} (got {v!r})")
+        return float(v)
+
+    def integer(self, name: str, default: int | None, *, ge: int | None = None,
+                le: int | None = None) -> int | None:
+        if not self.has(name):
+            return default
+        v = self.raw[name]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ParamError(name, f"must be an integer (got {v!r})")
+        if ge is not None and v < ge:
+            raise ParamError(name, f"must be an integer >= {ge} (got {v})")
+        if le is not None and v > le:
+            raise ParamError(name, f"must be an integer <= {le} (got {v})")
+        return int(v)
+
+    def flag(self, name: str, default: bool) -> bool:
+        if not self.has(name):
+            return default
+        v = self.raw[name]
+        if not isinstance(v, bool):
+            raise ParamError(name, f"must be true or false (got {v!r})")
+        return v
+
+    def choice(self, name: str, default: str | None, options: Sequence[str]) -> str | None:
+        if not self.has(name):
+            return default
+        v = self.raw[name]
+        if v not in options:
+            raise ParamError(name, f"must be one of {', '.join(options)} (got {v!r})")
+        return str(v)
+
+    def value(self, name: str) -> Any:
+        """The raw value (None when absent), for structured fields the family checks itself."""
+        return self.raw[name] if self.has(name) else None
+
+    def done(self) -> None:
+        unknown = [k for k in self.raw if k not in self.read]
+        if unknown:
+            allowed = ", ".join(self.read) or "none"
+            raise ParamError(unknown[0], f"unknown parameter for {self.family} (allowed: "
+                                         f"{allowed})")
+
+
+def record_budget(epsilon: float, epsilon_scope: str, m: int) -> float:
+    """The ε of one whole record from a config's ``epsilon``: itself for ``record`` scope, m·ε
+    for ``attribute`` scope (every attribute gets ε)."""
+    _check_scope(epsilon_scope)
+    return float(epsilon) if epsilon_scope == "record" else float(epsilon) * m
+
+
+def attribute_budget(epsilon: float, epsilon_scope: str, m: int) -> float:
+    """The ε of each attribute's channel: ε (``attribute``) or ε/m (``record``)."""
+    _check_scope(epsilon_scope)
+    return float(epsilon) if epsilon_scope == "attribute" else float(epsilon) / m
+
+
+def _check_scope(scope: str) -> None:
+    if scope not in ("attribute", "record"):
+        raise ValueError(f"epsilon_scope must be 'attribute' or 'record', got {scope!r}")
 
 
 def histogram(reports: np.ndarray, columns: Sequence[int], shape: Sequence[int]) -> np.ndarray:
@@ -110,6 +222,64 @@ class Mechanism(ABC):
                  **options: Any) -> Estimate:
         """Estimate the marginal over ``attrs`` from count tensors with ``method``."""
 
+    def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
+        """Why this mechanism cannot serve the marginal ``attrs`` with ``method`` from its count
+        tensors (None: it can). Config load rejects what this refuses."""
+        if method not in self.estimators:
+            return (f"{self.name} has no estimator {method!r} (known: "
+                    f"{', '.join(self.estimators)})")
+        unknown = [a for a in attrs if a not in self.domain.attrs]
+        if unknown:
+            return f"unknown attribute {unknown[0]!r}"
+        return None
+
+    # --- construction ----------------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
+                    epsilon_scope: str = "attribute", version: int = 0) -> "Mechanism":
+        """Version ``version`` of the mechanism for a collection: ``epsilon`` per attribute or
+        per record (``epsilon_scope``), family parameters from ``params`` (validated with
+        :class:`Params`; a bad or unknown one raises :class:`ParamError` naming it)."""
+
+    @classmethod
+    @abstractmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "Mechanism":
+        """Rebuild from :meth:`state` (what devices and workers read from ``ldp.config``)."""
+
+    # --- the adaptive step -----------------------------------------------------------------------
+    def accepted_versions(self) -> tuple[int, ...]:
+        """The report versions this state accepts (counted, and combined by
+        :meth:`estimate_versions`); reports of other versions go to the dead-letter topic."""
+        return (self.version,)
+
+    def adapt(self, counts: VersionedCounts) -> "Mechanism | None":
+        """The next state (version + 1) given every accepted version's counts so far, or None to
+        keep collecting. Pure. Static families: always None."""
+        return None
+
+    def reports_until_adapt(self, counts: VersionedCounts) -> int | None:
+        """How many more reports :meth:`adapt` needs before it can change the state (a lower
+        bound, ≥ 1), or None when it never will: lets a driver randomize in blocks."""
+        return None
+
+    def combined_counts(self, counts: VersionedCounts) -> dict[str, np.ndarray]:
+        """The count tensors of every accepted version summed (families whose versions share
+        one count layout and channel bookkeeping; others override :meth:`estimate_versions`)."""
+        out: dict[str, np.ndarray] = {}
+        for v in self.accepted_versions():
+            for k, t in counts.get(v, {}).items():
+                out[k] = out[k] + np.asarray(t) if k in out else np.array(t, dtype=np.int64)
+        if not out:
+            raise ValueError(f"{self.name}: no reports counted under versions "
+                             f"{list(self.accepted_versions())} (have {sorted(counts)})")
+        return out
+
+    def estimate_versions(self, counts: VersionedCounts, attrs: Sequence[str], method: str,
+                          **options: Any) -> Estimate:
+        """:meth:`estimate` on the counts of every accepted version."""
+        return self.estimate(self.combined_counts(counts), attrs, method, **options)
+
     # --- state published to devices (ldp.config) -----------------------------------------------
     @abstractmethod
     def state(self) -> dict[str, Any]:
@@ -117,10 +287,9 @@ class Mechanism(ABC):
         ``version``."""
 
 
-MECHANISMS: dict[str, type[Mechanism]] = {}
-
-#: mechanism name → module of this package that registers it (imported on first use, so that
-#: loading one family never pays for the others' imports, e.g. scikit-learn for LoPub)
+#: THE list of mechanism names: name → module of this package that defines it (imported on
+#: first use, so loading one family never pays for the others' imports, e.g. scikit-learn for
+#: LoPub). Nothing else lists mechanism names.
 PROVIDERS: dict[str, str] = {
     "rr-ind": "rr_ind", "rr-joint": "rr_ind", "rr-clusters": "rr_ind",
     "rrba": "rrba",
@@ -130,27 +299,38 @@ PROVIDERS: dict[str, str] = {
     "lopub": "lopub",
 }
 
+#: the classes imported so far (filled by :func:`register`); use :func:`mechanism_class`
+MECHANISMS: dict[str, type[Mechanism]] = {}
+
+
+def mechanism_names() -> tuple[str, ...]:
+    """Every mechanism name, in registry order."""
+    return tuple(PROVIDERS)
+
 
 def register(cls: type[Mechanism]) -> type[Mechanism]:
-    """Class decorator: make a mechanism available by its ``name``."""
+    """Class decorator: make a mechanism available by its ``name`` (which must be listed in
+    :data:`PROVIDERS`)."""
+    if cls.name not in PROVIDERS:
+        raise ValueError(f"mechanism {cls.name!r} is not listed in PROVIDERS")
     MECHANISMS[cls.name] = cls
     return cls
 
 
 def mechanism_class(name: str) -> type[Mechanism]:
-    """The class registered as ``name``, importing its module on first use.
+    """The class registered as ``name``, importing its module on first use; an unknown name
+    raises ValueError listing the known ones.
 
     >>> mechanism_class("rr-ind").name
     'rr-ind'
     """
-    if name not in MECHANISMS and name in PROVIDERS:
-        importlib.import_module(f"{__package__}.{PROVIDERS[name]}")
+    if name not in PROVIDERS:
+        raise ValueError(f"unknown mechanism {name!r} (known: {', '.join(PROVIDERS)})")
     if name not in MECHANISMS:
-        known = sorted(set(MECHANISMS) | set(PROVIDERS))
-        raise ValueError(f"unknown mechanism {name!r}; known: {', '.join(known)}")
+        importlib.import_module(f"{__package__}.{PROVIDERS[name]}")
     return MECHANISMS[name]
 
 
 def from_state(state: Mapping[str, Any]) -> Mechanism:
     """Rebuild a mechanism from :meth:`Mechanism.state` (dispatches on ``state['mechanism']``)."""
-    return mechanism_class(str(state.get("mechanism"))).from_state(state)  # type: ignore[attr-defined]
+    return mechanism_class(str(state.get("mechanism"))).from_state(state)

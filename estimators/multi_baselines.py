@@ -33,12 +33,13 @@ from scipy import optimize
 
 from . import channels as ch
 from .domain import Domain, Factor
-from .mechanism import Estimate, Mechanism, TensorSpec, marginal_key, register
+from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, marginal_key,
+                        record_budget, register)
 from .proper import clip_rescale, repair
 
 __all__ = ["SPL", "SMP", "RSFD", "RSRFD", "grr_decode", "grr_decode_variance",
            "amplified_epsilon", "amplification_for", "attribute_epsilon", "neighbour_epsilons",
-           "marginal_mse", "one_way_axis", "report_dtype"]
+           "marginal_mse", "one_way_axis", "one_way_reason", "report_dtype"]
 
 
 # --- small shared helpers -------------------------------------------------------------------------
@@ -58,6 +59,13 @@ def one_way_axis(mech: Mechanism, attrs: Sequence[str], method: str) -> int:
     if len(attrs) != 1:
         raise ValueError(f"{mech.name} estimates one-way marginals only, got {attrs}")
     return mech.domain.axes(attrs)[0]
+
+
+def one_way_reason(mech: Mechanism, attrs: Sequence[str], method: str) -> str | None:
+    """:meth:`Mechanism.check_marginal` of the one-way families of [Corr-RR] §5."""
+    if len(tuple(attrs)) != 1:
+        return f"{mech.name} estimates one-way marginals only (got {len(tuple(attrs))}-way)"
+    return None
 
 
 def marginal_mse(estimates: Sequence[np.ndarray], truth: Sequence[np.ndarray]) -> float:
@@ -180,6 +188,25 @@ class _Multi(Mechanism):
     def _column_tensors(self, offset: int = 0) -> list[TensorSpec]:
         return [TensorSpec(marginal_key((a,)), (a,), (d,), (i + offset,))
                 for i, (a, d) in enumerate(zip(self.domain.attrs, self.domain.shape))]
+
+    @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
+                    epsilon_scope: str = "attribute", version: int = 0) -> "_Multi":
+        """One report per record costing :func:`~.mechanism.record_budget`; family parameters
+        from :meth:`config_params`."""
+        pr = Params(cls.name, params)
+        kw = cls.config_params(pr, domain)
+        pr.done()
+        return cls(domain, record_budget(epsilon, epsilon_scope, len(domain)), version=version,
+                   **kw)
+
+    @classmethod
+    def config_params(cls, pr: Params, domain: Domain) -> dict[str, Any]:
+        """Constructor keywords read from ``params:`` (none by default)."""
+        return {}
+
+    def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
+        return super().check_marginal(attrs, method) or one_way_reason(self, attrs, method)
 
     def estimate_all(self, counts: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Raw unbiased estimates of every attribute's marginal (domain order)."""
@@ -468,6 +495,12 @@ class RSFD(_Multi):
             P += C[X[:, j]][:, Y[:, j]] / self.priors[j][Y[:, j]][None, :]
         return X, P * base[None, :] / self.m
 
+    @classmethod
+    def config_params(cls, pr: Params, domain: Domain) -> dict[str, Any]:
+        """``neighbours``: ``record`` (default: ε-LDP on whole records, ε' = ε) or
+        ``attribute`` (the published amplified ε', exact for one-attribute neighbours)."""
+        return {"scope": pr.choice("neighbours", "record", ("record", "attribute"))}
+
     def state(self) -> dict[str, Any]:
         st = super().state()
         st["scope"] = self.scope
@@ -517,6 +550,24 @@ class RSRFD(RSFD):
             cum[-1] = 1.0
             cols.append(np.searchsorted(cum, rng.random(n), side="right"))
         return np.stack(cols, axis=1).astype(dtype)
+
+    @classmethod
+    def config_params(cls, pr: Params, domain: Domain) -> dict[str, Any]:
+        """As rs-fd, plus ``priors`` (one list of d_k numbers per attribute; default uniform)
+        and their ``floor`` (0.1)."""
+        kw = super().config_params(pr, domain)
+        kw["floor"] = pr.number("floor", 0.1, gt=0.0, le=1.0)
+        priors = pr.value("priors")
+        if priors is not None:
+            if (not isinstance(priors, list) or len(priors) != len(domain) or not all(
+                    isinstance(p, list) and len(p) == d and all(
+                        isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
+                        for x in p) and sum(p) > 0
+                    for p, d in zip(priors, domain.shape))):
+                raise ParamError("priors", f"must be {len(domain)} lists of non-negative numbers "
+                                           f"of lengths {list(domain.shape)}")
+            kw["priors"] = [np.asarray(p, dtype=float) for p in priors]
+        return kw
 
     def state(self) -> dict[str, Any]:
         st = super().state()

@@ -30,7 +30,8 @@ import numpy as np
 from . import channels as ch
 from .castell import castell, castell_variance, expected_tvd
 from .domain import Domain, Factor
-from .mechanism import Estimate, Mechanism, TensorSpec, marginal_key, register
+from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, VersionedCounts,
+                        attribute_budget, marginal_key, register)
 from .proper import clip_rescale, repair
 from .rr_adjustment import rr_adjustment_table
 from .rr_clusters import (Block, blocks_for, castell_blocks, castell_blocks_variance, from_blocks,
@@ -231,6 +232,14 @@ class RRIndependent(_RRBase):
                 "epsilons": list(self.epsilons)}
 
     @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
+                    epsilon_scope: str = "attribute", version: int = 0) -> "RRIndependent":
+        """GRR per attribute with ε = :func:`~.mechanism.attribute_budget` (no parameters)."""
+        Params(cls.name, params).done()
+        return cls(domain, epsilon=attribute_budget(epsilon, epsilon_scope, len(domain)),
+                   version=version)
+
+    @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRIndependent":
         return cls(Domain.from_dict(state["domain"]),
                    channels=[np.asarray(P, dtype=float) for P in state["channels"]],
@@ -345,6 +354,13 @@ class RRJoint(_Clustered):
                 "epsilon_c": self.cluster_eps[0]}
 
     @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
+                    epsilon_scope: str = "attribute", version: int = 0) -> "RRJoint":
+        """One GRR over the product, ε_C = Σ per-attribute budgets (no parameters)."""
+        Params(cls.name, params).done()
+        return cls(domain, attribute_budget(epsilon, epsilon_scope, len(domain)), version=version)
+
+    @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRJoint":
         return cls(Domain.from_dict(state["domain"]), state["epsilons"],
                    version=int(state.get("version", 0)))
@@ -354,24 +370,36 @@ class RRJoint(_Clustered):
 class RRClusters(_Clustered):
     """RR-Clusters [MDRR §4]: RR-Joint inside each cluster, independence across clusters.
 
-    The clusters come from [MDRR] Alg. 1 on the randomized data of a prior RR-Independent round
-    (:meth:`from_randomized`); they are adaptive state, published with the mechanism."""
+    The clusters come from [MDRR] Alg. 1 on randomized RR-Independent data. As an adaptive
+    mechanism: version 0 (``clustered=False``) is all singletons — RR-Independent with GRR — and
+    also keeps every pair's randomized table; once ``cluster_reports`` reports are counted,
+    :meth:`adapt` runs Alg. 1 on those pair tables (Cramér's V, thresholds ``max_cells`` and
+    ``min_dependence``) and publishes the clusters as the next version. Only the clustered
+    version's reports are estimated from (the singleton round is used for the dependence only, as
+    in [MDRR] §6)."""
 
     name = "rr-clusters"
     estimators = ("rr-independent", "castell", "truncated", "ibu", "rr-adjustment")
+    #: defaults of [MDRR] §6: T_v cells, T_d Cramér's V, reports of the clustering round
+    MAX_CELLS, MIN_DEPENDENCE, CLUSTER_REPORTS = 1000, 0.1, 1000
 
     def __init__(self, domain: Domain, clusters: Sequence[Sequence[str]] | None = None,
                  epsilon: float | Sequence[float] | None = None, version: int = 0,
-                 max_cells: int | None = None, min_dependence: float | None = None) -> None:
-        """``clusters=None``: all singletons (RR-Independent with GRR) until a clustering round
-        publishes clusters in a new version."""
+                 max_cells: int | None = None, min_dependence: float | None = None,
+                 cluster_reports: int | None = None, clustered: bool | None = None) -> None:
+        """``clusters=None``: all singletons until :meth:`adapt` publishes clusters.
+        ``clustered``: the clusters are final (default: they were given)."""
         if epsilon is None:
             raise ValueError("rr-clusters needs epsilon (per attribute)")
+        self.clustered = clusters is not None if clustered is None else bool(clustered)
         if clusters is None:
             clusters = [(a,) for a in domain.attrs]
         super().__init__(domain, clusters, epsilon, version)
-        self.max_cells = max_cells
-        self.min_dependence = min_dependence
+        self.max_cells = self.MAX_CELLS if max_cells is None else int(max_cells)
+        self.min_dependence = (self.MIN_DEPENDENCE if min_dependence is None
+                               else float(min_dependence))
+        self.cluster_reports = (self.CLUSTER_REPORTS if cluster_reports is None
+                                else int(cluster_reports))
 
     @classmethod
     def from_randomized(cls, domain: Domain, randomized: np.ndarray,
@@ -385,14 +413,71 @@ class RRClusters(_Clustered):
         return cls(domain, [[domain.attrs[i] for i in c] for c in cl], epsilon, version,
                    max_cells, min_dependence)
 
+    @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
+                    epsilon_scope: str = "attribute", version: int = 0) -> "RRClusters":
+        """``params``: ``max_cells`` (T_v, 1000), ``min_dependence`` (T_d, 0.1),
+        ``cluster_reports`` (reports of the singleton round before clustering, 1000), or fixed
+        ``clusters`` (lists of attribute names; then nothing adapts)."""
+        pr = Params(cls.name, params)
+        max_cells = pr.integer("max_cells", cls.MAX_CELLS, ge=1)
+        min_dep = pr.number("min_dependence", cls.MIN_DEPENDENCE, ge=0.0, le=1.0)
+        reports = pr.integer("cluster_reports", cls.CLUSTER_REPORTS, ge=1)
+        clusters = pr.value("clusters")
+        pr.done()
+        if clusters is not None:
+            if (not isinstance(clusters, list) or not all(
+                    isinstance(c, list) and c and all(isinstance(a, str) for a in c)
+                    for c in clusters)):
+                raise ParamError("clusters", f"must be a list of attribute lists (got {clusters!r})")
+            flat = [a for c in clusters for a in c]
+            if sorted(flat) != sorted(domain.attrs):
+                raise ParamError("clusters", f"must partition the attributes {list(domain.attrs)}"
+                                             f" (got {clusters})")
+        return cls(domain, clusters, attribute_budget(epsilon, epsilon_scope, len(domain)),
+                   version, max_cells, min_dep, reports)
+
+    # -- the clustering round
+    def tensors(self, marginals: Sequence[Sequence[str]]) -> list[TensorSpec]:
+        """The marginals' tensors; before clustering also every pair (Alg. 1's dependence)."""
+        extra = [] if self.clustered else [
+            (a, b) for i, a in enumerate(self.domain.attrs) for b in self.domain.attrs[i + 1:]]
+        return super().tensors(list(marginals) + extra)
+
+    def _reports(self, counts: VersionedCounts) -> int:
+        cur = counts.get(self.version, {})
+        return int(next((np.asarray(t).sum() for t in cur.values()), 0))
+
+    def reports_until_adapt(self, counts: VersionedCounts) -> int | None:
+        if self.clustered:
+            return None
+        return max(1, self.cluster_reports - self._reports(counts))
+
+    def adapt(self, counts: VersionedCounts) -> "RRClusters | None":
+        """Alg. 1 on the singleton round's pair tables once ``cluster_reports`` are counted."""
+        if self.clustered or self._reports(counts) < self.cluster_reports:
+            return None
+        from .dependence import dependence_from_tables
+        from .rr_clusters import cluster_attributes
+        cur = counts[self.version]
+        at = self.domain.attrs
+        dep = dependence_from_tables(lambda a, b: cur[marginal_key((at[a], at[b]))], len(at))
+        cl = cluster_attributes(dep, self.domain.shape, self.max_cells, self.min_dependence)
+        return RRClusters(self.domain, [[at[i] for i in c] for c in cl], self.epsilons,
+                          self.version + 1, self.max_cells, self.min_dependence,
+                          self.cluster_reports, clustered=True)
+
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
                 "domain": self.domain.to_dict(), "epsilons": list(self.epsilons),
-                "clusters": [list(c) for c in self.clusters],
-                "max_cells": self.max_cells, "min_dependence": self.min_dependence}
+                "clusters": [list(c) for c in self.clusters], "clustered": self.clustered,
+                "max_cells": self.max_cells, "min_dependence": self.min_dependence,
+                "cluster_reports": self.cluster_reports}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRClusters":
         return cls(Domain.from_dict(state["domain"]), state["clusters"], state["epsilons"],
                    version=int(state.get("version", 0)), max_cells=state.get("max_cells"),
-                   min_dependence=state.get("min_dependence"))
+                   min_dependence=state.get("min_dependence"),
+                   cluster_reports=state.get("cluster_reports"),
+                   clustered=bool(state.get("clustered", True)))

@@ -38,7 +38,8 @@ from scipy.special import expit, logit
 from scipy.stats import norm
 
 from .domain import Domain, Factor
-from .mechanism import Estimate, Mechanism, TensorSpec, histogram, register
+from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, VersionedCounts,
+                        histogram, record_budget, register)
 from .proper import clip_rescale
 from .rrba_consistency import consistent_tables, marginal_of, maxent_table
 from .rrba_views import make_views
@@ -47,7 +48,7 @@ __all__ = [
     "floor_table", "cumulative", "sample_cells", "randomize_cells", "channel_matrix",
     "epsilon_combination", "epsilon_view", "paper_epsilon", "solve_p", "solve_gamma",
     "eq4", "publish", "ci_width", "has_converged", "pooled_estimate", "last_two_estimate",
-    "BlockResult", "block_step", "RRBA",
+    "BlockResult", "block_step", "RRBA", "solve_p_gamma",
 ]
 
 
@@ -210,6 +211,19 @@ def block_step(block_counts: Sequence[np.ndarray], current: Sequence[np.ndarray]
     return BlockResult(new, bool(conv))
 
 
+def solve_p_gamma(domain: Domain, k: int, epsilon: float, p: float | None = None,
+                  gamma: float | None = None) -> tuple[float, float]:
+    """(p, γ) whose per-record ε (max over the views of ``k``-combinations) is ``epsilon``:
+    without ``p``, p solved at γ (default 0.05); with ``p``, the largest γ within ε in every
+    view. ValueError when ε is below what ``p`` costs even at γ = 1."""
+    probe = RRBA(domain, 0.5, 0.05, k)
+    sizes = [probe.sizes[v] for v in range(len(probe.views))]
+    if p is None:
+        gamma = 0.05 if gamma is None else gamma
+        return min(solve_p(epsilon, gamma, s) for s in sizes), gamma
+    return p, max(solve_gamma(epsilon, p, s) for s in sizes)
+
+
 def _clean(table: np.ndarray, tiny: float = 1e-15) -> np.ndarray:
     """Zero the cells below ``tiny`` (IPF leaves denormals) and renormalise."""
     t = np.where(table < tiny, 0.0, table)
@@ -235,7 +249,10 @@ class RRBA(Mechanism):
                  views: Sequence[Sequence[Sequence[str]]] | None = None, block_size: int = 250,
                  alpha: float = 0.05, max_versions: int = 64,
                  history: Sequence[Sequence[Sequence[Sequence[float]]]] | None = None,
-                 converged: Sequence[bool] | None = None, version: int = 0) -> None:
+                 converged: Sequence[bool] | None = None, version: int = 0,
+                 view: int | None = None) -> None:
+        """``view``: the view every device of this state answers (None: each picks one
+        uniformly at random)."""
         super().__init__(domain, version)
         if not 0 < p < 1:
             raise ValueError(f"p must be in (0, 1), got {p!r}")
@@ -258,6 +275,9 @@ class RRBA(Mechanism):
         self.converged = list(converged) if converged is not None else [False] * len(self.views)
         self._keys = {self._key(v, j): (v, j) for v in range(len(self.views))
                       for j in range(len(self.views[v]))}
+        if view is not None and not 0 <= int(view) < len(self.views):
+            raise ValueError(f"view must be in 0..{len(self.views) - 1}, got {view!r}")
+        self.view = None if view is None else int(view)
 
     # -- helpers
     def _key(self, v: int, j: int) -> str:
@@ -288,15 +308,19 @@ class RRBA(Mechanism):
         cells = [max((s[j] for s in self.sizes if j < len(s)), default=1) for j in range(self.slots)]
         return np.array([len(self.views), self.max_versions] + cells, dtype=np.int64)
 
-    def randomize(self, records: np.ndarray, rng: np.random.Generator,
-                  views: np.ndarray | None = None) -> np.ndarray:
-        """Each client answers one view (uniform at random unless ``views`` is given) with the
-        view's current tables. Vectorized per (view, combination)."""
+    def for_view(self, view: int | None) -> "RRBA":
+        """This state with every device answering ``view`` (same version)."""
+        return RRBA(self.domain, self.p, self.gamma, self.k, self.views, self.block_size,
+                    self.alpha, self.max_versions, self.history, self.converged, self.version,
+                    view)
+
+    def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Each client answers one view (:attr:`view`, else uniform at random) with the view's
+        current tables. Vectorized per (view, combination)."""
         records = np.asarray(records)
         n = len(records)
-        if views is None:
-            views = rng.integers(0, len(self.views), size=n)
-        views = np.asarray(views, dtype=np.int64)
+        views = (rng.integers(0, len(self.views), size=n) if self.view is None
+                 else np.full(n, self.view, dtype=np.int64))
         out = np.zeros((n, self.report_width), dtype=np.int64)
         out[:, 0] = views
         for v, view in enumerate(self.views):
@@ -352,7 +376,65 @@ class RRBA(Mechanism):
         if not changed:
             return self
         return RRBA(self.domain, self.p, self.gamma, self.k, self.views, self.block_size, self.alpha,
-                    self.max_versions, history, conv, self.version + 1)
+                    self.max_versions, history, conv, self.version + 1, self.view)
+
+    # -- the adaptive protocol
+    @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
+                    epsilon_scope: str = "attribute", version: int = 0) -> "RRBA":
+        """``params``: ``k`` (combination size, 2), ``block_size`` B (250), ``alpha`` (the §5
+        rule's 1 − confidence, 0.05), ``max_versions`` (table versions per view, 64), and at most
+        one of ``p`` / ``gamma`` (γ defaults to 0.05): ε (the corrected per-record ε of every
+        view, :func:`~.mechanism.record_budget`) fixes the other — p solved at γ, or γ at the
+        given p."""
+        pr = Params(cls.name, params)
+        k = pr.integer("k", 2, ge=2, le=max(2, len(domain)))
+        if len(domain) < 2:
+            raise ParamError("k", f"rrba needs at least 2 attributes (got {len(domain)})")
+        block = pr.integer("block_size", 250, ge=1)
+        alpha = pr.number("alpha", 0.05, gt=0.0, lt=1.0)
+        max_versions = pr.integer("max_versions", 64, ge=2, le=1 << 16)
+        p = pr.number("p", None, gt=0.0, lt=1.0)
+        gamma = pr.number("gamma", None, gt=0.0, le=1.0)
+        pr.done()
+        if p is not None and gamma is not None:
+            have = RRBA(domain, p, gamma, k).epsilon
+            raise ParamError("gamma", f"rrba's ε follows from p and gamma (here {have:.4g} per "
+                                      "record) and epsilon fixes one of them: give p or gamma, "
+                                      "not both")
+        eps = record_budget(epsilon, epsilon_scope, len(domain))
+        try:
+            p, gamma = solve_p_gamma(domain, k, eps, p, gamma)
+        except ValueError as exc:
+            raise ParamError("p", str(exc)) from None
+        return cls(domain, p, gamma, k, block_size=block, alpha=alpha,
+                   max_versions=max_versions, version=version)
+
+    def accepted_versions(self) -> tuple[int, ...]:
+        """Every version so far: a report names the table version it used (column 1) and the
+        state keeps every table, so each version's reports stay valid."""
+        return tuple(range(self.version + 1))
+
+    def reports_until_adapt(self, counts: VersionedCounts) -> int | None:
+        """Reports until some open view's block is full, if devices pick views uniformly."""
+        comb = self.combined_counts(counts) if any(v in counts for v in
+                                                   self.accepted_versions()) else {}
+        need = []
+        for v in range(len(self.views)):
+            t = self.table_version(v)
+            if self.converged[v] or t + 1 >= self.max_versions:
+                continue
+            have = int(np.asarray(comb[self._key(v, 0)])[t].sum()) if comb else 0
+            need.append(max(1, self.block_size - have))
+        if not need:
+            return None
+        return min(need) if self.view is not None else min(need) * len(self.views)
+
+    def adapt(self, counts: VersionedCounts) -> "RRBA | None":
+        """:meth:`advance` on the counts of every version: eq. 4 for each view whose block is
+        full, the §5 rule stopping a view."""
+        new = self.advance(self.combined_counts(counts))
+        return None if new is self else new
 
     def combination_estimates(self, counts: Mapping[str, np.ndarray], method: str = "last-two",
                               ) -> list[tuple[tuple[str, ...], np.ndarray]]:
@@ -423,7 +505,7 @@ class RRBA(Mechanism):
             "view_epsilon": [self.view_epsilon(v) for v in range(len(self.views))],
             "tables": tables,
             "history": [[[t.tolist() for t in h] for h in view] for view in self.history],
-            "converged": list(self.converged),
+            "converged": list(self.converged), "view": self.view,
         }
 
     @classmethod
@@ -431,4 +513,4 @@ class RRBA(Mechanism):
         dom = Domain.from_dict(state["domain"])
         return cls(dom, state["p"], state["gamma"], state["k"], state["views"], state["block_size"],
                    state["alpha"], state["max_versions"], state.get("history"),
-                   state.get("converged"), state["version"])
+                   state.get("converged"), state["version"], state.get("view"))

@@ -15,7 +15,8 @@ File layout (YAML; TOML has the same keys)::
           csv: {path: adult.csv, columns: [sex, Salary]}   # path relative to this file;
                                                          # no path = bundled UCI Adult
           # or: attributes: {sex: [Female, Male], Salary: ["<=50K", ">50K"]}
-        mechanism: rr-ind
+        mechanism: rr-ind                 # any registered family (see estimators/mechanism.py)
+        params: {}                        # the family's parameters, e.g. rrba {block_size: 250}
         epsilon: 2                        # per attribute (epsilon_scope: attribute, default)
         epsilon_scope: attribute          # or record: epsilon is split evenly over attributes
         partitions: 4
@@ -52,11 +53,12 @@ from .agents.store import MAX_HISTORY_CAP, history_cap_for
 from .cli import CliError
 from .datasets import ADULT_COLUMNS, DatasetError, adult_path, load_csv
 from .estimators.domain import Domain
-from .estimators.mechanism import MECHANISMS, PROVIDERS, Mechanism, TensorSpec, mechanism_class
+from .estimators.mechanism import (Mechanism, ParamError, TensorSpec, attribute_budget,
+                                   mechanism_class)
 
 __all__ = ["ConfigError", "AppConfig", "IngestConfig", "Collection", "load_config",
            "parse_config", "build_mechanism", "default_config_path", "REPORTS_TOPIC_PREFIX",
-           "DLQ_TOPIC", "CONFIG_TOPIC", "known_mechanisms"]
+           "DLQ_TOPIC", "CONFIG_TOPIC"]
 
 REPORTS_TOPIC_PREFIX = "ldp.reports."
 DLQ_TOPIC = "ldp.dlq"
@@ -114,6 +116,7 @@ class _CollectionFile(_Strict):
     id: str
     schema_: _SchemaFile = Field(alias="schema")
     mechanism: str = "rr-ind"
+    params: dict[str, Any] = Field(default_factory=dict)
     epsilon: Number = Field(gt=0.0)
     epsilon_scope: Literal["attribute", "record"] = "attribute"
     partitions: int = Field(1, ge=1, le=10_000)
@@ -158,6 +161,8 @@ class Collection:
     expect_traffic: bool = True
     version: int = 0
     schema_source: str = ""
+    #: the family's ``params:`` (validated by its ``from_config``)
+    params: Mapping[str, Any] = field(default_factory=dict)
     _mech: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
@@ -167,7 +172,7 @@ class Collection:
     @property
     def epsilon_per_attribute(self) -> float:
         """ε of each attribute's channel: ``epsilon`` (attribute scope) or ``epsilon / m``."""
-        return self.epsilon if self.epsilon_scope == "attribute" else self.epsilon / len(self.domain)
+        return attribute_budget(self.epsilon, self.epsilon_scope, len(self.domain))
 
     def mechanism(self) -> Mechanism:
         """A new mechanism instance for this collection (see :func:`build_mechanism`)."""
@@ -192,35 +197,36 @@ class AppConfig:
 
 # --- mechanisms ----------------------------------------------------------------------------------
 
-def known_mechanisms(name: str | None = None) -> dict[str, type[Mechanism]]:
-    """The mechanism registry, with ``name``'s module imported (all of them when ``name`` is
-    None). An unknown ``name`` is simply absent from the result."""
-    for n in ([name] if name is not None else list(PROVIDERS)):
-        try:
-            mechanism_class(n)
-        except ValueError:
-            pass
-    return MECHANISMS
+def build_mechanism(collection: Collection, path: str | None = None) -> Mechanism:
+    """Version ``collection.version`` of the collection's mechanism: the registered family's
+    ``from_config`` with the collection's ε, scope and ``params``. A bad parameter is a
+    :class:`ConfigError` naming it (``<path>.params.<field>``)."""
+    path = path or f"collections[{collection.id}]"
+    try:
+        cls = mechanism_class(collection.mechanism_name)
+    except ValueError as exc:
+        raise ConfigError(f"{path}.mechanism: {exc}") from None
+    try:
+        return cls.from_config(collection.domain, collection.params, epsilon=collection.epsilon,
+                               epsilon_scope=collection.epsilon_scope, version=collection.version)
+    except ParamError as exc:
+        raise ConfigError(f"{path}.params.{exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: cannot build mechanism {collection.mechanism_name!r}: "
+                          f"{exc}") from None
 
 
-def build_mechanism(collection: Collection) -> Mechanism:
-    """Construct the collection's mechanism from the registry. ``rr-ind``: one GRR channel per
-    attribute with ε = :attr:`Collection.epsilon_per_attribute` [Castell §III; MDRR Protocol 1]."""
-    cls = known_mechanisms(collection.mechanism_name).get(collection.mechanism_name)
-    if cls is None:
-        raise ConfigError(f"collections[{collection.id}].mechanism: unknown mechanism "
-                          f"{collection.mechanism_name!r}")
-    eps = collection.epsilon_per_attribute
-    if collection.mechanism_name == "rr-ind":
-        return cls(collection.domain, epsilon=eps, version=collection.version)  # type: ignore[call-arg]
-    if collection.mechanism_name == "rr-joint":
-        return cls(collection.domain, [eps] * len(collection.domain),  # type: ignore[call-arg]
-                   version=collection.version)
-    try:  # other families: the common (domain, epsilon=, version=) signature, if they have it
-        return cls(collection.domain, epsilon=eps, version=collection.version)  # type: ignore[call-arg]
-    except TypeError as exc:
-        raise ConfigError(f"collections[{collection.id}].mechanism: {collection.mechanism_name!r} "
-                          f"cannot be built from this config yet ({exc})") from None
+def _unservable(mech: Mechanism, marginals: Sequence[tuple[str, ...]], estimators: Sequence[str],
+                path: str) -> list[str]:
+    """One error per (marginal, estimator) pair the mechanism cannot serve, with its reason."""
+    out = []
+    for attrs in marginals:
+        for method in estimators:
+            why = mech.check_marginal(attrs, method)
+            if why is not None:
+                out.append(f"{path}.marginals: {mech.name} cannot serve {list(attrs)} with "
+                           f"{method}: {why}")
+    return out
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -364,12 +370,13 @@ def _build_collection(v: Mapping[str, Any], path: str, base_dir: Path,
     if domain is not None and "marginals" in v:
         marginals = check(_marginals, v["marginals"], domain, f"{path}.marginals")
     if "mechanism" in v:
-        mechs = known_mechanisms(v["mechanism"])
-        if v["mechanism"] not in mechs:
-            errors.append(f"{path}.mechanism: unknown mechanism {v['mechanism']!r} (known: "
-                          f"{', '.join(sorted(mechs))})")
-        elif "estimators" in v:
-            allowed = tuple(getattr(mechs[v["mechanism"]], "estimators", ()))
+        try:
+            cls: type[Mechanism] | None = mechanism_class(v["mechanism"])
+        except ValueError as exc:
+            errors.append(f"{path}.mechanism: {exc}")
+            cls = None
+        if cls is not None and "estimators" in v:
+            allowed = cls.estimators
             for j, est in enumerate(v["estimators"]):
                 if est not in allowed:
                     errors.append(f"{path}.estimators[{j}]: unknown estimator {est!r} for "
@@ -388,16 +395,17 @@ def _build_collection(v: Mapping[str, Any], path: str, base_dir: Path,
                       drift_window_s=float(v["drift_window_s"]),
                       drift_threshold=float(v["drift_threshold"]),
                       expect_traffic=v["expect_traffic"], version=v["version"],
-                      schema_source=source)
+                      schema_source=source, params=dict(v["params"]))
     try:
-        mech = build_mechanism(coll)
-        coll._mech.append(mech)
+        mech = build_mechanism(coll, path)
     except ConfigError as exc:
-        errors.append(f"{path}.mechanism: " + str(exc).split(": ", 1)[-1])
+        errors.extend(exc.errors)
         return None
-    except (ValueError, TypeError) as exc:
-        errors.append(f"{path}: cannot build mechanism {v['mechanism']!r}: {exc}")
+    unservable = _unservable(mech, marginals, coll.estimators, path)
+    if unservable:
+        errors.extend(unservable)
         return None
+    coll._mech.append(mech)
     return coll
 
 

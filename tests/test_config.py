@@ -216,7 +216,7 @@ def test_semantic_errors_are_reported_alongside_type_errors():
     assert ei.value.errors == [
         "collections[0].epsilon: must be a finite number (got '2')",
         "collections[0].partitions: must be an integer >= 1 (got 0)",
-        "collections[0].colour: unknown field (allowed: id, schema, mechanism, epsilon, "
+        "collections[0].colour: unknown field (allowed: id, schema, mechanism, params, epsilon, "
         "epsilon_scope, partitions, marginals, estimators, refresh_interval_s, drift_window_s, "
         "drift_threshold, expect_traffic, version)",
         "collections[0].marginals[0]: unknown attribute 'zz' (attributes: a, b, c, d)",

@@ -104,7 +104,7 @@ def test_phase2_randomize_matches_channel(dom, copy):
     Xs, P = mech.phase2_channel()
     N = 30_000
     for row in (0, len(Xs) // 2, len(Xs) - 1):
-        rep = mech.randomize(np.tile(Xs[row], (N, 1)).astype(np.uint8), rng, phase=1)
+        rep = mech.with_phase(1).randomize(np.tile(Xs[row], (N, 1)).astype(np.uint8), rng)
         idx = np.ravel_multi_index(tuple(rep[:, 1:].astype(np.intp).T), dom.shape)
         obs = np.bincount(idx, minlength=P.shape[1])
         exp = P[row] * N

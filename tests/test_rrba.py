@@ -113,7 +113,7 @@ def test_mechanism_reports_match_the_channel_of_each_combination():
     rng = np.random.default_rng(3)
     n = 80_000
     records = np.tile(np.array([[1, 2, 0, 1]]), (n, 1))
-    reps = mech.randomize(records, rng, views=np.zeros(n, dtype=np.int64))
+    reps = mech.for_view(0).randomize(records, rng)
     assert (reps[:, 0] == 0).all() and (reps[:, 1] == 0).all()
     assert np.all(reps < mech.report_bounds())
     for j, comb in enumerate(mech.views[0]):
@@ -293,7 +293,8 @@ def test_mechanism_block_loop_converges_and_estimates():
     while not all(mech.converged) and start < len(records):
         batch = records[start:start + 5000 * len(mech.views)]
         start += len(batch)
-        reps = mech.randomize(batch, rng, views=np.arange(len(batch)) % len(mech.views))
+        V = len(mech.views)
+        reps = np.concatenate([mech.for_view(v).randomize(batch[v::V], rng) for v in range(V)])
         for k, c in mech.count(reps, specs).items():
             counts[k] += c
         mech = mech.advance(counts)
@@ -314,7 +315,7 @@ def test_state_round_trip_and_registry():
     mech = RRBA(dom, p=0.3, gamma=0.1, k=2, block_size=10, max_versions=8)
     assert MECHANISMS["rrba"] is RRBA
     rng = np.random.default_rng(0)
-    reps = mech.randomize(rng.integers(0, 2, size=(100, 3)), rng, views=np.zeros(100, dtype=int))
+    reps = mech.for_view(0).randomize(rng.integers(0, 2, size=(100, 3)), rng)
     mech2 = mech.advance(mech.count(reps, mech.tensors()))
     assert mech2.version == 1 and mech2.table_version(0) == 1 and mech2.table_version(1) == 0
     state = json.loads(json.dumps(mech2.state()))

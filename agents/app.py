@@ -22,12 +22,19 @@ import tempfile
 from typing import Any
 
 from ..config import ConfigError
+from ..producers import bounded_fetch
 from ..producers.signing import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, load_signing_key
 from .context import Context
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SESSION_TIMEOUT_S = 30.0
+
+
+def max_decompressed_bytes(max_message_bytes: int) -> int:
+    """Bound on the decompressed size of one fetched record batch: 16 messages of the largest
+    accepted size (at least 16 MiB). A batch inflating beyond it goes to ``ldp.dlq``."""
+    return max(16 * 1_048_576, 16 * int(max_message_bytes))
 
 
 def _broker_urls(bootstrap: str) -> list[str]:
@@ -81,6 +88,7 @@ def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int 
         topic_partitions=1, topic_replication_factor=1, datadir=datadir,
         producer_max_request_size=4 * 1024 * 1024)
     ctx = Context(config=config, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap)
+    bounded_fetch.install(max_decompressed_bytes(config.ingest.max_message_bytes))
     try:
         key = load_signing_key()
     except ValueError as exc:

@@ -342,7 +342,8 @@ class IngestService(Service):
         if len(msgs) >= 16:
             fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
             if fast is not None and fast.collection == cid and explain_batch(fast, known) is None:
-                self._accept(pend, cid, [fast.reports], fast.sent_at)
+                self._accept(pend, cid, [fast.reports], clamp_sent_at(
+                    fast.sent_at, max(m.timestamp for m in msgs) / 1000.0, time.time()))
                 return
         good: list[tuple[Any, ReportBatch]] = []
         for m in msgs:
@@ -375,7 +376,8 @@ class IngestService(Service):
                     ("unknown_collection", f"batch of collection {b.collection!r} on topic {tp.topic}"))
                 if res is None:
                     accepted.append(b.reports)
-                    sent_at_max = max(sent_at_max, b.sent_at)
+                    sent_at_max = max(sent_at_max, clamp_sent_at(b.sent_at, m.timestamp / 1000.0,
+                                                                 time.time()))
                 else:
                     pend.rejects.append((res[0], res[1], cid, m.value, m.offset))
                     key = (cid, res[0])
@@ -622,6 +624,16 @@ class IngestService(Service):
 
 
 _ABANDONED = object()
+
+#: how far a batch's ``sent_at`` may be from its Kafka record timestamp (and ahead of now)
+SENT_AT_TOLERANCE_S = 300.0
+
+
+def clamp_sent_at(sent_at: float, record_ts: float, now: float,
+                  tolerance: float = SENT_AT_TOLERANCE_S) -> float:
+    """A device's ``sent_at`` within ``[record_ts - tolerance, min(record_ts, now) + tolerance]``:
+    one report claiming ``sent_at = 1e300`` must not pin the freshness gauge forever."""
+    return min(max(sent_at, record_ts - tolerance), min(record_ts, now) + tolerance)
 
 
 def count_reports(mech: Any, reports: np.ndarray, specs: list) -> dict[str, np.ndarray]:

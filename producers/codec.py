@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from .bounded_fetch import GUARD_MARKER
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..estimators.mechanism import Mechanism
 
@@ -48,7 +50,8 @@ FLAG_DEVICE_IDS = 0x01
 MAX_MESSAGE_BYTES = 1_048_576
 DLQ_TOPIC = "ldp.dlq"
 DLQ_PAYLOAD_LIMIT = 64 * 1024
-DECODE_REASONS = frozenset({"oversized", "bad_magic", "truncated", "malformed"})
+DECODE_REASONS = frozenset({"oversized", "bad_magic", "truncated", "malformed",
+                            "decompression_bomb", "legacy_compressed"})
 CHECK_REASONS = frozenset({"unknown_collection", "unknown_version", "wrong_width", "out_of_domain"})
 
 _DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
@@ -158,6 +161,8 @@ def decode_batch(data: bytes | bytearray | memoryview, *,
         raise DecodeError("malformed", f"expected bytes, got {type(data).__name__}")
     data = bytes(data) if not isinstance(data, bytes) else data
     size = len(data)
+    if data.startswith(GUARD_MARKER):
+        raise _refused_batch(data)
     if size > max_bytes:
         raise DecodeError("oversized", f"{size} bytes > limit {max_bytes}")
     if data[:4] != MAGIC[:min(4, size)]:
@@ -203,6 +208,18 @@ def decode_batch(data: bytes | bytearray | memoryview, *,
     reports = np.frombuffer(data, dtype=dt, count=n * width, offset=pos).reshape(n, width)
     reports = reports.astype(dt.newbyteorder("="), copy=False)
     return ReportBatch(collection, int(version), reports, device_ids, float(sent_at))
+
+
+def _refused_batch(data: bytes) -> DecodeError:
+    """The error for a record that stands for a batch the fetch guard refused
+    (producers/bounded_fetch.py): its reason and detail are in the record."""
+    try:
+        info = json.loads(data[len(GUARD_MARKER):])
+        reason, detail = str(info["reason"]), str(info["detail"])
+        detail += f" (offsets {info['first_offset']}..{info['last_offset']})"
+    except (ValueError, KeyError, TypeError):
+        reason, detail = "decompression_bomb", "a refused batch"
+    return DecodeError(reason if reason in DECODE_REASONS else "decompression_bomb", detail)
 
 
 def decode_uniform(values: list, max_bytes: int = MAX_MESSAGE_BYTES) -> ReportBatch | None:
@@ -293,6 +310,8 @@ def batch_from_json(text: str | bytes) -> ReportBatch:
         obj = json.loads(text)
     except (ValueError, TypeError) as exc:
         raise DecodeError("malformed", f"not JSON: {exc}") from None
+    except RecursionError:
+        raise DecodeError("malformed", "JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise DecodeError("malformed", "JSON batch must be an object")
     unknown = set(obj) - {"format", "collection", "version", "sent_at", "device_ids", "reports"}
@@ -310,6 +329,8 @@ def batch_from_json(text: str | bytes) -> ReportBatch:
                             sent_at=float(obj.get("sent_at", 0.0)))
     except (ValueError, TypeError, OverflowError) as exc:
         raise DecodeError("malformed", str(exc), coll) from None
+    except RecursionError:
+        raise DecodeError("malformed", "reports nested too deeply", coll) from None
     return decode_batch(blob, max_bytes=max(len(blob), MAX_MESSAGE_BYTES))
 
 

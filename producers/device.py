@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..estimators.mechanism import Mechanism, from_state
+from . import bounded_fetch
 from .codec import encode_batch
 from .publisher import Publisher
 from .signing import SignedState, StateRejected, VerifyKey, load_verify_key
@@ -30,6 +31,8 @@ from .signing import SignedState, StateRejected, VerifyKey, load_verify_key
 log = logging.getLogger(__name__)
 
 CONFIG_TOPIC = "ldp.config"
+#: bound on the decompressed size of one fetched ldp.config batch (states are kilobytes)
+CONFIG_MAX_DECOMPRESSED = 16 * 1_048_576
 
 
 def report_topic(collection: str) -> str:
@@ -99,6 +102,7 @@ class ConfigWatcher:
         from aiokafka import AIOKafkaConsumer, TopicPartition
         from aiokafka.errors import KafkaError
 
+        bounded_fetch.install(CONFIG_MAX_DECOMPRESSED)  # a bomb on ldp.config is refused
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:

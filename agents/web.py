@@ -81,8 +81,9 @@ def collection_info(coll: Any, mechanism: Any, n: int | None) -> dict[str, Any]:
     labels = dom.labels or tuple(tuple(str(i) for i in range(s)) for s in dom.shape)
     try:
         eps_record = float(mechanism.epsilon)
+        longitudinal = mechanism.guarantee().to_dict()
     except Exception:  # noqa: BLE001 - adaptive mechanisms may lack state yet
-        eps_record = None
+        eps_record = longitudinal = None
     return {
         "id": coll.id,
         "topic": getattr(coll, "topic", None),
@@ -92,6 +93,7 @@ def collection_info(coll: Any, mechanism: Any, n: int | None) -> dict[str, Any]:
         "epsilon": getattr(coll, "epsilon", None),
         "epsilon_scope": getattr(coll, "epsilon_scope", None),
         "epsilon_per_record": eps_record,
+        "longitudinal": longitudinal,
         "marginals": [list(m) for m in coll.marginals],
         "estimators": list(coll.estimators),
         "n": n,

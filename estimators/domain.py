@@ -11,6 +11,9 @@ Domain(c: 4, a: 2)
 (2, 0)
 >>> Domain.from_dict(dom.to_dict()) == dom
 True
+>>> sal = Domain.from_categories({"sex": ["F", "M"], "Salary": ["<=50K", ">50K"]})
+>>> sal.encode([{"sex": "M", "Salary": ">50K"}, {"Salary": "<=50K", "sex": "F"}]).tolist()
+[[1, 1], [0, 0]]
 >>> f = Factor(dom, np.arange(24.0).reshape(2, 3, 4))
 >>> f.project(("a",)).values.tolist()
 [66.0, 210.0]
@@ -64,6 +67,42 @@ class Domain:
         return cls(tuple(d["attrs"]), tuple(d["shape"]),
                    None if labels is None else tuple(tuple(lab) for lab in labels))
 
+    def categories(self, attr: str) -> tuple[str, ...]:
+        """The category labels of ``attr`` (``"0"…"d-1"`` when the domain has no labels)."""
+        j = self.axes((attr,))[0]
+        return self.labels[j] if self.labels is not None else tuple(str(i) for i in
+                                                                    range(self.shape[j]))
+
+    def encode(self, records: Iterable[Mapping[str, Any]] | Mapping[str, Sequence[Any]]
+               ) -> np.ndarray:
+        """Category labels → category indices, ``(n, len(self))`` int64 in domain order.
+
+        ``records`` is an iterable of rows (mappings ``{attribute: label}``, e.g. dicts or the
+        rows of a DataFrame's ``to_dict("records")``) or one mapping of columns
+        ``{attribute: [label, ...]}``. Labels are compared as strings (``1`` matches ``"1"``).
+        Raises :class:`SchemaError` naming the unknown or missing attribute, or the unknown
+        category and the allowed ones. Vectorized per attribute (a sorted-label search).
+        """
+        columns = _columns(records, self.attrs)
+        n = len(columns[self.attrs[0]]) if self.attrs else 0
+        out = np.empty((n, len(self)), dtype=np.int64)
+        for j, a in enumerate(self.attrs):
+            col = columns[a]
+            if len(col) != n:
+                raise SchemaError(f"attribute {a!r}: {len(col)} values, expected {n}", a)
+            cats = np.asarray(self.categories(a))
+            order = np.argsort(cats)
+            given = np.asarray([str(v) for v in col] if n else [], dtype=str)
+            pos = np.searchsorted(cats[order], given).clip(0, len(cats) - 1)
+            idx = order[pos]
+            bad = np.flatnonzero(cats[idx] != given) if n else np.empty(0, dtype=np.intp)
+            if bad.size:
+                k = int(bad[0])
+                raise SchemaError(f"record {k}: attribute {a!r} has unknown category "
+                                  f"{col[k]!r} (allowed: {', '.join(repr(str(c)) for c in cats)})", a)
+            out[:, j] = idx
+        return out
+
     def axes(self, attrs: Iterable[str]) -> tuple[int, ...]:
         """Positions of ``attrs`` in this domain (in the order given)."""
         out = []
@@ -105,6 +144,48 @@ class Domain:
 
     def __repr__(self) -> str:
         return "Domain(" + ", ".join(f"{a}: {s}" for a, s in zip(self.attrs, self.shape)) + ")"
+
+
+class SchemaError(ValueError):
+    """A record that does not fit a :class:`Domain`; ``attribute`` names the offending field."""
+
+    def __init__(self, message: str, attribute: str | None = None) -> None:
+        super().__init__(message)
+        self.attribute = attribute
+
+
+def _columns(records: Any, attrs: Sequence[str]) -> dict[str, Sequence[Any]]:
+    """Rows or a column mapping → ``{attribute: values}``, checking the attribute names."""
+    if isinstance(records, Mapping):
+        cols = {str(k): list(v) if not isinstance(v, (str, bytes)) else [v]
+                for k, v in records.items()}
+        rows_desc = "columns"
+    else:
+        cols = {a: [] for a in attrs}
+        for k, row in enumerate(records):
+            if not isinstance(row, Mapping):
+                raise SchemaError(f"record {k}: expected a mapping {{attribute: category}}, got "
+                                  f"{type(row).__name__}")
+            extra = [a for a in row if a not in cols]
+            if extra:
+                raise SchemaError(f"record {k}: unknown attribute {extra[0]!r} (attributes: "
+                                  f"{', '.join(attrs)})", str(extra[0]))
+            if len(row) != len(attrs):
+                miss = next(a for a in attrs if a not in row)
+                raise SchemaError(f"record {k}: missing attribute {miss!r} (attributes: "
+                                  f"{', '.join(attrs)})", miss)
+            for a in attrs:
+                cols[a].append(row[a])
+        return cols
+    extra = [a for a in cols if a not in attrs]
+    if extra:
+        raise SchemaError(f"{rows_desc}: unknown attribute {extra[0]!r} (attributes: "
+                          f"{', '.join(attrs)})", extra[0])
+    miss = [a for a in attrs if a not in cols]
+    if miss:
+        raise SchemaError(f"{rows_desc}: missing attribute {miss[0]!r} (attributes: "
+                          f"{', '.join(attrs)})", miss[0])
+    return cols
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Mapping, Sequence, TypeAlias
 import numpy as np
 
 from .domain import Domain, Factor
+from .longitudinal import Guarantee
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,10 @@ class Mechanism(ABC):
     @abstractmethod
     def epsilon(self) -> float:
         """ε one report (one record) costs, computed from the channel(s)."""
+
+    def guarantee(self) -> Guarantee:
+        """What a device's reports cost over time (default: randomized afresh every report)."""
+        return Guarantee.fresh(self.epsilon)
 
     # --- device side ---------------------------------------------------------------------------
     @property

@@ -30,6 +30,7 @@ import numpy as np
 from . import channels as ch
 from .castell import castell, castell_variance, expected_tvd
 from .domain import Domain, Factor
+from .longitudinal import DAY_S, Guarantee, Memoize, compose
 from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, VersionedCounts,
                         attribute_budget, marginal_key, register)
 from .proper import clip_rescale, repair
@@ -78,6 +79,23 @@ def marginal_counts(domain: Domain, counts: Mapping[str, np.ndarray],
         raise KeyError(f"no count tensor holds the marginal {attrs}; tensors: {sorted(counts)}")
     _, axes, t = best
     return Factor(domain.project(axes), t).project(attrs).values
+
+
+def _memoize_param(raw: Any, epsilon_scope: str, m: int) -> Memoize:
+    """The ``memoize`` parameter of rr-ind (errors name ``memoize.<field>``)."""
+    if not isinstance(raw, Mapping):
+        raise ParamError("memoize", f"must be a mapping {{rotation_s, instantaneous_epsilon}} "
+                                    f"(got {raw!r})")
+    sub = Params("memoize", raw)
+    try:
+        never = not sub.has("rotation_s") and "rotation_s" in raw  # rotation_s: null
+        rotation = None if never else sub.number("rotation_s", DAY_S, gt=0.0)
+        inst = sub.number("instantaneous_epsilon", None, gt=0.0)
+        sub.done()
+    except ParamError as exc:
+        raise ParamError(f"memoize.{exc.field}", str(exc).split(": ", 1)[1]) from None
+    return Memoize(rotation, None if inst is None else
+                   (attribute_budget(inst, epsilon_scope, m),) * m)
 
 
 class _RRBase(Mechanism):
@@ -141,33 +159,75 @@ class RRIndependent(_RRBase):
                   "rr-adjustment")
 
     def __init__(self, domain: Domain, epsilon: float | Sequence[float] | None = None,
-                 channels: Sequence[np.ndarray] | None = None, version: int = 0) -> None:
+                 channels: Sequence[np.ndarray] | None = None, version: int = 0,
+                 memoize: Memoize | None = None,
+                 instantaneous: Sequence[np.ndarray] | None = None) -> None:
+        """``epsilon`` or ``channels`` give the channel of every attribute. With ``memoize`` that
+        channel is the permanent (memoized) response and, when ``memoize.instantaneous_epsilon``
+        or ``instantaneous`` (user matrices) is given, a fresh instantaneous channel follows it
+        on every report: the server then inverts the composition (see
+        :mod:`.longitudinal`)."""
         super().__init__(domain, version)
         m = len(domain)
         if channels is not None:
             if len(channels) != m:
                 raise ValueError(f"{m} attributes but {len(channels)} channels")
-            self.channels = [ch.validate(P, d) for P, d in zip(channels, domain.shape)]
+            self.permanent = [ch.validate(P, d) for P, d in zip(channels, domain.shape)]
         else:
             if epsilon is None:
                 raise ValueError("rr-ind needs epsilon (per attribute) or channels")
-            self.channels = [ch.grr(e, d) for e, d in zip(_eps_list(epsilon, m), domain.shape)]
+            self.permanent = [ch.grr(e, d) for e, d in zip(_eps_list(epsilon, m), domain.shape)]
+        self.memoize = memoize
+        self.instantaneous: list[np.ndarray] | None = None
+        if instantaneous is not None or (memoize is not None
+                                         and memoize.instantaneous_epsilon is not None):
+            if memoize is None:
+                raise ValueError("an instantaneous channel needs memoize (it randomizes the "
+                                 "memoized response)")
+            if instantaneous is None:
+                assert memoize.instantaneous_epsilon is not None
+                instantaneous = [ch.grr(e, d) for e, d in zip(
+                    _eps_list(list(memoize.instantaneous_epsilon), m), domain.shape)]
+            if len(instantaneous) != m:
+                raise ValueError(f"{m} attributes but {len(instantaneous)} instantaneous channels")
+            self.instantaneous = [ch.validate(Q, d) for Q, d in zip(instantaneous, domain.shape)]
+        #: the channel every report goes through (what the estimators invert)
+        self.channels = [ch.validate(compose(P, Q), d) for P, Q, d in zip(
+            self.permanent, self.instantaneous or [None] * m, domain.shape)]
         self.epsilons = [ch.epsilon(P) for P in self.channels]
 
     @property
     def epsilon(self) -> float:
         return ch.epsilon_of_report(self.channels)
 
+    def guarantee(self) -> Guarantee:
+        if self.memoize is None:
+            return Guarantee.fresh(self.epsilon)
+        return Guarantee.memoized_channels(self.permanent, self.instantaneous, self.memoize)
+
     def channels_of(self, attrs: Sequence[str]) -> list[np.ndarray]:
         return [self.channels[i] for i in self.domain.axes(attrs)]
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Every record through the permanent channel, then the instantaneous one if any (one
+        report per record: the device SDK memoizes the permanent response across reports)."""
         records = self._records(records)
         dtype = _report_dtype(self.domain.shape)
         x = records.astype(dtype, copy=False)
         out = np.empty(x.shape, dtype=dtype)
-        for j, P in enumerate(self.channels):
+        for j, P in enumerate(self.permanent):
             out[:, j] = ch.randomize(x[:, j], P, rng)
+        return self.randomize_instantaneous(out, rng)
+
+    def randomize_instantaneous(self, permanent: np.ndarray, rng: np.random.Generator
+                                ) -> np.ndarray:
+        """The instantaneous channel applied to permanent responses ``(n, m)`` (a copy; the
+        input itself when there is none)."""
+        if self.instantaneous is None:
+            return permanent
+        out = np.empty_like(permanent)
+        for j, Q in enumerate(self.instantaneous):
+            out[:, j] = ch.randomize(permanent[:, j], Q, rng)
         return out
 
     def adjustment_targets(self, counts: np.ndarray, channels: Sequence[np.ndarray]
@@ -226,24 +286,47 @@ class RRIndependent(_RRBase):
                               converged=r.converged, extra={"gap": r.gap})
 
     def state(self) -> dict[str, Any]:
-        return {"mechanism": self.name, "version": self.version,
-                "domain": self.domain.to_dict(),
-                "channels": [P.tolist() for P in self.channels],
-                "epsilons": list(self.epsilons)}
+        """``channels`` is the channel of a report (composed when memoized); a memoized
+        mechanism adds ``memoize``, its ``permanent_channels`` and ``instantaneous_channels``."""
+        out: dict[str, Any] = {"mechanism": self.name, "version": self.version,
+                               "domain": self.domain.to_dict(),
+                               "channels": [P.tolist() for P in self.channels],
+                               "epsilons": list(self.epsilons)}
+        if self.memoize is not None:
+            out["memoize"] = self.memoize.to_dict()
+            out["permanent_channels"] = [P.tolist() for P in self.permanent]
+            out["instantaneous_channels"] = (None if self.instantaneous is None
+                                             else [Q.tolist() for Q in self.instantaneous])
+        return out
 
     @classmethod
     def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
                     epsilon_scope: str = "attribute", version: int = 0) -> "RRIndependent":
-        """GRR per attribute with ε = :func:`~.mechanism.attribute_budget` (no parameters)."""
-        Params(cls.name, params).done()
-        return cls(domain, epsilon=attribute_budget(epsilon, epsilon_scope, len(domain)),
-                   version=version)
+        """GRR per attribute with ε = :func:`~.mechanism.attribute_budget`. Parameter
+        ``memoize: {rotation_s, instantaneous_epsilon}`` (both optional: daily rotation, no
+        instantaneous randomization; ``instantaneous_epsilon`` follows ``epsilon_scope``)
+        memoizes the randomized response on devices (:mod:`.longitudinal`)."""
+        p = Params(cls.name, params)
+        raw = p.value("memoize")
+        p.done()
+        m = len(domain)
+        memoize = None if raw is None else _memoize_param(raw, epsilon_scope, m)
+        return cls(domain, epsilon=attribute_budget(epsilon, epsilon_scope, m), version=version,
+                   memoize=memoize)
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRIndependent":
-        return cls(Domain.from_dict(state["domain"]),
-                   channels=[np.asarray(P, dtype=float) for P in state["channels"]],
-                   version=int(state.get("version", 0)))
+        domain = Domain.from_dict(state["domain"])
+        version = int(state.get("version", 0))
+        if state.get("memoize") is None:
+            return cls(domain, channels=[np.asarray(P, dtype=float) for P in state["channels"]],
+                       version=version)
+        inst = state.get("instantaneous_channels")
+        return cls(domain, channels=[np.asarray(P, dtype=float)
+                                     for P in state["permanent_channels"]],
+                   version=version, memoize=Memoize.from_dict(state["memoize"]),
+                   instantaneous=None if inst is None else [np.asarray(Q, dtype=float)
+                                                            for Q in inst])
 
 
 # --- clustered GRR (RR-Joint, RR-Clusters) ------------------------------------------------------

@@ -71,7 +71,10 @@ class ConfigWatcher:
     ``verify_key``: the pinned public key (default: ``LDP_CONFIG_PUBLIC_KEY(_FILE)``; without one
     every state is refused). ``max_epsilon``: this device's ceiling on the computed ε per report
     (one number, or per collection id; None: no ceiling). Refused records are counted in
-    ``rejected`` (reason → count) and the last ones kept in ``refusals``."""
+    ``rejected`` (reason → count) and the last ones kept in ``refusals``.
+
+    :meth:`start` returns once the topic has been read up to the end offsets it had when the
+    watcher started, so :attr:`states` then holds every collection published so far."""
 
     def __init__(self, bootstrap: str, *, topic: str = CONFIG_TOPIC,
                  on_change: Callable[[str, SignedState], None] | None = None,
@@ -127,8 +130,31 @@ class ConfigWatcher:
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         self._consumer = consumer
+        try:
+            await self._catch_up(tps, deadline)
+        except BaseException:
+            await consumer.stop()
+            self._consumer = None
+            raise
         self._task = asyncio.create_task(self._run(), name="ldp-config-watcher")
         return self
+
+    async def _catch_up(self, tps: list, deadline: float) -> None:
+        """Read every partition up to its end offset at the time of the call."""
+        assert self._consumer is not None
+        loop = asyncio.get_running_loop()
+        ends = await self._consumer.end_offsets(tps)
+        while True:
+            behind = [tp for tp in tps if await self._consumer.position(tp) < ends[tp]]
+            if not behind:
+                return
+            if loop.time() > deadline:
+                raise ConnectionError(f"cannot read {self.topic} at {self.bootstrap} up to its "
+                                      f"end offsets {ends} in time")
+            batches = await self._consumer.getmany(*behind, timeout_ms=200, max_records=1000)
+            for msgs in batches.values():
+                for msg in msgs:
+                    self._take(msg.key, msg.value)
 
     async def _run(self) -> None:
         assert self._consumer is not None

@@ -1,0 +1,148 @@
+"""The device's persisted privacy state (SQLite, stdlib ``sqlite3``): the ε it has spent, its
+memoized randomized responses and what it last reported.
+
+* ``spend``: one row per randomization of true data that left the device (time, collection, ε).
+  A :class:`Budget` caps the ε spent in any window of ``window_s`` seconds (sliding, w-event style
+  [Kellaris et al., VLDB 2014; LDP-IDS, SIGMOD 2022]); :meth:`Ledger.refusal` says why a new
+  report would break it.
+* ``memo``: the permanent randomized response of each (collection, permanent-channel
+  fingerprint, rotation period, attribute, true value) [RAPPOR §3]. Kept across restarts: a
+  device that re-drew its memoized responses after each restart would leak its value by
+  averaging them.
+* ``sent``: the record last reported per collection and period, so a device repeating its
+  record sends it once per rotation period.
+
+One report is committed in one transaction (memos, spend and sent together).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import sqlite3
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS spend (at REAL NOT NULL, collection TEXT NOT NULL,
+                                  epsilon REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS spend_at ON spend (at);
+CREATE TABLE IF NOT EXISTS memo (collection TEXT NOT NULL, channel TEXT NOT NULL,
+                                 period INTEGER NOT NULL, attribute INTEGER NOT NULL,
+                                 value INTEGER NOT NULL, response INTEGER NOT NULL,
+                                 PRIMARY KEY (collection, channel, period, attribute, value));
+CREATE TABLE IF NOT EXISTS sent (collection TEXT PRIMARY KEY, period INTEGER NOT NULL,
+                                 record TEXT NOT NULL, at REAL NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """At most ``epsilon`` spent in any window of ``window_s`` seconds."""
+
+    epsilon: float
+    window_s: float = 86400.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"budget epsilon must be a finite number > 0, got {self.epsilon!r}")
+        if not (math.isfinite(self.window_s) and self.window_s > 0):
+            raise ValueError(f"budget window_s must be a finite number > 0, got {self.window_s!r}")
+
+
+def channel_fingerprint(channels: Sequence[np.ndarray]) -> str:
+    """A short stable hash of channel matrices: memoized responses are reused only under the
+    same permanent channels (a new mechanism version with other channels draws afresh)."""
+    h = hashlib.blake2b(digest_size=8)
+    for P in channels:
+        arr = np.ascontiguousarray(np.asarray(P, dtype="<f8"))
+        h.update(str(arr.shape).encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+class Ledger:
+    """A device's ε ledger and memoized responses in one SQLite file (created if missing)."""
+
+    def __init__(self, path: str | Path, *, budget: Budget | None = None) -> None:
+        self.path = str(path)
+        self.budget = budget
+        self._db = sqlite3.connect(self.path, isolation_level=None)
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- ε -------------------------------------------------------------------------------------
+    def spent(self, now: float, window_s: float | None = None) -> float:
+        """ε spent in ``(now - window_s, now]`` (every collection); all of it when ``window_s``
+        is None."""
+        if window_s is None:
+            row = self._db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM spend").fetchone()
+        else:
+            row = self._db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM spend WHERE at > ? "
+                                   "AND at <= ?", (now - window_s, now)).fetchone()
+        return float(row[0])
+
+    def refusal(self, cost: float, now: float) -> str | None:
+        """Why a report costing ``cost`` at ``now`` would break the budget, or None."""
+        if self.budget is None or cost <= 0:
+            return None
+        spent = self.spent(now, self.budget.window_s)
+        if spent + cost > self.budget.epsilon * (1 + 1e-12):
+            return (f"budget exceeded: this report costs ε={cost:.6g}, {spent:.6g} already spent "
+                    f"in the last {self.budget.window_s:g} s, budget ε={self.budget.epsilon:g} "
+                    f"per {self.budget.window_s:g} s")
+        return None
+
+    # --- memoized responses --------------------------------------------------------------------
+    def memos(self, collection: str, channel: str, period: int,
+              keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
+        """The memoized responses of ``(attribute, value)`` keys that have one."""
+        out = {}
+        for j, v in keys:
+            row = self._db.execute("SELECT response FROM memo WHERE collection=? AND channel=? "
+                                   "AND period=? AND attribute=? AND value=?",
+                                   (collection, channel, int(period), int(j), int(v))).fetchone()
+            if row is not None:
+                out[(int(j), int(v))] = int(row[0])
+        return out
+
+    def last_sent(self, collection: str) -> tuple[int, str, float] | None:
+        """``(period, record key, time)`` of the last report of ``collection``."""
+        row = self._db.execute("SELECT period, record, at FROM sent WHERE collection=?",
+                               (collection,)).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]), float(row[2]))
+
+    def commit(self, collection: str, now: float, cost: float, *, channel: str = "",
+               period: int = 0, memos: dict[tuple[int, int], int] | None = None,
+               record: str = "") -> None:
+        """Record one report atomically: its ε, the new memoized responses, what was sent."""
+        with self._transaction():
+            if cost > 0:
+                self._db.execute("INSERT INTO spend VALUES (?, ?, ?)",
+                                 (float(now), collection, float(cost)))
+            for (j, v), y in (memos or {}).items():
+                self._db.execute("INSERT INTO memo VALUES (?, ?, ?, ?, ?, ?)",
+                                 (collection, channel, int(period), int(j), int(v), int(y)))
+            self._db.execute("INSERT OR REPLACE INTO sent VALUES (?, ?, ?, ?)",
+                             (collection, int(period), record, float(now)))
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")

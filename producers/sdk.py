@@ -1,0 +1,287 @@
+"""The device SDK: report records as category labels under local differential privacy.
+
+:class:`DeviceClient` takes records as labels (``{"sex": "Male", "Salary": ">50K"}``), checks
+them against the collection's schema (an unknown attribute or category is a
+:class:`~ldpstream.estimators.domain.SchemaError` naming it and the allowed ones), randomizes them
+with the mechanism of the version published on ``ldp.config`` (read through
+:class:`~.device.ConfigWatcher`, which accepts only states signed by the pinned key), accounts for the ε they cost in the device's :class:`~.ledger.Ledger`
+and sends buffered report batches through a transport: :class:`KafkaTransport` (the device speaks
+Kafka) or :class:`HttpTransport` (``ldpstream gateway``).
+
+Longitudinal privacy [RAPPOR §3]: when the collection memoizes (``memoize`` in its config), the
+permanent randomized response of every (attribute, true value) is drawn once per rotation period
+and kept in the ledger (also across restarts), the instantaneous randomization (if any) is applied
+afresh to every report, and a record the device already reported in the current period is not
+sent again (``status="duplicate"``) unless ``resend_every_s`` has passed. A report that would
+break the ledger's budget is not sent (``status="refused"`` with the reason). Every result states
+the ε it cost.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
+
+import numpy as np
+
+from ..estimators import channels as ch
+from ..estimators.mechanism import Mechanism
+from ..estimators.rr_ind import RRIndependent
+from .codec import ReportBatch, decode_batch, encode_batch
+from .device import ConfigWatcher, report_topic
+from .ledger import Ledger, channel_fingerprint
+from .publisher import Publisher
+
+__all__ = ["DeviceClient", "ReportResult", "Transport", "KafkaTransport", "HttpTransport",
+           "RecordingTransport", "GatewayError", "UnknownCollectionError", "device_key"]
+
+
+class UnknownCollectionError(LookupError):
+    """The collection has no mechanism state on ``ldp.config``."""
+
+
+class GatewayError(RuntimeError):
+    """The HTTP gateway refused a batch: ``status`` and its JSON ``error``."""
+
+    def __init__(self, status: int, error: str) -> None:
+        super().__init__(f"gateway answered {status}: {error}")
+        self.status = status
+        self.error = error
+
+
+def device_key(device_id: int) -> bytes:
+    """The Kafka message key of a device's batches (8 bytes big-endian): all of a device's
+    reports go to one partition."""
+    return int(device_id).to_bytes(8, "big")
+
+
+class Transport(Protocol):
+    """Where report batches go (binary batches of :mod:`.codec`)."""
+
+    async def send(self, collection: str, batch: bytes, device_id: int) -> None: ...
+
+    async def flush(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class KafkaTransport:
+    """Produce batches to ``ldp.reports.<collection>`` keyed by the device id."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self.publisher = publisher
+
+    async def send(self, collection: str, batch: bytes, device_id: int) -> None:
+        await self.publisher.send(report_topic(collection), batch, key=device_key(device_id))
+
+    async def flush(self) -> None:
+        await self.publisher.flush()
+
+    async def close(self) -> None:
+        await self.publisher.flush()
+
+
+class HttpTransport:
+    """POST batches to an ``ldpstream gateway`` (``Authorization: Bearer <fleet token>``)."""
+
+    def __init__(self, url: str, token: str, *, timeout_s: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout_s = timeout_s
+        self._session: Any = None
+
+    async def send(self, collection: str, batch: bytes, device_id: int) -> None:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        async with self._session.post(
+                f"{self.url}/v1/collections/{collection}/reports", data=batch,
+                headers={"Authorization": f"Bearer {self.token}",
+                         "Content-Type": "application/octet-stream"}) as resp:
+            if resp.status >= 300:
+                try:
+                    error = str((await resp.json()).get("error"))
+                except (ValueError, aiohttp.ContentTypeError):
+                    error = (await resp.text())[:200]
+                raise GatewayError(resp.status, error)
+
+    async def flush(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class RecordingTransport:
+    """Keep the batches in memory instead of sending them (dry runs: what would this device
+    send?). ``batches`` holds the decoded :class:`~.codec.ReportBatch` objects."""
+
+    def __init__(self) -> None:
+        self.batches: list[ReportBatch] = []
+
+    async def send(self, collection: str, batch: bytes, device_id: int) -> None:
+        self.batches.append(decode_batch(batch))
+
+    def reports(self) -> np.ndarray:
+        """Every report sent so far, ``(n, width)``."""
+        return np.concatenate([b.reports for b in self.batches]) if self.batches else \
+            np.empty((0, 0), dtype=np.int64)
+
+    async def flush(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """What became of one record: ``queued`` (randomized, buffered for sending), ``duplicate``
+    (memoized record already reported in this rotation period: nothing sent, nothing spent) or
+    ``refused`` (would break the budget: nothing sent, nothing spent; ``reason`` says why).
+    ``epsilon`` is the ε the record cost."""
+
+    status: Literal["queued", "duplicate", "refused"]
+    epsilon: float
+    version: int
+    reason: str = ""
+    report: np.ndarray | None = None
+
+    @property
+    def sent(self) -> bool:
+        return self.status == "queued"
+
+
+class DeviceClient:
+    """One device reporting to one collection.
+
+    ``watcher`` must be started (its states are then current, see :meth:`ConfigWatcher.start`).
+    ``batch_size`` reports are sent per message (and on :meth:`flush`); ``clock`` gives seconds
+    since the epoch (rotation periods, budget windows).
+    """
+
+    def __init__(self, collection: str, *, watcher: ConfigWatcher, transport: Transport,
+                 ledger: Ledger, device_id: int = 0, batch_size: int = 100,
+                 resend_every_s: float | None = None, rng: np.random.Generator | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self.collection = collection
+        self.watcher = watcher
+        self.transport = transport
+        self.ledger = ledger
+        self.device_id = int(device_id)
+        self.batch_size = int(batch_size)
+        self.resend_every_s = resend_every_s
+        self.rng = rng if rng is not None else np.random.default_rng()
+        self.clock = clock
+        self._buffer: list[np.ndarray] = []
+        self._version: int | None = None
+        self.sent_reports = 0
+        self.sent_batches = 0
+
+    async def __aenter__(self) -> "DeviceClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def mechanism(self) -> Mechanism:
+        """The mechanism of the newest published version whose signature the watcher verified
+        (:mod:`.signing`)."""
+        mech = self.watcher.mechanisms.get(self.collection)
+        if mech is None:
+            refused = f"; refused records: {self.watcher.rejected}" if self.watcher.rejected else ""
+            raise UnknownCollectionError(
+                f"collection {self.collection!r} is not published on {self.watcher.topic} "
+                f"(published: {', '.join(sorted(self.watcher.mechanisms)) or 'none'}{refused})")
+        return mech
+
+    async def report(self, record: Mapping[str, Any]) -> ReportResult:
+        """Randomize and queue one record ``{attribute: category label}``."""
+        return (await self.report_many([record]))[0]
+
+    async def report_many(self, records: Iterable[Mapping[str, Any]] | Mapping[str, Any]
+                          ) -> list[ReportResult]:
+        """Randomize and queue records (rows ``{attribute: label}`` or one mapping of columns
+        ``{attribute: [label, ...]}``); the whole call is checked against the schema first, so a
+        bad record queues nothing."""
+        mech = self.mechanism
+        x = mech.domain.encode(records)
+        out = []
+        for row in x:
+            res = self._randomize(mech, row, self.clock())
+            if res.report is not None:
+                await self._queue(res.report, res.version)
+            out.append(res)
+        return out
+
+    def _randomize(self, mech: Mechanism, x: np.ndarray, now: float) -> ReportResult:
+        """One record → its report, charged to the ledger (or why not)."""
+        record = ",".join(str(int(v)) for v in x)
+        if not (isinstance(mech, RRIndependent) and mech.memoize is not None):
+            cost = mech.epsilon
+            refusal = self.ledger.refusal(cost, now)
+            if refusal is not None:
+                return ReportResult("refused", 0.0, mech.version, refusal)
+            report = mech.randomize(x[None, :], self.rng)[0]
+            self.ledger.commit(self.collection, now, cost, record=record)
+            return ReportResult("queued", cost, mech.version, report=report)
+        period = mech.memoize.period(now)
+        fp = channel_fingerprint(mech.permanent)
+        record = f"{fp}:{record}"
+        last = self.ledger.last_sent(self.collection)
+        if last is not None and last[:2] == (period, record) and (
+                self.resend_every_s is None or now - last[2] < self.resend_every_s):
+            return ReportResult("duplicate", 0.0, mech.version,
+                                "this record was already reported in this rotation period")
+        keys = [(j, int(v)) for j, v in enumerate(x)]
+        have = self.ledger.memos(self.collection, fp, period, keys)
+        missing = [k for k in keys if k not in have]
+        cost = float(sum(ch.epsilon(mech.permanent[j]) for j, _ in missing))
+        refusal = self.ledger.refusal(cost, now)
+        if refusal is not None:
+            return ReportResult("refused", 0.0, mech.version, refusal)
+        new = {(j, v): int(ch.randomize(np.array([v]), mech.permanent[j], self.rng)[0])
+               for j, v in missing}
+        permanent = np.array([[have[k] if k in have else new[k] for k in keys]], dtype=np.int64)
+        report = mech.randomize_instantaneous(permanent, self.rng)[0]
+        self.ledger.commit(self.collection, now, cost, channel=fp, period=period, memos=new,
+                           record=record)
+        return ReportResult("queued", cost, mech.version, report=report)
+
+    async def _queue(self, report: np.ndarray, version: int) -> None:
+        if self._version is not None and version != self._version:
+            await self._send()
+        self._version = version
+        self._buffer.append(report)
+        if len(self._buffer) >= self.batch_size:
+            await self._send()
+
+    async def _send(self) -> None:
+        if not self._buffer:
+            return
+        assert self._version is not None
+        reports = np.stack(self._buffer)
+        payload = encode_batch(self.collection, self._version, reports,
+                               device_ids=np.full(len(reports), self.device_id, dtype=np.uint64),
+                               sent_at=self.clock())
+        await self.transport.send(self.collection, payload, self.device_id)
+        self._buffer = []
+        self.sent_reports += len(reports)
+        self.sent_batches += 1
+
+    async def flush(self) -> None:
+        """Send what is buffered and wait until the transport has delivered it."""
+        await self._send()
+        await self.transport.flush()
+
+    async def close(self) -> None:
+        """Flush and close the transport (the watcher and ledger belong to the caller)."""
+        await self.flush()
+        await self.transport.close()

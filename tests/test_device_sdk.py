@@ -1,0 +1,241 @@
+"""The device SDK against a real broker: ConfigWatcher.start() returns with the topic's state
+read; DeviceClient validates labels, randomizes with the published mechanism, memoizes per
+rotation period (1,000 identical reports → one sent per period), keeps its ε ledger and memoized
+responses across a restart, refuses the report that would break its budget (saying why), samples
+the composed channel, and produces batches keyed by the device id."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from ldpstream.estimators import channels as ch
+from ldpstream.estimators.domain import Domain, SchemaError
+from ldpstream.estimators.longitudinal import Memoize
+from ldpstream.estimators.rr_ind import RRIndependent
+from ldpstream.producers.codec import decode_batch
+from ldpstream.producers.device import ConfigWatcher
+from ldpstream.producers.ledger import Budget, Ledger
+from ldpstream.producers.sdk import (DeviceClient, KafkaTransport, RecordingTransport,
+                                     UnknownCollectionError, device_key)
+
+DOM = Domain.from_categories({"os": ["android", "ios", "other"], "plan": ["free", "pro"]})
+REC = {"os": "ios", "plan": "pro"}
+
+
+async def publish(bootstrap: str, topic: str, states: dict[str, RRIndependent]) -> None:
+    """Publish signed mechanism states to a config topic the way the worker does (compacted,
+    key = collection id)."""
+    from ldpstream.producers.publisher import Publisher
+    from ldpstream.producers.signing import load_signing_key
+    from ldpstream.services import create_topics
+
+    key = load_signing_key()  # the session's key (tests/conftest.py); devices pin its public key
+    assert key is not None
+    await create_topics(bootstrap, {topic: 1}, compacted={topic})
+    async with Publisher(bootstrap) as pub:
+        for cid, mech in states.items():
+            await pub.send(topic, key.sign_state(mech.state(), cid), key=cid.encode())
+        await pub.flush()
+
+
+@contextlib.asynccontextmanager
+async def watching(bootstrap: str, topic: str, states: dict[str, RRIndependent]):
+    """Publish ``states`` to ``topic`` and yield a started ConfigWatcher on it."""
+    await publish(bootstrap, topic, states)
+    watcher = await ConfigWatcher(bootstrap, topic=topic).start()
+    try:
+        yield watcher
+    finally:
+        await watcher.stop()
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_watcher_start_reads_the_current_state(kafka_broker, unique_name):
+    topic = f"cfg.{unique_name}"
+    states = {f"c{i}": RRIndependent(DOM, epsilon=1.0 + i, version=i) for i in range(3)}
+
+    async def run():
+        await publish(kafka_broker.bootstrap, topic, states)
+        newer = {"c1": RRIndependent(DOM, epsilon=5.0, version=9)}
+        async with watching(kafka_broker.bootstrap, topic, newer) as watcher:
+            # no wait_for: start() has read up to the end offsets
+            assert sorted(watcher.states) == ["c0", "c1", "c2"]
+            assert [watcher.states[c].version for c in ("c0", "c1", "c2")] == [0, 9, 2]
+            assert watcher.mechanisms["c1"].epsilon == pytest.approx(10.0)
+
+    asyncio.run(run())
+
+
+def test_memoized_device_sends_once_per_rotation_and_keeps_its_ledger(kafka_broker, unique_name,
+                                                                       tmp_path):
+    topic = f"cfg.{unique_name}"
+    mech = RRIndependent(DOM, epsilon=1.0, version=4, memoize=Memoize(3600.0, (2.0, 2.0)))
+    eps_perm = sum(ch.epsilon(P) for P in mech.permanent)
+    path = tmp_path / "device.sqlite"
+
+    async def run():
+        clock = Clock(3600.0 * 1000 + 10)
+        sent = RecordingTransport()
+        async with watching(kafka_broker.bootstrap, topic, {"app": mech}) as watcher:
+            client = DeviceClient("app", watcher=watcher, transport=sent,
+                                  ledger=Ledger(path, budget=Budget(3 * eps_perm, 86400.0)),
+                                  device_id=77, batch_size=10, clock=clock,
+                                  rng=np.random.default_rng(1))
+            results = []
+            for _ in range(1000):  # the same record, 1,000 times within one rotation period
+                results.append(await client.report(REC))
+                clock.t += 1.0
+            await client.flush()
+            assert [r.status for r in results].count("queued") == 1
+            assert all(r.status == "duplicate" and r.epsilon == 0 for r in results[1:])
+            assert results[0].epsilon == pytest.approx(eps_perm) and results[0].version == 4
+            assert sent.reports().shape == (1, 2) and sent.batches[0].version == 4
+            np.testing.assert_array_equal(sent.batches[0].device_ids, [77])
+            assert client.ledger.spent(clock.t, 86400.0) == pytest.approx(eps_perm)
+
+            # a restart (new client, same ledger file): still a duplicate, nothing spent
+            client.ledger.close()
+            client = DeviceClient("app", watcher=watcher, transport=sent,
+                                  ledger=Ledger(path, budget=Budget(3 * eps_perm, 86400.0)),
+                                  device_id=77, batch_size=1, clock=clock,
+                                  rng=np.random.default_rng(2))
+            again = await client.report(REC)
+            assert again.status == "duplicate" and again.epsilon == 0
+            assert client.ledger.spent(clock.t, 86400.0) == pytest.approx(eps_perm)
+
+            # a new value in the same period costs the permanent ε of the changed attribute only
+            other = await client.report({"os": "ios", "plan": "free"})
+            assert other.status == "queued"
+            assert other.epsilon == pytest.approx(ch.epsilon(mech.permanent[1]))
+            # back to the first value: its memoized responses are reused, nothing spent
+            back = await client.report(REC)
+            assert back.status == "queued" and back.epsilon == 0
+
+            # next rotation periods: a fresh permanent response each, until the budget says no
+            clock.t += 3600.0
+            r2 = await client.report(REC)
+            assert r2.status == "queued" and r2.epsilon == pytest.approx(eps_perm)
+            clock.t += 3600.0
+            r3 = await client.report(REC)
+            assert r3.status == "refused" and r3.epsilon == 0 and r3.report is None
+            assert "budget exceeded" in r3.reason and "ε=" in r3.reason
+            spent = client.ledger.spent(clock.t, 86400.0)
+            assert spent == pytest.approx(2 * eps_perm + ch.epsilon(mech.permanent[1]))
+            await client.close()
+            assert sent.reports().shape == (4, 2)  # first, other, back, next period
+            client.ledger.close()
+            # the restart keeps the refusal too
+            with Ledger(path, budget=Budget(3 * eps_perm, 86400.0)) as led:
+                assert led.refusal(eps_perm, clock.t) is not None
+
+    asyncio.run(run())
+
+
+def test_fresh_mechanism_charges_every_report_and_validates_labels(kafka_broker, unique_name,
+                                                                  tmp_path):
+    topic = f"cfg.{unique_name}"
+    mech = RRIndependent(DOM, epsilon=0.5)
+
+    async def run():
+        async with watching(kafka_broker.bootstrap, topic, {"fresh": mech}) as watcher:
+            sent = RecordingTransport()
+            client = DeviceClient("fresh", watcher=watcher, transport=sent,
+                                  ledger=Ledger(tmp_path / "l.sqlite", budget=Budget(3.2, 60.0)),
+                                  batch_size=2, clock=Clock())
+            res = await client.report_many([REC] * 4)
+            assert [r.status for r in res] == ["queued"] * 3 + ["refused"]
+            assert [r.epsilon for r in res[:3]] == [pytest.approx(1.0)] * 3
+            with pytest.raises(SchemaError, match=r"unknown category 'mac' \(allowed: "
+                                                  r"'android', 'ios', 'other'\)"):
+                await client.report({"os": "mac", "plan": "pro"})
+            with pytest.raises(SchemaError, match="unknown attribute 'colour'"):
+                await client.report_many([REC, {**REC, "colour": "red"}])  # nothing queued
+            await client.close()
+            assert sent.reports().shape == (3, 2) and len(sent.batches) == 2
+            nobody = DeviceClient("nope", watcher=watcher, transport=sent,
+                                  ledger=Ledger(":memory:"))
+            with pytest.raises(UnknownCollectionError, match="'nope' is not published.*fresh"):
+                await nobody.report(REC)
+
+    asyncio.run(run())
+
+
+def test_device_reports_follow_the_composed_channel(kafka_broker, unique_name):
+    """Privacy audit through the SDK: each rotation period draws a fresh permanent response and a
+    fresh instantaneous one, so one device's reports over many periods are i.i.d. draws from the
+    row of P @ Q of its value (χ² goodness of fit)."""
+    topic = f"cfg.{unique_name}"
+    mech = RRIndependent(DOM, epsilon=1.0, memoize=Memoize(60.0, (1.0, 1.0)))
+
+    async def run():
+        clock = Clock(0.0)
+        sent = RecordingTransport()
+        async with watching(kafka_broker.bootstrap, topic, {"audit": mech}) as watcher:
+            client = DeviceClient("audit", watcher=watcher, transport=sent,
+                                  ledger=Ledger(":memory:"), batch_size=500, clock=clock,
+                                  rng=np.random.default_rng(9))
+            n = 3000
+            for _ in range(n):
+                await client.report(REC)
+                clock.t += 60.0
+            await client.flush()
+        reports = sent.reports()
+        assert reports.shape == (n, 2)
+        for j, u in enumerate(DOM.encode([REC])[0]):
+            obs = np.bincount(reports[:, j], minlength=DOM.shape[j])
+            assert chisquare(obs, n * mech.channels[j][u]).pvalue > 1e-4, (j, obs)
+
+    asyncio.run(run())
+
+
+def test_kafka_transport_keys_batches_by_device(kafka_broker, unique_name, tmp_path):
+    from aiokafka import AIOKafkaConsumer
+
+    from ldpstream.producers.publisher import Publisher
+    from ldpstream.services import create_topics
+
+    topic = f"cfg.{unique_name}"
+    cid = unique_name
+
+    async def run():
+        await create_topics(kafka_broker.bootstrap, {f"ldp.reports.{cid}": 3})
+        states = {cid: RRIndependent(DOM, epsilon=1.0)}
+        async with watching(kafka_broker.bootstrap, topic, states) as watcher:
+            async with Publisher(kafka_broker.bootstrap) as pub:
+                for dev in (5, 6):
+                    client = DeviceClient(cid, watcher=watcher, transport=KafkaTransport(pub),
+                                          ledger=Ledger(":memory:"), device_id=dev, batch_size=4)
+                    await client.report_many([REC] * 10)
+                    await client.close()
+        consumer = AIOKafkaConsumer(f"ldp.reports.{cid}", bootstrap_servers=kafka_broker.bootstrap,
+                                    auto_offset_reset="earliest", group_id=None)
+        await consumer.start()
+        try:
+            msgs = []
+            for _ in range(30):
+                if len(msgs) >= 6:
+                    break
+                for batch in (await consumer.getmany(timeout_ms=1000)).values():
+                    msgs.extend(batch)
+        finally:
+            await consumer.stop()
+        parts = {}
+        for m in msgs:
+            b = decode_batch(m.value)
+            dev = int(b.device_ids[0])
+            assert m.key == device_key(dev) and set(b.device_ids.tolist()) == {dev}
+            parts.setdefault(dev, set()).add(m.partition)
+        assert sorted(parts) == [5, 6] and all(len(p) == 1 for p in parts.values())
+
+    asyncio.run(run())

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..estimators.mechanism import Mechanism
 from ..producers.signing import SigningKey
+from .layout import Layout
 
 
 @dataclass
@@ -21,11 +22,14 @@ class Context:
     kafka_bootstrap: str
     store: Any = None  # agents.store.CountStore, created on app start
     mechanisms: dict[str, Mechanism] = field(default_factory=dict)
+    #: collection → {version: mechanism} accepted on the wire (see :meth:`versions`)
+    accepted: dict[str, dict[int, Mechanism]] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     #: signs every mechanism state published to ``ldp.config`` (producers/signing.py)
     signing_key: SigningKey = field(default_factory=SigningKey.generate)
     #: the ingest service (agents/ingest.py) once the app has started it
     ingest: Any = None
+    _layouts: dict[tuple[str, int], Layout] = field(default_factory=dict)
     #: anything other modules want to hang on the context (keyed by module name)
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -35,3 +39,22 @@ class Context:
         if mech is None:
             mech = self.mechanisms[collection] = self.config.collections[collection].mechanism()
         return mech
+
+    def versions(self, collection: str) -> dict[int, Mechanism]:
+        """The mechanism versions whose reports are counted now (version → mechanism): the one
+        in force and the earlier ones it still accepts."""
+        vs = self.accepted.get(collection)
+        if vs is None:
+            mech = self.mechanism(collection)
+            vs = self.accepted[collection] = {mech.version: mech}
+        return vs
+
+    def layout(self, collection: str, version: int) -> Layout:
+        """The count layout of ``collection``'s mechanism ``version``: its tensors for the
+        configured marginals (agents/layout.py)."""
+        lay = self._layouts.get((collection, version))
+        if lay is None:
+            mech = self.versions(collection)[version]
+            lay = self._layouts[(collection, version)] = Layout.of(
+                version, mech.tensors(self.config.collections[collection].marginals))
+        return lay

@@ -57,6 +57,7 @@ from ..producers.codec import (DLQ_TOPIC, DecodeError, ReportBatch, decode_batch
                                dlq_record, explain_batch)
 from ..estimators.mechanism import Mechanism
 from . import metrics
+from .layout import Layout
 from .store import ApplyStatus, PartitionDelta
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,9 @@ except ImportError:  # pragma: no cover
 class _Pending:
     """What one partition consumed since its last apply."""
 
-    deltas: dict[str, np.ndarray] | None = None   # counts of the accepted reports, so far
+    #: counts of the accepted reports so far: (layout of their version, fine bucket or None for
+    #: all-time only) -> flat int64 cells (agents/layout.py; cell 0 = reports)
+    deltas: dict[tuple[Layout, int | None], np.ndarray] = dataclasses.field(default_factory=dict)
     n: int = 0
     base: int = -1            # the delta covers offsets (base, last_offset]; -1: from the start
     last_offset: int | None = None
@@ -116,7 +119,6 @@ class IngestService(Service):
         self.collections = dict(ctx.config.collections)
         self.topic_of = {cid: c.topic for cid, c in self.collections.items()}
         self.cid_of = {c.topic: cid for cid, c in self.collections.items()}
-        self.specs = {cid: c.tensors() for cid, c in self.collections.items()}
         self.consumer = None
         self.producer = None
         self._stored: dict[Any, int | None] = {}   # tp -> last applied offset (None: nothing)
@@ -142,10 +144,9 @@ class IngestService(Service):
         self.last_apply_at: float | None = None   # unix time of the last applied delta
 
     # --- lifecycle ------------------------------------------------------------------------------
-    def known(self) -> dict[str, dict[int, Any]]:
+    def known(self) -> dict[str, dict[int, Mechanism]]:
         """collection → {version: mechanism} accepted on the wire."""
-        return {cid: {self.ctx.mechanism(cid).version: self.ctx.mechanism(cid)}
-                for cid in self.collections}
+        return {cid: self.ctx.versions(cid) for cid in self.collections}
 
     async def on_start(self) -> None:
         from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -225,7 +226,8 @@ class IngestService(Service):
             by_cid[self.cid_of[tp.topic]].append(tp)
         stored_of: dict[Any, int | None] = {}
         for cid, tps in by_cid.items():
-            offsets = await self._redis_retry(lambda cid=cid: self.ctx.store.offsets(cid),
+            offsets = await self._redis_retry(lambda cid=cid, tps=tps: self.ctx.store.offsets(
+                cid, [tp.partition for tp in tps]),
                                               what=f"read offsets of {cid}",
                                               abandon=lambda: self.consumer is not consumer)
             if offsets is _ABANDONED:
@@ -342,8 +344,11 @@ class IngestService(Service):
         if len(msgs) >= 16:
             fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
             if fast is not None and fast.collection == cid and explain_batch(fast, known) is None:
-                self._accept(pend, cid, [fast.reports], clamp_sent_at(
-                    fast.sent_at, max(m.timestamp for m in msgs) / 1000.0, time.time()))
+                per = fast.n // len(msgs)
+                self._accept(pend, cid, fast.version, fast.reports,
+                             self._buckets(cid, msgs, np.full(len(msgs), per)),
+                             clamp_sent_at(fast.sent_at, max(m.timestamp for m in msgs) / 1000.0,
+                                           time.time()))
                 return
         good: list[tuple[Any, ReportBatch]] = []
         for m in msgs:
@@ -358,45 +363,73 @@ class IngestService(Service):
                 pend.rejected_reports[key] = pend.rejected_reports.get(key, 0) + 1
         # validate: one vectorized check for all batches sharing (collection, version, width);
         # only when that fails, find the bad batches one by one
-        accepted: list[np.ndarray] = []
-        sent_at_max = -math.inf
         groups: dict[tuple, list[tuple[Any, ReportBatch]]] = defaultdict(list)
         for m, b in good:
             groups[(b.collection, b.version, b.width)].append((m, b))
-        for items in groups.values():
+        for (_, version, _), items in groups.items():
             if len(items) > 1:
                 joined = dataclasses.replace(items[0][1], reports=np.concatenate(
                     [b.reports for _, b in items]), device_ids=None)
                 ok = explain_batch(joined, known) is None if joined.collection == cid else False
             else:
                 ok = False
+            accepted: list[tuple[Any, ReportBatch]] = []
             for m, b in items:
                 res = None if ok else (
                     explain_batch(b, known) if b.collection == cid else
                     ("unknown_collection", f"batch of collection {b.collection!r} on topic {tp.topic}"))
                 if res is None:
-                    accepted.append(b.reports)
-                    sent_at_max = max(sent_at_max, clamp_sent_at(b.sent_at, m.timestamp / 1000.0,
-                                                                 time.time()))
+                    accepted.append((m, b))
                 else:
                     pend.rejects.append((res[0], res[1], cid, m.value, m.offset))
                     key = (cid, res[0])
                     pend.rejected_reports[key] = pend.rejected_reports.get(key, 0) + b.n
-        if accepted:
-            self._accept(pend, cid, accepted, sent_at_max)
+            if accepted:
+                reports = np.concatenate([b.reports for _, b in accepted]) \
+                    if len(accepted) > 1 else accepted[0][1].reports
+                buckets = self._buckets(cid, [m for m, _ in accepted],
+                                        np.array([b.n for _, b in accepted]))
+                now = time.time()
+                self._accept(pend, cid, version, reports, buckets,
+                             max(clamp_sent_at(b.sent_at, m.timestamp / 1000.0, now)
+                                 for m, b in accepted))
 
-    def _accept(self, pend: _Pending, cid: str, accepted: list[np.ndarray],
-                sent_at: float) -> None:
-        """Count validated reports into the partition's running delta (counted per poll, so the
-        arrays stay cache-sized and memory is the tensors', not the reports')."""
+    def _buckets(self, cid: str, msgs: list, sizes: np.ndarray) -> np.ndarray:
+        """Fine bucket of every report (message i holds ``sizes[i]`` of them) from its message's
+        Kafka record timestamp (agents/windows.py); -1: all-time only (no finite window, or late).
+        Reports whose timestamp was moved are counted per reason."""
+        now = time.time()
+        ts = np.fromiter((m.timestamp if m.timestamp is not None else -1 for m in msgs),
+                         dtype=np.float64, count=len(msgs)) / 1000.0
+        ts[ts < 0] = now
+        buckets, future, late = self.collections[cid].policy.place_many(ts, now)
+        for why, mask in (("future", future), ("late", late)):
+            if mask.any():
+                metrics.REPORTS_CLAMPED.labels(cid, why).inc(int(sizes[mask].sum()))
+        return np.repeat(buckets, sizes)
+
+    def _accept(self, pend: _Pending, cid: str, version: int, reports: np.ndarray,
+                buckets: np.ndarray, sent_at: float) -> None:
+        """Count validated reports of one mechanism ``version`` into the partition's running
+        delta, per fine bucket (``buckets[i]`` of report i; -1 = all-time only). Counted per poll,
+        so the arrays stay cache-sized and memory is the tensors', not the reports'."""
         t0 = time.perf_counter()
-        reports = accepted[0] if len(accepted) == 1 else np.concatenate(accepted)
-        counts = count_reports(self.ctx.mechanism(cid), reports, self.specs[cid])
-        if pend.deltas is None:
-            pend.deltas = counts
+        layout = self.ctx.layout(cid, version)
+        mech = self.ctx.versions(cid)[version]
+        specs = list(layout.specs)
+        first = int(buckets[0]) if len(buckets) else -1
+        if len(buckets) == 0 or (buckets == first).all():
+            parts = [(first, reports)]
         else:
-            for key, delta in counts.items():
-                pend.deltas[key] += delta
+            parts = [(int(b), reports[buckets == b]) for b in np.unique(buckets)]
+        for b, rep in parts:
+            flat = layout.pack(count_reports(mech, rep, specs), rep.shape[0])
+            key = (layout, None if b < 0 else b)
+            cur = pend.deltas.get(key)
+            if cur is None:
+                pend.deltas[key] = flat
+            else:
+                cur += flat
         n = int(reports.shape[0])
         pend.n += n
         self._pending_reports += n
@@ -461,9 +494,9 @@ class IngestService(Service):
             self._applying |= tps
             try:
                 res = await self.ctx.store.apply_many(cid, [
-                    PartitionDelta(tp.partition, p.last_offset, p.deltas or {}, p.n,
+                    PartitionDelta(tp.partition, p.last_offset, p.deltas, p.n,
                                    expected=p.base, sent_at_max=p.sent_at_max)
-                    for tp, p in live])
+                    for tp, p in live], self.collections[cid].policy)
             finally:
                 self._applying -= tps
             return list(zip(live, res))

@@ -27,6 +27,12 @@ REPORTS_REJECTED = Counter(
     "Reports sent to the dead-letter topic (an undecodable message counts 1, under the "
     "collection of its topic).",
     ["collection", "reason"], registry=REGISTRY)
+REPORTS_CLAMPED = Counter(
+    "ldp_reports_clamped_total",
+    "Reports counted in another time bucket than their record timestamp's: 'future' (stamped "
+    "ahead of the worker's clock beyond the tolerance: counted now) or 'late' (their bucket "
+    "expired: counted in the all-time tensor only).",
+    ["collection", "reason"], registry=REGISTRY)
 MESSAGES_CONSUMED = Counter(
     "ldp_messages_consumed_total", "Kafka messages consumed from a collection's report topic.",
     ["collection"], registry=REGISTRY)
@@ -47,22 +53,44 @@ REFRESH_SECONDS = Histogram(
     "Seconds to read a collection's tensors and run every configured estimator.",
     ["collection"], registry=REGISTRY,
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0))
+REFRESH_ERRORS = Counter(
+    "ldp_refresh_errors",
+    "Refreshes of a collection that failed as a whole (e.g. Redis unreachable).",
+    ["collection"], registry=REGISTRY)
 LAST_REFRESH = Gauge(
     "ldp_estimate_last_refresh_timestamp_seconds", "Unix time of the last completed refresh.",
     ["collection"], registry=REGISTRY)
+_EST = ["collection", "marginal", "method", "window"]
 ESTIMATE_CELL = Gauge(
-    "ldp_estimate_cell", "Estimated probability of one cell of a configured marginal.",
-    ["collection", "marginal", "method", "cell"], registry=REGISTRY)
+    "ldp_estimate_cell", "Estimated probability of one cell of a configured marginal in a window.",
+    ["collection", "marginal", "method", "window", "cell"], registry=REGISTRY)
 ESTIMATE_ERROR_BOUND = Gauge(
     "ldp_estimate_error_bound", "Error bound the estimator reports for the marginal (NaN if none).",
-    ["collection", "marginal", "method"], registry=REGISTRY)
+    _EST, registry=REGISTRY)
 ESTIMATE_DRIFT = Gauge(
     "ldp_estimate_drift_tvd",
-    "Total variation distance between the newest estimate and the one drift_window_s earlier.",
-    ["collection", "marginal", "method"], registry=REGISTRY)
-DRIFT_THRESHOLD = Gauge(
-    "ldp_drift_threshold", "Configured drift alert threshold (TVD).",
-    ["collection"], registry=REGISTRY)
+    "Total variation distance between the window's estimate and the previous window's.",
+    _EST, registry=REGISTRY)
+DRIFT_STATISTIC = Gauge(
+    "ldp_estimate_drift_statistic",
+    "Drift statistic of the window against the previous window, accounting for both estimates' "
+    "sampling variance (compare with ldp_estimate_drift_statistic_threshold).",
+    _EST, registry=REGISTRY)
+DRIFT_STATISTIC_THRESHOLD = Gauge(
+    "ldp_estimate_drift_statistic_threshold",
+    "Value of the drift statistic a stationary stream exceeds with probability drift_alpha.",
+    _EST, registry=REGISTRY)
+DRIFT_ALARM = Gauge(
+    "ldp_estimate_drift_alarm",
+    "1 when the drift statistic exceeds its threshold and the tvd is at least drift_min_effect.",
+    _EST, registry=REGISTRY)
+ESTIMATE_FAILURES = Counter(
+    "ldp_estimate_failures",
+    "Refresh attempts whose estimator raised (the reason is in the API's answer).",
+    _EST, registry=REGISTRY)
+ESTIMATE_FAILING = Gauge(
+    "ldp_estimate_failing", "1 while the last attempt to estimate this marginal failed, else 0.",
+    _EST, registry=REGISTRY)
 EPSILON_PER_RECORD = Gauge(
     "ldp_epsilon_per_record", "ε one report costs, computed from the mechanism in force.",
     ["collection"], registry=REGISTRY)
@@ -81,9 +109,12 @@ FRESHNESS = Gauge(
 METRIC_NAMES: tuple[str, ...] = (
     "ldp_reports_ingested_total", "ldp_reports_rejected_total", "ldp_messages_consumed_total",
     "ldp_batch_apply_seconds", "ldp_consumer_lag_messages", "ldp_collection_reports",
-    "ldp_estimate_refresh_seconds", "ldp_estimate_last_refresh_timestamp_seconds",
+    "ldp_estimate_refresh_seconds", "ldp_refresh_errors_total",
+    "ldp_estimate_last_refresh_timestamp_seconds",
     "ldp_estimate_cell", "ldp_estimate_error_bound", "ldp_estimate_drift_tvd",
-    "ldp_drift_threshold", "ldp_epsilon_per_record", "ldp_refresh_interval_seconds",
+    "ldp_estimate_drift_statistic", "ldp_estimate_drift_statistic_threshold",
+    "ldp_estimate_drift_alarm", "ldp_estimate_failures_total", "ldp_estimate_failing",
+    "ldp_reports_clamped_total", "ldp_epsilon_per_record", "ldp_refresh_interval_seconds",
     "ldp_ingest_expected", "ldp_estimate_freshness_seconds",
 )
 
@@ -103,7 +134,8 @@ def cell_labels(labels: Sequence[Sequence[str]]) -> list[str]:
 
 def clear_collection(collection: str) -> None:
     """Drop the per-cell/per-marginal estimate series of a collection (after a reset)."""
-    for gauge in (ESTIMATE_CELL, ESTIMATE_ERROR_BOUND, ESTIMATE_DRIFT):
+    for gauge in (ESTIMATE_CELL, ESTIMATE_ERROR_BOUND, ESTIMATE_DRIFT, DRIFT_STATISTIC,
+                  DRIFT_STATISTIC_THRESHOLD, DRIFT_ALARM, ESTIMATE_FAILING):
         for labels in list(_label_sets(gauge)):
             if labels and labels[0] == collection:
                 try:

@@ -1,11 +1,18 @@
-"""Periodic estimate refresh (DESIGN.md "Refresh"): read a collection's count tensors from Redis,
-run every configured estimator on every configured marginal, write the estimates (with n, ε,
-method, time and an error bound) back to Redis, update the gauges, and measure drift.
+"""Periodic estimate refresh over time windows (docs/windows.md): read a collection's bucket counts
+from Redis, run every configured estimator on every configured marginal for every configured
+window, write the estimates (with n, ε, method, window, time and an error bound) back to Redis,
+update the gauges, and compare each window with the previous window of the same length (drift).
 
-The estimation itself, :func:`refresh_collection`, is a pure function of the counts; it runs in a
-one-thread executor so the worker's event loop keeps consuming while numpy works. When several
-workers run, a Redis lease (``SET NX PX``) per collection lets one of them refresh per interval,
-and a lock held during the refresh keeps a forced refresh from overlapping a timed one.
+The estimation itself (:func:`estimate_window`) is a pure function of the counts; it runs in a
+one-thread executor so the worker's event loop keeps consuming while numpy works. A window's
+counts are the sum of its buckets (agents/windows.py ``cover``: coarse buckets inside, fine
+buckets at the edges); :class:`BucketReader` re-reads only the buckets whose report count (cell 0)
+changed since the last refresh, and a window whose buckets did not change is not re-estimated.
+
+When several workers run, a Redis lease (``SET NX PX``) per collection lets one of them refresh per
+interval, and a lock held during the refresh keeps a forced refresh from overlapping a timed one.
+An estimator that raises is counted (``ldp_estimate_failures_total``, ``ldp_estimate_failing``)
+and its reason stored where the estimate would be, so the API answers with it.
 """
 from __future__ import annotations
 
@@ -15,28 +22,28 @@ import math
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..estimators.mechanism import Mechanism
+from ..estimators.mechanism import Mechanism, VersionedCounts
 from ..estimators.metrics import tvd
-from . import metrics
-from .store import history_cap_for
+from . import keys, metrics
+from .context import Context
+from .layout import Layout
+from .store import CountStore
+from .windows import Window, cover
 
 log = logging.getLogger(__name__)
-
-#: Redis keys owned by this module (hash-tagged like agents/store.py's keys).
-LEASE_KEY = "ldp:{%s}:refresh_lease"
-LOCK_KEY = "ldp:{%s}:refresh_lock"
-#: max ``sent_at`` (unix seconds) of the reports counted so far; CountStore.apply(sent_at_max=...)
-#: raises it atomically with the counts (read here for the freshness gauge).
-SENT_AT_MAX_KEY = "ldp:{%s}:sent_at_max"
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+LEASE = "refresh_lease"
+LOCK = "refresh_lock"
 
 
 # --- pure part ----------------------------------------------------------------------------------
@@ -47,34 +54,36 @@ def _finite(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _json_cells(values: np.ndarray) -> list:
-    vals = np.asarray(values, dtype=float)
-    return vals.tolist() if np.isfinite(vals).all() else _nan_to_none(vals.tolist())
-
-
 def _nan_to_none(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_nan_to_none(v) for v in obj]
     return obj if (obj is None or math.isfinite(obj)) else None
 
 
-def _labels(collection: Any, mechanism: Mechanism, factor_domain: Any,
-            attrs: Sequence[str]) -> list[list[str]]:
-    for dom in (factor_domain, getattr(collection, "domain", None), mechanism.domain):
-        if dom is not None and getattr(dom, "labels", None) is not None:
-            try:
-                return [list(lab) for lab in dom.project(attrs).labels]
-            except KeyError:
-                continue
-    sizes = mechanism.domain.project(attrs).shape
-    return [[str(i) for i in range(s)] for s in sizes]
+def _none_to_nan(obj: Any) -> Any:
+    if isinstance(obj, list):
+        return [_none_to_nan(v) for v in obj]
+    return float("nan") if obj is None else obj
 
 
-def estimate_payload(collection: Any, mechanism: Mechanism, counts: Mapping[str, np.ndarray],
-                     attrs: Sequence[str], method: str, now: float) -> dict[str, Any]:
+def _json_cells(values: np.ndarray) -> list:
+    vals = np.asarray(values, dtype=float)
+    return vals.tolist() if np.isfinite(vals).all() else _nan_to_none(vals.tolist())
+
+
+def _labels(collection: Any, attrs: Sequence[str]) -> list[list[str]]:
+    dom = collection.domain.project(attrs)
+    if dom.labels is not None:
+        return [list(lab) for lab in dom.labels]
+    return [[str(i) for i in range(s)] for s in dom.shape]
+
+
+def estimate_payload(collection: Any, mechanism: Mechanism, counts: VersionedCounts,
+                     attrs: Sequence[str], method: str, window: Window, now: float
+                     ) -> dict[str, Any]:
     """One estimate as the JSON payload stored in Redis and served by ``GET /estimates``."""
     attrs = tuple(attrs)
-    est = mechanism.estimate(counts, attrs, method)
+    est = mechanism.estimate_versions(counts, attrs, method)
     factor = est.factor
     if tuple(factor.domain.attrs) != attrs:
         factor = factor.project(attrs)
@@ -86,67 +95,63 @@ def estimate_payload(collection: Any, mechanism: Mechanism, counts: Mapping[str,
         "collection": collection.id,
         "attrs": list(attrs),
         "method": method,
+        "window": window.name,
+        "window_s": window.seconds,
         "cells": _json_cells(factor.values),
-        "labels": _labels(collection, mechanism, factor.domain, attrs),
+        "labels": _labels(collection, attrs),
         "n": int(est.n),
         "epsilon": float(est.epsilon),
-        "epsilon_scope": getattr(collection, "epsilon_scope", None),
+        "epsilon_scope": collection.epsilon_scope,
         "error_bound": _finite(est.error_bound),
         "updated_at": float(now),
         "iterations": None if est.iterations is None else int(est.iterations),
         "converged": None if est.converged is None else bool(est.converged),
         "chosen": None if chosen is None else str(chosen),
-        "version": int(getattr(mechanism, "version", 0)),
+        "version": int(mechanism.version),
+        "versions": sorted(int(v) for v in counts),
     }
 
 
-def refresh_collection(collection: Any, mechanism: Mechanism, counts: Mapping[str, np.ndarray],
-                       now: float) -> list[dict[str, Any]]:
-    """Run every configured estimator on every configured marginal of ``collection``.
+def failure_payload(collection: Any, attrs: Sequence[str], method: str, window: Window,
+                    exc: BaseException, now: float) -> dict[str, Any]:
+    """What is stored in place of an estimate whose estimator raised: the reason, so the API
+    answers with it instead of "no estimate yet"."""
+    return {"collection": collection.id, "attrs": list(attrs), "method": method,
+            "window": window.name, "window_s": window.seconds, "cells": None,
+            "error": f"{exc.__class__.__name__}: {exc}", "updated_at": float(now)}
 
-    Returns one payload per (marginal, estimator) that could be computed; an estimator that
-    raises is logged and skipped so one bad method cannot stop the others. No reports → [].
-    """
-    if not counts or all(int(np.asarray(c).sum()) == 0 for c in counts.values()):
+
+def estimate_window(collection: Any, mechanism: Mechanism, counts: VersionedCounts,
+                    window: Window, now: float) -> list[dict[str, Any]]:
+    """Every configured estimator on every configured marginal of ``collection`` for one window:
+    one payload each, or a failure payload (``error`` set) when the estimator raised. Counts
+    without any report → [] (no estimate rather than a meaningless one)."""
+    if not counts or all(int(np.asarray(c).sum()) == 0 for t in counts.values()
+                         for c in t.values()):
         return []
     out = []
     for attrs in collection.marginals:
         for method in collection.estimators:
             try:
-                out.append(estimate_payload(collection, mechanism, counts, attrs, method, now))
-            except Exception:  # noqa: BLE001 - keep refreshing the other estimates
-                log.exception("refresh %s: %s on %s failed", collection.id, method, attrs)
+                out.append(estimate_payload(collection, mechanism, counts, attrs, method, window,
+                                            now))
+            except Exception as exc:  # noqa: BLE001 - keep refreshing the other estimates
+                log.warning("refresh %s: %s on %s (%s) failed: %s", collection.id, method, attrs,
+                            window.name, exc)
+                out.append(failure_payload(collection, attrs, method, window, exc, now))
     return out
 
 
-def drift_tvd(newest: Mapping[str, Any], history: Sequence[Mapping[str, Any]],
-              window_s: float) -> float | None:
-    """TVD between ``newest`` and the newest entry of ``history`` at least ``window_s`` older.
-
-    ``history`` holds past payloads (any order; each with ``updated_at`` and ``cells``). None when
-    no entry is that old yet, or when the shapes differ (the marginal's schema changed).
-    """
-    cutoff = float(newest["updated_at"]) - float(window_s)
-    ref = None
-    for h in history:
-        t = h.get("updated_at")
-        if t is None or float(t) > cutoff + 1e-9:
-            continue
-        if ref is None or float(t) > float(ref["updated_at"]):
-            ref = h
-    if ref is None:
+def drift_tvd(newest: Mapping[str, Any], previous: Mapping[str, Any] | None) -> float | None:
+    """TVD between a window's estimate and the previous window's (None: no previous estimate,
+    a failed one, or the shapes differ)."""
+    if previous is None or newest.get("cells") is None or previous.get("cells") is None:
         return None
     a = np.asarray(_none_to_nan(newest["cells"]), float)
-    b = np.asarray(_none_to_nan(ref["cells"]), float)
+    b = np.asarray(_none_to_nan(previous["cells"]), float)
     if a.shape != b.shape:
         return None
     return tvd(np.nan_to_num(a), np.nan_to_num(b))
-
-
-def _none_to_nan(obj: Any) -> Any:
-    if isinstance(obj, list):
-        return [_none_to_nan(v) for v in obj]
-    return float("nan") if obj is None else obj
 
 
 # --- Redis helpers ------------------------------------------------------------------------------
@@ -162,75 +167,163 @@ async def release(redis: Any, key: str, token: str) -> bool:
     return bool(await redis.eval(_RELEASE, 1, key, token))
 
 
-async def read_sent_at_max(redis: Any, collection: str) -> float | None:
-    raw = await redis.get(SENT_AT_MAX_KEY % collection)
-    return None if raw is None else float(raw)
+# --- reading windows ----------------------------------------------------------------------------
+Part = tuple[str, int]  # (level, bucket)
 
 
-def _redis_of(store: Any) -> Any:
-    for name in ("redis", "_redis", "client"):
-        r = getattr(store, name, None)
-        if r is not None:
-            return r
-    raise AttributeError("CountStore exposes no redis client (expected .redis)")
+@dataclass
+class WindowCounts:
+    """The counts of one range of buckets, per version, and the bucket report counts they were
+    summed from (equal signatures: equal counts)."""
+
+    counts: dict[int, dict[str, np.ndarray]]
+    n: int
+    signature: tuple
+
+
+@dataclass
+class BucketReader:
+    """Sums a collection's bucket counts over ranges of fine buckets (or all time), summed over
+    its partitions, re-reading only the buckets whose report count changed since the last call."""
+
+    store: CountStore
+    collection: str
+    partitions: tuple[int, ...]
+    #: (layout id, version, level, bucket) → (report count per partition, summed cells or None)
+    cache: dict[tuple, tuple[tuple[int, ...], np.ndarray | None]] = field(default_factory=dict)
+
+    @staticmethod
+    def parts(rng: tuple[int, int] | None) -> list[Part]:
+        if rng is None:
+            return [(keys.LEVEL_ALL, 0)]
+        fine, coarse = cover(*rng)
+        return [(keys.LEVEL_FINE, b) for b in fine] + [(keys.LEVEL_COARSE, c) for c in coarse]
+
+    async def read(self, layouts: Mapping[int, Layout],
+                   ranges: Mapping[str, tuple[int, int] | None]) -> dict[str, WindowCounts]:
+        """``ranges``: name → inclusive fine-bucket range, or None for all time."""
+        plan = {name: self.parts(r) for name, r in ranges.items()}
+        wanted = sorted({p for parts in plan.values() for p in parts})
+        keep: set[tuple] = set()
+        for v, layout in layouts.items():
+            where = [(p, lvl, b) for lvl, b in wanted for p in self.partitions]
+            heads = await self.store.read_heads(self.collection, layout, where)
+            changed: list[Part] = []
+            for lvl, b in wanted:
+                key = (layout.id, v, lvl, b)
+                keep.add(key)
+                h = tuple(heads[(p, lvl, b)] for p in self.partitions)
+                cached = self.cache.get(key)
+                if cached is None or cached[0] != h:
+                    changed.append((lvl, b))
+                    self.cache[key] = (h, None)
+            todo = [(lvl, b) for lvl, b in changed if any(self.cache[(layout.id, v, lvl, b)][0])]
+            got = await self.store.read_cells(self.collection, layout,
+                                              [(p, lvl, b) for lvl, b in todo
+                                               for p in self.partitions])
+            for lvl, b in todo:
+                total = np.zeros(layout.size, dtype=np.int64)
+                for p in self.partitions:
+                    total += got[(p, lvl, b)]
+                key = (layout.id, v, lvl, b)
+                self.cache[key] = (self.cache[key][0], total)
+        for key in [k for k in self.cache if k not in keep]:
+            del self.cache[key]
+        out: dict[str, WindowCounts] = {}
+        for name, parts in plan.items():
+            counts: dict[int, dict[str, np.ndarray]] = {}
+            sig: list = []
+            n = 0
+            for v, layout in layouts.items():
+                total = np.zeros(layout.size, dtype=np.int64)
+                for lvl, b in parts:
+                    h, cells = self.cache[(layout.id, v, lvl, b)]
+                    sig.append(h)
+                    if cells is not None:
+                        total += cells
+                n += int(total[0])
+                counts[v] = layout.unpack(total)
+            out[name] = WindowCounts(counts, n, (tuple(sorted(layouts)), tuple(sig)))
+        return out
 
 
 # --- the refresher ------------------------------------------------------------------------------
+@dataclass
+class _Memo:
+    """The estimates of one range, kept while its buckets do not change."""
+
+    signature: tuple
+    payloads: list[dict[str, Any]]
+
+
 class Refresher:
     """Refreshes the collections of one worker's context (see :func:`install`)."""
 
-    def __init__(self, ctx: Any, *, executor: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, ctx: Context, *, executor: ThreadPoolExecutor | None = None) -> None:
         self.ctx = ctx
         self.executor = executor or ThreadPoolExecutor(max_workers=1,
                                                        thread_name_prefix="ldp-refresh")
+        self._readers: dict[str, BucketReader] = {}
+        self._memo: dict[tuple[str, str], _Memo] = {}
+        #: collection → {"last_ok": unix s, "last_error": text, "failed_at": unix s,
+        #: "failing_estimates": k}; shown by /healthz
+        self.health: dict[str, dict[str, Any]] = {}
 
     @property
-    def store(self) -> Any:
+    def store(self) -> CountStore:
         return self.ctx.store
 
     @property
     def redis(self) -> Any:
-        return _redis_of(self.ctx.store)
+        return self.ctx.store.redis
 
     def collection(self, cid: str) -> Any:
         return self.ctx.config.collections[cid]
 
     def mechanism(self, cid: str) -> Mechanism:
-        getter = getattr(self.ctx, "mechanism", None)
-        if callable(getter):
-            return getter(cid)
-        mechs = getattr(self.ctx, "mechanisms", None) or {}
-        mech = mechs.get(cid)
-        return mech if mech is not None else self.collection(cid).mechanism()
+        return self.ctx.mechanism(cid)
+
+    def partitions(self, cid: str) -> list[int]:
+        return list(range(int(self.collection(cid).partitions)))
+
+    def reader(self, cid: str) -> BucketReader:
+        r = self._readers.get(cid)
+        if r is None:
+            r = self._readers[cid] = BucketReader(self.store, cid, tuple(self.partitions(cid)))
+        return r
 
     def set_static_gauges(self, cid: str) -> None:
         coll = self.collection(cid)
         metrics.REFRESH_INTERVAL.labels(cid).set(float(coll.refresh_interval_s))
-        metrics.DRIFT_THRESHOLD.labels(cid).set(float(coll.drift_threshold))
-        metrics.INGEST_EXPECTED.labels(cid).set(1.0 if getattr(coll, "expect_traffic", True) else 0.0)
+        metrics.INGEST_EXPECTED.labels(cid).set(1.0 if coll.expect_traffic else 0.0)
         metrics.EPSILON_PER_RECORD.labels(cid).set(float(self.mechanism(cid).epsilon))
 
     async def tick(self, cid: str) -> list[dict[str, Any]] | None:
         """Timer entry: refresh unless another worker holds this interval's lease."""
         coll = self.collection(cid)
         lease_ms = max(500, int(0.8 * float(coll.refresh_interval_s) * 1000))
-        if await acquire(self.redis, LEASE_KEY % cid, lease_ms) is None:
+        if await acquire(self.redis, keys.collection_key(cid, LEASE), lease_ms) is None:
             # another worker refreshes this interval: mirror its estimates into our gauges so
             # every worker's /metrics agrees (Prometheus combines workers with max by ...)
             await self.sync_gauges(cid)
             return None
         return await self.refresh(cid, wait_s=0.0)
 
+    async def stored_payloads(self, cid: str) -> list[dict[str, Any]]:
+        coll = self.collection(cid)
+        out = []
+        for w in coll.windows:
+            for attrs in coll.marginals:
+                for method in coll.estimators:
+                    p = await self.store.get_estimate(cid, w.name, method, tuple(attrs))
+                    if p is not None:
+                        out.append(p)
+        return out
+
     async def sync_gauges(self, cid: str) -> int:
         """Set this worker's gauges from the estimates stored in Redis; returns how many."""
-        coll = self.collection(cid)
-        payloads = []
-        for attrs in coll.marginals:
-            for method in coll.estimators:
-                p = await self.store.get_estimate(cid, method, tuple(attrs))
-                if p is not None:
-                    payloads.append(p)
-        n_reports = await self.store.n(cid)
+        payloads = await self.stored_payloads(cid)
+        n_reports = await self.store.n(cid, self.partitions(cid))
         metrics.COLLECTION_REPORTS.labels(cid).set(float(n_reports))
         metrics.EPSILON_PER_RECORD.labels(cid).set(float(self.mechanism(cid).epsilon))
         if not payloads:
@@ -249,7 +342,7 @@ class Refresher:
 
         Returns the payloads written, or None when the lock could not be taken.
         """
-        key = LOCK_KEY % cid
+        key = keys.collection_key(cid, LOCK)
         deadline = time.monotonic() + wait_s
         while True:
             token = await acquire(self.redis, key, int(lock_ttl_s * 1000))
@@ -269,38 +362,53 @@ class Refresher:
     async def _refresh_locked(self, cid: str) -> list[dict[str, Any]]:
         coll = self.collection(cid)
         mech = self.mechanism(cid)
+        versions = self.ctx.versions(cid)
+        layouts = {v: self.ctx.layout(cid, v) for v in sorted(versions)}
+        policy = coll.policy
         t0 = time.perf_counter()
-        counts = await self.store.read_all(cid, coll.tensors())
-        n_reports = await self.store.n(cid)
-        sent_at_max = await self._sent_at_max(cid)
         now = time.time()
+        ranges: dict[str, tuple[int, int] | None] = {}
+        for w in coll.windows:
+            if w.is_all:
+                ranges[w.name] = None
+            else:
+                cur, prev = policy.ranges(w, now)
+                ranges[w.name] = cur
+                ranges[w.name + "/previous"] = prev
+        read = await self.reader(cid).read(layouts, ranges)
+        n_reports = await self.store.n(cid, self.partitions(cid))
+        sent_at_max = await self.store.sent_at_max(cid, self.partitions(cid))
         loop = asyncio.get_running_loop()
-        payloads = await loop.run_in_executor(self.executor, refresh_collection, coll, mech,
-                                              counts, now)
-        window = float(coll.drift_window_s)
-        interval = float(coll.refresh_interval_s)
-        # keep enough history that an entry a drift window old always exists (a fixed cap would
-        # silently disable drift for windows longer than cap × interval)
-        cap = history_cap_for(window, interval)
+        payloads: list[dict[str, Any]] = []
+        for w in coll.windows:
+            cur = await self._estimates(loop, coll, mech, cid, w.name, w, read[w.name], now)
+            prev = [] if w.is_all else await self._estimates(
+                loop, coll, mech, cid, w.name + "/previous", w, read[w.name + "/previous"], now)
+            by_key = {(p["method"], tuple(p["attrs"])): p for p in prev}
+            for p in cur:
+                p = dict(p)
+                p.setdefault("computed_at", p["updated_at"])
+                p["updated_at"] = now
+                p["sent_at_max"] = sent_at_max
+                p["drift_tvd"] = drift_tvd(p, by_key.get((p["method"], tuple(p["attrs"]))))
+                payloads.append(p)
         for p in payloads:
-            p["sent_at_max"] = sent_at_max
-            try:
-                hist = await self.store.estimate_history(cid, p["method"], p["attrs"],
-                                                         2 * window + 2 * interval)
-            except Exception:  # noqa: BLE001
-                log.warning("refresh %s: no estimate history", cid, exc_info=True)
-                hist = []
-            p["drift_tvd"] = drift_tvd(p, hist, window)
-            await self.store.put_estimate(cid, p["method"], p["attrs"], p, history_cap=cap)
+            await self.store.put_estimate(cid, p["window"], p["method"], p["attrs"], p)
         elapsed = time.perf_counter() - t0
         self._update_gauges(cid, mech, payloads, n_reports, now, sent_at_max, elapsed)
         return payloads
 
-    async def _sent_at_max(self, cid: str) -> float | None:
-        getter = getattr(self.store, "sent_at_max", None)
-        if getter is not None:
-            return await getter(cid)
-        return await read_sent_at_max(self.redis, cid)
+    async def _estimates(self, loop: asyncio.AbstractEventLoop, coll: Any, mech: Mechanism,
+                         cid: str, name: str, window: Window, wc: WindowCounts,
+                         now: float) -> list[dict[str, Any]]:
+        """The window's estimates: re-estimated only when its buckets changed."""
+        memo = self._memo.get((cid, name))
+        if memo is not None and memo.signature == (id(mech), wc.signature):
+            return memo.payloads
+        payloads = await loop.run_in_executor(self.executor, estimate_window, coll, mech,
+                                              wc.counts, window, now)
+        self._memo[(cid, name)] = _Memo((id(mech), wc.signature), payloads)
+        return payloads
 
     def _update_gauges(self, cid: str, mech: Mechanism, payloads: Sequence[Mapping[str, Any]],
                        n_reports: int, now: float, sent_at_max: float | None,
@@ -311,61 +419,74 @@ class Refresher:
         metrics.EPSILON_PER_RECORD.labels(cid).set(float(mech.epsilon))
         if sent_at_max is not None and n_reports:
             metrics.FRESHNESS.labels(cid).set(max(0.0, now - sent_at_max))
+        failing = [p for p in payloads if p.get("error") is not None]
+        self.health[cid] = {**self.health.get(cid, {}), "last_ok": now,
+                            "failing_estimates": len(failing),
+                            "failing": [f"{p['method']} on {','.join(p['attrs'])} ({p['window']}): "
+                                        f"{p['error']}" for p in failing[:5]]}
+        for p in failing:
+            if p.get("computed_at") == now:
+                metrics.ESTIMATE_FAILURES.labels(cid, metrics.marginal_label(p["attrs"]),
+                                                 p["method"], p["window"]).inc()
         self._estimate_gauges(cid, payloads)
 
     @staticmethod
     def _estimate_gauges(cid: str, payloads: Sequence[Mapping[str, Any]]) -> None:
         for p in payloads:
             marginal = metrics.marginal_label(p["attrs"])
-            method = p["method"]
+            labels = (cid, marginal, p["method"], p["window"])
+            failed = p.get("error") is not None
+            metrics.ESTIMATE_FAILING.labels(*labels).set(1.0 if failed else 0.0)
+            if failed:
+                continue
             flat = np.asarray(_none_to_nan(p["cells"]), float).ravel()
             for label, v in zip(metrics.cell_labels(p["labels"]), flat):
-                metrics.ESTIMATE_CELL.labels(cid, marginal, method, label).set(float(v))
+                metrics.ESTIMATE_CELL.labels(*labels, label).set(float(v))
             eb = p.get("error_bound")
-            metrics.ESTIMATE_ERROR_BOUND.labels(cid, marginal, method).set(
+            metrics.ESTIMATE_ERROR_BOUND.labels(*labels).set(
                 float("nan") if eb is None else float(eb))
             if p.get("drift_tvd") is not None:
-                metrics.ESTIMATE_DRIFT.labels(cid, marginal, method).set(float(p["drift_tvd"]))
+                metrics.ESTIMATE_DRIFT.labels(*labels).set(float(p["drift_tvd"]))
 
 
-def refresher_for(ctx: Any) -> Refresher:
+def refresher_for(ctx: Context) -> Refresher:
     """The :class:`Refresher` of a worker context (created on first use, kept in
     ``ctx.extras["refresh"]``)."""
-    extras = getattr(ctx, "extras", None)
-    if extras is None:
-        extras = {}
-        try:
-            ctx.extras = extras
-        except AttributeError:
-            pass
-    r = extras.get("refresh")
+    r = ctx.extras.get("refresh")
     if r is None:
-        r = extras["refresh"] = Refresher(ctx)
+        r = ctx.extras["refresh"] = Refresher(ctx)
     return r
 
 
-async def refresh_now(ctx: Any, cid: str, *, wait_s: float = 30.0) -> list[dict[str, Any]] | None:
+async def tick_safe(refresher: Refresher, cid: str) -> None:
+    """One timer tick; a failure (e.g. Redis down) is logged, counted in
+    ``ldp_refresh_errors_total`` and shown by /healthz, and never kills the timer."""
+    try:
+        await refresher.tick(cid)
+    except Exception as exc:  # noqa: BLE001
+        log.exception("refresh %s failed", cid)
+        metrics.REFRESH_ERRORS.labels(cid).inc()
+        refresher.health[cid] = {**refresher.health.get(cid, {}), "failed_at": time.time(),
+                                 "last_error": f"{exc.__class__.__name__}: {exc}"}
+
+
+async def refresh_now(ctx: Context, cid: str, *, wait_s: float = 30.0
+                      ) -> list[dict[str, Any]] | None:
     """Force a refresh of ``cid`` (used by ``POST /collections/<id>/refresh``)."""
     return await refresher_for(ctx).refresh(cid, wait_s=wait_s)
 
 
-def install(app: Any, ctx: Any) -> Refresher:
+def install(app: Any, ctx: Context) -> Refresher:
     """Register one faust timer per collection (``app.timer(refresh_interval_s)``)."""
     refresher = refresher_for(ctx)
     for cid, coll in ctx.config.collections.items():
-        try:
-            refresher.set_static_gauges(cid)
-        except Exception:  # noqa: BLE001 - mechanisms may need state first
-            log.warning("refresh %s: static gauges not set", cid, exc_info=True)
+        refresher.set_static_gauges(cid)
         app.timer(float(coll.refresh_interval_s), name=f"ldp-refresh-{cid}")(_make_tick(refresher, cid))
     return refresher
 
 
 def _make_tick(refresher: Refresher, cid: str):
     async def _tick() -> None:
-        try:
-            await refresher.tick(cid)
-        except Exception:  # noqa: BLE001 - a failed refresh must not kill the timer
-            log.exception("refresh %s failed", cid)
+        await tick_safe(refresher, cid)
     _tick.__name__ = _tick.__qualname__ = f"refresh_{cid}"
     return _tick

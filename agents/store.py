@@ -1,12 +1,13 @@
-"""Redis count tensors, applied exactly once (DESIGN.md, "Exactly-once counting").
+"""Redis count tensors, applied exactly once, per shard and time bucket (docs/windows.md,
+docs/pipeline.md "Exactly-once counting").
 
-A worker counts a batch of reports with numpy and hands the per-tensor deltas to
-:meth:`CountStore.apply_many` (or :meth:`CountStore.apply` for one partition) together with the
-range of Kafka offsets the delta covers on its partition: ``(expected, offset]``, where
-``expected`` is the offset the worker believes is stored (the one it sought from, or the end of
-its previous delta; -1 when nothing is stored yet). One Lua script call compares-and-sets the
-stored offset and adds every nonzero cell with ``BITFIELD ... INCRBY i64`` (at most 1,000
-operations per BITFIELD call: Lua's ``unpack`` limit is 8,000 values and each operation takes 4):
+A worker counts a batch of reports with numpy and hands the deltas to
+:meth:`CountStore.apply_many` together with the range of Kafka offsets they cover on their
+partition: ``(expected, offset]``, where ``expected`` is the offset the worker believes is stored
+(the one it sought from, or the end of its previous delta; -1 when nothing is stored yet). One Lua
+call per partition ("shard", agents/keys.py) compares-and-sets the stored offset and adds every
+nonzero cell with ``BITFIELD ... INCRBY i64`` (at most 1,000 operations per BITFIELD call: Lua's
+``unpack`` limit is 8,000 values and each operation takes 4):
 
 - stored == ``expected`` (absent counts as -1): the delta is added and ``offset`` stored → APPLIED;
 - stored >= ``offset``: the range is already counted (a replay, e.g. a retry after a timeout, or
@@ -15,130 +16,111 @@ operations per BITFIELD call: Lua's ``unpack`` limit is 8,000 values and each op
   the counts end → CONFLICT, nothing changes; the worker must drop what it has pending for the
   partition and re-read from stored + 1 (:class:`ApplyResult` carries the stored offset).
 
-So the applied ranges of a partition form one gap-free, overlap-free chain whoever applies them:
-a frozen worker ("zombie") whose apply lands after the new owner read the offset is harmless —
-either its range meets the stored offset (then it is counted and the new owner's overlapping delta
-conflicts) or it conflicts itself. Without ``expected`` (``None``) a delta is applied when
-``offset`` > stored (the pre-CAS rule, kept for callers that do not track ranges; it cannot detect
-a stale overlapping delta, so the ingest service always passes ``expected``).
+So the applied ranges of a partition form one gap-free, overlap-free chain whoever applies them: a
+frozen worker ("zombie") whose apply lands after the new owner read the offset is harmless. Without
+``expected`` (``None``) a delta is applied when ``offset`` > stored (kept for callers that do not
+track ranges; the ingest service always passes ``expected``).
 
-Several partitions of one collection go in ONE script call (:meth:`CountStore.apply_many`, one
-call per flush of the ingest service): the call is atomic as a whole (no client sees part of it),
-but it is not all-or-nothing — each partition is compared and applied on its own, so a partition
-that conflicts (another worker took it over) does not hold back the others.
+A delta is keyed by (layout, fine bucket): the layout (agents/layout.py) of the mechanism version
+the reports used, and the fine time bucket of their record timestamp (agents/windows.py; None: the
+all-time tensor only). The script adds it to the fine bucket, to the coarse bucket containing it
+and to the all-time tensor, and sets every bucket key to expire after the retention
+(``PEXPIREAT``, deterministic: the same on a replay). The partitions of one flush are applied by
+concurrent calls, each decided on its own (a conflict on one does not hold back the others); each
+call also adds the shard's ``side`` counters (quotas) atomically with the counts.
 
-Keys, all under the hash tag ``{collection}`` so one script may touch them on Redis Cluster::
-
-    ldp:{<id>}:t:<tensor key>:<chunk>    int64 big-endian cells (BITFIELD i64), chunk_cells each
-    ldp:{<id>}:offsets                   hash partition -> last applied offset
-    ldp:{<id>}:n                         reports counted
-    ldp:{<id>}:sent_at_max               newest ``sent_at`` counted (unix seconds)
-    ldp:{<id>}:est:<method>:<marginal>   latest estimate (JSON)
-    ldp:{<id>}:hist:<method>:<marginal>  capped list of past estimates (JSON, newest first; the
-                                         refresher caps it at history_cap_for(window, interval))
-
-Tensors are read with GETRANGE and ``np.frombuffer(..., '>i8')``; a missing key or a short
-string reads as zeros.
+Cells are read with GETRANGE and ``np.frombuffer(..., '>i8')``; a missing key or a short string
+reads as zeros.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
+import functools
 import json
 import math
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..estimators.mechanism import TensorSpec, marginal_key
+from . import keys
+from .layout import Layout
+from .windows import COARSE_FACTOR, BucketPolicy
 
 __all__ = ["CountStore", "ApplyStatus", "ApplyResult", "PartitionDelta", "BITFIELD_OPS_PER_CALL",
-           "DEFAULT_CHUNK_CELLS", "DEFAULT_HISTORY_CAP", "MAX_HISTORY_CAP", "history_cap_for",
-           "key_prefix"]
+           "DEFAULT_CHUNK_CELLS", "DEFAULT_HISTORY_CAP", "MAX_HISTORY_CAP", "history_cap_for"]
 
 DEFAULT_CHUNK_CELLS = 2**22           # 32 MiB of int64 per Redis string
 BITFIELD_OPS_PER_CALL = 1000          # 4 values per op; Lua unpack() takes at most 8000
-DEFAULT_HISTORY_CAP = 256             # past estimates kept per (method, marginal) by default
+DEFAULT_HISTORY_CAP = 256             # past estimates kept per (window, method, marginal)
 MAX_HISTORY_CAP = 10_000              # the most a collection may ask for (config.py enforces it)
 
 
-def history_cap_for(drift_window_s: float, refresh_interval_s: float) -> int:
-    """Past estimates to keep per (method, marginal) so that drift always finds one
-    ``drift_window_s`` old: ``ceil(2 · drift_window_s / refresh_interval_s) + 4``.
-
-    One refresh per interval needs ``window / interval + 1`` entries; the factor 2 covers refreshes
-    closer together than the interval (several workers: the refresh lease lasts 0.8 interval;
-    forced ``POST .../refresh``; timer jitter). A fixed cap would silently disable drift for a
-    window longer than ``cap × interval``."""
-    w, i = float(drift_window_s), float(refresh_interval_s)
+def history_cap_for(window_s: float, refresh_interval_s: float) -> int:
+    """Past estimates to keep per (window, method, marginal) so that one ``window_s`` old always
+    exists: ``ceil(2 · window_s / refresh_interval_s) + 4`` (the factor 2 covers refreshes closer
+    together than the interval: several workers, forced refreshes, timer jitter)."""
+    w, i = float(window_s), float(refresh_interval_s)
     if not (w > 0 and i > 0 and math.isfinite(w) and math.isfinite(i)):
-        raise ValueError(f"drift window and refresh interval must be finite and > 0 (got {w}, {i})")
+        raise ValueError(f"window and refresh interval must be finite and > 0 (got {w}, {i})")
     return math.ceil(2.0 * w / i) + 4
 
-# KEYS: offsets, n, sent_at_max, chunk keys...
-# ARGV: ops per BITFIELD call, number of partitions P, then 6 values per partition: partition,
-#       expected previous offset ('' = unchecked: apply when offset > stored), offset, n_reports,
-#       sent_at ('' = none), number of its chunk keys; then one text blob per chunk key (KEYS[4..]
-#       in order, each partition's keys consecutive): "#<cell> <delta> #<cell> <delta> ...". One
-#       blob per key keeps redis-py's argument packing out of the hot path (20k separate args cost
-#       ~17 ms), and string.gmatch hands the script ready-made arguments (half the in-Redis time
-#       of unpacking binary records with struct and formatting them in Lua, measured here).
-# Returns per partition: status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none).
+
+# KEYS: offsets hash, sent_at_max, then the chunk keys, then the side-counter keys.
+# ARGV: ops per BITFIELD call, expected ('' = unchecked: apply when offset > stored), offset,
+#       n_reports, sent_at ('' = none), number of chunk keys C, number of side keys S; then for each
+#       chunk key: PEXPIREAT ms ('' = none) and a text blob "#<cell> <delta> #<cell> <delta> ..."
+#       (one blob per key keeps redis-py's argument packing off the hot path, and string.gmatch
+#       hands the script ready-made arguments); then for each side key: PEXPIREAT ms ('' = none)
+#       and "<field> <increment> ...".
+# Returns {status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none)}.
 _APPLY_LUA = """
 local maxargs = 4 * tonumber(ARGV[1])
-local nparts = tonumber(ARGV[2])
-local blob0 = 2 + 6 * nparts - 3
-local k = 4
-local out = {}
-local n_add = 0
-local applied = false
-local sent, sent_s = nil, nil
-for i = 0, nparts - 1 do
-  local h = 3 + 6 * i
-  local offset = tonumber(ARGV[h + 2])
-  local nkeys = tonumber(ARGV[h + 5])
-  local raw = redis.call('HGET', KEYS[1], ARGV[h])
-  local stored = -1
-  if raw then stored = tonumber(raw) end
-  local status
-  if ARGV[h + 1] == '' then
-    if stored < offset then status = 1 else status = 0 end
-  elseif stored == tonumber(ARGV[h + 1]) then status = 1
-  elseif stored >= offset then status = 0
-  else status = -1 end
-  if status == 1 then
-    for j = k, k + nkeys - 1 do
-      local args = {}
-      local a = 0
-      for cell, delta in string.gmatch(ARGV[blob0 + j], '(%S+) (%S+)') do
-        args[a + 1] = 'INCRBY'; args[a + 2] = 'i64'; args[a + 3] = cell; args[a + 4] = delta
-        a = a + 4
-        if a >= maxargs then
-          redis.call('BITFIELD', KEYS[j], unpack(args, 1, a))
-          a = 0
-        end
-      end
-      if a > 0 then redis.call('BITFIELD', KEYS[j], unpack(args, 1, a)) end
-    end
-    redis.call('HSET', KEYS[1], ARGV[h], ARGV[h + 2])
-    stored = offset
-    applied = true
-    n_add = n_add + tonumber(ARGV[h + 3])
-    if ARGV[h + 4] ~= '' and ((not sent) or tonumber(ARGV[h + 4]) > sent) then
-      sent = tonumber(ARGV[h + 4]); sent_s = ARGV[h + 4]
+local offset = tonumber(ARGV[3])
+local nchunks = tonumber(ARGV[6])
+local nside = tonumber(ARGV[7])
+local raw = redis.call('HGET', KEYS[1], 'offset')
+local stored = -1
+if raw then stored = tonumber(raw) end
+local status
+if ARGV[2] == '' then
+  if stored < offset then status = 1 else status = 0 end
+elseif stored == tonumber(ARGV[2]) then status = 1
+elseif stored >= offset then status = 0
+else status = -1 end
+if status ~= 1 then return {status, stored} end
+for j = 1, nchunks do
+  local key = KEYS[2 + j]
+  local args = {}
+  local a = 0
+  for cell, delta in string.gmatch(ARGV[7 + 2 * j], '(%S+) (%S+)') do
+    args[a + 1] = 'INCRBY'; args[a + 2] = 'i64'; args[a + 3] = cell; args[a + 4] = delta
+    a = a + 4
+    if a >= maxargs then
+      redis.call('BITFIELD', key, unpack(args, 1, a))
+      a = 0
     end
   end
-  k = k + nkeys
-  out[2 * i + 1] = status
-  out[2 * i + 2] = stored
+  if a > 0 then redis.call('BITFIELD', key, unpack(args, 1, a)) end
+  if ARGV[6 + 2 * j] ~= '' then redis.call('PEXPIREAT', key, ARGV[6 + 2 * j]) end
 end
-if applied then redis.call('INCRBY', KEYS[2], n_add) end
-if sent then
-  local cur = redis.call('GET', KEYS[3])
-  if (not cur) or tonumber(cur) < sent then redis.call('SET', KEYS[3], sent_s) end
+local base = 7 + 2 * nchunks
+for j = 1, nside do
+  local key = KEYS[2 + nchunks + j]
+  for f, delta in string.gmatch(ARGV[base + 2 * j], '(%S+) (%S+)') do
+    redis.call('HINCRBY', key, f, delta)
+  end
+  if ARGV[base + 2 * j - 1] ~= '' then redis.call('PEXPIREAT', key, ARGV[base + 2 * j - 1]) end
 end
-return out
+redis.call('HSET', KEYS[1], 'offset', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'n', ARGV[4])
+if ARGV[5] ~= '' then
+  local cur = redis.call('GET', KEYS[2])
+  if (not cur) or tonumber(cur) < tonumber(ARGV[5]) then redis.call('SET', KEYS[2], ARGV[5]) end
+end
+return {1, offset}
 """
 
 
@@ -152,22 +134,35 @@ class ApplyStatus(str, enum.Enum):
 
 _STATUS = {1: ApplyStatus.APPLIED, 0: ApplyStatus.REPLAYED, -1: ApplyStatus.CONFLICT}
 
+#: (layout of the reports' mechanism version, fine bucket or None for all-time only)
+CellsKey = tuple[Layout, "int | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SideCounter:
+    """Increments of one side-counter hash of the shard (e.g. per-device report counts of a quota
+    window), applied atomically with the counts; ``expire_at`` unix seconds (None: never)."""
+
+    increments: Mapping[str, int]
+    expire_at: float | None = None
+
 
 @dataclasses.dataclass(frozen=True)
 class PartitionDelta:
     """Counts of the reports at offsets ``(expected, offset]`` of one partition.
 
-    ``expected``: the stored offset the delta continues from (-1: nothing stored yet); it is the
-    offset the consumer sought from or the end of its previous delta, not ``first offset - 1``
-    (Kafka offsets may have gaps: control records, compaction, retention). ``None`` applies the
-    delta whenever ``offset`` > stored (unchecked; cannot detect an overlapping stale delta)."""
+    ``cells``: (layout, fine bucket or None) → flat int64 delta of ``layout.size`` cells (cell 0 =
+    the reports it counts; :meth:`Layout.pack`). ``expected``: the stored offset the delta
+    continues from (-1: nothing stored yet; ``None``: unchecked). ``side``: side-counter name →
+    increments (agents/keys.py ``side_key``)."""
 
     partition: int
     offset: int
-    deltas: Mapping[str, np.ndarray]
+    cells: Mapping[CellsKey, np.ndarray]
     n_reports: int
     expected: int | None = None
     sent_at_max: float | None = None
+    side: Mapping[str, SideCounter] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,21 +180,42 @@ class ApplyResult:
         return self.status is ApplyStatus.APPLIED
 
 
-def key_prefix(collection: str) -> str:
-    """``ldp:{<collection>}`` — every key of a collection starts with it (one hash slot)."""
-    return "ldp:{" + collection + "}"
+def expand_levels(cells: Mapping[CellsKey, np.ndarray], policy: BucketPolicy | None
+                  ) -> dict[tuple[Layout, str, int], tuple[np.ndarray, float | None]]:
+    """Per key (layout, level, bucket): the summed delta and its expiry (unix s; None: never).
+
+    A fine bucket's delta is added to its fine key, its coarse key and the all-time key; a delta
+    without a bucket to the all-time key only."""
+    out: dict[tuple[Layout, str, int], tuple[np.ndarray, float | None]] = {}
+
+    def add(k: tuple[Layout, str, int], d: np.ndarray, exp: float | None) -> None:
+        cur = out.get(k)
+        out[k] = (d.copy() if cur is None else cur[0] + d, exp)
+
+    for (layout, bucket), delta in cells.items():
+        d = np.asarray(delta, dtype=np.int64).ravel()
+        if d.size != layout.size:
+            raise ValueError(f"delta of layout {layout.id} has {d.size} cells, expected "
+                             f"{layout.size}")
+        if bucket is not None:
+            if policy is None or not policy.bucketed:
+                raise ValueError("a bucketed delta needs a BucketPolicy with finite windows")
+            b = int(bucket)
+            c = b // COARSE_FACTOR
+            add((layout, keys.LEVEL_FINE, b), d, policy.fine_expire_at(b))
+            add((layout, keys.LEVEL_COARSE, c), d, policy.coarse_expire_at(c))
+        add((layout, keys.LEVEL_ALL, 0), d, None)
+    return out
 
 
-def _glob_escape(s: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
+def _parts(partitions: int | Sequence[int]) -> list[int]:
+    """``partitions``: a collection's partition count, or the partitions themselves."""
+    return list(range(partitions)) if isinstance(partitions, int) else [int(p) for p in partitions]
 
 
 class CountStore:
-    """Count tensors, offsets and estimates of collections in Redis (``redis.asyncio``).
-
-    ``redis`` is a ``redis.asyncio.Redis`` (or ``RedisCluster``) client; hiredis is used by
-    redis-py when installed.
-    """
+    """Count tensors, offsets and estimates of collections in Redis (``redis.asyncio`` client,
+    single server or ``RedisCluster``)."""
 
     def __init__(self, redis: Any, *, chunk_cells: int = DEFAULT_CHUNK_CELLS,
                  history_cap: int = DEFAULT_HISTORY_CAP,
@@ -222,27 +238,17 @@ class CountStore:
         return cls(aioredis.from_url(url), **kwargs)
 
     async def close(self) -> None:
-        close = getattr(self.redis, "aclose", None) or self.redis.close
-        await close()
-
-    # --- key names ------------------------------------------------------------------------------
-    def chunk_key(self, collection: str, tensor_key: str, chunk: int) -> str:
-        return f"{key_prefix(collection)}:t:{tensor_key}:{chunk}"
-
-    def _est_key(self, collection: str, kind: str, method: str, attrs: Sequence[str]) -> str:
-        return f"{key_prefix(collection)}:{kind}:{method}:{marginal_key(tuple(attrs))}"
+        await self.redis.aclose()
 
     # --- counting -------------------------------------------------------------------------------
-    def _apply_args(self, collection: str, deltas: Mapping[str, np.ndarray]
-                    ) -> tuple[list[str], list[str]]:
-        """Chunk keys and, per key, the text ``"#<cell> <delta> ..."`` of its nonzero cells."""
-        keys: list[str] = []
-        blobs: list[str] = []
-        for tkey, delta in deltas.items():
-            flat = np.asarray(delta).ravel()
-            if flat.size and flat.dtype.kind not in "iub":
-                raise TypeError(f"delta {tkey!r} must be integer counts, got dtype {flat.dtype}")
-            flat = flat.astype(np.int64, copy=False)
+    def _blobs(self, collection: str, partition: int,
+               expanded: Mapping[tuple[Layout, str, int], tuple[np.ndarray, float | None]]
+               ) -> tuple[list[str], list[Any]]:
+        """Chunk keys and, per key, [PEXPIREAT ms or '', "#<cell> <delta> ..." of its nonzero
+        cells]."""
+        out_keys: list[str] = []
+        args: list[Any] = []
+        for (layout, level, bucket), (flat, exp) in expanded.items():
             nz = np.flatnonzero(flat)
             if nz.size == 0:
                 continue
@@ -251,40 +257,20 @@ class CountStore:
             pairs[0::2] = nz - chunk_of * self.chunk_cells
             pairs[1::2] = flat[nz]
             cuts = np.flatnonzero(np.diff(chunk_of)) + 1
+            exp_ms = "" if exp is None else str(int(math.ceil(exp * 1000)))
             for s, e in zip(np.concatenate(([0], cuts)).tolist(),
                             np.concatenate((cuts, [nz.size])).tolist()):
-                keys.append(self.chunk_key(collection, tkey, int(chunk_of[s])))
-                blobs.append(("#%d %d " * (e - s)) % tuple(pairs[2 * s:2 * e].tolist()))
-        return keys, blobs
+                out_keys.append(keys.counts_key(collection, partition, layout.id, layout.version,
+                                                level, bucket, int(chunk_of[s])))
+                args += [exp_ms, ("#%d %d " * (e - s)) % tuple(pairs[2 * s:2 * e].tolist())]
+        return out_keys, args
 
-    async def apply(self, collection: str, partition: int, offset: int,
-                    deltas: Mapping[str, np.ndarray], n_reports: int, *,
-                    sent_at_max: float | None = None, expected: int | None = None) -> bool:
-        """Add ``deltas`` (tensor key → integer array, flattened in C order) and record ``offset``
-        for ``partition`` in one atomic script; True when applied.
-
-        ``expected`` (the stored offset this delta continues from, -1 for none) makes it a
-        compare-and-set: applied only when the stored offset equals it; False when the range is
-        already counted or does not meet the stored offset (:meth:`apply_many` tells which).
-        Without ``expected``: False (and nothing changes) when ``offset`` is not above the stored
-        offset. ``sent_at_max`` (optional) raises ``ldp:{id}:sent_at_max`` (freshness gauge).
-        """
-        res = await self.apply_many(collection, [PartitionDelta(
-            int(partition), int(offset), deltas, int(n_reports), expected, sent_at_max)])
-        return res[0].applied
-
-    async def apply_many(self, collection: str,
-                         items: Sequence[PartitionDelta]) -> list[ApplyResult]:
-        """Apply the deltas of several partitions of ``collection`` in ONE script call (see the
-        module docstring for the compare-and-set). The call is atomic as a whole, but each
-        partition is decided on its own: some may be APPLIED while others are REPLAYED or in
-        CONFLICT (those change nothing). Results are in the order of ``items``."""
-        if not items:
-            return []
-        pre = key_prefix(collection)
-        keys: list[str] = []
-        blobs: list[str] = []
-        head: list[Any] = []
+    async def apply_many(self, collection: str, items: Sequence[PartitionDelta],
+                         policy: BucketPolicy | None = None) -> list[ApplyResult]:
+        """Apply the deltas of several partitions of ``collection`` (one script call each,
+        concurrently; see the module docstring for the compare-and-set). Each partition is decided
+        on its own. Results are in the order of ``items``."""
+        calls = []
         for it in items:
             offset = int(it.offset)
             if it.expected is not None:
@@ -294,43 +280,75 @@ class CountStore:
                                      f"{offset}] is empty or starts below -1")
             if offset < 0:
                 raise ValueError(f"partition {it.partition}: offset must be >= 0 (got {offset})")
-            k, b = self._apply_args(collection, it.deltas)
-            keys += k
-            blobs += b
+            p = int(it.partition)
+            ck, cargs = self._blobs(collection, p, expand_levels(it.cells, policy))
+            sk, sargs = [], []
+            for name, sc in it.side.items():
+                incs = [f"{f} {int(v)}" for f, v in sc.increments.items() if int(v)]
+                if not incs:
+                    continue
+                sk.append(keys.side_key(collection, p, name))
+                sargs += ["" if sc.expire_at is None else str(int(math.ceil(sc.expire_at * 1000))),
+                          " ".join(incs)]
             sent = it.sent_at_max
             sent_s = "" if sent is None or not math.isfinite(sent) else repr(float(sent))
-            head += [int(it.partition), "" if it.expected is None else int(it.expected), offset,
-                     int(it.n_reports), sent_s, len(k)]
-        res = await self._apply(keys=[f"{pre}:offsets", f"{pre}:n", f"{pre}:sent_at_max", *keys],
-                                args=[self.ops_per_call, len(items), *head, *blobs])
-        out = []
+            calls.append(functools.partial(
+                self._apply,
+                keys=[keys.offsets_key(collection, p), keys.sent_at_key(collection, p), *ck, *sk],
+                args=[self.ops_per_call, "" if it.expected is None else int(it.expected), offset,
+                      int(it.n_reports), sent_s, len(ck), len(sk), *cargs, *sargs]))
+        # one call per item; items of different partitions run concurrently, those of one
+        # partition in their order (each continues from the previous one's offset)
+        order: dict[int, list[int]] = {}
         for i, it in enumerate(items):
-            stored = int(res[2 * i + 1])
-            out.append(ApplyResult(int(it.partition), _STATUS[int(res[2 * i])],
+            order.setdefault(int(it.partition), []).append(i)
+        res: list[Any] = [None] * len(items)
+
+        async def run(idx: list[int]) -> None:
+            for i in idx:
+                res[i] = await calls[i]()
+
+        await asyncio.gather(*(run(idx) for idx in order.values()))
+        out = []
+        for it, (status, stored) in zip(items, res):
+            stored = int(stored)
+            out.append(ApplyResult(int(it.partition), _STATUS[int(status)],
                                    None if stored < 0 else stored))
         return out
 
+    async def apply(self, collection: str, partition: int, offset: int,
+                    cells: Mapping[CellsKey, np.ndarray], n_reports: int, *,
+                    sent_at_max: float | None = None, expected: int | None = None,
+                    policy: BucketPolicy | None = None) -> bool:
+        """One partition's delta (see :meth:`apply_many`); True when applied."""
+        res = await self.apply_many(collection, [PartitionDelta(
+            int(partition), int(offset), cells, int(n_reports), expected, sent_at_max)], policy)
+        return res[0].applied
+
     # --- reading --------------------------------------------------------------------------------
     def _chunks(self, size: int) -> list[tuple[int, int]]:
-        """(chunk index, cells in that chunk) of a tensor of ``size`` cells."""
+        """(chunk index, cells in that chunk) of a layout of ``size`` cells."""
         return [(c, min(self.chunk_cells, size - c * self.chunk_cells))
-                for c in range(max(1, -(-size // self.chunk_cells)))] if size else []
+                for c in range(max(1, -(-size // self.chunk_cells)))]
 
-    async def read_all(self, collection: str, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
-        """Every tensor of ``specs`` (int64, ``spec.shape``), read in one MULTI/EXEC so they form a
-        consistent snapshot."""
-        plan: list[tuple[TensorSpec, list[tuple[int, int]]]] = []
-        pipe = self.redis.pipeline(transaction=True)
-        for spec in specs:
-            chunks = self._chunks(spec.size)
-            plan.append((spec, chunks))
+    async def read_cells(self, collection: str, layout: Layout,
+                         where: Iterable[tuple[int, str, int]]) -> dict[tuple[int, str, int], np.ndarray]:
+        """Flat int64 cells of ``layout`` at each (partition, level, bucket) of ``where`` (one
+        pipelined round trip; a missing key reads as zeros)."""
+        where = list(where)
+        if not where:
+            return {}
+        chunks = self._chunks(layout.size)
+        pipe = self.redis.pipeline(transaction=False)
+        for p, level, b in where:
             for c, cells in chunks:
-                pipe.getrange(self.chunk_key(collection, spec.key, c), 0, 8 * cells - 1)
-        raw = await pipe.execute() if any(ch for _, ch in plan) else []
-        out: dict[str, np.ndarray] = {}
+                pipe.getrange(keys.counts_key(collection, p, layout.id, layout.version, level, b,
+                                              c), 0, 8 * cells - 1)
+        raw = await pipe.execute()
+        out: dict[tuple[int, str, int], np.ndarray] = {}
         i = 0
-        for spec, chunks in plan:
-            flat = np.zeros(spec.size, dtype=np.int64)
+        for w in where:
+            flat = np.zeros(layout.size, dtype=np.int64)
             for c, cells in chunks:
                 buf = raw[i] or b""
                 i += 1
@@ -338,59 +356,97 @@ class CountStore:
                 if k:
                     start = c * self.chunk_cells
                     flat[start:start + k] = np.frombuffer(buf, dtype=">i8", count=k)
-            out[spec.key] = flat.reshape(spec.shape)
+            out[w] = flat
         return out
 
-    async def read(self, collection: str, spec: TensorSpec) -> np.ndarray:
-        """One tensor (int64, ``spec.shape``); missing cells are zeros."""
-        return (await self.read_all(collection, [spec]))[spec.key]
+    async def read_heads(self, collection: str, layout: Layout,
+                         where: Iterable[tuple[int, str, int]]) -> dict[tuple[int, str, int], int]:
+        """Cell 0 (reports counted) of each (partition, level, bucket): what changed since the
+        last read is seen without reading the tensors (a bucket only grows)."""
+        where = list(where)
+        if not where:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for p, level, b in where:
+            pipe.getrange(keys.counts_key(collection, p, layout.id, layout.version, level, b, 0),
+                          0, 7)
+        raw = await pipe.execute()
+        return {w: (int(np.frombuffer(r, dtype=">i8", count=1)[0]) if r and len(r) >= 8 else 0)
+                for w, r in zip(where, raw)}
 
-    async def offsets(self, collection: str) -> dict[int, int]:
-        """Last applied Kafka offset per partition."""
-        raw = await self.redis.hgetall(f"{key_prefix(collection)}:offsets")
-        return {int(k): int(v) for k, v in raw.items()}
+    async def read_all_time(self, collection: str, partitions: int | Sequence[int],
+                            layouts: Mapping[int, Layout]) -> dict[int, dict[str, np.ndarray]]:
+        """All-time counts summed over ``partitions``: version → tensor key → counts."""
+        out: dict[int, dict[str, np.ndarray]] = {}
+        partitions = _parts(partitions)
+        for v, layout in layouts.items():
+            got = await self.read_cells(collection, layout,
+                                        [(p, keys.LEVEL_ALL, 0) for p in partitions])
+            total = np.zeros(layout.size, dtype=np.int64)
+            for flat in got.values():
+                total += flat
+            out[v] = layout.unpack(total)
+        return out
 
-    async def n(self, collection: str) -> int:
-        """Reports counted so far."""
-        raw = await self.redis.get(f"{key_prefix(collection)}:n")
-        return int(raw) if raw is not None else 0
+    async def offset(self, collection: str, partition: int) -> int | None:
+        """Last applied Kafka offset of one partition (None: nothing applied yet)."""
+        raw = await self.redis.hget(keys.offsets_key(collection, partition), "offset")
+        return None if raw is None else int(raw)
 
-    async def sent_at_max(self, collection: str) -> float | None:
+    async def offsets(self, collection: str, partitions: int | Sequence[int]) -> dict[int, int]:
+        """Last applied Kafka offset of each of ``partitions`` that has one."""
+        partitions = _parts(partitions)
+        pipe = self.redis.pipeline(transaction=False)
+        for p in partitions:
+            pipe.hget(keys.offsets_key(collection, p), "offset")
+        raw = await pipe.execute()
+        return {int(p): int(v) for p, v in zip(partitions, raw) if v is not None}
+
+    async def n(self, collection: str, partitions: int | Sequence[int]) -> int:
+        """Reports counted so far on ``partitions`` (all versions, all time)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for p in _parts(partitions):
+            pipe.hget(keys.offsets_key(collection, p), "n")
+        return sum(int(v) for v in await pipe.execute() if v is not None)
+
+    async def sent_at_max(self, collection: str, partitions: int | Sequence[int]) -> float | None:
         """Newest ``sent_at`` among counted batches (None before any)."""
-        raw = await self.redis.get(f"{key_prefix(collection)}:sent_at_max")
-        return None if raw is None else float(raw)
+        pipe = self.redis.pipeline(transaction=False)
+        for p in _parts(partitions):
+            pipe.get(keys.sent_at_key(collection, p))
+        vals = [float(v) for v in await pipe.execute() if v is not None]
+        return max(vals) if vals else None
 
     # --- estimates ------------------------------------------------------------------------------
-    async def put_estimate(self, collection: str, method: str, attrs: Sequence[str],
+    async def put_estimate(self, collection: str, window: str, method: str, attrs: Sequence[str],
                            payload: Mapping[str, Any], *, history_cap: int | None = None) -> None:
-        """Store the latest estimate and push it on the capped history (one MULTI/EXEC).
-        ``payload`` gets ``updated_at`` (now) if it has none. ``history_cap``: entries kept (the
-        collection's :func:`history_cap_for`; default: the store's ``history_cap``)."""
+        """Store the latest estimate and push it on the capped history (one MULTI/EXEC: both keys
+        share a hash tag). ``payload`` gets ``updated_at`` (now) if it has none."""
         cap = self.history_cap if history_cap is None else int(history_cap)
         if cap < 1:
             raise ValueError(f"history_cap must be >= 1 (got {cap})")
         doc = _finite_json(dict(payload))
         doc.setdefault("updated_at", time.time())
         text = json.dumps(doc, allow_nan=False)
-        hist = self._est_key(collection, "hist", method, attrs)
+        hist = keys.history_key(collection, window, method, attrs)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.set(self._est_key(collection, "est", method, attrs), text)
+        pipe.set(keys.estimate_key(collection, window, method, attrs), text)
         pipe.lpush(hist, text)
         pipe.ltrim(hist, 0, cap - 1)
         await pipe.execute()
 
-    async def get_estimate(self, collection: str, method: str,
+    async def get_estimate(self, collection: str, window: str, method: str,
                            attrs: Sequence[str]) -> dict[str, Any] | None:
         """The latest estimate payload, or None."""
-        raw = await self.redis.get(self._est_key(collection, "est", method, attrs))
+        raw = await self.redis.get(keys.estimate_key(collection, window, method, attrs))
         return None if raw is None else json.loads(raw)
 
-    async def estimate_history(self, collection: str, method: str, attrs: Sequence[str],
-                               since_s: float) -> list[dict[str, Any]]:
-        """Past estimates whose ``updated_at`` lies within the last ``since_s`` seconds (a
-        duration, not a timestamp), oldest first."""
+    async def estimate_history(self, collection: str, window: str, method: str,
+                               attrs: Sequence[str], since_s: float) -> list[dict[str, Any]]:
+        """Past estimates whose ``updated_at`` lies within the last ``since_s`` seconds, oldest
+        first."""
         cutoff = time.time() - float(since_s)
-        raw = await self.redis.lrange(self._est_key(collection, "hist", method, attrs), 0, -1)
+        raw = await self.redis.lrange(keys.history_key(collection, window, method, attrs), 0, -1)
         out = []
         for item in raw:  # newest first; stop at the first one too old
             doc = json.loads(item)
@@ -401,20 +457,26 @@ class CountStore:
         return out
 
     # --- admin ----------------------------------------------------------------------------------
-    async def reset(self, collection: str) -> int:
-        """Delete every key of ``collection`` (counts, offsets, n, estimates, history, and any
-        other ``ldp:{id}:*`` key). Returns the number of keys deleted."""
-        pattern = _glob_escape(key_prefix(collection)) + ":*"
+    async def scan_keys(self, collection: str) -> list[Any]:
+        """Every key of ``collection`` (all shards, collection-wide keys and estimates)."""
+        found: list[Any] = []
+        for pattern in keys.collection_patterns(collection):
+            found += [k async for k in self.redis.scan_iter(match=pattern, count=1000)]
+        return found
+
+    async def reset(self, collection: str, *, keep_offsets: bool = False) -> int:
+        """Delete every key of ``collection`` (counts, estimates, history, leases, offsets).
+        ``keep_offsets``: keep each partition's stored Kafka offset (its ``n`` is zeroed), so that
+        reports already counted are not counted again when a partition moves to another worker,
+        which seeks to the stored offset. Returns the number of keys deleted."""
         deleted = 0
-        batch: list[Any] = []
-        async for key in self.redis.scan_iter(match=pattern, count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                deleted += await self.redis.delete(*batch)
-                batch = []
-        if batch:
-            deleted += await self.redis.delete(*batch)
-        return int(deleted)
+        for key in await self.scan_keys(collection):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            if keep_offsets and name.endswith(":off"):
+                await self.redis.hdel(key, "n")
+                continue
+            deleted += int(await self.redis.delete(key))
+        return deleted
 
 
 def _finite_json(obj: Any) -> Any:

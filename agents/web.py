@@ -4,7 +4,9 @@ and token-guarded refresh/reset (DESIGN.md "User-facing surfaces").
     GET  /collections                      ids, schema, mechanism, ε, marginals, estimators, n
     GET  /collections/<id>                 one of them
     GET  /estimates/<id>                   the estimates stored for the collection (index)
-    GET  /estimates/<id>?attrs=a,b&method=m  one estimate (cells transposed to the attrs order)
+    GET  /estimates/<id>?attrs=a,b&method=m&window=1h
+                                           one estimate (cells transposed to the attrs order;
+                                           window: one of the collection's, default its first)
     GET  /metrics                          Prometheus text (agents/metrics.py REGISTRY)
     GET  /healthz                          Redis PING + broker metadata; 200 or 503
     POST /collections/<id>/refresh         refresh now          } Authorization: Bearer
@@ -26,6 +28,7 @@ from faust import web
 
 from . import metrics, refresh
 from .redis_client import health as redis_health
+from .store import CountStore
 
 log = logging.getLogger(__name__)
 
@@ -98,34 +101,19 @@ def collection_info(coll: Any, mechanism: Any, n: int | None) -> dict[str, Any]:
         "estimators": list(coll.estimators),
         "n": n,
         "refresh_interval_s": getattr(coll, "refresh_interval_s", None),
-        "drift_window_s": getattr(coll, "drift_window_s", None),
-        "drift_threshold": getattr(coll, "drift_threshold", None),
+        "bucket_s": coll.bucket_s,
+        "windows": [w.name for w in coll.windows],
+        "drift_alpha": coll.drift_alpha,
+        "drift_min_effect": coll.drift_min_effect,
         "expect_traffic": getattr(coll, "expect_traffic", None),
     }
 
 
-def _glob_escape(s: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
-
-
-async def reset_counts(store: Any, collection: str) -> int:
-    """Delete a collection's counts, n, estimates and history but KEEP its Kafka offsets
-    (``ldp:{<id>}:offsets``): reports already counted must not be counted again when a partition
-    moves to another worker, which seeks to the stored offset. Returns the keys deleted."""
-    redis = refresh._redis_of(store)
-    prefix = "ldp:{" + collection + "}"
-    keep = {f"{prefix}:offsets".encode(), f"{prefix}:offsets"}
-    deleted, batch = 0, []
-    async for key in redis.scan_iter(match=_glob_escape(prefix) + ":*", count=1000):
-        if key in keep:
-            continue
-        batch.append(key)
-        if len(batch) >= 500:
-            deleted += await redis.delete(*batch)
-            batch = []
-    if batch:
-        deleted += await redis.delete(*batch)
-    return int(deleted)
+async def reset_counts(store: CountStore, collection: str) -> int:
+    """Delete a collection's counts, n, estimates and history but KEEP its Kafka offsets: reports
+    already counted must not be counted again when a partition moves to another worker, which
+    seeks to the stored offset. Returns the keys deleted."""
+    return await store.reset(collection, keep_offsets=True)
 
 
 def _bootstraps(ctx: Any) -> list[tuple[str, int]]:
@@ -188,7 +176,7 @@ def install(app: Any, ctx: Any) -> None:
 
     async def n_of(cid: str) -> int | None:
         try:
-            return int(await ctx.store.n(cid))
+            return int(await ctx.store.n(cid, range(int(ctx.config.collections[cid].partitions))))
         except Exception:  # noqa: BLE001 - Redis down: still describe the collection
             log.warning("n(%s) unavailable", cid, exc_info=True)
             return None
@@ -221,26 +209,36 @@ def install(app: Any, ctx: Any) -> None:
             if method is not None and method not in coll.estimators:
                 return self.error(404, f"method {method!r} is not configured for collection "
                                        f"{collection!r}", estimators=list(coll.estimators))
+            wname = request.query.get("window")
+            if wname is not None and coll.window(wname) is None:
+                return self.error(404, f"window {wname!r} is not configured for collection "
+                                       f"{collection!r}", windows=[w.name for w in coll.windows])
             try:
                 if attrs is None:
-                    return self.json(await self._index(coll, method))
-                return await self._one(coll, attrs, method or coll.estimators[0])
+                    return self.json(await self._index(coll, method, wname))
+                return await self._one(coll, attrs, method or coll.estimators[0],
+                                       wname or coll.windows[0].name)
             except Exception as exc:  # noqa: BLE001 - Redis unavailable
                 log.warning("estimates %s failed", collection, exc_info=True)
                 return self.error(503, f"estimate store unavailable: {exc.__class__.__name__}: {exc}")
 
-        async def _index(self, coll: Any, method: str | None) -> dict[str, Any]:
+        async def _index(self, coll: Any, method: str | None,
+                         window: str | None) -> dict[str, Any]:
             items = []
-            for m in coll.marginals:
-                for meth in ([method] if method else coll.estimators):
-                    p = await ctx.store.get_estimate(coll.id, meth, tuple(m))
-                    items.append({"attrs": list(m), "method": meth,
-                                  "updated_at": None if p is None else p.get("updated_at"),
-                                  "n": None if p is None else p.get("n"),
-                                  "available": p is not None})
-            return {"collection": coll.id, "estimates": items}
+            for w in ([window] if window else [w.name for w in coll.windows]):
+                for m in coll.marginals:
+                    for meth in ([method] if method else coll.estimators):
+                        p = await ctx.store.get_estimate(coll.id, w, meth, tuple(m))
+                        items.append({"attrs": list(m), "method": meth, "window": w,
+                                      "updated_at": None if p is None else p.get("updated_at"),
+                                      "n": None if p is None else p.get("n"),
+                                      "available": p is not None and p.get("error") is None,
+                                      "error": None if p is None else p.get("error")})
+            return {"collection": coll.id, "windows": [w.name for w in coll.windows],
+                    "estimates": items}
 
-        async def _one(self, coll: Any, attrs: tuple[str, ...], method: str) -> web.Response:
+        async def _one(self, coll: Any, attrs: tuple[str, ...], method: str,
+                       window: str) -> web.Response:
             if len(set(attrs)) != len(attrs):
                 return self.error(400, f"attrs: an attribute is repeated in {list(attrs)}")
             missing = [a for a in attrs if a not in coll.domain.attrs]
@@ -252,11 +250,16 @@ def install(app: Any, ctx: Any) -> None:
                 return self.error(404, f"marginal {','.join(attrs)} is not configured for "
                                        f"collection {coll.id!r}",
                                   marginals=[",".join(m) for m in coll.marginals])
-            payload = await ctx.store.get_estimate(coll.id, method, stored)
+            payload = await ctx.store.get_estimate(coll.id, window, method, stored)
             if payload is None:
-                return self.error(404, f"no estimate yet for {','.join(attrs)} with {method!r} in "
-                                       f"collection {coll.id!r} (refreshed every "
-                                       f"{coll.refresh_interval_s}s once reports arrive)")
+                return self.error(404, f"no estimate yet for {','.join(attrs)} with {method!r} "
+                                       f"over window {window!r} in collection {coll.id!r} "
+                                       f"(refreshed every {coll.refresh_interval_s}s once reports "
+                                       f"arrive in the window)")
+            if payload.get("error") is not None:
+                return self.error(500, f"estimating {','.join(attrs)} with {method!r} over window "
+                                       f"{window!r} failed: {payload['error']}",
+                                  failed_at=payload.get("updated_at"))
             return self.json(transpose_payload(payload, attrs))
 
     @app.page("/metrics", name="ldp_metrics")
@@ -271,7 +274,7 @@ def install(app: Any, ctx: Any) -> None:
         async def get(self, request: web.Request) -> web.Response:
             checks: dict[str, Any] = {}
             # a cluster: every master answers and cluster_state is ok (a failover shows here)
-            checks["redis"] = await redis_health(refresh._redis_of(ctx.store), HEALTH_TIMEOUT_S)
+            checks["redis"] = await redis_health(ctx.store.redis, HEALTH_TIMEOUT_S)
             try:
                 ok, detail = await asyncio.wait_for(
                     asyncio.to_thread(_broker_ok, _bootstraps(ctx)), 2 * HEALTH_TIMEOUT_S + 1)
@@ -286,6 +289,8 @@ def install(app: Any, ctx: Any) -> None:
                     checks["ingest"] = {"error": f"{exc.__class__.__name__}: {exc}"}
             else:
                 checks["ingest"] = {"assigned_partitions": _assigned_partitions(app)}
+            checks["refresh"] = {cid: dict(h) for cid, h in
+                                 refresh.refresher_for(ctx).health.items()}
             healthy = checks["redis"]["ok"] and checks["broker"]["ok"]
             started = getattr(ctx, "started_at", None)
             return self.json({"status": "ok" if healthy else "unavailable", "checks": checks,

@@ -105,20 +105,20 @@ def _stop_worker(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
-async def _ingest_rate(store: Any, cid: str, total: int, port: int,
+async def _ingest_rate(store: Any, cid: str, partitions: int, total: int, port: int,
                        timeout: float = 300.0) -> float:
     """Reports/s into Redis as the worker times it: from the end of its partition assignment
     (seeks done, like the raw consumer's clock) to its last applied delta (``/healthz``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if await store.n(cid) >= total:
+        if await store.n(cid, partitions) >= total:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
                 ing = json.loads(resp.read())["checks"]["ingest"]
             if ing.get("assigned_at") is None or ing.get("last_apply_at") is None:
                 raise RuntimeError(f"worker status without timings: {ing}")
             return ing["applied_reports"] / (ing["last_apply_at"] - ing["assigned_at"])
         await asyncio.sleep(0.05)
-    raise TimeoutError(f"{cid}: only {await store.n(cid)} of {total} reports ingested")
+    raise TimeoutError(f"{cid}: only {await store.n(cid, partitions)} of {total} reports ingested")
 
 
 def _metric_mean(text: str, name: str, cid: str) -> float | None:
@@ -146,8 +146,8 @@ async def _freshness(bootstrap: str, store: Any, coll: Any, samples: int) -> lis
     out = []
     async with Publisher(bootstrap) as pub:
         for i in range(samples):
-            doc = await store.get_estimate(coll.id, method, attrs)
-            n_before = max(int(doc["n"]) if doc else 0, await store.n(coll.id))
+            doc = await store.get_estimate(coll.id, coll.windows[0].name, method, attrs)
+            n_before = max(int(doc["n"]) if doc else 0, await store.n(coll.id, coll.partitions))
             recs = rng.integers(0, np.array(coll.domain.shape), size=(BATCH, len(coll.domain)))
             gw = Gateway(coll.id, pub, batch=BATCH, topic=coll.topic)
             t0 = time.time()
@@ -155,7 +155,7 @@ async def _freshness(bootstrap: str, store: Any, coll: Any, samples: int) -> lis
             await gw.flush()
             deadline = time.monotonic() + 6 * float(coll.refresh_interval_s) + 30
             while time.monotonic() < deadline:
-                doc = await store.get_estimate(coll.id, method, attrs)
+                doc = await store.get_estimate(coll.id, coll.windows[0].name, method, attrs)
                 if doc and int(doc["n"]) >= n_before + BATCH:
                     out.append(time.time() - t0)
                     break
@@ -223,7 +223,7 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False) -
         assert raw_reports == total, (raw_reports, total)
         say("ingest (worker) ...")
         worker = _start_worker(cfg_path, env, port, work / "worker-1.log")
-        ingest = await _ingest_rate(store, batched.id, total, port)
+        ingest = await _ingest_rate(store, batched.id, batched.partitions, total, port)
         _stop_worker(worker)
         result.update(ingest_rate=ingest, raw_consume_rate=raw, ratio=ingest / raw,
                       reports_per_message=BATCH, reports=total)
@@ -233,7 +233,7 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False) -
         raw1, _ = await _raw_consume(bootstrap, single, stats1.sent_messages)
         say("ingest of single-report messages ...")
         worker = _start_worker(cfg_path, env, port, work / "worker-2.log")
-        rate1 = await _ingest_rate(store, single.id, single_total, port)
+        rate1 = await _ingest_rate(store, single.id, single.partitions, single_total, port)
         result.update(single_report_rate=rate1, single_raw_consume_rate=raw1,
                       single_reports=single_total)
 

@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("collection", nargs="?")
     p.add_argument("--attrs", default=None)
     p.add_argument("--method", default=None)
+    p.add_argument("--window", default=None,
+                   help="time window (one of the collection's windows, e.g. 5m, 1h, all; "
+                        "default: its first)")
     p.add_argument("--url", default="http://127.0.0.1:6066")
     p.add_argument("--json", action="store_true")
     return parser

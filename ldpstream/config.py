@@ -23,8 +23,10 @@ File layout (YAML; TOML has the same keys)::
         marginals: [[sex, Salary], [race, sex]]      # or {all_ways_up_to: 3}
         estimators: [castell, truncated]
         refresh_interval_s: 5
-        drift_window_s: 60
-        drift_threshold: 0.05
+        bucket_s: 60                      # time bucket width (Kafka record timestamp)
+        windows: [5m, 1h, 24h, all]       # estimated every refresh; first = the API's default
+        drift_alpha: 0.001                # false-alarm probability of a drift check
+        drift_min_effect: 0.0             # a tvd below this is never a drift alarm
         expect_traffic: true
         version: 0
 
@@ -49,7 +51,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from .agents.store import MAX_HISTORY_CAP, history_cap_for
+from .agents.windows import DEFAULT_BUCKET_S, DEFAULT_WINDOWS, BucketPolicy, Window, parse_window
 from .cli import CliError
 from .datasets import ADULT_COLUMNS, DatasetError, adult_path, load_csv
 from .estimators.domain import Domain
@@ -123,8 +125,10 @@ class _CollectionFile(_Strict):
     marginals: Any
     estimators: list[str] = Field(default_factory=lambda: ["truncated"], min_length=1)
     refresh_interval_s: Number = Field(5.0, gt=0.0)
-    drift_window_s: Number = Field(60.0, gt=0.0)
-    drift_threshold: Number = Field(0.05, gt=0.0, le=1.0)
+    bucket_s: Number = Field(DEFAULT_BUCKET_S, ge=1.0, le=86_400.0)
+    windows: list[str] = Field(default_factory=lambda: list(DEFAULT_WINDOWS), min_length=1)
+    drift_alpha: Number = Field(1e-3, gt=0.0, lt=0.5)
+    drift_min_effect: Number = Field(0.0, ge=0.0, le=1.0)
     expect_traffic: bool = True
     version: int = Field(0, ge=0, le=2**32 - 1)
 
@@ -156,8 +160,10 @@ class Collection:
     estimators: list[str]
     partitions: int = 1
     refresh_interval_s: float = 5.0
-    drift_window_s: float = 60.0
-    drift_threshold: float = 0.05
+    bucket_s: float = DEFAULT_BUCKET_S
+    windows: tuple[Window, ...] = tuple(parse_window(w) for w in DEFAULT_WINDOWS)
+    drift_alpha: float = 1e-3
+    drift_min_effect: float = 0.0
     expect_traffic: bool = True
     version: int = 0
     schema_source: str = ""
@@ -168,6 +174,14 @@ class Collection:
     @property
     def topic(self) -> str:
         return REPORTS_TOPIC_PREFIX + self.id
+
+    @property
+    def policy(self) -> BucketPolicy:
+        """How reports are bucketed in time and which windows are estimated."""
+        return BucketPolicy(self.bucket_s, self.windows)
+
+    def window(self, name: str) -> Window | None:
+        return next((w for w in self.windows if w.name == name), None)
 
     @property
     def epsilon_per_attribute(self) -> float:
@@ -383,17 +397,20 @@ def _build_collection(v: Mapping[str, Any], path: str, base_dir: Path,
                                   f"{v['mechanism']} (known: {', '.join(allowed)})")
             if len(set(v["estimators"])) != len(v["estimators"]):
                 errors.append(f"{path}.estimators: lists an estimator twice")
-    if "drift_window_s" in v and "refresh_interval_s" in v:
-        check(_check_drift_history, v["drift_window_s"], v["refresh_interval_s"], path)
+    windows = None
+    if "windows" in v and "bucket_s" in v:
+        windows = check(_windows, v["windows"], float(v["bucket_s"]), f"{path}.windows")
     names = [f.alias or n for n, f in _CollectionFile.model_fields.items()]
-    if len(errors) > n_errors or marginals is None or any(k not in v for k in names):
+    if len(errors) > n_errors or marginals is None or windows is None or \
+            any(k not in v for k in names):
         return None
     coll = Collection(id=v["id"], domain=domain, mechanism_name=v["mechanism"],
                       epsilon=float(v["epsilon"]), epsilon_scope=v["epsilon_scope"],
                       marginals=marginals, estimators=list(v["estimators"]),
                       partitions=v["partitions"], refresh_interval_s=float(v["refresh_interval_s"]),
-                      drift_window_s=float(v["drift_window_s"]),
-                      drift_threshold=float(v["drift_threshold"]),
+                      bucket_s=float(v["bucket_s"]), windows=windows,
+                      drift_alpha=float(v["drift_alpha"]),
+                      drift_min_effect=float(v["drift_min_effect"]),
                       expect_traffic=v["expect_traffic"], version=v["version"],
                       schema_source=source, params=dict(v["params"]))
     try:
@@ -409,19 +426,40 @@ def _build_collection(v: Mapping[str, Any], path: str, base_dir: Path,
     return coll
 
 
-def _check_drift_history(window: float, interval: float, path: str) -> None:
-    """Drift compares with an estimate ``drift_window_s`` old, so the history keeps
-    :func:`~ldpstream.agents.store.history_cap_for` entries per marginal and estimator; more than
-    ``MAX_HISTORY_CAP`` is refused rather than kept unbounded (or capped, which would silently
-    turn drift off)."""
-    cap = history_cap_for(window, interval)
-    if cap > MAX_HISTORY_CAP:
-        most = (MAX_HISTORY_CAP - 4) // 2
-        raise ConfigError(f"{path}.drift_window_s: must be at most {most} × refresh_interval_s "
-                          f"(got {_got(window)} s with refresh_interval_s {_got(interval)}: drift "
-                          f"would need {cap} past estimates per marginal and estimator, the limit "
-                          f"is {MAX_HISTORY_CAP}); shorten drift_window_s or raise "
-                          f"refresh_interval_s")
+#: the most coarse buckets one window may span (a refresh reads at most twice this many per
+#: shard and version, plus the fine buckets at the edges)
+MAX_COARSE_PER_WINDOW = 10_000
+
+
+def _windows(names: Sequence[str], bucket_s: float, path: str) -> tuple[Window, ...]:
+    """Parse ``windows`` (durations or ``all``): each a whole number of buckets, no duplicates,
+    at most :data:`MAX_COARSE_PER_WINDOW` coarse buckets long."""
+    out: list[Window] = []
+    errors: list[str] = []
+    for j, name in enumerate(names):
+        try:
+            w = parse_window(name)
+        except ValueError as exc:
+            errors.append(f"{path}[{j}]: {exc}")
+            continue
+        if any(o.name == w.name or (o.seconds == w.seconds) for o in out):
+            errors.append(f"{path}[{j}]: window {name!r} is listed twice")
+            continue
+        if w.seconds is not None:
+            q = w.seconds / bucket_s
+            if abs(q - round(q)) > 1e-9 or round(q) < 1:
+                errors.append(f"{path}[{j}]: {name} is not a whole number of buckets of "
+                              f"bucket_s = {_got(bucket_s)} s")
+                continue
+            policy = BucketPolicy(bucket_s, (w,))
+            if w.seconds / policy.coarse_s > MAX_COARSE_PER_WINDOW:
+                errors.append(f"{path}[{j}]: {name} spans more than {MAX_COARSE_PER_WINDOW} "
+                              f"coarse buckets of {_got(policy.coarse_s)} s; raise bucket_s")
+                continue
+        out.append(w)
+    if errors:
+        raise ConfigError(errors)
+    return tuple(out)
 
 
 def _domain(schema: _SchemaFile, path: str, base_dir: Path) -> tuple[Domain, str]:

@@ -94,7 +94,7 @@ async def _last_refresh(store: Any, coll: Any) -> float | None:
     best = None
     for method in coll.estimators[:2]:
         try:
-            doc = await store.get_estimate(coll.id, method, coll.marginals[0])
+            doc = await store.get_estimate(coll.id, coll.windows[0].name, method, coll.marginals[0])
         except Exception:  # noqa: BLE001 - Redis busy / not there yet
             return best
         if doc and doc.get("updated_at") is not None:
@@ -135,7 +135,7 @@ async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: W
                 print(f"\nldpstream up: the fleet failed: {fleet_task.exception()}", file=sys.stderr)
                 fleet_task = None
             try:
-                n = await store.n(coll.id)
+                n = await store.n(coll.id, coll.partitions)
             except Exception:  # noqa: BLE001 - Redis not answering right now
                 n = None
             now = time.monotonic()
@@ -171,13 +171,13 @@ async def _warn_stale_offsets(config: Any, redis_url: str) -> None:
 
     store = make_store(redis_url)
     try:
-        for cid in config.collections:
-            offsets = await store.offsets(cid)
+        for cid, coll in config.collections.items():
+            offsets = await store.offsets(cid, coll.partitions)
             if offsets:
                 print(f"warning: REDIS_URL holds Kafka offsets of collection {cid!r} from an earlier "
                       f"broker {offsets}; with the new embedded broker, reports below them would be "
                       f"skipped. Use a fresh Redis, or delete that collection's keys "
-                      f"(redis-cli --scan --pattern 'ldp:{{{cid}}}:*' | xargs redis-cli del; "
+                      f"(redis-cli --scan --pattern 'ldp:{{{cid}[#|}}]*' | xargs redis-cli del; "
                       f"POST /collections/{cid}/reset keeps the offsets on purpose).",
                       file=sys.stderr, flush=True)
     except Exception as exc:  # noqa: BLE001 - the worker reports Redis problems itself

@@ -79,11 +79,13 @@ def print_collections(data: dict[str, Any]) -> None:
 def print_index(data: dict[str, Any]) -> None:
     from rich.table import Table
     t = Table(title=f"estimates of {data['collection']}")
-    for col in ("attrs", "method", "n", "updated"):
+    for col in ("attrs", "method", "window", "n", "updated"):
         t.add_column(col)
     for e in data["estimates"]:
-        t.add_row(",".join(e["attrs"]), e["method"], _fmt(e.get("n")),
-                  _age(e.get("updated_at")) if e.get("available") else "not yet")
+        state = (_age(e.get("updated_at")) if e.get("available") else
+                 f"failed: {e['error']}" if e.get("error") else "not yet")
+        t.add_row(",".join(e["attrs"]), e["method"], str(e.get("window", "")), _fmt(e.get("n")),
+                  state)
     _console().print(t)
 
 
@@ -106,6 +108,7 @@ def print_estimate(est: dict[str, Any]) -> None:
     from rich.table import Table
     attrs = est["attrs"]
     head = (f"{est['collection']}: {','.join(attrs)} by {est['method']}"
+            + (f" over {est['window']}" if est.get("window") else "")
             + (f" (chose {est['chosen']})" if est.get("chosen") else ""))
     info = (f"n={est.get('n')}  ε={_fmt(est.get('epsilon'), 3)} per record"
             f" ({est.get('epsilon_scope') or '-'} scope)  error bound={_fmt(est.get('error_bound'))}"
@@ -132,8 +135,8 @@ def print_estimate(est: dict[str, Any]) -> None:
 def main(args: Any) -> int:
     url = args.url
     if not args.collection:
-        if args.attrs or args.method:
-            raise CliError("collection: name a collection to use --attrs/--method")
+        if args.attrs or args.method or args.window:
+            raise CliError("collection: name a collection to use --attrs/--method/--window")
         data = fetch(url, "/collections")
         print(json.dumps(data, indent=2)) if args.json else print_collections(data)
         return 0
@@ -141,6 +144,8 @@ def main(args: Any) -> int:
     params: dict[str, str] = {}
     if args.method:
         params["method"] = args.method
+    if args.window:
+        params["window"] = args.window
     if args.attrs:
         params["attrs"] = args.attrs
         data = fetch(url, f"/estimates/{cid}", params)

@@ -217,14 +217,14 @@ def spawn_worker(service_env, tmp_path):
 
 
 async def wait_for_n(store, collection: str, n: int, timeout: float = 60.0) -> int:
-    """Poll ``store.n(collection)`` until it reaches ``n`` (returns the last value)."""
+    """Poll ``store.n(collection, 16)`` until it reaches ``n`` (returns the last value)."""
     import asyncio
     import time
 
     deadline = time.monotonic() + timeout
     got = -1
     while time.monotonic() < deadline:
-        got = await store.n(collection)
+        got = await store.n(collection, 16)
         if got >= n:
             return got
         await asyncio.sleep(0.1)

@@ -12,6 +12,7 @@ from collections import Counter
 import numpy as np
 
 from conftest import wait_for_n, write_config
+from store_helpers import read_collection
 
 
 def _metric(text: str, name: str, **labels: str) -> float:
@@ -86,11 +87,11 @@ def test_bad_input_goes_to_dlq_and_counts_stay_exact(tmp_path, kafka_broker, red
         store = make_store(redis_server.url)
         total = len(good_a) + len(good_b) + len(burst_ok)
         assert await wait_for_n(store, cid, total, timeout=30) == total, worker.log_tail()
-        got = await store.read_all(cid, specs)
+        got = await read_collection(store, coll)
         want = mech.count(np.concatenate([good_a, good_b, burst_ok]), specs)
         for key in want:
             np.testing.assert_array_equal(got[key], want[key], err_msg=key)
-        offsets = await store.offsets(cid)
+        offsets = await store.offsets(cid, 16)
         assert offsets == {0: len(bad), 1: 1 + len(burst)}, offsets  # last offsets, rejects included
         await store.close()
 

@@ -55,8 +55,10 @@ def test_demo_config_loads():
     assert c.mechanism_name == "rr-ind" and c.epsilon_scope == "attribute"
     assert c.estimators == ["castell", "truncated", "ibu", "hybrid-auto", "rr-independent"]
     assert ("relationship", "marital-status", "sex") in c.marginals
-    assert (c.refresh_interval_s, c.drift_window_s, c.drift_threshold, c.expect_traffic) == \
-        (5.0, 60.0, 0.05, True)
+    assert (c.refresh_interval_s, c.bucket_s, c.drift_alpha, c.expect_traffic) == \
+        (5.0, 10.0, 0.001, True)
+    assert [w.name for w in c.windows] == ["5m", "1h", "all"]
+    assert [w.seconds for w in c.windows] == [300.0, 3600.0, None]
     mech = c.mechanism()
     assert mech.name == "rr-ind" and mech.version == 0
     assert math.isclose(mech.epsilon, 2.0 * len(ADULT_COLUMNS))  # computed from the channels
@@ -93,8 +95,9 @@ marginals = [["sex", "Salary"], ["race", "sex"], ["education", "Salary"],
              ["relationship", "marital-status", "sex"]]
 estimators = ["castell", "truncated", "ibu", "hybrid-auto", "rr-independent"]
 refresh_interval_s = 5
-drift_window_s = 60
-drift_threshold = 0.05
+bucket_s = 10
+windows = ["5m", "1h", "all"]
+drift_alpha = 0.001
 expect_traffic = true
 version = 0
 
@@ -145,10 +148,16 @@ def test_csv_schema_relative_path(tmp_path):
     ("collections.0.epsilon", ..., "collections[0].epsilon: required field missing"),
     ("collections.0.partitions", 0, "collections[0].partitions: must be an integer >= 1 (got 0)"),
     ("collections.0.partitions", 2.5, "collections[0].partitions: must be an integer"),
-    ("collections.0.drift_threshold", 1.5, "collections[0].drift_threshold: must be a number <= 1"),
+    ("collections.0.drift_min_effect", 1.5, "collections[0].drift_min_effect: must be a number <= 1"),
+    ("collections.0.drift_alpha", 0.0, "collections[0].drift_alpha: must be a number > 0"),
+    ("collections.0.windows", ["5m", "5x"],
+     "collections[0].windows[1]: a window is a duration like 30s, 5m, 1h, 7d or 'all' (got '5x')"),
+    ("collections.0.windows", ["90s", "all"],
+     "collections[0].windows[0]: 90s is not a whole number of buckets of bucket_s = 60 s"),
+    ("collections.0.windows", ["1h", "60m"], "collections[0].windows[1]: window '60m' is listed twice"),
+    ("collections.0.windows", ["500d"],
+     "collections[0].windows[0]: 500d spans more than 10000 coarse buckets of 3600 s; raise bucket_s"),
     ("collections.0.refresh_interval_s", 0, "collections[0].refresh_interval_s: must be a number > 0"),
-    ("collections.0.drift_window_s", 86_400,
-     "collections[0].drift_window_s: must be at most 4998 × refresh_interval_s (got 86400 s"),
     ("collections.0.epsilon_scope", "device",
      "collections[0].epsilon_scope: must be one of 'attribute' or 'record' (got 'device')"),
     ("collections.0.expect_traffic", "yes", "collections[0].expect_traffic: must be true or false"),
@@ -210,23 +219,22 @@ def test_semantic_errors_are_reported_alongside_type_errors():
     c0.update(epsilon="2", partitions=0, colour="red",
               marginals=[["a", "zz"], ["b", "c"], ["a", "a"]], estimators=["castell", "magic"])
     data["collections"].append(dict(copy.deepcopy(BASE["collections"][0]), id="two",
-                                    mechanism="rr-magic", drift_window_s=1e6))
+                                    mechanism="rr-magic", windows=["2h", "3y"]))
     with pytest.raises(ConfigError) as ei:
         parse_config(data, env={})
     assert ei.value.errors == [
         "collections[0].epsilon: must be a finite number (got '2')",
         "collections[0].partitions: must be an integer >= 1 (got 0)",
         "collections[0].colour: unknown field (allowed: id, schema, mechanism, params, epsilon, "
-        "epsilon_scope, partitions, marginals, estimators, refresh_interval_s, drift_window_s, "
-        "drift_threshold, expect_traffic, version)",
+        "epsilon_scope, partitions, marginals, estimators, refresh_interval_s, bucket_s, windows, "
+        "drift_alpha, drift_min_effect, expect_traffic, version)",
         "collections[0].marginals[0]: unknown attribute 'zz' (attributes: a, b, c, d)",
         "collections[0].marginals[2]: lists an attribute twice (['a', 'a'])",
         "collections[0].estimators[1]: unknown estimator 'magic' for rr-ind (known: castell, "
         "truncated, hybrid, hybrid-auto, ibu, rr-independent, rr-adjustment)",
         ei.value.errors[6],  # the registry's mechanism list, checked below
-        "collections[1].drift_window_s: must be at most 4998 × refresh_interval_s (got 1000000 s "
-        "with refresh_interval_s 5: drift would need 400004 past estimates per marginal and "
-        "estimator, the limit is 10000); shorten drift_window_s or raise refresh_interval_s",
+        "collections[1].windows[1]: a window is a duration like 30s, 5m, 1h, 7d or 'all' "
+        "(got '3y')",
     ]
     assert ei.value.errors[6].startswith("collections[1].mechanism: unknown mechanism 'rr-magic'")
 

@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from conftest import wait_for_n, write_config
+from store_helpers import read_collection
 
 TOTAL = 240_000
 
@@ -36,7 +37,7 @@ def test_kill_9_restart_counts_exactly_once(tmp_path, kafka_broker, redis_server
     async def wait_progress(after: int, timeout: float = 40.0) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            n = await store.n(cid)
+            n = await store.n(cid, 16)
             if n > after or n >= TOTAL:
                 return n
             await asyncio.sleep(0.05)
@@ -54,7 +55,7 @@ def test_kill_9_restart_counts_exactly_once(tmp_path, kafka_broker, redis_server
             victim.kill()
             workers.remove(victim)
             kills += 1
-            n = await store.n(cid)
+            n = await store.n(cid, 16)
             log.append(f"kill {kills} at {time.monotonic() - t0:.1f}s, n={n}")
             workers.append(spawn_worker(path))
             if kills == 2:  # from now on two workers share (and hand over) the partitions
@@ -69,9 +70,9 @@ def test_kill_9_restart_counts_exactly_once(tmp_path, kafka_broker, redis_server
         assert kills >= 3, log
         n = await wait_for_n(store, cid, TOTAL, timeout=60)
         await asyncio.sleep(1.5)  # anything counted twice would show up now
-        n = await store.n(cid)
+        n = await store.n(cid, 16)
         assert n == TOTAL, (n, log, workers[-1].log_tail())
-        got = await store.read_all(cid, coll.tensors())
+        got = await read_collection(store, coll)
         for key, want in stats.counts.items():
             np.testing.assert_array_equal(got[key], want, err_msg=key)
         assert sum(int(v.sum()) for v in got.values()) == TOTAL * len(got)

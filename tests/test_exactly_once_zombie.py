@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 from conftest import wait_for_n, write_config
+from store_helpers import read_collection
 
 TOTAL = 100_000
 
@@ -59,7 +60,7 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
 
     async def chaos():
         deadline = time.monotonic() + 40
-        while await store.n(cid) < 5_000:  # A is applying
+        while await store.n(cid, 16) < 5_000:  # A is applying
             assert time.monotonic() < deadline, a.log_tail()
             await asyncio.sleep(0.05)
         await store.redis.execute_command("CLIENT", "PAUSE", 90_000, "WRITE")
@@ -69,21 +70,21 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
             held_a = await blocked_applies()
             os.killpg(a.proc.pid, signal.SIGSTOP)
             frozen_at = time.monotonic()
-            stored = await store.offsets(cid)
-            note(f"{held_a} apply call(s) of A held, SIGSTOP A: stored {stored}, n={await store.n(cid)}")
+            stored = await store.offsets(cid, 16)
+            note(f"{held_a} apply call(s) of A held, SIGSTOP A: stored {stored}, n={await store.n(cid, 16)}")
             b = spawn_worker(path, env=env)
             await asyncio.to_thread(b.wait_ready, 60)  # B holds partitions: A's session expired
             st = ingest_status(b)
             note(f"B assigned {st['assigned']} after {time.monotonic() - frozen_at:.1f}s")
             await wait_blocked(held_a + 1, b)    # B's first apply (S, S2] is held behind A's
-            assert await store.offsets(cid) == stored
+            assert await store.offsets(cid, 16) == stored
         finally:
             # unpause while A is still frozen: its apply runs now, whatever A's socket timeout
             # (A would drop the connection, and the held command with it, on waking first)
             await store.redis.execute_command("CLIENT", "UNPAUSE")
         while await blocked_applies():
             await asyncio.sleep(0.01)
-        note(f"unpaused: stored {await store.offsets(cid)}")
+        note(f"unpaused: stored {await store.offsets(cid, 16)}")
         os.killpg(a.proc.pid, signal.SIGCONT)
         note(f"SIGCONT A after {time.monotonic() - frozen_at:.1f}s frozen")
         return b
@@ -95,14 +96,14 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
         b = await chaos_task
         n = await wait_for_n(store, cid, TOTAL, timeout=60)
         await asyncio.sleep(2.5)  # anything counted twice would show up now
-        n = await store.n(cid)
+        n = await store.n(cid, 16)
         sa, sb = ingest_status(a), ingest_status(b)
         for name, st in (("A", sa), ("B", sb)):
             note(f"{name}: applied {st['applied_batches']}, skipped {st['skipped_batches']}, "
                  f"conflicts {st.get('conflicts')}, assigned {st['assigned']}")
         print("\n" + "\n".join(events))
         assert n == TOTAL, (n, events, a.log_tail(), b.log_tail())
-        got = await store.read_all(cid, coll.tensors())
+        got = await read_collection(store, coll)
         for key, want in stats.counts.items():
             np.testing.assert_array_equal(got[key], want, err_msg=key)
         await store.close()

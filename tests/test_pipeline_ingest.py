@@ -7,6 +7,7 @@ import asyncio
 import numpy as np
 
 from conftest import wait_for_n, write_config
+from store_helpers import read_collection
 
 
 def test_fleet_and_device_reports_counted_exactly(tmp_path, kafka_broker, redis_server,
@@ -56,11 +57,11 @@ def test_fleet_and_device_reports_counted_exactly(tmp_path, kafka_broker, redis_
         store = make_store(redis_server.url)
         got_n = await wait_for_n(store, cid, total, timeout=60)
         await asyncio.sleep(1.0)  # nothing beyond the total may arrive
-        assert await store.n(cid) == total, got_n
-        got = await store.read_all(cid, specs)
+        assert await store.n(cid, 16) == total, got_n
+        got = await read_collection(store, coll)
         for spec in specs:
             np.testing.assert_array_equal(got[spec.key], expected[spec.key], err_msg=spec.key)
-        offsets = await store.offsets(cid)
+        offsets = await store.offsets(cid, 16)
         assert set(offsets) <= {0, 1, 2} and offsets
         await store.close()
 

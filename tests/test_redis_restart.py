@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from conftest import wait_for_n, write_config
+from store_helpers import read_collection
 
 TOTAL = 150_000
 
@@ -34,7 +35,7 @@ def test_worker_waits_for_redis_and_loses_nothing(tmp_path, kafka_broker, servic
         async def n_now() -> int:
             store = make_store(redis.url)
             try:
-                return await store.n(cid)
+                return await store.n(cid, 16)
             finally:
                 await store.close()
 
@@ -69,8 +70,8 @@ def test_worker_waits_for_redis_and_loses_nothing(tmp_path, kafka_broker, servic
             store = make_store(redis.url)
             assert await wait_for_n(store, cid, TOTAL, timeout=60) == TOTAL, worker.log_tail()
             await asyncio.sleep(1.0)
-            assert await store.n(cid) == TOTAL
-            got = await store.read_all(cid, coll.tensors())
+            assert await store.n(cid, 16) == TOTAL
+            got = await read_collection(store, coll)
             for key, want in stats.counts.items():
                 np.testing.assert_array_equal(got[key], want, err_msg=key)
             await store.close()

@@ -1,5 +1,6 @@
-"""CountStore against a real redis-server (EmbeddedRedis): exactly-once apply, chunking, reads,
-estimates. Prints the apply time for ~10k nonzero cells."""
+"""CountStore against a real redis-server (EmbeddedRedis): exactly-once apply, chunking, time
+buckets at three levels with expiry, side counters, reads, estimates per window, reset. Prints the
+apply time for ~10k nonzero cells."""
 from __future__ import annotations
 
 import asyncio
@@ -9,9 +10,14 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
-from ldpstream.agents.store import CountStore
+from ldpstream.agents import keys
+from ldpstream.agents.layout import Layout
+from ldpstream.agents.store import CountStore, PartitionDelta, SideCounter, expand_levels
+from ldpstream.agents.windows import COARSE_FACTOR, BucketPolicy, cover, parse_window
 from ldpstream.estimators.mechanism import TensorSpec
 from ldpstream.services import EmbeddedRedis
+
+from store_helpers import P, cells, read, read_all
 
 
 @pytest.fixture(scope="module")
@@ -33,52 +39,53 @@ def run(coro_fn, url, **store_kw):
 
 SPEC_A = TensorSpec("m:a|b", ("a", "b"), (4, 5), (0, 1))
 SPEC_B = TensorSpec("m:c", ("c",), (7,), (2,))
+LAY = Layout.of(0, [SPEC_A, SPEC_B])
+POLICY = BucketPolicy(60.0, (parse_window("5m"), parse_window("1h"), parse_window("all")))
 
 
 def test_apply_is_idempotent_on_replay(redis_url):
     async def body(store: CountStore):
         await store.reset("idem")
         d = {SPEC_A.key: np.arange(20).reshape(4, 5), SPEC_B.key: np.array([0, 0, 3, 0, 0, 0, 1])}
-        assert await store.apply("idem", 0, 10, d, 24, sent_at_max=100.5) is True
-        assert await store.apply("idem", 0, 10, d, 24) is False      # same offset: replay
-        assert await store.apply("idem", 0, 9, d, 24) is False       # older offset
-        got = await store.read_all("idem", [SPEC_A, SPEC_B])
+        assert await store.apply("idem", 0, 10, cells(LAY, d, 24), 24, sent_at_max=100.5) is True
+        assert await store.apply("idem", 0, 10, cells(LAY, d, 24), 24) is False   # replay
+        assert await store.apply("idem", 0, 9, cells(LAY, d, 24), 24) is False    # older offset
+        got = await read_all(store, "idem", LAY)
         np.testing.assert_array_equal(got[SPEC_A.key], np.arange(20).reshape(4, 5))
         np.testing.assert_array_equal(got[SPEC_B.key], [0, 0, 3, 0, 0, 0, 1])
         assert got[SPEC_A.key].dtype == np.int64
-        assert await store.n("idem") == 24
-        assert await store.offsets("idem") == {0: 10}
-        assert await store.sent_at_max("idem") == 100.5
-        assert await store.apply("idem", 0, 11, d, 24, sent_at_max=99.0) is True
-        assert await store.n("idem") == 48
-        assert await store.sent_at_max("idem") == 100.5             # max, not last
-        np.testing.assert_array_equal(await store.read("idem", SPEC_A),
+        assert await store.n("idem", P) == 24
+        assert await store.offsets("idem", P) == {0: 10}
+        assert await store.offset("idem", 0) == 10 and await store.offset("idem", 1) is None
+        assert await store.sent_at_max("idem", P) == 100.5
+        assert await store.apply("idem", 0, 11, cells(LAY, d, 24), 24, sent_at_max=99.0) is True
+        assert await store.n("idem", P) == 48
+        assert await store.sent_at_max("idem", P) == 100.5             # max, not last
+        np.testing.assert_array_equal(await read(store, "idem", LAY, SPEC_A),
                                       2 * np.arange(20).reshape(4, 5))
         # an empty delta still records the offset (a batch of rejected reports)
-        assert await store.apply("idem", 3, 5, {SPEC_A.key: np.zeros((4, 5), int)}, 0) is True
-        assert await store.offsets("idem") == {0: 11, 3: 5}
-        assert await store.n("idem") == 48
+        assert await store.apply("idem", 3, 5, cells(LAY, {}, 0), 0) is True
+        assert await store.offsets("idem", P) == {0: 11, 3: 5}
+        assert await store.n("idem", P) == 48
     run(body, redis_url)
 
 
 def test_missing_tensor_reads_zeros_and_unknown_collection_is_empty(redis_url):
     async def body(store: CountStore):
-        z = await store.read("nothing-here", SPEC_A)
+        z = await read(store, "nothing-here", LAY, SPEC_A)
         assert z.shape == (4, 5) and not z.any()
-        assert await store.n("nothing-here") == 0
-        assert await store.offsets("nothing-here") == {}
-        assert await store.sent_at_max("nothing-here") is None
-        # a short string (only the first cells written) reads as zeros beyond it
-        await store.apply("short", 0, 1, {SPEC_B.key: np.array([5, 0, 0, 0, 0, 0, 0])}, 5)
-        np.testing.assert_array_equal(await store.read("short", SPEC_B), [5, 0, 0, 0, 0, 0, 0])
+        assert await store.n("nothing-here", P) == 0
+        assert await store.offsets("nothing-here", P) == {}
+        assert await store.sent_at_max("nothing-here", P) is None
     run(body, redis_url)
 
 
 def test_random_deltas_sum_exactly_across_chunks(redis_url):
     rng = np.random.default_rng(7)
-    specs = [TensorSpec("m:x|y|z", ("x", "y", "z"), (9, 8, 7)),   # 504 cells: 16 chunks of 32
+    specs = [TensorSpec("m:x|y|z", ("x", "y", "z"), (9, 8, 7)),   # 504 cells
              TensorSpec("m:u", ("u",), (3,)),
              TensorSpec("rrba:v2:ab", ("a", "b"), (40, 25))]      # 1000 cells
+    lay = Layout.of(0, specs)                                     # 1508 cells: 48 chunks of 32
 
     async def body(store: CountStore):
         await store.reset("sum")
@@ -92,37 +99,40 @@ def test_random_deltas_sum_exactly_across_chunks(redis_url):
                 total[s.key] += x
             k = int(rng.integers(0, 1000))
             n += k
-            assert await store.apply("sum", off % 2, off, d, k) is True
+            assert await store.apply("sum", off % 2, off, cells(lay, d, k), k) is True
             if off % 5 == 0:  # replays interleaved
-                assert await store.apply("sum", off % 2, off, d, k) is False
-        got = await store.read_all("sum", specs)
+                assert await store.apply("sum", off % 2, off, cells(lay, d, k), k) is False
+        got = await read_all(store, "sum", lay)
         for s in specs:
             np.testing.assert_array_equal(got[s.key], total[s.key])
-        assert await store.n("sum") == n
-        keys = [k async for k in store.redis.scan_iter(match="ldp:{sum}:t:m:x|y|z:*")]
-        assert len(keys) == 16  # chunked at 32 cells
+        assert await store.n("sum", P) == n
+        found = [k async for k in store.redis.scan_iter(match="ldp:{sum#0}:c:*")]
+        assert len(found) == 48  # chunked at 32 cells
         # large values and negative totals round-trip through BITFIELD i64
         big = {"m:u": np.array([2**40, -(2**35), 1])}
-        await store.apply("sum", 9, 0, big, 0)
-        np.testing.assert_array_equal(await store.read("sum", specs[1]), total["m:u"] + big["m:u"])
-        assert await store.reset("sum") >= 16 + 4
-        assert not (await store.read("sum", specs[0])).any()
+        await store.apply("sum", 9, 0, cells(lay, big, 0), 0)
+        np.testing.assert_array_equal(await read(store, "sum", lay, specs[1]),
+                                      total["m:u"] + big["m:u"])
+        assert await store.reset("sum") >= 2 * 48 + 3
+        assert not (await read(store, "sum", lay, specs[0])).any()
     run(body, redis_url, chunk_cells=32)
 
 
 def test_more_than_1000_ops_in_one_chunk(redis_url):
     spec = TensorSpec("m:big", ("a", "b"), (100, 60))
+    lay = Layout.of(0, [spec])
 
     async def body(store: CountStore):
         await store.reset("ops")
-        d = np.arange(1, 6001).reshape(100, 60)  # 6000 nonzero cells -> 6 BITFIELD calls
-        assert await store.apply("ops", 0, 0, {spec.key: d}, 1)
-        np.testing.assert_array_equal(await store.read("ops", spec), d)
+        d = np.arange(1, 6001).reshape(100, 60)  # 6000 nonzero cells -> 7 BITFIELD calls
+        assert await store.apply("ops", 0, 0, cells(lay, {spec.key: d}, 1), 1)
+        np.testing.assert_array_equal(await read(store, "ops", lay, spec), d)
     run(body, redis_url)
 
 
 def test_concurrent_partitions_and_replays(redis_url):
     spec = TensorSpec("m:p", ("a", "b"), (16, 16))
+    lay = Layout.of(0, [spec])
     rng = np.random.default_rng(3)
     batches = {p: [rng.integers(0, 5, size=(16, 16)) for _ in range(30)] for p in range(2)}
 
@@ -133,9 +143,9 @@ def test_concurrent_partitions_and_replays(redis_url):
         async def partition(st: CountStore, p: int) -> int:
             applied = 0
             for off, d in enumerate(batches[p]):
-                applied += await st.apply("conc", p, off, {spec.key: d}, 100)
+                applied += await st.apply("conc", p, off, cells(lay, {spec.key: d}, 100), 100)
                 # a second worker replays the same delta (rebalance): must be skipped
-                applied += await store2.apply("conc", p, off, {spec.key: d}, 100)
+                applied += await store2.apply("conc", p, off, cells(lay, {spec.key: d}, 100), 100)
             return applied
 
         try:
@@ -144,54 +154,137 @@ def test_concurrent_partitions_and_replays(redis_url):
             await store2.close()
         assert counts == [30, 30]
         expect = sum(batches[0]) + sum(batches[1])
-        np.testing.assert_array_equal(await store.read("conc", spec), expect)
-        assert await store.offsets("conc") == {0: 29, 1: 29}
-        assert await store.n("conc") == 6000
+        np.testing.assert_array_equal(await read(store, "conc", lay, spec), expect)
+        assert await store.offsets("conc", P) == {0: 29, 1: 29}
+        assert await store.n("conc", P) == 6000
     run(body, redis_url, chunk_cells=64)
 
 
-def test_estimates_and_history(redis_url):
+def test_buckets_at_three_levels_with_expiry(redis_url):
+    """A delta in fine bucket b lands in f:b, h:b//60 and a:0; fine and coarse keys expire at the
+    bucket's end + retention (deterministic); late deltas (bucket None) only in all-time; a window
+    read through cover() equals the sum of its fine buckets."""
+    rng = np.random.default_rng(5)
+    now_b = int(time.time() // 60)
+    buckets = [now_b - k for k in (0, 1, 2, 59, 60, 61, 100, 118)] + [None]  # kept 121 buckets
+    deltas = {b: {SPEC_A.key: rng.integers(0, 9, (4, 5)), SPEC_B.key: rng.integers(0, 9, 7)}
+              for b in buckets}
+
+    async def body(store: CountStore):
+        await store.reset("bk")
+        items = {(LAY, b): LAY.pack(d, 10) for b, d in deltas.items()}
+        (res,) = await store.apply_many("bk", [PartitionDelta(1, 0, items, 90, -1)], POLICY)
+        assert res.applied
+        fine = [b for b in buckets if b is not None]
+        got = await store.read_cells("bk", LAY, [(1, keys.LEVEL_FINE, b) for b in fine])
+        for b in fine:
+            np.testing.assert_array_equal(got[(1, "f", b)], LAY.pack(deltas[b], 10))
+        # coarse: the sum of the fine buckets inside it
+        for c in sorted({b // COARSE_FACTOR for b in fine}):
+            (cc,) = (await store.read_cells("bk", LAY, [(1, "h", c)])).values()
+            want = sum(LAY.pack(deltas[b], 10) for b in fine if b // COARSE_FACTOR == c)
+            np.testing.assert_array_equal(cc, want)
+        allt = await read_all(store, "bk", LAY)
+        for s in LAY.specs:
+            np.testing.assert_array_equal(allt[s.key], sum(d[s.key] for d in deltas.values()))
+        heads = await store.read_heads("bk", LAY, [(1, "f", now_b), (1, "a", 0), (0, "a", 0)])
+        assert heads == {(1, "f", now_b): 10, (1, "a", 0): 90, (0, "a", 0): 0}
+        # expiry: fine keys at (b+1)*60 + retention, coarse at (c+1)*3600 + retention, all never
+        fkey = keys.counts_key("bk", 1, LAY.id, 0, "f", now_b, 0)
+        ckey = keys.counts_key("bk", 1, LAY.id, 0, "h", now_b // 60, 0)
+        akey = keys.counts_key("bk", 1, LAY.id, 0, "a", 0, 0)
+        exp_f = await store.redis.pexpiretime(fkey)
+        assert exp_f == int(np.ceil(POLICY.fine_expire_at(now_b) * 1000))
+        assert await store.redis.pexpiretime(ckey) == int(
+            np.ceil(POLICY.coarse_expire_at(now_b // 60) * 1000))
+        assert await store.redis.pexpiretime(akey) == -1
+        # a range read through cover() equals the sum of its fine buckets
+        lo, hi = now_b - 110, now_b
+        f, c = cover(lo, hi)
+        parts = [(1, "f", b) for b in f] + [(1, "h", x) for x in c]
+        total = sum((await store.read_cells("bk", LAY, parts)).values())
+        want = sum(LAY.pack(deltas[b], 10) for b in fine if lo <= b <= hi)
+        np.testing.assert_array_equal(total, want)
+    run(body, redis_url)
+
+
+def test_expired_buckets_are_gone(redis_url):
+    """A bucket whose retention ended is deleted by Redis (PEXPIREAT in the past), the all-time
+    tensor keeps the counts: memory stays bounded by the retention."""
+    policy = BucketPolicy(1.0, (parse_window("2s"), parse_window("all")))
+    old_b = int(time.time()) - 200  # retention is 2*2 + 1 = 5 s; coarse buckets are 60 s
+
+    async def body(store: CountStore):
+        await store.reset("exp")
+        d = {SPEC_B.key: np.arange(7)}
+        ok = await store.apply("exp", 0, 0, {(LAY, old_b): LAY.pack(d, 3)}, 3, policy=policy)
+        assert ok
+        names = sorted([k.decode() async for k in store.redis.scan_iter(match="ldp:{exp#0}:c:*")])
+        assert names == [keys.counts_key("exp", 0, LAY.id, 0, "a", 0, 0)]
+        np.testing.assert_array_equal((await read_all(store, "exp", LAY))[SPEC_B.key], np.arange(7))
+    run(body, redis_url)
+
+
+def test_expand_levels_rejects_bad_deltas():
+    with pytest.raises(ValueError, match="cells"):
+        expand_levels({(LAY, None): np.zeros(3, np.int64)}, None)
+    with pytest.raises(ValueError, match="BucketPolicy"):
+        expand_levels({(LAY, 5): np.zeros(LAY.size, np.int64)}, None)
+
+
+def test_side_counters_apply_with_the_counts(redis_url):
+    async def body(store: CountStore):
+        await store.reset("side")
+        exp = time.time() + 3600
+        side = {"quota:7": SideCounter({"dev1": 3, "dev2": 5}, exp)}
+        d = PartitionDelta(0, 0, cells(LAY, {}, 8), 8, -1, None, side)
+        assert (await store.apply_many("side", [d]))[0].applied
+        assert (await store.apply_many("side", [d]))[0].status.value == "replayed"  # not again
+        key = keys.side_key("side", 0, "quota:7")
+        assert await store.redis.hgetall(key) == {b"dev1": b"3", b"dev2": b"5"}
+        assert await store.redis.pexpiretime(key) == int(np.ceil(exp * 1000))
+    run(body, redis_url)
+
+
+def test_estimates_and_history_per_window(redis_url):
     async def body(store: CountStore):
         await store.reset("est")
-        assert await store.get_estimate("est", "truncated", ("a", "b")) is None
+        assert await store.get_estimate("est", "5m", "truncated", ("a", "b")) is None
         now = time.time()
         for i in range(30):
-            await store.put_estimate("est", "truncated", ("a", "b"),
+            await store.put_estimate("est", "5m", "truncated", ("a", "b"),
                                      {"cells": np.full((2, 2), i / 10), "n": i,
                                       "updated_at": now - 300 + 10 * i, "bad": float("nan")})
-        latest = await store.get_estimate("est", "truncated", ["a", "b"])
+        latest = await store.get_estimate("est", "5m", "truncated", ["a", "b"])
         assert latest["n"] == 29 and latest["cells"] == [[2.9, 2.9], [2.9, 2.9]]
         assert latest["bad"] is None
-        hist = await store.estimate_history("est", "truncated", ("a", "b"), 100)
+        hist = await store.estimate_history("est", "5m", "truncated", ("a", "b"), 100)
         assert [h["n"] for h in hist] == list(range(21, 30))  # oldest first, within 100 s
-        assert len(await store.estimate_history("est", "truncated", ("a", "b"), 1e9)) == 20  # cap
-        assert await store.get_estimate("est", "ibu", ("a", "b")) is None
-        await store.put_estimate("est", "ibu", ("a", "b"), {"n": 1})
-        assert (await store.get_estimate("est", "ibu", ("a", "b")))["updated_at"] >= now
-        keys = sorted([k.decode() async for k in store.redis.scan_iter(match="ldp:{est}:*")])
-        assert keys == ["ldp:{est}:est:ibu:m:a|b", "ldp:{est}:est:truncated:m:a|b",
-                        "ldp:{est}:hist:ibu:m:a|b", "ldp:{est}:hist:truncated:m:a|b"]
-    run(body, redis_url, history_cap=20)
-
-
-def test_history_cap_per_call_and_sized_from_the_drift_window(redis_url):
-    from ldpstream.agents.store import history_cap_for
-
-    assert history_cap_for(60, 5) == 28 and history_cap_for(400, 1) == 804
-    assert history_cap_for(0.3, 1) == 5  # window shorter than the interval: the previous one
-    with pytest.raises(ValueError):
-        history_cap_for(60, 0)
-
-    async def body(store: CountStore):
-        await store.reset("cap")
-        for i in range(40):
-            await store.put_estimate("cap", "castell", ("a",), {"n": i}, history_cap=30)
-        assert len(await store.estimate_history("cap", "castell", ("a",), 1e9)) == 30  # > 20
-        await store.put_estimate("cap", "castell", ("a",), {"n": 40})  # the store's default
-        assert len(await store.estimate_history("cap", "castell", ("a",), 1e9)) == 20
+        assert len(await store.estimate_history("est", "5m", "truncated", ("a", "b"), 1e9)) == 20
+        assert await store.get_estimate("est", "1h", "truncated", ("a", "b")) is None
+        await store.put_estimate("est", "all", "ibu", ("a", "b"), {"n": 1})
+        assert (await store.get_estimate("est", "all", "ibu", ("a", "b")))["updated_at"] >= now
+        found = sorted([k.decode() async for k in store.redis.scan_iter(match="ldp:{est|*")])
+        assert found == ["ldp:{est|5m|truncated|a|b}:est", "ldp:{est|5m|truncated|a|b}:hist",
+                         "ldp:{est|all|ibu|a|b}:est", "ldp:{est|all|ibu|a|b}:hist"]
         with pytest.raises(ValueError):
-            await store.put_estimate("cap", "castell", ("a",), {"n": 41}, history_cap=0)
+            await store.put_estimate("est", "5m", "castell", ("a",), {"n": 41}, history_cap=0)
     run(body, redis_url, history_cap=20)
+
+
+def test_reset_keeps_offsets_on_request(redis_url):
+    async def body(store: CountStore):
+        await store.reset("rk")
+        await store.apply("rk", 2, 7, cells(LAY, {SPEC_B.key: np.ones(7, int)}, 7), 7)
+        await store.put_estimate("rk", "all", "castell", ("c",), {"n": 7})
+        assert await store.reset("rk", keep_offsets=True) >= 2
+        assert await store.offsets("rk", P) == {2: 7}
+        assert await store.n("rk", P) == 0
+        assert not (await read(store, "rk", LAY, SPEC_B)).any()
+        assert await store.get_estimate("rk", "all", "castell", ("c",)) is None
+        await store.reset("rk")
+        assert await store.offsets("rk", P) == {}
+    run(body, redis_url)
 
 
 def test_survives_redis_restart():
@@ -199,19 +292,21 @@ def test_survives_redis_restart():
 
     async def body(url: str, restart) -> None:
         store = CountStore(aioredis.from_url(url))
-        await store.apply("rs", 0, 1, {spec.key: np.array([1, 2, 3, 4])}, 10)
+        lay = Layout.of(0, [spec])
+        await store.apply("rs", 0, 1, cells(lay, {spec.key: np.array([1, 2, 3, 4])}, 10), 10)
         restart()
         # the script cache is empty after a restart: register_script reloads it (NOSCRIPT)
         for _ in range(50):
             try:
-                ok = await store.apply("rs", 0, 2, {spec.key: np.array([1, 1, 1, 1])}, 4)
+                ok = await store.apply("rs", 0, 2, cells(lay, {spec.key: np.array([1, 1, 1, 1])}, 4), 4)
                 break
             except (ConnectionError, OSError, aioredis.ConnectionError):
                 await asyncio.sleep(0.1)
         assert ok
-        assert await store.apply("rs", 0, 1, {spec.key: np.array([1, 2, 3, 4])}, 10) is False
-        np.testing.assert_array_equal(await store.read("rs", spec), [2, 3, 4, 5])
-        assert await store.n("rs") == 14
+        assert await store.apply("rs", 0, 1, cells(lay, {spec.key: np.array([1, 2, 3, 4])}, 10),
+                                 10) is False
+        np.testing.assert_array_equal(await read(store, "rs", lay, spec), [2, 3, 4, 5])
+        assert await store.n("rs", P) == 14
         await store.close()
 
     with EmbeddedRedis() as r:
@@ -229,6 +324,7 @@ def test_apply_time_10k_cells(appendfsync, capsys):
             TensorSpec("m:education|Salary", ("education", "Salary"), (16, 2)),
             TensorSpec("m:relationship|marital-status|sex", ("r", "m", "s"), (6, 7, 2))]
     rng = np.random.default_rng(11)
+    lay, lay_demo = Layout.of(0, [spec]), Layout.of(0, demo)
 
     async def evalsha_usec(store: CountStore) -> tuple[int, int]:
         st = (await store.redis.info("commandstats")).get("cmdstat_evalsha", {})
@@ -237,42 +333,42 @@ def test_apply_time_10k_cells(appendfsync, capsys):
     async def body(store: CountStore):
         await store.reset("perf")
         d = rng.integers(1, 9, size=(100, 100))
-        await store.apply("perf", 0, 0, {spec.key: d}, 10_000)  # warm up (script load)
+        await store.apply("perf", 0, 0, cells(lay, {spec.key: d}, 10_000), 10_000)  # warm up (script load)
         times = []
         c0, u0 = await evalsha_usec(store)
         for off in range(1, 11):
             t = time.perf_counter()
-            assert await store.apply("perf", 0, off, {spec.key: d}, 10_000)
+            assert await store.apply("perf", 0, off, cells(lay, {spec.key: d}, 10_000), 10_000)
             times.append(time.perf_counter() - t)
         c1, u1 = await evalsha_usec(store)
         server = (u1 - u0) / max(1, c1 - c0) / 1e6
         t = time.perf_counter()
-        assert not await store.apply("perf", 0, 5, {spec.key: d}, 10_000)
+        assert not await store.apply("perf", 0, 5, cells(lay, {spec.key: d}, 10_000), 10_000)
         replay = time.perf_counter() - t
-        np.testing.assert_array_equal(await store.read("perf", spec), 11 * d)
+        np.testing.assert_array_equal(await read(store, "perf", lay, spec), 11 * d)
         t = time.perf_counter()
         for _ in range(10):
-            await store.read("perf", spec)
-        read = (time.perf_counter() - t) / 10
+            await read(store, "perf", lay, spec, [0])
+        read_s = (time.perf_counter() - t) / 10
         small = []
         c0, u0 = await evalsha_usec(store)
         for off in range(20):
             dd = {s.key: rng.multinomial(20_000 // 4, np.ones(s.size) / s.size).reshape(s.shape)
                   for s in demo}
             t = time.perf_counter()
-            assert await store.apply("perf", 1, off, dd, 20_000)
+            assert await store.apply("perf", 1, off, cells(lay_demo, dd, 20_000), 20_000)
             small.append(time.perf_counter() - t)
         c1, u1 = await evalsha_usec(store)
         small_server = (u1 - u0) / max(1, c1 - c0) / 1e6
-        return (float(np.median(times)), server, replay, read, float(np.median(small)),
+        return (float(np.median(times)), server, replay, read_s, float(np.median(small)),
                 small_server)
 
     with EmbeddedRedis(appendfsync=appendfsync) as server_:
-        med, server, replay, read, small, small_server = run(body, server_.url)
+        med, server, replay, read_s, small, small_server = run(body, server_.url)
     with capsys.disabled():
         print(f"\n[store appendfsync={appendfsync}] apply 10,000 nonzero cells: median {med * 1e3:.1f} ms client-side "
               f"({10_000 / med / 1e3:.0f}k cells/s), {server * 1e3:.1f} ms inside Redis; "
-              f"skipped replay {replay * 1e3:.1f} ms; read 10,000 cells {read * 1e3:.2f} ms; "
+              f"skipped replay {replay * 1e3:.1f} ms; read 10,000 cells {read_s * 1e3:.2f} ms; "
               f"Adult-demo delta (130 cells, 20k reports) {small * 1e3:.2f} ms client-side, "
               f"{small_server * 1e3:.2f} ms inside Redis")
     assert med < 1.0  # generous: shared 2-core machine

@@ -11,12 +11,15 @@ import random
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
+from ldpstream.agents.layout import Layout
 from ldpstream.agents.store import ApplyStatus, CountStore, PartitionDelta
 from ldpstream.estimators.mechanism import TensorSpec
-
 from ldpstream.services import EmbeddedRedis
 
+from store_helpers import P, cells, read
+
 SPEC = TensorSpec("m:a|b", ("a", "b"), (3, 4), (0, 1))
+LAYOUT = Layout.of(0, [SPEC])
 APPLIED, REPLAYED, CONFLICT = ApplyStatus.APPLIED, ApplyStatus.REPLAYED, ApplyStatus.CONFLICT
 
 
@@ -55,8 +58,9 @@ class Log:
 
     def delta(self, partition: int, lo: int, hi: int, *, cas: bool = True,
               sent: float | None = None) -> PartitionDelta:
-        return PartitionDelta(partition, hi, {SPEC.key: self.count(lo, hi)}, self.n(lo, hi),
-                              lo if cas else None, sent)
+        return PartitionDelta(partition, hi, cells(LAYOUT, {SPEC.key: self.count(lo, hi)},
+                                                   self.n(lo, hi)),
+                              self.n(lo, hi), lo if cas else None, sent)
 
 
 async def one(store: CountStore, coll: str, d: PartitionDelta):
@@ -72,7 +76,7 @@ def test_cas_applies_replays_skip_conflicts_change_nothing(redis_url):
         await store.reset(c)
         assert await one(store, c, log.delta(0, -1, 9, sent=50.0)) == (APPLIED, 9)  # first delta
         assert await one(store, c, log.delta(0, 9, 19, sent=60.0)) == (APPLIED, 19)
-        snapshot = (await store.read(c, SPEC), await store.n(c), await store.sent_at_max(c))
+        snapshot = (await read(store, c, LAYOUT, SPEC), await store.n(c, P), await store.sent_at_max(c, P))
         np.testing.assert_array_equal(snapshot[0], log.count(-1, 19))
         assert snapshot[1:] == (20, 60.0)
         refused = [
@@ -87,20 +91,20 @@ def test_cas_applies_replays_skip_conflicts_change_nothing(redis_url):
         for (lo, hi), want in refused:
             assert await one(store, c, log.delta(0, lo, hi, sent=1e12)) == (want, 19), (lo, hi)
         # nothing changed: counts, n, sent_at_max, offsets
-        np.testing.assert_array_equal(await store.read(c, SPEC), snapshot[0])
-        assert (await store.n(c), await store.sent_at_max(c)) == snapshot[1:]
-        assert await store.offsets(c) == {0: 19}
+        np.testing.assert_array_equal(await read(store, c, LAYOUT, SPEC), snapshot[0])
+        assert (await store.n(c, P), await store.sent_at_max(c, P)) == snapshot[1:]
+        assert await store.offsets(c, P) == {0: 19}
         # a partition with nothing stored refuses a delta that expects something stored
         assert await one(store, c, log.delta(1, 5, 9)) == (CONFLICT, None)
-        assert await store.offsets(c) == {0: 19}
+        assert await store.offsets(c, P) == {0: 19}
         # the chain continues where it ended
         assert await one(store, c, log.delta(0, 19, 59)) == (APPLIED, 59)
-        np.testing.assert_array_equal(await store.read(c, SPEC), log.count(-1, 59))
-        assert await store.n(c) == 60
+        np.testing.assert_array_equal(await read(store, c, LAYOUT, SPEC), log.count(-1, 59))
+        assert await store.n(c, P) == 60
         # apply(): the bool form with expected=
-        assert await store.apply(c, 0, 59, {SPEC.key: log.count(19, 59)}, 40, expected=19) is False
-        assert await store.apply(c, 2, 3, {SPEC.key: log.count(-1, 3)}, 4, expected=-1) is True
-        assert await store.offsets(c) == {0: 59, 2: 3}
+        assert await store.apply(c, 0, 59, cells(LAYOUT, {SPEC.key: log.count(19, 59)}, 40), 40, expected=19) is False
+        assert await store.apply(c, 2, 3, cells(LAYOUT, {SPEC.key: log.count(-1, 3)}, 4), 4, expected=-1) is True
+        assert await store.offsets(c, P) == {0: 59, 2: 3}
         # empty or malformed ranges are a caller bug
         for lo, hi in ((5, 5), (7, 3), (-2, 4)):
             with pytest.raises(ValueError):
@@ -109,7 +113,7 @@ def test_cas_applies_replays_skip_conflicts_change_nothing(redis_url):
     run(body, redis_url)
 
 
-def test_many_partitions_in_one_call_each_decided_on_its_own(redis_url):
+def test_many_partitions_in_one_flush_each_decided_on_its_own(redis_url):
     rng = np.random.default_rng(2)
     logs = [Log(rng, 40) for _ in range(4)]
 
@@ -132,16 +136,16 @@ def test_many_partitions_in_one_call_each_decided_on_its_own(redis_url):
             logs[0].delta(0, 19, 25, sent=22.0),   # applied: continues the first item
             logs[2].delta(2, 9, 14, sent=23.0),    # applied after the conflict of the same call
         ])
-        assert await evalsha_calls(store) - before == 1            # ONE script call
+        assert await evalsha_calls(store) - before == 6            # one script call each
         assert [(r.status, r.stored) for r in res] == [
             (APPLIED, 19), (REPLAYED, 9), (CONFLICT, 9), (APPLIED, 29), (APPLIED, 25),
             (APPLIED, 14)]
-        assert await store.offsets(c) == {0: 25, 1: 9, 2: 14, 3: 29}
+        assert await store.offsets(c, P) == {0: 25, 1: 9, 2: 14, 3: 29}
         want = logs[0].count(-1, 25) + logs[1].count(-1, 9) + logs[2].count(-1, 14) \
             + logs[3].count(-1, 29)
-        np.testing.assert_array_equal(await store.read(c, SPEC), want)
-        assert await store.n(c) == 26 + 10 + 15 + 30
-        assert await store.sent_at_max(c) == 23.0                  # max over applied items only
+        np.testing.assert_array_equal(await read(store, c, LAYOUT, SPEC), want)
+        assert await store.n(c, P) == 26 + 10 + 15 + 30
+        assert await store.sent_at_max(c, P) == 23.0                  # max over applied items only
         # legacy (unchecked) items still work beside CAS items
         res = await store.apply_many(c, [logs[1].delta(1, 9, 19, cas=False),
                                          logs[3].delta(3, 0, 20, cas=False)])
@@ -161,7 +165,7 @@ def test_frozen_worker_interleaving_counts_exactly(redis_url):
         await a.reset(c)
         assert (await one(a, c, log.delta(0, -1, o[9], cas=cas)))[0] is APPLIED
         a_pending = log.delta(0, o[9], o[19], cas=cas)          # A freezes with this in flight
-        s = (await b.offsets(c)).get(0, -1)                     # B is assigned, reads S
+        s = (await b.offsets(c, P)).get(0, -1)                     # B is assigned, reads S
         assert s == o[9]
         b_pending = log.delta(0, s, o[24], cas=cas)             # B consumes (S, o[24]]
         assert (await one(a, c, a_pending))[0] is APPLIED       # the zombie's apply lands
@@ -180,7 +184,7 @@ def test_frozen_worker_interleaving_counts_exactly(redis_url):
         else:
             assert status is APPLIED                            # the overlap is counted twice
             await one(b, c, log.delta(0, o[24], o[79], cas=False))
-        return await a.read(c, SPEC), await a.n(c)
+        return await read(a, c, LAYOUT, SPEC), await a.n(c, P)
 
     async def body(a, b, _):
         got, n = await scenario(a, b, True, "zombie-cas")
@@ -213,7 +217,7 @@ def test_random_interleaving_of_workers_counts_exactly(redis_url, seed):
             self.inflight: list[PartitionDelta] = []
 
         async def assign(self, p: int) -> None:
-            self.pos[p] = (await self.store.offsets(coll)).get(p, -1)
+            self.pos[p] = (await self.store.offsets(coll, P)).get(p, -1)
             self.inflight = [d for d in self.inflight if d.partition != p]
 
         def consume(self, p: int) -> None:
@@ -246,7 +250,7 @@ def test_random_interleaving_of_workers_counts_exactly(redis_url, seed):
         steps = 0
         while steps < 3000:
             steps += 1
-            stored = await stores[0].offsets(coll)
+            stored = await stores[0].offsets(coll, P)
             if all(stored.get(p) == end[p] for p in range(parts)):
                 break
             w = rnd.choice(workers)
@@ -269,10 +273,10 @@ def test_random_interleaving_of_workers_counts_exactly(redis_url, seed):
                     await w.store.apply_many(coll, list(w.inflight))
                 await w.flush()
         assert steps < 3000, "did not converge"
-        got = await stores[0].read(coll, SPEC)
+        got = await read(stores[0], coll, LAYOUT, SPEC)
         want = sum(lg.count(-1, e) for lg, e in zip(logs, end))
         np.testing.assert_array_equal(got, want)
-        assert await stores[0].n(coll) == sum(lg.offsets.size for lg in logs)
+        assert await stores[0].n(coll, P) == sum(lg.offsets.size for lg in logs)
         return steps, outcomes
 
     _, outcomes = run(body, redis_url)

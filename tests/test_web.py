@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import time
@@ -56,8 +57,8 @@ def stack(tmp_path_factory, kafka_broker, redis_server):
     path.write_text(yaml.safe_dump({"collections": [{
         "id": cid, "schema": {"csv": {"columns": ["sex", "race", "Salary"]}},
         "mechanism": "rr-ind", "epsilon": 1.0, "partitions": 2, "marginals": MARGINALS,
-        "estimators": ESTIMATORS, "refresh_interval_s": 1.0, "drift_window_s": 2.0,
-        "drift_threshold": 0.05, "version": 0}]}))
+        "estimators": ESTIMATORS, "refresh_interval_s": 1.0, "bucket_s": 1,
+        "windows": ["5m", "all"], "version": 0}]}))
     config = load_config(str(path))
     coll = config.collections[cid]
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_broker.bootstrap,
@@ -106,14 +107,15 @@ def test_estimates_equal_the_estimators_on_the_exact_counts(stack):
     url, cid, coll, counts = stack["url"], stack["cid"], stack["coll"], stack["counts"]
     mech = coll.mechanism()
     status, refreshed = get_json(url, f"/collections/{cid}/refresh", method="POST", token=TOKEN)
-    assert status == 200 and refreshed["refreshed"] == len(MARGINALS) * len(ESTIMATORS)
-    for attrs in MARGINALS:
-        for method in ESTIMATORS:
-            status, est = get_json(url, f"/estimates/{cid}?attrs={','.join(attrs)}&method={method}")
+    assert status == 200 and refreshed["refreshed"] == len(MARGINALS) * len(ESTIMATORS) * 2
+    for attrs, method, window in itertools.product(MARGINALS, ESTIMATORS, ("5m", "all")):
+            status, est = get_json(url, f"/estimates/{cid}?attrs={','.join(attrs)}&method={method}"
+                                        f"&window={window}")
             assert status == 200, est
             direct = mech.estimate(counts, attrs, method)
             np.testing.assert_allclose(est["cells"], direct.factor.values, rtol=1e-9, atol=1e-12)
             assert est["attrs"] == attrs and est["method"] == method and est["n"] == TOTAL
+            assert est["window"] == window
             assert est["epsilon"] == pytest.approx(mech.epsilon)
             assert est["error_bound"] == pytest.approx(direct.error_bound)
             assert est["labels"] == [list(coll.domain.labels[coll.domain.axes([a])[0]]) for a in attrs]
@@ -131,7 +133,10 @@ def test_estimates_equal_the_estimators_on_the_exact_counts(stack):
     np.testing.assert_array_equal(np.asarray(rev["cells"]), np.transpose(fwd["cells"], (2, 0, 1)))
     # the index lists every configured estimate
     status, index = get_json(url, f"/estimates/{cid}")
-    assert status == 200 and len(index["estimates"]) == len(MARGINALS) * len(ESTIMATORS)
+    assert status == 200 and len(index["estimates"]) == len(MARGINALS) * len(ESTIMATORS) * 2
+    assert index["windows"] == ["5m", "all"]
+    status, err = get_json(url, f"/estimates/{cid}?attrs=sex,Salary&window=7d")
+    assert status == 404 and "'7d'" in err["error"] and err["windows"] == ["5m", "all"]
     assert all(e["available"] and e["n"] == TOTAL for e in index["estimates"])
 
 
@@ -150,7 +155,7 @@ def test_metrics_expose_every_ldp_metric(stack):
     from ldpstream.agents.metrics import METRIC_NAMES
 
     url, cid = stack["url"], stack["cid"]
-    time.sleep(4.5)  # a refresh history longer than drift_window_s (2 s) → drift is measured
+    time.sleep(2.5)  # two more refreshes
     status, ctype, text = request(url, "/metrics")
     assert status == 200 and ctype.startswith("text/plain")
     samples = {}
@@ -178,20 +183,23 @@ def test_metrics_expose_every_ldp_metric(stack):
     assert time.time() - 10 < value("ldp_estimate_last_refresh_timestamp_seconds", collection=cid)
     assert value("ldp_epsilon_per_record", collection=cid) == pytest.approx(3.0)
     assert value("ldp_refresh_interval_seconds", collection=cid) == 1.0
-    assert value("ldp_drift_threshold", collection=cid) == 0.05
     assert value("ldp_ingest_expected", collection=cid) == 1.0
     assert value("ldp_estimate_freshness_seconds", collection=cid) > 0
     _, est = get_json(url, f"/estimates/{cid}?attrs=sex,Salary&method=truncated")
     cell = f"{est['labels'][0][1]}|{est['labels'][1][1]}"
-    assert value("ldp_estimate_cell", collection=cid, marginal="sex|Salary", method="truncated",
-                 cell=cell) == pytest.approx(est["cells"][1][1])
-    assert value("ldp_estimate_error_bound", collection=cid, marginal="sex|Salary",
-                 method="castell") > 0
-    # same counts for > 2 s: the estimate did not move
-    assert value("ldp_estimate_drift_tvd", collection=cid, marginal="sex|Salary",
-                 method="castell") == pytest.approx(0.0, abs=1e-12)
+    assert est["window"] == "5m"  # the collection's first window
+    for window in ("5m", "all"):  # every report is in both windows: the same estimate
+        assert value("ldp_estimate_cell", collection=cid, marginal="sex|Salary", method="truncated",
+                     window=window, cell=cell) == pytest.approx(est["cells"][1][1])
+        assert value("ldp_estimate_error_bound", collection=cid, marginal="sex|Salary",
+                     method="castell", window=window) > 0
+        assert value("ldp_estimate_failing", collection=cid, marginal="sex|Salary",
+                     method="castell", window=window) == 0
+    # the previous 5 minutes hold no report: no drift is measured (rather than a bogus one)
+    assert est["drift_tvd"] is None
     n_cells = sum(1 for k in samples if k.startswith("ldp_estimate_cell{") and cid in k)
-    assert n_cells == (2 * 2 + 5 * 2 + 2 * 5 * 2) * len(ESTIMATORS)  # configured marginals only
+    assert n_cells == (2 * 2 + 5 * 2 + 2 * 5 * 2) * len(ESTIMATORS) * 2  # configured marginals
+
 
 
 def test_healthz(stack):
@@ -225,7 +233,7 @@ def test_token_guard_and_reset(stack, redis_server):
     async def offsets():
         store = make_store(redis_server.url)
         try:
-            return await store.offsets(cid)
+            return await store.offsets(cid, 16)
         finally:
             await store.close()
 

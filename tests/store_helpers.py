@@ -1,0 +1,37 @@
+"""Small helpers for tests of the count store: deltas and reads in the layout of one version."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ldpstream.agents.layout import Layout
+from ldpstream.agents.store import CountStore
+from ldpstream.estimators.mechanism import TensorSpec
+
+#: tests use partitions 0..P-1 of a collection
+P = 16
+
+
+def cells(layout: Layout, counts: Mapping[str, np.ndarray], n: int,
+          bucket: int | None = None) -> dict:
+    """A PartitionDelta ``cells`` mapping: ``counts`` (and ``n`` reports) in one bucket."""
+    return {(layout, bucket): layout.pack(counts, n)}
+
+
+async def read_all(store: CountStore, cid: str, layout: Layout,
+                   partitions: int | Sequence[int] = P) -> dict[str, np.ndarray]:
+    """All-time counts of ``layout``'s version summed over ``partitions``."""
+    return (await store.read_all_time(cid, partitions, {layout.version: layout}))[layout.version]
+
+
+async def read(store: CountStore, cid: str, layout: Layout, spec: TensorSpec,
+               partitions: int | Sequence[int] = P) -> np.ndarray:
+    return (await read_all(store, cid, layout, partitions))[spec.key]
+
+
+async def read_collection(store: CountStore, coll) -> dict[str, np.ndarray]:
+    """All-time counts of a configured collection's tensors (its current version), summed over
+    its partitions."""
+    layout = Layout.of(coll.version, coll.tensors())
+    return await read_all(store, coll.id, layout, coll.partitions)

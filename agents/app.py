@@ -9,7 +9,7 @@ not a faust agent: exactly-once needs our own offsets in Redis to drive the cons
 Environment: ``KAFKA_BOOTSTRAP_SERVERS``, ``REDIS_URL`` (required; ``redis+cluster://h:p,h:p`` or
 ``REDIS_CLUSTER_NODES=h:p,h:p`` for a Redis Cluster), ``LDP_SESSION_TIMEOUT_S``
 (consumer group session timeout; a few seconds for the embedded Tansu broker, which answers a
-group join after half of it), ``LDP_WEB_BIND`` (default 0.0.0.0), ``LDP_APP_ID``,
+group join after half of it), ``LDP_WEB_BIND`` (default 127.0.0.1), ``LDP_APP_ID``,
 ``LDP_LOG_LEVEL`` (default WARN).
 """
 from __future__ import annotations
@@ -29,6 +29,8 @@ from .context import Context
 log = logging.getLogger(__name__)
 
 DEFAULT_SESSION_TIMEOUT_S = 30.0
+#: the HTTP API listens on loopback unless LDP_WEB_BIND says otherwise (compose sets 0.0.0.0)
+DEFAULT_WEB_BIND = "127.0.0.1"
 
 
 def max_decompressed_bytes(max_message_bytes: int) -> int:
@@ -69,12 +71,13 @@ def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int 
     """
     import faust
 
+    from . import http_guard
     from .ingest import IngestService
 
     app_id = app_id or os.environ.get("LDP_APP_ID", "ldpstream")
     if session_timeout_s is None:
         session_timeout_s = float(os.environ.get("LDP_SESSION_TIMEOUT_S", DEFAULT_SESSION_TIMEOUT_S))
-    web_bind = web_bind or os.environ.get("LDP_WEB_BIND", "0.0.0.0")
+    web_bind = web_bind or os.environ.get("LDP_WEB_BIND", DEFAULT_WEB_BIND)
     datadir = tempfile.mkdtemp(prefix="ldpstream-faust-")
     extra: dict[str, Any] = {}
     if web_bind in ("127.0.0.1", "localhost"):
@@ -82,7 +85,8 @@ def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int 
     app = faust.App(
         app_id, broker=_broker_urls(kafka_bootstrap), store="memory://",
         value_serializer="raw", key_serializer="raw", web_enabled=True, web_port=int(web_port),
-        web_bind=web_bind, **extra,
+        web_bind=web_bind, web=http_guard.DRIVER_URL,
+        web_application_options={"client_max_size": http_guard.MAX_BODY_BYTES}, **extra,
         broker_session_timeout=float(session_timeout_s),
         broker_heartbeat_interval=max(0.1, float(session_timeout_s) / 4),
         topic_partitions=1, topic_replication_factor=1, datadir=datadir,
@@ -120,6 +124,14 @@ def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int 
     return app, ctx
 
 
+def _listening(bind: str, port: int) -> str:
+    """Where the HTTP API listens, said truly (all interfaces is not loopback)."""
+    if bind in ("0.0.0.0", "::", ""):
+        return f"all interfaces, port {port} (http://127.0.0.1:{port}/ from this machine)"
+    host = f"[{bind}]" if ":" in bind else bind
+    return f"http://{host}:{port}/"
+
+
 def _cleanup(ctx: Context) -> None:
     datadir = ctx.extras.get("datadir")
     if datadir:
@@ -155,8 +167,8 @@ def main(args) -> int:
              f"{ENV_PUBLIC_KEY}={pub}" if ctx.extras["ephemeral_key"] else f"(public key {pub})"),
           file=sys.stderr, flush=True)
     print(f"ldpstream worker: broker {bootstrap}, Redis {display_url(redis_url)}, "
-          f"http://{'127.0.0.1' if app.conf.web_bind == '0.0.0.0' else app.conf.web_bind}:"
-          f"{app.conf.web_port}/ (collections: {', '.join(config.collections)})",
+          f"HTTP on {_listening(app.conf.web_bind, app.conf.web_port)} "
+          f"(collections: {', '.join(config.collections)})",
           file=sys.stderr, flush=True)
     worker = Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     try:

@@ -13,7 +13,9 @@ and token-guarded refresh/reset (DESIGN.md "User-facing surfaces").
     POST /collections/<id>/reset           clear counts+estimates }  $LDP_API_TOKEN, else 403
                                            (Kafka offsets kept: nothing is recounted)
 
-Every error is JSON ``{"error": "..."}`` naming what is missing or wrong.
+Every error is JSON ``{"error": "..."}`` naming what is missing or wrong, including the ones no
+view answers (unknown route, wrong method, oversized or malformed requests, unhandled errors:
+agents/http_guard.py, which also caps connections and times out slow headers).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import numpy as np
 from faust import web
 
 from . import metrics, refresh
+from .ingest import REDIS_ERRORS
 from .redis_client import health as redis_health
 from .store import CountStore
 
@@ -75,7 +78,9 @@ def token_ok(configured: str | None, header: str | None) -> bool:
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer" or not given:
         return False
-    return hmac.compare_digest(given.strip().encode(), str(configured).encode())
+    # aiohttp decodes header bytes that are not UTF-8 as surrogates: compare the bytes sent
+    return hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"),
+                               str(configured).encode("utf-8"))
 
 
 def collection_info(coll: Any, mechanism: Any, n: int | None) -> dict[str, Any]:
@@ -163,6 +168,11 @@ def install(app: Any, ctx: Any) -> None:
     def unknown(view: web.View, cid: str) -> Any:
         return view.error(404, f"unknown collection {cid!r}",
                           collections=sorted(ctx.config.collections))
+
+    def store_unavailable(view: web.View, exc: BaseException) -> Any:
+        log.warning("Redis unavailable: %s: %s", exc.__class__.__name__, exc)
+        return view.error(503, f"count store (Redis) unavailable: {exc.__class__.__name__}: "
+                               f"{exc}; nothing was changed, try again")
 
     def guarded(view: web.View, request: Any) -> Any | None:
         configured = getattr(ctx.config, "api_token", None)
@@ -306,7 +316,10 @@ def install(app: Any, ctx: Any) -> None:
             if coll_or_none(collection) is None:
                 return unknown(self, collection)
             t0 = time.perf_counter()
-            payloads = await refresh.refresh_now(ctx, collection)
+            try:
+                payloads = await refresh.refresh_now(ctx, collection)
+            except REDIS_ERRORS as exc:
+                return store_unavailable(self, exc)
             if payloads is None:
                 return self.error(409, f"collection {collection!r} is being refreshed by another "
                                        f"worker; try again")
@@ -323,7 +336,10 @@ def install(app: Any, ctx: Any) -> None:
                 return denied
             if coll_or_none(collection) is None:
                 return unknown(self, collection)
-            deleted = await reset_counts(ctx.store, collection)
+            try:
+                deleted = await reset_counts(ctx.store, collection)
+            except REDIS_ERRORS as exc:
+                return store_unavailable(self, exc)
             metrics.clear_collection(collection)
             metrics.COLLECTION_REPORTS.labels(collection).set(0)
             return self.json({"collection": collection, "reset": True, "keys_deleted": deleted,

@@ -59,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="offline: randomize a dataset, estimate, print metrics")
     _simulate_args(p)
 
-    p = sub.add_parser("bench", help="benchmarks: castell | adult | pipeline | mechanisms")
-    p.add_argument("name", choices=("castell", "adult", "pipeline", "mechanisms"))
+    p = sub.add_parser("bench", help="benchmarks: castell | adult | pipeline | mechanisms | "
+                                     "gateway")
+    p.add_argument("name", choices=("castell", "adult", "pipeline", "mechanisms", "gateway"))
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
     p.add_argument("--redis-cluster", action="store_true",
@@ -91,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drift-to", default=None, help="CSV or 'generator' after the drift")
     p.add_argument("--seed", type=int, default=None)
 
+    p = sub.add_parser("gateway", help="HTTP ingest gateway for devices (docs/devices.md)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--bind", default="127.0.0.1")
+    p.add_argument("--tokens", default=None,
+                   help="fleet tokens file (default: $LDP_GATEWAY_TOKENS_FILE or "
+                        "$LDP_GATEWAY_TOKENS)")
+    p.add_argument("--max-body-bytes", type=int, default=1_048_576)
+
     p = sub.add_parser("keygen", help="write the key pair that signs ldp.config (docs/security.md)")
     p.add_argument("--out", default=".", help="directory for config-signing.key and .pub")
     p.add_argument("--force", action="store_true", help="replace an existing key")
@@ -115,6 +124,7 @@ _COMMANDS = {
     "fleet": "ldpstream.producers.fleet",
     "estimates": "ldpstream.query",
     "keygen": "ldpstream.producers.signing",
+    "gateway": "ldpstream.producers.gateway",
 }
 
 

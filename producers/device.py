@@ -139,6 +139,11 @@ class ConfigWatcher:
         self._task = asyncio.create_task(self._run(), name="ldp-config-watcher")
         return self
 
+    @property
+    def running(self) -> bool:
+        """True while the watcher follows the topic (started, not stopped, not crashed)."""
+        return self._task is not None and not self._task.done()
+
     async def _catch_up(self, tps: list, deadline: float) -> None:
         """Read every partition up to its end offset at the time of the call."""
         assert self._consumer is not None

@@ -239,3 +239,33 @@ def test_kafka_transport_keys_batches_by_device(kafka_broker, unique_name, tmp_p
         assert sorted(parts) == [5, 6] and all(len(p) == 1 for p in parts.values())
 
     asyncio.run(run())
+
+
+def test_docs_copy_paste_example_runs(tmp_path, spawn_worker, service_env, unique_name):
+    """docs/devices.md: the schema and the device script, as printed (collection id renamed so
+    runs do not share counts), against a worker: it prints one queued report then duplicates,
+    and a second run only duplicates (the ledger file persisted)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "devices.md").read_text()
+    config = re.search(r"```yaml\n(.*?)```", text, re.S).group(1).replace("app-usage", unique_name)
+    script = re.search(r"```python\n(.*?)```", text, re.S).group(1).replace("app-usage",
+                                                                             unique_name)
+    (tmp_path / "telemetry.yaml").write_text(config)
+    (tmp_path / "device.py").write_text(script)
+    worker = spawn_worker(str(tmp_path / "telemetry.yaml"))
+    worker.wait_ready(60)
+
+    def run() -> list[str]:
+        out = subprocess.run([sys.executable, "device.py"], cwd=tmp_path, env=service_env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return [line.strip() for line in out.stdout.splitlines()]
+
+    dup = "duplicate 0.0 this record was already reported in this rotation period"
+    assert run() == ["queued 3.0", dup, dup]
+    assert run() == [dup, dup, dup]
+    assert "It prints `queued 3.0`" in text and f"twice `{dup}`" in " ".join(text.split())

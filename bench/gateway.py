@@ -1,0 +1,143 @@
+"""``ldpstream bench gateway [--json] [--quick]``: HTTP ingest gateway throughput and latency.
+
+On the embedded broker (Tansu), in one run: a signed rr-ind state (4 attributes) is published on
+``ldp.config``, ``ldpstream gateway`` runs as a child process on loopback, and this process sends a
+bounded number of ``POST /v1/collections/<id>/reports`` requests (binary batches, one device
+each, distinct device ids) with ``concurrency`` requests in flight, for two batch sizes: 1 report
+per request (a device flushing every report) and 100 (a buffering device). Every request must be
+answered 200 (the gateway answers after Kafka acknowledged). Reported per size: requests/s,
+reports/s, p50 and p99 request latency (client side, seconds).
+
+Client, gateway and broker share the machine's cores: the numbers are a floor for one gateway
+process, not a capacity plan. ``--quick``: 300 requests per size.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+
+CID = "bench-gateway"
+TOKEN = "bench-fleet-token-0123456789"
+SIZES = (1, 100)
+CONCURRENCY = 32
+
+
+def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                if CID in json.loads(r.read())["collections"]:
+                    return
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        time.sleep(0.3)
+    raise TimeoutError("gateway not ready")
+
+
+async def _load(port: int, requests: int, size: int, seed: int) -> dict[str, Any]:
+    import aiohttp
+
+    from ..producers.codec import encode_batch
+
+    rng = np.random.default_rng(seed)
+    bodies = [encode_batch(CID, 0, rng.integers(0, 2, size=(size, 4)),
+                           device_ids=np.full(size, seed * 1_000_000 + i, dtype=np.uint64))
+              for i in range(requests)]
+    url = f"http://127.0.0.1:{port}/v1/collections/{CID}/reports"
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/octet-stream"}
+    latencies = np.empty(requests)
+    statuses: dict[int, int] = {}
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(i)
+
+    async def client(session: Any) -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            t0 = time.perf_counter()
+            async with session.post(url, data=bodies[i], headers=headers) as r:
+                await r.read()
+                statuses[r.status] = statuses.get(r.status, 0) + 1
+            latencies[i] = time.perf_counter() - t0
+
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(CONCURRENCY)))
+        elapsed = time.perf_counter() - t0
+    if statuses != {200: requests}:
+        raise RuntimeError(f"not every request was accepted: {statuses}")
+    return {"reports_per_request": size, "requests": requests, "seconds": round(elapsed, 3),
+            "requests_per_s": round(requests / elapsed, 1),
+            "reports_per_s": round(requests * size / elapsed, 1),
+            "p50_s": round(float(np.percentile(latencies, 50)), 5),
+            "p99_s": round(float(np.percentile(latencies, 99)), 5)}
+
+
+async def run(quick: bool = False) -> dict[str, Any]:
+    from ..estimators.domain import Domain
+    from ..estimators.rr_ind import RRIndependent
+    from ..producers.publisher import Publisher
+    from ..producers.signing import ENV_PUBLIC_KEY, SigningKey
+    from ..services import EmbeddedBroker, create_topics, free_port
+
+    requests = 300 if quick else 3000
+    broker = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        broker = EmbeddedBroker()
+        bootstrap = broker.start()
+    proc = None
+    try:
+        key = SigningKey.generate()
+        mech = RRIndependent(Domain(("a", "b", "c", "d"), (2, 2, 2, 2)), epsilon=1.0)
+        await create_topics(bootstrap, {"ldp.config": 1, f"ldp.reports.{CID}": 4},
+                            compacted={"ldp.config"})
+        async with Publisher(bootstrap) as pub:
+            await pub.send_and_wait("ldp.config", key.sign_state(mech.state(), CID),
+                                    key=CID.encode())
+        port = free_port()
+        env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap,
+                   **{ENV_PUBLIC_KEY: key.verify_key.to_text(),
+                      "LDP_GATEWAY_TOKENS": json.dumps(
+                          {"fleets": {"bench": {"token": TOKEN, "collections": [CID]}}})})
+        proc = subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "gateway", "--port",
+                                 str(port)], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        await asyncio.to_thread(_wait_ready, port, proc)
+        await _load(port, min(requests, 100), 1, seed=99)  # warm-up
+        rows = [await _load(port, requests, size, seed=i) for i, size in enumerate(SIZES)]
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(20)
+        if broker is not None:
+            broker.stop()
+    return {"concurrency": CONCURRENCY, "results": rows}
+
+
+def main(args: Any) -> int:
+    res = asyncio.run(run(quick=bool(getattr(args, "quick", False))))
+    if getattr(args, "json", False):
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"gateway load test: {res['concurrency']} requests in flight, loopback, binary batches")
+    print(f"{'reports/request':>16} {'requests':>9} {'req/s':>9} {'reports/s':>11} "
+          f"{'p50 ms':>8} {'p99 ms':>8}")
+    for r in res["results"]:
+        print(f"{r['reports_per_request']:>16} {r['requests']:>9} {r['requests_per_s']:>9.0f} "
+              f"{r['reports_per_s']:>11.0f} {1000 * r['p50_s']:>8.1f} {1000 * r['p99_s']:>8.1f}")
+    return 0

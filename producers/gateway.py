@@ -1,0 +1,427 @@
+"""``ldpstream gateway``: the HTTP ingest gateway for devices that do not speak Kafka.
+
+    POST /v1/collections/<id>/reports    one report batch: the binary batch of producers/codec.py
+                                         (Content-Type application/octet-stream) or its JSON form
+                                         (application/json); Authorization: Bearer <fleet token>
+    GET  /healthz                        broker reachable and ldp.config read; 200 or 503
+    GET  /metrics                        Prometheus text (ldp_gateway_* series)
+
+A request is checked in this order, and answered with JSON ``{"error", "reason"}`` when refused;
+a refused request produces nothing:
+
+* 401 ``unauthorized``: no ``Authorization: Bearer`` header, or a token of no fleet (every
+  fleet's token is compared with :func:`hmac.compare_digest`, all of them, every time);
+* 403 ``forbidden``: the fleet's token is not allowed for that collection;
+* 404 ``unknown_collection``: no verified mechanism state for it on ``ldp.config``;
+* 413 ``too_large``: a body above ``--max-body-bytes`` (checked on Content-Length and while
+  reading);
+* 415 ``unsupported_media_type``; 400 with the codec's reason (``malformed``, ``truncated``,
+  ``bad_magic``, ``unknown_version``, ``wrong_width``, ``out_of_domain``, ``wrong_collection``,
+  ``no_device_id``) and a detail naming the problem;
+* 503 ``unavailable`` when Kafka did not acknowledge.
+
+Accepted reports are produced to ``ldp.reports.<id>`` with device ids stamped by the gateway:
+``stamp(fleet, device id)`` (8 bytes of BLAKE2b), so a device cannot report under another fleet's
+ids. The device's own id is the batch's ``device_ids`` or the ``X-Device-Id`` header. Messages are
+keyed by the stamped id (one message per device of the batch, split to stay under the worker's
+message limit), so a device's reports go to one partition. The gateway answers 200 once Kafka has
+acknowledged every message: ``{"accepted": n, "messages": k, "version": v}``.
+
+Fleets and tokens: ``--tokens FILE`` or ``LDP_GATEWAY_TOKENS_FILE`` (YAML or JSON), or the JSON in
+``LDP_GATEWAY_TOKENS``::
+
+    fleets:
+      phones:  {token: "<at least 16 characters>", collections: [app-usage]}
+      sensors: {token: "<...>", collections: "*"}          # every collection
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import yaml
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from ..errors import CliError
+from ..estimators.mechanism import Mechanism
+from .codec import (MAX_MESSAGE_BYTES, DecodeError, ReportBatch, batch_from_json, decode_batch,
+                    encode_batch, explain_batch)
+from .device import ConfigWatcher, report_topic
+from .publisher import Publisher
+from .sdk import device_key
+
+log = logging.getLogger(__name__)
+
+ENV_TOKENS = "LDP_GATEWAY_TOKENS"
+ENV_TOKENS_FILE = "LDP_GATEWAY_TOKENS_FILE"
+MIN_TOKEN_CHARS = 16
+DEFAULT_MAX_BODY = MAX_MESSAGE_BYTES
+#: bytes of a produced message besides the reports (header + collection id, generous)
+_HEADER_ROOM = 512
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+REQUESTS = Counter("ldp_gateway_requests_total", "HTTP report requests by answer status.",
+                   ["collection", "status"], registry=REGISTRY)
+REPORTS = Counter("ldp_gateway_reports_total", "Reports accepted and acknowledged by Kafka.",
+                  ["collection"], registry=REGISTRY)
+SECONDS = Histogram("ldp_gateway_request_seconds", "Seconds to answer a report request.",
+                    registry=REGISTRY, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                0.25, 0.5, 1.0, 2.5))
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A group of devices sharing a bearer token; ``collections`` None = every collection."""
+
+    name: str
+    token: str
+    collections: frozenset[str] | None
+
+    def allows(self, collection: str) -> bool:
+        return self.collections is None or collection in self.collections
+
+
+def parse_fleets(doc: Any, source: str) -> list[Fleet]:
+    """``{"fleets": {name: {"token": str, "collections": [ids] | "*"}}}`` → fleets; errors name
+    the field."""
+    if not isinstance(doc, Mapping) or set(doc) != {"fleets"} or not isinstance(doc["fleets"],
+                                                                               Mapping):
+        raise CliError(f"{source}: must be a mapping with one key 'fleets' "
+                       f"({{name: {{token, collections}}}})")
+    out, tokens = [], set()
+    for name, spec in doc["fleets"].items():
+        where = f"{source}: fleets.{name}"
+        if not isinstance(spec, Mapping):
+            raise CliError(f"{where}: must be a mapping {{token, collections}}")
+        extra = set(spec) - {"token", "collections"}
+        if extra:
+            raise CliError(f"{where}.{sorted(extra)[0]}: unknown field (allowed: token, "
+                           f"collections)")
+        token = spec.get("token")
+        if not isinstance(token, str) or len(token) < MIN_TOKEN_CHARS:
+            raise CliError(f"{where}.token: must be a string of at least {MIN_TOKEN_CHARS} "
+                           f"characters")
+        if token in tokens:
+            raise CliError(f"{where}.token: the same token is given to two fleets")
+        tokens.add(token)
+        colls = spec.get("collections", "*")
+        if colls == "*":
+            allowed = None
+        elif isinstance(colls, list) and colls and all(isinstance(c, str) for c in colls):
+            allowed = frozenset(colls)
+        else:
+            raise CliError(f"{where}.collections: must be \"*\" or a non-empty list of "
+                           f"collection ids")
+        out.append(Fleet(str(name), token, allowed))
+    if not out:
+        raise CliError(f"{source}: no fleets")
+    return out
+
+
+def load_fleets(path: str | None = None, environ: Mapping[str, str] | None = None) -> list[Fleet]:
+    """Fleets from ``path``, else ``LDP_GATEWAY_TOKENS_FILE``, else ``LDP_GATEWAY_TOKENS``."""
+    env = os.environ if environ is None else environ
+    path = path or env.get(ENV_TOKENS_FILE)
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"{path}: cannot read the fleet tokens ({exc})") from None
+        try:
+            return parse_fleets(yaml.safe_load(text), path)
+        except yaml.YAMLError as exc:
+            raise CliError(f"{path}: invalid YAML/JSON: " + " ".join(str(exc).split())) from None
+    if env.get(ENV_TOKENS):
+        try:
+            return parse_fleets(json.loads(env[ENV_TOKENS]), ENV_TOKENS)
+        except ValueError as exc:
+            raise CliError(f"{ENV_TOKENS}: invalid JSON: {exc}") from None
+    raise CliError(f"no fleet tokens: give --tokens FILE, {ENV_TOKENS_FILE} or {ENV_TOKENS}")
+
+
+def authenticate(fleets: Sequence[Fleet], header: str | None) -> Fleet | None:
+    """The fleet whose token is the ``Bearer`` token of ``header``, or None. Every token is
+    compared (constant time each, no early exit)."""
+    if not header:
+        return None
+    scheme, _, given = header.partition(" ")
+    given_b = given.strip().encode("utf-8", "surrogateescape")
+    if scheme.lower() != "bearer" or not given_b:
+        return None
+    found = None
+    for f in fleets:
+        if hmac.compare_digest(given_b, f.token.encode("utf-8")):
+            found = f
+    return found
+
+
+def stamp(fleet: str, device_ids: np.ndarray) -> np.ndarray:
+    """The device ids the server sees: 8 bytes of BLAKE2b(fleet, device id) per id (one hash per
+    distinct id of the batch)."""
+    uniq, inverse = np.unique(np.asarray(device_ids, dtype=np.uint64), return_inverse=True)
+    prefix = fleet.encode("utf-8") + b"\x00"
+    out = np.array([int.from_bytes(hashlib.blake2b(prefix + int(d).to_bytes(8, "big"),
+                                                   digest_size=8).digest(), "big")
+                    for d in uniq], dtype=np.uint64)
+    return out[inverse]
+
+
+class Refused(Exception):
+    """A request the gateway answers with an error (``status``, ``reason``, ``detail``)."""
+
+    def __init__(self, status: int, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.reason, self.detail = status, reason, detail
+
+
+class IngestGateway:
+    """The gateway's state: fleets, the accepted mechanism versions (from a verified
+    ``ldp.config``), the Kafka publisher."""
+
+    def __init__(self, bootstrap: str, fleets: Sequence[Fleet], *,
+                 max_body_bytes: int = DEFAULT_MAX_BODY,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 config_topic: str | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.fleets = list(fleets)
+        self.max_body_bytes = int(max_body_bytes)
+        self.max_message_bytes = int(max_message_bytes)
+        kw = {} if config_topic is None else {"topic": config_topic}
+        self.watcher = ConfigWatcher(bootstrap, on_change=self._on_state, **kw)
+        self.publisher = Publisher(bootstrap, client_id="ldpstream-gateway")
+        #: collection → version → mechanism, for every version the newest state accepts
+        self.known: dict[str, dict[int, Mechanism]] = {}
+        #: the last Kafka failure (shown by /healthz until a batch is acknowledged again)
+        self.last_error: str | None = None
+
+    def _on_state(self, collection: str, signed: Any) -> None:
+        newest = self.watcher.mechanisms[collection]
+        accepted = set(newest.accepted_versions())
+        versions = {v: m for v, m in self.known.get(collection, {}).items() if v in accepted}
+        versions[newest.version] = newest
+        self.known[collection] = versions
+
+    async def start(self, timeout_s: float = 30.0) -> "IngestGateway":
+        await self.publisher.start(timeout_s)
+        await self.watcher.start(timeout_s)
+        return self
+
+    async def stop(self) -> None:
+        await self.watcher.stop()
+        await self.publisher.stop()
+
+    # --- one request ---------------------------------------------------------------------------
+    async def ingest(self, collection: str, fleet: Fleet, headers: Mapping[str, str],
+                     body: bytes) -> dict[str, Any]:
+        """Check, stamp and produce the batch of one request of ``fleet`` (authenticated by
+        :meth:`check_access`); raises :class:`Refused`."""
+        ctype = headers.get("Content-Type", "application/octet-stream").split(";")[0].strip()
+        try:
+            if ctype == "application/json":
+                batch = batch_from_json(body)
+            elif ctype == "application/octet-stream":
+                batch = decode_batch(body, max_bytes=self.max_body_bytes)
+            else:
+                raise Refused(415, "unsupported_media_type",
+                              f"Content-Type {ctype!r}: send application/octet-stream (binary "
+                              f"batch) or application/json")
+        except DecodeError as exc:
+            raise Refused(400, exc.reason, exc.detail) from None
+        if batch.collection != collection:
+            raise Refused(400, "wrong_collection", f"the batch is for collection "
+                                                   f"{batch.collection!r}, the URL for "
+                                                   f"{collection!r}")
+        bad = explain_batch(batch, self.known)
+        if bad is not None:
+            raise Refused(400, *bad)
+        ids = self.device_ids(batch, headers.get("X-Device-Id"))
+        messages = await self.produce(batch, stamp(fleet.name, ids))
+        return {"collection": collection, "version": batch.version, "accepted": batch.n,
+                "messages": messages}
+
+    def check_access(self, collection: str, authorization: str | None) -> Fleet:
+        fleet = authenticate(self.fleets, authorization)
+        if fleet is None:
+            raise Refused(401, "unauthorized", "missing or wrong token (send 'Authorization: "
+                                               "Bearer <fleet token>')")
+        if not fleet.allows(collection):
+            raise Refused(403, "forbidden", f"the token of fleet {fleet.name!r} is not allowed "
+                                            f"to report to collection {collection!r}")
+        if collection not in self.known:
+            raise Refused(404, "unknown_collection", f"collection {collection!r} has no verified "
+                                                     f"mechanism state on ldp.config (known: "
+                                                     f"{', '.join(sorted(self.known)) or 'none'})")
+        return fleet
+
+    @staticmethod
+    def device_ids(batch: ReportBatch, header: str | None) -> np.ndarray:
+        if batch.device_ids is not None:
+            return batch.device_ids
+        if header is None:
+            raise Refused(400, "no_device_id", "the batch carries no device ids: set them in the "
+                                               "batch or send the X-Device-Id header")
+        try:
+            dev = int(header)
+            if not 0 <= dev < 2**64:
+                raise ValueError
+        except ValueError:
+            raise Refused(400, "no_device_id", f"X-Device-Id must be an integer in [0, 2**64), "
+                                               f"got {header[:40]!r}") from None
+        return np.full(batch.n, dev, dtype=np.uint64)
+
+    async def produce(self, batch: ReportBatch, stamped: np.ndarray) -> int:
+        """One message per device (split to fit ``max_message_bytes``), keyed by its stamped id;
+        returns the number of messages once Kafka acknowledged all of them."""
+        order = np.argsort(stamped, kind="stable")
+        ids, reports = stamped[order], batch.reports[order]
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+        ends = np.r_[starts[1:], len(ids)]
+        per_row = 8 + batch.width * batch.reports.dtype.itemsize
+        rows = max(1, (self.max_message_bytes - _HEADER_ROOM) // per_row)
+        topic = report_topic(batch.collection)
+        futures = []
+        try:
+            for s, e in zip(starts, ends):
+                key = device_key(int(ids[s]))
+                for a in range(s, e, rows):
+                    b = min(e, a + rows)
+                    payload = encode_batch(batch.collection, batch.version, reports[a:b],
+                                           device_ids=ids[a:b], sent_at=batch.sent_at)
+                    futures.append(await self.publisher.send(topic, payload, key=key))
+            await asyncio.gather(*futures)
+            self.last_error = None
+        except Exception as exc:  # noqa: BLE001 - any Kafka failure: the device retries
+            self.last_error = f"{exc.__class__.__name__}: {exc}"
+            raise Refused(503, "unavailable", f"Kafka did not acknowledge the batch: "
+                                              f"{exc.__class__.__name__}: {exc}") from None
+        return len(futures)
+
+    # --- HTTP ----------------------------------------------------------------------------------
+    def app(self) -> Any:
+        from aiohttp import web
+
+        @web.middleware
+        async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except web.HTTPException as exc:
+                if exc.content_type == "application/json":
+                    raise
+                return web.json_response({"error": exc.reason, "reason": f"http_{exc.status}"},
+                                         status=exc.status)
+            except Exception as exc:  # noqa: BLE001 - every error is JSON
+                log.exception("gateway request failed")
+                return web.json_response({"error": f"internal error: {exc.__class__.__name__}",
+                                          "reason": "internal"}, status=500)
+
+        app = web.Application(middlewares=[json_errors],
+                              client_max_size=self.max_body_bytes + 1)
+        app.router.add_post("/v1/collections/{collection}/reports", self._post_reports)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _post_reports(self, request: Any) -> Any:
+        from aiohttp import web
+
+        t0 = time.perf_counter()
+        collection = request.match_info["collection"]
+        label = collection if collection in self.known else "-"
+        try:
+            # access first: an unauthenticated client learns nothing, not even the size limit
+            fleet = self.check_access(collection, request.headers.get("Authorization"))
+            body = await self._read_body(request)
+            result = await self.ingest(collection, fleet, request.headers, body)
+        except Refused as exc:
+            REQUESTS.labels(label, str(exc.status)).inc()
+            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+            return web.json_response({"error": exc.detail, "reason": exc.reason},
+                                     status=exc.status, headers=headers)
+        finally:
+            SECONDS.observe(time.perf_counter() - t0)
+        REQUESTS.labels(label, "200").inc()
+        REPORTS.labels(collection).inc(result["accepted"])
+        return web.json_response(result)
+
+    async def _read_body(self, request: Any) -> bytes:
+        limit = self.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise Refused(413, "too_large", f"body of {request.content_length} bytes > limit "
+                                            f"{limit}")
+        chunks, size = [], 0
+        while True:
+            chunk = await request.content.read(65536)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                raise Refused(413, "too_large", f"body of more than {limit} bytes")
+            chunks.append(chunk)
+
+    async def _healthz(self, request: Any) -> Any:
+        from aiohttp import web
+
+        ok = self.watcher.running and self.last_error is None
+        return web.json_response({"status": "ok" if ok else "unavailable",
+                                  "config_watcher_running": self.watcher.running,
+                                  "last_kafka_error": self.last_error,
+                                  "collections": {c: sorted(v) for c, v in self.known.items()},
+                                  "refused_states": dict(self.watcher.rejected)},
+                                 status=200 if ok else 503)
+
+    async def _metrics(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.Response(body=generate_latest(REGISTRY),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def serve(gateway: IngestGateway, host: str, port: int) -> Any:
+    """Start the gateway and its HTTP server; returns the aiohttp runner (``await
+    runner.cleanup()`` then ``await gateway.stop()`` to stop)."""
+    from aiohttp import web
+
+    await gateway.start()
+    runner = web.AppRunner(gateway.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def main(args: Any) -> int:
+    """``ldpstream gateway [--port P] [--bind H] [--tokens FILE] [--max-body-bytes N]``."""
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set")
+    fleets = load_fleets(args.tokens)
+    gateway = IngestGateway(bootstrap, fleets, max_body_bytes=args.max_body_bytes)
+
+    async def run() -> None:
+        try:
+            runner = await serve(gateway, args.bind, args.port)
+        except ConnectionError as exc:
+            raise CliError(str(exc)) from None
+        print(f"ldpstream gateway: http://{args.bind}:{args.port}/v1/collections/<id>/reports "
+              f"(fleets: {', '.join(f.name for f in fleets)}; collections: "
+              f"{', '.join(sorted(gateway.known)) or 'none yet'})", file=sys.stderr, flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+        await gateway.stop()
+
+    asyncio.run(run())
+    return 0

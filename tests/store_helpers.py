@@ -35,3 +35,19 @@ async def read_collection(store: CountStore, coll) -> dict[str, np.ndarray]:
     its partitions."""
     layout = Layout.of(coll.version, coll.tensors())
     return await read_all(store, coll.id, layout, coll.partitions)
+
+
+async def read_fine_buckets(store: CountStore, coll, seconds: float) -> dict[str, np.ndarray]:
+    """The sum of a collection's fine time buckets over the last ``seconds`` (all partitions):
+    equal to the all-time counts when every report is that recent and counted once per bucket."""
+    import time
+
+    layout = Layout.of(coll.version, coll.tensors())
+    policy = coll.policy
+    end = policy.fine_bucket(time.time())
+    first = end - int(seconds // policy.bucket_s)
+    where = [(p, "f", b) for p in range(coll.partitions) for b in range(first, end + 1)]
+    total = np.zeros(layout.size, dtype=np.int64)
+    for flat in (await store.read_cells(coll.id, layout, where)).values():
+        total += flat
+    return layout.unpack(total)

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 from conftest import wait_for_n, write_config
-from store_helpers import read_collection
+from store_helpers import read_collection, read_fine_buckets
 
 TOTAL = 100_000
 
@@ -104,8 +104,10 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
         print("\n" + "\n".join(events))
         assert n == TOTAL, (n, events, a.log_tail(), b.log_tail())
         got = await read_collection(store, coll)
+        fine = await read_fine_buckets(store, coll, 3600)   # and per time bucket
         for key, want in stats.counts.items():
             np.testing.assert_array_equal(got[key], want, err_msg=key)
+            np.testing.assert_array_equal(fine[key], want, err_msg=f"buckets {key}")
         await store.close()
         return stats, b, sb
 

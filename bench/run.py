@@ -4,5 +4,10 @@ from __future__ import annotations
 import importlib
 
 
+#: bench name → module of this package, where they differ
+MODULES = {"refresh": "refresh_scale"}
+
+
 def main(args) -> int:
-    return int(importlib.import_module(f"ldpstream.bench.{args.name}").main(args) or 0)
+    module = MODULES.get(args.name, args.name)
+    return int(importlib.import_module(f"ldpstream.bench.{module}").main(args) or 0)

@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["mode_product", "castell", "castell_naive", "castell_reduced", "castell_variance",
-           "expected_tvd", "check_inputs", "apply_modes", "BLAS_THREADS"]
+           "expected_tvd", "check_inputs", "apply_modes", "inverses", "BLAS_THREADS"]
 
 #: BLAS threads used by :func:`apply_modes` on large tensors (``None``: leave BLAS as it is).
 #: The products are skinny (inner dimension d_i), close to memory-bound, and a multi-threaded
@@ -186,7 +186,9 @@ def _frequencies(counts: np.ndarray) -> tuple[np.ndarray, float]:
     return np.divide(counts, n, dtype=np.float64), n
 
 
-def _inverses(channels: Sequence[np.ndarray]) -> list[np.ndarray]:
+def inverses(channels: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The inverse of every channel (each ``(d, d)``, or a stack ``(B, d, d)`` inverted per
+    matrix); a singular one raises ValueError naming its position."""
     out = []
     for i, P in enumerate(channels):
         try:
@@ -204,7 +206,7 @@ def castell(counts: np.ndarray, channels: Sequence[np.ndarray]) -> np.ndarray:
     """
     counts, channels = check_inputs(counts, channels)
     n = _total(counts)
-    return apply_modes(counts, _inverses(channels), scale=1.0 / n)
+    return apply_modes(counts, inverses(channels), scale=1.0 / n)
 
 
 def castell_naive(counts: np.ndarray, channels: Sequence[np.ndarray]) -> np.ndarray:
@@ -221,7 +223,7 @@ def castell_reduced(counts: np.ndarray, channels: Sequence[np.ndarray]) -> np.nd
     """Baseline [Castell Table II "reduced"]: form P₁⁻¹⊗…⊗P_w⁻¹ explicitly and multiply."""
     counts, channels = check_inputs(counts, channels)
     lam, _ = _frequencies(counts)
-    inv = _inverses(channels)
+    inv = inverses(channels)
     K = inv[0]
     for Q in inv[1:]:
         K = np.kron(K, Q)
@@ -237,7 +239,7 @@ def castell_variance(counts: np.ndarray, channels: Sequence[np.ndarray]) -> np.n
     """
     counts, channels = check_inputs(counts, channels)
     n = _total(counts)
-    inv = _inverses(channels)
+    inv = inverses(channels)
     var = apply_modes(counts, [Q * Q for Q in inv], scale=1.0 / n)
     est = apply_modes(counts, inv, scale=1.0 / n)
     est *= est

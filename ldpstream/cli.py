@@ -60,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     _simulate_args(p)
 
     p = sub.add_parser("bench", help="benchmarks: castell | adult | pipeline | mechanisms | "
-                                     "gateway")
-    p.add_argument("name", choices=("castell", "adult", "pipeline", "mechanisms", "gateway"))
+                                     "gateway | refresh")
+    p.add_argument("name", choices=("castell", "adult", "pipeline", "mechanisms", "gateway",
+                                    "refresh"))
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
     p.add_argument("--redis-cluster", action="store_true",

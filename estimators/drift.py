@@ -51,16 +51,13 @@ from scipy.special import ndtri
 
 from . import batched
 from .castell import castell_variance
-from .mechanism import Estimate, Mechanism, marginal_key
+from .mechanism import Estimate, Mechanism, VersionedCounts, marginal_key
 from .rr_ind import RRIndependent, _RRBase, marginal_counts
 
 __all__ = ["DriftResult", "drift_test", "sidak_threshold", "cell_variance", "null_variances",
            "pooled_tables", "replicate_rng", "null_size",
            "table_variances",
-           "VersionedCounts", "REPLICATES", "BATCHED_METHODS"]
-
-#: mechanism version → tensor key → counts
-VersionedCounts = Mapping[int, Mapping[str, np.ndarray]]
+           "REPLICATES", "BATCHED_METHODS"]
 
 #: bootstrap replicates per variance (with the Castell control variate, the relative error of a
 #: bootstrapped variance is a few percent at this size; tests/test_drift.py measures it)
@@ -146,13 +143,6 @@ def _replicates(table: np.ndarray, rng: np.random.Generator, replicates: int,
             .reshape((replicates,) + table.shape).astype(float))
 
 
-def _single_version(counts: VersionedCounts) -> Mapping[str, np.ndarray]:
-    if len(counts) != 1:
-        raise ValueError(f"counts of {len(counts)} mechanism versions: variances combine one "
-                         "version only")
-    return next(iter(counts.values()))
-
-
 def table_variances(tables: np.ndarray, mats: Sequence[np.ndarray], methods: Sequence[str],
                     rngs: Sequence[np.random.Generator], *, replicates: int = REPLICATES,
                     n: Sequence[int] | None = None) -> dict[str, np.ndarray]:
@@ -232,10 +222,10 @@ def cell_variance(mech: Mechanism, counts: VersionedCounts, attrs: Sequence[str]
     attrs = tuple(attrs)
     if tuple(est.factor.domain.attrs) != attrs:
         raise ValueError(f"estimate is over {est.factor.domain.attrs}, not {attrs}")
-    single = _single_version(counts)
+    combined = mech.combined_counts(counts)
     R = int(replicates)
     if isinstance(mech, _RRBase):
-        table = np.asarray(marginal_counts(mech.domain, single, attrs), dtype=float)
+        table = np.asarray(marginal_counts(mech.domain, combined, attrs), dtype=float)
         rng = replicate_rng(seed, attrs, "own", table)
         if isinstance(mech, RRIndependent):
             P = mech.channels_of(attrs)
@@ -248,10 +238,10 @@ def cell_variance(mech: Mechanism, counts: VersionedCounts, attrs: Sequence[str]
         draws = _replicates(table, rng, R)
         return _estimates_on(mech, {}, attrs, method, {marginal_key(attrs): draws}).var(axis=0,
                                                                                        ddof=1)
-    flat = np.concatenate([np.asarray(t, dtype=float).reshape(-1) for t in single.values()])
+    flat = np.concatenate([np.asarray(t, dtype=float).reshape(-1) for t in combined.values()])
     rng = replicate_rng(seed, attrs, "own", flat)
-    draws = {k: _replicates(np.asarray(t), rng, R) for k, t in single.items()}
-    return _estimates_on(mech, single, attrs, method, draws).var(axis=0, ddof=1)
+    draws = {k: _replicates(np.asarray(t), rng, R) for k, t in combined.items()}
+    return _estimates_on(mech, combined, attrs, method, draws).var(axis=0, ddof=1)
 
 
 def pooled_tables(mech: Mechanism, cur: VersionedCounts, prev: VersionedCounts,
@@ -259,7 +249,7 @@ def pooled_tables(mech: Mechanism, cur: VersionedCounts, prev: VersionedCounts,
     """The two windows' tensors summed (the population both sample under "no change") and each
     tensor's report totals per window. Tables of an independent-channel mechanism are reduced to
     the marginal first."""
-    a, b = _single_version(cur), _single_version(prev)
+    a, b = mech.combined_counts(cur), mech.combined_counts(prev)
     if isinstance(mech, _RRBase):
         key = marginal_key(attrs)
         a = {key: np.asarray(marginal_counts(mech.domain, a, attrs), dtype=float)}

@@ -12,8 +12,9 @@ estimator), computed the fast way where one exists:
   :class:`EstimateCache` passed by the caller remembers the last answer per key with a digest of
   the table it came from.
 
-Everything else (other families, other estimators, several mechanism versions) goes through the
-mechanism one estimate at a time. A failing estimate never stops the others: its reason is in
+Everything else (other families, other estimators) goes through ``Mechanism.estimate_versions``
+one estimate at a time. Counts are :data:`~.mechanism.VersionedCounts`; the batched path reads
+the family's ``combined_counts`` (the accepted versions summed), as ``estimate_versions`` does. A failing estimate never stops the others: its reason is in
 ``failures``. :func:`drift_many` does the same for the drift tests (:mod:`.drift`), batching the
 bootstrap of the pooled null variances.
 """
@@ -28,9 +29,9 @@ import numpy as np
 from . import batched
 from .castell import expected_tvd
 from .domain import Factor
-from .drift import (BATCHED_METHODS, REPLICATES, DriftResult, VersionedCounts, drift_test,
-                    null_size, null_variances, pooled_tables, replicate_rng, table_variances)
-from .mechanism import Estimate, Mechanism, marginal_key
+from .drift import (BATCHED_METHODS, REPLICATES, DriftResult, drift_test, null_size,
+                    null_variances, pooled_tables, replicate_rng, table_variances)
+from .mechanism import Estimate, Mechanism, VersionedCounts, marginal_key
 from .rr_ind import RRIndependent, marginal_counts
 
 __all__ = ["Key", "EstimateBatch", "DriftBatch", "EstimateCache", "estimate_many", "drift_many"]
@@ -89,13 +90,6 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _one(mech: Mechanism, counts: VersionedCounts, attrs: tuple[str, ...], method: str) -> Estimate:
-    if len(counts) != 1:
-        raise ValueError(f"counts of {len(counts)} mechanism versions: this mechanism estimates "
-                         "from one version")
-    return mech.estimate(next(iter(counts.values())), attrs, method)
-
-
 def _batched_estimates(mech: RRIndependent, method: str, attrs_list: list[tuple[str, ...]],
                        tables: np.ndarray) -> list[Estimate]:
     """One group (same estimator, shape and channels) through estimators/batched.py, as
@@ -142,18 +136,21 @@ def estimate_many(mech: Mechanism, counts_by_window: Mapping[str, VersionedCount
     fast = isinstance(mech, RRIndependent)
     seen: dict[bytes, Key] = {}
     for window, counts in counts_by_window.items():
+        combined: Mapping[str, np.ndarray] | None = None
         for attrs in marginals:
             attrs = tuple(attrs)
             table: np.ndarray | None = None
             for method in methods:
                 key = (window, attrs, method)
-                if not (fast and len(counts) == 1 and method in BATCHED_METHODS):
+                if not (fast and method in BATCHED_METHODS):
                     singles.append(key)
                     continue
                 try:
+                    if combined is None:
+                        combined = mech.combined_counts(counts)
                     if table is None:
-                        table = np.asarray(marginal_counts(mech.domain, next(iter(counts.values())),
-                                                           attrs), dtype=float)
+                        table = np.asarray(marginal_counts(mech.domain, combined, attrs),
+                                           dtype=float)
                     if not float(table.sum()) > 0:
                         raise ValueError(f"no reports counted for {attrs}")
                 except Exception as exc:  # noqa: BLE001 - reported per key
@@ -186,7 +183,7 @@ def estimate_many(mech: Mechanism, counts_by_window: Mapping[str, VersionedCount
     for key in singles:
         window, attrs, method = key
         try:
-            estimates[key] = _one(mech, counts_by_window[window], attrs, method)
+            estimates[key] = mech.estimate_versions(counts_by_window[window], attrs, method)
             computed += 1
         except Exception as exc:  # noqa: BLE001 - reported per key
             failures[key] = _reason(exc)
@@ -221,7 +218,7 @@ def drift_many(mech: Mechanism,
     for key in (k for k in current if k in previous and k[0] in windows):
         window, attrs, method = key
         cur, prev = windows[window]
-        if not (fast and method in BATCHED_METHODS and len(cur) == 1 and len(prev) == 1):
+        if not (fast and method in BATCHED_METHODS):
             singles.append(key)
             continue
         wa = (window, attrs)

@@ -87,6 +87,9 @@ class ConfigWatcher:
         self.max_epsilon = max_epsilon
         self.states: dict[str, SignedState] = {}
         self.mechanisms: dict[str, Mechanism] = {}
+        #: the accepted record values as published (relayed by the HTTP gateway, re-verified by
+        #: the devices that fetch them)
+        self.records: dict[str, bytes] = {}
         self.rejected: dict[str, int] = {}
         self.refusals: list[StateRejected] = []
         self._consumer = None
@@ -181,6 +184,7 @@ class ConfigWatcher:
             return
         self.states[signed.collection] = signed
         self.mechanisms[signed.collection] = mech
+        self.records[signed.collection] = value
         self._changed.set()
         if self.on_change is not None:
             self.on_change(signed.collection, signed)

@@ -3,6 +3,9 @@
     POST /v1/collections/<id>/reports    one report batch: the binary batch of producers/codec.py
                                          (Content-Type application/octet-stream) or its JSON form
                                          (application/json); Authorization: Bearer <fleet token>
+    GET  /v1/collections/<id>/config     the collection's signed mechanism state as published on
+                                         ldp.config (devices verify it, see sdk.GatewayConfigWatcher);
+                                         same token checks as the reports
     GET  /healthz                        broker reachable and ldp.config read; 200 or 503
     GET  /metrics                        Prometheus text (ldp_gateway_* series)
 
@@ -328,6 +331,7 @@ class IngestGateway:
         app = web.Application(middlewares=[json_errors],
                               client_max_size=self.max_body_bytes + 1)
         app.router.add_post("/v1/collections/{collection}/reports", self._post_reports)
+        app.router.add_get("/v1/collections/{collection}/config", self._get_config)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
         return app
@@ -345,14 +349,23 @@ class IngestGateway:
             result = await self.ingest(collection, fleet, request.headers, body)
         except Refused as exc:
             REQUESTS.labels(label, str(exc.status)).inc()
-            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-            return web.json_response({"error": exc.detail, "reason": exc.reason},
-                                     status=exc.status, headers=headers)
+            return _refusal(exc)
         finally:
             SECONDS.observe(time.perf_counter() - t0)
         REQUESTS.labels(label, "200").inc()
         REPORTS.labels(collection).inc(result["accepted"])
         return web.json_response(result)
+
+    async def _get_config(self, request: Any) -> Any:
+        from aiohttp import web
+
+        collection = request.match_info["collection"]
+        try:
+            self.check_access(collection, request.headers.get("Authorization"))
+        except Refused as exc:
+            return _refusal(exc)
+        return web.Response(body=self.watcher.records[collection],
+                            content_type="application/json")
 
     async def _read_body(self, request: Any) -> bytes:
         limit = self.max_body_bytes
@@ -385,6 +398,14 @@ class IngestGateway:
 
         return web.Response(body=generate_latest(REGISTRY),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def _refusal(exc: Refused) -> Any:
+    from aiohttp import web
+
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return web.json_response({"error": exc.detail, "reason": exc.reason}, status=exc.status,
+                             headers=headers)
 
 
 async def serve(gateway: IngestGateway, host: str, port: int) -> Any:

@@ -18,6 +18,8 @@ the ε it cost.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
@@ -32,8 +34,10 @@ from .device import ConfigWatcher, report_topic
 from .ledger import Ledger, channel_fingerprint
 from .publisher import Publisher
 
+log = logging.getLogger(__name__)
+
 __all__ = ["DeviceClient", "ReportResult", "Transport", "KafkaTransport", "HttpTransport",
-           "RecordingTransport", "GatewayError", "UnknownCollectionError", "device_key"]
+           "RecordingTransport", "GatewayConfigWatcher", "GatewayError", "UnknownCollectionError", "device_key"]
 
 
 class UnknownCollectionError(LookupError):
@@ -81,6 +85,23 @@ class KafkaTransport:
         await self.publisher.flush()
 
 
+async def _gateway_error(resp: Any) -> GatewayError:
+    """The gateway's JSON error of a non-2xx answer."""
+    import aiohttp
+
+    try:
+        error = str((await resp.json()).get("error"))
+    except (ValueError, aiohttp.ContentTypeError):
+        error = (await resp.text())[:200]
+    return GatewayError(resp.status, error)
+
+
+def _session(timeout_s: float) -> Any:
+    import aiohttp
+
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
+
+
 class HttpTransport:
     """POST batches to an ``ldpstream gateway`` (``Authorization: Bearer <fleet token>``)."""
 
@@ -91,26 +112,71 @@ class HttpTransport:
         self._session: Any = None
 
     async def send(self, collection: str, batch: bytes, device_id: int) -> None:
-        import aiohttp
-
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            self._session = _session(self.timeout_s)
         async with self._session.post(
                 f"{self.url}/v1/collections/{collection}/reports", data=batch,
                 headers={"Authorization": f"Bearer {self.token}",
                          "Content-Type": "application/octet-stream"}) as resp:
             if resp.status >= 300:
-                try:
-                    error = str((await resp.json()).get("error"))
-                except (ValueError, aiohttp.ContentTypeError):
-                    error = (await resp.text())[:200]
-                raise GatewayError(resp.status, error)
+                raise await _gateway_error(resp)
 
     async def flush(self) -> None:
         return None
 
     async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class GatewayConfigWatcher(ConfigWatcher):
+    """Mechanism states fetched from an ``ldpstream gateway`` over HTTP instead of Kafka: the
+    gateway relays the signed ``ldp.config`` records unchanged (``GET
+    /v1/collections/<id>/config``) and this watcher verifies them exactly as
+    :class:`~.device.ConfigWatcher` does (pinned key, replay and ε-ceiling checks), so a
+    compromised gateway cannot hand devices a forged mechanism.
+
+    :meth:`start` fetches every collection once (an HTTP error raises :class:`GatewayError`),
+    then re-fetches them every ``poll_s`` seconds."""
+
+    def __init__(self, url: str, token: str, collections: Iterable[str], *,
+                 poll_s: float = 60.0, timeout_s: float = 10.0, **kw: Any) -> None:
+        self.url = url.rstrip("/")
+        super().__init__(self.url, topic=f"{self.url}/v1/collections/<id>/config", **kw)
+        self.token = token
+        self.collections = list(collections)
+        self.poll_s = poll_s
+        self.timeout_s = timeout_s
+        self._session: Any = None
+
+    async def start(self, timeout_s: float = 30.0) -> "GatewayConfigWatcher":
+        self._session = _session(self.timeout_s)
+        await self._fetch_all()
+        self._task = asyncio.create_task(self._run(), name="ldp-gateway-config-watcher")
+        return self
+
+    async def _fetch_all(self) -> None:
+        for cid in self.collections:
+            async with self._session.get(f"{self.url}/v1/collections/{cid}/config",
+                                         headers={"Authorization": f"Bearer {self.token}"}
+                                         ) as resp:
+                if resp.status != 200:
+                    raise await _gateway_error(resp)
+                self._take(cid.encode("utf-8"), await resp.read())
+
+    async def _run(self) -> None:
+        import aiohttp
+
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self._fetch_all()
+            except (GatewayError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                log.warning("cannot refresh mechanism states from %s: %s", self.url, exc)
+
+    async def stop(self) -> None:
+        await super().stop()
         if self._session is not None:
             await self._session.close()
             self._session = None

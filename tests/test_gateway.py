@@ -28,7 +28,7 @@ from ldpstream.errors import CliError
 from ldpstream.producers.codec import batch_to_json, decode_batch, encode_batch
 from ldpstream.producers.gateway import (Fleet, IngestGateway, authenticate, load_fleets,
                                          parse_fleets, serve, stamp)
-from ldpstream.producers.sdk import device_key
+from ldpstream.producers.sdk import GatewayConfigWatcher, GatewayError, device_key
 
 DOM = Domain.from_categories({"os": ["android", "ios", "other"], "plan": ["free", "pro"]})
 TOKEN_A, TOKEN_B = "phones-token-0123456789", "sensors-token-0123456789"
@@ -172,6 +172,17 @@ def test_gateway_refusals_produce_nothing_then_a_batch_is_stamped(kafka_broker, 
                     assert r.status == 200 and h["collections"] == {cid: [2]}
             assert await _topic_messages(kafka_broker.bootstrap, topic) == []  # nothing produced
 
+            # the signed state, relayed unchanged and verified by a device that speaks only HTTP
+            http = await GatewayConfigWatcher(base, TOKEN_A, [cid]).start()
+            try:
+                assert http.mechanisms[cid].version == 2 and http.running
+                assert http.records[cid] == gw.watcher.records[cid]
+            finally:
+                await http.stop()
+            for token, status in (("wrong-token-0123456789", 401), (TOKEN_B, 403)):
+                with pytest.raises(GatewayError, match=str(status)):
+                    await GatewayConfigWatcher(base, token, [cid]).start()
+
             # accepted: the binary form (two devices) and the JSON form (X-Device-Id header)
             two = encode_batch(cid, 2, [[1, 1], [2, 0], [0, 1]], device_ids=[7, 8, 7])
             got, doc = await _post(url, two, ok)
@@ -243,14 +254,14 @@ class GatewayProcess:
 
 def test_reports_through_the_gateway_are_counted_exactly(tmp_path, kafka_broker, redis_server,
                                                          spawn_worker, service_env, unique_name):
-    """SDK devices (memoized collection) → HttpTransport → gateway → Kafka → worker → Redis:
+    """SDK devices speaking only HTTP (memoized collection; mechanism states from the gateway,
+    verified on the device) → HttpTransport → gateway → Kafka → worker → Redis:
     the counts equal the counts of the reports the devices queued; refused requests add
     nothing."""
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
-    from ldpstream.producers.device import ConfigWatcher
     from ldpstream.producers.ledger import Ledger
-    from ldpstream.producers.sdk import DeviceClient, GatewayError, HttpTransport
+    from ldpstream.producers.sdk import DeviceClient, HttpTransport
     from ldpstream.services import free_port
 
     cid = unique_name
@@ -270,7 +281,9 @@ def test_reports_through_the_gateway_are_counted_exactly(tmp_path, kafka_broker,
         gateway.wait_for(cid)
 
         async def run():
-            watcher = await ConfigWatcher(kafka_broker.bootstrap).start()
+            # devices speak HTTP only: mechanism states come through the gateway too
+            url = f"http://127.0.0.1:{port}"
+            watcher = await GatewayConfigWatcher(url, TOKEN_A, [cid]).start()
             mech = watcher.mechanisms[cid]
             assert mech.memoize is not None and mech.instantaneous is not None
             specs = coll.tensors()
@@ -280,7 +293,7 @@ def test_reports_through_the_gateway_are_counted_exactly(tmp_path, kafka_broker,
             sent = 0
             for dev in range(40):  # 40 devices, 3 distinct records each, 5 reports each
                 client = DeviceClient(cid, watcher=watcher, ledger=Ledger(":memory:"),
-                                      transport=HttpTransport(f"http://127.0.0.1:{port}", TOKEN_A),
+                                      transport=HttpTransport(url, TOKEN_A),
                                       device_id=dev, batch_size=4, rng=rng)
                 recs = [{a: str(rng.choice(labels[a])) for a in DOM.attrs} for _ in range(3)]
                 for res in await client.report_many([recs[i % 3] for i in range(5)]):
@@ -290,7 +303,7 @@ def test_reports_through_the_gateway_are_counted_exactly(tmp_path, kafka_broker,
                             expected[k] += v
                 await client.close()
             refused = DeviceClient(cid, watcher=watcher, ledger=Ledger(":memory:"),
-                                   transport=HttpTransport(f"http://127.0.0.1:{port}", TOKEN_B),
+                                   transport=HttpTransport(url, TOKEN_B),
                                    batch_size=1)
             with pytest.raises(GatewayError, match="403.*not allowed"):
                 await refused.report({"os": "ios", "plan": "pro"})

@@ -9,8 +9,9 @@ memoized randomized responses and what it last reported.
   fingerprint, rotation period, attribute, true value) [RAPPOR §3]. Kept across restarts: a
   device that re-drew its memoized responses after each restart would leak its value by
   averaging them.
-* ``sent``: the record last reported per collection and period, so a device repeating its
-  record sends it once per rotation period.
+* ``sent``: when each distinct record was last reported per collection and period, so a device
+  repeating a record sends it once per rotation period. Rows of past periods (sent records and
+  memoized responses) are deleted when a report of a newer period is committed.
 
 One report is committed in one transaction (memos, spend and sent together).
 """
@@ -34,8 +35,9 @@ CREATE TABLE IF NOT EXISTS memo (collection TEXT NOT NULL, channel TEXT NOT NULL
                                  period INTEGER NOT NULL, attribute INTEGER NOT NULL,
                                  value INTEGER NOT NULL, response INTEGER NOT NULL,
                                  PRIMARY KEY (collection, channel, period, attribute, value));
-CREATE TABLE IF NOT EXISTS sent (collection TEXT PRIMARY KEY, period INTEGER NOT NULL,
-                                 record TEXT NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS sent (collection TEXT NOT NULL, period INTEGER NOT NULL,
+                                 record TEXT NOT NULL, at REAL NOT NULL,
+                                 PRIMARY KEY (collection, period, record));
 """
 
 
@@ -117,16 +119,17 @@ class Ledger:
                 out[(int(j), int(v))] = int(row[0])
         return out
 
-    def last_sent(self, collection: str) -> tuple[int, str, float] | None:
-        """``(period, record key, time)`` of the last report of ``collection``."""
-        row = self._db.execute("SELECT period, record, at FROM sent WHERE collection=?",
-                               (collection,)).fetchone()
-        return None if row is None else (int(row[0]), str(row[1]), float(row[2]))
+    def last_sent(self, collection: str, period: int, record: str) -> float | None:
+        """When ``record`` was last reported to ``collection`` in ``period`` (None: not yet)."""
+        row = self._db.execute("SELECT at FROM sent WHERE collection=? AND period=? AND record=?",
+                               (collection, int(period), record)).fetchone()
+        return None if row is None else float(row[0])
 
     def commit(self, collection: str, now: float, cost: float, *, channel: str = "",
                period: int = 0, memos: dict[tuple[int, int], int] | None = None,
-               record: str = "") -> None:
-        """Record one report atomically: its ε, the new memoized responses, what was sent."""
+               record: str | None = None) -> None:
+        """Record one report atomically: its ε, the new memoized responses and, for a memoized
+        ``record``, that it was sent in ``period``."""
         with self._transaction():
             if cost > 0:
                 self._db.execute("INSERT INTO spend VALUES (?, ?, ?)",
@@ -134,8 +137,12 @@ class Ledger:
             for (j, v), y in (memos or {}).items():
                 self._db.execute("INSERT INTO memo VALUES (?, ?, ?, ?, ?, ?)",
                                  (collection, channel, int(period), int(j), int(v), int(y)))
-            self._db.execute("INSERT OR REPLACE INTO sent VALUES (?, ?, ?, ?)",
-                             (collection, int(period), record, float(now)))
+            for table in ("memo", "sent"):  # past periods are never reused
+                self._db.execute(f"DELETE FROM {table} WHERE collection=? AND period<?",
+                                 (collection, int(period)))
+            if record is not None:
+                self._db.execute("INSERT OR REPLACE INTO sent VALUES (?, ?, ?, ?)",
+                                 (collection, int(period), record, float(now)))
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:

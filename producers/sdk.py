@@ -289,21 +289,19 @@ class DeviceClient:
 
     def _randomize(self, mech: Mechanism, x: np.ndarray, now: float) -> ReportResult:
         """One record → its report, charged to the ledger (or why not)."""
-        record = ",".join(str(int(v)) for v in x)
         if not (isinstance(mech, RRIndependent) and mech.memoize is not None):
             cost = mech.epsilon
             refusal = self.ledger.refusal(cost, now)
             if refusal is not None:
                 return ReportResult("refused", 0.0, mech.version, refusal)
             report = mech.randomize(x[None, :], self.rng)[0]
-            self.ledger.commit(self.collection, now, cost, record=record)
+            self.ledger.commit(self.collection, now, cost)
             return ReportResult("queued", cost, mech.version, report=report)
         period = mech.memoize.period(now)
         fp = channel_fingerprint(mech.permanent)
-        record = f"{fp}:{record}"
-        last = self.ledger.last_sent(self.collection)
-        if last is not None and last[:2] == (period, record) and (
-                self.resend_every_s is None or now - last[2] < self.resend_every_s):
+        record = f"{fp}:" + ",".join(str(int(v)) for v in x)
+        last = self.ledger.last_sent(self.collection, period, record)
+        if last is not None and (self.resend_every_s is None or now - last < self.resend_every_s):
             return ReportResult("duplicate", 0.0, mech.version,
                                 "this record was already reported in this rotation period")
         keys = [(j, int(v)) for j, v in enumerate(x)]

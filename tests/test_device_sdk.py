@@ -118,9 +118,16 @@ def test_memoized_device_sends_once_per_rotation_and_keeps_its_ledger(kafka_brok
             other = await client.report({"os": "ios", "plan": "free"})
             assert other.status == "queued"
             assert other.epsilon == pytest.approx(ch.epsilon(mech.permanent[1]))
-            # back to the first value: its memoized responses are reused, nothing spent
+            # back to the first value: already reported in this period
             back = await client.report(REC)
-            assert back.status == "queued" and back.epsilon == 0
+            assert back.status == "duplicate" and back.epsilon == 0
+            # android is new (its permanent ε); then a new combination of memoized values: sent,
+            # nothing spent
+            mixed = await client.report({"os": "android", "plan": "pro"})
+            assert mixed.status == "queued"
+            assert mixed.epsilon == pytest.approx(ch.epsilon(mech.permanent[0]))
+            combo = await client.report({"os": "android", "plan": "free"})
+            assert combo.status == "queued" and combo.epsilon == 0
 
             # next rotation periods: a fresh permanent response each, until the budget says no
             clock.t += 3600.0
@@ -131,9 +138,10 @@ def test_memoized_device_sends_once_per_rotation_and_keeps_its_ledger(kafka_brok
             assert r3.status == "refused" and r3.epsilon == 0 and r3.report is None
             assert "budget exceeded" in r3.reason and "ε=" in r3.reason
             spent = client.ledger.spent(clock.t, 86400.0)
-            assert spent == pytest.approx(2 * eps_perm + ch.epsilon(mech.permanent[1]))
+            assert spent == pytest.approx(2 * eps_perm + ch.epsilon(mech.permanent[1])
+                                          + ch.epsilon(mech.permanent[0]))
             await client.close()
-            assert sent.reports().shape == (4, 2)  # first, other, back, next period
+            assert sent.reports().shape == (5, 2)  # first, other, mixed, combo, next period
             client.ledger.close()
             # the restart keeps the refusal too
             with Ledger(path, budget=Budget(3 * eps_perm, 86400.0)) as led:
@@ -269,3 +277,34 @@ def test_docs_copy_paste_example_runs(tmp_path, spawn_worker, service_env, uniqu
     assert run() == ["queued 3.0", dup, dup]
     assert run() == [dup, dup, dup]
     assert "It prints `queued 3.0`" in text and f"twice `{dup}`" in " ".join(text.split())
+
+
+def test_client_never_uses_an_unsigned_or_forged_state(kafka_broker, unique_name):
+    """The SDK randomizes only with states the watcher verified: an unsigned state (the old
+    plain JSON) and a state signed by another key are refused, and the client says so."""
+    import json
+
+    from ldpstream.producers.publisher import Publisher
+    from ldpstream.producers.signing import SigningKey
+    from ldpstream.services import create_topics
+
+    topic = f"cfg.{unique_name}"
+    forged = RRIndependent(DOM, epsilon=12.0)  # nearly the true values
+
+    async def run():
+        await create_topics(kafka_broker.bootstrap, {topic: 1}, compacted={topic})
+        async with Publisher(kafka_broker.bootstrap) as pub:
+            await pub.send(topic, json.dumps(dict(forged.state(), collection="plain")).encode(),
+                           key=b"plain")
+            await pub.send(topic, SigningKey.generate().sign_state(forged.state(), "other"),
+                           key=b"other")
+            await pub.flush()
+        async with watching(kafka_broker.bootstrap, topic, {}) as watcher:
+            assert watcher.mechanisms == {} and sum(watcher.rejected.values()) == 2
+            for cid in ("plain", "other"):
+                client = DeviceClient(cid, watcher=watcher, transport=RecordingTransport(),
+                                      ledger=Ledger(":memory:"))
+                with pytest.raises(UnknownCollectionError, match="refused records"):
+                    await client.report(REC)
+
+    asyncio.run(run())

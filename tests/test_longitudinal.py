@@ -233,7 +233,10 @@ def test_ledger_budget_window_and_restart(tmp_path):
         assert led.refusal(0.5, now=1099.0) is not None
         assert led.memos("c", "f", 7, [(0, 2), (1, 0), (1, 1)]) == {(0, 2): 1, (1, 0): 0}
         assert led.memos("c", "f", 8, [(0, 2)]) == {} and led.memos("c", "g", 7, [(0, 2)]) == {}
-        assert led.last_sent("c") == (7, "f:2,0", 1050.0)
+        assert led.last_sent("c", 7, "f:2,0") == 1050.0 and led.last_sent("c", 7, "f:0,0") is None
+        led.commit("c", 1200.0, 0.0, channel="f", period=8, record="f:2,0")
+        assert led.last_sent("c", 7, "f:2,0") is None  # past periods are dropped
+        assert led.memos("c", "f", 7, [(0, 2)]) == {} and led.last_sent("c", 8, "f:2,0") == 1200.0
     with pytest.raises(ValueError, match="budget epsilon"):
         Budget(0.0)
 

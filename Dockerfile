@@ -17,7 +17,9 @@ COPY bench ./bench
 RUN pip install . && rm -rf /src/build
 
 # unprivileged user; faust keeps its local data directory in the working directory
-RUN useradd --create-home --uid 10001 ldp && mkdir -p /data && chown ldp:ldp /data
+# /keys: volumes for the ldp.config signing key pair (docker-compose.yml `keygen`) start owned by ldp
+RUN useradd --create-home --uid 10001 ldp && mkdir -p /data /keys/private /keys/public \
+    && chown -R ldp:ldp /data /keys
 USER ldp
 WORKDIR /data
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..producers import bounded_fetch
+from ..producers.kafka_security import KafkaSecurityError, kafka_security
 from ..producers.signing import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, load_signing_key
 from .context import Context
 
@@ -79,7 +80,13 @@ def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int 
         session_timeout_s = float(os.environ.get("LDP_SESSION_TIMEOUT_S", DEFAULT_SESSION_TIMEOUT_S))
     web_bind = web_bind or os.environ.get("LDP_WEB_BIND", DEFAULT_WEB_BIND)
     datadir = tempfile.mkdtemp(prefix="ldpstream-faust-")
+    try:
+        security = kafka_security()
+    except KafkaSecurityError as exc:
+        raise ConfigError(str(exc)) from None
     extra: dict[str, Any] = {}
+    if security.protocol != "PLAINTEXT":
+        extra["broker_credentials"] = security.faust_credentials()
     if web_bind in ("127.0.0.1", "localhost"):
         extra["web_host"] = "127.0.0.1"
     app = faust.App(
@@ -91,7 +98,8 @@ def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int 
         broker_heartbeat_interval=max(0.1, float(session_timeout_s) / 4),
         topic_partitions=1, topic_replication_factor=1, datadir=datadir,
         producer_max_request_size=4 * 1024 * 1024)
-    ctx = Context(config=config, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap)
+    ctx = Context(config=config, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap,
+                  kafka_security=security)
     bounded_fetch.install(max_decompressed_bytes(config.ingest.max_message_bytes))
     try:
         key = load_signing_key()
@@ -166,7 +174,7 @@ def main(args) -> int:
           + (f"(ephemeral: set {ENV_SIGNING_KEY}_FILE, see `ldpstream keygen`); devices pin "
              f"{ENV_PUBLIC_KEY}={pub}" if ctx.extras["ephemeral_key"] else f"(public key {pub})"),
           file=sys.stderr, flush=True)
-    print(f"ldpstream worker: broker {bootstrap}, Redis {display_url(redis_url)}, "
+    print(f"ldpstream worker: broker {bootstrap} ({ctx.kafka_security.describe()}), Redis {display_url(redis_url)}, "
           f"HTTP on {_listening(app.conf.web_bind, app.conf.web_port)} "
           f"(collections: {', '.join(config.collections)})",
           file=sys.stderr, flush=True)

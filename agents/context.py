@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..estimators.mechanism import Mechanism
+from ..producers.kafka_security import KafkaSecurity
 from ..producers.signing import SigningKey
 from .layout import Layout
 
@@ -27,6 +28,8 @@ class Context:
     started_at: float = field(default_factory=time.time)
     #: signs every mechanism state published to ``ldp.config`` (producers/signing.py)
     signing_key: SigningKey = field(default_factory=SigningKey.generate)
+    #: TLS/SASL of every Kafka client of the worker (producers/kafka_security.py)
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
     #: the ingest service (agents/ingest.py) once the app has started it
     ingest: Any = None
     _layouts: dict[tuple[str, int], Layout] = field(default_factory=dict)

@@ -157,9 +157,10 @@ class IngestService(Service):
             topics = {c.topic: int(c.partitions) for c in self.collections.values()}
             topics.update({DLQ_TOPIC: 1, CONFIG_TOPIC: 1})
             await create_topics(boot, topics, compacted={CONFIG_TOPIC})
+        security = self.ctx.kafka_security.client_kwargs()
         self.producer = AIOKafkaProducer(bootstrap_servers=boot, acks="all", linger_ms=5,
                                          max_request_size=max(1_048_576, 2 * 65_536 + 4096),
-                                         client_id="ldpstream-worker")
+                                         client_id="ldpstream-worker", **security)
         await self.producer.start()
         if self.publish_config_on_start:
             await self.publish_config()
@@ -169,7 +170,7 @@ class IngestService(Service):
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
             rebalance_timeout_ms=max(self.session_timeout_ms, 30_000),
             max_partition_fetch_bytes=max(4 * 1_048_576, 2 * self.max_message_bytes),
-            fetch_max_bytes=64 * 1_048_576, client_id="ldpstream-ingest")
+            fetch_max_bytes=64 * 1_048_576, client_id="ldpstream-ingest", **security)
         self.consumer.subscribe(sorted(self.cid_of), listener=_Listener(self))
         await self.consumer.start()
         self.ctx.ingest = self

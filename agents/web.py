@@ -29,6 +29,7 @@ import numpy as np
 from faust import web
 
 from . import metrics, refresh
+from ..producers.kafka_security import KafkaSecurity
 from .ingest import REDIS_ERRORS
 from .redis_client import health as redis_health
 from .store import CountStore
@@ -146,6 +147,21 @@ def _broker_ok(addrs: Sequence[tuple[str, int]]) -> tuple[bool, str]:
         except OSError as exc:
             last = f"{host}:{port}: {exc.__class__.__name__}: {exc}"
     return False, last
+
+
+async def _secure_broker_ok(bootstrap: str, security: KafkaSecurity) -> tuple[bool, str]:
+    """The broker check over TLS/SASL: an authenticated metadata request (aiokafka client)."""
+    from aiokafka.client import AIOKafkaClient
+
+    client = AIOKafkaClient(bootstrap_servers=bootstrap,
+                            request_timeout_ms=int(HEALTH_TIMEOUT_S * 1000),
+                            **security.client_kwargs())
+    try:
+        await asyncio.wait_for(client.bootstrap(), 2 * HEALTH_TIMEOUT_S)
+        brokers = len(client.cluster.brokers())
+        return brokers > 0, f"{brokers} broker(s) answered metadata ({security.describe()})"
+    finally:
+        await client.close()
 
 
 def _assigned_partitions(app: Any) -> int | None:
@@ -286,8 +302,11 @@ def install(app: Any, ctx: Any) -> None:
             # a cluster: every master answers and cluster_state is ok (a failover shows here)
             checks["redis"] = await redis_health(ctx.store.redis, HEALTH_TIMEOUT_S)
             try:
-                ok, detail = await asyncio.wait_for(
-                    asyncio.to_thread(_broker_ok, _bootstraps(ctx)), 2 * HEALTH_TIMEOUT_S + 1)
+                if ctx.kafka_security.protocol == "PLAINTEXT":
+                    probe = asyncio.to_thread(_broker_ok, _bootstraps(ctx))
+                else:
+                    probe = _secure_broker_ok(ctx.kafka_bootstrap, ctx.kafka_security)
+                ok, detail = await asyncio.wait_for(probe, 2 * HEALTH_TIMEOUT_S + 1)
                 checks["broker"] = {"ok": ok, "detail": detail}
             except Exception as exc:  # noqa: BLE001
                 checks["broker"] = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}

@@ -103,7 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("keygen", help="write the key pair that signs ldp.config (docs/security.md)")
     p.add_argument("--out", default=".", help="directory for config-signing.key and .pub")
-    p.add_argument("--force", action="store_true", help="replace an existing key")
+    p.add_argument("--public-out", default=None, help="directory for the public key (default: --out)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--force", action="store_true", help="replace an existing key")
+    g.add_argument("--if-missing", action="store_true", help="keep an existing key (exit 0)")
 
     p = sub.add_parser("estimates", help="query a running system's estimates")
     p.add_argument("collection", nargs="?")

@@ -321,7 +321,7 @@ class EmbeddedRedis(_Child):
         assert self.data_dir is not None
         return [self.binary or find_redis_server(), "--port", str(self.port), "--bind", LOOPBACK,
                 "--dir", self.data_dir, "--appendonly", "yes", "--appendfsync", self.appendfsync,
-                "--save", "", "--daemonize", "no", "--protected-mode", "no", "--logfile", "",
+                "--save", "", "--daemonize", "no", "--logfile", "",
                 "--loglevel", "notice", *self.extra_args]
 
     def _ready(self) -> bool:
@@ -717,7 +717,10 @@ async def create_topics(bootstrap: str, topics: Mapping[str, int],
             raise ServiceError(f"{TOPIC_REPLICATION_ENV}: must be an integer >= 1 (got {raw!r})")
         replication = int(raw)
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    from .producers.kafka_security import kafka_security
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
+                                **kafka_security().client_kwargs())
     deadline = time.monotonic() + timeout_s
     while True:
         try:

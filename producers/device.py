@@ -25,6 +25,7 @@ import numpy as np
 from ..estimators.mechanism import Mechanism, from_state
 from . import bounded_fetch
 from .codec import encode_batch
+from .kafka_security import KafkaSecurity, kafka_security
 from .publisher import Publisher
 from .signing import SignedState, StateRejected, VerifyKey, load_verify_key
 
@@ -79,8 +80,10 @@ class ConfigWatcher:
     def __init__(self, bootstrap: str, *, topic: str = CONFIG_TOPIC,
                  on_change: Callable[[str, SignedState], None] | None = None,
                  verify_key: VerifyKey | None = None,
-                 max_epsilon: float | Mapping[str, float] | None = None) -> None:
+                 max_epsilon: float | Mapping[str, float] | None = None,
+                 security: KafkaSecurity | None = None) -> None:
         self.bootstrap = bootstrap
+        self.security = security if security is not None else kafka_security()
         self.topic = topic
         self.on_change = on_change
         self.verify_key = verify_key if verify_key is not None else load_verify_key()
@@ -113,7 +116,8 @@ class ConfigWatcher:
         deadline = loop.time() + timeout_s
         while True:
             consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
-                                        enable_auto_commit=False, auto_offset_reset="earliest")
+                                        enable_auto_commit=False, auto_offset_reset="earliest",
+                                        **self.security.client_kwargs())
             try:
                 await consumer.start()
                 parts = consumer.partitions_for_topic(self.topic)

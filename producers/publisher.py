@@ -12,6 +12,8 @@ import asyncio
 import logging
 from typing import Any
 
+from .kafka_security import KafkaSecurity, kafka_security
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_REQUEST = 4 * 1024 * 1024
@@ -35,13 +37,16 @@ class PublishError(RuntimeError):
 class Publisher:
     """Send report-batch messages (bytes) to Kafka topics.
 
-    ``compression``: ``"auto"`` (lz4, else gzip), ``None``/``"none"``, or an aiokafka codec name.
+    ``compression``: ``"auto"`` (lz4, else gzip), ``None``/``"none"``, or an aiokafka codec name;
+    ``security``: TLS/SASL (default: from the environment, producers/kafka_security.py).
     """
 
     def __init__(self, bootstrap: str, *, compression: str | None = "auto", linger_ms: int = 5,
                  max_request_size: int = DEFAULT_MAX_REQUEST, acks: Any = "all",
-                 max_in_flight: int = 2000, client_id: str = "ldpstream-producer") -> None:
+                 max_in_flight: int = 2000, client_id: str = "ldpstream-producer",
+                 security: KafkaSecurity | None = None) -> None:
         self.bootstrap = bootstrap
+        self.security = security if security is not None else kafka_security()
         if compression == "auto":
             compression = default_compression()
         self.compression = None if compression in (None, "none") else compression
@@ -66,7 +71,8 @@ class Publisher:
                 bootstrap_servers=self.bootstrap, compression_type=self.compression,
                 linger_ms=self.linger_ms, max_request_size=self.max_request_size, acks=self.acks,
                 client_id=self.client_id, max_batch_size=max(16384, min(self.max_request_size,
-                                                                        1024 * 1024)))
+                                                                        1024 * 1024)),
+                **self.security.client_kwargs())
             try:
                 await producer.start()
                 break

@@ -232,12 +232,20 @@ def load_verify_key(environ: Mapping[str, str] | None = None) -> VerifyKey | Non
     return _load(VerifyKey, ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, environ)
 
 
-def keygen(directory: str | os.PathLike[str], *, force: bool = False) -> tuple[Path, Path]:
-    """Write a new key pair into ``directory``: ``config-signing.key`` (0600) and
-    ``config-signing.pub``. Refuses to overwrite an existing private key unless ``force``."""
+def keygen(directory: str | os.PathLike[str], *, public_dir: str | os.PathLike[str] | None = None,
+           force: bool = False, if_missing: bool = False) -> tuple[Path, Path]:
+    """Write a new key pair: ``config-signing.key`` (0600) into ``directory`` and
+    ``config-signing.pub`` into ``public_dir`` (default: the same). Refuses to overwrite an
+    existing private key unless ``force``; with ``if_missing`` an existing key is kept (its public
+    key rewritten)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    priv, pub = out / PRIVATE_FILE, out / PUBLIC_FILE
+    pub_dir = Path(public_dir) if public_dir is not None else out
+    pub_dir.mkdir(parents=True, exist_ok=True)
+    priv, pub = out / PRIVATE_FILE, pub_dir / PUBLIC_FILE
+    if priv.exists() and if_missing and not force:
+        pub.write_text(SigningKey.from_text(priv.read_text()).verify_key.to_text() + "\n")
+        return priv, pub
     if priv.exists() and not force:
         raise FileExistsError(f"{priv} exists (use --force to replace it)")
     key = SigningKey.generate()
@@ -251,12 +259,13 @@ def keygen(directory: str | os.PathLike[str], *, force: bool = False) -> tuple[P
 
 
 def main(args: Any) -> int:
-    """``ldpstream keygen --out DIR [--force]``."""
+    """``ldpstream keygen --out DIR [--public-out DIR] [--force | --if-missing]``."""
     from ..errors import CliError
 
     try:
-        priv, pub = keygen(args.out, force=bool(args.force))
-    except (FileExistsError, OSError) as exc:
+        priv, pub = keygen(args.out, public_dir=args.public_out, force=bool(args.force),
+                           if_missing=bool(args.if_missing))
+    except (FileExistsError, OSError, ValueError) as exc:
         raise CliError(f"keygen: {exc}") from None
     print(f"private key (worker: {ENV_SIGNING_KEY_FILE}={priv})\n"
           f"public key  (devices: {ENV_PUBLIC_KEY_FILE}={pub}): {pub.read_text().strip()}")

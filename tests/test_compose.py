@@ -66,7 +66,22 @@ def test_kafka_is_single_node_kraft():
     assert re.fullmatch(r"[A-Za-z0-9_-]{22}", default_id), "CLUSTER_ID must be a base64 UUID"
 
 
+ONE_SHOT = sorted(s for s, svc in SERVICES.items() if svc.get("restart") == "no")
+
+
+def _needs(svc: str) -> set:
+    """Every service ``svc`` waits for, directly or through another."""
+    out, todo = set(), [svc]
+    while todo:
+        for dep in SERVICES[todo.pop()].get("depends_on", {}):
+            if dep not in out:
+                out.add(dep)
+                todo.append(dep)
+    return out
+
+
 def test_healthchecks_and_depends_on_conditions():
+    assert set(ONE_SHOT) == {"kafka-acls", "keygen"}
     for name in ["kafka", "redis", "prometheus", "grafana", *WORKERS]:
         hc = SERVICES[name].get("healthcheck")
         assert hc and hc["test"], f"{name} needs a healthcheck"
@@ -75,10 +90,13 @@ def test_healthchecks_and_depends_on_conditions():
         assert isinstance(deps, dict), f"{name}: depends_on must use conditions"
         for target, cond in deps.items():
             assert target in SERVICES, f"{name} depends on unknown service {target}"
+            if target in ONE_SHOT:  # setup jobs: wait until they finished well
+                assert cond["condition"] == "service_completed_successfully", (name, target)
+                continue
             assert cond["condition"] == "service_healthy", (name, target)
             assert SERVICES[target].get("healthcheck"), f"{target} has no healthcheck to wait for"
     for w in WORKERS:
-        assert set(SERVICES[w]["depends_on"]) >= {"kafka", "redis"}
+        assert _needs(w) >= {"kafka", "redis", "kafka-acls", "keygen"}
     assert "/healthz" in " ".join(SERVICES[WORKERS[0]]["healthcheck"]["test"])
 
 
@@ -143,7 +161,7 @@ SECRET_KEY = re.compile(r"(PASSWORD|SECRET|TOKEN|_KEY|CREDENTIAL)", re.I)
 def test_no_literal_secrets():
     for name in SERVICES:
         for key, value in _env(name).items():
-            if SECRET_KEY.search(key):
+            if SECRET_KEY.search(key) and not key.endswith("_FILE"):  # _FILE: a path
                 assert isinstance(value, str) and re.fullmatch(r"\$\{[A-Z0-9_]+:\?[^}]+\}", value), \
                     f"{name}.{key} must come from the environment with ${{VAR:?...}}, got {value!r}"
     assert "LDP_API_TOKEN" not in _env("fleet"), "devices need no API token"
@@ -160,10 +178,10 @@ def test_env_var_references_documented():
     names = set(VAR.findall(TEXT))
     assert {"LDP_API_TOKEN", "GRAFANA_ADMIN_PASSWORD"} <= names
     example = (ROOT / ".env.example").read_text()
-    docs = (ROOT / "docs/readme/70-api.md").read_text()
+    docs = (ROOT / "docs/readme/70-api.md").read_text() + (ROOT / "docs/security.md").read_text()
     for name in names:
         assert re.search(rf"^{name}=", example, re.M), f"{name} missing from .env.example"
-        assert name in docs, f"{name} not documented in docs/readme/70-api.md"
+        assert name in docs, f"{name} not documented in docs/readme/70-api.md or docs/security.md"
 
 
 def test_dockerfile_installs_the_project():
@@ -195,3 +213,80 @@ def test_commands_are_cli_subcommands(svc):
     from ldpstream.cli import build_parser
     cmd = [re.sub(r"\$\{[A-Z_]+:-([^}]+)\}", r"\1", c) for c in SERVICES[svc]["command"]]
     build_parser().parse_args(cmd)  # exits (SystemExit) on an unknown option
+
+
+# --- security (docs/security.md) -----------------------------------------------------------------
+
+def _acls() -> list[dict]:
+    """The ACL lines of the kafka-acls job: principal, operations, topic/group, pattern type."""
+    script = SERVICES["kafka-acls"]["command"][0]
+    out = []
+    for line in script.splitlines():
+        if "--allow-principal" not in line:
+            continue
+        words = line.split()
+        out.append({"principal": words[words.index("--allow-principal") + 1],
+                    "ops": {words[i + 1] for i, w in enumerate(words) if w == "--operation"},
+                    "topic": words[words.index("--topic") + 1] if "--topic" in words else None,
+                    "group": words[words.index("--group") + 1] if "--group" in words else None,
+                    "prefixed": "prefixed" in words})
+    return out
+
+
+def test_kafka_requires_sasl_acls_and_no_auto_create():
+    env = _env("kafka")
+    protocols = dict(x.split(":") for x in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    published = {str(p).split(":")[-1] for p in SERVICES["kafka"]["ports"]}
+    listeners = dict(x.split("://") for x in env["KAFKA_LISTENERS"].split(","))
+    for name, addr in listeners.items():
+        if name == env["KAFKA_CONTROLLER_LISTENER_NAMES"]:
+            assert addr.rsplit(":", 1)[1] not in published, "controller listener published"
+        else:
+            assert protocols[name].startswith("SASL_"), f"{name} is {protocols[name]}"
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    assert env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert env["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+    for svc, user in [(w, "worker") for w in WORKERS] + [("fleet", "device")]:
+        e = _env(svc)
+        assert e["LDP_KAFKA_SECURITY_PROTOCOL"].startswith("SASL_")
+        assert e["LDP_KAFKA_SASL_USERNAME"] == user
+
+
+def test_acls_devices_write_only_reports_and_only_workers_write_config():
+    acls = _acls()
+    assert {a["principal"] for a in acls} == {"User:worker", "User:device"}
+    for a in acls:
+        if a["principal"] == "User:device":
+            assert a["group"] is None, "devices need no consumer group"
+            if a["ops"] & {"Write", "All", "Create", "Alter", "Delete"}:
+                assert a["ops"] == {"Write", "Describe"}, a
+                assert a["prefixed"] and a["topic"] == "ldp.reports.", a
+            else:
+                assert a["topic"] == "ldp.config" and not a["prefixed"], a
+    writers_of_config = {a["principal"] for a in acls if a["ops"] & {"Write", "All"}
+                         and ((a["topic"] == "ldp.config") or
+                              (a["prefixed"] and a["topic"] and "ldp.config".startswith(a["topic"])))}
+    assert writers_of_config == {"User:worker"}
+
+
+def test_redis_requires_a_password_and_is_not_published():
+    redis = SERVICES["redis"]
+    assert not redis.get("ports"), "Redis must not be published"
+    assert "--requirepass" in " ".join(redis["command"])
+    assert re.fullmatch(r"\$\{REDIS_PASSWORD:\?[^}]+\}", _env("redis")["REDIS_PASSWORD"])
+    for w in WORKERS:
+        assert _env(w)["REDIS_URL"].startswith("redis://:${REDIS_PASSWORD:?")
+    assert "REDIS_URL" not in _env("fleet")
+
+
+def test_signing_key_only_on_workers_public_key_on_devices():
+    keys = {s: {t for src, t in _volumes(s) if src == "ldp-signing-key"} for s in SERVICES}
+    assert {s for s, t in keys.items() if t} == {"keygen", *WORKERS}
+    for w in WORKERS:
+        assert _env(w)["LDP_CONFIG_SIGNING_KEY_FILE"].startswith("/keys/private/")
+    assert _env("fleet")["LDP_CONFIG_PUBLIC_KEY_FILE"].startswith("/keys/public/")
+    assert "--if-missing" in SERVICES["keygen"]["command"]
+
+
+def test_gitignore_and_dockerignore_keep_env_out():
+    assert ".env" in (ROOT / ".gitignore").read_text().split()

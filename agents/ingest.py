@@ -58,19 +58,13 @@ from ..producers.codec import (DLQ_TOPIC, DecodeError, ReportBatch, decode_batch
 from ..estimators.mechanism import Mechanism
 from . import metrics
 from .layout import Layout
+from .redis_client import TRANSIENT_ERRORS
 from .store import ApplyStatus, PartitionDelta
 
 log = logging.getLogger(__name__)
 
 CONFIG_TOPIC = "ldp.config"
-REDIS_ERRORS: tuple[type[BaseException], ...]
-try:
-    import redis.exceptions as _rexc
-
-    REDIS_ERRORS = (_rexc.ConnectionError, _rexc.TimeoutError, _rexc.BusyLoadingError,
-                    _rexc.TryAgainError, ConnectionError, OSError, asyncio.TimeoutError)
-except ImportError:  # pragma: no cover
-    REDIS_ERRORS = (ConnectionError, OSError, asyncio.TimeoutError)
+REDIS_ERRORS = TRANSIENT_ERRORS  # retried with consumption paused (incl. a cluster failover)
 
 
 @dataclasses.dataclass

@@ -23,7 +23,7 @@ import redis.exceptions as rexc
 
 __all__ = ["CLUSTER_SCHEMES", "CLUSTER_NODES_ENV", "RedisUrlError", "TRANSIENT_ERRORS",
            "cluster_url", "connect", "display_url", "health", "is_cluster_url", "parse_nodes",
-           "redis_url_from_env"]
+           "redis_url_from_env", "run_script"]
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 CLUSTER_NODES_ENV = "REDIS_CLUSTER_NODES"
@@ -36,11 +36,13 @@ CLUSTER_RETRIES = 3
 
 #: Errors that mean "Redis is not reachable right now; try again": a dead or restarting server,
 #: a timeout, and on a cluster a failover in progress (CLUSTERDOWN / MASTERDOWN replies, a slot
-#: whose master is gone from the client's map).
+#: whose master is gone from the client's map, and NOSCRIPT: a promoted replica has no script
+#: cache — SCRIPT LOAD is not replicated — and redis-py's reload goes to the masters of its old
+#: slot map; the next attempt, on the refreshed map, loads the script where the slot now lives).
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     rexc.ConnectionError, rexc.TimeoutError, rexc.BusyLoadingError, rexc.TryAgainError,
-    rexc.ClusterDownError, rexc.SlotNotCoveredError, ConnectionError, OSError,
-    asyncio.TimeoutError)
+    rexc.ClusterDownError, rexc.SlotNotCoveredError, rexc.NoScriptError, ConnectionError,
+    OSError, asyncio.TimeoutError)
 
 
 class RedisUrlError(ValueError):
@@ -176,3 +178,15 @@ async def health(client: Any, timeout_s: float = 2.0) -> dict[str, Any]:
     if unreachable:
         out["unreachable"] = unreachable
     return out
+
+
+async def run_script(client: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    """Run a registered Lua ``script`` (``client.register_script``) by EVALSHA, falling back to
+    EVAL when the server does not know it (NOSCRIPT). On a cluster the fallback matters: a
+    promoted replica has an empty script cache, and redis-py's own reload (SCRIPT LOAD to the
+    masters of its slot map) can miss the new master for good; EVAL goes where the key's slot is
+    and caches the script there, so the next EVALSHA finds it."""
+    try:
+        return await script(keys=list(keys), args=list(args))
+    except rexc.NoScriptError:
+        return await client.eval(script.script, len(keys), *keys, *args)

@@ -47,6 +47,7 @@ import numpy as np
 
 from . import keys
 from .layout import Layout
+from .redis_client import run_script
 from .windows import COARSE_FACTOR, BucketPolicy
 
 __all__ = ["CountStore", "ApplyStatus", "ApplyResult", "PartitionDelta", "BITFIELD_OPS_PER_CALL",
@@ -293,10 +294,10 @@ class CountStore:
             sent = it.sent_at_max
             sent_s = "" if sent is None or not math.isfinite(sent) else repr(float(sent))
             calls.append(functools.partial(
-                self._apply,
-                keys=[keys.offsets_key(collection, p), keys.sent_at_key(collection, p), *ck, *sk],
-                args=[self.ops_per_call, "" if it.expected is None else int(it.expected), offset,
-                      int(it.n_reports), sent_s, len(ck), len(sk), *cargs, *sargs]))
+                run_script, self.redis, self._apply,
+                [keys.offsets_key(collection, p), keys.sent_at_key(collection, p), *ck, *sk],
+                [self.ops_per_call, "" if it.expected is None else int(it.expected), offset,
+                 int(it.n_reports), sent_s, len(ck), len(sk), *cargs, *sargs]))
         # one call per item; items of different partitions run concurrently, those of one
         # partition in their order (each continues from the previous one's offset)
         order: dict[int, list[int]] = {}

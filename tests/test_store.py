@@ -15,20 +15,23 @@ from ldpstream.agents.layout import Layout
 from ldpstream.agents.store import CountStore, PartitionDelta, SideCounter, expand_levels
 from ldpstream.agents.windows import COARSE_FACTOR, BucketPolicy, cover, parse_window
 from ldpstream.estimators.mechanism import TensorSpec
-from ldpstream.services import EmbeddedRedis
+from ldpstream.agents.redis_client import connect
+from ldpstream.services import EmbeddedRedis, EmbeddedRedisCluster
 
 from store_helpers import P, cells, read, read_all
 
 
-@pytest.fixture(scope="module")
-def redis_url():
-    with EmbeddedRedis() as r:
+@pytest.fixture(scope="module", params=["redis", "redis-cluster"])
+def redis_url(request):
+    """Every test runs on one Redis and on a Redis Cluster (3 masters + 3 replicas), where the
+    16 partitions of a collection spread over the masters."""
+    with (EmbeddedRedis() if request.param == "redis" else EmbeddedRedisCluster()) as r:
         yield r.url
 
 
 def run(coro_fn, url, **store_kw):
     async def main():
-        client = aioredis.from_url(url)
+        client = connect(url)
         store = CountStore(client, **store_kw)
         try:
             return await coro_fn(store)
@@ -138,7 +141,7 @@ def test_concurrent_partitions_and_replays(redis_url):
 
     async def body(store: CountStore):
         await store.reset("conc")
-        store2 = CountStore(aioredis.from_url(redis_url), chunk_cells=64)  # a second worker
+        store2 = CountStore(connect(redis_url), chunk_cells=64)  # a second worker
 
         async def partition(st: CountStore, p: int) -> int:
             applied = 0

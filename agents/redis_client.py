@@ -187,6 +187,26 @@ async def run_script(client: Any, script: Any, keys: Sequence[Any], args: Sequen
     masters of its slot map) can miss the new master for good; EVAL goes where the key's slot is
     and caches the script there, so the next EVALSHA finds it."""
     try:
-        return await script(keys=list(keys), args=list(args))
-    except rexc.NoScriptError:
-        return await client.eval(script.script, len(keys), *keys, *args)
+        try:
+            return await script(keys=list(keys), args=list(args))
+        except rexc.NoScriptError:
+            return await client.eval(script.script, len(keys), *keys, *args)
+    except (AttributeError, TypeError) as exc:
+        if not _torn_down(exc):
+            raise
+        raise rexc.ConnectionError(f"connection torn down during the call: {exc!r}") from exc
+
+
+def _torn_down(exc: BaseException) -> bool:
+    """True when ``exc`` (an AttributeError/TypeError) was raised inside redis-py's asyncio
+    connection or the asyncio transport under it: a connection closed while in use (e.g. the
+    cluster client dropping a dead node's connections while other calls use them) leaks as
+    ``'NoneType' object has no attribute 'writelines'`` instead of a ConnectionError (redis-py
+    issue 4287). A failed call like that is retried as a connection error."""
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return last is not None and (last.endswith(("redis/asyncio/connection.py",
+                                                "asyncio/streams.py", "asyncio/selector_events.py")))

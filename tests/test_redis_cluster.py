@@ -129,3 +129,24 @@ def test_master_killed_replica_promoted_client_follows(fresh_redis_cluster):
     value, replica_port, new_port, errors = asyncio.run(run())
     assert value == 42, "the replicated write survived and the increment went to the new master"
     assert new_port == replica_port
+
+
+def test_connection_torn_down_under_a_script_call_is_a_connection_error():
+    """redis-py leaks AttributeError/TypeError from its asyncio connection when the connection is
+    closed while in use; run_script turns exactly those into ConnectionError (retried) and lets
+    any other AttributeError through."""
+    import redis.exceptions as rexc
+
+    from ldpstream.agents.redis_client import run_script
+
+    ns: dict = {}
+    exec(compile("async def leak(keys, args):\n    None.writelines([b''])\n",
+                 "/site-packages/redis/asyncio/connection.py", "exec"), ns)
+
+    async def own_bug(keys, args):
+        return None.missing  # an AttributeError of our own: not a connection problem
+
+    with pytest.raises(rexc.ConnectionError, match="torn down"):
+        asyncio.run(run_script(None, ns["leak"], ["k"], []))
+    with pytest.raises(AttributeError):
+        asyncio.run(run_script(None, own_bug, ["k"], []))

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ldpstream.datasets import ADULT_COLUMNS
-from ldpstream.simulate.rr import Plan, load_dataset, run_with_progress
+from ldpstream.simulate.driver import Plan, load_dataset, run_with_progress
 
 EPSILON = 4.0
 SEED = 0

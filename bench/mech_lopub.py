@@ -21,7 +21,8 @@ import numpy as np
 from ..cli import CliError
 from ..datasets import ADULT_COLUMNS, Dataset, load_csv
 from ..estimators.lopub import DEFAULT_P_FP, LoPub
-from ..simulate.lopub import evaluate, marginal_fidelity, synthesize_dataset
+from ..simulate.driver import Plan, simulate
+from ..simulate.synthesize import marginal_fidelity, synthesize_dataset
 
 FULL = {"columns": ADULT_COLUMNS, "fs": (0.1, 0.3, 0.5, 0.7, 0.9), "ways": (2, 3), "subsets": 5,
         "synth_fs": (0.3, 0.5, 0.7, 0.9)}
@@ -56,6 +57,23 @@ def classification(ds: Dataset, synthetic: np.ndarray | None, seed: int = SEED) 
     return out
 
 
+def evaluate(ds: Dataset, f: float, estimators: tuple[str, ...], ways: tuple[int, ...],
+             subsets: int, proper: bool = False) -> dict[str, Any]:
+    """One ``simulate`` run of LoPub at flip probability f (tvd only), with the filters' ε."""
+    plan = Plan(ds, "lopub", tuple(estimators), tuple(ways), subsets, seed=SEED, epsilon=None,
+                scope="record", params={"f": f}, proper=proper, metrics=("tvd",))
+    doc = simulate(plan)
+    mech = LoPub.from_config(ds.domain, {"f": f}, epsilon=None)
+    if proper:
+        for r in doc["results"]:
+            r["estimator"] += "+project"
+    doc.update(epsilon=mech.epsilon, epsilon_exact=mech.epsilon_exact,
+               epsilon_eq8=mech.epsilon_eq8, hashes=mech.hashes,
+               bits=dict(zip(ds.domain.attrs, mech.bits)),
+               subsets={str(w): doc["results"][0]["subsets"] for w in ways})
+    return doc
+
+
 def _row(f: float, res: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
     """One bench row (flat) from an :func:`evaluate` result row."""
     out = {"f": f, "epsilon": res["epsilon"], "epsilon_exact": res["epsilon_exact"],
@@ -77,14 +95,12 @@ def run(quick: bool = False, verbose: bool = True) -> dict[str, Any]:
     t_start = time.perf_counter()
     with threadpool_limits(1):
         for f in cfg["fs"]:
-            res = evaluate(ds, f=f, estimators=LoPub.estimators, ways=cfg["ways"],
-                           subsets=cfg["subsets"], seed=SEED, runs=1,
-                           progress=(lambda m: print("  lopub", f"f={f}", m, file=sys.stderr,
-                                                     flush=True)) if verbose else None)
+            res = evaluate(ds, f, LoPub.estimators, cfg["ways"], cfg["subsets"])
+            if verbose:
+                print("  lopub", f"f={f}", file=sys.stderr, flush=True)
             for r in res["results"]:
                 rows.append(_row(f, res, r))
-            proj = evaluate(ds, f=f, estimators=("cooccurrence",), ways=cfg["ways"],
-                            subsets=cfg["subsets"], seed=SEED, runs=1, proper=True)
+            proj = evaluate(ds, f, ("cooccurrence",), cfg["ways"], cfg["subsets"], proper=True)
             for r in proj["results"]:
                 rows.append(_row(f, res, r))
         synth = []

@@ -6,6 +6,10 @@ its own n/5 clients, block loop until the §5 rule (``last-two`` = the paper's e
 ``pooled``), least-squares consistency; 3-/4-way tables by maximum entropy from the consistent
 pairs. Every 2-, 3- and 4-way table of the 6 attributes is scored (15 + 20 + 15).
 
+The block loop here is the paper's experiment: each view on its own n/V clients in exact blocks
+of B (``ldpstream simulate --mechanism rrba`` runs the same protocol through the one driver, each
+device picking an open view at random).
+
 Laplace baseline (the paper's definition was not available to us; see docs/readme/80-rrba.md):
 ``laplace-central`` adds Lap(1/ε) to every cell of the true contingency-table counts (the
 standard histogram release, sensitivity 1), ``laplace-local`` has every client add Lap(2/ε) to
@@ -16,8 +20,9 @@ claims for RRBA, ln(1/(1−p)) ("paper ε"), and at the corrected per-record ε 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from itertools import combinations
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -26,8 +31,9 @@ from ..datasets import Dataset
 from ..estimators import metrics as M
 from ..estimators.independence_test import independence_test
 from ..estimators.proper import clip_rescale
-from ..estimators.rrba import RRBA, paper_epsilon
-from ..simulate.rrba import one_blas_thread, run_once, true_marginal
+from ..estimators.rrba import (RRBA, block_step, floor_table, last_two_estimate, paper_epsilon,
+                               pooled_estimate, randomize_cells)
+from ..estimators.rrba_consistency import consistent_tables
 
 N = 8000
 BLOCK = 250
@@ -36,6 +42,93 @@ PS = (0.4, 0.5)
 WAYS = (2, 3, 4)
 #: [RRBA] Tables 5–6 values for Survey (l2_counts, jsd) — not found in the stored corpora
 PAPER: dict[tuple[float, str], dict[str, float] | None] = {}
+
+
+# --- the paper's per-view protocol ([RRBA] §4–5): every view on its own n/V clients -------------
+
+ESTIMATORS = ("last-two", "pooled")
+
+
+@dataclass
+class ViewRun:
+    """One view's block loop: counts and floored tables per version, per combination."""
+
+    counts: list[np.ndarray]      # per combination: (versions, cells)
+    tildes: list[np.ndarray]      # per combination: (versions, cells) — T̃ each version used
+    reports: int
+    blocks: int
+    converged: bool
+
+
+def run_view(cells: np.ndarray, sizes: Sequence[int], p: float, gamma: float, block_size: int,
+             alpha: float, rng: np.random.Generator, stop_at_convergence: bool = True) -> ViewRun:
+    """The block loop of one view on its clients' true cells ``(n_v, C)``."""
+    n, C = cells.shape
+    tables = [np.full(s, 1.0 / s) for s in sizes]
+    counts: list[list[np.ndarray]] = [[] for _ in range(C)]
+    tildes: list[list[np.ndarray]] = [[] for _ in range(C)]
+    start, blocks, converged = 0, 0, False
+    while start < n:
+        stop = min(start + block_size, n)
+        block_counts = []
+        for j in range(C):
+            Tt = floor_table(tables[j], gamma)
+            rep = randomize_cells(cells[start:stop, j], Tt, p, rng)
+            o = np.bincount(rep, minlength=sizes[j])
+            counts[j].append(o)
+            tildes[j].append(Tt)
+            block_counts.append(o)
+        partial = stop - start < block_size
+        start = stop
+        if partial:
+            break  # a last partial block: valid data for its version, no update
+        res = block_step(block_counts, tables, p, gamma, alpha, is_estimate=blocks >= 1)
+        tables = res.tables
+        blocks += 1
+        if res.converged and stop_at_convergence:
+            converged = True
+            break
+    return ViewRun([np.array(c) for c in counts], [np.array(t) for t in tildes], start, blocks,
+                   converged)
+
+
+def run_once(ds: Dataset, mech: RRBA, rng: np.random.Generator,
+             stop_at_convergence: bool = True) -> tuple[dict[str, list], dict[str, Any]]:
+    """Randomize and aggregate every view; returns ({estimator: [(attrs, table), …]}, info);
+    ``info["raw"][combination]`` holds its (counts, T̃) per version."""
+    V = len(mech.views)
+    perm = rng.permutation(ds.n)
+    per_est: dict[str, list] = {e: [] for e in ESTIMATORS}
+    reports, conv, blocks = 0, 0, 0
+    raw: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
+    for v, view in enumerate(mech.views):
+        idx = perm[v::V]
+        cells = np.stack([np.ravel_multi_index(
+            tuple(ds.records[idx, c].astype(np.intp) for c in ds.domain.axes(comb)), mech.dims[v][j])
+            for j, comb in enumerate(view)], axis=1)
+        run = run_view(cells, mech.sizes[v], mech.p, mech.gamma, mech.block_size, mech.alpha, rng,
+                       stop_at_convergence)
+        reports += run.reports
+        conv += run.converged
+        blocks += run.blocks
+        for j, comb in enumerate(view):
+            lt, _ = last_two_estimate(run.counts[j], run.tildes[j], mech.p, mech.block_size)
+            pl = clip_rescale(pooled_estimate(run.counts[j], run.tildes[j], mech.p))
+            per_est["last-two"].append((comb, lt.reshape(mech.dims[v][j])))
+            per_est["pooled"].append((comb, pl.reshape(mech.dims[v][j])))
+            raw[comb] = (run.counts[j], run.tildes[j])
+    for e in ESTIMATORS:
+        cons = consistent_tables(per_est[e])
+        per_est[e] = [(a, t) for (a, _), t in zip(per_est[e], cons)]
+    return per_est, {"reports": reports, "views_converged": conv, "views": V, "blocks": blocks,
+                     "raw": raw}
+
+
+def true_marginal(ds: Dataset, attrs: Sequence[str]) -> np.ndarray:
+    ax = ds.domain.axes(attrs)
+    shape = tuple(ds.domain.shape[a] for a in ax)
+    flat = np.ravel_multi_index(tuple(ds.records[:, a].astype(np.intp) for a in ax), shape)
+    return np.bincount(flat, minlength=int(np.prod(shape))).reshape(shape) / ds.n
 
 
 def laplace_central(truth: np.ndarray, n: int, eps: float, rng: np.random.Generator) -> np.ndarray:
@@ -64,7 +157,8 @@ def run(quick: bool, verbose: bool) -> dict[str, Any]:
     attrs = dom.attrs
     subsets = {w: list(combinations(attrs, w)) for w in WAYS}
     rows = []
-    with one_blas_thread():
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(1):
         for p in PS:
             acc: dict[tuple[str, int], list[tuple[float, float]]] = {}
             eps_rec, reps = None, []

@@ -346,8 +346,8 @@ class TwoPhase(Mechanism):
 
     # -- the adaptive protocol ---------------------------------------------------------------------
     @classmethod
-    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
-                    epsilon_scope: str = "attribute", version: int = 0) -> "TwoPhase":
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute", version: int = 0) -> "TwoPhase":
         """Version 0 in Phase I. ``params``: ``phase1_reports`` (the rule ending Phase I, 1000),
         ``phase1_fraction`` β (0.1: Phase I's share of the planned users, so the table is
         planned for n₂ = n₁/β − n₁ Phase II users unless ``n_plan`` users are given), ``copy``
@@ -360,6 +360,14 @@ class TwoPhase(Mechanism):
         pr.done()
         return cls(domain, record_budget(epsilon, epsilon_scope, len(domain)), beta, copy,
                    n_plan=n_plan, version=version, phase=0, phase1_reports=reports)
+
+    def planned_for(self, n: int) -> "TwoPhase":
+        """Phase I for round(β·n) of ``n`` devices, the table planned for n."""
+        if self.phase != 0:
+            return self
+        st = self.state()
+        st.update(phase1_reports=max(1, int(round(self.beta * n))), n_plan=int(n))
+        return type(self).from_state(st)
 
     def accepted_versions(self) -> tuple[int, ...]:
         """Every version so far: Phase I reports do not depend on the table."""

@@ -49,7 +49,9 @@ STATE_FORMAT = 1
 #: Bloom false-positive rate behind the default m_j and h (eqs. 6–7)
 DEFAULT_P_FP = 0.01
 
-_REPAIRS = {None: None, "none": None, "clip": clip_rescale, "project": project_simplex}
+#: ``proper=`` option: a name, or a bool (True: the simplex projection, as ``simulate --proper``)
+_REPAIRS = {None: None, False: None, "none": None, "clip": clip_rescale,
+            "project": project_simplex, True: project_simplex}
 
 
 def _ints(value: int | Sequence[int] | None, k: int, name: str) -> list[int] | None:
@@ -70,6 +72,7 @@ class LoPub(Mechanism):
     estimators: ClassVar[tuple[str, ...]] = ("em", "lasso", "lasso-em", "cooccurrence")
     #: the estimators :meth:`estimate` runs from count tensors alone (the others need reports)
     count_estimators: ClassVar[tuple[str, ...]] = ("lasso", "cooccurrence")
+    default_estimators: ClassVar[tuple[str, ...]] = estimators
 
     def __init__(self, domain: Domain, f: float = 0.5, *, bits: int | Sequence[int] | None = None,
                  hashes: int | None = None, p_fp: float = DEFAULT_P_FP, seed: int = 0,
@@ -235,8 +238,8 @@ class LoPub(Mechanism):
 
     # --- configuration ----------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
-                    epsilon_scope: str = "attribute", version: int = 0) -> "LoPub":
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute", version: int = 0) -> "LoPub":
         """``params``: ``bits`` (per attribute, default from ``p_fp``), ``hashes``, ``p_fp``
         (0.01), ``seed`` (0), ``max_cooccurrence_cells``. The flip probability f is solved from
         ε (:func:`~.mechanism.record_budget`): the computed ε is ln((2−f)/f)·Σ_j H_j with H_j the
@@ -260,6 +263,10 @@ class LoPub(Mechanism):
                         max_cooccurrence_cells=cells)
         except ValueError as exc:
             raise ParamError("bits", str(exc)) from None
+        if epsilon is None:   # ε follows from f and the filters
+            return cls(domain, 0.5 if f is None else f, bits=bits, hashes=hashes, p_fp=p_fp,
+                       seed=seed, hash_seeds=probe.hash_seeds, version=version,
+                       max_cooccurrence_cells=cells)
         eps = record_budget(epsilon, epsilon_scope, len(domain))
         ham = probe.epsilon / np.log(3.0)   # Σ_j H_j (ε at f = 0.5 is ln 3 · Σ H)
         solved = float(2.0 / (1.0 + np.exp(eps / ham)))
@@ -267,7 +274,7 @@ class LoPub(Mechanism):
             have = float(np.log((2 - f) / f) * ham)
             raise ParamError("f", f"lopub's ε follows from f and the Bloom filters (f = {f:g} "
                                   f"gives {have:.4g} per record, epsilon asks {eps:.4g}); give "
-                                  "epsilon only (f is solved from it) or make them agree")
+                                  "epsilon or f, not both")
         return cls(domain, solved, bits=bits, hashes=hashes, p_fp=p_fp, seed=seed,
                    hash_seeds=probe.hash_seeds, version=version, max_cooccurrence_cells=cells)
 

@@ -144,17 +144,23 @@ class Params:
                                          f"{allowed})")
 
 
-def record_budget(epsilon: float, epsilon_scope: str, m: int) -> float:
-    """The ε of one whole record from a config's ``epsilon``: itself for ``record`` scope, m·ε
-    for ``attribute`` scope (every attribute gets ε)."""
+#: ε when neither the config nor the family's parameters fix it (``simulate`` without --epsilon)
+DEFAULT_EPSILON = 1.0
+
+
+def record_budget(epsilon: float | None, epsilon_scope: str, m: int) -> float:
+    """The ε of one whole record from a config's ``epsilon`` (None: :data:`DEFAULT_EPSILON`):
+    itself for ``record`` scope, m·ε for ``attribute`` scope (every attribute gets ε)."""
     _check_scope(epsilon_scope)
-    return float(epsilon) if epsilon_scope == "record" else float(epsilon) * m
+    eps = DEFAULT_EPSILON if epsilon is None else float(epsilon)
+    return eps if epsilon_scope == "record" else eps * m
 
 
-def attribute_budget(epsilon: float, epsilon_scope: str, m: int) -> float:
+def attribute_budget(epsilon: float | None, epsilon_scope: str, m: int) -> float:
     """The ε of each attribute's channel: ε (``attribute``) or ε/m (``record``)."""
     _check_scope(epsilon_scope)
-    return float(epsilon) if epsilon_scope == "attribute" else float(epsilon) / m
+    eps = DEFAULT_EPSILON if epsilon is None else float(epsilon)
+    return eps if epsilon_scope == "attribute" else eps / m
 
 
 def _check_scope(scope: str) -> None:
@@ -176,12 +182,33 @@ def marginal_key(attrs: Sequence[str]) -> str:
     return "m:" + "|".join(attrs)
 
 
+class CountBook(dict):
+    """:data:`VersionedCounts` that also keeps the running total over every version, so that
+    families whose versions share one count layout (RRBA: hundreds of block versions) combine
+    them in O(1) at each adaptive step. :meth:`add` is the only way to count into it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total: dict[str, np.ndarray] = {}
+
+    def add(self, version: int, counts: Mapping[str, np.ndarray]) -> None:
+        mine = self.setdefault(int(version), {})
+        for k, t in counts.items():
+            t = np.asarray(t, dtype=np.int64)
+            mine[k] = mine[k] + t if k in mine else t.copy()
+            self.total[k] = self.total[k] + t if k in self.total else t.copy()
+
+
 class Mechanism(ABC):
     """A multi-attribute LDP mechanism family."""
 
     name: ClassVar[str]
     #: estimator names accepted by :meth:`estimate`
     estimators: ClassVar[tuple[str, ...]]
+    #: estimators that need whole reports (:meth:`estimate_reports`; ``simulate`` only)
+    report_estimators: ClassVar[tuple[str, ...]] = ()
+    #: what ``simulate`` runs when no estimator is named (default: the first estimator)
+    default_estimators: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, domain: Domain, version: int = 0) -> None:
         self.domain = domain
@@ -241,10 +268,12 @@ class Mechanism(ABC):
     # --- construction ----------------------------------------------------------------------------
     @classmethod
     @abstractmethod
-    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
-                    epsilon_scope: str = "attribute", version: int = 0) -> "Mechanism":
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute",
+                    version: int = 0) -> "Mechanism":
         """Version ``version`` of the mechanism for a collection: ``epsilon`` per attribute or
-        per record (``epsilon_scope``), family parameters from ``params`` (validated with
+        per record (``epsilon_scope``; None: the family's parameters fix ε where they can, else
+        :data:`DEFAULT_EPSILON`), family parameters from ``params`` (validated with
         :class:`Params`; a bad or unknown one raises :class:`ParamError` naming it)."""
 
     @classmethod
@@ -268,9 +297,22 @@ class Mechanism(ABC):
         bound, ≥ 1), or None when it never will: lets a driver randomize in blocks."""
         return None
 
+    def planned_for(self, n: int) -> "Mechanism":
+        """This version-0 state sized for ``n`` expected devices (e.g. the Phase I share of a
+        two-phase family, RRBA's table versions); ``simulate`` knows n, a live collection may
+        state it in its params. Default: unchanged."""
+        return self
+
+    def collecting(self) -> bool:
+        """False once the protocol needs no more reports (RRBA: every view converged)."""
+        return True
+
     def combined_counts(self, counts: VersionedCounts) -> dict[str, np.ndarray]:
         """The count tensors of every accepted version summed (families whose versions share
         one count layout and channel bookkeeping; others override :meth:`estimate_versions`)."""
+        if isinstance(counts, CountBook) and counts.total and set(counts) <= set(
+                self.accepted_versions()):
+            return dict(counts.total)
         out: dict[str, np.ndarray] = {}
         for v in self.accepted_versions():
             for k, t in counts.get(v, {}).items():
@@ -284,6 +326,18 @@ class Mechanism(ABC):
                           **options: Any) -> Estimate:
         """:meth:`estimate` on the counts of every accepted version."""
         return self.estimate(self.combined_counts(counts), attrs, method, **options)
+
+    def estimate_reports(self, reports: np.ndarray, attrs: Sequence[str], method: str,
+                         **options: Any) -> Estimate:
+        """Estimate from whole reports (``simulate``, estimators in :attr:`report_estimators`).
+        Default: :meth:`estimate` on the reports' counts."""
+        return self.estimate(self.count(np.asarray(reports), self.tensors([tuple(attrs)])),
+                             attrs, method, **options)
+
+    @classmethod
+    def simulate_estimators(cls) -> tuple[str, ...]:
+        """The estimators ``simulate`` runs by default."""
+        return cls.default_estimators or cls.estimators[:1]
 
     # --- state published to devices (ldp.config) -----------------------------------------------
     @abstractmethod

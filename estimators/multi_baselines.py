@@ -33,8 +33,8 @@ from scipy import optimize
 
 from . import channels as ch
 from .domain import Domain, Factor
-from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, marginal_key,
-                        record_budget, register)
+from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, VersionedCounts,
+                        marginal_key, record_budget, register)
 from .proper import clip_rescale, repair
 
 __all__ = ["SPL", "SMP", "RSFD", "RSRFD", "grr_decode", "grr_decode_variance",
@@ -190,8 +190,8 @@ class _Multi(Mechanism):
                 for i, (a, d) in enumerate(zip(self.domain.attrs, self.domain.shape))]
 
     @classmethod
-    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
-                    epsilon_scope: str = "attribute", version: int = 0) -> "_Multi":
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute", version: int = 0) -> "_Multi":
         """One report per record costing :func:`~.mechanism.record_budget`; family parameters
         from :meth:`config_params`."""
         pr = Params(cls.name, params)
@@ -217,15 +217,16 @@ class _Multi(Mechanism):
         """Options: ``proper`` ('clip' | 'simplex')."""
         i = one_way_axis(self, attrs, method)
         a = self.domain.attrs[i]
-        est = self.estimate_all(counts)[i]
-        n = self._n(counts)
-        var = self.variance(np.clip(est, 0, 1), n, fixed_data=False)[i]
+        every = self.estimate_all(counts)
+        est = every[i]
+        n = self.counted(counts)
+        var = self.variance([np.clip(x, 0, 1) for x in every], n, fixed_data=False)[i]
         vals = repair(est, options.get("proper"))
         return Estimate(Factor(self.domain.project((a,)), vals), method, int(n), self.epsilon,
                         error_bound=float(np.sqrt(var.sum())),
                         extra={"variance": var.tolist()})
 
-    def _n(self, counts: Mapping[str, np.ndarray]) -> int:
+    def counted(self, counts: Mapping[str, np.ndarray]) -> int:
         return int(np.asarray(counts[marginal_key((self.domain.attrs[0],))]).sum())
 
     def variance(self, f: Sequence[np.ndarray], n: float, fixed_data: bool = True
@@ -358,7 +359,7 @@ class SMP(_Multi):
     def tensors(self, marginals: Sequence[Sequence[str]] = ()) -> list[TensorSpec]:
         return [TensorSpec("smp", ("attribute", "value"), (self.m, self._dmax), (0, 1))]
 
-    def _n(self, counts):
+    def counted(self, counts):
         return int(np.asarray(counts["smp"]).sum())
 
     def estimate_all(self, counts: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -518,12 +519,22 @@ class RSRFD(RSFD):
     distribution, e.g. a Phase I estimate; floored so every value has mass ≥ ``floor``/d_k). The
     sampled attribute's ε' is solved for the actual priors so that the declared ε holds exactly
     (``scope="attribute"``) — Arcolezi's uniform closed form would overstate the privacy when π is
-    skewed. Unbiased estimator: f̂ = (m·λ̂ − q' − (m−1)π)/(p' − q')."""
+    skewed. Unbiased estimator: f̂ = (m·λ̂ − q' − (m−1)π)/(p' − q').
+
+    Two-phase (``phase=0`` at version 0, what a config without ``priors`` builds): the first
+    ``phase1_reports`` devices report with SPL (GRR(ε/m) per attribute); :meth:`adapt` turns their
+    clip-rescaled estimates into the priors of the next version (phase 1, RS+RFD). The estimate
+    combines both phases' unbiased estimates per attribute with fixed inverse-variance weights
+    (variances at the uniform distribution, so the weights do not depend on the data and the
+    combination stays unbiased)."""
 
     name = "rs-rfd"
+    PHASE1_REPORTS = 1000
 
     def __init__(self, domain: Domain, epsilon: float, priors: Sequence[np.ndarray] | None = None,
-                 scope: str = "attribute", floor: float = 0.1, version: int = 0) -> None:
+                 scope: str = "attribute", floor: float = 0.1, version: int = 0,
+                 phase: int | None = None, phase1_reports: int | None = None,
+                 phase1_fraction: float = 0.1, priors_since: int | None = None) -> None:
         self.floor = float(floor)
         if not 0 < self.floor <= 1:
             raise ValueError(f"rs-rfd: prior floor must be in (0, 1], got {floor!r}")
@@ -536,12 +547,27 @@ class RSRFD(RSFD):
             if p.shape != (d,) or not np.all(np.isfinite(p)):
                 raise ValueError(f"rs-rfd: a prior must be {d} finite numbers")
         super().__init__(domain, epsilon, scope, version)
+        if phase not in (None, 0, 1):
+            raise ValueError(f"phase must be 0, 1 or None, got {phase!r}")
+        self.phase = phase
+        self.phase1_reports = self.PHASE1_REPORTS if phase1_reports is None else int(phase1_reports)
+        self.phase1_fraction = float(phase1_fraction)
+        self.priors_since = self.version if priors_since is None else int(priors_since)
+        self.spl = SPL(domain, self.target_epsilon)
 
     def _priors(self) -> list[np.ndarray]:
         return [(1 - self.floor) * clip_rescale(p) + self.floor / len(p) for p in self._raw_priors]
 
     def _amp_priors(self):
         return self.priors
+
+    @property
+    def epsilon(self) -> float:
+        return self.spl.epsilon if self.phase == 0 else super().epsilon
+
+    @property
+    def epsilon_attribute(self) -> float:
+        return self.spl.epsilon_attribute if self.phase == 0 else super().epsilon_attribute
 
     def _fakes(self, n, rng, dtype):
         cols = []
@@ -551,27 +577,108 @@ class RSRFD(RSFD):
             cols.append(np.searchsorted(cum, rng.random(n), side="right"))
         return np.stack(cols, axis=1).astype(dtype)
 
+    def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """SPL reports in phase 0, RS+RFD reports otherwise."""
+        return self.spl.randomize(records, rng) if self.phase == 0 else \
+            super().randomize(records, rng)
+
+    # -- the two-phase protocol
     @classmethod
     def config_params(cls, pr: Params, domain: Domain) -> dict[str, Any]:
-        """As rs-fd, plus ``priors`` (one list of d_k numbers per attribute; default uniform)
-        and their ``floor`` (0.1)."""
+        """As rs-fd, plus ``priors`` (one list of d_k numbers per attribute: fixed priors,
+        nothing adapts) or the SPL round ``phase1_reports`` (1000) / ``phase1_fraction`` (of the
+        devices ``simulate`` plans for, 0.1), and the priors' ``floor`` (0.1)."""
         kw = super().config_params(pr, domain)
         kw["floor"] = pr.number("floor", 0.1, gt=0.0, le=1.0)
+        kw["phase1_reports"] = pr.integer("phase1_reports", None, ge=1)
+        kw["phase1_fraction"] = pr.number("phase1_fraction", 0.1, gt=0.0, lt=1.0)
         priors = pr.value("priors")
-        if priors is not None:
-            if (not isinstance(priors, list) or len(priors) != len(domain) or not all(
-                    isinstance(p, list) and len(p) == d and all(
-                        isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
-                        for x in p) and sum(p) > 0
-                    for p, d in zip(priors, domain.shape))):
-                raise ParamError("priors", f"must be {len(domain)} lists of non-negative numbers "
-                                           f"of lengths {list(domain.shape)}")
-            kw["priors"] = [np.asarray(p, dtype=float) for p in priors]
+        if priors is None:
+            kw["phase"] = 0
+            return kw
+        if (not isinstance(priors, list) or len(priors) != len(domain) or not all(
+                isinstance(p, list) and len(p) == d and all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
+                    for x in p) and sum(p) > 0
+                for p, d in zip(priors, domain.shape))):
+            raise ParamError("priors", f"must be {len(domain)} lists of non-negative numbers "
+                                       f"of lengths {list(domain.shape)}")
+        kw["priors"] = [np.asarray(p, dtype=float) for p in priors]
         return kw
+
+    def _next(self, **kw: Any) -> "RSRFD":
+        st = {**self.state(), **kw}
+        return RSRFD.from_state(st)
+
+    def planned_for(self, n: int) -> "RSRFD":
+        if self.phase != 0:
+            return self
+        return self._next(phase1_reports=max(1, int(round(self.phase1_fraction * n))))
+
+    def accepted_versions(self) -> tuple[int, ...]:
+        """Phase 1 after an SPL round: the SPL versions and this one."""
+        return tuple(range(self.version + 1)) if self.phase == 1 else (self.version,)
+
+    def _split(self, counts: VersionedCounts) -> tuple[dict[str, np.ndarray] | None,
+                                                       dict[str, np.ndarray] | None]:
+        """(SPL counts, RS+RFD counts of the current priors) summed over their versions."""
+        spl: dict[str, np.ndarray] = {}
+        rs: dict[str, np.ndarray] = {}
+        for v in self.accepted_versions():
+            dest = spl if (self.phase == 0 or v < self.priors_since) else rs
+            for k, t in counts.get(v, {}).items():
+                dest[k] = dest[k] + np.asarray(t) if k in dest else np.array(t, dtype=np.int64)
+        return spl or None, rs or None
+
+    def reports_until_adapt(self, counts: VersionedCounts) -> int | None:
+        if self.phase != 0:
+            return None
+        spl, _ = self._split(counts)
+        return max(1, self.phase1_reports - (self.spl.counted(spl) if spl else 0))
+
+    def adapt(self, counts: VersionedCounts) -> "RSRFD | None":
+        """End the SPL round: its clip-rescaled estimates become the priors (phase 1)."""
+        if self.phase != 0:
+            return None
+        spl, _ = self._split(counts)
+        if spl is None or self.spl.counted(spl) < self.phase1_reports:
+            return None
+        priors = [clip_rescale(f).tolist() for f in self.spl.estimate_all(spl)]
+        return self._next(version=self.version + 1, phase=1, priors=priors,
+                          priors_since=self.version + 1)
+
+    def estimate_versions(self, counts: VersionedCounts, attrs: Sequence[str], method: str,
+                          **options: Any) -> Estimate:
+        """SPL and RS+RFD estimates combined per attribute with fixed inverse-variance weights."""
+        i = one_way_axis(self, attrs, method)
+        spl, rs = self._split(counts)
+        if rs is None:
+            if spl is None:
+                raise ValueError("rs-rfd: no reports counted")
+            return self.spl.estimate(spl, attrs, method, **options)
+        if spl is None:
+            return self.estimate(rs, attrs, method, **options)
+        n1, n2 = self.spl.counted(spl), self.counted(rs)
+        u = [np.full(d, 1.0 / d) for d in self.domain.shape]
+        s1 = self.spl.variance(u, n1, fixed_data=False)[i].mean()
+        s2 = self.variance(u, n2, fixed_data=False)[i].mean()
+        w = (1 / s1) / (1 / s1 + 1 / s2)
+        est = w * self.spl.estimate_all(spl)[i] + (1 - w) * self.estimate_all(rs)[i]
+        f = [np.clip(est, 0, 1) if k == i else x for k, x in enumerate(u)]
+        var = (w ** 2 * self.spl.variance(f, n1, fixed_data=False)[i]
+               + (1 - w) ** 2 * self.variance(f, n2, fixed_data=False)[i])
+        a = self.domain.attrs[i]
+        return Estimate(Factor(self.domain.project((a,)), repair(est, options.get("proper"))),
+                        method, int(n1 + n2), max(self.epsilon, self.spl.epsilon),
+                        error_bound=float(np.sqrt(var.sum())),
+                        extra={"variance": var.tolist(), "weight_phase1": float(w),
+                               "n1": int(n1), "n2": int(n2)})
 
     def state(self) -> dict[str, Any]:
         st = super().state()
-        st.update(priors=[p.tolist() for p in self._raw_priors], floor=self.floor)
+        st.update(priors=[p.tolist() for p in self._raw_priors], floor=self.floor,
+                  phase=self.phase, phase1_reports=self.phase1_reports,
+                  phase1_fraction=self.phase1_fraction, priors_since=self.priors_since)
         return st
 
     @classmethod
@@ -579,4 +686,7 @@ class RSRFD(RSFD):
         return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
                    priors=[np.asarray(p) for p in state["priors"]],
                    scope=state.get("scope", "attribute"), floor=float(state.get("floor", 0.1)),
-                   version=int(state.get("version", 0)))
+                   version=int(state.get("version", 0)), phase=state.get("phase"),
+                   phase1_reports=state.get("phase1_reports"),
+                   phase1_fraction=float(state.get("phase1_fraction", 0.1)),
+                   priors_since=state.get("priors_since"))

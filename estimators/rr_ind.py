@@ -32,7 +32,7 @@ from .castell import castell, castell_variance, expected_tvd
 from .domain import Domain, Factor
 from .longitudinal import DAY_S, Guarantee, Memoize, compose
 from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, VersionedCounts,
-                        attribute_budget, marginal_key, register)
+                        attribute_budget, histogram, marginal_key, register)
 from .proper import clip_rescale, repair
 from .rr_adjustment import rr_adjustment_table
 from .rr_clusters import (Block, blocks_for, castell_blocks, castell_blocks_variance, from_blocks,
@@ -101,6 +101,9 @@ def _memoize_param(raw: Any, epsilon_scope: str, m: int) -> Memoize:
 class _RRBase(Mechanism):
     """Shared layout: one randomized value per attribute; tensors are marginals."""
 
+    #: (reports, patterns, raking result) of the last ``rr-adjustment-full`` raking
+    _raking: tuple | None = None
+
     @property
     def report_width(self) -> int:
         return len(self.domain)
@@ -140,6 +143,31 @@ class _RRBase(Mechanism):
                                  f"{self.domain.shape[j] - 1}")
         return records
 
+    def full_targets(self, reports: np.ndarray) -> list:
+        """[MDRR] Alg. 2 targets over all m attributes of whole reports."""
+        raise NotImplementedError
+
+    def estimate_reports(self, reports: np.ndarray, attrs: Sequence[str], method: str,
+                         **options: Any) -> Estimate:
+        """``rr-adjustment-full``: [MDRR] Alg. 2 as the paper runs it, one raking over the
+        distinct randomized patterns of all m attributes of the whole reports (a server keeps
+        w-way tables, not whole reports: simulate only); the marginal is the sum of pattern
+        weights. The raking is done once per reports array and reused for every marginal."""
+        if method != "rr-adjustment-full":
+            return super().estimate_reports(reports, attrs, method, **options)
+        from .rr_adjustment import adjusted_marginal, distinct_patterns, rr_adjustment
+        memo = self._raking
+        if memo is None or memo[0] is not reports:
+            patterns, counts, _ = distinct_patterns(reports, self.domain.shape)
+            res = rr_adjustment(patterns, counts, self.full_targets(reports))
+            memo = self._raking = (reports, patterns, res)
+        _, patterns, res = memo
+        cols = self.domain.axes(attrs)
+        values = adjusted_marginal(patterns, res.weights, cols,
+                                   [self.domain.shape[c] for c in cols])
+        return self._estimate(values, attrs, method, len(reports), options,
+                              iterations=int(res.iterations), converged=bool(res.converged))
+
     def _estimate(self, values: np.ndarray, attrs: Sequence[str], method: str, n: float,
                   options: Mapping[str, Any], **kw: Any) -> Estimate:
         values = repair(np.asarray(values, dtype=float), options.get("proper"))
@@ -157,6 +185,13 @@ class RRIndependent(_RRBase):
     name = "rr-ind"
     estimators = ("castell", "truncated", "hybrid", "hybrid-auto", "ibu", "rr-independent",
                   "rr-adjustment")
+    report_estimators = ("rr-adjustment-full",)
+    default_estimators = ("castell", "truncated", "ibu")
+
+    def full_targets(self, reports: np.ndarray) -> list:
+        """Clip-rescaled 1-way RR-Independent estimates of every attribute."""
+        return [clip_rescale(castell(np.bincount(reports[:, j].astype(np.intp), minlength=d), [P]))
+                for j, (P, d) in enumerate(zip(self.channels, self.domain.shape))]
 
     def __init__(self, domain: Domain, epsilon: float | Sequence[float] | None = None,
                  channels: Sequence[np.ndarray] | None = None, version: int = 0,
@@ -300,8 +335,9 @@ class RRIndependent(_RRBase):
         return out
 
     @classmethod
-    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
-                    epsilon_scope: str = "attribute", version: int = 0) -> "RRIndependent":
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute",
+                    version: int = 0) -> "RRIndependent":
         """GRR per attribute with ε = :func:`~.mechanism.attribute_budget`. Parameter
         ``memoize: {rotation_s, instantaneous_epsilon}`` (both optional: daily rotation, no
         instantaneous randomization; ``instantaneous_epsilon`` follows ``epsilon_scope``)
@@ -368,6 +404,16 @@ class _Clustered(_RRBase):
             out[:, cols] = randomize_joint(x[:, cols], [self.domain.shape[i] for i in cols], e, rng)
         return out
 
+    def full_targets(self, reports: np.ndarray) -> list:
+        """Clip-rescaled joint estimate of every cluster."""
+        from .rr_joint import estimate_joint
+        out = []
+        for cols, (p, q) in zip(self._cols, self._pq):
+            sub = tuple(self.domain.shape[c] for c in cols)
+            out.append((tuple(cols), clip_rescale(estimate_joint(
+                histogram(reports, cols, sub), p, q))))
+        return out
+
     def blocks(self, attrs: Sequence[str]) -> tuple[list[tuple[str, ...]], list[Block]]:
         """The blocks (S ∩ C) of marginal ``attrs`` and the GRR each induces."""
         return blocks_for(attrs, self.clusters, self._shape, self._pq)
@@ -427,6 +473,7 @@ class RRJoint(_Clustered):
 
     name = "rr-joint"
     estimators = ("castell", "truncated", "ibu")
+    default_estimators = ("castell", "ibu")
 
     def __init__(self, domain: Domain, epsilon: float | Sequence[float], version: int = 0) -> None:
         super().__init__(domain, [domain.attrs], epsilon, version)
@@ -437,8 +484,8 @@ class RRJoint(_Clustered):
                 "epsilon_c": self.cluster_eps[0]}
 
     @classmethod
-    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
-                    epsilon_scope: str = "attribute", version: int = 0) -> "RRJoint":
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute", version: int = 0) -> "RRJoint":
         """One GRR over the product, ε_C = Σ per-attribute budgets (no parameters)."""
         Params(cls.name, params).done()
         return cls(domain, attribute_budget(epsilon, epsilon_scope, len(domain)), version=version)
@@ -463,13 +510,16 @@ class RRClusters(_Clustered):
 
     name = "rr-clusters"
     estimators = ("rr-independent", "castell", "truncated", "ibu", "rr-adjustment")
+    report_estimators = ("rr-adjustment-full",)
+    default_estimators = ("rr-independent", "castell", "ibu")
     #: defaults of [MDRR] §6: T_v cells, T_d Cramér's V, reports of the clustering round
     MAX_CELLS, MIN_DEPENDENCE, CLUSTER_REPORTS = 1000, 0.1, 1000
 
     def __init__(self, domain: Domain, clusters: Sequence[Sequence[str]] | None = None,
                  epsilon: float | Sequence[float] | None = None, version: int = 0,
                  max_cells: int | None = None, min_dependence: float | None = None,
-                 cluster_reports: int | None = None, clustered: bool | None = None) -> None:
+                 cluster_reports: int | None = None, clustered: bool | None = None,
+                 phase1_fraction: float | None = None) -> None:
         """``clusters=None``: all singletons until :meth:`adapt` publishes clusters.
         ``clustered``: the clusters are final (default: they were given)."""
         if epsilon is None:
@@ -483,6 +533,7 @@ class RRClusters(_Clustered):
                                else float(min_dependence))
         self.cluster_reports = (self.CLUSTER_REPORTS if cluster_reports is None
                                 else int(cluster_reports))
+        self.phase1_fraction = None if phase1_fraction is None else float(phase1_fraction)
 
     @classmethod
     def from_randomized(cls, domain: Domain, randomized: np.ndarray,
@@ -497,17 +548,22 @@ class RRClusters(_Clustered):
                    max_cells, min_dependence)
 
     @classmethod
-    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
-                    epsilon_scope: str = "attribute", version: int = 0) -> "RRClusters":
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute", version: int = 0) -> "RRClusters":
         """``params``: ``max_cells`` (T_v, 1000), ``min_dependence`` (T_d, 0.1),
         ``cluster_reports`` (reports of the singleton round before clustering, 1000), or fixed
         ``clusters`` (lists of attribute names; then nothing adapts)."""
         pr = Params(cls.name, params)
         max_cells = pr.integer("max_cells", cls.MAX_CELLS, ge=1)
         min_dep = pr.number("min_dependence", cls.MIN_DEPENDENCE, ge=0.0, le=1.0)
-        reports = pr.integer("cluster_reports", cls.CLUSTER_REPORTS, ge=1)
+        reports = pr.integer("cluster_reports", None, ge=1)
+        beta = pr.number("phase1_fraction", None, gt=0.0, lt=1.0)
+        n_plan = pr.integer("n_plan", None, ge=2)
         clusters = pr.value("clusters")
         pr.done()
+        if reports is not None and beta is not None:
+            raise ParamError("phase1_fraction", "give cluster_reports or phase1_fraction (of "
+                                                "n_plan devices), not both")
         if clusters is not None:
             if (not isinstance(clusters, list) or not all(
                     isinstance(c, list) and c and all(isinstance(a, str) for a in c)
@@ -517,8 +573,19 @@ class RRClusters(_Clustered):
             if sorted(flat) != sorted(domain.attrs):
                 raise ParamError("clusters", f"must partition the attributes {list(domain.attrs)}"
                                              f" (got {clusters})")
-        return cls(domain, clusters, attribute_budget(epsilon, epsilon_scope, len(domain)),
-                   version, max_cells, min_dep, reports)
+        mech = cls(domain, clusters, attribute_budget(epsilon, epsilon_scope, len(domain)),
+                   version, max_cells, min_dep, reports, phase1_fraction=beta)
+        return mech.planned_for(n_plan) if n_plan is not None else mech
+
+    def planned_for(self, n: int) -> "RRClusters":
+        """The singleton round sized to ``phase1_fraction`` (default 0.1) of ``n`` devices,
+        unless ``cluster_reports`` was given."""
+        if self.clustered or self.phase1_fraction is None and \
+                self.cluster_reports != self.CLUSTER_REPORTS:
+            return self
+        beta = 0.1 if self.phase1_fraction is None else self.phase1_fraction
+        return RRClusters(self.domain, None, self.epsilons, self.version, self.max_cells,
+                          self.min_dependence, max(1, int(round(beta * n))), False, beta)
 
     # -- the clustering round
     def tensors(self, marginals: Sequence[Sequence[str]]) -> list[TensorSpec]:
@@ -548,14 +615,14 @@ class RRClusters(_Clustered):
         cl = cluster_attributes(dep, self.domain.shape, self.max_cells, self.min_dependence)
         return RRClusters(self.domain, [[at[i] for i in c] for c in cl], self.epsilons,
                           self.version + 1, self.max_cells, self.min_dependence,
-                          self.cluster_reports, clustered=True)
+                          self.cluster_reports, True, self.phase1_fraction)
 
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
                 "domain": self.domain.to_dict(), "epsilons": list(self.epsilons),
                 "clusters": [list(c) for c in self.clusters], "clustered": self.clustered,
                 "max_cells": self.max_cells, "min_dependence": self.min_dependence,
-                "cluster_reports": self.cluster_reports}
+                "cluster_reports": self.cluster_reports, "phase1_fraction": self.phase1_fraction}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRClusters":
@@ -563,4 +630,5 @@ class RRClusters(_Clustered):
                    version=int(state.get("version", 0)), max_cells=state.get("max_cells"),
                    min_dependence=state.get("min_dependence"),
                    cluster_reports=state.get("cluster_reports"),
-                   clustered=bool(state.get("clustered", True)))
+                   clustered=bool(state.get("clustered", True)),
+                   phase1_fraction=state.get("phase1_fraction"))

@@ -244,6 +244,7 @@ class RRBA(Mechanism):
 
     name = "rrba"
     estimators = ("last-two", "pooled")
+    default_estimators = ("last-two", "pooled")
 
     def __init__(self, domain: Domain, p: float, gamma: float = 0.05, k: int = 2,
                  views: Sequence[Sequence[Sequence[str]]] | None = None, block_size: int = 250,
@@ -319,8 +320,12 @@ class RRBA(Mechanism):
         current tables. Vectorized per (view, combination)."""
         records = np.asarray(records)
         n = len(records)
-        views = (rng.integers(0, len(self.views), size=n) if self.view is None
-                 else np.full(n, self.view, dtype=np.int64))
+        if self.view is not None:
+            views = np.full(n, self.view, dtype=np.int64)
+        else:   # a view still collecting, uniformly (any view once all have converged)
+            open_ = np.flatnonzero(~np.asarray(self.converged)) if self.collecting() else \
+                np.arange(len(self.views))
+            views = open_[rng.integers(0, len(open_), size=n)]
         out = np.zeros((n, self.report_width), dtype=np.int64)
         out[:, 0] = views
         for v, view in enumerate(self.views):
@@ -380,8 +385,8 @@ class RRBA(Mechanism):
 
     # -- the adaptive protocol
     @classmethod
-    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
-                    epsilon_scope: str = "attribute", version: int = 0) -> "RRBA":
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute", version: int = 0) -> "RRBA":
         """``params``: ``k`` (combination size, 2), ``block_size`` B (250), ``alpha`` (the §5
         rule's 1 − confidence, 0.05), ``max_versions`` (table versions per view, 64), and at most
         one of ``p`` / ``gamma`` (γ defaults to 0.05): ε (the corrected per-record ε of every
@@ -397,11 +402,14 @@ class RRBA(Mechanism):
         p = pr.number("p", None, gt=0.0, lt=1.0)
         gamma = pr.number("gamma", None, gt=0.0, le=1.0)
         pr.done()
+        if p is not None and epsilon is None:   # ε follows from p and γ
+            return cls(domain, p, 0.05 if gamma is None else gamma, k, block_size=block,
+                       alpha=alpha, max_versions=max_versions, version=version)
         if p is not None and gamma is not None:
             have = RRBA(domain, p, gamma, k).epsilon
             raise ParamError("gamma", f"rrba's ε follows from p and gamma (here {have:.4g} per "
-                                      "record) and epsilon fixes one of them: give p or gamma, "
-                                      "not both")
+                                      "record) and epsilon fixes one of them: give at most two "
+                                      "of epsilon, p, gamma")
         eps = record_budget(epsilon, epsilon_scope, len(domain))
         try:
             p, gamma = solve_p_gamma(domain, k, eps, p, gamma)
@@ -409,6 +417,20 @@ class RRBA(Mechanism):
             raise ParamError("p", str(exc)) from None
         return cls(domain, p, gamma, k, block_size=block, alpha=alpha,
                    max_versions=max_versions, version=version)
+
+    def planned_for(self, n: int) -> "RRBA":
+        """Table versions for ``n`` devices: twice the blocks a view gets on average, plus 4
+        (a view that runs out stops updating; its reports still count)."""
+        if self.version != 0:
+            return self
+        per_view = -(-n // (len(self.views) * self.block_size))
+        return RRBA(self.domain, self.p, self.gamma, self.k, self.views, self.block_size,
+                    self.alpha, max(2, 2 * per_view + 4), self.history, self.converged,
+                    self.version, self.view)
+
+    def collecting(self) -> bool:
+        """Until every view has converged (§5)."""
+        return not all(self.converged)
 
     def accepted_versions(self) -> tuple[int, ...]:
         """Every version so far: a report names the table version it used (column 1) and the
@@ -420,7 +442,7 @@ class RRBA(Mechanism):
         comb = self.combined_counts(counts) if any(v in counts for v in
                                                    self.accepted_versions()) else {}
         need = []
-        for v in range(len(self.views)):
+        for v in ([self.view] if self.view is not None else range(len(self.views))):
             t = self.table_version(v)
             if self.converged[v] or t + 1 >= self.max_versions:
                 continue
@@ -428,7 +450,7 @@ class RRBA(Mechanism):
             need.append(max(1, self.block_size - have))
         if not need:
             return None
-        return min(need) if self.view is not None else min(need) * len(self.views)
+        return min(need) * len(need)
 
     def adapt(self, counts: VersionedCounts) -> "RRBA | None":
         """:meth:`advance` on the counts of every version: eq. 4 for each view whose block is

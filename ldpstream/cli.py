@@ -22,34 +22,43 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generator", default=None,
                    help="synthetic correlated data instead of a CSV, e.g. 'corr:m=4,d=10,rho=0.7,n=20000'")
     p.add_argument("--mechanism", default="rr-ind",
-                   help="rr-ind | rr-joint | rr-clusters | rrba | corr-rr | corr-rr-paper | spl | smp "
-                        "| rs-fd | rs-rfd | lopub")
+                   help="any registered mechanism (an unknown name lists them)")
     p.add_argument("--estimator", action="append", default=None,
-                   help="repeatable: castell | truncated | hybrid | hybrid-auto | rr-independent | "
-                        "rr-adjustment | rr-adjustment-full | ibu (rr family); em | lasso | lasso-em | cooccurrence (lopub)")
-    p.add_argument("--ways", default="2,3", help="comma-separated w values (marginal sizes)")
+                   help="repeatable: any estimator of the mechanism (an unknown one lists them)")
+    p.add_argument("--ways", default=None,
+                   help="comma-separated w values (marginal sizes; default 2,3, or 1 for "
+                        "mechanisms that estimate one-way marginals only)")
     p.add_argument("--subsets", type=int, default=10, help="random attribute subsets per w")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", type=int, default=1, help="seeded repetitions (JSON adds standard errors)")
     p.add_argument("--epsilon", type=float, default=None,
-                   help="privacy budget (default: 1.0 for the rr and corr families; rrba solves p "
-                        "(or γ, with --p) from it; lopub derives ε from --f and rejects it)")
-    p.add_argument("--epsilon-scope", choices=("attribute", "record"), default="attribute")
+                   help="privacy budget (default 1.0, unless the parameters fix ε: rrba --p and "
+                        "--gamma, lopub --f); rrba solves p (or γ, with --p) and lopub f from it")
+    p.add_argument("--epsilon-scope", choices=("attribute", "record"), default="attribute",
+                   help="attribute: every attribute gets ε (a record costs m·ε); record: ε per "
+                        "record")
+    p.add_argument("--param", action="append", default=None, metavar="NAME=VALUE",
+                   help="repeatable: a mechanism parameter, as in a collection's params: "
+                        "(value read as YAML, e.g. --param neighbours=attribute)")
     p.add_argument("--proper", action="store_true", help="apply the proper-distribution repair")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     # RRBA
-    p.add_argument("--k", type=int, default=2, help="RRBA combination size")
+    p.add_argument("--k", type=int, default=None, help="RRBA combination size (default 2)")
     p.add_argument("--p", type=float, default=None, help="RRBA truth probability p")
     p.add_argument("--gamma", type=float, default=None,
                    help="RRBA floor γ on fake-cell tables (default 0.05)")
     p.add_argument("--block-size", action="append", type=int, default=None, help="RRBA block size(s)")
     # Corr-RR
-    p.add_argument("--phase1-fraction", type=float, default=0.1, help="Corr-RR Phase I fraction β")
+    p.add_argument("--phase1-fraction", type=float, default=None,
+                   help="two-phase mechanisms (corr-rr, corr-rr-paper, rs-rfd, rr-clusters): the "
+                        "share β of the devices in the first phase (default 0.1)")
     # LoPub
     p.add_argument("--f", type=float, default=None, help="LoPub bit-flip probability f")
     p.add_argument("--bloom-bits", type=int, default=None, help="LoPub Bloom bits per attribute")
     p.add_argument("--hashes", type=int, default=None, help="LoPub hash functions h")
-    p.add_argument("--synthesize", default=None, help="LoPub: write a synthetic dataset CSV here")
+    p.add_argument("--synthesize", default=None,
+                   help="write a synthetic dataset CSV here (LoPub Algs. 4 and 6, joints from the "
+                        "first estimator)")
 
 
 def build_parser() -> argparse.ArgumentParser:

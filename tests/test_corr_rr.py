@@ -301,32 +301,31 @@ def _cli(argv):
 def test_simulate_cli(capsys):
     rc, out = _cli(["simulate", "--mechanism", "corr-rr", "--generator",
                     "corr:m=3,d=3,rho=0.8,n=3000", "--runs", "2", "--epsilon", "1",
-                    "--estimator", "corr-rr", "--estimator", "unbiased", "--json"])
+                    "--epsilon-scope", "record", "--estimator", "corr-rr", "--estimator",
+                    "unbiased", "--json"])
     assert rc == 0
     res = json.loads(out)
     assert res["mechanism"] == "corr-rr" and res["runs"] == 2 and res["n"] == 3000
     assert [r["estimator"] for r in res["results"]] == ["corr-rr", "unbiased"]
-    assert res["results"][0]["stderr"] is not None and res["epsilon_record"] == pytest.approx(1.0)
-    assert res["epsilon_per_record"] == pytest.approx(1.0) and "whole report" in res["epsilon_meaning"]
-    for scope, want in (("attribute", np.log(3 * np.expm1(1.0) + 1)), ("record", 1.0)):
+    assert res["results"][0]["stderr"] is not None
+    assert res["epsilon_per_record"] == pytest.approx(1.0)
+    # RS+FD: the published amplified ε' (one-attribute neighbours) is a parameter
+    for neighbours, want in (("attribute", np.log(3 * np.expm1(1.0) + 1)), ("record", 1.0)):
         rc, out = _cli(["simulate", "--mechanism", "rs-fd", "--generator", "corr:m=3,d=3,n=2000",
-                        "--epsilon", "1", "--epsilon-scope", scope, "--json"])
+                        "--epsilon", "1", "--epsilon-scope", "record", "--param",
+                        f"neighbours={neighbours}", "--json"])
         r = json.loads(out)
         assert rc == 0 and r["epsilon_per_record"] == pytest.approx(want, rel=1e-9)
-        # one-attribute neighbours: exactly ε as published; below ε with GRR(ε) on records
-        assert (r["epsilon_per_attribute"] == pytest.approx(1.0, rel=1e-6) if scope == "attribute"
-                else r["epsilon_per_attribute"] < 1.0)
-    rc, out = _cli(["simulate", "--mechanism", "rs-fd", "--generator", "corr:m=3,d=3,n=2000",
-                    "--epsilon", "1"])
-    assert rc == 0 and "one attribute 1 " in out and "records 1.817" in out
     rc, out = _cli(["simulate", "--mechanism", "rs-fd", "--generator", "corr:m=3,d=3,n=2000",
                     "--epsilon", "1", "--epsilon-scope", "record", "--proper"])
-    assert rc == 0 and "records 1," in out
+    assert rc == 0 and "ε per record=1 " in out
     assert _cli(["simulate", "--mechanism", "corr-rr", "--phase1-fraction", "0"])[0] == 2
     assert _cli(["simulate", "--mechanism", "smp", "--generator", "corr:rho=3"])[0] == 2
     assert _cli(["simulate", "--mechanism", "spl", "--estimator", "paper"])[0] == 2
+    assert _cli(["simulate", "--mechanism", "spl", "--param", "neighbours=attribute"])[0] == 2
     err = capsys.readouterr().err
     assert "--phase1-fraction" in err and "--generator" in err and "--estimator" in err
+    assert "--param neighbours: unknown parameter for spl" in err
 
 
 def test_bench_quick():

@@ -16,8 +16,8 @@ DOM = Domain.from_categories({"a": ["x", "y", "z"], "b": ["x", "y", "z"], "c": [
 #: small parameters so that every family builds fast
 PARAMS = {"rrba": {"block_size": 50}, "rr-clusters": {"cluster_reports": 500},
           "corr-rr": {"phase1_reports": 500}, "corr-rr-paper": {"phase1_reports": 500},
-          "lopub": {"bits": 16, "hashes": 2}}
-ADAPTIVE = {"rrba", "rr-clusters", "corr-rr", "corr-rr-paper"}
+          "lopub": {"bits": 16, "hashes": 2}, "rs-rfd": {"phase1_reports": 300}}
+ADAPTIVE = {"rrba", "rr-clusters", "corr-rr", "corr-rr-paper", "rs-rfd"}
 
 
 def build(name, epsilon=2.0, scope="record", **params):
@@ -47,7 +47,7 @@ def test_from_config_and_from_state_on_every_family(name):
     mech = build(name)
     assert isinstance(mech, cls) and mech.version == 0
     # ε is computed from the channel; the record budget is what the config asked for
-    assert mech.epsilon == pytest.approx(2.0, rel=1e-6) or name in ("rs-fd", "rs-rfd")
+    assert mech.epsilon == pytest.approx(2.0, rel=1e-6) or name == "rs-fd"
     state = json.loads(json.dumps(mech.state()))
     back = from_state(state)
     assert type(back) is cls and back.state() == state and back.epsilon == mech.epsilon
@@ -160,6 +160,20 @@ def test_corr_rr_phase_one_then_table_then_phase_two(name):
     newer = type(last).from_state({**last.state(), "version": 2, "table_since": 2})
     comb = newer.combined_counts({**stale, 1: counts[1]})
     assert comb["corr:a"][1].sum() == 0 and comb["corr:a"][0].sum() == n1
+
+
+def test_rs_rfd_learns_its_priors_in_an_spl_round():
+    mech = build("rs-rfd")
+    assert mech.phase == 0 and mech.epsilon == pytest.approx(2.0)     # SPL round: ε/m each
+    last, counts, versions = _drive(mech, records(3000), np.random.default_rng(4), marginals=())
+    assert [(v.version, v.phase) for v in versions] == [(0, 0), (1, 1)]
+    assert last.accepted_versions() == (0, 1)
+    spl_est = [x for x in mech.spl.estimate_all(counts[0])]
+    assert np.allclose(last.state()["priors"][0], np.clip(spl_est[0], 0, None)
+                       / np.clip(spl_est[0], 0, None).sum())
+    est = last.estimate_versions(counts, ("a",), "unbiased")
+    assert est.n == 3000 and est.extra["n1"] == 300 and 0 < est.extra["weight_phase1"] < 1
+    assert est.epsilon == max(last.epsilon, mech.epsilon)
 
 
 def test_rrba_adapt_is_the_block_update():

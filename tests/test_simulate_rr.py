@@ -9,12 +9,13 @@ import pytest
 
 from ldpstream import cli
 from ldpstream.estimators.rr_ind import RRClusters, RRIndependent, RRJoint
-from ldpstream.simulate import rr as sim_rr
-from ldpstream.simulate.rr import draw_subsets
+from ldpstream.simulate import driver as sim
+from ldpstream.simulate.driver import draw_subsets
 
-TOP_KEYS = {"n", "m", "epsilon", "epsilon_scope", "epsilon_per_record", "results"}
-ROW_KEYS = {"mechanism", "estimator", "w", "subsets", "metrics", "seconds"}
-METRIC_KEYS = {"tvd", "max_abs", "mae", "mse"}
+TOP_KEYS = {"mechanism", "n", "m", "epsilon", "epsilon_scope", "epsilon_per_record",
+            "parameters", "seed", "runs", "results"}
+ROW_KEYS = {"mechanism", "estimator", "w", "subsets", "metrics", "seconds", "reports", "versions"}
+METRIC_KEYS = {"tvd", "max_abs", "mae", "mse", "l2_counts", "jsd"}
 
 
 def _run(capsys, *argv):
@@ -136,22 +137,23 @@ def test_bench_adult_quick(capsys):
 def test_simulate_equals_mechanism_estimate_for_every_estimator(cls):
     """One code path: every estimator's simulate metric equals the metric of ``mech.estimate`` on
     the exact count tensor of the same reports (same seed), as a streaming server would have."""
-    ds = sim_rr.load_dataset(None, "workclass,education,marital-status,relationship,sex")
-    plan = sim_rr.Plan(ds, cls.name, cls.estimators, (2, 3), 1, seed=4, runs=1, epsilon=2.0)
-    doc = sim_rr.simulate(plan)
+    ds = sim.load_dataset(None, "workclass,education,marital-status,relationship,sex")
+    plan = sim.Plan(ds, cls.name, cls.estimators, (2, 3), 1, seed=4, runs=1, epsilon=2.0)
+    doc = sim.simulate(plan)
     rows = {(r["estimator"], r["w"]): r for r in doc["results"]}
-    mech, reports, eps = sim_rr._randomize(plan, np.random.default_rng([plan.seed, 0]))
-    assert eps == doc["epsilon_per_record"]
-    for w in plan.ways:
-        (s,) = draw_subsets(len(ds.domain), w, 1, plan.seed)
-        attrs = tuple(ds.domain.attrs[c] for c in s)
-        counts = mech.count(reports, mech.tensors([attrs]))
-        truth = sim_rr.histogram(ds.records, s, [ds.domain.shape[c] for c in s]) / ds.n
+    subsets = {w: tuple(ds.domain.attrs[c] for c in draw_subsets(len(ds.domain), w, 1, 4)[0])
+               for w in plan.ways}
+    run = sim.drive(sim.build(plan), ds.records, np.random.default_rng([plan.seed, 0]),
+                    sorted(subsets.values()))
+    assert run.epsilon == doc["epsilon_per_record"]
+    for w, attrs in subsets.items():
+        truth = sim.histogram(ds.records, ds.domain.axes(attrs),
+                              ds.domain.project(attrs).shape) / ds.n
         for e in cls.estimators:
-            est = mech.estimate(counts, attrs, e)
-            assert rows[(e, w)]["metrics"] == sim_rr._metrics(est.factor.values, truth,
-                                                              sim_rr.METRICS), (e, w)
-            if e in sim_rr.ITERATIVE:
+            est = run.mechanism.estimate_versions(run.counts, attrs, e)
+            assert rows[(e, w)]["metrics"] == sim._metrics(est.factor.values, truth,
+                                                           sim.METRICS, ds.n), (e, w)
+            if est.iterations is not None:
                 assert rows[(e, w)]["iterations"] == est.iterations
 
 

@@ -356,6 +356,7 @@ PROVIDERS: dict[str, str] = {
     "spl": "multi_baselines", "smp": "multi_baselines", "rs-fd": "multi_baselines",
     "rs-rfd": "multi_baselines",
     "lopub": "lopub",
+    "partitioned": "partitioned",
 }
 
 #: the classes imported so far (filled by :func:`register`); use :func:`mechanism_class`

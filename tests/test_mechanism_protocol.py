@@ -35,7 +35,7 @@ def records(n, seed=0):
 def test_one_registry_lists_every_family():
     assert mechanism_names() == tuple(PROVIDERS) == (
         "rr-ind", "rr-joint", "rr-clusters", "rrba", "corr-rr", "corr-rr-paper", "spl", "smp",
-        "rs-fd", "rs-rfd", "lopub")
+        "rs-fd", "rs-rfd", "lopub", "partitioned")
     with pytest.raises(ValueError) as ei:
         mechanism_class("rr-indd")
     assert str(ei.value) == ("unknown mechanism 'rr-indd' (known: " + ", ".join(PROVIDERS) + ")")

@@ -1,0 +1,240 @@
+"""Post-processing of noisy marginal tables that share attributes (CALM, Zhang, Wang, Li, He &
+Chen, CCS 2018, §4.3–4.4; after PriView, Qardaji et al., SIGMOD 2014):
+
+* :func:`make_consistent` — every attribute set shared by two or more tables (the closure of their
+  pairwise intersections, ∅ included) gets one common sub-marginal, the inverse-variance weighted
+  mean of the tables' projections; each table is shifted uniformly within the cells of that
+  sub-marginal to match it. Sets are processed smallest first, so a later step never undoes an
+  earlier one (its correction sums to zero on every already-consistent subset).
+* :func:`norm_sub` — Norm-Sub [CALM §4.4]: zero the negative cells and shift the positive ones
+  by a common δ until the table sums to its total; the Euclidean projection onto the simplex.
+* :func:`shrink_to_independence` — positive-part James–Stein shrinkage (Efron & Morris 1973,
+  shrinking toward a fitted sub-model) of a noisy table toward the product of its own 1-way
+  marginals, with the noise variance known from the oracle. Not part of CALM: it keeps every
+  1-way marginal (so consistency on single attributes survives it) and removes much of the
+  noise of large tables at small ε, where the tables' dependence is below the noise.
+* :func:`postprocess` — CALM's alternation of the two, ending with consistency (optionally with
+  the shrinkage after the first consistency step).
+* :func:`max_entropy` — a marginal not collected directly, as the maximum-entropy table with the
+  given sub-marginals (iterative proportional fitting from the uniform table; Deming & Stephan
+  1940, CALM §4.5).
+
+Tables are :class:`~.domain.Factor` objects (axes named by attribute).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .domain import Domain, Factor
+from .proper import project_simplex
+
+__all__ = ["Consistency", "make_consistent", "norm_sub", "postprocess", "shrink_to_independence",
+           "max_entropy", "MaxEntResult", "shared_sets", "disagreement"]
+
+
+def _ordered(attrs: frozenset[str], like: Sequence[str]) -> tuple[str, ...]:
+    return tuple(a for a in like if a in attrs)
+
+
+def shared_sets(attr_sets: Sequence[frozenset[str]]) -> list[frozenset[str]]:
+    """Every attribute set contained in two or more of ``attr_sets`` that matters for
+    consistency: the closure of pairwise intersections under intersection (∅ included),
+    smallest first."""
+    found = {a & b for a, b in itertools.combinations(attr_sets, 2)}
+    while True:
+        more = {a & b for a, b in itertools.combinations(found, 2)} - found
+        if not more:
+            break
+        found |= more
+    return sorted(found, key=lambda s: (len(s), sorted(s)))
+
+
+def _expand(delta: np.ndarray, sub: tuple[str, ...], axes: tuple[str, ...]) -> np.ndarray:
+    """``delta`` over ``sub`` broadcastable against a table over ``axes`` (⊇ sub)."""
+    order = [a for a in axes if a in sub]
+    d = np.transpose(delta, [sub.index(a) for a in order]) if sub else delta
+    shape = [delta.shape[sub.index(a)] if a in sub else 1 for a in axes]
+    return np.reshape(d, shape)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One shared set A: for each member table k, the axes summed out to get its projection
+    onto A (in the order of A as it appears in ``ref``), the transpose into that order, and
+    the reshape broadcasting a correction back, plus c_k = cells per A-cell."""
+
+    members: tuple[int, ...]
+    drop: tuple[tuple[int, ...], ...]
+    perm: tuple[tuple[int, ...], ...]
+    back: tuple[tuple[int, ...], ...]
+    unperm: tuple[tuple[int, ...], ...]
+    cells: tuple[float, ...]
+
+
+def _plan(axes: Sequence[tuple[str, ...]], shapes: Sequence[tuple[int, ...]]) -> list[_Step]:
+    sets = [frozenset(a) for a in axes]
+    steps = []
+    for A in shared_sets(sets):
+        members = tuple(k for k, s in enumerate(sets) if A <= s)
+        if len(members) < 2:
+            continue
+        ref = _ordered(A, axes[members[0]])
+        drop, perm, back, unperm, cells = [], [], [], [], []
+        for k in members:
+            ax = axes[k]
+            kept = [a for a in ax if a in A]                       # A in table k's order
+            drop.append(tuple(i for i, a in enumerate(ax) if a not in A))
+            perm.append(tuple(kept.index(a) for a in ref))          # kept order → ref order
+            unperm.append(tuple(ref.index(a) for a in kept))        # ref order → kept order
+            back.append(tuple(shapes[k][i] if a in A else 1 for i, a in enumerate(ax)))
+            size_a = int(np.prod([shapes[k][ax.index(a)] for a in ref], dtype=np.int64))
+            cells.append(float(np.prod(shapes[k], dtype=np.int64)) / size_a)
+        steps.append(_Step(members, tuple(drop), tuple(perm), tuple(back), tuple(unperm),
+                           tuple(cells)))
+    return steps
+
+
+class Consistency:
+    """CALM's consistency step for a fixed set of tables (attribute tuples and shapes), planned
+    once: afterwards every two tables agree on the marginal of every attribute set they share
+    (to rounding). ``cell_variance[k]`` is the variance of one cell of table k; the projection
+    of table k onto A (c_k = |dom(k)|/|dom(A)| cells summed) has variance c_k·var_k per cell,
+    and the common value is Σ_k w_k·proj_k / Σ_k w_k with w_k = 1/(c_k·var_k). Each table is
+    then shifted by (common − proj_k)/c_k in every cell of the same A-cell."""
+
+    def __init__(self, axes: Sequence[tuple[str, ...]], shapes: Sequence[tuple[int, ...]]) -> None:
+        self.axes = [tuple(a) for a in axes]
+        self.shapes = [tuple(int(d) for d in s) for s in shapes]
+        self.steps = _plan(self.axes, self.shapes)
+
+    def apply(self, values: Sequence[np.ndarray], cell_variance: Sequence[float]
+              ) -> list[np.ndarray]:
+        vals = [np.array(v, dtype=float) for v in values]
+        for st in self.steps:
+            projs = [np.transpose(vals[k].sum(axis=d) if d else vals[k], p)
+                     for k, d, p in zip(st.members, st.drop, st.perm)]
+            w = np.array([1.0 / (c * max(float(cell_variance[k]), 1e-300))
+                          for k, c in zip(st.members, st.cells)])
+            w /= w.sum()
+            common = sum(wk * p for wk, p in zip(w, projs))
+            for k, p, c, b, u in zip(st.members, projs, st.cells, st.back, st.unperm):
+                vals[k] += np.reshape(np.transpose((common - p) / c, u), b)
+        return vals
+
+
+def make_consistent(tables: Sequence[Factor], cell_variance: Sequence[float]) -> list[Factor]:
+    """:class:`Consistency` on :class:`~.domain.Factor` tables."""
+    plan = Consistency([t.domain.attrs for t in tables], [t.domain.shape for t in tables])
+    return [Factor(t.domain, v)
+            for t, v in zip(tables, plan.apply([t.values for t in tables], cell_variance))]
+
+
+def disagreement(tables: Sequence[Factor]) -> float:
+    """Largest absolute difference between two tables' marginals on a set they share."""
+    worst = 0.0
+    for a, b in itertools.combinations(tables, 2):
+        shared = frozenset(a.domain.attrs) & frozenset(b.domain.attrs)
+        sub = _ordered(shared, a.domain.attrs)
+        pa = a.project(sub).values
+        pb = b.project(sub).values
+        worst = max(worst, float(np.max(np.abs(pa - pb))))
+    return worst
+
+
+def norm_sub(table: Factor, total: float = 1.0) -> Factor:
+    """Norm-Sub [CALM §4.4]: negative cells to 0 and a common shift of the others so the table
+    sums to ``total`` — exactly the Euclidean projection onto {x ≥ 0, Σx = total}."""
+    if total <= 0:
+        return Factor(table.domain, np.zeros_like(table.values, dtype=float))
+    return Factor(table.domain, total * project_simplex(np.asarray(table.values) / total))
+
+
+def shrink_to_independence(values: np.ndarray, noise_variance: float) -> tuple[np.ndarray,
+                                                                               float]:
+    """Positive-part James–Stein: ν + λ(x − ν), ν = total·Π_a (m_a/total) the product of the
+    table's 1-way marginals m_a, λ = clip(1 − (p − r − 2)·σ²/‖x − ν‖², 0, 1) with p cells,
+    r = Σ_a (d_a − 1) + 1 parameters of ν, σ² the per-cell noise variance. x − ν sums to zero
+    along every axis, so every 1-way marginal is kept exactly. Returns (table, λ)."""
+    x = np.asarray(values, dtype=float)
+    if x.ndim < 2:
+        return x.copy(), 1.0
+    total = float(x.sum())
+    nu = np.full(x.shape, total)
+    for i in range(x.ndim):
+        m = x.sum(axis=tuple(j for j in range(x.ndim) if j != i))
+        shape = [1] * x.ndim
+        shape[i] = len(m)
+        nu = nu * (m / total if total != 0 else np.full(len(m), 1.0 / len(m))).reshape(shape)
+    r = sum(d - 1 for d in x.shape) + 1
+    k = max(x.size - r - 2, 0)
+    dev = float(((x - nu) ** 2).sum())
+    lam = 1.0 if dev <= 0 else min(1.0, max(0.0, 1.0 - k * float(noise_variance) / dev))
+    return nu + lam * (x - nu), lam
+
+
+def postprocess(tables: Sequence[Factor], cell_variance: Sequence[float], rounds: int = 30,
+                tol: float = 1e-6, noise_variance: Sequence[float] | None = None
+                ) -> tuple[list[Factor], int]:
+    """CALM's post-processing: consistency, then alternately Norm-Sub and consistency until no
+    cell is below −``tol`` (or ``rounds`` Norm-Sub passes); ends with consistency, so the tables
+    agree exactly on shared sets and may keep cells slightly below 0. With ``noise_variance``
+    (per-cell oracle noise of each table), every table is shrunk toward independence
+    (:func:`shrink_to_independence`) after the first consistency step. Returns (tables, Norm-Sub
+    passes)."""
+    plan = Consistency([t.domain.attrs for t in tables], [t.domain.shape for t in tables])
+    vals = plan.apply([t.values for t in tables], cell_variance)
+    if noise_variance is not None:
+        vals = plan.apply([shrink_to_independence(v, s2)[0]
+                           for v, s2 in zip(vals, noise_variance)], cell_variance)
+    passes = 0
+    while passes < rounds and min(float(v.min()) for v in vals) < -tol:
+        total = float(np.mean([v.sum() for v in vals]))
+        vals = plan.apply([total * project_simplex(v / total) if total > 0 else np.zeros_like(v)
+                           for v in vals], cell_variance)
+        passes += 1
+    return [Factor(t.domain, v) for t, v in zip(tables, vals)], passes
+
+
+@dataclass(frozen=True)
+class MaxEntResult:
+    table: Factor
+    iterations: int
+    converged: bool
+    gap: float
+
+
+def max_entropy(domain: Domain, constraints: Sequence[Factor], *, tol: float = 1e-7,
+                max_iter: int = 200) -> MaxEntResult:
+    """The maximum-entropy distribution over ``domain`` whose marginals on the constraint
+    tables' attributes equal them (negatives clipped, each rescaled to sum 1), by iterative
+    proportional fitting from the uniform table. ``gap`` is the largest |marginal − target|
+    seen in the last sweep; targets that are not exactly consistent cannot all be met and end
+    with ``converged=False`` (IPF then cycles close to them)."""
+    vals = np.full(domain.shape, 1.0 / domain.size())
+    plans = []
+    for c in constraints:
+        t = np.maximum(np.asarray(c.values, dtype=float), 0.0)
+        s = t.sum()
+        t = t / s if s > 0 else np.full(t.shape, 1.0 / t.size)
+        ax = domain.axes(c.domain.attrs)
+        kept = sorted(ax)
+        t = np.transpose(t, [list(ax).index(i) for i in kept])   # target in domain axis order
+        drop = tuple(i for i in range(len(domain)) if i not in ax)
+        shape = tuple(domain.shape[i] if i in ax else 1 for i in range(len(domain)))
+        plans.append((drop, t, shape))
+    gap = np.inf
+    it = 0
+    for it in range(1, max_iter + 1):
+        gap = 0.0
+        for drop, t, shape in plans:
+            cur = vals.sum(axis=drop) if drop else vals
+            gap = max(gap, float(np.max(np.abs(cur - t))))
+            ratio = np.divide(t, cur, out=np.zeros_like(t), where=cur > 0)
+            vals = vals * ratio.reshape(shape)
+        if gap <= tol:
+            break
+    return MaxEntResult(Factor(domain, vals), it, bool(gap <= tol), float(gap))

@@ -1,0 +1,373 @@
+"""``partitioned``: each report carries ONE declared marginal, with the whole ε (user
+partitioning; CALM, Zhang et al., CCS 2018, §4; the frequency oracles of Wang et al. 2017).
+
+The collection declares the marginals it collects (a list, or every k-way one). Each report is
+assigned one of them uniformly and independently of the record — by the randomizer's rng per
+report, or, when the caller passes device ids, by a seeded hash of the device id (so a device
+always reports the same marginal) — and reports the joint value of that marginal through the
+frequency oracle of smallest variance for its domain size (GRR, or OLH where the domain is large;
+:func:`~.frequency_oracles.choose`). Splitting ε over attributes is avoided entirely: one report
+is one ε-LDP release of one marginal's value.
+
+Report layout: one unsigned integer ``offset_k + code`` where ``code`` is the oracle's report
+(GRR value, or OLH seed·g + hashed value) and ``offset_k`` the start of marginal k's code block,
+so ``report_bounds`` validates every report exactly. Count tensors: one per collected marginal,
+``p:<attrs>``, the oracle's support counts of its d_k joint values followed by the number of
+reports assigned to it (shape ``(d_k + 1,)``).
+
+ε: the marginal index is drawn independently of the record, so Pr[report | x] = π_k ·
+Pr_k[code | x_k] and the worst ratio over two records is the largest oracle ε, computed from each
+oracle's channel.
+
+Estimators (:attr:`Partitioned.estimators`):
+
+* ``unbiased`` — [Wang17] eq. 3 on the marginal's own reports (or the smallest collected
+  superset, summed); cells may leave [0, 1].
+* ``norm-sub`` — the same after Norm-Sub.
+* ``calm`` — CALM: every collected marginal estimated, made consistent on shared attribute sets
+  by inverse-variance weighting, alternated with Norm-Sub (ends consistent;
+  :func:`~.consistency.postprocess`); a marginal inside a collected one is its projection, any
+  other (e.g. a 3-way from pairs) the maximum-entropy table with the collected sub-marginals
+  (:func:`~.consistency.max_entropy`).
+* ``consistent`` (the default) — ``calm`` with one more step after the first consistency:
+  every collected table shrunk toward the product of its (consistent) 1-way marginals by
+  positive-part James–Stein with the oracle's known noise variance
+  (:func:`~.consistency.shrink_to_independence`; keeps the 1-way marginals). Measured on Adult
+  it lowers the 2-way TVD by up to a quarter at ε ≤ 4 and never raises it (docs).
+
+``error_bound``: the expected TVD of the unbiased estimate under a normal approximation of its
+variance (:func:`~.castell.expected_tvd`); also given for norm-sub and consistent when the
+marginal lies inside a collected one (both post-processings do not increase the error in
+expectation in the measured benchmarks; the bound is the unbiased one's). Maximum-entropy
+marginals carry none (their error includes model bias the variances do not bound).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import frequency_oracles as fo
+from .castell import expected_tvd
+from .consistency import max_entropy, norm_sub, postprocess
+from .domain import Domain, Factor
+from .mechanism import (Estimate, Mechanism, ParamError, Params, TensorSpec, record_budget,
+                        register)
+from .proper import clip_rescale, repair
+
+__all__ = ["Partitioned", "tensor_key", "assign_by_device"]
+
+
+def tensor_key(attrs: Sequence[str]) -> str:
+    """Count tensor of a collected marginal: ``p:`` + attribute names joined by ``|``."""
+    return "p:" + "|".join(attrs)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer (vectorized, wrapping uint64 arithmetic)."""
+    x = np.asarray(x, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def assign_by_device(device_ids: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Marginal index of each device: splitmix64(device id ⊕ mix(seed)) mod k — fixed per
+    device, independent of its values, near-uniform over devices."""
+    s = _mix64(np.asarray([seed], dtype=np.uint64))[0]
+    with np.errstate(over="ignore"):
+        h = _mix64(np.asarray(device_ids, dtype=np.uint64) ^ s)
+    return (h % np.uint64(k)).astype(np.int64)
+
+
+@register
+class Partitioned(Mechanism):
+    """One assigned marginal per report with the full ε; CALM-style estimation."""
+
+    name = "partitioned"
+    estimators = ("consistent", "calm", "norm-sub", "unbiased")
+
+    def __init__(self, domain: Domain, epsilon: float, marginals: Sequence[Sequence[str]] | None
+                 = None, ways: int = 2, oracles: Sequence[str] = fo.COMPACT,
+                 assign_seed: int = 0, version: int = 0) -> None:
+        super().__init__(domain, version)
+        eps = float(epsilon)
+        if not np.isfinite(eps) or eps <= 0:
+            raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+        self.target_epsilon = eps
+        bad = [o for o in oracles if o not in fo.COMPACT]
+        if bad or not oracles:
+            raise ValueError(f"oracles: {bad or list(oracles)} — a partitioned report is one "
+                             f"integer; choose from {', '.join(fo.COMPACT)}")
+        self.oracle_names = tuple(oracles)
+        if marginals is None:
+            if not 1 <= int(ways) <= len(domain):
+                raise ValueError(f"ways must be in 1..{len(domain)}, got {ways!r}")
+            marginals = list(itertools.combinations(domain.attrs, int(ways)))
+        self.marginals = self._canonical(marginals)
+        self.ways = int(ways)
+        self.assign_seed = int(assign_seed)
+        self._cols = [domain.axes(m) for m in self.marginals]
+        self._shapes = [tuple(domain.shape[c] for c in cols) for cols in self._cols]
+        self.oracles = [fo.choose(eps, int(np.prod(s)), self.oracle_names) for s in self._shapes]
+        sizes = [o.n_codes for o in self.oracles]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._memo: dict[tuple[bytes, bool], tuple[list[Factor], int, int]] = {}
+        if self.offsets[-1] >= 2**32:
+            raise ValueError("partitioned: the marginals' report codes exceed 32 bits; collect "
+                             "fewer or smaller marginals")
+
+    def _canonical(self, marginals: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
+        out: list[tuple[str, ...]] = []
+        for m in marginals:
+            m = tuple(str(a) for a in m)
+            if not m or len(set(m)) != len(m):
+                raise ValueError(f"marginal {m}: needs distinct attributes")
+            unknown = [a for a in m if a not in self.domain]
+            if unknown:
+                raise ValueError(f"marginal {m}: unknown attribute {unknown[0]!r}")
+            m = tuple(a for a in self.domain.attrs if a in m)
+            if m not in out:
+                out.append(m)
+        if not out:
+            raise ValueError("partitioned: declare at least one marginal")
+        return out
+
+    # --- privacy ---------------------------------------------------------------------------------
+    @property
+    def epsilon(self) -> float:
+        """max_k ε(oracle_k): the index is independent of the record (see the module doc)."""
+        return max(o.epsilon for o in self.oracles)
+
+    # --- device ----------------------------------------------------------------------------------
+    @property
+    def report_width(self) -> int:
+        return 1
+
+    def report_bounds(self) -> np.ndarray:
+        return np.asarray([self.offsets[-1]], dtype=np.int64)
+
+    def _dtype(self):
+        top = int(self.offsets[-1])
+        return np.uint8 if top <= 256 else np.uint16 if top <= 65536 else np.uint32
+
+    def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Every report's marginal drawn uniformly by ``rng`` (per report), then its oracle."""
+        return self.randomize_assigned(records, rng.integers(0, len(self.marginals),
+                                                             len(records)), rng)
+
+    def randomize_device(self, records: np.ndarray, device_ids: np.ndarray,
+                         rng: np.random.Generator) -> np.ndarray:
+        """As :meth:`randomize` with each report's marginal fixed by its device id
+        (:func:`assign_by_device` with ``assign_seed``): a device always reports one marginal."""
+        ids = np.asarray(device_ids)
+        if ids.shape != (len(records),):
+            raise ValueError(f"device_ids must have shape ({len(records)},), got {ids.shape}")
+        return self.randomize_assigned(
+            records, assign_by_device(ids, len(self.marginals), self.assign_seed), rng)
+
+    def randomize_assigned(self, records: np.ndarray, k: np.ndarray,
+                           rng: np.random.Generator) -> np.ndarray:
+        """Reports of ``records`` whose marginal indices are ``k`` (drawn independently of the
+        records by the caller)."""
+        records = np.asarray(records)
+        if records.ndim != 2 or records.shape[1] != len(self.domain):
+            raise ValueError(f"records must be (n, {len(self.domain)}), got {records.shape}")
+        if len(records) and (records.min() < 0
+                             or np.any(records.max(axis=0) >= np.asarray(self.domain.shape))):
+            raise ValueError("records hold a value outside the domain")
+        n = len(records)
+        k = np.asarray(k)
+        out = np.empty(n, dtype=np.int64)
+        for j, (cols, shape, oracle) in enumerate(zip(self._cols, self._shapes, self.oracles)):
+            sel = np.flatnonzero(k == j)
+            if not len(sel):
+                continue
+            x = np.ravel_multi_index(tuple(records[sel][:, c].astype(np.intp) for c in cols),
+                                     shape)
+            out[sel] = self.offsets[j] + oracle.randomize(x, rng)
+        return out.astype(self._dtype()).reshape(n, 1)
+
+    # --- server ----------------------------------------------------------------------------------
+    def tensors(self, marginals: Sequence[Sequence[str]] = ()) -> list[TensorSpec]:
+        """Every collected marginal's support counts (+ its report count); all of them serve
+        every marginal through the consistency step."""
+        return [TensorSpec(tensor_key(m), ("support",), (int(np.prod(s)) + 1,))
+                for m, s in zip(self.marginals, self._shapes)]
+
+    def count(self, reports: np.ndarray, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+        codes = np.asarray(reports).reshape(len(reports), -1)[:, 0].astype(np.int64)
+        k = np.searchsorted(self.offsets, codes, side="right") - 1
+        index = {tensor_key(m): j for j, m in enumerate(self.marginals)}
+        out = {}
+        for s in specs:
+            j = index[s.key]
+            local = codes[k == j] - self.offsets[j]
+            out[s.key] = np.concatenate([self.oracles[j].supports(local),
+                                         [len(local)]]).astype(np.int64)
+        return out
+
+    def collected_for(self, attrs: Sequence[str]) -> int | None:
+        """Index of the smallest collected marginal containing ``attrs`` (None if none)."""
+        best = None
+        for j, m in enumerate(self.marginals):
+            if set(attrs) <= set(m) and (best is None
+                                         or len(self.marginals[best]) > len(m)):
+                best = j
+        return best
+
+    def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
+        """Why ``method`` cannot serve ``attrs`` (None: it can)."""
+        reason = super().check_marginal(attrs, method)
+        if reason is not None:
+            return reason
+        if method in ("unbiased", "norm-sub") and self.collected_for(attrs) is None:
+            return (f"{method} serves only marginals inside a collected one (this collection "
+                    f"collects {len(self.marginals)} of up to "
+                    f"{max(len(m) for m in self.marginals)} attributes, params.marginals / "
+                    f"params.ways); use consistent or calm")
+        if not any(set(attrs) & set(m) for m in self.marginals):
+            return "no collected marginal shares an attribute with it"
+        return None
+
+    def unbiased(self, counts: Mapping[str, np.ndarray], j: int
+                 ) -> tuple[Factor, float, float, int]:
+        """(unbiased table, variance of one cell, its oracle-noise part, reports) of collected
+        marginal j. The cell variance is the oracle's f-free term q*(1−q*)/(n_j(p*−q*)²) plus
+        the sampling of which users report j, averaged over cells: (1 − Σf̂²)/(d_j·n_j) (f̂
+        clipped and rescaled)."""
+        t = np.asarray(counts[tensor_key(self.marginals[j])], dtype=np.int64)
+        n = int(t[-1])
+        if n <= 0:
+            raise ValueError(f"no reports counted for the collected marginal "
+                             f"{self.marginals[j]}")
+        o = self.oracles[j]
+        est = o.estimate(t[:-1], n)
+        f = clip_rescale(est)
+        noise = float(o.variance(n)[0])
+        var = noise + (1.0 - float(np.sum(f * f))) / (o.d * n)
+        return (Factor(self.domain.project(self.marginals[j]), est.reshape(self._shapes[j])),
+                var, noise, n)
+
+    def consistent_tables(self, counts: Mapping[str, np.ndarray], shrink: bool = True
+                          ) -> tuple[list[Factor], int, int]:
+        """Every collected marginal after :func:`~.consistency.postprocess` (with the shrinkage
+        toward independence when ``shrink``): (tables, Norm-Sub passes, reports). Memoized on
+        the counts' content (the refresher asks once per served marginal and estimator)."""
+        h = hashlib.blake2b(digest_size=16)
+        for m in self.marginals:
+            h.update(np.ascontiguousarray(counts[tensor_key(m)], dtype=np.int64).tobytes())
+        key = (h.digest(), shrink)
+        if key not in self._memo:
+            raw = [self.unbiased(counts, j) for j in range(len(self.marginals))]
+            tables, passes = postprocess([r[0] for r in raw], [r[1] for r in raw],
+                                         noise_variance=[r[2] for r in raw] if shrink else None)
+            if len(self._memo) >= 8:
+                self._memo.pop(next(iter(self._memo)))
+            self._memo[key] = (tables, passes, sum(r[3] for r in raw))
+        return self._memo[key]
+
+    def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
+                 method: str = "consistent", **options: Any) -> Estimate:
+        """Options: ``proper`` ('clip' | 'simplex'); ``tol`` / ``max_iter`` (maximum entropy)."""
+        attrs = tuple(attrs)
+        reason = self.check_marginal(attrs, method)
+        if reason is not None:
+            raise ValueError(f"{self.name}: cannot estimate {attrs} with {method}: {reason}")
+        dom = self.domain.project(attrs)
+        j = self.collected_for(attrs)
+        extra: dict[str, Any] = {}
+        bound = None
+        if j is not None:
+            f, var, _, n = self.unbiased(counts, j)
+            c = f.values.size // dom.size()
+            bound = expected_tvd(np.full(dom.size(), c * var))   # c cells summed per cell
+            extra["collected_from"] = "|".join(self.marginals[j])
+            extra["oracle"] = self.oracles[j].name
+            if method == "unbiased":
+                vals = f.project(attrs).values
+            elif method == "norm-sub":
+                vals = norm_sub(f).project(attrs).values
+            else:
+                tables, passes, n = self.consistent_tables(counts, method == "consistent")
+                vals = tables[j].project(attrs).values
+                extra["norm_sub_passes"] = passes
+            return Estimate(Factor(dom, repair(vals, options.get("proper"))), method, n,
+                            self.epsilon, error_bound=bound, extra=extra)
+        tables, passes, n = self.consistent_tables(counts, method == "consistent")
+        cons = []
+        for t in tables:
+            sub = tuple(a for a in attrs if a in t.domain.attrs)
+            if sub:
+                cons.append(t.project(sub))
+        # keep the maximal constraint sets (a subset's table is implied by its superset's)
+        keep = [c for c in cons if not any(set(c.domain.attrs) < set(o.domain.attrs)
+                                           for o in cons)]
+        uniq: dict[frozenset[str], Factor] = {}
+        for c in keep:
+            uniq.setdefault(frozenset(c.domain.attrs), c)
+        kw = {k: options[k] for k in ("tol", "max_iter") if k in options}
+        r = max_entropy(dom, list(uniq.values()), **kw)
+        extra.update(norm_sub_passes=passes, fitted_from=["|".join(c.domain.attrs)
+                                                          for c in uniq.values()],
+                     gap=r.gap)
+        return Estimate(Factor(dom, repair(r.table.values, options.get("proper"))), method, n,
+                        self.epsilon, error_bound=None, iterations=r.iterations,
+                        converged=r.converged, extra=extra)
+
+    # --- state -----------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"mechanism": self.name, "version": self.version,
+                "domain": self.domain.to_dict(), "epsilon": self.target_epsilon,
+                "marginals": [list(m) for m in self.marginals],
+                "oracles": list(self.oracle_names), "assign_seed": self.assign_seed,
+                "chosen": [{"oracle": o.name, "g": o.g if isinstance(o, fo.OLH) else None}
+                           for o in self.oracles]}
+
+    @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
+                    epsilon_scope: str = "attribute", version: int = 0) -> "Partitioned":
+        """ε per report = :func:`~.mechanism.record_budget` (the whole record's budget goes to
+        the one marginal reported). ``params``: ``marginals`` (list of attribute lists) or
+        ``ways`` (every k-way marginal; default 2), ``oracles`` (subset of grr, olh),
+        ``assign_seed``."""
+        pr = Params(cls.name, params)
+        marginals = pr.value("marginals")
+        ways = pr.integer("ways", 2, ge=1, le=len(domain))
+        if marginals is not None and pr.has("ways"):
+            raise ParamError("ways", "give marginals or ways, not both")
+        if marginals is not None:
+            if (not isinstance(marginals, list) or not marginals
+                    or not all(isinstance(m, list) and m and all(isinstance(a, str) for a in m)
+                               for m in marginals)):
+                raise ParamError("marginals", f"must be a non-empty list of attribute lists "
+                                              f"(got {marginals!r})")
+            for m in marginals:
+                unknown = [a for a in m if a not in domain]
+                if unknown:
+                    raise ParamError("marginals", f"unknown attribute {unknown[0]!r} in {m} "
+                                                  f"(attributes: {', '.join(domain.attrs)})")
+                if len(set(m)) != len(m):
+                    raise ParamError("marginals", f"lists an attribute twice in {m}")
+        oracles = pr.value("oracles")
+        if oracles is None:
+            oracles = list(fo.COMPACT)
+        if (not isinstance(oracles, list) or not oracles
+                or any(o not in fo.COMPACT for o in oracles)):
+            raise ParamError("oracles", f"must be a non-empty list of {', '.join(fo.COMPACT)} "
+                                        f"(got {oracles!r})")
+        seed = pr.integer("assign_seed", 0, ge=0, le=2**63 - 1)
+        pr.done()
+        return cls(domain, record_budget(epsilon, epsilon_scope, len(domain)),
+                   marginals=marginals, ways=ways, oracles=tuple(oracles),
+                   assign_seed=seed, version=version)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "Partitioned":
+        return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
+                   marginals=state["marginals"], oracles=tuple(state.get("oracles", fo.COMPACT)),
+                   assign_seed=int(state.get("assign_seed", 0)),
+                   version=int(state.get("version", 0)))

@@ -61,7 +61,8 @@ from ..estimators.mechanism import Mechanism
 from .codec import (MAX_MESSAGE_BYTES, DecodeError, ReportBatch, batch_from_json, decode_batch,
                     encode_batch, explain_batch)
 from .device import ConfigWatcher, report_topic
-from .publisher import Publisher
+from .publisher import Publisher, PublishError
+from .signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, load_verify_key
 from .sdk import device_key
 
 log = logging.getLogger(__name__)
@@ -426,12 +427,15 @@ def main(args: Any) -> int:
     if not bootstrap:
         raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set")
     fleets = load_fleets(args.tokens)
+    if load_verify_key() is None:
+        raise CliError(f"no public key pinned: set {ENV_PUBLIC_KEY} or {ENV_PUBLIC_KEY_FILE} (the "
+                       f"gateway accepts only mechanism states signed by that key)")
     gateway = IngestGateway(bootstrap, fleets, max_body_bytes=args.max_body_bytes)
 
     async def run() -> None:
         try:
             runner = await serve(gateway, args.bind, args.port)
-        except ConnectionError as exc:
+        except (ConnectionError, PublishError) as exc:
             raise CliError(str(exc)) from None
         print(f"ldpstream gateway: http://{args.bind}:{args.port}/v1/collections/<id>/reports "
               f"(fleets: {', '.join(f.name for f in fleets)}; collections: "

@@ -276,7 +276,8 @@ class DeviceClient:
                           ) -> list[ReportResult]:
         """Randomize and queue records (rows ``{attribute: label}`` or one mapping of columns
         ``{attribute: [label, ...]}``); the whole call is checked against the schema first, so a
-        bad record queues nothing."""
+        bad record queues nothing. A transport error propagates: reports already queued stay
+        buffered (and charged) and go out with the next :meth:`flush`."""
         mech = self.mechanism
         x = mech.domain.encode(records)
         out = []

@@ -331,3 +331,18 @@ def test_reports_through_the_gateway_are_counted_exactly(tmp_path, kafka_broker,
         assert info["memoized"] and info["epsilon_per_rotation"] == pytest.approx(2.0)
     finally:
         assert gateway.stop() == 0
+
+
+def test_gateway_cli_refuses_to_start_without_tokens_or_key(monkeypatch, capsys):
+    from ldpstream.cli import main
+
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.delenv("LDP_GATEWAY_TOKENS", raising=False)
+    monkeypatch.delenv("LDP_GATEWAY_TOKENS_FILE", raising=False)
+    assert main(["gateway"]) == 2
+    assert "no fleet tokens" in capsys.readouterr().err
+    monkeypatch.setenv("LDP_GATEWAY_TOKENS", json.dumps(fleets_doc("c")))
+    monkeypatch.delenv("LDP_CONFIG_PUBLIC_KEY", raising=False)
+    monkeypatch.delenv("LDP_CONFIG_PUBLIC_KEY_FILE", raising=False)
+    assert main(["gateway"]) == 2
+    assert "no public key pinned" in capsys.readouterr().err

@@ -89,6 +89,7 @@ class Partitioned(Mechanism):
 
     name = "partitioned"
     estimators = ("consistent", "calm", "norm-sub", "unbiased")
+    default_estimators = ("consistent", "calm")
 
     def __init__(self, domain: Domain, epsilon: float, marginals: Sequence[Sequence[str]] | None
                  = None, ways: int = 2, oracles: Sequence[str] = fo.COMPACT,

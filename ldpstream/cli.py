@@ -42,6 +42,9 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
                         "(value read as YAML, e.g. --param neighbours=attribute)")
     p.add_argument("--proper", action="store_true", help="apply the proper-distribution repair")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--compare", action="store_true",
+                   help="which mechanism for this data: split (rr-ind) vs partitioned at the same "
+                        "ε per record, side by side (ignores --mechanism)")
     # RRBA
     p.add_argument("--k", type=int, default=None, help="RRBA combination size (default 2)")
     p.add_argument("--p", type=float, default=None, help="RRBA truth probability p")
@@ -69,9 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     _simulate_args(p)
 
     p = sub.add_parser("bench", help="benchmarks: castell | adult | pipeline | mechanisms | "
-                                     "gateway | refresh")
+                                     "gateway | refresh | marginals")
     p.add_argument("name", choices=("castell", "adult", "pipeline", "mechanisms", "gateway",
-                                    "refresh"))
+                                    "refresh", "marginals"))
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
     p.add_argument("--redis-cluster", action="store_true",

@@ -419,6 +419,9 @@ def print_table(doc: dict[str, Any], title: str | None = None) -> None:
 def main(args: Any) -> int:
     if getattr(args, "epsilon", None) is not None:
         check_epsilon(args.epsilon)
+    if getattr(args, "compare", False):
+        from .compare import main as compare_main
+        return compare_main(args)
     plan = plan_from_args(args)
     from threadpoolctl import threadpool_limits
     with threadpool_limits(1):   # many small dense solves: one BLAS thread on a shared machine

@@ -346,3 +346,15 @@ def test_gateway_cli_refuses_to_start_without_tokens_or_key(monkeypatch, capsys)
     monkeypatch.delenv("LDP_CONFIG_PUBLIC_KEY_FILE", raising=False)
     assert main(["gateway"]) == 2
     assert "no public key pinned" in capsys.readouterr().err
+
+
+def test_bench_gateway_quick_runs(monkeypatch):
+    """``ldpstream bench gateway --quick`` on its own embedded broker: every request answered 200
+    (the bench raises otherwise), both batch sizes measured. No timing is asserted."""
+    from ldpstream.bench.gateway import run
+
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    res = asyncio.run(run(quick=True))
+    rows = res["results"]
+    assert [r["reports_per_request"] for r in rows] == [1, 100]
+    assert all(r["requests"] == 300 and r["p99_s"] >= r["p50_s"] > 0 for r in rows)

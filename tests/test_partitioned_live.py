@@ -1,0 +1,83 @@
+"""``mechanism: partitioned`` live: a collection configured with it, the fleet reading its state
+from ldp.config, the worker counting (the family's own ``count``) and refreshing, and the live
+estimates equal the offline ones on the same seeded reports (real broker, real Redis, worker as a
+child process)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import yaml
+
+from conftest import wait_for_n
+from store_helpers import read_collection
+
+COLUMNS = ("sex", "race", "relationship", "Salary")
+MARGINALS = [["sex", "race"], ["race", "relationship"], ["sex", "Salary"],
+             ["sex", "race", "Salary"]]          # the 3-way one by maximum entropy from pairs
+METHODS = ("consistent", "calm")
+
+
+def _config(path, cid: str) -> str:
+    coll = {"id": cid, "schema": {"csv": {"columns": list(COLUMNS)}},
+            "mechanism": "partitioned", "epsilon": 2.0, "epsilon_scope": "record",
+            "params": {"ways": 2}, "partitions": 2, "marginals": MARGINALS,
+            "estimators": list(METHODS), "refresh_interval_s": 1.0, "windows": ["all"]}
+    with open(path, "w") as fh:
+        yaml.safe_dump({"collections": [coll]}, fh)
+    return str(path)
+
+
+def test_live_estimates_equal_offline(tmp_path, kafka_broker, redis_server, spawn_worker,
+                                      unique_name):
+    from ldpstream.agents.app import make_store
+    from ldpstream.agents.refresh import estimate_payload
+    from ldpstream.config import load_config
+    from ldpstream.estimators.partitioned import Partitioned
+    from ldpstream.producers.fleet import run_fleet
+
+    cid = unique_name
+    path = _config(tmp_path / "c.yaml", cid)
+    coll = load_config(path).collections[cid]
+    mech = coll.mechanism()
+    assert isinstance(mech, Partitioned) and mech.epsilon == 2.0
+    worker = spawn_worker(path)
+    worker.wait_ready(60)
+    total = 24_000
+
+    async def run():
+        stats = await run_fleet(kafka_broker.bootstrap, coll, rate=0, total=total, batch=600,
+                                seed=21, keep_counts=True, devices=400)
+        assert stats.sent_reports == total
+        store = make_store(redis_server.url)
+        assert await wait_for_n(store, cid, total, timeout=60) == total
+        got = await read_collection(store, coll)
+        for spec in coll.tensors():
+            np.testing.assert_array_equal(got[spec.key], stats.counts[spec.key], err_msg=spec.key)
+        window = coll.windows[0]
+        want = {(tuple(m), e): estimate_payload(coll, mech, {coll.version: stats.counts}, m, e,
+                                                window, 0.0)
+                for m in MARGINALS for e in METHODS}
+        deadline = time.monotonic() + 60
+        live: dict = {}
+        while time.monotonic() < deadline and len(live) < len(want):
+            for (m, e) in want:
+                p = await store.get_estimate(cid, window.name, e, m)
+                if p is not None and p.get("n") == total:
+                    live[(m, e)] = p
+            await asyncio.sleep(0.3)
+        await store.close()
+        assert live.keys() == want.keys(), sorted(set(want) - set(live))
+        for k, w in want.items():
+            p = live[k]
+            np.testing.assert_allclose(np.asarray(p["cells"], dtype=float),
+                                       np.asarray(w["cells"], dtype=float), rtol=0, atol=1e-12,
+                                       err_msg=str(k))
+            assert p["epsilon"] == w["epsilon"] == mech.epsilon
+            assert p["error_bound"] == w["error_bound"]
+        assert live[(("sex", "race", "Salary"), "consistent")]["error_bound"] is None
+        assert live[(("sex", "race"), "consistent")]["error_bound"] > 0
+
+    asyncio.run(run())
+    assert worker.stop() == 0

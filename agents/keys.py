@@ -15,7 +15,7 @@ that no slot is hot::
                                                           = reports counted in that bucket
     ldp:{<cid>#<p>}:x:<name>                              side counters (hash), e.g. quotas
     ldp:{<cid>}:<what>                                    collection-wide (leases, locks, controller)
-    ldp:{<cid>|<window>|<method>|<marginal>}:est / :hist  latest estimate / its capped history
+    ldp:{<cid>|<window>|<method>|<marginal>}:est          latest estimate (JSON)
 
 Collection ids match ``[A-Za-z0-9][A-Za-z0-9_.-]*`` (config.py), so ``#``, ``|``, ``{`` and ``}``
 never occur inside them.
@@ -26,7 +26,7 @@ from typing import Sequence
 
 __all__ = ["LEVEL_FINE", "LEVEL_COARSE", "LEVEL_ALL", "LEVELS", "shard_prefix", "offsets_key",
            "sent_at_key", "counts_key", "side_key", "collection_key", "estimate_key",
-           "history_key", "collection_patterns", "glob_escape"]
+           "collection_patterns", "glob_escape"]
 
 LEVEL_FINE = "f"      # one bucket of ``bucket_s`` seconds
 LEVEL_COARSE = "h"    # one bucket of ``COARSE_FACTOR * bucket_s`` seconds (agents/buckets.py)
@@ -62,16 +62,8 @@ def collection_key(collection: str, what: str) -> str:
     return "ldp:{%s}:%s" % (collection, what)
 
 
-def _estimate_tag(collection: str, window: str, method: str, attrs: Sequence[str]) -> str:
-    return "ldp:{%s|%s|%s|%s}" % (collection, window, method, "|".join(attrs))
-
-
 def estimate_key(collection: str, window: str, method: str, attrs: Sequence[str]) -> str:
-    return _estimate_tag(collection, window, method, attrs) + ":est"
-
-
-def history_key(collection: str, window: str, method: str, attrs: Sequence[str]) -> str:
-    return _estimate_tag(collection, window, method, attrs) + ":hist"
+    return "ldp:{%s|%s|%s|%s}:est" % (collection, window, method, "|".join(attrs))
 
 
 def glob_escape(s: str) -> str:

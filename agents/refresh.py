@@ -3,11 +3,14 @@ from Redis, run every configured estimator on every configured marginal for ever
 window, write the estimates (with n, ε, method, window, time and an error bound) back to Redis,
 update the gauges, and compare each window with the previous window of the same length (drift).
 
-The estimation itself (:func:`estimate_window`) is a pure function of the counts; it runs in a
-one-thread executor so the worker's event loop keeps consuming while numpy works. A window's
-counts are the sum of its buckets (agents/windows.py ``cover``: coarse buckets inside, fine
-buckets at the edges); :class:`BucketReader` re-reads only the buckets whose report count (cell 0)
-changed since the last refresh, and a window whose buckets did not change is not re-estimated.
+The estimation itself (:func:`refresh_payloads`) is a pure function of the counts; it runs in a
+one-thread executor so the worker's event loop keeps consuming while numpy works, batched over
+the marginals (estimators/many.py). A window's counts are the sum of its buckets
+(agents/windows.py ``cover``: coarse buckets inside, fine buckets at the edges);
+:class:`BucketReader` re-reads only the buckets whose report count (cell 0) changed since the last
+refresh, and a table that did not change is not estimated again. Drift compares each finite
+window with the previous window of the same length: the calibrated statistic of
+estimators/drift.py (max |z| over cells against a Šidák threshold at ``drift_alpha``).
 
 When several workers run, a Redis lease (``SET NX PX``) per collection lets one of them refresh per
 interval, and a lock held during the refresh keeps a forced refresh from overlapping a timed one.
@@ -27,8 +30,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..estimators.mechanism import Mechanism, VersionedCounts
-from ..estimators.metrics import tvd
+from ..estimators.many import EstimateCache, drift_many, estimate_many
+from ..estimators.mechanism import Estimate, Mechanism
 from . import keys, metrics
 from .context import Context
 from .layout import Layout
@@ -78,12 +81,11 @@ def _labels(collection: Any, attrs: Sequence[str]) -> list[list[str]]:
     return [[str(i) for i in range(s)] for s in dom.shape]
 
 
-def estimate_payload(collection: Any, mechanism: Mechanism, counts: VersionedCounts,
-                     attrs: Sequence[str], method: str, window: Window, now: float
-                     ) -> dict[str, Any]:
+def estimate_payload(collection: Any, mechanism: Mechanism, est: Estimate,
+                     attrs: Sequence[str], method: str, window: Window, now: float,
+                     versions: Sequence[int]) -> dict[str, Any]:
     """One estimate as the JSON payload stored in Redis and served by ``GET /estimates``."""
     attrs = tuple(attrs)
-    est = mechanism.estimate_versions(counts, attrs, method)
     factor = est.factor
     if tuple(factor.domain.attrs) != attrs:
         factor = factor.project(attrs)
@@ -108,50 +110,71 @@ def estimate_payload(collection: Any, mechanism: Mechanism, counts: VersionedCou
         "converged": None if est.converged is None else bool(est.converged),
         "chosen": None if chosen is None else str(chosen),
         "version": int(mechanism.version),
-        "versions": sorted(int(v) for v in counts),
+        "versions": sorted(int(v) for v in versions),
     }
 
 
-def failure_payload(collection: Any, attrs: Sequence[str], method: str, window: Window,
-                    exc: BaseException, now: float) -> dict[str, Any]:
-    """What is stored in place of an estimate whose estimator raised: the reason, so the API
-    answers with it instead of "no estimate yet"."""
+def _stub(collection: Any, attrs: Sequence[str], method: str, window: Window,
+          now: float, **fields: Any) -> dict[str, Any]:
     return {"collection": collection.id, "attrs": list(attrs), "method": method,
             "window": window.name, "window_s": window.seconds, "cells": None,
-            "error": f"{exc.__class__.__name__}: {exc}", "updated_at": float(now)}
+            "updated_at": float(now), **fields}
 
 
-def estimate_window(collection: Any, mechanism: Mechanism, counts: VersionedCounts,
-                    window: Window, now: float) -> list[dict[str, Any]]:
-    """Every configured estimator on every configured marginal of ``collection`` for one window:
-    one payload each, or a failure payload (``error`` set) when the estimator raised. Counts
-    without any report → [] (no estimate rather than a meaningless one)."""
-    if not counts or all(int(np.asarray(c).sum()) == 0 for t in counts.values()
-                         for c in t.values()):
-        return []
-    out = []
-    for attrs in collection.marginals:
-        for method in collection.estimators:
-            try:
-                out.append(estimate_payload(collection, mechanism, counts, attrs, method, window,
-                                            now))
-            except Exception as exc:  # noqa: BLE001 - keep refreshing the other estimates
-                log.warning("refresh %s: %s on %s (%s) failed: %s", collection.id, method, attrs,
-                            window.name, exc)
-                out.append(failure_payload(collection, attrs, method, window, exc, now))
-    return out
+NO_DRIFT = {"drift_tvd": None, "drift_statistic": None, "drift_threshold": None,
+            "drift_alarm": False}
+#: suffix of the name under which a window's previous range is read and estimated
+PREVIOUS = "/previous"
 
 
-def drift_tvd(newest: Mapping[str, Any], previous: Mapping[str, Any] | None) -> float | None:
-    """TVD between a window's estimate and the previous window's (None: no previous estimate,
-    a failed one, or the shapes differ)."""
-    if previous is None or newest.get("cells") is None or previous.get("cells") is None:
-        return None
-    a = np.asarray(_none_to_nan(newest["cells"]), float)
-    b = np.asarray(_none_to_nan(previous["cells"]), float)
-    if a.shape != b.shape:
-        return None
-    return tvd(np.nan_to_num(a), np.nan_to_num(b))
+def refresh_payloads(collection: Any, mechanism: Mechanism, reads: Mapping[str, "WindowCounts"],
+                     now: float, cache: EstimateCache) -> tuple[list[dict[str, Any]], int]:
+    """Every configured estimator on every configured marginal for every configured window, and
+    each finite window's drift against its previous window (estimators/many.py: batched over the
+    marginals, unchanged tables reused through ``cache``). ``reads`` holds each window's counts
+    and, under ``<window>/previous``, its previous range's.
+
+    Per (window, marginal, estimator) one payload: the estimate with its drift (tvd, calibrated
+    statistic, threshold, alarm; :data:`NO_DRIFT` when the previous window holds no report); a
+    failure (``error`` = the reason) when the estimator raised; ``empty`` when the window holds no
+    report. Returns the payloads and how many estimates and variances were computed (not
+    reused)."""
+    counts = {name: wc.counts for name, wc in reads.items() if wc.n > 0}
+    batch = estimate_many(mechanism, counts, collection.marginals, collection.estimators,
+                          cache=cache)
+    pairs = {w.name: (counts[w.name], counts[w.name + PREVIOUS]) for w in collection.windows
+             if w.name in counts and w.name + PREVIOUS in counts}
+    current = {k: e for k, e in batch.estimates.items() if not k[0].endswith(PREVIOUS)}
+    previous = {(k[0].removesuffix(PREVIOUS), k[1], k[2]): e
+                for k, e in batch.estimates.items() if k[0].endswith(PREVIOUS)}
+    drift = drift_many(mechanism, pairs, current, previous, alpha=collection.drift_alpha,
+                       min_effect=collection.drift_min_effect, cache=cache)
+    out: list[dict[str, Any]] = []
+    for w in collection.windows:
+        versions = sorted(reads[w.name].counts)
+        for attrs in collection.marginals:
+            for method in collection.estimators:
+                key = (w.name, tuple(attrs), method)
+                if w.name not in counts:
+                    out.append(_stub(collection, attrs, method, w, now, n=0, empty=True))
+                elif key in batch.failures:
+                    log.warning("refresh %s: %s on %s (%s) failed: %s", collection.id, method,
+                                attrs, w.name, batch.failures[key])
+                    out.append(_stub(collection, attrs, method, w, now,
+                                     error=batch.failures[key]))
+                else:
+                    p = estimate_payload(collection, mechanism, current[key], attrs, method, w,
+                                         now, versions)
+                    res = drift.results.get(key)
+                    p.update(NO_DRIFT if res is None else {
+                        "drift_tvd": res.tvd, "drift_statistic": res.statistic,
+                        "drift_threshold": res.threshold, "drift_alarm": res.alarm})
+                    if key in drift.failures:
+                        log.warning("refresh %s: drift of %s on %s (%s) not measured: %s",
+                                    collection.id, method, attrs, w.name, drift.failures[key])
+                        p["drift_error"] = drift.failures[key]
+                    out.append(p)
+    return out, batch.computed + drift.computed
 
 
 # --- Redis helpers ------------------------------------------------------------------------------
@@ -248,14 +271,6 @@ class BucketReader:
 
 
 # --- the refresher ------------------------------------------------------------------------------
-@dataclass
-class _Memo:
-    """The estimates of one range, kept while its buckets do not change."""
-
-    signature: tuple
-    payloads: list[dict[str, Any]]
-
-
 class Refresher:
     """Refreshes the collections of one worker's context (see :func:`install`)."""
 
@@ -264,7 +279,7 @@ class Refresher:
         self.executor = executor or ThreadPoolExecutor(max_workers=1,
                                                        thread_name_prefix="ldp-refresh")
         self._readers: dict[str, BucketReader] = {}
-        self._memo: dict[tuple[str, str], _Memo] = {}
+        self._caches: dict[str, EstimateCache] = {}
         #: collection → {"last_ok": unix s, "last_error": text, "failed_at": unix s,
         #: "failing_estimates": k}; shown by /healthz
         self.health: dict[str, dict[str, Any]] = {}
@@ -379,35 +394,15 @@ class Refresher:
         n_reports = await self.store.n(cid, self.partitions(cid))
         sent_at_max = await self.store.sent_at_max(cid, self.partitions(cid))
         loop = asyncio.get_running_loop()
-        payloads: list[dict[str, Any]] = []
-        for w in coll.windows:
-            cur = await self._estimates(loop, coll, mech, cid, w.name, w, read[w.name], now)
-            prev = [] if w.is_all else await self._estimates(
-                loop, coll, mech, cid, w.name + "/previous", w, read[w.name + "/previous"], now)
-            by_key = {(p["method"], tuple(p["attrs"])): p for p in prev}
-            for p in cur:
-                p = dict(p)
-                p.setdefault("computed_at", p["updated_at"])
-                p["updated_at"] = now
-                p["sent_at_max"] = sent_at_max
-                p["drift_tvd"] = drift_tvd(p, by_key.get((p["method"], tuple(p["attrs"]))))
-                payloads.append(p)
+        cache = self._caches.setdefault(cid, EstimateCache())
+        payloads, computed = await loop.run_in_executor(self.executor, refresh_payloads, coll,
+                                                        mech, read, now, cache)
         for p in payloads:
-            await self.store.put_estimate(cid, p["window"], p["method"], p["attrs"], p)
+            p["sent_at_max"] = sent_at_max
+        await self.store.put_estimates(cid, payloads)
         elapsed = time.perf_counter() - t0
         self._update_gauges(cid, mech, payloads, n_reports, now, sent_at_max, elapsed)
-        return payloads
-
-    async def _estimates(self, loop: asyncio.AbstractEventLoop, coll: Any, mech: Mechanism,
-                         cid: str, name: str, window: Window, wc: WindowCounts,
-                         now: float) -> list[dict[str, Any]]:
-        """The window's estimates: re-estimated only when its buckets changed."""
-        memo = self._memo.get((cid, name))
-        if memo is not None and memo.signature == (id(mech), wc.signature):
-            return memo.payloads
-        payloads = await loop.run_in_executor(self.executor, estimate_window, coll, mech,
-                                              wc.counts, window, now)
-        self._memo[(cid, name)] = _Memo((id(mech), wc.signature), payloads)
+        self.health[cid]["computed"] = computed
         return payloads
 
     def _update_gauges(self, cid: str, mech: Mechanism, payloads: Sequence[Mapping[str, Any]],
@@ -425,7 +420,7 @@ class Refresher:
                             "failing": [f"{p['method']} on {','.join(p['attrs'])} ({p['window']}): "
                                         f"{p['error']}" for p in failing[:5]]}
         for p in failing:
-            if p.get("computed_at") == now:
+            if p.get("updated_at") == now:
                 metrics.ESTIMATE_FAILURES.labels(cid, metrics.marginal_label(p["attrs"]),
                                                  p["method"], p["window"]).inc()
         self._estimate_gauges(cid, payloads)
@@ -437,7 +432,7 @@ class Refresher:
             labels = (cid, marginal, p["method"], p["window"])
             failed = p.get("error") is not None
             metrics.ESTIMATE_FAILING.labels(*labels).set(1.0 if failed else 0.0)
-            if failed:
+            if failed or p.get("cells") is None:
                 continue
             flat = np.asarray(_none_to_nan(p["cells"]), float).ravel()
             for label, v in zip(metrics.cell_labels(p["labels"]), flat):
@@ -445,8 +440,11 @@ class Refresher:
             eb = p.get("error_bound")
             metrics.ESTIMATE_ERROR_BOUND.labels(*labels).set(
                 float("nan") if eb is None else float(eb))
-            if p.get("drift_tvd") is not None:
+            if p.get("drift_statistic") is not None:
                 metrics.ESTIMATE_DRIFT.labels(*labels).set(float(p["drift_tvd"]))
+                metrics.DRIFT_STATISTIC.labels(*labels).set(float(p["drift_statistic"]))
+                metrics.DRIFT_STATISTIC_THRESHOLD.labels(*labels).set(float(p["drift_threshold"]))
+            metrics.DRIFT_ALARM.labels(*labels).set(1.0 if p.get("drift_alarm") else 0.0)
 
 
 def refresher_for(ctx: Context) -> Refresher:

@@ -50,23 +50,11 @@ from .layout import Layout
 from .redis_client import run_script
 from .windows import COARSE_FACTOR, BucketPolicy
 
-__all__ = ["CountStore", "ApplyStatus", "ApplyResult", "PartitionDelta", "BITFIELD_OPS_PER_CALL",
-           "DEFAULT_CHUNK_CELLS", "DEFAULT_HISTORY_CAP", "MAX_HISTORY_CAP", "history_cap_for"]
+__all__ = ["CountStore", "ApplyStatus", "ApplyResult", "PartitionDelta", "SideCounter",
+           "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS"]
 
 DEFAULT_CHUNK_CELLS = 2**22           # 32 MiB of int64 per Redis string
 BITFIELD_OPS_PER_CALL = 1000          # 4 values per op; Lua unpack() takes at most 8000
-DEFAULT_HISTORY_CAP = 256             # past estimates kept per (window, method, marginal)
-MAX_HISTORY_CAP = 10_000              # the most a collection may ask for (config.py enforces it)
-
-
-def history_cap_for(window_s: float, refresh_interval_s: float) -> int:
-    """Past estimates to keep per (window, method, marginal) so that one ``window_s`` old always
-    exists: ``ceil(2 · window_s / refresh_interval_s) + 4`` (the factor 2 covers refreshes closer
-    together than the interval: several workers, forced refreshes, timer jitter)."""
-    w, i = float(window_s), float(refresh_interval_s)
-    if not (w > 0 and i > 0 and math.isfinite(w) and math.isfinite(i)):
-        raise ValueError(f"window and refresh interval must be finite and > 0 (got {w}, {i})")
-    return math.ceil(2.0 * w / i) + 4
 
 
 # KEYS: offsets hash, sent_at_max, then the chunk keys, then the side-counter keys.
@@ -219,7 +207,6 @@ class CountStore:
     single server or ``RedisCluster``)."""
 
     def __init__(self, redis: Any, *, chunk_cells: int = DEFAULT_CHUNK_CELLS,
-                 history_cap: int = DEFAULT_HISTORY_CAP,
                  ops_per_call: int = BITFIELD_OPS_PER_CALL) -> None:
         if chunk_cells < 1:
             raise ValueError("chunk_cells must be >= 1")
@@ -227,7 +214,6 @@ class CountStore:
             raise ValueError("ops_per_call must be in 1..2000 (Lua unpack limit)")
         self.redis = redis
         self.chunk_cells = int(chunk_cells)
-        self.history_cap = int(history_cap)
         self.ops_per_call = int(ops_per_call)
         self._apply = redis.register_script(_APPLY_LUA)
 
@@ -419,43 +405,25 @@ class CountStore:
         return max(vals) if vals else None
 
     # --- estimates ------------------------------------------------------------------------------
-    async def put_estimate(self, collection: str, window: str, method: str, attrs: Sequence[str],
-                           payload: Mapping[str, Any], *, history_cap: int | None = None) -> None:
-        """Store the latest estimate and push it on the capped history (one MULTI/EXEC: both keys
-        share a hash tag). ``payload`` gets ``updated_at`` (now) if it has none."""
-        cap = self.history_cap if history_cap is None else int(history_cap)
-        if cap < 1:
-            raise ValueError(f"history_cap must be >= 1 (got {cap})")
-        doc = _finite_json(dict(payload))
-        doc.setdefault("updated_at", time.time())
-        text = json.dumps(doc, allow_nan=False)
-        hist = keys.history_key(collection, window, method, attrs)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.set(keys.estimate_key(collection, window, method, attrs), text)
-        pipe.lpush(hist, text)
-        pipe.ltrim(hist, 0, cap - 1)
-        await pipe.execute()
+    async def put_estimates(self, collection: str,
+                            payloads: Sequence[Mapping[str, Any]]) -> None:
+        """Store the latest estimate of each payload (its ``window``, ``method`` and ``attrs``
+        name the key), in one pipelined round trip. A payload gets ``updated_at`` (now) if it
+        has none."""
+        pipe = self.redis.pipeline(transaction=False)
+        for payload in payloads:
+            doc = _finite_json(dict(payload))
+            doc.setdefault("updated_at", time.time())
+            pipe.set(keys.estimate_key(collection, doc["window"], doc["method"], doc["attrs"]),
+                     json.dumps(doc, allow_nan=False))
+        if payloads:
+            await pipe.execute()
 
     async def get_estimate(self, collection: str, window: str, method: str,
                            attrs: Sequence[str]) -> dict[str, Any] | None:
         """The latest estimate payload, or None."""
         raw = await self.redis.get(keys.estimate_key(collection, window, method, attrs))
         return None if raw is None else json.loads(raw)
-
-    async def estimate_history(self, collection: str, window: str, method: str,
-                               attrs: Sequence[str], since_s: float) -> list[dict[str, Any]]:
-        """Past estimates whose ``updated_at`` lies within the last ``since_s`` seconds, oldest
-        first."""
-        cutoff = time.time() - float(since_s)
-        raw = await self.redis.lrange(keys.history_key(collection, window, method, attrs), 0, -1)
-        out = []
-        for item in raw:  # newest first; stop at the first one too old
-            doc = json.loads(item)
-            if float(doc.get("updated_at", 0.0)) < cutoff:
-                break
-            out.append(doc)
-        out.reverse()
-        return out
 
     # --- admin ----------------------------------------------------------------------------------
     async def scan_keys(self, collection: str) -> list[Any]:
@@ -466,7 +434,7 @@ class CountStore:
         return found
 
     async def reset(self, collection: str, *, keep_offsets: bool = False) -> int:
-        """Delete every key of ``collection`` (counts, estimates, history, leases, offsets).
+        """Delete every key of ``collection`` (counts, estimates, leases, offsets).
         ``keep_offsets``: keep each partition's stored Kafka offset (its ``n`` is zeroed), so that
         reports already counted are not counted again when a partition moves to another worker,
         which seeks to the stored offset. Returns the number of keys deleted."""

@@ -258,7 +258,7 @@ def install(app: Any, ctx: Any) -> None:
                         items.append({"attrs": list(m), "method": meth, "window": w,
                                       "updated_at": None if p is None else p.get("updated_at"),
                                       "n": None if p is None else p.get("n"),
-                                      "available": p is not None and p.get("error") is None,
+                                      "available": p is not None and p.get("cells") is not None,
                                       "error": None if p is None else p.get("error")})
             return {"collection": coll.id, "windows": [w.name for w in coll.windows],
                     "estimates": items}
@@ -282,6 +282,10 @@ def install(app: Any, ctx: Any) -> None:
                                        f"over window {window!r} in collection {coll.id!r} "
                                        f"(refreshed every {coll.refresh_interval_s}s once reports "
                                        f"arrive in the window)")
+            if payload.get("empty"):
+                return self.error(404, f"no reports in the last {window} of collection "
+                                       f"{coll.id!r} (window {window!r}; the 'all' window keeps "
+                                       f"every report)", windows=[w.name for w in coll.windows])
             if payload.get("error") is not None:
                 return self.error(500, f"estimating {','.join(attrs)} with {method!r} over window "
                                        f"{window!r} failed: {payload['error']}",

@@ -13,11 +13,13 @@ import pytest
 
 from ldpstream.agents import keys, metrics
 from ldpstream.agents.context import Context
-from ldpstream.agents.refresh import (LEASE, LOCK, Refresher, acquire, estimate_window,
-                                      release, tick_safe)
+from ldpstream.agents.refresh import (LEASE, LOCK, PREVIOUS, Refresher, WindowCounts, acquire,
+                                      refresh_payloads, release, tick_safe)
 from ldpstream.agents.store import CountStore, PartitionDelta
 from ldpstream.agents.windows import parse_window
 from ldpstream.config import AppConfig, parse_config
+from ldpstream.estimators.drift import drift_test, null_variances
+from ldpstream.estimators.many import EstimateCache
 from ldpstream.estimators.metrics import tvd
 from ldpstream.services import EmbeddedRedis
 
@@ -74,24 +76,57 @@ async def _apply(store: CountStore, ctx: Context, cid: str, partition: int, offs
     assert res.applied
 
 
-def test_estimate_window_equals_the_estimators_and_reports_failures():
-    config = make_config()
+def _wc(counts: dict | None, n: int) -> WindowCounts:
+    return WindowCounts({} if counts is None else {0: counts}, n, ())
+
+
+def test_refresh_payloads_equal_the_estimators_and_the_drift_test():
+    config = make_config(windows=["5s", "all"])
     coll = config.collections["t"]
     mech = coll.mechanism()
-    counts = counts_of(coll, 20_000, 1)
-    w = parse_window("all")
-    payloads = estimate_window(coll, mech, {0: counts}, w, now=123.0)
-    assert len(payloads) == len(MARGINALS) * 3
+    old, new = counts_of(coll, 20_000, 1), counts_of(coll, 20_000, 2, shift=0.3)
+    reads = {"5s": _wc(new, 20_000), "5s" + PREVIOUS: _wc(old, 20_000),
+             "all": _wc(add(old, new), 40_000)}
+    payloads, computed = refresh_payloads(coll, mech, reads, 123.0, EstimateCache())
+    assert len(payloads) == len(MARGINALS) * 3 * 2 and computed > 0
     for p in payloads:
+        counts = new if p["window"] == "5s" else add(old, new)
         est = mech.estimate(counts, p["attrs"], p["method"])
-        np.testing.assert_allclose(p["cells"], est.factor.values, rtol=1e-12)
-        assert p["window"] == "all" and p["n"] == 20_000 and p["updated_at"] == 123.0
+        np.testing.assert_allclose(p["cells"], est.factor.values, rtol=1e-9, atol=1e-12)
+        assert p["n"] == (20_000 if p["window"] == "5s" else 40_000) and p["updated_at"] == 123.0
         assert p["epsilon"] == pytest.approx(mech.epsilon) and p["versions"] == [0]
-    assert estimate_window(coll, mech, {0: {k: 0 * v for k, v in counts.items()}}, w, 1.0) == []
-    # a tensor missing from the counts (e.g. a config changed under a running worker): every
-    # estimate that needs it fails with its reason, the others are still computed
+        if p["window"] == "all":
+            assert p["drift_statistic"] is None and p["drift_alarm"] is False
+            continue
+        prev = mech.estimate(old, p["attrs"], p["method"]).factor.values
+        va, vb = null_variances(mech, {0: new}, {0: old}, p["attrs"], p["method"])
+        want = drift_test(est.factor.values, va, prev, vb, alpha=coll.drift_alpha)
+        assert p["drift_tvd"] == pytest.approx(tvd(est.factor.values, prev))
+        assert p["drift_statistic"] == pytest.approx(want.statistic, rel=1e-6)
+        assert p["drift_threshold"] == pytest.approx(want.threshold)
+        assert p["drift_alarm"] == want.alarm
+    alarms = {(p["method"], tuple(p["attrs"])) for p in payloads if p["drift_alarm"]}
+    assert ("castell", ("sex", "income")) in alarms  # the income distribution moved
+    # an unchanged table is not estimated again (the cache), an empty window is said so
+    cache = EstimateCache()
+    refresh_payloads(coll, mech, reads, 1.0, cache)
+    _, again = refresh_payloads(coll, mech, reads, 2.0, cache)
+    assert again == 0
+    empty = {"5s": _wc(None, 0), "5s" + PREVIOUS: _wc(None, 0), "all": _wc(old, 20_000)}
+    out, _ = refresh_payloads(coll, mech, empty, 3.0, EstimateCache())
+    assert all(p["empty"] and p["cells"] is None for p in out if p["window"] == "5s")
+    assert all(p["cells"] is not None for p in out if p["window"] == "all")
+
+
+def test_failures_are_reported_per_estimate():
+    """A tensor missing from the counts (a config changed under a running worker): every
+    estimate that needs it fails with its reason, the others are still computed."""
+    config = make_config(windows=["all"])
+    coll = config.collections["t"]
+    counts = counts_of(coll, 20_000, 1)
     broken = {k: v for k, v in counts.items() if "income|edu|age" not in k}
-    out = estimate_window(coll, mech, {0: broken}, w, now=5.0)
+    out, _ = refresh_payloads(coll, coll.mechanism(), {"all": _wc(broken, 20_000)}, 5.0,
+                              EstimateCache())
     failed = [p for p in out if p.get("error")]
     assert {tuple(p["attrs"]) for p in failed} == {("income", "edu", "age")}
     assert all(p["cells"] is None and "KeyError" in p["error"] for p in failed)
@@ -181,12 +216,17 @@ def test_windows_previous_window_drift_and_gauges(redis_url):
                 assert p["drift_tvd"] == pytest.approx(tvd(est.factor.values, prev))
             else:
                 assert p["drift_tvd"] is None  # 'all' has no previous window
-        drift = by[("5s", "castell", ("sex", "income"))]["drift_tvd"]
-        assert drift > 0.05  # the income distribution moved
         p = by[("5s", "castell", ("sex", "income"))]
+        drift = p["drift_tvd"]
+        assert drift > 0.05 and p["drift_alarm"]  # the income distribution moved
+        assert p["drift_statistic"] > p["drift_threshold"]
         lab = dict(collection="win", marginal="sex|income", method="castell", window="5s")
         assert _gauge("ldp_estimate_cell", **lab, cell="M|>50K") == pytest.approx(p["cells"][1][1])
         assert _gauge("ldp_estimate_drift_tvd", **lab) == pytest.approx(drift)
+        assert _gauge("ldp_estimate_drift_statistic", **lab) == pytest.approx(p["drift_statistic"])
+        assert _gauge("ldp_estimate_drift_statistic_threshold", **lab) == pytest.approx(
+            p["drift_threshold"])
+        assert _gauge("ldp_estimate_drift_alarm", **lab) == 1
         assert _gauge("ldp_estimate_error_bound", **lab) == pytest.approx(p["error_bound"])
         assert _gauge("ldp_estimate_failing", **lab) == 0
         assert _gauge("ldp_collection_reports", collection="win") == 40_000
@@ -223,12 +263,11 @@ def test_unchanged_buckets_are_neither_reread_nor_reestimated(redis_url):
 
         store.read_cells = counting  # count the tensor reads of the real store
         first = await w.refresh("memo")
-        assert sum(reads) > 0
+        assert sum(reads) > 0 and w.health["memo"]["computed"] > 0
         reads.clear()
-        second = await w.refresh("memo")   # nothing changed: no tensor read, same estimates
-        assert sum(reads) == 0
+        second = await w.refresh("memo")   # nothing changed: no tensor read, nothing estimated
+        assert sum(reads) == 0 and w.health["memo"]["computed"] == 0
         assert [p["cells"] for p in second] == [p["cells"] for p in first]
-        assert all(q["computed_at"] == p["computed_at"] for p, q in zip(first, second))
         await _apply(store, ctx, "memo", 1, 0, -1, counts_of(coll, 100, 5), 100, b)
         third = await w.refresh("memo")
         assert 0 < sum(reads) <= 4  # only the changed buckets (fine, coarse, all) on 2 partitions

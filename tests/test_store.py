@@ -249,37 +249,32 @@ def test_side_counters_apply_with_the_counts(redis_url):
     run(body, redis_url)
 
 
-def test_estimates_and_history_per_window(redis_url):
+def test_estimates_per_window(redis_url):
     async def body(store: CountStore):
         await store.reset("est")
         assert await store.get_estimate("est", "5m", "truncated", ("a", "b")) is None
         now = time.time()
-        for i in range(30):
-            await store.put_estimate("est", "5m", "truncated", ("a", "b"),
-                                     {"cells": np.full((2, 2), i / 10), "n": i,
-                                      "updated_at": now - 300 + 10 * i, "bad": float("nan")})
+        await store.put_estimates("est", [
+            {"window": "5m", "method": "truncated", "attrs": ["a", "b"],
+             "cells": np.full((2, 2), 0.25), "n": 29, "updated_at": now, "bad": float("nan")},
+            {"window": "all", "method": "ibu", "attrs": ["a", "b"], "n": 1}])
         latest = await store.get_estimate("est", "5m", "truncated", ["a", "b"])
-        assert latest["n"] == 29 and latest["cells"] == [[2.9, 2.9], [2.9, 2.9]]
-        assert latest["bad"] is None
-        hist = await store.estimate_history("est", "5m", "truncated", ("a", "b"), 100)
-        assert [h["n"] for h in hist] == list(range(21, 30))  # oldest first, within 100 s
-        assert len(await store.estimate_history("est", "5m", "truncated", ("a", "b"), 1e9)) == 20
+        assert latest["n"] == 29 and latest["cells"] == [[0.25, 0.25], [0.25, 0.25]]
+        assert latest["bad"] is None and latest["updated_at"] == now
         assert await store.get_estimate("est", "1h", "truncated", ("a", "b")) is None
-        await store.put_estimate("est", "all", "ibu", ("a", "b"), {"n": 1})
         assert (await store.get_estimate("est", "all", "ibu", ("a", "b")))["updated_at"] >= now
         found = sorted([k.decode() async for k in store.redis.scan_iter(match="ldp:{est|*")])
-        assert found == ["ldp:{est|5m|truncated|a|b}:est", "ldp:{est|5m|truncated|a|b}:hist",
-                         "ldp:{est|all|ibu|a|b}:est", "ldp:{est|all|ibu|a|b}:hist"]
-        with pytest.raises(ValueError):
-            await store.put_estimate("est", "5m", "castell", ("a",), {"n": 41}, history_cap=0)
-    run(body, redis_url, history_cap=20)
+        # one hash tag per (collection, window, method, marginal): no hot slot
+        assert found == ["ldp:{est|5m|truncated|a|b}:est", "ldp:{est|all|ibu|a|b}:est"]
+    run(body, redis_url)
 
 
 def test_reset_keeps_offsets_on_request(redis_url):
     async def body(store: CountStore):
         await store.reset("rk")
         await store.apply("rk", 2, 7, cells(LAY, {SPEC_B.key: np.ones(7, int)}, 7), 7)
-        await store.put_estimate("rk", "all", "castell", ("c",), {"n": 7})
+        await store.put_estimates("rk", [{"window": "all", "method": "castell", "attrs": ["c"],
+                                          "n": 7}])
         assert await store.reset("rk", keep_offsets=True) >= 2
         assert await store.offsets("rk", P) == {2: 7}
         assert await store.n("rk", P) == 0

@@ -113,7 +113,10 @@ def test_estimates_equal_the_estimators_on_the_exact_counts(stack):
                                         f"&window={window}")
             assert status == 200, est
             direct = mech.estimate(counts, attrs, method)
-            np.testing.assert_allclose(est["cells"], direct.factor.values, rtol=1e-9, atol=1e-12)
+            # IBU runs batched over the marginals in the worker (estimators/batched.py): the same
+            # fixed point within its stopping tolerance, not the same iterates
+            tol = dict(rtol=0, atol=1e-7) if method == "ibu" else dict(rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(est["cells"], direct.factor.values, **tol)
             assert est["attrs"] == attrs and est["method"] == method and est["n"] == TOTAL
             assert est["window"] == window
             assert est["epsilon"] == pytest.approx(mech.epsilon)
@@ -123,7 +126,7 @@ def test_estimates_equal_the_estimators_on_the_exact_counts(stack):
             if method == "hybrid-auto":
                 assert est["chosen"] == direct.extra["chosen"]
             if method == "ibu":
-                assert est["iterations"] == direct.iterations
+                assert est["converged"] and est["iterations"] > 0
     # attrs in another order: the same estimate, transposed (and the default method is the first)
     _, fwd = get_json(url, f"/estimates/{cid}?attrs=sex,race,Salary")
     status, rev = get_json(url, f"/estimates/{cid}?attrs=Salary,sex,race")
@@ -243,7 +246,11 @@ def test_token_guard_and_reset(stack, redis_server):
         assert get_json(url, path, method="POST", token="wrong")[0] == 403
         assert get_json(url, path, method="POST", token=TOKEN + "x")[0] == 403
     assert get_json(url, "/collections/nope/refresh", method="POST", token=TOKEN)[0] == 404
-    assert get_json(url, f"/estimates/{cid}?attrs=sex,Salary")[0] == 200  # nothing was reset
+    deadline = time.monotonic() + 30  # the refresh timers start once the worker is up
+    while (status := get_json(url, f"/estimates/{cid}?attrs=sex,Salary")[0]) != 200 and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert status == 200  # an estimate exists before the reset
     before = asyncio.run(offsets())
     status, doc = get_json(url, f"/collections/{cid}/reset", method="POST", token=TOKEN)
     assert status == 200 and doc["reset"] is True and doc["keys_deleted"] > 0
@@ -252,7 +259,7 @@ def test_token_guard_and_reset(stack, redis_server):
     assert coll["n"] == 0
     time.sleep(1.5)  # timers run on empty counts: no estimate is made up
     status, err = get_json(url, f"/estimates/{cid}?attrs=sex,Salary")
-    assert status == 404 and "no estimate yet" in err["error"]
+    assert status == 404 and "no reports in the last 5m" in err["error"], err
 
 
 def test_without_a_configured_token_every_change_is_forbidden(stack, tmp_path):

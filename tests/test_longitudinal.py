@@ -14,7 +14,7 @@ from ldpstream.config import ConfigError, parse_config
 from ldpstream.estimators import channels as ch
 from ldpstream.estimators.castell import castell, castell_variance
 from ldpstream.estimators.domain import Domain, SchemaError
-from ldpstream.estimators.longitudinal import Guarantee, Memoize, compose, periods_per_window
+from ldpstream.estimators.longitudinal import Guarantee, Memoize, periods_per_window
 from ldpstream.estimators.mechanism import from_state
 from ldpstream.estimators.rr_ind import RRIndependent
 from ldpstream.producers.ledger import Budget, Ledger, channel_fingerprint

@@ -1,4 +1,5 @@
-"""``ldpstream bench pipeline [--json] [--quick]``: end-to-end ingest rate vs raw consumption.
+"""``ldpstream bench pipeline [--json] [--quick] [--redis-cluster]``: end-to-end ingest rate vs raw
+consumption.
 
 On the embedded broker (Tansu) and Redis, in one run:
 
@@ -13,6 +14,12 @@ On the embedded broker (Tansu) and Redis, in one run:
 5. with the worker running: ``refresh_seconds`` (mean of ``ldp_estimate_refresh_seconds`` on
    /metrics) and ``freshness_seconds`` (median time from sending a batch to the first stored
    estimate whose n includes it; target ≤ 2 × refresh interval).
+
+6. with ``--redis-cluster``: step 3 again with the worker writing to a Redis Cluster of 3 masters
+   + 3 replicas (``cluster_ingest_rate``, ``cluster_ratio`` = cluster ingest / raw), and the apply
+   alone (``apply``: applies/s and reports/s of 12 concurrent compare-and-set chains from one
+   client process, and the microseconds Redis spends per apply) on one Redis, a cluster of
+   1 master and a cluster of 3 masters.
 
 ``--quick`` (smoke tests): 200,000 + 20,000 reports, 2 freshness samples, refresh every 1 s.
 
@@ -179,13 +186,88 @@ async def _cluster_ingest(cfg_path: Path, env: dict, coll: Any, total: int, raw:
         store = make_store(url)
         port = free_port()
         worker = _start_worker(cfg_path, dict(env, REDIS_URL=url), port, work / "worker-c.log")
-        rate = await _ingest_rate(store, coll.id, total, port)
+        rate = await _ingest_rate(store, coll.id, coll.partitions, total, port)
         await store.close()
     finally:
         if worker is not None:
             _stop_worker(worker)
         cluster.stop()
     return {"cluster_ingest_rate": rate, "cluster_ratio": rate / raw, "cluster_masters": 3}
+
+
+async def _apply_rate(url: str, coll: Any, *, applies: int, partitions: int = 12,
+                      reports_per_apply: int = 2000) -> dict[str, float]:
+    """The exactly-once apply alone (no Kafka): ``partitions`` chains of compare-and-set applies
+    run concurrently, one per partition as a worker's flush runs them, each delta the counts of
+    ``reports_per_apply`` randomized reports in the current fine bucket (so fine, coarse and
+    all-time keys: 3 BITFIELD keys per apply). Returns applies/s and reports/s seen by one client
+    process, and the microseconds Redis itself spends per apply (``INFO commandstats`` of every
+    master: EVALSHA + EVAL), which bounds what one master can take whatever the clients."""
+    import numpy as np
+    from redis.asyncio.cluster import RedisCluster
+
+    from ..agents.app import make_store
+    from ..agents.ingest import count_reports
+    from ..agents.layout import Layout
+    from ..agents.store import PartitionDelta
+
+    store = make_store(url)
+    r = store.redis
+    mech, specs = coll.mechanism(), coll.tensors()
+    layout = Layout.of(coll.version, specs)
+    rng = np.random.default_rng(5)
+    recs = rng.integers(0, np.array(coll.domain.shape), size=(reports_per_apply, len(coll.domain)))
+    flat = layout.pack(count_reports(mech, mech.randomize(recs, rng), specs), reports_per_apply)
+    cells = {(layout, coll.policy.fine_bucket(time.time())): flat}
+    cid = "bench-apply"
+    masters = RedisCluster.PRIMARIES if isinstance(r, RedisCluster) else None
+
+    async def stats() -> dict[str, Any]:
+        if not masters:
+            return {"single": await r.info("commandstats")}
+        # one INFO per master (redis-py returns a lone node's reply unwrapped)
+        return {n.name: await r.info("commandstats", target_nodes=n) for n in r.get_primaries()}
+
+    async def chain(p: int) -> None:
+        for i in range(applies):
+            res = await store.apply_many(cid, [PartitionDelta(p, i, cells, reports_per_apply,
+                                                              i - 1)], coll.policy)
+            assert res[0].applied, res
+
+    try:
+        await store.reset(cid)
+        await (r.config_resetstat(target_nodes=masters) if masters else r.config_resetstat())
+        t0 = time.perf_counter()
+        await asyncio.gather(*(chain(p) for p in range(partitions)))
+        dt = time.perf_counter() - t0
+        calls = usec = 0.0
+        for node in (await stats()).values():
+            for name in ("cmdstat_evalsha", "cmdstat_eval"):
+                if name in node:
+                    calls += float(node[name]["calls"])
+                    usec += float(node[name]["usec"])
+        await store.reset(cid)
+    finally:
+        await store.close()
+    n = applies * partitions
+    return {"applies_per_s": n / dt, "reports_per_s": n * reports_per_apply / dt,
+            "redis_usec_per_apply": usec / calls if calls else float("nan"),
+            "nonzero_cells_per_apply": float(np.count_nonzero(flat))}
+
+
+async def _apply_rates(coll: Any, applies: int, say) -> dict[str, Any]:
+    """:func:`_apply_rate` on one Redis, a cluster of 1 master and a cluster of 3 masters (no
+    replicas: on this machine they would take CPU from the masters)."""
+    from ..services import EmbeddedRedis, EmbeddedRedisCluster
+
+    out: dict[str, Any] = {}
+    for name, server in (("single", EmbeddedRedis(appendfsync="everysec")),
+                         ("cluster_1_master", EmbeddedRedisCluster(masters=1, replicas=0)),
+                         ("cluster_3_masters", EmbeddedRedisCluster(masters=3, replicas=0))):
+        say(f"apply throughput: {name} ...")
+        with server:
+            out[name] = await _apply_rate(server.url, coll, applies=applies)
+    return {"apply": out}
 
 
 async def run(quick: bool = False, progress=None, redis_cluster: bool = False) -> dict[str, Any]:
@@ -255,6 +337,7 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False) -
             worker = None
             say("ingest (worker) into a Redis Cluster of 3 masters + 3 replicas ...")
             result.update(await _cluster_ingest(cfg_path, env, batched, total, raw, work))
+            result.update(await _apply_rates(batched, 20 if quick else 150, say))
     finally:
         if worker is not None:
             _stop_worker(worker)
@@ -283,6 +366,10 @@ def main(args) -> int:
         print(f"{'ingest into Redis Cluster, 3 masters (rep/s)':<44} "
               f"{res['cluster_ingest_rate']:>14,.0f}")
         print(f"{'ratio on the cluster':<44} {res['cluster_ratio']:>14.2f}")
+        for name, a in res["apply"].items():
+            print(f"{'apply, ' + name.replace('_', ' ') + ' (applies/s)':<44} "
+                  f"{a['applies_per_s']:>14,.0f}   ({a['reports_per_s']:,.0f} reports/s, "
+                  f"{a['redis_usec_per_apply']:.0f} us in Redis per apply)")
     if res.get("refresh_seconds") is not None:
         print(f"{'refresh duration (s)':<44} {res['refresh_seconds']:>14.3f}")
     if res.get("freshness_seconds") is not None:

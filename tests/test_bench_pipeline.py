@@ -1,6 +1,7 @@
-"""Smoke test of ``ldpstream bench pipeline --quick --json`` (its own embedded broker, Redis and
-worker child processes): it runs to the end and prints the documented JSON keys with positive
-values. No performance target is asserted (the machine is shared); ``--quick`` takes ≈ 15 s."""
+"""Smoke test of ``ldpstream bench pipeline --quick --json --redis-cluster`` (its own embedded
+broker, Redis, Redis Clusters and worker child processes): it runs to the end and prints the
+documented JSON keys with positive values. No performance target is asserted (the machine is
+shared); it takes ≈ 40 s."""
 from __future__ import annotations
 
 import json
@@ -10,21 +11,26 @@ import sys
 
 KEYS = {"ingest_rate", "raw_consume_rate", "ratio", "reports_per_message", "single_report_rate"}
 REFRESH_KEYS = {"refresh_seconds", "freshness_seconds", "refresh_interval_s"}
+CLUSTER_KEYS = {"cluster_ingest_rate", "cluster_ratio"}
+APPLY_KEYS = {"applies_per_s", "reports_per_s", "redis_usec_per_apply", "nonzero_cells_per_apply"}
 
 
 def test_bench_pipeline_quick_json():
     res = subprocess.run([sys.executable, "-m", "ldpstream.cli", "bench", "pipeline", "--quick",
-                          "--json"], capture_output=True, text=True, timeout=180)
+                          "--json", "--redis-cluster"], capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     doc = json.loads(res.stdout)
     assert KEYS | REFRESH_KEYS <= set(doc), sorted(doc)
     assert "refresh_error" not in doc, doc["refresh_error"]
-    for key in KEYS | REFRESH_KEYS:
-        v = doc[key]
+    values = [(key, doc[key]) for key in KEYS | REFRESH_KEYS | CLUSTER_KEYS]
+    assert set(doc["apply"]) == {"single", "cluster_1_master", "cluster_3_masters"}
+    values += [(f"{where}.{key}", a[key]) for where, a in doc["apply"].items() for key in APPLY_KEYS]
+    for key, v in values:
         assert isinstance(v, (int, float)) and not isinstance(v, bool), (key, v)
         assert math.isfinite(v) and v > 0, (key, v)
     assert doc["reports_per_message"] == 500
     assert doc["ratio"] == doc["ingest_rate"] / doc["raw_consume_rate"]
+    assert doc["cluster_ratio"] == doc["cluster_ingest_rate"] / doc["raw_consume_rate"]
     assert doc["refresh_interval_s"] == 1.0  # --quick refreshes every second
     assert doc["reports"] == 200_000 and doc["single_reports"] == 20_000
     assert len(doc["freshness_samples"]) == 2

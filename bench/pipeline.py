@@ -128,6 +128,40 @@ async def _ingest_rate(store: Any, cid: str, partitions: int, total: int, port: 
     raise TimeoutError(f"{cid}: only {await store.n(cid, partitions)} of {total} reports ingested")
 
 
+async def _redis_bytes(store: Any, coll: Any) -> dict[str, Any]:
+    """Redis memory of a collection's counts (``MEMORY USAGE`` of every key), split by level,
+    and what it costs at steady state: one fine key per partition and bucket retained, one
+    coarse key per partition and coarse bucket retained, the all-time keys, the estimates."""
+    from ..agents import keys as K
+
+    by: dict[str, list[int]] = {"f": [], "h": [], "a": [], "est": [], "other": []}
+    fine_buckets: set[str] = set()
+    for key in await store.scan_keys(coll.id):
+        name = key.decode() if isinstance(key, bytes) else str(key)
+        used = int(await store.redis.memory_usage(key) or 0)
+        parts = name.split(":")
+        if ":c:" in name and parts[-3] in (K.LEVEL_FINE, K.LEVEL_COARSE, K.LEVEL_ALL):
+            by[parts[-3]].append(used)
+            if parts[-3] == K.LEVEL_FINE:
+                fine_buckets.add(parts[-2])
+        elif name.endswith(":est"):
+            by["est"].append(used)
+        else:
+            by["other"].append(used)
+    policy = coll.policy
+    per_fine = sum(by["f"]) / max(1, len(fine_buckets))   # all partitions of one bucket
+    per_coarse = (sum(by["h"]) / max(1, len(by["h"]))) * int(coll.partitions)
+    retained_fine = policy.retention_s() / policy.bucket_s if policy.bucketed else 0.0
+    retained_coarse = policy.retention_s() / policy.coarse_s if policy.bucketed else 0.0
+    steady = (per_fine * retained_fine + per_coarse * (retained_coarse + 1) + sum(by["a"])
+              + sum(by["est"]) + sum(by["other"]))
+    return {"redis_bytes_now": sum(sum(v) for v in by.values()),
+            "redis_bytes_per_bucket": per_fine, "redis_bytes_all_time": sum(by["a"]),
+            "redis_bytes_estimates": sum(by["est"]),
+            "redis_bytes_steady_state": steady, "buckets_retained": retained_fine,
+            "bucket_s": policy.bucket_s, "windows": [w.name for w in policy.windows]}
+
+
 def _metric_mean(text: str, name: str, cid: str) -> float | None:
     total = count = None
     for line in text.splitlines():
@@ -331,6 +365,7 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False) -
             result["refresh_interval_s"] = float(batched.refresh_interval_s)
         except Exception as exc:  # noqa: BLE001 - refresh part is optional
             result["refresh_error"] = f"{exc.__class__.__name__}: {exc}"
+        result.update(await _redis_bytes(store, batched))  # counts and estimates
         await store.close()
         if redis_cluster:
             _stop_worker(worker)
@@ -370,6 +405,11 @@ def main(args) -> int:
             print(f"{'apply, ' + name.replace('_', ' ') + ' (applies/s)':<44} "
                   f"{a['applies_per_s']:>14,.0f}   ({a['reports_per_s']:,.0f} reports/s, "
                   f"{a['redis_usec_per_apply']:.0f} us in Redis per apply)")
+    print(f"{'Redis bytes per bucket (all partitions)':<44} {res['redis_bytes_per_bucket']:>14,.0f}"
+          f"   ({res['bucket_s']:g} s buckets, windows {', '.join(res['windows'])})")
+    print(f"{'Redis bytes of the collection now':<44} {res['redis_bytes_now']:>14,.0f}")
+    print(f"{'Redis bytes at steady state':<44} {res['redis_bytes_steady_state']:>14,.0f}"
+          f"   ({res['buckets_retained']:,.0f} buckets retained)")
     if res.get("refresh_seconds") is not None:
         print(f"{'refresh duration (s)':<44} {res['refresh_seconds']:>14.3f}")
     if res.get("freshness_seconds") is not None:

@@ -34,3 +34,8 @@ def test_bench_pipeline_quick_json():
     assert doc["refresh_interval_s"] == 1.0  # --quick refreshes every second
     assert doc["reports"] == 200_000 and doc["single_reports"] == 20_000
     assert len(doc["freshness_samples"]) == 2
+    # Redis memory: every count key is a bucket of some level or the all-time tensor
+    assert 0 < doc["redis_bytes_per_bucket"] < doc["redis_bytes_now"]
+    assert doc["redis_bytes_all_time"] > 0 and doc["redis_bytes_estimates"] > 0
+    assert doc["redis_bytes_steady_state"] > doc["redis_bytes_now"]
+    assert doc["buckets_retained"] == (2 * 3600 + doc["bucket_s"]) / doc["bucket_s"]

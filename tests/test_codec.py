@@ -9,39 +9,16 @@ import numpy as np
 import pytest
 
 from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.mechanism import Mechanism
+from ldpstream.estimators.rr_ind import RRIndependent
 from ldpstream.producers.codec import (DLQ_PAYLOAD_LIMIT, MAGIC, DecodeError, ReportBatch,
                                        batch_from_json, batch_to_json, check_batch, decode_batch,
                                        decode_uniform, dlq_record, encode_batch, explain_batch)
 
 
-class BoundsOnly(Mechanism):
-    """The smallest concrete mechanism: check_batch needs only name, width and bounds."""
-
-    name = "bounds-only"
-    estimators = ()
-
-    def __init__(self, bounds, version=0):
-        super().__init__(Domain(tuple(f"a{i}" for i in range(len(bounds))), tuple(bounds)), version)
-        self._bounds = np.asarray(bounds)
-
-    epsilon = 1.0
-    report_width = property(lambda self: len(self._bounds))
-
-    def report_bounds(self):
-        return self._bounds
-
-    def randomize(self, records, rng):
-        return records
-
-    def tensors(self, marginals):
-        return []
-
-    def estimate(self, counts, attrs, method, **options):
-        raise NotImplementedError
-
-    def state(self):
-        return {"mechanism": self.name, "version": self.version}
+def rr_ind(sizes, version=0) -> RRIndependent:
+    """A real mechanism whose report bounds are ``sizes`` (one GRR channel per attribute)."""
+    return RRIndependent(Domain(tuple(f"a{i}" for i in range(len(sizes))), tuple(sizes)),
+                         epsilon=1.0, version=version)
 
 
 @pytest.mark.parametrize("hi,dtype", [(2, np.uint8), (255, np.uint8), (256, np.uint16),
@@ -183,7 +160,7 @@ def test_fuzz_random_bytes_only_decode_error():
 
 
 def test_check_batch_reasons():
-    mech = BoundsOnly([2, 3, 4], version=1)
+    mech = rr_ind([2, 3, 4], version=1)
     known = {"adult": {1: mech}}
     rep = np.array([[1, 2, 3], [0, 0, 0]])
     assert check_batch(decode_batch(encode_batch("adult", 1, rep)), known) is None
@@ -229,7 +206,7 @@ def test_decode_is_vectorized_and_fast(capsys):
     import time
     rng = np.random.default_rng(1)
     rep = rng.integers(0, 16, size=(100_000, 8))
-    known = {"adult": {1: BoundsOnly([16] * 8)}}
+    known = {"adult": {1: rr_ind([16] * 8)}}
     t = time.perf_counter()
     blob = encode_batch("adult", 1, rep, device_ids=np.arange(100_000))
     enc = time.perf_counter() - t

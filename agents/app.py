@@ -124,8 +124,9 @@ def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int 
         app.add_dependency(service)
 
     if install_refresh:
-        from . import refresh
+        from . import controller, refresh
         refresh.install(app, ctx)
+        controller.install(app, ctx)
     if install_web:
         from . import web
         web.install(app, ctx)

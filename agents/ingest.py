@@ -157,6 +157,8 @@ class IngestService(Service):
                                          client_id="ldpstream-worker", **security)
         await self.producer.start()
         if self.publish_config_on_start:
+            from .controller import controller_for
+            await controller_for(self.ctx).follow_all()   # the adaptive states stored so far
             await self.publish_config()
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=boot, group_id=self.group_id, enable_auto_commit=False,

@@ -91,6 +91,16 @@ ESTIMATE_FAILURES = Counter(
 ESTIMATE_FAILING = Gauge(
     "ldp_estimate_failing", "1 while the last attempt to estimate this marginal failed, else 0.",
     _EST, registry=REGISTRY)
+MECHANISM_VERSION = Gauge(
+    "ldp_mechanism_version", "Version of the collection's mechanism state in force on this worker "
+    "(adaptive mechanisms publish new versions: agents/controller.py).",
+    ["collection"], registry=REGISTRY)
+MECHANISM_VERSION_CHANGES = Counter(
+    "ldp_mechanism_version_changes_total", "Mechanism versions this worker adopted.",
+    ["collection"], registry=REGISTRY)
+CONTROLLER_ERRORS = Counter(
+    "ldp_controller_errors_total", "Controller ticks that failed (retried at the next tick).",
+    ["collection"], registry=REGISTRY)
 EPSILON_PER_RECORD = Gauge(
     "ldp_epsilon_per_record", "ε one report costs, computed from the mechanism in force.",
     ["collection"], registry=REGISTRY)

@@ -96,7 +96,9 @@ def collection_info(coll: Any, mechanism: Any, n: int | None) -> dict[str, Any]:
     return {
         "id": coll.id,
         "topic": getattr(coll, "topic", None),
-        "version": getattr(coll, "version", None),
+        "version": mechanism.version,      # the state in force (adaptive: the controller's)
+        "accepted_versions": list(mechanism.accepted_versions()),
+        "config_version": coll.version,
         "schema": {a: list(lab) for a, lab in zip(dom.attrs, labels)},
         "mechanism": getattr(coll, "mechanism_name", getattr(mechanism, "name", None)),
         "epsilon": getattr(coll, "epsilon", None),

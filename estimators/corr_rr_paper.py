@@ -120,6 +120,7 @@ class TwoPhase(Mechanism):
     """
 
     estimators: tuple[str, ...] = ()
+    adaptive = True
     #: Phase I reports before the table is computed (the default of the live rule)
     PHASE1_REPORTS = 1000
 

@@ -209,6 +209,8 @@ class Mechanism(ABC):
     report_estimators: ClassVar[tuple[str, ...]] = ()
     #: what ``simulate`` runs when no estimator is named (default: the first estimator)
     default_estimators: ClassVar[tuple[str, ...]] = ()
+    #: the family overrides :meth:`adapt` (a worker runs its controller: agents/controller.py)
+    adaptive: ClassVar[bool] = False
 
     def __init__(self, domain: Domain, version: int = 0) -> None:
         self.domain = domain

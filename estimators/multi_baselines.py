@@ -530,6 +530,7 @@ class RSRFD(RSFD):
 
     name = "rs-rfd"
     PHASE1_REPORTS = 1000
+    adaptive = True
 
     def __init__(self, domain: Domain, epsilon: float, priors: Sequence[np.ndarray] | None = None,
                  scope: str = "attribute", floor: float = 0.1, version: int = 0,

@@ -512,6 +512,7 @@ class RRClusters(_Clustered):
     estimators = ("rr-independent", "castell", "truncated", "ibu", "rr-adjustment")
     report_estimators = ("rr-adjustment-full",)
     default_estimators = ("rr-independent", "castell", "ibu")
+    adaptive = True
     #: defaults of [MDRR] §6: T_v cells, T_d Cramér's V, reports of the clustering round
     MAX_CELLS, MIN_DEPENDENCE, CLUSTER_REPORTS = 1000, 0.1, 1000
 

@@ -245,6 +245,7 @@ class RRBA(Mechanism):
     name = "rrba"
     estimators = ("last-two", "pooled")
     default_estimators = ("last-two", "pooled")
+    adaptive = True
 
     def __init__(self, domain: Domain, p: float, gamma: float = 0.05, k: int = 2,
                  views: Sequence[Sequence[Sequence[str]]] | None = None, block_size: int = 250,

@@ -23,6 +23,7 @@ File layout (YAML; TOML has the same keys)::
         marginals: [[sex, Salary], [race, sex]]      # or {all_ways_up_to: 3}
         estimators: [castell, truncated]
         refresh_interval_s: 5
+        controller_interval_s: 1          # adaptive mechanisms: how often the controller decides
         bucket_s: 60                      # time bucket width (Kafka record timestamp)
         windows: [5m, 1h, 24h, all]       # estimated every refresh; first = the API's default
         drift_alpha: 0.001                # false-alarm probability of a drift check
@@ -125,6 +126,7 @@ class _CollectionFile(_Strict):
     marginals: Any
     estimators: list[str] = Field(default_factory=lambda: ["truncated"], min_length=1)
     refresh_interval_s: Number = Field(5.0, gt=0.0)
+    controller_interval_s: Number = Field(1.0, gt=0.0)
     bucket_s: Number = Field(DEFAULT_BUCKET_S, ge=1.0, le=86_400.0)
     windows: list[str] = Field(default_factory=lambda: list(DEFAULT_WINDOWS), min_length=1)
     drift_alpha: Number = Field(1e-3, gt=0.0, lt=0.5)
@@ -160,6 +162,8 @@ class Collection:
     estimators: list[str]
     partitions: int = 1
     refresh_interval_s: float = 5.0
+    #: seconds between two decisions of an adaptive mechanism's controller (agents/controller.py)
+    controller_interval_s: float = 1.0
     bucket_s: float = DEFAULT_BUCKET_S
     windows: tuple[Window, ...] = tuple(parse_window(w) for w in DEFAULT_WINDOWS)
     drift_alpha: float = 1e-3
@@ -408,6 +412,7 @@ def _build_collection(v: Mapping[str, Any], path: str, base_dir: Path,
                       epsilon=float(v["epsilon"]), epsilon_scope=v["epsilon_scope"],
                       marginals=marginals, estimators=list(v["estimators"]),
                       partitions=v["partitions"], refresh_interval_s=float(v["refresh_interval_s"]),
+                      controller_interval_s=float(v["controller_interval_s"]),
                       bucket_s=float(v["bucket_s"]), windows=windows,
                       drift_alpha=float(v["drift_alpha"]),
                       drift_min_effect=float(v["drift_min_effect"]),

@@ -226,8 +226,9 @@ def test_semantic_errors_are_reported_alongside_type_errors():
         "collections[0].epsilon: must be a finite number (got '2')",
         "collections[0].partitions: must be an integer >= 1 (got 0)",
         "collections[0].colour: unknown field (allowed: id, schema, mechanism, params, epsilon, "
-        "epsilon_scope, partitions, marginals, estimators, refresh_interval_s, bucket_s, windows, "
-        "drift_alpha, drift_min_effect, expect_traffic, version)",
+        "epsilon_scope, partitions, marginals, estimators, refresh_interval_s, "
+        "controller_interval_s, bucket_s, windows, drift_alpha, drift_min_effect, "
+        "expect_traffic, version)",
         "collections[0].marginals[0]: unknown attribute 'zz' (attributes: a, b, c, d)",
         "collections[0].marginals[2]: lists an attribute twice (['a', 'a'])",
         "collections[0].estimators[1]: unknown estimator 'magic' for rr-ind (known: castell, "

@@ -9,7 +9,12 @@ frequency oracle of smallest variance for its domain size (GRR, or OLH where the
 :func:`~.frequency_oracles.choose`). Splitting ε over attributes is avoided entirely: one report
 is one ε-LDP release of one marginal's value.
 
-Report layout: one unsigned integer ``offset_k + code`` where ``code`` is the oracle's report
+``per_report`` = r > 1 makes each report carry r marginals k, k+1, …, k+r−1 (mod K; k
+uniform), each with ε/r: the number of users per marginal sets the error floor of partitioning
+at large ε, and r trades it against the oracles' noise. r = 1 (the default) is CALM's one
+marginal with the whole budget.
+
+Report layout: one unsigned integer per slot, ``offset_k + code``, where ``code`` is the oracle's report
 (GRR value, or OLH seed·g + hashed value) and ``offset_k`` the start of marginal k's code block,
 so ``report_bounds`` validates every report exactly. Count tensors: one per collected marginal,
 ``p:<attrs>``, the oracle's support counts of its d_k joint values followed by the number of
@@ -17,7 +22,7 @@ reports assigned to it (shape ``(d_k + 1,)``).
 
 ε: the marginal index is drawn independently of the record, so Pr[report | x] = π_k ·
 Pr_k[code | x_k] and the worst ratio over two records is the largest oracle ε, computed from each
-oracle's channel.
+oracle's channel (times r for r slots, randomized independently: sequential composition).
 
 Estimators (:attr:`Partitioned.estimators`):
 
@@ -45,6 +50,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
+import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -93,7 +100,7 @@ class Partitioned(Mechanism):
 
     def __init__(self, domain: Domain, epsilon: float, marginals: Sequence[Sequence[str]] | None
                  = None, ways: int = 2, oracles: Sequence[str] = fo.COMPACT,
-                 assign_seed: int = 0, version: int = 0) -> None:
+                 assign_seed: int = 0, per_report: int = 1, version: int = 0) -> None:
         super().__init__(domain, version)
         eps = float(epsilon)
         if not np.isfinite(eps) or eps <= 0:
@@ -113,10 +120,18 @@ class Partitioned(Mechanism):
         self.assign_seed = int(assign_seed)
         self._cols = [domain.axes(m) for m in self.marginals]
         self._shapes = [tuple(domain.shape[c] for c in cols) for cols in self._cols]
-        self.oracles = [fo.choose(eps, int(np.prod(s)), self.oracle_names) for s in self._shapes]
+        K = len(self.marginals)
+        if isinstance(per_report, bool) or not isinstance(per_report, (int, np.integer)) \
+                or not 1 <= int(per_report) <= K:
+            raise ValueError(f"per_report must be an integer in 1..{K} (the collected "
+                             f"marginals), got {per_report!r}")
+        self.per_report = int(per_report)
+        self.oracles = [fo.choose(eps / self.per_report, int(np.prod(s)), self.oracle_names)
+                        for s in self._shapes]
         sizes = [o.n_codes for o in self.oracles]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self._memo: dict[tuple[bytes, bool], tuple[list[Factor], int, int]] = {}
+        self._memo_lock = threading.Lock()
         if self.offsets[-1] >= 2**32:
             raise ValueError("partitioned: the marginals' report codes exceed 32 bits; collect "
                              "fewer or smaller marginals")
@@ -140,40 +155,51 @@ class Partitioned(Mechanism):
     # --- privacy ---------------------------------------------------------------------------------
     @property
     def epsilon(self) -> float:
-        """max_k ε(oracle_k): the index is independent of the record (see the module doc)."""
-        return max(o.epsilon for o in self.oracles)
+        """per_report × max_k ε(oracle_k): the indices are independent of the record, and the
+        slots are randomized independently (sequential composition; see the module doc)."""
+        return self.per_report * max(o.epsilon for o in self.oracles)
 
     # --- device ----------------------------------------------------------------------------------
     @property
     def report_width(self) -> int:
-        return 1
+        return self.per_report
 
     def report_bounds(self) -> np.ndarray:
-        return np.asarray([self.offsets[-1]], dtype=np.int64)
+        return np.full(self.per_report, self.offsets[-1], dtype=np.int64)
 
     def _dtype(self):
         top = int(self.offsets[-1])
         return np.uint8 if top <= 256 else np.uint16 if top <= 65536 else np.uint32
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Every report's marginal drawn uniformly by ``rng`` (per report), then its oracle."""
+        """Every report's first marginal k drawn uniformly by ``rng`` (per report), its slots
+        k, k+1, …, k+per_report−1 (mod K), then each slot's oracle."""
         return self.randomize_assigned(records, rng.integers(0, len(self.marginals),
                                                              len(records)), rng)
 
     def randomize_device(self, records: np.ndarray, device_ids: np.ndarray,
                          rng: np.random.Generator) -> np.ndarray:
-        """As :meth:`randomize` with each report's marginal fixed by its device id
-        (:func:`assign_by_device` with ``assign_seed``): a device always reports one marginal."""
+        """As :meth:`randomize` with each report's first marginal fixed by its device id
+        (:func:`assign_by_device` with ``assign_seed``): a device always reports the same
+        marginals."""
         ids = np.asarray(device_ids)
         if ids.shape != (len(records),):
             raise ValueError(f"device_ids must have shape ({len(records)},), got {ids.shape}")
         return self.randomize_assigned(
             records, assign_by_device(ids, len(self.marginals), self.assign_seed), rng)
 
-    def randomize_assigned(self, records: np.ndarray, k: np.ndarray,
+    def randomize_assigned(self, records: np.ndarray, first: np.ndarray,
                            rng: np.random.Generator) -> np.ndarray:
-        """Reports of ``records`` whose marginal indices are ``k`` (drawn independently of the
-        records by the caller)."""
+        """Reports of ``records`` whose first marginal indices are ``first`` (drawn
+        independently of the records by the caller); slot s reports marginal
+        (first + s) mod K."""
+        out = np.empty((len(records), self.per_report), dtype=self._dtype())
+        for s in range(self.per_report):
+            out[:, s] = self._slot(records, (np.asarray(first) + s) % len(self.marginals), rng)
+        return out
+
+    def _slot(self, records: np.ndarray, k: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One code per record: marginal k's joint value through its oracle."""
         records = np.asarray(records)
         if records.ndim != 2 or records.shape[1] != len(self.domain):
             raise ValueError(f"records must be (n, {len(self.domain)}), got {records.shape}")
@@ -181,7 +207,6 @@ class Partitioned(Mechanism):
                              or np.any(records.max(axis=0) >= np.asarray(self.domain.shape))):
             raise ValueError("records hold a value outside the domain")
         n = len(records)
-        k = np.asarray(k)
         out = np.empty(n, dtype=np.int64)
         for j, (cols, shape, oracle) in enumerate(zip(self._cols, self._shapes, self.oracles)):
             sel = np.flatnonzero(k == j)
@@ -190,7 +215,7 @@ class Partitioned(Mechanism):
             x = np.ravel_multi_index(tuple(records[sel][:, c].astype(np.intp) for c in cols),
                                      shape)
             out[sel] = self.offsets[j] + oracle.randomize(x, rng)
-        return out.astype(self._dtype()).reshape(n, 1)
+        return out
 
     # --- server ----------------------------------------------------------------------------------
     def tensors(self, marginals: Sequence[Sequence[str]] = ()) -> list[TensorSpec]:
@@ -200,7 +225,7 @@ class Partitioned(Mechanism):
                 for m, s in zip(self.marginals, self._shapes)]
 
     def count(self, reports: np.ndarray, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
-        codes = np.asarray(reports).reshape(len(reports), -1)[:, 0].astype(np.int64)
+        codes = np.asarray(reports).reshape(-1).astype(np.int64)   # every slot is one code
         k = np.searchsorted(self.offsets, codes, side="right") - 1
         index = {tensor_key(m): j for j, m in enumerate(self.marginals)}
         out = {}
@@ -262,14 +287,19 @@ class Partitioned(Mechanism):
         for m in self.marginals:
             h.update(np.ascontiguousarray(counts[tensor_key(m)], dtype=np.int64).tobytes())
         key = (h.digest(), shrink)
-        if key not in self._memo:
-            raw = [self.unbiased(counts, j) for j in range(len(self.marginals))]
-            tables, passes = postprocess([r[0] for r in raw], [r[1] for r in raw],
-                                         noise_variance=[r[2] for r in raw] if shrink else None)
-            if len(self._memo) >= 8:
+        with self._memo_lock:
+            hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        raw = [self.unbiased(counts, j) for j in range(len(self.marginals))]
+        tables, passes = postprocess([r[0] for r in raw], [r[1] for r in raw],
+                                     noise_variance=[r[2] for r in raw] if shrink else None)
+        out = (tables, passes, sum(r[3] for r in raw))
+        with self._memo_lock:   # the refresher estimates in worker threads
+            while len(self._memo) >= 8:
                 self._memo.pop(next(iter(self._memo)))
-            self._memo[key] = (tables, passes, sum(r[3] for r in raw))
-        return self._memo[key]
+            self._memo[key] = out
+        return out
 
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                  method: str = "consistent", **options: Any) -> Estimate:
@@ -294,7 +324,7 @@ class Partitioned(Mechanism):
                 vals = norm_sub(f).project(attrs).values
             else:
                 tables, passes, n = self.consistent_tables(counts, method == "consistent")
-                vals = tables[j].project(attrs).values
+                vals = np.array(tables[j].project(attrs).values)   # not a view of the memo
                 extra["norm_sub_passes"] = passes
             return Estimate(Factor(dom, repair(vals, options.get("proper"))), method, n,
                             self.epsilon, error_bound=bound, extra=extra)
@@ -325,6 +355,7 @@ class Partitioned(Mechanism):
                 "domain": self.domain.to_dict(), "epsilon": self.target_epsilon,
                 "marginals": [list(m) for m in self.marginals],
                 "oracles": list(self.oracle_names), "assign_seed": self.assign_seed,
+                "per_report": self.per_report,
                 "chosen": [{"oracle": o.name, "g": o.g if isinstance(o, fo.OLH) else None}
                            for o in self.oracles]}
 
@@ -361,14 +392,18 @@ class Partitioned(Mechanism):
             raise ParamError("oracles", f"must be a non-empty list of {', '.join(fo.COMPACT)} "
                                         f"(got {oracles!r})")
         seed = pr.integer("assign_seed", 0, ge=0, le=2**63 - 1)
+        K = (len({frozenset(m) for m in marginals}) if marginals is not None
+             else math.comb(len(domain), ways or 2))
+        per_report = pr.integer("per_report", 1, ge=1, le=K)
         pr.done()
         return cls(domain, record_budget(epsilon, epsilon_scope, len(domain)),
                    marginals=marginals, ways=ways, oracles=tuple(oracles),
-                   assign_seed=seed, version=version)
+                   assign_seed=seed, per_report=per_report, version=version)
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "Partitioned":
         return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
                    marginals=state["marginals"], oracles=tuple(state.get("oracles", fo.COMPACT)),
                    assign_seed=int(state.get("assign_seed", 0)),
+                   per_report=int(state.get("per_report", 1)),
                    version=int(state.get("version", 0)))

@@ -37,20 +37,30 @@ def _truth(records, dom, attrs):
 
 
 def _channel(mech: Partitioned) -> np.ndarray:
-    """P[record (C order over the domain), code]: 1/K × the marginal's oracle channel."""
+    """P[record (C order over the domain), report (codes of the slots, C order)]: the mean over
+    the first marginal k of the product of slot s's oracle channel for marginal k+s."""
     recs = np.array(list(itertools.product(*[range(d) for d in mech.domain.shape])))
-    P = np.zeros((len(recs), int(mech.offsets[-1])))
-    K = len(mech.marginals)
+    K, T = len(mech.marginals), int(mech.offsets[-1])
+    block = []
     for j, (cols, shape, o) in enumerate(zip(mech._cols, mech._shapes, mech.oracles)):
         x = np.ravel_multi_index(tuple(recs[:, c] for c in cols), shape)
-        P[:, mech.offsets[j]:mech.offsets[j + 1]] = o.channel()[x] / K
+        b = np.zeros((len(recs), T))
+        b[:, mech.offsets[j]:mech.offsets[j + 1]] = o.channel()[x]
+        block.append(b)
+    P = np.zeros((len(recs), T ** mech.per_report))
+    for k in range(K):
+        term = np.ones((len(recs), 1))
+        for s in range(mech.per_report):
+            term = (term[:, :, None] * block[(k + s) % K][:, None, :]).reshape(len(recs), -1)
+        P += term / K
     return P
 
 
-@pytest.mark.parametrize("oracles", [("grr",), ("olh",), ("grr", "olh")])
+@pytest.mark.parametrize("oracles,per_report", [(("grr",), 1), (("olh",), 1),
+                                               (("grr", "olh"), 1), (("grr",), 2)])
 @pytest.mark.parametrize("eps", [0.7, 3.0])
-def test_privacy_audit_epsilon_is_the_channels(oracles, eps):
-    mech = Partitioned(DOM, eps, ways=2, oracles=oracles)
+def test_privacy_audit_epsilon_is_the_channels(oracles, per_report, eps):
+    mech = Partitioned(DOM, eps, ways=2, oracles=oracles, per_report=per_report)
     P = _channel(mech)
     np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=1e-12)
     assert mech.epsilon == pytest.approx(ch.epsilon(P), abs=1e-9)
@@ -60,20 +70,22 @@ def test_privacy_audit_epsilon_is_the_channels(oracles, eps):
     n = 60_000
     for r in (0, len(P) - 1):
         rec = np.array(np.unravel_index(r, DOM.shape))[None, :].repeat(n, axis=0)
-        codes = mech.randomize(rec, rng)[:, 0]
-        assert codes.max() < mech.report_bounds()[0]
-        freq = np.bincount(codes.astype(np.int64), minlength=P.shape[1]) / n
+        rep = mech.randomize(rec, rng).astype(np.int64)
+        assert rep.shape == (n, per_report) and np.all(rep < mech.report_bounds())
+        T = int(mech.offsets[-1])
+        codes = rep @ (T ** np.arange(per_report)[::-1])
+        freq = np.bincount(codes, minlength=P.shape[1]) / n
         sd = np.sqrt(P[r] * (1 - P[r]) / n)
         assert np.all(np.abs(freq - P[r]) <= 5 * sd + 1e-12)
 
 
-@pytest.mark.parametrize("oracles", [("grr",), ("olh",)])
-def test_per_marginal_estimate_is_unbiased_by_seeded_monte_carlo(oracles):
+@pytest.mark.parametrize("oracles,per_report", [(("grr",), 1), (("olh",), 1), (("grr",), 2)])
+def test_per_marginal_estimate_is_unbiased_by_seeded_monte_carlo(oracles, per_report):
     """R = 200 runs on one fixed dataset: every cell of every collected marginal's unbiased
     estimate within 4 empirical standard errors of the truth; the empirical variance within
     30% of the stated cell variance (oracle noise + which users report the marginal)."""
     recs = _records(DOM, 3000, 1)
-    mech = Partitioned(DOM, 1.0, ways=2, oracles=oracles)
+    mech = Partitioned(DOM, 1.0, ways=2, oracles=oracles, per_report=per_report)
     rng = np.random.default_rng(5)
     R = 200
     ests = {m: [] for m in mech.marginals}
@@ -221,9 +233,14 @@ def test_from_config_params():
     m = cls.from_config(DOM, {"marginals": [["a", "c"]], "oracles": ["grr"]}, epsilon=2.0,
                         epsilon_scope="record")
     assert m.marginals == [("a", "c")] and m.epsilon == pytest.approx(2.0)
+    m = cls.from_config(DOM, {"per_report": 3}, epsilon=3.0, epsilon_scope="record")
+    assert m.report_width == 3 and m.epsilon == pytest.approx(3.0)
+    assert all(o.eps == pytest.approx(1.0) for o in m.oracles)
     for params, field in (({"ways": 9}, "ways"), ({"marginals": [["a", "zz"]]}, "marginals"),
                           ({"oracles": ["oue"]}, "oracles"), ({"bogus": 1}, "bogus"),
-                          ({"marginals": [["a", "b"]], "ways": 2}, "ways")):
+                          ({"marginals": [["a", "b"]], "ways": 2}, "ways"),
+                          ({"per_report": 4}, "per_report"), ({"per_report": "x"}, "per_report"),
+                          ({"per_report": True}, "per_report")):
         with pytest.raises(ParamError) as exc:
             cls.from_config(DOM, params, epsilon=1.0)
         assert exc.value.field == field

@@ -33,11 +33,19 @@ approximately standard normal under stationarity (the estimates are sums of many
 reports), and Šidák's inequality — P(all |Z_c| ≤ t) ≥ Π_c P(|Z_c| ≤ t) for jointly normal Z with
 any correlation — makes the false-alarm probability per evaluation at most α, equal to α when the
 cells are independent; the correlation between cells of one table (their sum is fixed) makes the
-rate slightly lower. Only per-cell variances are needed, which every estimator has; a
-χ²/Wald statistic would need each estimator's full covariance (|Ω|² entries, which the truncated
-and EM estimators do not have in closed form). Reading it: the statistic is "how many standard
-errors the most-changed cell moved"; a statistic of 6 against a threshold of 4 is a change far
-outside the noise, while the TVD says how large the change is.
+rate slightly lower. Only per-cell variances are needed, which every estimator has; a χ²/Wald
+statistic would need each estimator's full covariance (|Ω|² entries, which the truncated and EM
+estimators do not have in closed form).
+
+The variances the test gets are :func:`null_variances`: both windows' counts pooled (under "no
+change" they sample one population), as the two-sample proportion test pools. Each window's own
+variance (:func:`cell_variance`) depends on where its estimate landed — a truncated cell clipped
+to 0 has a small bootstrap variance — and makes the clipping estimators alarm at about twice α on
+noisy tables (tests/test_drift.py measures both).
+
+Reading it: the statistic is "how many standard errors the most-changed cell moved"; a statistic
+of 20 against a threshold of 4 is a change far outside the noise, while the TVD says how large the
+change is (docs/windows.md).
 """
 from __future__ import annotations
 
@@ -54,14 +62,14 @@ from .castell import castell_variance
 from .mechanism import Estimate, Mechanism, VersionedCounts, marginal_key
 from .rr_ind import RRIndependent, _RRBase, marginal_counts
 
-__all__ = ["DriftResult", "drift_test", "sidak_threshold", "cell_variance", "null_variances",
+__all__ = ["DriftResult", "drift_test", "drift_tests", "sidak_threshold", "cell_variance", "null_variances",
            "pooled_tables", "replicate_rng", "null_size",
            "table_variances",
            "REPLICATES", "BATCHED_METHODS"]
 
-#: bootstrap replicates per variance (with the Castell control variate, the relative error of a
-#: bootstrapped variance is a few percent at this size; tests/test_drift.py measures it)
-REPLICATES = 32
+#: bootstrap replicates per variance: with the Castell control variate even 8 keep the drift test
+#: calibrated (alarm rates within 3 standard errors of α in tests/test_drift.py's setting)
+REPLICATES = 16
 
 #: estimators of :class:`~.rr_ind.RRIndependent` with a batched kernel (estimators/batched.py)
 BATCHED_METHODS = ("castell", "truncated", "ibu", "rr-independent")
@@ -100,25 +108,35 @@ def _cells(name: str, x: np.ndarray) -> np.ndarray:
 def drift_test(cur: np.ndarray, cur_var: np.ndarray, prev: np.ndarray, prev_var: np.ndarray, *,
                alpha: float = 1e-3, min_effect: float = 0.0) -> DriftResult:
     """Compare two independent estimates of one marginal (module docstring: max |z| with a
-    Šidák threshold). ``cur_var``/``prev_var`` are per-cell variances (:func:`cell_variance`)."""
+    Šidák threshold). ``cur_var``/``prev_var`` are per-cell variances (:func:`null_variances`)."""
+    arrays = [np.asarray(x, dtype=float)[None] for x in (cur, cur_var, prev, prev_var)]
+    return drift_tests(*arrays, alpha=alpha, min_effect=min_effect)[0]
+
+
+def drift_tests(cur: np.ndarray, cur_var: np.ndarray, prev: np.ndarray, prev_var: np.ndarray, *,
+                alpha: float = 1e-3, min_effect: float = 0.0) -> list[DriftResult]:
+    """:func:`drift_test` of a batch of same-shape marginals (axis 0), in one numpy pass."""
     cur, prev = _cells("cur", cur), _cells("prev", prev)
     cur_var, prev_var = _cells("cur_var", cur_var), _cells("prev_var", prev_var)
     if not (cur.shape == prev.shape == cur_var.shape == prev_var.shape):
-        raise ValueError(f"drift test: shapes differ: cur {cur.shape}, cur_var {cur_var.shape}, "
-                         f"prev {prev.shape}, prev_var {prev_var.shape}")
+        raise ValueError(f"drift test: shapes differ: cur {cur.shape[1:]}, cur_var "
+                         f"{cur_var.shape[1:]}, prev {prev.shape[1:]}, prev_var "
+                         f"{prev_var.shape[1:]}")
     if np.any(cur_var < 0) or np.any(prev_var < 0):
         raise ValueError("drift test: variances must be ≥ 0")
     min_effect = float(min_effect)
     if not min_effect >= 0:
         raise ValueError(f"drift min_effect must be ≥ 0, got {min_effect!r}")
-    threshold = sidak_threshold(cur.size, float(alpha))
-    diff = np.abs(cur - prev)
-    var = cur_var + prev_var
+    K = cur.shape[0]
+    threshold = sidak_threshold(int(np.prod(cur.shape[1:], dtype=np.int64)), float(alpha))
+    diff = np.abs(cur - prev).reshape(K, -1)
+    var = (cur_var + prev_var).reshape(K, -1)
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(var > 0, diff / np.sqrt(var), np.where(diff > 0, np.inf, 0.0))
-    statistic = float(z.max()) if z.size else 0.0
-    tvd = float(0.5 * diff.sum())
-    return DriftResult(tvd, statistic, threshold, bool(statistic > threshold and tvd >= min_effect))
+    stats = z.max(axis=1)
+    tvds = 0.5 * diff.sum(axis=1)
+    return [DriftResult(float(t), float(st), threshold, bool(st > threshold and t >= min_effect))
+            for t, st in zip(tvds, stats)]
 
 
 # --- variances ----------------------------------------------------------------------------------
@@ -244,12 +262,11 @@ def cell_variance(mech: Mechanism, counts: VersionedCounts, attrs: Sequence[str]
     return _estimates_on(mech, combined, attrs, method, draws).var(axis=0, ddof=1)
 
 
-def pooled_tables(mech: Mechanism, cur: VersionedCounts, prev: VersionedCounts,
-                   attrs: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, tuple[int, int]]]:
-    """The two windows' tensors summed (the population both sample under "no change") and each
-    tensor's report totals per window. Tables of an independent-channel mechanism are reduced to
-    the marginal first."""
-    a, b = mech.combined_counts(cur), mech.combined_counts(prev)
+def pooled_tables(mech: Mechanism, a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray],
+                  attrs: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, tuple[int, int]]]:
+    """The two windows' tensors (``mech.combined_counts`` of each) summed — the population both
+    sample under "no change" — and each tensor's report totals per window. Tables of an
+    independent-channel mechanism are reduced to the marginal first."""
     if isinstance(mech, _RRBase):
         key = marginal_key(attrs)
         a = {key: np.asarray(marginal_counts(mech.domain, a, attrs), dtype=float)}
@@ -282,7 +299,8 @@ def null_variances(mech: Mechanism, cur: VersionedCounts, prev: VersionedCounts,
     n̄/n_cur and n̄/n_prev (exact for castell, whose variance is ∝ 1/n; first order for the others,
     and windows of one length hold similar numbers of reports)."""
     attrs = tuple(attrs)
-    pooled, totals = pooled_tables(mech, cur, prev, attrs)
+    pooled, totals = pooled_tables(mech, mech.combined_counts(cur), mech.combined_counts(prev),
+                                   attrs)
     R = int(replicates)
     key = marginal_key(attrs)
     if isinstance(mech, RRIndependent) and method in BATCHED_METHODS:

@@ -29,7 +29,8 @@ import numpy as np
 from . import batched
 from .castell import expected_tvd
 from .domain import Factor
-from .drift import (BATCHED_METHODS, REPLICATES, DriftResult, drift_test, null_size,
+from .drift import (BATCHED_METHODS, REPLICATES, DriftResult, drift_test, drift_tests,
+                    null_size,
                     null_variances, pooled_tables, replicate_rng, table_variances)
 from .mechanism import Estimate, Mechanism, VersionedCounts, marginal_key
 from .rr_ind import RRIndependent, marginal_counts
@@ -215,16 +216,19 @@ def drift_many(mech: Mechanism,
     groups: dict[bytes, list[tuple[str, tuple[str, ...]]]] = {}
     singles: list[Key] = []
     fast = isinstance(mech, RRIndependent)
+    combined: dict[str, tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]] = {}
     for key in (k for k in current if k in previous and k[0] in windows):
         window, attrs, method = key
-        cur, prev = windows[window]
         if not (fast and method in BATCHED_METHODS):
             singles.append(key)
             continue
         wa = (window, attrs)
         if wa not in tables:
             try:
-                pooled, totals = pooled_tables(mech, cur, prev, attrs)
+                if window not in combined:
+                    cur, prev = windows[window]
+                    combined[window] = (mech.combined_counts(cur), mech.combined_counts(prev))
+                pooled, totals = pooled_tables(mech, *combined[window], attrs)
                 n_cur, n_prev = totals[marginal_key(attrs)]
                 null_size(n_cur, n_prev)
             except Exception as exc:  # noqa: BLE001 - reported per key
@@ -283,10 +287,21 @@ def drift_many(mech: Mechanism,
                 cache.variances[key] = (fp, variances[key])
         except Exception as exc:  # noqa: BLE001 - reported per key
             failures[key] = _reason(exc)
-    for key, (vc, vp) in variances.items():
+    by_shape: dict[tuple[int, ...], list[Key]] = {}
+    for key, (vc, _) in variances.items():
+        by_shape.setdefault(np.shape(vc), []).append(key)
+    for keys in by_shape.values():
         try:
-            results[key] = drift_test(current[key].factor.values, vc, previous[key].factor.values,
-                                      vp, alpha=alpha, min_effect=min_effect)
-        except Exception as exc:  # noqa: BLE001 - reported per key
-            failures[key] = _reason(exc)
+            res = drift_tests(*(np.stack(x) for x in zip(*(
+                (current[k].factor.values, variances[k][0], previous[k].factor.values,
+                 variances[k][1]) for k in keys))), alpha=alpha, min_effect=min_effect)
+            results.update(zip(keys, res))
+        except Exception:  # noqa: BLE001 - find the culprit one key at a time
+            for key in keys:
+                try:
+                    results[key] = drift_test(current[key].factor.values, variances[key][0],
+                                              previous[key].factor.values, variances[key][1],
+                                              alpha=alpha, min_effect=min_effect)
+                except Exception as exc:  # noqa: BLE001 - reported per key
+                    failures[key] = _reason(exc)
     return DriftBatch(results, failures, computed)

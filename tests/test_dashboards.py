@@ -32,7 +32,7 @@ def _run(*args):
 @needs_promtool
 def test_promtool_check_rules():
     out = _run("check", "rules", "rules/ldpstream.rules.yml")
-    assert "7 rules found" in out
+    assert "8 rules found" in out
 
 
 @needs_promtool
@@ -60,8 +60,8 @@ def test_every_rule_has_runbook_and_summary():
     for r in rules["groups"][0]["rules"]:
         assert {"summary", "description", "runbook"} <= set(r["annotations"]), r["alert"]
         assert r["labels"]["severity"] in {"info", "warning", "critical"}
-    expected = {"EstimateDrift", "IngestStalled", "RejectSpike", "ConsumerLagHigh", "EstimateStale",
-                "PrivacyBudgetChanged", "WorkerDown"}
+    expected = {"EstimateDrift", "EstimateFailing", "IngestStalled", "RejectSpike",
+                "ConsumerLagHigh", "EstimateStale", "PrivacyBudgetChanged", "WorkerDown"}
     assert expected <= {r["alert"] for r in rules["groups"][0]["rules"]}
 
 
@@ -91,8 +91,39 @@ def test_dashboard_covers_required_views_and_metrics_follow_conventions():
     for metric in ("ldp_estimate_cell", "ldp_estimate_error_bound", "ldp_collection_reports",
                    "ldp_reports_ingested_total", "ldp_reports_rejected_total",
                    "ldp_consumer_lag_messages", "ldp_estimate_refresh_seconds_bucket",
-                   "ldp_estimate_drift_tvd", "ldp_drift_threshold", "ldp_epsilon_per_record"):
+                   "ldp_estimate_drift_tvd", "ldp_estimate_drift_statistic",
+                   "ldp_estimate_drift_statistic_threshold", "ldp_estimate_failing",
+                   "ldp_epsilon_per_record"):
         assert metric in exprs, metric
     for name in set(re.findall(r"\b(ldp_[a-z_]+)", exprs)):
         assert not name.endswith("_count") or name.endswith("_total"), name
     assert any(v["name"] == "collection" for v in dash["templating"]["list"])
+
+
+def test_estimate_panels_follow_the_window_variable_and_alerts_are_annotated():
+    """Every query of a per-window metric selects ``window="$window"``; the variable lists the
+    collection's windows; the drift panel shows the statistic beside its threshold; firing
+    EstimateDrift and EstimateFailing alerts are annotations."""
+    dash = json.loads(DASHBOARD.read_text())
+    names = [v["name"] for v in dash["templating"]["list"]]
+    assert names.index("collection") < names.index("window") < names.index("marginal")
+    window = next(v for v in dash["templating"]["list"] if v["name"] == "window")
+    assert window["query"]["query"] == 'label_values(ldp_estimate_cell{collection="$collection"}, window)'
+    per_window = ("ldp_estimate_cell", "ldp_estimate_error_bound", "ldp_estimate_drift_tvd",
+                  "ldp_estimate_drift_statistic", "ldp_estimate_drift_alarm",
+                  "ldp_estimate_failing")
+    for p in dash["panels"]:
+        for t in p["targets"]:
+            if any(re.search(rf"\b{m}\b", t["expr"]) for m in per_window):
+                assert 'window="$window"' in t["expr"], (p["title"], t["expr"])
+    drift = [p for p in dash["panels"]
+             if any("ldp_estimate_drift_statistic{" in t["expr"] for t in p["targets"])]
+    assert len(drift) == 1
+    exprs = [t["expr"] for t in drift[0]["targets"]]
+    assert any("ldp_estimate_drift_statistic_threshold{" in e for e in exprs), exprs
+    alerts = [a for a in dash["annotations"]["list"] if a.get("expr", "").startswith("ALERTS{")]
+    annotated = {re.search(r'alertname="(\w+)"', a["expr"]).group(1) for a in alerts}
+    assert annotated == {"EstimateDrift", "EstimateFailing"}
+    for a in dash["annotations"]["list"]:
+        assert a["datasource"]["uid"] == DS_UID
+    assert all('alertstate="firing"' in a["expr"] for a in alerts)

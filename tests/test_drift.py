@@ -131,8 +131,23 @@ def test_stationary_stream_alarms_at_alpha_for_every_estimator():
         noise = np.mean([r.tvd for r in rs])
         assert noise > 0.1, (m, noise)
         rate = np.mean([r.alarm for r in rs])
+        strict_alarms = sum(r.statistic > strict for r in rs)
+        print(f"{m}: noise tvd {noise:.3f}, alarm rate {rate:.3f} at α={alpha} "
+              f"(±{3 * se:.3f}), {strict_alarms} alarms at α=1e-3")
         assert abs(rate - alpha) <= 3 * se, (m, rate)
-        assert sum(r.statistic > strict for r in rs) <= 4, m
+        assert strict_alarms <= 4, m
+    # why the variances are pooled: each window's own variance makes truncated alarm too often
+    own = {}
+    for w, (c, p) in windows.items():
+        key = (w, ("a", "b"), "truncated")
+        own[w] = drift_test(cur[key].factor.values,
+                            cell_variance(mech, c, ("a", "b"), "truncated", cur[key]),
+                            prev[key].factor.values,
+                            cell_variance(mech, p, ("a", "b"), "truncated", prev[key]),
+                            alpha=alpha).alarm
+    own_rate = np.mean(list(own.values()))
+    print(f"truncated with each window's own variance: alarm rate {own_rate:.3f} at α={alpha}")
+    assert own_rate > alpha + 3 * se
 
 
 def test_a_stated_shift_is_detected():
@@ -151,6 +166,7 @@ def test_a_stated_shift_is_detected():
     results, _, _ = _drift(mech, windows, ("castell", "truncated", "ibu"), 1e-3)
     for m in ("castell", "truncated", "ibu"):
         power = np.mean([results[(w, ("a", "b"), m)].alarm for w in moved])
+        print(f"{m}: power {power:.3f} for a TVD-0.1 shift at n=200k, ε=0.5, α=1e-3")
         assert power >= 0.9, (m, power)
         assert sum(results[(f"s{w}", ("a", "b"), m)].alarm for w in still) <= 2, m
 
@@ -210,22 +226,22 @@ def test_castell_cell_variance_is_the_closed_form():
 
 def test_other_families_bootstrap_through_the_mechanism():
     """rr-joint (one GRR over the pair): its castell variance by bootstrap through
-    Mechanism.estimate agrees with Monte Carlo (1000 runs) within 20 % (32 replicates, averaged
-    over 10)."""
+    Mechanism.estimate agrees with Monte Carlo (1000 runs) within 20 % (16 replicates, averaged
+    over 60 tables)."""
     dom = Domain(("a", "b"), SHAPE)
     mech = RRJoint(dom, epsilon=0.5)
     pi = _truth()
     rng = np.random.default_rng(6)
-    pop = rng.choice(pi.size, size=5000, p=pi.reshape(-1))
-    records = np.stack(np.unravel_index(pop, SHAPE), axis=1)
     specs = mech.tensors([("a", "b")])
     runs = []
-    for i in range(1000):
+    for i in range(1000):  # each run: 5000 fresh records of the population, randomized
+        cells = rng.choice(pi.size, size=5000, p=pi.reshape(-1))
+        records = np.stack(np.unravel_index(cells, SHAPE), axis=1).astype(np.uint8)
         c = mech.count(mech.randomize(records, rng), specs)
         runs.append((c, mech.estimate(c, ("a", "b"), "castell")))
     mc = np.stack([e.factor.values for _, e in runs]).var(axis=0, ddof=1)
     var = np.mean([cell_variance(mech, {0: c}, ("a", "b"), "castell", e, seed=i)
-                   for i, (c, e) in enumerate(runs[:10])], axis=0)
+                   for i, (c, e) in enumerate(runs[:60])], axis=0)
     assert np.abs(var / mc - 1).max() <= 0.2, (var / mc).round(3)
 
 

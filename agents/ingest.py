@@ -51,6 +51,7 @@ from collections import defaultdict
 from typing import Any, Iterable
 
 import numpy as np
+from aiokafka.errors import OffsetOutOfRangeError
 from mode import Service
 
 from ..producers.codec import (DLQ_TOPIC, DecodeError, ReportBatch, decode_batch, decode_uniform,
@@ -59,6 +60,7 @@ from ..estimators.mechanism import Mechanism
 from . import metrics
 from .layout import Layout
 from .redis_client import TRANSIENT_ERRORS
+from .log_identity import KINDS as LOG_KINDS, LogMark, judge, mark_of
 from .store import ApplyStatus, PartitionDelta
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,7 @@ class _Pending:
     since: float = dataclasses.field(default_factory=time.monotonic)
     rejects: list[tuple[str, str, str, bytes, int]] = dataclasses.field(default_factory=list)
     rejected_reports: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    mark: LogMark | None = None  # first record taken, the log mark if the partition has none
 
 
 class IngestService(Service):
@@ -134,6 +137,13 @@ class IngestService(Service):
         self.skipped_batches = 0   # deltas whose range was already counted (REPLAYED)
         self.conflicts = 0         # deltas refused by the compare-and-set (re-sought)
         self.applied_reports = 0
+        self._marked: set[Any] = set()      # tps whose offsets hash holds a log mark
+        self._suspect: set[Any] = set()     # tps whose log must be checked (out of range, short)
+        #: logs found recreated / truncated / with a retention gap (agents/log_identity.py)
+        self.log_resets: list[dict[str, Any]] = []
+        for cid in self.collections:  # series at 0, so that the LogReset alert sees the first one
+            for kind in LOG_KINDS:
+                metrics.LOG_RESETS.labels(cid, kind)
         self.assigned_at: float | None = None     # unix time the last assignment was done
         self.last_apply_at: float | None = None   # unix time of the last applied delta
 
@@ -162,7 +172,9 @@ class IngestService(Service):
             await self.publish_config()
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=boot, group_id=self.group_id, enable_auto_commit=False,
-            auto_offset_reset="earliest", session_timeout_ms=self.session_timeout_ms,
+            # never reset a position silently: an out-of-range position means the log is not the
+            # one the stored offset came from (agents/log_identity.py checks it)
+            auto_offset_reset="none", session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
             rebalance_timeout_ms=max(self.session_timeout_ms, 30_000),
             max_partition_fetch_bytes=max(4 * 1_048_576, 2 * self.max_message_bytes),
@@ -223,14 +235,10 @@ class IngestService(Service):
             by_cid[self.cid_of[tp.topic]].append(tp)
         stored_of: dict[Any, int | None] = {}
         for cid, tps in by_cid.items():
-            offsets = await self._redis_retry(lambda cid=cid, tps=tps: self.ctx.store.offsets(
-                cid, [tp.partition for tp in tps]),
-                                              what=f"read offsets of {cid}",
-                                              abandon=lambda: self.consumer is not consumer)
-            if offsets is _ABANDONED:
+            positions = await self._verified_positions(cid, tps, consumer)
+            if positions is _ABANDONED:
                 return
-            for tp in tps:
-                stored_of[tp] = offsets.get(tp.partition)
+            stored_of.update(positions)
         if self.consumer is not consumer:
             return
         begin = [tp for tp in assigned if stored_of[tp] is None]
@@ -263,6 +271,125 @@ class IngestService(Service):
         while self._applying & revoked:
             await asyncio.sleep(0.01)
 
+    # --- log identity (agents/log_identity.py) ---------------------------------------------------
+    async def _verified_positions(self, cid: str, tps: list, consumer: Any) -> Any:
+        """Stored offset of each of ``tps`` after checking that its log is the one it was counted
+        from (re-based by compare-and-set, reported, when not). _ABANDONED when the consumer was
+        replaced meanwhile."""
+        states = await self._redis_retry(
+            lambda: self.ctx.store.log_states(cid, [tp.partition for tp in tps]),
+            what=f"read offsets of {cid}", abandon=lambda: self.consumer is not consumer)
+        if states is _ABANDONED:
+            return _ABANDONED
+        out: dict[Any, int | None] = {}
+        todo = []
+        for tp in tps:
+            stored, mark = states[tp.partition]
+            (self._marked.add if mark is not None else self._marked.discard)(tp)
+            out[tp] = stored
+            if stored is not None:
+                todo.append((tp, stored, None if mark is None else LogMark.parse(mark)))
+        if not todo:
+            return out
+        try:
+            start = await consumer.beginning_offsets([tp for tp, _, _ in todo])
+            end = await consumer.end_offsets([tp for tp, _, _ in todo])
+            found = await self._probe_marks({tp: m.offset for tp, _, m in todo
+                                             if m is not None and start[tp] <= m.offset < end[tp]})
+        except Exception as exc:  # noqa: BLE001 - cannot check now: the next lag check retries
+            log.warning("ingest: cannot check the logs of %s (%s); keeping the stored offsets",
+                        cid, exc)
+            self._suspect |= {tp for tp, _, _ in todo}
+            return out
+        for tp, stored, mark in todo:
+            verdict = judge(stored, mark, start[tp], end[tp], found.get(tp))
+            if verdict.kind is None:
+                continue
+            event = {"collection": cid, "topic": tp.topic, "partition": tp.partition,
+                     "kind": verdict.kind, "detail": verdict.detail, "stored_offset": stored,
+                     "log_start": start[tp], "log_end": end[tp], "continue_after": verdict.position,
+                     "at": time.time()}
+            done, after = await self._redis_retry(
+                lambda: self.ctx.store.rebase_log(cid, tp.partition, stored, verdict.position,
+                                                  event),
+                what=f"re-base {cid}[{tp.partition}]")
+            out[tp] = after
+            self._marked.discard(tp)
+            if done:
+                self.log_resets.append(event)
+                metrics.LOG_RESETS.labels(cid, verdict.kind).inc()
+                log.error("ingest: %s[%d]: log %s (%s); counting continues after offset %s "
+                          "(stored offset was %d)", cid, tp.partition, verdict.kind,
+                          verdict.detail, verdict.position, stored)
+        return out
+
+    async def _probe_marks(self, at: dict[Any, int]) -> dict[Any, LogMark | None]:
+        """The mark of the record now at ``at[tp]`` of each partition (a short-lived consumer
+        outside the group; None: no record there)."""
+        if not at:
+            return {}
+        from aiokafka import AIOKafkaConsumer
+
+        probe = AIOKafkaConsumer(bootstrap_servers=self.ctx.kafka_bootstrap, group_id=None,
+                                 enable_auto_commit=False, auto_offset_reset="none",
+                                 client_id="ldpstream-log-check",
+                                 **self.ctx.kafka_security.client_kwargs())
+        out: dict[Any, LogMark | None] = {}
+        await probe.start()
+        try:
+            probe.assign(list(at))
+            for tp, off in at.items():
+                probe.seek(tp, off)
+            deadline = time.monotonic() + 10.0
+            while len(out) < len(at) and time.monotonic() < deadline:
+                try:
+                    got = await probe.getmany(*[tp for tp in at if tp not in out], timeout_ms=500,
+                                              max_records=1)
+                except OffsetOutOfRangeError as exc:
+                    for tp in exc.args[0] if exc.args and isinstance(exc.args[0], dict) else ():
+                        out[tp] = None
+                    continue
+                for tp, recs in got.items():
+                    out[tp] = mark_of(recs[0]) if recs and recs[0].offset == at[tp] else None
+        finally:
+            await probe.stop()
+        if len(out) < len(at):
+            raise TimeoutError(f"no record read at {sorted((tp.partition, o) for tp, o in at.items())}")
+        return out
+
+    async def _check_suspects(self) -> None:
+        """Check the logs of partitions whose position is out of range or whose log ended below
+        the stored offset; re-position them (nothing pending of theirs is kept)."""
+        consumer = self.consumer
+        tps = {tp for tp in self._suspect if tp in self.assignment() and tp not in self._revoked}
+        self._suspect.clear()
+        if consumer is None or not tps:
+            return
+        consumer.pause(*tps)
+        by_cid: dict[str, list[Any]] = defaultdict(list)
+        for tp in tps:
+            by_cid[self.cid_of[tp.topic]].append(tp)
+            self._epoch[tp] += 1   # what is pending is from before the check: dropped
+            self._pending.pop(tp, None)
+            self._seen.pop(tp, None)
+        self._recount_pending()
+        await self.wait_flushed()
+        for cid, group in by_cid.items():
+            positions = await self._verified_positions(cid, group, consumer)
+            if positions is _ABANDONED or self.consumer is not consumer:
+                return
+            for tp, stored in positions.items():
+                if tp not in self.assignment() or tp in self._revoked:
+                    continue
+                self._stored[tp] = stored
+                if stored is None:
+                    await consumer.seek_to_beginning(tp)
+                else:
+                    consumer.seek(tp, stored + 1)
+                self._seen[tp] = -1 if stored is None else stored
+        if not self._blocked:
+            consumer.resume(*(tp for tp in tps if tp in self._seen))
+
     def _recount_pending(self) -> None:
         self._pending_reports = sum(p.n for p in self._pending.values())
 
@@ -280,6 +407,11 @@ class IngestService(Service):
                     max_records=self._poll_records())
             except asyncio.CancelledError:
                 raise
+            except OffsetOutOfRangeError as exc:  # the log is not where the offsets say
+                self._suspect |= set(exc.args[0]) if exc.args and isinstance(exc.args[0], dict) \
+                    else self.assignment()
+                await self._check_suspects()
+                continue
             except Exception:  # noqa: BLE001 - keep the worker alive; aiokafka reconnects
                 log.warning("ingest: poll failed", exc_info=True)
                 await asyncio.sleep(0.5)
@@ -308,6 +440,8 @@ class IngestService(Service):
             if now - self._last_lag >= 1.0:
                 self._last_lag = now
                 self._update_lag()
+                if self._suspect:
+                    await self._check_suspects()
             if now - self._last_commit >= 5.0:
                 self._last_commit = now
                 await self._commit()
@@ -334,6 +468,8 @@ class IngestService(Service):
         pend = self._pending.get(tp)
         if pend is None:  # continues from the previous delta's end (or the sought offset)
             pend = self._pending[tp] = _Pending(epoch=self._epoch[tp], base=seen)
+            if tp not in self._marked:
+                pend.mark = mark_of(msgs[0])
         known = self.known()
         pend.messages += len(msgs)
         pend.last_offset = max(msgs[-1].offset, pend.last_offset or -1)
@@ -519,6 +655,11 @@ class IngestService(Service):
                     metrics.REPORTS_REJECTED.labels(coll, reason).inc(k)
                 if not self._stale(tp, pend):
                     self._stored[tp] = pend.last_offset
+                if pend.mark is not None and tp not in self._marked:
+                    await self._redis_retry(
+                        lambda: self.ctx.store.set_log_mark(cid, tp.partition, str(pend.mark)),
+                        what=f"mark the log of {cid}[{tp.partition}]")
+                    self._marked.add(tp)
             elif res.status is ApplyStatus.REPLAYED and res.stored == pend.last_offset:
                 # counted up to exactly here already (e.g. our own apply whose reply was lost to a
                 # timeout): the position is right, the next delta continues from it
@@ -624,7 +765,10 @@ class IngestService(Service):
             if hw is None:
                 continue
             stored = self._stored.get(tp)
-            lag[self.cid_of[tp.topic]] += max(0, hw - (0 if stored is None else stored + 1))
+            behind = hw - (0 if stored is None else stored + 1)
+            if behind < 0 and tp in self._seen:
+                self._suspect.add(tp)  # the log ends below what was counted: never hidden
+            lag[self.cid_of[tp.topic]] += behind
         for cid in self.collections:
             metrics.CONSUMER_LAG.labels(cid).set(lag.get(cid, 0))
 
@@ -649,7 +793,7 @@ class IngestService(Service):
                 "applied_batches": self.applied_batches, "skipped_batches": self.skipped_batches,
                 "conflicts": self.conflicts,
                 "applied_reports": self.applied_reports, "assigned_at": self.assigned_at,
-                "last_apply_at": self.last_apply_at,
+                "last_apply_at": self.last_apply_at, "log_resets": self.log_resets[-20:],
                 "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}
 
 

@@ -41,8 +41,15 @@ BATCH_APPLY_SECONDS = Histogram(
     ["collection"], registry=REGISTRY,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
 CONSUMER_LAG = Gauge(
-    "ldp_consumer_lag_messages", "Consumer lag summed over the partitions assigned to this worker.",
+    "ldp_consumer_lag_messages",
+    "Consumer lag summed over the partitions assigned to this worker (log end - counted; never "
+    "clamped: negative while a log ends below what was counted, see ldp_log_resets_total).",
     ["collection"], registry=REGISTRY)
+LOG_RESETS = Counter(
+    "ldp_log_resets_total",
+    "Partitions whose Kafka log was found recreated, truncated or with a retention gap "
+    "(agents/log_identity.py); the stored offset was re-based and the event is in /healthz.",
+    ["collection", "kind"], registry=REGISTRY)
 COLLECTION_REPORTS = Gauge(
     "ldp_collection_reports", "Reports counted for the collection (n in Redis).",
     ["collection"], registry=REGISTRY)

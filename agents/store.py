@@ -113,6 +113,24 @@ return {1, offset}
 """
 
 
+# Re-base a partition's stored offset onto a new log (agents/log_identity.py): a compare-and-set
+# on the stored offset. KEYS: offsets hash. ARGV: expected stored offset (-1: none), new offset
+# (-1: none: count the new log from its start), the event (JSON).
+# Returns {1 rebased | 0 the stored offset moved meanwhile, stored offset (-1: none)}.
+_REBASE_LUA = """
+local raw = redis.call('HGET', KEYS[1], 'offset')
+local stored = -1
+if raw then stored = tonumber(raw) end
+if stored ~= tonumber(ARGV[1]) then return {0, stored} end
+if tonumber(ARGV[2]) < 0 then redis.call('HDEL', KEYS[1], 'offset')
+else redis.call('HSET', KEYS[1], 'offset', ARGV[2]) end
+redis.call('HDEL', KEYS[1], 'log')
+redis.call('HINCRBY', KEYS[1], 'log_resets', 1)
+redis.call('HSET', KEYS[1], 'log_reset', ARGV[3])
+return {1, tonumber(ARGV[2])}
+"""
+
+
 class ApplyStatus(str, enum.Enum):
     """Outcome of one partition's delta in :meth:`CountStore.apply_many`."""
 
@@ -216,6 +234,7 @@ class CountStore:
         self.chunk_cells = int(chunk_cells)
         self.ops_per_call = int(ops_per_call)
         self._apply = redis.register_script(_APPLY_LUA)
+        self._rebase = redis.register_script(_REBASE_LUA)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "CountStore":
@@ -388,6 +407,38 @@ class CountStore:
             pipe.hget(keys.offsets_key(collection, p), "offset")
         raw = await pipe.execute()
         return {int(p): int(v) for p, v in zip(partitions, raw) if v is not None}
+
+    # --- log identity (agents/log_identity.py) -------------------------------------------------
+    async def log_states(self, collection: str, partitions: int | Sequence[int]
+                         ) -> dict[int, tuple[int | None, str | None]]:
+        """Per partition: (stored offset or None, log mark or None): the mark (field ``log`` of
+        the offsets hash) names one record of the log the offset counts in."""
+        partitions = _parts(partitions)
+        pipe = self.redis.pipeline(transaction=False)
+        for p in partitions:
+            pipe.hmget(keys.offsets_key(collection, p), "offset", "log")
+        out = {}
+        for p, (off, mark) in zip(partitions, await pipe.execute()):
+            out[int(p)] = (None if off is None else int(off),
+                           None if mark is None else (mark.decode() if isinstance(mark, bytes)
+                                                      else str(mark)))
+        return out
+
+    async def set_log_mark(self, collection: str, partition: int, mark: str) -> bool:
+        """Record ``mark`` as the partition's log mark unless one is recorded (HSETNX)."""
+        return bool(await self.redis.hsetnx(keys.offsets_key(collection, partition), "log", mark))
+
+    async def rebase_log(self, collection: str, partition: int, expected: int | None,
+                         new: int | None, event: Mapping[str, Any]) -> tuple[bool, int | None]:
+        """Compare-and-set the stored offset from ``expected`` to ``new`` (None: nothing stored)
+        after its log was found recreated or truncated; drops the log mark, counts the reset and
+        keeps ``event`` (JSON) in the offsets hash. Returns (done, stored offset after)."""
+        ok, stored = await run_script(self.redis, self._rebase, [keys.offsets_key(collection,
+                                                                                  partition)],
+                                      [-1 if expected is None else int(expected),
+                                       -1 if new is None else int(new), json.dumps(dict(event))])
+        stored = int(stored)
+        return bool(int(ok)), None if stored < 0 else stored
 
     async def n(self, collection: str, partitions: int | Sequence[int]) -> int:
         """Reports counted so far on ``partitions`` (all versions, all time)."""

@@ -327,8 +327,12 @@ def install(app: Any, ctx: Any) -> None:
             checks["refresh"] = {cid: dict(h) for cid, h in
                                  refresh.refresher_for(ctx).health.items()}
             healthy = checks["redis"]["ok"] and checks["broker"]["ok"]
+            resets = checks["ingest"].get("log_resets") or []
+            # a Kafka log found recreated/truncated: still serving, but loudly (docs/security.md)
+            checks["log"] = {"ok": not resets, "resets": resets}
+            status = ("ok" if not resets else "degraded") if healthy else "unavailable"
             started = getattr(ctx, "started_at", None)
-            return self.json({"status": "ok" if healthy else "unavailable", "checks": checks,
+            return self.json({"status": status, "checks": checks,
                               "uptime_s": None if not started else round(time.time() - started, 3)},
                              status=200 if healthy else 503)
 

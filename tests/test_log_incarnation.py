@@ -1,0 +1,100 @@
+"""A broker that loses its log (in-memory broker restarted: every topic recreated empty) is
+detected and handled by the stated rule (agents/log_identity.py): the new log is counted from its
+start, nothing is skipped silently, and the reset shows in /healthz and ldp_log_resets_total."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import numpy as np
+import pytest
+
+from conftest import write_config
+from ldpstream.agents.log_identity import LogMark, judge
+from store_helpers import read_collection
+
+
+def test_judge_verdicts():
+    m = LogMark(0, 1000, 7)
+    assert judge(None, None, 0, 5, None).kind is None
+    assert judge(9, m, 0, 20, m).kind is None and judge(9, m, 0, 20, m).position == 9
+    v = judge(9, m, 0, 20, LogMark(0, 2000, 8))          # refilled past the stored offset
+    assert (v.kind, v.position) == ("recreated", None)
+    v = judge(9, m, 0, 0, None)                            # empty new log
+    assert (v.kind, v.position) == ("recreated", None)
+    v = judge(9, m, 0, 4, m)                               # same log, tail lost
+    assert (v.kind, v.position) == ("truncated", 3)
+    v = judge(9, None, 0, 4, None)                         # no mark: never counted twice
+    assert (v.kind, v.position) == ("truncated", 3)
+    v = judge(9, m, 15, 30, None)                          # deleted before being counted
+    assert (v.kind, v.position) == ("retention_gap", 14)
+    assert judge(9, m, 5, 30, None).kind is None           # mark aged out, log consistent
+
+
+def test_broker_losing_its_log_is_detected_and_nothing_is_skipped(
+        tmp_path, fresh_redis, spawn_worker, service_env, unique_name):
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
+    from ldpstream.producers.fleet import run_fleet
+    from ldpstream.services import EmbeddedBroker, create_topics
+
+    broker = EmbeddedBroker()
+    broker.start()
+    try:
+        cid = unique_name
+        path = write_config(tmp_path / "c.yaml", cid, partitions=2)
+        coll = load_config(path).collections[cid]
+        env = dict(service_env, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, REDIS_URL=fresh_redis.url)
+        worker = spawn_worker(path, env)
+        worker.wait_ready(60)
+        store = None
+
+        async def send(seed: int) -> dict:
+            stats = await run_fleet(broker.bootstrap, coll, rate=0, total=4000, batch=200,
+                                    seed=seed, keep_counts=True, mechanism=coll.mechanism())
+            return stats.counts
+
+        async def wait_n(n: int, timeout: float = 60) -> int:
+            deadline = time.monotonic() + timeout
+            got = -1
+            while time.monotonic() < deadline:
+                got = await store.n(cid, 2)
+                if got >= n:
+                    break
+                await asyncio.sleep(0.2)
+            return got
+
+        async def run():
+            nonlocal store
+            store = make_store(fresh_redis.url)
+            first = await send(1)
+            assert await wait_n(4000) == 4000, worker.log_tail()
+            stored = await store.offsets(cid, 2)
+            assert sum(stored.values()) + 2 == 20  # 20 messages over 2 partitions
+            # the broker loses everything (in-memory storage); topics come back empty
+            broker.stop()
+            broker.start()
+            await create_topics(broker.bootstrap, {coll.topic: 2, "ldp.dlq": 1, "ldp.config": 1},
+                                compacted={"ldp.config"})
+            second = await send(2)
+            got = await wait_n(8000, 90)
+            await asyncio.sleep(1.0)
+            assert await store.n(cid, 2) == 8000, (got, worker.log_tail())
+            counts = await read_collection(store, coll)
+            for key, want in first.items():
+                np.testing.assert_array_equal(counts[key], want + second[key], err_msg=key)
+            await store.close()
+
+        asyncio.run(run())
+        health = json.loads(worker.get("/healthz", any_status=True))
+        resets = health["checks"]["log"]["resets"]
+        assert health["status"] == "degraded" and not health["checks"]["log"]["ok"]
+        assert {(r["partition"], r["kind"]) for r in resets} <= {(0, "recreated"), (1, "recreated")}
+        assert resets, health
+        metrics = worker.get("/metrics")
+        line = next(l for l in metrics.splitlines() if l.startswith("ldp_log_resets_total")
+                    and f'collection="{cid}"' in l)
+        assert 'kind="recreated"' in line and float(line.rsplit(" ", 1)[1]) >= 1
+    finally:
+        broker.stop()

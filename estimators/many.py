@@ -63,7 +63,8 @@ class DriftBatch:
 @dataclass
 class EstimateCache:
     """The last answers per key with the digest of their inputs; held by the caller across
-    refreshes (an unchanged window is not estimated again)."""
+    refreshes (an unchanged window is not estimated again). Not locked: one cache per thread
+    that refreshes (e.g. per collection)."""
 
     estimates: dict[Key, tuple[bytes, Estimate]] = field(default_factory=dict)
     variances: dict[Key, tuple[bytes, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)

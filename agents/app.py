@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from typing import Any
 
 from ..config import ConfigError
@@ -38,6 +39,10 @@ def max_decompressed_bytes(max_message_bytes: int) -> int:
     """Bound on the decompressed size of one fetched record batch: 16 messages of the largest
     accepted size (at least 16 MiB). A batch inflating beyond it goes to ``ldp.dlq``."""
     return max(16 * 1_048_576, 16 * int(max_message_bytes))
+
+
+#: a stop signal ends the worker within this many seconds, even when the broker is gone
+STOP_GRACE_S = 10.0
 
 
 def _broker_urls(bootstrap: str) -> list[str]:
@@ -147,6 +152,38 @@ def _cleanup(ctx: Context) -> None:
         shutil.rmtree(datadir, ignore_errors=True)
 
 
+def _exit_after(grace_s: float) -> None:
+    """Arm a watchdog: the process exits ``grace_s`` from now if a graceful stop has not ended it
+    by then (faust's stop waits for a broker that may be gone, for a minute or more). Exiting
+    early loses nothing counted: a batch's counts and its Kafka offsets are applied to Redis
+    together, so what was not applied is consumed again from the stored offsets."""
+    def expire() -> None:
+        print(f"ldpstream worker: not stopped {grace_s:g}s after the stop signal (broker or Redis "
+              "unreachable?); exiting now", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    timer = threading.Timer(grace_s, expire)
+    timer.daemon = True
+    timer.start()
+
+
+def _prompt_worker_class() -> type:
+    from faust.worker import Worker
+
+    class PromptWorker(Worker):
+        """A faust worker whose SIGTERM/SIGINT stop is bounded by :data:`STOP_GRACE_S`."""
+
+        def _on_sigterm(self) -> None:
+            _exit_after(STOP_GRACE_S)
+            super()._on_sigterm()
+
+        def _on_sigint(self) -> None:
+            _exit_after(STOP_GRACE_S)
+            super()._on_sigint()
+
+    return PromptWorker
+
+
 def main(args) -> int:
     """``ldpstream worker [--config F] [--web-port P]``."""
     from ..cli import CliError
@@ -162,10 +199,9 @@ def main(args) -> int:
     if not redis_url:
         raise CliError("REDIS_URL (or REDIS_CLUSTER_NODES) is not set (`ldpstream up` starts an "
                        "embedded Redis)")
-    from faust.worker import Worker
-
     from .redis_client import display_url
 
+    _PromptWorker = _prompt_worker_class()
     app, ctx = create_app(config, bootstrap, redis_url, int(getattr(args, "web_port", 6066)))
     loglevel = os.environ.get("LDP_LOG_LEVEL", "WARN").upper()
     if loglevel == "WARNING":
@@ -179,7 +215,7 @@ def main(args) -> int:
           f"HTTP on {_listening(app.conf.web_bind, app.conf.web_port)} "
           f"(collections: {', '.join(config.collections)})",
           file=sys.stderr, flush=True)
-    worker = Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker = _PromptWorker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:

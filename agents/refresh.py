@@ -32,6 +32,7 @@ import numpy as np
 
 from ..estimators.many import EstimateCache, drift_many, estimate_many
 from ..estimators.mechanism import Estimate, Mechanism
+from ..privacy import epsilon_fields
 from . import keys, metrics
 from .context import Context
 from .layout import Layout
@@ -102,8 +103,7 @@ def estimate_payload(collection: Any, mechanism: Mechanism, est: Estimate,
         "cells": _json_cells(factor.values),
         "labels": _labels(collection, attrs),
         "n": int(est.n),
-        "epsilon": float(est.epsilon),
-        "epsilon_scope": collection.epsilon_scope,
+        **epsilon_fields(collection, mechanism, float(est.epsilon)),
         "error_bound": _finite(est.error_bound),
         "updated_at": float(now),
         "iterations": None if est.iterations is None else int(est.iterations),

@@ -1,12 +1,13 @@
 """HTTP API of a worker (faust web views): collections, estimates, Prometheus metrics, health,
-and token-guarded refresh/reset (DESIGN.md "User-facing surfaces").
+and token-guarded refresh/reset (docs/api.md).
 
     GET  /collections                      ids, schema, mechanism, ε, marginals, estimators, n
     GET  /collections/<id>                 one of them
     GET  /estimates/<id>                   the estimates stored for the collection (index)
     GET  /estimates/<id>?attrs=a,b&method=m&window=1h
                                            one estimate (cells transposed to the attrs order;
-                                           window: one of the collection's, default its first)
+                                           window: one of the collection's, default its first;
+                                           a subset of a configured marginal is summed from it)
     GET  /metrics                          Prometheus text (agents/metrics.py REGISTRY)
     GET  /healthz                          Redis PING + broker metadata; 200 or 503
     POST /collections/<id>/refresh         refresh now          } Authorization: Bearer
@@ -28,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 from faust import web
 
+from ..privacy import epsilon_fields
 from . import metrics, refresh
 from ..producers.kafka_security import KafkaSecurity
 from .ingest import REDIS_ERRORS
@@ -55,6 +57,32 @@ def match_marginal(configured: Sequence[Sequence[str]], attrs: Sequence[str]) ->
         if len(m) == len(attrs) and set(m) == want:
             return tuple(m)
     return None
+
+
+def covering_marginal(configured: Sequence[Sequence[str]],
+                      attrs: Sequence[str]) -> tuple[str, ...] | None:
+    """The smallest configured marginal containing every attribute of ``attrs`` (the first in
+    config order among equals), or None."""
+    want = set(attrs)
+    found = [tuple(m) for m in configured if want <= set(m)]
+    return min(found, key=len) if found else None
+
+
+def marginalize_payload(payload: dict[str, Any], attrs: Sequence[str]) -> dict[str, Any]:
+    """The payload of a sub-marginal: cells summed over the attributes not in ``attrs``, in the
+    stored order, with ``marginalized_from`` naming the stored marginal. Summing is linear, so an
+    unbiased estimate stays unbiased and a proper one proper; an L1/TVD error bound of the stored
+    marginal bounds the sub-marginal's too (marginalizing never increases the L1 distance)."""
+    stored = list(payload["attrs"])
+    keep = [i for i, a in enumerate(stored) if a in set(attrs)]
+    drop = tuple(i for i in range(len(stored)) if i not in keep)
+    cells = np.array(payload["cells"], dtype=float)  # a null cell (not finite) becomes NaN
+    out = dict(payload)
+    out["attrs"] = [stored[i] for i in keep]
+    out["labels"] = [payload["labels"][i] for i in keep]
+    out["cells"] = refresh._json_cells(cells.sum(axis=drop))
+    out["marginalized_from"] = stored
+    return out
 
 
 def transpose_payload(payload: dict[str, Any], attrs: Sequence[str]) -> dict[str, Any]:
@@ -89,10 +117,9 @@ def collection_info(coll: Any, mechanism: Any, n: int | None) -> dict[str, Any]:
     dom = coll.domain
     labels = dom.labels or tuple(tuple(str(i) for i in range(s)) for s in dom.shape)
     try:
-        eps_record = float(mechanism.epsilon)
         longitudinal = mechanism.guarantee().to_dict()
     except Exception:  # noqa: BLE001 - adaptive mechanisms may lack state yet
-        eps_record = longitudinal = None
+        longitudinal = None
     return {
         "id": coll.id,
         "topic": getattr(coll, "topic", None),
@@ -101,9 +128,7 @@ def collection_info(coll: Any, mechanism: Any, n: int | None) -> dict[str, Any]:
         "config_version": coll.version,
         "schema": {a: list(lab) for a, lab in zip(dom.attrs, labels)},
         "mechanism": getattr(coll, "mechanism_name", getattr(mechanism, "name", None)),
-        "epsilon": getattr(coll, "epsilon", None),
-        "epsilon_scope": getattr(coll, "epsilon_scope", None),
-        "epsilon_per_record": eps_record,
+        **epsilon_fields(coll, mechanism),
         "longitudinal": longitudinal,
         "marginals": [list(m) for m in coll.marginals],
         "estimators": list(coll.estimators),
@@ -232,6 +257,11 @@ def install(app: Any, ctx: Any) -> None:
             coll = coll_or_none(collection)
             if coll is None:
                 return unknown(self, collection)
+            for name in ("attrs", "method"):
+                given = request.query.getall(name, [])
+                if len(given) > 1:
+                    return self.error(400, f"{name}: given {len(given)} times ({given}); "
+                                           f"give it once")
             attrs = parse_attrs(request.query.get("attrs"))
             method = request.query.get("method")
             if method is not None and method not in coll.estimators:
@@ -273,14 +303,15 @@ def install(app: Any, ctx: Any) -> None:
             if missing:
                 return self.error(404, f"attribute {missing[0]!r} is not in the schema of "
                                        f"collection {coll.id!r}", attributes=list(coll.domain.attrs))
-            stored = match_marginal(coll.marginals, attrs)
+            stored = match_marginal(coll.marginals, attrs) or covering_marginal(coll.marginals,
+                                                                                 attrs)
             if stored is None:
                 return self.error(404, f"marginal {','.join(attrs)} is not configured for "
-                                       f"collection {coll.id!r}",
-                                  marginals=[",".join(m) for m in coll.marginals])
+                                       f"collection {coll.id!r}, nor contained in a configured "
+                                       f"one", marginals=[",".join(m) for m in coll.marginals])
             payload = await ctx.store.get_estimate(coll.id, window, method, stored)
             if payload is None:
-                return self.error(404, f"no estimate yet for {','.join(attrs)} with {method!r} "
+                return self.error(404, f"no estimate yet for {','.join(stored)} with {method!r} "
                                        f"over window {window!r} in collection {coll.id!r} "
                                        f"(refreshed every {coll.refresh_interval_s}s once reports "
                                        f"arrive in the window)")
@@ -292,6 +323,8 @@ def install(app: Any, ctx: Any) -> None:
                 return self.error(500, f"estimating {','.join(attrs)} with {method!r} over window "
                                        f"{window!r} failed: {payload['error']}",
                                   failed_at=payload.get("updated_at"))
+            if len(stored) > len(attrs):
+                payload = marginalize_payload(payload, attrs)
             return self.json(transpose_payload(payload, attrs))
 
     @app.page("/metrics", name="ldp_metrics")

@@ -1,4 +1,4 @@
-"""The ``ldpstream`` command line: up, worker, fleet, simulate, estimates, bench.
+"""The ldpstream command line: up, worker, fleet, simulate, estimates, bench.
 
 Every subcommand lives in its own module and is imported lazily, so ``ldpstream simulate`` needs no
 Kafka or Redis libraries at start-up.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from ldpstream.errors import CliError
@@ -29,7 +30,7 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated w values (marginal sizes; default 2,3, or 1 for "
                         "mechanisms that estimate one-way marginals only)")
     p.add_argument("--subsets", type=int, default=10, help="random attribute subsets per w")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--runs", type=int, default=1, help="seeded repetitions (JSON adds standard errors)")
     p.add_argument("--epsilon", type=float, default=None,
                    help="privacy budget (default 1.0, unless the parameters fix ε: rrba --p and "
@@ -64,9 +65,17 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
                         "first estimator)")
 
 
+DESCRIPTION = ("Live joint-distribution estimates from telemetry under local differential "
+               "privacy. Start with `ldpstream up` (the whole stack on this machine) or "
+               "`ldpstream simulate` (offline).")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ldpstream", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="ldpstream", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"ldpstream {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("simulate", help="offline: randomize a dataset, estimate, print metrics")
     _simulate_args(p)
@@ -74,44 +83,63 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks: castell | adult | pipeline | mechanisms | "
                                      "gateway | refresh | marginals")
     p.add_argument("name", choices=("castell", "adult", "pipeline", "mechanisms", "gateway",
-                                    "refresh", "marginals"))
-    p.add_argument("--json", action="store_true")
+                                    "refresh", "marginals"),
+                   help="which benchmark to run")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
     p.add_argument("--redis-cluster", action="store_true",
                    help="pipeline: also ingest into a Redis Cluster and time applies on 1 and 3 "
                         "masters")
 
     p = sub.add_parser("up", help="embedded stack: broker, Redis, worker and fleet on this machine")
-    p.add_argument("--config", default=None, help="collections config (default: bundled Adult demo)")
-    p.add_argument("--rate", type=float, default=2000.0, help="fleet reports per second")
-    p.add_argument("--devices", type=int, default=1000)
-    p.add_argument("--web-port", type=int, default=6066)
-    p.add_argument("--no-fleet", action="store_true")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    _config_arg(p)
+    p.add_argument("--data", default=None,
+                   help="true records the fleet samples, for every collection: a CSV with the "
+                        "collections' columns, or 'generator[:skewed]' (default: each "
+                        "collection's schema CSV; a collection without one gets 'generator')")
+    p.add_argument("--rate", type=float, default=2000.0,
+                   help="fleet reports per second, per collection (default 2000)")
+    p.add_argument("--devices", type=int, default=1000,
+                   help="simulated devices per collection (default 1000)")
+    _web_port_arg(p)
+    p.add_argument("--no-fleet", action="store_true",
+                   help="start no fleet (send reports yourself, e.g. with the device SDK)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="stop after this many seconds (default: run until Ctrl-C)")
 
-    p = sub.add_parser("worker", help="run a Faust worker")
-    p.add_argument("--config", default=None)
-    p.add_argument("--web-port", type=int, default=6066)
+    p = sub.add_parser("worker", help="run a worker (needs KAFKA_BOOTSTRAP_SERVERS, REDIS_URL)")
+    _config_arg(p)
+    _web_port_arg(p)
 
     p = sub.add_parser("fleet", help="simulate devices sending randomized reports")
-    p.add_argument("--config", default=None)
-    p.add_argument("--collection", default=None)
-    p.add_argument("--data", default=None, help="CSV (default: bundled Adult) or 'generator'")
-    p.add_argument("--devices", type=int, default=1000)
-    p.add_argument("--rate", type=float, default=2000.0, help="reports per second (0 = as fast as possible)")
-    p.add_argument("--batch", type=int, default=None, help="reports per Kafka message")
+    _config_arg(p)
+    p.add_argument("--collection", default=None,
+                   help="collection id to feed (default: the first one in the config)")
+    p.add_argument("--data", default=None,
+                   help="CSV of true records or 'generator[:skewed]' (default: the collection's "
+                        "schema CSV, else 'generator')")
+    p.add_argument("--devices", type=int, default=1000,
+                   help="number of simulated devices (default 1000)")
+    p.add_argument("--rate", type=float, default=2000.0,
+                   help="reports per second (default 2000; 0 = as fast as possible)")
+    p.add_argument("--batch", type=int, default=None, help="reports per Kafka message (default 500)")
     p.add_argument("--total", type=int, default=None, help="stop after this many reports")
-    p.add_argument("--drift-at", type=float, default=None, help="seconds after start to drift")
-    p.add_argument("--drift-to", default=None, help="CSV or 'generator' after the drift")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--drift-at", type=float, default=None,
+                   help="switch the population this many seconds after the start")
+    p.add_argument("--drift-to", default=None,
+                   help="CSV or generator spec after the drift (default 'generator:skewed'; "
+                        "needs --drift-at)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh entropy)")
 
     p = sub.add_parser("gateway", help="HTTP ingest gateway for devices (docs/devices.md)")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--bind", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("--bind", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
     p.add_argument("--tokens", default=None,
                    help="fleet tokens file (default: $LDP_GATEWAY_TOKENS_FILE or "
                         "$LDP_GATEWAY_TOKENS)")
-    p.add_argument("--max-body-bytes", type=int, default=1_048_576)
+    p.add_argument("--max-body-bytes", type=int, default=1_048_576,
+                   help="largest request body accepted (default 1 MiB)")
 
     p = sub.add_parser("keygen", help="write the key pair that signs ldp.config (docs/security.md)")
     p.add_argument("--out", default=".", help="directory for config-signing.key and .pub")
@@ -120,16 +148,31 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--force", action="store_true", help="replace an existing key")
     g.add_argument("--if-missing", action="store_true", help="keep an existing key (exit 0)")
 
-    p = sub.add_parser("estimates", help="query a running system's estimates")
-    p.add_argument("collection", nargs="?")
-    p.add_argument("--attrs", default=None)
-    p.add_argument("--method", default=None)
+    p = sub.add_parser("estimates", help="query a running worker's estimates over HTTP")
+    p.add_argument("collection", nargs="?",
+                   help="collection id (omit to list the collections)")
+    p.add_argument("--attrs", default=None,
+                   help="comma-separated attributes of one marginal, e.g. sex,Salary")
+    p.add_argument("--method", default=None,
+                   help="estimator (default: the collection's first configured one)")
     p.add_argument("--window", default=None,
                    help="time window (one of the collection's windows, e.g. 5m, 1h, all; "
                         "default: its first)")
-    p.add_argument("--url", default="http://127.0.0.1:6066")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--url", default="http://127.0.0.1:6066",
+                   help="base URL of a worker's API (default http://127.0.0.1:6066)")
+    p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
     return parser
+
+
+def _config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=os.environ.get("LDP_CONFIG") or None,
+                   help="collections config, YAML or TOML (default: $LDP_CONFIG, else the "
+                        "bundled Adult demo)")
+
+
+def _web_port_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--web-port", type=int, default=6066,
+                   help="port of the worker's HTTP API and /metrics (default 6066)")
 
 
 _COMMANDS = {
@@ -145,7 +188,11 @@ _COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `ldpstream`: what it can do, not an error
+        parser.print_help()
+        return 0
     try:
         module = importlib.import_module(_COMMANDS[args.command])
         return int(module.main(args) or 0)

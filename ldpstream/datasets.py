@@ -21,6 +21,11 @@ ADULT_COLUMNS = ("workclass", "education", "marital-status", "occupation", "rela
                  "sex", "Salary")
 
 
+#: a column whose values are all numbers and that has more distinct values than this is refused
+#: (each distinct value would be one category: estimates over it would be mostly noise)
+MAX_NUMERIC_CATEGORIES = 64
+
+
 def adult_path() -> Path:
     """The bundled copy of UCI Adult (CC BY 4.0; see ``ldpstream/data/ADULT-LICENSE.md``)."""
     return Path(str(resources.files("ldpstream") / "data" / "adult.csv"))
@@ -112,8 +117,25 @@ def load_csv(path: str | Path | None = None, columns: Sequence[str] | None = Non
             uniq, code = np.unique(table[:, j], return_inverse=True)
             if len(uniq) < 2:
                 raise DatasetError(f"{path}: column {name!r} has a single category")
+            if len(uniq) > MAX_NUMERIC_CATEGORIES and _numeric(uniq):
+                raise DatasetError(
+                    f"{path}: column {name!r} looks numeric with {len(uniq):,} distinct values; "
+                    f"every distinct value would be a category. Bin it into at most "
+                    f"{MAX_NUMERIC_CATEGORIES} ranges first (e.g. a column {name}_bin with values "
+                    f"like 20-29, 30-39), or list its categories under schema.attributes")
             cats.append(tuple(uniq.tolist()))
         codes.append(code)
     dom = Domain(columns, tuple(len(c) for c in cats), tuple(cats))
     dtype = _smallest_uint(max(dom.shape))
     return Dataset(dom, np.stack(codes, axis=1).astype(dtype))
+
+
+def _numeric(values: np.ndarray) -> bool:
+    """True when every value parses as a number (``?`` and blanks, i.e. missing, are ignored)."""
+    present = [v for v in values.tolist() if v not in ("", "?")]
+    try:
+        for v in present:
+            float(v)
+    except ValueError:
+        return False
+    return bool(present)

@@ -3,11 +3,14 @@
 With no ``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL`` in the environment it starts the embedded
 Kafka-protocol broker (Tansu) and a Redis server as child processes (ldpstream/services.py),
 creates the topics, starts a worker (``ldpstream worker`` as a child process, consumer-group
-session timeout of a few seconds because Tansu answers a group join after half of it) and a
-simulated fleet on the bundled Adult data (in this process), prints where the API and /metrics
-are and a live one-line status (reports/s, n, last refresh), and stops everything on Ctrl-C
-(SIGINT), SIGTERM or after ``--duration`` seconds: fleet first (its messages flushed), then the
-worker (SIGTERM, clean faust shutdown), then the broker and Redis.
+session timeout of a few seconds because Tansu answers a group join after half of it) and one
+simulated fleet per collection (in this process; each samples ``--data`` or its collection's
+schema CSV), prints where the API and /metrics are and a live one-line status (reports/s, n,
+last refresh), and stops everything on Ctrl-C (SIGINT), SIGTERM, SIGHUP or after ``--duration``
+seconds: fleets first (their messages flushed), then the worker (SIGTERM, clean faust shutdown,
+bounded), then the broker and Redis. Bad ``--data`` and a busy ``--web-port`` are refused before
+anything starts; a fleet or worker that fails stops everything with exit status 1. If ``up``
+itself is killed, every child gets a signal from the kernel (``PR_SET_PDEATHSIG``).
 """
 from __future__ import annotations
 
@@ -103,20 +106,25 @@ async def _last_refresh(store: Any, coll: Any) -> float | None:
 
 
 async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: WorkerChild,
-               stop: asyncio.Event, web_port: int, verify_key: VerifyKey) -> None:
+               stop: asyncio.Event, data: dict[str, str], verify_key: VerifyKey) -> bool:
+    """Feed every collection (one fleet each, sampling ``data[cid]``) and print a status line
+    until ``stop``; returns False when a fleet or the worker failed."""
     from .agents.app import make_store
     from .producers.fleet import run_fleet
 
-    coll = next(iter(config.collections.values()))
+    colls = list(config.collections.values())
     store = make_store(redis_url)
-    fleet_task = None
+    fleets: dict[str, asyncio.Task] = {}
     if not args.no_fleet:
-        fleet_task = asyncio.create_task(run_fleet(
-            bootstrap, coll, rate=float(args.rate), devices=int(args.devices), stop=stop,
-            config_timeout_s=60.0, verify_key=verify_key), name="fleet")
+        for coll in colls:
+            fleets[coll.id] = asyncio.create_task(run_fleet(
+                bootstrap, coll, data=data[coll.id], rate=float(args.rate),
+                devices=int(args.devices), stop=stop, config_timeout_s=60.0,
+                verify_key=verify_key), name=f"fleet-{coll.id}")
+    ok = True
     tty = sys.stdout.isatty()
     t_start = time.monotonic()
-    last_n, last_t = None, time.monotonic()
+    last: dict[str, tuple[int, float]] = {}
     next_plain = 0.0
     try:
         while not stop.is_set():
@@ -129,22 +137,32 @@ async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: W
             if not worker.alive():
                 print(f"\nldpstream up: the worker exited with code {worker.proc.returncode}:\n"
                       f"{worker.tail()}", file=sys.stderr)
+                ok = False
                 stop.set()
                 break
-            if fleet_task is not None and fleet_task.done() and fleet_task.exception():
-                print(f"\nldpstream up: the fleet failed: {fleet_task.exception()}", file=sys.stderr)
-                fleet_task = None
-            try:
-                n = await store.n(coll.id, coll.partitions)
-            except Exception:  # noqa: BLE001 - Redis not answering right now
-                n = None
+            failed = [(cid, t) for cid, t in fleets.items() if t.done() and t.exception()]
+            if failed:
+                for cid, t in failed:
+                    print(f"\nldpstream up: the fleet of collection {cid!r} failed: "
+                          f"{t.exception().__class__.__name__}: {t.exception()}", file=sys.stderr)
+                    del fleets[cid]
+                ok = False
+                stop.set()
+                break
+            parts = []
             now = time.monotonic()
-            rate = (n - last_n) / (now - last_t) if n is not None and last_n is not None else 0.0
-            if n is not None:
-                last_n, last_t = n, now
-            refreshed = await _last_refresh(store, coll)
-            line = (f"{coll.id}: {rate:8,.0f} reports/s   n = {n if n is not None else '?':>10}   "
-                    f"last refresh {_fmt_age(refreshed)}")
+            for coll in colls:
+                try:
+                    n = int(await store.n(coll.id, coll.partitions))
+                except Exception:  # noqa: BLE001 - Redis not answering right now
+                    parts.append(f"{coll.id}: n = ?")
+                    continue
+                prev = last.get(coll.id)
+                rate = (n - prev[0]) / (now - prev[1]) if prev and now > prev[1] else 0.0
+                last[coll.id] = (n, now)
+                parts.append(f"{coll.id}: {rate:8,.0f} reports/s   n = {n:>10}")
+            refreshed = await _last_refresh(store, colls[0])
+            line = "   ".join(parts) + f"   last refresh {_fmt_age(refreshed)}"
             if tty:
                 print("\r" + line + "   ", end="", flush=True)
             elif now >= next_plain:
@@ -154,14 +172,16 @@ async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: W
         stop.set()
         if tty:
             print()
-        if fleet_task is not None:
+        for cid, task in fleets.items():
             try:
-                stats = await asyncio.wait_for(fleet_task, 30)
-                print(f"fleet: sent {stats.sent_reports:,} reports in {stats.sent_messages:,} "
-                      f"messages", flush=True)
+                stats = await asyncio.wait_for(task, 30)
+                print(f"fleet {cid}: sent {stats.sent_reports:,} reports in "
+                      f"{stats.sent_messages:,} messages ({stats.source})", flush=True)
             except Exception as exc:  # noqa: BLE001
-                print(f"fleet: stopped ({exc.__class__.__name__}: {exc})", file=sys.stderr)
+                ok = False
+                print(f"fleet {cid}: failed ({exc.__class__.__name__}: {exc})", file=sys.stderr)
         await store.close()
+    return ok
 
 
 async def _warn_stale_offsets(config: Any, redis_url: str) -> None:
@@ -192,6 +212,9 @@ def main(args: Any) -> int:
     from .producers.signing import (ENV_SIGNING_KEY, ENV_SIGNING_KEY_FILE, SigningKey,
                                     load_signing_key)
     from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics
+    from .privacy import privacy_note
+    from .producers.fleet import check_source, default_data
+    from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics, port_free
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -202,10 +225,20 @@ def main(args: Any) -> int:
         raise CliError(f"--rate: must be >= 0 (got {args.rate})")
     if args.devices < 1:
         raise CliError(f"--devices: must be >= 1 (got {args.devices})")
+    data = {}
+    if not args.no_fleet:  # the fleets' data is checked before anything starts
+        for coll in config.collections.values():
+            data[coll.id] = args.data or default_data(coll)
+            check_source("--data", data[coll.id], coll)
+    web_bind = os.environ.get("LDP_WEB_BIND", "127.0.0.1")
+    web_port = int(args.web_port)
+    if not port_free(web_bind, web_port):
+        raise CliError(f"--web-port {web_port}: already in use on {web_bind} (another "
+                       f"`ldpstream up` or worker?); stop it or pick another port")
     bootstrap = config.kafka_bootstrap
     redis_url = config.redis_url
     broker = redis = worker = None
-    stop_signals = {"n": 0}
+    ok = True
     try:
         try:
             if not bootstrap:
@@ -232,10 +265,9 @@ def main(args: Any) -> int:
             key = SigningKey.generate()
             env[ENV_SIGNING_KEY] = key.to_text()
             env.pop(ENV_SIGNING_KEY_FILE, None)
-        env.setdefault("LDP_WEB_BIND", "127.0.0.1")
+        env["LDP_WEB_BIND"] = web_bind
         if broker is not None:
             env.setdefault("LDP_SESSION_TIMEOUT_S", str(EMBEDDED_SESSION_TIMEOUT_S))
-        web_port = int(args.web_port)
         worker = WorkerChild(args.config, web_port, env)
         host = "127.0.0.1" if env["LDP_WEB_BIND"] in ("0.0.0.0", "127.0.0.1") else env["LDP_WEB_BIND"]
         cids = list(config.collections)
@@ -244,28 +276,28 @@ def main(args: Any) -> int:
               f"http://{host}:{web_port}/estimates/{cids[0]}", flush=True)
         print(f"metrics: http://{host}:{web_port}/metrics   health: http://{host}:{web_port}/healthz",
               flush=True)
+        for coll in config.collections.values():
+            note = privacy_note(float(coll.mechanism().epsilon))
+            if note:
+                print(f"{coll.id}: {note}", flush=True)
         print("Ctrl-C stops everything." + ("" if args.duration is None else
                                              f" (stopping by itself after {args.duration:g}s)"),
               flush=True)
 
-        async def runner() -> None:
+        async def runner() -> bool:
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
+            # SIGHUP (terminal closed) stops everything too, instead of orphaning the children
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                loop.add_signal_handler(sig, stop.set)
+            return await _run(args, config, bootstrap, redis_url, worker, stop, data,
+                              key.verify_key)
 
-            def on_signal() -> None:
-                stop_signals["n"] += 1
-                stop.set()
-
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, on_signal)
-            await _run(args, config, bootstrap, redis_url, worker, stop, web_port,
-                       key.verify_key)
-
-        asyncio.run(runner())
+        ok = asyncio.run(runner())
         print("stopping: worker ...", flush=True)
     finally:
         # ignore further Ctrl-C while shutting down, so the children are always reaped
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGHUP)}
         try:
             code = worker.stop() if worker is not None else None
             if code not in (None, 0):
@@ -275,6 +307,7 @@ def main(args: Any) -> int:
             if redis is not None:
                 redis.stop()
         finally:
-            signal.signal(signal.SIGINT, previous)
-    print("stopped.", flush=True)
-    return 0
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    print("stopped." if ok else "stopped after a failure (see above).", flush=True)
+    return 0 if ok else 1

@@ -66,14 +66,19 @@ def print_collections(data: dict[str, Any]) -> None:
     from rich.table import Table
     t = Table(title="collections")
     t.add_column("id", no_wrap=True)
-    for col in ("mechanism", "ε/record", "scope", "n", "marginals", "estimators", "refresh"):
-        t.add_column(col, no_wrap=col in ("ε/record", "n"))
+    for col in ("mechanism", "ε/record", "ε/attribute", "n", "marginals", "estimators", "refresh"):
+        t.add_column(col, no_wrap=col in ("ε/record", "ε/attribute", "n"))
+    notes = []
     for c in data["collections"]:
         t.add_row(c["id"], str(c.get("mechanism")), _fmt(c.get("epsilon_per_record"), 3),
-                  str(c.get("epsilon_scope") or "-"), _fmt(c.get("n")),
+                  _fmt(c.get("epsilon_per_attribute"), 3), _fmt(c.get("n")),
                   "\n".join(",".join(m) for m in c.get("marginals", [])),
                   "\n".join(c.get("estimators", [])), f"{_fmt(c.get('refresh_interval_s'))}s")
+        if c.get("privacy_note"):
+            notes.append(f"{c['id']}: {c['privacy_note']}")
     _console().print(t)
+    for note in notes:
+        print(note)
 
 
 def print_index(data: dict[str, Any]) -> None:
@@ -110,8 +115,11 @@ def print_estimate(est: dict[str, Any]) -> None:
     head = (f"{est['collection']}: {','.join(attrs)} by {est['method']}"
             + (f" over {est['window']}" if est.get("window") else "")
             + (f" (chose {est['chosen']})" if est.get("chosen") else ""))
-    info = (f"n={est.get('n')}  ε={_fmt(est.get('epsilon'), 3)} per record"
-            f" ({est.get('epsilon_scope') or '-'} scope)  error bound={_fmt(est.get('error_bound'))}"
+    if est.get("marginalized_from"):
+        head += f", summed from {','.join(est['marginalized_from'])}"
+    info = (f"n={est.get('n')}  ε={_fmt(est.get('epsilon_per_record'), 3)} per record, "
+            f"{_fmt(est.get('epsilon_per_attribute'), 3)} per attribute"
+            f"  error bound={_fmt(est.get('error_bound'))}"
             f"  drift TVD={_fmt(est.get('drift_tvd'))}  updated {_age(est.get('updated_at'))}")
     if est.get("iterations") is not None:
         info += f"  iterations={est['iterations']} converged={est.get('converged')}"
@@ -130,6 +138,8 @@ def print_estimate(est: dict[str, Any]) -> None:
         for labels, v in cell_rows(est):
             t.add_row(*labels, _fmt(v))
     _console().print(t)
+    if est.get("privacy_note"):
+        print(est["privacy_note"])
 
 
 def main(args: Any) -> int:

@@ -36,6 +36,18 @@ TICK_S = 0.05
 Source = Callable[[int, np.random.Generator], np.ndarray]
 
 
+DEFAULT_DRIFT_TO = "generator:skewed"
+#: after a stop signal, the fleet flushes for at most this long, then gives up on what is left
+STOP_GRACE_S = 5.0
+
+
+def default_data(collection) -> str:
+    """The true records a fleet samples when none are named: the collection's schema CSV, else
+    (a schema given as attribute lists) the built-in generator."""
+    source = collection.schema_source
+    return source[len("csv:"):] if source.startswith("csv:") else "generator"
+
+
 def make_source(spec: str | None, domain, seed: int = 0) -> tuple[Source, str]:
     """A sampler of true records over ``domain``: a CSV path (``None`` = bundled Adult) or a
     generator spec (``generator[:product|skewed][,seed=..]``). Returns (sampler, description)."""
@@ -165,7 +177,7 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
             if remaining is not None and remaining <= 0:
                 break
             if drift_at is not None and stats.drifted_at is None and elapsed >= drift_at:
-                source, desc = make_source(drift_to or "generator:skewed", collection.domain,
+                source, desc = make_source(drift_to or DEFAULT_DRIFT_TO, collection.domain,
                                            seed=int(ss.generate_state(2)[1]))
                 stats.drifted_at = elapsed
                 stats.source += f" -> {desc} at {elapsed:.1f}s"
@@ -212,6 +224,39 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
     return stats
 
 
+def check_source(option: str, spec: str, collection) -> None:
+    """A one-line :class:`CliError` naming ``option`` unless ``spec`` can feed ``collection``."""
+    from ..cli import CliError
+
+    try:
+        make_source(spec, collection.domain, seed=0)
+    except Exception as exc:  # DatasetError, GeneratorSpecError
+        raise CliError(f"{option}: {exc} (collection {collection.id!r})") from None
+
+
+def stop_on_signals(stop: asyncio.Event, task: "asyncio.Task[Any]",
+                    grace_s: float = STOP_GRACE_S) -> None:
+    """SIGINT/SIGTERM set ``stop`` (the fleet flushes and returns); if ``task`` is still running
+    ``grace_s`` later (a broker that no longer acknowledges), or on a second signal, it is
+    cancelled."""
+    loop = asyncio.get_running_loop()
+
+    def cancel() -> None:  # repeated: a cancelled flush must not hang in its own cleanup
+        if not task.done():
+            task.cancel()
+            loop.call_later(1.0, cancel)
+
+    def on_signal() -> None:
+        if stop.is_set():
+            cancel()
+            return
+        stop.set()
+        loop.call_later(grace_s, cancel)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+
+
 def _print_progress(stats: FleetStats) -> None:
     print(f"fleet: {stats.sent_reports:,} reports in {stats.sent_messages:,} messages, "
           f"{stats.rate:,.0f}/s, version {stats.version}", file=sys.stderr, flush=True)
@@ -247,28 +292,29 @@ def main(args) -> int:
         raise CliError(f"--total: must be >= 1 (got {args.total})")
     if args.drift_to is not None and args.drift_at is None:
         raise CliError("--drift-to needs --drift-at SECONDS")
-    for name, spec in (("--data", args.data), ("--drift-to", args.drift_to)):
-        try:
-            make_source(spec, collection.domain, seed=0)
-        except Exception as exc:  # DatasetError, GeneratorSpecError
-            raise CliError(f"{name}: {exc}") from None
+    data = args.data or default_data(collection)
+    check_source("--data", data, collection)
+    if args.drift_at is not None:  # the drift target matters only when a drift is asked for
+        check_source("--drift-to", args.drift_to or DEFAULT_DRIFT_TO, collection)
     quiet = bool(getattr(args, "quiet", False))
 
     async def run() -> FleetStats:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError):
-                pass
-        return await run_fleet(bootstrap, collection, data=args.data, devices=args.devices,
+        task = asyncio.current_task()
+        assert task is not None
+        stop_on_signals(stop, task)
+        return await run_fleet(bootstrap, collection, data=data, devices=args.devices,
                                rate=args.rate, batch=batch, total=args.total,
                                drift_at=args.drift_at, drift_to=args.drift_to, seed=args.seed,
                                stop=stop, progress=None if quiet else _print_progress)
 
     t = time.monotonic()
-    stats = asyncio.run(run())
+    try:
+        stats = asyncio.run(run())
+    except asyncio.CancelledError:
+        print(f"fleet: stopped without flushing (no acknowledgement within {STOP_GRACE_S:g}s "
+              "of the stop signal; is the broker reachable?)", file=sys.stderr)
+        return 1
     if not quiet:
         print(f"fleet: done, {stats.sent_reports:,} reports in {stats.sent_messages:,} messages to "
               f"{collection.topic} in {time.monotonic() - t:.1f}s ({stats.rate:,.0f}/s); source "

@@ -26,22 +26,29 @@ def _env(svc):
     return env
 
 
+def _default(value: str) -> str:
+    """``${VAR:-default}`` → ``default`` (what compose uses when VAR is unset)."""
+    m = re.fullmatch(r"\$\{[A-Z0-9_]+:-([^}]*)\}", value)
+    return m.group(1) if m else value
+
+
 def _volumes(svc):
     for v in SERVICES[svc].get("volumes", []):
         if isinstance(v, dict):
-            yield v["source"], v["target"]
+            yield _default(v["source"]), v["target"]
         else:
             src, tgt = v.split(":")[:2]
             yield src, tgt
 
 
 def test_services_present_with_expected_images():
-    assert {"kafka", "redis", "fleet", "prometheus", "grafana"} <= set(SERVICES)
+    assert {"kafka", "redis", "fleet", "prometheus", "alertmanager", "grafana"} <= set(SERVICES)
     assert len(WORKERS) >= 2, "at least two workers (scale-out is the point)"
     assert SERVICES["kafka"]["image"].startswith("apache/kafka:")
     assert SERVICES["redis"]["image"].startswith("redis:")
     assert SERVICES["prometheus"]["image"].startswith("prom/prometheus:")
     assert SERVICES["grafana"]["image"].startswith("grafana/grafana:")
+    assert SERVICES["alertmanager"]["image"].startswith("prom/alertmanager:")
     for svc in SERVICES.values():  # pinned images, never :latest from a registry
         if "build" not in svc:
             assert not svc["image"].endswith(":latest"), svc["image"]
@@ -82,7 +89,7 @@ def _needs(svc: str) -> set:
 
 def test_healthchecks_and_depends_on_conditions():
     assert set(ONE_SHOT) == {"kafka-acls", "keygen"}
-    for name in ["kafka", "redis", "prometheus", "grafana", *WORKERS]:
+    for name in ["kafka", "redis", "prometheus", "alertmanager", "grafana", *WORKERS]:
         hc = SERVICES[name].get("healthcheck")
         assert hc and hc["test"], f"{name} needs a healthcheck"
     for name, svc in SERVICES.items():
@@ -127,7 +134,7 @@ def test_volumes_declared_and_host_paths_exist():
                 assert src in declared, f"{name}: named volume {src} not declared"
                 used.add(src)
     assert declared == used, f"declared but unused volumes: {declared - used}"
-    for name in ("kafka", "redis", "prometheus", "grafana"):
+    for name in ("kafka", "redis", "prometheus", "alertmanager", "grafana"):
         assert any(not s.startswith((".", "/")) for s, _ in _volumes(name)), f"{name}: no data volume"
 
 
@@ -290,3 +297,47 @@ def test_signing_key_only_on_workers_public_key_on_devices():
 
 def test_gitignore_and_dockerignore_keep_env_out():
     assert ".env" in (ROOT / ".gitignore").read_text().split()
+def test_workers_and_fleet_read_a_mountable_config():
+    """LDP_CONFIG_DIR (a host directory) is mounted at /config and LDP_CONFIG names the file in
+    it; the default is the bundled demo, which the CLI reads through $LDP_CONFIG."""
+    import os
+
+    from ldpstream.cli import build_parser
+    from ldpstream.config import load_config
+
+    for name in WORKERS + ["fleet"]:
+        mounts = dict((t, s) for s, t in _volumes(name))
+        assert "/config" in mounts, f"{name}: no /config mount"
+        config = _env(name)["LDP_CONFIG"]
+        assert config.startswith("/config/"), (name, config)
+        default = ROOT / mounts["/config"] / _default(config.removeprefix("/config/"))
+        assert default.is_file(), default
+        assert load_config(default).collections, default
+    old = os.environ.get("LDP_CONFIG")
+    os.environ["LDP_CONFIG"] = "/config/mine.yaml"
+    try:
+        for cmd in ("worker", "fleet", "up"):
+            assert build_parser().parse_args([cmd]).config == "/config/mine.yaml", cmd
+    finally:
+        os.environ.pop("LDP_CONFIG") if old is None else os.environ.update(LDP_CONFIG=old)
+
+
+def test_prometheus_sends_alerts_to_alertmanager():
+    prom = yaml.safe_load((ROOT / "dashboards/prometheus/prometheus.yml").read_text())
+    targets = [t for am in prom["alerting"]["alertmanagers"] for sc in am["static_configs"]
+               for t in sc["targets"]]
+    assert targets == ["alertmanager:9093"]
+    assert "9093:9093" in SERVICES["alertmanager"]["ports"]
+    mounts = dict((t, s) for s, t in _volumes("alertmanager"))
+    cmd = " ".join(SERVICES["alertmanager"]["command"])
+    conf_file = re.search(r"--config\.file=(\S+)", cmd).group(1)
+    host_dir = mounts[str(Path(conf_file).parent)]
+    am = yaml.safe_load((ROOT / host_dir / Path(conf_file).name).read_text())
+    receivers = {r["name"] for r in am["receivers"]}
+
+    def walk(route):
+        assert route.get("receiver", am["route"]["receiver"]) in receivers, route
+        for child in route.get("routes", []):
+            walk(child)
+
+    walk(am["route"])

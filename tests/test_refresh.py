@@ -22,6 +22,7 @@ from ldpstream.estimators.drift import drift_test, null_variances
 from ldpstream.estimators.many import EstimateCache
 from ldpstream.estimators.metrics import tvd
 from ldpstream.services import EmbeddedRedis
+from ldpstream.privacy import WEAK_EPSILON
 
 ATTRS = {"sex": ["F", "M"], "income": ["<=50K", ">50K"], "edu": ["school", "college", "grad"],
          "age": ["<30", "30-50", ">50"]}
@@ -94,7 +95,11 @@ def test_refresh_payloads_equal_the_estimators_and_the_drift_test():
         est = mech.estimate(counts, p["attrs"], p["method"])
         np.testing.assert_allclose(p["cells"], est.factor.values, rtol=1e-9, atol=1e-12)
         assert p["n"] == (20_000 if p["window"] == "5s" else 40_000) and p["updated_at"] == 123.0
-        assert p["epsilon"] == pytest.approx(mech.epsilon) and p["versions"] == [0]
+        # the configured budget and its scope, and what the channels cost, computed
+        assert p["epsilon"] == coll.epsilon and p["epsilon_scope"] == coll.epsilon_scope
+        assert p["epsilon_per_record"] == pytest.approx(mech.epsilon) and p["versions"] == [0]
+        assert p["epsilon_per_attribute"] == pytest.approx(max(mech.epsilons))
+        assert (p["privacy_note"] is not None) == (mech.epsilon > WEAK_EPSILON)
         if p["window"] == "all":
             assert p["drift_statistic"] is None and p["drift_alarm"] is False
             continue

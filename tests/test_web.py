@@ -21,6 +21,8 @@ TOKEN = "test-token-not-a-secret"
 MARGINALS = [["sex", "Salary"], ["race", "sex"], ["sex", "race", "Salary"]]
 ESTIMATORS = ["castell", "truncated", "hybrid-auto", "ibu"]
 TOTAL = 30_000
+EPSILON_KEYS = ("epsilon", "epsilon_scope", "epsilon_per_record", "epsilon_per_attribute",
+                "privacy_note")
 
 
 def request(url: str, path: str, method: str = "GET", token: str | None = None,
@@ -95,6 +97,7 @@ def test_collections_describe_the_config(stack):
     assert c["mechanism"] == "rr-ind" and c["epsilon"] == 1.0 and c["epsilon_scope"] == "attribute"
     assert c["epsilon_per_record"] == pytest.approx(coll.mechanism().epsilon)
     assert c["epsilon_per_record"] == pytest.approx(3.0)  # 3 attributes × ε = 1
+    assert c["epsilon_per_attribute"] == pytest.approx(1.0) and c["privacy_note"] is None
     assert c["marginals"] == MARGINALS and c["estimators"] == ESTIMATORS
     assert c["n"] == TOTAL and c["refresh_interval_s"] == 1.0 and c["topic"] == coll.topic
     status, one = get_json(stack["url"], f"/collections/{stack['cid']}")
@@ -108,6 +111,7 @@ def test_estimates_equal_the_estimators_on_the_exact_counts(stack):
     mech = coll.mechanism()
     status, refreshed = get_json(url, f"/collections/{cid}/refresh", method="POST", token=TOKEN)
     assert status == 200 and refreshed["refreshed"] == len(MARGINALS) * len(ESTIMATORS) * 2
+    _, info = get_json(url, f"/collections/{cid}")
     for attrs, method, window in itertools.product(MARGINALS, ESTIMATORS, ("5m", "all")):
             status, est = get_json(url, f"/estimates/{cid}?attrs={','.join(attrs)}&method={method}"
                                         f"&window={window}")
@@ -119,7 +123,9 @@ def test_estimates_equal_the_estimators_on_the_exact_counts(stack):
             np.testing.assert_allclose(est["cells"], direct.factor.values, **tol)
             assert est["attrs"] == attrs and est["method"] == method and est["n"] == TOTAL
             assert est["window"] == window
-            assert est["epsilon"] == pytest.approx(mech.epsilon)
+            # the same ε fields as /collections: configured budget + scope, computed costs
+            assert {k: est[k] for k in EPSILON_KEYS} == {k: info[k] for k in EPSILON_KEYS}
+            assert est["epsilon_per_record"] == pytest.approx(mech.epsilon)
             assert est["error_bound"] == pytest.approx(direct.error_bound)
             assert est["labels"] == [list(coll.domain.labels[coll.domain.axes([a])[0]]) for a in attrs]
             assert time.time() - 30 < est["updated_at"] <= time.time()
@@ -146,12 +152,36 @@ def test_estimates_equal_the_estimators_on_the_exact_counts(stack):
 @pytest.mark.parametrize("query, named", [
     ("/estimates/nope?attrs=sex,race", "'nope'"),
     ("/estimates/{cid}?attrs=sex,education", "'education'"),
-    ("/estimates/{cid}?attrs=Salary,race", "Salary,race"),
     ("/estimates/{cid}?attrs=sex,race&method=lasso", "'lasso'"),
 ])
 def test_estimate_404s_name_what_is_missing(stack, query, named):
     status, err = get_json(stack["url"], query.format(cid=stack["cid"]))
     assert status == 404 and named in err["error"], err
+
+
+def test_a_sub_marginal_is_summed_from_the_smallest_configured_one(stack):
+    """attrs=Salary,race is in no configured marginal of its own but inside sex,race,Salary:
+    served by summing that estimate over sex, and the answer says so."""
+    url, cid = stack["url"], stack["cid"]
+    _, full = get_json(url, f"/estimates/{cid}?attrs=sex,race,Salary&method=truncated")
+    status, sub = get_json(url, f"/estimates/{cid}?attrs=Salary,race&method=truncated")
+    assert status == 200, sub
+    assert sub["marginalized_from"] == ["sex", "race", "Salary"] and sub["attrs"] == ["Salary", "race"]
+    np.testing.assert_allclose(sub["cells"], np.sum(full["cells"], axis=0).T, rtol=1e-12)
+    assert sub["labels"] == [full["labels"][2], full["labels"][1]]
+    # one attribute: from the first of the smallest configured marginals holding it (sex,Salary)
+    status, one = get_json(url, f"/estimates/{cid}?attrs=sex&method=castell")
+    _, pair = get_json(url, f"/estimates/{cid}?attrs=sex,Salary&method=castell")
+    assert status == 200 and one["marginalized_from"] == ["sex", "Salary"]
+    np.testing.assert_allclose(one["cells"], np.sum(pair["cells"], axis=1), rtol=1e-12)
+    assert "marginalized_from" not in pair
+
+
+@pytest.mark.parametrize("query", ["attrs=sex,race&method=castell&method=ibu",
+                                   "attrs=sex,race&attrs=sex,Salary"])
+def test_a_repeated_query_parameter_is_refused(stack, query):
+    status, err = get_json(stack["url"], f"/estimates/{stack['cid']}?{query}")
+    assert status == 400 and "given 2 times" in err["error"], err
 
 
 def test_metrics_expose_every_ldp_metric(stack):

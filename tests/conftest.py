@@ -70,6 +70,13 @@ def fresh_redis_cluster():
     yield from _running("EmbeddedRedisCluster")
 
 
+@pytest.fixture(params=["redis", "redis-cluster"])
+def redis_target(request):
+    """The session's single Redis, then the session's Redis Cluster: a test that takes this
+    fixture runs on both (``.url`` is the ``REDIS_URL`` of either)."""
+    return request.getfixturevalue("redis_server" if request.param == "redis" else "redis_cluster")
+
+
 @pytest.fixture(scope="session")
 def kafka_broker():
     yield from _running("EmbeddedBroker")

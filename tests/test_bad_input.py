@@ -24,8 +24,8 @@ def _metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def test_bad_input_goes_to_dlq_and_counts_stay_exact(tmp_path, kafka_broker, redis_server,
-                                                     spawn_worker, unique_name):
+def test_bad_input_goes_to_dlq_and_counts_stay_exact(tmp_path, kafka_broker, redis_target,
+                                                     service_env, spawn_worker, unique_name):
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
     from ldpstream.agents.app import make_store
@@ -38,7 +38,7 @@ def test_bad_input_goes_to_dlq_and_counts_stay_exact(tmp_path, kafka_broker, red
     coll = load_config(path).collections[cid]
     mech = coll.mechanism()
     specs = coll.tensors()
-    worker = spawn_worker(path)
+    worker = spawn_worker(path, env=dict(service_env, REDIS_URL=redis_target.url))
     worker.wait_ready(60)
     rng = np.random.default_rng(3)
     shape = np.array(coll.domain.shape)
@@ -84,7 +84,7 @@ def test_bad_input_goes_to_dlq_and_counts_stay_exact(tmp_path, kafka_broker, red
             await producer.flush()
         finally:
             await producer.stop()
-        store = make_store(redis_server.url)
+        store = make_store(redis_target.url)
         total = len(good_a) + len(good_b) + len(burst_ok)
         assert await wait_for_n(store, cid, total, timeout=30) == total, worker.log_tail()
         got = await read_collection(store, coll)

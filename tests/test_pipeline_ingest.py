@@ -10,8 +10,8 @@ from conftest import wait_for_n, write_config
 from store_helpers import read_collection
 
 
-def test_fleet_and_device_reports_counted_exactly(tmp_path, kafka_broker, redis_server,
-                                                  spawn_worker, unique_name):
+def test_fleet_and_device_reports_counted_exactly(tmp_path, kafka_broker, redis_target,
+                                                  service_env, spawn_worker, unique_name):
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.producers.device import ConfigWatcher, Device, mechanism_from_state
@@ -23,7 +23,7 @@ def test_fleet_and_device_reports_counted_exactly(tmp_path, kafka_broker, redis_
                         columns=("sex", "race", "relationship", "Salary"))
     config = load_config(path)
     coll = config.collections[cid]
-    worker = spawn_worker(path)
+    worker = spawn_worker(path, env=dict(service_env, REDIS_URL=redis_target.url))
     worker.wait_ready(60)
 
     async def run():
@@ -54,7 +54,7 @@ def test_fleet_and_device_reports_counted_exactly(tmp_path, kafka_broker, redis_
                     expected[k] += v
         total = 60_000 + 70 + 70 + 90
 
-        store = make_store(redis_server.url)
+        store = make_store(redis_target.url)
         got_n = await wait_for_n(store, cid, total, timeout=60)
         await asyncio.sleep(1.0)  # nothing beyond the total may arrive
         assert await store.n(cid, 16) == total, got_n

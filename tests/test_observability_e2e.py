@@ -168,7 +168,7 @@ def test_dashboards_and_alerts_against_real_prometheus(tmp_path):
         # naming conventions and low-cardinality labels, as Prometheus stored them
         series = prom.api("series", match='{__name__=~"ldp_.+"}', start=f"{fleet_t0:.0f}")
         allowed = {"__name__", "job", "instance", "collection", "reason", "marginal", "method",
-                   "window", "cell", "le"}
+                   "window", "cell", "kind", "le"}
         assert all(set(s) <= allowed for s in series), [s for s in series if set(s) - allowed]
         assert len(series) < 400, len(series)  # 2 marginals x 2 methods x 2 windows, 14 cells
         meta = prom.api("metadata")

@@ -7,7 +7,8 @@ takes both partitions over, reads the stored offsets S (reads are not paused), c
 sends its own first apply (S, S2], S2 > X. Then Redis is unpaused (A's stale apply lands first,
 B's after it) and A is SIGCONTed. With the old "offset > stored" rule B's delta was applied too and
 (S, X] was counted twice; with the compare-and-set B's delta is refused (conflict), B re-reads from
-X + 1, and the final counts equal the counts of the reports produced, exactly."""
+X + 1, and the final counts equal the counts of the reports produced, exactly. Runs on one Redis and
+on a Redis Cluster (there the pause is sent to every master)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,13 +18,30 @@ import signal
 import time
 
 import numpy as np
+import pytest
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection, read_fine_buckets
 
 TOTAL = 100_000
 
 
-def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fresh_redis,
+@pytest.fixture(params=["redis", "redis-cluster"])
+def fresh_target(request):
+    """A Redis server or a Redis Cluster of the test's own (the test pauses it)."""
+    return request.getfixturevalue("fresh_redis" if request.param == "redis"
+                                   else "fresh_redis_cluster")
+
+
+async def _on_masters(r, *command) -> list:
+    """``command`` on the single Redis, or on every master of a cluster; one reply per node."""
+    from redis.asyncio.cluster import RedisCluster
+
+    if isinstance(r, RedisCluster):
+        return [await r.execute_command(*command, target_nodes=n) for n in r.get_primaries()]
+    return [await r.execute_command(*command)]
+
+
+def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fresh_target,
                                                       service_env, spawn_worker, unique_name):
     from ldpstream.agents.app import make_store
     from ldpstream.producers.fleet import run_fleet
@@ -35,10 +53,10 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
     path = write_config(tmp_path / "c.yaml", cid, partitions=2, refresh_interval_s=120.0,
                         ingest={"batch_reports": 10_000_000, "batch_seconds": 1.0})
     coll = load_config(path).collections[cid]
-    env = dict(service_env, REDIS_URL=fresh_redis.url)
+    env = dict(service_env, REDIS_URL=fresh_target.url)
     a = spawn_worker(path, env=env)
     a.wait_ready(60)
-    store = make_store(fresh_redis.url)
+    store = make_store(fresh_target.url)
     events: list[str] = []
     t0 = time.monotonic()
 
@@ -49,8 +67,8 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
         return json.loads(w.get("/healthz", any_status=True))["checks"]["ingest"]
 
     async def blocked_applies() -> int:
-        return sum(1 for c in await store.redis.client_list()
-                   if c.get("cmd") == "evalsha" and "b" in c.get("flags", ""))
+        return sum(1 for clients in await _on_masters(store.redis, "CLIENT LIST") for c in clients
+                   if c.get("cmd") in ("evalsha", "eval") and "b" in c.get("flags", ""))
 
     async def wait_blocked(k: int, who, timeout: float = 4.0) -> None:
         deadline = time.monotonic() + timeout
@@ -63,7 +81,7 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
         while await store.n(cid, 16) < 5_000:  # A is applying
             assert time.monotonic() < deadline, a.log_tail()
             await asyncio.sleep(0.05)
-        await store.redis.execute_command("CLIENT", "PAUSE", 90_000, "WRITE")
+        await _on_masters(store.redis, "CLIENT", "PAUSE", 90_000, "WRITE")
         try:
             await wait_blocked(1, a)             # A's next timed apply is held in Redis
             await asyncio.sleep(0.3)
@@ -81,7 +99,7 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
         finally:
             # unpause while A is still frozen: its apply runs now, whatever A's socket timeout
             # (A would drop the connection, and the held command with it, on waking first)
-            await store.redis.execute_command("CLIENT", "UNPAUSE")
+            await _on_masters(store.redis, "CLIENT", "UNPAUSE")
         while await blocked_applies():
             await asyncio.sleep(0.01)
         note(f"unpaused: stored {await store.offsets(cid, 16)}")

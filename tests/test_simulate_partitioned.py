@@ -37,9 +37,10 @@ def test_simulate_compare_split_vs_partitioned(capsys):
     assert doc["compare"] == ["rr-ind", "partitioned"]
     assert doc["epsilon_per_record"] == {"rr-ind": pytest.approx(1.0),
                                          "partitioned": pytest.approx(1.0)}
-    assert {(r["mechanism"], r["estimator"]) for r in doc["results"]} == {
-        ("rr-ind", "castell"), ("rr-ind", "ibu"), ("partitioned", "consistent"),
-        ("partitioned", "calm")}
+    assert {(r["mechanism"], r.get("ways"), r["estimator"]) for r in doc["results"]} == {
+        ("rr-ind", None, "castell"), ("rr-ind", None, "ibu"),
+        ("partitioned", 2, "consistent"), ("partitioned", 2, "calm"),
+        ("partitioned", 3, "consistent"), ("partitioned", 3, "calm")}
     assert all("metrics" in r for r in doc["results"])
     best = doc["best"]["2"]
     tvds = [r["metrics"]["tvd"] for r in doc["results"]]

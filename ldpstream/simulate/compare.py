@@ -6,8 +6,11 @@ data, subsets and seeds.
 
 The two mechanisms are built from the same ``--epsilon`` / ``--epsilon-scope`` (so the same ε
 per record, stated in the output), the same ``--ways`` / ``--subsets`` / ``--runs`` / ``--seed``.
-``best`` names, per w, the (mechanism, estimator) with the lowest mean TVD, and ``ratio`` is
-the best split TVD over the best partitioned TVD (> 1: partitioned wins).
+partitioned runs twice, collecting every pair (``ways: 2``) and every triple (``ways: 3``):
+which is better depends on the domain sizes (small domains favour triples — each pair is then
+informed by m−2 collected marginals). ``best`` names, per w, the (mechanism, ways, estimator)
+with the lowest mean TVD, and ``ratio`` is the best split TVD over the best partitioned TVD
+(> 1: partitioned wins).
 """
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ __all__ = ["CONTENDERS", "compare", "main"]
 
 #: mechanism → estimators compared
 CONTENDERS = {"rr-ind": ("castell", "ibu"), "partitioned": ("consistent", "calm")}
+#: partitioned collects every pair, and (with at least 3 attributes) every triple instead: the
+#: marginal size trades the oracle's domain against the users per marginal (CALM §4)
+PARTITIONED_WAYS = (2, 3)
 
 
 def compare(args: Any) -> dict[str, Any]:
@@ -29,6 +35,9 @@ def compare(args: Any) -> dict[str, Any]:
     for mech, ests in CONTENDERS.items():
         a = replace_args(args, mechanism=mech, estimator=list(ests))
         plan = plan_from_args(a)
+        if mech == "partitioned":
+            m = len(plan.dataset.domain)
+            plan.variants = tuple({"ways": w} for w in PARTITIONED_WAYS if w <= m)
         docs.append(run_with_progress(plan, label=f"compare: {mech}"))
     rows = [r for d in docs for r in d["results"]]
     eps = {d["mechanism"]: d["epsilon_per_record"] for d in docs}
@@ -38,7 +47,7 @@ def compare(args: Any) -> dict[str, Any]:
         top = min(at, key=lambda r: r["metrics"]["tvd"])
         per = {m: min(r["metrics"]["tvd"] for r in at if r["mechanism"] == m) for m in CONTENDERS}
         best[str(w)] = {"mechanism": top["mechanism"], "estimator": top["estimator"],
-                        "tvd": top["metrics"]["tvd"],
+                        "ways": top.get("ways"), "tvd": top["metrics"]["tvd"],
                         "ratio": per["rr-ind"] / per["partitioned"]}
     first = docs[0]
     return {"compare": list(CONTENDERS), "n": first["n"], "m": first["m"],
@@ -70,17 +79,20 @@ def main(args: Any) -> int:
     eps = doc["epsilon_per_record"]
     t = Table(title=f"which mechanism for this data: n={doc['n']} m={doc['m']} ε per record "
                     + ", ".join(f"{m} {e:.4g}" for m, e in eps.items()))
-    for c in ("mechanism", "estimator", "w", "subsets", "tvd", "max_abs", "mse", "seconds"):
+    for c in ("mechanism", "collects", "estimator", "w", "subsets", "tvd", "max_abs", "mse",
+              "seconds"):
         t.add_column(c, justify="left" if c in ("mechanism", "estimator") else "right")
     for r in doc["results"]:
         mt, se = r["metrics"], r.get("stderr")
-        t.add_row(r["mechanism"], r["estimator"], str(r["w"]), str(r["subsets"]),
+        t.add_row(r["mechanism"], f"all {r['ways']}-way" if "ways" in r else "",
+                  r["estimator"], str(r["w"]), str(r["subsets"]),
                   *[f"{mt[k]:.4g}" + (f" ±{se[k]:.2g}" if se else "")
                     for k in ("tvd", "max_abs", "mse")], f"{r['seconds']:.3f}")
     console = Console()
     (console if console.is_terminal else Console(width=160)).print(t)
     for w, b in doc["best"].items():
-        print(f"{w}-way: lowest TVD {b['mechanism']} / {b['estimator']} ({b['tvd']:.4f}); "
+        how = f" (params: ways: {b['ways']})" if b["ways"] is not None else ""
+        print(f"{w}-way: lowest TVD {b['mechanism']}{how} / {b['estimator']} ({b['tvd']:.4f}); "
               f"split/partitioned TVD ratio {b['ratio']:.2f}")
     return 0
 

@@ -13,6 +13,9 @@ import numpy as np
 
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection
+import pytest
+
+pytestmark = pytest.mark.pipeline
 
 
 def _metric(text: str, name: str, **labels: str) -> float:

@@ -8,6 +8,9 @@ import json
 import math
 import subprocess
 import sys
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 KEYS = {"ingest_rate", "raw_consume_rate", "ratio", "reports_per_message", "single_report_rate"}
 REFRESH_KEYS = {"refresh_seconds", "freshness_seconds", "refresh_interval_s"}

@@ -17,6 +17,8 @@ from ldpstream.estimators.castell import (apply_modes, castell, castell_naive, c
 from ldpstream.estimators.channels import grr, randomize
 from ldpstream.estimators.mechanism import histogram
 
+pytestmark = pytest.mark.core
+
 
 def random_channel(rng: np.random.Generator, d: int) -> np.ndarray:
     """A random non-singular row-stochastic matrix that is not GRR-shaped."""

@@ -14,6 +14,8 @@ from ldpstream.estimators import channels
 from ldpstream.estimators.channels import (epsilon, epsilon_of_report, grr, grr_pq, randomize,
                                            validate, warner)
 
+pytestmark = pytest.mark.core
+
 
 def ldp_epsilon_brute_force(P: np.ndarray) -> float:
     """The LDP definition directly: max over outputs v and input pairs (u, u') of

@@ -14,6 +14,8 @@ from ldpstream.producers.codec import (DLQ_PAYLOAD_LIMIT, MAGIC, DecodeError, Re
                                        batch_from_json, batch_to_json, check_batch, decode_batch,
                                        decode_uniform, dlq_record, encode_batch, explain_batch)
 
+pytestmark = pytest.mark.core
+
 
 def rr_ind(sizes, version=0) -> RRIndependent:
     """A real mechanism whose report bounds are ``sizes`` (one GRR channel per attribute)."""

@@ -8,6 +8,8 @@ import yaml
 
 from ldpstream.agents.redis_client import parse_nodes
 
+pytestmark = pytest.mark.core
+
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "docker-compose.cluster.yml").read_text()
 SPEC = yaml.safe_load(TEXT)  # resolves the << merge keys

@@ -13,6 +13,8 @@ from ldpstream.config import (AppConfig, ConfigError, default_config_path, load_
                               parse_config)
 from ldpstream.datasets import ADULT_COLUMNS
 
+pytestmark = pytest.mark.core
+
 BASE = {
     "collections": [{
         "id": "toy",

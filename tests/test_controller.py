@@ -16,6 +16,8 @@ from ldpstream.agents.metrics import REGISTRY
 from ldpstream.agents.store import PartitionDelta
 from ldpstream.config import parse_config
 
+pytestmark = pytest.mark.pipeline
+
 ATTRS = {"a": ["x", "y", "z"], "b": ["x", "y", "z"], "c": ["x", "y", "z"]}
 
 

@@ -21,6 +21,8 @@ from ldpstream.estimators.multi_baselines import SPL, marginal_mse
 from ldpstream.producers.synthetic import (SpecError, generate, parse_spec,
                                            population_marginals)
 
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
 EQ = Domain(("a", "b", "c"), (3, 3, 3))
 HET = Domain(("a", "b", "c"), (2, 3, 2))
 

@@ -14,6 +14,8 @@ from ldpstream.estimators.domain import Domain
 from ldpstream.estimators.multi_baselines import marginal_mse
 from ldpstream.producers.synthetic import generate, parse_spec
 
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
 EQ = Domain(("a", "b", "c"), (3, 3, 3))
 HET = Domain(("a", "b", "c"), (2, 3, 2))
 

@@ -6,6 +6,9 @@ import subprocess
 from pathlib import Path
 
 import yaml
+import pytest
+
+pytestmark = pytest.mark.core
 
 ROOT = Path(__file__).resolve().parents[1]
 PROM = ROOT / "dashboards" / "prometheus"

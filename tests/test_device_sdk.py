@@ -22,6 +22,8 @@ from ldpstream.producers.ledger import Budget, Ledger
 from ldpstream.producers.sdk import (DeviceClient, KafkaTransport, RecordingTransport,
                                      UnknownCollectionError, device_key)
 
+pytestmark = pytest.mark.pipeline
+
 DOM = Domain.from_categories({"os": ["android", "ios", "other"], "plan": ["free", "pro"]})
 REC = {"os": "ios", "plan": "pro"}
 

@@ -7,6 +7,8 @@ import pytest
 
 import ldpstream.estimators as est
 
+pytestmark = pytest.mark.core
+
 MODULES = sorted(m.name for m in pkgutil.iter_modules(est.__path__, est.__name__ + "."))
 
 

@@ -5,6 +5,8 @@ import pytest
 from ldpstream.estimators.channels import epsilon, epsilon_of_report, grr, validate, warner
 from ldpstream.estimators.domain import Domain, Factor
 
+pytestmark = pytest.mark.core
+
 
 def test_domain_is_frozen_and_named():
     dom = Domain(("a", "b"), (2, 3))

@@ -25,6 +25,8 @@ from ldpstream.estimators.mechanism import marginal_key
 from ldpstream.estimators.rr_ind import RRIndependent, RRJoint
 from ldpstream.producers.generator import Population
 
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
 # --- the statistic and its threshold (exact math) ----------------------------------------------
 
 

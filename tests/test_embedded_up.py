@@ -12,6 +12,8 @@ import urllib.request
 
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 
 def _descendants(pid: int) -> set[int]:
     children: dict[int, list[int]] = {}

@@ -11,6 +11,9 @@ import numpy as np
 
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection, read_fine_buckets
+import pytest
+
+pytestmark = pytest.mark.pipeline
 
 TOTAL = 240_000
 

@@ -21,6 +21,9 @@ import numpy as np
 import pytest
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection, read_fine_buckets
+import pytest
+
+pytestmark = pytest.mark.pipeline
 
 TOTAL = 100_000
 

@@ -8,6 +8,8 @@ import pytest
 from ldpstream.config import load_config
 from ldpstream.estimators.mechanism import mechanism_names
 
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 

@@ -11,6 +11,8 @@ import pytest
 from ldpstream.estimators import channels as ch
 from ldpstream.estimators import frequency_oracles as fo
 
+pytestmark = pytest.mark.core
+
 
 @pytest.mark.parametrize("eps", [0.5, 1.0, 2.0, 4.0, 8.0])
 @pytest.mark.parametrize("d", [2, 7, 40, 300])

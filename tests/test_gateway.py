@@ -30,6 +30,8 @@ from ldpstream.producers.gateway import (Fleet, IngestGateway, authenticate, loa
                                          parse_fleets, serve, stamp)
 from ldpstream.producers.sdk import GatewayConfigWatcher, GatewayError, device_key
 
+pytestmark = pytest.mark.pipeline
+
 DOM = Domain.from_categories({"os": ["android", "ios", "other"], "plan": ["free", "pro"]})
 TOKEN_A, TOKEN_B = "phones-token-0123456789", "sensors-token-0123456789"
 

@@ -18,6 +18,8 @@ from store_helpers import read_collection
 from ldpstream.producers import bounded_fetch
 from ldpstream.producers.codec import DecodeError, batch_from_json, decode_batch
 
+pytestmark = pytest.mark.pipeline
+
 
 def _varint(v: int) -> bytes:
     from aiokafka.record.util import encode_varint

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import write_config
 
+pytestmark = pytest.mark.pipeline
+
 
 def _raw(port: int, data: bytes, timeout: float = 10.0) -> tuple[int, dict, bytes]:
     """Send raw bytes, read the whole answer: (status, headers, body)."""

@@ -13,6 +13,8 @@ from ldpstream.estimators.ibu import IBUResult, ibu
 from ldpstream.estimators.mechanism import histogram
 from ldpstream.estimators.metrics import tvd
 
+pytestmark = pytest.mark.core
+
 
 def loglik(pi, counts, chans):
     q = pi

@@ -7,6 +7,9 @@ import subprocess
 from pathlib import Path
 
 import yaml
+import pytest
+
+pytestmark = pytest.mark.core
 
 PROM = Path(__file__).resolve().parents[1] / "dashboards" / "prometheus"
 

@@ -13,6 +13,8 @@ import pytest
 from conftest import write_config
 from ldpstream.producers.kafka_security import KafkaSecurityError, kafka_security
 
+pytestmark = pytest.mark.pipeline
+
 
 def test_plaintext_by_default_and_sasl_ssl_kwargs(tmp_path):
     assert kafka_security({}).client_kwargs() == {"security_protocol": "PLAINTEXT"}

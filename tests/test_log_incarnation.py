@@ -14,6 +14,8 @@ from conftest import write_config
 from ldpstream.agents.log_identity import LogMark, judge
 from store_helpers import read_collection
 
+pytestmark = pytest.mark.pipeline
+
 
 def test_judge_verdicts():
     m = LogMark(0, 1000, 7)

@@ -19,6 +19,8 @@ from ldpstream.estimators.mechanism import from_state
 from ldpstream.estimators.rr_ind import RRIndependent
 from ldpstream.producers.ledger import Budget, Ledger, channel_fingerprint
 
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
 DOM = Domain.from_categories({"os": ["android", "ios", "other"], "plan": ["free", "pro"],
                               "region": ["eu", "us", "asia", "latam"]})
 

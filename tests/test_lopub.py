@@ -21,6 +21,8 @@ from ldpstream.estimators.metrics import tvd
 from ldpstream.estimators.synthesis import synthesize
 from ldpstream.simulate.synthesize import marginal_fidelity, synthesize_dataset, true_joint
 
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
 
 @pytest.fixture(autouse=True)
 def _one_blas_thread():

@@ -12,6 +12,8 @@ from ldpstream.estimators.domain import Domain
 from ldpstream.estimators.mechanism import (PROVIDERS, Mechanism, ParamError, from_state,
                                             mechanism_class, mechanism_names)
 
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
 DOM = Domain.from_categories({"a": ["x", "y", "z"], "b": ["x", "y", "z"], "c": ["x", "y", "z"]})
 #: small parameters so that every family builds fast
 PARAMS = {"rrba": {"block_size": 50}, "rr-clusters": {"cluster_reports": 500},

@@ -12,6 +12,8 @@ from ldpstream.estimators import proper as proper_mod
 from ldpstream.estimators.metrics import jsd, l2_counts, mae, max_abs, mse, tvd
 from ldpstream.estimators.proper import clip_rescale, project_simplex
 
+pytestmark = pytest.mark.core
+
 
 def test_doctests():
     assert doctest.testmod(metrics_mod).failed == 0

@@ -15,6 +15,8 @@ from ldpstream.estimators.multi_baselines import (RSFD, RSRFD, SMP, SPL, amplifi
                                                   neighbour_epsilons, _rs_attribute_eps)
 from ldpstream.estimators.proper import clip_rescale
 
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
 SMALL = Domain(("a", "b", "c"), (2, 3, 2))
 EQUAL = Domain(("a", "b", "c"), (3, 3, 3))
 PRIORS = [np.array([0.7, 0.3]), np.array([0.6, 0.3, 0.1]), np.array([0.5, 0.5])]

@@ -37,6 +37,8 @@ from observability_helpers import (PrometheusServer, interpolate, load_dashboard
 
 from ldpstream.estimators.drift import sidak_threshold
 
+pytestmark = pytest.mark.e2e
+
 CID = "obs"
 WINDOW = "6s"           # the drift window (bucket_s 1: six 1 s buckets against the six before)
 ALPHA = 1e-4            # drift_alpha: false-alarm probability per refresh and estimate

@@ -18,6 +18,8 @@ from ldpstream.estimators.mechanism import ParamError, from_state, histogram, me
 from ldpstream.estimators.metrics import tvd
 from ldpstream.estimators.partitioned import Partitioned, assign_by_device, tensor_key
 
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
 DOM = Domain(("a", "b", "c"), (2, 3, 2))
 
 

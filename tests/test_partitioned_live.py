@@ -12,6 +12,9 @@ import yaml
 
 from conftest import wait_for_n
 from store_helpers import read_collection
+import pytest
+
+pytestmark = pytest.mark.pipeline
 
 COLUMNS = ("sex", "race", "relationship", "Salary")
 MARGINALS = [["sex", "race"], ["race", "relationship"], ["sex", "Salary"],

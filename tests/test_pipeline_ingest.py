@@ -8,6 +8,9 @@ import numpy as np
 
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection
+import pytest
+
+pytestmark = pytest.mark.pipeline
 
 
 def test_fleet_and_device_reports_counted_exactly(tmp_path, kafka_broker, redis_target,

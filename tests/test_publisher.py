@@ -6,6 +6,9 @@ import asyncio
 import struct
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.pipeline
 
 CODEC_LZ4 = 3  # Kafka record batch v2: attributes bits 0-2 = compression codec
 

@@ -9,6 +9,9 @@ import re
 from pathlib import Path
 
 from ldpstream.config import load_config
+import pytest
+
+pytestmark = pytest.mark.core
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "readme"
 CLI = re.compile(r"ldpstream estimates (?P<cid>[\w.-]+) --attrs (?P<attrs>[^\s`]+)"

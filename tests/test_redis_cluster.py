@@ -14,6 +14,8 @@ from ldpstream.agents.redis_client import (TRANSIENT_ERRORS, RedisUrlError, clus
 from ldpstream.config import ConfigError, parse_config
 from ldpstream.services import CLUSTER_SLOTS, EmbeddedRedisCluster
 
+pytestmark = pytest.mark.pipeline
+
 
 def _alive(pid: int) -> bool:
     try:

@@ -10,6 +10,9 @@ import numpy as np
 
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection
+import pytest
+
+pytestmark = pytest.mark.pipeline
 
 TOTAL = 150_000
 

@@ -24,6 +24,8 @@ from ldpstream.estimators.metrics import tvd
 from ldpstream.services import EmbeddedRedis
 from ldpstream.privacy import WEAK_EPSILON
 
+pytestmark = pytest.mark.pipeline
+
 ATTRS = {"sex": ["F", "M"], "income": ["<=50K", ">50K"], "edu": ["school", "college", "grad"],
          "age": ["<30", "30-50", ">50"]}
 MARGINALS = [["sex", "income"], ["income", "edu", "age"], ["edu", "sex"]]

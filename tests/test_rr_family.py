@@ -17,6 +17,8 @@ from ldpstream.estimators.rr_joint import (decode, encode, estimate_joint, estim
                                            joint_channel, joint_channel_epsilon, joint_pq,
                                            randomize_joint, submarginal_pq)
 
+pytestmark = pytest.mark.core
+
 
 # --- dependence ---------------------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ from ldpstream.estimators.mechanism import MECHANISMS, from_state, marginal_key
 from ldpstream.estimators.rr_ind import RRClusters, RRIndependent, RRJoint
 from ldpstream.estimators.rr_joint import joint_channel
 
+pytestmark = pytest.mark.core
+
 DOM = Domain(("a", "b", "c", "d"), (3, 4, 2, 5),
              (("a0", "a1", "a2"), ("b0", "b1", "b2", "b3"), ("c0", "c1"),
               ("d0", "d1", "d2", "d3", "d4")))

@@ -28,6 +28,8 @@ from threadpoolctl import threadpool_limits
 
 from ldpstream.bench.mech_rrba import run_view
 
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _single_blas_thread():

@@ -11,6 +11,8 @@ import pytest
 from ldpstream.services import (EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics,
                                 find_redis_server, find_tansu, free_port, kafka_metadata_ok)
 
+pytestmark = pytest.mark.pipeline
+
 
 def _alive(pid: int) -> bool:
     try:

@@ -13,6 +13,8 @@ import pytest
 from ldpstream.producers.device import ConfigWatcher, mechanism_from_state
 from ldpstream.producers.signing import SigningKey, StateRejected, VerifyKey, keygen
 
+pytestmark = pytest.mark.pipeline
+
 
 def _mechanism(epsilon: float = 1.0, version: int = 3):
     from ldpstream.config import load_config

@@ -14,6 +14,8 @@ from ldpstream.estimators.lopub import LoPub
 from ldpstream.estimators.mechanism import PROVIDERS
 from ldpstream.estimators.rrba import RRBA
 
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
 ADULT3 = "sex,Salary,race"
 
 

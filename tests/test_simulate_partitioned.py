@@ -7,6 +7,8 @@ import pytest
 
 from ldpstream import cli
 
+pytestmark = pytest.mark.core
+
 
 def _json(capsys, *argv):
     assert cli.main(["simulate", *argv, "--json"]) == 0

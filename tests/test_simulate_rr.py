@@ -12,6 +12,8 @@ from ldpstream.estimators.rr_ind import RRClusters, RRIndependent, RRJoint
 from ldpstream.simulate import driver as sim
 from ldpstream.simulate.driver import draw_subsets
 
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
 TOP_KEYS = {"mechanism", "n", "m", "epsilon", "epsilon_scope", "epsilon_per_record",
             "parameters", "seed", "runs", "results"}
 ROW_KEYS = {"mechanism", "estimator", "w", "subsets", "metrics", "seconds", "reports", "versions"}

@@ -20,6 +20,8 @@ from ldpstream.services import EmbeddedRedis, EmbeddedRedisCluster
 
 from store_helpers import P, cells, read, read_all
 
+pytestmark = pytest.mark.pipeline
+
 
 @pytest.fixture(scope="module", params=["redis", "redis-cluster"])
 def redis_url(request):

@@ -18,6 +18,8 @@ from ldpstream.services import EmbeddedRedis
 
 from store_helpers import P, cells, read
 
+pytestmark = pytest.mark.pipeline
+
 SPEC = TensorSpec("m:a|b", ("a", "b"), (3, 4), (0, 1))
 LAYOUT = Layout.of(0, [SPEC])
 APPLIED, REPLAYED, CONFLICT = ApplyStatus.APPLIED, ApplyStatus.REPLAYED, ApplyStatus.CONFLICT

@@ -17,6 +17,8 @@ from ldpstream.estimators.proper import clip_rescale
 from ldpstream.estimators.rr_independent import marginal_estimates, rr_independent
 from ldpstream.estimators.truncated import lower_level, truncated
 
+pytestmark = pytest.mark.core
+
 APPENDIX_B = np.array([[3, 1], [3, 3]])
 
 

@@ -17,6 +17,8 @@ import yaml
 
 from conftest import WorkerProcess, wait_for_n
 
+pytestmark = pytest.mark.pipeline
+
 TOKEN = "test-token-not-a-secret"
 MARGINALS = [["sex", "Salary"], ["race", "sex"], ["sex", "race", "Salary"]]
 ESTIMATORS = ["castell", "truncated", "hybrid-auto", "ibu"]

@@ -22,6 +22,8 @@ from ldpstream.estimators.mechanism import from_state
 from ldpstream.producers.fleet import run_fleet
 from ldpstream.producers.signing import ENV_SIGNING_KEY, SigningKey
 
+pytestmark = pytest.mark.pipeline
+
 TOTAL = 9000
 
 

@@ -19,6 +19,9 @@ import yaml
 
 from conftest import WorkerProcess
 from observability_helpers import PrometheusServer, prometheus_config, short_hold_rules
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 ATTRS = {"sex": ["F", "M"], "income": ["low", "high"], "region": ["a", "b", "c"]}
 HISTORY = 1_200_000

@@ -8,6 +8,8 @@ import pytest
 from ldpstream.agents.windows import (COARSE_FACTOR, FUTURE_TOLERANCE_S, BucketPolicy, Window,
                                       cover, parse_window)
 
+pytestmark = pytest.mark.core
+
 POLICY = BucketPolicy(60.0, (parse_window("5m"), parse_window("1h"), parse_window("all")))
 
 

@@ -41,7 +41,8 @@ from .refresh import acquire, release
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Controller", "install", "controller_for", "STATE", "LEASE"]
+__all__ = ["Controller", "install", "controller_for", "store_state", "origin_of", "STATE",
+           "LEASE"]
 
 #: collection keys (agents/keys.py ``collection_key``)
 STATE = "mechanism"
@@ -58,6 +59,15 @@ if (cur == false and ARGV[1] == '-1') or cur == ARGV[1] then
 end
 return 0
 """
+
+
+async def store_state(redis: Any, cid: str, origin: str, expected: int | None,
+                      new: Mechanism) -> bool:
+    """Store ``new`` as ``cid``'s state if the stored version is ``expected`` (None: nothing
+    stored for this ``origin`` yet); True if stored."""
+    return bool(await redis.eval(
+        _CAS, 1, keys.collection_key(cid, STATE), "-1" if expected is None else str(expected),
+        str(new.version), json.dumps(new.state()), origin, repr(time.time())))
 
 
 def origin_of(mech: Mechanism) -> str:
@@ -158,16 +168,13 @@ class Controller:
         new = await asyncio.get_running_loop().run_in_executor(None, mech.adapt, counts)
         if new is None:
             return None
-        now = time.time()
-        ok = await self.redis.eval(
-            _CAS, 1, keys.collection_key(cid, STATE),
-            str(mech.version) if mech.version != self.origin_version(cid) else "-1",
-            str(new.version), json.dumps(new.state()), self.tracks[cid].origin, repr(now))
+        expected = None if mech.version == self.origin_version(cid) else mech.version
+        ok = await store_state(self.redis, cid, self.tracks[cid].origin, expected, new)
         self.tracks[cid].last_step_s = time.perf_counter() - t0
         if not ok:   # another holder stored first: follow it
             await self.follow(cid)
             return None
-        self.adopt(cid, new, now)
+        self.adopt(cid, new, time.time())
         return new
 
     def origin_version(self, cid: str) -> int:

@@ -55,13 +55,14 @@ from aiokafka.errors import OffsetOutOfRangeError
 from mode import Service
 
 from ..producers.codec import (DLQ_TOPIC, DecodeError, ReportBatch, decode_batch, decode_uniform,
-                               dlq_record, explain_batch)
+                               dlq_record, encode_batch, explain_batch)
 from ..estimators.mechanism import Mechanism
 from . import metrics
 from .layout import Layout
 from .redis_client import TRANSIENT_ERRORS
 from .log_identity import KINDS as LOG_KINDS, LogMark, judge, mark_of
-from .store import ApplyStatus, PartitionDelta
+from .quota import side_name, split_by_quota, window_of
+from .store import ApplyStatus, PartitionDelta, SideCounter
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ class _Pending:
     rejects: list[tuple[str, str, str, bytes, int]] = dataclasses.field(default_factory=list)
     rejected_reports: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     mark: LogMark | None = None  # first record taken, the log mark if the partition has none
+    #: reports counted per quota window and device (agents/quota.py), applied as side counters
+    quota: dict[int, dict[int, int]] = dataclasses.field(default_factory=dict)
 
 
 class IngestService(Service):
@@ -138,6 +141,9 @@ class IngestService(Service):
         self.conflicts = 0         # deltas refused by the compare-and-set (re-sought)
         self.applied_reports = 0
         self._marked: set[Any] = set()      # tps whose offsets hash holds a log mark
+        #: tp -> quota window -> device -> reports counted (applied and pending); loaded from the
+        #: side counters at the stored offset, dropped with the pending deltas
+        self._quota_used: dict[Any, dict[int, dict[int, int]]] = {}
         self._suspect: set[Any] = set()     # tps whose log must be checked (out of range, short)
         #: logs found recreated / truncated / with a retention gap (agents/log_identity.py)
         self.log_resets: list[dict[str, Any]] = []
@@ -228,6 +234,7 @@ class IngestService(Service):
             self._stored.pop(tp, None)
             self._seen.pop(tp, None)
             self._pending.pop(tp, None)
+            self._quota_used.pop(tp, None)
         self._recount_pending()
         consumer.pause(*assigned)
         by_cid: dict[str, list[Any]] = defaultdict(list)
@@ -266,6 +273,7 @@ class IngestService(Service):
             self._pending.pop(tp, None)
             self._stored.pop(tp, None)
             self._seen.pop(tp, None)
+            self._quota_used.pop(tp, None)
         self._recount_pending()
         # an apply already sent for a revoked partition must finish before another owner reads
         while self._applying & revoked:
@@ -372,6 +380,7 @@ class IngestService(Service):
             self._epoch[tp] += 1   # what is pending is from before the check: dropped
             self._pending.pop(tp, None)
             self._seen.pop(tp, None)
+            self._quota_used.pop(tp, None)
         self._recount_pending()
         await self.wait_flushed()
         for cid, group in by_cid.items():
@@ -419,6 +428,8 @@ class IngestService(Service):
             t1 = time.perf_counter()
             for tp, msgs in data.items():
                 before = self._pending_reports
+                if self.collections[self.cid_of[tp.topic]].device_quota is not None:
+                    await self._load_quota(tp, msgs)
                 self._take(tp, msgs)
                 self._msgs_seen += len(msgs)
                 self._reports_seen += self._pending_reports - before
@@ -474,7 +485,8 @@ class IngestService(Service):
         pend.messages += len(msgs)
         pend.last_offset = max(msgs[-1].offset, pend.last_offset or -1)
         metrics.MESSAGES_CONSUMED.labels(cid).inc(len(msgs))
-        if len(msgs) >= 16:
+        quota = self.collections[cid].device_quota
+        if len(msgs) >= 16 and quota is None:  # the fast path drops device ids
             fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
             if fast is not None and fast.collection == cid and explain_batch(fast, known) is None:
                 per = fast.n // len(msgs)
@@ -491,14 +503,13 @@ class IngestService(Service):
             except DecodeError as exc:
                 # the topic names the collection even when the bytes cannot: count and file
                 # the reject under it (the DLQ record's topic/offset locate the message)
-                pend.rejects.append((exc.reason, exc.detail, cid, m.value or b"", m.offset))
-                key = (cid, exc.reason)
-                pend.rejected_reports[key] = pend.rejected_reports.get(key, 0) + 1
+                self._reject(pend, cid, exc.reason, exc.detail, m.value or b"", m.offset, 1)
         # validate: one vectorized check for all batches sharing (collection, version, width);
         # only when that fails, find the bad batches one by one
         groups: dict[tuple, list[tuple[Any, ReportBatch]]] = defaultdict(list)
         for m, b in good:
             groups[(b.collection, b.version, b.width)].append((m, b))
+        valid: list[tuple[Any, ReportBatch]] = []
         for (_, version, _), items in groups.items():
             if len(items) > 1:
                 joined = dataclasses.replace(items[0][1], reports=np.concatenate(
@@ -514,18 +525,86 @@ class IngestService(Service):
                 if res is None:
                     accepted.append((m, b))
                 else:
-                    pend.rejects.append((res[0], res[1], cid, m.value, m.offset))
-                    key = (cid, res[0])
-                    pend.rejected_reports[key] = pend.rejected_reports.get(key, 0) + b.n
-            if accepted:
-                reports = np.concatenate([b.reports for _, b in accepted]) \
-                    if len(accepted) > 1 else accepted[0][1].reports
-                buckets = self._buckets(cid, [m for m, _ in accepted],
-                                        np.array([b.n for _, b in accepted]))
-                now = time.time()
-                self._accept(pend, cid, version, reports, buckets,
-                             max(clamp_sent_at(b.sent_at, m.timestamp / 1000.0, now)
-                                 for m, b in accepted))
+                    self._reject(pend, cid, res[0], res[1], m.value, m.offset, b.n)
+            if quota is not None:
+                valid += accepted
+            elif accepted:
+                self._accept_batches(pend, cid, version, accepted)
+        if quota is not None and valid:
+            # the quota decides in offset order (a function of the log: the same after a crash)
+            by_version: dict[int, list[tuple[Any, ReportBatch]]] = defaultdict(list)
+            for m, b in sorted(valid, key=lambda mb: mb[0].offset):
+                kept = self._within_quota(tp, pend, cid, m, b)
+                if kept is not None:
+                    by_version[kept.version].append((m, kept))
+            for version, accepted in by_version.items():
+                self._accept_batches(pend, cid, version, accepted)
+
+    def _accept_batches(self, pend: _Pending, cid: str, version: int,
+                        accepted: list[tuple[Any, ReportBatch]]) -> None:
+        reports = np.concatenate([b.reports for _, b in accepted]) \
+            if len(accepted) > 1 else accepted[0][1].reports
+        buckets = self._buckets(cid, [m for m, _ in accepted], np.array([b.n for _, b in accepted]))
+        now = time.time()
+        self._accept(pend, cid, version, reports, buckets,
+                     max(clamp_sent_at(b.sent_at, m.timestamp / 1000.0, now) for m, b in accepted))
+
+    def _reject(self, pend: _Pending, cid: str, reason: str, detail: str, payload: bytes,
+                offset: int, reports: int) -> None:
+        pend.rejects.append((reason, detail, cid, payload, offset))
+        pend.rejected_reports[(cid, reason)] = pend.rejected_reports.get((cid, reason), 0) + reports
+
+    # --- per-device quotas (agents/quota.py) ---------------------------------------------------
+    async def _load_quota(self, tp: Any, msgs: list) -> None:
+        """Read the side counters of the quota windows of ``msgs`` not in memory yet."""
+        cid = self.cid_of[tp.topic]
+        window_s = self.collections[cid].device_quota.window_s
+        have = self._quota_used.setdefault(tp, {})
+        for w in {window_of(m.timestamp, window_s) for m in msgs} - set(have):
+            raw = await self._redis_retry(
+                lambda w=w: self.ctx.store.read_side(cid, tp.partition, side_name(w)),
+                what=f"read the quota of {cid}[{tp.partition}]")
+            if tp not in self._quota_used:  # dropped meanwhile (rebalance): reloaded next time
+                return
+            have[w] = {int(k): v for k, v in raw.items()}
+
+    def _within_quota(self, tp: Any, pend: _Pending, cid: str, m: Any,
+                      b: ReportBatch) -> ReportBatch | None:
+        """The reports of ``b`` within the device quota (the excess to the DLQ); None: none."""
+        quota = self.collections[cid].device_quota
+        if b.device_ids is None:
+            self._reject(pend, cid, "missing_device_ids", f"collection {cid!r} has a device quota: "
+                         f"every report needs a device id", m.value, m.offset, b.n)
+            return None
+        w = window_of(m.timestamp, quota.window_s)
+        used = self._quota_used[tp][w]
+        mask, taken = split_by_quota(b.device_ids, used, quota.reports)
+        counted = pend.quota.setdefault(w, {})
+        for d, k in taken.items():
+            used[d] = used.get(d, 0) + k
+            counted[d] = counted.get(d, 0) + k
+        if mask.all():
+            return b
+        over = ~mask
+        excess = encode_batch(b.collection, b.version, b.reports[over],
+                              device_ids=b.device_ids[over], sent_at=b.sent_at)
+        devices = np.unique(b.device_ids[over])
+        self._reject(pend, cid, "over_quota",
+                     f"{int(over.sum())} report(s) of {devices.size} device(s) beyond "
+                     f"{quota.reports} per device in quota window {w} ({quota.window_s:g} s); "
+                     f"first device {int(devices[0])}", excess, m.offset, int(over.sum()))
+        if not mask.any():
+            return None
+        return dataclasses.replace(b, reports=b.reports[mask], device_ids=b.device_ids[mask])
+
+    def _side(self, cid: str, pend: _Pending) -> dict[str, SideCounter]:
+        """The quota side counters of a delta (expiring two windows after theirs)."""
+        quota = self.collections[cid].device_quota
+        if quota is None:
+            return {}
+        return {side_name(w): SideCounter({str(d): k for d, k in devices.items()},
+                                          expire_at=(w + 2) * quota.window_s)
+                for w, devices in pend.quota.items() if devices}
 
     def _buckets(self, cid: str, msgs: list, sizes: np.ndarray) -> np.ndarray:
         """Fine bucket of every report (message i holds ``sizes[i]`` of them) from its message's
@@ -628,7 +707,8 @@ class IngestService(Service):
             try:
                 res = await self.ctx.store.apply_many(cid, [
                     PartitionDelta(tp.partition, p.last_offset, p.deltas, p.n,
-                                   expected=p.base, sent_at_max=p.sent_at_max)
+                                   expected=p.base, sent_at_max=p.sent_at_max,
+                                   side=self._side(cid, p))
                     for tp, p in live], self.collections[cid].policy)
             finally:
                 self._applying -= tps
@@ -686,6 +766,7 @@ class IngestService(Service):
         self._epoch[tp] += 1  # what is pending for tp now is behind the new position
         epoch = self._epoch[tp]
         self._pending.pop(tp, None)
+        self._quota_used.pop(tp, None)
         self._recount_pending()
         self._stored[tp] = stored
         if stored is not None:

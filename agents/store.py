@@ -408,6 +408,11 @@ class CountStore:
         raw = await pipe.execute()
         return {int(p): int(v) for p, v in zip(partitions, raw) if v is not None}
 
+    async def read_side(self, collection: str, partition: int, name: str) -> dict[str, int]:
+        """A side-counter hash of the shard (field → value; empty when absent)."""
+        raw = await self.redis.hgetall(keys.side_key(collection, partition, name))
+        return {(k.decode() if isinstance(k, bytes) else str(k)): int(v) for k, v in raw.items()}
+
     # --- log identity (agents/log_identity.py) -------------------------------------------------
     async def log_states(self, collection: str, partitions: int | Sequence[int]
                          ) -> dict[int, tuple[int | None, str | None]]:

@@ -30,6 +30,8 @@ File layout (YAML; TOML has the same keys)::
         drift_min_effect: 0.0             # a tvd below this is never a drift alarm
         expect_traffic: true
         version: 0
+        device_quota: {reports: 100, window_s: 86400}  # optional: reports counted per device id
+                                                       # per window; needs device ids (security.md)
 
 The API token, Kafka bootstrap and Redis URL never come from the file: ``LDP_API_TOKEN``,
 ``KAFKA_BOOTSTRAP_SERVERS``, ``REDIS_URL`` (unset = embedded services; a Redis Cluster is
@@ -115,6 +117,11 @@ class _SchemaFile(_Strict):
         return self
 
 
+class _DeviceQuotaFile(_Strict):
+    reports: int = Field(ge=1)
+    window_s: Number = Field(86_400.0, ge=1.0)
+
+
 class _CollectionFile(_Strict):
     id: str
     schema_: _SchemaFile = Field(alias="schema")
@@ -133,6 +140,7 @@ class _CollectionFile(_Strict):
     drift_min_effect: Number = Field(0.0, ge=0.0, le=1.0)
     expect_traffic: bool = True
     version: int = Field(0, ge=0, le=2**32 - 1)
+    device_quota: _DeviceQuotaFile | None = None
 
 
 class _AppFile(_Strict):
@@ -147,6 +155,16 @@ class IngestConfig:
     batch_reports: int = 20_000
     batch_seconds: float = 0.5
     max_message_bytes: int = 1_048_576
+
+
+@dataclass(frozen=True)
+class DeviceQuota:
+    """At most ``reports`` reports per device id are counted per ``window_s`` (fixed windows of
+    the Kafka record timestamp); the excess goes to ``ldp.dlq`` as ``over_quota``
+    (docs/security.md, "Per-device quotas")."""
+
+    reports: int
+    window_s: float = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -170,6 +188,8 @@ class Collection:
     drift_min_effect: float = 0.0
     expect_traffic: bool = True
     version: int = 0
+    #: per-device quota (None: none; then device ids are optional)
+    device_quota: DeviceQuota | None = None
     schema_source: str = ""
     #: the family's ``params:`` (validated by its ``from_config``)
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -346,6 +366,13 @@ def parse_config(data: Any, *, base_dir: str | os.PathLike[str] = ".",
                      source=source)
 
 
+def _device_quota(raw: Any) -> DeviceQuota | None:
+    if raw is None:
+        return None
+    q = raw if isinstance(raw, _DeviceQuotaFile) else _DeviceQuotaFile.model_validate(raw)
+    return DeviceQuota(int(q.reports), float(q.window_s))
+
+
 def _collection_values(raw: Mapping[str, Any], bad: set[str]) -> dict[str, Any]:
     """The collection's fields for the semantic checks: the file's values of the fields that
     passed their type check, defaults for omitted optional ones; fields in ``bad`` (a type error)
@@ -417,6 +444,7 @@ def _build_collection(v: Mapping[str, Any], path: str, base_dir: Path,
                       drift_alpha=float(v["drift_alpha"]),
                       drift_min_effect=float(v["drift_min_effect"]),
                       expect_traffic=v["expect_traffic"], version=v["version"],
+                      device_quota=_device_quota(v["device_quota"]),
                       schema_source=source, params=dict(v["params"]))
     try:
         mech = build_mechanism(coll, path)

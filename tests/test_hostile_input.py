@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from kafka_helpers import read_dlq
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection
 from ldpstream.producers import bounded_fetch
@@ -133,29 +134,6 @@ async def _produce_raw(bootstrap: str, topic: str, partition: int, batch: bytes)
         await producer.stop()
 
 
-def _dlq_records(bootstrap: str, since_ms: int) -> list[dict]:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    async def read() -> list[dict]:
-        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                             auto_offset_reset="earliest", enable_auto_commit=False)
-        await c.start()
-        try:
-            tp = TopicPartition("ldp.dlq", 0)
-            c.assign([tp])
-            await c.seek_to_beginning(tp)
-            end = (await c.end_offsets([tp]))[tp]
-            out = []
-            while await c.position(tp) < end:
-                for msgs in (await c.getmany(timeout_ms=1000)).values():
-                    out += [json.loads(m.value) for m in msgs if m.timestamp >= since_ms]
-            return out
-        finally:
-            await c.stop()
-
-    return asyncio.run(read())
-
-
 def test_zstd_bomb_under_memory_cap_goes_to_dlq_worker_counts_exactly(
         tmp_path, kafka_broker, redis_server, spawn_worker, unique_name):
     """The worker runs under RLIMIT_AS = its own size + 400 MiB; a 1 GiB bomb between two runs
@@ -194,7 +172,7 @@ def test_zstd_bomb_under_memory_cap_goes_to_dlq_worker_counts_exactly(
 
     asyncio.run(run())
     assert worker.proc.poll() is None, worker.log_tail()
-    bombs = [r for r in _dlq_records(kafka_broker.bootstrap, since_ms)
+    bombs = [r for r in read_dlq(kafka_broker.bootstrap, since_ms=since_ms)
              if r["collection"] == cid]
     assert [(r["reason"], r["offset"]) for r in bombs] == [("decompression_bomb", 10)], bombs
     assert "inflates beyond" in bombs[0]["detail"]

@@ -650,8 +650,21 @@ class CorrRR(TwoPhase):
     def model(self, n1: float, n2: float) -> PhaseModel:
         return PhaseModel(self.domain.shape, self.target_epsilon, n1, n2, self.copy_channels())
 
+    #: (the column counts' bytes, their Combined): every marginal of one refresh (or simulate
+    #: run) is a part of the same combination, computed once
+    _memo: tuple[bytes, Combined] | None = None
+
     def combined(self, counts: Mapping[str, np.ndarray]) -> Combined:
+        """The estimate of every marginal from the column counts (memoized on their values)."""
         c1, c2 = self.column_counts(counts)
+        key = b"".join(np.ascontiguousarray(c, dtype=np.float64).tobytes() for c in c1 + c2)
+        if self._memo is not None and self._memo[0] == key:
+            return self._memo[1]
+        out = self._combine(c1, c2)
+        self._memo = (key, out)
+        return out
+
+    def _combine(self, c1: list[np.ndarray], c2: list[np.ndarray]) -> Combined:
         n1, n2 = float(c1[0].sum()), float(c2[0].sum())
         if n2 <= 0:
             raise ValueError("corr-rr: no Phase II reports counted")

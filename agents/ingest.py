@@ -6,7 +6,7 @@ to Redis, and its own recovery seeks partitions to the *committed* offsets durin
 (faust-streaming issues #216 "resumes from kafka before seeking to committed offsets", #312 "commits
 the wrong offset in case of a gap in acks", #54 seek after revoke). A seek of ours inside
 ``on_partitions_assigned`` would race with faust's; and a faust stream costs ≈ 65 µs per message
-(DESIGN.md). So the app keeps faust for what it is good at (worker lifecycle, web server, timers)
+(docs/pipeline.md). So the app keeps faust for what it is good at (worker lifecycle, web server, timers)
 and consumes reports with an aiokafka consumer owned by this :class:`mode.Service`, which the
 faust app starts and stops with itself.
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the ldpstream worker (names fixed by docs/PIPELINE-CONTRACTS.md).
+"""Prometheus metrics of the ldpstream worker (documented in docs/dashboards.md and docs/windows.md).
 
 Every metric lives in one :class:`~prometheus_client.CollectorRegistry`, :data:`REGISTRY`, so a
 worker exposes exactly these series on ``GET /metrics`` (plus nothing from the default process

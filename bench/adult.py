@@ -5,13 +5,13 @@ subsets per w (seeded, the same for every estimator), one seeded randomization (
 ε conventions: ``attribute`` (ε = 4 on every attribute, 32 per record) and ``record`` (4/8 on
 every attribute, 4 per record). Estimators: castell, rr-independent, hybrid, hybrid-auto,
 truncated, ibu; plus ``truncated+clip`` (truncated clip-rescaled to a distribution, scored from the
-same estimate). Metrics: tvd, max_abs (MECHANISMS.md §7) and l2 = ‖P − Q‖₂, averaged over the
+same estimate). Metrics: tvd, max_abs (docs/mechanisms.md §7) and l2 = ‖P − Q‖₂, averaged over the
 subsets. ``--quick``: w = 2…4 and 4 subsets.
 
 Table VI's per-w numbers could not be found in the stored copies of the paper reachable from here,
 so those columns print ``n/a``. The paper's abstract gives the averages over the 2- to 6-way
 marginals (0.0099 for truncated, 0.0155 for hybrid); they are printed beside our averages. The
-paper does not state its distance; see docs/readme/40-adult-bench.md for which of ours comes
+paper does not state its distance; see docs/benchmarks.md for which of ours comes
 closest.
 """
 from __future__ import annotations

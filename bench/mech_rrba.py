@@ -10,11 +10,11 @@ The block loop here is the paper's experiment: each view on its own n/V clients 
 of B (``ldpstream simulate --mechanism rrba`` runs the same protocol through the one driver, each
 device picking an open view at random).
 
-Laplace baseline (the paper's definition was not available to us; see docs/readme/80-rrba.md):
+Laplace baseline (the paper's definition was not available to us; see docs/rrba.md):
 ``laplace-central`` adds Lap(1/ε) to every cell of the true contingency-table counts (the
 standard histogram release, sensitivity 1), ``laplace-local`` has every client add Lap(2/ε) to
 each cell of its one-hot table (sensitivity 2) and the server sums. Each is run at the ε the paper
-claims for RRBA, ln(1/(1−p)) ("paper ε"), and at the corrected per-record ε of RRBA (MECHANISMS.md
+claims for RRBA, ln(1/(1−p)) ("paper ε"), and at the corrected per-record ε of RRBA (docs/mechanisms.md
 §4). l2_counts is on the raw noisy counts; jsd on the clip-rescaled table.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""LoPub's client side [LoPub §V-B; MECHANISMS.md §6]: Bloom encoding with shared seeded hashes,
+"""LoPub's client side [LoPub §V-B; docs/mechanisms.md §6]: Bloom encoding with shared seeded hashes,
 bit flipping, and the ε it costs.
 
 Every attribute j gets its own Bloom filter of ``m_j`` bits and ``h`` hash functions; value ``v``

@@ -1,5 +1,5 @@
 """Castell / RR-Ind-Joint: w-way joint estimation from independently randomized attributes
-[Castell Alg. 3, §III-B; MECHANISMS.md §2].
+[Castell Alg. 3, §III-B; docs/mechanisms.md §2].
 
 Every attribute i of a record goes through its own channel ``P_i`` (``P[u, v] = Pr(Y=v | X=u)``).
 The w-way table Λ of randomized values then has expectation ``n · Π ×₁ P₁ … ×_w P_w`` and the

@@ -1,4 +1,4 @@
-"""Randomization channels (MECHANISMS.md §1): GRR, Warner-style, validated user matrices.
+"""Randomization channels (docs/mechanisms.md §1): GRR, Warner-style, validated user matrices.
 
 A channel is a row-stochastic matrix ``P[u, v] = Pr(Y = v | X = u)``. Its ε is computed from the
 matrix, never assumed [MDRR eq. 4].

@@ -1,4 +1,4 @@
-"""Cond-RR copy channels [Corr-RR] §3.3.4–3.3.5 (MECHANISMS.md §5, extension): attributes with
+"""Cond-RR copy channels [Corr-RR] §3.3.4–3.3.5 (docs/mechanisms.md §5, extension): attributes with
 different domain sizes. In Phase II the non-pivot value is drawn from the Phase I estimate of
 Pr(X_k | Y_j = y_j), where Y_j is the pivot's GRR_ε output:
 

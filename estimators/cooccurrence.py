@@ -1,4 +1,4 @@
-"""Bit co-occurrence estimator of LoPub joints (MECHANISMS.md §6 note; our addition beside Alg. 2).
+"""Bit co-occurrence estimator of LoPub joints (docs/mechanisms.md §6 note; our addition beside Alg. 2).
 
 Given a record with value ω_j of attribute j, its flipped bits are independent across attributes
 with E[ŝ_j] = A_j[:, ω_j], where A_j = f/2 + (1−f)·B_jᵀ is ``m_j × d_j``

@@ -1,6 +1,6 @@
 """``corr-rr``: the Corr-RR device protocol ([Corr-RR] §3, :mod:`.corr_rr_paper`) with an unbiased
 GLS estimate, variance-weighted combinations and a copy table chosen for the final estimator
-(MECHANISMS.md §5).
+(docs/mechanisms.md §5).
 
 **Linear model.** With g_j = P2_jᵀ f_j the distribution of the pivot's GRR_ε output and M_jk the
 published copy channel, the expected frequency of Phase II column k is

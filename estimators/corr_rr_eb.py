@@ -1,5 +1,5 @@
 """Empirical-Bayes pooling across attributes and the minimax-regret copy table of ``corr-rr``
-for one common domain size (MECHANISMS.md §5; the published copy family of [Corr-RR] §3, p_y
+for one common domain size (docs/mechanisms.md §5; the published copy family of [Corr-RR] §3, p_y
 copies, chosen per ordered pair).
 
 **Why pool.** With d values per attribute, write every marginal in the sum-zero coordinates

@@ -1,4 +1,4 @@
-"""Corr-RR as published [Corr-RR] §3 (MECHANISMS.md §5): the two-phase device protocol shared by
+"""Corr-RR as published [Corr-RR] §3 (docs/mechanisms.md §5): the two-phase device protocol shared by
 ``corr-rr`` and ``corr-rr-paper``, the published closed-form p_y, and the published estimate.
 
 Protocol (one report per user, ε-LDP on whole records):
@@ -46,7 +46,7 @@ __all__ = ["TwoPhase", "CorrRRPaper", "paper_py", "paper_py_table", "grr_copy_ch
 # --- the published p_y ----------------------------------------------------------------------------
 
 def paper_py(f_a: np.ndarray, f_b: np.ndarray, eps: float, n2: float) -> float:
-    """The published closed form (MECHANISMS.md §5, as in the authors' code): pivot a, other b.
+    """The published closed form (docs/mechanisms.md §5, as in the authors' code): pivot a, other b.
 
     d₀ = 1 − f_a − f_b; e = 2f_b − 1; α = (1−Δ)/d + (Δ/2)(d₀ + 2f_a); β = (Δ/2)e;
     D₁ = d₀e/2 + β(1−2α)/(n₂Δ²); D₂ = e²/4 − β²/(n₂Δ²); p_y = clip(−ΣD₁/(2ΣD₂), 0, 1);

@@ -1,4 +1,4 @@
-"""Dependence between categorical attributes [MDRR §4.1] (MECHANISMS.md §3).
+"""Dependence between categorical attributes [MDRR §4.1] (docs/mechanisms.md §3).
 
 Cramér's V for nominal attributes, |Pearson r| (category index as score) for ordinal ones, both
 computed from a contingency table built with one ``bincount``. [MDRR] measures dependence on the

@@ -1,5 +1,5 @@
 """Iterative Bayesian Update (EM / maximum likelihood) under independent channels
-[MDRR §2.1; MECHANISMS.md §2], accelerated with SQUAREM.
+[MDRR §2.1; docs/mechanisms.md §2], accelerated with SQUAREM.
 
 The randomized table Λ is multinomial with cell probabilities ``q = Π ×₁ P₁ … ×_w P_w``. The EM
 (IBU) map is

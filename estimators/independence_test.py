@@ -1,4 +1,4 @@
-"""χ² test of independence on a noisy RRBA two-way table ([RRBA] §6 and §7.3, MECHANISMS.md §4).
+"""χ² test of independence on a noisy RRBA two-way table ([RRBA] §6 and §7.3, docs/mechanisms.md §4).
 
 The reports of a combination (a, b) are counts ``o[t]`` per table version t, drawn from
 λ_t = p·π + (1−p)·T̃_t (T̃_t the floored fake-cell table of version t). The test:
@@ -15,7 +15,7 @@ The reports of a combination (a, b) are counts ``o[t]`` per table version t, dra
    refitted the same way; reject when the bootstrap p-value (1 + #{X²* ≥ X²})/(l + 1) ≤ α.
 
 This is our reading of the paper's procedure (the paper's text was not available to us); the
-parts named above are those MECHANISMS.md §4 fixes.
+parts named above are those docs/mechanisms.md §4 fixes.
 """
 from __future__ import annotations
 

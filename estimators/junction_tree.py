@@ -1,4 +1,4 @@
-"""Dimension reduction [LoPub Alg. 4; MECHANISMS.md §6]: a mutual-information dependency graph
+"""Dimension reduction [LoPub Alg. 4; docs/mechanisms.md §6]: a mutual-information dependency graph
 on the attributes, triangulated into a junction tree whose cliques are the attribute clusters.
 
 An edge joins attributes m and n when the mutual information of their estimated 2-way joint is at

@@ -1,4 +1,4 @@
-"""LoPub as a :class:`~ldpstream.estimators.mechanism.Mechanism` [LoPub; MECHANISMS.md §6].
+"""LoPub as a :class:`~ldpstream.estimators.mechanism.Mechanism` [LoPub; docs/mechanisms.md §6].
 
 A report is the concatenation of every attribute's flipped Bloom filter: ``report_width = Σ m_j``
 values in {0, 1} (:mod:`~ldpstream.estimators.bloom`). The server keeps count tensors:

@@ -1,4 +1,4 @@
-"""EM joint distribution estimation, EM JD [LoPub Alg. 1; MECHANISMS.md §6].
+"""EM joint distribution estimation, EM JD [LoPub Alg. 1; docs/mechanisms.md §6].
 
 The likelihood of a flipped report ŝ (restricted to the bits of the attributes S) under a candidate
 joint value ω is Π_j Π_b Pr(ŝ_j[b] | B_{j,ω_j}[b]): a bit agrees with the candidate's filter with

@@ -3,7 +3,7 @@
 Alg. 2: de-noise the bit counts of every attribute of S, y_j[b] = (ŷ_j[b] − fN/2)/(1−f), divide by
 N, and regress the concatenation y on the candidate matrix X whose column ω is the concatenation
 of the Bloom filters B_{j,ω_j} (``Σ m_j × Π d_j``), with a non-negative Lasso (scikit-learn);
-the coefficients, rescaled to sum 1, are the joint. As MECHANISMS.md §6 notes, y is a function of
+the coefficients, rescaled to sum 1, are the joint. As docs/mechanisms.md §6 notes, y is a function of
 the one-way marginals only (E[y_j] = B_jᵀ·π_j), so Alg. 2 identifies the marginals and returns
 *some* sparse joint consistent with them — measured beside the co-occurrence estimator, which does
 identify 2-way joints.

@@ -1,4 +1,4 @@
-"""Distances between an estimated and a true distribution, named exactly as MECHANISMS.md §7.
+"""Distances between an estimated and a true distribution, named exactly as docs/mechanisms.md §7.
 
 * ``tvd`` — ½·Σ|P−Q| (total variation; LoPub's AVD, eq. 32).
 * ``max_abs`` — max over cells |P−Q| ([Castell] §III-G's sup; reports average it over subsets).

@@ -1,4 +1,4 @@
-"""Multi-attribute frequency-estimation baselines of [Corr-RR] §5 (Arcolezi et al.; MECHANISMS.md §5):
+"""Multi-attribute frequency-estimation baselines of [Corr-RR] §5 (Arcolezi et al.; docs/mechanisms.md §5):
 
 * :class:`SPL` (``spl``) — split: GRR with ε/m on every attribute.
 * :class:`SMP` (``smp``) — sample: one uniformly chosen attribute j, report (j, GRR_ε(x_j)).
@@ -83,7 +83,7 @@ def _check_eps(eps: float) -> float:
 
 
 def grr_decode(counts: np.ndarray, n: float, eps: float, d: int) -> np.ndarray:
-    """Unbiased GRR inverse π̂_v = (c_v/n − q)/(p − q) (MECHANISMS.md §1)."""
+    """Unbiased GRR inverse π̂_v = (c_v/n − q)/(p − q) (docs/mechanisms.md §1)."""
     p, q = ch.grr_pq(eps, d)
     return (np.asarray(counts, dtype=float) / n - q) / (p - q)
 

@@ -1,4 +1,4 @@
-"""Turning an inverse-matrix estimate into a proper probability distribution (MECHANISMS.md §1).
+"""Turning an inverse-matrix estimate into a proper probability distribution (docs/mechanisms.md §1).
 
 Two different repairs, named apart:
 

@@ -1,5 +1,5 @@
 """RR-Adjustment [MDRR §5, Alg. 2] as raking (iterative proportional fitting) on the table of
-distinct randomized patterns (MECHANISMS.md §3).
+distinct randomized patterns (docs/mechanisms.md §3).
 
 Alg. 2 gives every randomized record the weight 1/n and, for each attribute j in turn, multiplies
 the weight of every record with y_j = k by π̂ʲ_k / s_k (s_k = current weight sum of those records),

@@ -1,5 +1,5 @@
 """RR-Clusters [MDRR §4, Alg. 1]: cluster dependent attributes, RR-Joint inside each cluster,
-independence across clusters (MECHANISMS.md §3).
+independence across clusters (docs/mechanisms.md §3).
 
 Clustering (Alg. 1) starts from singletons and walks cluster pairs by descending dependence (the
 dependence of two clusters is the maximum over their cross pairs of attributes); it merges the

@@ -1,4 +1,4 @@
-"""The RR family as :class:`~.mechanism.Mechanism` classes (MECHANISMS.md §2–3):
+"""The RR family as :class:`~.mechanism.Mechanism` classes (docs/mechanisms.md §2–3):
 
 * :class:`RRIndependent` (``rr-ind``) — every attribute through its own channel (GRR(ε_i) by
   default, or validated user matrices); the server runs any Castell-family estimator on the

@@ -1,4 +1,4 @@
-"""RR-Independent [Castell Alg. 2; MECHANISMS.md §2]: the joint as the product of marginals.
+"""RR-Independent [Castell Alg. 2; docs/mechanisms.md §2]: the joint as the product of marginals.
 
 Each 1-way marginal is estimated from the counts summed over every other axis (a 1-way Castell
 estimate, i.e. π̂ = P⁻ᵀ λ̂), repaired with :func:`~ldpstream.estimators.proper.clip_rescale`

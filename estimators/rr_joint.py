@@ -2,7 +2,7 @@
 
 For the same risk as RR-Independent with ε_A on each attribute A of C, use ε_C = Σ ε_A
 [MDRR §6.3.2]: diagonal p_C = 1/(1 + (|Ω_C|−1)·e^{−ε_C}), off-diagonal q_C = p_C·e^{−ε_C}
-(MECHANISMS.md §2). The |Ω_C|×|Ω_C| matrix is never formed: everything here uses (p_C, q_C).
+(docs/mechanisms.md §2). The |Ω_C|×|Ω_C| matrix is never formed: everything here uses (p_C, q_C).
 
 A sub-marginal over S ⊂ C of the product GRR is itself a GRR on Ω_S with
 p_S = p_C + (K−1)·q_C and q_S = K·q_C, K = |Ω_C|/|Ω_S|; so the closed-form inverse

@@ -1,5 +1,5 @@
 """RRBA — Randomized Response Block Aggregation [RRBA], with the privacy correction of
-MECHANISMS.md §4.
+docs/mechanisms.md §4.
 
 Client (per combination S of its view): with probability p report the true cell of Ω_S, else a
 fake cell drawn from the published table floored at γ, T̃ = (1−γ)·T + γ·uniform (inverse-CDF on
@@ -54,7 +54,7 @@ __all__ = [
 
 # --- client side -----------------------------------------------------------------------------
 def floor_table(T: np.ndarray, gamma: float) -> np.ndarray:
-    """T̃ = (1−γ)·T + γ·uniform (MECHANISMS.md §4 (a)); every cell ≥ γ/|Ω_S|."""
+    """T̃ = (1−γ)·T + γ·uniform (docs/mechanisms.md §4 (a)); every cell ≥ γ/|Ω_S|."""
     T = np.asarray(T, dtype=float)
     if not 0 < gamma <= 1:
         raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")

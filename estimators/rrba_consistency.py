@@ -1,4 +1,4 @@
-"""Consistent RRBA tables across views ([RRBA] §4.3, MECHANISMS.md §4) and the maximum-entropy
+"""Consistent RRBA tables across views ([RRBA] §4.3, docs/mechanisms.md §4) and the maximum-entropy
 combination of consistent low-order tables into a higher-order one.
 
 Least squares: minimise Σ_S ‖T_S − T̂_S‖² subject to A·x = b, where the rows of A say "every

@@ -1,4 +1,4 @@
-"""RRBA views: which attribute combinations a client is asked about ([RRBA] §4, MECHANISMS.md §4).
+"""RRBA views: which attribute combinations a client is asked about ([RRBA] §4, docs/mechanisms.md §4).
 
 A *view* is a list of disjoint k-subsets of the m attributes ("combinations"); a client answers
 every combination of one view. The set of views must cover every pair of attributes at least once.

@@ -1,4 +1,4 @@
-"""Synthesis [LoPub Alg. 6; MECHANISMS.md §6]: sample a dataset from the clusters' estimated joints
+"""Synthesis [LoPub Alg. 6; docs/mechanisms.md §6]: sample a dataset from the clusters' estimated joints
 in junction-tree order.
 
 The first clique of every tree is sampled from its joint; each next clique (breadth-first) is

@@ -1,4 +1,4 @@
-"""Truncated RR-Ind-Joint [Castell Alg. 4; MECHANISMS.md §2].
+"""Truncated RR-Ind-Joint [Castell Alg. 4; docs/mechanisms.md §2].
 
 No cell of a w-way marginal can exceed the (w−1)-way marginal it sums into, so the Castell
 estimate is clipped at 0 and then, for every attribute i of the marginal, capped by the clipped

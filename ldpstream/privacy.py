@@ -5,7 +5,7 @@ what it budgets (each attribute, or the whole record); ``epsilon_per_record`` an
 ``epsilon_per_attribute`` are computed from the channels the mechanism actually applies (the
 second only where attributes are randomized by separate channels: the ε that protects one
 attribute when the others are known). ``privacy_note`` flags a per-record ε above
-:data:`WEAK_EPSILON` (docs/mechanisms.md, "Privacy accounting").
+:data:`WEAK_EPSILON` (docs/mechanisms.md §9).
 """
 from __future__ import annotations
 

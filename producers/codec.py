@@ -1,7 +1,7 @@
 """The report-batch wire format, shared by devices (producers) and workers (agents).
 
 One Kafka message carries a *report batch*: a header, optional device ids, then ``n`` packed
-reports of ``width`` small unsigned integers each (DESIGN.md, "Report"). All integers are
+reports of ``width`` small unsigned integers each (docs/pipeline.md, "Wire format"). All integers are
 little-endian::
 
     offset  size  field

@@ -11,7 +11,7 @@
   buffer is full or on :meth:`Device.flush`.
 * :class:`Gateway` batches many devices' already-randomized reports into one message (with their
   device ids): the shape the fleet simulator uses, since one message per report caps a Faust
-  worker at ≈ 15k reports/s (DESIGN.md).
+  worker at ≈ 15k reports/s (docs/pipeline.md).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Privacy audit of the channels (MECHANISMS.md §1): the ε a channel was built for equals the ε
+"""Privacy audit of the channels (docs/mechanisms.md §1): the ε a channel was built for equals the ε
 computed from its matrix; invalid matrices are rejected with clear messages; ``randomize``
 follows every row of P (χ² goodness of fit) on the GRR fast path and the inverse-CDF path."""
 from __future__ import annotations

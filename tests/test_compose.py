@@ -187,10 +187,10 @@ def test_env_var_references_documented():
     names = set(VAR.findall(TEXT))
     assert {"LDP_API_TOKEN", "GRAFANA_ADMIN_PASSWORD"} <= names
     example = (ROOT / ".env.example").read_text()
-    docs = (ROOT / "docs/readme/70-api.md").read_text() + (ROOT / "docs/security.md").read_text()
+    docs = (ROOT / "docs/api.md").read_text() + (ROOT / "docs/security.md").read_text()
     for name in names:
         assert re.search(rf"^{name}=", example, re.M), f"{name} missing from .env.example"
-        assert name in docs, f"{name} not documented in docs/readme/70-api.md or docs/security.md"
+        assert name in docs, f"{name} not documented in docs/api.md or docs/security.md"
 
 
 def test_dockerfile_installs_the_project():

@@ -120,7 +120,7 @@ def test_phase2_randomize_matches_channel(dom, copy):
 # --- the published p_y and the exact-MSE table ------------------------------------------------------
 
 def test_paper_py_published_form():
-    """Hand evaluation of the published closed form for d = 3 (MECHANISMS.md §5), and its guards."""
+    """Hand evaluation of the published closed form for d = 3 (docs/mechanisms.md §5), and its guards."""
     fa, fb, eps, n2 = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.3, 0.5]), 2.0, 5000
     d = 3
     p = np.exp(eps) / (np.exp(eps) + d - 1)

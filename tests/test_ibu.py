@@ -115,7 +115,7 @@ def test_array_init_and_errors():
 
 def test_adult_high_way_marginals_converge():
     """Adult, ε = 4 and ε = 4/8 per attribute: a 5-way and a 6-way marginal converge within the
-    default cap (the full measurement is in docs/readme/20-castell.md)."""
+    default cap (the full measurement is in docs/estimators.md)."""
     ds = load_csv()
     rng = np.random.default_rng(0)
     for eps in (4.0, 0.5):

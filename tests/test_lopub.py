@@ -1,4 +1,4 @@
-"""LoPub (MECHANISMS.md §6): privacy audit, flip channel, EM, co-occurrence, Lasso, junction tree,
+"""LoPub (docs/mechanisms.md §6): privacy audit, flip channel, EM, co-occurrence, Lasso, junction tree,
 synthesis, state, CLI. Seeded; every statistical assertion states its tolerance."""
 import itertools
 import json
@@ -222,7 +222,7 @@ def test_three_way_cooccurrence_tensor_matches_the_projection_route():
 
 def test_lasso_identifies_marginals_only_and_lasso_em_runs():
     """Alg. 2 regresses on per-attribute bit sums: its marginals are right (tvd < 0.02), its
-    joint need not be (MECHANISMS.md §6 note). Alg. 3 prunes Lasso's zero cells."""
+    joint need not be (docs/mechanisms.md §6 note). Alg. 3 prunes Lasso's zero cells."""
     rng = np.random.default_rng(10)
     x = _sample(JOINT, 20000, rng)
     mech = LoPub(Domain(("a", "b"), JOINT.shape), f=0.2, seed=10)

@@ -1,4 +1,4 @@
-"""Metrics (MECHANISMS.md §7) on hand-computed values; proper-distribution repairs (§1)."""
+"""Metrics (docs/mechanisms.md §7) on hand-computed values; proper-distribution repairs (§1)."""
 from __future__ import annotations
 
 import doctest

@@ -248,20 +248,20 @@ def test_dashboards_and_alerts_against_real_prometheus(tmp_path):
 
 
 def test_docs_document_every_alert_and_metric():
-    """Every alert's runbook link (``README.md#anchor`` → docs/readme/90-dashboards-alerts.md, or
-    ``docs/<page>.md#anchor``) leads to a heading named after the alert in a page that has a table
-    row for the alert with its hold time; every exported metric has a table row in the README
-    section or in docs/windows.md (the windows, drift and refresh-failure metrics)."""
+    """Every alert's runbook link (``docs/<page>.md#anchor``) leads to a heading named after the
+    alert in a page that has a table row for the alert with its hold time; every exported metric
+    has a table row in docs/dashboards.md or in docs/windows.md (the windows, drift and
+    refresh-failure metrics)."""
     from observability_helpers import ROOT, RULES
 
     from ldpstream.agents.metrics import METRIC_NAMES
 
-    readme = (ROOT / "docs" / "readme" / "90-dashboards-alerts.md").read_text()
+    dashboards = (ROOT / "docs" / "dashboards.md").read_text()
     windows = (ROOT / "docs" / "windows.md").read_text()
     rules = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
     for r in rules:
-        page, anchor = re.match(r"([\w./-]+\.md)#(\w+)", r["annotations"]["runbook"]).groups()
-        doc = readme if page == "README.md" else (ROOT / page).read_text()
+        page, anchor = re.match(r"(docs/[\w.-]+\.md)#(\w+)", r["annotations"]["runbook"]).groups()
+        doc = (ROOT / page).read_text()
         headings = {h.strip().lower() for h in re.findall(r"^#+ (.+)$", doc, re.MULTILINE)}
         assert anchor == r["alert"].lower() and anchor in headings, (r["alert"], page, anchor)
         assert f"| [{r['alert']}](#{anchor}) |" in doc, r["alert"]
@@ -269,5 +269,5 @@ def test_docs_document_every_alert_and_metric():
         row = next(line for line in doc.splitlines() if line.startswith(f"| [{r['alert']}]"))
         assert f"| {hold}" in row, (r["alert"], hold, row)
     for name in METRIC_NAMES:
-        assert f"| `{name}` |" in readme or f"| `{name}` |" in windows, name
-    assert "for: 5s" in readme and "docker compose up" in readme
+        assert f"| `{name}` |" in dashboards or f"| `{name}` |" in windows, name
+    assert "for: 5s" in dashboards and "docker compose up" in dashboards

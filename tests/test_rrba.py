@@ -289,7 +289,7 @@ def test_mechanism_block_loop_converges_and_estimates():
     rng = np.random.default_rng(4)
     records = bn.sample(400_000, rng)
     # p = 0.8: the §5 rule ignores eq. 4's 1/p variance inflation, so at small p a view of 27
-    # cells rarely passes it (see docs/readme/80-rrba.md)
+    # cells rarely passes it (see docs/rrba.md)
     mech = RRBA(bn.domain, p=0.8, gamma=0.05, block_size=5000, max_versions=64)
     specs = mech.tensors([("A", "S")])
     counts = {s.key: np.zeros(s.shape, dtype=np.int64) for s in specs}

@@ -12,7 +12,7 @@ collecting (RRBA once every view has converged). Then for each w, ``--subsets`` 
 or, for simulate-only estimators that need whole reports (LoPub's EM, RR's
 ``rr-adjustment-full``), :meth:`Mechanism.estimate_reports` on the accepted versions' reports.
 
-Metrics against the dataset's own marginal (MECHANISMS.md §7): tvd, max_abs, mae, mse,
+Metrics against the dataset's own marginal (docs/mechanisms.md §7): tvd, max_abs, mae, mse,
 l2_counts, jsd (on the clipped estimate); averaged over subsets, then runs (``stderr`` with
 ``--runs`` > 1). With w = 1 over every attribute, ``mse`` is [Corr-RR] eq. 5.
 

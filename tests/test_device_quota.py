@@ -15,6 +15,8 @@ from ldpstream.agents.quota import split_by_quota
 from ldpstream.estimators.poisoning import inverse_map, poisoning_bound
 from store_helpers import read_collection
 
+pytestmark = pytest.mark.pipeline
+
 QUOTA = 40
 ATTACKERS = 5
 PER_ATTACKER = 600

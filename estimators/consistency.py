@@ -32,7 +32,7 @@ import numpy as np
 from .domain import Domain, Factor
 from .proper import project_simplex
 
-__all__ = ["Consistency", "make_consistent", "norm_sub", "postprocess", "shrink_to_independence",
+__all__ = ["Consistency", "expand", "make_consistent", "norm_sub", "postprocess", "shrink_to_independence",
            "max_entropy", "MaxEntResult", "shared_sets", "disagreement"]
 
 
@@ -53,7 +53,7 @@ def shared_sets(attr_sets: Sequence[frozenset[str]]) -> list[frozenset[str]]:
     return sorted(found, key=lambda s: (len(s), sorted(s)))
 
 
-def _expand(delta: np.ndarray, sub: tuple[str, ...], axes: tuple[str, ...]) -> np.ndarray:
+def expand(delta: np.ndarray, sub: tuple[str, ...], axes: tuple[str, ...]) -> np.ndarray:
     """``delta`` over ``sub`` broadcastable against a table over ``axes`` (⊇ sub)."""
     order = [a for a in axes if a in sub]
     d = np.transpose(delta, [sub.index(a) for a in order]) if sub else delta

@@ -241,6 +241,9 @@ def cell_variance(mech: Mechanism, counts: VersionedCounts, attrs: Sequence[str]
     if tuple(est.factor.domain.attrs) != attrs:
         raise ValueError(f"estimate is over {est.factor.domain.attrs}, not {attrs}")
     combined = mech.combined_counts(counts)
+    closed = mech.analytic_variance(combined, attrs, method)
+    if closed is not None:
+        return np.asarray(closed, dtype=float)
     R = int(replicates)
     if isinstance(mech, _RRBase):
         table = np.asarray(marginal_counts(mech.domain, combined, attrs), dtype=float)
@@ -301,6 +304,12 @@ def null_variances(mech: Mechanism, cur: VersionedCounts, prev: VersionedCounts,
     attrs = tuple(attrs)
     pooled, totals = pooled_tables(mech, mech.combined_counts(cur), mech.combined_counts(prev),
                                    attrs)
+    closed = mech.analytic_variance(pooled, attrs, method)
+    if closed is not None:   # ∝ 1/n: from the pooled size N to each window's
+        n_cur, n_prev = (sum(t[i] for t in totals.values()) for i in (0, 1))
+        null_size(n_cur, n_prev)
+        v = np.asarray(closed, dtype=float) * (n_cur + n_prev)
+        return v / n_cur, v / n_prev
     R = int(replicates)
     key = marginal_key(attrs)
     if isinstance(mech, RRIndependent) and method in BATCHED_METHODS:

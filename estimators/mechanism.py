@@ -256,6 +256,13 @@ class Mechanism(ABC):
                  **options: Any) -> Estimate:
         """Estimate the marginal over ``attrs`` from count tensors with ``method``."""
 
+    def analytic_variance(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
+                          method: str) -> np.ndarray | None:
+        """Per-cell variance of ``estimate(counts, attrs, method)`` in closed form, shaped like
+        its values, where the family has one (the drift test then needs no bootstrap of the
+        estimator); None: no closed form (default)."""
+        return None
+
     def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
         """Why this mechanism cannot serve the marginal ``attrs`` with ``method`` from its count
         tensors (None: it can). Config load rejects what this refuses."""

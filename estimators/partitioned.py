@@ -59,7 +59,7 @@ import numpy as np
 
 from . import frequency_oracles as fo
 from .castell import expected_tvd
-from .consistency import max_entropy, norm_sub, postprocess
+from .consistency import expand, max_entropy, norm_sub, postprocess
 from .domain import Domain, Factor
 from .mechanism import (Estimate, Mechanism, ParamError, Params, TensorSpec, record_budget,
                         register)
@@ -349,6 +349,38 @@ class Partitioned(Mechanism):
         return Estimate(Factor(dom, repair(r.table.values, options.get("proper"))), method, n,
                         self.epsilon, error_bound=None, iterations=r.iterations,
                         converged=r.converged, extra=extra)
+
+    def analytic_variance(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
+                          method: str) -> np.ndarray:
+        """Per-cell variance for the drift test. Inside a collected marginal j: the unbiased
+        estimate's, [Wang17] eq. 4 with f̂ plus the sampling of users (f(1−f)/n_j), summed over
+        the cells a projection adds (covariances ignored) — for ``norm-sub``/``calm``/
+        ``consistent`` an upper figure (their measured errors are lower). A maximum-entropy
+        marginal: through the fitted table p, for every collected sub-marginal S it was fitted
+        from, Var ≈ Var(p_S)·(p/p_S)² (the delta method with p(rest | S) held fixed), the largest
+        over S."""
+        attrs = tuple(attrs)
+        j = self.collected_for(attrs)
+        if j is not None:
+            t = np.asarray(counts[tensor_key(self.marginals[j])], dtype=np.int64)
+            n = int(t[-1])
+            if n <= 0:
+                raise ValueError(f"no reports counted for the collected marginal "
+                                 f"{self.marginals[j]}")
+            o = self.oracles[j]
+            f = clip_rescale(o.estimate(t[:-1], n))
+            var = o.variance(n, f, fixed_data=False).reshape(self._shapes[j])
+            return Factor(self.domain.project(self.marginals[j]), var).project(attrs).values
+        est = self.estimate(counts, attrs, method)
+        p = np.maximum(np.asarray(est.factor.values, dtype=float), 0.0)
+        out = np.zeros(p.shape)
+        for name in est.extra["fitted_from"]:
+            sub = tuple(a for a in attrs if a in name.split("|"))
+            p_s = expand(Factor(est.factor.domain, p).project(sub).values, sub, attrs)
+            v_s = expand(self.analytic_variance(counts, sub, method), sub, attrs)
+            ratio = np.divide(p, p_s, out=np.zeros(p.shape), where=p_s > 0)
+            out = np.maximum(out, v_s * ratio ** 2)
+        return out
 
     # --- state -----------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -105,6 +105,10 @@ def test_per_marginal_estimate_is_unbiased_by_seeded_monte_carlo(oracles, per_re
         assert np.all(np.abs(e.mean(axis=0) - truth) <= 4 * se), m
         ratio = e.var(axis=0, ddof=1).mean() / np.mean(cellvar[m])
         assert 0.7 < ratio < 1.3, (m, ratio)
+        # the closed-form per-cell variance (what the drift test uses) of the last run
+        closed = mech.analytic_variance(c, m, "unbiased")
+        ratio = e.var(axis=0, ddof=1).mean() / closed.mean()
+        assert closed.shape == truth.shape and 0.7 < ratio < 1.3, (m, ratio)
 
 
 @pytest.mark.parametrize("ways", [2, 3])
@@ -246,3 +250,23 @@ def test_from_config_params():
         with pytest.raises(ParamError) as exc:
             cls.from_config(DOM, params, epsilon=1.0)
         assert exc.value.field == field
+
+
+def test_drift_uses_the_closed_form_variance():
+    from ldpstream.estimators.drift import cell_variance, null_variances
+    recs = _records(DOM, 4000, 2)
+    mech = Partitioned(DOM, 2.0, ways=2)
+    c1 = mech.count(mech.randomize(recs, np.random.default_rng(1)), mech.tensors())
+    c2 = mech.count(mech.randomize(recs[:3000], np.random.default_rng(2)), mech.tensors())
+    for attrs, method in ((("a", "b"), "consistent"), (("b",), "calm"),
+                          (("a", "b", "c"), "consistent")):
+        est = mech.estimate(c1, attrs, method)
+        own = cell_variance(mech, {0: c1}, attrs, method, est)
+        np.testing.assert_allclose(own, mech.analytic_variance(c1, attrs, method))
+        assert own.shape == est.factor.values.shape and np.all(own >= 0) and own.sum() > 0
+        pooled = {k: c1[k] + c2[k] for k in c1}
+        v_cur, v_prev = null_variances(mech, {0: c1}, {0: c2}, attrs, method)
+        closed = mech.analytic_variance(pooled, attrs, method)
+        n1, n2 = (sum(int(round(float(c[k].sum()))) for k in c) for c in (c1, c2))
+        np.testing.assert_allclose(v_cur, closed * (n1 + n2) / n1)
+        np.testing.assert_allclose(v_prev, closed * (n1 + n2) / n2)

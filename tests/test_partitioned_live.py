@@ -26,7 +26,7 @@ def _config(path, cid: str) -> str:
     coll = {"id": cid, "schema": {"csv": {"columns": list(COLUMNS)}},
             "mechanism": "partitioned", "epsilon": 2.0, "epsilon_scope": "record",
             "params": {"ways": 2}, "partitions": 2, "marginals": MARGINALS,
-            "estimators": list(METHODS), "refresh_interval_s": 1.0, "windows": ["all"]}
+            "estimators": list(METHODS), "refresh_interval_s": 1.0, "windows": ["all", "5m"]}
     with open(path, "w") as fh:
         yaml.safe_dump({"collections": [coll]}, fh)
     return str(path)
@@ -59,8 +59,9 @@ def test_live_estimates_equal_offline(tmp_path, kafka_broker, redis_server, spaw
         for spec in coll.tensors():
             np.testing.assert_array_equal(got[spec.key], stats.counts[spec.key], err_msg=spec.key)
         window = coll.windows[0]
-        want = {(tuple(m), e): estimate_payload(coll, mech, {coll.version: stats.counts}, m, e,
-                                                window, 0.0)
+        counts = {coll.version: stats.counts}
+        want = {(tuple(m), e): estimate_payload(coll, mech, mech.estimate_versions(counts, m, e),
+                                                m, e, window, 0.0, list(counts))
                 for m in MARGINALS for e in METHODS}
         deadline = time.monotonic() + 60
         live: dict = {}

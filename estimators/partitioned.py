@@ -260,19 +260,23 @@ class Partitioned(Mechanism):
             return "no collected marginal shares an attribute with it"
         return None
 
+    def _raw(self, counts: Mapping[str, np.ndarray], j: int) -> tuple[np.ndarray, int]:
+        """(flat unbiased estimate, reports) of collected marginal j from its support counts."""
+        t = np.asarray(counts[tensor_key(self.marginals[j])], dtype=np.int64)
+        n = int(t[-1])
+        if n <= 0:
+            raise ValueError(f"no reports counted for the collected marginal "
+                             f"{self.marginals[j]}")
+        return self.oracles[j].estimate(t[:-1], n), n
+
     def unbiased(self, counts: Mapping[str, np.ndarray], j: int
                  ) -> tuple[Factor, float, float, int]:
         """(unbiased table, variance of one cell, its oracle-noise part, reports) of collected
         marginal j. The cell variance is the oracle's f-free term q*(1−q*)/(n_j(p*−q*)²) plus
         the sampling of which users report j, averaged over cells: (1 − Σf̂²)/(d_j·n_j) (f̂
         clipped and rescaled)."""
-        t = np.asarray(counts[tensor_key(self.marginals[j])], dtype=np.int64)
-        n = int(t[-1])
-        if n <= 0:
-            raise ValueError(f"no reports counted for the collected marginal "
-                             f"{self.marginals[j]}")
         o = self.oracles[j]
-        est = o.estimate(t[:-1], n)
+        est, n = self._raw(counts, j)
         f = clip_rescale(est)
         noise = float(o.variance(n)[0])
         var = noise + (1.0 - float(np.sum(f * f))) / (o.d * n)
@@ -362,13 +366,9 @@ class Partitioned(Mechanism):
         attrs = tuple(attrs)
         j = self.collected_for(attrs)
         if j is not None:
-            t = np.asarray(counts[tensor_key(self.marginals[j])], dtype=np.int64)
-            n = int(t[-1])
-            if n <= 0:
-                raise ValueError(f"no reports counted for the collected marginal "
-                                 f"{self.marginals[j]}")
             o = self.oracles[j]
-            f = clip_rescale(o.estimate(t[:-1], n))
+            est, n = self._raw(counts, j)
+            f = clip_rescale(est)
             var = o.variance(n, f, fixed_data=False).reshape(self._shapes[j])
             return Factor(self.domain.project(self.marginals[j]), var).project(attrs).values
         est = self.estimate(counts, attrs, method)

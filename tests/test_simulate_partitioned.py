@@ -52,6 +52,8 @@ def test_simulate_compare_split_vs_partitioned(capsys):
     assert "lowest TVD" in capsys.readouterr().out
 
 
-def test_simulate_compare_refuses_estimator(capsys):
+def test_simulate_compare_refuses_estimator_and_one_column(capsys):
     assert cli.main(["simulate", "--compare", "--estimator", "ibu"]) != 0
     assert "--compare" in capsys.readouterr().err
+    assert cli.main(["simulate", "--compare", "--columns", "sex", "--ways", "1"]) != 0
+    assert "at least 2 columns" in capsys.readouterr().err

@@ -35,8 +35,11 @@ def compare(args: Any) -> dict[str, Any]:
     for mech, ests in CONTENDERS.items():
         a = replace_args(args, mechanism=mech, estimator=list(ests))
         plan = plan_from_args(a)
+        m = len(plan.dataset.domain)
+        if m < 2:
+            raise CliError(f"--compare: needs at least 2 columns (got {m}); with one "
+                           "attribute there is no budget to split")
         if mech == "partitioned":
-            m = len(plan.dataset.domain)
             plan.variants = tuple({"ways": w} for w in PARTITIONED_WAYS if w <= m)
         docs.append(run_with_progress(plan, label=f"compare: {mech}"))
     rows = [r for d in docs for r in d["results"]]

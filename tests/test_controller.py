@@ -15,6 +15,7 @@ from ldpstream.agents.controller import STATE, Controller
 from ldpstream.agents.metrics import REGISTRY
 from ldpstream.agents.store import PartitionDelta
 from ldpstream.config import parse_config
+from ldpstream.producers.codec import decode_batch, encode_batch, explain_batch
 
 pytestmark = pytest.mark.pipeline
 
@@ -112,6 +113,14 @@ def test_one_worker_decides_every_worker_follows(redis_server, unique_name, mech
             assert stale_mech.version == 0
             assert await stale.ctl.step(cid) is None       # compare-and-set refused: it follows
             assert stale.ctx.mechanism(cid).state() == new.state()
+            # a stale device's batch: counted under its own version if the state still
+            # accepts it, else filed as unknown_version (what ingest does with ctx.versions)
+            batch = decode_batch(encode_batch(cid, 0, rep0[:10]))
+            why = explain_batch(batch, {cid: b.ctx.versions(cid)})
+            if 0 in new.accepted_versions():
+                assert why is None
+            else:
+                assert why is not None and why[0] == "unknown_version"
             # reports of the new version are counted under it; the estimate combines the
             # accepted versions exactly as the in-memory mechanism does
             rep1 = new.randomize(recs[400:], rng)

@@ -146,10 +146,20 @@ class Controller:
         self.adopt(cid, *got)
         return True
 
-    async def follow_all(self) -> None:
+    async def follow_all(self) -> set[str]:
+        """:meth:`follow` every adaptive collection; returns those whose stored state could not
+        be read (logged; the next tick retries)."""
+        unread = set()
         for cid in self.ctx.config.collections:
             if self.adaptive(cid):
-                await self.follow(cid)
+                try:
+                    await self.follow(cid)
+                except Exception:  # noqa: BLE001 - e.g. Redis down at start: retried by the tick
+                    metrics.CONTROLLER_ERRORS.labels(cid).inc()
+                    log.warning("controller %s: cannot read the stored state", cid,
+                                exc_info=True)
+                    unread.add(cid)
+        return unread
 
     # --- decide -------------------------------------------------------------------------------
     async def counts(self, cid: str, mech: Mechanism) -> dict[int, dict[str, Any]]:

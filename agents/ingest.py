@@ -174,8 +174,10 @@ class IngestService(Service):
         await self.producer.start()
         if self.publish_config_on_start:
             from .controller import controller_for
-            await controller_for(self.ctx).follow_all()   # the adaptive states stored so far
-            await self.publish_config()
+            # the adaptive states stored so far; one that cannot be read now is not republished
+            # (its stored version may be newer than the config's) until the controller can
+            unread = await controller_for(self.ctx).follow_all()
+            await self.publish_config(skip=unread)
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=boot, group_id=self.group_id, enable_auto_commit=False,
             # never reset a position silently: an out-of-range position means the log is not the
@@ -208,11 +210,12 @@ class IngestService(Service):
             except Exception:  # noqa: BLE001
                 log.warning("ingest: producer stop failed", exc_info=True)
 
-    async def publish_config(self) -> None:
-        """Publish every collection's mechanism state, signed with the worker's key
-        (producers/signing.py), to the compacted ``ldp.config``."""
+    async def publish_config(self, skip: Iterable[str] = ()) -> None:
+        """Publish every collection's mechanism state (but ``skip``'s), signed with the worker's
+        key (producers/signing.py), to the compacted ``ldp.config``."""
         futs = []
-        for cid in self.collections:
+        skipped = set(skip)
+        for cid in [c for c in self.collections if c not in skipped]:
             value = self.ctx.signing_key.sign_state(self.ctx.mechanism(cid).state(), cid)
             futs.append(await self.producer.send(CONFIG_TOPIC, value, key=cid.encode()))
         await asyncio.gather(*futs)

@@ -241,6 +241,13 @@ class Mechanism(ABC):
         """Randomize true records (``(n, m)`` category indices in domain order) into reports
         (``(n, report_width)``), vectorized."""
 
+    def randomize_device(self, records: np.ndarray, device_ids: np.ndarray,
+                         rng: np.random.Generator) -> np.ndarray:
+        """:meth:`randomize` for callers that know each record's device id (the device SDK);
+        families whose randomization depends on the device (partitioned: which marginal a
+        device reports) override it. Default: the ids are not used."""
+        return self.randomize(records, rng)
+
     # --- server side ---------------------------------------------------------------------------
     @abstractmethod
     def tensors(self, marginals: Sequence[Sequence[str]]) -> list[TensorSpec]:

@@ -2,9 +2,10 @@
 partitioning; CALM, Zhang et al., CCS 2018, §4; the frequency oracles of Wang et al. 2017).
 
 The collection declares the marginals it collects (a list, or every k-way one). Each report is
-assigned one of them uniformly and independently of the record — by the randomizer's rng per
-report, or, when the caller passes device ids, by a seeded hash of the device id (so a device
-always reports the same marginal) — and reports the joint value of that marginal through the
+assigned one of them uniformly and independently of the record — by a seeded hash of the device
+id where the caller knows it (the device SDK: a device always reports the same marginal), else
+by the randomizer's rng per report (the simulated fleet, ``Device``, ``simulate``) — and
+reports the joint value of that marginal through the
 frequency oracle of smallest variance for its domain size (GRR, or OLH where the domain is large;
 :func:`~.frequency_oracles.choose`). Splitting ε over attributes is avoided entirely: one report
 is one ε-LDP release of one marginal's value.
@@ -182,7 +183,7 @@ class Partitioned(Mechanism):
                          rng: np.random.Generator) -> np.ndarray:
         """As :meth:`randomize` with each report's first marginal fixed by its device id
         (:func:`assign_by_device` with ``assign_seed``): a device always reports the same
-        marginals."""
+        marginals. The device SDK (``DeviceClient``) calls this with its ``device_id``."""
         ids = np.asarray(device_ids)
         if ids.shape != (len(records),):
             raise ValueError(f"device_ids must have shape ({len(records)},), got {ids.shape}")

@@ -295,7 +295,8 @@ class DeviceClient:
             refusal = self.ledger.refusal(cost, now)
             if refusal is not None:
                 return ReportResult("refused", 0.0, mech.version, refusal)
-            report = mech.randomize(x[None, :], self.rng)[0]
+            report = mech.randomize_device(x[None, :], np.array([self.device_id], np.uint64),
+                                           self.rng)[0]
             self.ledger.commit(self.collection, now, cost)
             return ReportResult("queued", cost, mech.version, report=report)
         period = mech.memoize.period(now)

@@ -1,18 +1,18 @@
 """``mechanism: partitioned`` live: a collection configured with it, the fleet reading its state
 from ldp.config, the worker counting (the family's own ``count``) and refreshing, and the live
 estimates equal the offline ones on the same seeded reports (real broker, real Redis, worker as a
-child process)."""
+child process); the device SDK assigns each device its marginal by its id."""
 from __future__ import annotations
 
 import asyncio
 import time
 
 import numpy as np
+import pytest
 import yaml
 
 from conftest import wait_for_n
 from store_helpers import read_collection
-import pytest
 
 pytestmark = pytest.mark.pipeline
 
@@ -85,3 +85,43 @@ def test_live_estimates_equal_offline(tmp_path, kafka_broker, redis_server, spaw
 
     asyncio.run(run())
     assert worker.stop() == 0
+
+
+def test_device_sdk_assigns_marginals_by_device_id(kafka_broker, unique_name):
+    """The SDK passes its device id: every report of a device carries the marginal its id
+    hashes to (``assign_by_device``), whatever the records."""
+    from test_device_sdk import watching
+
+    from ldpstream.estimators.domain import Domain
+    from ldpstream.estimators.partitioned import Partitioned, assign_by_device
+    from ldpstream.producers.ledger import Ledger
+    from ldpstream.producers.sdk import DeviceClient, RecordingTransport
+
+    dom = Domain.from_categories({"os": ["android", "ios", "other"], "plan": ["free", "pro"],
+                                  "region": ["eu", "us"]})
+    mech = Partitioned(dom, 2.0, ways=2, assign_seed=5)
+    topic = f"cfg.{unique_name}"
+    rng = np.random.default_rng(0)
+    records = [{"os": str(rng.choice(["android", "ios", "other"])),
+                "plan": str(rng.choice(["free", "pro"])), "region": str(rng.choice(["eu", "us"]))}
+               for _ in range(30)]
+
+    async def run():
+        blocks = {}
+        async with watching(kafka_broker.bootstrap, topic, {"part": mech}) as watcher:
+            for device in range(1, 9):
+                sent = RecordingTransport()
+                client = DeviceClient("part", watcher=watcher, transport=sent,
+                                      ledger=Ledger(":memory:"), device_id=device,
+                                      rng=np.random.default_rng(device))
+                res = await client.report_many(records)
+                assert all(r.status == "queued" for r in res)
+                assert res[0].epsilon == pytest.approx(2.0)
+                await client.close()
+                codes = sent.reports()[:, 0].astype(np.int64)
+                blocks[device] = set(np.searchsorted(mech.offsets, codes, side="right") - 1)
+        want = assign_by_device(np.arange(1, 9, dtype=np.uint64), len(mech.marginals), 5)
+        assert blocks == {d: {int(k)} for d, k in zip(range(1, 9), want)}
+        assert len(set(want.tolist())) > 1          # the devices do not all share one marginal
+
+    asyncio.run(run())

@@ -237,3 +237,29 @@ def test_fleet_stops_promptly_when_its_broker_is_gone(tmp_path, lonely_broker):
             proc.wait()
     text = open(log, errors="replace").read()
     assert took < STOP_GRACE_S + 5 and code in (0, 1), (took, code, text[-2000:])
+
+
+def test_up_exits_non_zero_when_a_fleet_fails(tmp_path):
+    """--data passes the up-front check, then disappears before the fleets start: the fleet
+    fails, and up says so and exits 1 (it used to print a line and exit 0)."""
+    import shutil
+
+    from ldpstream.services import free_port
+
+    cfg, csv = _own_data(tmp_path)
+    data = tmp_path / "copy.csv"
+    shutil.copy(csv, data)
+    proc, log = _up(tmp_path, "--config", cfg, "--data", str(data), "--web-port", str(free_port()))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "embedded Kafka broker" not in open(log).read():
+            time.sleep(0.05)
+        data.unlink()  # checked already; the fleets open it again when they start
+        code = proc.wait(90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = open(log, errors="replace").read()
+    assert code == 1, text
+    assert "failed" in text and "copy.csv" in text and "stopped after a failure" in text, text

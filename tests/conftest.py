@@ -31,6 +31,40 @@ def pytest_configure(config) -> None:
         os.environ[ENV_PUBLIC_KEY] = key.verify_key.to_text()
 
 
+def declared_marks(path) -> set[str]:
+    """The marks a test file declares at module level (``pytestmark``), read without importing it."""
+    import ast
+
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark"
+                                                for t in node.targets):
+            return {n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute)
+                    and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
+    return set()
+
+
+def pytest_ignore_collect(collection_path, config):
+    """With ``-m EXPR``, a test file whose declared tier cannot match is not even imported (the
+    pipeline modules' imports would make ``make test-fast`` spend most of its time collecting).
+    Only files whose module marks, and every mark named anywhere in them, fail EXPR are skipped."""
+    import re
+
+    from _pytest.mark.expression import Expression
+
+    expr = config.getoption("markexpr")
+    if not expr or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    marks = declared_marks(collection_path)
+    if not marks:
+        return None
+    named = set(re.findall(r"pytest\.mark\.(\w+)", collection_path.read_text(encoding="utf-8")))
+    compiled = Expression.compile(expr)
+    if compiled.evaluate(marks.__contains__) or compiled.evaluate((marks | named).__contains__):
+        return None
+    return True
+
+
 def _running(kind: str):
     """Start an embedded ``EmbeddedRedis`` / ``EmbeddedBroker``, yield it, stop it. A missing binary
     fails the test with the bootstrap hint (never a skip)."""

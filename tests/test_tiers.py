@@ -8,21 +8,13 @@ import ast
 from pathlib import Path
 
 import pytest
+from conftest import declared_marks
 
 pytestmark = pytest.mark.core
 
 TESTS = Path(__file__).resolve().parent
 TIERS = {"core", "pipeline", "e2e"}
 SERVICE_FIXTURES = {"kafka_broker", "redis_server", "fresh_redis", "service_env", "spawn_worker"}
-
-
-def _marks(tree: ast.Module) -> set[str]:
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark"
-                                                for t in node.targets):
-            return {n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute)
-                    and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
-    return set()
 
 
 def _fixtures_used(tree: ast.Module) -> set[str]:
@@ -33,7 +25,7 @@ def _fixtures_used(tree: ast.Module) -> set[str]:
 @pytest.mark.parametrize("path", sorted(TESTS.glob("test_*.py")), ids=lambda p: p.name)
 def test_every_test_file_declares_one_tier(path):
     tree = ast.parse(path.read_text())
-    marks = _marks(tree)
+    marks = declared_marks(path)
     assert len(marks & TIERS) == 1, f"{path.name}: pytestmark must name one of {sorted(TIERS)}"
     if "core" in marks:
         used = _fixtures_used(tree) & SERVICE_FIXTURES

@@ -216,7 +216,7 @@ class IngestService(Service):
         futs = []
         skipped = set(skip)
         for cid in [c for c in self.collections if c not in skipped]:
-            value = self.ctx.signing_key.sign_state(self.ctx.mechanism(cid).state(), cid)
+            value = self.ctx.signing_key.sign_state(self.ctx.mechanism(cid).device_state(), cid)
             futs.append(await self.producer.send(CONFIG_TOPIC, value, key=cid.encode()))
         await asyncio.gather(*futs)
 

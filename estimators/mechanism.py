@@ -361,6 +361,12 @@ class Mechanism(ABC):
         """JSON-serializable parameters and adaptive state, including ``mechanism`` and
         ``version``."""
 
+    def device_state(self) -> dict[str, Any]:
+        """What devices need to randomize (published to ``ldp.config``; ``from_state`` of it
+        randomizes exactly like this state). Default: :meth:`state`; families whose server
+        state grows (RRBA's table history) publish less."""
+        return self.state()
+
 
 #: THE list of mechanism names: name → module of this package that defines it (imported on
 #: first use, so loading one family never pays for the others' imports, e.g. scikit-learn for

@@ -252,9 +252,10 @@ class RRBA(Mechanism):
                  alpha: float = 0.05, max_versions: int = 64,
                  history: Sequence[Sequence[Sequence[Sequence[float]]]] | None = None,
                  converged: Sequence[bool] | None = None, version: int = 0,
-                 view: int | None = None) -> None:
+                 view: int | None = None, history_from: Sequence[int] | None = None) -> None:
         """``view``: the view every device of this state answers (None: each picks one
-        uniformly at random)."""
+        uniformly at random). ``history_from``: per view, the table version of the first table
+        kept in ``history`` (a device state keeps only the current tables)."""
         super().__init__(domain, version)
         if not 0 < p < 1:
             raise ValueError(f"p must be in (0, 1), got {p!r}")
@@ -274,6 +275,8 @@ class RRBA(Mechanism):
         if history is None:
             history = [[[np.full(s, 1.0 / s)] for s in view] for view in self.sizes]
         self.history = [[[np.asarray(t, dtype=float) for t in h] for h in view] for view in history]
+        self.history_from = [0] * len(self.views) if history_from is None else \
+            [int(b) for b in history_from]
         self.converged = list(converged) if converged is not None else [False] * len(self.views)
         self._keys = {self._key(v, j): (v, j) for v in range(len(self.views))
                       for j in range(len(self.views[v]))}
@@ -287,7 +290,7 @@ class RRBA(Mechanism):
 
     def table_version(self, v: int) -> int:
         """Current (open-block) table version of view v."""
-        return len(self.history[v][0]) - 1
+        return self.history_from[v] + len(self.history[v][0]) - 1
 
     def combinations(self) -> list[tuple[int, int, tuple[str, ...]]]:
         return [(v, j, c) for v, view in enumerate(self.views) for j, c in enumerate(view)]
@@ -314,7 +317,7 @@ class RRBA(Mechanism):
         """This state with every device answering ``view`` (same version)."""
         return RRBA(self.domain, self.p, self.gamma, self.k, self.views, self.block_size,
                     self.alpha, self.max_versions, self.history, self.converged, self.version,
-                    view)
+                    view, self.history_from)
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Each client answers one view (:attr:`view`, else uniform at random) with the view's
@@ -382,7 +385,8 @@ class RRBA(Mechanism):
         if not changed:
             return self
         return RRBA(self.domain, self.p, self.gamma, self.k, self.views, self.block_size, self.alpha,
-                    self.max_versions, history, conv, self.version + 1, self.view)
+                    self.max_versions, history, conv, self.version + 1, self.view,
+                    self.history_from)
 
     # -- the adaptive protocol
     @classmethod
@@ -427,7 +431,7 @@ class RRBA(Mechanism):
         per_view = -(-n // (len(self.views) * self.block_size))
         return RRBA(self.domain, self.p, self.gamma, self.k, self.views, self.block_size,
                     self.alpha, max(2, 2 * per_view + 4), self.history, self.converged,
-                    self.version, self.view)
+                    self.version, self.view, self.history_from)
 
     def collecting(self) -> bool:
         """Until every view has converged (§5)."""
@@ -464,6 +468,8 @@ class RRBA(Mechanism):
         """Per-combination tables (attrs, array shaped by Ω_S) from the count tensors."""
         if method not in self.estimators:
             raise ValueError(f"method {method!r} is not one of {self.estimators}")
+        if any(self.history_from):
+            raise ValueError("rrba: a device state keeps no table history to estimate from")
         out = []
         for v, j, comb in self.combinations():
             c = np.asarray(counts[self._key(v, j)], dtype=float)
@@ -529,11 +535,21 @@ class RRBA(Mechanism):
             "tables": tables,
             "history": [[[t.tolist() for t in h] for h in view] for view in self.history],
             "converged": list(self.converged), "view": self.view,
+            "history_from": list(self.history_from),
         }
+
+    def device_state(self) -> dict[str, Any]:
+        """:meth:`state` with only the current table of every combination (the history is
+        the server's, for the estimates)."""
+        st = self.state()
+        st["history"] = [[[t.tolist()] for t in (h[-1] for h in view)] for view in self.history]
+        st["history_from"] = [self.table_version(v) for v in range(len(self.views))]
+        return st
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRBA":
         dom = Domain.from_dict(state["domain"])
         return cls(dom, state["p"], state["gamma"], state["k"], state["views"], state["block_size"],
                    state["alpha"], state["max_versions"], state.get("history"),
-                   state.get("converged"), state["version"], state.get("view"))
+                   state.get("converged"), state["version"], state.get("view"),
+                   state.get("history_from"))

@@ -188,6 +188,16 @@ def test_rrba_adapt_is_the_block_update():
     assert versions[0].advance(merged).state()["history"] == versions[1].state()["history"]
     est = last.estimate_versions(counts, ("a", "b"), "pooled")
     assert est.n == 3000 and est.factor.values.sum() == pytest.approx(1.0)
+    # devices get the current tables only; they randomize exactly like the server's state
+    dev = from_state(json.loads(json.dumps(last.device_state())))
+    assert [dev.table_version(v) for v in range(len(dev.views))] == \
+        [last.table_version(v) for v in range(len(last.views))]
+    assert len(json.dumps(last.device_state())) < len(json.dumps(last.state()))
+    recs = records(500, seed=9)
+    np.testing.assert_array_equal(dev.randomize(recs, np.random.default_rng(1)),
+                                  last.randomize(recs, np.random.default_rng(1)))
+    with pytest.raises(ValueError, match="no table history"):
+        dev.estimate_versions(counts, ("a", "b"), "pooled")
 
 
 # --- config --------------------------------------------------------------------------------------

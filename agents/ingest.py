@@ -46,12 +46,13 @@ import asyncio
 import dataclasses
 import logging
 import math
+import os
 import time
 from collections import defaultdict
 from typing import Any, Iterable
 
 import numpy as np
-from aiokafka.errors import OffsetOutOfRangeError
+from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from mode import Service
 
 from ..producers.codec import (DLQ_TOPIC, DecodeError, ReportBatch, decode_batch, decode_uniform,
@@ -144,6 +145,11 @@ class IngestService(Service):
         #: tp -> quota window -> device -> reports counted (applied and pending); loaded from the
         #: side counters at the stored offset, dropped with the pending deltas
         self._quota_used: dict[Any, dict[int, dict[int, int]]] = {}
+        #: poison-pill breaker (see _take_carefully): tp -> size of the next careful chunk, and
+        #: tp -> offset of a message that killed the worker while processed alone
+        self._careful: dict[Any, int] = {}
+        self._poison_at: dict[Any, int] = {}
+        self.poison_pills = 0
         self._suspect: set[Any] = set()     # tps whose log must be checked (out of range, short)
         #: logs found recreated / truncated / with a retention gap (agents/log_identity.py)
         self.log_resets: list[dict[str, Any]] = []
@@ -197,6 +203,7 @@ class IngestService(Service):
                 await asyncio.wait_for(asyncio.shield(self._flush_task), 10.0)
             except Exception:  # noqa: BLE001
                 self._flush_task.cancel()
+        await self._release(self.assignment())
         consumer, self.consumer = self.consumer, None
         producer, self.producer = self.producer, None
         if consumer is not None:
@@ -260,6 +267,21 @@ class IngestService(Service):
         current = self.assignment()
         ready = {tp for tp in assigned if tp in current and tp not in self._revoked}
         for tp in ready:
+            died, chunk = await self._redis_retry(
+                lambda tp=tp: self.ctx.store.hold(self.cid_of[tp.topic], tp.partition,
+                                                  stored_of[tp]),
+                what=f"hold {tp.topic}[{tp.partition}]")
+            self._careful.pop(tp, None)
+            self._poison_at.pop(tp, None)
+            if died:  # the previous owner died holding it: find the message, if one killed it
+                self._careful[tp] = 1
+                first = 0 if stored_of[tp] is None else stored_of[tp] + 1
+                if chunk is not None and chunk == (first, 1):
+                    self._poison_at[tp] = first
+                log.warning("ingest: %s[%d]: the previous owner died holding it; processing from "
+                            "offset %s carefully (poison-pill breaker)", tp.topic, tp.partition,
+                            first)
+        for tp in ready:
             self._stored[tp] = stored_of[tp]
             self._seen[tp] = -1 if stored_of[tp] is None else stored_of[tp]
         if not self._blocked and ready:
@@ -277,10 +299,25 @@ class IngestService(Service):
             self._stored.pop(tp, None)
             self._seen.pop(tp, None)
             self._quota_used.pop(tp, None)
+            self._careful.pop(tp, None)
+            self._poison_at.pop(tp, None)
         self._recount_pending()
         # an apply already sent for a revoked partition must finish before another owner reads
         while self._applying & revoked:
             await asyncio.sleep(0.01)
+        await self._release(revoked)
+
+    async def _release(self, tps: Iterable[Any]) -> None:
+        """Tell the breaker these partitions were let go cleanly (best effort: if Redis does not
+        answer, the next owner processes them carefully, which is only slower)."""
+        by_cid: dict[str, list[int]] = defaultdict(list)
+        for tp in tps:
+            by_cid[self.cid_of[tp.topic]].append(tp.partition)
+        for cid, parts in by_cid.items():
+            try:
+                await asyncio.wait_for(self.ctx.store.release(cid, parts), 2.0)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("ingest: could not release %s %s: %s", cid, parts, exc)
 
     # --- log identity (agents/log_identity.py) ---------------------------------------------------
     async def _verified_positions(self, cid: str, tps: list, consumer: Any) -> Any:
@@ -302,6 +339,7 @@ class IngestService(Service):
                 todo.append((tp, stored, None if mark is None else LogMark.parse(mark)))
         if not todo:
             return out
+        t0 = time.monotonic()
         try:
             start = await consumer.beginning_offsets([tp for tp, _, _ in todo])
             end = await consumer.end_offsets([tp for tp, _, _ in todo])
@@ -312,6 +350,8 @@ class IngestService(Service):
                         cid, exc)
             self._suspect |= {tp for tp, _, _ in todo}
             return out
+        log.info("ingest: checked the logs of %s %s in %.3fs", cid,
+                 sorted(tp.partition for tp, _, _ in todo), time.monotonic() - t0)
         for tp, stored, mark in todo:
             verdict = judge(stored, mark, start[tp], end[tp], found.get(tp))
             if verdict.kind is None:
@@ -419,6 +459,11 @@ class IngestService(Service):
                     max_records=self._poll_records())
             except asyncio.CancelledError:
                 raise
+            except NoOffsetForPartitionError:
+                # a partition just assigned, not positioned yet: on_assigned seeks it to the
+                # offset stored in Redis (the consumer never picks a position by itself)
+                await asyncio.sleep(0.01)
+                continue
             except OffsetOutOfRangeError as exc:  # the log is not where the offsets say
                 self._suspect |= set(exc.args[0]) if exc.args and isinstance(exc.args[0], dict) \
                     else self.assignment()
@@ -433,7 +478,10 @@ class IngestService(Service):
                 before = self._pending_reports
                 if self.collections[self.cid_of[tp.topic]].device_quota is not None:
                     await self._load_quota(tp, msgs)
-                self._take(tp, msgs)
+                if tp in self._careful:
+                    await self._take_carefully(tp, msgs)
+                else:
+                    self._take(tp, msgs)
                 self._msgs_seen += len(msgs)
                 self._reports_seen += self._pending_reports - before
             t2 = time.perf_counter()
@@ -468,6 +516,67 @@ class IngestService(Service):
         per_msg = max(1.0, self._reports_seen / self._msgs_seen)
         return int(max(16, min(self.max_records, self.batch_reports / per_msg)))
 
+    async def _take_carefully(self, tp: Any, msgs: list) -> None:
+        """The poison-pill breaker. When a worker takes a partition whose previous owner died
+        holding it (never released it), the messages after the stored offset are processed in
+        chunks of 1, 2, 4, ... messages, each chunk recorded in Redis before it is processed and
+        applied right after. If the worker dies again, the next owner reads which chunk it was:
+        a message that killed the worker while processed alone (the second death at it) goes to
+        ``ldp.dlq`` as ``poison_pill``, unprocessed; a bigger chunk starts over at size 1. So a
+        message that crashes the worker twice never causes a crash loop. Chunks reaching
+        ``max_records`` messages end careful processing."""
+        cid = self.cid_of[tp.topic]
+        pos = 0
+        while pos < len(msgs):
+            seen = self._seen.get(tp)
+            if seen is None or tp in self._revoked or tp not in self._careful:
+                return
+            while pos < len(msgs) and msgs[pos].offset <= seen:
+                pos += 1
+            if pos >= len(msgs):
+                return
+            size = self._careful[tp]
+            chunk = msgs[pos:pos + size]
+            if self._poison_at.get(tp) == chunk[0].offset:
+                del self._poison_at[tp]
+                self._poison(tp, cid, chunk[0])
+                chunk = chunk[:1]
+            else:
+                await self._redis_retry(
+                    lambda: self.ctx.store.note_chunk(cid, tp.partition, chunk[0].offset,
+                                                      len(chunk)),
+                    what=f"note a chunk of {cid}[{tp.partition}]")
+                self._take(tp, chunk)
+            pos += len(chunk)
+            await self.flush()  # applied before the next chunk is tried
+            if tp not in self._careful:
+                return
+            self._careful[tp] = size * 2
+            if self._careful[tp] > self.max_records:
+                del self._careful[tp]
+                log.warning("ingest: %s[%d] back to normal processing after offset %d", cid,
+                            tp.partition, chunk[-1].offset)
+                if pos < len(msgs):
+                    self._take(tp, msgs[pos:])
+                return
+
+    def _poison(self, tp: Any, cid: str, m: Any) -> None:
+        """File ``m`` in the DLQ unprocessed; its offset is covered by the partition's delta."""
+        pend = self._pending.get(tp)
+        if pend is None:
+            pend = self._pending[tp] = _Pending(epoch=self._epoch[tp], base=self._seen[tp])
+            if tp not in self._marked:
+                pend.mark = mark_of(m)
+        self._seen[tp] = m.offset
+        pend.messages += 1
+        pend.last_offset = max(m.offset, pend.last_offset or -1)
+        self.poison_pills += 1
+        log.error("ingest: %s[%d] offset %d: the worker died twice processing this message; "
+                  "dead-lettered unprocessed as poison_pill", cid, tp.partition, m.offset)
+        self._reject(pend, cid, "poison_pill", "the worker died while processing this message "
+                     "alone, after an earlier death holding the partition", m.value or b"",
+                     m.offset, 1)
+
     def _take(self, tp: Any, msgs: list) -> None:
         """Decode and validate the messages of one partition into its pending buffer."""
         seen = self._seen.get(tp)
@@ -477,6 +586,8 @@ class IngestService(Service):
             msgs = [m for m in msgs if m.offset > seen]
             if not msgs:
                 return
+        if _ABORT_ON is not None and any((m.value or b"").startswith(_ABORT_ON) for m in msgs):
+            os.abort()  # fault injection for the breaker's test (LDP_FAULT_ABORT_ON_HEX)
         self._seen[tp] = msgs[-1].offset
         cid = self.cid_of[tp.topic]
         pend = self._pending.get(tp)
@@ -878,10 +989,17 @@ class IngestService(Service):
                 "conflicts": self.conflicts,
                 "applied_reports": self.applied_reports, "assigned_at": self.assigned_at,
                 "last_apply_at": self.last_apply_at, "log_resets": self.log_resets[-20:],
+                "poison_pills": self.poison_pills,
+                "careful": sorted(f"{tp.topic}[{tp.partition}]" for tp in self._careful),
                 "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}
 
 
 _ABANDONED = object()
+
+#: fault injection, for tests of the poison-pill breaker only: a worker whose environment sets
+#: LDP_FAULT_ABORT_ON_HEX aborts (SIGABRT) when it processes a message starting with those bytes
+_ABORT_ON = bytes.fromhex(os.environ["LDP_FAULT_ABORT_ON_HEX"]) \
+    if os.environ.get("LDP_FAULT_ABORT_ON_HEX") else None
 
 #: how far a batch's ``sent_at`` may be from its Kafka record timestamp (and ahead of now)
 SENT_AT_TOLERANCE_S = 300.0

@@ -53,6 +53,8 @@ from .windows import COARSE_FACTOR, BucketPolicy
 __all__ = ["CountStore", "ApplyStatus", "ApplyResult", "PartitionDelta", "SideCounter",
            "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS"]
 
+#: side-counter name of the poison-pill breaker's state (starts, attempts per message)
+BREAKER = "breaker"
 DEFAULT_CHUNK_CELLS = 2**22           # 32 MiB of int64 per Redis string
 BITFIELD_OPS_PER_CALL = 1000          # 4 values per op; Lua unpack() takes at most 8000
 
@@ -128,6 +130,22 @@ redis.call('HDEL', KEYS[1], 'log')
 redis.call('HINCRBY', KEYS[1], 'log_resets', 1)
 redis.call('HSET', KEYS[1], 'log_reset', ARGV[3])
 return {1, tonumber(ARGV[2])}
+"""
+
+
+# The poison-pill breaker (agents/ingest.py): KEYS: the shard's breaker hash. ARGV: the offset a
+# worker starts the partition after (-1: none). Returns {1 if the previous owner died holding the
+# partition (it never released it), the chunk it was processing carefully from this same offset
+# ('' if none)}; the new owner holds it from now on.
+_NOTE_START_LUA = """
+local live = redis.call('HGET', KEYS[1], 'live')
+local chunk = redis.call('HGET', KEYS[1], 'chunk')
+if redis.call('HGET', KEYS[1], 'at') ~= ARGV[1] then chunk = false end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'at', ARGV[1], 'live', 1)
+local died = 0
+if live == '1' then died = 1 end
+return {died, chunk or ''}
 """
 
 
@@ -235,6 +253,7 @@ class CountStore:
         self.ops_per_call = int(ops_per_call)
         self._apply = redis.register_script(_APPLY_LUA)
         self._rebase = redis.register_script(_REBASE_LUA)
+        self._note_start = redis.register_script(_NOTE_START_LUA)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "CountStore":
@@ -412,6 +431,31 @@ class CountStore:
         """A side-counter hash of the shard (field → value; empty when absent)."""
         raw = await self.redis.hgetall(keys.side_key(collection, partition, name))
         return {(k.decode() if isinstance(k, bytes) else str(k)): int(v) for k, v in raw.items()}
+
+    # --- poison-pill breaker (agents/ingest.py) -------------------------------------------------
+    async def hold(self, collection: str, partition: int,
+                   offset: int | None) -> tuple[bool, tuple[int, int] | None]:
+        """A worker takes the partition, starting after ``offset`` (None: the beginning). Returns
+        (the previous owner died holding it, the (first offset, size) of the chunk it was
+        processing carefully from the same offset, if any)."""
+        died, chunk = await run_script(self.redis, self._note_start,
+                                       [keys.side_key(collection, partition, BREAKER)],
+                                       [-1 if offset is None else int(offset)])
+        text = chunk.decode() if isinstance(chunk, bytes) else str(chunk)
+        first, _, size = text.partition(":")
+        return bool(int(died)), (int(first), int(size)) if text else None
+
+    async def note_chunk(self, collection: str, partition: int, first: int, size: int) -> None:
+        """The holder starts processing ``size`` messages from offset ``first`` carefully."""
+        await self.redis.hset(keys.side_key(collection, partition, BREAKER), "chunk",
+                              f"{int(first)}:{int(size)}")
+
+    async def release(self, collection: str, partitions: Sequence[int]) -> None:
+        """The holder lets the partitions go cleanly (revoked, stopping)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for p in partitions:
+            pipe.hset(keys.side_key(collection, p, BREAKER), mapping={"live": 0, "chunk": ""})
+        await pipe.execute()
 
     # --- log identity (agents/log_identity.py) -------------------------------------------------
     async def log_states(self, collection: str, partitions: int | Sequence[int]

@@ -34,8 +34,8 @@ import numpy as np
 
 from . import channels as ch
 from .domain import Domain, Factor
-from .mechanism import (Estimate, Mechanism, Params, TensorSpec, VersionedCounts, record_budget,
-                        register)
+from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, VersionedCounts,
+                        record_budget, register)
 from .multi_baselines import grr_decode, one_way_axis, one_way_reason, report_dtype
 from .proper import repair
 
@@ -121,6 +121,9 @@ class TwoPhase(Mechanism):
 
     estimators: tuple[str, ...] = ()
     adaptive = True
+    #: the estimate does not depend on the copy table (the published GRR decode): Phase II
+    #: reports of every table are estimated from, so the table may be refined in Phase II
+    TABLE_FREE_ESTIMATE: bool = False
     #: Phase I reports before the table is computed (the default of the live rule)
     PHASE1_REPORTS = 1000
 
@@ -128,8 +131,14 @@ class TwoPhase(Mechanism):
                  copy: str | None = None, table: np.ndarray | None = None,
                  cond: Sequence[Sequence[np.ndarray | None]] | None = None,
                  n_plan: int | None = None, version: int = 0, phase: int | None = None,
-                 phase1_reports: int | None = None, table_since: int | None = None) -> None:
+                 phase1_reports: int | None = None, table_since: int | None = None,
+                 refine_reports: int | None = None) -> None:
         super().__init__(domain, version)
+        self.refine_reports = None if refine_reports is None else int(refine_reports)
+        if self.refine_reports is not None and (not self.TABLE_FREE_ESTIMATE
+                                                or self.refine_reports < 1):
+            raise ValueError(f"{self.name} cannot refine its table in Phase II (its estimate "
+                             "weights Phase II reports by the table they used)")
         if phase not in (None, 0, 1):
             raise ValueError(f"phase must be 0, 1 or None, got {phase!r}")
         self.phase = phase
@@ -172,6 +181,9 @@ class TwoPhase(Mechanism):
                           for k in range(m)] for j in range(m)]
         else:
             self.cond = None
+        if self.refine_reports is not None and self.copy != "py":
+            raise ValueError(f"{self.name} can refine p_y copies only (Cond-RR's conditionals "
+                             "need Phase I pairs); drop refine_reports")
 
     # -- copy channels ---------------------------------------------------------------------------
     def _initial_table(self) -> np.ndarray:
@@ -343,7 +355,8 @@ class TwoPhase(Mechanism):
     def _with(self, table: np.ndarray, cond, n_plan: int | None) -> "TwoPhase":
         """The next version: Phase II with the new table."""
         return type(self)(self.domain, self.target_epsilon, self.beta, self.copy, table, cond,
-                          n_plan, self.version + 1, 1, self.phase1_reports, self.version + 1)
+                          n_plan, self.version + 1, 1, self.phase1_reports, self.version + 1,
+                          self.refine_reports)
 
     # -- the adaptive protocol ---------------------------------------------------------------------
     @classmethod
@@ -358,9 +371,15 @@ class TwoPhase(Mechanism):
         beta = pr.number("phase1_fraction", 0.1, gt=0.0, lt=1.0)
         n_plan = pr.integer("n_plan", None, ge=2)
         copy = pr.choice("copy", None, ("py", "cond"))
+        refine = pr.integer("refine_reports", None, ge=1)
         pr.done()
-        return cls(domain, record_budget(epsilon, epsilon_scope, len(domain)), beta, copy,
-                   n_plan=n_plan, version=version, phase=0, phase1_reports=reports)
+        try:
+            return cls(domain, record_budget(epsilon, epsilon_scope, len(domain)), beta, copy,
+                       n_plan=n_plan, version=version, phase=0, phase1_reports=reports,
+                       refine_reports=refine)
+        except ValueError as exc:
+            field = "refine_reports" if refine is not None and "refine" in str(exc) else "copy"
+            raise ParamError(field, str(exc)) from None
 
     def planned_for(self, n: int) -> "TwoPhase":
         """Phase I for round(β·n) of ``n`` devices, the table planned for n."""
@@ -384,24 +403,43 @@ class TwoPhase(Mechanism):
                 if k in out:
                     t = np.asarray(t)
                     out[k][0] += t[0]
-                    if v >= self.table_since:
+                    if v >= self.table_since or self.TABLE_FREE_ESTIMATE:
                         out[k][1] += t[1]
         return out
 
     def _phase1_counted(self, counts: VersionedCounts) -> int:
         return int(self.combined_counts(counts)[self.tensors()[0].key][0].sum())
 
+    def _phase2_of_table(self, counts: VersionedCounts) -> int:
+        """Phase II reports made with the current table."""
+        key = self.tensors()[0].key
+        return int(sum(np.asarray(counts[v][key])[1].sum() for v in counts
+                       if v >= self.table_since and key in counts[v]))
+
     def reports_until_adapt(self, counts: VersionedCounts) -> int | None:
-        if self.phase != 0:
-            return None
-        return max(1, self.phase1_reports - self._phase1_counted(counts))
+        if self.phase == 0:
+            return max(1, self.phase1_reports - self._phase1_counted(counts))
+        if self.phase == 1 and self.refine_reports is not None:
+            return max(1, self.refine_reports - self._phase2_of_table(counts))
+        return None
 
     def adapt(self, counts: VersionedCounts) -> "TwoPhase | None":
         """End Phase I once ``phase1_reports`` Phase I reports are counted: the table planned
-        from them (:meth:`refine`), published in Phase II."""
-        if self.phase != 0 or self._phase1_counted(counts) < self.phase1_reports:
-            return None
-        return self.refine(self.combined_counts(counts))
+        from them (:meth:`refine`), published in Phase II. With ``refine_reports``, every time
+        that many Phase II reports used the current table, the table planned from every report
+        so far (:meth:`refine_phase2`) is the next version."""
+        if self.phase == 0:
+            if self._phase1_counted(counts) < self.phase1_reports:
+                return None
+            return self.refine(self.combined_counts(counts))
+        if (self.phase == 1 and self.refine_reports is not None
+                and self._phase2_of_table(counts) >= self.refine_reports):
+            return self.refine_phase2(self.combined_counts(counts))
+        return None
+
+    def refine_phase2(self, counts: Mapping[str, np.ndarray]) -> "TwoPhase":
+        """The next table from every report so far (families with a table-free estimate)."""
+        raise NotImplementedError
 
     def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
         return super().check_marginal(attrs, method) or one_way_reason(self, attrs, method)
@@ -414,7 +452,7 @@ class TwoPhase(Mechanism):
               "report": "[phase, y_1..y_m]; phase 0 = Phase I (SPL, GRR(eps/m) per attribute), "
                         "1 = Phase II (pivot GRR(eps) + copies)",
               "phase": self.phase, "phase1_reports": self.phase1_reports,
-              "table_since": self.table_since,
+              "table_since": self.table_since, "refine_reports": self.refine_reports,
               "assignment": ("each device is in Phase I with probability phase1_fraction"
                              if self.phase is None else f"every device reports in "
                              f"Phase {'I' if self.phase == 0 else 'II'}")}
@@ -431,7 +469,8 @@ class TwoPhase(Mechanism):
                    None if cond is None else [[None if M is None else np.asarray(M) for M in row]
                                               for row in cond],
                    state.get("n_plan"), int(state.get("version", 0)), state.get("phase"),
-                   state.get("phase1_reports"), state.get("table_since"))
+                   state.get("phase1_reports"), state.get("table_since"),
+                   state.get("refine_reports"))
 
     # -- audit -----------------------------------------------------------------------------------
     def phase2_channel(self) -> tuple[np.ndarray, np.ndarray]:
@@ -473,6 +512,18 @@ class CorrRRPaper(TwoPhase):
 
     name = "corr-rr-paper"
     estimators = ("paper", "phase1")
+    TABLE_FREE_ESTIMATE = True
+
+    def refine_phase2(self, counts: Mapping[str, np.ndarray]) -> "CorrRRPaper":
+        """p_y refined as Phase II data arrives: the published closed form with the current
+        (count-weighted Phase I + Phase II) estimates, clip-rescaled, in place of the Phase I
+        ones, planned for the Phase II users still expected (p_y copies only)."""
+        from .proper import clip_rescale
+        n1, n2 = self.phase_sizes(counts)
+        n_total = self.n_plan or int(round(n1 / self.beta))
+        f = [clip_rescale(x) for x in self.estimate_all(counts, "paper")]
+        return self._with(paper_py_table(f, self.target_epsilon, max(n_total - n1 - n2, 1)),
+                          None, self.n_plan)
 
     def refine(self, counts: Mapping[str, np.ndarray], n_plan: int | None = None) -> "CorrRRPaper":
         n1, n2 = self.plan(counts, n_plan)

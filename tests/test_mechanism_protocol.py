@@ -157,11 +157,12 @@ def test_corr_rr_phase_one_then_table_then_phase_two(name):
     np.testing.assert_array_equal(again.table, last.table)
     est = last.estimate_versions(counts, ("a",), last.estimators[0])
     assert est.n == 3000
-    # Phase II reports made with an older table are not mixed into this table's estimate
-    stale = {**counts, 1: {k: t * 0 for k, t in counts[1].items()}}
+    # corr-rr: Phase II reports made with an older table are not mixed into this table's
+    # estimate; corr-rr-paper decodes Phase II whatever the table, so it keeps them
     newer = type(last).from_state({**last.state(), "version": 2, "table_since": 2})
-    comb = newer.combined_counts({**stale, 1: counts[1]})
-    assert comb["corr:a"][1].sum() == 0 and comb["corr:a"][0].sum() == n1
+    comb = newer.combined_counts(counts)
+    assert comb["corr:a"][0].sum() == n1
+    assert comb["corr:a"][1].sum() == (2500 if name == "corr-rr-paper" else 0)
 
 
 def test_rs_rfd_learns_its_priors_in_an_spl_round():
@@ -247,3 +248,18 @@ def test_every_family_is_configurable(name):
     app = parse_config(_config(name, marginals, [est], params=PARAMS.get(name, {})), env={})
     mech = app.collections["t"].mechanism()
     assert type(mech) is cls and mech.tensors(app.collections["t"].marginals)
+
+
+def test_corr_rr_paper_refines_p_y_as_phase_two_data_arrives():
+    mech = build("corr-rr-paper", refine_reports=600)
+    last, counts, versions = _drive(mech, records(3000), np.random.default_rng(5), marginals=())
+    # Phase I (500), then a table every 600 Phase II reports: versions 1..5
+    assert [(v.version, v.phase, v.table_since) for v in versions] == [
+        (0, 0, 0), (1, 1, 1), (2, 1, 2), (3, 1, 3), (4, 1, 4), (5, 1, 5)]
+    assert not np.allclose(versions[1].table, versions[2].table)
+    # the published estimate decodes Phase II whatever the table: every report is used
+    est = last.estimate_versions(counts, ("a",), "paper")
+    assert est.n == 3000 and last.accepted_versions() == (0, 1, 2, 3, 4, 5)
+    with pytest.raises(ParamError) as ei:
+        build("corr-rr", refine_reports=600)
+    assert ei.value.field == "refine_reports"

@@ -13,6 +13,9 @@ import numpy as np
 from conftest import wait_for_n, write_config
 from kafka_helpers import read_dlq
 from store_helpers import read_collection
+import pytest
+
+pytestmark = pytest.mark.pipeline
 
 POISON = b"POISON-PILL:"
 

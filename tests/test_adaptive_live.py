@@ -178,3 +178,75 @@ def test_rrba_blocks_live(kafka_broker, redis_server, service_env, spawn_worker,
     assert info["version"] == mech.version, (info["version"], mech.version)
     want = mech.estimate_versions(counts, ("sex", "Salary"), "pooled").factor.values
     np.testing.assert_allclose(est["cells"], want, rtol=1e-9, atol=1e-12)
+
+
+def _metric(url, name, **labels):
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and all(w in line for w in want))
+
+
+def test_rr_clusters_clustering_live_and_stale_devices(kafka_broker, redis_server, service_env,
+                                                       spawn_worker, unique_name, tmp_path):
+    """RR-Clusters: the singleton round's pair counts are clustered by the controller (version
+    1); the fleet follows; reports still stamped with version 0 after the switch are filed as
+    unknown_version (the rule: the clustered state does not accept them) — every report is
+    either counted under its version or filed, none lost or doubled."""
+    cid = unique_name.replace("_", "-")
+    doc = {"collections": [{
+        "id": cid, "schema": {"csv": {"columns": ["sex", "relationship", "Salary"]}},
+        "mechanism": "rr-clusters", "params": {"cluster_reports": 1500, "min_dependence": 0.2},
+        "epsilon": 2.0, "partitions": 2, "marginals": [["sex", "relationship"]],
+        "estimators": ["castell"], "refresh_interval_s": 1, "controller_interval_s": 0.3,
+        "windows": ["all"]}], "ingest": {"batch_reports": 500, "batch_seconds": 0.2}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    coll = load_config(path, env={}).collections[cid]
+    key = SigningKey.generate()
+    worker = spawn_worker(str(path), dict(service_env, **{ENV_SIGNING_KEY: key.to_text()}))
+    worker.wait_ready()
+
+    async def main():
+        store = make_store(redis_server.url)
+        try:
+            stats = await run_fleet(kafka_broker.bootstrap, coll, total=TOTAL, rate=1000,
+                                    batch=100, seed=11, verify_key=key.verify_key,
+                                    config_timeout_s=20)
+            assert stats.version == 1, stats
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                n = await store.n(cid, 2)
+                filed = _metric(worker.url, "ldp_reports_rejected_total", collection=cid,
+                                reason="unknown_version")
+                if n + filed >= TOTAL:
+                    break
+                await asyncio.sleep(0.3)
+            assert n + filed == TOTAL, (n, filed)
+            state = json.loads(await store.redis.hget(keys.collection_key(cid, STATE), "state"))
+            assert state["version"] == 1 and state["clustered"]
+            mech = from_state(state)
+            # version 0 counted (the singleton round), version 1 estimated
+            lay0 = Layout.of(0, from_state({**state, "version": 0, "clustered": False,
+                                            "clusters": [[a] for a in coll.domain.attrs]}
+                                           ).tensors(coll.marginals))
+            got = await store.read_all_time(cid, 2, {0: lay0,
+                                                     1: Layout.of(1, mech.tensors(coll.marginals))})
+            n0 = int(next(iter(got[0].values())).sum())
+            n1 = int(next(iter(got[1].values())).sum())
+            assert n0 >= 1500 and n0 + n1 == n
+            return mech, {1: got[1]}
+        finally:
+            await store.close()
+
+    mech, counts = asyncio.run(asyncio.wait_for(main(), 180))
+    deadline = time.monotonic() + 30
+    n1 = int(next(iter(counts[1].values())).sum())
+    while True:
+        est = _get(f"{worker.url}/estimates/{cid}?attrs=sex,relationship&method=castell&window=all")
+        if est.get("n") == n1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert est["version"] == 1 and est["versions"] == [1]
+    want = mech.estimate_versions(counts, ("sex", "relationship"), "castell").factor.values
+    np.testing.assert_allclose(est["cells"], want, rtol=1e-9, atol=1e-12)

@@ -26,7 +26,9 @@ def _fixtures_used(tree: ast.Module) -> set[str]:
 def test_every_test_file_declares_one_tier(path):
     tree = ast.parse(path.read_text())
     marks = declared_marks(path)
-    assert len(marks & TIERS) == 1, f"{path.name}: pytestmark must name one of {sorted(TIERS)}"
+    used = _fixtures_used(tree) & SERVICE_FIXTURES
+    hint = "pipeline" if used else "core"
+    assert len(marks & TIERS) == 1, (f"{path.name}: declare one tier of {sorted(TIERS)} after "
+                                     f"the imports, e.g. `pytestmark = pytest.mark.{hint}`")
     if "core" in marks:
-        used = _fixtures_used(tree) & SERVICE_FIXTURES
         assert not used, f"{path.name} is core but uses {sorted(used)}: mark it pipeline"

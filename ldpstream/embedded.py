@@ -212,7 +212,7 @@ def main(args: Any) -> int:
     from .producers.signing import (ENV_SIGNING_KEY, ENV_SIGNING_KEY_FILE, SigningKey,
                                     load_signing_key)
     from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics
-    from .privacy import privacy_note
+    from .privacy import epsilon_fields
     from .producers.fleet import check_source, default_data
     from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics, port_free
 
@@ -277,7 +277,7 @@ def main(args: Any) -> int:
         print(f"metrics: http://{host}:{web_port}/metrics   health: http://{host}:{web_port}/healthz",
               flush=True)
         for coll in config.collections.values():
-            note = privacy_note(float(coll.mechanism().epsilon))
+            note = epsilon_fields(coll, coll.mechanism())["privacy_note"]
             if note:
                 print(f"{coll.id}: {note}", flush=True)
         print("Ctrl-C stops everything." + ("" if args.duration is None else

@@ -32,7 +32,8 @@ def epsilon_per_attribute(mechanism: Mechanism) -> float | None:
 
 def privacy_note(epsilon_per_record: float | None) -> str | None:
     """A warning when ``epsilon_per_record`` is weak privacy, else None."""
-    if epsilon_per_record is None or epsilon_per_record <= WEAK_EPSILON:
+    # a computed ε of 4.000000000000004 is the configured 4: compare with a relative tolerance
+    if epsilon_per_record is None or epsilon_per_record <= WEAK_EPSILON * (1 + 1e-9):
         return None
     ratio = "more than 1e300" if epsilon_per_record > 690 else f"{math.exp(epsilon_per_record):.3g}"
     return (f"weak privacy: ε = {epsilon_per_record:.3g} per record, so one report can be "

@@ -227,7 +227,11 @@ class Partitioned(Mechanism):
                 for m, s in zip(self.marginals, self._shapes)]
 
     def count(self, reports: np.ndarray, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+        """Per declared marginal: its oracle's support counts of the codes in its block, then
+        how many codes fell in it."""
         codes = np.asarray(reports).reshape(-1).astype(np.int64)   # every slot is one code
+        if codes.size and (codes.min() < 0 or codes.max() >= self.offsets[-1]):
+            raise ValueError(f"report codes must lie in 0…{int(self.offsets[-1]) - 1}")
         k = np.searchsorted(self.offsets, codes, side="right") - 1
         index = {tensor_key(m): j for j, m in enumerate(self.marginals)}
         out = {}

@@ -209,6 +209,8 @@ def test_layout_count_and_ingest_fast_path():
     assert [s.key for s in specs] == [tensor_key(m) for m in mech.marginals]
     counts = mech.count(rep, specs)
     assert sum(int(counts[s.key][-1]) for s in specs) == 5000
+    with pytest.raises(ValueError, match="report codes must lie in"):
+        mech.count(np.array([[int(mech.offsets[-1])]]), specs)
     got = count_reports(mech, rep, specs)
     for s in specs:
         np.testing.assert_array_equal(got[s.key], counts[s.key])

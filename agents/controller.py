@@ -175,7 +175,7 @@ class Controller:
             return None
         t0 = time.perf_counter()
         counts = await self.counts(cid, mech)
-        new = await asyncio.get_running_loop().run_in_executor(None, mech.adapt, counts)
+        new = await asyncio.get_running_loop().run_in_executor(None, _adapt, mech, counts)
         if new is None:
             return None
         expected = None if mech.version == self.origin_version(cid) else mech.version
@@ -231,6 +231,15 @@ class Controller:
                 "version_changes": tr.changes, "published_version": tr.published,
                 "version_stored_at": tr.stored_at or None, "last_step_s": tr.last_step_s,
                 "recent_versions": list(tr.history)}
+
+
+def _adapt(mech: Mechanism, counts: Any) -> Mechanism | None:
+    """``mech.adapt`` with one BLAS thread: the adaptive steps are many small dense solves
+    (Corr-RR's table search), which a multi-threaded BLAS slows by an order of magnitude on a
+    busy machine."""
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(1):
+        return mech.adapt(counts)
 
 
 def controller_for(ctx: Context) -> Controller:

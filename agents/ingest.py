@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_TOPIC = "ldp.config"
 REDIS_ERRORS = TRANSIENT_ERRORS  # retried with consumption paused (incl. a cluster failover)
+OFFSET_AUDIT_S = 5.0             # how often idle partitions' stored offsets are checked
 
 
 @dataclasses.dataclass
@@ -140,6 +141,8 @@ class IngestService(Service):
         self.timings = {"poll": 0.0, "decode": 0.0, "flush_wait": 0.0, "count": 0.0, "apply": 0.0}
         self.skipped_batches = 0   # deltas whose range was already counted (REPLAYED)
         self.conflicts = 0         # deltas refused by the compare-and-set (re-sought)
+        self.lost_rereads = 0      # idle partitions whose stored offset went back (re-sought)
+        self._last_audit = 0.0
         self.applied_reports = 0
         self._marked: set[Any] = set()      # tps whose offsets hash holds a log mark
         #: tp -> quota window -> device -> reports counted (applied and pending); loaded from the
@@ -504,6 +507,9 @@ class IngestService(Service):
                 self._update_lag()
                 if self._suspect:
                     await self._check_suspects()
+            if now - self._last_audit >= OFFSET_AUDIT_S:
+                self._last_audit = now
+                await self._audit_offsets()
             if now - self._last_commit >= 5.0:
                 self._last_commit = now
                 await self._commit()
@@ -872,6 +878,37 @@ class IngestService(Service):
                             pend.base, pend.last_offset, res.status.value, res.stored)
                 await self._resync(tp, pend, res.stored)
 
+    async def _audit_offsets(self) -> None:
+        """Re-read an idle partition whose stored offset went BACK behind the one this worker
+        applied: acknowledged writes were lost (a Redis Cluster failover: replication is
+        asynchronous, count deltas and offset are lost together). A partition with traffic finds
+        out at its next apply (CONFLICT); one with none would stay short until its next report.
+        Only when no flush is in flight, for partitions with nothing pending; a read error is
+        left to the next apply (which retries and pauses consumption)."""
+        in_flight = self._flush_task is not None and not self._flush_task.done()
+        if self.consumer is None or self._blocked or in_flight:
+            return
+        ours: dict[str, dict[Any, int]] = defaultdict(dict)
+        for tp in self.assignment():
+            if self._stored.get(tp) is not None and tp not in self._pending \
+                    and tp not in self._revoked:
+                ours[self.cid_of[tp.topic]][tp] = self._stored[tp]
+        for cid, mine in ours.items():
+            try:
+                stored = await self.ctx.store.offsets(cid, [tp.partition for tp in mine])
+            except REDIS_ERRORS:
+                return
+            for tp, applied in mine.items():
+                now_stored = stored.get(tp.partition)
+                if (now_stored is not None and now_stored >= applied) or tp in self._pending \
+                        or self._stored.get(tp) != applied:
+                    continue  # as applied (or ahead: another owner), or moved on meanwhile
+                self.lost_rereads += 1
+                log.warning("ingest: %s[%d] stored offset %s is behind %d, applied by this "
+                            "worker: writes were lost (Redis failover?); re-reading from there",
+                            cid, tp.partition, now_stored, applied)
+                await self._resync(tp, _Pending(epoch=self._epoch[tp]), now_stored)
+
     async def _resync(self, tp: Any, pend: _Pending, stored: int | None) -> None:
         """Drop what is pending for ``tp`` and re-seek it to ``stored + 1`` (the beginning when
         nothing is stored), unless it was revoked or re-assigned meanwhile."""
@@ -986,7 +1023,7 @@ class IngestService(Service):
         return {"assigned": sorted(f"{tp.topic}[{tp.partition}]" for tp in self.assignment()),
                 "blocked": self._blocked, "pending_reports": self._pending_reports,
                 "applied_batches": self.applied_batches, "skipped_batches": self.skipped_batches,
-                "conflicts": self.conflicts,
+                "conflicts": self.conflicts, "lost_rereads": self.lost_rereads,
                 "applied_reports": self.applied_reports, "assigned_at": self.assigned_at,
                 "last_apply_at": self.last_apply_at, "log_resets": self.log_resets[-20:],
                 "poison_pills": self.poison_pills,

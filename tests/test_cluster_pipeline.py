@@ -8,6 +8,9 @@
   behind the one it continues from (compare-and-set CONFLICT), re-reads from the stored offset,
   and the final counts equal the counts of the reports produced, exactly. ``/healthz`` shows the
   failover while it lasts. Then the worker is SIGKILLed and replaced.
+* Failover on an idle stream: every report is counted (acknowledged by the stalled master only),
+  then nothing more arrives and the master dies: no apply will conflict, so the worker's periodic
+  offset audit finds the stored offsets behind its own and re-reads them; counts exact.
 * Many workers: 3 workers × 12 partitions, workers joining and leaving mid-stream; counts exact;
   the time each rebalance takes (membership change → the live workers hold every partition once,
   positioned) is printed (it is measured, not asserted; a join is timed from the process spawn,
@@ -28,6 +31,12 @@ import pytest
 
 pytestmark = pytest.mark.pipeline
 
+from ldpstream.agents import keys
+from ldpstream.agents.app import make_store
+from ldpstream.agents.redis_client import TRANSIENT_ERRORS
+from ldpstream.config import load_config
+from ldpstream.producers.fleet import run_fleet
+
 
 def _health(worker) -> dict:
     return json.loads(worker.get("/healthz", timeout=3.0, any_status=True))
@@ -47,6 +56,19 @@ def _stall_replication(cluster, master, tag: str):
     return replicas
 
 
+def _one_worker(tmp_path, cid: str, cluster, service_env, spawn_worker, *,
+                refresh_interval_s: float):
+    """A 6-partition collection with small, frequent deltas and one worker on ``cluster``:
+    (config path, collection, worker env, worker, store)."""
+    path = write_config(tmp_path / "c.yaml", cid, partitions=6,
+                        refresh_interval_s=refresh_interval_s,
+                        ingest={"batch_reports": 4000, "batch_seconds": 0.2})
+    env = dict(service_env, REDIS_URL=cluster.url)
+    worker = spawn_worker(path, env=env)
+    worker.wait_ready(60)
+    return path, load_config(path).collections[cid], env, worker, make_store(cluster.url)
+
+
 def _assert_counts(got: dict, want: dict) -> None:
     assert set(got) >= set(want)
     for key, w in want.items():
@@ -55,21 +77,11 @@ def _assert_counts(got: dict, want: dict) -> None:
 
 def test_master_failover_loses_acknowledged_writes_counts_stay_exact(
         tmp_path, kafka_broker, fresh_redis_cluster, service_env, spawn_worker, unique_name):
-    from ldpstream.agents import keys
-    from ldpstream.agents.app import make_store
-    from ldpstream.config import load_config
-    from ldpstream.producers.fleet import run_fleet
-
     cluster = fresh_redis_cluster
     cid = unique_name
     total = 150_000
-    path = write_config(tmp_path / "c.yaml", cid, partitions=6, refresh_interval_s=1.0,
-                        ingest={"batch_reports": 4000, "batch_seconds": 0.2})
-    coll = load_config(path).collections[cid]
-    env = dict(service_env, REDIS_URL=cluster.url)
-    worker = spawn_worker(path, env=env)
-    worker.wait_ready(60)
-    store = make_store(cluster.url)
+    path, coll, env, worker, store = _one_worker(tmp_path, cid, cluster, service_env,
+                                                 spawn_worker, refresh_interval_s=1.0)
     events: list[str] = []
     t0 = time.monotonic()
 
@@ -143,12 +155,58 @@ def test_master_failover_loses_acknowledged_writes_counts_stay_exact(
     assert worker.stop() == 0
 
 
+def test_failover_on_an_idle_stream_rereads_what_was_lost(
+        tmp_path, kafka_broker, fresh_redis_cluster, service_env, spawn_worker, unique_name):
+    """All the reports are counted while one master's replica is stalled, then the stream stops
+    and the master dies: no apply will ever conflict, the worker's offset audit finds the stored
+    offsets behind its own and re-reads them."""
+    cluster = fresh_redis_cluster
+    cid = unique_name
+    total = 30_000
+    _, coll, _, worker, store = _one_worker(tmp_path, cid, cluster, service_env, spawn_worker,
+                                            refresh_interval_s=60.0)
+    master = cluster.master_of(keys.offsets_key(cid, 0))
+    on_master = [p for p in range(coll.partitions)
+                 if cluster.master_of(keys.offsets_key(cid, p)).port == master.port]
+
+    async def n_now() -> int:
+        for _ in range(100):  # the test's own client may meet the dead master first
+            try:
+                return await store.n(cid, coll.partitions)
+            except TRANSIENT_ERRORS:
+                await asyncio.sleep(0.1)
+        raise AssertionError("Redis Cluster unreachable")
+
+    async def run():
+        replicas = await asyncio.to_thread(_stall_replication, cluster, master, f"{cid}#0")
+        stats = await run_fleet(kafka_broker.bootstrap, coll, rate=0, total=total, batch=100,
+                                seed=29, keep_counts=True, devices=500)
+        assert await wait_for_n(store, cid, total, timeout=60) == total
+        await asyncio.sleep(0.5)  # the stream is idle now
+        cluster.crash_master(master)
+        for r in replicas:
+            os.kill(r.pid, signal.SIGCONT)
+        await asyncio.to_thread(cluster.wait_failover, master)
+        lost = total - await n_now()
+        deadline = time.monotonic() + 40
+        while await n_now() < total:
+            assert time.monotonic() < deadline, worker.log_tail()
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)
+        assert await n_now() == total
+        _assert_counts(await read_collection(store, coll), stats.counts)
+        await store.close()
+        return lost
+
+    lost = asyncio.run(run())
+    assert lost > 0, f"nothing was lost on shards {on_master}: the scenario did not happen"
+    ing = _health(worker)["checks"]["ingest"]
+    assert ing["lost_rereads"] >= 1 and ing["conflicts"] == 0, ing
+    assert worker.stop() == 0
+
+
 def test_three_workers_twelve_partitions_join_and_leave(tmp_path, kafka_broker, redis_cluster,
                                                         service_env, spawn_worker, unique_name):
-    from ldpstream.agents.app import make_store
-    from ldpstream.config import load_config
-    from ldpstream.producers.fleet import run_fleet
-
     cid = unique_name
     total = 180_000
     partitions = 12

@@ -43,6 +43,7 @@ Kafka commits are best effort (stored + 1, every few seconds) for lag tooling on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
@@ -346,6 +347,8 @@ class IngestService(Service):
         try:
             start = await consumer.beginning_offsets([tp for tp, _, _ in todo])
             end = await consumer.end_offsets([tp for tp, _, _ in todo])
+            end.update(await self._read_ends({tp: end[tp] for tp, stored, _ in todo
+                                              if end[tp] <= stored}))
             found = await self._probe_marks({tp: m.offset for tp, _, m in todo
                                              if m is not None and start[tp] <= m.offset < end[tp]})
         except Exception as exc:  # noqa: BLE001 - cannot check now: the next lag check retries
@@ -377,23 +380,54 @@ class IngestService(Service):
                           verdict.detail, verdict.position, stored)
         return out
 
-    async def _probe_marks(self, at: dict[Any, int]) -> dict[Any, LogMark | None]:
-        """The mark of the record now at ``at[tp]`` of each partition (a short-lived consumer
-        outside the group; None: no record there)."""
-        if not at:
-            return {}
+    @contextlib.asynccontextmanager
+    async def _probe_at(self, at: dict[Any, int]):
+        """A short-lived consumer outside the group, positioned at ``at[tp]`` of each partition."""
         from aiokafka import AIOKafkaConsumer
 
         probe = AIOKafkaConsumer(bootstrap_servers=self.ctx.kafka_bootstrap, group_id=None,
                                  enable_auto_commit=False, auto_offset_reset="none",
                                  client_id="ldpstream-log-check",
                                  **self.ctx.kafka_security.client_kwargs())
-        out: dict[Any, LogMark | None] = {}
         await probe.start()
         try:
             probe.assign(list(at))
             for tp, off in at.items():
                 probe.seek(tp, off)
+            yield probe
+        finally:
+            await probe.stop()
+
+    async def _read_ends(self, end: dict[Any, int]) -> dict[Any, int]:
+        """The end of each log as its records show it: ``end[tp]`` (what the broker reports)
+        raised to the offset after the last record read from ``end[tp] - 1`` on. Tansu (the
+        embedded broker) answers ListOffsets(latest) with the base offset of its last record
+        batch + 1, below the other records of that batch; taken at its word, a partition stored
+        at the end of such a batch looked truncated and was re-based and counted twice."""
+        at = {tp: e - 1 for tp, e in end.items() if e > 0}
+        out = dict(end)
+        if not at:
+            return out
+        async with self._probe_at(at) as probe:
+            deadline = time.monotonic() + 5.0
+            while at and time.monotonic() < deadline:
+                try:
+                    got = await probe.getmany(*at, timeout_ms=500)
+                except OffsetOutOfRangeError:
+                    break  # the log moved under us: keep what the broker said
+                for tp, recs in got.items():
+                    if recs:
+                        out[tp] = max(out[tp], recs[-1].offset + 1)
+                        at.pop(tp, None)
+        return out
+
+    async def _probe_marks(self, at: dict[Any, int]) -> dict[Any, LogMark | None]:
+        """The mark of the record now at ``at[tp]`` of each partition (a short-lived consumer
+        outside the group; None: no record there)."""
+        if not at:
+            return {}
+        out: dict[Any, LogMark | None] = {}
+        async with self._probe_at(at) as probe:
             deadline = time.monotonic() + 10.0
             while len(out) < len(at) and time.monotonic() < deadline:
                 try:
@@ -405,8 +439,6 @@ class IngestService(Service):
                     continue
                 for tp, recs in got.items():
                     out[tp] = mark_of(recs[0]) if recs and recs[0].offset == at[tp] else None
-        finally:
-            await probe.stop()
         if len(out) < len(at):
             raise TimeoutError(f"no record read at {sorted((tp.partition, o) for tp, o in at.items())}")
         return out

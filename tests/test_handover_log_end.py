@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from conftest import wait_for_n, write_config
@@ -16,6 +17,8 @@ from store_helpers import read_collection
 from ldpstream.agents.app import make_store
 from ldpstream.config import load_config
 from ldpstream.producers.fleet import run_fleet
+
+pytestmark = pytest.mark.pipeline
 
 
 def test_handover_at_the_end_of_a_batch_counts_once(tmp_path, kafka_broker, redis_server,

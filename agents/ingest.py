@@ -59,6 +59,7 @@ from mode import Service
 from ..producers.codec import (DLQ_TOPIC, DecodeError, ReportBatch, decode_batch, decode_uniform,
                                dlq_record, encode_batch, explain_batch)
 from ..estimators.mechanism import Mechanism
+from ..producers.device import ConfigWatcher
 from . import metrics
 from .layout import Layout
 from .redis_client import TRANSIENT_ERRORS
@@ -124,6 +125,7 @@ class IngestService(Service):
         self.cid_of = {c.topic: cid for cid, c in self.collections.items()}
         self.consumer = None
         self.producer = None
+        self.config_watch: ConfigWatcher | None = None
         self._stored: dict[Any, int | None] = {}   # tp -> last applied offset (None: nothing)
         self._seen: dict[Any, int] = {}            # tp -> highest offset taken (pending or applied)
         self._epoch: dict[Any, int] = defaultdict(int)  # tp -> bumped on every assign/revoke
@@ -188,6 +190,12 @@ class IngestService(Service):
             # (its stored version may be newer than the config's) until the controller can
             unread = await controller_for(self.ctx).follow_all()
             await self.publish_config(skip=unread)
+        # read ldp.config as devices do: a forged or foreign record shows in a metric and alert
+        for reason in FORGERY_REASONS:
+            metrics.CONFIG_REFUSED.labels(reason)
+        self.config_watch = await ConfigWatcher(
+            boot, verify_key=self.ctx.signing_key.verify_key, security=self.ctx.kafka_security,
+            on_refused=lambda exc: metrics.CONFIG_REFUSED.labels(exc.reason).inc()).start()
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=boot, group_id=self.group_id, enable_auto_commit=False,
             # never reset a position silently: an out-of-range position means the log is not the
@@ -208,6 +216,9 @@ class IngestService(Service):
             except Exception:  # noqa: BLE001
                 self._flush_task.cancel()
         await self._release(self.assignment())
+        if self.config_watch is not None:
+            await self.config_watch.stop()
+            self.config_watch = None
         consumer, self.consumer = self.consumer, None
         producer, self.producer = self.producer, None
         if consumer is not None:
@@ -1064,6 +1075,9 @@ class IngestService(Service):
 
 
 _ABANDONED = object()
+
+#: refusal reasons of an ldp.config record that only a forger produces (producers/signing.py)
+FORGERY_REASONS = ("unsigned", "wrong_key", "bad_signature", "wrong_collection")
 
 #: fault injection, for tests of the poison-pill breaker only: a worker whose environment sets
 #: LDP_FAULT_ABORT_ON_HEX aborts (SIGABRT) when it processes a message starting with those bytes

@@ -45,6 +45,12 @@ CONSUMER_LAG = Gauge(
     "Consumer lag summed over the partitions assigned to this worker (log end - counted; never "
     "clamped: negative while a log ends below what was counted, see ldp_log_resets_total).",
     ["collection"], registry=REGISTRY)
+CONFIG_REFUSED = Counter(
+    "ldp_config_records_refused_total",
+    "ldp.config records this worker refused when checking them like a device does "
+    "(producers/signing.py reasons): unsigned, wrong_key, bad_signature and wrong_collection "
+    "are forgeries; replayed may be a benign reordering of two workers' publications.",
+    ["reason"], registry=REGISTRY)
 LOG_RESETS = Counter(
     "ldp_log_resets_total",
     "Partitions whose Kafka log was found recreated, truncated or with a retention gap "

@@ -72,7 +72,8 @@ class ConfigWatcher:
     ``verify_key``: the pinned public key (default: ``LDP_CONFIG_PUBLIC_KEY(_FILE)``; without one
     every state is refused). ``max_epsilon``: this device's ceiling on the computed ε per report
     (one number, or per collection id; None: no ceiling). Refused records are counted in
-    ``rejected`` (reason → count) and the last ones kept in ``refusals``.
+    ``rejected`` (reason → count), the last ones kept in ``refusals`` and passed to
+    ``on_refused``.
 
     :meth:`start` returns once the topic has been read up to the end offsets it had when the
     watcher started, so :attr:`states` then holds every collection published so far."""
@@ -81,8 +82,10 @@ class ConfigWatcher:
                  on_change: Callable[[str, SignedState], None] | None = None,
                  verify_key: VerifyKey | None = None,
                  max_epsilon: float | Mapping[str, float] | None = None,
-                 security: KafkaSecurity | None = None) -> None:
+                 security: KafkaSecurity | None = None,
+                 on_refused: Callable[[StateRejected], None] | None = None) -> None:
         self.bootstrap = bootstrap
+        self.on_refused = on_refused
         self.security = security if security is not None else kafka_security()
         self.topic = topic
         self.on_change = on_change
@@ -185,6 +188,8 @@ class ConfigWatcher:
             self.rejected[exc.reason] = self.rejected.get(exc.reason, 0) + 1
             self.refusals = (self.refusals + [exc])[-100:]
             log.warning("refusing a %s record (key %r): %s", self.topic, key, exc)
+            if self.on_refused is not None:
+                self.on_refused(exc)
             return
         self.states[signed.collection] = signed
         self.mechanisms[signed.collection] = mech

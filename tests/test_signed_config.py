@@ -165,3 +165,36 @@ def test_device_without_pinned_key_adopts_nothing(kafka_broker, unique_name):
             await watcher.stop()
 
     asyncio.run(run())
+
+
+def test_worker_counts_forged_config_records(tmp_path, kafka_broker, spawn_worker, unique_name):
+    """The worker reads ldp.config like a device: a forged record shows in
+    ldp_config_records_refused_total (the ConfigForgery alert's input)."""
+    from aiokafka import AIOKafkaProducer
+
+    from conftest import write_config
+
+    path = write_config(tmp_path / "c.yaml", unique_name, partitions=1)
+    worker = spawn_worker(path)
+    worker.wait_ready(60)
+    _, mech = _mechanism()
+
+    async def forge():
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait("ldp.config", json.dumps(
+                dict(_identity_state(mech), collection=unique_name)).encode(),
+                key=unique_name.encode())
+        finally:
+            await producer.stop()
+
+    asyncio.run(forge())
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        line = next(l for l in worker.get("/metrics").splitlines()
+                    if l.startswith('ldp_config_records_refused_total{reason="unsigned"}'))
+        if float(line.rsplit(" ", 1)[1]) >= 1:
+            break
+        time.sleep(0.2)
+    assert float(line.rsplit(" ", 1)[1]) >= 1, line

@@ -257,10 +257,11 @@ class CountStore:
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "CountStore":
-        """A store on a new ``redis.asyncio`` client for ``url``."""
-        import redis.asyncio as aioredis
+        """A store on a new ``redis.asyncio`` client for ``url`` (one server, or a Redis Cluster
+        for ``redis+cluster://``: agents/redis_client.py)."""
+        from .redis_client import connect
 
-        return cls(aioredis.from_url(url), **kwargs)
+        return cls(connect(url), **kwargs)
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -104,6 +104,14 @@ def fresh_redis_cluster():
     yield from _running("EmbeddedRedisCluster")
 
 
+@pytest.fixture(scope="module", params=["redis", "redis-cluster"])
+def redis_url(request):
+    """``REDIS_URL`` of a Redis of the test module's own, then of a Redis Cluster (3 masters + 3
+    replicas): store-level tests that take it run on both."""
+    for server in _running("EmbeddedRedis" if request.param == "redis" else "EmbeddedRedisCluster"):
+        yield server.url
+
+
 @pytest.fixture(params=["redis", "redis-cluster"])
 def redis_target(request):
     """The session's single Redis, then the session's Redis Cluster: a test that takes this

@@ -51,3 +51,13 @@ async def read_fine_buckets(store: CountStore, coll, seconds: float) -> dict[str
     for flat in (await store.read_cells(coll.id, layout, where)).values():
         total += flat
     return layout.unpack(total)
+
+
+async def on_masters(r, *command) -> list:
+    """``command`` on a single Redis, or on every master of a Redis Cluster client; one reply per
+    node (server-wide commands: INFO, CLIENT LIST, CLIENT PAUSE ...)."""
+    from redis.asyncio.cluster import RedisCluster
+
+    if isinstance(r, RedisCluster):
+        return [await r.execute_command(*command, target_nodes=n) for n in r.get_primaries()]
+    return [await r.execute_command(*command)]

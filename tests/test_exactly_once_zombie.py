@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 from conftest import wait_for_n, write_config
-from store_helpers import read_collection, read_fine_buckets
+from store_helpers import on_masters, read_collection, read_fine_buckets
 import pytest
 
 pytestmark = pytest.mark.pipeline
@@ -33,15 +33,6 @@ def fresh_target(request):
     """A Redis server or a Redis Cluster of the test's own (the test pauses it)."""
     return request.getfixturevalue("fresh_redis" if request.param == "redis"
                                    else "fresh_redis_cluster")
-
-
-async def _on_masters(r, *command) -> list:
-    """``command`` on the single Redis, or on every master of a cluster; one reply per node."""
-    from redis.asyncio.cluster import RedisCluster
-
-    if isinstance(r, RedisCluster):
-        return [await r.execute_command(*command, target_nodes=n) for n in r.get_primaries()]
-    return [await r.execute_command(*command)]
 
 
 def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fresh_target,
@@ -70,7 +61,7 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
         return json.loads(w.get("/healthz", any_status=True))["checks"]["ingest"]
 
     async def blocked_applies() -> int:
-        return sum(1 for clients in await _on_masters(store.redis, "CLIENT LIST") for c in clients
+        return sum(1 for clients in await on_masters(store.redis, "CLIENT LIST") for c in clients
                    if c.get("cmd") in ("evalsha", "eval") and "b" in c.get("flags", ""))
 
     async def wait_blocked(k: int, who, timeout: float = 4.0) -> None:
@@ -84,7 +75,7 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
         while await store.n(cid, 16) < 5_000:  # A is applying
             assert time.monotonic() < deadline, a.log_tail()
             await asyncio.sleep(0.05)
-        await _on_masters(store.redis, "CLIENT", "PAUSE", 90_000, "WRITE")
+        await on_masters(store.redis, "CLIENT", "PAUSE", 90_000, "WRITE")
         try:
             await wait_blocked(1, a)             # A's next timed apply is held in Redis
             await asyncio.sleep(0.3)
@@ -102,7 +93,7 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
         finally:
             # unpause while A is still frozen: its apply runs now, whatever A's socket timeout
             # (A would drop the connection, and the held command with it, on waking first)
-            await _on_masters(store.redis, "CLIENT", "UNPAUSE")
+            await on_masters(store.redis, "CLIENT", "UNPAUSE")
         while await blocked_applies():
             await asyncio.sleep(0.01)
         note(f"unpaused: stored {await store.offsets(cid, 16)}")

@@ -21,7 +21,6 @@ from ldpstream.config import AppConfig, parse_config
 from ldpstream.estimators.drift import drift_test, null_variances
 from ldpstream.estimators.many import EstimateCache
 from ldpstream.estimators.metrics import tvd
-from ldpstream.services import EmbeddedRedis
 from ldpstream.privacy import WEAK_EPSILON
 
 pytestmark = pytest.mark.pipeline
@@ -56,12 +55,6 @@ def counts_of(coll, n: int, seed: int, shift: float = 0.0) -> dict[str, np.ndarr
 
 def add(a: dict, b: dict) -> dict:
     return {k: a[k] + b[k] for k in a}
-
-
-@pytest.fixture(scope="module")
-def redis_url():
-    with EmbeddedRedis() as r:
-        yield r.url
 
 
 def _ctx(config: AppConfig, store: CountStore | None) -> Context:

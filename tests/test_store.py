@@ -16,19 +16,11 @@ from ldpstream.agents.store import CountStore, PartitionDelta, SideCounter, expa
 from ldpstream.agents.windows import COARSE_FACTOR, BucketPolicy, cover, parse_window
 from ldpstream.estimators.mechanism import TensorSpec
 from ldpstream.agents.redis_client import connect
-from ldpstream.services import EmbeddedRedis, EmbeddedRedisCluster
+from ldpstream.services import EmbeddedRedis
 
 from store_helpers import P, cells, read, read_all
 
 pytestmark = pytest.mark.pipeline
-
-
-@pytest.fixture(scope="module", params=["redis", "redis-cluster"])
-def redis_url(request):
-    """Every test runs on one Redis and on a Redis Cluster (3 masters + 3 replicas), where the
-    16 partitions of a collection spread over the masters."""
-    with (EmbeddedRedis() if request.param == "redis" else EmbeddedRedisCluster()) as r:
-        yield r.url
 
 
 def run(coro_fn, url, **store_kw):

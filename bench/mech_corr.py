@@ -92,12 +92,12 @@ def _run_once(ds, name: str, eps: float, scope: str, rng: np.random.Generator,
     run = drive(mech.planned_for(ds.n), ds.records, rng, [(a,) for a in ds.domain.attrs])
     est = [run.mechanism.estimate_versions(run.counts, (a,), cls.simulate_estimators()[0])
            .factor.values for a in ds.domain.attrs]
-    from ..estimators.multi_baselines import marginal_mse
+    from ..estimators.multi_baselines import RSFD, SMP, SPL, marginal_mse
     last = run.mechanism
     return {"mse": marginal_mse(est, truth), "seconds": time.perf_counter() - t0,
             "epsilon_record": float(run.epsilon),
             "epsilon_attribute": float(last.epsilon_attribute)
-            if hasattr(last, "epsilon_attribute") else None}
+            if isinstance(last, (SPL, SMP, RSFD)) else None}
 
 
 def ratio_se(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:

@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CSV or generator spec after the drift (default 'generator:skewed'; "
                         "needs --drift-at)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh entropy)")
+    p.add_argument("--max-epsilon", type=float, default=None,
+                   help="refuse a published mechanism state costing more ε per report than this "
+                        "(default: the ε of the locally configured mechanism)")
 
     p = sub.add_parser("gateway", help="HTTP ingest gateway for devices (docs/devices.md)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")

@@ -283,6 +283,8 @@ def main(args) -> int:
                        "stack with a fleet)")
     if args.devices < 1:
         raise CliError(f"--devices: must be >= 1 (got {args.devices})")
+    if args.max_epsilon is not None and not args.max_epsilon > 0:
+        raise CliError(f"--max-epsilon: must be > 0 (got {args.max_epsilon})")
     if args.rate < 0:
         raise CliError(f"--rate: must be >= 0 (got {args.rate})")
     batch = args.batch if args.batch is not None else DEFAULT_BATCH
@@ -306,6 +308,7 @@ def main(args) -> int:
         return await run_fleet(bootstrap, collection, data=data, devices=args.devices,
                                rate=args.rate, batch=batch, total=args.total,
                                drift_at=args.drift_at, drift_to=args.drift_to, seed=args.seed,
+                               max_epsilon=args.max_epsilon,
                                stop=stop, progress=None if quiet else _print_progress)
 
     t = time.monotonic()

@@ -5,7 +5,7 @@ import importlib
 
 
 #: bench name → module of this package, where they differ
-MODULES = {"refresh": "refresh_scale"}
+MODULES = {"refresh": "refresh_scale", "fetch": "fetch_guard"}
 
 
 def main(args) -> int:

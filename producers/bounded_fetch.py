@@ -60,8 +60,9 @@ def _out_buffer(cap: int) -> np.ndarray:
     return buf
 
 
-def _cramjam_into(codec: str, data: bytes, cap: int) -> bytes:
-    """zstd / lz4 (frame) decompression into the bounded buffer."""
+def _cramjam_into(codec: str, data: memoryview, cap: int) -> memoryview:
+    """zstd / lz4 (frame) decompression into the bounded buffer (the view is valid until the
+    next decompression)."""
     import cramjam
 
     out = _out_buffer(cap)
@@ -73,10 +74,10 @@ def _cramjam_into(codec: str, data: bytes, cap: int) -> bytes:
         raise
     if n > cap:
         raise _TooLarge()
-    return out[:n].tobytes()
+    return memoryview(out)[:n]
 
 
-def _gzip(data: bytes, cap: int) -> bytes:
+def _gzip(data: memoryview, cap: int) -> bytes:
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     out = d.decompress(data, cap + 1)
     if len(out) > cap or d.unconsumed_tail:
@@ -84,7 +85,7 @@ def _gzip(data: bytes, cap: int) -> bytes:
     return out
 
 
-def _snappy(data: bytes, cap: int) -> bytes:
+def _snappy(data: memoryview, cap: int) -> bytes:
     import cramjam
 
     view = memoryview(data)
@@ -106,7 +107,7 @@ _DECODERS = {1: _gzip, 2: _snappy, 3: lambda d, cap: _cramjam_into("lz4", d, cap
              4: lambda d, cap: _cramjam_into("zstd", d, cap)}
 
 
-def _crc32c(data: bytes) -> int:
+def _crc32c(data: bytes | bytearray | memoryview) -> int:
     from aiokafka.record.util import calc_crc32c
 
     return calc_crc32c(data)
@@ -131,15 +132,16 @@ def _replacement(batch: memoryview, reason: str, detail: str) -> bytes:
     return bytes(out)
 
 
-def _uncompressed(batch: memoryview, records: bytes) -> bytes:
-    """``batch`` (v2, compressed) rewritten with its decompressed ``records``."""
-    out = bytearray(batch[:_HEADER])
-    out += records
+def _uncompressed(batch: memoryview, records: bytes | memoryview) -> bytearray:
+    """``batch`` (v2, compressed) rewritten with its decompressed ``records`` (one copy)."""
+    out = bytearray(_HEADER + len(records))
+    out[:_HEADER] = batch[:_HEADER]
+    out[_HEADER:] = records
     struct.pack_into(">i", out, 8, len(out) - _LOG_OVERHEAD)
     attrs = struct.unpack_from(">h", out, _ATTR_AT)[0]
     struct.pack_into(">h", out, _ATTR_AT, attrs & ~0x07)
-    struct.pack_into(">I", out, _CRC_AT, _crc32c(bytes(out[_ATTR_AT:])))
-    return bytes(out)
+    struct.pack_into(">I", out, _CRC_AT, _crc32c(memoryview(out)[_ATTR_AT:]))
+    return out
 
 
 def bound_message_set(raw: bytes, max_bytes: int) -> bytes:
@@ -148,7 +150,7 @@ def bound_message_set(raw: bytes, max_bytes: int) -> bytes:
     (aiokafka reports those) and a partial trailing batch are passed through unchanged."""
     view = memoryview(raw)
     pos, size = 0, len(view)
-    parts: list[bytes | memoryview] = []
+    parts: list[bytes | bytearray | memoryview] = []
     changed = False
     while size - pos >= _MAGIC_AT + 1:
         length = struct.unpack_from(">i", view, pos + 8)[0]
@@ -159,7 +161,7 @@ def bound_message_set(raw: bytes, max_bytes: int) -> bytes:
         magic = batch[_MAGIC_AT]
         if magic >= 2 and len(batch) >= _HEADER:
             codec = struct.unpack_from(">h", batch, _ATTR_AT)[0] & 0x07
-            if codec and _crc32c(bytes(batch[_ATTR_AT:])) == struct.unpack_from(">I", batch, _CRC_AT)[0]:
+            if codec and _crc32c(batch[_ATTR_AT:]) == struct.unpack_from(">I", batch, _CRC_AT)[0]:
                 batch = _decompressed_or_replaced(batch, codec, max_bytes)
                 changed = True
         elif magic < 2 and len(batch) > 17 and batch[17] & 0x07:  # v0/v1 attributes byte
@@ -174,13 +176,13 @@ def bound_message_set(raw: bytes, max_bytes: int) -> bytes:
     return b"".join(parts)
 
 
-def _decompressed_or_replaced(batch: memoryview, codec: int, max_bytes: int) -> bytes:
+def _decompressed_or_replaced(batch: memoryview, codec: int, max_bytes: int) -> bytes | bytearray:
     name = _CODEC_NAMES.get(codec, str(codec))
     decoder = _DECODERS.get(codec)
     if decoder is None:
         return _replacement(batch, "decompression_bomb", f"unknown compression codec {codec}")
     try:
-        records = decoder(bytes(batch[_HEADER:]), max_bytes)
+        records = decoder(batch[_HEADER:], max_bytes)
     except _TooLarge:
         return _replacement(batch, "decompression_bomb",
                             f"{name} batch of {len(batch)} bytes inflates beyond the bound of "

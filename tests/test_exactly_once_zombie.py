@@ -125,5 +125,8 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
 
     stats, b, sb = asyncio.run(run())
     assert stats.sent_reports == TOTAL
-    assert sb.get("conflicts", 0) >= 1  # B's first delta was refused: the scenario happened
+    # B's first delta was refused, so the scenario happened: a conflict, or (B takes over from a
+    # holder that never released the partitions: its first chunk is one message, ending inside
+    # A's range) a replay below the stored offset
+    assert sb["conflicts"] + sb["skipped_batches"] >= 1, sb
     assert a.stop() == 0 and b.stop() == 0

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ldpstream.agents.redis_client import parse_nodes
+from ldpstream.agents.redis_client import is_cluster_url, parse_nodes
 
 pytestmark = pytest.mark.core
 
@@ -24,7 +24,8 @@ def _env(svc):
 
 
 def _flag(cmd, name):
-    return cmd[cmd.index(name) + 1]
+    words = cmd[2].split() if cmd[:2] == ["sh", "-c"] else cmd
+    return words[words.index(name) + 1]
 
 
 def test_three_kraft_brokers_form_one_quorum():
@@ -72,18 +73,26 @@ def test_redis_cluster_nodes_and_init():
         assert _flag(cmd, "--cluster-announce-hostname") == r
         assert _flag(cmd, "--cluster-preferred-endpoint-type") == "hostname"
         assert _flag(cmd, "--appendonly") == "yes"
-        assert SERVICES[r]["healthcheck"]["test"]
+        assert _flag(cmd, "--requirepass") == _flag(cmd, "--masterauth") == '"$$REDIS_PASSWORD"'
+        assert _env(r)["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+        assert "REDISCLI_AUTH" in " ".join(SERVICES[r]["healthcheck"]["test"])
     init = SERVICES["redis-cluster-init"]
     script = init["command"][0]
     assert "--cluster-replicas 1" in script and "--cluster-yes" in script
     assert re.search(r"for h in ([\w -]+); do", script).group(1).split() == REDIS
     assert set(init["depends_on"]) == set(REDIS)
     assert init["restart"] == "no"
+    assert 'export REDISCLI_AUTH="$$REDIS_PASSWORD"' in script and "REDIS_PASSWORD" in _env(
+        "redis-cluster-init")
     seeds = {f"{h}:6379" for h in REDIS}
     for w in WORKERS:
         env = _env(w)
-        assert "REDIS_URL" not in env, "REDIS_URL and REDIS_CLUSTER_NODES exclude each other"
-        assert {f"{h}:{p}" for h, p in parse_nodes(env["REDIS_CLUSTER_NODES"])} == seeds
+        assert "REDIS_CLUSTER_NODES" not in env, "REDIS_URL and REDIS_CLUSTER_NODES exclude each other"
+        url = env["REDIS_URL"]
+        assert is_cluster_url(url)
+        cred, nodes = url.split("://", 1)[1].rsplit("@", 1)
+        assert re.fullmatch(r":\$\{REDIS_PASSWORD:\?[^}]+\}", cred), "password from the environment"
+        assert {f"{h}:{p}" for h, p in parse_nodes(nodes)} == seeds
         assert SERVICES[w]["depends_on"]["redis-cluster-init"]["condition"] == \
             "service_completed_successfully"
 

@@ -152,3 +152,13 @@ def test_connection_torn_down_under_a_script_call_is_a_connection_error():
         asyncio.run(run_script(None, ns["leak"], ["k"], []))
     with pytest.raises(AttributeError):
         asyncio.run(run_script(None, own_bug, ["k"], []))
+
+
+def test_cluster_url_credentials_reach_the_client():
+    client = connect("rediss+cluster://app:p%40ss@10.0.0.1:7000,10.0.0.2:7001")
+    kw = client.connection_kwargs
+    assert (kw["username"], kw["password"]) == ("app", "p@ss")
+    assert sorted(client.nodes_manager.startup_nodes) == ["10.0.0.1:7000", "10.0.0.2:7001"]
+    anonymous = connect("redis+cluster://:secret@h:1")
+    assert (anonymous.connection_kwargs["username"], anonymous.connection_kwargs["password"]) == \
+        (None, "secret")

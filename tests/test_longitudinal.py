@@ -5,19 +5,22 @@ actually applied (unbiased by seeded Monte Carlo), the privacy audit of the comp
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from ldpstream import cli
 from ldpstream.config import ConfigError, parse_config
 from ldpstream.estimators import channels as ch
 from ldpstream.estimators.castell import castell, castell_variance
 from ldpstream.estimators.domain import Domain, SchemaError
 from ldpstream.estimators.longitudinal import Guarantee, Memoize, periods_per_window
-from ldpstream.estimators.mechanism import from_state
+from ldpstream.estimators.mechanism import from_state, histogram
 from ldpstream.estimators.rr_ind import RRIndependent
 from ldpstream.producers.ledger import Budget, Ledger, channel_fingerprint
+from ldpstream.simulate.driver import build, drive, estimate_run, plan_from_args
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 
@@ -276,3 +279,42 @@ def test_collections_api_states_the_guarantee():
     fresh = parse_config(_config()).collections["t"]
     info = collection_info(fresh, fresh.mechanism(), 0)["longitudinal"]
     assert not info["memoized"] and info["epsilon_per_day"] is None
+
+
+# --- simulate with memoize ------------------------------------------------------------------------
+
+def test_simulate_with_memoize_is_unbiased_and_states_the_guarantee(capsys):
+    """``ldpstream simulate --param memoize=...`` builds the composed channel: its JSON states
+    the guarantee the collection states (ε per report, rotation, day), and over 200 seeded runs
+    on one dataset (3 attributes × 3 categories, n = 4,000) the mean castell estimate of every
+    2-way marginal is within 4 standard errors of the dataset's own marginal in every cell."""
+    argv = ["simulate", "--mechanism", "rr-ind", "--epsilon", "1.5", "--param",
+            "memoize={rotation_s: 3600, instantaneous_epsilon: 2.0}",
+            "--generator", "corr:m=3,d=3,rho=0.6,n=4000", "--ways", "2", "--runs", "2"]
+    assert cli.main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    plan = plan_from_args(cli.build_parser().parse_args(argv))
+    mech = build(plan)
+    assert mech.memoize == Memoize(3600.0, (2.0, 2.0, 2.0))
+    g = mech.guarantee()
+    assert doc["longitudinal"] == pytest.approx(g.to_dict())
+    assert doc["epsilon_per_record"] == pytest.approx(g.per_report, abs=1e-12)
+    assert g.per_rotation == pytest.approx(4.5, abs=1e-12)
+    assert g.per_day == pytest.approx(25 * 4.5, abs=1e-9)
+    assert g.per_report == pytest.approx(sum(brute_force_epsilon(P @ Q) for P, Q in
+                                             zip(mech.permanent, mech.instantaneous)), abs=1e-12)
+
+    ds = plan.dataset
+    marginals = [tuple(ds.domain.attrs[i] for i in ij) for ij in ((0, 1), (0, 2), (1, 2))]
+    truth = {a: histogram(ds.records, ds.domain.axes(a), ds.domain.project(a).shape) / ds.n
+             for a in marginals}
+    runs = 200
+    est = {a: [] for a in marginals}
+    for r in range(runs):
+        run = drive(mech, ds.records, np.random.default_rng([5, r]), marginals)
+        for a in marginals:
+            est[a].append(estimate_run(run, a, "castell", {}).factor.values)
+    for a in marginals:
+        e = np.array(est[a])
+        se = e.std(axis=0, ddof=1) / np.sqrt(runs)
+        assert np.all(np.abs(e.mean(axis=0) - truth[a]) < 4 * se), (a, e.mean(axis=0), truth[a])

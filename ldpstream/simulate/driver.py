@@ -18,10 +18,15 @@ l2_counts, jsd (on the clipped estimate); averaged over subsets, then runs (``st
 
 ε: ``--epsilon`` with ``--epsilon-scope attribute`` (default) gives every attribute ε, so a
 record costs m·ε; ``record`` gives the whole record ε. Every row states the ε per record
-computed from the channels of the versions the devices used (the largest).
+computed from the channels of the versions the devices used (the largest). With rr-ind's
+``--param 'memoize={rotation_s: 86400, instantaneous_epsilon: 2}'`` each record is one device's
+report in one rotation period: its permanent (memoized) response followed by the instantaneous
+randomization, estimated through the composed channel exactly as the collection does.
 
 JSON: ``n``, ``m``, ``mechanism``, ``epsilon``, ``epsilon_scope``, ``epsilon_per_record``,
-``parameters`` (the mechanism's scalar parameters, version 0) and ``results``: one row per
+``parameters`` (the mechanism's scalar parameters, version 0), ``longitudinal`` (what a device's
+reports cost over time, as ``/collections`` states it: ε per report, per rotation period and
+per day, from :meth:`Mechanism.guarantee`) and ``results``: one row per
 (variant, estimator, w) with ``metrics``, ``seconds`` (estimation, per run), ``reports``
 (randomized), ``versions`` and the variant's parameters (e.g. ``block_size``).
 """
@@ -42,12 +47,12 @@ import yaml
 from ..cli import CliError
 from ..datasets import ADULT_COLUMNS, Dataset, DatasetError, load_csv
 from ..estimators import metrics as M
-from ..estimators.mechanism import (CountBook, Mechanism, ParamError, histogram,
+from ..estimators.mechanism import (CountBook, Estimate, Mechanism, ParamError, histogram,
                                     mechanism_class, mechanism_names)
 from ..estimators.proper import clip_rescale
 
-__all__ = ["Plan", "Run", "drive", "simulate", "build", "load_dataset", "parse_ways",
-           "draw_subsets", "run_with_progress", "print_table", "METRICS", "main"]
+__all__ = ["Plan", "Run", "drive", "run_of_reports", "estimate_run", "simulate", "build",
+           "load_dataset", "parse_ways", "draw_subsets", "run_with_progress", "print_table", "METRICS", "main"]
 
 METRICS = ("tvd", "max_abs", "mae", "mse", "l2_counts", "jsd")
 
@@ -129,6 +134,16 @@ def drive(mech: Mechanism, records: np.ndarray, rng: np.random.Generator,
     return Run(mech, counts, versions, reports, i)
 
 
+def run_of_reports(mech: Mechanism, reports: np.ndarray,
+                   marginals: Sequence[Sequence[str]]) -> Run:
+    """The :class:`Run` of reports randomized elsewhere (e.g. by devices with the SDK) with
+    ``mech``: counted exactly as :func:`drive` counts its own, so :func:`estimate_run` gives what
+    ``simulate`` computes from them."""
+    counts = CountBook()
+    counts.add(mech.version, mech.count(reports, mech.tensors(marginals)))
+    return Run(mech, counts, [mech], {mech.version: [reports]}, len(reports))
+
+
 def build(plan: Plan, variant: Mapping[str, Any] | None = None) -> Mechanism:
     """Version 0 of the plan's mechanism, planned for the dataset's n devices."""
     cls = mechanism_class(plan.mechanism)
@@ -178,7 +193,10 @@ def _from_reports(mech: Mechanism, method: str) -> bool:
         Mechanism.estimate_reports
 
 
-def _estimate(run: Run, attrs: tuple[str, ...], method: str, options: Mapping[str, Any]):
+def estimate_run(run: Run, attrs: tuple[str, ...], method: str,
+                 options: Mapping[str, Any]) -> Estimate:
+    """``simulate``'s estimate of ``attrs`` from a run: from the counts per version when the
+    method serves the marginal, else from the accepted versions' whole reports."""
     mech = run.mechanism
     if mech.check_marginal(attrs, method) is None:
         return mech.estimate_versions(run.counts, attrs, method, **options)
@@ -220,7 +238,8 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
                 for s in subsets[w]:
                     for e in plan.estimators:
                         t0 = time.perf_counter()
-                        est = _estimate(run, s, e, {"proper": plan.proper, **plan.options.get(e, {})})
+                        opts = {"proper": plan.proper, **plan.options.get(e, {})}
+                        est = estimate_run(run, s, e, opts)
                         values = est.factor.values
                         per[e]["seconds"] += time.perf_counter() - t0
                         per[e]["metrics"].append(_metrics(values, truths[s], plan.metrics, n))
@@ -263,7 +282,8 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
               if isinstance(v, (int, float, str, bool)) and k not in ("mechanism", "version")}
     return {"mechanism": plan.mechanism, "n": n, "m": m, "epsilon": plan.epsilon,
             "epsilon_scope": plan.scope, "epsilon_per_record": float(eps_record),
-            "parameters": params, "seed": plan.seed, "runs": plan.runs, "results": results}
+            "parameters": params, "longitudinal": first.guarantee().to_dict(),
+            "seed": plan.seed, "runs": plan.runs, "results": results}
 
 
 # --- command line --------------------------------------------------------------------------------
@@ -389,8 +409,11 @@ def print_table(doc: dict[str, Any], title: str | None = None) -> None:
     from rich.table import Table
     asked = "from the parameters" if doc["epsilon"] is None else \
         f"{doc['epsilon']:g} ({doc['epsilon_scope']})"
+    lon = doc.get("longitudinal") or {}
+    memo = (f"  memoized: ε per rotation={lon['epsilon_per_rotation']:.4g}, per day="
+            f"{lon['epsilon_per_day']:.4g}") if lon.get("memoized") else ""
     t = Table(title=title or (f"{doc['mechanism']}  n={doc['n']}  m={doc['m']}  ε={asked}  "
-                              f"ε per record={doc['epsilon_per_record']:.4g}"))
+                              f"ε per record={doc['epsilon_per_record']:.4g}{memo}"))
     variant_keys = [k for k in doc["results"][0] if k not in (
         "mechanism", "estimator", "w", "subsets", "metrics", "seconds", "stderr", "reports",
         "versions", "iterations", "converged_fraction")] if doc["results"] else []

@@ -10,9 +10,10 @@ Chen, CCS 2018, §4.3–4.4; after PriView, Qardaji et al., SIGMOD 2014):
   by a common δ until the table sums to its total; the Euclidean projection onto the simplex.
 * :func:`shrink_to_independence` — positive-part James–Stein shrinkage (Efron & Morris 1973,
   shrinking toward a fitted sub-model) of a noisy table toward the product of its own 1-way
-  marginals, with the noise variance known from the oracle. Not part of CALM: it keeps every
-  1-way marginal (so consistency on single attributes survives it) and removes much of the
-  noise of large tables at small ε, where the tables' dependence is below the noise.
+  marginals, with the noise variance known (oracle noise plus user sampling). Not part of
+  CALM: it keeps every 1-way marginal (so consistency on single attributes survives it) and
+  removes much of the noise of large tables at small ε, where the tables' dependence is below
+  the noise, and of the user sampling at large ε.
 * :func:`postprocess` — CALM's alternation of the two, ending with consistency (optionally with
   the shrinkage after the first consistency step).
 * :func:`max_entropy` — a marginal not collected directly, as the maximum-entropy table with the
@@ -189,9 +190,9 @@ def postprocess(tables: Sequence[Factor], cell_variance: Sequence[float], rounds
     """CALM's post-processing: consistency, then alternately Norm-Sub and consistency until no
     cell is below −``tol`` (or ``rounds`` Norm-Sub passes); ends with consistency, so the tables
     agree exactly on shared sets and may keep cells slightly below 0. With ``noise_variance``
-    (per-cell oracle noise of each table), every table is shrunk toward independence
-    (:func:`shrink_to_independence`) after the first consistency step. Returns (tables,
-    Norm-Sub passes)."""
+    (per-cell variance of each table around its target), every table is shrunk toward
+    independence (:func:`shrink_to_independence`) after the first consistency step. Returns
+    (tables, Norm-Sub passes)."""
     plan = Consistency([t.domain.attrs for t in tables], [t.domain.shape for t in tables])
     vals = plan.apply([t.values for t in tables], cell_variance)
     if noise_variance is not None:

@@ -185,6 +185,26 @@ def test_shrinkage_keeps_one_way_marginals_and_never_expands():
     assert shrink_to_independence(np.array([[0.3, 0.2], [0.1, 0.4]]), 1.0)[1] == 1.0  # p−r−2 < 0
 
 
+def test_shrinkage_also_removes_the_user_sampling_at_large_epsilon():
+    """At ε = 50 the oracles add no noise; what is left is the sampling of which users report a
+    marginal (each sees n/K of them). The target is the population's marginal, so that sampling
+    is noise to shrink too: on independent data ``consistent`` beats ``calm`` clearly (with the
+    oracle noise alone as σ², λ would be 1 and both equal)."""
+    dom = Domain(("a", "b", "c"), (4, 4, 4))
+    rng = np.random.default_rng(7)
+    rec = rng.integers(0, 4, (3000, 3))
+    truth = {p: _truth(rec, dom, p) for p in itertools.combinations(dom.attrs, 2)}
+    mech = Partitioned(dom, 50.0, ways=2)
+    err = {m: [] for m in ("consistent", "calm")}
+    for seed in range(5):
+        counts = mech.count(mech.randomize(rec, np.random.default_rng([seed, 1])),
+                            mech.tensors())
+        for m in err:
+            err[m] += [tvd(mech.estimate(counts, p, m).factor.values, t)
+                       for p, t in truth.items()]
+    assert np.mean(err["consistent"]) < 0.8 * np.mean(err["calm"])
+
+
 def test_three_way_from_pairs_by_maximum_entropy():
     recs = _records(DOM, 20_000, 6)
     mech = Partitioned(DOM, 8.0, ways=2)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..estimators.mechanism import Mechanism
+from ..estimators.mechanism import Mechanism, histogram
 from .device import ConfigWatcher, Gateway
 from .generator import is_generator_spec, parse_spec
 from .publisher import Publisher
@@ -74,6 +74,8 @@ class FleetStats:
     version: int | None = None
     source: str = ""
     counts: dict[str, np.ndarray] | None = None
+    #: with ``keep_truth``: the histogram of the true records sent, over the whole domain
+    truth: np.ndarray | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -122,7 +124,8 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
                     rate: float = 2000.0, batch: int = DEFAULT_BATCH, total: int | None = None,
                     duration: float | None = None, drift_at: float | None = None,
                     drift_to: str | None = None, seed: int | None = None,
-                    keep_counts: bool = False, mechanism: Mechanism | None = None,
+                    keep_counts: bool = False, keep_truth: bool = False,
+                    mechanism: Mechanism | None = None,
                     config_timeout_s: float = 10.0, publisher: Publisher | None = None,
                     verify_key: VerifyKey | None = None, max_epsilon: float | None = None,
                     stop: asyncio.Event | None = None,
@@ -130,7 +133,8 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
                     progress_every_s: float = 2.0) -> FleetStats:
     """Run the simulated fleet until ``total`` reports, ``duration`` seconds or ``stop`` is set;
     every message is acknowledged before it returns. ``keep_counts`` tallies the exact count
-    tensors of the reports sent (``collection.tensors()``) for tests."""
+    tensors of the reports sent (``collection.tensors()``) and ``keep_truth`` the histogram of the
+    true records behind them (``stats.truth``), for tests."""
     if devices < 1:
         raise ValueError("devices must be >= 1")
     if rate < 0:
@@ -155,6 +159,9 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
     specs = collection.tensors() if keep_counts else []
     if keep_counts:
         stats.counts = {s.key: np.zeros(s.shape, dtype=np.int64) for s in specs}
+    dom = collection.domain
+    if keep_truth:
+        stats.truth = np.zeros(dom.shape, dtype=np.int64)
     own_publisher = publisher is None
     if own_publisher:
         publisher = await Publisher(bootstrap).start()
@@ -202,6 +209,8 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
             if keep_counts:
                 for key, delta in mech.count(reports, specs).items():
                     stats.counts[key] += delta  # type: ignore[index]
+            if keep_truth:
+                stats.truth += histogram(records, dom.axes(dom.attrs), stats.truth.shape)
             stats.sent_reports += n
             if rate > 0:
                 tokens -= n

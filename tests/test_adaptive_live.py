@@ -8,6 +8,7 @@ import asyncio
 import json
 import signal
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -45,6 +46,18 @@ def _write(path, cid):
 def _get(url):
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())
+
+
+def _estimate(url):
+    """The served estimate, or {} while the API answers 404 "no estimate yet" (e.g. before a
+    surviving worker's first refresh)."""
+    try:
+        return _get(url)
+    except urllib.error.HTTPError as exc:
+        body = json.loads(exc.read())
+        if exc.code == 404 and "no estimate yet" in body["error"]:
+            return {}
+        raise AssertionError(f"{url}: {exc.code} {body}") from None
 
 
 async def _stored_counts(store, coll, state):
@@ -115,7 +128,7 @@ def test_corr_rr_phase_change_live(kafka_broker, redis_server, service_env, spaw
     deadline = time.monotonic() + 30
     while True:
         info = _get(f"{live.url}/collections/{cid}")
-        est = _get(f"{live.url}/estimates/{cid}?attrs=sex&method=paper&window=all")
+        est = _estimate(f"{live.url}/estimates/{cid}?attrs=sex&method=paper&window=all")
         if est.get("n") == TOTAL or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -172,7 +185,7 @@ def test_rrba_blocks_live(kafka_broker, redis_server, service_env, spawn_worker,
     deadline = time.monotonic() + 30
     while True:
         info = _get(f"{worker.url}/collections/{cid}")
-        est = _get(f"{worker.url}/estimates/{cid}?attrs=sex,Salary&method=pooled&window=all")
+        est = _estimate(f"{worker.url}/estimates/{cid}?attrs=sex,Salary&method=pooled&window=all")
         if (est.get("n") == TOTAL and est.get("version") == info["version"]) \
                 or time.monotonic() > deadline:
             break
@@ -245,7 +258,8 @@ def test_rr_clusters_clustering_live_and_stale_devices(kafka_broker, redis_serve
     deadline = time.monotonic() + 30
     n1 = int(next(iter(counts[1].values())).sum())
     while True:
-        est = _get(f"{worker.url}/estimates/{cid}?attrs=sex,relationship&method=castell&window=all")
+        est = _estimate(f"{worker.url}/estimates/{cid}?attrs=sex,relationship&method=castell"
+                        "&window=all")
         if est.get("n") == n1 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -386,7 +400,7 @@ def test_corr_rr_live_mse_within_simulate_spread(kafka_broker, redis_server, ser
 
     deadline = time.monotonic() + 30
     while True:
-        served = {tuple(a): _get(f"{worker.url}/estimates/{cid}?attrs={a[0]}&method=paper"
+        served = {tuple(a): _estimate(f"{worker.url}/estimates/{cid}?attrs={a[0]}&method=paper"
                                  "&window=all") for a in marginals}
         if all(e.get("n") == TOTAL for e in served.values()) or time.monotonic() > deadline:
             break

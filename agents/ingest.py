@@ -195,7 +195,8 @@ class IngestService(Service):
             metrics.CONFIG_REFUSED.labels(reason)
         self.config_watch = await ConfigWatcher(
             boot, verify_key=self.ctx.signing_key.verify_key, security=self.ctx.kafka_security,
-            on_refused=lambda exc: metrics.CONFIG_REFUSED.labels(exc.reason).inc()).start()
+            on_refused=lambda exc: metrics.CONFIG_REFUSED.labels(exc.reason).inc(),
+            collections=self.collections).start()
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=boot, group_id=self.group_id, enable_auto_commit=False,
             # never reset a position silently: an out-of-range position means the log is not the

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 
@@ -83,8 +83,11 @@ class ConfigWatcher:
                  verify_key: VerifyKey | None = None,
                  max_epsilon: float | Mapping[str, float] | None = None,
                  security: KafkaSecurity | None = None,
-                 on_refused: Callable[[StateRejected], None] | None = None) -> None:
+                 on_refused: Callable[[StateRejected], None] | None = None,
+                 collections: Collection[str] | None = None) -> None:
         self.bootstrap = bootstrap
+        #: the collections to follow (None: all); records keyed for others are not even verified
+        self.collections = None if collections is None else frozenset(collections)
         self.on_refused = on_refused
         self.security = security if security is not None else kafka_security()
         self.topic = topic
@@ -182,6 +185,9 @@ class ConfigWatcher:
     def _take(self, key: bytes | None, value: bytes | None) -> None:
         if value is None:
             return  # tombstone: keep what we had (devices must not stop reporting)
+        if self.collections is not None and (key or b"").decode("utf-8", "replace") \
+                not in self.collections:
+            return  # another collection's state (a record whose key lies is refused below)
         try:
             signed, mech = self._verify(key, value)
         except StateRejected as exc:

@@ -133,9 +133,15 @@ def unique_name(request) -> str:
 @pytest.fixture
 def service_env(kafka_broker, redis_server):
     """Environment for a child ``ldpstream`` process talking to the session services."""
+    import uuid
+
     env = dict(os.environ)
+    # one consumer group per test: the workers of one test share it (handovers), but a worker
+    # another test left behind (or one still leaving its group) never holds up this test's
+    # rebalance on the shared session broker
     env.update(KAFKA_BOOTSTRAP_SERVERS=kafka_broker.bootstrap, REDIS_URL=redis_server.url,
-               LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1")
+               LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1",
+               LDP_APP_ID=f"ldp-test-{uuid.uuid4().hex[:10]}")
     return env
 
 

@@ -316,9 +316,10 @@ def install(app: Any, ctx: Any) -> None:
                                        f"(refreshed every {coll.refresh_interval_s}s once reports "
                                        f"arrive in the window)")
             if payload.get("empty"):
-                return self.error(404, f"no reports in the last {window} of collection "
-                                       f"{coll.id!r} (window {window!r}; the 'all' window keeps "
-                                       f"every report)", windows=[w.name for w in coll.windows])
+                span = "counted yet" if window == "all" else f"in the last {window}"
+                return self.error(404, f"no reports {span} in collection {coll.id!r} (under the "
+                                       f"mechanism versions it accepts now)",
+                                  windows=[w.name for w in coll.windows])
             if payload.get("error") is not None:
                 return self.error(500, f"estimating {','.join(attrs)} with {method!r} over window "
                                        f"{window!r} failed: {payload['error']}",

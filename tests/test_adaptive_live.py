@@ -50,13 +50,14 @@ def _get(url):
 
 def _estimate(url):
     """The served estimate, or {} while the API answers 404 "no estimate yet" (e.g. before a
-    surviving worker's first refresh)."""
+    surviving worker's first refresh) or "no reports" (none yet under the accepted versions)."""
     try:
         return _get(url)
     except urllib.error.HTTPError as exc:
         body = json.loads(exc.read())
-        if exc.code == 404 and "no estimate yet" in body["error"]:
-            return {}
+        if exc.code == 404 and ("no estimate yet" in body["error"]
+                                or "no reports" in body["error"]):
+            return {}  # not refreshed yet, or no report under the versions accepted now
         raise AssertionError(f"{url}: {exc.code} {body}") from None
 
 

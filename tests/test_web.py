@@ -292,6 +292,8 @@ def test_token_guard_and_reset(stack, redis_server):
     time.sleep(1.5)  # timers run on empty counts: no estimate is made up
     status, err = get_json(url, f"/estimates/{cid}?attrs=sex,Salary")
     assert status == 404 and "no reports in the last 5m" in err["error"], err
+    status, err = get_json(url, f"/estimates/{cid}?attrs=sex,Salary&window=all")
+    assert status == 404 and "no reports counted yet" in err["error"], err
 
 
 def test_without_a_configured_token_every_change_is_forbidden(stack, tmp_path):

@@ -34,7 +34,6 @@ from . import metrics, refresh
 from ..producers.kafka_security import KafkaSecurity
 from .ingest import REDIS_ERRORS
 from .redis_client import health as redis_health
-from .store import CountStore
 
 log = logging.getLogger(__name__)
 
@@ -140,13 +139,6 @@ def collection_info(coll: Any, mechanism: Any, n: int | None) -> dict[str, Any]:
         "drift_min_effect": coll.drift_min_effect,
         "expect_traffic": getattr(coll, "expect_traffic", None),
     }
-
-
-async def reset_counts(store: CountStore, collection: str) -> int:
-    """Delete a collection's counts, n, estimates and history but KEEP its Kafka offsets: reports
-    already counted must not be counted again when a partition moves to another worker, which
-    seeks to the stored offset. Returns the keys deleted."""
-    return await store.reset(collection, keep_offsets=True)
 
 
 def _bootstraps(ctx: Any) -> list[tuple[str, int]]:
@@ -400,7 +392,8 @@ def install(app: Any, ctx: Any) -> None:
             if coll_or_none(collection) is None:
                 return unknown(self, collection)
             try:
-                deleted = await reset_counts(ctx.store, collection)
+                # offsets kept: a partition that moves must not recount what it counted
+                deleted = await ctx.store.reset(collection, keep_offsets=True)
             except REDIS_ERRORS as exc:
                 return store_unavailable(self, exc)
             metrics.clear_collection(collection)

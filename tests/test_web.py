@@ -186,10 +186,21 @@ def test_a_repeated_query_parameter_is_refused(stack, query):
     assert status == 400 and "given 2 times" in err["error"], err
 
 
+def wait_for_estimate(url: str, cid: str, timeout: float = 30.0) -> int:
+    """Until the timed refresh has stored an estimate (the refresh timers start once the worker
+    is up, a few seconds after it answers HTTP); returns the last status."""
+    deadline = time.monotonic() + timeout
+    while (status := get_json(url, f"/estimates/{cid}?attrs=sex,Salary")[0]) != 200 and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    return status
+
+
 def test_metrics_expose_every_ldp_metric(stack):
     from ldpstream.agents.metrics import METRIC_NAMES
 
     url, cid = stack["url"], stack["cid"]
+    assert wait_for_estimate(url, cid) == 200
     time.sleep(2.5)  # two more refreshes
     status, ctype, text = request(url, "/metrics")
     assert status == 200 and ctype.startswith("text/plain")
@@ -278,11 +289,7 @@ def test_token_guard_and_reset(stack, redis_server):
         assert get_json(url, path, method="POST", token="wrong")[0] == 403
         assert get_json(url, path, method="POST", token=TOKEN + "x")[0] == 403
     assert get_json(url, "/collections/nope/refresh", method="POST", token=TOKEN)[0] == 404
-    deadline = time.monotonic() + 30  # the refresh timers start once the worker is up
-    while (status := get_json(url, f"/estimates/{cid}?attrs=sex,Salary")[0]) != 200 and \
-            time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert status == 200  # an estimate exists before the reset
+    assert wait_for_estimate(url, cid) == 200  # an estimate exists before the reset
     before = asyncio.run(offsets())
     status, doc = get_json(url, f"/collections/{cid}/reset", method="POST", token=TOKEN)
     assert status == 200 and doc["reset"] is True and doc["keys_deleted"] > 0

@@ -20,6 +20,7 @@ never adapt and accept their one version.
 from __future__ import annotations
 
 import importlib
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence, TypeAlias
@@ -44,7 +45,7 @@ class TensorSpec:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(int(x) for x in self.shape)
 
 
 @dataclass(frozen=True)

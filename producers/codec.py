@@ -274,9 +274,16 @@ def explain_batch(batch: ReportBatch,
         return "wrong_width", (f"reports have width {batch.reports.shape[-1]}, mechanism "
                                f"{mech.name} expects {mech.report_width}")
     bounds = np.asarray(mech.report_bounds()).reshape(1, -1)
-    bad = batch.reports >= bounds
-    if batch.reports.dtype.kind == "i":
-        bad |= batch.reports < 0
+    reports = batch.reports
+    if reports.dtype.kind in "iu":
+        # compare in the reports' own dtype (an int64 bound would promote every cell): a value
+        # is out of domain iff it exceeds bound − 1, clipped to what the dtype can hold
+        top = np.minimum(bounds - 1, np.iinfo(reports.dtype).max).astype(reports.dtype)
+        bad = reports > top
+    else:
+        bad = reports >= bounds
+    if reports.dtype.kind == "i":
+        bad |= reports < 0
     if bad.any():
         rows, cols = np.nonzero(bad)
         return "out_of_domain", (f"{len(np.unique(rows))} of {batch.n} reports out of domain, "

@@ -178,6 +178,20 @@ def test_check_batch_reasons():
         assert f"field {col} = {val}" in detail
 
 
+def test_check_batch_in_the_reports_dtype():
+    """The bounds are compared in the reports' own dtype: a bound past the dtype's range admits
+    every value it can hold, a signed negative value is out of domain."""
+    mech = rr_ind([2, 3, 300], version=1)
+    known = {"adult": {1: mech}}
+    wide = np.array([[1, 2, 255], [0, 0, 0]], dtype=np.uint8)
+    assert explain_batch(ReportBatch("adult", 1, wide), known) is None
+    signed = np.array([[1, 2, 299], [0, -1, 0]], dtype=np.int16)
+    reason, detail = explain_batch(ReportBatch("adult", 1, signed), known)
+    assert reason == "out_of_domain" and "report 1 field 1 = -1" in detail
+    over = np.array([[1, 2, 300]], dtype=np.uint16)
+    assert explain_batch(ReportBatch("adult", 1, over), known)[0] == "out_of_domain"
+
+
 def test_json_debug_form_errors():
     for text in ["nope", "[1]", '{"collection": 1, "version": 1, "reports": [[1]]}',
                  '{"collection": "c", "version": 1.5, "reports": [[1]]}',

@@ -559,12 +559,13 @@ class IngestService(Service):
                 await self._commit()
 
     def _poll_records(self) -> int:
-        """Messages to take per poll: about one delta's worth (``batch_reports``) at the mean
-        reports per message seen so far, so deltas stay cache-sized whatever the batch size."""
+        """Messages to take per poll: about :data:`POLL_DELTAS` deltas' worth (``batch_reports``
+        each) at the mean reports per message seen so far, so the per-poll arrays stay
+        cache-sized whatever the batch size while the fixed cost of a poll is paid rarely."""
         if self._msgs_seen < 100:
             return min(self.max_records, 200)
         per_msg = max(1.0, self._reports_seen / self._msgs_seen)
-        return int(max(16, min(self.max_records, self.batch_reports / per_msg)))
+        return int(max(16, min(self.max_records, POLL_DELTAS * self.batch_reports / per_msg)))
 
     async def _take_carefully(self, tp: Any, msgs: list) -> None:
         """The poison-pill breaker. When a worker takes a partition whose previous owner died
@@ -773,7 +774,8 @@ class IngestService(Service):
     def _buckets(self, cid: str, msgs: list, sizes: np.ndarray) -> np.ndarray:
         """Fine bucket of every report (message i holds ``sizes[i]`` of them) from its message's
         Kafka record timestamp (agents/windows.py); -1: all-time only (no finite window, or late).
-        Reports whose timestamp was moved are counted per reason."""
+        One element when every report falls in the same bucket. Reports whose timestamp was
+        moved are counted per reason."""
         now = time.time()
         ts = np.fromiter((m.timestamp if m.timestamp is not None else -1 for m in msgs),
                          dtype=np.float64, count=len(msgs)) / 1000.0
@@ -782,19 +784,22 @@ class IngestService(Service):
         for why, mask in (("future", future), ("late", late)):
             if mask.any():
                 metrics.REPORTS_CLAMPED.labels(cid, why).inc(int(sizes[mask].sum()))
+        if len(buckets) and (buckets == buckets[0]).all():   # the usual poll: one bucket, no per-report array
+            return buckets[:1]
         return np.repeat(buckets, sizes)
 
     def _accept(self, pend: _Pending, cid: str, version: int, reports: np.ndarray,
                 buckets: np.ndarray, sent_at: float) -> None:
         """Count validated reports of one mechanism ``version`` into the partition's running
-        delta, per fine bucket (``buckets[i]`` of report i; -1 = all-time only). Counted per poll,
+        delta, per fine bucket (``buckets[i]`` of report i, or one bucket for all of them; -1 =
+        all-time only). Counted per poll,
         so the arrays stay cache-sized and memory is the tensors', not the reports'."""
         t0 = time.perf_counter()
         layout = self.ctx.layout(cid, version)
         mech = self.ctx.versions(cid)[version]
         specs = list(layout.specs)
         first = int(buckets[0]) if len(buckets) else -1
-        if len(buckets) == 0 or (buckets == first).all():
+        if len(buckets) <= 1 or (buckets == first).all():
             parts = [(first, reports)]
         else:
             parts = [(int(b), reports[buckets == b]) for b in np.unique(buckets)]
@@ -1085,6 +1090,10 @@ FORGERY_REASONS = ("unsigned", "wrong_key", "bad_signature", "wrong_collection")
 _ABORT_ON = bytes.fromhex(os.environ["LDP_FAULT_ABORT_ON_HEX"]) \
     if os.environ.get("LDP_FAULT_ABORT_ON_HEX") else None
 
+#: reports taken per poll, in deltas (``batch_reports``): 4 measured ~14 % more ingest than 1
+#: (``ldpstream bench pipeline``, 4M reports of 500 per message: 4.85M vs 4.25M reports/s)
+POLL_DELTAS = 4
+
 #: how far a batch's ``sent_at`` may be from its Kafka record timestamp (and ahead of now)
 SENT_AT_TOLERANCE_S = 300.0
 
@@ -1103,13 +1112,16 @@ def count_reports(mech: Any, reports: np.ndarray, specs: list) -> dict[str, np.n
     re-check: the batch passed ``check_batch`` against ``report_bounds()``)."""
     if type(mech).count is not Mechanism.count or any(not s.columns for s in specs):
         return mech.count(reports, specs)
-    cols = {c: reports[:, c].astype(np.intp) for c in sorted({c for s in specs for c in s.columns})}
     out = {}
     for s in specs:
-        flat = None
-        for c, size in zip(s.columns, s.shape):
-            flat = cols[c].copy() if flat is None else flat * int(size) + cols[c]
-        out[s.key] = np.bincount(flat, minlength=s.size).astype(np.int64, copy=False).reshape(s.shape)
+        size = s.size
+        # the cell index in the narrowest dtype that holds it, built in place
+        dt = np.uint16 if size <= 1 << 16 else np.uint32 if size <= 1 << 32 else np.intp
+        flat = reports[:, s.columns[0]].astype(dt)
+        for c, width in zip(s.columns[1:], s.shape[1:]):
+            flat *= dt(width)
+            np.add(flat, reports[:, c], out=flat, casting="unsafe")  # validated: in bounds
+        out[s.key] = np.bincount(flat, minlength=size).astype(np.int64, copy=False).reshape(s.shape)
     return out
 
 def _listener_base():

@@ -95,8 +95,27 @@ def test_fast_count_equals_mechanism_count():
     rng = np.random.default_rng(2)
     reports = mech.randomize(rng.integers(0, np.array(coll.domain.shape), (5000, 8)), rng)
     specs = mech.tensors(coll.marginals + [("Salary",), ("workclass", "education", "occupation")])
+    want = mech.count(reports, specs)
+    # every dtype a batch may arrive in (the cell index is built in uint16 here)
+    for dtype in (np.uint8, np.uint16, np.int32, np.int64):
+        got = count_reports(mech, reports.astype(dtype), specs)
+        assert want.keys() == got.keys()
+        for k in want:
+            assert got[k].dtype == np.int64
+            np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_fast_count_of_a_tensor_past_uint16():
+    """A tensor of more than 65,536 cells: the cell index is built in uint32."""
+    from ldpstream.agents.ingest import count_reports
+    from ldpstream.estimators.domain import Domain
+    from ldpstream.estimators.rr_ind import RRIndependent
+
+    dom = Domain(("a", "b", "c"), (300, 300, 3))
+    mech = RRIndependent(dom, epsilon=1.0)
+    rng = np.random.default_rng(3)
+    reports = mech.randomize(rng.integers(0, np.array(dom.shape), (20_000, 3)), rng)
+    specs = mech.tensors([("a", "b", "c")])
+    assert specs[0].size > 1 << 16
     want, got = mech.count(reports, specs), count_reports(mech, reports, specs)
-    assert want.keys() == got.keys()
-    for k in want:
-        assert got[k].dtype == np.int64
-        np.testing.assert_array_equal(got[k], want[k])
+    np.testing.assert_array_equal(got[specs[0].key], want[specs[0].key])

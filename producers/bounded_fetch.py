@@ -24,6 +24,7 @@ import struct
 import zlib
 from typing import Any
 
+import crc32c
 import numpy as np
 
 __all__ = ["GUARD_MARKER", "BoundedRecords", "install", "installed_bound"]
@@ -108,9 +109,9 @@ _DECODERS = {1: _gzip, 2: _snappy, 3: lambda d, cap: _cramjam_into("lz4", d, cap
 
 
 def _crc32c(data: bytes | bytearray | memoryview) -> int:
-    from aiokafka.record.util import calc_crc32c
-
-    return calc_crc32c(data)
+    """CRC-32C of a batch (the ``crc32c`` package: the CPU's CRC instruction, about 5× faster
+    than aiokafka's table-driven one, on every fetched byte of the worker's hot path)."""
+    return crc32c.crc32c(data)
 
 
 def _replacement(batch: memoryview, reason: str, detail: str) -> bytes:

@@ -33,6 +33,8 @@ def test_bench_pipeline_quick_json():
         assert math.isfinite(v) and v > 0, (key, v)
     assert doc["reports_per_message"] == 500
     assert doc["ratio"] == doc["ingest_rate"] / doc["raw_consume_rate"]
+    assert doc["ratios"] == [doc["ratio"]]   # --quick: one raw/ingest pair
+    assert set(doc["ingest_timings_s"]) >= {"poll", "decode", "count", "apply"}
     assert doc["cluster_ratio"] == doc["cluster_ingest_rate"] / doc["raw_consume_rate"]
     assert doc["refresh_interval_s"] == 1.0  # --quick refreshes every second
     assert doc["reports"] == 200_000 and doc["single_reports"] == 20_000

@@ -36,12 +36,14 @@ Estimators (:attr:`Partitioned.estimators`):
   other (e.g. a 3-way from pairs) the maximum-entropy table with the collected sub-marginals
   (:func:`~.consistency.max_entropy`).
 * ``consistent`` (the default) — ``calm`` with one more step after the first consistency:
-  every collected table shrunk toward the product of its (consistent) 1-way marginals by
-  positive-part James–Stein with the table's known cell variance (oracle noise plus the sampling
-  of which users report it: the target is the population's marginal)
-  (:func:`~.consistency.shrink_to_independence`; keeps the 1-way marginals). Measured: it
-  lowers the 2-way TVD on Adult by up to a quarter at ε ≤ 4; with collected triples it helps
-  weakly dependent data and can hurt strongly dependent data (docs/partitioned.md).
+  hierarchical positive-part James–Stein shrinkage with each table's known cell variance
+  (oracle noise plus the sampling of which users report it: the target is the population's
+  marginal) (:func:`~.consistency.shrink_hierarchical`): every pair toward the product of its
+  1-way marginals with the variance of its consistent estimate, every larger set's top-order
+  interaction toward the maximum-entropy table with its shrunk sub-marginals; keeps the 1-way
+  marginals. With pairs collected it is the per-table shrinkage toward independence
+  (:func:`~.consistency.shrink_to_independence`; binary-by-small pairs pooled). Measured in
+  docs/partitioned.md.
 
 ``error_bound``: the expected TVD of the unbiased estimate under a normal approximation of its
 variance (:func:`~.castell.expected_tvd`); also given for norm-sub and consistent when the

@@ -14,6 +14,10 @@ Chen, CCS 2018, §4.3–4.4; after PriView, Qardaji et al., SIGMOD 2014):
   CALM: it keeps every 1-way marginal (so consistency on single attributes survives it) and
   removes much of the noise of large tables at small ε, where the tables' dependence is below
   the noise, and of the user sampling at large ε.
+* :func:`shrink_hierarchical` — the same shrinkage level by level: every pair toward
+  independence with the variance of its consistent estimate, every larger attribute set's
+  top-order interaction toward the maximum-entropy table with its shrunk sub-marginals
+  (pooled James–Stein where a set alone has too few dimensions); not part of CALM.
 * :func:`postprocess` — CALM's alternation of the two, ending with consistency (optionally with
   the shrinkage after the first consistency step).
 * :func:`max_entropy` — a marginal not collected directly, as the maximum-entropy table with the
@@ -33,7 +37,8 @@ import numpy as np
 from .domain import Domain, Factor
 from .proper import project_simplex
 
-__all__ = ["Consistency", "expand", "make_consistent", "norm_sub", "postprocess", "shrink_to_independence",
+__all__ = ["Consistency", "expand", "make_consistent", "norm_sub", "postprocess",
+           "shrink_to_independence", "shrink_hierarchical", "independence", "interaction",
            "max_entropy", "MaxEntResult", "shared_sets", "disagreement"]
 
 
@@ -154,6 +159,20 @@ def norm_sub(table: Factor, total: float = 1.0) -> Factor:
     return Factor(table.domain, total * project_simplex(np.asarray(table.values) / total))
 
 
+def independence(values: np.ndarray) -> np.ndarray:
+    """The product of a table's 1-way marginals, scaled to its total (uniform 1-way
+    marginals where the total is 0)."""
+    x = np.asarray(values, dtype=float)
+    total = float(x.sum())
+    nu = np.full(x.shape, total)
+    for i in range(x.ndim):
+        m = x.sum(axis=tuple(j for j in range(x.ndim) if j != i))
+        shape = [1] * x.ndim
+        shape[i] = len(m)
+        nu = nu * (m / total if total != 0 else np.full(len(m), 1.0 / len(m))).reshape(shape)
+    return nu
+
+
 def shrink_to_independence(values: np.ndarray, noise_variance: float) -> tuple[np.ndarray,
                                                                                float]:
     """Positive-part James–Stein: ν + λ(x − ν), ν = total·Π_a (m_a/total) the product of the
@@ -170,13 +189,7 @@ def shrink_to_independence(values: np.ndarray, noise_variance: float) -> tuple[n
     x = np.asarray(values, dtype=float)
     if x.ndim < 2:
         return x.copy(), 1.0
-    total = float(x.sum())
-    nu = np.full(x.shape, total)
-    for i in range(x.ndim):
-        m = x.sum(axis=tuple(j for j in range(x.ndim) if j != i))
-        shape = [1] * x.ndim
-        shape[i] = len(m)
-        nu = nu * (m / total if total != 0 else np.full(len(m), 1.0 / len(m))).reshape(shape)
+    nu = independence(x)
     r = sum(d - 1 for d in x.shape) + 1
     k = max(x.size - r - 2, 0)
     dev = float(((x - nu) ** 2).sum())
@@ -184,20 +197,121 @@ def shrink_to_independence(values: np.ndarray, noise_variance: float) -> tuple[n
     return nu + lam * (x - nu), lam
 
 
+def _residual_dims(shape: Sequence[int]) -> int:
+    """Dimension of the top-order interaction of a table: Π_a (d_a − 1)."""
+    return int(np.prod([d - 1 for d in shape], dtype=np.int64))
+
+
+def _js_factor(q: int, dev: float, noise_variance: float) -> float:
+    """Positive-part James–Stein factor clip(1 − (q − 2)·σ²/dev, 0, 1)."""
+    if dev <= 0:
+        return 1.0
+    return min(1.0, max(0.0, 1.0 - max(q - 2, 0) * float(noise_variance) / dev))
+
+
+def interaction(values: np.ndarray) -> np.ndarray:
+    """The top-order interaction of a table: the table centred along every axis
+    (x ×_a (I − J/d_a) for every axis a), the orthogonal projection onto the Π_a (d_a − 1)
+    dimensions that no marginal of fewer attributes sees; x minus it keeps every marginal of
+    the other attributes' subsets exactly."""
+    r = np.asarray(values, dtype=float)
+    for i in range(r.ndim):
+        r = r - r.mean(axis=i, keepdims=True)
+    return r
+
+
+def _maxent_below(f: Factor) -> np.ndarray:
+    """The maximum-entropy table with ``f``'s (w−1)-way sub-marginals (negative cells clipped),
+    scaled to ``f``'s total."""
+    attrs = f.domain.attrs
+    subs = [f.project(tuple(b for b in attrs if b != a)) for a in attrs]
+    return float(f.values.sum()) * max_entropy(f.domain, subs).table.values
+
+
+#: a set whose interaction has fewer dimensions than this cannot be shrunk by James–Stein on
+#: its own (the factor needs q − 2 > 0); such pairs share one pooled λ
+POOL_BELOW = 3
+
+
+def shrink_hierarchical(tables: Sequence[Factor], noise_variance: Sequence[float],
+                        maxent: bool = True) -> list[np.ndarray]:
+    """Hierarchical positive-part James–Stein shrinkage of consistent tables, level by level
+    (not in CALM; Efron & Morris 1973: shrinkage toward a fitted sub-model, and across
+    related tables).
+
+    Level w = 2, 3, … up to the largest table: every attribute set S of w attributes inside
+    some table is projected from the current tables, x_S, and its top-order part R_S (the part
+    no marginal of fewer attributes sees; q_S = Π(d_a − 1) dimensions) shrunk: x_S − (1 − λ)R_S,
+    which keeps every (w−1)-way sub-marginal of x_S. For a pair R_S = x_S − the product of its
+    1-way marginals (:func:`shrink_to_independence`); for w ≥ 3 R_S = the :func:`interaction`
+    of x_S minus that of the maximum-entropy table with x_S's (w−1)-way sub-marginals (the
+    target keeps the log-linear model without a w-way term, e.g. a Markov chain's triple,
+    while the linear interaction keeps the sub-marginals exact even with negative cells).
+    λ = clip(1 − (q − 2)σ²/‖R‖², 0, 1) per set where q_S ≥ :data:`POOL_BELOW`; the smaller
+    pairs, and all sets of a level w ≥ 3, share one λ (James–Stein on the residuals scaled by
+    σ_S, q = Σ q_S). σ²_S, the noise variance of one cell of x_S, is the inverse-variance
+    combination over the tables containing S (c cells summed in each): a pair inside m − 2
+    collected triples is shrunk with the smaller variance of its consistent estimate. Every
+    table is then shifted to agree with the shrunk sets (the consistency step with them as
+    exact tables: the minimum-norm additive lift) before the next level. ``maxent=False``:
+    shrink toward the linear (additive) model instead. Returns each table's new values; a
+    table of q ≥ 3 collected alone (pairs of Adult) gets :func:`shrink_to_independence`."""
+    axes = [tuple(t.domain.attrs) for t in tables]
+    vals = [np.array(t.values, dtype=float) for t in tables]
+    var = [max(float(v), 1e-300) for v in noise_variance]
+    top = max((len(a) for a in axes), default=0)
+    for w in range(2, top + 1):
+        level: dict[frozenset[str], list[int]] = {}
+        for k, ax in enumerate(axes):
+            for sub in itertools.combinations(ax, w):
+                level.setdefault(frozenset(sub), []).append(k)
+        sets = list(level)
+        xs, s2 = [], []
+        for S in sets:
+            k0 = level[S][0]
+            f = Factor(tables[k0].domain, vals[k0]).project(_ordered(S, axes[k0]))
+            xs.append(f)
+            s2.append(1.0 / sum(f.values.size / (vals[k].size * var[k]) for k in level[S]))
+        if w == 2:
+            res = [f.values - independence(f.values) for f in xs]
+        else:
+            res = [interaction(f.values) - (interaction(_maxent_below(f)) if maxent else 0.0)
+                   for f in xs]
+        qs = [_residual_dims(f.values.shape) for f in xs]
+        lam = [_js_factor(q, float((r ** 2).sum()), v) for q, r, v in zip(qs, res, s2)]
+        group = [i for i, q in enumerate(qs) if w >= 3 or q < POOL_BELOW]
+        if group:
+            common = _js_factor(sum(qs[i] for i in group),
+                                sum(float((res[i] ** 2).sum()) / s2[i] for i in group), 1.0)
+            for i in group:
+                lam[i] = common
+        new = [f.values - (1.0 - lm) * r for f, r, lm in zip(xs, res, lam)]
+        lift = Consistency(axes + [f.domain.attrs for f in xs],
+                           [v.shape for v in vals] + [f.values.shape for f in xs])
+        vals = lift.apply(vals + new, var + [0.0] * len(new))[:len(vals)]
+    return vals
+
+
 def postprocess(tables: Sequence[Factor], cell_variance: Sequence[float], rounds: int = 30,
-                tol: float = 1e-6, noise_variance: Sequence[float] | None = None
-                ) -> tuple[list[Factor], int]:
+                tol: float = 1e-6, noise_variance: Sequence[float] | None = None,
+                hierarchical: bool = True) -> tuple[list[Factor], int]:
     """CALM's post-processing: consistency, then alternately Norm-Sub and consistency until no
     cell is below −``tol`` (or ``rounds`` Norm-Sub passes); ends with consistency, so the tables
     agree exactly on shared sets and may keep cells slightly below 0. With ``noise_variance``
-    (per-cell variance of each table around its target), every table is shrunk toward
-    independence (:func:`shrink_to_independence`) after the first consistency step. Returns
-    (tables, Norm-Sub passes)."""
+    (per-cell variance of each table around its target), the tables are shrunk after the first
+    consistency step: by :func:`shrink_hierarchical` (default), or with ``hierarchical=False``
+    each toward the product of its own 1-way marginals (:func:`shrink_to_independence`, one λ
+    per table). Returns (tables, Norm-Sub passes)."""
     plan = Consistency([t.domain.attrs for t in tables], [t.domain.shape for t in tables])
     vals = plan.apply([t.values for t in tables], cell_variance)
     if noise_variance is not None:
-        vals = plan.apply([shrink_to_independence(v, s2)[0]
-                           for v, s2 in zip(vals, noise_variance)], cell_variance)
+        if hierarchical:
+            vals = plan.apply(shrink_hierarchical(
+                [Factor(t.domain, v) for t, v in zip(tables, vals)], noise_variance),
+                cell_variance)
+        else:
+            vals = plan.apply([shrink_to_independence(v, s2)[0]
+                               for v, s2 in zip(vals, noise_variance)], cell_variance)
     passes = 0
     while passes < rounds and min(float(v.min()) for v in vals) < -tol:
         total = float(np.mean([v.sum() for v in vals]))

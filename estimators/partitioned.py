@@ -36,12 +36,14 @@ Estimators (:attr:`Partitioned.estimators`):
   other (e.g. a 3-way from pairs) the maximum-entropy table with the collected sub-marginals
   (:func:`~.consistency.max_entropy`).
 * ``consistent`` (the default) — ``calm`` with one more step after the first consistency:
-  every collected table shrunk toward the product of its (consistent) 1-way marginals by
-  positive-part James–Stein with the table's known cell variance (oracle noise plus the sampling
-  of which users report it: the target is the population's marginal)
-  (:func:`~.consistency.shrink_to_independence`; keeps the 1-way marginals). Measured: it
-  lowers the 2-way TVD on Adult by up to a quarter at ε ≤ 4; with collected triples it helps
-  weakly dependent data and can hurt strongly dependent data (docs/partitioned.md).
+  hierarchical positive-part James–Stein shrinkage with each table's known cell variance
+  (oracle noise plus the sampling of which users report it: the target is the population's
+  marginal) (:func:`~.consistency.shrink_hierarchical`): every pair toward the product of its
+  1-way marginals with the variance of its consistent estimate, every larger set's top-order
+  interaction toward the maximum-entropy table with its shrunk sub-marginals; keeps the 1-way
+  marginals. With pairs collected it is the per-table shrinkage toward independence
+  (:func:`~.consistency.shrink_to_independence`; binary-by-small pairs pooled). Measured in
+  docs/partitioned.md.
 
 ``error_bound``: the expected TVD of the unbiased estimate under a normal approximation of its
 variance (:func:`~.castell.expected_tvd`); also given for norm-sub and consistent when the
@@ -67,7 +69,8 @@ from .mechanism import (Estimate, Mechanism, ParamError, Params, TensorSpec, rec
                         register)
 from .proper import clip_rescale, repair
 
-__all__ = ["Partitioned", "tensor_key", "assign_by_device"]
+__all__ = ["Partitioned", "tensor_key", "assign_by_device", "choose_ways",
+           "predicted_pair_error", "AUTO_WAYS", "AUTO_MARGIN"]
 
 
 def tensor_key(attrs: Sequence[str]) -> str:
@@ -93,6 +96,63 @@ def assign_by_device(device_ids: np.ndarray, k: int, seed: int) -> np.ndarray:
     return (h % np.uint64(k)).astype(np.int64)
 
 
+#: ``ways: auto`` chooses among these declared-marginal sizes ...
+AUTO_WAYS = (2, 3)
+#: ... keeping the smallest unless a larger one predicts a pair error lower by more than this
+#: fraction (set on the shapes of the two bench datasets; docs/partitioned.md)
+AUTO_MARGIN = 0.2
+
+
+def predicted_pair_error(sizes: Sequence[int], n: int, epsilon: float, ways: int,
+                         oracles: Sequence[str] = fo.COMPACT, per_report: int = 1) -> float:
+    """Mean over attribute pairs of the expected TVD of the pair's consistent estimate when
+    every ``ways``-way marginal is collected, from the shape only (attribute sizes, ``n``
+    reports, ε): each of the K tables gets n·r/K reports through the oracle of smallest
+    variance at ε/r ([Wang17] §4.5), its cell variance the oracle noise plus the largest user
+    sampling term (1 − 1/d)/(d·n_k) (uniform data); a pair's variance is the inverse-variance
+    combination over the tables containing it (CALM §4.3, c cells summed in each), its TVD the
+    normal approximation ½·d_S·√(2σ²/π). The noise-error term of CALM §4; it leaves out the
+    shrinkage and the reconstruction of marginals from smaller ones."""
+    sizes = [int(d) for d in sizes]
+    tables = list(itertools.combinations(range(len(sizes)), int(ways)))
+    nk = float(n) * per_report / len(tables)
+    prec: dict[tuple[int, int], float] = {}
+    for t in tables:
+        d = math.prod(sizes[i] for i in t)
+        var = float(fo.choose(epsilon / per_report, d, oracles).variance(nk)[0]) \
+            + (1.0 - 1.0 / d) / (d * nk)
+        for pair in itertools.combinations(t, 2):
+            c = d / (sizes[pair[0]] * sizes[pair[1]])
+            prec[pair] = prec.get(pair, 0.0) + 1.0 / (c * var)
+    return float(np.mean([0.5 * sizes[a] * sizes[b] * math.sqrt(2.0 / (math.pi * p))
+                          for (a, b), p in prec.items()]))
+
+
+def choose_ways(sizes: Sequence[int], n: int, epsilon: float,
+                oracles: Sequence[str] = fo.COMPACT, per_report: int = 1,
+                candidates: Sequence[int] = AUTO_WAYS, margin: float = AUTO_MARGIN) -> int:
+    """``ways: auto``: the declared-marginal size from the data's shape only (attribute sizes,
+    expected reports ``n``, ε per report), never its values. The smallest candidate k ≥ 2
+    (≤ m) is kept unless a larger one predicts (:func:`predicted_pair_error`) a pair error
+    lower by more than ``margin`` (below (1 − margin) × the kept one's). The prediction leaves
+    out two terms that pull in opposite directions: the maximum-entropy reconstruction of a
+    marginal from smaller ones (≥ 0, favours the larger size) and the shrinkage of
+    ``consistent`` (pooled over many small pairs, it removes more of the pairs' noise at
+    small ε than the prediction sees); measured, the second wins on the bench's data
+    (docs/partitioned.md). With fewer than two attributes: m."""
+    m = len(sizes)
+    ks = sorted({int(k) for k in candidates if 2 <= int(k) <= m})
+    if not ks:
+        return m
+    best = ks[0]
+    pred = predicted_pair_error(sizes, n, epsilon, best, oracles, per_report)
+    for k in ks[1:]:
+        p = predicted_pair_error(sizes, n, epsilon, k, oracles, per_report)
+        if p < (1.0 - margin) * pred:
+            best, pred = k, p
+    return best
+
+
 @register
 class Partitioned(Mechanism):
     """One assigned marginal per report with the full ε; CALM-style estimation."""
@@ -102,8 +162,9 @@ class Partitioned(Mechanism):
     default_estimators = ("consistent", "calm")
 
     def __init__(self, domain: Domain, epsilon: float, marginals: Sequence[Sequence[str]] | None
-                 = None, ways: int = 2, oracles: Sequence[str] = fo.COMPACT,
-                 assign_seed: int = 0, per_report: int = 1, version: int = 0) -> None:
+                 = None, ways: int | str = 2, oracles: Sequence[str] = fo.COMPACT,
+                 assign_seed: int = 0, per_report: int = 1, version: int = 0,
+                 expected_reports: int | None = None) -> None:
         super().__init__(domain, version)
         eps = float(epsilon)
         if not np.isfinite(eps) or eps <= 0:
@@ -114,6 +175,16 @@ class Partitioned(Mechanism):
             raise ValueError(f"oracles: {bad or list(oracles)} — a partitioned report is one "
                              f"integer; choose from {', '.join(fo.COMPACT)}")
         self.oracle_names = tuple(oracles)
+        self.expected_reports = None
+        if ways == "auto":
+            if isinstance(expected_reports, bool) or not isinstance(
+                    expected_reports, (int, np.integer)) or expected_reports < 1:
+                raise ValueError(f"ways='auto' needs expected_reports, an integer >= 1 (got "
+                                 f"{expected_reports!r})")
+            self.expected_reports = int(expected_reports)
+            ways = choose_ways(domain.shape, self.expected_reports, eps, self.oracle_names,
+                               int(per_report) if isinstance(per_report, (int, np.integer))
+                               else 1)
         if marginals is None:
             if not 1 <= int(ways) <= len(domain):
                 raise ValueError(f"ways must be in 1..{len(domain)}, got {ways!r}")
@@ -398,6 +469,8 @@ class Partitioned(Mechanism):
                 "marginals": [list(m) for m in self.marginals],
                 "oracles": list(self.oracle_names), "assign_seed": self.assign_seed,
                 "per_report": self.per_report,
+                **({"ways_auto": {"expected_reports": self.expected_reports, "ways": self.ways}}
+                   if self.expected_reports is not None else {}),
                 "chosen": [{"oracle": o.name, "g": o.g if isinstance(o, fo.OLH) else None}
                            for o in self.oracles]}
 
@@ -406,11 +479,20 @@ class Partitioned(Mechanism):
                     epsilon_scope: str = "attribute", version: int = 0) -> "Partitioned":
         """ε per report = :func:`~.mechanism.record_budget` (the whole record's budget goes to
         the one marginal reported). ``params``: ``marginals`` (list of attribute lists) or
-        ``ways`` (every k-way marginal; default 2), ``oracles`` (subset of grr, olh),
-        ``assign_seed``."""
+        ``ways`` (every k-way marginal; default 2; ``auto``: :func:`choose_ways` from
+        ``expected_reports``, required then), ``oracles`` (subset of grr, olh),
+        ``assign_seed``, ``per_report``."""
         pr = Params(cls.name, params)
         marginals = pr.value("marginals")
-        ways = pr.integer("ways", 2, ge=1, le=len(domain))
+        auto = pr.value("ways") == "auto"
+        ways = "auto" if auto else pr.integer("ways", 2, ge=1, le=len(domain))
+        expected = pr.integer("expected_reports", None, ge=1)
+        if auto and expected is None:
+            raise ParamError("expected_reports", "ways: auto needs the number of reports the "
+                                                 "collection expects (an integer >= 1): the "
+                                                 "marginal size is chosen from it")
+        if expected is not None and not auto:
+            raise ParamError("expected_reports", "is read only with ways: auto")
         if marginals is not None and pr.has("ways"):
             raise ParamError("ways", "give marginals or ways, not both")
         if marginals is not None:
@@ -434,13 +516,18 @@ class Partitioned(Mechanism):
             raise ParamError("oracles", f"must be a non-empty list of {', '.join(fo.COMPACT)} "
                                         f"(got {oracles!r})")
         seed = pr.integer("assign_seed", 0, ge=0, le=2**63 - 1)
+        eps = record_budget(epsilon, epsilon_scope, len(domain))
+        per_report = pr.integer("per_report", 1, ge=1)
+        if auto:
+            ways = choose_ways(domain.shape, expected, eps, oracles, per_report)
         K = (len({frozenset(m) for m in marginals}) if marginals is not None
-             else math.comb(len(domain), ways or 2))
-        per_report = pr.integer("per_report", 1, ge=1, le=K)
+             else math.comb(len(domain), ways))
+        if per_report > K:
+            raise ParamError("per_report", f"must be an integer <= {K} (got {per_report})")
         pr.done()
-        return cls(domain, record_budget(epsilon, epsilon_scope, len(domain)),
-                   marginals=marginals, ways=ways, oracles=tuple(oracles),
-                   assign_seed=seed, per_report=per_report, version=version)
+        return cls(domain, eps, marginals=marginals, ways="auto" if auto else ways,
+                   oracles=tuple(oracles), assign_seed=seed, per_report=per_report,
+                   version=version, expected_reports=expected)
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "Partitioned":

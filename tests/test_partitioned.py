@@ -11,12 +11,14 @@ import pytest
 from ldpstream.agents.ingest import count_reports
 from ldpstream.bn import read_bif, survey_path
 from ldpstream.estimators import channels as ch
-from ldpstream.estimators.consistency import (disagreement, make_consistent, max_entropy,
+from ldpstream.estimators.consistency import (disagreement, independence, make_consistent,
+                                              max_entropy, shrink_hierarchical,
                                               shrink_to_independence)
 from ldpstream.estimators.domain import Domain, Factor
 from ldpstream.estimators.mechanism import ParamError, from_state, histogram, mechanism_class
 from ldpstream.estimators.metrics import tvd
-from ldpstream.estimators.partitioned import Partitioned, assign_by_device, tensor_key
+from ldpstream.estimators.partitioned import (Partitioned, assign_by_device, choose_ways,
+                                              tensor_key)
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 
@@ -272,6 +274,65 @@ def test_from_config_params():
         with pytest.raises(ParamError) as exc:
             cls.from_config(DOM, params, epsilon=1.0)
         assert exc.value.field == field
+
+
+def test_hierarchical_shrinkage_limits():
+    """σ² = 0 keeps every table; an enormous σ² takes pairs to independence and a triple to
+    the max-ent table of its (independent) pairs — the product of its 1-way marginals — and
+    keeps every 1-way marginal either way."""
+    dom = Domain(("a", "b", "c", "d"), (2, 3, 2, 3))
+    rng = np.random.default_rng(5)
+    tabs = []
+    for attrs in itertools.combinations(dom.attrs, 3):
+        t = Factor(dom.project(attrs), rng.random(dom.project(attrs).shape))
+        tabs.append(t.normalize())
+    tabs = make_consistent(tabs, [1.0] * len(tabs))
+    same = shrink_hierarchical(tabs, [0.0] * len(tabs))
+    assert all(np.allclose(v, t.values, atol=1e-12) for v, t in zip(same, tabs))
+    flat = shrink_hierarchical(tabs, [1e6] * len(tabs))
+    for v, t in zip(flat, tabs):
+        assert np.allclose(v, independence(t.values), atol=1e-6)
+        for ax in range(3):
+            other = tuple(i for i in range(3) if i != ax)
+            assert np.allclose(v.sum(axis=other), t.values.sum(axis=other), atol=1e-12)
+
+
+#: (attribute sizes, n) of the bench's datasets: Adult's 8 columns, the network's 6
+ADULT_SHAPE, ADULT_N = (9, 16, 7, 15, 6, 5, 2, 2), 32_561
+NETWORK_SHAPE, NETWORK_N = (3, 2, 2, 2, 2, 3), 50_000
+
+
+def test_ways_auto_rule_on_the_bench_shapes():
+    eps = (0.5, 1.0, 2.0, 4.0, 8.0)
+    assert [choose_ways(ADULT_SHAPE, ADULT_N, e) for e in eps] == [2, 2, 2, 2, 3]
+    assert [choose_ways(NETWORK_SHAPE, NETWORK_N, e) for e in eps] == [2, 2, 2, 3, 3]
+    # without the margin the network's triples win at ε = 0.5 and 2 (predicted 2 % and 5 %
+    # lower), not at ε = 1 (8.6 % higher)
+    assert [choose_ways(NETWORK_SHAPE, NETWORK_N, e, margin=0.0) for e in eps] == \
+        [3, 2, 3, 3, 3]
+    assert choose_ways((3, 4), 1000, 1.0) == 2 and choose_ways((3,), 1000, 1.0) == 1
+
+
+def test_ways_auto_from_config():
+    cls = mechanism_class("partitioned")
+    m = cls.from_config(DOM, {"ways": "auto", "expected_reports": 10_000}, epsilon=1.0,
+                        epsilon_scope="record")
+    assert m.ways == choose_ways(DOM.shape, 10_000, 1.0) == 2
+    assert m.marginals == list(itertools.combinations(DOM.attrs, 2))
+    assert m.state()["ways_auto"] == {"expected_reports": 10_000, "ways": 2}
+    assert from_state(m.state()).marginals == m.marginals
+    for params in ({"ways": "auto"}, {"ways": "auto", "expected_reports": 0},
+                   {"ways": "auto", "expected_reports": "many"},
+                   {"ways": "auto", "expected_reports": 1.5}, {"expected_reports": 100},
+                   {"ways": 2, "expected_reports": 100}):
+        with pytest.raises(ParamError) as exc:
+            cls.from_config(DOM, params, epsilon=1.0)
+        assert exc.value.field == "expected_reports", params
+    with pytest.raises(ParamError) as exc:
+        cls.from_config(DOM, {"ways": "automatic", "expected_reports": 100}, epsilon=1.0)
+    assert exc.value.field == "ways"
+    with pytest.raises(ValueError, match="expected_reports"):
+        Partitioned(DOM, 1.0, ways="auto")
 
 
 def test_drift_uses_the_closed_form_variance():

@@ -6,8 +6,12 @@ import json
 import pytest
 
 from ldpstream import cli
+from ldpstream.estimators.partitioned import choose_ways
 
 pytestmark = pytest.mark.core
+
+#: sizes of sex, Salary, race, relationship, marital-status in the bundled Adult
+SHAPE5 = (2, 2, 5, 6, 7)
 
 
 def _json(capsys, *argv):
@@ -47,6 +51,7 @@ def test_simulate_compare_split_vs_partitioned(capsys):
     best = doc["best"]["2"]
     tvds = [r["metrics"]["tvd"] for r in doc["results"]]
     assert best["tvd"] == min(tvds) and best["ratio"] > 0
+    assert doc["auto_ways"] == choose_ways(SHAPE5, doc["n"], 1.0)
     assert cli.main(["simulate", "--compare", "--columns", "sex,Salary,race", "--ways", "2",
                      "--subsets", "2"]) == 0
     assert "lowest TVD" in capsys.readouterr().out

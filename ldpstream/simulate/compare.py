@@ -10,7 +10,8 @@ partitioned runs twice, collecting every pair (``ways: 2``) and every triple (``
 which is better depends on the domain sizes (small domains favour triples — each pair is then
 informed by m−2 collected marginals). ``best`` names, per w, the (mechanism, ways, estimator)
 with the lowest mean TVD, and ``ratio`` is the best split TVD over the best partitioned TVD
-(> 1: partitioned wins).
+(> 1: partitioned wins). ``auto_ways`` states the size ``ways: auto`` would declare for this
+data's shape (n, attribute sizes, ε per record; :func:`~ldpstream.estimators.partitioned.choose_ways`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import json
 from typing import Any
 
 from ..cli import CliError
+from ..estimators.partitioned import choose_ways
 from .driver import plan_from_args, run_with_progress
 
 __all__ = ["CONTENDERS", "compare", "main"]
@@ -32,6 +34,7 @@ PARTITIONED_WAYS = (2, 3)
 def compare(args: Any) -> dict[str, Any]:
     """Run every contender on the plan ``args`` describe; the merged JSON document."""
     docs = []
+    shape: tuple[int, ...] = ()
     for mech, ests in CONTENDERS.items():
         a = replace_args(args, mechanism=mech, estimator=list(ests))
         plan = plan_from_args(a)
@@ -40,6 +43,7 @@ def compare(args: Any) -> dict[str, Any]:
             raise CliError(f"--compare: needs at least 2 columns (got {m}); with one "
                            "attribute there is no budget to split")
         if mech == "partitioned":
+            shape = plan.dataset.domain.shape
             plan.variants = tuple({"ways": w} for w in PARTITIONED_WAYS if w <= m)
         docs.append(run_with_progress(plan, label=f"compare: {mech}"))
     rows = [r for d in docs for r in d["results"]]
@@ -56,7 +60,8 @@ def compare(args: Any) -> dict[str, Any]:
     return {"compare": list(CONTENDERS), "n": first["n"], "m": first["m"],
             "epsilon": first["epsilon"], "epsilon_scope": first["epsilon_scope"],
             "epsilon_per_record": eps, "seed": first["seed"], "runs": first["runs"],
-            "results": rows, "best": best}
+            "results": rows, "best": best,
+            "auto_ways": choose_ways(shape, first["n"], eps["partitioned"])}
 
 
 def replace_args(args: Any, **changes: Any) -> Any:
@@ -97,5 +102,7 @@ def main(args: Any) -> int:
         how = f" (params: ways: {b['ways']})" if b["ways"] is not None else ""
         print(f"{w}-way: lowest TVD {b['mechanism']}{how} / {b['estimator']} ({b['tvd']:.4f}); "
               f"split/partitioned TVD ratio {b['ratio']:.2f}")
+    print(f"partitioned ways: auto (expected_reports: {doc['n']}) declares every "
+          f"{doc['auto_ways']}-way marginal at this shape and ε")
     return 0
 

@@ -9,7 +9,7 @@ up: install
 
 # every test (CI runs this): core, pipeline (real Kafka + Redis children) and e2e tiers
 test: install
-	.venv/bin/python -m pytest -q tests
+	.venv/bin/python -m pytest -q --durations=30 tests
 
 # the pure core (estimators, codec, config, CLI), no services: under a minute
 test-fast: install

@@ -349,14 +349,19 @@ class Partitioned(Mechanism):
     def unbiased(self, counts: Mapping[str, np.ndarray], j: int
                  ) -> tuple[Factor, float, float, int]:
         """(unbiased table, variance of one cell, its oracle-noise part, reports) of collected
-        marginal j. The cell variance is the oracle's f-free term q*(1−q*)/(n_j(p*−q*)²) plus
-        the sampling of which users report j, averaged over cells: (1 − Σf̂²)/(d_j·n_j) (f̂
-        clipped and rescaled)."""
+        marginal j. The cell variance is [Wang17] eq. 4 under the estimated distribution f̂
+        (clipped and rescaled) plus the sampling of which users report j, averaged over cells:
+        the oracle's f-free term q*(1−q*)/(n_j(p*−q*)²), its f term
+        (p*(1−p*) − q*(1−q*))/(d_j·n_j(p*−q*)²) (Σf̂ = 1) and (1 − Σf̂²)/(d_j·n_j). The f term
+        matters for large tables at large ε (an Adult triple of 2,160 cells, 581 reports, ε = 8:
+        about a quarter of the total; leaving it out under-states the noise the shrinkage
+        removes).
+        The oracle-noise part returned is the f-free term."""
         o = self.oracles[j]
         est, n = self._raw(counts, j)
         f = clip_rescale(est)
         noise = float(o.variance(n)[0])
-        var = noise + (1.0 - float(np.sum(f * f))) / (o.d * n)
+        var = float(np.mean(o.variance(n, f, fixed_data=False)))
         return (Factor(self.domain.project(self.marginals[j]), est.reshape(self._shapes[j])),
                 var, noise, n)
 

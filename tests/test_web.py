@@ -201,9 +201,17 @@ def test_metrics_expose_every_ldp_metric(stack):
 
     url, cid = stack["url"], stack["cid"]
     assert wait_for_estimate(url, cid) == 200
-    time.sleep(2.5)  # two more refreshes
-    status, ctype, text = request(url, "/metrics")
-    assert status == 200 and ctype.startswith("text/plain")
+    # at least two timed refreshes (1 s interval; on a loaded machine one can take longer)
+    deadline = time.monotonic() + 30
+    while True:
+        status, ctype, text = request(url, "/metrics")
+        assert status == 200 and ctype.startswith("text/plain")
+        done = [line for line in text.splitlines()
+                if line.startswith("ldp_estimate_refresh_seconds_count{")
+                and f'collection="{cid}"' in line and float(line.rsplit(" ", 1)[1]) >= 2]
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
     samples = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):

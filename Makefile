@@ -7,9 +7,12 @@ install:
 up: install
 	.venv/bin/ldpstream up
 
-# every test (CI runs this): core, pipeline (real Kafka + Redis children) and e2e tiers
+# every test (CI runs this): the core tier on two processes (pure CPU), then the pipeline (real
+# Kafka + Redis children) and e2e tiers in one (their timings assume a core to themselves); fails
+# if either run fails, after both ran
 test: install
-	.venv/bin/python -m pytest -q --durations=30 tests
+	rc=0; .venv/bin/python -m pytest -q -n 2 -m core --durations=10 tests || rc=1; \
+	.venv/bin/python -m pytest -q -m "not core" --durations=30 tests || rc=1; exit $$rc
 
 # the pure core (estimators, codec, config, CLI), no services: under a minute
 test-fast: install

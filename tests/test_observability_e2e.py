@@ -2,8 +2,9 @@
 
 An embedded broker and Redis, one ``ldpstream worker`` and one ``ldpstream fleet --drift-at`` run
 as child processes; Prometheus scrapes the worker every second and evaluates the production alert
-rules every second, with only their ``for:`` hold times shortened (``observability_helpers.
-short_hold_rules``: every ``for: <d>`` line → ``for: 5s``; expressions unchanged). The test
+rules every second, with only their clocks shortened (``observability_helpers.
+short_hold_rules``: every ``for: <d>`` line → ``for: 5s``, and the ``[1m]`` range of
+IngestStalled's rate → ``[15s]``; expressions otherwise unchanged). The test
 
 1. resolves the dashboard's template variables through Prometheus' label values API (as Grafana
    does) and runs every panel target through ``/api/v1/query`` (and ``/api/v1/query_range`` for
@@ -45,8 +46,9 @@ ALPHA = 1e-4            # drift_alpha: false-alarm probability per refresh and e
 DRIFT_AT = 22.0         # fleet seconds before it switches to generator:skewed
 RATE = 1500             # fleet reports/s
 HOLD = "5s"             # every rule's for: in the test copy of the rules
+RANGES = {"1m": "15s"}  # and its 1m range selectors (IngestStalled's rate): a 4x faster clock
 DRIFT_FIRE_BOUND_S = 90.0
-STALL_FIRE_BOUND_S = 100.0  # IngestStalled: rate(...[1m]) must reach 0, then the 5s hold
+STALL_FIRE_BOUND_S = 60.0   # IngestStalled: rate(...[15s]) must reach 0, then the 5s hold
 
 
 def _write_config(path) -> str:
@@ -108,7 +110,7 @@ def test_dashboards_and_alerts_against_real_prometheus(tmp_path):
     cfg_path = _write_config(tmp_path / "obs.yaml")
     coll = load_config(cfg_path).collections[CID]
     rules = tmp_path / "ldpstream.rules.yml"
-    rules.write_text(short_hold_rules(hold=HOLD))
+    rules.write_text(short_hold_rules(hold=HOLD, ranges=RANGES))
     web_port = free_port()
     prom = PrometheusServer(tmp_path, prometheus_config([f"127.0.0.1:{web_port}"], rules.name),
                             free_port())

@@ -114,14 +114,11 @@ def _stop_worker(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
-#: collection -> the worker's cumulative ingest timings (``/healthz``) at the end of its run
-_TIMINGS: dict[str, dict[str, float]] = {}
-
-
 async def _ingest_rate(store: Any, cid: str, partitions: int, total: int, port: int,
-                       timeout: float = 300.0) -> float:
+                       timeout: float = 300.0) -> tuple[float, dict[str, float]]:
     """Reports/s into Redis as the worker times it: from the end of its partition assignment
-    (seeks done, like the raw consumer's clock) to its last applied delta (``/healthz``)."""
+    (seeks done, like the raw consumer's clock) to its last applied delta (``/healthz``), and
+    the worker's cumulative ingest timings (seconds polling, decoding, counting, applying)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if await store.n(cid, partitions) >= total:
@@ -129,8 +126,8 @@ async def _ingest_rate(store: Any, cid: str, partitions: int, total: int, port: 
                 ing = json.loads(resp.read())["checks"]["ingest"]
             if ing.get("assigned_at") is None or ing.get("last_apply_at") is None:
                 raise RuntimeError(f"worker status without timings: {ing}")
-            _TIMINGS[cid] = dict(ing.get("timings_s") or {})
-            return ing["applied_reports"] / (ing["last_apply_at"] - ing["assigned_at"])
+            return (ing["applied_reports"] / (ing["last_apply_at"] - ing["assigned_at"]),
+                    dict(ing.get("timings_s") or {}))
         await asyncio.sleep(0.05)
     raise TimeoutError(f"{cid}: only {await store.n(cid, partitions)} of {total} reports ingested")
 
@@ -227,7 +224,7 @@ async def _cluster_ingest(cfg_path: Path, env: dict, coll: Any, total: int, raw:
         store = make_store(url)
         port = free_port()
         worker = _start_worker(cfg_path, dict(env, REDIS_URL=url), port, work / "worker-c.log")
-        rate = await _ingest_rate(store, coll.id, coll.partitions, total, port)
+        rate, _ = await _ingest_rate(store, coll.id, coll.partitions, total, port)
         await store.close()
     finally:
         if worker is not None:
@@ -353,11 +350,12 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
             say(f"[{rep + 1}/{repeats}] ingest (worker) ...")
             await store.reset(batched.id)   # fresh offsets: the worker reads the topic again
             worker = _start_worker(cfg_path, env, port, work / f"worker-1-{rep}.log")
-            ingest = await _ingest_rate(store, batched.id, batched.partitions, total, port)
+            ingest, spent = await _ingest_rate(store, batched.id, batched.partitions, total,
+                                               port)
             _stop_worker(worker)
             raws.append(raw)
             ingests.append(ingest)
-            timings.append(_TIMINGS.get(batched.id, {}))
+            timings.append(spent)
         ratios = [i / r for i, r in zip(ingests, raws)]
         mid = sorted(range(repeats), key=lambda k: ratios[k])[(repeats - 1) // 2]
         raw = raws[mid]   # the median pair (its raw rate is the cluster run's reference too)
@@ -371,7 +369,7 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
         raw1, _ = await _raw_consume(bootstrap, single, stats1.sent_messages)
         say("ingest of single-report messages ...")
         worker = _start_worker(cfg_path, env, port, work / "worker-2.log")
-        rate1 = await _ingest_rate(store, single.id, single.partitions, single_total, port)
+        rate1, _ = await _ingest_rate(store, single.id, single.partitions, single_total, port)
         result.update(single_report_rate=rate1, single_raw_consume_rate=raw1,
                       single_reports=single_total)
 

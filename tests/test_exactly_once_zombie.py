@@ -72,7 +72,15 @@ def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fr
 
     async def chaos():
         deadline = time.monotonic() + 40
-        while await store.n(cid, 16) < 5_000:  # A is applying
+
+        async def applying() -> bool:
+            # A is applying, and has written the log mark that follows a partition's first
+            # applied delta (a write that PAUSE WRITE would hold in place of A's next apply)
+            marks = await store.log_states(cid, coll.partitions)
+            return (await store.n(cid, 16) >= 5_000
+                    and all(mark is not None for _, mark in marks.values()))
+
+        while not await applying():
             assert time.monotonic() < deadline, a.log_tail()
             await asyncio.sleep(0.05)
         await on_masters(store.redis, "CLIENT", "PAUSE", 90_000, "WRITE")

@@ -784,23 +784,22 @@ class IngestService(Service):
         for why, mask in (("future", future), ("late", late)):
             if mask.any():
                 metrics.REPORTS_CLAMPED.labels(cid, why).inc(int(sizes[mask].sum()))
-        if len(buckets) and (buckets == buckets[0]).all():   # the usual poll: one bucket, no per-report array
-            return buckets[:1]
+        if len(buckets) and (buckets == buckets[0]).all():
+            return buckets[:1]   # the usual poll: one bucket, no per-report array
         return np.repeat(buckets, sizes)
 
     def _accept(self, pend: _Pending, cid: str, version: int, reports: np.ndarray,
                 buckets: np.ndarray, sent_at: float) -> None:
         """Count validated reports of one mechanism ``version`` into the partition's running
-        delta, per fine bucket (``buckets[i]`` of report i, or one bucket for all of them; -1 =
-        all-time only). Counted per poll,
-        so the arrays stay cache-sized and memory is the tensors', not the reports'."""
+        delta, per fine bucket (``buckets`` from :meth:`_buckets`: one bucket for all of them, or
+        ``buckets[i]`` of report i; -1 = all-time only). Counted per poll, so the arrays stay
+        cache-sized and memory is the tensors', not the reports'."""
         t0 = time.perf_counter()
         layout = self.ctx.layout(cid, version)
         mech = self.ctx.versions(cid)[version]
         specs = list(layout.specs)
-        first = int(buckets[0]) if len(buckets) else -1
-        if len(buckets) <= 1 or (buckets == first).all():
-            parts = [(first, reports)]
+        if len(buckets) <= 1:   # _buckets collapsed a single bucket to one element
+            parts = [(int(buckets[0]) if len(buckets) else -1, reports)]
         else:
             parts = [(int(b), reports[buckets == b]) for b in np.unique(buckets)]
         for b, rep in parts:

@@ -33,7 +33,7 @@ from ..estimators.domain import Domain
 from ..estimators.ibu import ibu
 from ..estimators.mechanism import histogram
 from ..estimators.metrics import tvd
-from ..estimators.partitioned import AUTO_WAYS, Partitioned
+from ..estimators.partitioned import AUTO_WAYS, Partitioned, choose_ways
 from ..estimators.rr_ind import RRIndependent
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -119,8 +119,7 @@ def run_dataset(name: str, domain: Domain, records: np.ndarray, epsilons=EPSILON
                 row[f"{w}_ways{k}_calm"] = float(np.mean([x[f"{w}_calm"] for x in part]))
                 row[f"{w}_ways{k}_floor"] = float(np.mean([x[w] for x in floor[k]]))
                 row[f"{w}_ways{k}_ratio"] = row[f"{w}_split"] / row[f"{w}_ways{k}"]
-        k = row["auto_ways"] = Partitioned(domain, eps, ways="auto",
-                                           expected_reports=len(records)).ways
+        k = row["auto_ways"] = choose_ways(domain.shape, len(records), eps)
         for w in ("2way", "3way"):
             for suffix in ("", "_calm", "_floor", "_ratio"):
                 row[f"{w}_auto{suffix}"] = row[f"{w}_ways{k}{suffix}"]

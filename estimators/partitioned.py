@@ -175,13 +175,16 @@ class Partitioned(Mechanism):
             raise ValueError(f"oracles: {bad or list(oracles)} — a partitioned report is one "
                              f"integer; choose from {', '.join(fo.COMPACT)}")
         self.oracle_names = tuple(oracles)
+        # ways='auto': the size is chosen here from expected_reports; an integer ways given with
+        # expected_reports is a size already chosen from them (from_config resolves it once)
         self.expected_reports = None
-        if ways == "auto":
+        if ways == "auto" or expected_reports is not None:
             if isinstance(expected_reports, bool) or not isinstance(
                     expected_reports, (int, np.integer)) or expected_reports < 1:
                 raise ValueError(f"ways='auto' needs expected_reports, an integer >= 1 (got "
                                  f"{expected_reports!r})")
             self.expected_reports = int(expected_reports)
+        if ways == "auto":
             ways = choose_ways(domain.shape, self.expected_reports, eps, self.oracle_names,
                                int(per_report) if isinstance(per_report, (int, np.integer))
                                else 1)
@@ -347,23 +350,20 @@ class Partitioned(Mechanism):
         return self.oracles[j].estimate(t[:-1], n), n
 
     def unbiased(self, counts: Mapping[str, np.ndarray], j: int
-                 ) -> tuple[Factor, float, float, int]:
-        """(unbiased table, variance of one cell, its oracle-noise part, reports) of collected
-        marginal j. The cell variance is [Wang17] eq. 4 under the estimated distribution f̂
+                 ) -> tuple[Factor, float, int]:
+        """(unbiased table, variance of one cell, reports) of collected marginal j. The cell variance is [Wang17] eq. 4 under the estimated distribution f̂
         (clipped and rescaled) plus the sampling of which users report j, averaged over cells:
         the oracle's f-free term q*(1−q*)/(n_j(p*−q*)²), its f term
         (p*(1−p*) − q*(1−q*))/(d_j·n_j(p*−q*)²) (Σf̂ = 1) and (1 − Σf̂²)/(d_j·n_j). The f term
         matters for large tables at large ε (an Adult triple of 2,160 cells, 581 reports, ε = 8:
         about a quarter of the total; leaving it out under-states the noise the shrinkage
-        removes).
-        The oracle-noise part returned is the f-free term."""
+        removes)."""
         o = self.oracles[j]
         est, n = self._raw(counts, j)
         f = clip_rescale(est)
-        noise = float(o.variance(n)[0])
         var = float(np.mean(o.variance(n, f, fixed_data=False)))
         return (Factor(self.domain.project(self.marginals[j]), est.reshape(self._shapes[j])),
-                var, noise, n)
+                var, n)
 
     def consistent_tables(self, counts: Mapping[str, np.ndarray], shrink: bool = True
                           ) -> tuple[list[Factor], int, int]:
@@ -384,7 +384,7 @@ class Partitioned(Mechanism):
         # n_j users' own table deviates from it by that sampling term (dominant at large ε)
         tables, passes = postprocess([r[0] for r in raw], [r[1] for r in raw],
                                      noise_variance=[r[1] for r in raw] if shrink else None)
-        out = (tables, passes, sum(r[3] for r in raw))
+        out = (tables, passes, sum(r[2] for r in raw))
         with self._memo_lock:   # the refresher estimates in worker threads
             while len(self._memo) >= 8:
                 self._memo.pop(next(iter(self._memo)))
@@ -403,7 +403,7 @@ class Partitioned(Mechanism):
         extra: dict[str, Any] = {}
         bound = None
         if j is not None:
-            f, var, _, n = self.unbiased(counts, j)
+            f, var, n = self.unbiased(counts, j)
             c = f.values.size // dom.size()
             bound = expected_tvd(np.full(dom.size(), c * var))   # c cells summed per cell
             extra["collected_from"] = "|".join(self.marginals[j])
@@ -530,9 +530,9 @@ class Partitioned(Mechanism):
         if per_report > K:
             raise ParamError("per_report", f"must be an integer <= {K} (got {per_report})")
         pr.done()
-        return cls(domain, eps, marginals=marginals, ways="auto" if auto else ways,
-                   oracles=tuple(oracles), assign_seed=seed, per_report=per_report,
-                   version=version, expected_reports=expected)
+        return cls(domain, eps, marginals=marginals, ways=ways, oracles=tuple(oracles),
+                   assign_seed=seed, per_report=per_report, version=version,
+                   expected_reports=expected)
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "Partitioned":

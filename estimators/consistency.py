@@ -233,8 +233,8 @@ def _maxent_below(f: Factor) -> np.ndarray:
 POOL_BELOW = 3
 
 
-def shrink_hierarchical(tables: Sequence[Factor], noise_variance: Sequence[float],
-                        maxent: bool = True) -> list[np.ndarray]:
+def shrink_hierarchical(tables: Sequence[Factor], noise_variance: Sequence[float]
+                        ) -> list[np.ndarray]:
     """Hierarchical positive-part James–Stein shrinkage of consistent tables, level by level
     (not in CALM; Efron & Morris 1973: shrinkage toward a fitted sub-model, and across
     related tables).
@@ -253,8 +253,8 @@ def shrink_hierarchical(tables: Sequence[Factor], noise_variance: Sequence[float
     combination over the tables containing S (c cells summed in each): a pair inside m − 2
     collected triples is shrunk with the smaller variance of its consistent estimate. Every
     table is then shifted to agree with the shrunk sets (the consistency step with them as
-    exact tables: the minimum-norm additive lift) before the next level. ``maxent=False``:
-    shrink toward the linear (additive) model instead. Returns each table's new values; a
+    exact tables: the minimum-norm additive lift) before the next level. Returns each table's
+    new values; a
     table of q ≥ 3 collected alone (pairs of Adult) gets :func:`shrink_to_independence`."""
     axes = [tuple(t.domain.attrs) for t in tables]
     vals = [np.array(t.values, dtype=float) for t in tables]
@@ -275,8 +275,7 @@ def shrink_hierarchical(tables: Sequence[Factor], noise_variance: Sequence[float
         if w == 2:
             res = [f.values - independence(f.values) for f in xs]
         else:
-            res = [interaction(f.values) - (interaction(_maxent_below(f)) if maxent else 0.0)
-                   for f in xs]
+            res = [interaction(f.values) - interaction(_maxent_below(f)) for f in xs]
         qs = [_residual_dims(f.values.shape) for f in xs]
         lam = [_js_factor(q, float((r ** 2).sum()), v) for q, r, v in zip(qs, res, s2)]
         group = [i for i, q in enumerate(qs) if w >= 3 or q < POOL_BELOW]

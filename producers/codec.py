@@ -7,7 +7,7 @@ little-endian::
     offset  size  field
     0       4     magic b"LDPB"
     4       1     format version (1)
-    5       1     flags (bit 0: device ids present; other bits must be 0)
+    5       1     flags (bit 0: device ids present; bit 1: batch key present; others must be 0)
     6       1     L = length of the collection id
     7       L     collection id, UTF-8 (1..255 bytes)
     7+L     4     config version, u32
@@ -15,12 +15,17 @@ little-endian::
     19+L    4     n, u32 (>= 1)
     23+L    2     width, u16 (>= 1)
     25+L    1     value dtype code: 1 = u8, 2 = u16, 4 = u32
-    26+L    8n    device ids, u64 (only when flags bit 0)
+    26+L    16    batch key (only when flags bit 1): sender device id u64, sequence u64
+    ...     8n    device ids, u64 (only when flags bit 0)
     ...     n*width*code  values, row-major
 
+The *batch key* makes a batch idempotent: a device numbers its batches (sequence strictly
+increasing per sender id), and a batch that arrives twice (a retry after a lost answer, an MQTT
+redelivery) is counted once.
+
 Decoding is vectorized (``np.frombuffer``); no Python loop over reports; :func:`decode_uniform`
-decodes many same-layout messages (e.g. single reports) as one byte matrix. A JSON form of the same
-batch exists for debugging. :func:`check_batch` validates a decoded batch against the known
+decodes many same-layout messages (e.g. single reports) as one byte matrix. The JSON form of the same
+batch (:func:`batch_to_json`) is accepted wherever the binary one is (the HTTP gateway). :func:`check_batch` validates a decoded batch against the known
 mechanisms; :func:`dlq_record` builds the dead-letter record for ``ldp.dlq``.
 """
 from __future__ import annotations
@@ -47,6 +52,8 @@ __all__ = ["MAGIC", "FORMAT_VERSION", "MAX_MESSAGE_BYTES", "DLQ_TOPIC", "DECODE_
 MAGIC = b"LDPB"
 FORMAT_VERSION = 1
 FLAG_DEVICE_IDS = 0x01
+FLAG_BATCH_KEY = 0x02
+_KNOWN_FLAGS = FLAG_DEVICE_IDS | FLAG_BATCH_KEY
 MAX_MESSAGE_BYTES = 1_048_576
 DLQ_TOPIC = "ldp.dlq"
 DLQ_PAYLOAD_LIMIT = 64 * 1024
@@ -57,6 +64,8 @@ CHECK_REASONS = frozenset({"unknown_collection", "unknown_version", "wrong_width
 _DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 _HEAD0 = struct.Struct("<4sBBB")          # magic, format version, flags, collection length
 _HEAD1 = struct.Struct("<IdIHB")          # config version, sent_at, n, width, dtype code
+_KEY = struct.Struct("<QQ")               # batch key: sender device id, sequence
+_U64_MAX = 2**64 - 1
 _U32_MAX = 2**32 - 1
 
 
@@ -75,13 +84,14 @@ class DecodeError(ValueError):
 @dataclass(frozen=True, eq=False)
 class ReportBatch:
     """A decoded batch: ``reports`` is ``(n, width)`` unsigned ints (native byte order),
-    ``device_ids`` ``(n,)`` uint64 or None."""
+    ``device_ids`` ``(n,)`` uint64 or None, ``key`` the batch key ``(sender, sequence)`` or None."""
 
     collection: str
     version: int
     reports: np.ndarray
     device_ids: np.ndarray | None = None
     sent_at: float = 0.0
+    key: tuple[int, int] | None = None
 
     @property
     def n(self) -> int:
@@ -98,7 +108,8 @@ class ReportBatch:
             self.device_ids is not None and other.device_ids is not None
             and np.array_equal(self.device_ids, other.device_ids))
         return (self.collection == other.collection and self.version == other.version
-                and self.sent_at == other.sent_at and self.reports.shape == other.reports.shape
+                and self.sent_at == other.sent_at and self.key == other.key
+                and self.reports.shape == other.reports.shape
                 and np.array_equal(self.reports, other.reports) and ids_eq)
 
     __hash__ = None  # type: ignore[assignment]
@@ -120,9 +131,10 @@ def _as_reports(reports: Any) -> np.ndarray:
 
 
 def encode_batch(collection: str, version: int, reports: Any, *, device_ids: Any = None,
-                 sent_at: float | None = None) -> bytes:
+                 sent_at: float | None = None, key: tuple[int, int] | None = None) -> bytes:
     """Pack ``reports`` (``(n, width)`` non-negative ints; a 1-D array is one report) into the
-    wire format. The value dtype is the smallest of u8/u16/u32 that holds the largest value."""
+    wire format. The value dtype is the smallest of u8/u16/u32 that holds the largest value;
+    ``key`` is the batch key ``(sender device id, sequence)``, both u64."""
     cid = collection.encode("utf-8")
     if not 1 <= len(cid) <= 255:
         raise ValueError(f"collection id must be 1..255 UTF-8 bytes, got {len(cid)}")
@@ -142,6 +154,15 @@ def encode_batch(collection: str, version: int, reports: Any, *, device_ids: Any
     if not math.isfinite(sent):
         raise ValueError("sent_at must be finite")
     flags = 0
+    key_bytes = b""
+    if key is not None:
+        if len(key) != 2:
+            raise ValueError(f"key must be (sender, sequence), got {key!r}")
+        sender, seq = _int(key[0], "key sender"), _int(key[1], "key sequence")
+        if not (0 <= sender <= _U64_MAX and 0 <= seq <= _U64_MAX):
+            raise ValueError(f"key must be (sender, sequence), both in [0, 2**64), got {key!r}")
+        flags |= FLAG_BATCH_KEY
+        key_bytes = _KEY.pack(sender, seq)
     ids_bytes = b""
     if device_ids is not None:
         ids = _int_array(device_ids, "device_ids", np.uint64)
@@ -150,7 +171,7 @@ def encode_batch(collection: str, version: int, reports: Any, *, device_ids: Any
         flags |= FLAG_DEVICE_IDS
         ids_bytes = ids.astype("<u8").tobytes()
     return b"".join((_HEAD0.pack(MAGIC, FORMAT_VERSION, flags, len(cid)), cid,
-                     _HEAD1.pack(int(version), sent, n, width, code), ids_bytes,
+                     _HEAD1.pack(int(version), sent, n, width, code), key_bytes, ids_bytes,
                      np.ascontiguousarray(arr, dtype=_DTYPES[code]).tobytes()))
 
 
@@ -172,7 +193,7 @@ def decode_batch(data: bytes | bytearray | memoryview, *,
     _, fmt, flags, clen = _HEAD0.unpack_from(data, 0)
     if fmt != FORMAT_VERSION:
         raise DecodeError("malformed", f"unknown format version {fmt}")
-    if flags & ~FLAG_DEVICE_IDS:
+    if flags & ~_KNOWN_FLAGS:
         raise DecodeError("malformed", f"unknown flag bits 0x{flags:02x}")
     if clen == 0:
         raise DecodeError("malformed", "empty collection id")
@@ -191,14 +212,19 @@ def decode_batch(data: bytes | bytearray | memoryview, *,
         raise DecodeError("malformed", f"empty batch (n={n}, width={width})", collection)
     if not math.isfinite(sent_at):
         raise DecodeError("malformed", f"sent_at is {sent_at}", collection)
+    key_len = _KEY.size if flags & FLAG_BATCH_KEY else 0
     ids_len = 8 * n if flags & FLAG_DEVICE_IDS else 0
-    need = pos + ids_len + n * width * code
+    need = pos + key_len + ids_len + n * width * code
     if size < need:
         raise DecodeError("truncated", f"{size} bytes, n={n} width={width} dtype={code} needs {need}",
                           collection)
     if size > need:
         raise DecodeError("malformed", f"{size - need} trailing bytes after n={n} reports",
                           collection)
+    key = None
+    if key_len:
+        key = _KEY.unpack_from(data, pos)
+        pos += key_len
     device_ids = None
     if ids_len:
         device_ids = np.frombuffer(data, dtype="<u8", count=n, offset=pos).astype(np.uint64,
@@ -207,7 +233,8 @@ def decode_batch(data: bytes | bytearray | memoryview, *,
     dt = _DTYPES[code]
     reports = np.frombuffer(data, dtype=dt, count=n * width, offset=pos).reshape(n, width)
     reports = reports.astype(dt.newbyteorder("="), copy=False)
-    return ReportBatch(collection, int(version), reports, device_ids, float(sent_at))
+    return ReportBatch(collection, int(version), reports, device_ids, float(sent_at),
+                       None if key is None else (int(key[0]), int(key[1])))
 
 
 def _refused_batch(data: bytes) -> DecodeError:
@@ -229,7 +256,8 @@ def decode_uniform(values: list, max_bytes: int = MAX_MESSAGE_BYTES) -> ReportBa
     :func:`decode_batch`; the others then have the same structure, so their values are cut out of
     one ``(k, length)`` byte matrix without a per-message Python decode. Returns one batch holding
     every report (``sent_at`` = the newest, ``device_ids`` dropped), or None when the messages are
-    not uniform (the caller then decodes them one by one with :func:`decode_batch`)."""
+    not uniform or carry batch keys (the caller then decodes them one by one with
+    :func:`decode_batch`, which keeps each key)."""
     if not values or values[0] is None:
         return None
     first_raw = bytes(values[0])
@@ -244,6 +272,8 @@ def decode_uniform(values: list, max_bytes: int = MAX_MESSAGE_BYTES) -> ReportBa
     except DecodeError:
         return None
     _, _, flags, clen = _HEAD0.unpack_from(first_raw, 0)
+    if flags & FLAG_BATCH_KEY:
+        return None
     sent_at = _HEAD0.size + clen + 4             # sent_at: the f64 after the u32 config version
     head = _HEAD0.size + clen + _HEAD1.size      # end of the header (after the dtype code)
     ids = 8 * first.n if flags & FLAG_DEVICE_IDS else 0
@@ -307,6 +337,7 @@ def batch_to_json(batch: ReportBatch) -> str:
         "version": batch.version,
         "sent_at": batch.sent_at,
         "device_ids": None if batch.device_ids is None else [int(x) for x in batch.device_ids],
+        "key": None if batch.key is None else {"sender": batch.key[0], "sequence": batch.key[1]},
         "reports": np.asarray(batch.reports).tolist(),
     })
 
@@ -321,7 +352,8 @@ def batch_from_json(text: str | bytes) -> ReportBatch:
         raise DecodeError("malformed", "JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise DecodeError("malformed", "JSON batch must be an object")
-    unknown = set(obj) - {"format", "collection", "version", "sent_at", "device_ids", "reports"}
+    unknown = set(obj) - {"format", "collection", "version", "sent_at", "device_ids", "key",
+                          "reports"}
     if unknown:
         raise DecodeError("malformed", f"unknown fields {sorted(unknown)}")
     if obj.get("format", FORMAT_VERSION) != FORMAT_VERSION:
@@ -329,11 +361,17 @@ def batch_from_json(text: str | bytes) -> ReportBatch:
     coll = obj.get("collection")
     if not isinstance(coll, str):
         raise DecodeError("malformed", "collection must be a string")
+    key_obj = obj.get("key")
+    if key_obj is not None and (not isinstance(key_obj, dict)
+                                or set(key_obj) != {"sender", "sequence"}):
+        raise DecodeError("malformed", 'key must be {"sender": int, "sequence": int} or null', coll)
     try:
+        key = None if key_obj is None else (_int(key_obj["sender"], "key sender"),
+                                             _int(key_obj["sequence"], "key sequence"))
         blob = encode_batch(coll, _int(obj.get("version"), "version"),
                             _int_array(obj.get("reports"), "reports"),
                             device_ids=obj.get("device_ids"),
-                            sent_at=float(obj.get("sent_at", 0.0)))
+                            sent_at=float(obj.get("sent_at", 0.0)), key=key)
     except (ValueError, TypeError, OverflowError) as exc:
         raise DecodeError("malformed", str(exc), coll) from None
     except RecursionError:

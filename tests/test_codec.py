@@ -51,6 +51,32 @@ def test_round_trip(hi, dtype, width, with_ids):
     assert len(blob) == expect
 
 
+@pytest.mark.parametrize("with_ids", [False, True])
+def test_batch_key_round_trip_and_layout(with_ids):
+    """The batch key (sender, sequence) sits right after the fixed header, before device ids."""
+    ids = [5, 2**64 - 1] if with_ids else None
+    key = (2**64 - 1, 2**63 + 7)
+    blob = encode_batch("c", 3, [[1, 2], [3, 4]], device_ids=ids, sent_at=9.0, key=key)
+    b = decode_batch(blob)
+    assert b.key == key and b.reports.tolist() == [[1, 2], [3, 4]]
+    head = 4 + 3 + 1 + 4 + 8 + 4 + 2 + 1
+    assert blob[5] == (0x03 if with_ids else 0x02)
+    assert blob[head:head + 16] == struct.pack("<QQ", *key)
+    assert len(blob) == head + 16 + (16 if with_ids else 0) + 4
+    assert batch_from_json(batch_to_json(b)) == b
+    assert decode_batch(encode_batch("c", 3, [[1, 2], [3, 4]], device_ids=ids, sent_at=9.0)) != b
+    # truncating the key is detected; keyed messages leave the uniform fast path to decode_batch
+    with pytest.raises(DecodeError):
+        decode_batch(blob[:head + 8])
+    assert decode_uniform([blob, blob]) is None
+
+
+@pytest.mark.parametrize("key", [(1,), (1, 2, 3), (-1, 0), (0, 2**64), (1.5, 2), (True, 1)])
+def test_batch_key_refused(key):
+    with pytest.raises(ValueError, match="key"):
+        encode_batch("c", 0, [[1]], key=key)
+
+
 def test_single_report_and_unicode_collection():
     blob = encode_batch("météo-φ", 0, [3, 1, 4])
     b = decode_batch(bytearray(blob))
@@ -108,7 +134,8 @@ def test_decode_reasons():
     assert _reason(b"") == "truncated"
     assert _reason(good + b"\x00") == "malformed"          # trailing bytes
     assert _reason(good[:4] + b"\x02" + good[5:]) == "malformed"   # format version
-    assert _reason(good[:5] + b"\x02" + good[6:]) == "malformed"   # unknown flag
+    assert _reason(good[:5] + b"\x04" + good[6:]) == "malformed"   # unknown flag
+    assert _reason(good[:5] + b"\x02" + good[6:]) == "truncated"   # a key the bytes lack
     assert _reason(good[:6] + b"\x00" + good[7:]) == "malformed"   # empty collection id
     bad_utf8 = bytearray(good)
     bad_utf8[7] = 0xFF

@@ -25,6 +25,7 @@ from ldpstream.estimators.mechanism import from_state, histogram, mechanism_clas
 from ldpstream.producers.fleet import make_source, run_fleet
 from ldpstream.producers.signing import ENV_SIGNING_KEY, SigningKey
 from ldpstream.simulate.driver import drive
+from tolerance import assert_close
 
 pytestmark = pytest.mark.pipeline
 
@@ -136,7 +137,7 @@ def test_corr_rr_phase_change_live(kafka_broker, redis_server, service_env, spaw
     assert info["version"] == 1 and info["accepted_versions"] == [0, 1]
     assert est["n"] == TOTAL and est["version"] == 1 and est["versions"] == [0, 1]
     want = mech.estimate_versions(counts, ("sex",), "paper").factor.values
-    np.testing.assert_allclose(est["cells"], want, rtol=1e-9, atol=1e-12)
+    assert_close(est["cells"], want, rel=1e-9)
     metrics = urllib.request.urlopen(f"{live.url}/metrics", timeout=5).read().decode()
     assert f'ldp_mechanism_version{{collection="{cid}"}} 1.0' in metrics
 
@@ -193,7 +194,7 @@ def test_rrba_blocks_live(kafka_broker, redis_server, service_env, spawn_worker,
         time.sleep(0.5)
     assert info["version"] == mech.version, (info["version"], mech.version)
     want = mech.estimate_versions(counts, ("sex", "Salary"), "pooled").factor.values
-    np.testing.assert_allclose(est["cells"], want, rtol=1e-9, atol=1e-12)
+    assert_close(est["cells"], want, rel=1e-9)
 
 
 def _metric(url, name, **labels):
@@ -266,7 +267,7 @@ def test_rr_clusters_clustering_live_and_stale_devices(kafka_broker, redis_serve
         time.sleep(0.5)
     assert est["version"] == 1 and est["versions"] == [1]
     want = mech.estimate_versions(counts, ("sex", "relationship"), "castell").factor.values
-    np.testing.assert_allclose(est["cells"], want, rtol=1e-9, atol=1e-12)
+    assert_close(est["cells"], want, rel=1e-9)
 
 
 # --- live accuracy against `simulate` on comparable data ------------------------------------------
@@ -418,8 +419,8 @@ def test_corr_rr_live_mse_within_simulate_spread(kafka_broker, redis_server, ser
     live = float(np.mean([M.mse(np.asarray(e["cells"]), truth(stats.truth, a))
                           for a, e in served.items()]))
     for a, e in served.items():     # the served estimate is estimate_versions of the counts
-        np.testing.assert_allclose(e["cells"], mech.estimate_versions(counts, a, "paper")
-                                   .factor.values, rtol=1e-9, atol=1e-12)
+        assert_close(e["cells"], mech.estimate_versions(counts, a, "paper")
+                                   .factor.values, rel=1e-9)
 
     source, _ = make_source(None, dom, seed=0)
     sim_mech = mechanism_class("corr-rr-paper").from_config(

@@ -88,9 +88,9 @@ def test_privacy_audit(dom, copy):
         mech, _ = run_two_phase(cls(dom, 1.3, 0.3, copy=copy), X, np.random.default_rng(2))
         Xs, P = mech.phase2_channel()
         assert np.allclose(P.sum(axis=1), 1.0)
-        assert ch.epsilon(P) == pytest.approx(1.3, abs=1e-9)
-        assert ch.epsilon_of_report(mech.P1) == pytest.approx(1.3, abs=1e-9)
-        assert mech.epsilon == pytest.approx(1.3, abs=1e-9)
+        assert ch.epsilon(P) == pytest.approx(1.3, rel=1e-9)
+        assert ch.epsilon_of_report(mech.P1) == pytest.approx(1.3, rel=1e-9)
+        assert mech.epsilon == pytest.approx(1.3, rel=1e-9)
 
 
 @pytest.mark.parametrize("dom,copy", [(EQ, "py"), (HET, "cond")], ids=["p_y", "cond"])
@@ -132,7 +132,7 @@ def test_paper_py_published_form():
     D1 = d0 * e / 2 + be * (1 - 2 * al) / (n2 * dl ** 2)
     D2 = e * e / 4 - be * be / (n2 * dl ** 2)
     want = float(np.clip(-D1.sum() / (2 * D2.sum()), 0, 1))
-    assert paper_py(fa, fb, eps, n2) == pytest.approx(want) == pytest.approx(0.653968, abs=1e-6)
+    assert paper_py(fa, fb, eps, n2) == pytest.approx(want) == pytest.approx(0.653968, rel=1e-6)
     assert paper_py(fa, fb, eps, 1) == 0.5
     assert paper_py(np.array([0.5, 0.5]), np.array([0.5, 0.5]), eps, 100) == 0.5  # ΣD₂ = 0
 

@@ -31,7 +31,7 @@ def test_factor_project_orders_axes_by_name():
 def test_epsilon_of_grr_and_warner_and_composition():
     for eps in (0.1, 1.0, np.log(3), 5.0):
         for d in (2, 5, 16):
-            assert epsilon(grr(eps, d)) == pytest.approx(eps, abs=1e-12)
+            assert epsilon(grr(eps, d)) == pytest.approx(eps, rel=1e-12)
     p, d = 0.6, 4
     assert epsilon(warner(p, d)) == pytest.approx(np.log((p + (1 - p) / d) / ((1 - p) / d)))
     assert epsilon_of_report([grr(1.0, 3), grr(0.5, 2)]) == pytest.approx(1.5)

@@ -21,6 +21,7 @@ from ldpstream.estimators.mechanism import from_state, histogram
 from ldpstream.estimators.rr_ind import RRIndependent
 from ldpstream.producers.ledger import Budget, Ledger, channel_fingerprint
 from ldpstream.simulate.driver import build, drive, estimate_run, plan_from_args
+from tolerance import assert_close
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 
@@ -45,16 +46,16 @@ def test_composed_channel_is_the_matrix_product_and_grr_shaped():
     mech = memoized(2.0, 1.0)
     for j, d in enumerate(DOM.shape):
         P, Q = ch.grr(2.0, d), ch.grr(1.0, d)
-        np.testing.assert_allclose(mech.permanent[j], P, atol=1e-15)
-        np.testing.assert_allclose(mech.instantaneous[j], Q, atol=1e-15)
-        np.testing.assert_allclose(mech.channels[j], P @ Q, atol=1e-15)
+        assert_close(mech.permanent[j], P, rel=1e-15)
+        assert_close(mech.instantaneous[j], Q, rel=1e-15)
+        assert_close(mech.channels[j], P @ Q, rel=1e-15)
         # GRR ∘ GRR is GRR-shaped: keep p1·p2 + (d−1)·q1·q2, and its ε is below both
         p1, q1 = ch.grr_pq(2.0, d)
         p2, q2 = ch.grr_pq(1.0, d)
         keep = p1 * p2 + (d - 1) * q1 * q2
-        np.testing.assert_allclose(np.diag(mech.channels[j]), keep, atol=1e-15)
-        np.testing.assert_allclose(mech.channels[j].sum(axis=1), 1.0, atol=1e-15)
-        assert mech.epsilons[j] == pytest.approx(np.log(keep / ((1 - keep) / (d - 1))), abs=1e-12)
+        assert_close(np.diag(mech.channels[j]), keep, rel=1e-15)
+        assert_close(mech.channels[j].sum(axis=1), 1.0, rel=1e-15)
+        assert mech.epsilons[j] == pytest.approx(np.log(keep / ((1 - keep) / (d - 1))), rel=1e-12)
         assert mech.epsilons[j] < 1.0 < 2.0
 
 
@@ -64,15 +65,15 @@ def test_declared_epsilons_are_computed_from_the_applied_channels():
     mech = memoized(2.0, 1.0, rotation=3600.0)
     per_report = sum(brute_force_epsilon(P @ Q) for P, Q in zip(mech.permanent, mech.instantaneous))
     per_rotation = sum(brute_force_epsilon(P) for P in mech.permanent)
-    assert mech.epsilon == pytest.approx(per_report, abs=1e-12)
+    assert mech.epsilon == pytest.approx(per_report, rel=1e-12)
     g = mech.guarantee()
     assert g.memoized and g.rotation_s == 3600.0
-    assert g.per_report == pytest.approx(per_report, abs=1e-12)
-    assert g.per_rotation == pytest.approx(per_rotation, abs=1e-12) == pytest.approx(6.0)
-    assert g.per_day == pytest.approx(25 * per_rotation, abs=1e-9)
+    assert g.per_report == pytest.approx(per_report, rel=1e-12)
+    assert g.per_rotation == pytest.approx(per_rotation, rel=1e-12) == pytest.approx(6.0)
+    assert g.per_day == pytest.approx(25 * per_rotation, rel=1e-9)
     # memoized without instantaneous randomization: a report is the permanent response itself
     plain = memoized(2.0, None, rotation=None)
-    assert plain.epsilon == pytest.approx(6.0, abs=1e-12)
+    assert plain.epsilon == pytest.approx(6.0, rel=1e-12)
     assert plain.guarantee().to_dict()["epsilon_per_day"] == pytest.approx(6.0)  # never rotated
     # not memoized: only the per-report ε is bounded
     fresh = RRIndependent(DOM, epsilon=2.0).guarantee()
@@ -101,8 +102,8 @@ def test_state_round_trip_keeps_the_composition():
     again = from_state(mech.state())
     assert isinstance(again, RRIndependent) and again.memoize == mech.memoize
     for a, b in zip(again.channels, mech.channels):
-        np.testing.assert_allclose(a, b, atol=1e-15)
-    assert again.epsilon == pytest.approx(mech.epsilon, abs=1e-12)
+        assert_close(a, b, rel=1e-15)
+    assert again.epsilon == pytest.approx(mech.epsilon, rel=1e-12)
     assert channel_fingerprint(again.permanent) == channel_fingerprint(mech.permanent)
     assert "memoize" not in RRIndependent(DOM, epsilon=1.0).state()
     with pytest.raises(ValueError, match="needs memoize"):
@@ -146,17 +147,16 @@ def test_estimate_equals_the_offline_path_on_the_same_reports():
     rng = np.random.default_rng(3)
     reports = mech.randomize(rng.integers(0, np.array(DOM.shape), size=(5000, len(DOM))), rng)
     user = RRIndependent(DOM, channels=mech.channels)
-    assert user.epsilon == pytest.approx(mech.epsilon, abs=1e-12)
+    assert user.epsilon == pytest.approx(mech.epsilon, rel=1e-12)
     for attrs in (("os", "plan"), ("plan", "region"), ("os", "plan", "region")):
         counts = mech.count(reports, mech.tensors([attrs]))
         for method in ("castell", "truncated", "ibu"):
             a = mech.estimate(counts, attrs, method)
             b = user.estimate(user.count(reports, user.tensors([attrs])), attrs, method)
-            np.testing.assert_allclose(a.factor.values, b.factor.values, rtol=1e-12, atol=1e-14)
-            assert a.epsilon == pytest.approx(mech.epsilon, abs=1e-12)
-        np.testing.assert_allclose(mech.estimate(counts, attrs, "castell").factor.values,
-                                   castell(counts[f"m:{'|'.join(attrs)}"].astype(float),
-                                           mech.channels_of(attrs)), rtol=1e-12, atol=1e-14)
+            assert_close(a.factor.values, b.factor.values, rel=1e-12)
+            assert a.epsilon == pytest.approx(mech.epsilon, rel=1e-12)
+        assert_close(mech.estimate(counts, attrs, "castell").factor.values, castell(counts[f"m:{'|'.join(attrs)}"].astype(float),
+                                           mech.channels_of(attrs)), rel=1e-12)
 
 
 # --- config ---------------------------------------------------------------------------------------
@@ -298,11 +298,11 @@ def test_simulate_with_memoize_is_unbiased_and_states_the_guarantee(capsys):
     assert mech.memoize == Memoize(3600.0, (2.0, 2.0, 2.0))
     g = mech.guarantee()
     assert doc["longitudinal"] == pytest.approx(g.to_dict())
-    assert doc["epsilon_per_record"] == pytest.approx(g.per_report, abs=1e-12)
-    assert g.per_rotation == pytest.approx(4.5, abs=1e-12)
-    assert g.per_day == pytest.approx(25 * 4.5, abs=1e-9)
+    assert doc["epsilon_per_record"] == pytest.approx(g.per_report, rel=1e-12)
+    assert g.per_rotation == pytest.approx(4.5, rel=1e-12)
+    assert g.per_day == pytest.approx(25 * 4.5, rel=1e-9)
     assert g.per_report == pytest.approx(sum(brute_force_epsilon(P @ Q) for P, Q in
-                                             zip(mech.permanent, mech.instantaneous)), abs=1e-12)
+                                             zip(mech.permanent, mech.instantaneous)), rel=1e-12)
 
     ds = plan.dataset
     marginals = [tuple(ds.domain.attrs[i] for i in ij) for ij in ((0, 1), (0, 2), (1, 2))]

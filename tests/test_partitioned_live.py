@@ -13,6 +13,7 @@ import yaml
 
 from conftest import wait_for_n
 from store_helpers import read_collection
+from tolerance import assert_close
 
 pytestmark = pytest.mark.pipeline
 
@@ -75,9 +76,7 @@ def test_live_estimates_equal_offline(tmp_path, kafka_broker, redis_server, spaw
         assert live.keys() == want.keys(), sorted(set(want) - set(live))
         for k, w in want.items():
             p = live[k]
-            np.testing.assert_allclose(np.asarray(p["cells"], dtype=float),
-                                       np.asarray(w["cells"], dtype=float), rtol=0, atol=1e-12,
-                                       err_msg=str(k))
+            assert_close(np.asarray(p["cells"], dtype=float), np.asarray(w["cells"], dtype=float), rel=1e-12, err_msg=str(k))
             assert p["epsilon"] == w["epsilon"] == mech.epsilon
             assert p["error_bound"] == w["error_bound"]
         assert live[(("sex", "race", "Salary"), "consistent")]["error_bound"] is None

@@ -5,6 +5,7 @@ runs the worker lifecycle, the web server (agents/web.py) and the refresh timers
 (agents/refresh.py); reports are consumed by :class:`~.ingest.IngestService`, an aiokafka consumer
 owned by a mode service that the app starts and stops with itself (agents/ingest.py explains why
 not a faust agent: exactly-once needs our own offsets in Redis to drive the consumer position).
+:func:`build_ingest` wires the ingest service's parts (docs/pipeline.md "The worker's parts").
 
 Environment: ``KAFKA_BOOTSTRAP_SERVERS``, ``REDIS_URL`` (required; ``redis+cluster://h:p,h:p`` or
 ``REDIS_CLUSTER_NODES=h:p,h:p`` for a Redis Cluster), ``LDP_SESSION_TIMEOUT_S``
@@ -22,11 +23,24 @@ import tempfile
 import threading
 from typing import Any
 
-from ..config import ConfigError
+from ..config import AppConfig, ConfigError
 from ..producers import bounded_fetch
 from ..producers.kafka_security import KafkaSecurityError, kafka_security
 from ..producers.signing import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, load_signing_key
+from . import faults
+from .applier import Applier
+from .breaker import Breaker
+from .clients import Clients, RedisGate
 from .context import Context
+from .dlq_writer import DlqWriter
+from .ingest import IngestService
+from .ingest_stats import IngestStats
+from .intake import Intake
+from .log_check import LogCheck
+from .partition import Partitions
+from .quota_gate import QuotaGate
+from .rebalance import Rebalancer, Seeker
+from .store import CountStore
 
 log = logging.getLogger(__name__)
 
@@ -54,22 +68,55 @@ def _broker_urls(bootstrap: str) -> list[str]:
     return out
 
 
-def make_store(redis_url: str) -> Any:
+def make_store(redis_url: str) -> CountStore:
     """A :class:`~.store.CountStore` on the ``redis.asyncio`` client of ``redis_url``: one server,
     or a Redis Cluster for ``redis+cluster://host:port,...`` (agents/redis_client.py), with short
     socket timeouts (a dead Redis must surface as an error the ingest service retries, not as a
     hang)."""
     from .redis_client import connect
-    from .store import CountStore
 
     return CountStore(connect(redis_url))
 
 
-def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int = 6066, *,
+def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int) -> IngestService:
+    """The ingest service and its parts, each with one job (docs/pipeline.md "The worker's
+    parts"), wired here and nowhere else."""
+    from .controller import controller_for
+
+    collections = dict(ctx.config.collections)
+    cid_of = {c.topic: cid for cid, c in collections.items()}
+    clients = Clients()
+    partitions = Partitions()
+    stats = IngestStats()
+    gate = RedisGate(clients, partitions)
+    quota = QuotaGate(collections, gate, ctx.store)
+    intake = Intake(collections, ctx.collections, partitions, quota, stats,
+                    ctx.config.ingest.max_message_bytes)
+    take = faults.injected(intake.take)  # tests only: a fault object around the intake
+    seeker = Seeker(clients, partitions)
+    applier = Applier(collections, clients, gate, partitions, ctx.store, quota,
+                      DlqWriter(clients), seeker, stats)
+    max_records = 5000
+    breaker = Breaker(gate, partitions, ctx.store, stats, take, applier.flush, max_records)
+    log_check = LogCheck(clients, gate, partitions, ctx.store, ctx.kafka_bootstrap,
+                         ctx.kafka_security.client_kwargs())
+    rebalancer = Rebalancer(cid_of, clients, gate, partitions, log_check, breaker,
+                            applier.applying)
+    service = IngestService(
+        collections=collections, states=ctx.collections, options=ctx.config.ingest,
+        clients=clients, gate=gate, partitions=partitions, quota=quota, take=take,
+        breaker=breaker, applier=applier, rebalancer=rebalancer, log_check=log_check,
+        stats=stats, bootstrap=ctx.kafka_bootstrap, kafka_security=ctx.kafka_security,
+        signing_key=ctx.signing_key, group_id=group_id, session_timeout_ms=session_timeout_ms,
+        max_records=max_records)
+    service.follow_all = lambda: controller_for(ctx).follow_all()
+    return service
+
+
+def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str, web_port: int = 6066, *,
                web_bind: str | None = None, session_timeout_s: float | None = None,
                app_id: str | None = None, install_web: bool = True,
-               install_refresh: bool = True, ingest: bool = True,
-               ingest_options: dict[str, Any] | None = None) -> tuple[Any, Context]:
+               install_refresh: bool = True, ingest: bool = True) -> tuple[Any, Context]:
     """The faust app of one worker and its context.
 
     The ingest service joins the consumer group ``<app_id>-ingest``; ``session_timeout_s`` is used
@@ -78,7 +125,6 @@ def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int 
     import faust
 
     from . import http_guard
-    from .ingest import IngestService
 
     app_id = app_id or os.environ.get("LDP_APP_ID", "ldpstream")
     if session_timeout_s is None:
@@ -103,28 +149,23 @@ def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int 
         broker_heartbeat_interval=max(0.1, float(session_timeout_s) / 4),
         topic_partitions=1, topic_replication_factor=1, datadir=datadir,
         producer_max_request_size=4 * 1024 * 1024)
-    ctx = Context(config=config, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap,
-                  kafka_security=security)
     bounded_fetch.install(max_decompressed_bytes(config.ingest.max_message_bytes))
     try:
         key = load_signing_key()
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    ctx = Context(config=config, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap,
+                  store=make_store(redis_url), kafka_security=security, datadir=datadir,
+                  ephemeral_key=key is None)
     if key is not None:
         ctx.signing_key = key
     else:
         log.warning("no %s configured: signing ldp.config with an ephemeral key; devices must "
                     "pin %s=%s", ENV_SIGNING_KEY, ENV_PUBLIC_KEY,
                     ctx.signing_key.verify_key.to_text())
-    ctx.extras["ephemeral_key"] = key is None
-    ctx.store = make_store(redis_url)
-    ctx.extras["datadir"] = datadir
-    for cid in config.collections:
-        ctx.mechanism(cid)
     if ingest:
-        service = IngestService(ctx, group_id=f"{app_id}-ingest",
-                                session_timeout_ms=int(float(session_timeout_s) * 1000),
-                                **(ingest_options or {}))
+        service = build_ingest(ctx, group_id=f"{app_id}-ingest",
+                               session_timeout_ms=int(float(session_timeout_s) * 1000))
         ctx.ingest = service
         app.add_dependency(service)
 
@@ -147,7 +188,7 @@ def _listening(bind: str, port: int) -> str:
 
 
 def _cleanup(ctx: Context) -> None:
-    datadir = ctx.extras.get("datadir")
+    datadir = ctx.datadir
     if datadir:
         shutil.rmtree(datadir, ignore_errors=True)
 
@@ -209,7 +250,7 @@ def main(args) -> int:
     pub = ctx.signing_key.verify_key.to_text()
     print(f"ldpstream worker: ldp.config signed by key {ctx.signing_key.verify_key.key_id} "
           + (f"(ephemeral: set {ENV_SIGNING_KEY}_FILE, see `ldpstream keygen`); devices pin "
-             f"{ENV_PUBLIC_KEY}={pub}" if ctx.extras["ephemeral_key"] else f"(public key {pub})"),
+             f"{ENV_PUBLIC_KEY}={pub}" if ctx.ephemeral_key else f"(public key {pub})"),
           file=sys.stderr, flush=True)
     print(f"ldpstream worker: broker {bootstrap} ({ctx.kafka_security.describe()}), Redis {display_url(redis_url)}, "
           f"HTTP on {_listening(app.conf.web_bind, app.conf.web_port)} "

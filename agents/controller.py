@@ -97,16 +97,16 @@ class Controller:
         self.ctx = ctx
         self._publish = publish
         self.tracks: dict[str, _Track] = {}
-        for cid in ctx.config.collections:
-            self.tracks[cid] = _Track(origin_of(ctx.config.collections[cid].mechanism()))
-            metrics.MECHANISM_VERSION.labels(cid).set(float(ctx.mechanism(cid).version))
+        for cid, state in ctx.collections.items():
+            self.tracks[cid] = _Track(origin_of(state.configured))
+            metrics.MECHANISM_VERSION.labels(cid).set(float(state.current.version))
 
     @property
     def redis(self) -> Any:
         return self.ctx.store.redis
 
     def adaptive(self, cid: str) -> bool:
-        return type(self.ctx.mechanism(cid)).adaptive
+        return type(self.ctx.collections[cid].current).adaptive
 
     # --- follow -------------------------------------------------------------------------------
     async def stored(self, cid: str) -> tuple[Mechanism, float] | None:
@@ -122,9 +122,7 @@ class Controller:
 
     def adopt(self, cid: str, mech: Mechanism, stored_at: float | None = None) -> None:
         """Make ``mech`` the state in force: it validates and counts every version it accepts."""
-        old = self.ctx.mechanism(cid)
-        self.ctx.mechanisms[cid] = mech
-        self.ctx.accepted[cid] = {v: mech for v in mech.accepted_versions()}
+        old = self.ctx.collections[cid].adopt(mech)
         tr = self.tracks[cid]
         tr.stored_at = time.time() if stored_at is None else stored_at
         if mech.version != old.version:
@@ -141,7 +139,7 @@ class Controller:
     async def follow(self, cid: str) -> bool:
         """Adopt the stored state if it is newer than the one in force; True if adopted."""
         got = await self.stored(cid)
-        if got is None or got[0].version <= self.ctx.mechanism(cid).version:
+        if got is None or got[0].version <= self.ctx.collections[cid].current.version:
             return False
         self.adopt(cid, *got)
         return True
@@ -164,13 +162,13 @@ class Controller:
     # --- decide -------------------------------------------------------------------------------
     async def counts(self, cid: str, mech: Mechanism) -> dict[int, dict[str, Any]]:
         coll = self.ctx.config.collections[cid]
-        layouts = {v: self.ctx.layout(cid, v) for v in mech.accepted_versions()}
+        layouts = {v: self.ctx.collections[cid].layout(v) for v in mech.accepted_versions()}
         return await self.ctx.store.read_all_time(cid, int(coll.partitions), layouts)
 
     async def step(self, cid: str) -> Mechanism | None:
         """One decision for ``cid`` (the caller holds the lease): the new state if one was
         stored, else None."""
-        mech = self.ctx.mechanism(cid)
+        mech = self.ctx.collections[cid].current
         if not mech.collecting():
             return None
         t0 = time.perf_counter()
@@ -195,7 +193,7 @@ class Controller:
         """Publish the version in force if this process has not yet and it was stored at least
         one interval ago (every live worker has followed it). True if published."""
         tr = self.tracks[cid]
-        mech = self.ctx.mechanism(cid)
+        mech = self.ctx.collections[cid].current
         if tr.published == mech.version or self._publish is None:
             return False
         if mech.version != self.origin_version(cid) and time.time() - tr.stored_at < interval_s:
@@ -224,7 +222,7 @@ class Controller:
 
     def status(self, cid: str) -> dict[str, Any]:
         """What /collections shows about the adaptive state."""
-        mech = self.ctx.mechanism(cid)
+        mech = self.ctx.collections[cid].current
         tr = self.tracks[cid]
         return {"version": mech.version, "accepted_versions": list(mech.accepted_versions()),
                 "adaptive": self.adaptive(cid), "collecting": mech.collecting(),
@@ -244,11 +242,10 @@ def _adapt(mech: Mechanism, counts: Any) -> Mechanism | None:
 
 def controller_for(ctx: Context) -> Controller:
     """The context's controller (created on first use; publishes through the ingest service)."""
-    ctl = ctx.extras.get("controller")
-    if ctl is None:
+    if ctx.controller is None:
         publish = ctx.ingest.publish_config if ctx.ingest is not None else None
-        ctl = ctx.extras["controller"] = Controller(ctx, publish)
-    return ctl
+        ctx.controller = Controller(ctx, publish)
+    return ctx.controller
 
 
 def install(app: Any, ctx: Context) -> Controller:

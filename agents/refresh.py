@@ -7,7 +7,7 @@ The estimation itself (:func:`refresh_payloads`) is a pure function of the count
 one-thread executor so the worker's event loop keeps consuming while numpy works, batched over
 the marginals (estimators/many.py). A window's counts are the sum of its buckets
 (agents/windows.py ``cover``: coarse buckets inside, fine buckets at the edges);
-:class:`BucketReader` re-reads only the buckets whose report count (cell 0) changed since the last
+:class:`~.bucket_reader.BucketReader` re-reads only the buckets whose report count (cell 0) changed since the last
 refresh, and a table that did not change is not estimated again. Drift compares each finite
 window with the previous window of the same length: the calibrated statistic of
 estimators/drift.py (max |z| over cells against a Šidák threshold at ``drift_alpha``).
@@ -25,7 +25,6 @@ import math
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -35,9 +34,9 @@ from ..estimators.mechanism import Estimate, Mechanism
 from ..privacy import epsilon_fields
 from . import keys, metrics
 from .context import Context
-from .layout import Layout
 from .store import CountStore
-from .windows import Window, cover
+from .bucket_reader import BucketReader, WindowCounts
+from .windows import Window
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +126,7 @@ NO_DRIFT = {"drift_tvd": None, "drift_statistic": None, "drift_threshold": None,
 PREVIOUS = "/previous"
 
 
-def refresh_payloads(collection: Any, mechanism: Mechanism, reads: Mapping[str, "WindowCounts"],
+def refresh_payloads(collection: Any, mechanism: Mechanism, reads: Mapping[str, WindowCounts],
                      now: float, cache: EstimateCache) -> tuple[list[dict[str, Any]], int]:
     """Every configured estimator on every configured marginal for every configured window, and
     each finite window's drift against its previous window (estimators/many.py: batched over the
@@ -190,86 +189,6 @@ async def release(redis: Any, key: str, token: str) -> bool:
     return bool(await redis.eval(_RELEASE, 1, key, token))
 
 
-# --- reading windows ----------------------------------------------------------------------------
-Part = tuple[str, int]  # (level, bucket)
-
-
-@dataclass
-class WindowCounts:
-    """The counts of one range of buckets, per version, and the bucket report counts they were
-    summed from (equal signatures: equal counts)."""
-
-    counts: dict[int, dict[str, np.ndarray]]
-    n: int
-    signature: tuple
-
-
-@dataclass
-class BucketReader:
-    """Sums a collection's bucket counts over ranges of fine buckets (or all time), summed over
-    its partitions, re-reading only the buckets whose report count changed since the last call."""
-
-    store: CountStore
-    collection: str
-    partitions: tuple[int, ...]
-    #: (layout id, version, level, bucket) → (report count per partition, summed cells or None)
-    cache: dict[tuple, tuple[tuple[int, ...], np.ndarray | None]] = field(default_factory=dict)
-
-    @staticmethod
-    def parts(rng: tuple[int, int] | None) -> list[Part]:
-        if rng is None:
-            return [(keys.LEVEL_ALL, 0)]
-        fine, coarse = cover(*rng)
-        return [(keys.LEVEL_FINE, b) for b in fine] + [(keys.LEVEL_COARSE, c) for c in coarse]
-
-    async def read(self, layouts: Mapping[int, Layout],
-                   ranges: Mapping[str, tuple[int, int] | None]) -> dict[str, WindowCounts]:
-        """``ranges``: name → inclusive fine-bucket range, or None for all time."""
-        plan = {name: self.parts(r) for name, r in ranges.items()}
-        wanted = sorted({p for parts in plan.values() for p in parts})
-        keep: set[tuple] = set()
-        for v, layout in layouts.items():
-            where = [(p, lvl, b) for lvl, b in wanted for p in self.partitions]
-            heads = await self.store.read_heads(self.collection, layout, where)
-            changed: list[Part] = []
-            for lvl, b in wanted:
-                key = (layout.id, v, lvl, b)
-                keep.add(key)
-                h = tuple(heads[(p, lvl, b)] for p in self.partitions)
-                cached = self.cache.get(key)
-                if cached is None or cached[0] != h:
-                    changed.append((lvl, b))
-                    self.cache[key] = (h, None)
-            todo = [(lvl, b) for lvl, b in changed if any(self.cache[(layout.id, v, lvl, b)][0])]
-            got = await self.store.read_cells(self.collection, layout,
-                                              [(p, lvl, b) for lvl, b in todo
-                                               for p in self.partitions])
-            for lvl, b in todo:
-                total = np.zeros(layout.size, dtype=np.int64)
-                for p in self.partitions:
-                    total += got[(p, lvl, b)]
-                key = (layout.id, v, lvl, b)
-                self.cache[key] = (self.cache[key][0], total)
-        for key in [k for k in self.cache if k not in keep]:
-            del self.cache[key]
-        out: dict[str, WindowCounts] = {}
-        for name, parts in plan.items():
-            counts: dict[int, dict[str, np.ndarray]] = {}
-            sig: list = []
-            n = 0
-            for v, layout in layouts.items():
-                total = np.zeros(layout.size, dtype=np.int64)
-                for lvl, b in parts:
-                    h, cells = self.cache[(layout.id, v, lvl, b)]
-                    sig.append(h)
-                    if cells is not None:
-                        total += cells
-                n += int(total[0])
-                counts[v] = layout.unpack(total)
-            out[name] = WindowCounts(counts, n, (tuple(sorted(layouts)), tuple(sig)))
-        return out
-
-
 # --- the refresher ------------------------------------------------------------------------------
 class Refresher:
     """Refreshes the collections of one worker's context (see :func:`install`)."""
@@ -296,7 +215,7 @@ class Refresher:
         return self.ctx.config.collections[cid]
 
     def mechanism(self, cid: str) -> Mechanism:
-        return self.ctx.mechanism(cid)
+        return self.ctx.collections[cid].current
 
     def partitions(self, cid: str) -> list[int]:
         return list(range(int(self.collection(cid).partitions)))
@@ -377,8 +296,8 @@ class Refresher:
     async def _refresh_locked(self, cid: str) -> list[dict[str, Any]]:
         coll = self.collection(cid)
         mech = self.mechanism(cid)
-        versions = self.ctx.versions(cid)
-        layouts = {v: self.ctx.layout(cid, v) for v in sorted(versions)}
+        state = self.ctx.collections[cid]
+        layouts = {v: state.layout(v) for v in sorted(state.versions())}
         policy = coll.policy
         t0 = time.perf_counter()
         now = time.time()
@@ -449,11 +368,10 @@ class Refresher:
 
 def refresher_for(ctx: Context) -> Refresher:
     """The :class:`Refresher` of a worker context (created on first use, kept in
-    ``ctx.extras["refresh"]``)."""
-    r = ctx.extras.get("refresh")
-    if r is None:
-        r = ctx.extras["refresh"] = Refresher(ctx)
-    return r
+    ``ctx.refresher``)."""
+    if ctx.refresher is None:
+        ctx.refresher = Refresher(ctx)
+    return ctx.refresher
 
 
 async def tick_safe(refresher: Refresher, cid: str) -> None:

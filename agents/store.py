@@ -133,7 +133,7 @@ return {1, tonumber(ARGV[2])}
 """
 
 
-# The poison-pill breaker (agents/ingest.py): KEYS: the shard's breaker hash. ARGV: the offset a
+# The poison-pill breaker (agents/breaker.py): KEYS: the shard's breaker hash. ARGV: the offset a
 # worker starts the partition after (-1: none). Returns {1 if the previous owner died holding the
 # partition (it never released it), the chunk it was processing carefully from this same offset
 # ('' if none)}; the new owner holds it from now on.
@@ -433,7 +433,7 @@ class CountStore:
         raw = await self.redis.hgetall(keys.side_key(collection, partition, name))
         return {(k.decode() if isinstance(k, bytes) else str(k)): int(v) for k, v in raw.items()}
 
-    # --- poison-pill breaker (agents/ingest.py) -------------------------------------------------
+    # --- poison-pill breaker (agents/breaker.py) ------------------------------------------------
     async def hold(self, collection: str, partition: int,
                    offset: int | None) -> tuple[bool, tuple[int, int] | None]:
         """A worker takes the partition, starting after ``offset`` (None: the beginning). Returns

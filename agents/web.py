@@ -24,7 +24,7 @@ import asyncio
 import hmac
 import logging
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from faust import web
@@ -32,8 +32,13 @@ from faust import web
 from ..privacy import epsilon_fields
 from . import metrics, refresh
 from ..producers.kafka_security import KafkaSecurity
-from .ingest import REDIS_ERRORS
+from .clients import REDIS_ERRORS
 from .redis_client import health as redis_health
+
+if TYPE_CHECKING:
+    from ..config import Collection
+    from ..estimators.mechanism import Mechanism
+    from .context import Context
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +116,7 @@ def token_ok(configured: str | None, header: str | None) -> bool:
                                str(configured).encode("utf-8"))
 
 
-def collection_info(coll: Any, mechanism: Any, n: int | None) -> dict[str, Any]:
+def collection_info(coll: Collection, mechanism: Mechanism, n: int | None) -> dict[str, Any]:
     """The JSON description of one collection."""
     dom = coll.domain
     labels = dom.labels or tuple(tuple(str(i) for i in range(s)) for s in dom.shape)
@@ -121,28 +126,28 @@ def collection_info(coll: Any, mechanism: Any, n: int | None) -> dict[str, Any]:
         longitudinal = None
     return {
         "id": coll.id,
-        "topic": getattr(coll, "topic", None),
+        "topic": coll.topic,
         "version": mechanism.version,      # the state in force (adaptive: the controller's)
         "accepted_versions": list(mechanism.accepted_versions()),
         "config_version": coll.version,
         "schema": {a: list(lab) for a, lab in zip(dom.attrs, labels)},
-        "mechanism": getattr(coll, "mechanism_name", getattr(mechanism, "name", None)),
+        "mechanism": coll.mechanism_name,
         **epsilon_fields(coll, mechanism),
         "longitudinal": longitudinal,
         "marginals": [list(m) for m in coll.marginals],
         "estimators": list(coll.estimators),
         "n": n,
-        "refresh_interval_s": getattr(coll, "refresh_interval_s", None),
+        "refresh_interval_s": coll.refresh_interval_s,
         "bucket_s": coll.bucket_s,
         "windows": [w.name for w in coll.windows],
         "drift_alpha": coll.drift_alpha,
         "drift_min_effect": coll.drift_min_effect,
-        "expect_traffic": getattr(coll, "expect_traffic", None),
+        "expect_traffic": coll.expect_traffic,
     }
 
 
-def _bootstraps(ctx: Any) -> list[tuple[str, int]]:
-    raw = getattr(ctx, "kafka_bootstrap", None) or getattr(ctx.config, "kafka_bootstrap", None) or ""
+def _bootstraps(ctx: Context) -> list[tuple[str, int]]:
+    raw = ctx.kafka_bootstrap or ctx.config.kafka_bootstrap or ""
     out = []
     for part in str(raw).split(","):
         part = part.strip()
@@ -191,14 +196,14 @@ def _assigned_partitions(app: Any) -> int | None:
 
 
 # --- views --------------------------------------------------------------------------------------
-def install(app: Any, ctx: Any) -> None:
+def install(app: Any, ctx: Context) -> None:
     """Add the views to the faust ``app``; ``ctx`` is the worker's agents/context.Context."""
 
-    def coll_or_none(cid: str) -> Any:
+    def coll_or_none(cid: str) -> Collection | None:
         return ctx.config.collections.get(cid)
 
-    def mechanism_of(cid: str) -> Any:
-        return refresh.refresher_for(ctx).mechanism(cid)
+    def mechanism_of(cid: str) -> Mechanism:
+        return ctx.collections[cid].current
 
     def unknown(view: web.View, cid: str) -> Any:
         return view.error(404, f"unknown collection {cid!r}",
@@ -210,7 +215,7 @@ def install(app: Any, ctx: Any) -> None:
                                f"{exc}; nothing was changed, try again")
 
     def guarded(view: web.View, request: Any) -> Any | None:
-        configured = getattr(ctx.config, "api_token", None)
+        configured = ctx.config.api_token
         if not configured:
             return view.error(403, "state-changing endpoints are disabled: no API token "
                                    "configured (set LDP_API_TOKEN)")
@@ -342,8 +347,8 @@ def install(app: Any, ctx: Any) -> None:
                 checks["broker"] = {"ok": ok, "detail": detail}
             except Exception as exc:  # noqa: BLE001
                 checks["broker"] = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
-            ingest = getattr(ctx, "ingest", None)
-            if ingest is not None and hasattr(ingest, "status"):
+            ingest = ctx.ingest
+            if ingest is not None:
                 try:
                     checks["ingest"] = ingest.status()
                 except Exception as exc:  # noqa: BLE001
@@ -357,9 +362,8 @@ def install(app: Any, ctx: Any) -> None:
             # a Kafka log found recreated/truncated: still serving, but loudly (docs/security.md)
             checks["log"] = {"ok": not resets, "resets": resets}
             status = ("ok" if not resets else "degraded") if healthy else "unavailable"
-            started = getattr(ctx, "started_at", None)
             return self.json({"status": status, "checks": checks,
-                              "uptime_s": None if not started else round(time.time() - started, 3)},
+                              "uptime_s": round(time.time() - ctx.started_at, 3)},
                              status=200 if healthy else 503)
 
     @app.page("/collections/{collection}/refresh", name="ldp_refresh")

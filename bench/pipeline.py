@@ -245,7 +245,7 @@ async def _apply_rate(url: str, coll: Any, *, applies: int, partitions: int = 12
     from redis.asyncio.cluster import RedisCluster
 
     from ..agents.app import make_store
-    from ..agents.ingest import count_reports
+    from ..agents.intake import count_reports
     from ..agents.layout import Layout
     from ..agents.store import PartitionDelta
 

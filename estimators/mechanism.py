@@ -212,6 +212,14 @@ class Mechanism(ABC):
     default_estimators: ClassVar[tuple[str, ...]] = ()
     #: the family overrides :meth:`adapt` (a worker runs its controller: agents/controller.py)
     adaptive: ClassVar[bool] = False
+    #: capability: the family overrides :meth:`count` (set for it by ``__init_subclass__``); the
+    #: worker's fast histogram count (agents/intake.py) is used only when False
+    custom_count: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "count" in cls.__dict__:
+            cls.custom_count = True
 
     def __init__(self, domain: Domain, version: int = 0) -> None:
         self.domain = domain

@@ -193,7 +193,6 @@ class Collection:
     schema_source: str = ""
     #: the family's ``params:`` (validated by its ``from_config``)
     params: Mapping[str, Any] = field(default_factory=dict)
-    _mech: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
     def topic(self) -> str:
@@ -217,10 +216,9 @@ class Collection:
         return build_mechanism(self)
 
     def tensors(self) -> list[TensorSpec]:
-        """The count tensors the configured marginals need."""
-        if not self._mech:
-            self._mech.append(self.mechanism())
-        return self._mech[0].tensors(self.marginals)
+        """The count tensors the configured marginals need (of a new mechanism instance; the
+        worker's layouts come from the mechanism in force, agents/collection_state.py)."""
+        return self.mechanism().tensors(self.marginals)
 
 
 @dataclass(frozen=True)
@@ -455,7 +453,6 @@ def _build_collection(v: Mapping[str, Any], path: str, base_dir: Path,
     if unservable:
         errors.extend(unservable)
         return None
-    coll._mech.append(mech)
     return coll
 
 

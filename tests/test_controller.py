@@ -40,19 +40,18 @@ class Worker:
     """One worker's context and controller (its publish function records what it published)."""
 
     def __init__(self, cfg, url):
-        self.ctx = Context(cfg, url, "")
-        self.ctx.store = make_store(url)
+        self.ctx = Context(cfg, url, "", make_store(url))
         self.published: list[int] = []
         cid = next(iter(cfg.collections))
 
         async def publish():
-            self.published.append(self.ctx.mechanism(cid).version)
+            self.published.append(self.ctx.collections[cid].current.version)
         self.ctl = Controller(self.ctx, publish)
 
     async def count(self, cid, reports, partition, offsets):
         """Count ``reports`` (stamped with the version in force) as the ingest does."""
-        mech = self.ctx.mechanism(cid)
-        layout = self.ctx.layout(cid, mech.version)
+        mech = self.ctx.collections[cid].current
+        layout = self.ctx.collections[cid].layout(mech.version)
         flat = layout.pack(mech.count(reports, list(layout.specs)), len(reports))
         off = offsets.get(partition, -1)
         await self.ctx.store.apply_many(cid, [PartitionDelta(
@@ -78,7 +77,7 @@ def test_one_worker_decides_every_worker_follows(redis_server, unique_name, mech
             Worker(cfg, redis_server.url)
         try:
             offsets: dict[int, int] = {}
-            mech0 = a.ctx.mechanism(cid)
+            mech0 = a.ctx.collections[cid].current
             rng = np.random.default_rng(1)
             recs = _records(1000)
             rep0 = mech0.randomize(recs[:400], rng)
@@ -86,12 +85,12 @@ def test_one_worker_decides_every_worker_follows(redis_server, unique_name, mech
             await a.count(cid, rep0[250:], 1, offsets)
             # the first tick publishes the configured version 0, then decides
             await a.ctl.tick(cid)
-            new = a.ctx.mechanism(cid)
+            new = a.ctx.collections[cid].current
             assert new.version == 1 and a.published == [0]
             # the decision is the adaptive step on the same counts
             expect = mech0.adapt({0: mech0.count(rep0, mech0.tensors(cfg.collections[cid].marginals))})
             assert new.state() == expect.state()
-            assert a.ctx.versions(cid) == {v: new for v in new.accepted_versions()}
+            assert a.ctx.collections[cid].versions() == {v: new for v in new.accepted_versions()}
             # visible: the version gauge and the change counter
             assert REGISTRY.get_sample_value("ldp_mechanism_version", {"collection": cid}) == 1
             assert REGISTRY.get_sample_value("ldp_mechanism_version_changes_total",
@@ -106,17 +105,17 @@ def test_one_worker_decides_every_worker_follows(redis_server, unique_name, mech
             assert a.published == [0, 1]
             # another worker follows without deciding
             await b.ctl.follow(cid)
-            assert b.ctx.mechanism(cid).state() == new.state()
-            assert set(b.ctx.versions(cid)) == set(new.accepted_versions())
+            assert b.ctx.collections[cid].current.state() == new.state()
+            assert set(b.ctx.collections[cid].versions()) == set(new.accepted_versions())
             # a stale holder (it never followed) cannot store a second version 1
-            stale_mech = stale.ctx.mechanism(cid)
+            stale_mech = stale.ctx.collections[cid].current
             assert stale_mech.version == 0
             assert await stale.ctl.step(cid) is None       # compare-and-set refused: it follows
-            assert stale.ctx.mechanism(cid).state() == new.state()
+            assert stale.ctx.collections[cid].current.state() == new.state()
             # a stale device's batch: counted under its own version if the state still
             # accepts it, else filed as unknown_version (what ingest does with ctx.versions)
             batch = decode_batch(encode_batch(cid, 0, rep0[:10]))
-            why = explain_batch(batch, {cid: b.ctx.versions(cid)})
+            why = explain_batch(batch, {cid: b.ctx.collections[cid].versions()})
             if 0 in new.accepted_versions():
                 assert why is None
             else:
@@ -126,8 +125,8 @@ def test_one_worker_decides_every_worker_follows(redis_server, unique_name, mech
             rep1 = new.randomize(recs[400:], rng)
             await b.count(cid, rep1, 0, offsets)
             counts = await a.ctl.counts(cid, new)
-            mem = {0: mech0.count(rep0, a.ctx.layout(cid, 0).specs),
-                   1: new.count(rep1, a.ctx.layout(cid, 1).specs)}
+            mem = {0: mech0.count(rep0, a.ctx.collections[cid].layout(0).specs),
+                   1: new.count(rep1, a.ctx.collections[cid].layout(1).specs)}
             mem = {v: mem[v] for v in new.accepted_versions()}
             for v in mem:
                 for k in mem[v]:
@@ -154,22 +153,22 @@ def test_rrba_blocks_become_versions_and_a_foreign_state_is_ignored(redis_server
             recs = _records(2000, seed=3)
             rng = np.random.default_rng(2)
             i = 0
-            while i < len(recs) and w.ctx.mechanism(cid).collecting():
-                mech = w.ctx.mechanism(cid)
+            while i < len(recs) and w.ctx.collections[cid].current.collecting():
+                mech = w.ctx.collections[cid].current
                 k = mech.reports_until_adapt(await w.ctl.counts(cid, mech)) or 200
                 block = recs[i:i + k]
                 await w.count(cid, mech.randomize(block, rng), i % 2, offsets)
                 i += len(block)
                 await w.ctl.step(cid)
-            mech = w.ctx.mechanism(cid)
+            mech = w.ctx.collections[cid].current
             assert mech.version >= 3
-            assert set(w.ctx.versions(cid)) == set(range(mech.version + 1))
+            assert set(w.ctx.collections[cid].versions()) == set(range(mech.version + 1))
             est = mech.estimate_versions(await w.ctl.counts(cid, mech), ("a", "b"), "pooled")
             assert est.n == i and est.factor.values.sum() == pytest.approx(1.0)
             # a state stored for another config (other params) is not followed
             other = _config(cid, "rrba", {"block_size": 61}, [["a", "b"]], ["pooled"])
             w2 = Worker(other, redis_server.url)
-            assert not await w2.ctl.follow(cid) and w2.ctx.mechanism(cid).version == 0
+            assert not await w2.ctl.follow(cid) and w2.ctx.collections[cid].current.version == 0
             await w2.close()
             state = json.loads(await w.ctx.store.redis.hget(keys.collection_key(cid, STATE),
                                                             "state"))

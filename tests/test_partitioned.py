@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from ldpstream.agents.ingest import count_reports
+from ldpstream.agents.intake import count_reports
 from ldpstream.bn import read_bif, survey_path
 from ldpstream.estimators import channels as ch
 from ldpstream.estimators.consistency import (disagreement, independence, make_consistent,

@@ -79,15 +79,15 @@ def test_fleet_and_device_reports_counted_exactly(tmp_path, kafka_broker, redis_
 def test_worker_decodes_with_the_codec_fast_path():
     """One definition of the wire layout: the worker's many-messages decode is the codec's
     (tests/test_codec.py checks it against decode_batch), not a second copy of the header."""
-    from ldpstream.agents import ingest
+    from ldpstream.agents import intake
     from ldpstream.producers import codec
 
-    assert ingest.decode_uniform is codec.decode_uniform
-    assert not any(hasattr(ingest, name) for name in ("_HEAD0", "_HEAD1", "_VALUE_DTYPES"))
+    assert intake.decode_uniform is codec.decode_uniform
+    assert not any(hasattr(intake, name) for name in ("_HEAD0", "_HEAD1", "_VALUE_DTYPES"))
 
 
 def test_fast_count_equals_mechanism_count():
-    from ldpstream.agents.ingest import count_reports
+    from ldpstream.agents.intake import count_reports
     from ldpstream.config import load_config
 
     coll = load_config().collections["adult"]
@@ -107,7 +107,7 @@ def test_fast_count_equals_mechanism_count():
 
 def test_fast_count_of_a_tensor_past_uint16():
     """A tensor of more than 65,536 cells: the cell index is built in uint32."""
-    from ldpstream.agents.ingest import count_reports
+    from ldpstream.agents.intake import count_reports
     from ldpstream.estimators.domain import Domain
     from ldpstream.estimators.rr_ind import RRIndependent
 

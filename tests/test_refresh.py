@@ -13,7 +13,8 @@ import pytest
 
 from ldpstream.agents import keys, metrics
 from ldpstream.agents.context import Context
-from ldpstream.agents.refresh import (LEASE, LOCK, PREVIOUS, Refresher, WindowCounts, acquire,
+from ldpstream.agents.bucket_reader import WindowCounts
+from ldpstream.agents.refresh import (LEASE, LOCK, PREVIOUS, Refresher, acquire,
                                       refresh_payloads, release, tick_safe)
 from ldpstream.agents.store import CountStore, PartitionDelta
 from ldpstream.agents.windows import parse_window
@@ -22,6 +23,7 @@ from ldpstream.estimators.drift import drift_test, null_variances
 from ldpstream.estimators.many import EstimateCache
 from ldpstream.estimators.metrics import tvd
 from ldpstream.privacy import WEAK_EPSILON
+from tolerance import assert_close
 
 pytestmark = pytest.mark.pipeline
 
@@ -57,7 +59,7 @@ def add(a: dict, b: dict) -> dict:
     return {k: a[k] + b[k] for k in a}
 
 
-def _ctx(config: AppConfig, store: CountStore | None) -> Context:
+def _ctx(config: AppConfig, store: CountStore) -> Context:
     return Context(config=config, redis_url="", kafka_bootstrap="", store=store)
 
 
@@ -65,7 +67,7 @@ async def _apply(store: CountStore, ctx: Context, cid: str, partition: int, offs
                  expected: int, counts: dict, n: int, bucket: int | None,
                  sent: float | None = None) -> None:
     coll = ctx.config.collections[cid]
-    layout = ctx.layout(cid, coll.version)
+    layout = ctx.collections[cid].layout(coll.version)
     d = PartitionDelta(partition, offset, {(layout, bucket): layout.pack(counts, n)}, n,
                        expected, sent)
     (res,) = await store.apply_many(cid, [d], coll.policy)
@@ -88,7 +90,7 @@ def test_refresh_payloads_equal_the_estimators_and_the_drift_test():
     for p in payloads:
         counts = new if p["window"] == "5s" else add(old, new)
         est = mech.estimate(counts, p["attrs"], p["method"])
-        np.testing.assert_allclose(p["cells"], est.factor.values, rtol=1e-9, atol=1e-12)
+        assert_close(p["cells"], est.factor.values, rel=1e-9)
         assert p["n"] == (20_000 if p["window"] == "5s" else 40_000) and p["updated_at"] == 123.0
         # the configured budget and its scope, and what the channels cost, computed
         assert p["epsilon"] == coll.epsilon and p["epsilon_scope"] == coll.epsilon_scope
@@ -231,7 +233,7 @@ def test_windows_previous_window_drift_and_gauges(redis_url):
         assert _gauge("ldp_estimate_failing", **lab) == 0
         assert _gauge("ldp_collection_reports", collection="win") == 40_000
         fresh = _gauge("ldp_estimate_freshness_seconds", collection="win")
-        assert fresh == pytest.approx(p["updated_at"] - (sent + 1), abs=1e-6)
+        assert fresh == pytest.approx(p["updated_at"] - (sent + 1), rel=1e-6)
         # a worker that did not refresh mirrors the stored estimates into its gauges
         metrics.clear_collection("win")
         assert _gauge("ldp_estimate_cell", **lab, cell="M|>50K") is None
@@ -294,7 +296,8 @@ def test_a_failed_refresh_is_counted_and_shown(redis_url):
 
 def test_static_gauges_from_config():
     config = make_config("static", refresh_interval_s=7.0, expect_traffic=False)
-    r = Refresher(_ctx(config, None))
+    # never connected: the static gauges come from the config alone
+    r = Refresher(_ctx(config, CountStore.from_url("redis://127.0.0.1:1")))
     r.set_static_gauges("static")
     assert _gauge("ldp_refresh_interval_seconds", collection="static") == 7.0
     assert _gauge("ldp_ingest_expected", collection="static") == 0.0

@@ -1,0 +1,31 @@
+"""The dead-letter writer of the ingest worker: a delta's refused messages go to ``ldp.dlq``
+with their reasons, acknowledged before the offset covering them is applied."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ..producers.codec import DLQ_TOPIC, dlq_record
+from .clients import Clients
+from .partition import Pending
+
+
+class DlqWriter:
+    """Files the rejects of pending deltas in ``ldp.dlq``."""
+
+    def __init__(self, clients: Clients) -> None:
+        self.clients = clients
+
+    async def send(self, cid: str, pend: Pending) -> None:
+        """Send ``pend``'s rejects and wait until the broker has them all."""
+        producer = self.clients.producer
+        assert producer is not None, "the DLQ is written only while the service runs"
+        now = time.time()
+        futs = []
+        for r in pend.rejects:
+            rec = dlq_record(r.reason, r.detail, collection=cid, topic=pend.tp.topic,
+                             partition=pend.tp.partition, offset=r.offset, payload=r.payload,
+                             received_at=now)
+            futs.append(await producer.send(DLQ_TOPIC, rec, key=cid.encode()))
+        # the offset that covers these messages is recorded only after the DLQ has them
+        await asyncio.gather(*futs)

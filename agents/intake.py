@@ -1,0 +1,211 @@
+"""Taking records into a partition's pending delta: decode, validate, apply the device quota,
+bucket by time and count with numpy (no per-report Python loop). Refused messages are filed on
+the delta for ``ldp.dlq`` with their reason (docs/pipeline.md "Wire format")."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+
+import numpy as np
+from aiokafka.structs import ConsumerRecord
+
+from ..config import Collection
+from ..estimators.mechanism import Mechanism, TensorSpec
+from ..producers.codec import (DecodeError, ReportBatch, decode_batch, decode_uniform,
+                               explain_batch)
+from . import metrics
+from .collection_state import CollectionStates
+from .ingest_stats import IngestStats
+from .log_identity import mark_of
+from .partition import Partitions, PartitionState, Pending
+from .quota_gate import QuotaGate
+
+#: how far a batch's ``sent_at`` may be from its Kafka record timestamp (and ahead of now)
+SENT_AT_TOLERANCE_S = 300.0
+
+Records = list[ConsumerRecord]
+
+
+class Intake:
+    """Decode, validate and count the records of one partition into its pending delta."""
+
+    def __init__(self, collections: dict[str, Collection], states: CollectionStates,
+                 partitions: Partitions, quota: QuotaGate, stats: IngestStats,
+                 max_message_bytes: int) -> None:
+        self.collections = collections
+        self.states = states
+        self.partitions = partitions
+        self.quota = quota
+        self.stats = stats
+        self.max_message_bytes = max_message_bytes
+
+    def take(self, state: PartitionState, msgs: Records) -> None:
+        """Take the records of ``state``'s partition not taken yet into its pending delta."""
+        seen = state.seen
+        if seen is None or self.partitions.get(state.tp) is not state:
+            return  # not (or no longer) positioned at its Redis offset: the records come again
+        cid = state.collection
+        quota = self.quota.applies(cid)
+        if quota and state.quota_used is None:
+            return  # reset while its quota was read: re-sought, the records come again
+        if msgs[0].offset <= seen:
+            msgs = [m for m in msgs if m.offset > seen]
+            if not msgs:
+                return
+        pend = state.open_pending(mark_of(msgs[0]))  # continues from ``seen``
+        state.seen = msgs[-1].offset
+        known = self.states.known()
+        pend.messages += len(msgs)
+        pend.covers(msgs[-1].offset)
+        metrics.MESSAGES_CONSUMED.labels(cid).inc(len(msgs))
+        if len(msgs) >= 16 and not quota:  # the fast path drops device ids
+            fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
+            if fast is not None and fast.collection == cid and explain_batch(fast, known) is None:
+                per = fast.n // len(msgs)
+                self._accept(pend, cid, fast.version, fast.reports,
+                             self._buckets(cid, msgs, np.full(len(msgs), per)),
+                             clamp_sent_at(fast.sent_at, max(m.timestamp for m in msgs) / 1000.0,
+                                           time.time()))
+                return
+        good: list[tuple[ConsumerRecord, ReportBatch]] = []
+        for m in msgs:
+            try:
+                good.append((m, decode_batch(m.value if m.value is not None else b"",
+                                             max_bytes=self.max_message_bytes)))
+            except DecodeError as exc:
+                # the topic names the collection even when the bytes cannot: count and file
+                # the reject under it (the DLQ record's topic/offset locate the message)
+                pend.reject(exc.reason, exc.detail, m.value or b"", m.offset, 1)
+        valid = self._validated(state, pend, good, known)
+        if quota and valid:
+            # the quota decides in offset order (a function of the log: the same after a crash)
+            by_version: dict[int, list[tuple[ConsumerRecord, ReportBatch]]] = defaultdict(list)
+            for m, b in sorted(valid, key=lambda mb: mb[0].offset):
+                kept = self.quota.within(state, pend, m, b)
+                if kept is not None:
+                    by_version[kept.version].append((m, kept))
+            for version, accepted in by_version.items():
+                self._accept_batches(pend, cid, version, accepted)
+
+    def _validated(self, state: PartitionState, pend: Pending,
+                   good: list[tuple[ConsumerRecord, ReportBatch]],
+                   known: Mapping[str, Mapping[int, Mechanism]]
+                   ) -> list[tuple[ConsumerRecord, ReportBatch]]:
+        """Validate decoded batches: one vectorized check for all batches sharing (collection,
+        version, width); only when that fails, the bad batches are found one by one. Without a
+        quota the valid ones are counted here; with one they are returned (the quota decides)."""
+        cid = state.collection
+        quota = self.quota.applies(cid)
+        groups: dict[tuple[str, int, int], list[tuple[ConsumerRecord, ReportBatch]]] = \
+            defaultdict(list)
+        for m, b in good:
+            groups[(b.collection, b.version, b.width)].append((m, b))
+        valid: list[tuple[ConsumerRecord, ReportBatch]] = []
+        for (_, version, _), items in groups.items():
+            if len(items) > 1:
+                joined = dataclasses.replace(items[0][1], reports=np.concatenate(
+                    [b.reports for _, b in items]), device_ids=None)
+                ok = explain_batch(joined, known) is None if joined.collection == cid else False
+            else:
+                ok = False
+            accepted: list[tuple[ConsumerRecord, ReportBatch]] = []
+            for m, b in items:
+                res = None if ok else (
+                    explain_batch(b, known) if b.collection == cid else
+                    ("unknown_collection",
+                     f"batch of collection {b.collection!r} on topic {state.tp.topic}"))
+                if res is None:
+                    accepted.append((m, b))
+                else:
+                    pend.reject(res[0], res[1], m.value or b"", m.offset, b.n)
+            if quota:
+                valid += accepted
+            elif accepted:
+                self._accept_batches(pend, cid, version, accepted)
+        return valid
+
+    def _accept_batches(self, pend: Pending, cid: str, version: int,
+                        accepted: list[tuple[ConsumerRecord, ReportBatch]]) -> None:
+        reports = np.concatenate([b.reports for _, b in accepted]) \
+            if len(accepted) > 1 else accepted[0][1].reports
+        buckets = self._buckets(cid, [m for m, _ in accepted], np.array([b.n for _, b in accepted]))
+        now = time.time()
+        self._accept(pend, cid, version, reports, buckets,
+                     max(clamp_sent_at(b.sent_at, m.timestamp / 1000.0, now) for m, b in accepted))
+
+    def _buckets(self, cid: str, msgs: Records, sizes: np.ndarray) -> np.ndarray:
+        """Fine bucket of every report (message i holds ``sizes[i]`` of them) from its message's
+        Kafka record timestamp (agents/windows.py); -1: all-time only (no finite window, or late).
+        One element when every report falls in the same bucket. Reports whose timestamp was
+        moved are counted per reason."""
+        now = time.time()
+        ts = np.fromiter((m.timestamp if m.timestamp is not None else -1 for m in msgs),
+                         dtype=np.float64, count=len(msgs)) / 1000.0
+        ts[ts < 0] = now
+        buckets, future, late = self.collections[cid].policy.place_many(ts, now)
+        for why, mask in (("future", future), ("late", late)):
+            if mask.any():
+                metrics.REPORTS_CLAMPED.labels(cid, why).inc(int(sizes[mask].sum()))
+        if len(buckets) and (buckets == buckets[0]).all():
+            return buckets[:1]   # the usual poll: one bucket, no per-report array
+        return np.repeat(buckets, sizes)
+
+    def _accept(self, pend: Pending, cid: str, version: int, reports: np.ndarray,
+                buckets: np.ndarray, sent_at: float) -> None:
+        """Count validated reports of one mechanism ``version`` into the partition's running
+        delta, per fine bucket (``buckets`` from :meth:`_buckets`: one bucket for all of them, or
+        ``buckets[i]`` of report i; -1 = all-time only). Counted per poll, so the arrays stay
+        cache-sized and memory is the tensors', not the reports'."""
+        t0 = time.perf_counter()
+        state = self.states[cid]
+        layout = state.layout(version)
+        mech = state.versions()[version]
+        specs = list(layout.specs)
+        if len(buckets) <= 1:   # _buckets collapsed a single bucket to one element
+            parts = [(int(buckets[0]) if len(buckets) else -1, reports)]
+        else:
+            parts = [(int(b), reports[buckets == b]) for b in np.unique(buckets)]
+        for b, rep in parts:
+            flat = layout.pack(count_reports(mech, rep, specs), rep.shape[0])
+            key = (layout, None if b < 0 else b)
+            cur = pend.deltas.get(key)
+            if cur is None:
+                pend.deltas[key] = flat
+            else:
+                cur += flat
+        n = int(reports.shape[0])
+        pend.n += n
+        self.partitions.pending_reports += n
+        if pend.sent_at_max is None or sent_at > pend.sent_at_max:
+            pend.sent_at_max = sent_at
+        self.stats.timings["count"] += time.perf_counter() - t0
+
+
+def clamp_sent_at(sent_at: float, record_ts: float, now: float,
+                  tolerance: float = SENT_AT_TOLERANCE_S) -> float:
+    """A device's ``sent_at`` within ``[record_ts - tolerance, min(record_ts, now) + tolerance]``:
+    one report claiming ``sent_at = 1e300`` must not pin the freshness gauge forever."""
+    return min(max(sent_at, record_ts - tolerance), min(record_ts, now) + tolerance)
+
+
+def count_reports(mech: Mechanism, reports: np.ndarray, specs: list[TensorSpec]
+                  ) -> dict[str, np.ndarray]:
+    """The count tensors of validated reports: the mechanism's own count when it has one
+    (``Mechanism.custom_count``); else histograms of ``spec.columns`` computed fast: each used
+    column converted once, flat cell indices by multiply-add, one ``bincount`` per tensor (no
+    bounds re-check: the batch passed ``check_batch`` against ``report_bounds()``)."""
+    if mech.custom_count or any(not s.columns for s in specs):
+        return mech.count(reports, specs)
+    out = {}
+    for s in specs:
+        size = s.size
+        # the cell index in the narrowest dtype that holds it, built in place
+        dt = np.uint16 if size <= 1 << 16 else np.uint32 if size <= 1 << 32 else np.intp
+        flat = reports[:, s.columns[0]].astype(dt)
+        for c, width in zip(s.columns[1:], s.shape[1:]):
+            flat *= dt(width)
+            np.add(flat, reports[:, c], out=flat, casting="unsafe")  # validated: in bounds
+        out[s.key] = np.bincount(flat, minlength=size).astype(np.int64, copy=False).reshape(s.shape)
+    return out

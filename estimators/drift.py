@@ -60,7 +60,6 @@ from scipy.special import ndtri
 from . import batched
 from .castell import castell_variance
 from .mechanism import Estimate, Mechanism, VersionedCounts, marginal_key
-from .rr_ind import RRIndependent, _RRBase, marginal_counts
 
 __all__ = ["DriftResult", "drift_test", "drift_tests", "sidak_threshold", "cell_variance", "null_variances",
            "pooled_tables", "replicate_rng", "null_size",
@@ -71,7 +70,7 @@ __all__ = ["DriftResult", "drift_test", "drift_tests", "sidak_threshold", "cell_
 #: calibrated (alarm rates within 3 standard errors of α in tests/test_drift.py's setting)
 REPLICATES = 16
 
-#: estimators of :class:`~.rr_ind.RRIndependent` with a batched kernel (estimators/batched.py)
+#: estimators with a batched kernel (estimators/batched.py) for mechanisms with product channels
 BATCHED_METHODS = ("castell", "truncated", "ibu", "rr-independent")
 
 
@@ -245,11 +244,12 @@ def cell_variance(mech: Mechanism, counts: VersionedCounts, attrs: Sequence[str]
     if closed is not None:
         return np.asarray(closed, dtype=float)
     R = int(replicates)
-    if isinstance(mech, _RRBase):
-        table = np.asarray(marginal_counts(mech.domain, combined, attrs), dtype=float)
+    own = mech.marginal_table(combined, attrs)
+    if own is not None:
+        table = np.asarray(own, dtype=float)
         rng = replicate_rng(seed, attrs, "own", table)
-        if isinstance(mech, RRIndependent):
-            P = mech.channels_of(attrs)
+        P = mech.product_channels(attrs)
+        if P is not None:
             if method in BATCHED_METHODS:
                 return table_variances(table[None], P, [method], [rng], replicates=R)[method][0]
             draws = _replicates(table, rng, R)
@@ -270,10 +270,11 @@ def pooled_tables(mech: Mechanism, a: Mapping[str, np.ndarray], b: Mapping[str, 
     """The two windows' tensors (``mech.combined_counts`` of each) summed — the population both
     sample under "no change" — and each tensor's report totals per window. Tables of an
     independent-channel mechanism are reduced to the marginal first."""
-    if isinstance(mech, _RRBase):
+    ta, tb = mech.marginal_table(a, attrs), mech.marginal_table(b, attrs)
+    if ta is not None and tb is not None:
         key = marginal_key(attrs)
-        a = {key: np.asarray(marginal_counts(mech.domain, a, attrs), dtype=float)}
-        b = {key: np.asarray(marginal_counts(mech.domain, b, attrs), dtype=float)}
+        a = {key: np.asarray(ta, dtype=float)}
+        b = {key: np.asarray(tb, dtype=float)}
     if set(a) != set(b):
         raise ValueError("the two windows hold different tensors: "
                          f"{sorted(set(a) ^ set(b))}")
@@ -312,12 +313,13 @@ def null_variances(mech: Mechanism, cur: VersionedCounts, prev: VersionedCounts,
         return v / n_cur, v / n_prev
     R = int(replicates)
     key = marginal_key(attrs)
-    if isinstance(mech, RRIndependent) and method in BATCHED_METHODS:
+    channels = mech.product_channels(attrs)
+    if channels is not None and method in BATCHED_METHODS:
         table = pooled[key]
         n_cur, n_prev = totals[key]
         mid = null_size(n_cur, n_prev)
         rng = replicate_rng(seed, attrs, "null", table)
-        v = table_variances(table[None], mech.channels_of(attrs), [method], [rng], replicates=R,
+        v = table_variances(table[None], channels, [method], [rng], replicates=R,
                             n=[mid])[method][0]
         return v * (mid / n_cur), v * (mid / n_prev)
     flat = np.concatenate([t.reshape(-1) for t in pooled.values()])

@@ -33,7 +33,6 @@ from .drift import (BATCHED_METHODS, REPLICATES, DriftResult, drift_test, drift_
                     null_size,
                     null_variances, pooled_tables, replicate_rng, table_variances)
 from .mechanism import Estimate, Mechanism, VersionedCounts, marginal_key
-from .rr_ind import RRIndependent, marginal_counts
 
 __all__ = ["Key", "EstimateBatch", "DriftBatch", "EstimateCache", "estimate_many", "drift_many"]
 
@@ -92,11 +91,26 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _batched_estimates(mech: RRIndependent, method: str, attrs_list: list[tuple[str, ...]],
+def _channels(mech: Mechanism, attrs: tuple[str, ...]) -> list[np.ndarray]:
+    mats = mech.product_channels(attrs)
+    assert mats is not None, "only mechanisms with product channels are batched"
+    return mats
+
+
+def _marginal_table(mech: Mechanism, combined: Mapping[str, np.ndarray],
+                    attrs: tuple[str, ...]) -> np.ndarray:
+    table = mech.marginal_table(combined, attrs)
+    if table is None:
+        raise TypeError(f"{mech.name} has product channels but no marginal table")
+    return np.asarray(table, dtype=float)
+
+
+def _batched_estimates(mech: Mechanism, method: str, attrs_list: list[tuple[str, ...]],
                        tables: np.ndarray) -> list[Estimate]:
     """One group (same estimator, shape and channels) through estimators/batched.py, as
-    ``RRIndependent.estimate`` would answer each."""
-    mats = mech.channels_of(attrs_list[0])
+    ``mech.estimate`` answers each (a mechanism with ``product_channels``)."""
+    mats = mech.product_channels(attrs_list[0])
+    assert mats is not None, "only mechanisms with product channels are batched"
     invs = batched.inverses(mats)
     n = tables.reshape(len(tables), -1).sum(axis=1)
     bounds = [expected_tvd(v) for v in batched.castell_variance_batch(tables, invs)]
@@ -135,30 +149,29 @@ def estimate_many(mech: Mechanism, counts_by_window: Mapping[str, VersionedCount
     todo: list[tuple[Key, bytes]] = []                       # reused within this call
     groups: dict[tuple[str, bytes], list[tuple[Key, bytes, np.ndarray]]] = {}
     singles: list[Key] = []
-    fast = isinstance(mech, RRIndependent)
     seen: dict[bytes, Key] = {}
     for window, counts in counts_by_window.items():
         combined: Mapping[str, np.ndarray] | None = None
         for attrs in marginals:
             attrs = tuple(attrs)
             table: np.ndarray | None = None
+            mats = mech.product_channels(attrs)
             for method in methods:
                 key = (window, attrs, method)
-                if not (fast and method in BATCHED_METHODS):
+                if mats is None or method not in BATCHED_METHODS:
                     singles.append(key)
                     continue
                 try:
                     if combined is None:
                         combined = mech.combined_counts(counts)
                     if table is None:
-                        table = np.asarray(marginal_counts(mech.domain, combined, attrs),
-                                           dtype=float)
+                        table = _marginal_table(mech, combined, attrs)
                     if not float(table.sum()) > 0:
                         raise ValueError(f"no reports counted for {attrs}")
                 except Exception as exc:  # noqa: BLE001 - reported per key
                     failures[key] = _reason(exc)
                     continue
-                channels = _digest(*mech.channels_of(attrs))
+                channels = _digest(*mats)
                 fp = _digest(mech.name, mech.version, attrs, method, channels, table)
                 if fp in seen:
                     todo.append((key, fp))
@@ -172,7 +185,7 @@ def estimate_many(mech: Mechanism, counts_by_window: Mapping[str, VersionedCount
     for (method, _shape), items in groups.items():
         keys = [k for k, _, _ in items]
         try:
-            ests = _batched_estimates(mech, method, [k[1] for k in keys],  # type: ignore[arg-type]
+            ests = _batched_estimates(mech, method, [k[1] for k in keys],
                                       np.stack([t for _, _, t in items]))
         except Exception:  # noqa: BLE001 - find the culprit one estimate at a time
             singles.extend(keys)
@@ -216,11 +229,11 @@ def drift_many(mech: Mechanism,
     tables: dict[tuple[str, tuple[str, ...]], tuple[bytes, np.ndarray, int, int, list[str]]] = {}
     groups: dict[bytes, list[tuple[str, tuple[str, ...]]]] = {}
     singles: list[Key] = []
-    fast = isinstance(mech, RRIndependent)
     combined: dict[str, tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]] = {}
     for key in (k for k in current if k in previous and k[0] in windows):
         window, attrs, method = key
-        if not (fast and method in BATCHED_METHODS):
+        mats = mech.product_channels(attrs)
+        if mats is None or method not in BATCHED_METHODS:
             singles.append(key)
             continue
         wa = (window, attrs)
@@ -235,7 +248,7 @@ def drift_many(mech: Mechanism,
             except Exception as exc:  # noqa: BLE001 - reported per key
                 failures[key] = _reason(exc)
                 continue
-            channels = _digest(*mech.channels_of(attrs))  # type: ignore[attr-defined]
+            channels = _digest(*mats)
             tables[wa] = (channels, pooled[marginal_key(attrs)], n_cur, n_prev, [])
             groups.setdefault(channels, []).append(wa)
         channels, table, n_cur, n_prev, methods = tables[wa]
@@ -254,7 +267,7 @@ def drift_many(mech: Mechanism,
             rngs = [replicate_rng(seed, wa[1], "null", tables[wa][1]) for wa in part]
             try:
                 var = table_variances(np.stack([tables[wa][1] for wa in part]),
-                                      mech.channels_of(part[0][1]),  # type: ignore[attr-defined]
+                                      _channels(mech, part[0][1]),
                                       methods, rngs, replicates=replicates, n=mids)
             except Exception:  # noqa: BLE001 - find the culprit one key at a time
                 singles.extend((wa[0], wa[1], m) for wa in part for m in methods)

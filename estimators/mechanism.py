@@ -23,12 +23,12 @@ import importlib
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence, TypeAlias
+from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeAlias
 
 import numpy as np
 
 from .domain import Domain, Factor
-from .longitudinal import Guarantee
+from .longitudinal import Guarantee, Memoize
 
 
 @dataclass(frozen=True)
@@ -200,6 +200,17 @@ class CountBook(dict):
             self.total[k] = self.total[k] + t if k in self.total else t.copy()
 
 
+@dataclass(frozen=True)
+class Memoization:
+    """Memoized responses (estimators/longitudinal.py): a device answers a record value with
+    the permanent response it drew in the current period (``rule``) through ``permanent[j]``,
+    then ``instantaneous`` randomizes the permanent responses ``(n, m)`` afresh per report."""
+
+    rule: Memoize
+    permanent: Sequence[np.ndarray]
+    instantaneous: Callable[[np.ndarray, np.random.Generator], np.ndarray]
+
+
 class Mechanism(ABC):
     """A multi-attribute LDP mechanism family."""
 
@@ -277,6 +288,31 @@ class Mechanism(ABC):
         """Per-cell variance of ``estimate(counts, attrs, method)`` in closed form, shaped like
         its values, where the family has one (the drift test then needs no bootstrap of the
         estimator); None: no closed form (default)."""
+        return None
+
+    # --- optional capabilities (default: the family does not have it) ---------------------------
+    def product_channels(self, attrs: Sequence[str]) -> list[np.ndarray] | None:
+        """The channel matrix of each attribute of ``attrs`` when the marginal's reports are
+        randomized attribute by attribute, independently, and counted in one table (the batched
+        castell/IBU kernels of estimators/batched.py then apply: estimators/many.py,
+        estimators/drift.py); None: not such a mechanism (default)."""
+        return None
+
+    def marginal_table(self, counts: Mapping[str, np.ndarray],
+                       attrs: Sequence[str]) -> np.ndarray | None:
+        """The randomized count table of the marginal ``attrs`` when it is one multinomial
+        table that the marginal's estimate reads alone (the drift bootstrap then resamples just
+        it: estimators/drift.py); None: the bootstrap resamples every tensor (default)."""
+        return None
+
+    def epsilon_per_attribute(self) -> float | None:
+        """The largest ε protecting one attribute where attributes are randomized by separate
+        channels (ldpstream/privacy.py); None: only the per-record ε applies (default)."""
+        return None
+
+    def memoization(self) -> Memoization | None:
+        """How devices memoize this mechanism's permanent responses (the device SDK charges the
+        ε ledger per new memo: producers/sdk.py); None: every report randomized afresh."""
         return None
 
     def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
@@ -389,6 +425,9 @@ PROVIDERS: dict[str, str] = {
     "lopub": "lopub",
     "partitioned": "partitioned",
 }
+
+#: the mechanism of a collection (or ``simulate`` run) that names none
+DEFAULT_MECHANISM = "rr-ind"
 
 #: the classes imported so far (filled by :func:`register`); use :func:`mechanism_class`
 MECHANISMS: dict[str, type[Mechanism]] = {}

@@ -31,8 +31,8 @@ from . import channels as ch
 from .castell import castell, castell_variance, expected_tvd
 from .domain import Domain, Factor
 from .longitudinal import DAY_S, Guarantee, Memoize, compose
-from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, VersionedCounts,
-                        attribute_budget, histogram, marginal_key, register)
+from .mechanism import (Estimate, Mechanism, Memoization, Params, ParamError, TensorSpec,
+                        VersionedCounts, attribute_budget, histogram, marginal_key, register)
 from .proper import clip_rescale, repair
 from .rr_adjustment import rr_adjustment_table
 from .rr_clusters import (Block, blocks_for, castell_blocks, castell_blocks_variance, from_blocks,
@@ -103,6 +103,11 @@ class _RRBase(Mechanism):
 
     #: (reports, patterns, raking result) of the last ``rr-adjustment-full`` raking
     _raking: tuple | None = None
+
+    def marginal_table(self, counts: Mapping[str, np.ndarray],
+                       attrs: Sequence[str]) -> np.ndarray:
+        """The marginal's randomized table (the one the estimate reads: :func:`marginal_counts`)."""
+        return marginal_counts(self.domain, counts, attrs)
 
     @property
     def report_width(self) -> int:
@@ -242,6 +247,17 @@ class RRIndependent(_RRBase):
 
     def channels_of(self, attrs: Sequence[str]) -> list[np.ndarray]:
         return [self.channels[i] for i in self.domain.axes(attrs)]
+
+    def product_channels(self, attrs: Sequence[str]) -> list[np.ndarray]:
+        return self.channels_of(attrs)
+
+    def epsilon_per_attribute(self) -> float:
+        return float(max(self.epsilons))
+
+    def memoization(self) -> Memoization | None:
+        if self.memoize is None:
+            return None
+        return Memoization(self.memoize, self.permanent, self.randomize_instantaneous)
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Every record through the permanent channel, then the instantaneous one if any (one
@@ -393,6 +409,10 @@ class _Clustered(_RRBase):
     def epsilon(self) -> float:
         """Σ over clusters of ε(GRR_C) = ln(p_C/q_C), computed from the channel entries."""
         return float(sum(np.log(p / q) for p, q in self._pq))
+
+    def epsilon_per_attribute(self) -> float:
+        """The largest cluster's ε (changing one attribute changes its cluster's cell)."""
+        return float(max(self.cluster_eps))
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         records = self._records(records)

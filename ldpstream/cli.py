@@ -11,6 +11,7 @@ import os
 import sys
 
 from ldpstream.errors import CliError
+from ldpstream.estimators.mechanism import DEFAULT_MECHANISM
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -22,7 +23,7 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated column names (default: the 8 Adult attributes)")
     p.add_argument("--generator", default=None,
                    help="synthetic correlated data instead of a CSV, e.g. 'corr:m=4,d=10,rho=0.7,n=20000'")
-    p.add_argument("--mechanism", default="rr-ind",
+    p.add_argument("--mechanism", default=DEFAULT_MECHANISM,
                    help="any registered mechanism (an unknown name lists them)")
     p.add_argument("--estimator", action="append", default=None,
                    help="repeatable: any estimator of the mechanism (an unknown one lists them)")

@@ -58,8 +58,8 @@ from .agents.windows import DEFAULT_BUCKET_S, DEFAULT_WINDOWS, BucketPolicy, Win
 from .cli import CliError
 from .datasets import ADULT_COLUMNS, DatasetError, adult_path, load_csv
 from .estimators.domain import Domain
-from .estimators.mechanism import (Mechanism, ParamError, TensorSpec, attribute_budget,
-                                   mechanism_class)
+from .estimators.mechanism import (DEFAULT_MECHANISM, Mechanism, ParamError, TensorSpec,
+                                   attribute_budget, mechanism_class)
 
 __all__ = ["ConfigError", "AppConfig", "IngestConfig", "Collection", "load_config",
            "parse_config", "build_mechanism", "default_config_path", "REPORTS_TOPIC_PREFIX",
@@ -125,7 +125,7 @@ class _DeviceQuotaFile(_Strict):
 class _CollectionFile(_Strict):
     id: str
     schema_: _SchemaFile = Field(alias="schema")
-    mechanism: str = "rr-ind"
+    mechanism: str = DEFAULT_MECHANISM
     params: dict[str, Any] = Field(default_factory=dict)
     epsilon: Number = Field(gt=0.0)
     epsilon_scope: Literal["attribute", "record"] = "attribute"

@@ -13,7 +13,6 @@ import math
 from typing import Any
 
 from .estimators.mechanism import Mechanism
-from .estimators.rr_ind import RRClusters, RRIndependent, RRJoint
 
 #: above this ε per record one report says much about its device's record; flagged everywhere
 WEAK_EPSILON = 4.0
@@ -22,12 +21,9 @@ WEAK_EPSILON = 4.0
 def epsilon_per_attribute(mechanism: Mechanism) -> float | None:
     """The largest ε of one attribute: its channel's ε (rr-ind) or its cluster's (rr-joint,
     rr-clusters, where changing one attribute changes the cluster's cell). None for mechanisms
-    that randomize attributes jointly otherwise (only the per-record ε applies)."""
-    if isinstance(mechanism, RRIndependent):
-        return float(max(mechanism.epsilons))
-    if isinstance(mechanism, (RRJoint, RRClusters)):
-        return float(max(mechanism.cluster_eps))
-    return None
+    that randomize attributes jointly otherwise (only the per-record ε applies):
+    ``Mechanism.epsilon_per_attribute``."""
+    return mechanism.epsilon_per_attribute()
 
 
 def privacy_note(epsilon_per_record: float | None) -> str | None:

@@ -28,7 +28,6 @@ import numpy as np
 
 from ..estimators import channels as ch
 from ..estimators.mechanism import Mechanism
-from ..estimators.rr_ind import RRIndependent
 from .codec import ReportBatch, decode_batch, encode_batch
 from .device import ConfigWatcher, report_topic
 from .ledger import Ledger, channel_fingerprint
@@ -290,7 +289,8 @@ class DeviceClient:
 
     def _randomize(self, mech: Mechanism, x: np.ndarray, now: float) -> ReportResult:
         """One record → its report, charged to the ledger (or why not)."""
-        if not (isinstance(mech, RRIndependent) and mech.memoize is not None):
+        memo = mech.memoization()
+        if memo is None:
             cost = mech.epsilon
             refusal = self.ledger.refusal(cost, now)
             if refusal is not None:
@@ -299,8 +299,8 @@ class DeviceClient:
                                            self.rng)[0]
             self.ledger.commit(self.collection, now, cost)
             return ReportResult("queued", cost, mech.version, report=report)
-        period = mech.memoize.period(now)
-        fp = channel_fingerprint(mech.permanent)
+        period = memo.rule.period(now)
+        fp = channel_fingerprint(memo.permanent)
         record = f"{fp}:" + ",".join(str(int(v)) for v in x)
         last = self.ledger.last_sent(self.collection, period, record)
         if last is not None and (self.resend_every_s is None or now - last < self.resend_every_s):
@@ -309,14 +309,14 @@ class DeviceClient:
         keys = [(j, int(v)) for j, v in enumerate(x)]
         have = self.ledger.memos(self.collection, fp, period, keys)
         missing = [k for k in keys if k not in have]
-        cost = float(sum(ch.epsilon(mech.permanent[j]) for j, _ in missing))
+        cost = float(sum(ch.epsilon(memo.permanent[j]) for j, _ in missing))
         refusal = self.ledger.refusal(cost, now)
         if refusal is not None:
             return ReportResult("refused", 0.0, mech.version, refusal)
-        new = {(j, v): int(ch.randomize(np.array([v]), mech.permanent[j], self.rng)[0])
+        new = {(j, v): int(ch.randomize(np.array([v]), memo.permanent[j], self.rng)[0])
                for j, v in missing}
         permanent = np.array([[have[k] if k in have else new[k] for k in keys]], dtype=np.int64)
-        report = mech.randomize_instantaneous(permanent, self.rng)[0]
+        report = memo.instantaneous(permanent, self.rng)[0]
         self.ledger.commit(self.collection, now, cost, channel=fp, period=period, memos=new,
                            record=record)
         return ReportResult("queued", cost, mech.version, report=report)

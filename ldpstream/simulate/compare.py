@@ -19,13 +19,16 @@ import json
 from typing import Any
 
 from ..cli import CliError
-from ..estimators.partitioned import choose_ways
+from ..estimators.partitioned import Partitioned, choose_ways
+from ..estimators.rr_ind import RRIndependent
 from .driver import plan_from_args, run_with_progress
 
 __all__ = ["CONTENDERS", "compare", "main"]
 
+#: the budget split over the attributes against one marginal per report
+SPLIT, PARTITIONED = RRIndependent.name, Partitioned.name
 #: mechanism → estimators compared
-CONTENDERS = {"rr-ind": ("castell", "ibu"), "partitioned": ("consistent", "calm")}
+CONTENDERS = {SPLIT: ("castell", "ibu"), PARTITIONED: ("consistent", "calm")}
 #: partitioned collects every pair, and (with at least 3 attributes) every triple instead: the
 #: marginal size trades the oracle's domain against the users per marginal (CALM §4)
 PARTITIONED_WAYS = (2, 3)
@@ -42,7 +45,7 @@ def compare(args: Any) -> dict[str, Any]:
         if m < 2:
             raise CliError(f"--compare: needs at least 2 columns (got {m}); with one "
                            "attribute there is no budget to split")
-        if mech == "partitioned":
+        if mech == PARTITIONED:
             shape = plan.dataset.domain.shape
             plan.variants = tuple({"ways": w} for w in PARTITIONED_WAYS if w <= m)
         docs.append(run_with_progress(plan, label=f"compare: {mech}"))
@@ -55,13 +58,13 @@ def compare(args: Any) -> dict[str, Any]:
         per = {m: min(r["metrics"]["tvd"] for r in at if r["mechanism"] == m) for m in CONTENDERS}
         best[str(w)] = {"mechanism": top["mechanism"], "estimator": top["estimator"],
                         "ways": top.get("ways"), "tvd": top["metrics"]["tvd"],
-                        "ratio": per["rr-ind"] / per["partitioned"]}
+                        "ratio": per[SPLIT] / per[PARTITIONED]}
     first = docs[0]
     return {"compare": list(CONTENDERS), "n": first["n"], "m": first["m"],
             "epsilon": first["epsilon"], "epsilon_scope": first["epsilon_scope"],
             "epsilon_per_record": eps, "seed": first["seed"], "runs": first["runs"],
             "results": rows, "best": best,
-            "auto_ways": choose_ways(shape, first["n"], eps["partitioned"])}
+            "auto_ways": choose_ways(shape, first["n"], eps[PARTITIONED])}
 
 
 def replace_args(args: Any, **changes: Any) -> Any:

@@ -1,5 +1,6 @@
-"""``ldpstream bench mechanisms``: the issue-5 families side by side (Corr-RR and baselines,
-RRBA vs the Laplace baseline, LoPub estimators). Each part lives in its own module."""
+"""``ldpstream bench mechanisms``: the correlation-aware families side by side with their
+baselines (Corr-RR against SPL/SMP/RS-FD, RRBA against the Laplace baseline, LoPub's estimators;
+docs/mechanisms.md). Each part lives in its own module."""
 from __future__ import annotations
 
 import importlib

@@ -232,7 +232,7 @@ def main(args) -> int:
     from ..config import load_config
 
     config = load_config(getattr(args, "config", None))  # ConfigError is a CliError: one line
-    bootstrap = getattr(config, "kafka_bootstrap", None) or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    bootstrap = config.kafka_bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     redis_url = config.redis_url  # REDIS_URL or REDIS_CLUSTER_NODES, resolved by load_config
     if not bootstrap:
         raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set (`ldpstream up` starts an embedded "

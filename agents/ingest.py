@@ -53,7 +53,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -130,7 +130,7 @@ class IngestService(Service):
         self.config_watch: ConfigWatcher | None = None
         #: awaited on start before ldp.config is published: the adaptive states stored so far,
         #: returns the collections whose state cannot be read now (agents/controller.py)
-        self.follow_all: Any = None
+        self.follow_all: Callable[[], Awaitable[set[str]]] | None = None
         self._last_commit = 0.0
         self._last_lag = 0.0
         self._last_audit = 0.0

@@ -113,7 +113,7 @@ def test_one_worker_decides_every_worker_follows(redis_server, unique_name, mech
             assert await stale.ctl.step(cid) is None       # compare-and-set refused: it follows
             assert stale.ctx.collections[cid].current.state() == new.state()
             # a stale device's batch: counted under its own version if the state still
-            # accepts it, else filed as unknown_version (what ingest does with ctx.versions)
+            # accepts it, else filed as unknown_version (as the intake checks versions())
             batch = decode_batch(encode_batch(cid, 0, rep0[:10]))
             why = explain_batch(batch, {cid: b.ctx.collections[cid].versions()})
             if 0 in new.accepted_versions():

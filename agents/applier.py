@@ -1,6 +1,7 @@
 """The flusher/applier of the ingest worker: pending deltas → ``ldp.dlq`` (their rejects) and
-Redis (their counts), one compare-and-set script call per collection and flush, covering every
-partition of that collection with something pending (agents/store.py ``apply_many``).
+Redis (their counts): per flush and collection one ``CountStore.apply_many``, which sends one
+compare-and-set script call per partition with something pending, concurrently
+(agents/store.py).
 
 At most one flush is in flight, in a background task, so the next messages are fetched and
 decoded while Redis applies these. Each partition's delta is decided on its own: APPLIED moves
@@ -86,7 +87,7 @@ class Applier:
                 task.cancel()
 
     async def _flush(self, batch: dict[TopicPartition, Pending]) -> None:
-        """DLQ records first, then one script call per collection (collections concurrently).
+        """DLQ records first, then one apply per collection (collections concurrently).
         Only stale deltas are dropped; an unexpected error stops the worker (it restarts from
         the offsets in Redis) rather than leave consumed-but-uncounted records behind."""
         live = [p for p in batch.values()
@@ -113,7 +114,8 @@ class Applier:
         return next(c for c, coll in self.collections.items() if coll.topic == pend.tp.topic)
 
     async def _apply(self, cid: str, live: list[Pending]) -> list[ApplyResult]:
-        """THE apply: one compare-and-set script call for these partitions' deltas."""
+        """THE apply call site: these partitions' deltas to ``CountStore.apply_many`` (one
+        compare-and-set script call per partition, sent together)."""
         return await self.store.apply_many(cid, [
             PartitionDelta(p.tp.partition, p.last_offset, p.deltas, p.n, expected=p.base,
                            sent_at_max=p.sent_at_max, side=self.quota.side(cid, p))

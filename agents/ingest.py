@@ -19,17 +19,17 @@ Exactly-once design (the state of record is Redis, never Kafka's committed offse
    delta, which covers the offsets ``(base, last]``: ``base`` is the offset the partition was
    sought from or the end of its previous delta. A flush (``ingest.batch_reports`` reports or
    ``ingest.batch_seconds``) sends the rejects to ``ldp.dlq`` (acknowledged first), then applies
-   one delta per partition, the partitions of a collection together (``CountStore.apply_many``:
-   one script call per partition, all sent at once), a compare-and-set per partition: a delta is counted only when the
-   stored offset equals its ``base``, and the offset set to ``last``, atomically. A delta whose
-   range is already counted is skipped (REPLAYED); any other mismatch is a CONFLICT (someone else
-   moved the partition's offset: a new owner, or this worker while frozen): nothing changes, the
-   partition's pending delta is dropped and it is re-sought to ``stored + 1`` (returned by the
-   script). So the counted ranges of a partition form a gap-free, overlap-free chain whoever
-   applies them, even when a worker frozen past the session timeout (not killed: its revocation
-   callback never ran) wakes up and sends a stale delta after the new owner read the offset. The
-   partitions of one flush are decided each on its own (not all-or-nothing): a conflict on one
-   does not hold back the others.
+   one delta per partition, the partitions of a collection together (``CountStore.apply_many``: one
+   script call per partition, all sent at once), a compare-and-set per partition: a delta is
+   counted only when the stored offset equals its ``base``, and the offset set to ``last``,
+   atomically. A delta whose range is already counted is skipped (REPLAYED); any other mismatch is
+   a CONFLICT (someone else moved the partition's offset: a new owner, or this worker while
+   frozen): nothing changes, the partition's pending delta is dropped and it is re-sought to
+   ``stored + 1`` (returned by the script). So the counted ranges of a partition form a gap-free,
+   overlap-free chain whoever applies them, even when a worker frozen past the session timeout (not
+   killed: its revocation callback never ran) wakes up and sends a stale delta after the new owner
+   read the offset. The partitions of one flush are decided each on its own (not all-or-nothing): a
+   conflict on one does not hold back the others.
 4. On revocation, pending (unapplied) deltas of the revoked partitions are dropped, not applied:
    whoever gets the partition re-reads the offset from Redis and re-consumes them; the callback
    returns only after an in-flight apply touching those partitions has finished (not needed for

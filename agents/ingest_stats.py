@@ -22,7 +22,7 @@ class IngestStats:
     assigned_at: float | None = None
     last_apply_at: float | None = None
     #: seconds spent (polls that returned data): waiting in getmany, decoding + validating +
-    #: counting (count: the counting part), waiting for the previous flush; and applying (one
-    #: script call per collection and flush, in the background flush task)
+    #: counting (count: the counting part), waiting for the previous flush; and applying (per
+    #: collection and flush, in the background flush task)
     timings: dict[str, float] = dataclasses.field(default_factory=lambda: {
         "poll": 0.0, "decode": 0.0, "flush_wait": 0.0, "count": 0.0, "apply": 0.0})

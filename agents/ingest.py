@@ -175,7 +175,7 @@ class IngestService(Service):
 
         boot = self.ctx.kafka_bootstrap
         if self.create_topics_on_start:
-            from ..services import create_topics
+            from ldpstream.kafka_admin import create_topics
             topics = {c.topic: int(c.partitions) for c in self.collections.values()}
             topics.update({DLQ_TOPIC: 1, CONFIG_TOPIC: 1})
             await create_topics(boot, topics, compacted={CONFIG_TOPIC})

@@ -47,7 +47,7 @@ async def _versions_rate(bootstrap: str, store: Any, cfg_path: Path, config: Any
                          total: int, work: Path, say) -> dict[str, Any]:
     from ..agents.controller import origin_of, store_state
     from ..producers.fleet import run_fleet
-    from ..services import free_port
+    from ldpstream.dev.process import free_port
 
     one, two = config.collections["one"], config.collections["two"]
     v0 = two.mechanism()
@@ -121,7 +121,10 @@ async def run(quick: bool = False, progress=None) -> dict[str, Any]:
     from ..agents.app import make_store
     from ..config import load_config
     from ..producers.signing import ENV_SIGNING_KEY, SigningKey
-    from ..services import EmbeddedBroker, EmbeddedRedis, create_topics, free_port
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.dev.process import free_port
+    from ldpstream.dev.redis import EmbeddedRedis
+    from ldpstream.kafka_admin import create_topics
 
     say = progress or (lambda msg: None)
     total = 40_000 if quick else 400_000

@@ -91,7 +91,9 @@ async def run(quick: bool = False) -> dict[str, Any]:
     from ..estimators.rr_ind import RRIndependent
     from ..producers.publisher import Publisher
     from ..producers.signing import ENV_PUBLIC_KEY, SigningKey
-    from ..services import EmbeddedBroker, create_topics, free_port
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.dev.process import free_port
+    from ldpstream.kafka_admin import create_topics
 
     requests = 300 if quick else 3000
     broker = None

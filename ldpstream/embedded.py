@@ -1,7 +1,7 @@
 """``ldpstream up``: the whole stack on one machine, no Docker.
 
 With no ``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL`` in the environment it starts the embedded
-Kafka-protocol broker (Tansu) and a Redis server as child processes (ldpstream/services.py),
+Kafka-protocol broker (Tansu) and a Redis server as child processes (ldpstream/dev/),
 creates the topics, starts a worker (``ldpstream worker`` as a child process, consumer-group
 session timeout of a few seconds because Tansu answers a group join after half of it) and one
 simulated fleet per collection (in this process; each samples ``--data`` or its collection's
@@ -211,10 +211,13 @@ def main(args: Any) -> int:
     from .config import load_config
     from .producers.signing import (ENV_SIGNING_KEY, ENV_SIGNING_KEY_FILE, SigningKey,
                                     load_signing_key)
-    from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics
     from .privacy import epsilon_fields
     from .producers.fleet import check_source, default_data
-    from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics, port_free
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.dev.process import port_free
+    from ldpstream.dev.redis import EmbeddedRedis
+    from ldpstream.errors import ServiceError
+    from ldpstream.kafka_admin import create_topics
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

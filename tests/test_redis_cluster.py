@@ -12,7 +12,7 @@ from ldpstream.agents.redis_client import (TRANSIENT_ERRORS, RedisUrlError, clus
                                            display_url, health, is_cluster_url, parse_nodes,
                                            redis_url_from_env)
 from ldpstream.config import ConfigError, parse_config
-from ldpstream.services import CLUSTER_SLOTS, EmbeddedRedisCluster
+from ldpstream.dev.redis_cluster import CLUSTER_SLOTS, EmbeddedRedisCluster
 
 pytestmark = pytest.mark.pipeline
 

@@ -8,8 +8,12 @@ import time
 
 import pytest
 
-from ldpstream.services import (EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics,
-                                find_redis_server, find_tansu, free_port, kafka_metadata_ok)
+from ldpstream.dev.broker import EmbeddedBroker
+from ldpstream.dev.process import find_redis_server, find_tansu, free_port
+from ldpstream.dev.redis import EmbeddedRedis
+from ldpstream.errors import ServiceError
+from ldpstream.kafka_admin import blocking, broker_ok, create_topics
+from ldpstream.producers.kafka_security import KafkaSecurity
 
 pytestmark = pytest.mark.pipeline
 
@@ -105,7 +109,8 @@ def test_broker_produce_consume_group_commit():
     broker = EmbeddedBroker()
     bootstrap = broker.start()
     pid, port = broker.pid, broker.port
-    assert kafka_metadata_ok("127.0.0.1", port)
+    ok, detail = blocking(lambda: broker_ok(bootstrap, KafkaSecurity()))
+    assert ok, detail
     try:
         created = broker.create_topics({"ldp.reports.t": 3, "ldp.config": 1}, compacted={"ldp.config"})
         assert sorted(created) == ["ldp.config", "ldp.reports.t"]

@@ -78,7 +78,7 @@ def test_device_refuses_forged_replayed_and_over_ceiling_states(kafka_broker, un
     over-ceiling states arrive; the device keeps v3, then adopts the signed v4."""
     from aiokafka import AIOKafkaProducer
 
-    from ldpstream.services import create_topics
+    from ldpstream.kafka_admin import create_topics
 
     topic = f"cfg-{unique_name}"
     coll, mech = _mechanism(epsilon=1.0, version=3)
@@ -141,7 +141,7 @@ def test_device_refuses_forged_replayed_and_over_ceiling_states(kafka_broker, un
 def test_device_without_pinned_key_adopts_nothing(kafka_broker, unique_name):
     from aiokafka import AIOKafkaProducer
 
-    from ldpstream.services import create_topics
+    from ldpstream.kafka_admin import create_topics
 
     topic = f"cfg-{unique_name}"
     _, mech = _mechanism()

@@ -16,7 +16,7 @@ from ldpstream.agents.store import CountStore, PartitionDelta, SideCounter, expa
 from ldpstream.agents.windows import COARSE_FACTOR, BucketPolicy, cover, parse_window
 from ldpstream.estimators.mechanism import TensorSpec
 from ldpstream.agents.redis_client import connect
-from ldpstream.services import EmbeddedRedis
+from ldpstream.dev.redis import EmbeddedRedis
 
 from store_helpers import P, cells, read, read_all
 

@@ -70,8 +70,11 @@ def _running(kind: str):
     fails the test with the bootstrap hint (never a skip)."""
     from ldpstream.dev.broker import EmbeddedBroker
     from ldpstream.dev.redis import EmbeddedRedis
+    from ldpstream.dev.redis_cluster import EmbeddedRedisCluster
     from ldpstream.errors import ServiceError
-    server = {"EmbeddedRedis": EmbeddedRedis, "EmbeddedBroker": EmbeddedBroker}[kind]()
+    kinds = {"EmbeddedRedis": EmbeddedRedis, "EmbeddedBroker": EmbeddedBroker,
+             "EmbeddedRedisCluster": EmbeddedRedisCluster}
+    server = kinds[kind]()
     try:
         server.start()
     except ServiceError as exc:

@@ -10,7 +10,7 @@ import tempfile
 import time
 from typing import Any
 
-from ldpstream.dev.process import LOOPBACK
+from ldpstream.dev.process import LOOPBACK, find_redis_server
 from ldpstream.dev.redis import EmbeddedRedis
 from ldpstream.errors import ServiceError
 
@@ -133,7 +133,7 @@ class EmbeddedRedisCluster:
     @property
     def url(self) -> str:
         """``redis+cluster://127.0.0.1:PORT,...`` (the ``REDIS_URL`` value)."""
-        from .agents.redis_client import cluster_url
+        from ldpstream.agents.redis_client import cluster_url
         return cluster_url(self.seeds)
 
     # --- lifecycle --------------------------------------------------------------------------

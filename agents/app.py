@@ -27,12 +27,11 @@ from ..producers import bounded_fetch
 from ..producers.kafka_security import KafkaSecurityError, kafka_security
 from ..producers.signing import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, load_signing_key
 from .context import Context
+from ldpstream.names import DEFAULT_BIND, DEFAULT_WEB_PORT
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SESSION_TIMEOUT_S = 30.0
-#: the HTTP API listens on loopback unless LDP_WEB_BIND says otherwise (compose sets 0.0.0.0)
-DEFAULT_WEB_BIND = "127.0.0.1"
 
 
 def max_decompressed_bytes(max_message_bytes: int) -> int:
@@ -65,7 +64,7 @@ def make_store(redis_url: str) -> Any:
     return CountStore(connect(redis_url))
 
 
-def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int = 6066, *,
+def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int = DEFAULT_WEB_PORT, *,
                web_bind: str | None = None, session_timeout_s: float | None = None,
                app_id: str | None = None, install_web: bool = True,
                install_refresh: bool = True, ingest: bool = True,
@@ -83,7 +82,7 @@ def create_app(config: Any, kafka_bootstrap: str, redis_url: str, web_port: int 
     app_id = app_id or os.environ.get("LDP_APP_ID", "ldpstream")
     if session_timeout_s is None:
         session_timeout_s = float(os.environ.get("LDP_SESSION_TIMEOUT_S", DEFAULT_SESSION_TIMEOUT_S))
-    web_bind = web_bind or os.environ.get("LDP_WEB_BIND", DEFAULT_WEB_BIND)
+    web_bind = web_bind or os.environ.get("LDP_WEB_BIND", DEFAULT_BIND)
     datadir = tempfile.mkdtemp(prefix="ldpstream-faust-")
     try:
         security = kafka_security()
@@ -202,7 +201,7 @@ def main(args) -> int:
     from .redis_client import display_url
 
     _PromptWorker = _prompt_worker_class()
-    app, ctx = create_app(config, bootstrap, redis_url, int(getattr(args, "web_port", 6066)))
+    app, ctx = create_app(config, bootstrap, redis_url, int(getattr(args, "web_port", DEFAULT_WEB_PORT)))
     loglevel = os.environ.get("LDP_LOG_LEVEL", "WARN").upper()
     if loglevel == "WARNING":
         loglevel = "WARN"

@@ -56,7 +56,8 @@ import numpy as np
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from mode import Service
 
-from ..producers.codec import (DLQ_TOPIC, DecodeError, ReportBatch, decode_batch, decode_uniform,
+from ldpstream.names import CONFIG_TOPIC, DLQ_TOPIC
+from ..producers.codec import (DecodeError, ReportBatch, decode_batch, decode_uniform,
                                dlq_record, encode_batch, explain_batch)
 from ..estimators.mechanism import Mechanism
 from ..producers.device import ConfigWatcher
@@ -69,7 +70,6 @@ from .store import ApplyStatus, PartitionDelta, SideCounter
 
 log = logging.getLogger(__name__)
 
-CONFIG_TOPIC = "ldp.config"
 REDIS_ERRORS = TRANSIENT_ERRORS  # retried with consumption paused (incl. a cluster failover)
 OFFSET_AUDIT_S = 5.0             # how often idle partitions' stored offsets are checked
 
@@ -175,10 +175,8 @@ class IngestService(Service):
 
         boot = self.ctx.kafka_bootstrap
         if self.create_topics_on_start:
-            from ldpstream.kafka_admin import create_topics
-            topics = {c.topic: int(c.partitions) for c in self.collections.values()}
-            topics.update({DLQ_TOPIC: 1, CONFIG_TOPIC: 1})
-            await create_topics(boot, topics, compacted={CONFIG_TOPIC})
+            from ldpstream.kafka_admin import create_ldp_topics
+            await create_ldp_topics(boot, self.collections.values())
         security = self.ctx.kafka_security.client_kwargs()
         self.producer = AIOKafkaProducer(bootstrap_servers=boot, acks="all", linger_ms=5,
                                          max_request_size=max(1_048_576, 2 * 65_536 + 4096),

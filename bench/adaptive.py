@@ -124,7 +124,7 @@ async def run(quick: bool = False, progress=None) -> dict[str, Any]:
     from ldpstream.dev.broker import EmbeddedBroker
     from ldpstream.dev.process import free_port
     from ldpstream.dev.redis import EmbeddedRedis
-    from ldpstream.kafka_admin import create_topics
+    from ldpstream.kafka_admin import create_ldp_topics
 
     say = progress or (lambda msg: None)
     total = 40_000 if quick else 400_000
@@ -145,9 +145,7 @@ async def run(quick: bool = False, progress=None) -> dict[str, Any]:
     result: dict[str, Any] = {}
     try:
         bootstrap, redis_url = broker.start(), redis.start()
-        await create_topics(bootstrap, {c.topic: int(c.partitions)
-                                        for c in config.collections.values()}
-                            | {"ldp.dlq": 1, "ldp.config": 1}, compacted={"ldp.config"})
+        await create_ldp_topics(bootstrap, config.collections.values())
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
                    LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1",
                    **{ENV_SIGNING_KEY: key.to_text()})

@@ -317,7 +317,7 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
     from ldpstream.dev.broker import EmbeddedBroker
     from ldpstream.dev.process import free_port
     from ldpstream.dev.redis import EmbeddedRedis
-    from ldpstream.kafka_admin import create_topics
+    from ldpstream.kafka_admin import create_ldp_topics
 
     say = progress or (lambda msg: None)
     # --quick is a smoke run (tests): small sizes and a 1 s refresh interval, so the freshness
@@ -336,8 +336,7 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
     worker = None
     try:
         bootstrap, redis_url = broker.start(), redis.start()
-        await create_topics(bootstrap, {c.topic: int(c.partitions) for c in (batched, single)}
-                            | {"ldp.dlq": 1, "ldp.config": 1}, compacted={"ldp.config"})
+        await create_ldp_topics(bootstrap, (batched, single))
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
                    LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1")
         store = make_store(redis_url)

@@ -25,6 +25,8 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
+from ldpstream.names import DEFAULT_BIND
+
 if TYPE_CHECKING:  # pragma: no cover
     from .producers.signing import VerifyKey
 
@@ -217,7 +219,7 @@ def main(args: Any) -> int:
     from ldpstream.dev.process import port_free
     from ldpstream.dev.redis import EmbeddedRedis
     from ldpstream.errors import ServiceError
-    from ldpstream.kafka_admin import create_topics
+    from ldpstream.kafka_admin import create_ldp_topics
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -233,7 +235,7 @@ def main(args: Any) -> int:
         for coll in config.collections.values():
             data[coll.id] = args.data or default_data(coll)
             check_source("--data", data[coll.id], coll)
-    web_bind = os.environ.get("LDP_WEB_BIND", "127.0.0.1")
+    web_bind = os.environ.get("LDP_WEB_BIND", DEFAULT_BIND)
     web_port = int(args.web_port)
     if not port_free(web_bind, web_port):
         raise CliError(f"--web-port {web_port}: already in use on {web_bind} (another "
@@ -256,9 +258,7 @@ def main(args: Any) -> int:
             raise CliError(str(exc)) from None
         if broker is not None and redis is None:
             asyncio.run(_warn_stale_offsets(config, redis_url))
-        topics = {c.topic: int(c.partitions) for c in config.collections.values()}
-        topics.update({"ldp.dlq": 1, "ldp.config": 1})
-        asyncio.run(create_topics(bootstrap, topics, compacted={"ldp.config"}))
+        asyncio.run(create_ldp_topics(bootstrap, config.collections.values()))
         try:
             key = load_signing_key()
         except ValueError as exc:

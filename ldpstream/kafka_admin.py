@@ -7,16 +7,17 @@ import asyncio
 import os
 import threading
 import time
-from typing import Awaitable, Callable, Collection, Mapping, TypeVar
+from typing import Awaitable, Callable, Collection, Iterable, Mapping, Protocol, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 
 from ldpstream.errors import ServiceError
+from ldpstream.names import COMPACTED_TOPICS, SERVICE_TOPICS
 from ldpstream.producers.kafka_security import KafkaSecurity, kafka_security
 
-__all__ = ["TOPIC_REPLICATION_ENV", "create_topics", "broker_ok", "blocking"]
+__all__ = ["TOPIC_REPLICATION_ENV", "create_topics", "create_ldp_topics", "broker_ok", "blocking"]
 
 T = TypeVar("T")
 
@@ -108,3 +109,18 @@ async def create_topics(bootstrap: str, topics: Mapping[str, int],
         return created
     finally:
         await admin.close()
+
+
+class _HasTopic(Protocol):
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partitions(self) -> int: ...
+
+
+async def create_ldp_topics(bootstrap: str, collections: Iterable[_HasTopic]) -> list[str]:
+    """Create every topic ldpstream uses: each collection's reports topic with its partitions,
+    ``ldp.dlq`` and the compacted ``ldp.config`` (docs/pipeline.md, "Topics")."""
+    topics = {c.topic: int(c.partitions) for c in collections} | SERVICE_TOPICS
+    return await create_topics(bootstrap, topics, compacted=COMPACTED_TOPICS)

@@ -45,7 +45,9 @@ from .bounded_fetch import GUARD_MARKER
 if TYPE_CHECKING:  # pragma: no cover
     from ..estimators.mechanism import Mechanism
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_MESSAGE_BYTES", "DLQ_TOPIC", "DECODE_REASONS",
+from ldpstream.names import MAX_MESSAGE_BYTES
+
+__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_MESSAGE_BYTES", "DECODE_REASONS",
            "CHECK_REASONS", "DecodeError", "ReportBatch", "encode_batch", "decode_batch",
            "decode_uniform", "check_batch", "explain_batch", "batch_to_json", "batch_from_json", "dlq_record"]
 
@@ -54,8 +56,6 @@ FORMAT_VERSION = 1
 FLAG_DEVICE_IDS = 0x01
 FLAG_BATCH_KEY = 0x02
 _KNOWN_FLAGS = FLAG_DEVICE_IDS | FLAG_BATCH_KEY
-MAX_MESSAGE_BYTES = 1_048_576
-DLQ_TOPIC = "ldp.dlq"
 DLQ_PAYLOAD_LIMIT = 64 * 1024
 DECODE_REASONS = frozenset({"oversized", "bad_magic", "truncated", "malformed",
                             "decompression_bomb", "legacy_compressed"})

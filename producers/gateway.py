@@ -60,7 +60,8 @@ from ..errors import CliError
 from ..estimators.mechanism import Mechanism
 from .codec import (MAX_MESSAGE_BYTES, DecodeError, ReportBatch, batch_from_json, decode_batch,
                     encode_batch, explain_batch)
-from .device import ConfigWatcher, report_topic
+from .device import ConfigWatcher
+from ldpstream.names import reports_topic
 from .publisher import Publisher, PublishError
 from .signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, load_verify_key
 from .sdk import device_key
@@ -293,7 +294,7 @@ class IngestGateway:
         ends = np.r_[starts[1:], len(ids)]
         per_row = 8 + batch.width * batch.reports.dtype.itemsize
         rows = max(1, (self.max_message_bytes - _HEADER_ROOM) // per_row)
-        topic = report_topic(batch.collection)
+        topic = reports_topic(batch.collection)
         futures = []
         try:
             for s, e in zip(starts, ends):

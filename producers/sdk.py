@@ -30,7 +30,8 @@ from ..estimators import channels as ch
 from ..estimators.mechanism import Mechanism
 from ..estimators.rr_ind import RRIndependent
 from .codec import ReportBatch, decode_batch, encode_batch
-from .device import ConfigWatcher, report_topic
+from .device import ConfigWatcher
+from ldpstream.names import reports_topic
 from .ledger import Ledger, channel_fingerprint
 from .publisher import Publisher
 
@@ -76,7 +77,7 @@ class KafkaTransport:
         self.publisher = publisher
 
     async def send(self, collection: str, batch: bytes, device_id: int) -> None:
-        await self.publisher.send(report_topic(collection), batch, key=device_key(device_id))
+        await self.publisher.send(reports_topic(collection), batch, key=device_key(device_id))
 
     async def flush(self) -> None:
         await self.publisher.flush()

@@ -168,6 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_WEB_PORT}",
                    help=f"base URL of a worker's API (default http://127.0.0.1:{DEFAULT_WEB_PORT})")
     p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+
+    p = sub.add_parser("config-reference",
+                       help="print the config field reference generated from the config models")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--write", default=None, metavar="PAGE",
+                   help="replace the generated part of PAGE (docs/configuration.md)")
+    g.add_argument("--check", default=None, metavar="PAGE",
+                   help="exit 1 when the generated part of PAGE differs from the models")
     return parser
 
 
@@ -191,6 +199,7 @@ _COMMANDS = {
     "estimates": "ldpstream.query",
     "keygen": "ldpstream.producers.signing",
     "gateway": "ldpstream.producers.gateway",
+    "config-reference": "ldpstream.config_docs",
 }
 
 

@@ -57,15 +57,15 @@ class _Strict(BaseModel):
 
 
 class IngestConfig(_Strict):
-    """How the worker batches its writes to Redis (docs/pipeline.md, "Batching")."""
+    """How the worker batches its writes to Redis (docs/pipeline.md, "How a message is counted")."""
 
     batch_reports: int = Field(DEFAULT_BATCH_REPORTS, ge=1,
                                description="apply a delta to Redis every this many reports ...")
     batch_seconds: float = Field(DEFAULT_BATCH_SECONDS, gt=0.0,
                                  description="... or every this many seconds, whichever is first")
     max_message_bytes: int = Field(MAX_MESSAGE_BYTES, ge=1024,
-                                   description="largest Kafka message (one report batch) accepted; "
-                                               "a larger one goes to ldp.dlq")
+                                   description="largest Kafka message (one report batch) "
+                                               "accepted; a larger one goes to `ldp.dlq`")
 
 
 class CsvSchema(_Strict):
@@ -118,8 +118,8 @@ class DeviceQuota(_Strict):
 class Collection(_Strict):
     """One collection: schema, mechanism and its parameters, marginals to keep, refresh policy."""
 
-    id: str = Field(description="[A-Za-z0-9][A-Za-z0-9_.-]*, at most 64 characters; the reports "
-                                "topic is ldp.reports.<id>")
+    id: str = Field(description="`[A-Za-z0-9][A-Za-z0-9_.-]*`, at most 64 characters; the "
+                                "reports topic is `ldp.reports.<id>`")
     schema_: Schema = Field(alias="schema", description="the attributes and their categories")
     mechanism_name: str = Field(DEFAULT_MECHANISM, alias="mechanism",
                                 description="a registered mechanism family "
@@ -133,8 +133,10 @@ class Collection(_Strict):
         "attribute", description="attribute: each attribute's channel has epsilon; record: "
                                  "epsilon is split evenly over the attributes")
     partitions: int = Field(DEFAULT_PARTITIONS, ge=1, le=10_000,
-                            description="partitions of the reports topic: the most workers that "
-                                        "share the collection")
+                            description="Kafka partitions of the reports topic, the unit of "
+                                        "parallelism: at most this many workers share the "
+                                        "collection (the default 1 means one worker; set it to "
+                                        "scale out, docs/scaling.md)")
     marginals: Annotated[list[tuple[str, ...]], SkipValidation] = Field(
         description="the marginals to estimate: a list of attribute lists, or "
                     "{all_ways_up_to: W} for every marginal of 2..W attributes",
@@ -159,12 +161,14 @@ class Collection(_Strict):
     drift_min_effect: float = Field(0.0, ge=0.0, le=1.0,
                                     description="a total variation distance below this is never a "
                                                 "drift alarm")
-    expect_traffic: bool = Field(True, description="false: no reports is not an error (/healthz)")
+    expect_traffic: bool = Field(True, description="false: no IngestStalled alert for this "
+                                                   "collection (docs/dashboards.md)")
     version: int = Field(0, ge=0, le=2**32 - 1,
                          description="mechanism version devices stamp on their reports")
     device_quota: DeviceQuota | None = Field(
-        None, description="count at most this many reports per device id per window; needs "
-                          "device ids (docs/security.md)")
+        None, description="count at most `reports` reports per device id per `window_s`; the "
+                          "excess goes to `ldp.dlq` as `over_quota`; needs device ids "
+                          "(docs/security.md)")
 
     # --- semantic checks (each runs when the fields it needs passed their type check) ---------
 

@@ -1,5 +1,5 @@
-"""Runtime Kafka administration through aiokafka: create the topics (docs/pipeline.md, "Topics")
-and probe a broker for ``/healthz`` (docs/api.md). One path for plaintext, TLS and SASL: every
+"""Runtime Kafka administration through aiokafka: create the topics (docs/pipeline.md, "What runs")
+and probe a broker for ``/healthz`` (docs/api.md, "Endpoints"). One path for plaintext, TLS and SASL: every
 client takes :func:`~ldpstream.producers.kafka_security.kafka_security` (docs/security.md)."""
 from __future__ import annotations
 
@@ -121,6 +121,6 @@ class _HasTopic(Protocol):
 
 async def create_ldp_topics(bootstrap: str, collections: Iterable[_HasTopic]) -> list[str]:
     """Create every topic ldpstream uses: each collection's reports topic with its partitions,
-    ``ldp.dlq`` and the compacted ``ldp.config`` (docs/pipeline.md, "Topics")."""
+    ``ldp.dlq`` and the compacted ``ldp.config`` (docs/pipeline.md, "What runs")."""
     topics = {c.topic: int(c.partitions) for c in collections} | SERVICE_TOPICS
     return await create_topics(bootstrap, topics, compacted=COMPACTED_TOPICS)

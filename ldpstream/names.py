@@ -1,5 +1,5 @@
 """The one place for ldpstream's names and defaults: Kafka topics, environment variables, default
-ports and intervals (docs/pipeline.md, "Topics"; docs/configuration.md). Redis keys have their own
+ports and intervals (docs/pipeline.md, "What runs"; docs/configuration.md). Redis keys have their own
 single module, agents/keys.py. Every other module imports these; none repeats a literal."""
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ __all__ = [
     "DEFAULT_BATCH_SECONDS", "MAX_MESSAGE_BYTES",
 ]
 
-# --- Kafka topics (docs/pipeline.md, "Topics") ---------------------------------------------------
+# --- Kafka topics (docs/pipeline.md, "What runs") ---------------------------------------------------
 
 #: a collection's reports: ``ldp.reports.<collection id>``, ``partitions`` partitions
 REPORTS_TOPIC_PREFIX = "ldp.reports."
-#: malformed or refused records, each with a reason (docs/pipeline.md, "Dead letters")
+#: malformed or refused records, each with a reason (docs/security.md, "The dead-letter topic is at-least-once")
 DLQ_TOPIC = "ldp.dlq"
 #: signed mechanism states, compacted, keyed by collection id (docs/security.md)
 CONFIG_TOPIC = "ldp.config"
@@ -32,7 +32,7 @@ def reports_topic(collection_id: str) -> str:
     return REPORTS_TOPIC_PREFIX + collection_id
 
 
-# --- environment (docs/configuration.md, "Environment") ------------------------------------------
+# --- environment (docs/configuration.md) ------------------------------------------
 
 ENV_API_TOKEN = "LDP_API_TOKEN"
 ENV_KAFKA_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"

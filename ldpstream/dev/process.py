@@ -1,5 +1,5 @@
 """Child processes of the embedded dev stack: free loopback ports, the binaries, and a base
-class that runs one child in its own process group (docs/deployment.md, "Without Docker").
+class that runs one child in its own process group (docs/configuration.md, "Embedded services").
 
 Each child runs in its own session/process group; :meth:`_Child.stop` sends SIGTERM to the group,
 then SIGKILL after a grace period, and waits for it. Children still running at interpreter exit

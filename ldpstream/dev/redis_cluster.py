@@ -1,5 +1,5 @@
 """A Redis Cluster formed by hand from :class:`~ldpstream.dev.redis.EmbeddedRedis` children, for
-the tests and benchmarks of docs/scaling.md ("Redis Cluster")."""
+the tests and benchmarks of docs/scaling.md ("Running on a Redis Cluster")."""
 from __future__ import annotations
 
 import dataclasses

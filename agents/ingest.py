@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import time
 from collections import defaultdict

@@ -208,7 +208,8 @@ def install(app: Any, ctx: Any) -> None:
             if coll is None:
                 return unknown(self, collection)
             for name in ("attrs", "method"):
-                given = request.query.getall(name, [])
+                # faust types the query as a Mapping; at run time it is aiohttp's MultiDict
+                given = request.query.getall(name, [])  # type: ignore[attr-defined]
                 if len(given) > 1:
                     return self.error(400, f"{name}: given {len(given)} times ({given}); "
                                            f"give it once")

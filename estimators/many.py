@@ -14,7 +14,8 @@ estimator), computed the fast way where one exists:
 
 Everything else (other families, other estimators) goes through ``Mechanism.estimate_versions``
 one estimate at a time. Counts are :data:`~.mechanism.VersionedCounts`; the batched path reads
-the family's ``combined_counts`` (the accepted versions summed), as ``estimate_versions`` does. A failing estimate never stops the others: its reason is in
+the family's ``combined_counts`` (the accepted versions summed), as ``estimate_versions`` does. A
+failing estimate never stops the others: its reason is in
 ``failures``. :func:`drift_many` does the same for the drift tests (:mod:`.drift`), batching the
 bootstrap of the pooled null variances.
 """
@@ -172,7 +173,7 @@ def estimate_many(mech: Mechanism, counts_by_window: Mapping[str, VersionedCount
     for (method, _shape), items in groups.items():
         keys = [k for k, _, _ in items]
         try:
-            ests = _batched_estimates(mech, method, [k[1] for k in keys],  # type: ignore[arg-type]
+            ests = _batched_estimates(mech, method, [k[1] for k in keys],  # type: ignore[arg-type]  # (window, attrs) keys
                                       np.stack([t for _, _, t in items]))
         except Exception:  # noqa: BLE001 - find the culprit one estimate at a time
             singles.extend(keys)
@@ -235,7 +236,7 @@ def drift_many(mech: Mechanism,
             except Exception as exc:  # noqa: BLE001 - reported per key
                 failures[key] = _reason(exc)
                 continue
-            channels = _digest(*mech.channels_of(attrs))  # type: ignore[attr-defined]
+            channels = _digest(*mech.channels_of(attrs))  # type: ignore[attr-defined]  # RRIndependent (checked)
             tables[wa] = (channels, pooled[marginal_key(attrs)], n_cur, n_prev, [])
             groups.setdefault(channels, []).append(wa)
         channels, table, n_cur, n_prev, methods = tables[wa]
@@ -254,7 +255,7 @@ def drift_many(mech: Mechanism,
             rngs = [replicate_rng(seed, wa[1], "null", tables[wa][1]) for wa in part]
             try:
                 var = table_variances(np.stack([tables[wa][1] for wa in part]),
-                                      mech.channels_of(part[0][1]),  # type: ignore[attr-defined]
+                                      mech.channels_of(part[0][1]),  # type: ignore[attr-defined]  # RRIndependent (checked)
                                       methods, rngs, replicates=replicates, n=mids)
             except Exception:  # noqa: BLE001 - find the culprit one key at a time
                 singles.extend((wa[0], wa[1], m) for wa in part for m in methods)

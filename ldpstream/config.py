@@ -92,8 +92,8 @@ class Schema(_Strict):
         if (self.attributes is None) == (self.csv is None):
             raise PydanticCustomError("schema_kind", "give exactly one of 'attributes' or 'csv'")
         base_dir = Path((info.context or {}).get("base_dir", "."))
-        self._domain, self._source = domain_of(self.attributes, self.csv and (
-            self.csv.path, self.csv.columns), base_dir)
+        csv = None if self.csv is None else (self.csv.path, self.csv.columns)
+        self._domain, self._source = domain_of(self.attributes, csv, base_dir)
         return self
 
     @property
@@ -152,7 +152,7 @@ class Collection(_Strict):
     bucket_s: float = Field(DEFAULT_BUCKET_S, ge=1.0, le=86_400.0,
                             description="width of a time bucket (Kafka record timestamp), seconds")
     windows: Annotated[tuple[Window, ...], SkipValidation] = Field(
-        DEFAULT_WINDOWS, validate_default=True,  # type: ignore[arg-type]  # parsed below
+        DEFAULT_WINDOWS, validate_default=True,  # the names; _windows parses them
         description="time windows estimated at every refresh: durations (30s, 5m, 1h, 7d), each "
                     "a whole number of buckets, or all; the first is the API's default",
         json_schema_extra={"file_type": "list of durations"})

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Collection, Mapping
+from typing import Callable, Collection, Mapping
 
 import numpy as np
 

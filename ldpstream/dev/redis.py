@@ -58,7 +58,7 @@ class EmbeddedRedis(_Child):
                 "--loglevel", "notice", *self.extra_args]
 
     def _ready(self) -> bool:
-        return _redis_ping(int(self.port))  # type: ignore[arg-type]
+        return self.port is not None and _redis_ping(self.port)
 
     def start(self) -> str:
         """Start (if not running) and wait for PING; returns ``redis://127.0.0.1:PORT/0``."""

@@ -208,7 +208,7 @@ class EmbeddedRedisCluster:
         clients = self._admins
         key = (node.port, node.pid)
         if key not in clients:
-            clients[key] = redis.Redis(host=LOOPBACK, port=node.port, socket_timeout=5.0,
+            clients[key] = redis.Redis(host=LOOPBACK, port=int(node.port or 0), socket_timeout=5.0,
                                        socket_connect_timeout=2.0)
         return clients[key]
 

@@ -224,8 +224,9 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
         first = first or mech0
         keep = any(mech0.check_marginal(s, e) is not None for e in plan.estimators
                    for s in marginals)
-        acc = {(e, w): {"metrics": [], "seconds": [], "iterations": [], "converged": []}
-               for e in names for w in plan.ways}
+        acc: dict[tuple[str, int], dict[str, list[Any]]] = {
+            (e, w): {"metrics": [], "seconds": [], "iterations": [], "converged": []}
+            for e in names for w in plan.ways}
         reports, versions = [], []
         for r in range(plan.runs):
             run = drive(mech0, recs, np.random.default_rng([plan.seed, r]), marginals, keep)
@@ -233,7 +234,7 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
             reports.append(run.randomized)
             versions.append(len(run.versions))
             for w in plan.ways:
-                per = {e: {"metrics": [], "seconds": 0.0} for e in names}
+                per: dict[str, dict[str, Any]] = {e: {"metrics": [], "seconds": 0.0} for e in names}
                 for s in subsets[w]:
                     for e in plan.estimators:
                         t0 = time.perf_counter()

@@ -55,10 +55,10 @@ def _broker_urls(bootstrap: str) -> list[str]:
 
 def make_store(redis_url: str) -> Any:
     """A :class:`~.store.CountStore` on the ``redis.asyncio`` client of ``redis_url``: one server,
-    or a Redis Cluster for ``redis+cluster://host:port,...`` (agents/redis_client.py), with short
+    or a Redis Cluster for ``redis+cluster://host:port,...`` (ldpstream/redis_client.py), with short
     socket timeouts (a dead Redis must surface as an error the ingest service retries, not as a
     hang)."""
-    from .redis_client import connect
+    from ldpstream.redis_client import connect
     from .store import CountStore
 
     return CountStore(connect(redis_url))
@@ -198,7 +198,7 @@ def main(args) -> int:
     if not redis_url:
         raise CliError("REDIS_URL (or REDIS_CLUSTER_NODES) is not set (`ldpstream up` starts an "
                        "embedded Redis)")
-    from .redis_client import display_url
+    from ldpstream.redis_client import display_url
 
     _PromptWorker = _prompt_worker_class()
     app, ctx = create_app(config, bootstrap, redis_url, int(getattr(args, "web_port", DEFAULT_WEB_PORT)))

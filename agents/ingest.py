@@ -62,7 +62,7 @@ from ..estimators.mechanism import Mechanism
 from ..producers.device import ConfigWatcher
 from . import metrics
 from .layout import Layout
-from .redis_client import TRANSIENT_ERRORS
+from ldpstream.redis_client import TRANSIENT_ERRORS
 from .log_identity import KINDS as LOG_KINDS, LogMark, judge, mark_of
 from .quota import side_name, split_by_quota, window_of
 from .store import ApplyStatus, PartitionDelta, SideCounter
@@ -770,7 +770,7 @@ class IngestService(Service):
 
     def _buckets(self, cid: str, msgs: list, sizes: np.ndarray) -> np.ndarray:
         """Fine bucket of every report (message i holds ``sizes[i]`` of them) from its message's
-        Kafka record timestamp (agents/windows.py); -1: all-time only (no finite window, or late).
+        Kafka record timestamp (ldpstream/windows.py); -1: all-time only (no finite window, or late).
         One element when every report falls in the same bucket. Reports whose timestamp was
         moved are counted per reason."""
         now = time.time()

@@ -33,7 +33,7 @@ from ..privacy import epsilon_fields
 from . import metrics, refresh
 from ldpstream.kafka_admin import broker_ok
 from .ingest import REDIS_ERRORS
-from .redis_client import health as redis_health
+from ldpstream.redis_client import health as redis_health
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 One pydantic model per section (:class:`Collection`, :class:`IngestConfig`, ...) is both the file's
 schema and the object the worker uses: validators turn ``schema`` into a
 :class:`~ldpstream.estimators.domain.Domain`, ``windows`` into
-:class:`~ldpstream.agents.windows.Window` s and ``marginals`` into attribute tuples. The field
+:class:`~ldpstream.windows.Window` s and ``marginals`` into attribute tuples. The field
 reference in docs/configuration.md is generated from these models (``ldpstream config-reference``).
 
 Every error is a :class:`ConfigError` whose message starts with the path of the offending field,
@@ -30,7 +30,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SkipValidation,
                       ValidationError, ValidationInfo, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
-from ldpstream.agents.windows import BucketPolicy, Window
+from ldpstream.windows import BucketPolicy, Window
 from ldpstream.config_errors import ConfigError, format_errors, problems
 from ldpstream.config_semantics import domain_of, marginals_of, windows_of
 from ldpstream.estimators.domain import Domain
@@ -349,7 +349,7 @@ def parse_config(data: Any, *, base_dir: str | os.PathLike[str] = ".",
     """Validate an already-parsed config mapping (relative CSV paths resolve against
     ``base_dir``) and add the environment's endpoints and token. Raises :class:`ConfigError`
     listing every problem (see the module docstring)."""
-    from ldpstream.agents.redis_client import RedisUrlError, redis_url_from_env  # redis-py
+    from ldpstream.redis_client import RedisUrlError, redis_url_from_env  # redis-py
 
     env = os.environ if env is None else env
     if not isinstance(data, Mapping):

@@ -1,5 +1,5 @@
 """The semantic checks of the config's validators (docs/configuration.md): schema → domain,
-marginals → attribute tuples, windows → :class:`~ldpstream.agents.windows.Window` s. Each failure
+marginals → attribute tuples, windows → :class:`~ldpstream.windows.Window` s. Each failure
 is :func:`~ldpstream.config_errors.problems` with the offending item's path suffix."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ldpstream.agents.windows import BucketPolicy, Window, parse_window
+from ldpstream.windows import BucketPolicy, Window, parse_window
 from ldpstream.config_errors import got, problems
 from ldpstream.datasets import ADULT_COLUMNS, DatasetError, adult_path, load_csv
 from ldpstream.estimators.domain import Domain

@@ -31,7 +31,7 @@ import pytest
 
 from ldpstream.agents import keys
 from ldpstream.agents.app import make_store
-from ldpstream.agents.redis_client import TRANSIENT_ERRORS
+from ldpstream.redis_client import TRANSIENT_ERRORS
 from ldpstream.config import load_config
 from ldpstream.producers.fleet import run_fleet
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ldpstream.agents.redis_client import is_cluster_url, parse_nodes
+from ldpstream.redis_client import is_cluster_url, parse_nodes
 
 pytestmark = pytest.mark.core
 

@@ -133,7 +133,7 @@ class EmbeddedRedisCluster:
     @property
     def url(self) -> str:
         """``redis+cluster://127.0.0.1:PORT,...`` (the ``REDIS_URL`` value)."""
-        from ldpstream.agents.redis_client import cluster_url
+        from ldpstream.redis_client import cluster_url
         return cluster_url(self.seeds)
 
     # --- lifecycle --------------------------------------------------------------------------

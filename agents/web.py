@@ -31,7 +31,7 @@ from faust import web
 
 from ..privacy import epsilon_fields
 from . import metrics, refresh
-from ldpstream.kafka_admin import broker_ok
+from ldpstream.kafka_admin import BrokerProbe
 from .ingest import REDIS_ERRORS
 from ldpstream.redis_client import health as redis_health
 
@@ -286,6 +286,9 @@ def install(app: Any, ctx: Any) -> None:
             # aiohttp refuses a charset inside content_type=; send the full header instead
             return self.bytes(body, headers={"Content-Type": content_type})
 
+    broker_probe = BrokerProbe(ctx.kafka_bootstrap or ctx.config.kafka_bootstrap or "",
+                               ctx.kafka_security, HEALTH_TIMEOUT_S)
+
     @app.page("/healthz", name="ldp_healthz")
     class Healthz(web.View):
         async def get(self, request: web.Request) -> web.Response:
@@ -293,10 +296,7 @@ def install(app: Any, ctx: Any) -> None:
             # a cluster: every master answers and cluster_state is ok (a failover shows here)
             checks["redis"] = await redis_health(ctx.store.redis, HEALTH_TIMEOUT_S)
             try:
-                bootstrap = ctx.kafka_bootstrap or ctx.config.kafka_bootstrap or ""
-                ok, detail = await asyncio.wait_for(
-                    broker_ok(bootstrap, ctx.kafka_security, HEALTH_TIMEOUT_S),
-                    2 * HEALTH_TIMEOUT_S + 1)
+                ok, detail = await asyncio.wait_for(broker_probe.check(), 2 * HEALTH_TIMEOUT_S + 1)
                 checks["broker"] = {"ok": ok, "detail": detail}
             except Exception as exc:  # noqa: BLE001
                 checks["broker"] = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}

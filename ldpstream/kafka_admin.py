@@ -4,6 +4,7 @@ client takes :func:`~ldpstream.producers.kafka_security.kafka_security` (docs/se
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 import time
@@ -17,7 +18,8 @@ from ldpstream.errors import ServiceError
 from ldpstream.names import COMPACTED_TOPICS, SERVICE_TOPICS
 from ldpstream.producers.kafka_security import KafkaSecurity, kafka_security
 
-__all__ = ["TOPIC_REPLICATION_ENV", "create_topics", "create_ldp_topics", "broker_ok", "blocking"]
+__all__ = ["TOPIC_REPLICATION_ENV", "create_topics", "create_ldp_topics", "broker_ok", "BrokerProbe",
+           "blocking"]
 
 T = TypeVar("T")
 
@@ -35,6 +37,32 @@ async def broker_ok(bootstrap: str, security: KafkaSecurity,
         return brokers > 0, f"{brokers} broker(s) answered metadata ({security.describe()})"
     finally:
         await client.close()
+
+
+class BrokerProbe:
+    """:func:`broker_ok` for a health endpoint polled often: one probe at a time, its answer (or
+    error) reused for ``max_age_s``, so a tight poll loop does not open a client per request."""
+
+    def __init__(self, bootstrap: str, security: KafkaSecurity, timeout_s: float = 2.0,
+                 max_age_s: float = 1.0) -> None:
+        self.bootstrap, self.security = bootstrap, security
+        self.timeout_s, self.max_age_s = timeout_s, max_age_s
+        self._at = -math.inf
+        self._answer: tuple[bool, str] | BaseException = (False, "not probed yet")
+        self._lock = asyncio.Lock()
+
+    async def check(self) -> tuple[bool, str]:
+        """(ok, detail) of a probe at most ``max_age_s`` old; re-raises the probe's error."""
+        async with self._lock:
+            if time.monotonic() - self._at >= self.max_age_s:
+                try:
+                    self._answer = await broker_ok(self.bootstrap, self.security, self.timeout_s)
+                except Exception as exc:  # noqa: BLE001 - kept, re-raised to every caller
+                    self._answer = exc
+                self._at = time.monotonic()
+        if isinstance(self._answer, BaseException):
+            raise self._answer
+        return self._answer
 
 
 def blocking(make: Callable[[], Awaitable[T]]) -> T:

@@ -160,3 +160,34 @@ def test_broker_produce_consume_group_commit():
         broker.stop()
     assert not _alive(pid)
     assert not _port_open(port)
+
+
+def test_broker_probe_answers_and_reuses_its_answer(kafka_broker):
+    """/healthz's broker check: a real answer from the broker, one probe per max_age_s (a dead
+    address raises the same error again without a second connection attempt)."""
+    from aiokafka.errors import KafkaConnectionError
+
+    from ldpstream.kafka_admin import BrokerProbe
+
+    async def scenario() -> None:
+        probe = BrokerProbe(kafka_broker.bootstrap, KafkaSecurity(), timeout_s=2.0, max_age_s=60.0)
+        ok, detail = await probe.check()
+        assert ok and "answered metadata" in detail
+        assert await probe.check() == (ok, detail)
+        dead = BrokerProbe(f"127.0.0.1:{free_port()}", KafkaSecurity(), timeout_s=1.0,
+                           max_age_s=60.0)
+        with pytest.raises(KafkaConnectionError) as first:
+            await dead.check()
+        t0 = time.monotonic()
+        with pytest.raises(KafkaConnectionError) as again:
+            await dead.check()
+        assert again.value is first.value and time.monotonic() - t0 < 0.5
+        fresh = BrokerProbe(f"127.0.0.1:{free_port()}", KafkaSecurity(), timeout_s=1.0,
+                            max_age_s=0.0)
+        with pytest.raises(KafkaConnectionError) as one:
+            await fresh.check()
+        with pytest.raises(KafkaConnectionError) as two:
+            await fresh.check()
+        assert one.value is not two.value  # max_age_s = 0: every check probes
+
+    asyncio.run(scenario())

@@ -21,12 +21,13 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SkipValidation,
+from pydantic import (BaseModel, ConfigDict, Field, SkipValidation,
                       ValidationError, ValidationInfo, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
@@ -84,26 +85,29 @@ class Schema(_Strict):
     attributes: dict[str, list[Any]] | None = Field(
         None, min_length=1, description="attribute name → list of its categories (strings)")
     csv: CsvSchema | None = Field(None, description="read the categories from a CSV file")
-    _domain: Domain = PrivateAttr()
-    _source: str = PrivateAttr("")
 
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo) -> Schema:
         if (self.attributes is None) == (self.csv is None):
             raise PydanticCustomError("schema_kind", "give exactly one of 'attributes' or 'csv'")
-        base_dir = Path((info.context or {}).get("base_dir", "."))
-        csv = None if self.csv is None else (self.csv.path, self.csv.columns)
-        self._domain, self._source = domain_of(self.attributes, csv, base_dir)
+        # derived once here, where the config file's directory is known; stored where the cached
+        # properties below find them (plain attribute reads: the worker reads them per batch)
+        self.__dict__["domain"], self.__dict__["source"] = self._derive(
+            Path((info.context or {}).get("base_dir", ".")))
         return self
 
-    @property
-    def domain(self) -> Domain:
-        return self._domain
+    def _derive(self, base_dir: Path) -> tuple[Domain, str]:
+        csv = None if self.csv is None else (self.csv.path, self.csv.columns)
+        return domain_of(self.attributes, csv, base_dir)
 
-    @property
+    @cached_property
+    def domain(self) -> Domain:
+        return self._derive(Path("."))[0]
+
+    @cached_property
     def source(self) -> str:
         """``attributes`` or ``csv:<file>`` (where a fleet samples records from)."""
-        return self._source
+        return self._derive(Path("."))[1]
 
 
 class DeviceQuota(_Strict):
@@ -238,7 +242,7 @@ class Collection(_Strict):
 
     # --- derived ----------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def domain(self) -> Domain:
         return self.schema_.domain
 
@@ -250,7 +254,7 @@ class Collection(_Strict):
     def topic(self) -> str:
         return reports_topic(self.id)
 
-    @property
+    @cached_property
     def policy(self) -> BucketPolicy:
         """How reports are bucketed in time and which windows are estimated."""
         return BucketPolicy(self.bucket_s, self.windows)

@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` (install, then run the embedded stack) and `make test`.
-.PHONY: install up test test-fast test-pipeline bench
+.PHONY: install up check test test-fast test-pipeline bench
 
 install:
 	./scripts/bootstrap.sh
@@ -7,10 +7,16 @@ install:
 up: install
 	.venv/bin/ldpstream up
 
-# every test (CI runs this): the core tier on two processes (pure CPU), then the pipeline (real
-# Kafka + Redis children) and e2e tiers in one (their timings assume a core to themselves); fails
-# if either run fails, after both ran
-test: install
+# lint and import order (ruff, rules in pyproject.toml), then types (mypy over agents/,
+# producers/ and ldpstream/ as the package ldpstream.*, scripts/typecheck.sh)
+check: install
+	.venv/bin/ruff check .
+	./scripts/typecheck.sh
+
+# every test (CI runs this), after the checks: the core tier on two processes (pure CPU), then the
+# pipeline (real Kafka + Redis children) and e2e tiers in one (their timings assume a core to
+# themselves); fails if either run fails, after both ran
+test: check
 	rc=0; .venv/bin/python -m pytest -q -n 2 -m core --durations=10 tests || rc=1; \
 	.venv/bin/python -m pytest -q -m "not core" --durations=30 tests || rc=1; exit $$rc
 

@@ -41,12 +41,11 @@ from .partition import Partitions
 from .quota_gate import QuotaGate
 from .rebalance import Rebalancer, Seeker
 from .store import CountStore
+from ldpstream.names import DEFAULT_BIND, DEFAULT_WEB_PORT
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SESSION_TIMEOUT_S = 30.0
-#: the HTTP API listens on loopback unless LDP_WEB_BIND says otherwise (compose sets 0.0.0.0)
-DEFAULT_WEB_BIND = "127.0.0.1"
 
 
 def max_decompressed_bytes(max_message_bytes: int) -> int:
@@ -70,10 +69,10 @@ def _broker_urls(bootstrap: str) -> list[str]:
 
 def make_store(redis_url: str) -> CountStore:
     """A :class:`~.store.CountStore` on the ``redis.asyncio`` client of ``redis_url``: one server,
-    or a Redis Cluster for ``redis+cluster://host:port,...`` (agents/redis_client.py), with short
+    or a Redis Cluster for ``redis+cluster://host:port,...`` (ldpstream/redis_client.py), with short
     socket timeouts (a dead Redis must surface as an error the ingest service retries, not as a
     hang)."""
-    from .redis_client import connect
+    from ldpstream.redis_client import connect
 
     return CountStore(connect(redis_url))
 
@@ -113,7 +112,8 @@ def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int) -> Ing
     return service
 
 
-def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str, web_port: int = 6066, *,
+def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str,
+               web_port: int = DEFAULT_WEB_PORT, *,
                web_bind: str | None = None, session_timeout_s: float | None = None,
                app_id: str | None = None, install_web: bool = True,
                install_refresh: bool = True, ingest: bool = True) -> tuple[Any, Context]:
@@ -129,7 +129,7 @@ def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str, web_port
     app_id = app_id or os.environ.get("LDP_APP_ID", "ldpstream")
     if session_timeout_s is None:
         session_timeout_s = float(os.environ.get("LDP_SESSION_TIMEOUT_S", DEFAULT_SESSION_TIMEOUT_S))
-    web_bind = web_bind or os.environ.get("LDP_WEB_BIND", DEFAULT_WEB_BIND)
+    web_bind = web_bind or os.environ.get("LDP_WEB_BIND", DEFAULT_BIND)
     datadir = tempfile.mkdtemp(prefix="ldpstream-faust-")
     try:
         security = kafka_security()
@@ -240,10 +240,10 @@ def main(args) -> int:
     if not redis_url:
         raise CliError("REDIS_URL (or REDIS_CLUSTER_NODES) is not set (`ldpstream up` starts an "
                        "embedded Redis)")
-    from .redis_client import display_url
+    from ldpstream.redis_client import display_url
 
     _PromptWorker = _prompt_worker_class()
-    app, ctx = create_app(config, bootstrap, redis_url, int(getattr(args, "web_port", 6066)))
+    app, ctx = create_app(config, bootstrap, redis_url, int(getattr(args, "web_port", DEFAULT_WEB_PORT)))
     loglevel = os.environ.get("LDP_LOG_LEVEL", "WARN").upper()
     if loglevel == "WARNING":
         loglevel = "WARN"

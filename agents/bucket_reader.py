@@ -1,5 +1,5 @@
 """Reading a collection's bucket counts for the refresh (agents/refresh.py): a window's counts are
-the sum of its buckets (agents/windows.py ``cover``: coarse buckets inside, fine buckets at the
+the sum of its buckets (ldpstream/windows.py ``cover``: coarse buckets inside, fine buckets at the
 edges), summed over the partitions, re-reading only the buckets whose report count (cell 0)
 changed since the last read (docs/windows.md)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 from . import keys
 from .layout import Layout
 from .store import CountStore
-from .windows import cover
+from ldpstream.windows import cover
 
 Part = tuple[str, int]  # (level, bucket)
 

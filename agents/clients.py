@@ -12,7 +12,7 @@ from typing import TypeVar
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from .partition import Partitions
-from .redis_client import TRANSIENT_ERRORS
+from ldpstream.redis_client import TRANSIENT_ERRORS
 
 log = logging.getLogger("ldpstream.agents.ingest")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..producers.codec import DLQ_TOPIC, dlq_record
+from ldpstream.names import DLQ_TOPIC
+from ..producers.codec import dlq_record
 from .clients import Clients
 from .partition import Pending
 

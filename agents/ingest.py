@@ -60,8 +60,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from mode import Service
 
-from ..config import CONFIG_TOPIC, Collection, IngestConfig
-from ..producers.codec import DLQ_TOPIC
+from ldpstream.names import CONFIG_TOPIC
+from ..config import Collection, IngestConfig
 from ..producers.device import ConfigWatcher
 from ..producers.kafka_security import KafkaSecurity
 from ..producers.signing import SigningKey
@@ -142,10 +142,8 @@ class IngestService(Service):
     async def on_start(self) -> None:
         boot = self.bootstrap
         if self.create_topics_on_start:
-            from ..services import create_topics
-            topics = {c.topic: int(c.partitions) for c in self.collections.values()}
-            topics.update({DLQ_TOPIC: 1, CONFIG_TOPIC: 1})
-            await create_topics(boot, topics, compacted={CONFIG_TOPIC})
+            from ldpstream.kafka_admin import create_ldp_topics
+            await create_ldp_topics(boot, self.collections.values())
         self.clients.producer = AIOKafkaProducer(
             bootstrap_servers=boot, acks="all", linger_ms=5,
             max_request_size=max(1_048_576, 2 * 65_536 + 4096), client_id="ldpstream-worker",

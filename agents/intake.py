@@ -137,7 +137,7 @@ class Intake:
 
     def _buckets(self, cid: str, msgs: Records, sizes: np.ndarray) -> np.ndarray:
         """Fine bucket of every report (message i holds ``sizes[i]`` of them) from its message's
-        Kafka record timestamp (agents/windows.py); -1: all-time only (no finite window, or late).
+        Kafka record timestamp (ldpstream/windows.py); -1: all-time only (no finite window, or late).
         One element when every report falls in the same bucket. Reports whose timestamp was
         moved are counted per reason."""
         now = time.time()

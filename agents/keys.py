@@ -29,7 +29,7 @@ __all__ = ["LEVEL_FINE", "LEVEL_COARSE", "LEVEL_ALL", "LEVELS", "shard_prefix", 
            "collection_patterns", "glob_escape"]
 
 LEVEL_FINE = "f"      # one bucket of ``bucket_s`` seconds
-LEVEL_COARSE = "h"    # one bucket of ``COARSE_FACTOR * bucket_s`` seconds (agents/buckets.py)
+LEVEL_COARSE = "h"    # one bucket of ``COARSE_FACTOR * bucket_s`` seconds (ldpstream/windows.py)
 LEVEL_ALL = "a"       # all time (bucket 0)
 LEVELS = (LEVEL_FINE, LEVEL_COARSE, LEVEL_ALL)
 

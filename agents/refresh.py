@@ -6,8 +6,9 @@ update the gauges, and compare each window with the previous window of the same 
 The estimation itself (:func:`refresh_payloads`) is a pure function of the counts; it runs in a
 one-thread executor so the worker's event loop keeps consuming while numpy works, batched over
 the marginals (estimators/many.py). A window's counts are the sum of its buckets
-(agents/windows.py ``cover``: coarse buckets inside, fine buckets at the edges);
-:class:`~.bucket_reader.BucketReader` re-reads only the buckets whose report count (cell 0) changed since the last
+(ldpstream/windows.py ``cover``: coarse buckets inside, fine buckets at the edges);
+:class:`~.bucket_reader.BucketReader` re-reads only the buckets whose report count (cell 0)
+changed since the last
 refresh, and a table that did not change is not estimated again. Drift compares each finite
 window with the previous window of the same length: the calibrated statistic of
 estimators/drift.py (max |z| over cells against a Šidák threshold at ``drift_alpha``).
@@ -36,7 +37,7 @@ from . import keys, metrics
 from .context import Context
 from .store import CountStore
 from .bucket_reader import BucketReader, WindowCounts
-from .windows import Window
+from ldpstream.windows import Window
 
 log = logging.getLogger(__name__)
 

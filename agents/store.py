@@ -22,7 +22,7 @@ frozen worker ("zombie") whose apply lands after the new owner read the offset i
 track ranges; the ingest service always passes ``expected``).
 
 A delta is keyed by (layout, fine bucket): the layout (agents/layout.py) of the mechanism version
-the reports used, and the fine time bucket of their record timestamp (agents/windows.py; None: the
+the reports used, and the fine time bucket of their record timestamp (ldpstream/windows.py; None: the
 all-time tensor only). The script adds it to the fine bucket, to the coarse bucket containing it
 and to the all-time tensor, and sets every bucket key to expire after the retention
 (``PEXPIREAT``, deterministic: the same on a replay). The partitions of one flush are applied by
@@ -47,8 +47,8 @@ import numpy as np
 
 from . import keys
 from .layout import Layout
-from .redis_client import run_script
-from .windows import COARSE_FACTOR, BucketPolicy
+from ldpstream.redis_client import run_script
+from ldpstream.windows import COARSE_FACTOR, BucketPolicy
 
 __all__ = ["CountStore", "ApplyStatus", "ApplyResult", "PartitionDelta", "SideCounter",
            "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS"]
@@ -258,8 +258,8 @@ class CountStore:
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "CountStore":
         """A store on a new ``redis.asyncio`` client for ``url`` (one server, or a Redis Cluster
-        for ``redis+cluster://``: agents/redis_client.py)."""
-        from .redis_client import connect
+        for ``redis+cluster://``: ldpstream/redis_client.py)."""
+        from ldpstream.redis_client import connect
 
         return cls(connect(url), **kwargs)
 

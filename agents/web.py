@@ -31,9 +31,9 @@ from faust import web
 
 from ..privacy import epsilon_fields
 from . import metrics, refresh
-from ..producers.kafka_security import KafkaSecurity
+from ldpstream.kafka_admin import BrokerProbe
+from ldpstream.redis_client import health as redis_health
 from .clients import REDIS_ERRORS
-from .redis_client import health as redis_health
 
 if TYPE_CHECKING:
     from ..config import Collection
@@ -146,48 +146,6 @@ def collection_info(coll: Collection, mechanism: Mechanism, n: int | None) -> di
     }
 
 
-def _bootstraps(ctx: Context) -> list[tuple[str, int]]:
-    raw = ctx.kafka_bootstrap or ctx.config.kafka_bootstrap or ""
-    out = []
-    for part in str(raw).split(","):
-        part = part.strip()
-        if "://" in part:
-            part = part.split("://", 1)[1]
-        if not part:
-            continue
-        host, _, port = part.rpartition(":")
-        out.append((host.strip("[]") or "127.0.0.1", int(port or 9092)))
-    return out
-
-
-def _broker_ok(addrs: Sequence[tuple[str, int]]) -> tuple[bool, str]:
-    from ..services import kafka_metadata_ok
-    last = "no bootstrap servers configured"
-    for host, port in addrs:
-        try:
-            if kafka_metadata_ok(host, port, timeout=HEALTH_TIMEOUT_S):
-                return True, f"{host}:{port} answered metadata"
-            last = f"{host}:{port} answered without brokers"
-        except OSError as exc:
-            last = f"{host}:{port}: {exc.__class__.__name__}: {exc}"
-    return False, last
-
-
-async def _secure_broker_ok(bootstrap: str, security: KafkaSecurity) -> tuple[bool, str]:
-    """The broker check over TLS/SASL: an authenticated metadata request (aiokafka client)."""
-    from aiokafka.client import AIOKafkaClient
-
-    client = AIOKafkaClient(bootstrap_servers=bootstrap,
-                            request_timeout_ms=int(HEALTH_TIMEOUT_S * 1000),
-                            **security.client_kwargs())
-    try:
-        await asyncio.wait_for(client.bootstrap(), 2 * HEALTH_TIMEOUT_S)
-        brokers = len(client.cluster.brokers())
-        return brokers > 0, f"{brokers} broker(s) answered metadata ({security.describe()})"
-    finally:
-        await client.close()
-
-
 def _assigned_partitions(app: Any) -> int | None:
     try:
         return len(app.consumer.assignment())
@@ -255,7 +213,8 @@ def install(app: Any, ctx: Context) -> None:
             if coll is None:
                 return unknown(self, collection)
             for name in ("attrs", "method"):
-                given = request.query.getall(name, [])
+                # faust types the query as a Mapping; at run time it is aiohttp's MultiDict
+                given = request.query.getall(name, [])  # type: ignore[attr-defined]
                 if len(given) > 1:
                     return self.error(400, f"{name}: given {len(given)} times ({given}); "
                                            f"give it once")
@@ -332,6 +291,9 @@ def install(app: Any, ctx: Context) -> None:
             # aiohttp refuses a charset inside content_type=; send the full header instead
             return self.bytes(body, headers={"Content-Type": content_type})
 
+    broker_probe = BrokerProbe(ctx.kafka_bootstrap or ctx.config.kafka_bootstrap or "",
+                               ctx.kafka_security, HEALTH_TIMEOUT_S)
+
     @app.page("/healthz", name="ldp_healthz")
     class Healthz(web.View):
         async def get(self, request: web.Request) -> web.Response:
@@ -339,11 +301,7 @@ def install(app: Any, ctx: Context) -> None:
             # a cluster: every master answers and cluster_state is ok (a failover shows here)
             checks["redis"] = await redis_health(ctx.store.redis, HEALTH_TIMEOUT_S)
             try:
-                if ctx.kafka_security.protocol == "PLAINTEXT":
-                    probe = asyncio.to_thread(_broker_ok, _bootstraps(ctx))
-                else:
-                    probe = _secure_broker_ok(ctx.kafka_bootstrap, ctx.kafka_security)
-                ok, detail = await asyncio.wait_for(probe, 2 * HEALTH_TIMEOUT_S + 1)
+                ok, detail = await asyncio.wait_for(broker_probe.check(), 2 * HEALTH_TIMEOUT_S + 1)
                 checks["broker"] = {"ok": ok, "detail": detail}
             except Exception as exc:  # noqa: BLE001
                 checks["broker"] = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}

@@ -47,7 +47,7 @@ async def _versions_rate(bootstrap: str, store: Any, cfg_path: Path, config: Any
                          total: int, work: Path, say) -> dict[str, Any]:
     from ..agents.controller import origin_of, store_state
     from ..producers.fleet import run_fleet
-    from ..services import free_port
+    from ldpstream.dev.process import free_port
 
     one, two = config.collections["one"], config.collections["two"]
     v0 = two.mechanism()
@@ -121,7 +121,10 @@ async def run(quick: bool = False, progress=None) -> dict[str, Any]:
     from ..agents.app import make_store
     from ..config import load_config
     from ..producers.signing import ENV_SIGNING_KEY, SigningKey
-    from ..services import EmbeddedBroker, EmbeddedRedis, create_topics, free_port
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.dev.process import free_port
+    from ldpstream.dev.redis import EmbeddedRedis
+    from ldpstream.kafka_admin import create_ldp_topics
 
     say = progress or (lambda msg: None)
     total = 40_000 if quick else 400_000
@@ -142,9 +145,7 @@ async def run(quick: bool = False, progress=None) -> dict[str, Any]:
     result: dict[str, Any] = {}
     try:
         bootstrap, redis_url = broker.start(), redis.start()
-        await create_topics(bootstrap, {c.topic: int(c.partitions)
-                                        for c in config.collections.values()}
-                            | {"ldp.dlq": 1, "ldp.config": 1}, compacted={"ldp.config"})
+        await create_ldp_topics(bootstrap, config.collections.values())
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
                    LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1",
                    **{ENV_SIGNING_KEY: key.to_text()})

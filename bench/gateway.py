@@ -91,7 +91,10 @@ async def run(quick: bool = False) -> dict[str, Any]:
     from ..estimators.rr_ind import RRIndependent
     from ..producers.publisher import Publisher
     from ..producers.signing import ENV_PUBLIC_KEY, SigningKey
-    from ..services import EmbeddedBroker, create_topics, free_port
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.dev.process import free_port
+    from ldpstream.kafka_admin import create_topics
+    from ldpstream.names import COMPACTED_TOPICS, CONFIG_TOPIC, reports_topic
 
     requests = 300 if quick else 3000
     broker = None
@@ -103,10 +106,10 @@ async def run(quick: bool = False) -> dict[str, Any]:
     try:
         key = SigningKey.generate()
         mech = RRIndependent(Domain(("a", "b", "c", "d"), (2, 2, 2, 2)), epsilon=1.0)
-        await create_topics(bootstrap, {"ldp.config": 1, f"ldp.reports.{CID}": 4},
-                            compacted={"ldp.config"})
+        await create_topics(bootstrap, {CONFIG_TOPIC: 1, reports_topic(CID): 4},
+                            compacted=COMPACTED_TOPICS)
         async with Publisher(bootstrap) as pub:
-            await pub.send_and_wait("ldp.config", key.sign_state(mech.state(), CID),
+            await pub.send_and_wait(CONFIG_TOPIC, key.sign_state(mech.state(), CID),
                                     key=CID.encode())
         port = free_port()
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap,

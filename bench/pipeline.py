@@ -215,7 +215,8 @@ async def _cluster_ingest(cfg_path: Path, env: dict, coll: Any, total: int, raw:
     """The ingest run again, the worker writing to a Redis Cluster (3 masters + 3 replicas)
     instead of the single Redis: same prefilled topic, fresh offsets (so it reads it all)."""
     from ..agents.app import make_store
-    from ..services import EmbeddedRedisCluster, free_port
+    from ldpstream.dev.process import free_port
+    from ldpstream.dev.redis_cluster import EmbeddedRedisCluster
 
     cluster = EmbeddedRedisCluster(masters=3, replicas=1)
     worker = None
@@ -296,7 +297,8 @@ async def _apply_rate(url: str, coll: Any, *, applies: int, partitions: int = 12
 async def _apply_rates(coll: Any, applies: int, say) -> dict[str, Any]:
     """:func:`_apply_rate` on one Redis, a cluster of 1 master and a cluster of 3 masters (no
     replicas: on this machine they would take CPU from the masters)."""
-    from ..services import EmbeddedRedis, EmbeddedRedisCluster
+    from ldpstream.dev.redis import EmbeddedRedis
+    from ldpstream.dev.redis_cluster import EmbeddedRedisCluster
 
     out: dict[str, Any] = {}
     for name, server in (("single", EmbeddedRedis(appendfsync="everysec")),
@@ -312,7 +314,10 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
               repeats: int | None = None) -> dict[str, Any]:
     from ..agents.app import make_store
     from ..config import load_config
-    from ..services import EmbeddedBroker, EmbeddedRedis, create_topics, free_port
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.dev.process import free_port
+    from ldpstream.dev.redis import EmbeddedRedis
+    from ldpstream.kafka_admin import create_ldp_topics
 
     say = progress or (lambda msg: None)
     # --quick is a smoke run (tests): small sizes and a 1 s refresh interval, so the freshness
@@ -331,8 +336,7 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
     worker = None
     try:
         bootstrap, redis_url = broker.start(), redis.start()
-        await create_topics(bootstrap, {c.topic: int(c.partitions) for c in (batched, single)}
-                            | {"ldp.dlq": 1, "ldp.config": 1}, compacted={"ldp.config"})
+        await create_ldp_topics(bootstrap, (batched, single))
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
                    LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1")
         store = make_store(redis_url)

@@ -351,7 +351,7 @@ def max_entropy(domain: Domain, constraints: Sequence[Factor], *, tol: float = 1
         plans.append((drop, t, shape))
     gap = prev = np.inf
     it = 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 - the count is returned after the loop
         gap = 0.0
         for drop, t, shape in plans:
             cur = vals.sum(axis=drop) if drop else vals

@@ -44,7 +44,6 @@ attributes share.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -53,51 +52,13 @@ from scipy import optimize, special
 from . import channels as ch
 from .corr_rr_paper import TwoPhase, grr_copy_channel, phase1_estimates
 from .domain import Factor
+from .linalg import blockdiag, contrast, spd_inv
 from .multi_baselines import one_way_axis
 from .mechanism import Estimate, register
 from .proper import clip_rescale, repair
 
 __all__ = ["CorrRR", "PhaseModel", "Combined", "optimal_table", "decode_optimal_table",
            "shrunk_plugin", "pooling_table"]
-
-
-@lru_cache(maxsize=64)
-def _contrast(d: int) -> np.ndarray:
-    """d×(d−1) orthonormal basis of the sum-zero vectors."""
-    q, _ = np.linalg.qr(np.vstack([np.ones((1, d)), np.eye(d)[:-1]]).T)
-    return q[:, 1:]
-
-
-def _spd_inv(A: np.ndarray, rcond: float = 1e-10) -> np.ndarray:
-    """(Pseudo-)inverse of a symmetric positive semi-definite matrix: Cholesky when A is well
-    conditioned (eigen-decompositions are far slower on small matrices here), else the
-    eigen-decomposition with eigenvalues below ``rcond``·max dropped (e.g. identical Phase II
-    columns when every p_y = 1: their differences have no variance and carry no information)."""
-    A = 0.5 * (A + A.T)
-    n = A.shape[0]
-    try:
-        L = np.linalg.cholesky(A)
-        dg = np.diag(L) ** 2
-        if dg.min() > 1e3 * rcond * dg.max():
-            Li = np.linalg.solve(L, np.eye(n))
-            return Li.T @ Li
-    except np.linalg.LinAlgError:
-        pass
-    w, V = np.linalg.eigh(A)
-    keep = w > rcond * max(float(w.max()), 0.0)
-    return (V[:, keep] / w[keep]) @ V[:, keep].T
-
-
-def _blockdiag(blocks: Sequence[np.ndarray]) -> np.ndarray:
-    rows = sum(b.shape[0] for b in blocks)
-    cols = sum(b.shape[1] for b in blocks)
-    out = np.zeros((rows, cols))
-    r = c = 0
-    for b in blocks:
-        out[r:r + b.shape[0], c:c + b.shape[1]] = b
-        r += b.shape[0]
-        c += b.shape[1]
-    return out
 
 
 @dataclass
@@ -145,7 +106,7 @@ class PhaseModel:
             sj = slice(self.off[j], self.off[j + 1])
             H[:, sj] = (self.Mbig[j].T @ self.P2[j].T) / m
         self.H = H
-        self.Q = _blockdiag([_contrast(d) for d in self.shape])
+        self.Q = blockdiag([contrast(d) for d in self.shape])
         self.u = np.concatenate([np.full(d, 1.0 / d) for d in self.shape])
         self.delta2 = np.concatenate([np.full(d, p - q) for d, (p, q) in zip(self.shape, self.pq2)])
         self.q2 = np.concatenate([np.full(d, q) for d, (p, q) in zip(self.shape, self.pq2)])
@@ -166,7 +127,7 @@ class PhaseModel:
         for k, (p, q) in enumerate(self.pq1):
             g = self.P1[k].T @ f[self.off[k]:self.off[k + 1]]
             blocks.append((np.diag(g) - np.outer(g, g)) / (self.n1 * (p - q) ** 2))
-        return _blockdiag(blocks)
+        return blockdiag(blocks)
 
     def cov2(self, f: np.ndarray) -> np.ndarray:
         """Cov of the Phase II column frequencies λ̂ (exact for i.i.d. users)."""
@@ -189,14 +150,14 @@ class PhaseModel:
         S1, S2 = self.cov1(fw), self.cov2(fw)
         G = Q.T @ self.H @ Q
         R2 = Q.T @ S2 @ Q
-        R2i = _spd_inv(R2)
+        R2i = spd_inv(R2)
         info = G.T @ R2i @ G
         if self.n1 > 0:
-            R1i = _spd_inv(Q.T @ S1 @ Q)
+            R1i = spd_inv(Q.T @ S1 @ Q)
             info = info + R1i
         else:
             R1i = np.zeros_like(info)
-        C = _spd_inv(info)
+        C = spd_inv(info)
         K1 = Q @ C @ R1i @ Q.T
         K2 = Q @ C @ G.T @ R2i @ Q.T
         cov = K1 @ S1 @ K1.T + K2 @ S2 @ K2.T
@@ -207,9 +168,9 @@ class PhaseModel:
         the plug-in ``fw`` (Phase I and Phase II column frequencies)."""
         Q = self.Q
         G = Q.T @ self.H @ Q
-        info = G.T @ _spd_inv(Q.T @ self.cov2(fw) @ Q) @ G
+        info = G.T @ spd_inv(Q.T @ self.cov2(fw) @ Q) @ G
         if self.n1 > 0:
-            info = info + _spd_inv(Q.T @ self.cov1(fw) @ Q)
+            info = info + spd_inv(Q.T @ self.cov1(fw) @ Q)
         return 0.5 * (info + info.T)
 
     def unbiased(self, f1: np.ndarray, lam: np.ndarray, fw: np.ndarray

@@ -42,6 +42,8 @@ from typing import Sequence
 import numpy as np
 from scipy import optimize, stats
 
+from .linalg import contrast, spd_inv
+
 __all__ = ["PooledFit", "tau_cap", "reml_nll", "fit_pooling", "pooled_smoother", "tau_interval",
            "table_risk", "minimax_table", "pool_estimates"]
 
@@ -138,10 +140,9 @@ def fit_pooling(theta: np.ndarray, C: np.ndarray, m: int, k: int,
 
 def pooled_smoother(C: np.ndarray, tau2: np.ndarray, m: int, k: int) -> np.ndarray:
     """S with θ̃ = S θ̂: the posterior mean for deviation variances ``tau2`` (0 → pooled)."""
-    from .corr_rr import _spd_inv
     J = _J(m, k)
     Dt = np.kron(np.diag(tau2), np.eye(k))
-    Si = _spd_inv(C + Dt)
+    Si = spd_inv(C + Dt)
     A_mu = np.linalg.solve(J.T @ Si @ J, J.T @ Si)
     return J @ A_mu + Dt @ Si @ (np.eye(len(C)) - J @ A_mu)
 
@@ -241,11 +242,10 @@ def pool_estimates(est: Sequence[np.ndarray], covs: Sequence[np.ndarray],
     """The same empirical-Bayes pooling applied to any unbiased per-attribute marginals with
     independent blocks (e.g. SMP's): ``est[k]`` with covariance ``covs[k]``, one common d. Used
     as a reference: it shows what pooling alone buys on a mechanism without copies."""
-    from .corr_rr import _contrast
     m = len(est)
     d = len(est[0])
     k = d - 1
-    Qd = _contrast(d)
+    Qd = contrast(d)
     th = np.concatenate([Qd.T @ (np.asarray(e, dtype=float) - 1.0 / d) for e in est])
     C = np.zeros((m * k, m * k))
     for i, c in enumerate(covs):

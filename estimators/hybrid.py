@@ -96,14 +96,14 @@ def hybrid_auto(counts: np.ndarray, channels: Sequence[np.ndarray]) -> tuple[np.
     """Data-driven rule: the estimate with the smaller estimated E‖error‖² (module docstring)."""
     e = auto_errors(counts, channels)
     if e["castell_err"] <= e["rr-independent_err"]:
-        return e["castell"], "castell"  # type: ignore[return-value]
-    return e["rr-independent"], "rr-independent"  # type: ignore[return-value]
+        return e["castell"], "castell"  # type: ignore[return-value]  # the key is a literal
+    return e["rr-independent"], "rr-independent"  # type: ignore[return-value]  # idem
 
 
 def product_tvd_bound(counts: np.ndarray, channels: Sequence[np.ndarray]) -> float:
     """Bound on the expected TVD of the RR-Independent estimate (module docstring):
     ``min(1, ½·sqrt(|Ω|·E‖Π̃ − Π‖²))`` with E‖Π̃ − Π‖² = estimated bias² + variance from
     :func:`auto_errors`."""
-    err2 = float(auto_errors(counts, channels)["rr-independent_err"])  # type: ignore[arg-type]
+    err2 = float(auto_errors(counts, channels)["rr-independent_err"])  # type: ignore[arg-type]  # a float entry
     cells = int(np.asarray(counts).size)
     return float(min(1.0, 0.5 * np.sqrt(cells * max(err2, 0.0))))

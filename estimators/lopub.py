@@ -57,7 +57,7 @@ _REPAIRS = {None: None, False: None, "none": None, "clip": clip_rescale,
 def _ints(value: int | Sequence[int] | None, k: int, name: str) -> list[int] | None:
     if value is None:
         return None
-    vals = [int(value)] * k if np.ndim(value) == 0 else [int(v) for v in value]  # type: ignore
+    vals = [int(value)] * k if np.ndim(value) == 0 else [int(v) for v in value]  # type: ignore[union-attr]  # ndim > 0: a sequence
     if len(vals) != k or any(v < 1 for v in vals):
         raise ValueError(f"{name}: need {k} positive integers, got {value!r}")
     return vals

@@ -351,7 +351,8 @@ class Partitioned(Mechanism):
 
     def unbiased(self, counts: Mapping[str, np.ndarray], j: int
                  ) -> tuple[Factor, float, int]:
-        """(unbiased table, variance of one cell, reports) of collected marginal j. The cell variance is [Wang17] eq. 4 under the estimated distribution f̂
+        """(unbiased table, variance of one cell, reports) of collected marginal j. The cell
+        variance is [Wang17] eq. 4 under the estimated distribution f̂
         (clipped and rescaled) plus the sampling of which users report j, averaged over cells:
         the oracle's f-free term q*(1−q*)/(n_j(p*−q*)²), its f term
         (p*(1−p*) − q*(1−q*))/(d_j·n_j(p*−q*)²) (Σf̂ = 1) and (1 − Σf̂²)/(d_j·n_j). The f term

@@ -100,7 +100,7 @@ def rr_adjustment(patterns: np.ndarray, counts: np.ndarray, targets, *, tol: flo
     it = 0
     for it in range(1, int(max_iter) + 1):
         w_prev = w
-        for code, (cols, t) in zip(codes, tg):
+        for code, (_cols, t) in zip(codes, tg):
             s = np.bincount(code, weights=w, minlength=t.size)
             factor = np.divide(t.ravel(), s, out=np.zeros(t.size), where=s > 0)
             w = w * factor[code]

@@ -45,7 +45,7 @@ __all__ = ["RRIndependent", "RRJoint", "RRClusters", "marginal_counts"]
 # --- helpers ------------------------------------------------------------------------------------
 
 def _eps_list(epsilon: float | Sequence[float], m: int) -> list[float]:
-    eps = [float(epsilon)] * m if np.isscalar(epsilon) else [float(e) for e in epsilon]  # type: ignore[union-attr]
+    eps = [float(epsilon)] * m if np.isscalar(epsilon) else [float(e) for e in epsilon]  # type: ignore[union-attr]  # a sequence here
     if len(eps) != m:
         raise ValueError(f"{m} attributes but {len(eps)} epsilons")
     for e in eps:

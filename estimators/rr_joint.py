@@ -37,14 +37,14 @@ def joint_channel_epsilon(eps_list: Sequence[float]) -> float:
 
 def _size(shape: Sequence[int] | int) -> int:
     if np.isscalar(shape):
-        return int(shape)  # type: ignore[arg-type]
-    return int(np.prod([int(s) for s in shape], dtype=np.int64))  # type: ignore[union-attr]
+        return int(shape)  # type: ignore[arg-type]  # np.isscalar narrowed it to a number
+    return int(np.prod([int(s) for s in shape], dtype=np.int64))  # type: ignore[union-attr]  # a sequence here
 
 
 def joint_pq(eps: float | Sequence[float], shape: Sequence[int] | int) -> tuple[float, float]:
     """(p_C, q_C) of RR-Joint over a product of ``shape`` (or ``|Ω_C|``). ``eps`` is ε_C, or the
     per-attribute ε list whose sum is ε_C."""
-    eps_c = float(eps) if np.isscalar(eps) else joint_channel_epsilon(eps)  # type: ignore[arg-type]
+    eps_c = float(eps) if np.isscalar(eps) else joint_channel_epsilon(eps)  # type: ignore[arg-type]  # a sequence here
     if not np.isfinite(eps_c) or eps_c <= 0:
         raise ValueError(f"epsilon must be a finite number > 0, got {eps_c!r}")
     size = _size(shape)
@@ -58,7 +58,7 @@ def joint_pq(eps: float | Sequence[float], shape: Sequence[int] | int) -> tuple[
 
 def joint_channel(eps: float | Sequence[float], shape: Sequence[int] | int) -> np.ndarray:
     """The dense |Ω_C|×|Ω_C| RR-Joint matrix (small domains only: tests, ε checks)."""
-    eps_c = float(eps) if np.isscalar(eps) else joint_channel_epsilon(eps)  # type: ignore[arg-type]
+    eps_c = float(eps) if np.isscalar(eps) else joint_channel_epsilon(eps)  # type: ignore[arg-type]  # a sequence here
     return grr(eps_c, _size(shape))
 
 

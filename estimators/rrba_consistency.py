@@ -216,7 +216,7 @@ def maxent_table(attrs: Sequence, shape: Sequence[int], marginals: Sequence[Tabl
         if not set(sub) <= set(attrs):
             raise ValueError(f"marginal over {sub} is not inside {attrs}")
     it = 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 - the count is returned after the loop
         prev = table.copy()
         for sub, target in marginals:
             sub = list(sub)

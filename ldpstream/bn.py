@@ -112,20 +112,20 @@ def parse_bif(text: str) -> BayesNet:
             if par:  # cell order of a conditional ``table`` differs between tools: refuse it
                 raise BIFError(f"variable {child}: 'table' with parents is not supported; "
                                "write one '(parent states) p…;' row per configuration")
-            vals = [float(x) for x in _NUM.findall(m.group(1))]
-            if len(vals) != shape[-1]:
-                raise BIFError(f"variable {child}: table has {len(vals)} numbers, needs {shape[-1]}")
-            table = np.array(vals)
+            probs = [float(x) for x in _NUM.findall(m.group(1))]
+            if len(probs) != shape[-1]:
+                raise BIFError(f"variable {child}: table has {len(probs)} numbers, needs {shape[-1]}")
+            table = np.array(probs)
         for cfg, nums in re.findall(r"\(([^)]*)\)\s*([^;]*);", body):
             key = tuple(s.strip() for s in cfg.split(","))
             try:
                 idx = tuple(states[p].index(s) for p, s in zip(par, key))
             except ValueError:
                 raise BIFError(f"variable {child}: unknown parent state in ({cfg})") from None
-            vals = [float(x) for x in _NUM.findall(nums)]
-            if len(vals) != shape[-1] or len(idx) != len(par):
+            probs = [float(x) for x in _NUM.findall(nums)]
+            if len(probs) != shape[-1] or len(idx) != len(par):
                 raise BIFError(f"variable {child}: row ({cfg}) is malformed")
-            table[idx] = vals
+            table[idx] = probs
         if np.isnan(table).any():
             raise BIFError(f"variable {child}: probability table is incomplete")
         if not np.allclose(table.sum(axis=-1), 1.0, atol=1e-6):

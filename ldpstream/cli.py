@@ -12,6 +12,8 @@ import sys
 
 from ldpstream.errors import CliError
 from ldpstream.estimators.mechanism import DEFAULT_MECHANISM
+from ldpstream.names import (DEFAULT_BIND, DEFAULT_GATEWAY_PORT, DEFAULT_WEB_PORT, ENV_CONFIG,
+                             MAX_MESSAGE_BYTES)
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -136,13 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the ε of the locally configured mechanism)")
 
     p = sub.add_parser("gateway", help="HTTP ingest gateway for devices (docs/devices.md)")
-    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
-    p.add_argument("--bind", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=DEFAULT_GATEWAY_PORT,
+                   help=f"port to listen on (default {DEFAULT_GATEWAY_PORT})")
+    p.add_argument("--bind", default=DEFAULT_BIND,
+                   help=f"address to listen on (default {DEFAULT_BIND}; 0.0.0.0 for every "
+                        "interface)")
     p.add_argument("--tokens", default=None,
                    help="fleet tokens file (default: $LDP_GATEWAY_TOKENS_FILE or "
                         "$LDP_GATEWAY_TOKENS)")
-    p.add_argument("--max-body-bytes", type=int, default=1_048_576,
+    p.add_argument("--max-body-bytes", type=int, default=MAX_MESSAGE_BYTES,
                    help="largest request body accepted (default 1 MiB)")
 
     p = sub.add_parser("keygen", help="write the key pair that signs ldp.config (docs/security.md)")
@@ -162,21 +166,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", default=None,
                    help="time window (one of the collection's windows, e.g. 5m, 1h, all; "
                         "default: its first)")
-    p.add_argument("--url", default="http://127.0.0.1:6066",
-                   help="base URL of a worker's API (default http://127.0.0.1:6066)")
+    p.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_WEB_PORT}",
+                   help=f"base URL of a worker's API (default http://127.0.0.1:{DEFAULT_WEB_PORT})")
     p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+
+    p = sub.add_parser("config-reference",
+                       help="print the config field reference generated from the config models")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--write", default=None, metavar="PAGE",
+                   help="replace the generated part of PAGE (docs/configuration.md)")
+    g.add_argument("--check", default=None, metavar="PAGE",
+                   help="exit 1 when the generated part of PAGE differs from the models")
     return parser
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=os.environ.get("LDP_CONFIG") or None,
+    p.add_argument("--config", default=os.environ.get(ENV_CONFIG) or None,
                    help="collections config, YAML or TOML (default: $LDP_CONFIG, else the "
                         "bundled Adult demo)")
 
 
 def _web_port_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--web-port", type=int, default=6066,
-                   help="port of the worker's HTTP API and /metrics (default 6066)")
+    p.add_argument("--web-port", type=int, default=DEFAULT_WEB_PORT,
+                   help=f"port of the worker's HTTP API and /metrics (default {DEFAULT_WEB_PORT})")
 
 
 _COMMANDS = {
@@ -188,6 +200,7 @@ _COMMANDS = {
     "estimates": "ldpstream.query",
     "keygen": "ldpstream.producers.signing",
     "gateway": "ldpstream.producers.gateway",
+    "config-reference": "ldpstream.config_docs",
 }
 
 

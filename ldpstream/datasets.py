@@ -103,7 +103,10 @@ def load_csv(path: str | Path | None = None, columns: Sequence[str] | None = Non
     cats, codes = [], []
     for j, name in enumerate(columns):
         if domain is not None:
-            labels = np.array(domain.project((name,)).labels[0])
+            known = domain.project((name,)).labels
+            if known is None:
+                raise DatasetError(f"{path}: the schema of column {name!r} has no categories")
+            labels = np.array(known[0])
             order = np.argsort(labels)
             pos = np.searchsorted(labels, table[:, j], sorter=order)
             pos = np.clip(pos, 0, len(labels) - 1)

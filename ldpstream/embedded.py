@@ -1,7 +1,7 @@
 """``ldpstream up``: the whole stack on one machine, no Docker.
 
 With no ``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL`` in the environment it starts the embedded
-Kafka-protocol broker (Tansu) and a Redis server as child processes (ldpstream/services.py),
+Kafka-protocol broker (Tansu) and a Redis server as child processes (ldpstream/dev/),
 creates the topics, starts a worker (``ldpstream worker`` as a child process, consumer-group
 session timeout of a few seconds because Tansu answers a group join after half of it) and one
 simulated fleet per collection (in this process; each samples ``--data`` or its collection's
@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
+
+from ldpstream.names import DEFAULT_BIND
 
 if TYPE_CHECKING:  # pragma: no cover
     from .producers.signing import VerifyKey
@@ -211,10 +213,13 @@ def main(args: Any) -> int:
     from .config import load_config
     from .producers.signing import (ENV_SIGNING_KEY, ENV_SIGNING_KEY_FILE, SigningKey,
                                     load_signing_key)
-    from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics
     from .privacy import epsilon_fields
     from .producers.fleet import check_source, default_data
-    from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics, port_free
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.dev.process import port_free
+    from ldpstream.dev.redis import EmbeddedRedis
+    from ldpstream.errors import ServiceError
+    from ldpstream.kafka_admin import create_ldp_topics
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -230,7 +235,7 @@ def main(args: Any) -> int:
         for coll in config.collections.values():
             data[coll.id] = args.data or default_data(coll)
             check_source("--data", data[coll.id], coll)
-    web_bind = os.environ.get("LDP_WEB_BIND", "127.0.0.1")
+    web_bind = os.environ.get("LDP_WEB_BIND", DEFAULT_BIND)
     web_port = int(args.web_port)
     if not port_free(web_bind, web_port):
         raise CliError(f"--web-port {web_port}: already in use on {web_bind} (another "
@@ -253,9 +258,7 @@ def main(args: Any) -> int:
             raise CliError(str(exc)) from None
         if broker is not None and redis is None:
             asyncio.run(_warn_stale_offsets(config, redis_url))
-        topics = {c.topic: int(c.partitions) for c in config.collections.values()}
-        topics.update({"ldp.dlq": 1, "ldp.config": 1})
-        asyncio.run(create_topics(bootstrap, topics, compacted={"ldp.config"}))
+        asyncio.run(create_ldp_topics(bootstrap, config.collections.values()))
         try:
             key = load_signing_key()
         except ValueError as exc:

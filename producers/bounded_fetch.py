@@ -75,7 +75,7 @@ def _cramjam_into(codec: str, data: memoryview, cap: int) -> memoryview:
         raise
     if n > cap:
         raise _TooLarge()
-    return memoryview(out)[:n]
+    return out.data[:n]
 
 
 def _gzip(data: memoryview, cap: int) -> bytes:
@@ -159,17 +159,18 @@ def bound_message_set(raw: bytes, max_bytes: int) -> bytes:
         if length < 0 or end > size:
             break
         batch = view[pos:end]
+        kept: bytes | bytearray | memoryview = batch
         magic = batch[_MAGIC_AT]
         if magic >= 2 and len(batch) >= _HEADER:
             codec = struct.unpack_from(">h", batch, _ATTR_AT)[0] & 0x07
             if codec and _crc32c(batch[_ATTR_AT:]) == struct.unpack_from(">I", batch, _CRC_AT)[0]:
-                batch = _decompressed_or_replaced(batch, codec, max_bytes)
+                kept = _decompressed_or_replaced(batch, codec, max_bytes)
                 changed = True
         elif magic < 2 and len(batch) > 17 and batch[17] & 0x07:  # v0/v1 attributes byte
-            batch = _replacement(batch, "legacy_compressed",
-                                 f"a compressed v{magic} message set; only v2 batches accepted")
+            kept = _replacement(batch, "legacy_compressed",
+                                f"a compressed v{magic} message set; only v2 batches accepted")
             changed = True
-        parts.append(batch)
+        parts.append(kept)
         pos = end
     if not changed:
         return raw
@@ -211,4 +212,4 @@ def install(max_bytes: int) -> None:
     current = _bound["max_bytes"]
     if current is None or max_bytes > current:
         _bound["max_bytes"] = int(max_bytes)
-    fetcher.MemoryRecords = BoundedRecords  # type: ignore[attr-defined]
+    fetcher.MemoryRecords = BoundedRecords

@@ -25,7 +25,8 @@ redelivery) is counted once.
 
 Decoding is vectorized (``np.frombuffer``); no Python loop over reports; :func:`decode_uniform`
 decodes many same-layout messages (e.g. single reports) as one byte matrix. The JSON form of the same
-batch (:func:`batch_to_json`) is accepted wherever the binary one is (the HTTP gateway). :func:`check_batch` validates a decoded batch against the known
+batch (:func:`batch_to_json`) is accepted wherever the binary one is (the HTTP gateway).
+:func:`check_batch` validates a decoded batch against the known
 mechanisms; :func:`dlq_record` builds the dead-letter record for ``ldp.dlq``.
 """
 from __future__ import annotations
@@ -45,7 +46,9 @@ from .bounded_fetch import GUARD_MARKER
 if TYPE_CHECKING:  # pragma: no cover
     from ..estimators.mechanism import Mechanism
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_MESSAGE_BYTES", "DLQ_TOPIC", "DECODE_REASONS",
+from ldpstream.names import MAX_MESSAGE_BYTES
+
+__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_MESSAGE_BYTES", "DECODE_REASONS",
            "CHECK_REASONS", "DecodeError", "ReportBatch", "encode_batch", "decode_batch",
            "decode_uniform", "check_batch", "explain_batch", "batch_to_json", "batch_from_json", "dlq_record"]
 
@@ -54,14 +57,12 @@ FORMAT_VERSION = 1
 FLAG_DEVICE_IDS = 0x01
 FLAG_BATCH_KEY = 0x02
 _KNOWN_FLAGS = FLAG_DEVICE_IDS | FLAG_BATCH_KEY
-MAX_MESSAGE_BYTES = 1_048_576
-DLQ_TOPIC = "ldp.dlq"
 DLQ_PAYLOAD_LIMIT = 64 * 1024
 DECODE_REASONS = frozenset({"oversized", "bad_magic", "truncated", "malformed",
                             "decompression_bomb", "legacy_compressed"})
 CHECK_REASONS = frozenset({"unknown_collection", "unknown_version", "wrong_width", "out_of_domain"})
 
-_DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_DTYPES: dict[int, np.dtype[Any]] = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 _HEAD0 = struct.Struct("<4sBBB")          # magic, format version, flags, collection length
 _HEAD1 = struct.Struct("<IdIHB")          # config version, sent_at, n, width, dtype code
 _KEY = struct.Struct("<QQ")               # batch key: sender device id, sequence
@@ -112,6 +113,7 @@ class ReportBatch:
                 and self.reports.shape == other.reports.shape
                 and np.array_equal(self.reports, other.reports) and ids_eq)
 
+    # unhashable, as a dataclass with __eq__ is; typeshed declares __hash__ a method
     __hash__ = None  # type: ignore[assignment]
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Collection, Mapping
+from typing import Callable, Collection, Mapping
 
 import numpy as np
 
@@ -28,16 +28,12 @@ from .codec import encode_batch
 from .kafka_security import KafkaSecurity, kafka_security
 from .publisher import Publisher
 from .signing import SignedState, StateRejected, VerifyKey, load_verify_key
+from ldpstream.names import CONFIG_TOPIC, reports_topic
 
 log = logging.getLogger(__name__)
 
-CONFIG_TOPIC = "ldp.config"
 #: bound on the decompressed size of one fetched ldp.config batch (states are kilobytes)
 CONFIG_MAX_DECOMPRESSED = 16 * 1_048_576
-
-
-def report_topic(collection: str) -> str:
-    return f"ldp.reports.{collection}"
 
 
 #: relative slack of the ε ceiling (float rounding of the computed ε, never a real excess)
@@ -263,7 +259,7 @@ class Gateway:
         self.collection = collection
         self.publisher = publisher
         self.batch = int(batch)
-        self.topic = topic or report_topic(collection)
+        self.topic = topic or reports_topic(collection)
         self.with_device_ids = with_device_ids
         self._reports: list[np.ndarray] = []
         self._ids: list[np.ndarray] = []

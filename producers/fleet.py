@@ -52,6 +52,7 @@ def make_source(spec: str | None, domain, seed: int = 0) -> tuple[Source, str]:
     """A sampler of true records over ``domain``: a CSV path (``None`` = bundled Adult) or a
     generator spec (``generator[:product|skewed][,seed=..]``). Returns (sampler, description)."""
     if is_generator_spec(spec):
+        # is_generator_spec is True only for a str (mypy cannot narrow through it)
         pop = parse_spec(spec, domain, default_seed=seed)  # type: ignore[arg-type]
         return pop.sample, f"generator:{pop.kind}(seed={pop.seed})"
     from ..datasets import load_csv
@@ -112,7 +113,7 @@ async def resolve_mechanism(bootstrap: str, collection, *, timeout_s: float = 10
     except (ConnectionError, OSError) as exc:
         log.warning("cannot read ldp.config (%s); using the local config", exc)
         state = None
-    if state is not None:
+    if state is not None and watcher is not None:
         return watcher.mechanisms[collection.id], watcher
     log.warning("no usable mechanism state for %s in ldp.config after %.0fs (refused: %s); "
                 "using the local config", collection.id, timeout_s,
@@ -163,7 +164,7 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
     if keep_truth:
         stats.truth = np.zeros(dom.shape, dtype=np.int64)
     own_publisher = publisher is None
-    if own_publisher:
+    if publisher is None:
         publisher = await Publisher(bootstrap).start()
     gateway = Gateway(collection.id, publisher, batch=batch, topic=collection.topic)
     stop = stop or asyncio.Event()
@@ -206,10 +207,10 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
             ids = rng.integers(0, devices, size=n, dtype=np.uint64)
             await gateway.add(reports, mech.version, ids)
             stats.version = mech.version
-            if keep_counts:
+            if stats.counts is not None:  # keep_counts
                 for key, delta in mech.count(reports, specs).items():
-                    stats.counts[key] += delta  # type: ignore[index]
-            if keep_truth:
+                    stats.counts[key] += delta
+            if stats.truth is not None:  # keep_truth
                 stats.truth += histogram(records, dom.axes(dom.attrs), stats.truth.shape)
             stats.sent_reports += n
             if rate > 0:

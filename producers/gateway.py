@@ -60,7 +60,8 @@ from ..errors import CliError
 from ..estimators.mechanism import Mechanism
 from .codec import (MAX_MESSAGE_BYTES, DecodeError, ReportBatch, batch_from_json, decode_batch,
                     encode_batch, explain_batch)
-from .device import ConfigWatcher, report_topic
+from .device import ConfigWatcher
+from ldpstream.names import CONFIG_TOPIC, reports_topic
 from .publisher import Publisher, PublishError
 from .signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, load_verify_key
 from .sdk import device_key
@@ -201,8 +202,8 @@ class IngestGateway:
         self.fleets = list(fleets)
         self.max_body_bytes = int(max_body_bytes)
         self.max_message_bytes = int(max_message_bytes)
-        kw = {} if config_topic is None else {"topic": config_topic}
-        self.watcher = ConfigWatcher(bootstrap, on_change=self._on_state, **kw)
+        self.watcher = ConfigWatcher(bootstrap, topic=config_topic or CONFIG_TOPIC,
+                                     on_change=self._on_state)
         self.publisher = Publisher(bootstrap, client_id="ldpstream-gateway")
         #: collection → version → mechanism, for every version the newest state accepts
         self.known: dict[str, dict[int, Mechanism]] = {}
@@ -293,7 +294,7 @@ class IngestGateway:
         ends = np.r_[starts[1:], len(ids)]
         per_row = 8 + batch.width * batch.reports.dtype.itemsize
         rows = max(1, (self.max_message_bytes - _HEADER_ROOM) // per_row)
-        topic = report_topic(batch.collection)
+        topic = reports_topic(batch.collection)
         futures = []
         try:
             for s, e in zip(starts, ends):
@@ -373,7 +374,8 @@ class IngestGateway:
         if request.content_length is not None and request.content_length > limit:
             raise Refused(413, "too_large", f"body of {request.content_length} bytes > limit "
                                             f"{limit}")
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         while True:
             chunk = await request.content.read(65536)
             if not chunk:

@@ -47,6 +47,7 @@ class Population:
         shape = self.domain.shape
         if self.kind == "product":
             probs = [rng.dirichlet(np.ones(k)) for k in shape]
+            # frozen dataclass: derived tables set once here, invisible to mypy (the ignores below)
             object.__setattr__(self, "_cdfs", [np.cumsum(p) for p in probs])
         else:
             protos = np.stack([rng.integers(0, k, size=self.clusters) for k in shape], axis=1)
@@ -124,4 +125,5 @@ def parse_spec(spec: str, domain: Domain, default_seed: int = 0) -> Population:
                                          "stick, zipf)")
         except ValueError:
             raise GeneratorSpecError(f"generator {key}: not a number ({value!r})") from None
+    # opts holds seed/clusters (int) and stick/zipf (float), each matching its field's type
     return Population(domain, kind, **opts)  # type: ignore[arg-type]

@@ -123,8 +123,9 @@ def kafka_security(environ: Mapping[str, str] | None = None) -> KafkaSecurity:
     keyfile = _file(env, _PREFIX + "SSL_KEYFILE")
     if keyfile and not certfile:
         raise KafkaSecurityError(f"{_PREFIX}SSL_KEYFILE needs {_PREFIX}SSL_CERTFILE")
-    sec = dict(protocol=protocol, cafile=_file(env, _PREFIX + "SSL_CAFILE"), certfile=certfile,
-               keyfile=keyfile, check_hostname=_flag(env, _PREFIX + "SSL_CHECK_HOSTNAME", True))
+    sec: dict[str, Any] = dict(protocol=protocol, cafile=_file(env, _PREFIX + "SSL_CAFILE"),
+                               certfile=certfile, keyfile=keyfile,
+                               check_hostname=_flag(env, _PREFIX + "SSL_CHECK_HOSTNAME", True))
     if protocol.startswith("SASL_"):
         mechanism = (env.get(_PREFIX + "SASL_MECHANISM") or "SCRAM-SHA-256").upper()
         if mechanism not in MECHANISMS:

@@ -4,7 +4,8 @@
 them against the collection's schema (an unknown attribute or category is a
 :class:`~ldpstream.estimators.domain.SchemaError` naming it and the allowed ones), randomizes them
 with the mechanism of the version published on ``ldp.config`` (read through
-:class:`~.device.ConfigWatcher`, which accepts only states signed by the pinned key), accounts for the ε they cost in the device's :class:`~.ledger.Ledger`
+:class:`~.device.ConfigWatcher`, which accepts only states signed by the pinned key), accounts for
+the ε they cost in the device's :class:`~.ledger.Ledger`
 and sends buffered report batches through a transport: :class:`KafkaTransport` (the device speaks
 Kafka) or :class:`HttpTransport` (``ldpstream gateway``).
 
@@ -29,7 +30,8 @@ import numpy as np
 from ..estimators import channels as ch
 from ..estimators.mechanism import Mechanism
 from .codec import ReportBatch, decode_batch, encode_batch
-from .device import ConfigWatcher, report_topic
+from .device import ConfigWatcher
+from ldpstream.names import reports_topic
 from .ledger import Ledger, channel_fingerprint
 from .publisher import Publisher
 
@@ -75,7 +77,7 @@ class KafkaTransport:
         self.publisher = publisher
 
     async def send(self, collection: str, batch: bytes, device_id: int) -> None:
-        await self.publisher.send(report_topic(collection), batch, key=device_key(device_id))
+        await self.publisher.send(reports_topic(collection), batch, key=device_key(device_id))
 
     async def flush(self) -> None:
         await self.publisher.flush()
@@ -144,7 +146,7 @@ class GatewayConfigWatcher(ConfigWatcher):
         self.url = url.rstrip("/")
         super().__init__(self.url, topic=f"{self.url}/v1/collections/<id>/config", **kw)
         self.token = token
-        self.collections = list(collections)
+        self.collections = frozenset(collections)
         self.poll_s = poll_s
         self.timeout_s = timeout_s
         self._session: Any = None
@@ -156,7 +158,7 @@ class GatewayConfigWatcher(ConfigWatcher):
         return self
 
     async def _fetch_all(self) -> None:
-        for cid in self.collections:
+        for cid in sorted(self.collections or ()):
             async with self._session.get(f"{self.url}/v1/collections/{cid}/config",
                                          headers={"Authorization": f"Bearer {self.token}"}
                                          ) as resp:

@@ -32,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -205,7 +205,11 @@ class SigningKey:
                           separators=(",", ":")).encode("utf-8")
 
 
-def _load(cls: type, var: str, file_var: str, environ: Mapping[str, str] | None) -> Any:
+_Key = TypeVar("_Key", "SigningKey", "VerifyKey")
+
+
+def _load(cls: type[_Key], var: str, file_var: str,
+          environ: Mapping[str, str] | None) -> _Key | None:
     env = os.environ if environ is None else environ
     text, path = env.get(var), env.get(file_var)
     if not text and path:

@@ -1,11 +1,11 @@
 """Shared pytest fixtures: a real Redis server and a real Kafka-protocol broker (Tansu) started on
-loopback free ports via ``ldpstream.services`` for the whole session.
+loopback free ports via ``ldpstream.dev`` for the whole session.
 
-- ``redis_server`` → the :class:`~ldpstream.services.EmbeddedRedis` (``.url``, ``.restart()``);
+- ``redis_server`` → the :class:`~ldpstream.dev.redis.EmbeddedRedis` (``.url``, ``.restart()``);
   tests that restart it should use ``fresh_redis`` (function scoped, their own server).
 - ``redis_cluster`` / ``fresh_redis_cluster`` → an
-  :class:`~ldpstream.services.EmbeddedRedisCluster` (3 masters + 3 replicas; ``.url``, ``.seeds``).
-- ``kafka_broker`` → the :class:`~ldpstream.services.EmbeddedBroker` (``.bootstrap``).
+  :class:`~ldpstream.dev.redis_cluster.EmbeddedRedisCluster` (3 masters + 3 replicas; ``.url``, ``.seeds``).
+- ``kafka_broker`` → the :class:`~ldpstream.dev.broker.EmbeddedBroker` (``.bootstrap``).
 - ``unique_name`` → a fresh id per test, for topics/collections/consumer groups that must not
   collide across tests sharing the session broker.
 
@@ -68,11 +68,16 @@ def pytest_ignore_collect(collection_path, config):
 def _running(kind: str):
     """Start an embedded ``EmbeddedRedis`` / ``EmbeddedBroker``, yield it, stop it. A missing binary
     fails the test with the bootstrap hint (never a skip)."""
-    from ldpstream import services
-    server = getattr(services, kind)()
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.dev.redis import EmbeddedRedis
+    from ldpstream.dev.redis_cluster import EmbeddedRedisCluster
+    from ldpstream.errors import ServiceError
+    kinds = {"EmbeddedRedis": EmbeddedRedis, "EmbeddedBroker": EmbeddedBroker,
+             "EmbeddedRedisCluster": EmbeddedRedisCluster}
+    server = kinds[kind]()
     try:
         server.start()
-    except services.ServiceError as exc:
+    except ServiceError as exc:
         pytest.fail(f"cannot start {kind} (run scripts/bootstrap.sh): {exc}")
     try:
         yield server
@@ -93,7 +98,7 @@ def fresh_redis():
 
 @pytest.fixture(scope="session")
 def redis_cluster():
-    """A Redis Cluster (3 masters + 3 replicas, :class:`~ldpstream.services.EmbeddedRedisCluster`)
+    """A Redis Cluster (3 masters + 3 replicas, :class:`~ldpstream.dev.redis_cluster.EmbeddedRedisCluster`)
     shared by the session; tests that kill nodes use ``fresh_redis_cluster``."""
     yield from _running("EmbeddedRedisCluster")
 
@@ -171,7 +176,7 @@ class WorkerProcess:
     """``ldpstream worker`` as a child process (own process group, log file)."""
 
     def __init__(self, config_path: str, env: dict, log_path: str, web_port: int | None = None):
-        from ldpstream.services import free_port
+        from ldpstream.dev.process import free_port
         import subprocess
         import sys
 

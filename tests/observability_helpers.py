@@ -163,7 +163,8 @@ class PrometheusServer:
                 doc = json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             doc = json.loads(exc.read() or b"{}")
-            raise AssertionError(f"{url}: HTTP {exc.code} {doc.get('errorType')}: {doc.get('error')}")
+            raise AssertionError(f"{url}: HTTP {exc.code} {doc.get('errorType')}: "
+                                 f"{doc.get('error')}") from None
         assert doc.get("status") == "success", doc
         return doc["data"]
 

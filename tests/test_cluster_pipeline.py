@@ -29,13 +29,13 @@ from conftest import wait_for_n, write_config
 from store_helpers import read_collection
 import pytest
 
-pytestmark = pytest.mark.pipeline
-
 from ldpstream.agents import keys
 from ldpstream.agents.app import make_store
-from ldpstream.agents.redis_client import TRANSIENT_ERRORS
+from ldpstream.redis_client import TRANSIENT_ERRORS
 from ldpstream.config import load_config
 from ldpstream.producers.fleet import run_fleet
+
+pytestmark = pytest.mark.pipeline
 
 
 def _health(worker) -> dict:

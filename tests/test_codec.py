@@ -155,7 +155,7 @@ def test_decode_reasons():
         decode_batch(big_n)
     assert ei.value.reason == "truncated" and ei.value.collection == "adult"
     with pytest.raises(DecodeError):
-        decode_batch("not bytes")  # type: ignore[arg-type]
+        decode_batch("not bytes")  # type: ignore[arg-type]  # deliberately the wrong type
 
 
 def test_fuzz_random_bytes_only_decode_error():

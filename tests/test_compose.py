@@ -111,7 +111,7 @@ def test_healthchecks_and_depends_on_conditions():
 
 def test_ports_unique_and_valid():
     host_ports = []
-    for name, svc in SERVICES.items():
+    for _name, svc in SERVICES.items():
         for p in svc.get("ports", []):
             host, container = str(p).split(":")[-2:]
             assert 0 < int(host) < 65536 and 0 < int(container) < 65536

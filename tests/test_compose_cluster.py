@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ldpstream.agents.redis_client import is_cluster_url, parse_nodes
+from ldpstream.redis_client import is_cluster_url, parse_nodes
 
 pytestmark = pytest.mark.core
 
@@ -138,7 +138,8 @@ def test_commands_are_cli_subcommands(svc):
 def test_topic_replication_setting_is_checked(monkeypatch):
     import asyncio
 
-    from ldpstream.services import ServiceError, create_topics
+    from ldpstream.errors import ServiceError
+    from ldpstream.kafka_admin import create_topics
     monkeypatch.setenv("LDP_TOPIC_REPLICATION", "zero")
     with pytest.raises(ServiceError, match="LDP_TOPIC_REPLICATION: must be an integer >= 1"):
         asyncio.run(create_topics("127.0.0.1:1", {"t": 1}))

@@ -153,7 +153,7 @@ def test_decode_optimal_table_is_exact_minimum():
     over the two pivots' t), and it is never worse than the published p_y."""
     rng = np.random.default_rng(0)
     mech = CorrRR(EQ, 1.0)
-    for trial in range(2):
+    for _trial in range(2):
         f = [rng.dirichlet(np.ones(3)) for _ in range(3)]
         T = decode_optimal_table(f, 1.0, 500, mech.affine_all())
         Tp = paper_py_table(f, 1.0, 500)

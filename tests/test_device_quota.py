@@ -35,8 +35,10 @@ def test_bound_is_attained_by_the_worst_attack():
     M = inverse_map(P)
     n, m = 1000, 50
     j = int(np.argmax(M.max(axis=1) - M.min(axis=1)))
-    h = np.zeros(M.shape[1]); h[np.argmin(M[j])] = 1.0   # honest reports where M_j is smallest
-    a = np.zeros_like(h); a[np.argmax(M[j])] = m          # crafted reports where it is largest
+    h = np.zeros(M.shape[1])
+    h[np.argmin(M[j])] = 1.0   # honest reports where M_j is smallest
+    a = np.zeros_like(h)
+    a[np.argmax(M[j])] = m     # crafted reports where it is largest
     shift = abs((M @ ((n * h + a) / (n + m)) - M @ h)[j])
     assert shift == pytest.approx(poisoning_bound(P, n, m))
     for _ in range(200):  # and never exceeded
@@ -68,7 +70,7 @@ def test_quota_breaking_devices_exact_counts_across_kill9(tmp_path, kafka_broker
     crafted = np.array([[0, 1]])  # every crafted report says (Female, >50K)
 
     async def attack(pub: Publisher, rounds: range) -> None:
-        for r in rounds:  # 60 messages of 10 reports per attacker, each on its own partition
+        for _r in rounds:  # 60 messages of 10 reports per attacker, each on its own partition
             for a in range(ATTACKERS):
                 payload = encode_batch(cid, mech.version, np.repeat(crafted, 10, axis=0),
                                        device_ids=np.full(10, 10**9 + a, dtype=np.uint64))

@@ -34,7 +34,7 @@ async def publish(bootstrap: str, topic: str, states: dict[str, RRIndependent]) 
     key = collection id)."""
     from ldpstream.producers.publisher import Publisher
     from ldpstream.producers.signing import load_signing_key
-    from ldpstream.services import create_topics
+    from ldpstream.kafka_admin import create_topics
 
     key = load_signing_key()  # the session's key (tests/conftest.py); devices pin its public key
     assert key is not None
@@ -214,7 +214,7 @@ def test_kafka_transport_keys_batches_by_device(kafka_broker, unique_name, tmp_p
     from aiokafka import AIOKafkaConsumer
 
     from ldpstream.producers.publisher import Publisher
-    from ldpstream.services import create_topics
+    from ldpstream.kafka_admin import create_topics
 
     topic = f"cfg.{unique_name}"
     cid = unique_name
@@ -289,7 +289,7 @@ def test_client_never_uses_an_unsigned_or_forged_state(kafka_broker, unique_name
 
     from ldpstream.producers.publisher import Publisher
     from ldpstream.producers.signing import SigningKey
-    from ldpstream.services import create_topics
+    from ldpstream.kafka_admin import create_topics
 
     topic = f"cfg.{unique_name}"
     forged = RRIndependent(DOM, epsilon=12.0)  # nearly the true values

@@ -1,4 +1,6 @@
 """Domain/Factor value objects and channel construction basics."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -10,8 +12,8 @@ pytestmark = pytest.mark.core
 
 def test_domain_is_frozen_and_named():
     dom = Domain(("a", "b"), (2, 3))
-    with pytest.raises(Exception):
-        dom.attrs = ("x",)  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        dom.attrs = ("x",)  # type: ignore[misc]  # the write must fail
     assert dom["b"] == 3 and "a" in dom and len(dom) == 2
     with pytest.raises(KeyError, match="'z'"):
         dom.axes(("z",))

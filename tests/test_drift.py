@@ -237,7 +237,7 @@ def test_other_families_bootstrap_through_the_mechanism():
     rng = np.random.default_rng(6)
     specs = mech.tensors([("a", "b")])
     runs = []
-    for i in range(1000):  # each run: 5000 fresh records of the population, randomized
+    for _i in range(1000):  # each run: 5000 fresh records of the population, randomized
         cells = rng.choice(pi.size, size=5000, p=pi.reshape(-1))
         records = np.stack(np.unravel_index(cells, SHAPE), axis=1).astype(np.uint8)
         c = mech.count(mech.randomize(records, rng), specs)

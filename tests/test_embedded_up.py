@@ -61,7 +61,7 @@ def _ingested(metrics: str | None) -> float:
 
 @pytest.mark.parametrize("how", ["duration", "sigint"])
 def test_up_serves_and_exits_cleanly(tmp_path, how):
-    from ldpstream.services import free_port
+    from ldpstream.dev.process import free_port
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")}

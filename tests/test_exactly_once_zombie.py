@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 from conftest import wait_for_n, write_config
 from store_helpers import on_masters, read_collection, read_fine_buckets
-import pytest
 
 pytestmark = pytest.mark.pipeline
 

@@ -104,7 +104,8 @@ async def _parts(consumer, topic):
 def test_gateway_refusals_produce_nothing_then_a_batch_is_stamped(kafka_broker, unique_name):
     from ldpstream.producers.publisher import Publisher
     from ldpstream.producers.signing import load_signing_key
-    from ldpstream.services import create_topics, free_port
+    from ldpstream.dev.process import free_port
+    from ldpstream.kafka_admin import create_topics
 
     cid, cfg = unique_name, f"cfg.{unique_name}"
     topic = f"ldp.reports.{cid}"
@@ -264,7 +265,7 @@ def test_reports_through_the_gateway_are_counted_exactly(tmp_path, kafka_broker,
     from ldpstream.config import load_config
     from ldpstream.producers.ledger import Ledger
     from ldpstream.producers.sdk import DeviceClient, HttpTransport
-    from ldpstream.services import free_port
+    from ldpstream.dev.process import free_port
 
     cid = unique_name
     path = tmp_path / "c.yaml"

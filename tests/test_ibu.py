@@ -66,7 +66,7 @@ def test_result_is_frozen():
     counts, chans = sparse_case(seed=3)
     res = ibu(counts, chans)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        res.iterations = 0  # type: ignore[misc]
+        res.iterations = 0  # type: ignore[misc]  # the write must fail
 
 
 def test_converges_to_castell_when_castell_is_interior():

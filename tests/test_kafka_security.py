@@ -81,7 +81,8 @@ def test_tls_settings_reach_publisher_watcher_and_admin(tmp_path, monkeypatch):
     (verifying its certificate against the CA file) and sends a Kafka request inside it."""
     from ldpstream.producers.device import ConfigWatcher
     from ldpstream.producers.publisher import Publisher, PublishError
-    from ldpstream.services import ServiceError, create_topics
+    from ldpstream.errors import ServiceError
+    from ldpstream.kafka_admin import create_topics
 
     cert, key = _self_signed(tmp_path)
     env = {"LDP_KAFKA_SECURITY_PROTOCOL": "SSL", "LDP_KAFKA_SSL_CAFILE": cert}

@@ -39,7 +39,8 @@ def test_broker_losing_its_log_is_detected_and_nothing_is_skipped(
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.producers.fleet import run_fleet
-    from ldpstream.services import EmbeddedBroker, create_topics
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.kafka_admin import create_topics
 
     broker = EmbeddedBroker()
     broker.start()

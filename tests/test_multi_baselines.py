@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ldpstream.estimators import channels as ch
 from ldpstream.estimators.domain import Domain
 from ldpstream.estimators.mechanism import MECHANISMS, from_state
 from ldpstream.estimators.multi_baselines import (RSFD, RSRFD, SMP, SPL, amplification_for,

@@ -104,7 +104,9 @@ def _kill_group(proc: subprocess.Popen, sig=signal.SIGKILL) -> None:
 
 def test_dashboards_and_alerts_against_real_prometheus(tmp_path):
     from ldpstream.config import load_config
-    from ldpstream.services import EmbeddedBroker, EmbeddedRedis, free_port
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.dev.process import free_port
+    from ldpstream.dev.redis import EmbeddedRedis
 
     t_start = time.monotonic()
     cfg_path = _write_config(tmp_path / "obs.yaml")

@@ -25,3 +25,4 @@ def test_wheel_builds_without_warnings_and_ships_the_data(tmp_path):
     for f in ("adult.csv", "adult-demo.yaml", "ADULT-LICENSE.md", "survey.bif"):
         assert f"ldpstream/data/{f}" in names, f
     assert "ldpstream/agents/app.py" in names and "ldpstream/estimators/castell.py" in names
+    assert "ldpstream/dev/broker.py" in names and "ldpstream/kafka_admin.py" in names

@@ -47,7 +47,7 @@ def test_publisher_default_compression_is_lz4_on_the_wire(kafka_broker, unique_n
 
     from ldpstream.producers.codec import decode_batch, encode_batch
     from ldpstream.producers.publisher import Publisher, default_compression
-    from ldpstream.services import create_topics
+    from ldpstream.kafka_admin import create_topics
 
     assert default_compression() == "lz4"
     topic = f"ldp.reports.{unique_name}"

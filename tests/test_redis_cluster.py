@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from ldpstream.agents.redis_client import (TRANSIENT_ERRORS, RedisUrlError, cluster_url, connect,
+from ldpstream.redis_client import (TRANSIENT_ERRORS, RedisUrlError, cluster_url, connect,
                                            display_url, health, is_cluster_url, parse_nodes,
                                            redis_url_from_env)
 from ldpstream.config import ConfigError, parse_config
-from ldpstream.services import CLUSTER_SLOTS, EmbeddedRedisCluster
+from ldpstream.dev.redis_cluster import CLUSTER_SLOTS, EmbeddedRedisCluster
 
 pytestmark = pytest.mark.pipeline
 
@@ -139,7 +139,7 @@ def test_connection_torn_down_under_a_script_call_is_a_connection_error():
     any other AttributeError through."""
     import redis.exceptions as rexc
 
-    from ldpstream.agents.redis_client import run_script
+    from ldpstream.redis_client import run_script
 
     ns: dict = {}
     exec(compile("async def leak(keys, args):\n    None.writelines([b''])\n",

@@ -22,7 +22,7 @@ def test_worker_waits_for_redis_and_loses_nothing(tmp_path, kafka_broker, servic
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.producers.fleet import run_fleet
-    from ldpstream.services import EmbeddedRedis
+    from ldpstream.dev.redis import EmbeddedRedis
 
     redis = EmbeddedRedis(data_dir=str(tmp_path / "redis"))  # our dir: survives stop()
     redis.start()

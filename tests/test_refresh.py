@@ -17,7 +17,6 @@ from ldpstream.agents.bucket_reader import WindowCounts
 from ldpstream.agents.refresh import (LEASE, LOCK, PREVIOUS, Refresher, acquire,
                                       refresh_payloads, release, tick_safe)
 from ldpstream.agents.store import CountStore, PartitionDelta
-from ldpstream.agents.windows import parse_window
 from ldpstream.config import AppConfig, parse_config
 from ldpstream.estimators.drift import drift_test, null_variances
 from ldpstream.estimators.many import EstimateCache

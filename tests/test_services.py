@@ -8,8 +8,12 @@ import time
 
 import pytest
 
-from ldpstream.services import (EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics,
-                                find_redis_server, find_tansu, free_port, kafka_metadata_ok)
+from ldpstream.dev.broker import EmbeddedBroker
+from ldpstream.dev.process import find_redis_server, find_tansu, free_port
+from ldpstream.dev.redis import EmbeddedRedis
+from ldpstream.errors import ServiceError
+from ldpstream.kafka_admin import blocking, broker_ok, create_topics
+from ldpstream.producers.kafka_security import KafkaSecurity
 
 pytestmark = pytest.mark.pipeline
 
@@ -105,7 +109,8 @@ def test_broker_produce_consume_group_commit():
     broker = EmbeddedBroker()
     bootstrap = broker.start()
     pid, port = broker.pid, broker.port
-    assert kafka_metadata_ok("127.0.0.1", port)
+    ok, detail = blocking(lambda: broker_ok(bootstrap, KafkaSecurity()))
+    assert ok, detail
     try:
         created = broker.create_topics({"ldp.reports.t": 3, "ldp.config": 1}, compacted={"ldp.config"})
         assert sorted(created) == ["ldp.config", "ldp.reports.t"]
@@ -155,3 +160,34 @@ def test_broker_produce_consume_group_commit():
         broker.stop()
     assert not _alive(pid)
     assert not _port_open(port)
+
+
+def test_broker_probe_answers_and_reuses_its_answer(kafka_broker):
+    """/healthz's broker check: a real answer from the broker, one probe per max_age_s (a dead
+    address raises the same error again without a second connection attempt)."""
+    from aiokafka.errors import KafkaConnectionError
+
+    from ldpstream.kafka_admin import BrokerProbe
+
+    async def scenario() -> None:
+        probe = BrokerProbe(kafka_broker.bootstrap, KafkaSecurity(), timeout_s=2.0, max_age_s=60.0)
+        ok, detail = await probe.check()
+        assert ok and "answered metadata" in detail
+        assert await probe.check() == (ok, detail)
+        dead = BrokerProbe(f"127.0.0.1:{free_port()}", KafkaSecurity(), timeout_s=1.0,
+                           max_age_s=60.0)
+        with pytest.raises(KafkaConnectionError) as first:
+            await dead.check()
+        t0 = time.monotonic()
+        with pytest.raises(KafkaConnectionError) as again:
+            await dead.check()
+        assert again.value is first.value and time.monotonic() - t0 < 0.5
+        fresh = BrokerProbe(f"127.0.0.1:{free_port()}", KafkaSecurity(), timeout_s=1.0,
+                            max_age_s=0.0)
+        with pytest.raises(KafkaConnectionError) as one:
+            await fresh.check()
+        with pytest.raises(KafkaConnectionError) as two:
+            await fresh.check()
+        assert one.value is not two.value  # max_age_s = 0: every check probes
+
+    asyncio.run(scenario())

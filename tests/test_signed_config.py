@@ -57,7 +57,7 @@ def test_sign_open_roundtrip_and_each_forgery_refused(tmp_path):
     assert reason(b"\xff\x00") == "malformed"
     # a plain dict never reaches a mechanism
     with pytest.raises(StateRejected) as exc:
-        mechanism_from_state(plain)  # type: ignore[arg-type]
+        mechanism_from_state(plain)  # type: ignore[arg-type]  # deliberately the wrong type
     assert exc.value.reason == "unsigned"
     # the identity channel costs ε = inf: refused by any finite ceiling even when validly signed
     ident = pinned.open(key.sign_state(_identity_state(mech), "adult"), collection="adult")
@@ -78,7 +78,7 @@ def test_device_refuses_forged_replayed_and_over_ceiling_states(kafka_broker, un
     over-ceiling states arrive; the device keeps v3, then adopts the signed v4."""
     from aiokafka import AIOKafkaProducer
 
-    from ldpstream.services import create_topics
+    from ldpstream.kafka_admin import create_topics
 
     topic = f"cfg-{unique_name}"
     coll, mech = _mechanism(epsilon=1.0, version=3)
@@ -141,7 +141,7 @@ def test_device_refuses_forged_replayed_and_over_ceiling_states(kafka_broker, un
 def test_device_without_pinned_key_adopts_nothing(kafka_broker, unique_name):
     from aiokafka import AIOKafkaProducer
 
-    from ldpstream.services import create_topics
+    from ldpstream.kafka_admin import create_topics
 
     topic = f"cfg-{unique_name}"
     _, mech = _mechanism()

@@ -282,7 +282,6 @@ def test_rrba_driver_matches_the_per_view_block_loop_in_distribution():
     """RRBA through the driver (each device picks an open view at random) converges with about
     the reports of the paper's per-view loop and its pooled 2-way tables are as accurate."""
     from ldpstream.bench.mech_rrba import run_once
-    from ldpstream.estimators.rrba_consistency import consistent_tables
     from ldpstream.simulate.driver import Plan, build, drive
     rng0 = np.random.default_rng(0)
     n = 6000

@@ -13,10 +13,10 @@ import redis.asyncio as aioredis
 from ldpstream.agents import keys
 from ldpstream.agents.layout import Layout
 from ldpstream.agents.store import CountStore, PartitionDelta, SideCounter, expand_levels
-from ldpstream.agents.windows import COARSE_FACTOR, BucketPolicy, cover, parse_window
+from ldpstream.windows import COARSE_FACTOR, BucketPolicy, cover, parse_window
 from ldpstream.estimators.mechanism import TensorSpec
-from ldpstream.agents.redis_client import connect
-from ldpstream.services import EmbeddedRedis
+from ldpstream.redis_client import connect
+from ldpstream.dev.redis import EmbeddedRedis
 
 from store_helpers import P, cells, read, read_all
 

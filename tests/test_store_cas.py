@@ -13,7 +13,7 @@ import pytest
 from ldpstream.agents.layout import Layout
 from ldpstream.agents.store import ApplyStatus, CountStore, PartitionDelta
 from ldpstream.estimators.mechanism import TensorSpec
-from ldpstream.agents.redis_client import connect
+from ldpstream.redis_client import connect
 
 from store_helpers import P, cells, on_masters, read
 

@@ -99,7 +99,7 @@ def test_fleet_on_your_own_config_needs_no_drift_target(tmp_path, kafka_broker, 
 
 def test_up_refuses_bad_data_and_a_busy_port_before_starting_anything(tmp_path, capsys):
     from ldpstream.cli import main
-    from ldpstream.services import free_port
+    from ldpstream.dev.process import free_port
 
     cfg, _ = _own_data(tmp_path)
     t0 = time.monotonic()
@@ -116,7 +116,7 @@ def test_up_refuses_bad_data_and_a_busy_port_before_starting_anything(tmp_path, 
 
 
 def test_up_feeds_every_collection_and_a_hangup_stops_every_child(tmp_path):
-    from ldpstream.services import free_port
+    from ldpstream.dev.process import free_port
 
     cfg, _ = _own_data(tmp_path)
     port = free_port()
@@ -151,7 +151,7 @@ def test_up_feeds_every_collection_and_a_hangup_stops_every_child(tmp_path):
 
 def test_no_child_survives_a_killed_up(tmp_path):
     from ldpstream.agents.app import STOP_GRACE_S
-    from ldpstream.services import free_port, port_free
+    from ldpstream.dev.process import free_port, port_free
 
     port = free_port()
     proc, log = _up(tmp_path, "--no-fleet", "--web-port", str(port))
@@ -179,7 +179,7 @@ def test_no_child_survives_a_killed_up(tmp_path):
 @pytest.fixture
 def lonely_broker():
     """A broker of this test alone (it gets stopped under a worker / fleet)."""
-    from ldpstream.services import EmbeddedBroker
+    from ldpstream.dev.broker import EmbeddedBroker
 
     broker = EmbeddedBroker()
     broker.start()
@@ -244,7 +244,7 @@ def test_up_exits_non_zero_when_a_fleet_fails(tmp_path):
     fails, and up says so and exits 1 (it used to print a line and exit 0)."""
     import shutil
 
-    from ldpstream.services import free_port
+    from ldpstream.dev.process import free_port
 
     cfg, csv = _own_data(tmp_path)
     data = tmp_path / "copy.csv"

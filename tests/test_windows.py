@@ -1,11 +1,11 @@
-"""Time buckets and windows (agents/windows.py): parsing, placement of record timestamps (the
+"""Time buckets and windows (ldpstream/windows.py): parsing, placement of record timestamps (the
 future/late rule), window ranges and their cover by coarse and fine buckets."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ldpstream.agents.windows import (COARSE_FACTOR, FUTURE_TOLERANCE_S, BucketPolicy, Window,
+from ldpstream.windows import (COARSE_FACTOR, FUTURE_TOLERANCE_S, BucketPolicy, Window,
                                       cover, parse_window)
 
 pytestmark = pytest.mark.core

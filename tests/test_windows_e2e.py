@@ -101,7 +101,7 @@ def wait_refreshed(worker: WorkerProcess, cid: str, n: int, timeout: float = 60.
 
 def test_long_history_windows_and_calibrated_drift(tmp_path, kafka_broker, redis_server):
     from ldpstream.config import load_config
-    from ldpstream.services import free_port
+    from ldpstream.dev.process import free_port
 
     cid = f"hist-{os.getpid()}"
     cfg = tmp_path / "hist.yaml"

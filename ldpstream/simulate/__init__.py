@@ -2,6 +2,7 @@
 (:mod:`.driver`), the loop the streaming worker runs."""
 from __future__ import annotations
 
-from .driver import check_epsilon, main
+from .command import main
+from .driver import check_epsilon
 
 __all__ = ["check_epsilon", "main"]

@@ -32,7 +32,6 @@ per day, from :meth:`Mechanism.guarantee`) and ``results``: one row per
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -52,7 +51,7 @@ from ..estimators.mechanism import (CountBook, Estimate, Mechanism, ParamError, 
 from ..estimators.proper import clip_rescale
 
 __all__ = ["Plan", "Run", "drive", "run_of_reports", "estimate_run", "simulate", "build",
-           "load_dataset", "parse_ways", "draw_subsets", "run_with_progress", "print_table", "METRICS", "main"]
+           "load_dataset", "parse_ways", "draw_subsets", "run_with_progress", "print_table", "METRICS"]
 
 METRICS = ("tvd", "max_abs", "mae", "mse", "l2_counts", "jsd")
 
@@ -225,8 +224,9 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
         first = first or mech0
         keep = any(mech0.check_marginal(s, e) is not None for e in plan.estimators
                    for s in marginals)
-        acc = {(e, w): {"metrics": [], "seconds": [], "iterations": [], "converged": []}
-               for e in names for w in plan.ways}
+        acc: dict[tuple[str, int], dict[str, list[Any]]] = {
+            (e, w): {"metrics": [], "seconds": [], "iterations": [], "converged": []}
+            for e in names for w in plan.ways}
         reports, versions = [], []
         for r in range(plan.runs):
             run = drive(mech0, recs, np.random.default_rng([plan.seed, r]), marginals, keep)
@@ -234,7 +234,7 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
             reports.append(run.randomized)
             versions.append(len(run.versions))
             for w in plan.ways:
-                per = {e: {"metrics": [], "seconds": 0.0} for e in names}
+                per: dict[str, dict[str, Any]] = {e: {"metrics": [], "seconds": 0.0} for e in names}
                 for s in subsets[w]:
                     for e in plan.estimators:
                         t0 = time.perf_counter()
@@ -437,41 +437,3 @@ def print_table(doc: dict[str, Any], title: str | None = None) -> None:
     if not console.is_terminal:  # piped: do not squeeze the table into 80 columns
         console = Console(width=160)
     console.print(t)
-
-
-def main(args: Any) -> int:
-    if getattr(args, "epsilon", None) is not None:
-        check_epsilon(args.epsilon)
-    if getattr(args, "compare", False):
-        from .compare import main as compare_main
-        return compare_main(args)
-    plan = plan_from_args(args)
-    from threadpoolctl import threadpool_limits
-    with threadpool_limits(1):   # many small dense solves: one BLAS thread on a shared machine
-        doc = run_with_progress(plan)
-    if getattr(args, "synthesize", None):
-        doc["synthesis"] = _synthesize(plan, args.synthesize)
-    if args.json:
-        print(json.dumps(doc))
-    else:
-        print_table(doc)
-        if "synthesis" in doc:
-            syn = doc["synthesis"]
-            print(f"synthetic dataset → {syn['path']} ({syn['estimator']}): clusters "
-                  f"{syn['clusters']}; marginal tvd 1-way {syn['tvd_1way']:.4f}, 2-way "
-                  f"{syn['tvd_2way']:.4f}; {syn['seconds']:.1f}s")
-    return 0
-
-
-def _synthesize(plan: Plan, path: str) -> dict[str, Any]:
-    """One more run keeping the reports; a synthetic dataset from its joints (first estimator)."""
-    from .synthesize import marginal_fidelity, synthesize_dataset, write_csv
-    rng = np.random.default_rng([plan.seed, 104729])
-    run = drive(build(plan, plan.variants[0]), plan.dataset.records, rng, (), keep_reports=True)
-    t0 = time.perf_counter()
-    records, info = synthesize_dataset(plan.dataset, run.mechanism, run.accepted_reports,
-                                       plan.estimators[0], rng)
-    info["seconds"] = time.perf_counter() - t0
-    write_csv(path, plan.dataset, records)
-    info.update(marginal_fidelity(plan.dataset, records), path=str(path))
-    return info

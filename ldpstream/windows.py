@@ -30,13 +30,11 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["COARSE_FACTOR", "FUTURE_TOLERANCE_S", "DEFAULT_BUCKET_S", "DEFAULT_WINDOWS", "Window",
+__all__ = ["COARSE_FACTOR", "FUTURE_TOLERANCE_S", "Window",
            "parse_window", "BucketPolicy", "cover"]
 
 COARSE_FACTOR = 60            # fine buckets per coarse bucket
 FUTURE_TOLERANCE_S = 120.0    # clock skew accepted before a timestamp is clamped to now
-DEFAULT_BUCKET_S = 60.0
-DEFAULT_WINDOWS = ("5m", "1h", "24h", "all")
 ALL = "all"
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

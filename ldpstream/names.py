@@ -1,0 +1,69 @@
+"""The one place for ldpstream's names and defaults: Kafka topics, environment variables, default
+ports and intervals (docs/pipeline.md, "What runs"; docs/configuration.md). Redis keys have their own
+single module, agents/keys.py. Every other module imports these; none repeats a literal."""
+from __future__ import annotations
+
+__all__ = [
+    "REPORTS_TOPIC_PREFIX", "DLQ_TOPIC", "CONFIG_TOPIC", "SERVICE_TOPICS", "COMPACTED_TOPICS",
+    "reports_topic", "ENV_API_TOKEN", "ENV_KAFKA_BOOTSTRAP", "ENV_REDIS_URL", "ENV_CONFIG",
+    "DEFAULT_WEB_PORT", "DEFAULT_BIND", "DEFAULT_GATEWAY_PORT", "DEFAULT_PARTITIONS",
+    "DEFAULT_ESTIMATORS", "DEFAULT_REFRESH_INTERVAL_S",
+    "DEFAULT_CONTROLLER_INTERVAL_S", "DEFAULT_BUCKET_S", "DEFAULT_WINDOWS",
+    "DEFAULT_DRIFT_ALPHA", "DEFAULT_QUOTA_WINDOW_S", "DEFAULT_BATCH_REPORTS",
+    "DEFAULT_BATCH_SECONDS", "MAX_MESSAGE_BYTES",
+]
+
+# --- Kafka topics (docs/pipeline.md, "What runs") ---------------------------------------------------
+
+#: a collection's reports: ``ldp.reports.<collection id>``, ``partitions`` partitions
+REPORTS_TOPIC_PREFIX = "ldp.reports."
+#: malformed or refused records, each with a reason (docs/security.md, "The dead-letter topic is at-least-once")
+DLQ_TOPIC = "ldp.dlq"
+#: signed mechanism states, compacted, keyed by collection id (docs/security.md)
+CONFIG_TOPIC = "ldp.config"
+#: the topics besides the collections' own, with their partition counts
+SERVICE_TOPICS: dict[str, int] = {DLQ_TOPIC: 1, CONFIG_TOPIC: 1}
+#: topics created with ``cleanup.policy=compact``
+COMPACTED_TOPICS = frozenset({CONFIG_TOPIC})
+
+
+def reports_topic(collection_id: str) -> str:
+    """The Kafka topic of a collection's reports."""
+    return REPORTS_TOPIC_PREFIX + collection_id
+
+
+# --- environment (docs/configuration.md) ------------------------------------------
+
+ENV_API_TOKEN = "LDP_API_TOKEN"
+ENV_KAFKA_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"
+ENV_REDIS_URL = "REDIS_URL"
+ENV_CONFIG = "LDP_CONFIG"
+
+# --- ports -----------------------------------------------------------------------------------------
+
+#: the worker's HTTP API and /metrics
+DEFAULT_WEB_PORT = 6066
+#: HTTP servers (worker API, gateway) listen on loopback unless told otherwise (LDP_WEB_BIND,
+#: ``--bind``; compose sets 0.0.0.0)
+DEFAULT_BIND = "127.0.0.1"
+#: the HTTP report gateway (``ldpstream gateway``)
+DEFAULT_GATEWAY_PORT = 8080
+
+# --- collection defaults (docs/configuration.md) ----------------------------------------------------
+
+#: partitions of a collection's topic when the config omits ``partitions``
+DEFAULT_PARTITIONS = 1
+DEFAULT_ESTIMATORS = ("truncated",)
+DEFAULT_REFRESH_INTERVAL_S = 5.0
+DEFAULT_CONTROLLER_INTERVAL_S = 1.0
+DEFAULT_BUCKET_S = 60.0
+DEFAULT_WINDOWS = ("5m", "1h", "24h", "all")
+DEFAULT_DRIFT_ALPHA = 1e-3
+DEFAULT_QUOTA_WINDOW_S = 86_400.0
+
+# --- ingest defaults ---------------------------------------------------------------------------------
+
+DEFAULT_BATCH_REPORTS = 20_000
+DEFAULT_BATCH_SECONDS = 0.5
+#: the largest Kafka message (one report batch) a worker accepts, and the wire format's default
+MAX_MESSAGE_BYTES = 1_048_576

@@ -400,3 +400,6 @@ def install(app: Any, ctx: Any) -> None:
             metrics.COLLECTION_REPORTS.labels(collection).set(0)
             return self.json({"collection": collection, "reset": True, "keys_deleted": deleted,
                               "offsets_kept": True})
+
+    from . import ui  # the live page (GET /, /ui/...): it reads the views above
+    ui.install(app, ctx)

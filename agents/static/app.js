@@ -9,7 +9,7 @@ const HEALTH_EVERY = 5;          // polls between two /healthz reads (it asks th
 const DEFAULT_CELLS = 3;         // cells followed over time until the reader picks others
 
 const state = { collections: [], health: null, sel: {}, cells: new Set(), cellsFor: null,
-  paused: false, polls: 0, timer: null, estimate: null };
+  cellsPicked: false, paused: false, polls: 0, timer: null, estimate: null };
 
 function h(tag, attrs = {}, children = []) {
   const node = document.createElement(tag);
@@ -181,10 +181,12 @@ async function loadEstimate(c) {
     state.estimate = est;
     showMessage(null);
     $("estimate-figure").hidden = false;
+    $("estimate-table-box").hidden = false;
     drawEstimate(est);
     summary(est);
   } catch (exc) {
     state.estimate = null;
+    $("estimate-table-box").hidden = true;
     $("estimate-chart").replaceChildren();
     $("estimate-table").replaceChildren();
     $("summary").replaceChildren();
@@ -198,17 +200,25 @@ async function loadEstimate(c) {
 // --- over time: cells and drift --------------------------------------------------------------------
 function cellChoices(keys) {
   const id = `${state.sel.collection}/${state.sel.marginal}`;
-  if (state.cellsFor !== id) {
+  if (state.cellsFor !== id || (!state.cells.size && !state.cellsPicked)) {
     state.cellsFor = id;
+    state.cellsPicked = false;
     const top = state.estimate ? flatten(state.estimate.cells, state.estimate.labels).sort((a, b) => b.v - a.v) : [];
     state.cells = new Set((top.length ? top.map((c) => c.key) : keys).slice(0, DEFAULT_CELLS));
   }
   const box = $("cell-choices");
-  const have = [...box.querySelectorAll("input")].map((i) => i.value).join("\n");
-  if (have === keys.join("\n")) return;
+  const inputs = [...box.querySelectorAll("input")];
+  if (inputs.map((i) => i.value).join("\n") === keys.join("\n")) {
+    for (const i of inputs) i.checked = state.cells.has(i.value);
+    return;
+  }
   box.replaceChildren(...keys.map((k) => {
     const input = h("input", { type: "checkbox", value: k, checked: state.cells.has(k) });
-    input.addEventListener("change", () => { input.checked ? state.cells.add(k) : state.cells.delete(k); poll(); });
+    input.addEventListener("change", () => {
+      state.cellsPicked = true;
+      if (input.checked) state.cells.add(k); else state.cells.delete(k);
+      poll();
+    });
     return h("label", { class: "check" }, [input, ` ${k}`]);
   }));
 }
@@ -329,6 +339,11 @@ function start() {
     $("pause").setAttribute("aria-pressed", String(state.paused));
     $("pause").textContent = state.paused ? "Resume updates" : "Pause updates";
     if (!state.paused) poll(); else clearTimeout(state.timer);
+  });
+  window.addEventListener("hashchange", () => {
+    Object.assign(state.sel, readHash());
+    syncControls();
+    poll();
   });
   poll();
 }

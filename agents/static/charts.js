@@ -63,7 +63,7 @@ export function bars(labels, values, band, label) {
 
 /** A heatmap of a 2-D table (rows × columns) with the value in every cell. */
 export function heatmap(rowLabels, colLabels, matrix, band, label, vmax) {
-  const cw = Math.max(58, Math.min(96, 640 / colLabels.length)), ch = 30;
+  const cw = Math.max(64, Math.min(120, 720 / colLabels.length)), ch = colLabels.length > 6 ? 30 : 38;
   const left = Math.min(200, 14 + 7.2 * Math.max(...rowLabels.map((l) => l.length)));
   const top = 30, width = left + cw * colLabels.length + 8, height = top + ch * rowLabels.length + 6;
   const max = vmax || Math.max(1e-9, ...matrix.flat());
@@ -96,7 +96,7 @@ export function timeSeries({ series, threshold, versions = [], failures = [], al
   const g = root(width, height, label);
   if (!ts.length) return g;
   let t0 = Math.min(...ts), t1 = Math.max(...ts);
-  if (t1 - t0 < 10) t1 = t0 + 10;
+  if (t1 - t0 < 2) { t0 -= 1; t1 += 1; }
   const ys = series.flatMap((s) => s.points.flatMap((p) => [p.lo ?? p.v, p.hi ?? p.v]))
     .concat(threshold ? threshold.map((p) => p.v) : []).filter((v) => Number.isFinite(v));
   let y0 = Math.min(0, ...ys), y1 = niceMax(Math.max(1e-9, ...ys));

@@ -99,24 +99,29 @@ def field(driver, selector: str) -> str:
     return driver.find_element("css selector", selector).get_attribute("textContent")
 
 
+def start_worker(tmp_path, cid: str, collection: dict, bootstrap: str, redis_url: str):
+    """A worker child serving one collection over ATTRS (``collection``: its other fields)."""
+    from ldpstream.config import load_config
+
+    cfg = tmp_path / f"{cid}.yaml"
+    cfg.write_text(yaml.safe_dump({"collections": [{
+        "id": cid, "schema": {"attributes": ATTRS}, "mechanism": "rr-ind", "epsilon": 2.0,
+        "refresh_interval_s": 1.0, "bucket_s": 1, **collection}]}, sort_keys=False))
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
+               LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1", LDP_APP_ID=f"ldp-{cid}")
+    worker = WorkerProcess(str(cfg), env, str(tmp_path / f"{cid}.log"))
+    return worker, load_config(str(cfg)).collections[cid]
+
+
 def test_the_page_shows_the_api_live_and_marks_drift(tmp_path, kafka_broker, redis_server,
                                                       browser):
     from selenium.webdriver.common.keys import Keys
 
-    from ldpstream.config import load_config
-
     cid = f"page-{os.getpid()}"
-    cfg = tmp_path / "page.yaml"
-    cfg.write_text(yaml.safe_dump({"collections": [{
-        "id": cid, "schema": {"attributes": ATTRS}, "mechanism": "rr-ind", "epsilon": 2.0,
+    worker, coll = start_worker(tmp_path, cid, {
         "partitions": 2, "marginals": [["sex", "income"], ["sex", "income", "region"]],
-        "estimators": ["castell", "truncated"], "refresh_interval_s": 1.0, "bucket_s": 1,
-        "windows": ["all", "30s"], "drift_alpha": 0.001}]}, sort_keys=False))
-    coll = load_config(str(cfg)).collections[cid]
-    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_broker.bootstrap,
-               REDIS_URL=redis_server.url, LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1",
-               LDP_APP_ID=f"ldp-{cid}")
-    worker = WorkerProcess(str(cfg), env, str(tmp_path / "worker.log"))
+        "estimators": ["castell", "truncated"], "windows": ["all", "30s"], "drift_alpha": 0.001},
+        kafka_broker.bootstrap, redis_server.url)
     rng = np.random.default_rng(11)
 
     def send(n: int, changed: bool, seconds_ago: tuple[float, float]) -> None:
@@ -200,5 +205,39 @@ def test_the_page_shows_the_api_live_and_marks_drift(tmp_path, kafka_broker, red
         severe = [e for e in browser.get_log("browser")
                   if e["level"] == "SEVERE" and e["source"] != "network"]
         assert not severe, severe
+    finally:
+        worker.kill()
+
+
+def test_the_page_shows_a_store_outage_in_place(tmp_path, kafka_broker, fresh_redis, browser):
+    """Redis stops under a running worker: the page names the failing check at the top and says
+    in place of the estimate why there is none; when Redis is back the estimate returns."""
+    cid = f"outage-{os.getpid()}"
+    worker, coll = start_worker(tmp_path, cid, {
+        "partitions": 1, "marginals": [["sex", "income"]], "estimators": ["castell"],
+        "windows": ["all"]}, kafka_broker.bootstrap, fresh_redis.url)
+    rng = np.random.default_rng(5)
+    try:
+        worker.wait_ready(90)
+        stamps = np.full(2, time.time() * 1000)
+        asyncio.run(publish(kafka_broker.bootstrap, coll, population(10_000, rng, False), stamps,
+                            rng))
+        browser.get(f"{worker.url}/?poll=400#c={cid}")
+        wait(lambda: browser.find_elements("css selector", "#estimate-chart g.hcell"), 60,
+             "the estimate drawn")
+        fresh_redis.stop()
+        problem = wait(lambda: browser.find_element("id", "problem").is_displayed()
+                       and field(browser, "#problem"), 30, "the outage named at the top")
+        assert "redis" in problem.lower(), problem
+        message = wait(lambda: field(browser, "#estimate-message"), 30, "the estimate's failure")
+        assert "unavailable" in message and browser.find_element(
+            "id", "estimate-message").get_attribute("class").split()[-1] == "failure", message
+        assert not browser.find_elements("css selector", "#estimate-chart g.hcell")
+        shot(browser, "5-redis-down")
+        fresh_redis.start()
+        wait(lambda: browser.find_elements("css selector", "#estimate-chart g.hcell"), 60,
+             "the estimate back after Redis returned")
+        wait(lambda: not browser.find_element("id", "problem").is_displayed(), 30,
+             "the outage message gone")
     finally:
         worker.kill()

@@ -106,7 +106,8 @@ function renderCollections(indexes) {
       h("td", { "data-field": "epsilon_per_day" }, perDay(c)),
       h("td", { "data-field": "n", text: c.n == null ? "Redis unavailable" : c.n.toLocaleString("en") }),
       h("td", { "data-field": "freshness", text: newest ? ago(newest) : "–" }),
-      h("td", { "data-field": "state" }, h("span", { class: `pill ${cls}`, text: st })),
+      h("td", { "data-field": "state" }, h("span", { class: `pill ${cls}`, title: st,
+        text: st.length > 48 ? `${st.slice(0, 47)}…` : st })),
     ]);
   }));
   const c = current(), note = $("privacy-note");

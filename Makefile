@@ -1,11 +1,12 @@
 # The two commands of the README: `make up` (install, then run the embedded stack) and `make test`.
+# `make up ARGS="--web-port 6067 --rate 500"` passes options to `ldpstream up`.
 .PHONY: install up test test-fast test-pipeline bench
 
 install:
 	./scripts/bootstrap.sh
 
 up: install
-	.venv/bin/ldpstream up
+	.venv/bin/ldpstream up $(ARGS)
 
 # every test (CI runs this): the core tier on two processes (pure CPU), then the pipeline (real
 # Kafka + Redis children) and e2e tiers in one (their timings assume a core to themselves); fails

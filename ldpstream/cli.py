@@ -161,8 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", default=None,
                    help="time window (one of the collection's windows, e.g. 5m, 1h, all; "
                         "default: its first)")
-    p.add_argument("--url", default="http://127.0.0.1:6066",
-                   help="base URL of a worker's API (default http://127.0.0.1:6066)")
+    p.add_argument("--url", default=None,
+                   help="base URL of a worker's API (default: $LDP_API_URL, else the URL of the "
+                        "running `ldpstream up`, else http://127.0.0.1:$LDP_WEB_PORT, port 6066 "
+                        "when that is unset)")
     p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
     return parser
 
@@ -174,8 +176,19 @@ def _config_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _web_port_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--web-port", type=int, default=6066,
-                   help="port of the worker's HTTP API and /metrics (default 6066)")
+    p.add_argument("--web-port", type=int, default=None,
+                   help="port of the worker's HTTP API, live page and /metrics (default: "
+                        "$LDP_WEB_PORT, else 6066)")
+
+
+def _endpoint_defaults(args: argparse.Namespace) -> None:
+    """``--web-port`` and ``--url`` left out: from the environment (ldpstream/endpoint.py)."""
+    from . import endpoint
+
+    if getattr(args, "web_port", 0) is None:
+        args.web_port = endpoint.web_port_default()
+    if args.command == "estimates" and args.url is None:
+        args.url = endpoint.api_url_default()
 
 
 _COMMANDS = {
@@ -197,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        _endpoint_defaults(args)
         module = importlib.import_module(_COMMANDS[args.command])
         return int(module.main(args) or 0)
     except CliError as exc:

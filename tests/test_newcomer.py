@@ -1,0 +1,82 @@
+"""A newcomer's first hour: ports and URLs from the environment (ldpstream/endpoint.py), options
+through ``make up ARGS=...``, an install that says what it is doing."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ldpstream import endpoint
+from ldpstream.cli import _endpoint_defaults, build_parser, main
+
+pytestmark = pytest.mark.core
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for var in (endpoint.ENV_WEB_PORT, endpoint.ENV_API_URL):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # this test's own `up` record
+    return monkeypatch
+
+
+def parsed(argv: list[str]):
+    args = build_parser().parse_args(argv)
+    _endpoint_defaults(args)
+    return args
+
+
+def test_web_port_from_the_environment(clean_env, capsys):
+    assert parsed(["worker"]).web_port == parsed(["up"]).web_port == 6066
+    clean_env.setenv("LDP_WEB_PORT", "7123")
+    assert parsed(["worker"]).web_port == parsed(["up"]).web_port == 7123
+    assert parsed(["up", "--web-port", "7000"]).web_port == 7000       # the option wins
+    assert parsed(["estimates"]).url == "http://127.0.0.1:7123"
+    clean_env.setenv("LDP_WEB_PORT", "66o6")
+    assert main(["worker"]) == 2
+    assert "LDP_WEB_PORT='66o6': not a TCP port" in capsys.readouterr().err
+
+
+def test_api_url_follows_the_environment_then_the_running_up(clean_env):
+    assert parsed(["estimates"]).url == "http://127.0.0.1:6066"
+    endpoint.record_up("http://127.0.0.1:6071")        # this process plays the running `up`
+    assert parsed(["estimates"]).url == "http://127.0.0.1:6071"
+    clean_env.setenv("LDP_API_URL", "http://10.1.2.3:6066")
+    assert parsed(["estimates"]).url == "http://10.1.2.3:6066"
+    assert parsed(["estimates", "--url", "http://h:1"]).url == "http://h:1"
+    clean_env.delenv("LDP_API_URL")
+    endpoint.clear_up()
+    assert parsed(["estimates"]).url == "http://127.0.0.1:6066"
+
+
+def test_a_dead_ups_record_is_ignored(clean_env):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    path = endpoint.up_record_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'{{"url": "http://127.0.0.1:6099", "pid": {dead.pid}}}')
+    assert endpoint.recorded_up_url() is None
+    assert parsed(["estimates"]).url == "http://127.0.0.1:6066"
+
+
+def test_make_up_passes_args():
+    out = subprocess.run(["make", "-n", "up", "ARGS=--web-port 6067 --rate 500"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert ".venv/bin/ldpstream up --web-port 6067 --rate 500" in out.stdout, out.stdout
+
+
+def test_the_install_says_what_it_is_doing():
+    """bootstrap.sh on an installed tree: quick, and every step it takes is announced."""
+    if not os.access(ROOT / ".venv/bin/python", os.X_OK):
+        pytest.fail("no .venv: run scripts/bootstrap.sh")
+    out = subprocess.run([str(ROOT / "scripts/bootstrap.sh")], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any(l.startswith("bootstrap: Debian packages") for l in lines), out.stdout
+    assert any(l.startswith("bootstrap: ") and ".venv" in l for l in lines), out.stdout

@@ -147,7 +147,7 @@ function drawEstimate(est) {
   box.replaceChildren(chart);
   $("estimate-caption").textContent = band == null
     ? `${name}: this estimator states no error bound.`
-    : `${name}. Whiskers and ± show the expected total-variation error (${fmt(band)}): no cell's error is larger than the total's.`;
+    : `${name}. Whiskers and ± show the expected total-variation error of the whole estimate (${fmt(band)}); no cell is off by more than the total-variation distance.`;
   const rows = flatten(est.cells, est.labels);
   $("estimate-table").replaceChildren(
     h("thead", {}, h("tr", {}, [...est.attrs.map((a) => h("th", { scope: "col", text: a })),

@@ -68,6 +68,9 @@ __all__ = ["ConfigError", "AppConfig", "IngestConfig", "Collection", "load_confi
 REPORTS_TOPIC_PREFIX = "ldp.reports."
 DLQ_TOPIC = "ldp.dlq"
 CONFIG_TOPIC = "ldp.config"
+#: Kafka partitions of a collection's topic when the config gives none: up to this many workers
+#: share its ingest (docs/scaling.md); more partitions cost one Redis read each per refresh
+DEFAULT_PARTITIONS = 4
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -129,7 +132,7 @@ class _CollectionFile(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     epsilon: Number = Field(gt=0.0)
     epsilon_scope: Literal["attribute", "record"] = "attribute"
-    partitions: int = Field(1, ge=1, le=10_000)
+    partitions: int = Field(DEFAULT_PARTITIONS, ge=1, le=10_000)
     marginals: Any
     estimators: list[str] = Field(default_factory=lambda: ["truncated"], min_length=1)
     refresh_interval_s: Number = Field(5.0, gt=0.0)
@@ -178,7 +181,7 @@ class Collection:
     epsilon_scope: str
     marginals: list[tuple[str, ...]]
     estimators: list[str]
-    partitions: int = 1
+    partitions: int = DEFAULT_PARTITIONS
     refresh_interval_s: float = 5.0
     #: seconds between two decisions of an adaptive mechanism's controller (agents/controller.py)
     controller_interval_s: float = 1.0

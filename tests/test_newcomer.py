@@ -80,3 +80,13 @@ def test_the_install_says_what_it_is_doing():
     lines = out.stdout.splitlines()
     assert any(l.startswith("bootstrap: Debian packages") for l in lines), out.stdout
     assert any(l.startswith("bootstrap: ") and ".venv" in l for l in lines), out.stdout
+
+
+def test_the_partition_default_is_stated_and_used():
+    from ldpstream.config import DEFAULT_PARTITIONS, parse_config
+
+    coll = parse_config({"collections": [{
+        "id": "p", "schema": {"attributes": {"a": ["x", "y"]}}, "epsilon": 1.0,
+        "marginals": [["a"]]}]}).collections["p"]
+    assert coll.partitions == DEFAULT_PARTITIONS == 4
+    assert f"(the default, {DEFAULT_PARTITIONS};" in (ROOT / "docs/configuration.md").read_text()

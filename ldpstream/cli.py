@@ -9,6 +9,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import Any
 
 from ldpstream.errors import CliError
 
@@ -80,16 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="offline: randomize a dataset, estimate, print metrics")
     _simulate_args(p)
 
-    p = sub.add_parser("bench", help="benchmarks: castell | adult | pipeline | mechanisms | "
-                                     "gateway | refresh | marginals | adaptive | fetch")
-    p.add_argument("name", choices=("castell", "adult", "pipeline", "mechanisms", "gateway",
-                                    "refresh", "marginals", "adaptive", "fetch"),
-                   help="which benchmark to run")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
-    p.add_argument("--redis-cluster", action="store_true",
-                   help="pipeline: also ingest into a Redis Cluster and time applies on 1 and 3 "
-                        "masters")
+    _bench_parsers(sub)
 
     p = sub.add_parser("up", help="embedded stack: broker, Redis, worker and fleet on this machine")
     _config_arg(p)
@@ -167,6 +159,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "when that is unset)")
     p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
     return parser
+
+
+def _bench_parsers(sub: Any) -> None:
+    """``ldpstream bench NAME``: one sub-command per benchmark, its --help from its docstring."""
+    from .bench.run import BENCHES, EXTRA_OPTIONS, describe
+
+    p = sub.add_parser("bench", help="benchmarks: " + " | ".join(BENCHES),
+                       description="Benchmarks; `ldpstream bench NAME --help` says what one "
+                                   "measures and how.")
+    names = p.add_subparsers(dest="name", metavar="NAME", required=True,
+                             help="which benchmark to run (`ldpstream bench NAME --help`)")
+    for name in BENCHES:
+        summary, text = describe(name)
+        b = names.add_parser(name, help=summary, description=text,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        b.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        b.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
+        if "--redis-cluster" in EXTRA_OPTIONS.get(name, ()):
+            b.add_argument("--redis-cluster", action="store_true",
+                           help="also ingest into a Redis Cluster and time applies on 1 and 3 "
+                                "masters")
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:

@@ -90,3 +90,48 @@ def test_the_partition_default_is_stated_and_used():
         "marginals": [["a"]]}]}).collections["p"]
     assert coll.partitions == DEFAULT_PARTITIONS == 4
     assert f"(the default, {DEFAULT_PARTITIONS};" in (ROOT / "docs/configuration.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["castell", "adult", "pipeline", "mechanisms", "gateway",
+                                  "refresh", "marginals", "adaptive", "fetch"])
+def test_every_benchmark_has_its_own_help(name, capsys):
+    from ldpstream.bench.run import describe
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["bench", name, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    summary, _ = describe(name)
+    assert f"usage: ldpstream bench {name}" in out and "--quick" in out and "--json" in out
+    assert " ".join(summary.split()[:4]) in " ".join(out.split()), out
+    assert "``" not in out and ":func:" not in out and ":class:" not in out
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_bench_marginals_ends_with_a_table_not_a_dict(capsys):
+    from ldpstream.bench.marginals import print_targets
+
+    print_targets({"adult": {"ways=2": {"ratio_ge_1.3_everywhere": False,
+                                        "below_1.3": [(8.0, "3way", 1.12)],
+                                        "within_1.2_of_floor_at_eps8": True}}})
+    out = capsys.readouterr().out
+    assert "adult" in out and "8 3way ×1.12" in out and "{" not in out and "'" not in out
+
+
+@pytest.mark.parametrize("shown", ["1", "0"])
+def test_simulate_shows_progress_on_stderr(shown):
+    import json
+    import sys
+
+    env = dict(os.environ, LDP_PROGRESS=shown)
+    out = subprocess.run([sys.executable, "-m", "ldpstream.cli", "simulate", "--ways", "2",
+                          "--subsets", "3", "--estimator", "castell", "--json"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["results"]                      # stdout stays JSON
+    if shown == "1":
+        assert "simulate" in out.stderr and "/3" in out.stderr, out.stderr
+    else:
+        assert "simulate" not in out.stderr, out.stderr

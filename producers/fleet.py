@@ -116,7 +116,7 @@ async def resolve_mechanism(bootstrap: str, collection, *, timeout_s: float = 10
         return watcher.mechanisms[collection.id], watcher
     log.warning("no usable mechanism state for %s in ldp.config after %.0fs (refused: %s); "
                 "using the local config", collection.id, timeout_s,
-                watcher.rejected if watcher is not None else {})
+                (watcher.refusal_summary() if watcher is not None else "") or "none")
     return collection.mechanism(), watcher
 
 

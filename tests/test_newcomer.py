@@ -135,3 +135,32 @@ def test_simulate_shows_progress_on_stderr(shown):
         assert "simulate" in out.stderr and "/3" in out.stderr, out.stderr
     else:
         assert "simulate" not in out.stderr, out.stderr
+
+
+def test_a_device_without_a_public_key_is_told_which_variable_to_set(monkeypatch):
+    from ldpstream.producers.device import ConfigWatcher
+    from ldpstream.producers.signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE
+
+    monkeypatch.delenv(ENV_PUBLIC_KEY, raising=False)
+    monkeypatch.delenv(ENV_PUBLIC_KEY_FILE, raising=False)
+    watcher = ConfigWatcher("127.0.0.1:9")           # never started: no broker needed
+    watcher._take(b"adult", b"a signed state")
+    watcher._take(b"adult", b"another")
+    assert watcher.rejected == {"no_public_key": 2}
+    summary = watcher.refusal_summary()
+    assert summary.startswith("no_public_key ×2: no public key pinned: set LDP_CONFIG_PUBLIC_KEY ")
+    assert "LDP_CONFIG_PUBLIC_KEY_FILE" in summary and "ldpstream keygen" in summary
+
+
+@pytest.mark.parametrize("kw,field", [({"epsilon": "8"}, "Budget.epsilon"),
+                                      ({"epsilon": 1.0, "window_s": "1d"}, "Budget.window_s"),
+                                      ({"epsilon": True}, "Budget.epsilon"),
+                                      ({"epsilon": -1.0}, "Budget.epsilon")])
+def test_a_bad_budget_names_its_field(kw, field):
+    import numpy as np
+
+    from ldpstream.producers.ledger import Budget
+
+    with pytest.raises(ValueError, match=rf"^{field} must be a"):
+        Budget(**kw)
+    assert Budget(np.float64(2.0), np.int64(3600)).window_s == 3600   # numpy numbers are numbers

@@ -57,6 +57,7 @@ from pydantic_core import PydanticCustomError
 from .agents.windows import DEFAULT_BUCKET_S, DEFAULT_WINDOWS, BucketPolicy, Window, parse_window
 from .cli import CliError
 from .datasets import ADULT_COLUMNS, DatasetError, adult_path, load_csv
+from .suggest import did_you_mean
 from .estimators.domain import Domain
 from .estimators.mechanism import (Mechanism, ParamError, TensorSpec, attribute_budget,
                                    mechanism_class)
@@ -428,7 +429,8 @@ def _build_collection(v: Mapping[str, Any], path: str, base_dir: Path,
             for j, est in enumerate(v["estimators"]):
                 if est not in allowed:
                     errors.append(f"{path}.estimators[{j}]: unknown estimator {est!r} for "
-                                  f"{v['mechanism']} (known: {', '.join(allowed)})")
+                                  f"{v['mechanism']} (known: {', '.join(allowed)})"
+                                  f"{did_you_mean(est, allowed)}")
             if len(set(v["estimators"])) != len(v["estimators"]):
                 errors.append(f"{path}.estimators: lists an estimator twice")
     windows = None
@@ -580,7 +582,7 @@ def _marginals(spec: Any, domain: Domain, path: str) -> list[tuple[str, ...]]:
         if unknown:
             errors.append(f"{p}: unknown attribute{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(repr(a) for a in unknown)} (attributes: "
-                          f"{', '.join(attrs)})")
+                          f"{', '.join(attrs)}){did_you_mean(unknown[0], attrs)}")
         elif len(set(m)) != len(m):
             errors.append(f"{p}: lists an attribute twice ({m})")
         elif tuple(m) not in out:
@@ -637,7 +639,9 @@ def _format_error(e: Mapping[str, Any]) -> str:
     ctx = e.get("ctx") or {}
     inp = e.get("input")
     if typ == "extra_forbidden":
-        return f"{_loc(loc)}: unknown field (allowed: {_allowed_at(loc[:-1])})"
+        allowed = _allowed_at(loc[:-1])
+        return (f"{_loc(loc)}: unknown field (allowed: {allowed})"
+                f"{did_you_mean(loc[-1], allowed.split(', '))}")
     where = _loc(loc)
     if typ == "missing":
         return f"{where}: required field missing"

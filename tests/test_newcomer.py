@@ -164,3 +164,60 @@ def test_a_bad_budget_names_its_field(kw, field):
     with pytest.raises(ValueError, match=rf"^{field} must be a"):
         Budget(**kw)
     assert Budget(np.float64(2.0), np.int64(3600)).window_s == 3600   # numpy numbers are numbers
+
+
+def config_error(doc: dict) -> str:
+    from ldpstream.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as exc:
+        parse_config(doc)
+    return str(exc.value)
+
+
+BASE = {"id": "c", "schema": {"attributes": {"sex": ["F", "M"], "plan": ["eco", "pro"]}},
+        "epsilon": 1.0, "marginals": [["sex", "plan"]]}
+
+
+@pytest.mark.parametrize("change,expect,guess", [
+    ({"epsilonn": 1.0}, "collections[0].epsilonn: unknown field (allowed: id, schema", "epsilon"),
+    ({"mechanism": "rr-indep"}, "collections[0].mechanism: unknown mechanism 'rr-indep'", "rr-ind"),
+    ({"estimators": ["castel"]}, "collections[0].estimators[0]: unknown estimator 'castel'",
+     "castell"),
+    ({"marginals": [["sexx", "plan"]]}, "collections[0].marginals[0]: unknown attribute 'sexx'",
+     "sex"),
+])
+def test_config_errors_name_the_field_and_the_nearest_valid_name(change, expect, guess):
+    msg = config_error({"collections": [dict(BASE, **change)]})
+    assert expect in msg and msg.endswith(f"did you mean {guess!r}?"), msg
+
+
+def test_a_far_off_name_gets_no_guess():
+    msg = config_error({"collections": [dict(BASE, mechanism="zzzz")]})
+    assert "unknown mechanism 'zzzz'" in msg and "did you mean" not in msg
+
+
+def test_values_in_messages_are_shown_as_written_not_as_numpy_reprs(tmp_path):
+    import numpy as np
+
+    from ldpstream.datasets import DatasetError, load_csv
+    from ldpstream.estimators.domain import Domain, SchemaError
+    from ldpstream.estimators.mechanism import mechanism_class
+
+    dom = Domain(("sex", "plan"), (2, 2), (("F", "M"), ("eco", "pro")))
+    csv = tmp_path / "d.csv"
+    csv.write_text("sex,plan\nF,eco\nM,Eco\n")
+    with pytest.raises(DatasetError) as exc:
+        load_csv(str(csv), ["sex", "plan"], domain=dom)
+    msg = str(exc.value)
+    assert "has value 'Eco' outside the configured domain (categories: eco, pro); did you mean " \
+           "'eco'?" in msg and "np.str_" not in msg, msg
+    with pytest.raises(SchemaError) as exc:
+        dom.encode({"sex": np.array(["F"]), "plan": np.array(["ecoo"])})
+    assert "unknown category 'ecoo'" in str(exc.value) and "np.str_" not in str(exc.value)
+    assert str(exc.value).endswith("did you mean 'eco'?")
+    with pytest.raises(KeyError, match="did you mean 'plan'"):
+        dom.axes(["plam"])
+    with pytest.raises(ValueError, match="did you mean 'rrba'"):
+        mechanism_class("rrbaa")
+    with pytest.raises(DatasetError, match="did you mean 'plan'"):
+        load_csv(str(csv), ["sex", "plna"])

@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 from ldpstream.errors import CliError
@@ -216,12 +218,24 @@ _COMMANDS = {
 }
 
 
+class Terminated(BaseException):
+    """SIGTERM before the command installed its own stop handler (see :func:`main`)."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # bare `ldpstream`: what it can do, not an error
         parser.print_help()
         return 0
+    # SIGTERM stops a command cleanly: the long-running ones install their own handler (a clean
+    # stop); until then, and in batch commands (simulate, bench), it unwinds like Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, _terminated) \
+        if threading.current_thread() is threading.main_thread() else None
     try:
         _endpoint_defaults(args)
         module = importlib.import_module(_COMMANDS[args.command])
@@ -231,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Terminated:
+        print("ldpstream: stopped by SIGTERM", file=sys.stderr)
+        return 143
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -241,3 +241,49 @@ def test_the_page_shows_a_store_outage_in_place(tmp_path, kafka_broker, fresh_re
              "the outage message gone")
     finally:
         worker.kill()
+
+
+def test_the_page_marks_a_mechanism_version_change(tmp_path, kafka_broker, redis_server,
+                                                    browser):
+    """RRBA turns every full block into a new mechanism version (the worker's controller
+    decides, the fleet follows): the collections table follows the version and the history
+    marks each change where it happened."""
+    from ldpstream.config import load_config
+    from ldpstream.producers.fleet import run_fleet
+    from ldpstream.producers.signing import ENV_SIGNING_KEY, SigningKey
+
+    cid = f"versions-{os.getpid()}"
+    cfg = tmp_path / "versions.yaml"
+    cfg.write_text(yaml.safe_dump({"collections": [{
+        "id": cid, "schema": {"csv": {"columns": ["sex", "race", "Salary"]}},
+        "mechanism": "rrba", "params": {"block_size": 400, "p": 0.6}, "epsilon_scope": "record",
+        "epsilon": 60.0, "partitions": 2, "marginals": [["sex", "Salary"]],
+        "estimators": ["pooled"], "refresh_interval_s": 1, "controller_interval_s": 0.3,
+        "windows": ["all"]}], "ingest": {"batch_reports": 500, "batch_seconds": 0.2}}))
+    coll = load_config(str(cfg), env={}).collections[cid]
+    key = SigningKey.generate()
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_broker.bootstrap,
+               REDIS_URL=redis_server.url, LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1",
+               LDP_APP_ID=f"ldp-{cid}", **{ENV_SIGNING_KEY: key.to_text()})
+    worker = WorkerProcess(str(cfg), env, str(tmp_path / "versions.log"))
+    row = f'tr[data-collection="{cid}"] td[data-field="version"]'
+    try:
+        worker.wait_ready(90)
+        browser.get(f"{worker.url}/?poll=400#c={cid}&m=sex,Salary&e=pooled&w=all")
+        wait(lambda: field(browser, row) == "0", 30, "version 0 shown")
+        # slowly enough that refreshes (every 1 s) see every version
+        stats = asyncio.run(run_fleet(kafka_broker.bootstrap, coll, total=3000, rate=300,
+                                      batch=100, seed=3, verify_key=key.verify_key,
+                                      config_timeout_s=20))
+        assert stats.version >= 2, stats
+        info = wait(lambda: (lambda c: c if c["version"] >= 2 else None)(
+            api(worker.url, f"/collections/{cid}")), 30, "version 2 or later")
+        wait(lambda: field(browser, row) == str(info["version"]), 30, "the version on the page")
+        marks = wait(lambda: browser.find_elements("css selector", "#history-chart line.version"),
+                     30, "the version changes marked in the history")
+        titles = [m.find_element("css selector", "title").get_attribute("textContent")
+                  for m in marks]
+        assert all(t.startswith("mechanism version ") and " → " in t for t in titles), titles
+        shot(browser, "6-version-change")
+    finally:
+        worker.kill()

@@ -221,3 +221,21 @@ def test_values_in_messages_are_shown_as_written_not_as_numpy_reprs(tmp_path):
         mechanism_class("rrbaa")
     with pytest.raises(DatasetError, match="did you mean 'plan'"):
         load_csv(str(csv), ["sex", "plna"])
+
+
+def test_estimates_lists_collections_untruncated_in_80_columns(monkeypatch, capsys):
+    """`ldpstream estimates` on an 80-column terminal: no header or name cut to "mechan…"."""
+    from ldpstream import query
+    from ldpstream.agents.web import collection_info
+    from ldpstream.config import load_config
+
+    monkeypatch.setenv("COLUMNS", "80")
+    coll = load_config().collections["adult"]
+    query.print_collections({"collections": [collection_info(coll, coll.mechanism(), 123456)]})
+    out = capsys.readouterr().out
+    assert "…" not in out, out
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    flat = " ".join(out.split())
+    for word in ("mechanism", "rr-ind", "123,456", "relationship×marital-status×sex",
+                 "hybrid-auto", "no cap"):
+        assert word in flat, (word, out)

@@ -142,7 +142,13 @@ def install(app: Any, ctx: Any) -> History:
                                        f"configured marginal of collection {collection!r}, nor "
                                        f"distinct ones of one",
                                   marginals=[",".join(m) for m in coll.marginals])
-            points = history.points((collection, window, method, tuple(stored)))
+            try:  # since: only the points after it (the page polls for what is new)
+                since = float(request.query.get("since", "-inf"))
+            except ValueError:
+                return self.error(400, f"since: a unix time in seconds, got "
+                                       f"{request.query.get('since')!r}")
+            points = [p for p in history.points((collection, window, method, tuple(stored)))
+                      if p["updated_at"] > since]
             labels = refresh._labels(coll, stored)
             out_labels = [labels[list(stored).index(a)] for a in attrs]
             return self.json({"collection": collection, "attrs": list(attrs), "method": method,

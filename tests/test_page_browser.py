@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -169,6 +170,16 @@ def test_the_page_shows_the_api_live_and_marks_drift(tmp_path, kafka_broker, red
             pytest.approx(info["epsilon_per_record"], rel=1e-2)
         assert field(browser, f'{row} td[data-field="version"]') == str(info["version"])
         shot(browser, "2-estimate")
+        # the history answers only what is new after `since` (what the page polls for)
+        path = f"/ui/history/{cid}?attrs=sex,income&method=castell&window=all"
+        full = wait(lambda: (lambda pts: pts if len(pts) >= 2 else None)(
+            api(worker.url, path)["points"]), 30, "two sampled refreshes")
+        assert full[-1]["n"] == 40_000
+        newer = api(worker.url, f"{path}&since={full[-2]['updated_at']!r}")["points"]
+        assert newer and newer[0] == full[-1]
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            api(worker.url, f"{path}&since=yesterday")
+        assert bad.value.code == 400 and "since" in json.loads(bad.value.read())["error"]
 
         # 3. more reports arrive: the page follows without a reload
         send(20_000, False, (4, 1))

@@ -5,11 +5,12 @@ import { bars, fmt, heatmap, timeSeries } from "./charts.js";
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const POLL_MS = Math.max(250, Number(params.get("poll")) || 2000);
-const HEALTH_EVERY = 5;          // polls between two /healthz reads (it asks the broker)
+const HEALTH_EVERY = 5;          // polls between two /healthz and /estimates index reads
 const DEFAULT_CELLS = 3;         // cells followed over time until the reader picks others
 
 const state = { collections: [], health: null, sel: {}, cells: new Set(), cellsFor: null,
-  cellsPicked: false, paused: false, polls: 0, timer: null, estimate: null };
+  cellsPicked: false, paused: false, polls: 0, timer: null, estimate: null, indexes: null,
+  history: null };
 
 function h(tag, attrs = {}, children = []) {
   const node = document.createElement(tag);
@@ -52,9 +53,12 @@ function marginalChoices(c) {
 function fillSelect(select, choices, value) {
   const values = choices.map((ch) => ch.value);
   const chosen = values.includes(value) ? value : values[0];
-  select.replaceChildren(...choices.map((ch) => h("option", { value: ch.value, text: ch.text,
-    selected: ch.value === chosen })));
-  select.value = chosen;
+  // rebuilt only when the choices change: a reader moving through the options keeps its place
+  const have = [...select.options].map((o) => `${o.value}\t${o.text}`).join("\n");
+  if (have !== choices.map((ch) => `${ch.value}\t${ch.text}`).join("\n")) {
+    select.replaceChildren(...choices.map((ch) => h("option", { value: ch.value, text: ch.text })));
+  }
+  if (select.value !== chosen) select.value = chosen;
   return chosen;
 }
 
@@ -85,6 +89,9 @@ function renderCollections(indexes) {
     return;
   }
   const refresh = (state.health && state.health.checks && state.health.checks.refresh) || {};
+  // the rows are redrawn every poll: the keyboard focus stays on the same collection's button
+  const focused = document.activeElement && document.activeElement.closest("tr[data-collection]");
+  const keep = focused && body.contains(focused) ? focused.dataset.collection : null;
   body.replaceChildren(...state.collections.map((c) => {
     const idx = indexes[c.id];
     const newest = idx ? Math.max(0, ...idx.estimates.map((e) => e.updated_at || 0)) : 0;
@@ -110,6 +117,10 @@ function renderCollections(indexes) {
         text: st.length > 48 ? `${st.slice(0, 47)}…` : st })),
     ]);
   }));
+  if (keep) {
+    const again = body.querySelector(`tr[data-collection="${CSS.escape(keep)}"] button`);
+    if (again) again.focus();
+  }
   const c = current(), note = $("privacy-note");
   note.hidden = !(c && c.privacy_note);
   if (c && c.privacy_note) note.textContent = `${c.id}: ${c.privacy_note}`;
@@ -279,6 +290,17 @@ function drawDrift(hist, versions, failures) {
   }));
 }
 
+/** The history of the selection: all of it once, then only the points after the last one. */
+async function loadHistory(c) {
+  const s = state.sel, key = [c.id, s.marginal, s.method, s.window].join("|");
+  const had = state.history && state.history.key === key ? state.history : null;
+  const last = had && had.points.length ? had.points[had.points.length - 1].updated_at : null;
+  const got = await api.history(c.id, { attrs: s.marginal, method: s.method, window: s.window, since: last });
+  const points = (had ? had.points : []).concat(got.points).slice(-got.capacity);
+  state.history = { ...got, key, points };
+  return state.history;
+}
+
 // --- the loop ------------------------------------------------------------------------------------
 function problem(text) {
   const p = $("problem");
@@ -305,16 +327,18 @@ async function poll() {
     trouble = renderHealth();
     state.collections = (await api.collections()).collections;
     syncControls();
-    const indexes = {};
-    await Promise.all(state.collections.map(async (c) => {
-      try { indexes[c.id] = await api.index(c.id); } catch (exc) { indexes[c.id] = null; }
-    }));
-    renderCollections(indexes);
+    if (state.polls % HEALTH_EVERY === 0 || !state.indexes) {
+      const indexes = {};
+      await Promise.all(state.collections.map(async (c) => {
+        try { indexes[c.id] = await api.index(c.id); } catch (exc) { indexes[c.id] = null; }
+      }));
+      state.indexes = indexes;
+    }
+    renderCollections(state.indexes);
     const c = current();
     if (c) {
       await loadEstimate(c);
-      const s = state.sel;
-      drawHistory(await api.history(c.id, { attrs: s.marginal, method: s.method, window: s.window }));
+      drawHistory(await loadHistory(c));
     }
     $("updated").textContent = `updated ${new Date().toLocaleTimeString([], { hour12: false })}`;
     document.body.dataset.polls = String(++state.polls);

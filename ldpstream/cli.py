@@ -200,7 +200,7 @@ def _endpoint_defaults(args: argparse.Namespace) -> None:
     """``--web-port`` and ``--url`` left out: from the environment (ldpstream/endpoint.py)."""
     from . import endpoint
 
-    if getattr(args, "web_port", 0) is None:
+    if "web_port" in vars(args) and args.web_port is None:
         args.web_port = endpoint.web_port_default()
     if args.command == "estimates" and args.url is None:
         args.url = endpoint.api_url_default()

@@ -82,13 +82,14 @@ def test_fleet(tmp_path, service_env, when):
     assert_clean(code, out, started=when != "starting")
 
 
-@pytest.mark.parametrize("when", ["starting", "running"])
-def test_worker(tmp_path, service_env, when):
+@pytest.mark.parametrize("after_s", [0.5, 2.0, 3.5, 8.0])
+def test_worker(tmp_path, service_env, after_s):
+    """From importing to joining the group to consuming: wherever the signal lands."""
     from ldpstream.services import free_port
 
     argv = ["worker", "--web-port", str(free_port())]
-    code, out = run_and_term(argv, service_env, 0.5 if when == "starting" else 8.0, tmp_path)
-    assert_clean(code, out, started=when != "starting")
+    code, out = run_and_term(argv, service_env, after_s, tmp_path)
+    assert_clean(code, out, started=after_s > 5)
 
 
 def test_simulate(tmp_path):

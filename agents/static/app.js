@@ -156,9 +156,10 @@ function drawEstimate(est) {
     }));
   }
   box.replaceChildren(chart);
+  const how = est.attrs.length === 1 ? "The whiskers span" : "Each cell shows";
   $("estimate-caption").textContent = band == null
     ? `${name}: this estimator states no error bound.`
-    : `${name}. Whiskers and ± show the expected total-variation error of the whole estimate (${fmt(band)}); no cell is off by more than the total-variation distance.`;
+    : `${name}. ${how} ± the expected total-variation error of the whole estimate (${fmt(band)}); no cell is off by more than the total-variation distance.`;
   const rows = flatten(est.cells, est.labels);
   $("estimate-table").replaceChildren(
     h("thead", {}, h("tr", {}, [...est.attrs.map((a) => h("th", { scope: "col", text: a })),

@@ -63,7 +63,8 @@ export function bars(labels, values, band, label) {
 
 /** A heatmap of a 2-D table (rows × columns) with the value in every cell. */
 export function heatmap(rowLabels, colLabels, matrix, band, label, vmax) {
-  const cw = Math.max(64, Math.min(120, 720 / colLabels.length)), ch = colLabels.length > 6 ? 30 : 38;
+  const cw = Math.max(64, Math.min(150, 760 / colLabels.length)), ch = colLabels.length > 6 ? 30 : 44;
+  const twoLines = ch >= 44 && band != null;  // room for the ± under the value
   const left = Math.min(200, 14 + 7.2 * Math.max(...rowLabels.map((l) => l.length)));
   const top = 30, width = left + cw * colLabels.length + 8, height = top + ch * rowLabels.length + 6;
   const max = vmax || Math.max(1e-9, ...matrix.flat());
@@ -76,11 +77,16 @@ export function heatmap(rowLabels, colLabels, matrix, band, label, vmax) {
     colLabels.forEach((c, j) => {
       const v = matrix[i][j], share = Math.max(0, Math.min(1, v / max));
       const cell = svg("g", { class: "hcell", "data-cell": `${r}|${c}`, "data-value": v });
+      const cx = left + cw * j + cw / 2, cy = top + ch * i + ch / 2, light = share > 0.55;
       cell.append(title(`${r}, ${c}: ${fmt(v)}${band != null ? ` ± ${fmt(band)}` : ""}`),
         svg("rect", { x: left + cw * j + 1, y: top + ch * i + 1, width: cw - 2, height: ch - 2,
           rx: 3, fill: `hsl(217 80% ${96 - 58 * share}%)`, class: v < 0 ? "negcell" : null }),
-        svg("text", { x: left + cw * j + cw / 2, y: top + ch * i + ch / 2 + 4,
-          "text-anchor": "middle", class: share > 0.55 ? "value light" : "value" }, [fmt(v, 3)]));
+        svg("text", { x: cx, y: cy + (twoLines ? -1 : 4), "text-anchor": "middle",
+          class: light ? "value light" : "value" }, [fmt(v, 3)]));
+      if (twoLines) {
+        cell.append(svg("text", { x: cx, y: cy + 13, "text-anchor": "middle",
+          class: light ? "band-text light" : "band-text" }, [`± ${fmt(band, 3)}`]));
+      }
       g.append(cell);
     });
   });

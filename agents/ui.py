@@ -19,7 +19,8 @@ from faust import web
 
 from . import refresh
 from .ingest import REDIS_ERRORS
-from .web import covering_marginal, marginalize_payload, match_marginal, parse_attrs, transpose_payload
+from .web import (covering_marginal, marginalize_payload, match_marginal, parse_attrs,
+                  transpose_payload)
 
 log = logging.getLogger(__name__)
 

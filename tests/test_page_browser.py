@@ -164,7 +164,8 @@ def test_the_page_shows_the_api_live_and_marks_drift(tmp_path, kafka_broker, red
         heat = {g.get_attribute("data-cell"): float(g.get_attribute("data-value"))
                 for g in browser.find_elements("css selector", "#estimate-chart g.hcell")}
         assert heat == flat
-        assert field(browser, '#summary dd[data-field="error_bound"]') == f"{est['error_bound']:.4f}"
+        shown_bound = field(browser, '#summary dd[data-field="error_bound"]')
+        assert shown_bound == f"{est['error_bound']:.4f}", (shown_bound, est["error_bound"])
         row = f'tr[data-collection="{cid}"]'
         assert float(field(browser, f'{row} td[data-field="epsilon_per_record"]')) == \
             pytest.approx(info["epsilon_per_record"], rel=1e-2)

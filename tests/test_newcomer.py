@@ -63,25 +63,6 @@ def test_a_dead_ups_record_is_ignored(clean_env):
     assert parsed(["estimates"]).url == "http://127.0.0.1:6066"
 
 
-def test_make_up_passes_args():
-    out = subprocess.run(["make", "-n", "up", "ARGS=--web-port 6067 --rate 500"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    assert ".venv/bin/ldpstream up --web-port 6067 --rate 500" in out.stdout, out.stdout
-
-
-def test_the_install_says_what_it_is_doing():
-    """bootstrap.sh on an installed tree: quick, and every step it takes is announced."""
-    if not os.access(ROOT / ".venv/bin/python", os.X_OK):
-        pytest.fail("no .venv: run scripts/bootstrap.sh")
-    out = subprocess.run([str(ROOT / "scripts/bootstrap.sh")], capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert any(l.startswith("bootstrap: Debian packages") for l in lines), out.stdout
-    assert any(l.startswith("bootstrap: ") and ".venv" in l for l in lines), out.stdout
-
-
 def test_the_partition_default_is_stated_and_used():
     from ldpstream.config import DEFAULT_PARTITIONS, parse_config
 

@@ -1,5 +1,6 @@
-"""A newcomer's first hour: ports and URLs from the environment (ldpstream/endpoint.py), options
-through ``make up ARGS=...``, an install that says what it is doing."""
+"""A newcomer's first hour: ports and URLs from the environment (ldpstream/endpoint.py), the
+partition default, bench help and output, progress, errors that name the field and the nearest
+valid name, values without numpy reprs, a device told which key variable to set."""
 from __future__ import annotations
 
 import os

@@ -88,3 +88,15 @@ def test_fresh_collections_have_no_per_day_cap():
     coll = load_config().collections["adult"]
     f = epsilon_fields(coll, coll.mechanism())
     assert f["epsilon_per_rotation"] is None and f["epsilon_per_day"] is None
+
+
+def test_the_documented_memoized_example(tmp_path):
+    """docs/api.md's example (docs/devices.md's app-usage collection): the figures it states."""
+    coll = memoized_collection(tmp_path, 1.0, 86400, 2.0)
+    f = epsilon_fields(coll, coll.mechanism())
+    assert f["epsilon"] == 1.0
+    assert f["epsilon_per_record"] == pytest.approx(2.11, abs=0.005)
+    assert f["epsilon_per_attribute"] == pytest.approx(0.735, abs=0.0005)
+    assert f["epsilon_per_rotation"] == pytest.approx(3.0, rel=1e-12)
+    assert f["epsilon_per_day"] == pytest.approx(6.0, rel=1e-12)
+    assert f["privacy_note"].startswith("weak privacy: ε = 6 per device per day")

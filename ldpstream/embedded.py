@@ -214,8 +214,7 @@ def main(args: Any) -> int:
     from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics
     from .privacy import epsilon_fields
     from .producers.fleet import check_source, default_data
-    from .services import EmbeddedBroker, EmbeddedRedis, ServiceError, create_topics, port_free
-    from .endpoint import ENV_WEB_PORT, clear_up, record_up, suggest_free_port
+    from .endpoint import clear_up, record_up, require_free_port
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -233,13 +232,7 @@ def main(args: Any) -> int:
             check_source("--data", data[coll.id], coll)
     web_bind = os.environ.get("LDP_WEB_BIND", "127.0.0.1")
     web_port = int(args.web_port)
-    if not port_free(web_bind, web_port):
-        free = suggest_free_port(web_bind, web_port)
-        hint = ("stop it or pick another port" if free is None else
-                f"port {free} is free: `ldpstream up --web-port {free}`, "
-                f"`make up ARGS='--web-port {free}'` or `{ENV_WEB_PORT}={free} make up`")
-        raise CliError(f"--web-port {web_port}: already in use on {web_bind} (another "
-                       f"`ldpstream up` or worker?); {hint}")
+    require_free_port(web_bind, web_port, "up")
     bootstrap = config.kafka_bootstrap
     redis_url = config.redis_url
     broker = redis = worker = None

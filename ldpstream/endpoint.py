@@ -89,3 +89,18 @@ def suggest_free_port(host: str, busy: int) -> int | None:
         if port_free(host, port):
             return port
     return None
+
+
+def require_free_port(host: str, port: int, command: str) -> None:
+    """A CliError when ``host:port`` is taken, naming a free port and how to pass it."""
+    from .services import port_free
+
+    if port_free(host, port):
+        return
+    free = suggest_free_port(host, port)
+    hint = ("stop it or pick another port" if free is None else
+            f"port {free} is free: `ldpstream {command} --web-port {free}`"
+            + (f", `make up ARGS='--web-port {free}'`" if command == "up" else "")
+            + f" or `{ENV_WEB_PORT}={free}`")
+    raise CliError(f"--web-port {port}: already in use on {host} (another `ldpstream up` or "
+                   f"worker?); {hint}")

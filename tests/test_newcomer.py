@@ -221,3 +221,22 @@ def test_estimates_lists_collections_untruncated_in_80_columns(monkeypatch, caps
     for word in ("mechanism", "rr-ind", "123,456", "relationship×marital-status×sex",
                  "hybrid-auto", "no cap"):
         assert word in flat, (word, out)
+
+
+def test_a_worker_on_a_busy_port_is_told_a_free_one(clean_env, capsys):
+    import re
+    import socket
+
+    from ldpstream.services import free_port
+
+    clean_env.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")   # never reached: refused first
+    clean_env.setenv("REDIS_URL", "redis://127.0.0.1:9/0")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", free_port()))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["worker", "--web-port", str(port)]) == 2
+    err = capsys.readouterr().err
+    free = int(re.search(r"port (\d+) is free: `ldpstream worker --web-port \1` or "
+                         r"`LDP_WEB_PORT=\1`", err).group(1))
+    assert free > port, err

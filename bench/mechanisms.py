@@ -1,4 +1,4 @@
-"""``ldpstream bench mechanisms``: the issue-5 families side by side (Corr-RR and baselines,
+"""``ldpstream bench mechanisms``: three mechanism families side by side (Corr-RR and baselines,
 RRBA vs the Laplace baseline, LoPub estimators). Each part lives in its own module."""
 from __future__ import annotations
 

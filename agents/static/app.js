@@ -174,6 +174,7 @@ function summary(est) {
     ["Updated", `${new Date(est.updated_at * 1000).toLocaleTimeString([], { hour12: false })} (${ago(est.updated_at)})`, "updated_at"],
     ["Error bound (expected TVD)", fmt(est.error_bound), "error_bound"],
     ["ε per report", eps(est.epsilon_per_record), "epsilon_per_record"],
+    ["ε per device per day", est.epsilon_per_day == null ? "no cap" : eps(est.epsilon_per_day), "epsilon_per_day"],
     ["Mechanism versions", (est.versions || [est.version]).join(", "), "versions"]];
   if (est.chosen) items.push(["Estimator chosen", est.chosen, "chosen"]);
   if (est.marginalized_from) items.push(["Summed from", est.marginalized_from.join(" × "), "marginalized_from"]);

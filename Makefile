@@ -1,11 +1,12 @@
 # The two commands of the README: `make up` (install, then run the embedded stack) and `make test`.
+# `make up ARGS="--web-port 6067 --rate 500"` passes options to `ldpstream up`.
 .PHONY: install up check test test-fast test-pipeline bench
 
 install:
 	./scripts/bootstrap.sh
 
 up: install
-	.venv/bin/ldpstream up
+	.venv/bin/ldpstream up $(ARGS)
 
 # lint and import order (ruff, rules in pyproject.toml), then types (mypy over agents/,
 # producers/ and ldpstream/ as the package ldpstream.*, scripts/typecheck.sh)

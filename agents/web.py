@@ -8,6 +8,7 @@ and token-guarded refresh/reset (docs/api.md).
                                            one estimate (cells transposed to the attrs order;
                                            window: one of the collection's, default its first;
                                            a subset of a configured marginal is summed from it)
+    GET  /, /ui/..., /ui/history/<id>      the live page (agents/ui.py)
     GET  /metrics                          Prometheus text (agents/metrics.py REGISTRY)
     GET  /healthz                          Redis PING + broker metadata; 200 or 503
     POST /collections/<id>/refresh         refresh now          } Authorization: Bearer
@@ -362,3 +363,6 @@ def install(app: Any, ctx: Context) -> None:
             metrics.COLLECTION_REPORTS.labels(collection).set(0)
             return self.json({"collection": collection, "reset": True, "keys_deleted": deleted,
                               "offsets_kept": True})
+
+    from . import ui  # the live page (GET /, /ui/...): it reads the views above
+    ui.install(app, ctx)

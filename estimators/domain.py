@@ -25,6 +25,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..suggest import did_you_mean, plain
+
 
 @dataclass(frozen=True)
 class Domain:
@@ -99,7 +101,9 @@ class Domain:
             if bad.size:
                 k = int(bad[0])
                 raise SchemaError(f"record {k}: attribute {a!r} has unknown category "
-                                  f"{col[k]!r} (allowed: {', '.join(repr(str(c)) for c in cats)})", a)
+                                  f"{plain(col[k])!r} (allowed: "
+                                  f"{', '.join(repr(str(c)) for c in cats)})"
+                                  f"{did_you_mean(col[k], cats)}", a)
             out[:, j] = idx
         return out
 
@@ -110,7 +114,8 @@ class Domain:
             try:
                 out.append(self.attrs.index(a))
             except ValueError:
-                raise KeyError(f"attribute {a!r} not in domain {self.attrs}") from None
+                raise KeyError(f"attribute {a!r} not in domain {self.attrs}"
+                               f"{did_you_mean(a, self.attrs)}") from None
         return tuple(out)
 
     def project(self, attrs: Iterable[str]) -> "Domain":

@@ -27,6 +27,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeAlias
 
 import numpy as np
 
+from ..suggest import did_you_mean
 from .domain import Domain, Factor
 from .longitudinal import Guarantee, Memoize
 
@@ -455,7 +456,8 @@ def mechanism_class(name: str) -> type[Mechanism]:
     'rr-ind'
     """
     if name not in PROVIDERS:
-        raise ValueError(f"unknown mechanism {name!r} (known: {', '.join(PROVIDERS)})")
+        raise ValueError(f"unknown mechanism {name!r} (known: {', '.join(PROVIDERS)})"
+                         f"{did_you_mean(name, PROVIDERS)}")
     if name not in MECHANISMS:
         importlib.import_module(f"{__package__}.{PROVIDERS[name]}")
     return MECHANISMS[name]

@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
+from typing import Any
 
 from ldpstream.errors import CliError
 from ldpstream.estimators.mechanism import DEFAULT_MECHANISM
@@ -83,16 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="offline: randomize a dataset, estimate, print metrics")
     _simulate_args(p)
 
-    p = sub.add_parser("bench", help="benchmarks: castell | adult | pipeline | mechanisms | "
-                                     "gateway | refresh | marginals | adaptive | fetch")
-    p.add_argument("name", choices=("castell", "adult", "pipeline", "mechanisms", "gateway",
-                                    "refresh", "marginals", "adaptive", "fetch"),
-                   help="which benchmark to run")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
-    p.add_argument("--redis-cluster", action="store_true",
-                   help="pipeline: also ingest into a Redis Cluster and time applies on 1 and 3 "
-                        "masters")
+    _bench_parsers(sub)
 
     p = sub.add_parser("up", help="embedded stack: broker, Redis, worker and fleet on this machine")
     _config_arg(p)
@@ -166,8 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", default=None,
                    help="time window (one of the collection's windows, e.g. 5m, 1h, all; "
                         "default: its first)")
-    p.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_WEB_PORT}",
-                   help=f"base URL of a worker's API (default http://127.0.0.1:{DEFAULT_WEB_PORT})")
+    p.add_argument("--url", default=None,
+                   help="base URL of a worker's API (default: $LDP_API_URL, else the URL of the "
+                        "running `ldpstream up`, else http://127.0.0.1:$LDP_WEB_PORT, port "
+                        f"{DEFAULT_WEB_PORT} when that is unset)")
     p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
 
     p = sub.add_parser("config-reference",
@@ -180,6 +176,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bench_parsers(sub: Any) -> None:
+    """``ldpstream bench NAME``: one sub-command per benchmark, its --help from its docstring."""
+    from .bench.run import BENCHES, EXTRA_OPTIONS, describe
+
+    p = sub.add_parser("bench", help="benchmarks: " + " | ".join(BENCHES),
+                       description="Benchmarks; `ldpstream bench NAME --help` says what one "
+                                   "measures and how.")
+    names = p.add_subparsers(dest="name", metavar="NAME", required=True,
+                             help="which benchmark to run (`ldpstream bench NAME --help`)")
+    for name in BENCHES:
+        summary, text = describe(name)
+        b = names.add_parser(name, help=summary, description=text,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        b.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        b.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
+        if "--redis-cluster" in EXTRA_OPTIONS.get(name, ()):
+            b.add_argument("--redis-cluster", action="store_true",
+                           help="also ingest into a Redis Cluster and time applies on 1 and 3 "
+                                "masters")
+
+
 def _config_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=os.environ.get(ENV_CONFIG) or None,
                    help="collections config, YAML or TOML (default: $LDP_CONFIG, else the "
@@ -187,8 +204,19 @@ def _config_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _web_port_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--web-port", type=int, default=DEFAULT_WEB_PORT,
-                   help=f"port of the worker's HTTP API and /metrics (default {DEFAULT_WEB_PORT})")
+    p.add_argument("--web-port", type=int, default=None,
+                   help="port of the worker's HTTP API, live page and /metrics (default: "
+                        f"$LDP_WEB_PORT, else {DEFAULT_WEB_PORT})")
+
+
+def _endpoint_defaults(args: argparse.Namespace) -> None:
+    """``--web-port`` and ``--url`` left out: from the environment (ldpstream/endpoint.py)."""
+    from . import endpoint
+
+    if "web_port" in vars(args) and args.web_port is None:
+        args.web_port = endpoint.web_port_default()
+    if args.command == "estimates" and args.url is None:
+        args.url = endpoint.api_url_default()
 
 
 _COMMANDS = {
@@ -204,13 +232,26 @@ _COMMANDS = {
 }
 
 
+class Terminated(BaseException):
+    """SIGTERM before the command installed its own stop handler (see :func:`main`)."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # bare `ldpstream`: what it can do, not an error
         parser.print_help()
         return 0
+    # SIGTERM stops a command cleanly: the long-running ones install their own handler (a clean
+    # stop); until then, and in batch commands (simulate, bench), it unwinds like Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, _terminated) \
+        if threading.current_thread() is threading.main_thread() else None
     try:
+        _endpoint_defaults(args)
         module = importlib.import_module(_COMMANDS[args.command])
         return int(module.main(args) or 0)
     except CliError as exc:
@@ -218,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Terminated:
+        print("ldpstream: stopped by SIGTERM", file=sys.stderr)
+        return 143
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from ldpstream.config_semantics import domain_of, marginals_of, windows_of
 from ldpstream.estimators.domain import Domain
 from ldpstream.estimators.mechanism import (DEFAULT_MECHANISM, Mechanism, ParamError, TensorSpec,
                                             attribute_budget, mechanism_class)
+from ldpstream.suggest import did_you_mean
 from ldpstream.names import (DEFAULT_BATCH_REPORTS, DEFAULT_BATCH_SECONDS, DEFAULT_BUCKET_S,
                              DEFAULT_CONTROLLER_INTERVAL_S, DEFAULT_DRIFT_ALPHA,
                              DEFAULT_ESTIMATORS, DEFAULT_PARTITIONS,
@@ -139,8 +140,8 @@ class Collection(_Strict):
     partitions: int = Field(DEFAULT_PARTITIONS, ge=1, le=10_000,
                             description="Kafka partitions of the reports topic, the unit of "
                                         "parallelism: at most this many workers share the "
-                                        "collection (the default 1 means one worker; set it to "
-                                        "scale out, docs/scaling.md)")
+                                        "collection's ingest (more partitions cost one Redis "
+                                        "read each per refresh; docs/scaling.md)")
     marginals: Annotated[list[tuple[str, ...]], SkipValidation] = Field(
         description="the marginals to estimate: a list of attribute lists, or "
                     "{all_ways_up_to: W} for every marginal of 2..W attributes",
@@ -212,7 +213,8 @@ class Collection(_Strict):
         if name is None:
             return v
         allowed = mechanism_class(name).estimators
-        found = [(f"[{j}]", f"unknown estimator {est!r} for {name} (known: {', '.join(allowed)})")
+        found = [(f"[{j}]", f"unknown estimator {est!r} for {name} (known: {', '.join(allowed)})"
+                            f"{did_you_mean(est, allowed)}")
                  for j, est in enumerate(v) if est not in allowed]
         if len(set(v)) != len(v):
             found.append(("", "lists an estimator twice"))

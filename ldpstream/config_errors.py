@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticCustomError
 
 from ldpstream.errors import CliError
+from ldpstream.suggest import did_you_mean
 
 __all__ = ["ConfigError", "problems", "format_errors", "SEMANTIC"]
 
@@ -117,7 +118,9 @@ def _format_error(e: Mapping[str, Any], root: type[BaseModel]) -> list[str]:
     if typ == SEMANTIC:
         return [f"{where}{sfx}: {msg}" for sfx, msg in ctx["items"]]
     if typ == "extra_forbidden":
-        return [f"{where}: unknown field (allowed: {_allowed_at(root, loc[:-1])})"]
+        allowed = _allowed_at(root, loc[:-1])
+        return [f"{where}: unknown field (allowed: {allowed})"
+                f"{did_you_mean(loc[-1], allowed.split(', '))}"]
     if typ == "missing":
         return [f"{where}: required field missing"]
     if typ in _BOUNDS:

@@ -12,6 +12,7 @@ from ldpstream.windows import BucketPolicy, Window, parse_window
 from ldpstream.config_errors import got, problems
 from ldpstream.datasets import ADULT_COLUMNS, DatasetError, adult_path, load_csv
 from ldpstream.estimators.domain import Domain
+from ldpstream.suggest import did_you_mean
 
 __all__ = ["MAX_COARSE_PER_WINDOW", "domain_of", "marginals_of", "windows_of"]
 
@@ -147,7 +148,7 @@ def marginals_of(spec: Any, domain: Domain) -> list[tuple[str, ...]]:
         if unknown:
             found.append((f"[{j}]", f"unknown attribute{'s' if len(unknown) > 1 else ''} "
                                     f"{', '.join(repr(a) for a in unknown)} (attributes: "
-                                    f"{', '.join(attrs)})"))
+                                    f"{', '.join(attrs)}){did_you_mean(unknown[0], attrs)}"))
         elif len(set(m)) != len(m):
             found.append((f"[{j}]", f"lists an attribute twice ({m})"))
         elif tuple(m) not in out:

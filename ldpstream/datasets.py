@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from .estimators.domain import Domain
+from .suggest import did_you_mean, plain
 
 #: the eight categorical Adult attributes used by [Castell] Table VI and [MDRR] §6
 ADULT_COLUMNS = ("workclass", "education", "marital-status", "occupation", "relationship", "race",
@@ -88,7 +89,8 @@ def load_csv(path: str | Path | None = None, columns: Sequence[str] | None = Non
     columns = tuple(columns)
     missing = [c for c in columns if c not in header]
     if missing:
-        raise DatasetError(f"{path}: unknown column {missing[0]!r}; columns are: {', '.join(header)}")
+        raise DatasetError(f"{path}: unknown column {missing[0]!r}; columns are: {', '.join(header)}"
+                           f"{did_you_mean(missing[0], header)}")
     if len(set(columns)) != len(columns):
         raise DatasetError(f"{path}: duplicate column in {columns}")
     idx = [header.index(c) for c in columns]
@@ -113,8 +115,10 @@ def load_csv(path: str | Path | None = None, columns: Sequence[str] | None = Non
             code = order[pos]
             wrong = labels[code] != table[:, j]
             if wrong.any():
-                raise DatasetError(f"{path}: column {name!r} has value {table[wrong, j][0]!r} "
-                                   "outside the configured domain")
+                value = plain(table[wrong, j][0])
+                raise DatasetError(f"{path}: column {name!r} has value {value!r} outside the "
+                                   f"configured domain (categories: {', '.join(labels)})"
+                                   f"{did_you_mean(value, labels)}")
             cats.append(tuple(labels))
         else:
             uniq, code = np.unique(table[:, j], return_inverse=True)

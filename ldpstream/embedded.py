@@ -220,6 +220,7 @@ def main(args: Any) -> int:
     from ldpstream.dev.redis import EmbeddedRedis
     from ldpstream.errors import ServiceError
     from ldpstream.kafka_admin import create_ldp_topics
+    from .endpoint import clear_up, record_up, require_free_port
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -237,9 +238,7 @@ def main(args: Any) -> int:
             check_source("--data", data[coll.id], coll)
     web_bind = os.environ.get("LDP_WEB_BIND", DEFAULT_BIND)
     web_port = int(args.web_port)
-    if not port_free(web_bind, web_port):
-        raise CliError(f"--web-port {web_port}: already in use on {web_bind} (another "
-                       f"`ldpstream up` or worker?); stop it or pick another port")
+    require_free_port(web_bind, web_port, "up")
     bootstrap = config.kafka_bootstrap
     redis_url = config.redis_url
     broker = redis = worker = None
@@ -275,6 +274,9 @@ def main(args: Any) -> int:
         host = "127.0.0.1" if env["LDP_WEB_BIND"] in ("0.0.0.0", "127.0.0.1") else env["LDP_WEB_BIND"]
         cids = list(config.collections)
         print(f"worker: pid {worker.proc.pid}, log {worker.log_path}", flush=True)
+        record_up(f"http://{host}:{web_port}")  # `ldpstream estimates` follows this port
+        print(f"page:    http://{host}:{web_port}/   (live estimates, drift and ε in a browser)",
+              flush=True)
         print(f"API:     http://{host}:{web_port}/collections   "
               f"http://{host}:{web_port}/estimates/{cids[0]}", flush=True)
         print(f"metrics: http://{host}:{web_port}/metrics   health: http://{host}:{web_port}/healthz",
@@ -302,6 +304,7 @@ def main(args: Any) -> int:
         # ignore further Ctrl-C while shutting down, so the children are always reaped
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGHUP)}
         try:
+            clear_up()
             code = worker.stop() if worker is not None else None
             if code not in (None, 0):
                 print(f"worker exited with code {code}", file=sys.stderr)

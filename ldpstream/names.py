@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __all__ = [
     "REPORTS_TOPIC_PREFIX", "DLQ_TOPIC", "CONFIG_TOPIC", "SERVICE_TOPICS", "COMPACTED_TOPICS",
-    "reports_topic", "ENV_API_TOKEN", "ENV_KAFKA_BOOTSTRAP", "ENV_REDIS_URL", "ENV_CONFIG",
+    "reports_topic", "ENV_API_TOKEN", "ENV_KAFKA_BOOTSTRAP", "ENV_REDIS_URL", "ENV_CONFIG", "ENV_WEB_PORT", "ENV_API_URL",
     "DEFAULT_WEB_PORT", "DEFAULT_BIND", "DEFAULT_GATEWAY_PORT", "DEFAULT_PARTITIONS",
     "DEFAULT_ESTIMATORS", "DEFAULT_REFRESH_INTERVAL_S",
     "DEFAULT_CONTROLLER_INTERVAL_S", "DEFAULT_BUCKET_S", "DEFAULT_WINDOWS",
@@ -38,6 +38,8 @@ ENV_API_TOKEN = "LDP_API_TOKEN"
 ENV_KAFKA_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"
 ENV_REDIS_URL = "REDIS_URL"
 ENV_CONFIG = "LDP_CONFIG"
+ENV_WEB_PORT = "LDP_WEB_PORT"
+ENV_API_URL = "LDP_API_URL"
 
 # --- ports -----------------------------------------------------------------------------------------
 
@@ -51,8 +53,9 @@ DEFAULT_GATEWAY_PORT = 8080
 
 # --- collection defaults (docs/configuration.md) ----------------------------------------------------
 
-#: partitions of a collection's topic when the config omits ``partitions``
-DEFAULT_PARTITIONS = 1
+#: Kafka partitions of a collection's topic when the config gives none: up to this many workers
+#: share its ingest (docs/scaling.md); more partitions cost one Redis read each per refresh
+DEFAULT_PARTITIONS = 4
 DEFAULT_ESTIMATORS = ("truncated",)
 DEFAULT_REFRESH_INTERVAL_S = 5.0
 DEFAULT_CONTROLLER_INTERVAL_S = 1.0

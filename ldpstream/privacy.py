@@ -4,8 +4,11 @@ Four fields, always together: ``epsilon`` and ``epsilon_scope`` are the configur
 what it budgets (each attribute, or the whole record); ``epsilon_per_record`` and
 ``epsilon_per_attribute`` are computed from the channels the mechanism actually applies (the
 second only where attributes are randomized by separate channels: the ε that protects one
-attribute when the others are known). ``privacy_note`` flags a per-record ε above
-:data:`WEAK_EPSILON` (docs/mechanisms.md §9).
+attribute when the others are known). A memoized collection adds ``epsilon_per_rotation`` and
+``epsilon_per_day`` (what one device's reports cost together while its record stays the same,
+docs/mechanisms.md §8), and ``privacy_note`` then judges the per-day figure, the one that grows
+with reporting; otherwise it flags a per-record ε above :data:`WEAK_EPSILON` (docs/mechanisms.md
+§9). docs/api.md ("ε fields") explains every field.
 """
 from __future__ import annotations
 
@@ -26,15 +29,19 @@ def epsilon_per_attribute(mechanism: Mechanism) -> float | None:
     return mechanism.epsilon_per_attribute()
 
 
-def privacy_note(epsilon_per_record: float | None) -> str | None:
-    """A warning when ``epsilon_per_record`` is weak privacy, else None."""
+def privacy_note(epsilon_per_record: float | None,
+                 per_day: float | None = None) -> str | None:
+    """A warning when ``epsilon_per_record`` (or, for a memoized collection, ``per_day``: what
+    a device's reports of one day cost together) is weak privacy, else None."""
+    eps, what, unit = ((epsilon_per_record, "one report", "per record") if per_day is None else
+                       (per_day, "one device's reports of a day", "per device per day"))
     # a computed ε of 4.000000000000004 is the configured 4: compare with a relative tolerance
-    if epsilon_per_record is None or epsilon_per_record <= WEAK_EPSILON * (1 + 1e-9):
+    if eps is None or eps <= WEAK_EPSILON * (1 + 1e-9):
         return None
-    ratio = "more than 1e300" if epsilon_per_record > 690 else f"{math.exp(epsilon_per_record):.3g}"
-    return (f"weak privacy: ε = {epsilon_per_record:.3g} per record, so one report can be "
-            f"{ratio} times likelier under one record than under another (ε per record ≤ 1 is "
-            f"strong; above {WEAK_EPSILON:g} little about a device's record stays hidden)")
+    ratio = "more than 1e300" if eps > 690 else f"{math.exp(eps):.3g}"
+    return (f"weak privacy: ε = {eps:.3g} {unit}, so {what} can be {ratio} times likelier "
+            f"under one record than under another (ε ≤ 1 is strong; above {WEAK_EPSILON:g} "
+            f"little about a device's record stays hidden)")
 
 
 def epsilon_fields(collection: Any, mechanism: Mechanism,
@@ -46,10 +53,18 @@ def epsilon_fields(collection: Any, mechanism: Mechanism,
             per_record = float(mechanism.epsilon)
         except (ValueError, RuntimeError):  # an adaptive mechanism without its state yet
             per_record = None
+    try:
+        over_time = mechanism.guarantee()
+    except (ValueError, RuntimeError):  # an adaptive mechanism without its state yet
+        over_time = None
+    memoized = over_time is not None and over_time.memoized
+    per_day = over_time.per_day if memoized else None
     return {
         "epsilon": float(collection.epsilon),
         "epsilon_scope": collection.epsilon_scope,
         "epsilon_per_record": per_record,
         "epsilon_per_attribute": None if per_record is None else epsilon_per_attribute(mechanism),
-        "privacy_note": privacy_note(per_record),
+        "epsilon_per_rotation": over_time.per_rotation if memoized else None,
+        "epsilon_per_day": per_day,
+        "privacy_note": privacy_note(per_record, per_day),
     }

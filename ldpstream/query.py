@@ -63,22 +63,30 @@ def _console():
 
 
 def print_collections(data: dict[str, Any]) -> None:
+    """A table of short columns that fits 80 terminal columns, then each collection's marginals,
+    estimators and windows as wrapped lines (a table cell would truncate them)."""
     from rich.table import Table
     t = Table(title="collections")
-    t.add_column("id", no_wrap=True)
-    for col in ("mechanism", "ε/record", "ε/attribute", "n", "marginals", "estimators", "refresh"):
-        t.add_column(col, no_wrap=col in ("ε/record", "ε/attribute", "n"))
-    notes = []
+    for col in ("id", "mechanism", "version", "ε/report", "ε/day", "n", "refresh"):
+        t.add_column(col, justify="right" if col in ("version", "n") else "left")
+    details = []
     for c in data["collections"]:
-        t.add_row(c["id"], str(c.get("mechanism")), _fmt(c.get("epsilon_per_record"), 3),
-                  _fmt(c.get("epsilon_per_attribute"), 3), _fmt(c.get("n")),
-                  "\n".join(",".join(m) for m in c.get("marginals", [])),
-                  "\n".join(c.get("estimators", [])), f"{_fmt(c.get('refresh_interval_s'))}s")
+        per_day = c.get("epsilon_per_day")
+        t.add_row(c["id"], str(c.get("mechanism")), _fmt(c.get("version")),
+                  _fmt(c.get("epsilon_per_record"), 3),
+                  "no cap" if per_day is None else _fmt(per_day, 3),
+                  "-" if c.get("n") is None else f"{c['n']:,}",
+                  f"{c.get('refresh_interval_s', 0):g}s")
+        details.append(f"{c['id']}: marginals "
+                       f"{', '.join('×'.join(m) for m in c.get('marginals', []))}; estimators "
+                       f"{', '.join(c.get('estimators', []))}; windows "
+                       f"{', '.join(c.get('windows', []))}")
         if c.get("privacy_note"):
-            notes.append(f"{c['id']}: {c['privacy_note']}")
-    _console().print(t)
-    for note in notes:
-        print(note)
+            details.append(f"{c['id']}: {c['privacy_note']}")
+    console = _console()
+    console.print(t)
+    for line in details:
+        console.print(line, soft_wrap=False, highlight=False, markup=False)
 
 
 def print_index(data: dict[str, Any]) -> None:

@@ -27,7 +27,8 @@ from . import bounded_fetch
 from .codec import encode_batch
 from .kafka_security import KafkaSecurity, kafka_security
 from .publisher import Publisher
-from .signing import SignedState, StateRejected, VerifyKey, load_verify_key
+from .signing import (ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, SignedState, StateRejected,
+                      VerifyKey, load_verify_key)
 from ldpstream.names import CONFIG_TOPIC, reports_topic
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,13 @@ class ConfigWatcher:
                 for msg in msgs:
                     self._take(msg.key, msg.value)
 
+    def refusal_summary(self) -> str:
+        """The refusals in words, each reason with its count and its latest detail (which names
+        what to fix, e.g. the variable of the public key), or "" when none."""
+        latest = {r.reason: r.detail for r in self.refusals}
+        return "; ".join(f"{reason} ×{n}: {latest.get(reason, '')}".rstrip(": ")
+                         for reason, n in sorted(self.rejected.items()))
+
     def _take(self, key: bytes | None, value: bytes | None) -> None:
         if value is None:
             return  # tombstone: keep what we had (devices must not stop reporting)
@@ -202,8 +210,10 @@ class ConfigWatcher:
 
     def _verify(self, key: bytes | None, value: bytes) -> tuple[SignedState, Mechanism]:
         if self.verify_key is None:
-            raise StateRejected("no_public_key", "no public key pinned (set "
-                                                 "LDP_CONFIG_PUBLIC_KEY or _FILE)")
+            raise StateRejected("no_public_key", f"no public key pinned: set {ENV_PUBLIC_KEY} "
+                                                 f"(the key's base64 line) or "
+                                                 f"{ENV_PUBLIC_KEY_FILE} (a file holding it; "
+                                                 f"`ldpstream keygen` writes one)")
         try:
             collection = key.decode("utf-8") if key else None
         except UnicodeDecodeError:

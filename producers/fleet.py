@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 
@@ -90,14 +90,32 @@ def default_ceiling(collection) -> float:
     return float(collection.mechanism().epsilon)
 
 
+async def unless_stopped(aw: Awaitable[Any], stop: asyncio.Event | None) -> Any:
+    """``await aw``, or None as soon as ``stop`` is set (``aw`` is then cancelled)."""
+    if stop is None:
+        return await aw
+    task, stopped = asyncio.ensure_future(aw), asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
+    return task.result()
+
+
 async def resolve_mechanism(bootstrap: str, collection, *, timeout_s: float = 10.0,
                             watcher: ConfigWatcher | None = None,
                             verify_key: VerifyKey | None = None,
-                            max_epsilon: float | None = None) -> tuple[Mechanism, ConfigWatcher | None]:
+                            max_epsilon: float | None = None,
+                            stop: asyncio.Event | None = None
+                            ) -> tuple[Mechanism, ConfigWatcher | None]:
     """The collection's mechanism as published (signed) in ``ldp.config`` (waiting up to
-    ``timeout_s``), else the one built from the local config. Without a pinned public key
-    (``verify_key`` or ``LDP_CONFIG_PUBLIC_KEY``) nothing published can be trusted: the local
-    config is used at once."""
+    ``timeout_s``, or until ``stop`` is set), else the one built from the local config. Without a
+    pinned public key (``verify_key`` or ``LDP_CONFIG_PUBLIC_KEY``) nothing published can be
+    trusted: the local config is used at once."""
     verify_key = verify_key if verify_key is not None else load_verify_key()
     if watcher is None and verify_key is None:
         log.warning("no public key pinned (LDP_CONFIG_PUBLIC_KEY): ignoring ldp.config, using the "
@@ -109,15 +127,17 @@ async def resolve_mechanism(bootstrap: str, collection, *, timeout_s: float = 10
             watcher = await ConfigWatcher(bootstrap, verify_key=verify_key,
                                           max_epsilon={collection.id: ceiling}
                                           ).start(timeout_s=timeout_s)
-        state = await watcher.wait_for(collection.id, timeout_s)
+        state = await unless_stopped(watcher.wait_for(collection.id, timeout_s), stop)
     except (ConnectionError, OSError) as exc:
         log.warning("cannot read ldp.config (%s); using the local config", exc)
         state = None
     if state is not None and watcher is not None:
         return watcher.mechanisms[collection.id], watcher
+    if stop is not None and stop.is_set():  # stopped while waiting: nothing will be sent
+        return collection.mechanism(), watcher
     log.warning("no usable mechanism state for %s in ldp.config after %.0fs (refused: %s); "
                 "using the local config", collection.id, timeout_s,
-                watcher.rejected if watcher is not None else {})
+                (watcher.refusal_summary() if watcher is not None else "") or "none")
     return collection.mechanism(), watcher
 
 
@@ -148,7 +168,8 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
     if mechanism is None:
         mechanism, watcher = await resolve_mechanism(bootstrap, collection,
                                                      timeout_s=config_timeout_s,
-                                                     verify_key=verify_key, max_epsilon=max_epsilon)
+                                                     verify_key=verify_key, max_epsilon=max_epsilon,
+                                                     stop=stop)
     mech_box = [mechanism]
     if watcher is not None:
         def on_change(cid: str, signed: SignedState) -> None:

@@ -434,18 +434,25 @@ def main(args: Any) -> int:
                        f"gateway accepts only mechanism states signed by that key)")
     gateway = IngestGateway(bootstrap, fleets, max_body_bytes=args.max_body_bytes)
 
+    from .fleet import unless_stopped
+
     async def run() -> None:
-        try:
-            runner = await serve(gateway, args.bind, args.port)
-        except (ConnectionError, PublishError) as exc:
-            raise CliError(str(exc)) from None
-        print(f"ldpstream gateway: http://{args.bind}:{args.port}/v1/collections/<id>/reports "
-              f"(fleets: {', '.join(f.name for f in fleets)}; collections: "
-              f"{', '.join(sorted(gateway.known)) or 'none yet'})", file=sys.stderr, flush=True)
+        # the stop signals count from the start: a stop while connecting is clean too
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        try:
+            runner = await unless_stopped(serve(gateway, args.bind, args.port), stop)
+        except (ConnectionError, PublishError) as exc:
+            await gateway.stop()  # what did start (the producer) is closed, not leaked
+            raise CliError(str(exc)) from None
+        if runner is None:  # stopped while starting
+            await gateway.stop()
+            return
+        print(f"ldpstream gateway: http://{args.bind}:{args.port}/v1/collections/<id>/reports "
+              f"(fleets: {', '.join(f.name for f in fleets)}; collections: "
+              f"{', '.join(sorted(gateway.known)) or 'none yet'})", file=sys.stderr, flush=True)
         await stop.wait()
         await runner.cleanup()
         await gateway.stop()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,10 +50,13 @@ class Budget:
     window_s: float = 86400.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"budget epsilon must be a finite number > 0, got {self.epsilon!r}")
-        if not (math.isfinite(self.window_s) and self.window_s > 0):
-            raise ValueError(f"budget window_s must be a finite number > 0, got {self.window_s!r}")
+        for name, value in (("epsilon", self.epsilon), ("window_s", self.window_s)):
+            # a string ("8") or a bool is a mistake to name, not a TypeError from math.isfinite
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"Budget.{name} must be a number, got {value!r} "
+                                 f"({type(value).__name__})")
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"Budget.{name} must be a finite number > 0, got {value!r}")
 
 
 def channel_fingerprint(channels: Sequence[np.ndarray]) -> str:

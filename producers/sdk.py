@@ -263,7 +263,8 @@ class DeviceClient:
         (:mod:`.signing`)."""
         mech = self.watcher.mechanisms.get(self.collection)
         if mech is None:
-            refused = f"; refused records: {self.watcher.rejected}" if self.watcher.rejected else ""
+            summary = self.watcher.refusal_summary()
+            refused = f"; refused records: {summary}" if summary else ""
             raise UnknownCollectionError(
                 f"collection {self.collection!r} is not published on {self.watcher.topic} "
                 f"(published: {', '.join(sorted(self.watcher.mechanisms)) or 'none'}{refused})")

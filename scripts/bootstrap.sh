@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
 # Install everything ldpstream needs on a fresh Debian machine: Debian packages (redis-server,
-# prometheus for promtool), a virtualenv in .venv, and the project with its extras. Idempotent.
+# prometheus for promtool, chromium and chromium-driver for the page's browser test), a
+# virtualenv in .venv, and the project with its extras. Idempotent; says what it is doing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-APT_PACKAGES="redis-server prometheus"
+say() { printf 'bootstrap: %s\n' "$*"; }
+APT_PACKAGES="redis-server prometheus chromium chromium-driver"
 missing=""
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
 command -v promtool >/dev/null 2>&1 || missing="$missing prometheus"
+[ -x /usr/bin/chromium ] || missing="$missing chromium"
+[ -x /usr/bin/chromedriver ] || missing="$missing chromium-driver"
 if [ -n "$missing" ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
+  say "Debian packages:$missing (apt-get update + install, about a minute)"
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends $missing
   # the Debian packages start system services; ldpstream starts its own on free ports
   for svc in redis-server prometheus prometheus-node-exporter; do
     $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || $SUDO service "$svc" stop >/dev/null 2>&1 || true
   done
+else
+  say "Debian packages present ($APT_PACKAGES)"
 fi
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+[ -x .venv/bin/python ] || { say "creating the virtualenv .venv"; "$PY" -m venv .venv; }
 stamp=.venv/.ldpstream-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "installing ldpstream and its Python dependencies into .venv (about a minute on a fresh machine)"
   .venv/bin/pip install -q -U pip
   .venv/bin/pip install -q -e ".[embedded,test]"
   touch "$stamp"
+  say "done: .venv/bin/ldpstream is installed"
+else
+  say ".venv is up to date (delete $stamp to reinstall)"
 fi

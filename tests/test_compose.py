@@ -329,7 +329,7 @@ def test_prometheus_sends_alerts_to_alertmanager():
     targets = [t for am in prom["alerting"]["alertmanagers"] for sc in am["static_configs"]
                for t in sc["targets"]]
     assert targets == ["alertmanager:9093"]
-    assert "9093:9093" in SERVICES["alertmanager"]["ports"]
+    assert "127.0.0.1:9093:9093" in SERVICES["alertmanager"]["ports"]
     mounts = dict((t, s) for s, t in _volumes("alertmanager"))
     cmd = " ".join(SERVICES["alertmanager"]["command"])
     conf_file = re.search(r"--config\.file=(\S+)", cmd).group(1)
@@ -343,3 +343,30 @@ def test_prometheus_sends_alerts_to_alertmanager():
             walk(child)
 
     walk(am["route"])
+
+
+def required_secrets(text: str) -> set[str]:
+    """The variables a compose file refuses to start without (``${VAR:?...}``)."""
+    return set(re.findall(r"\$\{(\w+):\?", text))
+
+
+def test_docs_list_every_secret_compose_requires():
+    """docs/dashboards.md's secrets table and docs/api.md's "required: yes" rows are exactly the
+    ``${VAR:?}`` of docker-compose.yml (the cluster file's are among them)."""
+    required = required_secrets(TEXT)
+    assert required >= {"LDP_API_TOKEN", "REDIS_PASSWORD", "KAFKA_DEVICE_PASSWORD"}
+    cluster = required_secrets((ROOT / "docker-compose.cluster.yml").read_text())
+    assert cluster <= required
+    dashboards = (ROOT / "docs/dashboards.md").read_text()
+    table = dashboards[dashboards.index("| Secret |"):]
+    table = table[:table.index("\n\n")]
+    assert set(re.findall(r"^\| `(\w+)` \|", table, re.M)) == required
+    api = (ROOT / "docs/api.md").read_text()
+    assert set(re.findall(r"^\| `(\w+)` \| yes \|", api, re.M)) == required
+
+
+def test_unauthenticated_services_are_published_on_loopback_only():
+    """Prometheus and Alertmanager have no login: published on 127.0.0.1, never every interface."""
+    for name in ("prometheus", "alertmanager"):
+        ports = [str(p) for p in SERVICES[name]["ports"]]
+        assert ports and all(p.startswith("127.0.0.1:") for p in ports), (name, ports)

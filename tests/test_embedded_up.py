@@ -84,6 +84,12 @@ def test_up_serves_and_exits_cleanly(tmp_path, how):
         log = (tmp_path / "up.log").read_text(errors="replace")
         assert health and '"ok"' in health, log
         assert _ingested(metrics) > 0, log
+        # the page, and `ldpstream estimates` without --url follows the port `up` chose
+        assert "<title>ldpstream" in (_get(f"http://127.0.0.1:{port}/") or ""), log
+        cli_env = {k: v for k, v in env.items() if k not in ("LDP_API_URL", "LDP_WEB_PORT")}
+        listed = subprocess.run([sys.executable, "-m", "ldpstream.cli", "estimates", "--json"],
+                                env=cli_env, capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0 and '"adult"' in listed.stdout, listed.stderr
         seen |= _descendants(proc.pid)
         assert len(seen) >= 3, seen  # broker, Redis, worker
         if how == "sigint":
@@ -96,6 +102,7 @@ def test_up_serves_and_exits_cleanly(tmp_path, how):
         out.close()
     log = (tmp_path / "up.log").read_text(errors="replace")
     assert "API:" in log and "metrics: http://127.0.0.1:" in log and "stopped." in log, log
+    assert f"page:    http://127.0.0.1:{port}/" in log, log
     assert "reports/s" in log
     time.sleep(0.5)
     left = [p for p in seen if _alive(p)]

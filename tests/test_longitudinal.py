@@ -242,7 +242,7 @@ def test_ledger_budget_window_and_restart(tmp_path):
         led.commit("c", 1200.0, 0.0, channel="f", period=8, record="f:2,0")
         assert led.last_sent("c", 7, "f:2,0") is None  # past periods are dropped
         assert led.memos("c", "f", 7, [(0, 2)]) == {} and led.last_sent("c", 8, "f:2,0") == 1200.0
-    with pytest.raises(ValueError, match="budget epsilon"):
+    with pytest.raises(ValueError, match="Budget.epsilon"):
         Budget(0.0)
 
 

@@ -161,6 +161,11 @@ def test_device_without_pinned_key_adopts_nothing(kafka_broker, unique_name):
         try:
             assert await watcher.wait_for("adult", 3) is None
             assert watcher.rejected == {"no_public_key": 1}
+            # the refusal names what to set
+            summary = watcher.refusal_summary()
+            assert summary.startswith("no_public_key ×1: no public key pinned: set "
+                                      "LDP_CONFIG_PUBLIC_KEY"), summary
+            assert "LDP_CONFIG_PUBLIC_KEY_FILE" in summary
         finally:
             await watcher.stop()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -112,6 +113,9 @@ def test_up_refuses_bad_data_and_a_busy_port_before_starting_anything(tmp_path, 
         assert main(["up", "--config", cfg, "--web-port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"--web-port {port}: already in use" in err, err
+    # a free port is suggested, with the ways to pass it
+    suggested = int(re.search(r"port (\d+) is free", err).group(1))
+    assert suggested > port and f"make up ARGS='--web-port {suggested}'" in err, err
     assert time.monotonic() - t0 < 10  # no broker, Redis or worker was started
 
 

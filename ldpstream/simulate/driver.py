@@ -33,6 +33,7 @@ per day, from :meth:`Mechanism.guarantee`) and ``results``: one row per
 from __future__ import annotations
 
 import sys
+import json
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -392,16 +393,11 @@ def _progress_total(plan: Plan) -> int:
 
 
 def run_with_progress(plan: Plan, label: str = "simulate") -> dict[str, Any]:
-    """:func:`simulate` with a rich progress bar on stderr when stderr is a terminal."""
-    if not sys.stderr.isatty():
-        return simulate(plan)
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
-    with Progress("[progress.description]{task.description}", BarColumn(),
-                  "{task.completed}/{task.total}", TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=Console(stderr=True), transient=True) as prog:
-        task = prog.add_task(label, total=_progress_total(plan))
-        return simulate(plan, lambda k: prog.advance(task, k))
+    """:func:`simulate` with a progress bar on stderr (ldpstream/progress.py)."""
+    from ..progress import progress
+
+    with progress(label, _progress_total(plan)) as advance:
+        return simulate(plan, advance)
 
 
 def print_table(doc: dict[str, Any], title: str | None = None) -> None:

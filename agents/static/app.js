@@ -1,0 +1,378 @@
+// The live page: collections, one estimate with its band, its history, drift. Polls the API.
+import { api } from "./api.js";
+import { bars, fmt, heatmap, timeSeries } from "./charts.js";
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const POLL_MS = Math.max(250, Number(params.get("poll")) || 2000);
+const HEALTH_EVERY = 5;          // polls between two /healthz and /estimates index reads
+const DEFAULT_CELLS = 3;         // cells followed over time until the reader picks others
+
+const state = { collections: [], health: null, sel: {}, cells: new Set(), cellsFor: null,
+  cellsPicked: false, paused: false, polls: 0, timer: null, estimate: null, indexes: null,
+  history: null };
+
+function h(tag, attrs = {}, children = []) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v == null || v === false) continue;
+    if (k === "text") node.textContent = v; else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of [].concat(children)) if (c != null) node.append(c);
+  return node;
+}
+const ago = (t) => {
+  if (t == null) return "–";
+  const s = Math.max(0, Date.now() / 1000 - t);
+  return s < 90 ? `${s.toFixed(0)} s ago` : s < 5400 ? `${(s / 60).toFixed(0)} min ago` : `${(s / 3600).toFixed(1)} h ago`;
+};
+const eps = (v) => (v == null ? "–" : Number(v).toPrecision(3));
+
+// --- selection (kept in the URL hash, so a view can be linked) ----------------------------------
+function readHash() {
+  const q = new URLSearchParams(location.hash.slice(1));
+  return { collection: q.get("c"), marginal: q.get("m"), method: q.get("e"), window: q.get("w") };
+}
+function writeHash() {
+  const s = state.sel, q = new URLSearchParams();
+  if (s.collection) q.set("c", s.collection);
+  if (s.marginal) q.set("m", s.marginal);
+  if (s.method) q.set("e", s.method);
+  if (s.window) q.set("w", s.window);
+  history.replaceState(null, "", `#${q}`);
+}
+const current = () => state.collections.find((c) => c.id === state.sel.collection);
+
+function marginalChoices(c) {
+  const out = c.marginals.map((m) => ({ value: m.join(","), text: m.join(" × ") }));
+  const singles = [...new Set(c.marginals.flat())].filter((a) => !out.some((o) => o.value === a));
+  for (const a of singles) out.push({ value: a, text: `${a} (summed from a configured marginal)` });
+  return out;
+}
+
+function fillSelect(select, choices, value) {
+  const values = choices.map((ch) => ch.value);
+  const chosen = values.includes(value) ? value : values[0];
+  // rebuilt only when the choices change: a reader moving through the options keeps its place
+  const have = [...select.options].map((o) => `${o.value}\t${o.text}`).join("\n");
+  if (have !== choices.map((ch) => `${ch.value}\t${ch.text}`).join("\n")) {
+    select.replaceChildren(...choices.map((ch) => h("option", { value: ch.value, text: ch.text })));
+  }
+  if (select.value !== chosen) select.value = chosen;
+  return chosen;
+}
+
+function syncControls() {
+  const cols = state.collections;
+  const s = state.sel;
+  s.collection = fillSelect($("collection"), cols.map((c) => ({ value: c.id, text: c.id })), s.collection);
+  const c = current();
+  if (!c) return;
+  s.marginal = fillSelect($("marginal"), marginalChoices(c), s.marginal);
+  s.method = fillSelect($("method"), c.estimators.map((e) => ({ value: e, text: e })), s.method);
+  s.window = fillSelect($("window"), c.windows.map((w) => ({ value: w, text: w === "all" ? "all time" : `last ${w}` })), s.window);
+  writeHash();
+}
+
+// --- collections table ---------------------------------------------------------------------------
+function perDay(c) {
+  if (c.epsilon_per_day != null) return eps(c.epsilon_per_day);
+  const lon = c.longitudinal;
+  if (lon && lon.memoized === false) return h("span", { title: lon.note, text: "no cap: each report adds ε" });
+  return "–";
+}
+
+function renderCollections(indexes) {
+  const body = $("collections").tBodies[0];
+  if (!state.collections.length) {
+    body.replaceChildren(h("tr", {}, h("td", { colspan: 8, text: "No collections are configured on this worker." })));
+    return;
+  }
+  const refresh = (state.health && state.health.checks && state.health.checks.refresh) || {};
+  // the rows are redrawn every poll: the keyboard focus stays on the same collection's button
+  const focused = document.activeElement && document.activeElement.closest("tr[data-collection]");
+  const keep = focused && body.contains(focused) ? focused.dataset.collection : null;
+  body.replaceChildren(...state.collections.map((c) => {
+    const idx = indexes[c.id];
+    const newest = idx ? Math.max(0, ...idx.estimates.map((e) => e.updated_at || 0)) : 0;
+    const failing = idx ? idx.estimates.filter((e) => e.error != null).length : 0;
+    const r = refresh[c.id] || {};
+    let st = "ok", cls = "ok";
+    if (!newest) { st = "no estimate yet"; cls = "idle"; }
+    if (failing || r.failing_estimates) { st = `${failing || r.failing_estimates} estimate(s) failing`; cls = "bad"; }
+    if (r.failed_at && (!r.last_ok || r.failed_at > r.last_ok)) { st = `refresh failing: ${r.last_error}`; cls = "bad"; }
+    const selected = c.id === state.sel.collection;
+    const pick = h("button", { type: "button", class: "link", "aria-pressed": String(selected),
+      text: c.id });
+    pick.addEventListener("click", () => { state.sel.collection = c.id; state.sel.marginal = null; syncControls(); poll(); });
+    return h("tr", { class: selected ? "selected" : null, "data-collection": c.id }, [
+      h("th", { scope: "row" }, pick),
+      h("td", { text: c.mechanism }),
+      h("td", { "data-field": "version", text: String(c.version) }),
+      h("td", { "data-field": "epsilon_per_record", title: String(c.epsilon_per_record) }, eps(c.epsilon_per_record)),
+      h("td", { "data-field": "epsilon_per_day" }, perDay(c)),
+      h("td", { "data-field": "n", text: c.n == null ? "Redis unavailable" : c.n.toLocaleString("en") }),
+      h("td", { "data-field": "freshness", text: newest ? ago(newest) : "–" }),
+      h("td", { "data-field": "state" }, h("span", { class: `pill ${cls}`, title: st,
+        text: st.length > 48 ? `${st.slice(0, 47)}…` : st })),
+    ]);
+  }));
+  if (keep) {
+    const again = body.querySelector(`tr[data-collection="${CSS.escape(keep)}"] button`);
+    if (again) again.focus();
+  }
+  const c = current(), note = $("privacy-note");
+  note.hidden = !(c && c.privacy_note);
+  if (c && c.privacy_note) note.textContent = `${c.id}: ${c.privacy_note}`;
+}
+
+// --- the estimate ----------------------------------------------------------------------------------
+function flatten(cells, labels) {
+  const out = [];
+  const walk = (node, depth, key) => {
+    if (depth === labels.length) { out.push({ key, parts: key.split("|"), v: node }); return; }
+    node.forEach((child, i) => walk(child, depth + 1, depth ? `${key}|${labels[depth][i]}` : labels[depth][i]));
+  };
+  walk(cells, 0, "");
+  return out;
+}
+
+function drawEstimate(est) {
+  const box = $("estimate-chart"), band = est.error_bound;
+  const name = `${est.attrs.join(" × ")} (${est.method}, window ${est.window})`;
+  let chart;
+  if (est.attrs.length === 1) {
+    chart = bars(est.labels[0], est.cells, band, `Estimated distribution of ${name}`);
+  } else if (est.attrs.length === 2) {
+    chart = heatmap(est.labels[0], est.labels[1], est.cells, band, `Estimated joint distribution of ${name}`);
+  } else {
+    const rest = est.attrs.slice(2), vmax = Math.max(1e-9, ...flatten(est.cells, est.labels).map((c) => c.v));
+    chart = h("div", { class: "multiples" }, est.labels[0].map((lab, i) => {
+      const sub = flatten(est.cells[i], est.labels.slice(1));
+      const cols = flatten(est.cells[i][0], est.labels.slice(2)).map((c) => c.key);
+      const matrix = est.labels[1].map((_, r) => sub.slice(r * cols.length, (r + 1) * cols.length).map((c) => c.v));
+      return h("div", { class: "panel" }, [h("h3", { text: `${est.attrs[0]} = ${lab}` }),
+        heatmap(est.labels[1], cols, matrix, band, `${est.attrs[1]} × ${rest.join(" × ")} where ${est.attrs[0]} = ${lab}`, vmax)]);
+    }));
+  }
+  box.replaceChildren(chart);
+  const how = est.attrs.length === 1 ? "The whiskers span" : "Each cell shows";
+  $("estimate-caption").textContent = band == null
+    ? `${name}: this estimator states no error bound.`
+    : `${name}. ${how} ± the expected total-variation error of the whole estimate (${fmt(band)}); no cell is off by more than the total-variation distance.`;
+  const rows = flatten(est.cells, est.labels);
+  $("estimate-table").replaceChildren(
+    h("thead", {}, h("tr", {}, [...est.attrs.map((a) => h("th", { scope: "col", text: a })),
+      h("th", { scope: "col", text: "estimate" }), h("th", { scope: "col", text: "±" })])),
+    h("tbody", {}, rows.map((r) => h("tr", { "data-cell": r.key, "data-value": String(r.v) },
+      [...r.parts.map((p) => h("td", { text: p })), h("td", { class: "num", text: fmt(r.v) }),
+        h("td", { class: "num", text: fmt(band) })]))));
+}
+
+function summary(est) {
+  const items = [["Reports in window", est.n.toLocaleString("en"), "n"],
+    ["Updated", `${new Date(est.updated_at * 1000).toLocaleTimeString([], { hour12: false })} (${ago(est.updated_at)})`, "updated_at"],
+    ["Error bound (expected TVD)", fmt(est.error_bound), "error_bound"],
+    ["ε per report", eps(est.epsilon_per_record), "epsilon_per_record"],
+    ["ε per device per day", est.epsilon_per_day == null ? "no cap" : eps(est.epsilon_per_day), "epsilon_per_day"],
+    ["Mechanism versions", (est.versions || [est.version]).join(", "), "versions"]];
+  if (est.chosen) items.push(["Estimator chosen", est.chosen, "chosen"]);
+  if (est.marginalized_from) items.push(["Summed from", est.marginalized_from.join(" × "), "marginalized_from"]);
+  $("summary").replaceChildren(...items.map(([k, v, f]) => h("div", {}, [h("dt", { text: k }), h("dd", { "data-field": f, text: v })])));
+}
+
+function showMessage(text, kind) {
+  const m = $("estimate-message");
+  m.hidden = !text;
+  m.className = `message ${kind || ""}`;
+  m.textContent = text || "";
+}
+
+async function loadEstimate(c) {
+  const s = state.sel, q = { attrs: s.marginal, method: s.method, window: s.window };
+  try {
+    const est = await api.estimate(c.id, q);
+    state.estimate = est;
+    showMessage(null);
+    $("estimate-figure").hidden = false;
+    $("estimate-table-box").hidden = false;
+    drawEstimate(est);
+    summary(est);
+  } catch (exc) {
+    state.estimate = null;
+    $("estimate-table-box").hidden = true;
+    $("estimate-chart").replaceChildren();
+    $("estimate-table").replaceChildren();
+    $("summary").replaceChildren();
+    $("estimate-caption").textContent = "";
+    const kind = exc.status === 404 ? "empty" : "failure";
+    const lead = exc.status === 404 ? "No estimate to show yet: " : exc.status === 500 ? "The last refresh of this estimate failed: " : "";
+    showMessage(lead + exc.message + (exc.body.failed_at ? ` (at ${new Date(exc.body.failed_at * 1000).toLocaleTimeString([], { hour12: false })})` : ""), kind);
+  }
+}
+
+// --- over time: cells and drift --------------------------------------------------------------------
+function cellChoices(keys) {
+  const id = `${state.sel.collection}/${state.sel.marginal}`;
+  if (state.cellsFor !== id || (!state.cells.size && !state.cellsPicked)) {
+    state.cellsFor = id;
+    state.cellsPicked = false;
+    const top = state.estimate ? flatten(state.estimate.cells, state.estimate.labels).sort((a, b) => b.v - a.v) : [];
+    state.cells = new Set((top.length ? top.map((c) => c.key) : keys).slice(0, DEFAULT_CELLS));
+  }
+  const box = $("cell-choices");
+  const inputs = [...box.querySelectorAll("input")];
+  if (inputs.map((i) => i.value).join("\n") === keys.join("\n")) {
+    for (const i of inputs) i.checked = state.cells.has(i.value);
+    return;
+  }
+  box.replaceChildren(...keys.map((k) => {
+    const input = h("input", { type: "checkbox", value: k, checked: state.cells.has(k) });
+    input.addEventListener("change", () => {
+      state.cellsPicked = true;
+      if (input.checked) state.cells.add(k); else state.cells.delete(k);
+      poll();
+    });
+    return h("label", { class: "check" }, [input, ` ${k}`]);
+  }));
+}
+
+function drawHistory(hist) {
+  const pts = hist.points;
+  const keys = pts.length && pts[pts.length - 1].cells ? flatten(pts[pts.length - 1].cells, hist.labels).map((c) => c.key)
+    : state.estimate ? flatten(state.estimate.cells, state.estimate.labels).map((c) => c.key) : [];
+  cellChoices(keys);
+  const versions = [];
+  pts.forEach((p, i) => {
+    if (i && p.version !== pts[i - 1].version) versions.push({ t: p.updated_at, short: `v${p.version}`, text: `mechanism version ${pts[i - 1].version} → ${p.version}` });
+  });
+  const failures = pts.filter((p) => p.error != null).map((p) => ({ t: p.updated_at, text: p.error }));
+  const series = [...state.cells].filter((k) => keys.includes(k)).map((k) => ({ name: k, points: pts.filter((p) => p.cells).map((p) => {
+    const v = flatten(p.cells, hist.labels).find((c) => c.key === k).v, b = p.error_bound;
+    return { t: p.updated_at, v, lo: b == null ? null : v - b, hi: b == null ? null : v + b };
+  }) }));
+  const box = $("history-chart");
+  if (!pts.length) {
+    box.replaceChildren(h("p", { class: "message empty", text: "No history yet: this worker records each refresh of the estimate from the moment it starts." }));
+  } else {
+    box.replaceChildren(timeSeries({ series, versions, failures, label: `History of the chosen cells of ${hist.attrs.join(" × ")}`, yLabel: "share" }));
+  }
+  drawDrift(hist, versions, failures);
+}
+
+function drawDrift(hist, versions, failures) {
+  const pts = hist.points.filter((p) => p.drift_statistic != null);
+  const st = $("drift-state"), box = $("drift-chart");
+  st.className = "";
+  if (hist.window === "all") {
+    st.textContent = "The all-time window has no drift test (there is no window before it): choose a finite window.";
+    box.replaceChildren();
+    return;
+  }
+  if (!pts.length) {
+    st.textContent = "No drift measured yet: it needs reports in this window and in the window before it.";
+    box.replaceChildren();
+    return;
+  }
+  const last = pts[pts.length - 1];
+  const alarms = pts.filter((p) => p.drift_alarm);
+  st.setAttribute("data-alarm", String(!!last.drift_alarm));
+  if (last.drift_alarm) {
+    st.className = "alarm";
+    st.textContent = `Drift alarm: statistic ${fmt(last.drift_statistic, 2)} is above its threshold ${fmt(last.drift_threshold, 2)} (total-variation change ${fmt(last.drift_tvd, 3)}).`;
+  } else {
+    st.textContent = `No drift: statistic ${fmt(last.drift_statistic, 2)} below its threshold ${fmt(last.drift_threshold, 2)}` +
+      (alarms.length ? `; ${alarms.length} alarm(s) earlier in this history.` : ".");
+  }
+  box.replaceChildren(timeSeries({
+    series: [{ name: "statistic", points: pts.map((p) => ({ t: p.updated_at, v: p.drift_statistic })) }],
+    threshold: pts.map((p) => ({ t: p.updated_at, v: p.drift_threshold })),
+    alarms: alarms.map((p) => ({ t: p.updated_at, v: p.drift_statistic })), versions, failures,
+    label: `Drift statistic of ${hist.attrs.join(" × ")} against its threshold`, yLabel: "statistic",
+  }));
+}
+
+/** The history of the selection: all of it once, then only the points after the last one. */
+async function loadHistory(c) {
+  const s = state.sel, key = [c.id, s.marginal, s.method, s.window].join("|");
+  const had = state.history && state.history.key === key ? state.history : null;
+  const last = had && had.points.length ? had.points[had.points.length - 1].updated_at : null;
+  const got = await api.history(c.id, { attrs: s.marginal, method: s.method, window: s.window, since: last });
+  const points = (had ? had.points : []).concat(got.points).slice(-got.capacity);
+  state.history = { ...got, key, points };
+  return state.history;
+}
+
+// --- the loop ------------------------------------------------------------------------------------
+function problem(text) {
+  const p = $("problem");
+  p.hidden = !text;
+  p.textContent = text || "";
+}
+
+function renderHealth() {
+  const hl = state.health, pill = $("health");
+  if (!hl) return;
+  pill.textContent = `worker ${hl.status}`;
+  pill.className = `pill ${hl.status === "ok" ? "ok" : "bad"}`;
+  const failed = Object.entries(hl.checks || {}).filter(([, v]) => v && v.ok === false).map(([k, v]) => `${k}: ${v.detail || v.error || "failing"}`);
+  return failed.length ? `This worker is ${hl.status}: ${failed.join("; ")}` : null;
+}
+
+async function poll() {
+  clearTimeout(state.timer);
+  let trouble = null;
+  try {
+    if (state.polls % HEALTH_EVERY === 0) {
+      try { state.health = await api.health(); } catch (exc) { state.health = { status: "unreachable", checks: {} }; }
+    }
+    trouble = renderHealth();
+    state.collections = (await api.collections()).collections;
+    syncControls();
+    if (state.polls % HEALTH_EVERY === 0 || !state.indexes) {
+      const indexes = {};
+      await Promise.all(state.collections.map(async (c) => {
+        try { indexes[c.id] = await api.index(c.id); } catch (exc) { indexes[c.id] = null; }
+      }));
+      state.indexes = indexes;
+    }
+    renderCollections(state.indexes);
+    const c = current();
+    if (c) {
+      await loadEstimate(c);
+      drawHistory(await loadHistory(c));
+    }
+    $("updated").textContent = `updated ${new Date().toLocaleTimeString([], { hour12: false })}`;
+    document.body.dataset.polls = String(++state.polls);
+  } catch (exc) {
+    trouble = `Cannot read this worker's API: ${exc.message}`;
+  }
+  problem(trouble);
+  if (!state.paused) state.timer = setTimeout(poll, POLL_MS);
+}
+
+function start() {
+  Object.assign(state.sel, readHash());
+  for (const id of ["collection", "marginal", "method", "window"]) {
+    $(id).addEventListener("change", (ev) => {
+      state.sel[id] = ev.target.value;
+      if (id === "collection") state.sel.marginal = null;
+      syncControls();
+      poll();
+    });
+  }
+  $("pause").addEventListener("click", () => {
+    state.paused = !state.paused;
+    $("pause").setAttribute("aria-pressed", String(state.paused));
+    $("pause").textContent = state.paused ? "Resume updates" : "Pause updates";
+    if (!state.paused) poll(); else clearTimeout(state.timer);
+  });
+  window.addEventListener("hashchange", () => {
+    Object.assign(state.sel, readHash());
+    syncControls();
+    poll();
+  });
+  poll();
+}
+
+start();

@@ -1,0 +1,158 @@
+// SVG charts drawn from plain numbers: bars (one attribute), heatmaps (two), small multiples
+// (three or more), and time series with bands, marks and a threshold.
+
+const NS = "http://www.w3.org/2000/svg";
+
+export function svg(tag, attrs = {}, children = []) {
+  const node = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs)) if (v != null) node.setAttribute(k, String(v));
+  for (const c of [].concat(children)) {
+    if (c == null) continue;
+    node.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
+  }
+  return node;
+}
+
+export const fmt = (v, digits = 4) => (v == null || Number.isNaN(v) ? "–" : Number(v).toFixed(digits));
+const title = (text) => svg("title", {}, [text]);
+const clock = (t) => new Date(t * 1000).toLocaleTimeString([], { hour12: false });
+
+function root(width, height, label) {
+  return svg("svg", { viewBox: `0 0 ${width} ${height}`, width, role: "img",
+    "aria-label": label, preserveAspectRatio: "xMinYMin meet", class: "chart" }, [title(label)]);
+}
+
+function niceMax(v) {
+  if (!(v > 0)) return 1;
+  const p = 10 ** Math.floor(Math.log10(v));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+  return 10 * p;
+}
+
+/** Horizontal bars with ± band whiskers: one row per category. */
+export function bars(labels, values, band, label) {
+  const rowH = 26, left = Math.min(220, 16 + 7.5 * Math.max(...labels.map((l) => l.length))),
+    width = 1000, right = 90, top = 8;
+  const height = top + rowH * labels.length + 28;
+  const lo = Math.min(0, ...values.map((v, i) => v - (band || 0)));
+  const hi = niceMax(Math.max(...values.map((v) => v + (band || 0)), 1e-9));
+  const x = (v) => left + ((v - lo) / (hi - lo)) * (width - left - right);
+  const g = root(width, height, label);
+  for (let t = 0; t <= 4; t++) {
+    const v = lo + ((hi - lo) * t) / 4;
+    g.append(svg("line", { x1: x(v), x2: x(v), y1: top, y2: height - 22, class: "grid" }),
+      svg("text", { x: x(v), y: height - 6, class: "tick", "text-anchor": "middle" }, [fmt(v, 2)]));
+  }
+  labels.forEach((lab, i) => {
+    const y = top + i * rowH, v = values[i];
+    const cell = svg("g", { class: "bar", "data-cell": lab, "data-value": v });
+    cell.append(title(`${lab}: ${fmt(v)}${band != null ? ` ± ${fmt(band)}` : ""}`),
+      svg("text", { x: left - 8, y: y + rowH / 2 + 4, "text-anchor": "end", class: "label" }, [lab]),
+      svg("rect", { x: Math.min(x(0), x(v)), y: y + 4, width: Math.abs(x(v) - x(0)),
+        height: rowH - 8, rx: 3, class: v < 0 ? "neg" : "pos" }));
+    if (band != null) {
+      const a = x(v - band), b = x(v + band), cy = y + rowH / 2;
+      cell.append(svg("path", { d: `M${a},${cy - 5}v10M${a},${cy}H${b}M${b},${cy - 5}v10`,
+        class: "whisker" }));
+    }
+    cell.append(svg("text", { x: width - right + 8, y: y + rowH / 2 + 4, class: "value" }, [fmt(v)]));
+    g.append(cell);
+  });
+  return g;
+}
+
+/** A heatmap of a 2-D table (rows × columns) with the value in every cell. */
+export function heatmap(rowLabels, colLabels, matrix, band, label, vmax) {
+  const cw = Math.max(64, Math.min(150, 760 / colLabels.length)), ch = colLabels.length > 6 ? 30 : 44;
+  const twoLines = ch >= 44 && band != null;  // room for the ± under the value
+  const left = Math.min(200, 14 + 7.2 * Math.max(...rowLabels.map((l) => l.length)));
+  const top = 30, width = left + cw * colLabels.length + 8, height = top + ch * rowLabels.length + 6;
+  const max = vmax || Math.max(1e-9, ...matrix.flat());
+  const g = root(width, height, label);
+  colLabels.forEach((c, j) => g.append(svg("text", { x: left + cw * j + cw / 2, y: top - 10,
+    "text-anchor": "middle", class: "label" }, [c.length > 12 ? c.slice(0, 11) + "…" : c])));
+  rowLabels.forEach((r, i) => {
+    g.append(svg("text", { x: left - 8, y: top + ch * i + ch / 2 + 4, "text-anchor": "end",
+      class: "label" }, [r]));
+    colLabels.forEach((c, j) => {
+      const v = matrix[i][j], share = Math.max(0, Math.min(1, v / max));
+      const cell = svg("g", { class: "hcell", "data-cell": `${r}|${c}`, "data-value": v });
+      const cx = left + cw * j + cw / 2, cy = top + ch * i + ch / 2, light = share > 0.55;
+      cell.append(title(`${r}, ${c}: ${fmt(v)}${band != null ? ` ± ${fmt(band)}` : ""}`),
+        svg("rect", { x: left + cw * j + 1, y: top + ch * i + 1, width: cw - 2, height: ch - 2,
+          rx: 3, fill: `hsl(217 80% ${96 - 58 * share}%)`, class: v < 0 ? "negcell" : null }),
+        svg("text", { x: cx, y: cy + (twoLines ? -1 : 4), "text-anchor": "middle",
+          class: light ? "value light" : "value" }, [fmt(v, 3)]));
+      if (twoLines) {
+        cell.append(svg("text", { x: cx, y: cy + 13, "text-anchor": "middle",
+          class: light ? "band-text light" : "band-text" }, [`± ${fmt(band, 3)}`]));
+      }
+      g.append(cell);
+    });
+  });
+  return g;
+}
+
+/** Time series: lines with bands, optional threshold line, version marks, failures, alarms. */
+export function timeSeries({ series, threshold, versions = [], failures = [], alarms = [], label,
+  yLabel }) {
+  const width = 1000, height = 260, left = 56, right = 170, top = 12, bottom = 30;
+  const ts = series.flatMap((s) => s.points.map((p) => p.t)).concat(
+    threshold ? threshold.map((p) => p.t) : [], failures.map((f) => f.t));
+  const g = root(width, height, label);
+  if (!ts.length) return g;
+  let t0 = Math.min(...ts), t1 = Math.max(...ts);
+  if (t1 - t0 < 2) { t0 -= 1; t1 += 1; }
+  const ys = series.flatMap((s) => s.points.flatMap((p) => [p.lo ?? p.v, p.hi ?? p.v]))
+    .concat(threshold ? threshold.map((p) => p.v) : []).filter((v) => Number.isFinite(v));
+  let y0 = Math.min(0, ...ys), y1 = niceMax(Math.max(1e-9, ...ys));
+  const x = (t) => left + ((t - t0) / (t1 - t0)) * (width - left - right);
+  const y = (v) => top + (1 - (v - y0) / (y1 - y0)) * (height - top - bottom);
+  for (let k = 0; k <= 4; k++) {
+    const v = y0 + ((y1 - y0) * k) / 4;
+    g.append(svg("line", { x1: left, x2: width - right, y1: y(v), y2: y(v), class: "grid" }),
+      svg("text", { x: left - 6, y: y(v) + 4, "text-anchor": "end", class: "tick" }, [fmt(v, 2)]));
+  }
+  for (let k = 0; k <= 3; k++) {
+    const t = t0 + ((t1 - t0) * k) / 3;
+    g.append(svg("text", { x: x(t), y: height - 8, "text-anchor": "middle", class: "tick" },
+      [clock(t)]));
+  }
+  if (yLabel) {
+    g.append(svg("text", { x: 12, y: (top + height - bottom) / 2, class: "tick", "text-anchor": "middle",
+      transform: `rotate(-90 12 ${(top + height - bottom) / 2})` }, [yLabel]));
+  }
+  const path = (pts, f) => pts.map((p, i) => `${i ? "L" : "M"}${x(p.t).toFixed(1)},${y(f(p)).toFixed(1)}`).join("");
+  for (const v of versions) {
+    g.append(svg("line", { x1: x(v.t), x2: x(v.t), y1: top, y2: height - bottom, class: "version" },
+      [title(v.text)]), svg("text", { x: x(v.t) + 3, y: top + 10, class: "tick version-text" }, [v.short]));
+  }
+  if (threshold && threshold.length) {
+    g.append(svg("path", { d: path(threshold, (p) => p.v), class: "threshold" }, [title("threshold")]));
+  }
+  series.forEach((s, i) => {
+    const pts = s.points.filter((p) => Number.isFinite(p.v));
+    if (!pts.length) return;
+    const banded = pts.filter((p) => Number.isFinite(p.lo));
+    if (banded.length > 1) {
+      const d = path(banded, (p) => p.hi) + banded.slice().reverse()
+        .map((p) => `L${x(p.t).toFixed(1)},${y(p.lo).toFixed(1)}`).join("") + "Z";
+      g.append(svg("path", { d, class: `band c${i % 6}` }));
+    }
+    g.append(svg("path", { d: path(pts, (p) => p.v), class: `line c${i % 6}` }, [title(s.name)]));
+    if (pts.length === 1) g.append(svg("circle", { cx: x(pts[0].t), cy: y(pts[0].v), r: 3, class: `dot c${i % 6}` }));
+    const last = pts[pts.length - 1];
+    g.append(svg("text", { x: width - right + 6, y: y(last.v) + 4, class: `legend c${i % 6}` },
+      [s.name.length > 22 ? s.name.slice(0, 21) + "…" : s.name]));
+  });
+  for (const a of alarms) {
+    g.append(svg("circle", { cx: x(a.t), cy: y(a.v), r: 5, class: "alarm", "data-alarm": a.t },
+      [title(`alarm at ${clock(a.t)}: ${fmt(a.v, 2)}`)]));
+  }
+  for (const f of failures) {
+    const cx = x(f.t), cy = height - bottom - 8;
+    g.append(svg("path", { d: `M${cx - 5},${cy - 5}l10,10m0,-10l-10,10`, class: "failure",
+      "data-failure": f.t }, [title(`refresh failed at ${clock(f.t)}: ${f.text}`)]));
+  }
+  return g;
+}

@@ -1,0 +1,242 @@
+"""A newcomer's first hour: ports and URLs from the environment (ldpstream/endpoint.py), the
+partition default, bench help and output, progress, errors that name the field and the nearest
+valid name, values without numpy reprs, a device told which key variable to set."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ldpstream import endpoint
+from ldpstream.cli import _endpoint_defaults, build_parser, main
+
+pytestmark = pytest.mark.core
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for var in (endpoint.ENV_WEB_PORT, endpoint.ENV_API_URL):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # this test's own `up` record
+    return monkeypatch
+
+
+def parsed(argv: list[str]):
+    args = build_parser().parse_args(argv)
+    _endpoint_defaults(args)
+    return args
+
+
+def test_web_port_from_the_environment(clean_env, capsys):
+    assert parsed(["worker"]).web_port == parsed(["up"]).web_port == 6066
+    clean_env.setenv("LDP_WEB_PORT", "7123")
+    assert parsed(["worker"]).web_port == parsed(["up"]).web_port == 7123
+    assert parsed(["up", "--web-port", "7000"]).web_port == 7000       # the option wins
+    assert parsed(["estimates"]).url == "http://127.0.0.1:7123"
+    clean_env.setenv("LDP_WEB_PORT", "66o6")
+    assert main(["worker"]) == 2
+    assert "LDP_WEB_PORT='66o6': not a TCP port" in capsys.readouterr().err
+
+
+def test_api_url_follows_the_environment_then_the_running_up(clean_env):
+    assert parsed(["estimates"]).url == "http://127.0.0.1:6066"
+    endpoint.record_up("http://127.0.0.1:6071")        # this process plays the running `up`
+    assert parsed(["estimates"]).url == "http://127.0.0.1:6071"
+    clean_env.setenv("LDP_API_URL", "http://10.1.2.3:6066")
+    assert parsed(["estimates"]).url == "http://10.1.2.3:6066"
+    assert parsed(["estimates", "--url", "http://h:1"]).url == "http://h:1"
+    clean_env.delenv("LDP_API_URL")
+    endpoint.clear_up()
+    assert parsed(["estimates"]).url == "http://127.0.0.1:6066"
+
+
+def test_a_dead_ups_record_is_ignored(clean_env):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    path = endpoint.up_record_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'{{"url": "http://127.0.0.1:6099", "pid": {dead.pid}}}')
+    assert endpoint.recorded_up_url() is None
+    assert parsed(["estimates"]).url == "http://127.0.0.1:6066"
+
+
+def test_the_partition_default_is_stated_and_used():
+    from ldpstream.config import DEFAULT_PARTITIONS, parse_config
+
+    coll = parse_config({"collections": [{
+        "id": "p", "schema": {"attributes": {"a": ["x", "y"]}}, "epsilon": 1.0,
+        "marginals": [["a"]]}]}).collections["p"]
+    assert coll.partitions == DEFAULT_PARTITIONS == 4
+    assert f"(the default, {DEFAULT_PARTITIONS};" in (ROOT / "docs/configuration.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["castell", "adult", "pipeline", "mechanisms", "gateway",
+                                  "refresh", "marginals", "adaptive", "fetch"])
+def test_every_benchmark_has_its_own_help(name, capsys):
+    from ldpstream.bench.run import describe
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["bench", name, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    summary, _ = describe(name)
+    assert f"usage: ldpstream bench {name}" in out and "--quick" in out and "--json" in out
+    assert " ".join(summary.split()[:4]) in " ".join(out.split()), out
+    assert "``" not in out and ":func:" not in out and ":class:" not in out
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_bench_marginals_ends_with_a_table_not_a_dict(capsys):
+    from ldpstream.bench.marginals import print_targets
+
+    print_targets({"adult": {"ways=2": {"ratio_ge_1.3_everywhere": False,
+                                        "below_1.3": [(8.0, "3way", 1.12)],
+                                        "within_1.2_of_floor_at_eps8": True}}})
+    out = capsys.readouterr().out
+    assert "adult" in out and "8 3way ×1.12" in out and "{" not in out and "'" not in out
+
+
+@pytest.mark.parametrize("shown", ["1", "0"])
+def test_simulate_shows_progress_on_stderr(shown):
+    import json
+    import sys
+
+    env = dict(os.environ, LDP_PROGRESS=shown)
+    out = subprocess.run([sys.executable, "-m", "ldpstream.cli", "simulate", "--ways", "2",
+                          "--subsets", "3", "--estimator", "castell", "--json"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["results"]                      # stdout stays JSON
+    if shown == "1":
+        assert "simulate" in out.stderr and "/3" in out.stderr, out.stderr
+    else:
+        assert "simulate" not in out.stderr, out.stderr
+
+
+def test_a_device_without_a_public_key_is_told_which_variable_to_set(monkeypatch):
+    from ldpstream.producers.device import ConfigWatcher
+    from ldpstream.producers.signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE
+
+    monkeypatch.delenv(ENV_PUBLIC_KEY, raising=False)
+    monkeypatch.delenv(ENV_PUBLIC_KEY_FILE, raising=False)
+    watcher = ConfigWatcher("127.0.0.1:9")           # never started: no broker needed
+    watcher._take(b"adult", b"a signed state")
+    watcher._take(b"adult", b"another")
+    assert watcher.rejected == {"no_public_key": 2}
+    summary = watcher.refusal_summary()
+    assert summary.startswith("no_public_key ×2: no public key pinned: set LDP_CONFIG_PUBLIC_KEY ")
+    assert "LDP_CONFIG_PUBLIC_KEY_FILE" in summary and "ldpstream keygen" in summary
+
+
+@pytest.mark.parametrize("kw,field", [({"epsilon": "8"}, "Budget.epsilon"),
+                                      ({"epsilon": 1.0, "window_s": "1d"}, "Budget.window_s"),
+                                      ({"epsilon": True}, "Budget.epsilon"),
+                                      ({"epsilon": -1.0}, "Budget.epsilon")])
+def test_a_bad_budget_names_its_field(kw, field):
+    import numpy as np
+
+    from ldpstream.producers.ledger import Budget
+
+    with pytest.raises(ValueError, match=rf"^{field} must be a"):
+        Budget(**kw)
+    assert Budget(np.float64(2.0), np.int64(3600)).window_s == 3600   # numpy numbers are numbers
+
+
+def config_error(doc: dict) -> str:
+    from ldpstream.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as exc:
+        parse_config(doc)
+    return str(exc.value)
+
+
+BASE = {"id": "c", "schema": {"attributes": {"sex": ["F", "M"], "plan": ["eco", "pro"]}},
+        "epsilon": 1.0, "marginals": [["sex", "plan"]]}
+
+
+@pytest.mark.parametrize("change,expect,guess", [
+    ({"epsilonn": 1.0}, "collections[0].epsilonn: unknown field (allowed: id, schema", "epsilon"),
+    ({"mechanism": "rr-indep"}, "collections[0].mechanism: unknown mechanism 'rr-indep'", "rr-ind"),
+    ({"estimators": ["castel"]}, "collections[0].estimators[0]: unknown estimator 'castel'",
+     "castell"),
+    ({"marginals": [["sexx", "plan"]]}, "collections[0].marginals[0]: unknown attribute 'sexx'",
+     "sex"),
+])
+def test_config_errors_name_the_field_and_the_nearest_valid_name(change, expect, guess):
+    msg = config_error({"collections": [dict(BASE, **change)]})
+    assert expect in msg and msg.endswith(f"did you mean {guess!r}?"), msg
+
+
+def test_a_far_off_name_gets_no_guess():
+    msg = config_error({"collections": [dict(BASE, mechanism="zzzz")]})
+    assert "unknown mechanism 'zzzz'" in msg and "did you mean" not in msg
+
+
+def test_values_in_messages_are_shown_as_written_not_as_numpy_reprs(tmp_path):
+    import numpy as np
+
+    from ldpstream.datasets import DatasetError, load_csv
+    from ldpstream.estimators.domain import Domain, SchemaError
+    from ldpstream.estimators.mechanism import mechanism_class
+
+    dom = Domain(("sex", "plan"), (2, 2), (("F", "M"), ("eco", "pro")))
+    csv = tmp_path / "d.csv"
+    csv.write_text("sex,plan\nF,eco\nM,Eco\n")
+    with pytest.raises(DatasetError) as exc:
+        load_csv(str(csv), ["sex", "plan"], domain=dom)
+    msg = str(exc.value)
+    assert "has value 'Eco' outside the configured domain (categories: eco, pro); did you mean " \
+           "'eco'?" in msg and "np.str_" not in msg, msg
+    with pytest.raises(SchemaError) as exc:
+        dom.encode({"sex": np.array(["F"]), "plan": np.array(["ecoo"])})
+    assert "unknown category 'ecoo'" in str(exc.value) and "np.str_" not in str(exc.value)
+    assert str(exc.value).endswith("did you mean 'eco'?")
+    with pytest.raises(KeyError, match="did you mean 'plan'"):
+        dom.axes(["plam"])
+    with pytest.raises(ValueError, match="did you mean 'rrba'"):
+        mechanism_class("rrbaa")
+    with pytest.raises(DatasetError, match="did you mean 'plan'"):
+        load_csv(str(csv), ["sex", "plna"])
+
+
+def test_estimates_lists_collections_untruncated_in_80_columns(monkeypatch, capsys):
+    """`ldpstream estimates` on an 80-column terminal: no header or name cut to "mechan…"."""
+    from ldpstream import query
+    from ldpstream.agents.web import collection_info
+    from ldpstream.config import load_config
+
+    monkeypatch.setenv("COLUMNS", "80")
+    coll = load_config().collections["adult"]
+    query.print_collections({"collections": [collection_info(coll, coll.mechanism(), 123456)]})
+    out = capsys.readouterr().out
+    assert "…" not in out, out
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    flat = " ".join(out.split())
+    for word in ("mechanism", "rr-ind", "123,456", "relationship×marital-status×sex",
+                 "hybrid-auto", "no cap"):
+        assert word in flat, (word, out)
+
+
+def test_a_worker_on_a_busy_port_is_told_a_free_one(clean_env, capsys):
+    import re
+    import socket
+
+    from ldpstream.services import free_port
+
+    clean_env.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")   # never reached: refused first
+    clean_env.setenv("REDIS_URL", "redis://127.0.0.1:9/0")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", free_port()))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["worker", "--web-port", str(port)]) == 2
+    err = capsys.readouterr().err
+    free = int(re.search(r"port (\d+) is free: `ldpstream worker --web-port \1` or "
+                         r"`LDP_WEB_PORT=\1`", err).group(1))
+    assert free > port, err

@@ -243,7 +243,7 @@ def main(args) -> int:
     from ldpstream.redis_client import display_url
     from ..endpoint import require_free_port
 
-    require_free_port(os.environ.get("LDP_WEB_BIND", DEFAULT_WEB_BIND), int(args.web_port),
+    require_free_port(os.environ.get("LDP_WEB_BIND", DEFAULT_BIND), int(args.web_port),
                       "worker")
     _PromptWorker = _prompt_worker_class()
     app, ctx = create_app(config, bootstrap, redis_url, int(getattr(args, "web_port", DEFAULT_WEB_PORT)))

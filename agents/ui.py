@@ -18,7 +18,7 @@ import numpy as np
 from faust import web
 
 from . import refresh
-from .ingest import REDIS_ERRORS
+from .clients import REDIS_ERRORS
 from .web import (covering_marginal, marginalize_payload, match_marginal, parse_attrs,
                   transpose_payload)
 

@@ -82,7 +82,7 @@ def api_url_default() -> str:
 
 def suggest_free_port(host: str, busy: int) -> int | None:
     """The first port after ``busy`` that is free on ``host`` now, or None."""
-    from .services import port_free
+    from ldpstream.dev.process import port_free
 
     for port in range(busy + 1, min(65536, busy + 1 + SUGGEST_SPAN)):
         if port_free(host, port):
@@ -92,7 +92,7 @@ def suggest_free_port(host: str, busy: int) -> int | None:
 
 def require_free_port(host: str, port: int, command: str) -> None:
     """A CliError when ``host:port`` is taken, naming a free port and how to pass it."""
-    from .services import port_free
+    from ldpstream.dev.process import port_free
 
     if port_free(host, port):
         return

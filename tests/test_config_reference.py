@@ -28,14 +28,14 @@ def test_every_field_is_documented_with_its_default():
             assert f"| `{f.alias or name}` |" in ref, name
             assert f.description, f"{model.__name__}.{name} has no description"
     assert "| `device_quota` | mapping | none |" in ref
-    assert "| `partitions` | integer | 1 |" in ref
+    assert "| `partitions` | integer | 4 |" in ref
     assert "| `reports` | integer | **required** | ≥ 1 |" in ref
 
 
 def test_check_fails_on_a_stale_page(tmp_path, capsys):
     stale = tmp_path / "configuration.md"
-    stale.write_text(PAGE.read_text(encoding="utf-8").replace("| `partitions` | integer | 1 |",
-                                                              "| `partitions` | integer | 4 |"))
+    stale.write_text(PAGE.read_text(encoding="utf-8").replace("| `partitions` | integer | 4 |",
+                                                              "| `partitions` | integer | 1 |"))
     assert main(["config-reference", "--check", str(stale)]) == 1
     assert "config-reference --write" in capsys.readouterr().out
     assert main(["config-reference", "--write", str(stale)]) == 0

@@ -65,13 +65,16 @@ def test_a_dead_ups_record_is_ignored(clean_env):
 
 
 def test_the_partition_default_is_stated_and_used():
-    from ldpstream.config import DEFAULT_PARTITIONS, parse_config
+    from ldpstream.config import parse_config
+    from ldpstream.names import DEFAULT_PARTITIONS
 
     coll = parse_config({"collections": [{
         "id": "p", "schema": {"attributes": {"a": ["x", "y"]}}, "epsilon": 1.0,
         "marginals": [["a"]]}]}).collections["p"]
     assert coll.partitions == DEFAULT_PARTITIONS == 4
-    assert f"(the default, {DEFAULT_PARTITIONS};" in (ROOT / "docs/configuration.md").read_text()
+    page = (ROOT / "docs/configuration.md").read_text()
+    assert f"| `partitions` | integer | {DEFAULT_PARTITIONS} |" in page
+    assert f"partitions: {DEFAULT_PARTITIONS}           # the default" in page
 
 
 @pytest.mark.parametrize("name", ["castell", "adult", "pipeline", "mechanisms", "gateway",
@@ -227,7 +230,7 @@ def test_a_worker_on_a_busy_port_is_told_a_free_one(clean_env, capsys):
     import re
     import socket
 
-    from ldpstream.services import free_port
+    from ldpstream.dev.process import free_port
 
     clean_env.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")   # never reached: refused first
     clean_env.setenv("REDIS_URL", "redis://127.0.0.1:9/0")

@@ -54,7 +54,7 @@ def assert_clean(code: int, output: str, started: bool = True) -> None:
 def gateway_env(tmp_path, kafka_broker):
     import asyncio
 
-    from ldpstream.services import create_topics
+    from ldpstream.kafka_admin import create_topics
 
     asyncio.run(create_topics(kafka_broker.bootstrap, {"ldp.config": 1}, compacted={"ldp.config"}))
     tokens = tmp_path / "tokens.json"
@@ -66,7 +66,7 @@ def gateway_env(tmp_path, kafka_broker):
 
 @pytest.mark.parametrize("when", ["starting", "serving"])
 def test_gateway(tmp_path, gateway_env, when):
-    from ldpstream.services import free_port
+    from ldpstream.dev.process import free_port
 
     argv = ["gateway", "--port", str(free_port())]
     code, out = (run_and_term(argv, gateway_env, 0.3, tmp_path) if when == "starting" else
@@ -85,7 +85,7 @@ def test_fleet(tmp_path, service_env, when):
 @pytest.mark.parametrize("after_s", [0.5, 2.0, 3.5, 8.0])
 def test_worker(tmp_path, service_env, after_s):
     """From importing to joining the group to consuming: wherever the signal lands."""
-    from ldpstream.services import free_port
+    from ldpstream.dev.process import free_port
 
     argv = ["worker", "--web-port", str(free_port())]
     code, out = run_and_term(argv, service_env, after_s, tmp_path)
@@ -100,7 +100,7 @@ def test_simulate(tmp_path):
 
 
 def test_up(tmp_path):
-    from ldpstream.services import free_port
+    from ldpstream.dev.process import free_port
 
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")}
     code, out = run_and_term(["up", "--no-fleet", "--web-port", str(free_port())], env, 1.0,

@@ -27,12 +27,13 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import batched
-from .castell import expected_tvd
+from .bounds import product_channel_bound
 from .domain import Factor
 from .drift import (BATCHED_METHODS, REPLICATES, DriftResult, drift_test, drift_tests,
                     null_size,
                     null_variances, pooled_tables, replicate_rng, table_variances)
 from .mechanism import Estimate, Mechanism, VersionedCounts, marginal_key
+from .proper import project_simplex
 from .rr_ind import RRIndependent, marginal_counts
 
 __all__ = ["Key", "EstimateBatch", "DriftBatch", "EstimateCache", "estimate_many", "drift_many"]
@@ -99,7 +100,8 @@ def _batched_estimates(mech: RRIndependent, method: str, attrs_list: list[tuple[
     mats = mech.channels_of(attrs_list[0])
     invs = batched.inverses(mats)
     n = tables.reshape(len(tables), -1).sum(axis=1)
-    bounds = [expected_tvd(v) for v in batched.castell_variance_batch(tables, invs)]
+    bounds = ([product_channel_bound(t, mats) for t in tables]
+              if method != "rr-independent" else [])
     iters: np.ndarray | None = None
     conv: np.ndarray | None = None
     if method == "castell":
@@ -115,13 +117,17 @@ def _batched_estimates(mech: RRIndependent, method: str, attrs_list: list[tuple[
     out = []
     for i, attrs in enumerate(attrs_list):
         kw: dict = {}
+        dom = mech.domain.project(attrs)
         if method != "rr-independent":
-            kw["error_bound"] = bounds[i]
+            kw.update(error_bound=bounds[i].tvd, bound=bounds[i])
+        if method == "castell":
+            kw["projected"] = Factor(dom, project_simplex(values[i]))
+        if method in ("truncated", "ibu"):
+            kw["extra"] = {"error_bound_of": "castell (proxy)"}
         if iters is not None and conv is not None:
-            kw.update(iterations=int(iters[i]), converged=bool(conv[i]),
-                      extra={"error_bound_of": "castell (proxy)"})
-        out.append(Estimate(Factor(mech.domain.project(attrs), values[i]), method,
-                            int(round(float(n[i]))), eps, **kw))
+            kw.update(iterations=int(iters[i]), converged=bool(conv[i]))
+        out.append(Estimate(Factor(dom, values[i]), method, int(round(float(n[i]))), eps,
+                            **kw))
     return out
 
 

@@ -45,11 +45,14 @@ Estimators (:attr:`Partitioned.estimators`):
   (:func:`~.consistency.shrink_to_independence`; binary-by-small pairs pooled). Measured in
   docs/partitioned.md.
 
-``error_bound``: the expected TVD of the unbiased estimate under a normal approximation of its
-variance (:func:`~.castell.expected_tvd`); also given for norm-sub and consistent when the
-marginal lies inside a collected one (both post-processings do not increase the error in
-expectation in the measured benchmarks; the bound is the unbiased one's). Maximum-entropy
-marginals carry none (their error includes model bias the variances do not bound).
+``error_bound``: the upper 95 % quantile of the TVD of the unbiased estimate to the population's
+marginal, with per-cell intervals (:func:`~.bounds.oracle_bound`, ``Estimate.bound``); the
+unbiased estimate is also served projected onto the simplex (``Estimate.projected``) with the
+same bound. A sub-marginal of a collected one keeps the TVD bound
+(:func:`~.bounds.coarsened`). Also given, as a proxy, for norm-sub, calm and consistent when the
+marginal lies inside a collected one (the post-processings do not increase the error in the
+measured benchmarks). Maximum-entropy marginals carry none (their error includes model bias the
+variances do not bound).
 """
 from __future__ import annotations
 
@@ -62,12 +65,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import frequency_oracles as fo
-from .castell import expected_tvd
+from .bounds import Bound, coarsened, oracle_bound
 from .consistency import expand, max_entropy, norm_sub, postprocess
 from .domain import Domain, Factor
 from .mechanism import (Estimate, Mechanism, ParamError, Params, TensorSpec, record_budget,
                         register)
-from .proper import clip_rescale, repair
+from .proper import clip_rescale, project_simplex, repair
 
 __all__ = ["Partitioned", "tensor_key", "assign_by_device", "choose_ways",
            "predicted_pair_error", "AUTO_WAYS", "AUTO_MARGIN"]
@@ -403,21 +406,33 @@ class Partitioned(Mechanism):
         extra: dict[str, Any] = {}
         bound = None
         if j is not None:
-            f, var, n = self.unbiased(counts, j)
-            c = f.values.size // dom.size()
-            bound = expected_tvd(np.full(dom.size(), c * var))   # c cells summed per cell
+            raw, n = self._raw(counts, j)
+            f = Factor(self.domain.project(self.marginals[j]), raw.reshape(self._shapes[j]))
+            cb = oracle_bound(self.oracles[j], raw, n)
+            sub_raw = f.project(attrs).values
+            if f.values.size != dom.size():   # a sub-marginal: the TVD bound carries over
+                cb = coarsened(cb, project_simplex(sub_raw))
+            else:
+                cb = Bound(cb.tvd, cb.low.reshape(dom.shape), cb.high.reshape(dom.shape),
+                           cb.level)
+            bound = cb.tvd
+            if method != "unbiased":
+                extra["error_bound_of"] = "unbiased (proxy)"
             extra["collected_from"] = "|".join(self.marginals[j])
             extra["oracle"] = self.oracles[j].name
             if method == "unbiased":
-                vals = f.project(attrs).values
+                vals = sub_raw
             elif method == "norm-sub":
                 vals = norm_sub(f).project(attrs).values
             else:
                 tables, passes, n = self.consistent_tables(counts, method == "consistent")
                 vals = np.array(tables[j].project(attrs).values)   # not a view of the memo
                 extra["norm_sub_passes"] = passes
+            projected = (Factor(dom, project_simplex(vals))
+                         if method == "unbiased" and not options.get("proper") else None)
             return Estimate(Factor(dom, repair(vals, options.get("proper"))), method, n,
-                            self.epsilon, error_bound=bound, extra=extra)
+                            self.epsilon, error_bound=bound, extra=extra, bound=cb,
+                            projected=projected)
         tables, passes, n = self.consistent_tables(counts, method == "consistent")
         cons = []
         for t in tables:

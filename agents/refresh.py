@@ -432,6 +432,8 @@ class Refresher:
             eb = p.get("error_bound")
             metrics.ESTIMATE_ERROR_BOUND.labels(*labels).set(
                 float("nan") if eb is None else float(eb))
+            metrics.ESTIMATE_NOT_CONVERGED.labels(*labels).set(
+                1.0 if p.get("converged") is False else 0.0)
             if p.get("drift_statistic") is not None:
                 metrics.ESTIMATE_DRIFT.labels(*labels).set(float(p["drift_tvd"]))
                 metrics.DRIFT_STATISTIC.labels(*labels).set(float(p["drift_statistic"]))

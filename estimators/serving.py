@@ -22,7 +22,7 @@ import numpy as np
 
 from .mechanism import Estimate
 
-__all__ = ["served_fields", "raw_payload", "coarsen_payload", "CELL_FIELDS"]
+__all__ = ["served_fields", "raw_payload", "coarsen_payload", "CELL_FIELDS", "warnings"]
 
 #: payload fields holding one value per cell (transposed and summed with ``cells``)
 CELL_FIELDS = ("cells", "raw_cells", "cells_low", "cells_high")
@@ -43,6 +43,18 @@ def _finite(x: float | None) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
+def warnings(est: Estimate) -> list[str]:
+    """What the answer must say about ``est`` beyond its numbers: an iterative estimate that
+    stopped before converging (its ``converged`` is False)."""
+    if est.converged is not False:
+        return []
+    gap = est.extra.get("gap")
+    return [f"{est.method} did not converge: stopped after {est.iterations} iterations"
+            + (f" with its marginals up to {gap:.3g} from their targets"
+               if isinstance(gap, float) else "")
+            + "; the estimate is where it stopped"]
+
+
 def served_fields(est: Estimate, attrs: Sequence[str] | None = None) -> dict[str, Any]:
     """The payload fields of ``est`` for the marginal ``attrs`` (default: its own):
 
@@ -54,7 +66,8 @@ def served_fields(est: Estimate, attrs: Sequence[str] | None = None) -> dict[str
       with q null: the expected TVD, or None; ``raw_error_bound`` — the bound of ``raw_cells``;
       ``error_bound_of`` — the estimate the bound was computed for when it is a proxy;
     * ``cells_low`` / ``cells_high`` — per-cell ``q`` intervals for the true cells (None
-      without a calibrated bound).
+      without a calibrated bound);
+    * ``warnings`` — :func:`warnings` (e.g. an iterative fit that did not converge).
     """
     dom = list(est.factor.domain.attrs)
     attrs = list(dom if attrs is None else attrs)
@@ -69,6 +82,7 @@ def served_fields(est: Estimate, attrs: Sequence[str] | None = None) -> dict[str
         "error_bound_of": est.extra.get("error_bound_of"),
         "cells_low": None,
         "cells_high": None,
+        "warnings": warnings(est),
     }
     cells = raw
     if est.projected is not None:

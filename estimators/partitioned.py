@@ -72,8 +72,9 @@ from .mechanism import (Estimate, Mechanism, ParamError, Params, TensorSpec, rec
                         register)
 from .proper import clip_rescale, project_simplex, repair
 
-__all__ = ["Partitioned", "tensor_key", "assign_by_device", "choose_ways",
-           "predicted_pair_error", "AUTO_WAYS", "AUTO_MARGIN"]
+__all__ = ["Partitioned", "tensor_key", "assign_by_device", "choose_ways", "choose_per_report",
+           "predicted_pair_error", "AUTO_WAYS", "AUTO_MARGIN", "AUTO_PER_REPORT",
+           "AUTO_PER_REPORT_MARGIN"]
 
 
 def tensor_key(attrs: Sequence[str]) -> str:
@@ -153,6 +154,31 @@ def choose_ways(sizes: Sequence[int], n: int, epsilon: float,
         p = predicted_pair_error(sizes, n, epsilon, k, oracles, per_report)
         if p < (1.0 - margin) * pred:
             best, pred = k, p
+    return best
+
+
+#: ``ways: auto`` without ``per_report`` also chooses how many marginals each report carries ...
+AUTO_PER_REPORT = (1, 2, 3, 4)
+#: ... keeping one unless more predict a pair error lower by more than this fraction (set on
+#: the bench's networks at ε = 8; docs/partitioned.md "Marginals per report")
+AUTO_PER_REPORT_MARGIN = 0.1
+
+
+def choose_per_report(sizes: Sequence[int], n: int, epsilon: float, ways: int,
+                      oracles: Sequence[str] = fo.COMPACT,
+                      candidates: Sequence[int] = AUTO_PER_REPORT,
+                      margin: float = AUTO_PER_REPORT_MARGIN) -> int:
+    """How many of the ``ways``-way marginals each report carries (each with ε/r), from the
+    shape only: r marginals give every table r× the users at ε/r each, which pays where the
+    sampling of users dominates the oracle noise (small tables, large ε). The r of smallest
+    :func:`predicted_pair_error`, if below (1 − ``margin``) × one marginal's, else 1."""
+    K = math.comb(len(sizes), int(ways))
+    one = predicted_pair_error(sizes, n, epsilon, ways, oracles, 1)
+    best, pred = 1, one
+    for r in sorted({int(r) for r in candidates if 2 <= int(r) <= K}):
+        p = predicted_pair_error(sizes, n, epsilon, ways, oracles, r)
+        if p < (1.0 - margin) * one and p < pred:
+            best, pred = r, p
     return best
 
 
@@ -489,7 +515,8 @@ class Partitioned(Mechanism):
                 "marginals": [list(m) for m in self.marginals],
                 "oracles": list(self.oracle_names), "assign_seed": self.assign_seed,
                 "per_report": self.per_report,
-                **({"ways_auto": {"expected_reports": self.expected_reports, "ways": self.ways}}
+                **({"ways_auto": {"expected_reports": self.expected_reports, "ways": self.ways,
+                                  "per_report": self.per_report}}
                    if self.expected_reports is not None else {}),
                 "chosen": [{"oracle": o.name, "g": o.g if isinstance(o, fo.OLH) else None}
                            for o in self.oracles]}
@@ -500,8 +527,8 @@ class Partitioned(Mechanism):
         """ε per report = :func:`~.mechanism.record_budget` (the whole record's budget goes to
         the one marginal reported). ``params``: ``marginals`` (list of attribute lists) or
         ``ways`` (every k-way marginal; default 2; ``auto``: :func:`choose_ways` from
-        ``expected_reports``, required then), ``oracles`` (subset of grr, olh),
-        ``assign_seed``, ``per_report``."""
+        ``expected_reports``, required then, and ``per_report`` by :func:`choose_per_report`
+        unless given), ``oracles`` (subset of grr, olh), ``assign_seed``, ``per_report``."""
         pr = Params(cls.name, params)
         marginals = pr.value("marginals")
         auto = pr.value("ways") == "auto"
@@ -537,9 +564,12 @@ class Partitioned(Mechanism):
                                         f"(got {oracles!r})")
         seed = pr.integer("assign_seed", 0, ge=0, le=2**63 - 1)
         eps = record_budget(epsilon, epsilon_scope, len(domain))
+        given = pr.has("per_report")
         per_report = pr.integer("per_report", 1, ge=1)
         if auto:
             ways = choose_ways(domain.shape, expected, eps, oracles, per_report)
+            if not given and marginals is None:
+                per_report = choose_per_report(domain.shape, expected, eps, ways, oracles)
         K = (len({frozenset(m) for m in marginals}) if marginals is not None
              else math.comb(len(domain), ways))
         if per_report > K:

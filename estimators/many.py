@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import batched
-from .bounds import product_channel_bound
+from .bounds import Bound, product_channel_bound
 from .domain import Factor
 from .drift import (BATCHED_METHODS, REPLICATES, DriftResult, drift_test, drift_tests,
                     null_size,
@@ -94,14 +94,19 @@ def _reason(exc: BaseException) -> str:
 
 
 def _batched_estimates(mech: RRIndependent, method: str, attrs_list: list[tuple[str, ...]],
-                       tables: np.ndarray) -> list[Estimate]:
+                       tables: np.ndarray, memo: dict[bytes, Bound]) -> list[Estimate]:
     """One group (same estimator, shape and channels) through estimators/batched.py, as
-    ``RRIndependent.estimate`` would answer each."""
+    ``RRIndependent.estimate`` would answer each. ``memo``: the bootstrap bound per (channels,
+    table), shared by the estimators of one table (castell, truncated and ibu carry the same)."""
     mats = mech.channels_of(attrs_list[0])
     invs = batched.inverses(mats)
     n = tables.reshape(len(tables), -1).sum(axis=1)
-    bounds = ([product_channel_bound(t, mats) for t in tables]
-              if method != "rr-independent" else [])
+    bounds = []
+    for t in (tables if method != "rr-independent" else []):
+        k = _digest(*mats, t)
+        if k not in memo:
+            memo[k] = product_channel_bound(t, mats)
+        bounds.append(memo[k])
     iters: np.ndarray | None = None
     conv: np.ndarray | None = None
     if method == "castell":
@@ -175,11 +180,12 @@ def estimate_many(mech: Mechanism, counts_by_window: Mapping[str, VersionedCount
                     continue
                 groups.setdefault((method, channels), []).append((key, fp, table))
     computed = 0
+    memo: dict[bytes, Bound] = {}
     for (method, _shape), items in groups.items():
         keys = [k for k, _, _ in items]
         try:
             ests = _batched_estimates(mech, method, [k[1] for k in keys],  # type: ignore[arg-type]
-                                      np.stack([t for _, _, t in items]))
+                                      np.stack([t for _, _, t in items]), memo)
         except Exception:  # noqa: BLE001 - find the culprit one estimate at a time
             singles.extend(keys)
             continue

@@ -35,22 +35,25 @@ from typing import Sequence
 
 import numpy as np
 
-from .batched import castell_batch, inverses
-from .castell import apply_modes, castell, check_inputs
+from .batched import batch_modes, inverses
+from .castell import check_inputs
 from .frequency_oracles import GRR, Oracle
 from .proper import project_simplex
 
-__all__ = ["LEVEL", "DRAWS", "SEED", "Bound", "reference", "bootstrap_bound", "product_channel_bound",
+__all__ = ["LEVEL", "DRAWS", "SEED", "Bound", "reference", "bootstrap_bound",
+           "product_channel_bound", "product_channel_bounds",
            "oracle_bound", "coarsened"]
 
 #: the coverage every ``error_bound`` states: Pr[TVD(estimate, truth) ≤ bound] ≈ LEVEL
 LEVEL = 0.95
 #: bootstrap draws per bound
-DRAWS = 400
+DRAWS = 200
 #: the bootstrap's seed (bounds are a function of the counts)
 SEED = 20_231
 #: largest draws × cells held at once for the per-cell quantiles (float64: 64 MB)
 _CELLS_MAX = 1 << 23
+#: largest table whose castell inverse is applied as one Kronecker matrix
+_KRON_MAX = 512
 #: smallest expected count per cell for drawing the reports' counts by a normal approximation
 _NORMAL_FROM = 50.0
 #: largest draws × reports × values simulated report by report (OLH at small n)
@@ -73,6 +76,24 @@ def _order_stat(t: np.ndarray, level: float) -> float:
     return float(np.partition(t, k - 1)[k - 1])
 
 
+def _bounds(raws: np.ndarray, refs: np.ndarray, draws: np.ndarray, level: float
+            ) -> list[Bound]:
+    """:func:`bootstrap_bound` of B tables at once: ``raws``/``refs`` ``(B, k)``, ``draws``
+    ``(B, S, k)``."""
+    dev = draws - refs[:, None, :]
+    S = dev.shape[1]
+    k = min(S, math.ceil(level * (S + 1))) - 1
+    tvd = np.partition(0.5 * np.abs(dev).sum(axis=2), k, axis=1)[:, k]
+    if dev[0].size <= _CELLS_MAX:
+        lo, hi = int((S - 1) * (1.0 - level) / 2), int(math.ceil((S - 1) * (1.0 + level) / 2))
+        s = np.partition(dev, [lo, hi], axis=1)
+        low, high = raws - s[:, hi], raws - s[:, lo]
+    else:   # too many cells to keep every draw: |p_c − q_c| ≤ TVD for distributions
+        low, high = raws - tvd[:, None], raws + tvd[:, None]
+    low, high = np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0)
+    return [Bound(float(tvd[i]), low[i], high[i], level) for i in range(len(raws))]
+
+
 def bootstrap_bound(raw: np.ndarray, ref: np.ndarray, draws: np.ndarray,
                     level: float = LEVEL) -> Bound:
     """The bound of the unbiased estimate ``raw`` from unbiased bootstrap ``draws``
@@ -80,18 +101,9 @@ def bootstrap_bound(raw: np.ndarray, ref: np.ndarray, draws: np.ndarray,
     the basic bootstrap interval raw − (the (1±level)/2 quantiles of draw − ref), clipped to
     [0, 1] (the truth's range)."""
     raw = np.asarray(raw, dtype=float)
-    dev = draws - np.asarray(ref, dtype=float).reshape(1, -1)
-    tvd = _order_stat(0.5 * np.abs(dev).sum(axis=1), level)
-    flat = raw.reshape(-1)
-    if dev.size <= _CELLS_MAX:
-        s = np.sort(dev, axis=0)
-        lo_q = s[int((len(s) - 1) * (1.0 - level) / 2)]
-        hi_q = s[int(math.ceil((len(s) - 1) * (1.0 + level) / 2))]
-        low, high = flat - hi_q, flat - lo_q
-    else:   # too many cells to keep every draw: |p_c − q_c| ≤ TVD for distributions
-        low, high = flat - tvd, flat + tvd
-    return Bound(tvd, np.clip(low, 0.0, 1.0).reshape(raw.shape),
-                 np.clip(high, 0.0, 1.0).reshape(raw.shape), level)
+    b = _bounds(raw.reshape(1, -1), np.asarray(ref, dtype=float).reshape(1, -1),
+                np.asarray(draws, dtype=float)[None], level)[0]
+    return Bound(b.tvd, b.low.reshape(raw.shape), b.high.reshape(raw.shape), level)
 
 
 def reference(raw: np.ndarray, n: float) -> np.ndarray:
@@ -116,19 +128,53 @@ def _multinomial(rng: np.random.Generator, n: int, lam: np.ndarray, draws: int) 
     return n * lam + math.sqrt(n) * (z - np.outer(z.sum(axis=1), lam))
 
 
+def _castell_shared(C: np.ndarray, invs: Sequence[np.ndarray]) -> np.ndarray:
+    """:func:`~.batched.castell_batch` of a stack of tables sharing every channel: one matrix
+    product over the whole stack — by the Kronecker product of the inverses for tables of at
+    most :data:`_KRON_MAX` cells, else one per axis (many tiny products are slow)."""
+    X = C / C.reshape(len(C), -1).sum(axis=1).reshape((-1,) + (1,) * (C.ndim - 1))
+    if X[0].size <= _KRON_MAX:
+        K = invs[0]
+        for Q in invs[1:]:
+            K = np.kron(K, Q)
+        return (X.reshape(len(X), -1) @ K).reshape(X.shape)
+    for ax, Q in enumerate(invs):
+        X = np.moveaxis(np.tensordot(X, Q, axes=([ax + 1], [0])), -1, ax + 1)
+    return X
+
+
+def product_channel_bounds(tables: np.ndarray, channels: Sequence[np.ndarray], *,
+                           level: float = LEVEL, draws: int = DRAWS, seed: int = SEED
+                           ) -> list[Bound]:
+    """Bounds of the Castell estimates of B randomized w-way tables ``(B, d₁, …, d_w)``
+    sharing one channel per axis ([Castell Alg. 3]): per table, multinomial draws of its n
+    reports from ``ref ×₁ P₁ … ×_w P_w`` (``ref``: :func:`reference`), each table's from its
+    own generator seeded ``seed`` (a table's bound does not depend on the others), then every
+    draw of every table estimated and ranked in a few array operations."""
+    T = np.asarray(tables, dtype=float)
+    B, shape = T.shape[0], T.shape[1:]
+    invs = inverses(channels)
+    n = np.rint(T.reshape(B, -1).sum(axis=1)).astype(np.int64)
+    raws = _castell_shared(T, invs).reshape(B, -1)
+    refs = np.stack([reference(r, k) for r, k in zip(raws, n)])
+    lams = batch_modes(refs.reshape(T.shape), channels).reshape(B, -1)
+    out: list[Bound] = []
+    step = max(1, _CELLS_MAX // max(1, draws * raws.shape[1]))
+    for s0 in range(0, B, step):
+        idx = range(s0, min(B, s0 + step))
+        C = np.stack([_multinomial(np.random.default_rng(seed), max(int(n[i]), 1), lams[i],
+                                   draws) for i in idx])
+        est = _castell_shared(C.reshape((-1,) + shape), invs).reshape(len(idx), draws, -1)
+        out += _bounds(raws[s0:s0 + len(idx)], refs[s0:s0 + len(idx)], est, level)
+    return [Bound(b.tvd, b.low.reshape(shape), b.high.reshape(shape), level) for b in out]
+
+
 def product_channel_bound(counts: np.ndarray, channels: Sequence[np.ndarray], *,
                           level: float = LEVEL, draws: int = DRAWS, seed: int = SEED) -> Bound:
-    """Bound of the Castell estimate of ``counts`` (randomized w-way table, one channel per
-    axis; [Castell Alg. 3]): exact multinomial draws of n reports from
-    ``ref ×₁ P₁ … ×_w P_w``, ``ref`` the projected estimate."""
+    """:func:`product_channel_bounds` of one table."""
     counts, channels = check_inputs(counts, channels)
-    n = int(round(float(counts.sum())))
-    raw = castell(counts, channels)
-    ref = reference(raw, n)
-    rng = np.random.default_rng(seed)
-    C = _multinomial(rng, max(n, 1), apply_modes(ref, channels), draws)
-    est = castell_batch(C.reshape((draws,) + counts.shape), inverses(channels))
-    return bootstrap_bound(raw, ref, est.reshape(draws, -1), level)
+    return product_channel_bounds(counts[None], channels, level=level, draws=draws,
+                                  seed=seed)[0]
 
 
 def _simulated(oracle: Oracle, ref: np.ndarray, n: int, draws: int,

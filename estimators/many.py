@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import batched
-from .bounds import Bound, product_channel_bound
+from .bounds import Bound, product_channel_bounds
 from .domain import Factor
 from .drift import (BATCHED_METHODS, REPLICATES, DriftResult, drift_test, drift_tests,
                     null_size,
@@ -101,12 +101,12 @@ def _batched_estimates(mech: RRIndependent, method: str, attrs_list: list[tuple[
     mats = mech.channels_of(attrs_list[0])
     invs = batched.inverses(mats)
     n = tables.reshape(len(tables), -1).sum(axis=1)
-    bounds = []
-    for t in (tables if method != "rr-independent" else []):
-        k = _digest(*mats, t)
-        if k not in memo:
-            memo[k] = product_channel_bound(t, mats)
-        bounds.append(memo[k])
+    keys = [_digest(*mats, t) for t in tables] if method != "rr-independent" else []
+    todo = [i for i, k in enumerate(keys) if k not in memo]
+    if todo:
+        for i, b in zip(todo, product_channel_bounds(tables[todo], mats)):
+            memo[keys[i]] = b
+    bounds = [memo[k] for k in keys]
     iters: np.ndarray | None = None
     conv: np.ndarray | None = None
     if method == "castell":

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ldpstream.estimators import frequency_oracles as fo
-from ldpstream.estimators.bounds import (LEVEL, Bound, coarsened, oracle_bound,
+from ldpstream.estimators.bounds import (DRAWS, LEVEL, Bound, coarsened, oracle_bound,
                                          product_channel_bound, reference)
 from ldpstream.estimators.castell import apply_modes, castell
 from ldpstream.estimators.channels import grr
@@ -25,7 +25,6 @@ pytestmark = pytest.mark.core
 
 NS = (10, 100, 1_000, 10_000, 100_000, 1_000_000)
 R = 2_000
-DRAWS = 200
 TRUE = np.array([[0.30, 0.10, 0.02], [0.05, 0.25, 0.0], [0.08, 0.0, 0.20]])
 
 

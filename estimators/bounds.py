@@ -159,7 +159,11 @@ def product_channel_bounds(tables: np.ndarray, channels: Sequence[np.ndarray], *
     refs = np.stack([reference(r, k) for r, k in zip(raws, n)])
     lams = batch_modes(refs.reshape(T.shape), channels).reshape(B, -1)
     out: list[Bound] = []
-    step = max(1, _CELLS_MAX // max(1, draws * raws.shape[1]))
+    cells = raws.shape[1]
+    if draws * cells > _CELLS_MAX:   # large tables: draws in chunks, TVD only
+        return [_large_bound(raws[i], refs[i], lams[i], int(n[i]), shape, invs, level, draws,
+                             seed) for i in range(B)]
+    step = max(1, _CELLS_MAX // (draws * cells))
     for s0 in range(0, B, step):
         idx = range(s0, min(B, s0 + step))
         C = np.stack([_multinomial(np.random.default_rng(seed), max(int(n[i]), 1), lams[i],
@@ -167,6 +171,25 @@ def product_channel_bounds(tables: np.ndarray, channels: Sequence[np.ndarray], *
         est = _castell_shared(C.reshape((-1,) + shape), invs).reshape(len(idx), draws, -1)
         out += _bounds(raws[s0:s0 + len(idx)], refs[s0:s0 + len(idx)], est, level)
     return [Bound(b.tvd, b.low.reshape(shape), b.high.reshape(shape), level) for b in out]
+
+
+def _large_bound(raw: np.ndarray, ref: np.ndarray, lam: np.ndarray, n: int,
+                 shape: tuple[int, ...], invs: Sequence[np.ndarray], level: float, draws: int,
+                 seed: int) -> Bound:
+    """A table too large to hold every draw: the TVDs of chunks of draws, and per cell the
+    estimate ± the TVD bound (|p_c − q_c| ≤ TVD for distributions)."""
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _CELLS_MAX // raw.size)
+    tv = []
+    for c0 in range(0, draws, chunk):
+        m = min(chunk, draws - c0)
+        est = _castell_shared(_multinomial(rng, max(n, 1), lam, m).reshape((m,) + shape), invs)
+        tv.append(0.5 * np.abs(est.reshape(m, -1) - ref).sum(axis=1))
+    t = np.concatenate(tv)
+    tvd = float(np.partition(t, min(draws, math.ceil(level * (draws + 1))) - 1)[
+        min(draws, math.ceil(level * (draws + 1))) - 1])
+    return Bound(tvd, np.clip(raw - tvd, 0.0, 1.0).reshape(shape),
+                 np.clip(raw + tvd, 0.0, 1.0).reshape(shape), level)
 
 
 def product_channel_bound(counts: np.ndarray, channels: Sequence[np.ndarray], *,

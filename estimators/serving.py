@@ -62,7 +62,7 @@ def served_fields(est: Estimate, attrs: Sequence[str] | None = None) -> dict[str
       it (``projected: true``), else the estimate; ``raw_cells`` — the unprojected cells (None
       when not projected);
     * ``error_bound`` — with ``error_bound_quantile`` q set: an upper q quantile of the TVD
-      between the served cells and the truth (at most 1 for projected cells, a distribution);
+      between the served cells and the truth (at most 1 when the cells are a distribution);
       with q null: the expected TVD, or None; ``raw_error_bound`` — the bound of ``raw_cells``;
       ``error_bound_of`` — the estimate the bound was computed for when it is a proxy;
     * ``cells_low`` / ``cells_high`` — per-cell ``q`` intervals for the true cells (None
@@ -88,8 +88,9 @@ def served_fields(est: Estimate, attrs: Sequence[str] | None = None) -> dict[str
     if est.projected is not None:
         cells = _cells(est.projected.values, attrs, dom)
         out["raw_cells"] = raw.tolist()
-        if est.error_bound is not None:
-            out["error_bound"] = _finite(min(1.0, float(est.error_bound)))
+    proper = bool(np.all(cells >= 0) and abs(float(cells.sum()) - 1.0) <= 1e-9)
+    if proper and est.error_bound is not None:   # the TVD of two distributions is at most 1
+        out["error_bound"] = _finite(min(1.0, float(est.error_bound)))
     if b is not None:
         if len(attrs) == len(dom):
             out["cells_low"] = _cells(b.low, attrs, dom).tolist()

@@ -101,6 +101,11 @@ ESTIMATE_FAILURES = Counter(
     "ldp_estimate_failures",
     "Refresh attempts whose estimator raised (the reason is in the API's answer).",
     _EST, registry=REGISTRY)
+ESTIMATE_NOT_CONVERGED = Gauge(
+    "ldp_estimate_not_converged",
+    "1 while the last estimate of this marginal is an iterative fit that did not converge (the "
+    "API's answer carries a warning), else 0.",
+    _EST, registry=REGISTRY)
 ESTIMATE_FAILING = Gauge(
     "ldp_estimate_failing", "1 while the last attempt to estimate this marginal failed, else 0.",
     _EST, registry=REGISTRY)
@@ -137,6 +142,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "ldp_estimate_cell", "ldp_estimate_error_bound", "ldp_estimate_drift_tvd",
     "ldp_estimate_drift_statistic", "ldp_estimate_drift_statistic_threshold",
     "ldp_estimate_drift_alarm", "ldp_estimate_failures_total", "ldp_estimate_failing",
+    "ldp_estimate_not_converged",
     "ldp_reports_clamped_total", "ldp_epsilon_per_record", "ldp_refresh_interval_seconds",
     "ldp_ingest_expected", "ldp_estimate_freshness_seconds",
 )
@@ -158,7 +164,8 @@ def cell_labels(labels: Sequence[Sequence[str]]) -> list[str]:
 def clear_collection(collection: str) -> None:
     """Drop the per-cell/per-marginal estimate series of a collection (after a reset)."""
     for gauge in (ESTIMATE_CELL, ESTIMATE_ERROR_BOUND, ESTIMATE_DRIFT, DRIFT_STATISTIC,
-                  DRIFT_STATISTIC_THRESHOLD, DRIFT_ALARM, ESTIMATE_FAILING):
+                  DRIFT_STATISTIC_THRESHOLD, DRIFT_ALARM, ESTIMATE_FAILING,
+                  ESTIMATE_NOT_CONVERGED):
         for labels in list(_label_sets(gauge)):
             if labels and labels[0] == collection:
                 try:

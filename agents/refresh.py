@@ -32,6 +32,7 @@ import numpy as np
 
 from ..estimators.many import EstimateCache, drift_many, estimate_many
 from ..estimators.mechanism import Estimate, Mechanism
+from ..estimators.serving import served_fields
 from ..privacy import epsilon_fields
 from . import keys, metrics
 from .context import Context
@@ -51,13 +52,6 @@ LOCK = "refresh_lock"
 
 
 # --- pure part ----------------------------------------------------------------------------------
-def _finite(x: Any) -> float | None:
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
 def _nan_to_none(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_nan_to_none(v) for v in obj]
@@ -87,9 +81,7 @@ def estimate_payload(collection: Any, mechanism: Mechanism, est: Estimate,
                      versions: Sequence[int]) -> dict[str, Any]:
     """One estimate as the JSON payload stored in Redis and served by ``GET /estimates``."""
     attrs = tuple(attrs)
-    factor = est.factor
-    if tuple(factor.domain.attrs) != attrs:
-        factor = factor.project(attrs)
+    served = served_fields(est, attrs)   # projected cells, the bound and its quantile
     extra = dict(est.extra or {})
     chosen = extra.get("chosen")
     if chosen is None and method.startswith("hybrid"):
@@ -100,11 +92,11 @@ def estimate_payload(collection: Any, mechanism: Mechanism, est: Estimate,
         "method": method,
         "window": window.name,
         "window_s": window.seconds,
-        "cells": _json_cells(factor.values),
+        "cells": _json_cells(served.pop("cells")),
         "labels": _labels(collection, attrs),
         "n": int(est.n),
         **epsilon_fields(collection, mechanism, float(est.epsilon)),
-        "error_bound": _finite(est.error_bound),
+        **served,
         "updated_at": float(now),
         "iterations": None if est.iterations is None else int(est.iterations),
         "converged": None if est.converged is None else bool(est.converged),
@@ -360,6 +352,8 @@ class Refresher:
             eb = p.get("error_bound")
             metrics.ESTIMATE_ERROR_BOUND.labels(*labels).set(
                 float("nan") if eb is None else float(eb))
+            metrics.ESTIMATE_NOT_CONVERGED.labels(*labels).set(
+                1.0 if p.get("converged") is False else 0.0)
             if p.get("drift_statistic") is not None:
                 metrics.ESTIMATE_DRIFT.labels(*labels).set(float(p["drift_tvd"]))
                 metrics.DRIFT_STATISTIC.labels(*labels).set(float(p["drift_statistic"]))

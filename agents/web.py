@@ -7,7 +7,8 @@ and token-guarded refresh/reset (docs/api.md).
     GET  /estimates/<id>?attrs=a,b&method=m&window=1h
                                            one estimate (cells transposed to the attrs order;
                                            window: one of the collection's, default its first;
-                                           a subset of a configured marginal is summed from it)
+                                           a subset of a configured marginal is summed from it;
+                                           raw=1: unbiased cells unprojected, docs/api.md)
     GET  /, /ui/..., /ui/history/<id>      the live page (agents/ui.py)
     GET  /metrics                          Prometheus text (agents/metrics.py REGISTRY)
     GET  /healthz                          Redis PING + broker metadata; 200 or 503
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 from faust import web
 
+from ..estimators.serving import CELL_FIELDS, coarsen_payload, raw_payload
 from ..privacy import epsilon_fields
 from . import metrics, refresh
 from ldpstream.kafka_admin import BrokerProbe
@@ -47,6 +49,10 @@ HEALTH_TIMEOUT_S = 2.0
 
 
 # --- helpers (pure) -----------------------------------------------------------------------------
+#: ``raw=`` values of ``GET /estimates``: the unprojected unbiased cells on request
+RAW_VALUES = {"0": False, "false": False, "1": True, "true": True}
+
+
 def parse_attrs(text: str | None) -> tuple[str, ...] | None:
     """``"a, b"`` → ``("a", "b")``; empty → None."""
     if text is None:
@@ -87,7 +93,7 @@ def marginalize_payload(payload: dict[str, Any], attrs: Sequence[str]) -> dict[s
     out["labels"] = [payload["labels"][i] for i in keep]
     out["cells"] = refresh._json_cells(cells.sum(axis=drop))
     out["marginalized_from"] = stored
-    return out
+    return coarsen_payload(out, drop)
 
 
 def transpose_payload(payload: dict[str, Any], attrs: Sequence[str]) -> dict[str, Any]:
@@ -97,10 +103,11 @@ def transpose_payload(payload: dict[str, Any], attrs: Sequence[str]) -> dict[str
     if stored == attrs:
         return dict(payload)
     perm = [stored.index(a) for a in attrs]
-    cells = np.asarray(payload["cells"], dtype=object)
     out = dict(payload)
     out["attrs"] = attrs
-    out["cells"] = np.transpose(cells, perm).tolist()
+    for name in CELL_FIELDS:
+        if payload.get(name) is not None:
+            out[name] = np.transpose(np.asarray(payload[name], dtype=object), perm).tolist()
     out["labels"] = [payload["labels"][i] for i in perm]
     return out
 
@@ -213,7 +220,7 @@ def install(app: Any, ctx: Context) -> None:
             coll = coll_or_none(collection)
             if coll is None:
                 return unknown(self, collection)
-            for name in ("attrs", "method"):
+            for name in ("attrs", "method", "raw"):
                 # faust types the query as a Mapping; at run time it is aiohttp's MultiDict
                 given = request.query.getall(name, [])  # type: ignore[attr-defined]
                 if len(given) > 1:
@@ -228,11 +235,15 @@ def install(app: Any, ctx: Context) -> None:
             if wname is not None and coll.window(wname) is None:
                 return self.error(404, f"window {wname!r} is not configured for collection "
                                        f"{collection!r}", windows=[w.name for w in coll.windows])
+            raw = request.query.get("raw", "0")
+            if raw not in RAW_VALUES:
+                return self.error(400, f"raw: must be one of {', '.join(RAW_VALUES)} (got "
+                                       f"{raw!r})")
             try:
                 if attrs is None:
                     return self.json(await self._index(coll, method, wname))
                 return await self._one(coll, attrs, method or coll.estimators[0],
-                                       wname or coll.windows[0].name)
+                                       wname or coll.windows[0].name, RAW_VALUES[raw])
             except Exception as exc:  # noqa: BLE001 - Redis unavailable
                 log.warning("estimates %s failed", collection, exc_info=True)
                 return self.error(503, f"estimate store unavailable: {exc.__class__.__name__}: {exc}")
@@ -253,7 +264,7 @@ def install(app: Any, ctx: Context) -> None:
                     "estimates": items}
 
         async def _one(self, coll: Any, attrs: tuple[str, ...], method: str,
-                       window: str) -> web.Response:
+                       window: str, raw: bool = False) -> web.Response:
             if len(set(attrs)) != len(attrs):
                 return self.error(400, f"attrs: an attribute is repeated in {list(attrs)}")
             missing = [a for a in attrs if a not in coll.domain.attrs]
@@ -281,6 +292,8 @@ def install(app: Any, ctx: Context) -> None:
                 return self.error(500, f"estimating {','.join(attrs)} with {method!r} over window "
                                        f"{window!r} failed: {payload['error']}",
                                   failed_at=payload.get("updated_at"))
+            if raw:
+                payload = raw_payload(payload)
             if len(stored) > len(attrs):
                 payload = marginalize_payload(payload, attrs)
             return self.json(transpose_payload(payload, attrs))

@@ -2,10 +2,15 @@
 mechanism against RR-Independent with the per-record budget split over the attributes (rr-ind,
 ε/m per attribute; castell and IBU), side by side in one run.
 
-Datasets: UCI Adult (8 categorical attributes, 32,561 records) and a seeded 50,000-record sample
-of the bundled Bayesian network (``survey.bif``, 6 attributes). ε per record ∈ {0.5, 1, 2, 4, 8};
-mean TVD over every pair and over 20 triples (every triple of the network; 20 seeded ones of
-Adult); 3 seeds per cell (per seed, each mechanism randomizes every record once).
+Datasets: UCI Adult (8 categorical attributes, 32,561 records), seeded 50,000-record samples
+of the bundled Bayesian network (``survey.bif``, 6 attributes) and of three generated
+7-attribute networks of different structure, domain sizes and skew
+(:func:`~ldpstream.bngen.shape_network`: chain-skewed, dag-dense, dag-weak). Every dataset is
+a sample from a population — the network's exact joint distribution, or Adult's 32,561 records
+(resampled with replacement, seeded) — and every TVD is measured against the population's
+marginal. ε per record ∈ {0.5, 1, 2, 4, 8}; mean TVD over every pair and over 20 triples (all
+of them for the bundled network; 20 seeded ones otherwise); 3 seeds per cell (per seed, each
+mechanism randomizes every record once).
 
 Columns: ``split`` = best of castell / IBU on rr-ind (mean over pairs, per estimator, then the
 better one); ``ways=2`` / ``ways=3`` = partitioned collecting every pair / every triple, its
@@ -15,7 +20,11 @@ entropy), with ``calm`` (no shrinkage) alongside; ``floor`` = the same at ε = 5
 ``ways: auto`` (:func:`~ldpstream.estimators.partitioned.choose_ways` from n, the attribute
 sizes and ε; its numbers are those of the column it picks, same seeds). ``×`` = split /
 partitioned; the target is ≥ 1.3 at every ε ≤ 8, and partitioned within 1.2× of its floor at
-ε = 8 (reported for the auto column).
+ε = 8 (reported for the auto column). ``sampling`` = the non-private empirical marginals of the
+same records (the sampling floor: no mechanism does better on average). ``pgm`` = Private-PGM
+(``mbi``, optional: bench/pgm.py) fed the measurements of the auto column, on every network
+(Adult's full domain of 1.8 million cells is too large for its dense junction tree here);
+``pgm×`` = pgm / auto (≥ 1: we match or beat it).
 """
 from __future__ import annotations
 
@@ -26,10 +35,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..bn import read_bif, survey_path
+from ..bn import BayesNet, read_bif, survey_path
+from ..bngen import shape_network
 from ..datasets import load_csv
 from ..estimators.castell import castell
-from ..estimators.domain import Domain
+from ..estimators.domain import Domain, Factor
 from ..estimators.ibu import ibu
 from ..estimators.mechanism import histogram
 from ..estimators.metrics import tvd
@@ -42,6 +52,9 @@ FLOOR_EPSILON = 50.0
 SEEDS = (0, 1, 2)
 TRIPLES = 20
 BN_N = 50_000
+#: the generated networks (ldpstream/bngen.py SHAPES) and their number of attributes
+GENERATED = ("chain-skewed", "dag-dense", "dag-weak")
+GENERATED_M = 7
 #: partitioned collects every pair, or every triple (the 3-way targets then come directly)
 WAYS = (2, 3)
 assert set(AUTO_WAYS) <= set(WAYS), "the auto column reuses the ways=k columns"
@@ -62,7 +75,7 @@ def _triples(domain: Domain, k: int, seed: int = 0) -> list[tuple[str, ...]]:
 
 
 def _partitioned(domain: Domain, records: np.ndarray, eps: float, seed: int,
-                 pairs, triples, truth, ways: int) -> dict[str, float]:
+                 pairs, triples, truth, ways: int, pgm: bool = False) -> dict[str, float]:
     mech = Partitioned(domain, eps, ways=ways)
     counts = mech.count(mech.randomize(records, np.random.default_rng([seed, 1])),
                         mech.tensors())
@@ -71,8 +84,14 @@ def _partitioned(domain: Domain, records: np.ndarray, eps: float, seed: int,
         return float(np.mean([tvd(mech.estimate(counts, a, method).factor.values, truth[a])
                               for a in sets]))
 
-    return {"2way": err(pairs, "consistent"), "3way": err(triples, "consistent"),
-            "2way_calm": err(pairs, "calm"), "3way_calm": err(triples, "calm")}
+    out = {"2way": err(pairs, "consistent"), "3way": err(triples, "consistent"),
+           "2way_calm": err(pairs, "calm"), "3way_calm": err(triples, "calm")}
+    if pgm:
+        from .pgm import pgm_marginals
+        est = pgm_marginals(mech, counts, pairs + triples)
+        for w, sets in (("2way", pairs), ("3way", triples)):
+            out[f"{w}_pgm"] = float(np.mean([tvd(est[a], truth[a]) for a in sets]))
+    return out
 
 
 def _split(domain: Domain, records: np.ndarray, eps: float, seed: int, pairs, triples,
@@ -95,11 +114,19 @@ def _split(domain: Domain, records: np.ndarray, eps: float, seed: int, pairs, tr
 
 
 def run_dataset(name: str, domain: Domain, records: np.ndarray, epsilons=EPSILONS,
-                seeds=SEEDS, verbose: bool = True,
+                seeds=SEEDS, verbose: bool = True, population: np.ndarray | None = None,
+                pgm: bool = False,
                 advance: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """``population``: the joint distribution the records were drawn from (the truth; default:
+    the records' own marginals, then the sampling floor is 0). ``pgm``: add the Private-PGM
+    column (needs ``mbi``). ``advance``: called once per ε done (a progress bar)."""
     pairs = list(itertools.combinations(domain.attrs, 2))
     triples = _triples(domain, TRIPLES)
-    truth = {a: _truth(records, domain, a) for a in pairs + triples}
+    empirical = {a: _truth(records, domain, a) for a in pairs + triples}
+    truth = empirical if population is None else {
+        a: Factor(domain, population).project(a).values for a in pairs + triples}
+    sampling = {w: float(np.mean([tvd(empirical[a], truth[a]) for a in sets]))
+                for w, sets in (("2way", pairs), ("3way", triples))}
     floor = {k: [_partitioned(domain, records, FLOOR_EPSILON, s, pairs, triples, truth, k)
                  for s in seeds] for k in WAYS}
     rows = []
@@ -113,18 +140,26 @@ def run_dataset(name: str, domain: Domain, records: np.ndarray, epsilons=EPSILON
             for est in ("castell", "ibu"):
                 row[f"{w}_split_{est}"] = float(np.mean([x[f"{w}_{est}"] for x in split]))
             row[f"{w}_split"] = min(row[f"{w}_split_castell"], row[f"{w}_split_ibu"])
+        auto = choose_ways(domain.shape, len(records), eps)
         for k in WAYS:
-            part = [_partitioned(domain, records, eps, s, pairs, triples, truth, k)
-                    for s in seeds]
+            part = [_partitioned(domain, records, eps, s, pairs, triples, truth, k,
+                                 pgm=pgm and k == auto) for s in seeds]
             for w in ("2way", "3way"):
+                if pgm and k == auto:
+                    row[f"{w}_pgm"] = float(np.mean([x[f"{w}_pgm"] for x in part]))
                 row[f"{w}_ways{k}"] = float(np.mean([x[w] for x in part]))
                 row[f"{w}_ways{k}_calm"] = float(np.mean([x[f"{w}_calm"] for x in part]))
                 row[f"{w}_ways{k}_floor"] = float(np.mean([x[w] for x in floor[k]]))
                 row[f"{w}_ways{k}_ratio"] = row[f"{w}_split"] / row[f"{w}_ways{k}"]
-        k = row["auto_ways"] = choose_ways(domain.shape, len(records), eps)
+        k = row["auto_ways"] = auto
         for w in ("2way", "3way"):
             for suffix in ("", "_calm", "_floor", "_ratio"):
                 row[f"{w}_auto{suffix}"] = row[f"{w}_ways{k}{suffix}"]
+            row[f"{w}_sampling"] = sampling[w]
+            row[f"{w}_auto_vs_sampling"] = row[f"{w}_auto"] / sampling[w] if sampling[w] \
+                else float("inf")
+            if pgm:
+                row[f"{w}_pgm_ratio"] = row[f"{w}_pgm"] / row[f"{w}_auto"]
         row["seconds"] = round(time.perf_counter() - t0, 1)
         rows.append(row)
         if advance is not None:
@@ -136,26 +171,46 @@ def run_dataset(name: str, domain: Domain, records: np.ndarray, epsilons=EPSILON
                            f"{row[f'{w}_ways{k}_calm']:.3f}, floor "
                            f"{row[f'{w}_ways{k}_floor']:.3f}) ×{row[f'{w}_ways{k}_ratio']:.2f}"
                            for k in WAYS) + f" auto(ways={k}) ×{row[f'{w}_auto_ratio']:.2f}"
+                + f" sampling {row[f'{w}_sampling']:.3f}"
+                + (f" pgm {row[f'{w}_pgm']:.3f} pgm× {row[f'{w}_pgm_ratio']:.2f}" if pgm else "")
                 for w in ("2way", "3way")) + f"  [{row['seconds']}s]", flush=True)
     return rows
 
 
-def datasets(quick: bool = False) -> list[tuple[str, Domain, np.ndarray]]:
+Source = tuple[str, Domain, np.ndarray, np.ndarray]
+
+
+def _network(name: str, net: BayesNet, n: int, seed: int) -> Source:
+    return (name, net.domain, net.sample(n, np.random.default_rng(seed)), net.joint())
+
+
+def datasets(quick: bool = False) -> list[Source]:
+    """(name, domain, records, population joint) of every dataset."""
     adult = load_csv()
-    bn = read_bif(survey_path())
+    cols = tuple(range(len(adult.domain)))
+    population = histogram(adult.records, cols, adult.domain.shape).astype(float)
+    population /= population.sum()
+    resample = adult.records[np.random.default_rng(2018).integers(0, len(adult.records),
+                                                                   len(adult.records))]
     n_bn = 5_000 if quick else BN_N
-    return [("adult", adult.domain, adult.records),
-            ("bn", bn.domain, bn.sample(n_bn, np.random.default_rng(2018)))]
+    out = [("adult", adult.domain, resample, population),
+           _network("bn", read_bif(survey_path()), n_bn, 2018)]
+    for i, shape in enumerate(GENERATED[:1] if quick else GENERATED):
+        out.append(_network(shape, shape_network(shape, GENERATED_M, i), n_bn, 2018 + i))
+    return out
 
 
 def run(quick: bool = False, verbose: bool = True) -> dict[str, Any]:
+    from .pgm import available
     eps = (1.0, 8.0) if quick else EPSILONS
     seeds = SEEDS[:1] if quick else SEEDS
+    pgm = available()
     rows = []
     sets = datasets(quick)
     with progress("marginals", len(sets) * len(eps)) as advance:
-        for name, dom, rec in sets:
-            rows += run_dataset(name, dom, rec, eps, seeds, verbose, advance)
+        for name, dom, rec, pop in sets:
+            rows += run_dataset(name, dom, rec, eps, seeds, verbose, population=pop,
+                                pgm=pgm and name != "adult", advance=advance)
     targets: dict[str, Any] = {}
     for name in sorted({r["dataset"] for r in rows}):
         mine = [r for r in rows if r["dataset"] == name]
@@ -169,7 +224,17 @@ def run(quick: bool = False, verbose: bool = True) -> dict[str, Any]:
                     r[f"{w}_{col}"] <= 1.2 * r[f"{w}_{col}_floor"] for r in mine
                     if r["epsilon"] == 8.0 for w in ("2way", "3way"))}
             for col in [f"ways{k}" for k in WAYS] + ["auto"]}
-        targets[name]["auto"]["ways"] = {r["epsilon"]: r["auto_ways"] for r in mine}
+        auto = targets[name]["auto"]
+        auto["ways"] = {r["epsilon"]: r["auto_ways"] for r in mine}
+        auto["over_sampling_floor_at_eps8"] = {
+            w: round(r[f"{w}_auto_vs_sampling"], 2) for r in mine if r["epsilon"] == 8.0
+            for w in ("2way", "3way")}
+        if "2way_pgm" in mine[0]:
+            auto["pgm_over_ours_ge_1"] = all(r[f"{w}_pgm_ratio"] >= 1.0 for r in mine
+                                             for w in ("2way", "3way"))
+            auto["pgm_below_ours"] = [(r["epsilon"], w, round(r[f"{w}_pgm_ratio"], 2))
+                                      for r in mine for w in ("2way", "3way")
+                                      if r[f"{w}_pgm_ratio"] < 1.0]
     return {"rows": rows, "targets": targets}
 
 

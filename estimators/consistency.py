@@ -329,36 +329,20 @@ class MaxEntResult:
 
 
 def max_entropy(domain: Domain, constraints: Sequence[Factor], *, tol: float = 1e-7,
-                max_iter: int = 200, stall: float = 1e-4) -> MaxEntResult:
+                max_iter: int = 200, stall: float = 1e-4, refit: bool = True) -> MaxEntResult:
     """The maximum-entropy distribution over ``domain`` whose marginals on the constraint
     tables' attributes equal them (negatives clipped, each rescaled to sum 1), by iterative
     proportional fitting from the uniform table. ``gap`` is the largest |marginal − target|
-    seen in the last sweep; targets that are not exactly consistent cannot all be met and end
-    with ``converged=False`` (IPF then cycles close to them): it stops once a sweep changes the
-    gap by less than ``stall`` × gap (on noisy Adult pairs after about 20 sweeps, the TVD of the
-    result unchanged to 1e-4 against 200 sweeps)."""
-    vals = np.full(domain.shape, 1.0 / domain.size())
-    plans = []
-    for c in constraints:
-        t = np.maximum(np.asarray(c.values, dtype=float), 0.0)
-        s = t.sum()
-        t = t / s if s > 0 else np.full(t.shape, 1.0 / t.size)
-        ax = domain.axes(c.domain.attrs)
-        kept = sorted(ax)
-        t = np.transpose(t, [list(ax).index(i) for i in kept])   # target in domain axis order
-        drop = tuple(i for i in range(len(domain)) if i not in ax)
-        shape = tuple(domain.shape[i] if i in ax else 1 for i in range(len(domain)))
-        plans.append((drop, t, shape))
-    gap = prev = np.inf
-    it = 0
-    for it in range(1, max_iter + 1):  # noqa: B007 - the count is returned after the loop
-        gap = 0.0
-        for drop, t, shape in plans:
-            cur = vals.sum(axis=drop) if drop else vals
-            gap = max(gap, float(np.max(np.abs(cur - t))))
-            ratio = np.divide(t, cur, out=np.zeros_like(t), where=cur > 0)
-            vals = vals * ratio.reshape(shape)
-        if gap <= tol or abs(prev - gap) <= stall * gap:
-            break
-        prev = gap
+    seen in the last sweep. Targets that are not exactly consistent cannot all be met and IPF
+    cycles close to them: it stops once a sweep changes the gap by less than ``stall`` × gap;
+    then, with ``refit`` (default), the fit is redone toward the closest realizable marginals
+    (:func:`~.marginal_fit.fit_marginals`), where IPF converges, and ``gap`` is their distance
+    to the targets. ``converged=False`` only when that IPF does not come within
+    :data:`~.marginal_fit.TOL` of them in :data:`~.marginal_fit.MAX_SWEEPS` sweeps."""
+    from .marginal_fit import fit_marginals, ipf, plans
+    vals, it, gap = ipf(domain, plans(domain, constraints), tol=tol, max_iter=max_iter,
+                        stall=stall)
+    if gap > tol and refit:
+        r = fit_marginals(domain, constraints)
+        return MaxEntResult(r.table, it + r.iterations, r.converged, r.gap)
     return MaxEntResult(Factor(domain, vals), it, bool(gap <= tol), float(gap))

@@ -27,12 +27,13 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import batched
-from .castell import expected_tvd
+from .bounds import Bound, product_channel_bounds
 from .domain import Factor
 from .drift import (BATCHED_METHODS, REPLICATES, DriftResult, drift_test, drift_tests,
                     null_size,
                     null_variances, pooled_tables, replicate_rng, table_variances)
 from .mechanism import Estimate, Mechanism, VersionedCounts, marginal_key
+from .proper import project_simplex
 
 __all__ = ["Key", "EstimateBatch", "DriftBatch", "EstimateCache", "estimate_many", "drift_many"]
 
@@ -106,14 +107,21 @@ def _marginal_table(mech: Mechanism, combined: Mapping[str, np.ndarray],
 
 
 def _batched_estimates(mech: Mechanism, method: str, attrs_list: list[tuple[str, ...]],
-                       tables: np.ndarray) -> list[Estimate]:
+                       tables: np.ndarray, memo: dict[bytes, Bound]) -> list[Estimate]:
     """One group (same estimator, shape and channels) through estimators/batched.py, as
-    ``mech.estimate`` answers each (a mechanism with ``product_channels``)."""
+    ``mech.estimate`` answers each (a mechanism with ``product_channels``). ``memo``: the
+    bootstrap bound per (channels, table), shared by the estimators of one table (castell,
+    truncated and ibu carry the same)."""
     mats = mech.product_channels(attrs_list[0])
     assert mats is not None, "only mechanisms with product channels are batched"
     invs = batched.inverses(mats)
     n = tables.reshape(len(tables), -1).sum(axis=1)
-    bounds = [expected_tvd(v) for v in batched.castell_variance_batch(tables, invs)]
+    keys = [_digest(*mats, t) for t in tables] if method != "rr-independent" else []
+    todo = [i for i, k in enumerate(keys) if k not in memo]
+    if todo:
+        for i, b in zip(todo, product_channel_bounds(tables[todo], mats)):
+            memo[keys[i]] = b
+    bounds = [memo[k] for k in keys]
     iters: np.ndarray | None = None
     conv: np.ndarray | None = None
     if method == "castell":
@@ -128,14 +136,18 @@ def _batched_estimates(mech: Mechanism, method: str, attrs_list: list[tuple[str,
     eps = mech.epsilon
     out = []
     for i, attrs in enumerate(attrs_list):
+        dom = mech.domain.project(attrs)
         kw: dict = {}
         if method != "rr-independent":
-            kw["error_bound"] = bounds[i]
+            kw.update(error_bound=bounds[i].tvd, bound=bounds[i])
+        if method == "castell":
+            kw["projected"] = Factor(dom, project_simplex(values[i]))
+        if method in ("truncated", "ibu"):
+            kw["extra"] = {"error_bound_of": "castell (proxy)"}
         if iters is not None and conv is not None:
-            kw.update(iterations=int(iters[i]), converged=bool(conv[i]),
-                      extra={"error_bound_of": "castell (proxy)"})
-        out.append(Estimate(Factor(mech.domain.project(attrs), values[i]), method,
-                            int(round(float(n[i]))), eps, **kw))
+            kw.update(iterations=int(iters[i]), converged=bool(conv[i]))
+        out.append(Estimate(Factor(dom, values[i]), method, int(round(float(n[i]))), eps,
+                            **kw))
     return out
 
 
@@ -182,11 +194,12 @@ def estimate_many(mech: Mechanism, counts_by_window: Mapping[str, VersionedCount
                     continue
                 groups.setdefault((method, channels), []).append((key, fp, table))
     computed = 0
+    memo: dict[bytes, Bound] = {}
     for (method, _shape), items in groups.items():
         keys = [k for k, _, _ in items]
         try:
             ests = _batched_estimates(mech, method, [k[1] for k in keys],
-                                      np.stack([t for _, _, t in items]))
+                                      np.stack([t for _, _, t in items]), memo)
         except Exception:  # noqa: BLE001 - find the culprit one estimate at a time
             singles.extend(keys)
             continue

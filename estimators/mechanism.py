@@ -28,6 +28,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeAlias
 import numpy as np
 
 from ..suggest import did_you_mean
+from .bounds import Bound
 from .domain import Domain, Factor
 from .longitudinal import Guarantee, Memoize
 
@@ -51,7 +52,13 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Estimate:
-    """An estimated distribution with what it cost and how good it is."""
+    """An estimated distribution with what it cost and how good it is.
+
+    ``bound``: the calibrated bound (estimators/bounds.py) when the family has one, then
+    ``error_bound`` is ``bound.tvd``, an upper quantile of the TVD at ``bound.level``;
+    otherwise ``error_bound`` is an expected TVD (or None). ``projected``: for an unbiased
+    (raw) ``factor``, its projection onto the simplex, the form served by default, which
+    carries the same bound."""
 
     factor: Factor
     method: str
@@ -61,6 +68,8 @@ class Estimate:
     iterations: int | None = None
     converged: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    bound: Bound | None = None
+    projected: Factor | None = None
 
 
 #: mechanism version → tensor key → int64 counts

@@ -45,11 +45,14 @@ Estimators (:attr:`Partitioned.estimators`):
   (:func:`~.consistency.shrink_to_independence`; binary-by-small pairs pooled). Measured in
   docs/partitioned.md.
 
-``error_bound``: the expected TVD of the unbiased estimate under a normal approximation of its
-variance (:func:`~.castell.expected_tvd`); also given for norm-sub and consistent when the
-marginal lies inside a collected one (both post-processings do not increase the error in
-expectation in the measured benchmarks; the bound is the unbiased one's). Maximum-entropy
-marginals carry none (their error includes model bias the variances do not bound).
+``error_bound``: the upper 95 % quantile of the TVD of the unbiased estimate to the population's
+marginal, with per-cell intervals (:func:`~.bounds.oracle_bound`, ``Estimate.bound``); the
+unbiased estimate is also served projected onto the simplex (``Estimate.projected``) with the
+same bound. A sub-marginal of a collected one keeps the TVD bound
+(:func:`~.bounds.coarsened`). Also given, as a proxy, for norm-sub, calm and consistent when the
+marginal lies inside a collected one (the post-processings do not increase the error in the
+measured benchmarks). Maximum-entropy marginals carry none (their error includes model bias the
+variances do not bound).
 """
 from __future__ import annotations
 
@@ -62,15 +65,16 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import frequency_oracles as fo
-from .castell import expected_tvd
+from .bounds import Bound, coarsened, oracle_bound
 from .consistency import expand, max_entropy, norm_sub, postprocess
 from .domain import Domain, Factor
 from .mechanism import (Estimate, Mechanism, ParamError, Params, TensorSpec, record_budget,
                         register)
-from .proper import clip_rescale, repair
+from .proper import clip_rescale, project_simplex, repair
 
-__all__ = ["Partitioned", "tensor_key", "assign_by_device", "choose_ways",
-           "predicted_pair_error", "AUTO_WAYS", "AUTO_MARGIN"]
+__all__ = ["Partitioned", "tensor_key", "assign_by_device", "choose_ways", "choose_per_report",
+           "predicted_pair_error", "AUTO_WAYS", "AUTO_MARGIN", "AUTO_PER_REPORT",
+           "AUTO_PER_REPORT_MARGIN"]
 
 
 def tensor_key(attrs: Sequence[str]) -> str:
@@ -150,6 +154,31 @@ def choose_ways(sizes: Sequence[int], n: int, epsilon: float,
         p = predicted_pair_error(sizes, n, epsilon, k, oracles, per_report)
         if p < (1.0 - margin) * pred:
             best, pred = k, p
+    return best
+
+
+#: ``ways: auto`` without ``per_report`` also chooses how many marginals each report carries ...
+AUTO_PER_REPORT = (1, 2, 3, 4)
+#: ... keeping one unless more predict a pair error lower by more than this fraction (set on
+#: the bench's networks at ε = 8; docs/partitioned.md "Marginals per report")
+AUTO_PER_REPORT_MARGIN = 0.1
+
+
+def choose_per_report(sizes: Sequence[int], n: int, epsilon: float, ways: int,
+                      oracles: Sequence[str] = fo.COMPACT,
+                      candidates: Sequence[int] = AUTO_PER_REPORT,
+                      margin: float = AUTO_PER_REPORT_MARGIN) -> int:
+    """How many of the ``ways``-way marginals each report carries (each with ε/r), from the
+    shape only: r marginals give every table r× the users at ε/r each, which pays where the
+    sampling of users dominates the oracle noise (small tables, large ε). The r of smallest
+    :func:`predicted_pair_error`, if below (1 − ``margin``) × one marginal's, else 1."""
+    K = math.comb(len(sizes), int(ways))
+    one = predicted_pair_error(sizes, n, epsilon, ways, oracles, 1)
+    best, pred = 1, one
+    for r in sorted({int(r) for r in candidates if 2 <= int(r) <= K}):
+        p = predicted_pair_error(sizes, n, epsilon, ways, oracles, r)
+        if p < (1.0 - margin) * one and p < pred:
+            best, pred = r, p
     return best
 
 
@@ -404,21 +433,33 @@ class Partitioned(Mechanism):
         extra: dict[str, Any] = {}
         bound = None
         if j is not None:
-            f, var, n = self.unbiased(counts, j)
-            c = f.values.size // dom.size()
-            bound = expected_tvd(np.full(dom.size(), c * var))   # c cells summed per cell
+            raw, n = self._raw(counts, j)
+            f = Factor(self.domain.project(self.marginals[j]), raw.reshape(self._shapes[j]))
+            cb = oracle_bound(self.oracles[j], raw, n)
+            sub_raw = f.project(attrs).values
+            if f.values.size != dom.size():   # a sub-marginal: the TVD bound carries over
+                cb = coarsened(cb, project_simplex(sub_raw))
+            else:
+                cb = Bound(cb.tvd, cb.low.reshape(dom.shape), cb.high.reshape(dom.shape),
+                           cb.level)
+            bound = cb.tvd
+            if method != "unbiased":
+                extra["error_bound_of"] = "unbiased (proxy)"
             extra["collected_from"] = "|".join(self.marginals[j])
             extra["oracle"] = self.oracles[j].name
             if method == "unbiased":
-                vals = f.project(attrs).values
+                vals = sub_raw
             elif method == "norm-sub":
                 vals = norm_sub(f).project(attrs).values
             else:
                 tables, passes, n = self.consistent_tables(counts, method == "consistent")
                 vals = np.array(tables[j].project(attrs).values)   # not a view of the memo
                 extra["norm_sub_passes"] = passes
+            projected = (Factor(dom, project_simplex(vals))
+                         if method == "unbiased" and not options.get("proper") else None)
             return Estimate(Factor(dom, repair(vals, options.get("proper"))), method, n,
-                            self.epsilon, error_bound=bound, extra=extra)
+                            self.epsilon, error_bound=bound, extra=extra, bound=cb,
+                            projected=projected)
         tables, passes, n = self.consistent_tables(counts, method == "consistent")
         cons = []
         for t in tables:
@@ -475,7 +516,8 @@ class Partitioned(Mechanism):
                 "marginals": [list(m) for m in self.marginals],
                 "oracles": list(self.oracle_names), "assign_seed": self.assign_seed,
                 "per_report": self.per_report,
-                **({"ways_auto": {"expected_reports": self.expected_reports, "ways": self.ways}}
+                **({"ways_auto": {"expected_reports": self.expected_reports, "ways": self.ways,
+                                  "per_report": self.per_report}}
                    if self.expected_reports is not None else {}),
                 "chosen": [{"oracle": o.name, "g": o.g if isinstance(o, fo.OLH) else None}
                            for o in self.oracles]}
@@ -486,8 +528,8 @@ class Partitioned(Mechanism):
         """ε per report = :func:`~.mechanism.record_budget` (the whole record's budget goes to
         the one marginal reported). ``params``: ``marginals`` (list of attribute lists) or
         ``ways`` (every k-way marginal; default 2; ``auto``: :func:`choose_ways` from
-        ``expected_reports``, required then), ``oracles`` (subset of grr, olh),
-        ``assign_seed``, ``per_report``."""
+        ``expected_reports``, required then, and ``per_report`` by :func:`choose_per_report`
+        unless given), ``oracles`` (subset of grr, olh), ``assign_seed``, ``per_report``."""
         pr = Params(cls.name, params)
         marginals = pr.value("marginals")
         auto = pr.value("ways") == "auto"
@@ -523,9 +565,12 @@ class Partitioned(Mechanism):
                                         f"(got {oracles!r})")
         seed = pr.integer("assign_seed", 0, ge=0, le=2**63 - 1)
         eps = record_budget(epsilon, epsilon_scope, len(domain))
+        given = pr.has("per_report")
         per_report = pr.integer("per_report", 1, ge=1)
         if auto:
             ways = choose_ways(domain.shape, expected, eps, oracles, per_report)
+            if not given and marginals is None:
+                per_report = choose_per_report(domain.shape, expected, eps, ways, oracles)
         K = (len({frozenset(m) for m in marginals}) if marginals is not None
              else math.comb(len(domain), ways))
         if per_report > K:

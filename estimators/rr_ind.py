@@ -13,9 +13,12 @@ are plain marginals of randomized values (key :func:`~.mechanism.marginal_key`).
 estimated from its own tensor or from any stored superset tensor (randomized counts marginalise
 exactly). ε is always computed from the channel entries, never echoed.
 
-``error_bound`` is the expected TVD of the unbiased inverse estimate (castell) under a normal
-approximation of its closed-form variance. It is attached to castell and, as a conservative
-proxy, to truncated and ibu (their errors are typically smaller). ``hybrid`` / ``hybrid-auto``
+``error_bound`` of ``rr-ind`` is the upper 95 % quantile of the TVD of the unbiased inverse
+estimate (castell), with per-cell intervals, from a parametric bootstrap through the channels
+(:func:`~.bounds.product_channel_bound`, ``Estimate.bound``); castell is also served projected
+onto the simplex (``Estimate.projected``) with the same bound. It is attached, as a proxy, to
+truncated and ibu (their errors are typically smaller). ``rr-clusters`` / ``rr-joint`` carry
+the expected TVD of castell under a normal approximation of its variance (no quantile). ``hybrid`` / ``hybrid-auto``
 carry castell's bound when they chose castell; when they chose the biased RR-Independent product
 they carry :func:`~.hybrid.product_tvd_bound`, ½·sqrt(|Ω|·(estimated bias² + variance)) by
 Cauchy–Schwarz (``extra["error_bound_of"]`` names which). The plain rr-independent and
@@ -28,12 +31,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import channels as ch
-from .castell import castell, castell_variance, expected_tvd
+from .castell import castell, expected_tvd
 from .domain import Domain, Factor
 from .longitudinal import DAY_S, Guarantee, Memoize, compose
 from .mechanism import (Estimate, Mechanism, Memoization, Params, ParamError, TensorSpec,
                         VersionedCounts, attribute_budget, histogram, marginal_key, register)
-from .proper import clip_rescale, repair
+from .bounds import product_channel_bound
+from .proper import clip_rescale, project_simplex, repair
 from .rr_adjustment import rr_adjustment_table
 from .rr_clusters import (Block, blocks_for, castell_blocks, castell_blocks_variance, from_blocks,
                           ibu_blocks, independent_blocks, to_blocks, truncated_blocks)
@@ -176,8 +180,11 @@ class _RRBase(Mechanism):
     def _estimate(self, values: np.ndarray, attrs: Sequence[str], method: str, n: float,
                   options: Mapping[str, Any], **kw: Any) -> Estimate:
         values = repair(np.asarray(values, dtype=float), options.get("proper"))
-        return Estimate(Factor(self.domain.project(attrs), values), method, int(round(n)),
-                        self.epsilon, **kw)
+        dom = self.domain.project(attrs)
+        projected = (Factor(dom, project_simplex(values))
+                     if method == "castell" and not options.get("proper") else None)
+        return Estimate(Factor(dom, values), method, int(round(n)), self.epsilon,
+                        projected=projected, **kw)
 
 
 # --- RR-Independent -----------------------------------------------------------------------------
@@ -303,22 +310,25 @@ class RRIndependent(_RRBase):
         n = float(c.sum())
         if n <= 0:
             raise ValueError(f"no reports counted for {attrs}")
-        bound = (expected_tvd(castell_variance(c, P))
-                 if method not in ("rr-independent", "rr-adjustment") else None)
+        cb = (product_channel_bound(c, P)
+              if method not in ("rr-independent", "rr-adjustment") else None)
+        bound = None if cb is None else cb.tvd
         if method == "castell":
-            return self._estimate(castell(c, P), attrs, method, n, options, error_bound=bound)
+            return self._estimate(castell(c, P), attrs, method, n, options, error_bound=bound,
+                                  bound=cb)
         if method == "truncated":
             from .truncated import truncated
-            return self._estimate(truncated(c, P), attrs, method, n, options, error_bound=bound)
+            return self._estimate(truncated(c, P), attrs, method, n, options, error_bound=bound,
+                                  bound=cb, extra={"error_bound_of": "castell (proxy)"})
         if method in ("hybrid", "hybrid-auto"):
             from .hybrid import hybrid, hybrid_auto, product_tvd_bound
             est, chosen = (hybrid(c, P, [self.epsilons[i] for i in self.domain.axes(attrs)])
                            if method == "hybrid" else hybrid_auto(c, P))
             if chosen == "rr-independent":  # biased: castell's variance says nothing about it
-                bound, of = product_tvd_bound(c, P), "rr-independent (bias² + variance)"
+                bound, of, cb = product_tvd_bound(c, P), "rr-independent (bias² + variance)", None
             else:
                 of = "castell"
-            return self._estimate(est, attrs, method, n, options, error_bound=bound,
+            return self._estimate(est, attrs, method, n, options, error_bound=bound, bound=cb,
                                   extra={"chosen": chosen, "error_bound_of": of})
         if method == "rr-independent":
             from .rr_independent import rr_independent
@@ -328,7 +338,8 @@ class RRIndependent(_RRBase):
             kw = {k: options[k] for k in ("tol", "max_iter", "init", "accelerate") if k in options}
             r = ibu(c, P, **kw)
             return self._estimate(r.estimate, attrs, method, n, options, error_bound=bound,
-                                  iterations=int(r.iterations), converged=bool(r.converged),
+                                  bound=cb, iterations=int(r.iterations),
+                                  converged=bool(r.converged),
                                   extra={"error_bound_of": "castell (proxy)"})
         # rr-adjustment: Alg. 2 on the distinct randomized patterns of this table
         kw = {k: options[k] for k in ("tol", "max_iter") if k in options}

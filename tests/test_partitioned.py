@@ -17,8 +17,8 @@ from ldpstream.estimators.consistency import (disagreement, independence, make_c
 from ldpstream.estimators.domain import Domain, Factor
 from ldpstream.estimators.mechanism import ParamError, from_state, histogram, mechanism_class
 from ldpstream.estimators.metrics import tvd
-from ldpstream.estimators.partitioned import (Partitioned, assign_by_device, choose_ways,
-                                              tensor_key)
+from ldpstream.estimators.partitioned import (Partitioned, assign_by_device, choose_per_report,
+                                              choose_ways, tensor_key)
 from tolerance import assert_close, close
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
@@ -342,13 +342,31 @@ def test_ways_auto_rule_on_the_bench_shapes():
     assert choose_ways((3, 4), 1000, 1.0) == 2 and choose_ways((3,), 1000, 1.0) == 1
 
 
+def test_ways_auto_chooses_marginals_per_report_on_small_tables_at_large_epsilon():
+    """The bundled network (small tables) at ε = 8: triples, two per report (measured 6 %
+    lower TVD than one); its generated 7-attribute siblings with 2–6 values keep one; small ε
+    keeps one; an explicit per_report is kept."""
+    assert choose_per_report(NETWORK_SHAPE, NETWORK_N, 8.0, 3) == 2
+    assert choose_per_report((5, 3, 5, 3, 2, 2, 5), 50_000, 8.0, 3) == 1
+    assert all(choose_per_report(NETWORK_SHAPE, NETWORK_N, e, 2) == 1 for e in (0.5, 1.0, 2.0))
+    cls = mechanism_class("partitioned")
+    m = cls.from_config(Domain(list("abcdef"), NETWORK_SHAPE),
+                        {"ways": "auto", "expected_reports": NETWORK_N}, epsilon=8.0,
+                        epsilon_scope="record")
+    assert (m.ways, m.per_report) == (3, 2) and m.epsilon == pytest.approx(8.0)
+    m = cls.from_config(Domain(list("abcdef"), NETWORK_SHAPE),
+                        {"ways": "auto", "expected_reports": NETWORK_N, "per_report": 1},
+                        epsilon=8.0, epsilon_scope="record")
+    assert m.per_report == 1
+
+
 def test_ways_auto_from_config():
     cls = mechanism_class("partitioned")
     m = cls.from_config(DOM, {"ways": "auto", "expected_reports": 10_000}, epsilon=1.0,
                         epsilon_scope="record")
     assert m.ways == choose_ways(DOM.shape, 10_000, 1.0) == 2
     assert m.marginals == list(itertools.combinations(DOM.attrs, 2))
-    assert m.state()["ways_auto"] == {"expected_reports": 10_000, "ways": 2}
+    assert m.state()["ways_auto"] == {"expected_reports": 10_000, "ways": 2, "per_report": 1}
     assert from_state(m.state()).marginals == m.marginals
     for params in ({"ways": "auto"}, {"ways": "auto", "expected_reports": 0},
                    {"ways": "auto", "expected_reports": "many"},

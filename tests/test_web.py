@@ -122,13 +122,26 @@ def test_estimates_equal_the_estimators_on_the_exact_counts(stack):
             direct = mech.estimate(counts, attrs, method)
             # IBU runs batched over the marginals in the worker (estimators/batched.py): the same
             # fixed point within its stopping tolerance, not the same iterates
-            assert_close(est["cells"], direct.factor.values, rel=1e-6 if method == "ibu" else 1e-9)
+            # castell is served projected onto the simplex by default (raw=1: unprojected)
+            assert_close(est["cells"], (direct.projected or direct.factor).values,
+                         rel=1e-6 if method == "ibu" else 1e-9)
             assert est["attrs"] == attrs and est["method"] == method and est["n"] == TOTAL
             assert est["window"] == window
             # the same ε fields as /collections: configured budget + scope, computed costs
             assert {k: est[k] for k in EPSILON_KEYS} == {k: info[k] for k in EPSILON_KEYS}
             assert est["epsilon_per_record"] == pytest.approx(mech.epsilon)
-            assert est["error_bound"] == pytest.approx(direct.error_bound)
+            assert est["raw_error_bound"] == pytest.approx(direct.error_bound)
+            assert est["error_bound"] == pytest.approx(
+                min(1.0, direct.error_bound) if est["projected"] else direct.error_bound)
+            if direct.bound is not None:   # the bootstrap's upper 95 % quantile of the TVD
+                assert est["error_bound_quantile"] == 0.95
+                assert np.all(np.asarray(est["cells_low"]) <= np.asarray(est["cells_high"]))
+            if method == "castell":
+                status, raw = get_json(url, f"/estimates/{cid}?attrs={','.join(attrs)}"
+                                            f"&method=castell&window={window}&raw=1")
+                assert status == 200 and raw["projected"] is False
+                np.testing.assert_allclose(raw["cells"], direct.factor.values, **tol)
+                assert raw["error_bound"] == pytest.approx(direct.error_bound)
             assert est["labels"] == [list(coll.domain.labels[coll.domain.axes([a])[0]]) for a in attrs]
             assert time.time() - 30 < est["updated_at"] <= time.time()
             if method == "hybrid-auto":
@@ -177,6 +190,11 @@ def test_a_sub_marginal_is_summed_from_the_smallest_configured_one(stack):
     assert status == 200 and one["marginalized_from"] == ["sex", "Salary"]
     np.testing.assert_allclose(one["cells"], np.sum(pair["cells"], axis=1), rtol=1e-12)
     assert "marginalized_from" not in pair
+    # a sub-marginal keeps the TVD bound; every cell's interval is the cell ± the bound
+    assert one["error_bound"] == pair["error_bound"]
+    np.testing.assert_allclose(one["cells_high"],
+                               np.minimum(np.asarray(one["cells"]) + one["error_bound"], 1.0),
+                               rtol=1e-12)
 
 
 @pytest.mark.parametrize("query", ["attrs=sex,race&method=castell&method=ibu",
@@ -184,6 +202,11 @@ def test_a_sub_marginal_is_summed_from_the_smallest_configured_one(stack):
 def test_a_repeated_query_parameter_is_refused(stack, query):
     status, err = get_json(stack["url"], f"/estimates/{stack['cid']}?{query}")
     assert status == 400 and "given 2 times" in err["error"], err
+
+
+def test_raw_must_be_a_flag(stack):
+    status, err = get_json(stack["url"], f"/estimates/{stack['cid']}?attrs=sex,race&raw=yes")
+    assert status == 400 and "raw" in err["error"] and "'yes'" in err["error"], err
 
 
 def wait_for_estimate(url: str, cid: str, timeout: float = 30.0) -> int:

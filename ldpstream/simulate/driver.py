@@ -277,6 +277,10 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
                     row["iterations"] = float(np.mean(a["iterations"]))
                 if a["converged"]:
                     row["converged_fraction"] = float(np.mean(a["converged"]))
+                    if row["converged_fraction"] < 1.0:
+                        row["warning"] = (
+                            f"{e} did not converge on {1 - row['converged_fraction']:.0%} of "
+                            f"the {w}-way estimates (their numbers are where the fit stopped)")
                 results.append(row)
     assert first is not None
     params = {k: v for k, v in first.state().items()
@@ -412,7 +416,7 @@ def print_table(doc: dict[str, Any], title: str | None = None) -> None:
                               f"ε per record={doc['epsilon_per_record']:.4g}{memo}"))
     variant_keys = [k for k in doc["results"][0] if k not in (
         "mechanism", "estimator", "w", "subsets", "metrics", "seconds", "stderr", "reports",
-        "versions", "iterations", "converged_fraction")] if doc["results"] else []
+        "versions", "iterations", "converged_fraction", "warning")] if doc["results"] else []
     cols = variant_keys + ["estimator", "w", "subsets", "tvd", "max_abs", "mae", "mse",
                            "reports", "versions", "seconds", "iterations", "converged"]
     for c in cols:
@@ -433,3 +437,7 @@ def print_table(doc: dict[str, Any], title: str | None = None) -> None:
     if not console.is_terminal:  # piped: do not squeeze the table into 80 columns
         console = Console(width=160)
     console.print(t)
+    for r in doc["results"]:
+        if r.get("warning"):
+            console.print(f"warning: {r['warning']}", style="yellow", markup=False)
+

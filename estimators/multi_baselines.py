@@ -32,6 +32,7 @@ import numpy as np
 from scipy import optimize
 
 from . import channels as ch
+from . import device_program as dp
 from .domain import Domain, Factor
 from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, VersionedCounts,
                         marginal_key, record_budget, register)
@@ -285,6 +286,11 @@ class SPL(_Multi):
     def report_bounds(self) -> np.ndarray:
         return np.asarray(self.domain.shape, dtype=np.int64)
 
+    def device_program(self) -> dict[str, Any]:
+        """GRR(ε/m) on every attribute (docs/device-protocol.md)."""
+        return dp.program(self.name, self.domain, self.m,
+                          [dp.channel_step([j], P) for j, P in enumerate(self.channels)])
+
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         x = self._records(records).astype(report_dtype(self.domain.shape), copy=False)
         out = np.empty(x.shape, dtype=x.dtype)
@@ -343,6 +349,13 @@ class SMP(_Multi):
 
     def report_bounds(self) -> np.ndarray:
         return np.asarray([self.m, self._dmax], dtype=np.int64)
+
+    def device_program(self) -> dict[str, Any]:
+        """A uniform attribute index in column 0, its GRR in column 1
+        (docs/device-protocol.md)."""
+        return dp.program(self.name, self.domain, 2, [dp.select_step(
+            0, [[dp.grr_step([j], float(P[0, 0]), out=[1])] for j, P in
+                enumerate(self.channels)])])
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         x = self._records(records)

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import channels as ch
+from . import device_program as dp
 from .castell import castell, castell_variance, expected_tvd
 from .domain import Domain, Factor
 from .longitudinal import DAY_S, Guarantee, Memoize, compose
@@ -334,6 +335,14 @@ class RRIndependent(_RRBase):
                                              else [Q.tolist() for Q in self.instantaneous])
         return out
 
+    def device_program(self) -> dict[str, Any] | None:
+        """Every attribute through its channel (docs/device-protocol.md); memoized collections
+        are not expressible yet (None)."""
+        if self.memoize is not None:
+            return None
+        return dp.program(self.name, self.domain, len(self.domain),
+                          [dp.channel_step([j], P) for j, P in enumerate(self.channels)])
+
     @classmethod
     def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
                     epsilon: float | None, epsilon_scope: str = "attribute",
@@ -393,6 +402,11 @@ class _Clustered(_RRBase):
     def epsilon(self) -> float:
         """Σ over clusters of ε(GRR_C) = ln(p_C/q_C), computed from the channel entries."""
         return float(sum(np.log(p / q) for p, q in self._pq))
+
+    def device_program(self) -> dict[str, Any]:
+        """One GRR step over the product of every cluster (docs/device-protocol.md)."""
+        return dp.program(self.name, self.domain, len(self.domain),
+                          [dp.grr_step(cols, p) for cols, (p, _) in zip(self._cols, self._pq)])
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         records = self._records(records)

@@ -86,13 +86,14 @@ class Ledger:
 
     # --- ε -------------------------------------------------------------------------------------
     def spent(self, now: float, window_s: float | None = None) -> float:
-        """ε spent in ``(now - window_s, now]`` (every collection); all of it when ``window_s``
-        is None."""
+        """ε spent after ``now - window_s`` (every collection; spends stamped after ``now``
+        count too, so a clock stepped back never frees budget); all of it when ``window_s`` is
+        None."""
         if window_s is None:
             row = self._db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM spend").fetchone()
         else:
-            row = self._db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM spend WHERE at > ? "
-                                   "AND at <= ?", (now - window_s, now)).fetchone()
+            row = self._db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM spend WHERE at > ?",
+                                   (now - window_s,)).fetchone()
         return float(row[0])
 
     def refusal(self, cost: float, now: float) -> str | None:

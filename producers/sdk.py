@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
@@ -32,12 +33,13 @@ from ..estimators.rr_ind import RRIndependent
 from .codec import ReportBatch, decode_batch, encode_batch
 from .device import ConfigWatcher, report_topic
 from .ledger import Ledger, channel_fingerprint
+from .program import DrawSource, NumpyDraws, OsRandom, Program
 from .publisher import Publisher
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DeviceClient", "ReportResult", "Transport", "KafkaTransport", "HttpTransport",
-           "RecordingTransport", "GatewayConfigWatcher", "GatewayError", "UnknownCollectionError", "device_key"]
+           "RecordingTransport", "GatewayConfigWatcher", "BatchSequence", "GatewayError", "UnknownCollectionError", "device_key"]
 
 
 class UnknownCollectionError(LookupError):
@@ -222,6 +224,34 @@ class ReportResult:
         return self.status == "queued"
 
 
+class BatchSequence:
+    """The batch key's sequence of one device (docs/device-protocol.md, "Batch key"): strictly
+    increasing, persisted *before* the batch leaves (a crash skips a number, never reuses one).
+    ``path``: a file holding the next sequence (None: in memory, starting at the clock in
+    microseconds, so a restarted device without storage still moves forward)."""
+
+    def __init__(self, path: str | None, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        start = int(clock() * 1e6)
+        if path is not None:
+            try:
+                with open(path, encoding="ascii") as fh:
+                    start = int(fh.read().strip() or 0)
+            except FileNotFoundError:
+                start = 0
+        self.next = start
+
+    def take(self) -> int:
+        """The sequence of the next batch (saved as used first)."""
+        seq = self.next
+        self.next = seq + 1
+        if self.path is not None:
+            with open(self.path + ".tmp", "w", encoding="ascii") as fh:
+                fh.write(f"{self.next}\n")
+            os.replace(self.path + ".tmp", self.path)
+        return seq
+
+
 class DeviceClient:
     """One device reporting to one collection.
 
@@ -232,8 +262,10 @@ class DeviceClient:
 
     def __init__(self, collection: str, *, watcher: ConfigWatcher, transport: Transport,
                  ledger: Ledger, device_id: int = 0, batch_size: int = 100,
-                 resend_every_s: float | None = None, rng: np.random.Generator | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 resend_every_s: float | None = None,
+                 rng: np.random.Generator | DrawSource | None = None,
+                 clock: Callable[[], float] = time.time,
+                 sequence: BatchSequence | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.collection = collection
@@ -243,7 +275,13 @@ class DeviceClient:
         self.device_id = int(device_id)
         self.batch_size = int(batch_size)
         self.resend_every_s = resend_every_s
-        self.rng = rng if rng is not None else np.random.default_rng()
+        #: the draws of the randomization description (docs/device-protocol.md); numpy draws
+        #: for the families it cannot express yet
+        self.draws: DrawSource = (OsRandom() if rng is None else NumpyDraws(rng)
+                                  if isinstance(rng, np.random.Generator) else rng)
+        self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng()
+        self.sequence = sequence if sequence is not None else BatchSequence(None, clock)
+        self._programs: dict[tuple[str, int], Program | None] = {}
         self.clock = clock
         self._buffer: list[np.ndarray] = []
         self._version: int | None = None
@@ -288,8 +326,27 @@ class DeviceClient:
             out.append(res)
         return out
 
+    def program(self) -> Program | None:
+        """The randomization description of the state in force (None: the family has none)."""
+        signed = self.watcher.states.get(self.collection)
+        if signed is None:
+            return None
+        key = (self.collection, signed.version)
+        if key not in self._programs:
+            raw = signed.state.get("device")
+            self._programs = {key: None if raw is None else Program(raw)}
+        return self._programs[key]
+
     def _randomize(self, mech: Mechanism, x: np.ndarray, now: float) -> ReportResult:
         """One record → its report, charged to the ledger (or why not)."""
+        prog = self.program()
+        if prog is not None:
+            refusal = self.ledger.refusal(prog.epsilon, now)
+            if refusal is not None:
+                return ReportResult("refused", 0.0, mech.version, refusal)
+            report = np.asarray(prog.randomize([int(v) for v in x], self.draws), dtype=np.int64)
+            self.ledger.commit(self.collection, now, prog.epsilon)
+            return ReportResult("queued", prog.epsilon, mech.version, report=report)
         if not (isinstance(mech, RRIndependent) and mech.memoize is not None):
             cost = mech.epsilon
             refusal = self.ledger.refusal(cost, now)
@@ -336,7 +393,8 @@ class DeviceClient:
         reports = np.stack(self._buffer)
         payload = encode_batch(self.collection, self._version, reports,
                                device_ids=np.full(len(reports), self.device_id, dtype=np.uint64),
-                               sent_at=self.clock())
+                               sent_at=self.clock(),
+                               key=(self.device_id, self.sequence.take()))
         await self.transport.send(self.collection, payload, self.device_id)
         self._buffer = []
         self.sent_reports += len(reports)

@@ -1,0 +1,101 @@
+"""The randomization description a device interprets (docs/device-protocol.md, "Randomization
+description"): a small, versioned, language-neutral JSON value published inside the signed
+mechanism state (key ``device``), so a device SDK needs one generic interpreter instead of a copy
+of every mechanism family.
+
+A description lists the attributes with their category labels, the report width and *steps*
+applied in order to a record of category indices:
+
+* ``grr``: the cell of the attributes ``in`` (mixed radix, first attribute most significant) is
+  kept with probability ``p``, else replaced by one of the other cells uniformly; the result is
+  written, in the same mixed radix, to the report columns ``out``.
+* ``matrix``: the cell goes through the row-stochastic matrix ``rows`` (inverse-CDF sampling).
+* ``select``: an index j uniform in ``[0, len(branches))`` is written to column ``out``, then the
+  steps of branch j run.
+
+ε of a description is computed from the channels it applies (:func:`program_epsilon`), never
+read from a declared field: steps compose sequentially (sum), ``select`` costs its dearest
+branch (the index is independent of the record).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import channels as ch
+from .domain import Domain
+
+__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "program",
+           "program_epsilon", "is_grr"]
+
+#: the version ``v`` of the description format
+PROGRAM_VERSION = 1
+
+
+def grr_step(cols: Sequence[int], p: float, out: Sequence[int] | None = None) -> dict[str, Any]:
+    """GRR over the product of the attributes ``cols`` with keep probability ``p``."""
+    return {"op": "grr", "in": [int(c) for c in cols],
+            "out": [int(c) for c in (cols if out is None else out)], "p": float(p)}
+
+
+def matrix_step(cols: Sequence[int], P: np.ndarray,
+                out: Sequence[int] | None = None) -> dict[str, Any]:
+    """The channel ``P`` (rows: true cells, columns: reported cells) over the attributes
+    ``cols``."""
+    return {"op": "matrix", "in": [int(c) for c in cols],
+            "out": [int(c) for c in (cols if out is None else out)],
+            "rows": np.asarray(P, dtype=float).tolist()}
+
+
+def select_step(out: int, branches: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """Report a uniform branch index in column ``out``, then run that branch."""
+    return {"op": "select", "out": int(out), "branches": [list(b) for b in branches]}
+
+
+def is_grr(P: np.ndarray) -> bool:
+    """True when ``P`` has one diagonal value and one off-diagonal value (bit-exact)."""
+    P = np.asarray(P, dtype=float)
+    off = ~np.eye(len(P), dtype=bool)
+    return bool(np.all(np.diag(P) == P[0, 0]) and np.all(P[off] == P[0, 1]))
+
+
+def channel_step(cols: Sequence[int], P: np.ndarray) -> dict[str, Any]:
+    """``grr`` when ``P`` is exactly GRR-shaped, else ``matrix``."""
+    return grr_step(cols, float(P[0, 0])) if is_grr(P) else matrix_step(cols, P)
+
+
+def program(family: str, domain: Domain, width: int,
+            steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A version-1 description of ``family`` over ``domain``."""
+    return {"v": PROGRAM_VERSION, "family": family, "attrs": list(domain.attrs),
+            "labels": [list(domain.categories(a)) for a in domain.attrs], "width": int(width),
+            "steps": [dict(s) for s in steps]}
+
+
+def _cells(shape: Sequence[int], cols: Sequence[int]) -> int:
+    return math.prod(int(shape[c]) for c in cols)
+
+
+def step_epsilon(step: Mapping[str, Any], shape: Sequence[int]) -> float:
+    """ε of one step (``inf`` for a channel that can reveal the value)."""
+    op = step["op"]
+    if op == "select":
+        return max((sum(step_epsilon(s, shape) for s in b) for b in step["branches"]),
+                   default=0.0)
+    k = _cells(shape, step["in"])
+    if op == "grr":
+        p = float(step["p"])
+        q = (1.0 - p) / (k - 1)
+        lo, hi = min(p, q), max(p, q)
+        return math.inf if lo <= 0.0 else math.log(hi / lo)
+    if op == "matrix":
+        return ch.epsilon(np.asarray(step["rows"], dtype=float))
+    raise ValueError(f"unknown step op {op!r}")
+
+
+def program_epsilon(prog: Mapping[str, Any]) -> float:
+    """ε of one report of the description (sum over its steps)."""
+    shape = [len(lab) for lab in prog["labels"]]
+    return float(sum(step_epsilon(s, shape) for s in prog["steps"]))

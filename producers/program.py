@@ -1,0 +1,271 @@
+"""The device-side interpreter of the randomization description (docs/device-protocol.md) and
+the draws every SDK makes from a 64-bit generator, identically in Python, C (sdk/c) and
+TypeScript (sdk/ts):
+
+* :class:`SplitMix64` — the specified deterministic test generator (conformance vectors);
+* :class:`OsRandom` — the production generator, the OS CSPRNG (``secrets``);
+* :func:`uniform` (rejection sampling on 64-bit words), :func:`bernoulli` and
+  :func:`categorical` (53-bit fractions).
+
+:class:`Program` parses and checks a description (a :class:`ProgramError` names the field),
+computes its ε from the channels it applies, turns labels into indices and randomizes one
+record per call.
+"""
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from ..estimators.device_program import PROGRAM_VERSION, program_epsilon
+from ..estimators.domain import SchemaError
+
+__all__ = ["DrawSource", "SplitMix64", "OsRandom", "NumpyDraws", "uniform", "bernoulli",
+           "categorical", "Program", "ProgramError", "MAX_WIDTH", "MAX_ATTRS"]
+
+_M64 = (1 << 64) - 1
+_TWO53 = float(1 << 53)
+#: limits every SDK enforces (the C library's static buffers)
+MAX_ATTRS = 32
+MAX_WIDTH = 64
+MAX_CELLS = 1 << 32
+MAX_MATRIX_ENTRIES = 4096
+MAX_STEPS = 64
+
+
+class DrawSource(Protocol):
+    """A source of uniform 64-bit words."""
+
+    def next_u64(self) -> int: ...
+
+
+class SplitMix64:
+    """SplitMix64 (Steele, Lea and Flood, OOPSLA 2014), seeded by a u64: the test generator."""
+
+    def __init__(self, seed: int) -> None:
+        self.state = int(seed) & _M64
+
+    def next_u64(self) -> int:
+        self.state = (self.state + 0x9E3779B97F4A7C15) & _M64
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        return z ^ (z >> 31)
+
+
+class OsRandom:
+    """64-bit words from the OS CSPRNG (the production generator)."""
+
+    def next_u64(self) -> int:
+        return secrets.randbits(64)
+
+
+class NumpyDraws:
+    """64-bit words from a numpy Generator (callers that seed numpy)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def next_u64(self) -> int:
+        return int(self.rng.integers(0, 1 << 64, dtype=np.uint64))
+
+
+def uniform(rng: DrawSource, k: int) -> int:
+    """Uniform in ``[0, k)``, 1 ≤ k ≤ 2**32: words ≥ 2**64 − (2**64 mod k) are rejected, the
+    first accepted word w gives w mod k."""
+    limit = (1 << 64) - ((1 << 64) % k)
+    while True:
+        w = rng.next_u64()
+        if w < limit:
+            return w % k
+
+
+def _fraction(rng: DrawSource) -> float:
+    """The top 53 bits of a word, as an integer-valued double in [0, 2**53)."""
+    return float(rng.next_u64() >> 11)
+
+
+def bernoulli(rng: DrawSource, p: float) -> bool:
+    """True with probability ``p``: one word, ``(w >> 11) < p·2**53``."""
+    return _fraction(rng) < p * _TWO53
+
+
+def categorical(rng: DrawSource, cum: Sequence[float]) -> int:
+    """Index j of the first cumulative sum with ``(w >> 11) < cum[j]·2**53`` (the last index
+    when none is); ``cum`` are left-to-right double sums of one matrix row."""
+    u = _fraction(rng)
+    last = len(cum) - 1
+    for j in range(last):
+        if u < cum[j] * _TWO53:
+            return j
+    return last
+
+
+class ProgramError(ValueError):
+    """A description the device cannot run; ``field`` names the offending part."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class _Step:
+    op: str
+    cols: tuple[int, ...]
+    shape: tuple[int, ...]
+    out: tuple[int, ...] | int
+    p: float = 0.0
+    cum: tuple[tuple[float, ...], ...] = ()
+    branches: tuple[tuple["_Step", ...], ...] = ()
+
+
+def _ints(v: Any, field: str, below: int) -> tuple[int, ...]:
+    if not isinstance(v, list) or not v or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 0 <= c < below for c in v):
+        raise ProgramError(field, f"must be a non-empty list of integers in [0, {below})")
+    return tuple(v)
+
+
+def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int) -> _Step:
+    if not isinstance(d, dict):
+        raise ProgramError(field, "must be an object")
+    op = d.get("op")
+    if op == "select":
+        out = d.get("out")
+        if isinstance(out, bool) or not isinstance(out, int) or not 0 <= out < width:
+            raise ProgramError(f"{field}.out", f"must be an integer in [0, {width})")
+        br = d.get("branches")
+        if depth > 0 or not isinstance(br, list) or not 1 <= len(br) <= MAX_STEPS:
+            raise ProgramError(f"{field}.branches", "must be 1..64 lists of steps (not nested)")
+        return _Step("select", (), (), out, branches=tuple(
+            _steps(b, f"{field}.branches[{i}]", shape, width, depth + 1)
+            for i, b in enumerate(br)))
+    if op not in ("grr", "matrix"):
+        raise ProgramError(f"{field}.op", f"unknown op {op!r} (known: grr, matrix, select)")
+    cols = _ints(d.get("in"), f"{field}.in", len(shape))
+    out = _ints(d.get("out"), f"{field}.out", width)
+    if len(out) != len(cols):
+        raise ProgramError(f"{field}.out", "must have as many columns as in")
+    sub = tuple(int(shape[c]) for c in cols)
+    k = math.prod(sub)
+    if k > MAX_CELLS:
+        raise ProgramError(f"{field}.in", f"{k} cells > {MAX_CELLS}")
+    if op == "grr":
+        p = d.get("p")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ProgramError(f"{field}.p", "must be a number in [0, 1]")
+        return _Step("grr", cols, sub, out, p=float(p))
+    rows = d.get("rows")
+    if (not isinstance(rows, list) or len(rows) != k or k * k > MAX_MATRIX_ENTRIES
+            or not all(isinstance(r, list) and len(r) == k for r in rows)):
+        raise ProgramError(f"{field}.rows", f"must be {k}×{k} (at most {MAX_MATRIX_ENTRIES} "
+                                            "entries)")
+    cum = []
+    for i, r in enumerate(rows):
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
+                   for x in r):
+            raise ProgramError(f"{field}.rows[{i}]", "must hold non-negative numbers")
+        acc, c = 0.0, []
+        for x in r:
+            acc += float(x)
+            c.append(acc)
+        if abs(acc - 1.0) > 1e-9:
+            raise ProgramError(f"{field}.rows[{i}]", f"sums to {acc!r}, not 1")
+        cum.append(tuple(c))
+    return _Step("matrix", cols, sub, out, cum=tuple(cum))
+
+
+def _steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int
+           ) -> tuple[_Step, ...]:
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_STEPS:
+        raise ProgramError(field, f"must be a list of 1..{MAX_STEPS} steps")
+    return tuple(_step(s, f"{field}[{i}]", shape, width, depth) for i, s in enumerate(v))
+
+
+def _ravel(x: Sequence[int], cols: Sequence[int], shape: Sequence[int]) -> int:
+    cell = 0
+    for c, d in zip(cols, shape):
+        cell = cell * d + int(x[c])
+    return cell
+
+
+def _unravel(cell: int, out: Sequence[int], shape: Sequence[int], report: list[int]) -> None:
+    for c, d in zip(reversed(out), reversed(shape)):
+        report[c] = cell % d
+        cell //= d
+
+
+class Program:
+    """A checked randomization description (``state["device"]``)."""
+
+    def __init__(self, d: Mapping[str, Any]) -> None:
+        if not isinstance(d, Mapping):
+            raise ProgramError("device", "must be an object")
+        if d.get("v") != PROGRAM_VERSION:
+            raise ProgramError("device.v", f"unsupported version {d.get('v')!r} (this SDK "
+                                           f"runs {PROGRAM_VERSION})")
+        self.family = str(d.get("family"))
+        attrs, labels, width = d.get("attrs"), d.get("labels"), d.get("width")
+        if (not isinstance(attrs, list) or not 1 <= len(attrs) <= MAX_ATTRS
+                or not all(isinstance(a, str) for a in attrs)):
+            raise ProgramError("device.attrs", f"must be 1..{MAX_ATTRS} attribute names")
+        if (not isinstance(labels, list) or len(labels) != len(attrs) or not all(
+                isinstance(lab, list) and len(lab) >= 2 and all(isinstance(s, str) for s in lab)
+                for lab in labels)):
+            raise ProgramError("device.labels", "must hold ≥ 2 string labels per attribute")
+        if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH:
+            raise ProgramError("device.width", f"must be an integer in [1, {MAX_WIDTH}]")
+        self.attrs: tuple[str, ...] = tuple(attrs)
+        self.labels: tuple[tuple[str, ...], ...] = tuple(tuple(lab) for lab in labels)
+        self.shape = tuple(len(lab) for lab in self.labels)
+        self.width = width
+        self.steps = _steps(d.get("steps"), "device.steps", self.shape, width, 0)
+        self.epsilon = program_epsilon(d)
+        self._index = [{lab: i for i, lab in enumerate(labs)} for labs in self.labels]
+
+    def encode(self, record: Mapping[str, Any]) -> list[int]:
+        """Labels → indices; a :class:`SchemaError` names a missing, unknown attribute or
+        unknown category."""
+        for a in record:
+            if a not in self.attrs:
+                raise SchemaError(f"unknown attribute {a!r} (known: {', '.join(self.attrs)})", a)
+        out = []
+        for a, index in zip(self.attrs, self._index):
+            if a not in record:
+                raise SchemaError(f"missing attribute {a!r}", a)
+            i = index.get(str(record[a]))
+            if i is None:
+                raise SchemaError(f"attribute {a!r}: unknown category {record[a]!r} (allowed: "
+                                  f"{', '.join(index)})", a)
+            out.append(i)
+        return out
+
+    def randomize(self, x: Sequence[int], rng: DrawSource) -> list[int]:
+        """One report of the record of indices ``x``."""
+        report = [0] * self.width
+        for s in self.steps:
+            _run(s, x, rng, report)
+        return report
+
+
+def _run(s: _Step, x: Sequence[int], rng: DrawSource, report: list[int]) -> None:
+    if s.op == "select":
+        j = uniform(rng, len(s.branches))
+        assert isinstance(s.out, int)
+        report[s.out] = j
+        for t in s.branches[j]:
+            _run(t, x, rng, report)
+        return
+    assert isinstance(s.out, tuple)
+    cell = _ravel(x, s.cols, s.shape)
+    if s.op == "grr":
+        if not bernoulli(rng, s.p):
+            other = uniform(rng, math.prod(s.shape) - 1)
+            cell = other + (other >= cell)
+    else:
+        cell = categorical(rng, s.cum[cell])
+    _unravel(cell, s.out, s.shape, report)

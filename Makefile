@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` (install, then run the embedded stack) and `make test`.
-.PHONY: install up test test-fast test-pipeline bench
+.PHONY: install up test test-fast test-pipeline test-sdk bench
 
 install:
 	./scripts/bootstrap.sh
@@ -11,8 +11,18 @@ up: install
 # Kafka + Redis children) and e2e tiers in one (their timings assume a core to themselves); fails
 # if either run fails, after both ran
 test: install
-	rc=0; .venv/bin/python -m pytest -q -n 2 -m core --durations=10 tests || rc=1; \
+	rc=0; $(MAKE) test-sdk || rc=1; \
+	.venv/bin/python -m pytest -q -n 2 -m core --durations=10 tests || rc=1; \
 	.venv/bin/python -m pytest -q -m "not core" --durations=30 tests || rc=1; exit $$rc
+
+# the device SDKs (docs/device-protocol.md): the C library with warnings as errors and
+# -fsanitize=address,undefined (unit tests and the conformance suite under ctest), then the
+# TypeScript package (tsc, node --test on the same conformance files)
+test-sdk: install
+	cmake -S sdk/c -B sdk/c/build -DLDP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+	cmake --build sdk/c/build -j2
+	cd sdk/c/build && ctest --output-on-failure
+	cd sdk/ts && npm test
 
 # the pure core (estimators, codec, config, CLI), no services: under a minute
 test-fast: install

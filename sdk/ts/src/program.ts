@@ -1,0 +1,225 @@
+/** The randomization description: parse, epsilon, labels -> indices, randomize
+ * (docs/device-protocol.md, "Randomization description"). */
+import { DrawSource, bernoulli, categorical, uniform } from "./rng.js";
+
+export const PROGRAM_VERSION = 1;
+export const MAX_ATTRS = 32;
+export const MAX_WIDTH = 64;
+export const MAX_STEPS = 64;
+export const MAX_MATRIX_ENTRIES = 4096;
+const MAX_CELLS = 2 ** 32;
+
+/** A description the device cannot run; `field` names the offending part. */
+export class ProgramError extends Error {
+  constructor(readonly field: string, message: string) {
+    super(`${field}: ${message}`);
+  }
+}
+
+/** A record that does not fit the schema; `attribute` names the offending field. */
+export class SchemaError extends Error {
+  constructor(readonly attribute: string, message: string) {
+    super(message);
+  }
+}
+
+interface Leaf {
+  op: "grr" | "matrix";
+  cols: number[];
+  sizes: number[];
+  out: number[];
+  cells: number;
+  p: number;
+  cum: Float64Array;
+  eps: number;
+}
+
+interface Select {
+  op: "select";
+  out: number;
+  branches: Leaf[][];
+  eps: number;
+}
+
+type Step = Leaf | Select;
+
+const isInt = (v: unknown): v is number => typeof v === "number" && Number.isInteger(v);
+const isObj = (v: unknown): v is Record<string, unknown> =>
+  typeof v === "object" && v !== null && !Array.isArray(v);
+
+function ints(v: unknown, field: string, below: number): number[] {
+  if (!Array.isArray(v) || v.length === 0 || v.length > MAX_ATTRS ||
+      !v.every((c) => isInt(c) && c >= 0 && c < below))
+    throw new ProgramError(field, `must be a non-empty list of integers in [0, ${below})`);
+  return v as number[];
+}
+
+/** max over columns of ln(max/min) (inf: a zero beside a positive entry) */
+function matrixEpsilon(rows: number[][]): number {
+  let best = 0;
+  for (let j = 0; j < rows.length; j++) {
+    let lo = Infinity, hi = 0;
+    for (const r of rows) { lo = Math.min(lo, r[j]); hi = Math.max(hi, r[j]); }
+    if (hi > 0) {
+      if (lo <= 0) return Infinity;
+      best = Math.max(best, Math.log(hi / lo));
+    }
+  }
+  return best;
+}
+
+/** A checked randomization description (state.device). */
+export class Program {
+  readonly family: string;
+  readonly attrs: string[];
+  readonly labels: string[][];
+  readonly shape: number[];
+  readonly width: number;
+  readonly epsilon: number;
+  private readonly steps: Step[];
+  private readonly index: Map<string, number>[];
+  private nSteps = 0;
+
+  constructor(d: unknown) {
+    if (!isObj(d)) throw new ProgramError("device", "must be an object");
+    if (d.v !== PROGRAM_VERSION)
+      throw new ProgramError("device.v", `unsupported version ${JSON.stringify(d.v)} (this SDK ` +
+                             `runs ${PROGRAM_VERSION})`);
+    this.family = String(d.family);
+    const { attrs, labels, width } = d;
+    if (!Array.isArray(attrs) || attrs.length < 1 || attrs.length > MAX_ATTRS ||
+        !attrs.every((a) => typeof a === "string"))
+      throw new ProgramError("device.attrs", `must be 1..${MAX_ATTRS} attribute names`);
+    if (!Array.isArray(labels) || labels.length !== attrs.length)
+      throw new ProgramError("device.labels", "must hold >= 2 string labels per attribute");
+    labels.forEach((lab, j) => {
+      if (!Array.isArray(lab) || lab.length < 2 || !lab.every((s) => typeof s === "string"))
+        throw new ProgramError(`device.labels[${j}]`, "must hold >= 2 string labels");
+    });
+    if (!isInt(width) || width < 1 || width > MAX_WIDTH)
+      throw new ProgramError("device.width", `must be an integer in [1, ${MAX_WIDTH}]`);
+    this.attrs = attrs as string[];
+    this.labels = labels as string[][];
+    this.shape = this.labels.map((l) => l.length);
+    this.width = width;
+    this.steps = this.parseSteps(d.steps, "device.steps", 0);
+    this.epsilon = this.steps.reduce((e, s) => e + s.eps, 0);
+    this.index = this.labels.map((l) => new Map(l.map((s, i) => [s, i])));
+  }
+
+  private parseSteps(v: unknown, field: string, depth: number): Step[] {
+    if (!Array.isArray(v) || v.length < 1 || v.length > MAX_STEPS)
+      throw new ProgramError(field, `must be a list of 1..${MAX_STEPS} steps`);
+    return v.map((s, i) => this.parseStep(s, `${field}[${i}]`, depth));
+  }
+
+  private parseStep(d: unknown, field: string, depth: number): Step {
+    if (!isObj(d)) throw new ProgramError(field, "must be an object");
+    if (++this.nSteps > MAX_STEPS) throw new ProgramError(field, `more than ${MAX_STEPS} steps`);
+    if (d.op === "select") {
+      if (!isInt(d.out) || d.out < 0 || d.out >= this.width)
+        throw new ProgramError(`${field}.out`, `must be an integer in [0, ${this.width})`);
+      const br = d.branches;
+      if (depth > 0 || !Array.isArray(br) || br.length < 1 || br.length > MAX_STEPS)
+        throw new ProgramError(`${field}.branches`, "must be 1..64 lists of steps (not nested)");
+      const branches = br.map((b, i) =>
+        this.parseSteps(b, `${field}.branches[${i}]`, depth + 1) as Leaf[]);
+      const eps = Math.max(0, ...branches.map((b) => b.reduce((e, s) => e + s.eps, 0)));
+      return { op: "select", out: d.out, branches, eps };
+    }
+    if (d.op !== "grr" && d.op !== "matrix")
+      throw new ProgramError(`${field}.op`, `unknown op ${JSON.stringify(d.op)} (known: grr, ` +
+                             "matrix, select)");
+    const cols = ints(d.in, `${field}.in`, this.attrs.length);
+    const out = ints(d.out, `${field}.out`, this.width);
+    if (out.length !== cols.length)
+      throw new ProgramError(`${field}.out`, "must have as many columns as in");
+    const sizes = cols.map((c) => this.shape[c]);
+    const cells = sizes.reduce((a, b) => a * b, 1);
+    if (cells > MAX_CELLS) throw new ProgramError(`${field}.in`, `${cells} cells > ${MAX_CELLS}`);
+    if (d.op === "grr") {
+      const p = d.p;
+      if (typeof p !== "number" || !(p >= 0 && p <= 1))
+        throw new ProgramError(`${field}.p`, "must be a number in [0, 1]");
+      const q = (1 - p) / (cells - 1);
+      const lo = Math.min(p, q), hi = Math.max(p, q);
+      const eps = lo <= 0 ? Infinity : Math.log(hi / lo);
+      return { op: "grr", cols, sizes, out, cells, p, cum: new Float64Array(0), eps };
+    }
+    const rows = d.rows;
+    if (!Array.isArray(rows) || rows.length !== cells || cells * cells > MAX_MATRIX_ENTRIES ||
+        !rows.every((r) => Array.isArray(r) && r.length === cells))
+      throw new ProgramError(`${field}.rows`, `must be ${cells}x${cells} (at most ` +
+                             `${MAX_MATRIX_ENTRIES} entries)`);
+    const cum = new Float64Array(cells * cells);
+    rows.forEach((r: unknown[], i) => {
+      let acc = 0;
+      r.forEach((x, j) => {
+        if (typeof x !== "number" || !(x >= 0))
+          throw new ProgramError(`${field}.rows[${i}]`, "must hold non-negative numbers");
+        acc += x;
+        cum[i * cells + j] = acc;
+      });
+      if (!(Math.abs(acc - 1) <= 1e-9))
+        throw new ProgramError(`${field}.rows[${i}]`, `sums to ${acc}, not 1`);
+    });
+    return { op: "matrix", cols, sizes, out, cells, p: 0, cum, eps: matrixEpsilon(rows) };
+  }
+
+  /** Labels -> indices; a SchemaError names a missing or unknown attribute or category. */
+  encode(record: Record<string, string>): number[] {
+    for (const a of Object.keys(record))
+      if (!this.attrs.includes(a))
+        throw new SchemaError(a, `unknown attribute '${a}' (known: ${this.attrs.join(", ")})`);
+    return this.attrs.map((a, j) => {
+      if (!(a in record)) throw new SchemaError(a, `missing attribute '${a}'`);
+      const i = this.index[j].get(String(record[a]));
+      if (i === undefined)
+        throw new SchemaError(a, `attribute '${a}': unknown category '${record[a]}' (allowed: ` +
+                              `${this.labels[j].join(", ")})`);
+      return i;
+    });
+  }
+
+  /** One report of the record of indices x (into `report` when given). */
+  randomize(x: ArrayLike<number>, rng: DrawSource,
+            report: number[] = new Array<number>(this.width)): number[] {
+    report.fill(0, 0, this.width);
+    for (const s of this.steps) {
+      if (s.op !== "select") { run(s, x, rng, report); continue; }
+      const b = uniform(rng, s.branches.length);
+      report[s.out] = b;
+      for (const t of s.branches[b]) run(t, x, rng, report);
+    }
+    return report;
+  }
+
+  /** The grr/matrix steps at the top level with their cell counts (privacy audits). */
+  leafSteps(): { index: number; cells: number }[] {
+    return this.steps.flatMap((s, index) => s.op === "select" ? [] : [{ index, cells: s.cells }]);
+  }
+
+  /** One top-level grr/matrix step on an input cell: the output cell. */
+  stepApply(index: number, cell: number, rng: DrawSource): number {
+    return apply(this.steps[index] as Leaf, cell, rng);
+  }
+}
+
+function apply(s: Leaf, cell: number, rng: DrawSource): number {
+  if (s.op === "grr") {
+    if (bernoulli(rng, s.p)) return cell;
+    const other = uniform(rng, s.cells - 1);
+    return other + (other >= cell ? 1 : 0);
+  }
+  return categorical(rng, s.cum, cell * s.cells, s.cells);
+}
+
+function run(s: Leaf, x: ArrayLike<number>, rng: DrawSource, report: number[]): void {
+  let cell = 0;
+  for (let i = 0; i < s.cols.length; i++) cell = cell * s.sizes[i] + x[s.cols[i]];
+  cell = apply(s, cell, rng);
+  for (let i = s.cols.length - 1; i >= 0; i--) {
+    report[s.out[i]] = cell % s.sizes[i];
+    cell = Math.floor(cell / s.sizes[i]);
+  }
+}

@@ -130,9 +130,13 @@ def _ints(v: Any, field: str, below: int) -> tuple[int, ...]:
     return tuple(v)
 
 
-def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int) -> _Step:
+def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
+          budget: list[int]) -> _Step:
     if not isinstance(d, dict):
         raise ProgramError(field, "must be an object")
+    budget[1] -= 1
+    if budget[1] < 0:
+        raise ProgramError(field, f"more than {MAX_STEPS} steps in all")
     op = d.get("op")
     if op == "select":
         out = d.get("out")
@@ -142,7 +146,7 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int) -> _
         if depth > 0 or not isinstance(br, list) or not 1 <= len(br) <= MAX_STEPS:
             raise ProgramError(f"{field}.branches", "must be 1..64 lists of steps (not nested)")
         return _Step("select", (), (), out, branches=tuple(
-            _steps(b, f"{field}.branches[{i}]", shape, width, depth + 1)
+            _steps(b, f"{field}.branches[{i}]", shape, width, depth + 1, budget)
             for i, b in enumerate(br)))
     if op not in ("grr", "matrix"):
         raise ProgramError(f"{field}.op", f"unknown op {op!r} (known: grr, matrix, select)")
@@ -160,10 +164,11 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int) -> _
             raise ProgramError(f"{field}.p", "must be a number in [0, 1]")
         return _Step("grr", cols, sub, out, p=float(p))
     rows = d.get("rows")
-    if (not isinstance(rows, list) or len(rows) != k or k * k > MAX_MATRIX_ENTRIES
+    budget[0] -= k * k
+    if (not isinstance(rows, list) or len(rows) != k or budget[0] < 0
             or not all(isinstance(r, list) and len(r) == k for r in rows)):
         raise ProgramError(f"{field}.rows", f"must be {k}×{k} (at most {MAX_MATRIX_ENTRIES} "
-                                            "entries)")
+                                            "matrix entries in all)")
     cum = []
     for i, r in enumerate(rows):
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
@@ -179,11 +184,13 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int) -> _
     return _Step("matrix", cols, sub, out, cum=tuple(cum))
 
 
-def _steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int
-           ) -> tuple[_Step, ...]:
+def _steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int,
+           budget: list[int]) -> tuple[_Step, ...]:
+    """The steps of a list; ``budget``: matrix entries and steps still allowed (in all)."""
     if not isinstance(v, list) or not 1 <= len(v) <= MAX_STEPS:
         raise ProgramError(field, f"must be a list of 1..{MAX_STEPS} steps")
-    return tuple(_step(s, f"{field}[{i}]", shape, width, depth) for i, s in enumerate(v))
+    return tuple(_step(s, f"{field}[{i}]", shape, width, depth, budget)
+                 for i, s in enumerate(v))
 
 
 def _ravel(x: Sequence[int], cols: Sequence[int], shape: Sequence[int]) -> int:
@@ -223,7 +230,8 @@ class Program:
         self.labels: tuple[tuple[str, ...], ...] = tuple(tuple(lab) for lab in labels)
         self.shape = tuple(len(lab) for lab in self.labels)
         self.width = width
-        self.steps = _steps(d.get("steps"), "device.steps", self.shape, width, 0)
+        self.steps = _steps(d.get("steps"), "device.steps", self.shape, width, 0,
+                            [MAX_MATRIX_ENTRIES, MAX_STEPS])
         self.epsilon = program_epsilon(d)
         self._index = [{lab: i for i, lab in enumerate(labs)} for labs in self.labels]
 

@@ -113,7 +113,7 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     double best = 0.0;
     for (size_t b = 0; b < nb; b++) {
       uint16_t bf, bc;
-      snprintf(f, sizeof f, "%s.branches[%zu]", field, b);
+      ldp_errf(f, sizeof f, "%s.branches[%zu]", field, b);
       p->branch_start[s->first + b] = (uint16_t)p->n_steps;
       if (parse_steps(ps, json_array_get(br, b), f, depth + 1, &bf, &bc)) return -1;
       double e = 0.0;
@@ -130,9 +130,9 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     return -1;
   }
   uint8_t n_out;
-  snprintf(f, sizeof f, "%s.in", field);
+  ldp_errf(f, sizeof f, "%s.in", field);
   if (int_list(ps, json_object_get(d, "in"), f, p->n_attrs, s->in, &s->n_in)) return -1;
-  snprintf(f, sizeof f, "%s.out", field);
+  ldp_errf(f, sizeof f, "%s.out", field);
   if (int_list(ps, json_object_get(d, "out"), f, p->width, s->out, &n_out)) return -1;
   if (n_out != s->n_in) {
     ldp_errf(ps->err, ps->errlen, "%s.out: must have as many columns as in", field);
@@ -163,7 +163,7 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     uint64_t k = s->cells;
     if (!json_is_array(rows) || json_array_size(rows) != k ||
         ps->cum_used + k * k > LDP_MAX_MATRIX) {
-      ldp_errf(ps->err, ps->errlen, "%s.rows: must be %llux%llu (at most %d entries)", field,
+      ldp_errf(ps->err, ps->errlen, "%s.rows: must be %llux%llu (at most %d matrix entries in all)", field,
                (unsigned long long)k, (unsigned long long)k, LDP_MAX_MATRIX);
       return -1;
     }
@@ -210,7 +210,7 @@ static int parse_steps(parser *ps, json_t *arr, const char *field, int depth, ui
   *first = (uint16_t)ps->p->n_steps;
   *count = 0;
   for (size_t i = 0; i < n; i++) {
-    snprintf(f, sizeof f, "%s[%zu]", field, i);
+    ldp_errf(f, sizeof f, "%s[%zu]", field, i);
     if (parse_step(ps, json_array_get(arr, i), f, depth)) return -1;
     (*count)++;
   }

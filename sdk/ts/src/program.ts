@@ -79,6 +79,7 @@ export class Program {
   private readonly steps: Step[];
   private readonly index: Map<string, number>[];
   private nSteps = 0;
+  private matrixEntries = 0;
 
   constructor(d: unknown) {
     if (!isObj(d)) throw new ProgramError("device", "must be an object");
@@ -147,10 +148,11 @@ export class Program {
       return { op: "grr", cols, sizes, out, cells, p, cum: new Float64Array(0), eps };
     }
     const rows = d.rows;
-    if (!Array.isArray(rows) || rows.length !== cells || cells * cells > MAX_MATRIX_ENTRIES ||
+    this.matrixEntries += cells * cells;
+    if (!Array.isArray(rows) || rows.length !== cells || this.matrixEntries > MAX_MATRIX_ENTRIES ||
         !rows.every((r) => Array.isArray(r) && r.length === cells))
       throw new ProgramError(`${field}.rows`, `must be ${cells}x${cells} (at most ` +
-                             `${MAX_MATRIX_ENTRIES} entries)`);
+                             `${MAX_MATRIX_ENTRIES} matrix entries in all)`);
     const cum = new Float64Array(cells * cells);
     rows.forEach((r: unknown[], i) => {
       let acc = 0;

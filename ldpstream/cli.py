@@ -81,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     _simulate_args(p)
 
     p = sub.add_parser("bench", help="benchmarks: castell | adult | pipeline | mechanisms | "
-                                     "gateway | refresh | marginals | adaptive | fetch")
+                                     "gateway | refresh | marginals | adaptive | fetch | sdk")
     p.add_argument("name", choices=("castell", "adult", "pipeline", "mechanisms", "gateway",
-                                    "refresh", "marginals", "adaptive", "fetch"),
+                                    "refresh", "marginals", "adaptive", "fetch", "sdk"),
                    help="which benchmark to run")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")

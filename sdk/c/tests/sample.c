@@ -6,6 +6,7 @@
  *       cells: the k x k counts (row: true cell, SAMPLES/k draws each); tests/test_sdk_audit.py
  *   ldp_sample bench randomize.json SECONDS   one JSON line per case: reports randomized per
  *       second on one core; ldpstream bench sdk
+ *   ldp_sample sizes                          the bytes of the structures a device keeps
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -74,6 +75,12 @@ static int bench(const char *name, json_t *recs, double secs, ldp_rng *rng) {
 
 int main(int argc, char **argv) {
   json_error_t je;
+  if (argc == 2 && strcmp(argv[1], "sizes") == 0) {
+    printf("{\"ldp_state\":%zu,\"ldp_trust\":%zu,\"ldp_ledger\":%zu,\"ldp_os_rng\":%zu,"
+           "\"ldp_device\":%zu}\n", sizeof(ldp_state), sizeof(ldp_trust), sizeof(ldp_ledger),
+           sizeof(ldp_os_rng), sizeof(ldp_device));
+    return 0;
+  }
   if (argc < 4) return 2;
   json_t *v = json_load_file(argv[2], 0, &je), *c;
   ldp_os_rng os = {{0}, 0};

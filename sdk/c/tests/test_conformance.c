@@ -171,6 +171,30 @@ static void state_steps(json_t *steps, const ldp_trust *t, double now) {
   }
 }
 
+/* every prefix and 64 seeded byte flips of each record: a decision, never a crash (ASan) */
+static void mangled_states(json_t *steps, const ldp_trust *t, double now) {
+  static char buf[1 << 16];
+  uint64_t seed = 7;
+  size_t i;
+  json_t *s;
+  json_array_foreach(steps, i, s) {
+    const char *rec = json_string_value(json_object_get(s, "record"));
+    size_t len = strlen(rec);
+    if (len > sizeof buf) continue;
+    for (size_t cut = 0; cut < len; cut += 1 + len / 64) {
+      memcpy(buf, rec, cut);
+      int r = ldp_state_accept(&state, &scratch, t, "app", buf, cut, now, NULL, 0);
+      CHECK(r != LDP_OK, "a truncated record (%zu of %zu bytes) was accepted", cut, len);
+    }
+    for (int k = 0; k < 64; k++) {
+      memcpy(buf, rec, len);
+      buf[ldp_splitmix64_next(&seed) % len] ^= (char)(1 + ldp_splitmix64_next(&seed) % 255);
+      int r = ldp_state_accept(&state, &scratch, t, "app", buf, len, now, NULL, 0);
+      CHECK(r >= LDP_OK && r <= LDP_UNUSABLE, "flipped record: result %d", r);
+    }
+  }
+}
+
 static void state_vectors(json_t *v) {
   ldp_trust t;
   CHECK(ldp_trust_init(&t, json_string_value(json_object_get(v, "public_key"))) == LDP_OK,
@@ -180,6 +204,7 @@ static void state_vectors(json_t *v) {
   memset(&state, 0, sizeof state);
   state_steps(json_object_get(v, "steps"), &t, now);
   state_steps(json_object_get(v, "sdk_only_steps"), &t, now);
+  mangled_states(json_object_get(v, "steps"), &t, now);
 }
 
 static void ledger_vectors(json_t *v) {

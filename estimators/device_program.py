@@ -13,13 +13,19 @@ applied in order to a record of category indices:
 * ``select``: an index j uniform in ``[0, len(branches))`` is written to column ``out``, then the
   steps of branch j run.
 
+A memoized description adds ``memoize``: ``rotation_s`` and one ``permanent`` step per
+attribute, whose response is drawn once per rotation period and kept; ``steps`` then apply to
+the permanent responses on every report [RAPPOR §3].
+
 ε of a description is computed from the channels it applies (:func:`program_epsilon`), never
 read from a declared field: steps compose sequentially (sum), ``select`` costs its dearest
 branch (the index is independent of the record).
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import struct
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -28,7 +34,7 @@ from . import channels as ch
 from .domain import Domain
 
 __all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "program",
-           "program_epsilon", "is_grr"]
+           "program_epsilon", "memo_fingerprint", "is_grr"]
 
 #: the version ``v`` of the description format
 PROGRAM_VERSION = 1
@@ -96,6 +102,21 @@ def step_epsilon(step: Mapping[str, Any], shape: Sequence[int]) -> float:
 
 
 def program_epsilon(prog: Mapping[str, Any]) -> float:
-    """ε of one report of the description (sum over its steps)."""
+    """ε of one report of the description (sum over its steps); memoized: the sum over the
+    permanent steps (what any number of reports of one rotation period cost together)."""
     shape = [len(lab) for lab in prog["labels"]]
-    return float(sum(step_epsilon(s, shape) for s in prog["steps"]))
+    steps = prog["memoize"]["permanent"] if prog.get("memoize") else prog["steps"]
+    return float(sum(step_epsilon(s, shape) for s in steps))
+
+
+def memo_fingerprint(permanent: Sequence[Mapping[str, Any]], shape: Sequence[int]) -> str:
+    """16 hex digits of BLAKE2b-64 over every permanent step: op byte (1 grr, 2 matrix), cells
+    u32 LE, then ``p`` or the matrix entries row by row as f64 LE. Memoized responses are reused
+    only under the same permanent channels."""
+    h = hashlib.blake2b(digest_size=8)
+    for s in permanent:
+        k = _cells(shape, s["in"])
+        h.update(struct.pack("<BI", 1 if s["op"] == "grr" else 2, k))
+        values = [s["p"]] if s["op"] == "grr" else [x for row in s["rows"] for x in row]
+        h.update(struct.pack(f"<{len(values)}d", *values))
+    return h.hexdigest()

@@ -335,13 +335,18 @@ class RRIndependent(_RRBase):
                                              else [Q.tolist() for Q in self.instantaneous])
         return out
 
-    def device_program(self) -> dict[str, Any] | None:
-        """Every attribute through its channel (docs/device-protocol.md); memoized collections
-        are not expressible yet (None)."""
-        if self.memoize is not None:
-            return None
-        return dp.program(self.name, self.domain, len(self.domain),
-                          [dp.channel_step([j], P) for j, P in enumerate(self.channels)])
+    def device_program(self) -> dict[str, Any]:
+        """Every attribute through its channel; memoized: the permanent channels under
+        ``memoize``, the instantaneous ones as the steps (docs/device-protocol.md)."""
+        m = len(self.domain)
+        if self.memoize is None:
+            return dp.program(self.name, self.domain, m,
+                              [dp.channel_step([j], P) for j, P in enumerate(self.channels)])
+        out = dp.program(self.name, self.domain, m, [
+            dp.channel_step([j], Q) for j, Q in enumerate(self.instantaneous or [])])
+        out["memoize"] = {"rotation_s": self.memoize.rotation_s, "permanent": [
+            dp.channel_step([j], P) for j, P in enumerate(self.permanent)]}
+        return out
 
     @classmethod
     def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,

@@ -126,6 +126,13 @@ class Ledger:
                                (collection, int(period), record)).fetchone()
         return None if row is None else float(row[0])
 
+    def newest_period(self, collection: str) -> int | None:
+        """The newest rotation period a memoized report of ``collection`` was committed in (a
+        device whose clock steps back keeps using it: docs/device-protocol.md, "Ledger")."""
+        row = self._db.execute("SELECT MAX(period) FROM sent WHERE collection=?",
+                               (collection,)).fetchone()
+        return None if row[0] is None else int(row[0])
+
     def commit(self, collection: str, now: float, cost: float, *, channel: str = "",
                period: int = 0, memos: dict[tuple[int, int], int] | None = None,
                record: str | None = None) -> None:

@@ -20,11 +20,12 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from ..estimators.device_program import PROGRAM_VERSION, program_epsilon
+from ..estimators.device_program import PROGRAM_VERSION, memo_fingerprint, program_epsilon
+from ..estimators.device_program import step_epsilon
 from ..estimators.domain import SchemaError
 
 __all__ = ["DrawSource", "SplitMix64", "OsRandom", "NumpyDraws", "uniform", "bernoulli",
-           "categorical", "Program", "ProgramError", "MAX_WIDTH", "MAX_ATTRS"]
+           "categorical", "Program", "ProgramError", "Memo", "MAX_WIDTH", "MAX_ATTRS"]
 
 _M64 = (1 << 64) - 1
 _TWO53 = float(1 << 53)
@@ -193,7 +194,8 @@ def _steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int,
                  for i, s in enumerate(v))
 
 
-def _ravel(x: Sequence[int], cols: Sequence[int], shape: Sequence[int]) -> int:
+def _ravel(x: Sequence[int] | Mapping[int, int], cols: Sequence[int],
+           shape: Sequence[int]) -> int:
     cell = 0
     for c, d in zip(cols, shape):
         cell = cell * d + int(x[c])
@@ -204,6 +206,45 @@ def _unravel(cell: int, out: Sequence[int], shape: Sequence[int], report: list[i
     for c, d in zip(reversed(out), reversed(shape)):
         report[c] = cell % d
         cell //= d
+
+
+@dataclass(frozen=True)
+class Memo:
+    """The memoized part of a description: the permanent step of every attribute, its ε, the
+    rotation period and the fingerprint memoized responses are kept under."""
+
+    rotation_s: float | None
+    permanent: tuple[_Step, ...]
+    epsilons: tuple[float, ...]
+    fingerprint: str
+
+    def period(self, now: float) -> int:
+        """``floor(now / rotation_s)``; 0 when responses never rotate."""
+        return 0 if self.rotation_s is None else int(math.floor(now / self.rotation_s))
+
+    def draw(self, j: int, value: int, rng: DrawSource) -> int:
+        """A new permanent response of attribute ``j`` with true ``value``."""
+        report = [0] * (j + 1)
+        _run(self.permanent[j], {j: value}, rng, report)
+        return report[j]
+
+
+def _memo(d: Any, shape: Sequence[int], width: int, budget: list[int]) -> Memo:
+    if not isinstance(d, dict):
+        raise ProgramError("device.memoize", "must be an object")
+    rot = d.get("rotation_s")
+    if rot is not None and (isinstance(rot, bool) or not isinstance(rot, (int, float))
+                            or not math.isfinite(rot) or rot <= 0):
+        raise ProgramError("device.memoize.rotation_s", "must be a number > 0 or null")
+    perm = _steps(d.get("permanent"), "device.memoize.permanent", shape, width, 1, budget)
+    if width != len(shape) or len(perm) != len(shape) or any(
+            s.cols != (j,) or s.out != (j,) for j, s in enumerate(perm)):
+        raise ProgramError("device.memoize.permanent", "must hold one grr or matrix step per "
+                                                       "attribute j, in and out [j], in order "
+                                                       "(and width must be the attribute count)")
+    raw = d["permanent"]
+    return Memo(None if rot is None else float(rot), perm,
+                tuple(step_epsilon(s, shape) for s in raw), memo_fingerprint(raw, shape))
 
 
 class Program:
@@ -230,8 +271,11 @@ class Program:
         self.labels: tuple[tuple[str, ...], ...] = tuple(tuple(lab) for lab in labels)
         self.shape = tuple(len(lab) for lab in self.labels)
         self.width = width
-        self.steps = _steps(d.get("steps"), "device.steps", self.shape, width, 0,
-                            [MAX_MATRIX_ENTRIES, MAX_STEPS])
+        budget = [MAX_MATRIX_ENTRIES, MAX_STEPS]
+        self.memo = None if d.get("memoize") is None else _memo(d["memoize"], self.shape, width,
+                                                                budget)
+        self.steps = () if self.memo is not None and d.get("steps") == [] else _steps(
+            d.get("steps"), "device.steps", self.shape, width, 0, budget)
         self.epsilon = program_epsilon(d)
         self._index = [{lab: i for i, lab in enumerate(labs)} for labs in self.labels]
 
@@ -253,14 +297,16 @@ class Program:
         return out
 
     def randomize(self, x: Sequence[int], rng: DrawSource) -> list[int]:
-        """One report of the record of indices ``x``."""
+        """One report of the record of indices ``x`` (memoized: of the permanent responses
+        ``x``)."""
         report = [0] * self.width
         for s in self.steps:
             _run(s, x, rng, report)
         return report
 
 
-def _run(s: _Step, x: Sequence[int], rng: DrawSource, report: list[int]) -> None:
+def _run(s: _Step, x: Sequence[int] | Mapping[int, int], rng: DrawSource,
+         report: list[int]) -> None:
     if s.op == "select":
         j = uniform(rng, len(s.branches))
         assert isinstance(s.out, int)

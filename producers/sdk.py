@@ -33,7 +33,7 @@ from ..estimators.rr_ind import RRIndependent
 from .codec import ReportBatch, decode_batch, encode_batch
 from .device import ConfigWatcher, report_topic
 from .ledger import Ledger, channel_fingerprint
-from .program import DrawSource, NumpyDraws, OsRandom, Program
+from .program import DrawSource, Memo, NumpyDraws, OsRandom, Program
 from .publisher import Publisher
 
 log = logging.getLogger(__name__)
@@ -340,6 +340,8 @@ class DeviceClient:
     def _randomize(self, mech: Mechanism, x: np.ndarray, now: float) -> ReportResult:
         """One record → its report, charged to the ledger (or why not)."""
         prog = self.program()
+        if prog is not None and prog.memo is not None:
+            return self._memoized(prog, prog.memo, mech.version, x, now)
         if prog is not None:
             refusal = self.ledger.refusal(prog.epsilon, now)
             if refusal is not None:
@@ -377,6 +379,34 @@ class DeviceClient:
         self.ledger.commit(self.collection, now, cost, channel=fp, period=period, memos=new,
                            record=record)
         return ReportResult("queued", cost, mech.version, report=report)
+
+    def _memoized(self, prog: Program, memo: Memo, version: int, x: np.ndarray,
+                  now: float) -> ReportResult:
+        """A memoized description (docs/device-protocol.md, "Ledger"): permanent responses drawn
+        once per rotation period (a clock stepped back keeps the newest period), a record sent
+        once per period unless ``resend_every_s`` passed, only new draws charged."""
+        period = memo.period(now)
+        newest = self.ledger.newest_period(self.collection)
+        if newest is not None and period < newest:
+            period = newest
+        record = f"{memo.fingerprint}:" + ",".join(str(int(v)) for v in x)
+        last = self.ledger.last_sent(self.collection, period, record)
+        if last is not None and (self.resend_every_s is None or now - last < self.resend_every_s):
+            return ReportResult("duplicate", 0.0, version,
+                                "this record was already reported in this rotation period")
+        keys = [(j, int(v)) for j, v in enumerate(x)]
+        have = self.ledger.memos(self.collection, memo.fingerprint, period, keys)
+        missing = [k for k in keys if k not in have]
+        cost = float(sum(memo.epsilons[j] for j, _ in missing))
+        refusal = self.ledger.refusal(cost, now)
+        if refusal is not None:
+            return ReportResult("refused", 0.0, version, refusal)
+        new = {(j, v): memo.draw(j, v, self.draws) for j, v in missing}
+        permanent = [have[k] if k in have else new[k] for k in keys]
+        report = prog.randomize(permanent, self.draws) if prog.steps else permanent
+        self.ledger.commit(self.collection, now, cost, channel=memo.fingerprint, period=period,
+                           memos=new, record=record)
+        return ReportResult("queued", cost, version, report=np.asarray(report, dtype=np.int64))
 
     async def _queue(self, report: np.ndarray, version: int) -> None:
         if self._version is not None and version != self._version:

@@ -141,8 +141,7 @@ def state_vectors() -> dict[str, Any]:
                  device=dict(base["device"], steps=[dict(s, p=1.0) for s in
                                                     base["device"]["steps"]]))
     over = st(RRIndependent(dom, epsilon=4.5, version=3))        # ε = 9 > 8
-    from ldpstream.estimators.longitudinal import Memoize
-    memo = st(RRIndependent(dom, epsilon=1.0, version=3, memoize=Memoize(3600.0)))
+    undescribed = st(mechanism_class("rs-fd").from_config(dom, None, epsilon=1.0))
     future = dict(v2, version=3, device=dict(v2["device"], v=2))
     good = envelope(v1, "app", 100.0)
     tampered = json.loads(envelope(v2, "app", 200.0))
@@ -170,8 +169,8 @@ def state_vectors() -> dict[str, Any]:
          "replayed"),
     ]
     sdk_only = [
-        ("family without a description (memoized rr-ind)", "app", envelope(memo, "app", 400.0),
-         "unusable"),
+        ("family without a description (rs-fd)", "app",
+         envelope(dict(undescribed, version=4), "app", 400.0), "unusable"),
         ("description version 2", "app", envelope(future, "app", 400.0), "unusable"),
     ]
     return {"public_key": TEST_KEY.verify_key.to_text(), "ceiling": CEILING, "now": NOW,
@@ -192,8 +191,45 @@ def ledger_vectors() -> dict[str, Any]:
             "events": [{"now": t, "cost": c, "expect": e} for t, c, e in events]}
 
 
+MEMO_EVENTS = [  # (now, record): rotation 100 s, budget 3.5 per 60 s, resend after 50 s
+    (1000.0, ("android", "free")), (1010.0, ("android", "free")), (1020.0, ("android", "pro")),
+    (1030.0, ("ios", "pro")), (1061.0, ("android", "free")), (1100.0, ("android", "free")),
+    (1050.0, ("android", "free")), (1055.0, ("ios", "free")), (1200.0, ("ios", "free"))]
+
+
+def memo_vectors() -> dict[str, Any]:
+    """Memoized reports through the Python SDK: duplicates, partial charges, resends, rotation,
+    a clock stepped back, budget refusals — with the reports of the test generator."""
+    import asyncio
+
+    from ldpstream.estimators.longitudinal import Memoize
+    from ldpstream.producers.device import ConfigWatcher
+    from ldpstream.producers.ledger import Budget, Ledger
+    from ldpstream.producers.sdk import DeviceClient, RecordingTransport
+
+    dom = Domain(DOM.attrs[:2], DOM.shape[:2], DOM.labels[:2])
+    state = RRIndependent(dom, epsilon=1.0, version=5,
+                          memoize=Memoize(100.0, (2.0, 2.0))).device_state()
+    watcher = ConfigWatcher("unused:0", verify_key=TEST_KEY.verify_key, max_epsilon=CEILING)
+    watcher._take(b"memo", envelope(state, "memo", 1.0).encode())  # noqa: SLF001
+    now = [0.0]
+    client = DeviceClient("memo", watcher=watcher, transport=RecordingTransport(),
+                          ledger=Ledger(":memory:", budget=Budget(3.5, 60.0)), device_id=1,
+                          resend_every_s=50.0, rng=SplitMix64(77), clock=lambda: now[0])
+    events = []
+    for t, labels in MEMO_EVENTS:
+        now[0] = t
+        record = dict(zip(dom.attrs, labels))
+        res = asyncio.run(client.report(record))
+        events.append({"now": t, "record": record, "status": res.status, "cost": res.epsilon,
+                       "report": None if res.report is None else [int(v) for v in res.report]})
+    return {"device": state["device"], "seed": "77", "budget": {"epsilon": 3.5, "window_s": 60.0},
+            "resend_every_s": 50.0, "fingerprint": Program(state["device"]).memo.fingerprint,
+            "events": events}
+
+
 FILES = {"rng.json": rng_vectors, "randomize.json": randomize_vectors,
-         "states.json": state_vectors, "ledger.json": ledger_vectors}
+         "states.json": state_vectors, "ledger.json": ledger_vectors, "memo.json": memo_vectors}
 
 
 def main(argv: list[str] | None = None) -> int:

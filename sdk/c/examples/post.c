@@ -108,7 +108,7 @@ int main(int argc, char **argv) {
     return fprintf(stderr, "cannot read the ledger in %s\n", argv[6]), 1;
   ldp_os_rng os = {{0}, 0};
   ldp_device d = {&state, &ledger, {ldp_os_rng_next, &os}, strtoull(argv[5], NULL, 10),
-                  reports, ids, cap, 0, 0, 0};
+                  reports, ids, cap, 0, 0, 0, 0.0};
   snprintf(url, sizeof url, "%s/v1/collections/%s/reports", base, cid);
   long sent = 0, batches = 0;
   while (fgets(line, sizeof line, stdin)) {

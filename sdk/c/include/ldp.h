@@ -31,6 +31,9 @@ extern "C" {
 #ifndef LDP_LEDGER_CAP
 #define LDP_LEDGER_CAP 256         /* spends kept in the ledger window */
 #endif
+#ifndef LDP_MEMO_CAP
+#define LDP_MEMO_CAP 256           /* memoized responses and sent records per rotation period */
+#endif
 #define LDP_DEFAULT_CEILING 8.0    /* epsilon per report a device accepts by default */
 
 /* results; the state-refusal reasons are named by ldp_reason() */
@@ -38,7 +41,8 @@ enum ldp_result {
   LDP_OK = 0,
   LDP_MALFORMED, LDP_UNSIGNED, LDP_WRONG_KEY, LDP_BAD_SIGNATURE, LDP_WRONG_COLLECTION,
   LDP_EXPIRED, LDP_REPLAYED, LDP_OVER_CEILING, LDP_UNUSABLE,
-  LDP_E_SCHEMA, LDP_E_BUDGET, LDP_E_NO_STATE, LDP_E_FULL, LDP_E_STORAGE, LDP_E_ARG
+  LDP_E_SCHEMA, LDP_E_BUDGET, LDP_E_NO_STATE, LDP_E_FULL, LDP_E_STORAGE, LDP_E_ARG,
+  LDP_DUPLICATE   /* memoized record already reported in this rotation period */
 };
 const char *ldp_reason(int result);
 
@@ -72,7 +76,11 @@ typedef struct ldp_step {
 
 typedef struct ldp_program {
   char family[32];
-  uint32_t n_attrs, width, n_steps, n_top;
+  uint32_t n_attrs, width, n_steps;
+  uint32_t n_top;                      /* steps[0..n_top): the steps list (with branches) */
+  int memoized;                        /* steps[n_top + j]: permanent step of attribute j */
+  double rotation_s;                   /* <= 0: never rotated */
+  uint8_t fingerprint[8];              /* BLAKE2b-64 of the permanent steps */
   uint32_t size[LDP_MAX_ATTRS];
   uint32_t name_at[LDP_MAX_ATTRS];     /* offset of the attribute name in text */
   uint32_t label0[LDP_MAX_ATTRS];      /* first label index of each attribute */
@@ -136,11 +144,21 @@ typedef struct ldp_storage {
 /* files named <dir>/<key>, replaced atomically (rename) */
 void ldp_file_storage(ldp_storage *s, const char *dir);
 
+typedef struct ldp_memo {
+  uint8_t fingerprint[8];
+  uint32_t attribute, value, response;
+} ldp_memo;
+
 typedef struct ldp_ledger {
   double budget, window_s;             /* budget <= 0: no budget */
   uint32_t n;
   double at[LDP_LEDGER_CAP], eps[LDP_LEDGER_CAP];
   uint64_t next_sequence;
+  int64_t period;                      /* the newest rotation period committed (-1: none) */
+  uint32_t n_memo, n_sent;
+  ldp_memo memo[LDP_MEMO_CAP];         /* memoized responses of that period */
+  uint64_t sent_key[LDP_MEMO_CAP];     /* records sent in it: BLAKE2b-64(fingerprint, x) */
+  double sent_at[LDP_MEMO_CAP];
   const ldp_storage *storage;          /* NULL: memory only */
 } ldp_ledger;
 
@@ -149,6 +167,10 @@ int ldp_ledger_open(ldp_ledger *l, double budget, double window_s, const ldp_sto
 int ldp_ledger_charge(ldp_ledger *l, double cost, double now);
 /* the next batch sequence, saved as used before it is returned */
 int ldp_ledger_take_sequence(ldp_ledger *l, uint64_t *seq);
+/* one memoized report (docs/device-protocol.md, "Ledger"): LDP_OK with the report and *cost,
+   LDP_DUPLICATE, LDP_E_BUDGET or LDP_E_FULL; resend_every_s <= 0: never resend */
+int ldp_memo_report(ldp_ledger *l, const ldp_program *p, const uint32_t *x, double now,
+                    double resend_every_s, ldp_rng *rng, uint32_t *report, double *cost);
 
 /* --- batches -------------------------------------------------------------------------------- */
 /* the wire format of producers/codec.py; returns bytes written, 0 on error (cap too small,
@@ -168,6 +190,7 @@ typedef struct ldp_device {
   uint32_t *reports;                   /* caller buffer: capacity * LDP_MAX_WIDTH values */
   uint64_t *ids;                       /* caller buffer: capacity device ids */
   uint32_t capacity, n, version, width;
+  double resend_every_s;               /* memoized: resend a record after this (<= 0: never) */
 } ldp_device;
 
 /* randomize one record (n name/label pairs) into the buffer, charged to the ledger */

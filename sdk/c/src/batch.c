@@ -4,11 +4,6 @@
 
 #include "internal.h"
 
-static uint8_t *le(uint8_t *p, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
-  return p + bytes;
-}
-
 static int code_of(uint32_t max_value) {
   return max_value < 0x100u ? 1 : max_value < 0x10000u ? 2 : 4;
 }
@@ -40,18 +35,18 @@ size_t ldp_batch_encode(uint8_t *buf, size_t cap, const char *collection, uint32
   p[6] = (uint8_t)clen;
   memcpy(p + 7, collection, clen);
   p += 7 + clen;
-  p = le(p, version, 4);
+  p = ldp_le(p, version, 4);
   memcpy(&bits, &sent_at, 8);
-  p = le(p, bits, 8);
-  p = le(p, n, 4);
-  p = le(p, width, 2);
+  p = ldp_le(p, bits, 8);
+  p = ldp_le(p, n, 4);
+  p = ldp_le(p, width, 2);
   *p++ = (uint8_t)code;
   if (key) {
-    p = le(p, key[0], 8);
-    p = le(p, key[1], 8);
+    p = ldp_le(p, key[0], 8);
+    p = ldp_le(p, key[1], 8);
   }
   if (device_ids)
-    for (uint32_t i = 0; i < n; i++) p = le(p, device_ids[i], 8);
-  for (size_t i = 0; i < (size_t)n * width; i++) p = le(p, reports[i], code);
+    for (uint32_t i = 0; i < n; i++) p = ldp_le(p, device_ids[i], 8);
+  for (size_t i = 0; i < (size_t)n * width; i++) p = ldp_le(p, reports[i], code);
   return need;
 }

@@ -18,16 +18,25 @@ int ldp_device_report(ldp_device *d, const char *const *names, const char *const
   }
   int r = ldp_program_encode(p, names, labels, n, x, err, errlen);
   if (r != LDP_OK) return r;
-  r = ldp_ledger_charge(d->ledger, p->epsilon, now);
-  if (r == LDP_E_BUDGET) ldp_errf(err, errlen, "budget exceeded: this report costs epsilon=%g",
-                                  p->epsilon);
+  uint32_t *report = d->reports + (size_t)d->n * p->width;
+  double charged = p->epsilon;
+  if (p->memoized) {
+    r = ldp_memo_report(d->ledger, p, x, now, d->resend_every_s, &d->rng, report, &charged);
+  } else {
+    r = ldp_ledger_charge(d->ledger, p->epsilon, now);
+    if (r == LDP_OK) ldp_program_randomize(p, x, &d->rng, report);
+  }
+  if (r == LDP_E_BUDGET) ldp_errf(err, errlen, "budget exceeded: this report would cost "
+                                  "epsilon=%g", p->epsilon);
+  if (r == LDP_DUPLICATE) ldp_errf(err, errlen, "this record was already reported in this "
+                                   "rotation period");
+  if (r == LDP_E_FULL) ldp_errf(err, errlen, "the memo table is full (LDP_MEMO_CAP)");
   if (r != LDP_OK) return r;
-  ldp_program_randomize(p, x, &d->rng, d->reports + (size_t)d->n * p->width);
   d->ids[d->n] = d->device_id;
   d->version = d->state->version;
   d->width = p->width;
   d->n++;
-  *cost = p->epsilon;
+  *cost = charged;
   return LDP_OK;
 }
 

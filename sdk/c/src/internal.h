@@ -2,6 +2,7 @@
 #ifndef LDP_INTERNAL_H
 #define LDP_INTERNAL_H
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ldp.h"
 
@@ -9,6 +10,11 @@
 
 void ldp_errf(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* v as `bytes` little-endian bytes at p; returns p + bytes */
+static inline uint8_t *ldp_le(uint8_t *p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
+  return p + bytes;
+}
 /* json: a jansson json_t * */
 int ldp_program_from_json(ldp_program *prog, void *json, char *err, size_t errlen);
 #endif

@@ -1,6 +1,8 @@
 #define _POSIX_C_SOURCE 200809L
 /* The epsilon ledger and the batch sequence, persisted through a storage callback
    (docs/device-protocol.md, "Ledger"). */
+#include <math.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -9,38 +11,73 @@
 
 #define LEDGER_KEY "ledger"
 
-/* saved form: u64 next_sequence, u32 n, then n pairs of f64 (at, eps), native byte order */
+/* saved form (native byte order): u64 next_sequence, u32 n, n pairs of f64 (at, eps), i64
+   period, u32 n_memo, n_memo ldp_memo, u32 n_sent, n_sent pairs (u64 key, f64 at) */
+#define SAVED_MAX (12 + 16 * LDP_LEDGER_CAP + 16 + sizeof(ldp_memo) * LDP_MEMO_CAP + \
+                   16 * LDP_MEMO_CAP)
+static uint8_t saved[SAVED_MAX];
+
+static uint8_t *put(uint8_t *p, const void *v, size_t n) {
+  memcpy(p, v, n);
+  return p + n;
+}
+
 static int save(const ldp_ledger *l) {
-  uint8_t buf[12 + 16 * LDP_LEDGER_CAP];
+  uint8_t *p = saved;
   if (!l->storage) return LDP_OK;
-  memcpy(buf, &l->next_sequence, 8);
-  memcpy(buf + 8, &l->n, 4);
+  p = put(p, &l->next_sequence, 8);
+  p = put(p, &l->n, 4);
   for (uint32_t i = 0; i < l->n; i++) {
-    memcpy(buf + 12 + 16 * i, &l->at[i], 8);
-    memcpy(buf + 20 + 16 * i, &l->eps[i], 8);
+    p = put(p, &l->at[i], 8);
+    p = put(p, &l->eps[i], 8);
   }
-  return l->storage->save(l->storage->ctx, LEDGER_KEY, buf, 12 + 16 * (size_t)l->n) == 0
+  p = put(p, &l->period, 8);
+  p = put(p, &l->n_memo, 4);
+  p = put(p, l->memo, sizeof(ldp_memo) * l->n_memo);
+  p = put(p, &l->n_sent, 4);
+  for (uint32_t i = 0; i < l->n_sent; i++) {
+    p = put(p, &l->sent_key[i], 8);
+    p = put(p, &l->sent_at[i], 8);
+  }
+  return l->storage->save(l->storage->ctx, LEDGER_KEY, saved, (size_t)(p - saved)) == 0
              ? LDP_OK : LDP_E_STORAGE;
 }
 
+static int get(const uint8_t **p, const uint8_t *end, void *v, size_t n) {
+  if ((size_t)(end - *p) < n) return -1;
+  memcpy(v, *p, n);
+  *p += n;
+  return 0;
+}
+
 int ldp_ledger_open(ldp_ledger *l, double budget, double window_s, const ldp_storage *s) {
-  uint8_t buf[12 + 16 * LDP_LEDGER_CAP];
   size_t len = 0;
   memset(l, 0, sizeof *l);
   l->budget = budget;
   l->window_s = window_s;
   l->storage = s;
+  l->period = -1;
   if (!s) return LDP_OK;
-  int r = s->load(s->ctx, LEDGER_KEY, buf, sizeof buf, &len);
+  int r = s->load(s->ctx, LEDGER_KEY, saved, sizeof saved, &len);
   if (r == 1) return LDP_OK;
-  if (r != 0 || len < 12) return LDP_E_STORAGE;
-  memcpy(&l->next_sequence, buf, 8);
-  memcpy(&l->n, buf + 8, 4);
-  if (l->n > LDP_LEDGER_CAP || len != 12 + 16 * (size_t)l->n) return LDP_E_STORAGE;
-  for (uint32_t i = 0; i < l->n; i++) {
-    memcpy(&l->at[i], buf + 12 + 16 * i, 8);
-    memcpy(&l->eps[i], buf + 20 + 16 * i, 8);
+  if (r != 0) return LDP_E_STORAGE;
+  const uint8_t *p = saved, *end = saved + len;
+  int bad = get(&p, end, &l->next_sequence, 8) || get(&p, end, &l->n, 4) ||
+            l->n > LDP_LEDGER_CAP;
+  for (uint32_t i = 0; !bad && i < l->n; i++)
+    bad = get(&p, end, &l->at[i], 8) || get(&p, end, &l->eps[i], 8);
+  bad = bad || get(&p, end, &l->period, 8) || get(&p, end, &l->n_memo, 4) ||
+        l->n_memo > LDP_MEMO_CAP || get(&p, end, l->memo, sizeof(ldp_memo) * l->n_memo) ||
+        get(&p, end, &l->n_sent, 4) || l->n_sent > LDP_MEMO_CAP;
+  for (uint32_t i = 0; !bad && i < l->n_sent; i++)
+    bad = get(&p, end, &l->sent_key[i], 8) || get(&p, end, &l->sent_at[i], 8);
+  if (bad || p != end) {
+    memset(l, 0, sizeof *l);
+    return LDP_E_STORAGE;
   }
+  l->budget = budget;
+  l->window_s = window_s;
+  l->storage = s;
   return LDP_OK;
 }
 
@@ -52,9 +89,13 @@ static double spent(const ldp_ledger *l, double now) {
   return s;
 }
 
-int ldp_ledger_charge(ldp_ledger *l, double cost, double now) {
+static int refused(const ldp_ledger *l, double cost, double now) {
+  return l->budget > 0.0 && cost > 0.0 && spent(l, now) + cost > l->budget * (1 + 1e-12);
+}
+
+/* record a spend (without saving) */
+static int spend(ldp_ledger *l, double cost, double now) {
   if (l->budget <= 0.0 || cost <= 0.0) return LDP_OK;
-  if (spent(l, now) + cost > l->budget * (1 + 1e-12)) return LDP_E_BUDGET;
   if (l->n == LDP_LEDGER_CAP) { /* drop spends that left the window */
     uint32_t k = 0;
     for (uint32_t i = 0; i < l->n; i++)
@@ -67,7 +108,90 @@ int ldp_ledger_charge(ldp_ledger *l, double cost, double now) {
   }
   l->at[l->n] = now;
   l->eps[l->n++] = cost;
-  return save(l);
+  return LDP_OK;
+}
+
+int ldp_ledger_charge(ldp_ledger *l, double cost, double now) {
+  if (refused(l, cost, now)) return LDP_E_BUDGET;
+  int r = spend(l, cost, now);
+  return r == LDP_OK ? save(l) : r;
+}
+
+static uint64_t record_key(const ldp_program *p, const uint32_t *x) {
+  uint8_t buf[4 * LDP_MAX_ATTRS], out[8];
+  crypto_generichash_state h;
+  crypto_generichash_init(&h, NULL, 0, sizeof out);
+  crypto_generichash_update(&h, p->fingerprint, sizeof p->fingerprint);
+  for (uint32_t j = 0; j < p->n_attrs; j++) ldp_le(buf + 4 * j, x[j], 4);
+  crypto_generichash_update(&h, buf, 4 * (size_t)p->n_attrs);
+  crypto_generichash_final(&h, out, sizeof out);
+  uint64_t k;
+  memcpy(&k, out, 8);
+  return k;
+}
+
+static int find_memo(const ldp_ledger *l, const ldp_program *p, uint32_t j, uint32_t v) {
+  for (uint32_t i = 0; i < l->n_memo; i++)
+    if (l->memo[i].attribute == j && l->memo[i].value == v &&
+        memcmp(l->memo[i].fingerprint, p->fingerprint, sizeof p->fingerprint) == 0)
+      return (int)i;
+  return -1;
+}
+
+int ldp_memo_report(ldp_ledger *l, const ldp_program *p, const uint32_t *x, double now,
+                    double resend_every_s, ldp_rng *rng, uint32_t *report, double *cost) {
+  uint32_t y[LDP_MAX_ATTRS];
+  int have[LDP_MAX_ATTRS];
+  int64_t period = p->rotation_s > 0 ? (int64_t)floor(now / p->rotation_s) : 0;
+  *cost = 0.0;
+  if (period < l->period) period = l->period; /* a clock stepped back keeps the newest period */
+  int newer = period > l->period;
+  uint64_t key = record_key(p, x);
+  for (uint32_t i = 0; !newer && i < l->n_sent; i++)
+    if (l->sent_key[i] == key &&
+        (resend_every_s <= 0.0 || now - l->sent_at[i] < resend_every_s))
+      return LDP_DUPLICATE;
+  uint32_t missing = 0;
+  for (uint32_t j = 0; j < p->n_attrs; j++) {
+    have[j] = newer ? -1 : find_memo(l, p, j, x[j]);
+    if (have[j] < 0) {
+      *cost += p->steps[p->n_top + j].eps;
+      missing++;
+    }
+  }
+  uint32_t kept_memo = newer ? 0 : l->n_memo, kept_sent = newer ? 0 : l->n_sent;
+  if (kept_memo + missing > LDP_MEMO_CAP || kept_sent + 1 > LDP_MEMO_CAP) {
+    *cost = 0.0;
+    return LDP_E_FULL;
+  }
+  if (refused(l, *cost, now)) {
+    *cost = 0.0;
+    return LDP_E_BUDGET;
+  }
+  for (uint32_t j = 0; j < p->n_attrs; j++)
+    y[j] = have[j] >= 0 ? l->memo[have[j]].response
+                        : (uint32_t)ldp_step_apply(p, p->n_top + j, x[j], rng);
+  if (p->n_top) ldp_program_randomize(p, y, rng, report);
+  else memcpy(report, y, sizeof(uint32_t) * p->n_attrs);
+  if (newer) {  /* past periods are never reused */
+    l->n_memo = l->n_sent = 0;
+    l->period = period;
+  }
+  for (uint32_t j = 0; j < p->n_attrs; j++)
+    if (have[j] < 0) {
+      ldp_memo *m = &l->memo[l->n_memo++];
+      memcpy(m->fingerprint, p->fingerprint, sizeof m->fingerprint);
+      m->attribute = j;
+      m->value = x[j];
+      m->response = y[j];
+    }
+  uint32_t i = 0;
+  while (i < l->n_sent && l->sent_key[i] != key) i++;
+  if (i == l->n_sent) l->n_sent++;
+  l->sent_key[i] = key;
+  l->sent_at[i] = now;
+  int r = spend(l, *cost, now);
+  return r == LDP_OK ? save(l) : r;
 }
 
 int ldp_ledger_take_sequence(ldp_ledger *l, uint64_t *seq) {

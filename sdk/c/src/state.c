@@ -17,8 +17,8 @@ const char *ldp_reason(int r) {
   static const char *const names[] = {
       "ok", "malformed", "unsigned", "wrong_key", "bad_signature", "wrong_collection",
       "expired", "replayed", "over_ceiling", "unusable", "schema", "budget", "no_state",
-      "full", "storage", "argument"};
-  return r >= 0 && r <= LDP_E_ARG ? names[r] : "unknown";
+      "full", "storage", "argument", "duplicate"};
+  return r >= 0 && r <= LDP_DUPLICATE ? names[r] : "unknown";
 }
 
 int ldp_sodium_verify(void *ctx, const uint8_t sig[64], const uint8_t *msg, size_t len,

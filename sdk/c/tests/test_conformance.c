@@ -112,7 +112,7 @@ static void randomize_case(json_t *c) {
   ldp_ledger_open(&ledger, 0.0, 0.0, NULL);
   ledger.next_sequence = u64(json_object_get(b, "sequence"));
   ldp_device d = {&state, &ledger, {ldp_splitmix64_next, &seed}, u64(json_object_get(b,
-                  "device_id")), buf_reports, buf_ids, 256, 0, 0, 0};
+                  "device_id")), buf_reports, buf_ids, 256, 0, 0, 0, 0.0};
   size_t i;
   json_t *rec;
   json_array_foreach(json_object_get(c, "records"), i, rec) {
@@ -221,6 +221,46 @@ static void ledger_vectors(json_t *v) {
   }
 }
 
+static void memo_vectors(json_t *v) {
+  char err[256], *dev = json_dumps(json_object_get(v, "device"), JSON_COMPACT);
+  memset(&state, 0, sizeof state);
+  int r = ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err);
+  free(dev);
+  CHECK(r == LDP_OK && state.program.memoized, "memo description: %s", err);
+  char fp[17];
+  for (int i = 0; i < 8; i++) snprintf(fp + 2 * i, 3, "%02x", state.program.fingerprint[i]);
+  CHECK(strcmp(fp, json_string_value(json_object_get(v, "fingerprint"))) == 0,
+        "memo fingerprint %s", fp);
+  state.present = 1;
+  strcpy(state.collection, "memo");
+  json_t *b = json_object_get(v, "budget"), *e;
+  ldp_ledger ledger;
+  ldp_ledger_open(&ledger, json_number_value(json_object_get(b, "epsilon")),
+                  json_number_value(json_object_get(b, "window_s")), NULL);
+  uint64_t seed = u64(json_object_get(v, "seed"));
+  ldp_device d = {&state, &ledger, {ldp_splitmix64_next, &seed}, 1, buf_reports, buf_ids, 256,
+                  0, 0, 0, json_number_value(json_object_get(v, "resend_every_s"))};
+  size_t i;
+  json_array_foreach(json_object_get(v, "events"), i, e) {
+    const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
+    int n = record_pairs(json_object_get(e, "record"), names, labels);
+    double cost, want_cost = json_number_value(json_object_get(e, "cost"));
+    uint32_t before = d.n;
+    r = ldp_device_report(&d, names, labels, (size_t)n, json_number_value(json_object_get(e,
+                          "now")), &cost, err, sizeof err);
+    const char *status = r == LDP_OK ? "queued" : r == LDP_DUPLICATE ? "duplicate"
+                         : r == LDP_E_BUDGET ? "refused" : ldp_reason(r);
+    CHECK(strcmp(status, json_string_value(json_object_get(e, "status"))) == 0,
+          "memo event %zu: %s (%s)", i, status, err);
+    CHECK(fabs(cost - want_cost) <= 1e-12 * want_cost, "memo event %zu: cost %.17g", i, cost);
+    json_t *want = json_object_get(e, "report");
+    for (uint32_t j = 0; r == LDP_OK && j < json_array_size(want); j++)
+      CHECK(buf_reports[before * state.program.width + j] ==
+                (uint32_t)json_integer_value(json_array_get(want, j)),
+            "memo event %zu column %u", i, j);
+  }
+}
+
 int main(int argc, char **argv) {
   const char *dir = argc > 1 ? argv[1] : "../conformance";
   json_t *v;
@@ -231,6 +271,8 @@ int main(int argc, char **argv) {
   state_vectors(v = load(dir, "states.json"));
   json_decref(v);
   ledger_vectors(v = load(dir, "ledger.json"));
+  json_decref(v);
+  memo_vectors(v = load(dir, "memo.json"));
   json_decref(v);
   if (failures) fprintf(stderr, "%d conformance checks failed\n", failures);
   else printf("conformance: all vectors pass\n");

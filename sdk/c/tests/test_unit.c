@@ -73,6 +73,36 @@ static void restart_keeps_ledger_and_sequence(void) {
   rmdir(dir);
 }
 
+static const char MEMO[] =
+    "{\"v\":1,\"family\":\"rr-ind\",\"attrs\":[\"os\"],\"labels\":[[\"a\",\"b\",\"c\"]],"
+    "\"width\":1,\"steps\":[],\"memoize\":{\"rotation_s\":100,\"permanent\":[{\"op\":\"grr\","
+    "\"in\":[0],\"out\":[0],\"p\":0.5}]}}";
+
+static void restart_keeps_memos(void) {
+  char dir[] = "/tmp/ldp-memo-XXXXXX", err[256];
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  ldp_storage st;
+  ldp_file_storage(&st, dir);
+  CHECK(ldp_program_parse(&prog, MEMO, strlen(MEMO), err, sizeof err) == LDP_OK, err);
+  ldp_ledger l, again;
+  uint32_t x = 1, first = 9, report = 9;
+  double cost;
+  uint64_t seed = 3;
+  ldp_rng rng = {ldp_splitmix64_next, &seed};
+  ldp_ledger_open(&l, 0, 0, &st);
+  CHECK(ldp_memo_report(&l, &prog, &x, 1000.0, 0, &rng, &first, &cost) == LDP_OK && cost > 0,
+        "first memoized report");
+  ldp_ledger_open(&again, 0, 0, &st);  /* a restarted device */
+  CHECK(ldp_memo_report(&again, &prog, &x, 1001.0, 0, &rng, &report, &cost) == LDP_DUPLICATE,
+        "a duplicate after a restart");
+  CHECK(ldp_memo_report(&again, &prog, &x, 1002.0, 1.0, &rng, &report, &cost) == LDP_OK &&
+            cost == 0.0 && report == first, "resent from the memo, free, after a restart");
+  char path[64];
+  snprintf(path, sizeof path, "%s/ledger", dir);
+  unlink(path);
+  rmdir(dir);
+}
+
 static void batch_refusals(void) {
   uint8_t buf[64];
   uint32_t rep[2] = {1, 70000};
@@ -101,7 +131,7 @@ static void device_refuses_without_state(void) {
   uint32_t reps[8];
   uint64_t ids[2];
   uint64_t seed = 1;
-  ldp_device d = {&st, &l, {ldp_splitmix64_next, &seed}, 5, reps, ids, 2, 0, 0, 0};
+  ldp_device d = {&st, &l, {ldp_splitmix64_next, &seed}, 5, reps, ids, 2, 0, 0, 0, 0.0};
   const char *names[] = {"os", "plan"}, *labels[] = {"a", "pro"};
   double cost;
   char err[128];
@@ -123,6 +153,7 @@ static void device_refuses_without_state(void) {
 int main(void) {
   parse_errors();
   restart_keeps_ledger_and_sequence();
+  restart_keeps_memos();
   batch_refusals();
   os_rng_draws();
   device_refuses_without_state();

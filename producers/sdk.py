@@ -391,7 +391,8 @@ class DeviceClient:
             period = newest
         record = f"{memo.fingerprint}:" + ",".join(str(int(v)) for v in x)
         last = self.ledger.last_sent(self.collection, period, record)
-        if last is not None and (self.resend_every_s is None or now - last < self.resend_every_s):
+        resend = self.resend_every_s
+        if last is not None and (resend is None or resend <= 0 or now - last < resend):
             return ReportResult("duplicate", 0.0, version,
                                 "this record was already reported in this rotation period")
         keys = [(j, int(v)) for j, v in enumerate(x)]

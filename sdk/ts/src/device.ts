@@ -7,7 +7,7 @@ import { State, StateRejected, Trust, acceptState } from "./state.js";
 
 export type ReportResult =
   | { status: "queued"; epsilon: number; version: number; report: number[] }
-  | { status: "refused"; epsilon: 0; version: number; reason: string };
+  | { status: "refused" | "duplicate"; epsilon: 0; version: number; reason: string };
 
 /** Where batches go. */
 export interface Transport {
@@ -55,6 +55,9 @@ export interface DeviceOptions {
   batchSize?: number;
   rng?: DrawSource;
   clock?: () => number;
+  /** memoized collections: a record already sent in the period is sent again after this many
+   * seconds (absent or <= 0: never) */
+  resendEveryS?: number;
 }
 
 /** A device: `refresh()` adopts the newest signed state, `report()` randomizes and queues a
@@ -97,16 +100,57 @@ export class Device {
     if (!st) throw new Error(`collection '${this.opts.collection}' has no accepted state`);
     const x = st.program.encode(record);
     const now = this.clock();
-    const cost = st.program.epsilon;
-    const reason = this.opts.ledger.refusal(cost, now);
-    if (reason !== null) return { status: "refused", epsilon: 0, version: st.version, reason };
-    await this.opts.ledger.charge(cost, now);
+    const drawn = st.program.memo ? await this.memoized(st, x, now)
+      : await this.fresh(st, x, now);
+    if (!("cost" in drawn)) return drawn;
+    const { report, cost } = drawn;
     if (this.buffer.length && this.bufferVersion !== st.version) await this.flush();
-    const report = st.program.randomize(x, this.rng);
     this.buffer.push(report);
     this.bufferVersion = st.version;
     if (this.buffer.length >= this.batchSize) await this.flush();
     return { status: "queued", epsilon: cost, version: st.version, report };
+  }
+
+  private async fresh(st: State, x: number[], now: number
+                      ): Promise<ReportResult | { report: number[]; cost: number }> {
+    const cost = st.program.epsilon;
+    const reason = this.opts.ledger.refusal(cost, now);
+    if (reason !== null) return { status: "refused", epsilon: 0, version: st.version, reason };
+    await this.opts.ledger.charge(cost, now);
+    return { report: st.program.randomize(x, this.rng), cost };
+  }
+
+  /** docs/device-protocol.md, "Ledger": permanent responses once per rotation period (a clock
+   * stepped back keeps the newest period), a record once per period unless resendEveryS
+   * passed, only new draws charged. */
+  private async memoized(st: State, x: number[], now: number
+                         ): Promise<ReportResult | { report: number[]; cost: number }> {
+    const memo = st.program.memo!;
+    const ledger = this.opts.ledger;
+    const period = Math.max(memo.rotationS === null ? 0 : Math.floor(now / memo.rotationS),
+                            ledger.period);
+    const newer = period > ledger.period;
+    const record = `${memo.fingerprint}:${x.join(",")}`;
+    const last = newer ? undefined : ledger.sent.get(record);
+    const resend = this.opts.resendEveryS;
+    if (last !== undefined && (resend === undefined || resend <= 0 || now - last < resend))
+      return { status: "duplicate", epsilon: 0, version: st.version,
+               reason: "this record was already reported in this rotation period" };
+    const keys = x.map((v, j) => `${memo.fingerprint}:${j}:${v}`);
+    const have = keys.map((k) => (newer ? undefined : ledger.memos.get(k)));
+    const cost = have.reduce<number>((c, h, j) => (h === undefined ? c + memo.epsilons[j] : c), 0);
+    const reason = ledger.refusal(cost, now);
+    if (reason !== null) return { status: "refused", epsilon: 0, version: st.version, reason };
+    const fresh = new Map<string, number>();
+    const y = x.map((v, j) => {
+      if (have[j] !== undefined) return have[j]!;
+      const r = st.program.drawPermanent(j, v, this.rng);
+      fresh.set(keys[j], r);
+      return r;
+    });
+    const report = st.program.hasSteps ? st.program.randomize(y, this.rng) : y;
+    await ledger.commitMemo(period, fresh, record, cost, now);
+    return { report, cost };
   }
 
   /** Encode and send what is buffered (one batch); a batch whose sending failed is sent

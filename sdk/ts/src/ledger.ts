@@ -63,6 +63,9 @@ const LEDGER_CAP = 256;
 interface Saved {
   next_sequence: string;
   spends: [number, number][];
+  period?: number;
+  memos?: [string, number][];
+  sent?: [string, number][];
 }
 
 /** At most `budget` epsilon in any window of `windowS` seconds (budget <= 0: none); spends
@@ -70,6 +73,11 @@ interface Saved {
 export class Ledger {
   private spends: [number, number][] = [];
   private nextSequence = 0n;
+  /** the newest rotation period committed (-1: none), its memoized responses
+   * ("fingerprint:attribute:value" -> response) and sent records ("fingerprint:x" -> time) */
+  period = -1;
+  memos = new Map<string, number>();
+  sent = new Map<string, number>();
 
   private constructor(readonly budget: number, readonly windowS: number,
                       private readonly storage: Storage | null) {}
@@ -84,14 +92,18 @@ export class Ledger {
         throw new Error("the stored ledger is corrupt");
       l.spends = saved.spends;
       l.nextSequence = BigInt(saved.next_sequence);
+      l.period = saved.period ?? -1;
+      l.memos = new Map(saved.memos ?? []);
+      l.sent = new Map(saved.sent ?? []);
     }
     return l;
   }
 
   private async persist(): Promise<void> {
     if (this.storage)
-      await this.storage.save(KEY, JSON.stringify({ next_sequence: String(this.nextSequence),
-                                                    spends: this.spends }));
+      await this.storage.save(KEY, JSON.stringify({
+        next_sequence: String(this.nextSequence), spends: this.spends, period: this.period,
+        memos: [...this.memos], sent: [...this.sent] } satisfies Saved));
   }
 
   spent(now: number): number {
@@ -112,11 +124,30 @@ export class Ledger {
 
   /** Charge `cost` at `now` (after refusal() said null) and save. */
   async charge(cost: number, now: number): Promise<void> {
+    this.spend(cost, now);
+    await this.persist();
+  }
+
+  /** Commit one memoized report: new responses, the record sent, the spend; a newer period
+   * drops the older one's memos and records (they are never reused). */
+  async commitMemo(period: number, memos: Map<string, number>, record: string, cost: number,
+                   now: number): Promise<void> {
+    if (period > this.period) {
+      this.period = period;
+      this.memos.clear();
+      this.sent.clear();
+    }
+    for (const [k, v] of memos) this.memos.set(k, v);
+    this.sent.set(record, now);
+    this.spend(cost, now);
+    await this.persist();
+  }
+
+  private spend(cost: number, now: number): void {
     if (this.budget <= 0 || cost <= 0) return;
     if (this.spends.length >= LEDGER_CAP)  // drop spends that left the window
       this.spends = this.spends.filter(([at]) => at > now - this.windowS);
     this.spends.push([now, cost]);
-    await this.persist();
   }
 
   /** The next batch sequence, saved as used before it is returned. */

@@ -1,5 +1,7 @@
 /** The randomization description: parse, epsilon, labels -> indices, randomize
  * (docs/device-protocol.md, "Randomization description"). */
+import { blake2b } from "@noble/hashes/blake2.js";
+
 import { DrawSource, bernoulli, categorical, uniform } from "./rng.js";
 
 export const PROGRAM_VERSION = 1;
@@ -43,6 +45,36 @@ interface Select {
 
 type Step = Leaf | Select;
 
+/** The memoized part of a description: one permanent step per attribute. */
+export interface Memo {
+  rotationS: number | null;
+  permanent: Leaf[];
+  epsilons: number[];
+  /** 16 hex digits of BLAKE2b-64 over the permanent steps */
+  fingerprint: string;
+}
+
+/** op byte, cells u32 LE, then p or the matrix entries as f64 LE, for every permanent step */
+function fingerprint(steps: Leaf[], rows: unknown[]): string {
+  const parts: number[] = [];
+  const buf = new DataView(new ArrayBuffer(8));
+  const push = (n: number) => { for (let i = 0; i < n; i++) parts.push(buf.getUint8(i)); };
+  steps.forEach((s, j) => {
+    buf.setUint8(0, s.op === "grr" ? 1 : 2);
+    push(1);
+    buf.setUint32(0, s.cells, true);
+    push(4);
+    const values = s.op === "grr" ? [s.p]
+      : ((rows[j] as { rows: number[][] }).rows).flat();
+    for (const x of values) {
+      buf.setFloat64(0, x, true);
+      push(8);
+    }
+  });
+  return Array.from(blake2b(Uint8Array.from(parts), { dkLen: 8 }),
+                    (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
 const isInt = (v: unknown): v is number => typeof v === "number" && Number.isInteger(v);
 const isObj = (v: unknown): v is Record<string, unknown> =>
   typeof v === "object" && v !== null && !Array.isArray(v);
@@ -76,6 +108,7 @@ export class Program {
   readonly shape: number[];
   readonly width: number;
   readonly epsilon: number;
+  readonly memo: Memo | null;
   private readonly steps: Step[];
   private readonly index: Map<string, number>[];
   private nSteps = 0;
@@ -103,9 +136,38 @@ export class Program {
     this.labels = labels as string[][];
     this.shape = this.labels.map((l) => l.length);
     this.width = width;
-    this.steps = this.parseSteps(d.steps, "device.steps", 0);
-    this.epsilon = this.steps.reduce((e, s) => e + s.eps, 0);
+    const memo = d.memoize ?? null;
+    this.steps = memo !== null && Array.isArray(d.steps) && d.steps.length === 0 ? []
+      : this.parseSteps(d.steps, "device.steps", 0);
+    this.memo = memo === null ? null : this.parseMemo(memo);
+    this.epsilon = (this.memo ? this.memo.permanent : this.steps).reduce((e, s) => e + s.eps, 0);
     this.index = this.labels.map((l) => new Map(l.map((s, i) => [s, i])));
+  }
+
+  private parseMemo(m: unknown): Memo {
+    if (!isObj(m)) throw new ProgramError("device.memoize", "must be an object");
+    const rot = m.rotation_s ?? null;
+    if (rot !== null && !(typeof rot === "number" && Number.isFinite(rot) && rot > 0))
+      throw new ProgramError("device.memoize.rotation_s", "must be a number > 0 or null");
+    const perm = this.parseSteps(m.permanent, "device.memoize.permanent", 1) as Leaf[];
+    if (this.width !== this.attrs.length || perm.length !== this.attrs.length ||
+        !perm.every((s, j) => s.cols.length === 1 && s.cols[0] === j && s.out[0] === j))
+      throw new ProgramError("device.memoize.permanent", "must hold one grr or matrix step per " +
+                             "attribute j, in and out [j], in order (and width must be the " +
+                             "attribute count)");
+    return { rotationS: rot, permanent: perm, epsilons: perm.map((s) => s.eps),
+             fingerprint: fingerprint(perm, m.permanent as unknown[]) };
+  }
+
+  /** False for a memoized description whose reports are the permanent responses. */
+  get hasSteps(): boolean {
+    return this.steps.length > 0;
+  }
+
+  /** A new permanent response of attribute j with true value v (memoized descriptions). */
+  drawPermanent(j: number, v: number, rng: DrawSource): number {
+    if (!this.memo) throw new Error("not a memoized description");
+    return apply(this.memo.permanent[j], v, rng);
   }
 
   private parseSteps(v: unknown, field: string, depth: number): Step[] {

@@ -109,3 +109,25 @@ test("ledger decisions", async () => {
     assert.equal(ok ? "accept" : "refuse", e.expect, JSON.stringify(e));
   }
 });
+
+test("memoized reports", async () => {
+  const v = load("memo.json");
+  const program = new Program(v.device);
+  assert.equal(program.memo?.fingerprint, v.fingerprint);
+  let now = 0;
+  const device = new Device({ collection: "memo", deviceId: 1n,
+                              trust: new Trust(load("states.json").public_key),
+                              ledger: await Ledger.open(v.budget.epsilon, v.budget.window_s),
+                              transport: new Recording(), batchSize: 1000,
+                              rng: new SplitMix64(BigInt(v.seed)), clock: () => now,
+                              resendEveryS: v.resend_every_s });
+  device.state = { collection: "memo", version: 5, issuedAt: 0, expiresAt: Infinity,
+                   mechanism: "rr-ind", program };
+  for (const e of v.events) {
+    now = e.now;
+    const res = await device.report(e.record);
+    assert.equal(res.status, e.status, JSON.stringify(e));
+    assert.ok(Math.abs(res.epsilon - e.cost) <= 1e-12 * e.cost, JSON.stringify(e));
+    if (res.status === "queued") assert.deepEqual([...res.report], e.report);
+  }
+});

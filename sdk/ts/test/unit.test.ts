@@ -75,3 +75,29 @@ test("the OS generator draws", () => {
   assert.notEqual(r.nextU64(), r.nextU64());
   for (let i = 0; i < 1000; i++) assert.ok(uniform(r, 3) < 3);
 });
+
+test("memoized responses survive a restart", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "ldp-ts-memo-"));
+  const memo = JSON.parse(readFileSync(new URL("memo.json", DIR), "utf8"));
+  const program = new Program(memo.device);
+  const make = async (t: number) => {
+    const d = new Device({ collection: "m", deviceId: 1n, trust: new Trust(publicKey),
+                           ledger: await Ledger.open(0, 0, new FileStorage(dir)),
+                           transport: new Flaky(), batchSize: 100, rng: new SplitMix64(4n),
+                           clock: () => t, resendEveryS: 0.5 });
+    d.state = { collection: "m", version: 5, issuedAt: 0, expiresAt: Infinity,
+                mechanism: "rr-ind", program };
+    return d;
+  };
+  try {
+    const rec = memo.events[0].record;
+    const first = await (await make(1000)).report(rec);
+    assert.equal(first.status, "queued");
+    assert.equal((await (await make(1000.1)).report(rec)).status, "duplicate");  // restarted
+    const again = await (await make(1001)).report(rec);  // resent from the memo, free
+    assert.equal(again.status, "queued");
+    assert.equal(again.epsilon, 0);
+  } finally {
+    rmSync(dir, { recursive: true });
+  }
+});

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
@@ -34,6 +33,7 @@ from .codec import ReportBatch, decode_batch, encode_batch
 from .device import ConfigWatcher, report_topic
 from .ledger import Ledger, channel_fingerprint
 from .program import DrawSource, Memo, NumpyDraws, OsRandom, Program
+from .sequence import BatchSequence
 from .publisher import Publisher
 
 log = logging.getLogger(__name__)
@@ -222,34 +222,6 @@ class ReportResult:
     @property
     def sent(self) -> bool:
         return self.status == "queued"
-
-
-class BatchSequence:
-    """The batch key's sequence of one device (docs/device-protocol.md, "Batch key"): strictly
-    increasing, persisted *before* the batch leaves (a crash skips a number, never reuses one).
-    ``path``: a file holding the next sequence (None: in memory, starting at the clock in
-    microseconds, so a restarted device without storage still moves forward)."""
-
-    def __init__(self, path: str | None, clock: Callable[[], float] = time.time) -> None:
-        self.path = path
-        start = int(clock() * 1e6)
-        if path is not None:
-            try:
-                with open(path, encoding="ascii") as fh:
-                    start = int(fh.read().strip() or 0)
-            except FileNotFoundError:
-                start = 0
-        self.next = start
-
-    def take(self) -> int:
-        """The sequence of the next batch (saved as used first)."""
-        seq = self.next
-        self.next = seq + 1
-        if self.path is not None:
-            with open(self.path + ".tmp", "w", encoding="ascii") as fh:
-                fh.write(f"{self.next}\n")
-            os.replace(self.path + ".tmp", self.path)
-        return seq
 
 
 class DeviceClient:

@@ -178,3 +178,13 @@ def test_device_client_randomizes_from_the_signed_description():
     sent = asyncio.run(run())
     assert sent.reports().tolist() == case["reports"]
     assert sent.batches[0].key is not None and sent.batches[0].key[0] == 3
+
+
+def test_batch_sequence_survives_a_restart(tmp_path):
+    from ldpstream.producers.sequence import BatchSequence
+
+    path = str(tmp_path / "sequence")
+    a = BatchSequence(path)
+    assert [a.take(), a.take()] == [0, 1]
+    assert BatchSequence(path).take() == 2  # a restarted device never reuses a number
+    assert BatchSequence(None, clock=lambda: 12.5).take() == 12_500_000

@@ -276,11 +276,6 @@ static int parse_memo(parser *ps, json_t *memo) {
   return 0;
 }
 
-/* a select step's branches follow it: the next step of the same list */
-static uint32_t after(const ldp_program *p, uint32_t i) {
-  const ldp_step *s = &p->steps[i];
-  return s->op == 3 ? p->branch_start[s->first + s->count] : i + 1;
-}
 
 static int parse_doc(parser *ps, json_t *d) {
   ldp_program *p = ps->p;
@@ -348,7 +343,7 @@ static int parse_doc(parser *ps, json_t *d) {
     return -1;
   p->n_top = p->n_steps;
   p->epsilon = 0.0;
-  for (uint32_t i = 0; i < p->n_top; i = after(p, i)) p->epsilon += p->steps[i].eps;
+  for (uint32_t i = 0; i < p->n_top; i = ldp_after(p, i)) p->epsilon += p->steps[i].eps;
   return memo ? parse_memo(ps, memo) : 0;
 }
 
@@ -372,74 +367,3 @@ int ldp_program_parse(ldp_program *prog, const char *json, size_t len, char *err
   return r;
 }
 
-static const char *attr_name(const ldp_program *p, uint32_t j) { return p->text + p->name_at[j]; }
-
-int ldp_program_encode(const ldp_program *prog, const char *const *names,
-                       const char *const *labels, size_t n, uint32_t *x, char *err,
-                       size_t errlen) {
-  uint32_t seen = 0; /* bit j: attribute j given */
-  for (size_t i = 0; i < n; i++) {
-    uint32_t j = 0;
-    while (j < prog->n_attrs && strcmp(names[i], attr_name(prog, j)) != 0) j++;
-    if (j == prog->n_attrs) {
-      ldp_errf(err, errlen, "unknown attribute '%s'", names[i]);
-      return LDP_E_SCHEMA;
-    }
-    uint32_t k = 0, d = prog->size[j];
-    while (k < d && strcmp(labels[i], prog->text + prog->label_at[prog->label0[j] + k]) != 0) k++;
-    if (k == d) {
-      ldp_errf(err, errlen, "attribute '%s': unknown category '%s'", names[i], labels[i]);
-      return LDP_E_SCHEMA;
-    }
-    x[j] = k;
-    seen |= 1u << j;
-  }
-  for (uint32_t j = 0; j < prog->n_attrs; j++)
-    if (!(seen & (1u << j))) {
-      ldp_errf(err, errlen, "missing attribute '%s'", attr_name(prog, j));
-      return LDP_E_SCHEMA;
-    }
-  return LDP_OK;
-}
-
-uint64_t ldp_step_apply(const ldp_program *p, uint32_t step, uint64_t cell, ldp_rng *rng) {
-  const ldp_step *s = &p->steps[step];
-  if (s->op == 1) {
-    if (!ldp_bernoulli(rng, s->p)) {
-      uint64_t other = ldp_uniform(rng, s->cells - 1);
-      cell = other + (other >= cell);
-    }
-    return cell;
-  }
-  return ldp_categorical(rng, p->cum + s->cum + cell * s->cells, (uint32_t)s->cells);
-}
-
-static void run(const ldp_program *p, uint32_t step, const uint32_t *x, ldp_rng *rng,
-                uint32_t *report) {
-  const ldp_step *s = &p->steps[step];
-  uint64_t cell = 0;
-  for (uint8_t i = 0; i < s->n_in; i++) cell = cell * p->size[s->in[i]] + x[s->in[i]];
-  cell = ldp_step_apply(p, step, cell, rng);
-  for (int i = s->n_in - 1; i >= 0; i--) {
-    uint32_t d = p->size[s->in[i]];
-    report[s->out[i]] = (uint32_t)(cell % d);
-    cell /= d;
-  }
-}
-
-void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, ldp_rng *rng,
-                           uint32_t *report) {
-  memset(report, 0, prog->width * sizeof *report);
-  for (uint32_t i = 0; i < prog->n_top; i = after(prog, i)) {
-    const ldp_step *s = &prog->steps[i];
-    if (s->op != 3) {
-      run(prog, i, x, rng, report);
-      continue;
-    }
-    uint32_t b = (uint32_t)ldp_uniform(rng, s->count);
-    report[s->out[0]] = b;
-    for (uint32_t t = prog->branch_start[s->first + b]; t < prog->branch_start[s->first + b + 1];
-         t++)
-      run(prog, t, x, rng, report);
-  }
-}

@@ -13,6 +13,10 @@ applied in order to a record of category indices:
 * ``select``: an index j uniform in ``[0, len(branches))`` is written to column ``out``, then the
   steps of branch j run.
 
+* ``partition``: the device's id picks the first of the ``tables`` (a fixed assignment); each
+  report column ``out[s]`` carries table (first + s) mod K through its oracle (GRR, or OLH with
+  its hash), offset by the table's ``offset``; ε: ``len(out)`` × the dearest oracle.
+
 A memoized description adds ``memoize``: ``rotation_s`` and one ``permanent`` step per
 attribute, whose response is drawn once per rotation period and kept; ``steps`` then apply to
 the permanent responses on every report [RAPPOR §3].
@@ -84,20 +88,26 @@ def _cells(shape: Sequence[int], cols: Sequence[int]) -> int:
     return math.prod(int(shape[c]) for c in cols)
 
 
+def _grr_epsilon(p: float, k: int) -> float:
+    q = (1.0 - p) / (k - 1)
+    lo, hi = min(p, q), max(p, q)
+    return math.inf if lo <= 0.0 else math.log(hi / lo)
+
+
 def step_epsilon(step: Mapping[str, Any], shape: Sequence[int]) -> float:
     """ε of one step (``inf`` for a channel that can reveal the value)."""
     op = step["op"]
     if op == "select":
         return max((sum(step_epsilon(s, shape) for s in b) for b in step["branches"]),
                    default=0.0)
-    k = _cells(shape, step["in"])
     if op == "grr":
-        p = float(step["p"])
-        q = (1.0 - p) / (k - 1)
-        lo, hi = min(p, q), max(p, q)
-        return math.inf if lo <= 0.0 else math.log(hi / lo)
+        return _grr_epsilon(float(step["p"]), _cells(shape, step["in"]))
     if op == "matrix":
         return ch.epsilon(np.asarray(step["rows"], dtype=float))
+    if op == "partition":
+        return len(step["out"]) * max(_grr_epsilon(float(t["p"]), int(t["g"]) if t["oracle"]
+                                                   == "olh" else _cells(shape, t["in"]))
+                                      for t in step["tables"])
     raise ValueError(f"unknown step op {op!r}")
 
 

@@ -122,6 +122,70 @@ class _Step:
     p: float = 0.0
     cum: tuple[tuple[float, ...], ...] = ()
     branches: tuple[tuple["_Step", ...], ...] = ()
+    #: partition: the mixed seed and the tables
+    seed: int = 0
+    tables: tuple["_Table", ...] = ()
+
+
+@dataclass(frozen=True)
+class _Table:
+    """One table of a ``partition`` step: its cell's oracle (GRR over the cells, or OLH)."""
+
+    cols: tuple[int, ...]
+    shape: tuple[int, ...]
+    offset: int
+    p: float
+    g: int = 0
+    r: int = 0
+
+
+def mix64(x: int) -> int:
+    """The SplitMix64 finalizer (no increment): the partition assignment's hash."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _number(v: Any, field: str, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise ProgramError(field, f"must be a number in [{lo:g}, {hi:g}]")
+    return float(v)
+
+
+def _partition(d: dict, field: str, shape: Sequence[int], width: int) -> _Step:
+    seed = d.get("seed")
+    if not isinstance(seed, str) or not seed.isdigit() or int(seed) > _M64:
+        raise ProgramError(f"{field}.seed", "must be a u64 as a decimal string")
+    out = _ints(d.get("out"), f"{field}.out", width)
+    tabs = d.get("tables")
+    if not isinstance(tabs, list) or not 1 <= len(tabs) <= MAX_STEPS:
+        raise ProgramError(f"{field}.tables", f"must be a list of 1..{MAX_STEPS} tables")
+    if len(out) > len(tabs):
+        raise ProgramError(f"{field}.out", "more slots than tables")
+    tables = []
+    for i, t in enumerate(tabs):
+        f = f"{field}.tables[{i}]"
+        if not isinstance(t, dict) or t.get("oracle") not in ("grr", "olh"):
+            raise ProgramError(f"{f}.oracle", "must be grr or olh")
+        cols = _ints(t.get("in"), f"{f}.in", len(shape))
+        sub = tuple(int(shape[c]) for c in cols)
+        off = t.get("offset")
+        if isinstance(off, bool) or not isinstance(off, int) or not 0 <= off < MAX_CELLS:
+            raise ProgramError(f"{f}.offset", f"must be an integer in [0, {MAX_CELLS})")
+        p = _number(t.get("p"), f"{f}.p", 0.0, 1.0)
+        g = r = 0
+        codes = math.prod(sub)
+        if t["oracle"] == "olh":
+            g, r = t.get("g"), t.get("r")
+            if (isinstance(g, bool) or not isinstance(g, int) or isinstance(r, bool)
+                    or not isinstance(r, int) or g < 2 or r < 1 or g ** r > MAX_CELLS
+                    or g ** r < codes):
+                raise ProgramError(f"{f}.g", "g ≥ 2 and r ≥ 1 with cells ≤ g^r ≤ 2^32")
+            codes = g ** (r + 1)
+        if off + codes > MAX_CELLS:
+            raise ProgramError(f"{f}.offset", "codes beyond 2^32")
+        tables.append(_Table(cols, sub, off, p, g, r))
+    return _Step("partition", (), (), out, seed=mix64(int(seed)), tables=tuple(tables))
 
 
 def _ints(v: Any, field: str, below: int) -> tuple[int, ...]:
@@ -149,8 +213,11 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
         return _Step("select", (), (), out, branches=tuple(
             _steps(b, f"{field}.branches[{i}]", shape, width, depth + 1, budget)
             for i, b in enumerate(br)))
+    if op == "partition" and depth == 0:
+        return _partition(d, field, shape, width)
     if op not in ("grr", "matrix"):
-        raise ProgramError(f"{field}.op", f"unknown op {op!r} (known: grr, matrix, select)")
+        raise ProgramError(f"{field}.op", f"unknown op {op!r} (known: grr, matrix, select, "
+                                          "partition)")
     cols = _ints(d.get("in"), f"{field}.in", len(shape))
     out = _ints(d.get("out"), f"{field}.out", width)
     if len(out) != len(cols):
@@ -296,12 +363,15 @@ class Program:
             out.append(i)
         return out
 
-    def randomize(self, x: Sequence[int], rng: DrawSource) -> list[int]:
+    def randomize(self, x: Sequence[int], rng: DrawSource, device_id: int = 0) -> list[int]:
         """One report of the record of indices ``x`` (memoized: of the permanent responses
-        ``x``)."""
+        ``x``) by the device ``device_id`` (``partition`` assigns by it)."""
         report = [0] * self.width
         for s in self.steps:
-            _run(s, x, rng, report)
+            if s.op == "partition":
+                _partition_run(s, x, rng, report, device_id)
+            else:
+                _run(s, x, rng, report)
         return report
 
 
@@ -317,9 +387,38 @@ def _run(s: _Step, x: Sequence[int] | Mapping[int, int], rng: DrawSource,
     assert isinstance(s.out, tuple)
     cell = _ravel(x, s.cols, s.shape)
     if s.op == "grr":
-        if not bernoulli(rng, s.p):
-            other = uniform(rng, math.prod(s.shape) - 1)
-            cell = other + (other >= cell)
+        cell = _grr(cell, math.prod(s.shape), s.p, rng)
     else:
         cell = categorical(rng, s.cum[cell])
     _unravel(cell, s.out, s.shape, report)
+
+
+def _grr(cell: int, k: int, p: float, rng: DrawSource) -> int:
+    """Keep ``cell`` with probability p, else one of the other k − 1 cells uniformly."""
+    if bernoulli(rng, p):
+        return cell
+    other = uniform(rng, k - 1)
+    return other + (other >= cell)
+
+
+def _partition_run(s: _Step, x: Sequence[int], rng: DrawSource, report: list[int],
+                   device_id: int) -> None:
+    """Slot i reports table (first + i) mod K, first = mix64(device id ^ mix64(seed)) mod K;
+    GRR: the cell; OLH: a = uniform(g^r), h = Σ digit_i(a)·digit_i(cell) mod g (base-g digits),
+    code a·g + GRR_g(h)."""
+    assert isinstance(s.out, tuple)
+    k = len(s.tables)
+    first = mix64((int(device_id) & _M64) ^ s.seed) % k
+    for i, col in enumerate(s.out):
+        t = s.tables[(first + i) % k]
+        cell = _ravel(x, t.cols, t.shape)
+        if t.g == 0:
+            code = _grr(cell, math.prod(t.shape), t.p, rng)
+        else:
+            a = uniform(rng, t.g ** t.r)
+            h, aa, cc = 0, a, cell
+            for _ in range(t.r):
+                h += (aa % t.g) * (cc % t.g)
+                aa, cc = aa // t.g, cc // t.g
+            code = a * t.g + _grr(h % t.g, t.g, t.p, rng)
+        report[col] = t.offset + code

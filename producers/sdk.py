@@ -318,7 +318,8 @@ class DeviceClient:
             refusal = self.ledger.refusal(prog.epsilon, now)
             if refusal is not None:
                 return ReportResult("refused", 0.0, mech.version, refusal)
-            report = np.asarray(prog.randomize([int(v) for v in x], self.draws), dtype=np.int64)
+            report = np.asarray(prog.randomize([int(v) for v in x], self.draws, self.device_id),
+                                dtype=np.int64)
             self.ledger.commit(self.collection, now, prog.epsilon)
             return ReportResult("queued", prog.epsilon, mech.version, report=report)
         if not (isinstance(mech, RRIndependent) and mech.memoize is not None):

@@ -38,6 +38,8 @@ CEILING = 8.0
 
 DOM = Domain(("os", "plan", "region"), (3, 2, 4),
              (("android", "ios", "web"), ("free", "pro"), ("eu", "us", "apac", "latam")))
+CITY = Domain(("os", "plan", "city"), (3, 2, 12),
+              (("android", "ios", "web"), ("free", "pro"), tuple(f"c{i}" for i in range(12))))
 WIDE = Domain(("zip", "plan"), (300, 2),
               (tuple(f"z{i:03d}" for i in range(300)), ("free", "pro")))
 
@@ -56,6 +58,10 @@ def _mechanisms() -> list[tuple[str, Any]]:
                                                    epsilon_scope="record")),
         ("smp", mechanism_class("smp").from_config(DOM, None, epsilon=1.5,
                                                    epsilon_scope="record")),
+        ("partitioned-olh", mechanism_class("partitioned").from_config(
+            CITY, {"assign_seed": 12349}, epsilon=2.0, epsilon_scope="record")),
+        ("partitioned-2", mechanism_class("partitioned").from_config(
+            DOM, {"per_report": 2, "ways": 1}, epsilon=1.0, version=3)),
     ]
 
 
@@ -94,8 +100,8 @@ def randomize_vectors() -> dict[str, Any]:
         seed = 1000 + i
         g = SplitMix64(seed)
         records = _records(mech.domain, 24)
-        reports = [prog.randomize(prog.encode(r), g) for r in records]
         device_id, sequence, sent_at = 2**63 + i, 5 + i, NOW + 0.25
+        reports = [prog.randomize(prog.encode(r), g, device_id) for r in records]
         batch = encode_batch(name, mech.version, np.asarray(reports),
                              device_ids=np.full(len(reports), device_id, dtype=np.uint64),
                              sent_at=sent_at, key=(device_id, sequence))

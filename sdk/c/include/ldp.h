@@ -61,8 +61,16 @@ int ldp_bernoulli(ldp_rng *rng, double p);
 uint32_t ldp_categorical(ldp_rng *rng, const double *cum, uint32_t k);
 
 /* --- the randomization description ---------------------------------------------------------- */
+typedef struct ldp_table {           /* one table of a partition step */
+  uint8_t n_in;
+  uint8_t in[LDP_MAX_ATTRS];
+  uint64_t cells;
+  uint32_t offset, g, r;               /* g = 0: GRR over the cells, else OLH(g, r) */
+  double p;
+} ldp_table;
+
 typedef struct ldp_step {
-  uint8_t op;                          /* 1 grr, 2 matrix, 3 select */
+  uint8_t op;                          /* 1 grr, 2 matrix, 3 select, 4 partition */
   uint8_t n_in;
   uint8_t in[LDP_MAX_ATTRS];
   uint8_t out[LDP_MAX_ATTRS];          /* select: out[0] is the index column */
@@ -71,7 +79,10 @@ typedef struct ldp_step {
   double eps;                          /* epsilon of the step (select: dearest branch) */
   uint32_t cum;                        /* matrix: offset of cells*cells cumulative sums */
   uint16_t first, count;               /* select: branches; first step of branch b is
-                                          branch_start[first + b], ends at the next one */
+                                          branch_start[first + b], ends at the next one;
+                                          partition: tables[first .. first + count) */
+  uint8_t n_out;                       /* partition: slots, columns out[0 .. n_out) */
+  uint64_t seed;                       /* partition: mix64(assign seed) */
 } ldp_step;
 
 typedef struct ldp_program {
@@ -89,6 +100,8 @@ typedef struct ldp_program {
   ldp_step steps[LDP_MAX_STEPS];
   uint16_t branch_start[LDP_MAX_STEPS + 1];
   double cum[LDP_MAX_MATRIX];
+  ldp_table tables[LDP_MAX_STEPS];
+  uint32_t n_tables;
   double epsilon;
 } ldp_program;
 
@@ -98,8 +111,8 @@ int ldp_program_parse(ldp_program *prog, const char *json, size_t len, char *err
 int ldp_program_encode(const ldp_program *prog, const char *const *names,
                        const char *const *labels, size_t n, uint32_t *x, char *err,
                        size_t errlen);
-void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, ldp_rng *rng,
-                           uint32_t *report);
+void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t device_id,
+                           ldp_rng *rng, uint32_t *report);
 /* one grr or matrix step on an input cell (mixed radix of its attributes): the output cell
    (privacy audits sample a channel through it) */
 uint64_t ldp_step_apply(const ldp_program *prog, uint32_t step, uint64_t cell, ldp_rng *rng);

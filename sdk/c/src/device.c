@@ -24,7 +24,7 @@ int ldp_device_report(ldp_device *d, const char *const *names, const char *const
     r = ldp_memo_report(d->ledger, p, x, now, d->resend_every_s, &d->rng, report, &charged);
   } else {
     r = ldp_ledger_charge(d->ledger, p->epsilon, now);
-    if (r == LDP_OK) ldp_program_randomize(p, x, &d->rng, report);
+    if (r == LDP_OK) ldp_program_randomize(p, x, d->device_id, &d->rng, report);
   }
   if (r == LDP_E_BUDGET) ldp_errf(err, errlen, "budget exceeded: this report would cost "
                                   "epsilon=%g", p->epsilon);

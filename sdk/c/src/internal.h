@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "ldp.h"
 
 #define LDP_PROGRAM_VERSION 1
@@ -15,11 +17,29 @@ static inline uint8_t *ldp_le(uint8_t *p, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
   return p + bytes;
 }
+/* the SplitMix64 finalizer (the partition assignment's hash) */
+static inline uint64_t ldp_mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
 /* a select step's branches follow it: the next step of the same list */
 static inline uint32_t ldp_after(const ldp_program *p, uint32_t i) {
   const ldp_step *s = &p->steps[i];
   return s->op == 3 ? p->branch_start[s->first + s->count] : i + 1;
 }
+/* the state of parsing one description (program.c, partition.c) */
+typedef struct parser {
+  ldp_program *p;
+  uint32_t text_used, labels_used, cum_used, branches_used;
+  char *err;
+  size_t errlen;
+} parser;
+/* -1 with ps->err set on a bad list */
+int ldp_int_list(parser *ps, json_t *json, const char *field, uint32_t below, uint8_t *out,
+                 uint8_t *n);
+double ldp_grr_epsilon(double p, uint64_t k);
+int ldp_parse_partition(parser *ps, json_t *json, const char *field, ldp_step *s);
 /* json: a jansson json_t * */
 int ldp_program_from_json(ldp_program *prog, void *json, char *err, size_t errlen);
 #endif

@@ -171,7 +171,7 @@ int ldp_memo_report(ldp_ledger *l, const ldp_program *p, const uint32_t *x, doub
   for (uint32_t j = 0; j < p->n_attrs; j++)
     y[j] = have[j] >= 0 ? l->memo[have[j]].response
                         : (uint32_t)ldp_step_apply(p, p->n_top + j, x[j], rng);
-  if (p->n_top) ldp_program_randomize(p, y, rng, report);
+  if (p->n_top) ldp_program_randomize(p, y, 0, rng, report);
   else memcpy(report, y, sizeof(uint32_t) * p->n_attrs);
   if (newer) {  /* past periods are never reused */
     l->n_memo = l->n_sent = 0;

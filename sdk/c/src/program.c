@@ -1,10 +1,12 @@
 /* The randomization description: parse, epsilon, labels -> indices, randomize
    (docs/device-protocol.md, "Randomization description"). */
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -17,12 +19,6 @@ void ldp_errf(char *err, size_t errlen, const char *fmt, ...) {
   va_end(ap);
 }
 
-typedef struct parser {
-  ldp_program *p;
-  uint32_t text_used, labels_used, cum_used, branches_used;
-  char *err;
-  size_t errlen;
-} parser;
 
 static int put_text(parser *ps, const char *s, uint32_t *at) {
   size_t n = strlen(s) + 1;
@@ -33,7 +29,7 @@ static int put_text(parser *ps, const char *s, uint32_t *at) {
   return 0;
 }
 
-static int int_list(parser *ps, json_t *v, const char *field, uint32_t below, uint8_t *out,
+int ldp_int_list(parser *ps, json_t *v, const char *field, uint32_t below, uint8_t *out,
                     uint8_t *n) {
   size_t i, len = json_is_array(v) ? json_array_size(v) : 0;
   if (len == 0 || len > LDP_MAX_ATTRS) goto bad;
@@ -125,16 +121,17 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     s->eps = best;
     return 0;
   }
+  if (op && strcmp(op, "partition") == 0 && depth == 0) return ldp_parse_partition(ps, d, field, s);
   if (!op || (strcmp(op, "grr") && strcmp(op, "matrix"))) {
-    ldp_errf(ps->err, ps->errlen, "%s.op: unknown op '%s' (known: grr, matrix, select)", field,
-             op ? op : "");
+    ldp_errf(ps->err, ps->errlen, "%s.op: unknown op '%s' (known: grr, matrix, select, "
+             "partition)", field, op ? op : "");
     return -1;
   }
   uint8_t n_out;
   ldp_errf(f, sizeof f, "%s.in", field);
-  if (int_list(ps, json_object_get(d, "in"), f, p->n_attrs, s->in, &s->n_in)) return -1;
+  if (ldp_int_list(ps, json_object_get(d, "in"), f, p->n_attrs, s->in, &s->n_in)) return -1;
   ldp_errf(f, sizeof f, "%s.out", field);
-  if (int_list(ps, json_object_get(d, "out"), f, p->width, s->out, &n_out)) return -1;
+  if (ldp_int_list(ps, json_object_get(d, "out"), f, p->width, s->out, &n_out)) return -1;
   if (n_out != s->n_in) {
     ldp_errf(ps->err, ps->errlen, "%s.out: must have as many columns as in", field);
     return -1;
@@ -156,9 +153,7 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     }
     s->op = 1;
     s->p = pr;
-    double q = (1.0 - pr) / (double)(s->cells - 1);
-    double lo = pr < q ? pr : q, hi = pr < q ? q : pr;
-    s->eps = lo <= 0.0 ? INFINITY : log(hi / lo);
+    s->eps = ldp_grr_epsilon(pr, s->cells);
   } else {
     json_t *rows = json_object_get(d, "rows");
     uint64_t k = s->cells;
@@ -351,6 +346,7 @@ int ldp_program_from_json(ldp_program *prog, void *json, char *err, size_t errle
   parser ps = {prog, 0, 0, 0, 0, err, errlen};
   memset(prog, 0, offsetof(ldp_program, text));
   prog->n_steps = 0;
+  prog->n_tables = 0;
   return parse_doc(&ps, (json_t *)json) ? LDP_UNUSABLE : LDP_OK;
 }
 

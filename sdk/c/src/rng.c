@@ -4,14 +4,11 @@
 #include <stdlib.h>
 #include <sys/random.h>
 
-#include "ldp.h"
+#include "internal.h"
 
 uint64_t ldp_splitmix64_next(void *state) {
   uint64_t *s = (uint64_t *)state;
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
+  return ldp_mix64(*s += 0x9E3779B97F4A7C15ULL);
 }
 
 uint64_t ldp_os_rng_next(void *ctx) {

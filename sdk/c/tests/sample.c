@@ -63,7 +63,7 @@ static int bench(const char *name, json_t *recs, double secs, ldp_rng *rng) {
   double t0 = now(), t;
   do {
     for (int rep = 0; rep < 10000; rep++) {
-      ldp_program_randomize(&prog, xs[done % n], rng, report);
+      ldp_program_randomize(&prog, xs[done % n], 0, rng, report);
       sink += report[0];
       done++;
     }

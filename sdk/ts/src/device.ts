@@ -117,7 +117,7 @@ export class Device {
     const reason = this.opts.ledger.refusal(cost, now);
     if (reason !== null) return { status: "refused", epsilon: 0, version: st.version, reason };
     await this.opts.ledger.charge(cost, now);
-    return { report: st.program.randomize(x, this.rng), cost };
+    return { report: st.program.randomize(x, this.rng, undefined, this.opts.deviceId), cost };
   }
 
   /** docs/device-protocol.md, "Ledger": permanent responses once per rotation period (a clock

@@ -43,7 +43,39 @@ interface Select {
   eps: number;
 }
 
-type Step = Leaf | Select;
+interface Table {
+  cols: number[];
+  sizes: number[];
+  cells: number;
+  offset: number;
+  p: number;
+  g: number;   // 0: GRR over the cells
+  r: number;
+}
+
+interface Partition {
+  op: "partition";
+  seed: bigint;   // mix64(assign seed)
+  out: number[];
+  tables: Table[];
+  eps: number;
+}
+
+type Step = Leaf | Select | Partition;
+
+const M64 = (1n << 64n) - 1n;
+/** The SplitMix64 finalizer: the partition assignment's hash. */
+export function mix64(x: bigint): bigint {
+  x = ((x ^ (x >> 30n)) * 0xbf58476d1ce4e5b9n) & M64;
+  x = ((x ^ (x >> 27n)) * 0x94d049bb133111ebn) & M64;
+  return x ^ (x >> 31n);
+}
+
+const grrEpsilon = (p: number, k: number): number => {
+  const q = (1 - p) / (k - 1);
+  const lo = Math.min(p, q), hi = Math.max(p, q);
+  return lo <= 0 ? Infinity : Math.log(hi / lo);
+};
 
 /** The memoized part of a description: one permanent step per attribute. */
 export interface Memo {
@@ -190,9 +222,10 @@ export class Program {
       const eps = Math.max(0, ...branches.map((b) => b.reduce((e, s) => e + s.eps, 0)));
       return { op: "select", out: d.out, branches, eps };
     }
+    if (d.op === "partition" && depth === 0) return this.parsePartition(d, field);
     if (d.op !== "grr" && d.op !== "matrix")
       throw new ProgramError(`${field}.op`, `unknown op ${JSON.stringify(d.op)} (known: grr, ` +
-                             "matrix, select)");
+                             "matrix, select, partition)");
     const cols = ints(d.in, `${field}.in`, this.attrs.length);
     const out = ints(d.out, `${field}.out`, this.width);
     if (out.length !== cols.length)
@@ -204,10 +237,8 @@ export class Program {
       const p = d.p;
       if (typeof p !== "number" || !(p >= 0 && p <= 1))
         throw new ProgramError(`${field}.p`, "must be a number in [0, 1]");
-      const q = (1 - p) / (cells - 1);
-      const lo = Math.min(p, q), hi = Math.max(p, q);
-      const eps = lo <= 0 ? Infinity : Math.log(hi / lo);
-      return { op: "grr", cols, sizes, out, cells, p, cum: new Float64Array(0), eps };
+      return { op: "grr", cols, sizes, out, cells, p, cum: new Float64Array(0),
+               eps: grrEpsilon(p, cells) };
     }
     const rows = d.rows;
     this.matrixEntries += cells * cells;
@@ -230,6 +261,44 @@ export class Program {
     return { op: "matrix", cols, sizes, out, cells, p: 0, cum, eps: matrixEpsilon(rows) };
   }
 
+  private parsePartition(d: Record<string, unknown>, field: string): Partition {
+    const seed = d.seed;
+    if (typeof seed !== "string" || !/^[0-9]{1,20}$/.test(seed) || BigInt(seed) > M64)
+      throw new ProgramError(`${field}.seed`, "must be a u64 as a decimal string");
+    const out = ints(d.out, `${field}.out`, this.width);
+    const tabs = d.tables;
+    if (!Array.isArray(tabs) || tabs.length < 1 || tabs.length > MAX_STEPS)
+      throw new ProgramError(`${field}.tables`, `must be a list of 1..${MAX_STEPS} tables`);
+    if (out.length > tabs.length) throw new ProgramError(`${field}.out`, "more slots than tables");
+    const tables = tabs.map((t: unknown, i): Table => {
+      const f = `${field}.tables[${i}]`;
+      if (!isObj(t) || (t.oracle !== "grr" && t.oracle !== "olh"))
+        throw new ProgramError(`${f}.oracle`, "must be grr or olh");
+      const cols = ints(t.in, `${f}.in`, this.attrs.length);
+      const sizes = cols.map((c) => this.shape[c]);
+      const cells = sizes.reduce((a, b) => a * b, 1);
+      const offset = t.offset;
+      if (!isInt(offset) || offset < 0 || offset >= MAX_CELLS)
+        throw new ProgramError(`${f}.offset`, `must be an integer in [0, ${MAX_CELLS})`);
+      const p = t.p;
+      if (typeof p !== "number" || !(p >= 0 && p <= 1))
+        throw new ProgramError(`${f}.p`, "must be a number in [0, 1]");
+      let g = 0, r = 0, codes = cells;
+      if (t.oracle === "olh") {
+        if (!isInt(t.g) || !isInt(t.r) || t.g < 2 || t.r < 1 || t.g ** t.r > MAX_CELLS ||
+            t.g ** t.r < cells)
+          throw new ProgramError(`${f}.g`, "g >= 2 and r >= 1 with cells <= g^r <= 2^32");
+        g = t.g;
+        r = t.r;
+        codes = g ** (r + 1);
+      }
+      if (offset + codes > MAX_CELLS) throw new ProgramError(`${f}.offset`, "codes beyond 2^32");
+      return { cols, sizes, cells, offset, p, g, r };
+    });
+    const worst = Math.max(...tables.map((t) => grrEpsilon(t.p, t.g || t.cells)));
+    return { op: "partition", seed: mix64(BigInt(seed)), out, tables, eps: out.length * worst };
+  }
+
   /** Labels -> indices; a SchemaError names a missing or unknown attribute or category. */
   encode(record: Record<string, string>): number[] {
     for (const a of Object.keys(record))
@@ -247,9 +316,10 @@ export class Program {
 
   /** One report of the record of indices x (into `report` when given). */
   randomize(x: ArrayLike<number>, rng: DrawSource,
-            report: number[] = new Array<number>(this.width)): number[] {
+            report: number[] = new Array<number>(this.width), deviceId = 0n): number[] {
     report.fill(0, 0, this.width);
     for (const s of this.steps) {
+      if (s.op === "partition") { partition(s, x, rng, report, deviceId); continue; }
       if (s.op !== "select") { run(s, x, rng, report); continue; }
       const b = uniform(rng, s.branches.length);
       report[s.out] = b;
@@ -260,7 +330,8 @@ export class Program {
 
   /** The grr/matrix steps at the top level with their cell counts (privacy audits). */
   leafSteps(): { index: number; cells: number }[] {
-    return this.steps.flatMap((s, index) => s.op === "select" ? [] : [{ index, cells: s.cells }]);
+    return this.steps.flatMap((s, index) => s.op === "select" || s.op === "partition" ? []
+      : [{ index, cells: s.cells }]);
   }
 
   /** One top-level grr/matrix step on an input cell: the output cell. */
@@ -269,19 +340,50 @@ export class Program {
   }
 }
 
+function grr(cell: number, k: number, p: number, rng: DrawSource): number {
+  if (bernoulli(rng, p)) return cell;
+  const other = uniform(rng, k - 1);
+  return other + (other >= cell ? 1 : 0);
+}
+
 function apply(s: Leaf, cell: number, rng: DrawSource): number {
-  if (s.op === "grr") {
-    if (bernoulli(rng, s.p)) return cell;
-    const other = uniform(rng, s.cells - 1);
-    return other + (other >= cell ? 1 : 0);
-  }
+  if (s.op === "grr") return grr(cell, s.cells, s.p, rng);
   return categorical(rng, s.cum, cell * s.cells, s.cells);
 }
 
-function run(s: Leaf, x: ArrayLike<number>, rng: DrawSource, report: number[]): void {
+function ravel(x: ArrayLike<number>, cols: number[], sizes: number[]): number {
   let cell = 0;
-  for (let i = 0; i < s.cols.length; i++) cell = cell * s.sizes[i] + x[s.cols[i]];
-  cell = apply(s, cell, rng);
+  for (let i = 0; i < cols.length; i++) cell = cell * sizes[i] + x[cols[i]];
+  return cell;
+}
+
+/** Slot i: table (first + i) mod K, first = mix64(device id ^ seed) mod K; GRR on the cell,
+ * or OLH: a = uniform(g^r), h = sum of digit_i(a) * digit_i(cell) mod g, code a*g + GRR_g(h). */
+function partition(s: Partition, x: ArrayLike<number>, rng: DrawSource, report: number[],
+                   deviceId: bigint): void {
+  const k = s.tables.length;
+  const first = Number(mix64(BigInt.asUintN(64, deviceId) ^ s.seed) % BigInt(k));
+  s.out.forEach((col, i) => {
+    const t = s.tables[(first + i) % k];
+    const cell = ravel(x, t.cols, t.sizes);
+    let code: number;
+    if (t.g === 0) code = grr(cell, t.cells, t.p, rng);
+    else {
+      const a = uniform(rng, t.g ** t.r);
+      let h = 0, aa = a, cc = cell;
+      for (let j = 0; j < t.r; j++) {
+        h += (aa % t.g) * (cc % t.g);
+        aa = Math.floor(aa / t.g);
+        cc = Math.floor(cc / t.g);
+      }
+      code = a * t.g + grr(h % t.g, t.g, t.p, rng);
+    }
+    report[col] = t.offset + code;
+  });
+}
+
+function run(s: Leaf, x: ArrayLike<number>, rng: DrawSource, report: number[]): void {
+  let cell = apply(s, ravel(x, s.cols, s.sizes), rng);
   for (let i = s.cols.length - 1; i >= 0; i--) {
     report[s.out[i]] = cell % s.sizes[i];
     cell = Math.floor(cell / s.sizes[i]);

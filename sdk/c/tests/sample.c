@@ -26,10 +26,55 @@ static double now(void) {
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+/* the first slot of a partition step, per table with at most 400 codes: a device assigned to
+   it, SAMPLES/cells reports of every cell (the other attributes 0) */
+static void audit_partition(const char *name, uint32_t si, long samples, ldp_rng *rng) {
+  const ldp_step *s = &prog.steps[si];
+  static uint64_t tc[36 * 400];
+  for (uint32_t ti = 0; ti < s->count; ti++) {
+    const ldp_table *t = &prog.tables[s->first + ti];
+    uint64_t codes = t->cells, dev = 0;
+    if (t->g) {
+      codes = t->g;
+      for (uint32_t k = 0; k < t->r; k++) codes *= t->g;
+    }
+    if (codes > 400 || t->cells > 36) continue;
+    while (mix64(dev ^ s->seed) % s->count != ti) dev++;
+    memset(tc, 0, sizeof tc);
+    for (uint64_t c = 0; c < t->cells; c++) {
+      uint32_t x[LDP_MAX_ATTRS] = {0}, report[LDP_MAX_WIDTH];
+      uint64_t rest = c;
+      for (int i = t->n_in - 1; i >= 0; i--) {
+        x[t->in[i]] = (uint32_t)(rest % prog.size[t->in[i]]);
+        rest /= prog.size[t->in[i]];
+      }
+      for (long n = 0; n < samples / (long)t->cells; n++) {
+        ldp_program_randomize(&prog, x, dev, rng, report);
+        tc[c * codes + (report[s->out[0]] - t->offset)]++;
+      }
+    }
+    printf("{\"case\":\"%s\",\"step\":%u,\"table\":%u,\"counts\":[", name, si, ti);
+    for (uint64_t c = 0; c < t->cells; c++) {
+      printf("%s[", c ? "," : "");
+      for (uint64_t y = 0; y < codes; y++)
+        printf("%s%llu", y ? "," : "", (unsigned long long)tc[c * codes + y]);
+      printf("]");
+    }
+    printf("]}\n");
+  }
+}
+
 static void audit(const char *name, long samples, ldp_rng *rng) {
   for (uint32_t s = 0; s < prog.n_steps; s++) {
     uint64_t k = prog.steps[s].cells;
-    if (prog.steps[s].op == 3 || k > 32) continue;
+    if (prog.steps[s].op == 4) audit_partition(name, s, samples, rng);
+    if (prog.steps[s].op >= 3 || k > 32) continue;
     memset(counts, 0, sizeof counts);
     for (uint64_t x = 0; x < k; x++)
       for (long t = 0; t < samples / (long)k; t++)

@@ -14,6 +14,8 @@ for (const c of JSON.parse(readFileSync(file, "utf8")).cases) {
   const program = new Program(c.device);
   if (mode === "audit") {
     const samples = Number(arg);
+    for (const line of program.auditPartition(samples, rng))
+      console.log(JSON.stringify({ case: c.name, ...line }));
     for (const { index, cells } of program.leafSteps()) {
       if (cells > 32) continue;
       const counts = Array.from({ length: cells }, () => new Array<number>(cells).fill(0));

@@ -254,6 +254,8 @@ class DeviceClient:
         self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng()
         self.sequence = sequence if sequence is not None else BatchSequence(None, clock)
         self._programs: dict[tuple[str, int], Program | None] = {}
+        #: an encoded batch not yet delivered, and its report count
+        self._pending: tuple[bytes, int] | None = None
         self.clock = clock
         self._buffer: list[np.ndarray] = []
         self._version: int | None = None
@@ -391,6 +393,13 @@ class DeviceClient:
             await self._send()
 
     async def _send(self) -> None:
+        """Encode the buffer as one batch with the next batch key and send it; a batch whose
+        sending failed is sent again first, byte for byte (the server counts a key once)."""
+        if self._pending is not None:
+            await self.transport.send(self.collection, self._pending[0], self.device_id)
+            self.sent_reports += self._pending[1]
+            self.sent_batches += 1
+            self._pending = None
         if not self._buffer:
             return
         assert self._version is not None
@@ -399,10 +408,8 @@ class DeviceClient:
                                device_ids=np.full(len(reports), self.device_id, dtype=np.uint64),
                                sent_at=self.clock(),
                                key=(self.device_id, self.sequence.take()))
-        await self.transport.send(self.collection, payload, self.device_id)
-        self._buffer = []
-        self.sent_reports += len(reports)
-        self.sent_batches += 1
+        self._pending, self._buffer = (payload, len(reports)), []
+        await self._send()
 
     async def flush(self) -> None:
         """Send what is buffered and wait until the transport has delivered it."""

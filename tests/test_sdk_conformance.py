@@ -15,7 +15,7 @@ import pytest
 
 from ldpstream.estimators import mechanism_class, mechanism_names
 from ldpstream.estimators.domain import Domain, SchemaError
-from ldpstream.producers.codec import encode_batch
+from ldpstream.producers.codec import decode_batch, encode_batch
 from ldpstream.producers.device import ConfigWatcher
 from ldpstream.producers.ledger import Budget, Ledger
 from ldpstream.producers.program import (Program, ProgramError, SplitMix64, bernoulli,
@@ -26,6 +26,17 @@ from ldpstream.producers.signing import VerifyKey
 pytestmark = pytest.mark.core
 
 DIR = Path(__file__).resolve().parent.parent / "sdk" / "conformance"
+
+
+def _gen():
+    """sdk/conformance/generate.py as a module (its test key and envelope)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sdk_conformance", DIR / "generate.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    return gen
 
 
 def _load(name: str) -> dict:
@@ -151,14 +162,9 @@ def test_every_family_describes_itself_or_says_it_cannot(name):
 def test_device_client_randomizes_from_the_signed_description():
     """The Python SDK runs the published description: the conformance reports come out of
     :class:`DeviceClient` with the test generator, with a batch key."""
-    import importlib.util
-
     from ldpstream.estimators.rr_ind import RRIndependent
 
-    spec = importlib.util.spec_from_file_location("sdk_conformance", DIR / "generate.py")
-    assert spec is not None and spec.loader is not None
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = _gen()
     DOM, envelope = gen.DOM, gen.envelope
     case = _load("randomize.json")["cases"][0]
     w = _watcher(8.0)
@@ -207,3 +213,44 @@ def test_partition_olh_slot_has_the_oracle_channel():
     codes = np.array([prog.randomize(x, rng, dev)[0] for _ in range(n)]) - table["offset"]
     obs = np.bincount(codes, minlength=oracle.n_codes)
     assert chisquare(obs, n * oracle.channel()[17]).pvalue > 1e-4
+
+
+def test_a_failed_batch_is_sent_again_with_its_key(tmp_path):
+    from ldpstream.estimators.rr_ind import RRIndependent
+    from ldpstream.producers.sequence import BatchSequence
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.fail, self.sent = True, []
+
+        async def send(self, collection: str, batch: bytes, device_id: int) -> None:
+            if self.fail:
+                self.fail = False
+                raise ConnectionError("reset")
+            self.sent.append(batch)
+
+        async def flush(self) -> None:
+            return None
+
+        async def close(self) -> None:
+            return None
+
+    w = _watcher(8.0)
+    mech = RRIndependent(Domain(("a",), (3,)), epsilon=1.0)
+    w._take(b"c", _gen().envelope(mech.device_state(), "c", 1.0).encode())  # noqa: SLF001
+    t = Flaky()
+
+    async def run():
+        client = DeviceClient("c", watcher=w, transport=t, ledger=Ledger(":memory:"),
+                              device_id=4, batch_size=2, rng=SplitMix64(1),
+                              sequence=BatchSequence(str(tmp_path / "seq")))
+        await client.report({"a": "0"})
+        with pytest.raises(ConnectionError):
+            await client.report({"a": "1"})
+        await client.report({"a": "2"})
+        await client.flush()
+        return client
+
+    client = asyncio.run(run())
+    keys = [decode_batch(b).key for b in t.sent]
+    assert keys == [(4, 0), (4, 1)] and client.sent_reports == 3

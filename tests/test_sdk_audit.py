@@ -123,3 +123,16 @@ def test_the_audit_catches_a_wrong_channel():
     counts = np.stack([rng.multinomial(SAMPLES // k, row) for row in wrong])
     line = json.dumps({"case": "rr-ind", "step": 0, "counts": counts.tolist()})
     assert _audit([line]) != []
+
+
+def test_bench_sdk_quick_runs(capsys):
+    """``ldpstream bench sdk --quick --json``: every case measured in C, TypeScript and Python,
+    the -Os library's size read. No timing is asserted."""
+    from ldpstream.cli import main
+
+    assert main(["bench", "sdk", "--quick", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cases = [c["name"] for c in json.loads(VECTORS.read_text())["cases"]]
+    assert [r["case"] for r in out["reports_per_s"]] == cases
+    assert all(r["c"] > 0 and r["ts"] > 0 and r["python"] > 0 for r in out["reports_per_s"])
+    assert out["c_size"]["text"] > 0 and out["c_size"]["ldp_state"] > 0

@@ -10,8 +10,9 @@ applied in order to a record of category indices:
   kept with probability ``p``, else replaced by one of the other cells uniformly; the result is
   written, in the same mixed radix, to the report columns ``out``.
 * ``matrix``: the cell goes through the row-stochastic matrix ``rows`` (inverse-CDF sampling).
-* ``select``: an index j uniform in ``[0, len(branches))`` is written to column ``out``, then the
-  steps of branch j run.
+* ``select``: an index j uniform in ``[0, len(branches))`` is written to column ``out`` (unless
+  ``out`` is null), then the steps of branch j run.
+* ``uniform``: a uniform cell of the attributes ``in``, whatever the record (fake data).
 
 * ``partition``: the device's id picks the first of the ``tables`` (a fixed assignment); each
   report column ``out[s]`` carries table (first + s) mod K through its oracle (GRR, or OLH with
@@ -37,7 +38,7 @@ import numpy as np
 from . import channels as ch
 from .domain import Domain
 
-__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "program",
+__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step", "program",
            "program_epsilon", "memo_fingerprint", "is_grr"]
 
 #: the version ``v`` of the description format
@@ -59,9 +60,17 @@ def matrix_step(cols: Sequence[int], P: np.ndarray,
             "rows": np.asarray(P, dtype=float).tolist()}
 
 
-def select_step(out: int, branches: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
-    """Report a uniform branch index in column ``out``, then run that branch."""
-    return {"op": "select", "out": int(out), "branches": [list(b) for b in branches]}
+def select_step(out: int | None, branches: Sequence[Sequence[Mapping[str, Any]]]
+                ) -> dict[str, Any]:
+    """Draw a uniform branch index, report it in column ``out`` (None: not reported), then run
+    that branch."""
+    return {"op": "select", "out": None if out is None else int(out),
+            "branches": [list(b) for b in branches]}
+
+
+def uniform_step(cols: Sequence[int]) -> dict[str, Any]:
+    """A uniform cell of the attributes ``cols``, whatever the record (fake data)."""
+    return {"op": "uniform", "in": [int(c) for c in cols], "out": [int(c) for c in cols]}
 
 
 def is_grr(P: np.ndarray) -> bool:
@@ -104,6 +113,8 @@ def step_epsilon(step: Mapping[str, Any], shape: Sequence[int]) -> float:
         return _grr_epsilon(float(step["p"]), _cells(shape, step["in"]))
     if op == "matrix":
         return ch.epsilon(np.asarray(step["rows"], dtype=float))
+    if op == "uniform":
+        return 0.0
     if op == "partition":
         return len(step["out"]) * max(_grr_epsilon(float(t["p"]), int(t["g"]) if t["oracle"]
                                                    == "olh" else _cells(shape, t["in"]))

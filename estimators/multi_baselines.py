@@ -462,6 +462,16 @@ class RSFD(_Multi):
     def _fakes(self, n: int, rng: np.random.Generator, dtype) -> np.ndarray:
         return np.stack([rng.integers(0, d, n) for d in self.domain.shape], axis=1).astype(dtype)
 
+    def _fake_step(self, k: int) -> dict[str, Any]:
+        return dp.uniform_step([k])
+
+    def device_program(self) -> dict[str, Any] | None:
+        """A hidden uniform attribute j: GRR(ε') on it, fakes on the others
+        (docs/device-protocol.md)."""
+        return dp.program(self.name, self.domain, self.m, [dp.select_step(None, [
+            [dp.grr_step([j], float(P[0, 0])) if k == j else self._fake_step(k)
+             for k in range(self.m)] for j, P in enumerate(self.channels)])])
+
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         x = self._records(records)
         n = len(x)
@@ -574,6 +584,19 @@ class RSRFD(RSFD):
 
     def _amp_priors(self):
         return self.priors
+
+    def _fake_step(self, k: int) -> dict[str, Any]:
+        d = self.domain.shape[k]
+        return dp.matrix_step([k], np.tile(self.priors[k], (d, 1)))
+
+    def device_program(self) -> dict[str, Any] | None:
+        """Phase 0: SPL; then RS+RFD with fakes from the priors (a matrix of identical rows);
+        None when the priors' matrices exceed the description's 4,096 entries."""
+        if self.phase == 0:
+            return dict(self.spl.device_program(), family=self.name)
+        if sum(d * d for d in self.domain.shape) * (self.m - 1) > 4096:
+            return None
+        return super().device_program()
 
     @property
     def epsilon(self) -> float:

@@ -118,7 +118,7 @@ class _Step:
     op: str
     cols: tuple[int, ...]
     shape: tuple[int, ...]
-    out: tuple[int, ...] | int
+    out: tuple[int, ...] | int | None
     p: float = 0.0
     cum: tuple[tuple[float, ...], ...] = ()
     branches: tuple[tuple["_Step", ...], ...] = ()
@@ -205,8 +205,9 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
     op = d.get("op")
     if op == "select":
         out = d.get("out")
-        if isinstance(out, bool) or not isinstance(out, int) or not 0 <= out < width:
-            raise ProgramError(f"{field}.out", f"must be an integer in [0, {width})")
+        if out is not None and (isinstance(out, bool) or not isinstance(out, int)
+                                or not 0 <= out < width):
+            raise ProgramError(f"{field}.out", f"must be null or an integer in [0, {width})")
         br = d.get("branches")
         if depth > 0 or not isinstance(br, list) or not 1 <= len(br) <= MAX_STEPS:
             raise ProgramError(f"{field}.branches", "must be 1..64 lists of steps (not nested)")
@@ -215,9 +216,9 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
             for i, b in enumerate(br)))
     if op == "partition" and depth == 0:
         return _partition(d, field, shape, width)
-    if op not in ("grr", "matrix"):
-        raise ProgramError(f"{field}.op", f"unknown op {op!r} (known: grr, matrix, select, "
-                                          "partition)")
+    if op not in ("grr", "matrix", "uniform"):
+        raise ProgramError(f"{field}.op", f"unknown op {op!r} (known: grr, matrix, uniform, "
+                                          "select, partition)")
     cols = _ints(d.get("in"), f"{field}.in", len(shape))
     out = _ints(d.get("out"), f"{field}.out", width)
     if len(out) != len(cols):
@@ -226,6 +227,8 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
     k = math.prod(sub)
     if k > MAX_CELLS:
         raise ProgramError(f"{field}.in", f"{k} cells > {MAX_CELLS}")
+    if op == "uniform":
+        return _Step("uniform", cols, sub, out)
     if op == "grr":
         p = d.get("p")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
@@ -379,8 +382,8 @@ def _run(s: _Step, x: Sequence[int] | Mapping[int, int], rng: DrawSource,
          report: list[int]) -> None:
     if s.op == "select":
         j = uniform(rng, len(s.branches))
-        assert isinstance(s.out, int)
-        report[s.out] = j
+        if isinstance(s.out, int):
+            report[s.out] = j
         for t in s.branches[j]:
             _run(t, x, rng, report)
         return
@@ -388,6 +391,8 @@ def _run(s: _Step, x: Sequence[int] | Mapping[int, int], rng: DrawSource,
     cell = _ravel(x, s.cols, s.shape)
     if s.op == "grr":
         cell = _grr(cell, math.prod(s.shape), s.p, rng)
+    elif s.op == "uniform":
+        cell = uniform(rng, math.prod(s.shape))
     else:
         cell = categorical(rng, s.cum[cell])
     _unravel(cell, s.out, s.shape, report)

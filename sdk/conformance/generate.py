@@ -35,6 +35,9 @@ NOW = 1_790_000_000.0
 VALID_UNTIL = 4_102_444_800.0        # 2100-01-01
 EXPIRED_AT = 1_000_000_000.0         # 2001-09-09
 CEILING = 8.0
+#: the device of the randomize cases (above 2^63: u64 ids are exact everywhere; the partitioned
+#: case's assign_seed sends it to its OLH table)
+DEVICE_ID = 2**63 + 7
 
 DOM = Domain(("os", "plan", "region"), (3, 2, 4),
              (("android", "ios", "web"), ("free", "pro"), ("eu", "us", "apac", "latam")))
@@ -58,6 +61,10 @@ def _mechanisms() -> list[tuple[str, Any]]:
                                                    epsilon_scope="record")),
         ("smp", mechanism_class("smp").from_config(DOM, None, epsilon=1.5,
                                                    epsilon_scope="record")),
+        ("rs-fd", mechanism_class("rs-fd").from_config(DOM, None, epsilon=1.0)),
+        ("rs-rfd", mechanism_class("rs-rfd")(DOM, 2.0, priors=[
+            np.array([0.5, 0.3, 0.2]), np.array([0.9, 0.1]), np.array([0.4, 0.3, 0.2, 0.1])],
+            phase=1, version=2)),
         ("partitioned-olh", mechanism_class("partitioned").from_config(
             CITY, {"assign_seed": 12349}, epsilon=2.0, epsilon_scope="record")),
         ("partitioned-2", mechanism_class("partitioned").from_config(
@@ -100,7 +107,7 @@ def randomize_vectors() -> dict[str, Any]:
         seed = 1000 + i
         g = SplitMix64(seed)
         records = _records(mech.domain, 24)
-        device_id, sequence, sent_at = 2**63 + i, 5 + i, NOW + 0.25
+        device_id, sequence, sent_at = DEVICE_ID, 5 + i, NOW + 0.25
         reports = [prog.randomize(prog.encode(r), g, device_id) for r in records]
         batch = encode_batch(name, mech.version, np.asarray(reports),
                              device_ids=np.full(len(reports), device_id, dtype=np.uint64),
@@ -147,7 +154,8 @@ def state_vectors() -> dict[str, Any]:
                  device=dict(base["device"], steps=[dict(s, p=1.0) for s in
                                                     base["device"]["steps"]]))
     over = st(RRIndependent(dom, epsilon=4.5, version=3))        # ε = 9 > 8
-    undescribed = st(mechanism_class("rs-fd").from_config(dom, None, epsilon=1.0))
+    undescribed = {k: v for k, v in dict(v2, mechanism="lopub", version=4).items()
+                   if k != "device"}
     future = dict(v2, version=3, device=dict(v2["device"], v=2))
     good = envelope(v1, "app", 100.0)
     tampered = json.loads(envelope(v2, "app", 200.0))
@@ -175,8 +183,8 @@ def state_vectors() -> dict[str, Any]:
          "replayed"),
     ]
     sdk_only = [
-        ("family without a description (rs-fd)", "app",
-         envelope(dict(undescribed, version=4), "app", 400.0), "unusable"),
+        ("family without a description (lopub)", "app", envelope(undescribed, "app", 400.0),
+         "unusable"),
         ("description version 2", "app", envelope(future, "app", 400.0), "unusable"),
     ]
     return {"public_key": TEST_KEY.verify_key.to_text(), "ceiling": CEILING, "now": NOW,

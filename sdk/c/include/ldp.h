@@ -70,7 +70,7 @@ typedef struct ldp_table {           /* one table of a partition step */
 } ldp_table;
 
 typedef struct ldp_step {
-  uint8_t op;                          /* 1 grr, 2 matrix, 3 select, 4 partition */
+  uint8_t op;                          /* 1 grr, 2 matrix, 3 select, 4 partition, 5 uniform */
   uint8_t n_in;
   uint8_t in[LDP_MAX_ATTRS];
   uint8_t out[LDP_MAX_ATTRS];          /* select: out[0] is the index column */
@@ -81,7 +81,8 @@ typedef struct ldp_step {
   uint16_t first, count;               /* select: branches; first step of branch b is
                                           branch_start[first + b], ends at the next one;
                                           partition: tables[first .. first + count) */
-  uint8_t n_out;                       /* partition: slots, columns out[0 .. n_out) */
+  uint8_t n_out;                       /* partition: slots, columns out[0 .. n_out);
+                                          select: 1 when the index is reported in out[0] */
   uint64_t seed;                       /* partition: mix64(assign seed) */
 } ldp_step;
 
@@ -113,7 +114,7 @@ int ldp_program_encode(const ldp_program *prog, const char *const *names,
                        size_t errlen);
 void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t device_id,
                            ldp_rng *rng, uint32_t *report);
-/* one grr or matrix step on an input cell (mixed radix of its attributes): the output cell
+/* one grr, matrix or uniform step on an input cell (mixed radix of its attributes): the output cell
    (privacy audits sample a channel through it) */
 uint64_t ldp_step_apply(const ldp_program *prog, uint32_t step, uint64_t cell, ldp_rng *rng);
 

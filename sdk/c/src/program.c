@@ -85,9 +85,11 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
   const char *op = json_string_value(json_object_get(d, "op"));
   if (op && strcmp(op, "select") == 0) {
     json_t *out = json_object_get(d, "out"), *br = json_object_get(d, "branches");
-    if (!json_is_integer(out) || json_integer_value(out) < 0 ||
-        json_integer_value(out) >= (json_int_t)p->width) {
-      ldp_errf(ps->err, ps->errlen, "%s.out: must be an integer in [0, %u)", field, p->width);
+    int hidden = !out || json_is_null(out);
+    if (!hidden && (!json_is_integer(out) || json_integer_value(out) < 0 ||
+                    json_integer_value(out) >= (json_int_t)p->width)) {
+      ldp_errf(ps->err, ps->errlen, "%s.out: must be null or an integer in [0, %u)", field,
+               p->width);
       return -1;
     }
     size_t nb = json_is_array(br) ? json_array_size(br) : 0;
@@ -97,7 +99,8 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
       return -1;
     }
     s->op = 3;
-    s->out[0] = (uint8_t)json_integer_value(out);
+    s->n_out = hidden ? 0 : 1;
+    s->out[0] = hidden ? 0 : (uint8_t)json_integer_value(out);
     s->first = (uint16_t)ps->branches_used;
     s->count = (uint16_t)nb;
     if (ps->branches_used + nb > LDP_MAX_STEPS) {
@@ -122,8 +125,8 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     return 0;
   }
   if (op && strcmp(op, "partition") == 0 && depth == 0) return ldp_parse_partition(ps, d, field, s);
-  if (!op || (strcmp(op, "grr") && strcmp(op, "matrix"))) {
-    ldp_errf(ps->err, ps->errlen, "%s.op: unknown op '%s' (known: grr, matrix, select, "
+  if (!op || (strcmp(op, "grr") && strcmp(op, "matrix") && strcmp(op, "uniform"))) {
+    ldp_errf(ps->err, ps->errlen, "%s.op: unknown op '%s' (known: grr, matrix, uniform, select, "
              "partition)", field, op ? op : "");
     return -1;
   }
@@ -144,7 +147,10 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
       return -1;
     }
   }
-  if (strcmp(op, "grr") == 0) {
+  if (strcmp(op, "uniform") == 0) {
+    s->op = 5;
+    s->eps = 0.0;
+  } else if (strcmp(op, "grr") == 0) {
     json_t *pv = json_object_get(d, "p");
     double pr = json_number_value(pv);
     if (!json_is_number(pv) || !(pr >= 0.0 && pr <= 1.0)) {

@@ -43,6 +43,7 @@ static uint64_t grr(uint64_t cell, uint64_t k, double p, ldp_rng *rng) {
 uint64_t ldp_step_apply(const ldp_program *p, uint32_t step, uint64_t cell, ldp_rng *rng) {
   const ldp_step *s = &p->steps[step];
   if (s->op == 1) return grr(cell, s->cells, s->p, rng);
+  if (s->op == 5) return ldp_uniform(rng, s->cells);
   return ldp_categorical(rng, p->cum + s->cum + cell * s->cells, (uint32_t)s->cells);
 }
 
@@ -102,7 +103,7 @@ void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t 
       continue;
     }
     uint32_t b = (uint32_t)ldp_uniform(rng, s->count);
-    report[s->out[0]] = b;
+    if (s->n_out) report[s->out[0]] = b;
     for (uint32_t t = prog->branch_start[s->first + b]; t < prog->branch_start[s->first + b + 1];
          t++)
       run(prog, t, x, rng, report);

@@ -26,7 +26,7 @@ export class SchemaError extends Error {
 }
 
 interface Leaf {
-  op: "grr" | "matrix";
+  op: "grr" | "matrix" | "uniform";
   cols: number[];
   sizes: number[];
   out: number[];
@@ -38,7 +38,7 @@ interface Leaf {
 
 interface Select {
   op: "select";
-  out: number;
+  out: number | null;
   branches: Leaf[][];
   eps: number;
 }
@@ -212,20 +212,21 @@ export class Program {
     if (!isObj(d)) throw new ProgramError(field, "must be an object");
     if (++this.nSteps > MAX_STEPS) throw new ProgramError(field, `more than ${MAX_STEPS} steps`);
     if (d.op === "select") {
-      if (!isInt(d.out) || d.out < 0 || d.out >= this.width)
-        throw new ProgramError(`${field}.out`, `must be an integer in [0, ${this.width})`);
+      const out = d.out ?? null;
+      if (out !== null && (!isInt(out) || out < 0 || out >= this.width))
+        throw new ProgramError(`${field}.out`, `must be null or an integer in [0, ${this.width})`);
       const br = d.branches;
       if (depth > 0 || !Array.isArray(br) || br.length < 1 || br.length > MAX_STEPS)
         throw new ProgramError(`${field}.branches`, "must be 1..64 lists of steps (not nested)");
       const branches = br.map((b, i) =>
         this.parseSteps(b, `${field}.branches[${i}]`, depth + 1) as Leaf[]);
       const eps = Math.max(0, ...branches.map((b) => b.reduce((e, s) => e + s.eps, 0)));
-      return { op: "select", out: d.out, branches, eps };
+      return { op: "select", out, branches, eps };
     }
     if (d.op === "partition" && depth === 0) return this.parsePartition(d, field);
-    if (d.op !== "grr" && d.op !== "matrix")
+    if (d.op !== "grr" && d.op !== "matrix" && d.op !== "uniform")
       throw new ProgramError(`${field}.op`, `unknown op ${JSON.stringify(d.op)} (known: grr, ` +
-                             "matrix, select, partition)");
+                             "matrix, uniform, select, partition)");
     const cols = ints(d.in, `${field}.in`, this.attrs.length);
     const out = ints(d.out, `${field}.out`, this.width);
     if (out.length !== cols.length)
@@ -233,6 +234,8 @@ export class Program {
     const sizes = cols.map((c) => this.shape[c]);
     const cells = sizes.reduce((a, b) => a * b, 1);
     if (cells > MAX_CELLS) throw new ProgramError(`${field}.in`, `${cells} cells > ${MAX_CELLS}`);
+    if (d.op === "uniform")
+      return { op: "uniform", cols, sizes, out, cells, p: 0, cum: new Float64Array(0), eps: 0 };
     if (d.op === "grr") {
       const p = d.p;
       if (typeof p !== "number" || !(p >= 0 && p <= 1))
@@ -322,7 +325,7 @@ export class Program {
       if (s.op === "partition") { partition(s, x, rng, report, deviceId); continue; }
       if (s.op !== "select") { run(s, x, rng, report); continue; }
       const b = uniform(rng, s.branches.length);
-      report[s.out] = b;
+      if (s.out !== null) report[s.out] = b;
       for (const t of s.branches[b]) run(t, x, rng, report);
     }
     return report;
@@ -330,7 +333,7 @@ export class Program {
 
   /** The grr/matrix steps at the top level with their cell counts (privacy audits). */
   leafSteps(): { index: number; cells: number }[] {
-    return this.steps.flatMap((s, index) => s.op === "select" || s.op === "partition" ? []
+    return this.steps.flatMap((s, index) => s.op !== "grr" && s.op !== "matrix" ? []
       : [{ index, cells: s.cells }]);
   }
 
@@ -379,6 +382,7 @@ function grr(cell: number, k: number, p: number, rng: DrawSource): number {
 
 function apply(s: Leaf, cell: number, rng: DrawSource): number {
   if (s.op === "grr") return grr(cell, s.cells, s.p, rng);
+  if (s.op === "uniform") return uniform(rng, s.cells);
   return categorical(rng, s.cum, cell * s.cells, s.cells);
 }
 

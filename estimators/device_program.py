@@ -13,6 +13,8 @@ applied in order to a record of category indices:
 * ``select``: an index j uniform in ``[0, len(branches))`` is written to column ``out`` (unless
   ``out`` is null), then the steps of branch j run.
 * ``uniform``: a uniform cell of the attributes ``in``, whatever the record (fake data).
+* ``copy``: column ``out`` drawn from row ``report[from]`` of ``rows`` (post-processing of a
+  value already reported); ``const``: column ``out`` set to ``value``.
 
 * ``partition``: the device's id picks the first of the ``tables`` (a fixed assignment); each
   report column ``out[s]`` carries table (first + s) mod K through its oracle (GRR, or OLH with
@@ -38,7 +40,7 @@ import numpy as np
 from . import channels as ch
 from .domain import Domain
 
-__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step", "program",
+__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step", "copy_step", "const_step", "program",
            "program_epsilon", "memo_fingerprint", "is_grr"]
 
 #: the version ``v`` of the description format
@@ -80,9 +82,22 @@ def is_grr(P: np.ndarray) -> bool:
     return bool(np.all(np.diag(P) == P[0, 0]) and np.all(P[off] == P[0, 1]))
 
 
-def channel_step(cols: Sequence[int], P: np.ndarray) -> dict[str, Any]:
+def channel_step(cols: Sequence[int], P: np.ndarray,
+                 out: Sequence[int] | None = None) -> dict[str, Any]:
     """``grr`` when ``P`` is exactly GRR-shaped, else ``matrix``."""
-    return grr_step(cols, float(P[0, 0])) if is_grr(P) else matrix_step(cols, P)
+    return grr_step(cols, float(P[0, 0]), out) if is_grr(P) else matrix_step(cols, P, out)
+
+
+def copy_step(source: int, out: int, M: np.ndarray) -> dict[str, Any]:
+    """Column ``out`` drawn from row ``report[source]`` of ``M`` (post-processing of a reported
+    value: costs nothing)."""
+    return {"op": "copy", "from": int(source), "out": int(out),
+            "rows": np.asarray(M, dtype=float).tolist()}
+
+
+def const_step(out: int, value: int) -> dict[str, Any]:
+    """Column ``out`` set to ``value``."""
+    return {"op": "const", "out": int(out), "value": int(value)}
 
 
 def program(family: str, domain: Domain, width: int,
@@ -113,7 +128,7 @@ def step_epsilon(step: Mapping[str, Any], shape: Sequence[int]) -> float:
         return _grr_epsilon(float(step["p"]), _cells(shape, step["in"]))
     if op == "matrix":
         return ch.epsilon(np.asarray(step["rows"], dtype=float))
-    if op == "uniform":
+    if op in ("uniform", "copy", "const"):
         return 0.0
     if op == "partition":
         return len(step["out"]) * max(_grr_epsilon(float(t["p"]), int(t["g"]) if t["oracle"]

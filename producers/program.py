@@ -216,9 +216,16 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
             for i, b in enumerate(br)))
     if op == "partition" and depth == 0:
         return _partition(d, field, shape, width)
+    if op == "const":
+        v = d.get("value")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < MAX_CELLS:
+            raise ProgramError(f"{field}.value", f"must be an integer in [0, {MAX_CELLS})")
+        return _Step("const", (), (), _ints([d.get("out")], f"{field}.out", width), p=float(v))
+    if op == "copy":
+        return _copy(d, field, width, budget)
     if op not in ("grr", "matrix", "uniform"):
         raise ProgramError(f"{field}.op", f"unknown op {op!r} (known: grr, matrix, uniform, "
-                                          "select, partition)")
+                                          "copy, const, select, partition)")
     cols = _ints(d.get("in"), f"{field}.in", len(shape))
     out = _ints(d.get("out"), f"{field}.out", width)
     if len(out) != len(cols):
@@ -234,11 +241,34 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
             raise ProgramError(f"{field}.p", "must be a number in [0, 1]")
         return _Step("grr", cols, sub, out, p=float(p))
-    rows = d.get("rows")
-    budget[0] -= k * k
-    if (not isinstance(rows, list) or len(rows) != k or budget[0] < 0
-            or not all(isinstance(r, list) and len(r) == k for r in rows)):
+    cum = _cumulative(d.get("rows"), field, None, budget)
+    if len(cum) != k:
         raise ProgramError(f"{field}.rows", f"must be {k}×{k} (at most {MAX_MATRIX_ENTRIES} "
+                                            "matrix entries in all)")
+    return _Step("matrix", cols, sub, out, cum=cum)
+
+
+def _steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int,
+           budget: list[int]) -> tuple[_Step, ...]:
+    """The steps of a list; ``budget``: matrix entries and steps still allowed (in all)."""
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_STEPS:
+        raise ProgramError(field, f"must be a list of 1..{MAX_STEPS} steps")
+    return tuple(_step(s, f"{field}[{i}]", shape, width, depth, budget)
+                 for i, s in enumerate(v))
+
+
+def _cumulative(rows: Any, field: str, n_rows: int | None, budget: list[int]
+                ) -> tuple[tuple[float, ...], ...]:
+    """Cumulative sums of a row-stochastic matrix (``n_rows`` rows of any one length when
+    given, else square), charged to the matrix-entry budget."""
+    ok = isinstance(rows, list) and len(rows) >= 1 and all(isinstance(r, list) for r in rows)
+    k = len(rows[0]) if ok and rows[0] else 0
+    ok = ok and k >= 1 and all(len(r) == k for r in rows) and (
+        len(rows) == (n_rows if n_rows is not None else k))
+    budget[0] -= len(rows) * k if ok else 0
+    if not ok or budget[0] < 0:
+        shape = f"{n_rows}×L" if n_rows is not None else "K×K"
+        raise ProgramError(f"{field}.rows", f"must be {shape} (at most {MAX_MATRIX_ENTRIES} "
                                             "matrix entries in all)")
     cum = []
     for i, r in enumerate(rows):
@@ -252,16 +282,15 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
         if abs(acc - 1.0) > 1e-9:
             raise ProgramError(f"{field}.rows[{i}]", f"sums to {acc!r}, not 1")
         cum.append(tuple(c))
-    return _Step("matrix", cols, sub, out, cum=tuple(cum))
+    return tuple(cum)
 
 
-def _steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int,
-           budget: list[int]) -> tuple[_Step, ...]:
-    """The steps of a list; ``budget``: matrix entries and steps still allowed (in all)."""
-    if not isinstance(v, list) or not 1 <= len(v) <= MAX_STEPS:
-        raise ProgramError(field, f"must be a list of 1..{MAX_STEPS} steps")
-    return tuple(_step(s, f"{field}[{i}]", shape, width, depth, budget)
-                 for i, s in enumerate(v))
+def _copy(d: dict, field: str, width: int, budget: list[int]) -> _Step:
+    src = _ints([d.get("from")], f"{field}.from", width)
+    out = _ints([d.get("out")], f"{field}.out", width)
+    rows = d.get("rows")
+    return _Step("copy", src, (), out, cum=_cumulative(
+        rows, field, len(rows) if isinstance(rows, list) else 0, budget))
 
 
 def _ravel(x: Sequence[int] | Mapping[int, int], cols: Sequence[int],
@@ -380,6 +409,15 @@ class Program:
 
 def _run(s: _Step, x: Sequence[int] | Mapping[int, int], rng: DrawSource,
          report: list[int]) -> None:
+    if s.op == "const":
+        assert isinstance(s.out, tuple)
+        report[s.out[0]] = int(s.p)
+        return
+    if s.op == "copy":
+        assert isinstance(s.out, tuple)
+        row = min(report[s.cols[0]], len(s.cum) - 1)
+        report[s.out[0]] = categorical(rng, s.cum[row])
+        return
     if s.op == "select":
         j = uniform(rng, len(s.branches))
         if isinstance(s.out, int):

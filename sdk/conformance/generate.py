@@ -65,6 +65,9 @@ def _mechanisms() -> list[tuple[str, Any]]:
         ("rs-rfd", mechanism_class("rs-rfd")(DOM, 2.0, priors=[
             np.array([0.5, 0.3, 0.2]), np.array([0.9, 0.1]), np.array([0.4, 0.3, 0.2, 0.1])],
             phase=1, version=2)),
+        ("corr-rr-phase1", mechanism_class("corr-rr").from_config(DOM, None, epsilon=1.0)),
+        ("corr-rr-phase2", mechanism_class("corr-rr").from_config(
+            DOM, None, epsilon=1.0).with_phase(1)),
         ("partitioned-olh", mechanism_class("partitioned").from_config(
             CITY, {"assign_seed": 12349}, epsilon=2.0, epsilon_scope="record")),
         ("partitioned-2", mechanism_class("partitioned").from_config(

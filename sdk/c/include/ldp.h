@@ -70,7 +70,8 @@ typedef struct ldp_table {           /* one table of a partition step */
 } ldp_table;
 
 typedef struct ldp_step {
-  uint8_t op;                          /* 1 grr, 2 matrix, 3 select, 4 partition, 5 uniform */
+  uint8_t op;                          /* 1 grr, 2 matrix, 3 select, 4 partition, 5 uniform,
+                                          6 const, 7 copy (in[0]: the source column) */
   uint8_t n_in;
   uint8_t in[LDP_MAX_ATTRS];
   uint8_t out[LDP_MAX_ATTRS];          /* select: out[0] is the index column */
@@ -84,6 +85,7 @@ typedef struct ldp_step {
   uint8_t n_out;                       /* partition: slots, columns out[0 .. n_out);
                                           select: 1 when the index is reported in out[0] */
   uint64_t seed;                       /* partition: mix64(assign seed) */
+  uint32_t value;                      /* const: the value; copy: the row length */
 } ldp_step;
 
 typedef struct ldp_program {

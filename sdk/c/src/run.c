@@ -89,6 +89,16 @@ static void partition(const ldp_program *p, const ldp_step *s, const uint32_t *x
   }
 }
 
+/* const, or copy: column out[0] drawn from the row report[in[0]] (clamped to the rows) */
+static void post(const ldp_program *p, const ldp_step *s, ldp_rng *rng, uint32_t *report) {
+  if (s->op == 6) {
+    report[s->out[0]] = s->value;
+    return;
+  }
+  uint64_t row = report[s->in[0]] < s->cells ? report[s->in[0]] : s->cells - 1;
+  report[s->out[0]] = ldp_categorical(rng, p->cum + s->cum + row * s->value, s->value);
+}
+
 void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t device_id,
                            ldp_rng *rng, uint32_t *report) {
   memset(report, 0, prog->width * sizeof *report);
@@ -96,6 +106,10 @@ void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t 
     const ldp_step *s = &prog->steps[i];
     if (s->op == 4) {
       partition(prog, s, x, device_id, rng, report);
+      continue;
+    }
+    if (s->op >= 6) {
+      post(prog, s, rng, report);
       continue;
     }
     if (s->op != 3) {
@@ -106,6 +120,7 @@ void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t 
     if (s->n_out) report[s->out[0]] = b;
     for (uint32_t t = prog->branch_start[s->first + b]; t < prog->branch_start[s->first + b + 1];
          t++)
-      run(prog, t, x, rng, report);
+      if (prog->steps[t].op >= 6) post(prog, &prog->steps[t], rng, report);
+      else run(prog, t, x, rng, report);
   }
 }

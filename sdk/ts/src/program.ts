@@ -36,10 +36,22 @@ interface Leaf {
   eps: number;
 }
 
+/** const: column `out` = `value`; copy: column `out` drawn from row report[from] of `cum` */
+interface Post {
+  op: "const" | "copy";
+  out: number;
+  value: number;
+  from: number;
+  rows: number;
+  rowLen: number;
+  cum: Float64Array;
+  eps: number;
+}
+
 interface Select {
   op: "select";
   out: number | null;
-  branches: Leaf[][];
+  branches: (Leaf | Post)[][];
   eps: number;
 }
 
@@ -61,7 +73,7 @@ interface Partition {
   eps: number;
 }
 
-type Step = Leaf | Select | Partition;
+type Step = Leaf | Select | Partition | Post;
 
 const M64 = (1n << 64n) - 1n;
 /** The SplitMix64 finalizer: the partition assignment's hash. */
@@ -119,6 +131,24 @@ function ints(v: unknown, field: string, below: number): number[] {
 }
 
 /** max over columns of ln(max/min) (inf: a zero beside a positive entry) */
+/** Cumulative sums of a row-stochastic matrix, row by row. */
+function cumulative(rows: unknown[], field: string): Float64Array {
+  const len = (rows[0] as unknown[]).length;
+  const cum = new Float64Array(rows.length * len);
+  rows.forEach((r, i) => {
+    let acc = 0;
+    (r as unknown[]).forEach((x, j) => {
+      if (typeof x !== "number" || !(x >= 0))
+        throw new ProgramError(`${field}.rows[${i}]`, "must hold non-negative numbers");
+      acc += x;
+      cum[i * len + j] = acc;
+    });
+    if (!(Math.abs(acc - 1) <= 1e-9))
+      throw new ProgramError(`${field}.rows[${i}]`, `sums to ${acc}, not 1`);
+  });
+  return cum;
+}
+
 function matrixEpsilon(rows: number[][]): number {
   let best = 0;
   for (let j = 0; j < rows.length; j++) {
@@ -219,11 +249,12 @@ export class Program {
       if (depth > 0 || !Array.isArray(br) || br.length < 1 || br.length > MAX_STEPS)
         throw new ProgramError(`${field}.branches`, "must be 1..64 lists of steps (not nested)");
       const branches = br.map((b, i) =>
-        this.parseSteps(b, `${field}.branches[${i}]`, depth + 1) as Leaf[]);
+        this.parseSteps(b, `${field}.branches[${i}]`, depth + 1) as (Leaf | Post)[]);
       const eps = Math.max(0, ...branches.map((b) => b.reduce((e, s) => e + s.eps, 0)));
       return { op: "select", out, branches, eps };
     }
     if (d.op === "partition" && depth === 0) return this.parsePartition(d, field);
+    if (d.op === "const" || d.op === "copy") return this.parsePost(d, field);
     if (d.op !== "grr" && d.op !== "matrix" && d.op !== "uniform")
       throw new ProgramError(`${field}.op`, `unknown op ${JSON.stringify(d.op)} (known: grr, ` +
                              "matrix, uniform, select, partition)");
@@ -249,19 +280,32 @@ export class Program {
         !rows.every((r) => Array.isArray(r) && r.length === cells))
       throw new ProgramError(`${field}.rows`, `must be ${cells}x${cells} (at most ` +
                              `${MAX_MATRIX_ENTRIES} matrix entries in all)`);
-    const cum = new Float64Array(cells * cells);
-    rows.forEach((r: unknown[], i) => {
-      let acc = 0;
-      r.forEach((x, j) => {
-        if (typeof x !== "number" || !(x >= 0))
-          throw new ProgramError(`${field}.rows[${i}]`, "must hold non-negative numbers");
-        acc += x;
-        cum[i * cells + j] = acc;
-      });
-      if (!(Math.abs(acc - 1) <= 1e-9))
-        throw new ProgramError(`${field}.rows[${i}]`, `sums to ${acc}, not 1`);
-    });
-    return { op: "matrix", cols, sizes, out, cells, p: 0, cum, eps: matrixEpsilon(rows) };
+    return { op: "matrix", cols, sizes, out, cells, p: 0, cum: cumulative(rows, field),
+             eps: matrixEpsilon(rows) };
+  }
+
+  private parsePost(d: Record<string, unknown>, field: string): Post {
+    const out = d.out;
+    if (!isInt(out) || out < 0 || out >= this.width)
+      throw new ProgramError(`${field}.out`, `must be an integer in [0, ${this.width})`);
+    if (d.op === "const") {
+      if (!isInt(d.value) || d.value < 0 || d.value >= MAX_CELLS)
+        throw new ProgramError(`${field}.value`, `must be an integer in [0, ${MAX_CELLS})`);
+      return { op: "const", out, value: d.value, from: 0, rows: 0, rowLen: 0,
+               cum: new Float64Array(0), eps: 0 };
+    }
+    if (!isInt(d.from) || d.from < 0 || d.from >= this.width)
+      throw new ProgramError(`${field}.from`, `must be an integer in [0, ${this.width})`);
+    const rows = d.rows;
+    const len = Array.isArray(rows) && Array.isArray(rows[0]) ? rows[0].length : 0;
+    this.matrixEntries += Array.isArray(rows) ? rows.length * len : 0;
+    if (!Array.isArray(rows) || rows.length < 1 || len < 1 ||
+        this.matrixEntries > MAX_MATRIX_ENTRIES ||
+        !rows.every((r) => Array.isArray(r) && r.length === len))
+      throw new ProgramError(`${field}.rows`, `must be ${Array.isArray(rows) ? rows.length : 0}` +
+                             `xL (at most ${MAX_MATRIX_ENTRIES} matrix entries in all)`);
+    return { op: "copy", out, value: 0, from: d.from, rows: rows.length, rowLen: len,
+             cum: cumulative(rows, field), eps: 0 };
   }
 
   private parsePartition(d: Record<string, unknown>, field: string): Partition {
@@ -323,10 +367,13 @@ export class Program {
     report.fill(0, 0, this.width);
     for (const s of this.steps) {
       if (s.op === "partition") { partition(s, x, rng, report, deviceId); continue; }
+      if (isPost(s)) { post(s, rng, report); continue; }
       if (s.op !== "select") { run(s, x, rng, report); continue; }
       const b = uniform(rng, s.branches.length);
       if (s.out !== null) report[s.out] = b;
-      for (const t of s.branches[b]) run(t, x, rng, report);
+      for (const t of s.branches[b])
+        if (isPost(t)) post(t, rng, report);
+        else run(t, x, rng, report);
     }
     return report;
   }
@@ -384,6 +431,14 @@ function apply(s: Leaf, cell: number, rng: DrawSource): number {
   if (s.op === "grr") return grr(cell, s.cells, s.p, rng);
   if (s.op === "uniform") return uniform(rng, s.cells);
   return categorical(rng, s.cum, cell * s.cells, s.cells);
+}
+
+const isPost = (s: Step): s is Post => s.op === "const" || s.op === "copy";
+
+function post(s: Post, rng: DrawSource, report: number[]): void {
+  if (s.op === "const") { report[s.out] = s.value; return; }
+  const row = Math.min(report[s.from], s.rows - 1);
+  report[s.out] = categorical(rng, s.cum, row * s.rowLen, s.rowLen);
 }
 
 function ravel(x: ArrayLike<number>, cols: number[], sizes: number[]): number {

@@ -1,11 +1,5 @@
-"""The device-side interpreter of the randomization description (docs/device-protocol.md) and
-the draws every SDK makes from a 64-bit generator, identically in Python, C (sdk/c) and
-TypeScript (sdk/ts):
-
-* :class:`SplitMix64` — the specified deterministic test generator (conformance vectors);
-* :class:`OsRandom` — the production generator, the OS CSPRNG (``secrets``);
-* :func:`uniform` (rejection sampling on 64-bit words), :func:`bernoulli` and
-  :func:`categorical` (53-bit fractions).
+"""The device-side interpreter of the randomization description (docs/device-protocol.md); the
+draws it makes are in :mod:`.draws`.
 
 :class:`Program` parses and checks a description (a :class:`ProgramError` names the field),
 computes its ε from the channels it applies, turns labels into indices and randomizes one
@@ -14,95 +8,24 @@ record per call.
 from __future__ import annotations
 
 import math
-import secrets
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
-
-import numpy as np
+from typing import Any, Mapping, Sequence
 
 from ..estimators.device_program import PROGRAM_VERSION, memo_fingerprint, program_epsilon
 from ..estimators.device_program import step_epsilon
 from ..estimators.domain import SchemaError
+from .draws import (M64, DrawSource, NumpyDraws, OsRandom, SplitMix64, bernoulli, categorical,
+                    mix64, uniform)
 
 __all__ = ["DrawSource", "SplitMix64", "OsRandom", "NumpyDraws", "uniform", "bernoulli",
            "categorical", "Program", "ProgramError", "Memo", "MAX_WIDTH", "MAX_ATTRS"]
 
-_M64 = (1 << 64) - 1
-_TWO53 = float(1 << 53)
 #: limits every SDK enforces (the C library's static buffers)
 MAX_ATTRS = 32
 MAX_WIDTH = 64
 MAX_CELLS = 1 << 32
 MAX_MATRIX_ENTRIES = 4096
 MAX_STEPS = 64
-
-
-class DrawSource(Protocol):
-    """A source of uniform 64-bit words."""
-
-    def next_u64(self) -> int: ...
-
-
-class SplitMix64:
-    """SplitMix64 (Steele, Lea and Flood, OOPSLA 2014), seeded by a u64: the test generator."""
-
-    def __init__(self, seed: int) -> None:
-        self.state = int(seed) & _M64
-
-    def next_u64(self) -> int:
-        self.state = (self.state + 0x9E3779B97F4A7C15) & _M64
-        z = self.state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-        return z ^ (z >> 31)
-
-
-class OsRandom:
-    """64-bit words from the OS CSPRNG (the production generator)."""
-
-    def next_u64(self) -> int:
-        return secrets.randbits(64)
-
-
-class NumpyDraws:
-    """64-bit words from a numpy Generator (callers that seed numpy)."""
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-
-    def next_u64(self) -> int:
-        return int(self.rng.integers(0, 1 << 64, dtype=np.uint64))
-
-
-def uniform(rng: DrawSource, k: int) -> int:
-    """Uniform in ``[0, k)``, 1 ≤ k ≤ 2**32: words ≥ 2**64 − (2**64 mod k) are rejected, the
-    first accepted word w gives w mod k."""
-    limit = (1 << 64) - ((1 << 64) % k)
-    while True:
-        w = rng.next_u64()
-        if w < limit:
-            return w % k
-
-
-def _fraction(rng: DrawSource) -> float:
-    """The top 53 bits of a word, as an integer-valued double in [0, 2**53)."""
-    return float(rng.next_u64() >> 11)
-
-
-def bernoulli(rng: DrawSource, p: float) -> bool:
-    """True with probability ``p``: one word, ``(w >> 11) < p·2**53``."""
-    return _fraction(rng) < p * _TWO53
-
-
-def categorical(rng: DrawSource, cum: Sequence[float]) -> int:
-    """Index j of the first cumulative sum with ``(w >> 11) < cum[j]·2**53`` (the last index
-    when none is); ``cum`` are left-to-right double sums of one matrix row."""
-    u = _fraction(rng)
-    last = len(cum) - 1
-    for j in range(last):
-        if u < cum[j] * _TWO53:
-            return j
-    return last
 
 
 class ProgramError(ValueError):
@@ -139,13 +62,6 @@ class _Table:
     r: int = 0
 
 
-def mix64(x: int) -> int:
-    """The SplitMix64 finalizer (no increment): the partition assignment's hash."""
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
-
-
 def _number(v: Any, field: str, lo: float, hi: float) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
         raise ProgramError(field, f"must be a number in [{lo:g}, {hi:g}]")
@@ -154,7 +70,7 @@ def _number(v: Any, field: str, lo: float, hi: float) -> float:
 
 def _partition(d: dict, field: str, shape: Sequence[int], width: int) -> _Step:
     seed = d.get("seed")
-    if not isinstance(seed, str) or not seed.isdigit() or int(seed) > _M64:
+    if not isinstance(seed, str) or not seed.isdigit() or int(seed) > M64:
         raise ProgramError(f"{field}.seed", "must be a u64 as a decimal string")
     out = _ints(d.get("out"), f"{field}.out", width)
     tabs = d.get("tables")
@@ -451,7 +367,7 @@ def _partition_run(s: _Step, x: Sequence[int], rng: DrawSource, report: list[int
     code a·g + GRR_g(h)."""
     assert isinstance(s.out, tuple)
     k = len(s.tables)
-    first = mix64((int(device_id) & _M64) ^ s.seed) % k
+    first = mix64((int(device_id) & M64) ^ s.seed) % k
     for i, col in enumerate(s.out):
         t = s.tables[(first + i) % k]
         cell = _ravel(x, t.cols, t.shape)

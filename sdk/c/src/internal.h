@@ -40,6 +40,10 @@ int ldp_int_list(parser *ps, json_t *json, const char *field, uint32_t below, ui
                  uint8_t *n);
 double ldp_grr_epsilon(double p, uint64_t k);
 int ldp_parse_partition(parser *ps, json_t *json, const char *field, ldp_step *s);
+/* cumulative sums of n_rows rows of one length into s (n_rows 0: square) */
+int ldp_parse_rows(parser *ps, json_t *rows, const char *field, uint64_t n_rows, ldp_step *s);
+/* const and copy steps */
+int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const char *op);
 /* json: a jansson json_t * */
 int ldp_program_from_json(ldp_program *prog, void *json, char *err, size_t errlen);
 #endif

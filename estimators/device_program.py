@@ -13,6 +13,8 @@ applied in order to a record of category indices:
 * ``select``: an index j uniform in ``[0, len(branches))`` is written to column ``out`` (unless
   ``out`` is null), then the steps of branch j run.
 * ``uniform``: a uniform cell of the attributes ``in``, whatever the record (fake data).
+* ``keep``: the cell of ``in`` kept with probability ``p``, else a fake cell from ``fake``; the
+  flat cell is written to column ``out``.
 * ``copy``: column ``out`` drawn from row ``report[from]`` of ``rows`` (post-processing of a
   value already reported); ``const``: column ``out`` set to ``value``.
 
@@ -40,7 +42,7 @@ import numpy as np
 from . import channels as ch
 from .domain import Domain
 
-__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step", "copy_step", "const_step", "program",
+__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step", "copy_step", "const_step", "keep_step", "program",
            "program_epsilon", "memo_fingerprint", "is_grr"]
 
 #: the version ``v`` of the description format
@@ -95,6 +97,13 @@ def copy_step(source: int, out: int, M: np.ndarray) -> dict[str, Any]:
             "rows": np.asarray(M, dtype=float).tolist()}
 
 
+def keep_step(cols: Sequence[int], out: int, p: float, fake: np.ndarray) -> dict[str, Any]:
+    """The cell of ``cols`` kept with probability ``p``, else a fake cell drawn from ``fake``
+    (a distribution over the cells); the flat cell goes to column ``out``."""
+    return {"op": "keep", "in": [int(c) for c in cols], "out": int(out), "p": float(p),
+            "fake": np.asarray(fake, dtype=float).ravel().tolist()}
+
+
 def const_step(out: int, value: int) -> dict[str, Any]:
     """Column ``out`` set to ``value``."""
     return {"op": "const", "out": int(out), "value": int(value)}
@@ -130,6 +139,11 @@ def step_epsilon(step: Mapping[str, Any], shape: Sequence[int]) -> float:
         return ch.epsilon(np.asarray(step["rows"], dtype=float))
     if op in ("uniform", "copy", "const"):
         return 0.0
+    if op == "keep":
+        p, lo = float(step["p"]), min(float(f) for f in step["fake"])
+        if p == 0.0:
+            return 0.0
+        return math.inf if p >= 1.0 or lo <= 0.0 else math.log1p(p / ((1.0 - p) * lo))
     if op == "partition":
         return len(step["out"]) * max(_grr_epsilon(float(t["p"]), int(t["g"]) if t["oracle"]
                                                    == "olh" else _cells(shape, t["in"]))

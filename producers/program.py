@@ -139,6 +139,8 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
         return _Step("const", (), (), _ints([d.get("out")], f"{field}.out", width), p=float(v))
     if op == "copy":
         return _copy(d, field, width, budget)
+    if op == "keep":
+        return _keep(d, field, shape, width, budget)
     if op not in ("grr", "matrix", "uniform"):
         raise ProgramError(f"{field}.op", f"unknown op {op!r} (known: grr, matrix, uniform, "
                                           "copy, const, select, partition)")
@@ -199,6 +201,18 @@ def _cumulative(rows: Any, field: str, n_rows: int | None, budget: list[int]
             raise ProgramError(f"{field}.rows[{i}]", f"sums to {acc!r}, not 1")
         cum.append(tuple(c))
     return tuple(cum)
+
+
+def _keep(d: dict, field: str, shape: Sequence[int], width: int, budget: list[int]) -> _Step:
+    cols = _ints(d.get("in"), f"{field}.in", len(shape))
+    out = _ints([d.get("out")], f"{field}.out", width)
+    sub = tuple(int(shape[c]) for c in cols)
+    p = _number(d.get("p"), f"{field}.p", 0.0, 1.0)
+    fake = d.get("fake")
+    if not isinstance(fake, list) or len(fake) != math.prod(sub):
+        raise ProgramError(f"{field}.fake", f"must hold {math.prod(sub)} probabilities")
+    return _Step("keep", cols, sub, out, p=p,
+                 cum=_cumulative([fake], f"{field}.fake", 1, budget))
 
 
 def _copy(d: dict, field: str, width: int, budget: list[int]) -> _Step:
@@ -333,6 +347,11 @@ def _run(s: _Step, x: Sequence[int] | Mapping[int, int], rng: DrawSource,
         assert isinstance(s.out, tuple)
         row = min(report[s.cols[0]], len(s.cum) - 1)
         report[s.out[0]] = categorical(rng, s.cum[row])
+        return
+    if s.op == "keep":
+        assert isinstance(s.out, tuple)
+        cell = _ravel(x, s.cols, s.shape)
+        report[s.out[0]] = cell if bernoulli(rng, s.p) else categorical(rng, s.cum[0])
         return
     if s.op == "select":
         j = uniform(rng, len(s.branches))

@@ -68,11 +68,22 @@ def _mechanisms() -> list[tuple[str, Any]]:
         ("corr-rr-phase1", mechanism_class("corr-rr").from_config(DOM, None, epsilon=1.0)),
         ("corr-rr-phase2", mechanism_class("corr-rr").from_config(
             DOM, None, epsilon=1.0).with_phase(1)),
+        ("rrba", _rrba()),
         ("partitioned-olh", mechanism_class("partitioned").from_config(
             CITY, {"assign_seed": 12349}, epsilon=2.0, epsilon_scope="record")),
         ("partitioned-2", mechanism_class("partitioned").from_config(
             DOM, {"per_report": 2, "ways": 1}, epsilon=1.0, version=3)),
     ]
+
+
+def _rrba() -> Any:
+    """RRBA with skewed tables (a fake cell's law is not uniform) and view 1 converged."""
+    st = mechanism_class("rrba").from_config(DOM, None, epsilon=1.0, version=4).state()
+    st["history"] = [[[(np.arange(1, len(t[0]) + 1) ** 2 / np.sum(np.arange(1, len(t[0]) + 1)
+                                                                   ** 2)).tolist()]
+                      for t in view] for view in st["history"]]
+    st["converged"] = [False, True, False]
+    return mechanism_class("rrba").from_state(st)
 
 
 def _records(domain: Domain, n: int) -> list[dict[str, str]]:

@@ -71,7 +71,8 @@ typedef struct ldp_table {           /* one table of a partition step */
 
 typedef struct ldp_step {
   uint8_t op;                          /* 1 grr, 2 matrix, 3 select, 4 partition, 5 uniform,
-                                          6 const, 7 copy (in[0]: the source column) */
+                                          6 const, 7 copy (in[0]: the source column),
+                                          8 keep (cum: the fake distribution) */
   uint8_t n_in;
   uint8_t in[LDP_MAX_ATTRS];
   uint8_t out[LDP_MAX_ATTRS];          /* select: out[0] is the index column */

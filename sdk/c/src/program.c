@@ -125,7 +125,8 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     return 0;
   }
   if (op && strcmp(op, "partition") == 0 && depth == 0) return ldp_parse_partition(ps, d, field, s);
-  if (op && (strcmp(op, "const") == 0 || strcmp(op, "copy") == 0)) return ldp_parse_post(ps, d, field, s, op);
+  if (op && (strcmp(op, "const") == 0 || strcmp(op, "copy") == 0 || strcmp(op, "keep") == 0))
+    return ldp_parse_post(ps, d, field, s, op);
   if (!op || (strcmp(op, "grr") && strcmp(op, "matrix") && strcmp(op, "uniform"))) {
     ldp_errf(ps->err, ps->errlen, "%s.op: unknown op '%s' (known: grr, matrix, uniform, select, "
              "partition)", field, op ? op : "");

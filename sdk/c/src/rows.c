@@ -1,4 +1,4 @@
-/* Matrix rows (matrix and copy steps) and the post-processing steps const and copy of a
+/* Matrix rows (matrix, copy and keep steps) and the steps const, copy and keep of a
    description (docs/device-protocol.md, "Randomization description"). */
 #include <jansson.h>
 #include <math.h>
@@ -46,7 +46,8 @@ int ldp_parse_rows(parser *ps, json_t *rows, const char *field, uint64_t n_rows,
   return 0;
 }
 
-/* const (a fixed value) and copy (a row of a matrix chosen by a reported value) */
+/* const (a fixed value), copy (a row of a matrix chosen by a reported value) and keep (the
+   cell kept with p, else a fake cell) */
 int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const char *op) {
   json_t *out = json_object_get(d, "out");
   if (!json_is_integer(out) || json_integer_value(out) < 0 ||
@@ -56,7 +57,37 @@ int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const 
   }
   s->out[0] = (uint8_t)json_integer_value(out);
   s->eps = 0.0;
-  if (strcmp(op, "const") == 0) {
+  if (strcmp(op, "keep") == 0) {
+    json_t *pv = json_object_get(d, "p"), *fake = json_object_get(d, "fake");
+    char f[200];
+    ldp_errf(f, sizeof f, "%s.in", field);
+    if (ldp_int_list(ps, json_object_get(d, "in"), f, ps->p->n_attrs, s->in, &s->n_in))
+      return -1;
+    s->cells = 1;
+    for (uint8_t i = 0; i < s->n_in; i++) s->cells *= ps->p->size[s->in[i]];
+    s->p = json_number_value(pv);
+    if (!json_is_number(pv) || !(s->p >= 0.0 && s->p <= 1.0)) {
+      ldp_errf(ps->err, ps->errlen, "%s.p: must be a number in [0, 1]", field);
+      return -1;
+    }
+    if (!json_is_array(fake) || json_array_size(fake) != s->cells) {
+      ldp_errf(ps->err, ps->errlen, "%s.fake: must hold %llu probabilities", field,
+               (unsigned long long)s->cells);
+      return -1;
+    }
+    json_t *rows = json_array();
+    json_array_append(rows, fake);
+    ldp_errf(f, sizeof f, "%s.fake", field);
+    int r = ldp_parse_rows(ps, rows, f, 1, s);
+    json_decref(rows);
+    if (r) return -1;
+    double lo = INFINITY;
+    for (size_t i = 0; i < json_array_size(fake); i++)
+      if (json_number_value(json_array_get(fake, i)) < lo) lo = json_number_value(json_array_get(fake, i));
+    s->op = 8;
+    s->eps = s->p == 0.0 ? 0.0 : (s->p >= 1.0 || lo <= 0.0) ? INFINITY
+                                 : log1p(s->p / ((1.0 - s->p) * lo));
+  } else if (strcmp(op, "const") == 0) {
     json_t *v = json_object_get(d, "value");
     if (!json_is_integer(v) || json_integer_value(v) < 0 ||
         json_integer_value(v) >= ((json_int_t)1 << 32)) {

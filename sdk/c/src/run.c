@@ -89,10 +89,20 @@ static void partition(const ldp_program *p, const ldp_step *s, const uint32_t *x
   }
 }
 
-/* const, or copy: column out[0] drawn from the row report[in[0]] (clamped to the rows) */
-static void post(const ldp_program *p, const ldp_step *s, ldp_rng *rng, uint32_t *report) {
+/* const; copy: column out[0] drawn from the row report[in[0]] (clamped to the rows); keep:
+   the flat cell of in kept with p, else drawn from the fake distribution */
+static void post(const ldp_program *p, const ldp_step *s, const uint32_t *x, ldp_rng *rng,
+                 uint32_t *report) {
   if (s->op == 6) {
     report[s->out[0]] = s->value;
+    return;
+  }
+  if (s->op == 8) {
+    uint64_t cell = 0;
+    for (uint8_t i = 0; i < s->n_in; i++) cell = cell * p->size[s->in[i]] + x[s->in[i]];
+    report[s->out[0]] = (uint32_t)(ldp_bernoulli(rng, s->p)
+                                       ? cell : ldp_categorical(rng, p->cum + s->cum,
+                                                                (uint32_t)s->cells));
     return;
   }
   uint64_t row = report[s->in[0]] < s->cells ? report[s->in[0]] : s->cells - 1;
@@ -109,7 +119,7 @@ void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t 
       continue;
     }
     if (s->op >= 6) {
-      post(prog, s, rng, report);
+      post(prog, s, x, rng, report);
       continue;
     }
     if (s->op != 3) {
@@ -120,7 +130,7 @@ void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t 
     if (s->n_out) report[s->out[0]] = b;
     for (uint32_t t = prog->branch_start[s->first + b]; t < prog->branch_start[s->first + b + 1];
          t++)
-      if (prog->steps[t].op >= 6) post(prog, &prog->steps[t], rng, report);
+      if (prog->steps[t].op >= 6) post(prog, &prog->steps[t], x, rng, report);
       else run(prog, t, x, rng, report);
   }
 }

@@ -101,7 +101,7 @@ export class Program {
       return { op: "select", out, branches, eps };
     }
     if (d.op === "partition" && depth === 0) return this.parsePartition(d, field);
-    if (d.op === "const" || d.op === "copy") return this.parsePost(d, field);
+    if (d.op === "const" || d.op === "copy" || d.op === "keep") return this.parsePost(d, field);
     if (d.op !== "grr" && d.op !== "matrix" && d.op !== "uniform")
       throw new ProgramError(`${field}.op`, `unknown op ${JSON.stringify(d.op)} (known: grr, ` +
                              "matrix, uniform, select, partition)");
@@ -135,11 +135,29 @@ export class Program {
     const out = d.out;
     if (!isInt(out) || out < 0 || out >= this.width)
       throw new ProgramError(`${field}.out`, `must be an integer in [0, ${this.width})`);
+    const none = { cols: [], sizes: [], p: 0, from: 0, rows: 0, rowLen: 0 };
     if (d.op === "const") {
       if (!isInt(d.value) || d.value < 0 || d.value >= MAX_CELLS)
         throw new ProgramError(`${field}.value`, `must be an integer in [0, ${MAX_CELLS})`);
-      return { op: "const", out, value: d.value, from: 0, rows: 0, rowLen: 0,
-               cum: new Float64Array(0), eps: 0 };
+      return { ...none, op: "const", out, value: d.value, cum: new Float64Array(0), eps: 0 };
+    }
+    if (d.op === "keep") {
+      const cols = ints(d.in, `${field}.in`, this.attrs.length);
+      const sizes = cols.map((c) => this.shape[c]);
+      const cells = sizes.reduce((a, b) => a * b, 1);
+      const p = d.p, fake = d.fake;
+      if (typeof p !== "number" || !(p >= 0 && p <= 1))
+        throw new ProgramError(`${field}.p`, "must be a number in [0, 1]");
+      if (!Array.isArray(fake) || fake.length !== cells)
+        throw new ProgramError(`${field}.fake`, `must hold ${cells} probabilities`);
+      this.matrixEntries += cells;
+      if (this.matrixEntries > MAX_MATRIX_ENTRIES)
+        throw new ProgramError(`${field}.fake`, `at most ${MAX_MATRIX_ENTRIES} matrix entries ` +
+                               "in all");
+      const lo = Math.min(...(fake as number[]));
+      const eps = p === 0 ? 0 : p >= 1 || !(lo > 0) ? Infinity : Math.log1p(p / ((1 - p) * lo));
+      return { ...none, op: "keep", out, value: 0, cols, sizes, p, rowLen: cells,
+               cum: cumulative([fake], `${field}.fake`), eps };
     }
     if (!isInt(d.from) || d.from < 0 || d.from >= this.width)
       throw new ProgramError(`${field}.from`, `must be an integer in [0, ${this.width})`);
@@ -151,7 +169,7 @@ export class Program {
         !rows.every((r) => Array.isArray(r) && r.length === len))
       throw new ProgramError(`${field}.rows`, `must be ${Array.isArray(rows) ? rows.length : 0}` +
                              `xL (at most ${MAX_MATRIX_ENTRIES} matrix entries in all)`);
-    return { op: "copy", out, value: 0, from: d.from, rows: rows.length, rowLen: len,
+    return { ...none, op: "copy", out, value: 0, from: d.from, rows: rows.length, rowLen: len,
              cum: cumulative(rows, field), eps: 0 };
   }
 
@@ -214,12 +232,12 @@ export class Program {
     report.fill(0, 0, this.width);
     for (const s of this.steps) {
       if (s.op === "partition") { partition(s, x, rng, report, deviceId); continue; }
-      if (isPost(s)) { post(s, rng, report); continue; }
+      if (isPost(s)) { post(s, x, rng, report); continue; }
       if (s.op !== "select") { run(s, x, rng, report); continue; }
       const b = uniform(rng, s.branches.length);
       if (s.out !== null) report[s.out] = b;
       for (const t of s.branches[b])
-        if (isPost(t)) post(t, rng, report);
+        if (isPost(t)) post(t, x, rng, report);
         else run(t, x, rng, report);
     }
     return report;

@@ -38,7 +38,11 @@ export interface Leaf {
 
 /** const: column `out` = `value`; copy: column `out` drawn from row report[from] of `cum` */
 export interface Post {
-  op: "const" | "copy";
+  op: "const" | "copy" | "keep";
+  /** keep: the input attributes, their sizes, p; cum holds the fake distribution */
+  cols: number[];
+  sizes: number[];
+  p: number;
   out: number;
   value: number;
   from: number;
@@ -162,10 +166,16 @@ export function matrixEpsilon(rows: number[][]): number {
   return best;
 }
 
-export const isPost = (s: Step): s is Post => s.op === "const" || s.op === "copy";
+export const isPost = (s: Step): s is Post =>
+  s.op === "const" || s.op === "copy" || s.op === "keep";
 
-export function post(s: Post, rng: DrawSource, report: number[]): void {
+export function post(s: Post, x: ArrayLike<number>, rng: DrawSource, report: number[]): void {
   if (s.op === "const") { report[s.out] = s.value; return; }
+  if (s.op === "keep") {
+    report[s.out] = bernoulli(rng, s.p) ? ravel(x, s.cols, s.sizes)
+      : categorical(rng, s.cum, 0, s.rowLen);
+    return;
+  }
   const row = Math.min(report[s.from], s.rows - 1);
   report[s.out] = categorical(rng, s.cum, row * s.rowLen, s.rowLen);
 }

@@ -15,6 +15,8 @@ applied in order to a record of category indices:
 * ``uniform``: a uniform cell of the attributes ``in``, whatever the record (fake data).
 * ``keep``: the cell of ``in`` kept with probability ``p``, else a fake cell from ``fake``; the
   flat cell is written to column ``out``.
+* ``bloom``: the set bits ``filters[x]`` of attribute ``in``'s Bloom filter in the ``bits``
+  columns from ``out``, every bit then kept with 1 − f, else set to 1 or 0 with f/2 each.
 * ``copy``: column ``out`` drawn from row ``report[from]`` of ``rows`` (post-processing of a
   value already reported); ``const``: column ``out`` set to ``value``.
 
@@ -42,7 +44,8 @@ import numpy as np
 from . import channels as ch
 from .domain import Domain
 
-__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step", "copy_step", "const_step", "keep_step", "program",
+__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step", "copy_step", "const_step", "keep_step", "bloom_step",
+           "program",
            "program_epsilon", "memo_fingerprint", "is_grr"]
 
 #: the version ``v`` of the description format
@@ -104,6 +107,15 @@ def keep_step(cols: Sequence[int], out: int, p: float, fake: np.ndarray) -> dict
             "fake": np.asarray(fake, dtype=float).ravel().tolist()}
 
 
+def bloom_step(col: int, start: int, B: np.ndarray, f: float) -> dict[str, Any]:
+    """Attribute ``col``'s Bloom filter ``B`` (values × bits), written to the ``len(B[0])``
+    columns from ``start``, every bit flipped with ``f`` (kept with 1 − f, set to 1 or 0 with
+    f/2 each)."""
+    B = np.asarray(B)
+    return {"op": "bloom", "in": [int(col)], "out": int(start), "bits": int(B.shape[1]),
+            "f": float(f), "filters": [np.flatnonzero(row).tolist() for row in B]}
+
+
 def const_step(out: int, value: int) -> dict[str, Any]:
     """Column ``out`` set to ``value``."""
     return {"op": "const", "out": int(out), "value": int(value)}
@@ -139,6 +151,10 @@ def step_epsilon(step: Mapping[str, Any], shape: Sequence[int]) -> float:
         return ch.epsilon(np.asarray(step["rows"], dtype=float))
     if op in ("uniform", "copy", "const"):
         return 0.0
+    if op == "bloom":
+        f, sets = float(step["f"]), [set(s) for s in step["filters"]]
+        ham = max((len(a ^ b) for i, a in enumerate(sets) for b in sets[i + 1:]), default=0)
+        return 0.0 if ham == 0 else math.inf if f <= 0.0 else math.log((2.0 - f) / f) * ham
     if op == "keep":
         p, lo = float(step["p"]), min(float(f) for f in step["fake"])
         if p == 0.0:

@@ -12,10 +12,10 @@ from typing import Protocol, Sequence
 import numpy as np
 
 __all__ = ["DrawSource", "SplitMix64", "OsRandom", "NumpyDraws", "uniform", "bernoulli",
-           "categorical", "mix64", "M64"]
+           "categorical", "mix64", "M64", "TWO53"]
 
 M64 = (1 << 64) - 1
-_TWO53 = float(1 << 53)
+TWO53 = float(1 << 53)
 
 
 class DrawSource(Protocol):
@@ -72,7 +72,7 @@ def _fraction(rng: DrawSource) -> float:
 
 def bernoulli(rng: DrawSource, p: float) -> bool:
     """True with probability ``p``: one word, ``(w >> 11) < p·2**53``."""
-    return _fraction(rng) < p * _TWO53
+    return _fraction(rng) < p * TWO53
 
 
 def categorical(rng: DrawSource, cum: Sequence[float]) -> int:
@@ -81,7 +81,7 @@ def categorical(rng: DrawSource, cum: Sequence[float]) -> int:
     u = _fraction(rng)
     last = len(cum) - 1
     for j in range(last):
-        if u < cum[j] * _TWO53:
+        if u < cum[j] * TWO53:
             return j
     return last
 

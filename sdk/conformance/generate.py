@@ -69,6 +69,7 @@ def _mechanisms() -> list[tuple[str, Any]]:
         ("corr-rr-phase2", mechanism_class("corr-rr").from_config(
             DOM, None, epsilon=1.0).with_phase(1)),
         ("rrba", _rrba()),
+        ("lopub", mechanism_class("lopub").from_config(DOM, None, epsilon=1.0, version=1)),
         ("partitioned-olh", mechanism_class("partitioned").from_config(
             CITY, {"assign_seed": 12349}, epsilon=2.0, epsilon_scope="record")),
         ("partitioned-2", mechanism_class("partitioned").from_config(

@@ -19,7 +19,7 @@ extern "C" {
 
 /* limits (the same in every SDK) */
 #define LDP_MAX_ATTRS 32
-#define LDP_MAX_WIDTH 64
+#define LDP_MAX_WIDTH 1024
 #define LDP_MAX_STEPS 64           /* steps in all, branches of select included */
 #define LDP_MAX_MATRIX 4096        /* matrix entries in all */
 #ifndef LDP_MAX_LABELS
@@ -63,7 +63,7 @@ uint32_t ldp_categorical(ldp_rng *rng, const double *cum, uint32_t k);
 /* --- the randomization description ---------------------------------------------------------- */
 typedef struct ldp_table {           /* one table of a partition step */
   uint8_t n_in;
-  uint8_t in[LDP_MAX_ATTRS];
+  uint16_t in[LDP_MAX_ATTRS];
   uint64_t cells;
   uint32_t offset, g, r;               /* g = 0: GRR over the cells, else OLH(g, r) */
   double p;
@@ -72,10 +72,10 @@ typedef struct ldp_table {           /* one table of a partition step */
 typedef struct ldp_step {
   uint8_t op;                          /* 1 grr, 2 matrix, 3 select, 4 partition, 5 uniform,
                                           6 const, 7 copy (in[0]: the source column),
-                                          8 keep (cum: the fake distribution) */
+                                          8 keep (cum: the fake distribution), 9 bloom */
   uint8_t n_in;
-  uint8_t in[LDP_MAX_ATTRS];
-  uint8_t out[LDP_MAX_ATTRS];          /* select: out[0] is the index column */
+  uint16_t in[LDP_MAX_ATTRS];
+  uint16_t out[LDP_MAX_ATTRS];         /* select: out[0] is the index column */
   uint64_t cells;                      /* product of the input attributes' sizes */
   double p;                            /* grr */
   double eps;                          /* epsilon of the step (select: dearest branch) */

@@ -36,7 +36,7 @@ typedef struct parser {
   size_t errlen;
 } parser;
 /* -1 with ps->err set on a bad list */
-int ldp_int_list(parser *ps, json_t *json, const char *field, uint32_t below, uint8_t *out,
+int ldp_int_list(parser *ps, json_t *json, const char *field, uint32_t below, uint16_t *out,
                  uint8_t *n);
 double ldp_grr_epsilon(double p, uint64_t k);
 int ldp_parse_partition(parser *ps, json_t *json, const char *field, ldp_step *s);

@@ -29,7 +29,7 @@ static int put_text(parser *ps, const char *s, uint32_t *at) {
   return 0;
 }
 
-int ldp_int_list(parser *ps, json_t *v, const char *field, uint32_t below, uint8_t *out,
+int ldp_int_list(parser *ps, json_t *v, const char *field, uint32_t below, uint16_t *out,
                     uint8_t *n) {
   size_t i, len = json_is_array(v) ? json_array_size(v) : 0;
   if (len == 0 || len > LDP_MAX_ATTRS) goto bad;
@@ -38,7 +38,7 @@ int ldp_int_list(parser *ps, json_t *v, const char *field, uint32_t below, uint8
     if (!json_is_integer(c) || json_integer_value(c) < 0 ||
         (uint64_t)json_integer_value(c) >= below)
       goto bad;
-    out[i] = (uint8_t)json_integer_value(c);
+    out[i] = (uint16_t)json_integer_value(c);
   }
   *n = (uint8_t)len;
   return 0;
@@ -100,7 +100,7 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     }
     s->op = 3;
     s->n_out = hidden ? 0 : 1;
-    s->out[0] = hidden ? 0 : (uint8_t)json_integer_value(out);
+    s->out[0] = hidden ? 0 : (uint16_t)json_integer_value(out);
     s->first = (uint16_t)ps->branches_used;
     s->count = (uint16_t)nb;
     if (ps->branches_used + nb > LDP_MAX_STEPS) {
@@ -125,7 +125,8 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     return 0;
   }
   if (op && strcmp(op, "partition") == 0 && depth == 0) return ldp_parse_partition(ps, d, field, s);
-  if (op && (strcmp(op, "const") == 0 || strcmp(op, "copy") == 0 || strcmp(op, "keep") == 0))
+  if (op && (strcmp(op, "const") == 0 || strcmp(op, "copy") == 0 || strcmp(op, "keep") == 0 ||
+             strcmp(op, "bloom") == 0))
     return ldp_parse_post(ps, d, field, s, op);
   if (!op || (strcmp(op, "grr") && strcmp(op, "matrix") && strcmp(op, "uniform"))) {
     ldp_errf(ps->err, ps->errlen, "%s.op: unknown op '%s' (known: grr, matrix, uniform, select, "

@@ -46,6 +46,75 @@ int ldp_parse_rows(parser *ps, json_t *rows, const char *field, uint64_t n_rows,
   return 0;
 }
 
+/* bloom: in[0] the attribute, out[0] the first column, value the bits, p = f; the pool from
+   cum holds d + 1 offsets (relative to cum + d + 1) then every value's set bit positions */
+static int parse_bloom(parser *ps, json_t *d, const char *field, ldp_step *s) {
+  char f[200];
+  json_t *bits = json_object_get(d, "bits"), *start = json_object_get(d, "out");
+  json_t *fv = json_object_get(d, "f"), *filters = json_object_get(d, "filters");
+  ldp_errf(f, sizeof f, "%s.in", field);
+  if (ldp_int_list(ps, json_object_get(d, "in"), f, ps->p->n_attrs, s->in, &s->n_in)) return -1;
+  if (!json_is_integer(bits) || !json_is_integer(start) || json_integer_value(bits) < 1 ||
+      json_integer_value(start) < 0 ||
+      json_integer_value(start) + json_integer_value(bits) > (json_int_t)ps->p->width) {
+    ldp_errf(ps->err, ps->errlen, "%s.bits: out and bits must place the filter inside the %u "
+             "report columns", field, ps->p->width);
+    return -1;
+  }
+  s->p = json_number_value(fv);
+  if (!json_is_number(fv) || !(s->p >= 0.0 && s->p <= 1.0)) {
+    ldp_errf(ps->err, ps->errlen, "%s.f: must be a number in [0, 1]", field);
+    return -1;
+  }
+  uint32_t dv = ps->p->size[s->in[0]];
+  size_t need = dv + 1;
+  for (size_t v = 0; json_is_array(filters) && v < json_array_size(filters); v++)
+    need += json_array_size(json_array_get(filters, v));
+  int ok = s->n_in == 1 && json_is_array(filters) && json_array_size(filters) == dv &&
+           ps->cum_used + need <= LDP_MAX_MATRIX;
+  double *pool = ps->p->cum + ps->cum_used;
+  size_t at = 0;
+  for (uint32_t v = 0; ok && v < dv; v++) {
+    json_t *pos = json_array_get(filters, v);
+    pool[v] = (double)at;
+    ok = json_is_array(pos);
+    for (size_t i = 0; ok && i < json_array_size(pos); i++) {
+      json_t *b = json_array_get(pos, i);
+      ok = json_is_integer(b) && json_integer_value(b) >= 0 &&
+           json_integer_value(b) < json_integer_value(bits);
+      if (ok) pool[dv + 1 + at++] = (double)json_integer_value(b);
+    }
+  }
+  if (!ok) {
+    ldp_errf(ps->err, ps->errlen, "%s.filters: must list, per value of one attribute, bit "
+             "positions below %lld (values + 1 + positions count against the %d matrix entries "
+             "in all)", field, (long long)json_integer_value(bits), LDP_MAX_MATRIX);
+    return -1;
+  }
+  pool[dv] = (double)at;
+  s->op = 9;
+  s->cells = dv;
+  s->cum = ps->cum_used;
+  s->out[0] = (uint16_t)json_integer_value(start);
+  s->value = (uint32_t)json_integer_value(bits);
+  ps->cum_used += (uint32_t)need;
+  uint32_t ham = 0; /* the largest Hamming distance between two values' filters */
+  for (uint32_t u = 0; u < dv; u++)
+    for (uint32_t v = u + 1; v < dv; v++) {
+      uint32_t h = 0;
+      for (uint32_t b = 0; b < s->value; b++) {
+        int iu = 0, iv = 0;
+        for (size_t i = (size_t)pool[u]; i < (size_t)pool[u + 1]; i++) iu |= pool[dv + 1 + i] == b;
+        for (size_t i = (size_t)pool[v]; i < (size_t)pool[v + 1]; i++) iv |= pool[dv + 1 + i] == b;
+        h += iu != iv;
+      }
+      if (h > ham) ham = h;
+    }
+  s->eps = ham == 0 ? 0.0 : s->p <= 0.0 ? INFINITY : log((2.0 - s->p) / s->p) * ham;
+  ps->p->n_steps++;
+  return 0;
+}
+
 /* const (a fixed value), copy (a row of a matrix chosen by a reported value) and keep (the
    cell kept with p, else a fake cell) */
 int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const char *op) {
@@ -55,8 +124,9 @@ int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const 
     ldp_errf(ps->err, ps->errlen, "%s.out: must be an integer in [0, %u)", field, ps->p->width);
     return -1;
   }
-  s->out[0] = (uint8_t)json_integer_value(out);
+  s->out[0] = (uint16_t)json_integer_value(out);
   s->eps = 0.0;
+  if (strcmp(op, "bloom") == 0) return parse_bloom(ps, d, field, s);
   if (strcmp(op, "keep") == 0) {
     json_t *pv = json_object_get(d, "p"), *fake = json_object_get(d, "fake");
     char f[200];
@@ -105,7 +175,7 @@ int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const 
       return -1;
     }
     s->op = 7;
-    s->in[0] = (uint8_t)json_integer_value(from);
+    s->in[0] = (uint16_t)json_integer_value(from);
     s->cells = json_is_array(rows) ? json_array_size(rows) : 0;
     if (s->cells < 1 || ldp_parse_rows(ps, rows, field, s->cells, s)) {
       if (s->cells < 1) ldp_errf(ps->err, ps->errlen, "%s.rows: must be 1 or more rows", field);

@@ -47,7 +47,7 @@ uint64_t ldp_step_apply(const ldp_program *p, uint32_t step, uint64_t cell, ldp_
   return ldp_categorical(rng, p->cum + s->cum + cell * s->cells, (uint32_t)s->cells);
 }
 
-static uint64_t ravel(const ldp_program *p, const uint8_t *in, uint8_t n, const uint32_t *x) {
+static uint64_t ravel(const ldp_program *p, const uint16_t *in, uint8_t n, const uint32_t *x) {
   uint64_t cell = 0;
   for (uint8_t i = 0; i < n; i++) cell = cell * p->size[in[i]] + x[in[i]];
   return cell;
@@ -95,6 +95,19 @@ static void post(const ldp_program *p, const ldp_step *s, const uint32_t *x, ldp
                  uint32_t *report) {
   if (s->op == 6) {
     report[s->out[0]] = s->value;
+    return;
+  }
+  if (s->op == 9) {
+    const double *pool = p->cum + s->cum;
+    uint32_t dv = (uint32_t)s->cells, start = s->out[0], x0 = x[s->in[0]];
+    memset(report + start, 0, s->value * sizeof *report);
+    for (size_t i = (size_t)pool[x0]; i < (size_t)pool[x0 + 1]; i++)
+      report[start + (uint32_t)pool[dv + 1 + i]] = 1;
+    for (uint32_t b = 0; b < s->value; b++) {
+      double u = (double)(rng->next_u64(rng->ctx) >> 11);
+      if (u < s->p * 0.5 * 9007199254740992.0) report[start + b] = 1;
+      else if (u < s->p * 9007199254740992.0) report[start + b] = 0;
+    }
     return;
   }
   if (s->op == 8) {

@@ -101,7 +101,8 @@ export class Program {
       return { op: "select", out, branches, eps };
     }
     if (d.op === "partition" && depth === 0) return this.parsePartition(d, field);
-    if (d.op === "const" || d.op === "copy" || d.op === "keep") return this.parsePost(d, field);
+    if (d.op === "const" || d.op === "copy" || d.op === "keep" || d.op === "bloom")
+      return this.parsePost(d, field);
     if (d.op !== "grr" && d.op !== "matrix" && d.op !== "uniform")
       throw new ProgramError(`${field}.op`, `unknown op ${JSON.stringify(d.op)} (known: grr, ` +
                              "matrix, uniform, select, partition)");
@@ -135,7 +136,8 @@ export class Program {
     const out = d.out;
     if (!isInt(out) || out < 0 || out >= this.width)
       throw new ProgramError(`${field}.out`, `must be an integer in [0, ${this.width})`);
-    const none = { cols: [], sizes: [], p: 0, from: 0, rows: 0, rowLen: 0 };
+    const none = { cols: [], sizes: [], p: 0, from: 0, rows: 0, rowLen: 0, filters: [] };
+    if (d.op === "bloom") return { ...none, ...this.parseBloom(d, field, out) };
     if (d.op === "const") {
       if (!isInt(d.value) || d.value < 0 || d.value >= MAX_CELLS)
         throw new ProgramError(`${field}.value`, `must be an integer in [0, ${MAX_CELLS})`);
@@ -171,6 +173,35 @@ export class Program {
                              `xL (at most ${MAX_MATRIX_ENTRIES} matrix entries in all)`);
     return { ...none, op: "copy", out, value: 0, from: d.from, rows: rows.length, rowLen: len,
              cum: cumulative(rows, field), eps: 0 };
+  }
+
+  private parseBloom(d: Record<string, unknown>, field: string, out: number) {
+    const cols = ints(d.in, `${field}.in`, this.attrs.length);
+    const bits = d.bits, f = d.f, filters = d.filters;
+    if (!isInt(bits) || bits < 1 || out + bits > this.width)
+      throw new ProgramError(`${field}.bits`, "out and bits must place the filter inside the " +
+                             `${this.width} report columns`);
+    if (typeof f !== "number" || !(f >= 0 && f <= 1))
+      throw new ProgramError(`${field}.f`, "must be a number in [0, 1]");
+    const dv = this.shape[cols[0]];
+    const ok = cols.length === 1 && Array.isArray(filters) && filters.length === dv &&
+      filters.every((v) => Array.isArray(v) && v.every((b) => isInt(b) && b >= 0 && b < bits));
+    this.matrixEntries += ok ? dv + 1 + (filters as number[][]).reduce((a, v) => a + v.length, 0)
+      : 0;
+    if (!ok || this.matrixEntries > MAX_MATRIX_ENTRIES)
+      throw new ProgramError(`${field}.filters`, "must list, per value of one attribute, bit " +
+                             `positions below ${bits} (values + 1 + positions count against ` +
+                             `the ${MAX_MATRIX_ENTRIES} matrix entries in all)`);
+    const sets = (filters as number[][]).map((v) => new Set(v));
+    let ham = 0;
+    sets.forEach((a, i) => sets.slice(i + 1).forEach((b) => {
+      let h = 0;
+      for (let k = 0; k < bits; k++) if (a.has(k) !== b.has(k)) h++;
+      ham = Math.max(ham, h);
+    }));
+    const eps = ham === 0 ? 0 : f <= 0 ? Infinity : Math.log((2 - f) / f) * ham;
+    return { op: "bloom" as const, out, value: 0, cols, p: f, rowLen: bits,
+             filters: filters as number[][], cum: new Float64Array(0), eps };
   }
 
   private parsePartition(d: Record<string, unknown>, field: string): Partition {

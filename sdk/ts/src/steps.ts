@@ -6,7 +6,7 @@ import { DrawSource, bernoulli, categorical, uniform } from "./rng.js";
 
 export const PROGRAM_VERSION = 1;
 export const MAX_ATTRS = 32;
-export const MAX_WIDTH = 64;
+export const MAX_WIDTH = 1024;
 export const MAX_STEPS = 64;
 export const MAX_MATRIX_ENTRIES = 4096;
 export const MAX_CELLS = 2 ** 32;
@@ -38,9 +38,11 @@ export interface Leaf {
 
 /** const: column `out` = `value`; copy: column `out` drawn from row report[from] of `cum` */
 export interface Post {
-  op: "const" | "copy" | "keep";
+  op: "const" | "copy" | "keep" | "bloom";
   /** keep: the input attributes, their sizes, p; cum holds the fake distribution */
   cols: number[];
+  /** bloom: every value's set bit positions */
+  filters: number[][];
   sizes: number[];
   p: number;
   out: number;
@@ -167,10 +169,21 @@ export function matrixEpsilon(rows: number[][]): number {
 }
 
 export const isPost = (s: Step): s is Post =>
-  s.op === "const" || s.op === "copy" || s.op === "keep";
+  s.op === "const" || s.op === "copy" || s.op === "keep" || s.op === "bloom";
 
 export function post(s: Post, x: ArrayLike<number>, rng: DrawSource, report: number[]): void {
   if (s.op === "const") { report[s.out] = s.value; return; }
+  if (s.op === "bloom") {  // rowLen bits from column out; filters[x] in positions; p = f
+    const set = s.filters[x[s.cols[0]]];
+    report.fill(0, s.out, s.out + s.rowLen);
+    for (const b of set) report[s.out + b] = 1;
+    for (let b = 0; b < s.rowLen; b++) {
+      const u = Number(rng.nextU64() >> 11n);
+      if (u < s.p * 0.5 * 2 ** 53) report[s.out + b] = 1;
+      else if (u < s.p * 2 ** 53) report[s.out + b] = 0;
+    }
+    return;
+  }
   if (s.op === "keep") {
     report[s.out] = bernoulli(rng, s.p) ? ravel(x, s.cols, s.sizes)
       : categorical(rng, s.cum, 0, s.rowLen);

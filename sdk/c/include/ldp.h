@@ -53,7 +53,7 @@ typedef struct ldp_rng {
 } ldp_rng;
 
 uint64_t ldp_splitmix64_next(void *state);      /* ctx: a uint64_t state (the seed) */
-typedef struct ldp_os_rng { uint64_t buf[32]; unsigned pos; } ldp_os_rng;
+typedef struct ldp_os_rng { uint64_t buf[128]; unsigned pos; } ldp_os_rng;
 uint64_t ldp_os_rng_next(void *ctx);            /* ctx: ldp_os_rng (zeroed); getrandom(2) */
 
 uint64_t ldp_uniform(ldp_rng *rng, uint64_t k); /* [0, k), 1 <= k <= 2^32 */

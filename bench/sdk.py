@@ -31,6 +31,20 @@ def _run(cmd: list[str], **kw) -> str:
     raise CliError(f"bench sdk: {' '.join(cmd[:3])}: {err.strip()[-500:]}")
 
 
+def compile_ts() -> Path:
+    """Compile sdk/ts with its pinned ``tsc`` (under a file lock: tests on two processes may
+    compile at once); returns its ``dist`` directory."""
+    import fcntl
+
+    ts = SDK / "ts"
+    if not (ts / "node_modules").is_dir():
+        raise CliError("sdk/ts/node_modules is missing: run `make install` (npm ci)")
+    with open(ts / ".tsc.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _run(["npx", "--no-install", "tsc", "-p", "."], cwd=ts)
+    return ts / "dist"
+
+
 def _lines(text: str) -> dict[str, float]:
     return {d["case"]: float(d["reports_per_s"]) for d in map(json.loads, text.splitlines())}
 
@@ -79,8 +93,7 @@ def main(args) -> int:
         _run(["cmake", "--build", str(build), "-j2", "--target", "ldp_sample"])
         c = _lines(_run([str(build / "ldp_sample"), "bench", str(vectors_path), str(seconds)]))
         size = _c_size(Path(tmp))
-    _run(["npx", "--no-install", "tsc", "-p", "."], cwd=SDK / "ts")
-    ts = _lines(_run(["node", str(SDK / "ts" / "dist" / "tools" / "sample.js"), "bench",
+    ts = _lines(_run(["node", str(compile_ts() / "tools" / "sample.js"), "bench",
                       str(vectors_path), str(seconds)]))
     py = _python(vectors, seconds)
     rows = [{"case": k, "c": c[k], "ts": ts[k], "python": py[k]} for k in c]

@@ -23,12 +23,10 @@ def build_c(build_dir: Path) -> Path:
 
 
 def build_ts() -> Path:
-    """Compile sdk/ts (``tsc``); returns its ``dist`` directory."""
-    if not (TS_DIR / "node_modules").is_dir():
-        raise RuntimeError("sdk/ts/node_modules is missing: run `make install` (npm ci)")
-    subprocess.run(["npx", "--no-install", "tsc", "-p", "."], cwd=TS_DIR, check=True,
-                   capture_output=True)
-    return TS_DIR / "dist"
+    """Compile sdk/ts (``tsc``, locked against a concurrent compile); returns ``dist``."""
+    from ldpstream.bench.sdk import compile_ts
+
+    return compile_ts()
 
 
 @pytest.fixture(scope="session")

@@ -131,3 +131,25 @@ test("memoized reports", async () => {
     if (res.status === "queued") assert.deepEqual([...res.report], e.report);
   }
 });
+
+test("mangled signed records get a decision, never a crash", () => {
+  const v = load("states.json");
+  const trust = new Trust(v.public_key, v.ceiling);
+  const rng = new SplitMix64(7n);
+  for (const s of v.steps) {
+    const rec: string = s.record;
+    for (let cut = 0; cut < rec.length; cut += 1 + Math.floor(rec.length / 64))
+      assert.throws(() => acceptState(trust, "app", rec.slice(0, cut), null, v.now),
+                    StateRejected, `a record cut at ${cut} was accepted`);
+    for (let k = 0; k < 64; k++) {
+      const i = Number(rng.nextU64() % BigInt(rec.length));
+      const c = String.fromCharCode(32 + Number(rng.nextU64() % 95n));
+      const flipped = rec.slice(0, i) + c + rec.slice(i + 1);
+      try {
+        acceptState(trust, "app", flipped, null, v.now);
+      } catch (e) {
+        assert.ok(e instanceof StateRejected, `flipped record: ${String(e)}`);
+      }
+    }
+  }
+});

@@ -136,3 +136,28 @@ def test_bench_sdk_quick_runs(capsys):
     assert [r["case"] for r in out["reports_per_s"]] == cases
     assert all(r["c"] > 0 and r["ts"] > 0 and r["python"] > 0 for r in out["reports_per_s"])
     assert out["c_size"]["text"] > 0 and out["c_size"]["ldp_state"] > 0
+
+
+def test_python_sdk_channels_match_their_declaration():
+    """The Python interpreter with its production generator (``secrets``), on the rr-ind and
+    user-matrix cases' channels (10⁶ draws each; Python is the slow SDK)."""
+    from ldpstream.producers.draws import OsRandom
+    from ldpstream.producers.program import Program
+    from ldpstream.producers.program_steps import run_step
+
+    cases = {c["name"]: c for c in json.loads(VECTORS.read_text())["cases"]}
+    rng, lines = OsRandom(), []
+    for name in ("rr-ind", "rr-ind-matrix"):
+        prog = Program(cases[name]["device"])
+        for i, step in enumerate(prog.steps):
+            (j,), k = step.cols, step.shape[0]
+            counts = np.zeros((k, k), dtype=np.int64)
+            report = [0] * prog.width
+            for x in range(k):
+                record = [0] * len(prog.shape)
+                record[j] = x
+                for _ in range(SAMPLES // k):
+                    run_step(step, record, rng, report)
+                    counts[x, report[j]] += 1
+            lines.append(json.dumps({"case": name, "step": i, "counts": counts.tolist()}))
+    assert _audit(lines) == []

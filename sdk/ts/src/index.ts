@@ -3,6 +3,7 @@ export { DrawSource, OsRandom, SplitMix64, bernoulli, categorical, uniform } fro
 export { Program, ProgramError, SchemaError, PROGRAM_VERSION } from "./program.js";
 export { DEFAULT_CEILING, Reason, State, StateRejected, Trust, Verifier, acceptState,
          nobleVerify } from "./state.js";
-export { FileStorage, Ledger, LocalStorage, MemoryStorage, Storage } from "./ledger.js";
+export { FileStorage, IndexedDbStorage, Ledger, LocalStorage, MemoryStorage, Storage } from
+  "./ledger.js";
 export { BatchInput, encodeBatch } from "./batch.js";
 export { Device, DeviceOptions, FetchTransport, ReportResult, Transport } from "./device.js";

@@ -30,6 +30,46 @@ export class LocalStorage implements Storage {
   }
 }
 
+/** Browsers: an IndexedDB object store (default: database "ldpstream", store "ledger"); pass
+ * the factory (`indexedDB`) explicitly where it is not global. */
+export class IndexedDbStorage implements Storage {
+  private db: Promise<IDBDatabase> | null = null;
+
+  constructor(private readonly factory: IDBFactory = globalThis.indexedDB,
+              private readonly name = "ldpstream", private readonly store = "ledger") {}
+
+  private open(): Promise<IDBDatabase> {
+    this.db ??= new Promise((resolve, reject) => {
+      const req = this.factory.open(this.name, 1);
+      req.onupgradeneeded = () => req.result.createObjectStore(this.store);
+      req.onsuccess = () => resolve(req.result);
+      req.onerror = () => reject(req.error);
+    });
+    return this.db;
+  }
+
+  private async run<T>(mode: IDBTransactionMode, op: (s: IDBObjectStore) => IDBRequest<T>
+                       ): Promise<T> {
+    const db = await this.open();
+    return new Promise((resolve, reject) => {
+      const tx = db.transaction(this.store, mode);
+      const req = op(tx.objectStore(this.store));
+      tx.oncomplete = () => resolve(req.result);
+      tx.onerror = () => reject(tx.error);
+      tx.onabort = () => reject(tx.error);
+    });
+  }
+
+  async load(key: string): Promise<string | null> {
+    const v = await this.run("readonly", (s) => s.get(key));
+    return typeof v === "string" ? v : null;
+  }
+
+  async save(key: string, value: string): Promise<void> {
+    await this.run("readwrite", (s) => s.put(value, key));
+  }
+}
+
 /** Node: one file per key in a directory, replaced atomically (rename). */
 export class FileStorage implements Storage {
   constructor(private readonly dir: string) {}

@@ -7,8 +7,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 
-import { Device, FileStorage, Ledger, OsRandom, Program, ProgramError, SplitMix64, Trust,
-         Transport, uniform } from "../src/index.js";
+import { Device, FileStorage, IndexedDbStorage, Ledger, OsRandom, Program, ProgramError,
+         SplitMix64, Transport, Trust, uniform } from "../src/index.js";
 
 const DIR = new URL("../../../conformance/", import.meta.url);
 const vectors = JSON.parse(readFileSync(new URL("randomize.json", DIR), "utf8"));
@@ -100,4 +100,15 @@ test("memoized responses survive a restart", async () => {
   } finally {
     rmSync(dir, { recursive: true });
   }
+});
+
+test("the IndexedDB storage keeps the ledger across a restart", async () => {
+  const { IDBFactory } = await import("fake-indexeddb");
+  const factory = new IDBFactory();
+  const a = await Ledger.open(2, 100, new IndexedDbStorage(factory));
+  await a.charge(1.5, 10);
+  assert.equal(await a.takeSequence(), 0n);
+  const b = await Ledger.open(2, 100, new IndexedDbStorage(factory));  // a reloaded page
+  assert.match(b.refusal(1, 20) ?? "", /budget exceeded/);
+  assert.equal(await b.takeSequence(), 1n);
 });

@@ -1,6 +1,8 @@
 #define _POSIX_C_SOURCE 200809L
 /* The epsilon ledger and the batch sequence, persisted through a storage callback
    (docs/device-protocol.md, "Ledger"). */
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -205,26 +207,49 @@ static int path_of(char *out, size_t cap, const char *dir, const char *key) {
   return n > 0 && (size_t)n < cap ? 0 : -1;
 }
 
+/* plain POSIX calls (no stdio buffers): the report path allocates nothing */
 static int file_load(void *ctx, const char *key, uint8_t *buf, size_t cap, size_t *len) {
   char path[4096];
   if (path_of(path, sizeof path, (const char *)ctx, key)) return -1;
-  FILE *f = fopen(path, "rb");
-  if (!f) return 1;
-  *len = fread(buf, 1, cap, f);
-  int bad = ferror(f) || (*len == cap && fgetc(f) != EOF);
-  fclose(f);
-  return bad ? -1 : 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? 1 : -1;
+  size_t got = 0;
+  for (;;) {
+    ssize_t k = read(fd, buf + got, cap - got);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      close(fd);
+      if (k < 0) return -1;
+      break;
+    }
+    got += (size_t)k;
+    if (got == cap) { /* full: the file must end here */
+      uint8_t extra;
+      ssize_t more = read(fd, &extra, 1);
+      close(fd);
+      if (more != 0) return -1;
+      break;
+    }
+  }
+  *len = got;
+  return 0;
 }
 
 static int file_save(void *ctx, const char *key, const uint8_t *buf, size_t len) {
   char path[4096], tmp[4100];
   if (path_of(path, sizeof path, (const char *)ctx, key)) return -1;
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "wb");
-  if (!f) return -1;
-  int bad = fwrite(buf, 1, len, f) != len;
-  bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
-  bad |= fclose(f) != 0;
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  size_t done = 0;
+  while (done < len) {
+    ssize_t k = write(fd, buf + done, len - done);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    done += (size_t)k;
+  }
+  int bad = done != len || fsync(fd) != 0;
+  bad |= close(fd) != 0;
   return bad || rename(tmp, path) != 0 ? -1 : 0;
 }
 

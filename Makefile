@@ -16,12 +16,16 @@ test: install
 	.venv/bin/python -m pytest -q -m "not core" --durations=30 tests || rc=1; exit $$rc
 
 # the device SDKs (docs/device-protocol.md): the C library with warnings as errors and
-# -fsanitize=address,undefined (unit tests and the conformance suite under ctest), then the
-# TypeScript package (tsc, node --test on the same conformance files)
+# -fsanitize=address,undefined (unit tests and the conformance suite under ctest), a Release
+# build that counts allocations on the report path (none allowed), then the TypeScript package
+# (tsc, node --test on the same conformance files)
 test-sdk: install
 	cmake -S sdk/c -B sdk/c/build -DLDP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 	cmake --build sdk/c/build -j2
 	cd sdk/c/build && ctest --output-on-failure
+	cmake -S sdk/c -B sdk/c/build-release -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build sdk/c/build-release -j2 --target test_noheap
+	cd sdk/c/build-release && ctest --output-on-failure -R no_heap
 	cd sdk/ts && npm test
 
 # the pure core (estimators, codec, config, CLI), no services: under a minute

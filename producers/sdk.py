@@ -39,7 +39,8 @@ from .publisher import Publisher
 log = logging.getLogger(__name__)
 
 __all__ = ["DeviceClient", "ReportResult", "Transport", "KafkaTransport", "HttpTransport",
-           "RecordingTransport", "GatewayConfigWatcher", "BatchSequence", "GatewayError", "UnknownCollectionError", "device_key"]
+           "RecordingTransport", "GatewayConfigWatcher", "GatewayError", "UnknownCollectionError",
+           "device_key", "BatchSequence"]
 
 
 class UnknownCollectionError(LookupError):

@@ -44,9 +44,9 @@ import numpy as np
 from . import channels as ch
 from .domain import Domain
 
-__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step", "copy_step", "const_step", "keep_step", "bloom_step",
-           "program",
-           "program_epsilon", "memo_fingerprint", "is_grr"]
+__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step",
+           "copy_step", "const_step", "keep_step", "bloom_step", "program", "program_epsilon",
+           "memo_fingerprint", "is_grr"]
 
 #: the version ``v`` of the description format
 PROGRAM_VERSION = 1

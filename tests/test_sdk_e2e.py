@@ -38,8 +38,9 @@ def _records(seed: int) -> list[dict[str, str]]:
     return [{a: str(rng.choice(DOM.categories(a))) for a in DOM.attrs} for _ in range(N)]
 
 
-def test_c_and_ts_devices_through_the_gateway(tmp_path, kafka_broker, redis_server, spawn_worker,
-                                              service_env, unique_name, c_sdk, ts_sdk):  # noqa: F811
+def test_c_and_ts_devices_through_the_gateway(tmp_path, kafka_broker, redis_server,
+                                              spawn_worker, service_env, unique_name,
+                                              c_sdk, ts_sdk):  # noqa: F811
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.services import free_port

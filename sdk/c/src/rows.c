@@ -153,7 +153,8 @@ int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const 
     if (r) return -1;
     double lo = INFINITY;
     for (size_t i = 0; i < json_array_size(fake); i++)
-      if (json_number_value(json_array_get(fake, i)) < lo) lo = json_number_value(json_array_get(fake, i));
+      if (json_number_value(json_array_get(fake, i)) < lo)
+        lo = json_number_value(json_array_get(fake, i));
     s->op = 8;
     s->eps = s->p == 0.0 ? 0.0 : (s->p >= 1.0 || lo <= 0.0) ? INFINITY
                                  : log1p(s->p / ((1.0 - s->p) * lo));

@@ -1,5 +1,6 @@
-/* The C side of the conformance suite (the JSON files of sdk/conformance, docs/device-protocol.md): the
-   same draws, reports, batch bytes, state decisions and budget decisions as Python. */
+/* The C side of the conformance suite (the JSON files of sdk/conformance,
+   docs/device-protocol.md): the same draws, reports, batch bytes, state decisions, budget and
+   memo decisions as Python. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>

@@ -106,7 +106,8 @@ export function acceptState(trust: Trust, collection: string, record: string,
   } catch {
     state = null;
   }
-  if (!isObj(state)) throw new StateRejected("malformed", "the signed payload is not a JSON object");
+  if (!isObj(state))
+    throw new StateRejected("malformed", "the signed payload is not a JSON object");
   const { version, issued_at: issuedAt, expires_at: expiresAt } = state;
   if (typeof state.collection !== "string" || typeof version !== "number" ||
       !Number.isInteger(version) || version < 0 || version > 0xffffffff ||

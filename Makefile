@@ -1,6 +1,6 @@
 # The two commands of the README: `make up` (install, then run the embedded stack) and `make test`.
 # `make up ARGS="--web-port 6067 --rate 500"` passes options to `ldpstream up`.
-.PHONY: install up check test test-fast test-pipeline bench
+.PHONY: install up check test test-fast test-pipeline test-sdk bench
 
 install:
 	./scripts/bootstrap.sh
@@ -14,12 +14,27 @@ check: install
 	.venv/bin/ruff check .
 	./scripts/typecheck.sh
 
-# every test (CI runs this), after the checks: the core tier on two processes (pure CPU), then the
-# pipeline (real Kafka + Redis children) and e2e tiers in one (their timings assume a core to
-# themselves); fails if either run fails, after both ran
-test: check
-	rc=0; .venv/bin/python -m pytest -q -n 2 -m core --durations=10 tests || rc=1; \
+# every test (CI runs this): the checks, the device SDKs, the core tier on two processes (pure
+# CPU), then the pipeline (real Kafka + Redis children) and e2e tiers in one (their timings assume
+# a core to themselves); every step runs, and any failing fails
+test: install
+	rc=0; $(MAKE) --no-print-directory check || rc=1; \
+	$(MAKE) --no-print-directory test-sdk || rc=1; \
+	.venv/bin/python -m pytest -q -n 2 -m core --durations=10 tests || rc=1; \
 	.venv/bin/python -m pytest -q -m "not core" --durations=30 tests || rc=1; exit $$rc
+
+# the device SDKs (docs/device-protocol.md): the C library with warnings as errors and
+# -fsanitize=address,undefined (unit tests and the conformance suite under ctest), a Release
+# build that counts allocations on the report path (none allowed), then the TypeScript package
+# (tsc, node --test on the same conformance files)
+test-sdk: install
+	cmake -S sdk/c -B sdk/c/build -DLDP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+	cmake --build sdk/c/build -j2
+	cd sdk/c/build && ctest --output-on-failure
+	cmake -S sdk/c -B sdk/c/build-release -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build sdk/c/build-release -j2 --target test_noheap
+	cd sdk/c/build-release && ctest --output-on-failure -R no_heap
+	cd sdk/ts && npm test
 
 # the pure core (estimators, codec, config, CLI), no services: under a minute
 test-fast: install

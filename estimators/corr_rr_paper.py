@@ -33,6 +33,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import channels as ch
+from . import device_program as dp
 from .domain import Domain, Factor
 from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, VersionedCounts,
                         record_budget, register)
@@ -205,9 +206,31 @@ class TwoPhase(Mechanism):
         M0, M1 = self.affine(j, k)
         return np.clip(M0 + self.table[j, k] * M1, 0.0, None)
 
+    def _copy_rows(self, j: int, k: int) -> np.ndarray:
+        """:meth:`copy_channel` with every row summing to 1 (as devices sample it)."""
+        M = self.copy_channel(j, k)
+        return M / M.sum(axis=1, keepdims=True)
+
     def copy_channels(self) -> list[list[np.ndarray | None]]:
         m = len(self.domain)
         return [[None if j == k else self.copy_channel(j, k) for k in range(m)] for j in range(m)]
+
+    def device_program(self) -> dict[str, Any] | None:
+        """Phase I: ``[0, GRR per attribute]``; Phase II: ``[1, …]`` with a hidden uniform pivot
+        j through P2_j and every other column copied from the pivot's output through M_jk
+        (docs/device-protocol.md). None while devices draw their phase (``phase`` None)."""
+        m = len(self.domain)
+        if self.phase is None:
+            return None
+        if self.phase == 0:
+            steps = [dp.const_step(0, 0)] + [dp.channel_step([j], P, out=[j + 1])
+                                              for j, P in enumerate(self.P1)]
+        else:
+            steps = [dp.const_step(0, 1), dp.select_step(None, [
+                [dp.channel_step([j], self.P2[j], out=[j + 1])]
+                + [dp.copy_step(j + 1, k + 1, self._copy_rows(j, k)) for k in range(m) if k != j]
+                for j in range(m)])]
+        return dp.program(self.name, self.domain, 1 + m, steps)
 
     # -- privacy ---------------------------------------------------------------------------------
     @property

@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 from . import bloom
+from . import device_program as dp
 from .cooccurrence import cooccurrence_counts, cooccurrence_from_bits, solve_cooccurrence
 from .domain import Domain, Factor
 from .lopub_em import distinct_reports, em_jd
@@ -128,6 +129,14 @@ class LoPub(Mechanism):
 
     def report_bounds(self) -> np.ndarray:
         return np.full(self.report_width, 2, dtype=np.int64)
+
+    def device_program(self) -> dict[str, Any] | None:
+        """One ``bloom`` step per attribute (its filters as bit positions; docs/device-protocol.md);
+        None beyond 1,024 report columns."""
+        if self.report_width > 1024:
+            return None
+        return dp.program(self.name, self.domain, self.report_width, [
+            dp.bloom_step(j, int(self.offsets[j]), B, self.f) for j, B in enumerate(self.blooms)])
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Encode every attribute with its Bloom filter and flip every bit (eq. 5): uint8 0/1."""

@@ -418,9 +418,20 @@ class Mechanism(ABC):
 
     def device_state(self) -> dict[str, Any]:
         """What devices need to randomize (published to ``ldp.config``; ``from_state`` of it
-        randomizes exactly like this state). Default: :meth:`state`; families whose server
-        state grows (RRBA's table history) publish less."""
-        return self.state()
+        randomizes exactly like this state). Default: :meth:`state` plus, under ``device``, the
+        :meth:`device_program` when the family has one; families whose server state grows
+        (RRBA's table history) publish less."""
+        out = self.state()
+        prog = self.device_program()
+        if prog is not None:
+            out["device"] = prog
+        return out
+
+    def device_program(self) -> dict[str, Any] | None:
+        """The randomization description devices interpret (:mod:`.device_program`,
+        docs/device-protocol.md); None: this family (or this configuration of it) cannot be
+        expressed yet, and the C and TypeScript SDKs refuse it."""
+        return None
 
 
 #: THE list of mechanism names: name → module of this package that defines it (imported on

@@ -32,6 +32,7 @@ import numpy as np
 from scipy import optimize
 
 from . import channels as ch
+from . import device_program as dp
 from .domain import Domain, Factor
 from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, VersionedCounts,
                         marginal_key, record_budget, register)
@@ -285,6 +286,11 @@ class SPL(_Multi):
     def report_bounds(self) -> np.ndarray:
         return np.asarray(self.domain.shape, dtype=np.int64)
 
+    def device_program(self) -> dict[str, Any]:
+        """GRR(ε/m) on every attribute (docs/device-protocol.md)."""
+        return dp.program(self.name, self.domain, self.m,
+                          [dp.channel_step([j], P) for j, P in enumerate(self.channels)])
+
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         x = self._records(records).astype(report_dtype(self.domain.shape), copy=False)
         out = np.empty(x.shape, dtype=x.dtype)
@@ -343,6 +349,13 @@ class SMP(_Multi):
 
     def report_bounds(self) -> np.ndarray:
         return np.asarray([self.m, self._dmax], dtype=np.int64)
+
+    def device_program(self) -> dict[str, Any]:
+        """A uniform attribute index in column 0, its GRR in column 1
+        (docs/device-protocol.md)."""
+        return dp.program(self.name, self.domain, 2, [dp.select_step(
+            0, [[dp.grr_step([j], float(P[0, 0]), out=[1])] for j, P in
+                enumerate(self.channels)])])
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         x = self._records(records)
@@ -448,6 +461,16 @@ class RSFD(_Multi):
 
     def _fakes(self, n: int, rng: np.random.Generator, dtype) -> np.ndarray:
         return np.stack([rng.integers(0, d, n) for d in self.domain.shape], axis=1).astype(dtype)
+
+    def _fake_step(self, k: int) -> dict[str, Any]:
+        return dp.uniform_step([k])
+
+    def device_program(self) -> dict[str, Any] | None:
+        """A hidden uniform attribute j: GRR(ε') on it, fakes on the others
+        (docs/device-protocol.md)."""
+        return dp.program(self.name, self.domain, self.m, [dp.select_step(None, [
+            [dp.grr_step([j], float(P[0, 0])) if k == j else self._fake_step(k)
+             for k in range(self.m)] for j, P in enumerate(self.channels)])])
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         x = self._records(records)
@@ -561,6 +584,19 @@ class RSRFD(RSFD):
 
     def _amp_priors(self):
         return self.priors
+
+    def _fake_step(self, k: int) -> dict[str, Any]:
+        d = self.domain.shape[k]
+        return dp.matrix_step([k], np.tile(self.priors[k], (d, 1)))
+
+    def device_program(self) -> dict[str, Any] | None:
+        """Phase 0: SPL; then RS+RFD with fakes from the priors (a matrix of identical rows);
+        None when the priors' matrices exceed the description's 4,096 entries."""
+        if self.phase == 0:
+            return dict(self.spl.device_program(), family=self.name)
+        if sum(d * d for d in self.domain.shape) * (self.m - 1) > 4096:
+            return None
+        return super().device_program()
 
     @property
     def epsilon(self) -> float:

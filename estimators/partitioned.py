@@ -64,6 +64,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from . import device_program as dp
 from . import frequency_oracles as fo
 from .bounds import Bound, coarsened, oracle_bound
 from .consistency import expand, max_entropy, norm_sub, postprocess
@@ -293,6 +294,20 @@ class Partitioned(Mechanism):
             raise ValueError(f"device_ids must have shape ({len(records)},), got {ids.shape}")
         return self.randomize_assigned(
             records, assign_by_device(ids, len(self.marginals), self.assign_seed), rng)
+
+    def device_program(self) -> dict[str, Any]:
+        """One ``partition`` step: the device's first marginal from its id, each slot's oracle
+        (docs/device-protocol.md)."""
+        tables = []
+        for cols, oracle, off in zip(self._cols, self.oracles, self.offsets):
+            t: dict[str, Any] = {"in": [int(c) for c in cols], "offset": int(off),
+                                 "oracle": oracle.name, "p": float(oracle.p_star)}
+            if isinstance(oracle, fo.OLH):
+                t.update(g=int(oracle.g), r=int(oracle.r))
+            tables.append(t)
+        return dp.program(self.name, self.domain, self.per_report, [{
+            "op": "partition", "seed": str(self.assign_seed % 2**64),
+            "out": list(range(self.per_report)), "tables": tables}])
 
     def randomize_assigned(self, records: np.ndarray, first: np.ndarray,
                            rng: np.random.Generator) -> np.ndarray:

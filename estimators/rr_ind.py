@@ -31,7 +31,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import channels as ch
-from .castell import castell, expected_tvd
+from . import device_program as dp
+from .castell import castell, castell_variance, expected_tvd
 from .domain import Domain, Factor
 from .longitudinal import DAY_S, Guarantee, Memoize, compose
 from .mechanism import (Estimate, Mechanism, Memoization, Params, ParamError, TensorSpec,
@@ -361,6 +362,19 @@ class RRIndependent(_RRBase):
                                              else [Q.tolist() for Q in self.instantaneous])
         return out
 
+    def device_program(self) -> dict[str, Any]:
+        """Every attribute through its channel; memoized: the permanent channels under
+        ``memoize``, the instantaneous ones as the steps (docs/device-protocol.md)."""
+        m = len(self.domain)
+        if self.memoize is None:
+            return dp.program(self.name, self.domain, m,
+                              [dp.channel_step([j], P) for j, P in enumerate(self.channels)])
+        out = dp.program(self.name, self.domain, m, [
+            dp.channel_step([j], Q) for j, Q in enumerate(self.instantaneous or [])])
+        out["memoize"] = {"rotation_s": self.memoize.rotation_s, "permanent": [
+            dp.channel_step([j], P) for j, P in enumerate(self.permanent)]}
+        return out
+
     @classmethod
     def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
                     epsilon: float | None, epsilon_scope: str = "attribute",
@@ -424,6 +438,11 @@ class _Clustered(_RRBase):
     def epsilon_per_attribute(self) -> float:
         """The largest cluster's ε (changing one attribute changes its cluster's cell)."""
         return float(max(self.cluster_eps))
+
+    def device_program(self) -> dict[str, Any]:
+        """One GRR step over the product of every cluster (docs/device-protocol.md)."""
+        return dp.program(self.name, self.domain, len(self.domain),
+                          [dp.grr_step(cols, p) for cols, (p, _) in zip(self._cols, self._pq)])
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         records = self._records(records)

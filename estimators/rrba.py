@@ -37,6 +37,7 @@ from scipy.optimize import brentq
 from scipy.special import expit, logit
 from scipy.stats import norm
 
+from . import device_program as dp
 from .domain import Domain, Factor
 from .mechanism import (Estimate, Mechanism, Params, ParamError, TensorSpec, VersionedCounts,
                         histogram, record_budget, register)
@@ -540,11 +541,33 @@ class RRBA(Mechanism):
 
     def device_state(self) -> dict[str, Any]:
         """:meth:`state` with only the current table of every combination (the history is
-        the server's, for the estimates)."""
+        the server's, for the estimates), and the :meth:`device_program`."""
         st = self.state()
         st["history"] = [[[t.tolist()] for t in (h[-1] for h in view)] for view in self.history]
         st["history_from"] = [self.table_version(v) for v in range(len(self.views))]
+        prog = self.device_program()
+        if prog is not None:
+            st["device"] = prog
         return st
+
+    def device_program(self) -> dict[str, Any] | None:
+        """A hidden uniform open view (or :attr:`view`): its index and table version as
+        ``const`` columns, every combination's cell kept with p or faked from its floored table
+        (docs/device-protocol.md). None when the tables exceed the description's 4,096
+        entries."""
+        if self.view is not None:
+            views = [int(self.view)]
+        elif self.collecting():
+            views = [int(v) for v in np.flatnonzero(~np.asarray(self.converged))]
+        else:
+            views = list(range(len(self.views)))
+        if sum(self.sizes[v][j] for v in views for j in range(len(self.views[v]))) > 4096:
+            return None
+        return dp.program(self.name, self.domain, self.report_width, [dp.select_step(None, [
+            [dp.const_step(0, v), dp.const_step(1, self.table_version(v))]
+            + [dp.keep_step(self.domain.axes(comb), 2 + j, self.p,
+                            floor_table(self.history[v][j][-1], self.gamma))
+               for j, comb in enumerate(self.views[v])] for v in views])])
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRBA":

@@ -90,13 +90,14 @@ class Ledger:
 
     # --- ε -------------------------------------------------------------------------------------
     def spent(self, now: float, window_s: float | None = None) -> float:
-        """ε spent in ``(now - window_s, now]`` (every collection); all of it when ``window_s``
-        is None."""
+        """ε spent after ``now - window_s`` (every collection; spends stamped after ``now``
+        count too, so a clock stepped back never frees budget); all of it when ``window_s`` is
+        None."""
         if window_s is None:
             row = self._db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM spend").fetchone()
         else:
-            row = self._db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM spend WHERE at > ? "
-                                   "AND at <= ?", (now - window_s, now)).fetchone()
+            row = self._db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM spend WHERE at > ?",
+                                   (now - window_s,)).fetchone()
         return float(row[0])
 
     def refusal(self, cost: float, now: float) -> str | None:
@@ -128,6 +129,13 @@ class Ledger:
         row = self._db.execute("SELECT at FROM sent WHERE collection=? AND period=? AND record=?",
                                (collection, int(period), record)).fetchone()
         return None if row is None else float(row[0])
+
+    def newest_period(self, collection: str) -> int | None:
+        """The newest rotation period a memoized report of ``collection`` was committed in (a
+        device whose clock steps back keeps using it: docs/device-protocol.md, "Ledger")."""
+        row = self._db.execute("SELECT MAX(period) FROM sent WHERE collection=?",
+                               (collection,)).fetchone()
+        return None if row[0] is None else int(row[0])
 
     def commit(self, collection: str, now: float, cost: float, *, channel: str = "",
                period: int = 0, memos: dict[tuple[int, int], int] | None = None,

@@ -33,12 +33,15 @@ from .codec import ReportBatch, decode_batch, encode_batch
 from .device import ConfigWatcher
 from ldpstream.names import reports_topic
 from .ledger import Ledger, channel_fingerprint
+from .program import DrawSource, Memo, NumpyDraws, OsRandom, Program
+from .sequence import BatchSequence
 from .publisher import Publisher
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DeviceClient", "ReportResult", "Transport", "KafkaTransport", "HttpTransport",
-           "RecordingTransport", "GatewayConfigWatcher", "GatewayError", "UnknownCollectionError", "device_key"]
+           "RecordingTransport", "GatewayConfigWatcher", "GatewayError", "UnknownCollectionError",
+           "device_key", "BatchSequence"]
 
 
 class UnknownCollectionError(LookupError):
@@ -233,8 +236,10 @@ class DeviceClient:
 
     def __init__(self, collection: str, *, watcher: ConfigWatcher, transport: Transport,
                  ledger: Ledger, device_id: int = 0, batch_size: int = 100,
-                 resend_every_s: float | None = None, rng: np.random.Generator | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 resend_every_s: float | None = None,
+                 rng: np.random.Generator | DrawSource | None = None,
+                 clock: Callable[[], float] = time.time,
+                 sequence: BatchSequence | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.collection = collection
@@ -244,7 +249,15 @@ class DeviceClient:
         self.device_id = int(device_id)
         self.batch_size = int(batch_size)
         self.resend_every_s = resend_every_s
-        self.rng = rng if rng is not None else np.random.default_rng()
+        #: the draws of the randomization description (docs/device-protocol.md); numpy draws
+        #: for the families it cannot express yet
+        self.draws: DrawSource = (OsRandom() if rng is None else NumpyDraws(rng)
+                                  if isinstance(rng, np.random.Generator) else rng)
+        self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng()
+        self.sequence = sequence if sequence is not None else BatchSequence(None, clock)
+        self._programs: dict[tuple[str, int], Program | None] = {}
+        #: an encoded batch not yet delivered, and its report count
+        self._pending: tuple[bytes, int] | None = None
         self.clock = clock
         self._buffer: list[np.ndarray] = []
         self._version: int | None = None
@@ -290,8 +303,30 @@ class DeviceClient:
             out.append(res)
         return out
 
+    def program(self) -> Program | None:
+        """The randomization description of the state in force (None: the family has none)."""
+        signed = self.watcher.states.get(self.collection)
+        if signed is None:
+            return None
+        key = (self.collection, signed.version)
+        if key not in self._programs:
+            raw = signed.state.get("device")
+            self._programs = {key: None if raw is None else Program(raw)}
+        return self._programs[key]
+
     def _randomize(self, mech: Mechanism, x: np.ndarray, now: float) -> ReportResult:
         """One record → its report, charged to the ledger (or why not)."""
+        prog = self.program()
+        if prog is not None and prog.memo is not None:
+            return self._memoized(prog, prog.memo, mech.version, x, now)
+        if prog is not None:
+            refusal = self.ledger.refusal(prog.epsilon, now)
+            if refusal is not None:
+                return ReportResult("refused", 0.0, mech.version, refusal)
+            report = np.asarray(prog.randomize([int(v) for v in x], self.draws, self.device_id),
+                                dtype=np.int64)
+            self.ledger.commit(self.collection, now, prog.epsilon)
+            return ReportResult("queued", prog.epsilon, mech.version, report=report)
         memo = mech.memoization()
         if memo is None:
             cost = mech.epsilon
@@ -324,6 +359,35 @@ class DeviceClient:
                            record=record)
         return ReportResult("queued", cost, mech.version, report=report)
 
+    def _memoized(self, prog: Program, memo: Memo, version: int, x: np.ndarray,
+                  now: float) -> ReportResult:
+        """A memoized description (docs/device-protocol.md, "Ledger"): permanent responses drawn
+        once per rotation period (a clock stepped back keeps the newest period), a record sent
+        once per period unless ``resend_every_s`` passed, only new draws charged."""
+        period = memo.period(now)
+        newest = self.ledger.newest_period(self.collection)
+        if newest is not None and period < newest:
+            period = newest
+        record = f"{memo.fingerprint}:" + ",".join(str(int(v)) for v in x)
+        last = self.ledger.last_sent(self.collection, period, record)
+        resend = self.resend_every_s
+        if last is not None and (resend is None or resend <= 0 or now - last < resend):
+            return ReportResult("duplicate", 0.0, version,
+                                "this record was already reported in this rotation period")
+        keys = [(j, int(v)) for j, v in enumerate(x)]
+        have = self.ledger.memos(self.collection, memo.fingerprint, period, keys)
+        missing = [k for k in keys if k not in have]
+        cost = float(sum(memo.epsilons[j] for j, _ in missing))
+        refusal = self.ledger.refusal(cost, now)
+        if refusal is not None:
+            return ReportResult("refused", 0.0, version, refusal)
+        new = {(j, v): memo.draw(j, v, self.draws) for j, v in missing}
+        permanent = [have[k] if k in have else new[k] for k in keys]
+        report = prog.randomize(permanent, self.draws) if prog.steps else permanent
+        self.ledger.commit(self.collection, now, cost, channel=memo.fingerprint, period=period,
+                           memos=new, record=record)
+        return ReportResult("queued", cost, version, report=np.asarray(report, dtype=np.int64))
+
     async def _queue(self, report: np.ndarray, version: int) -> None:
         if self._version is not None and version != self._version:
             await self._send()
@@ -333,17 +397,23 @@ class DeviceClient:
             await self._send()
 
     async def _send(self) -> None:
+        """Encode the buffer as one batch with the next batch key and send it; a batch whose
+        sending failed is sent again first, byte for byte (the server counts a key once)."""
+        if self._pending is not None:
+            await self.transport.send(self.collection, self._pending[0], self.device_id)
+            self.sent_reports += self._pending[1]
+            self.sent_batches += 1
+            self._pending = None
         if not self._buffer:
             return
         assert self._version is not None
         reports = np.stack(self._buffer)
         payload = encode_batch(self.collection, self._version, reports,
                                device_ids=np.full(len(reports), self.device_id, dtype=np.uint64),
-                               sent_at=self.clock())
-        await self.transport.send(self.collection, payload, self.device_id)
-        self._buffer = []
-        self.sent_reports += len(reports)
-        self.sent_batches += 1
+                               sent_at=self.clock(),
+                               key=(self.device_id, self.sequence.take()))
+        self._pending, self._buffer = (payload, len(reports)), []
+        await self._send()
 
     async def flush(self) -> None:
         """Send what is buffered and wait until the transport has delivered it."""

@@ -11,6 +11,15 @@ command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
 command -v promtool >/dev/null 2>&1 || missing="$missing prometheus"
 [ -x /usr/bin/chromium ] || missing="$missing chromium"
 [ -x /usr/bin/chromedriver ] || missing="$missing chromium-driver"
+# the C device SDK (sdk/c): compiler, CMake, libsodium, jansson, libcurl (its example)
+command -v cmake >/dev/null 2>&1 || missing="$missing cmake"
+command -v cc >/dev/null 2>&1 || missing="$missing gcc"
+command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
+for dev in libsodium-dev libjansson-dev libcurl4-openssl-dev; do
+  dpkg -s "$dev" >/dev/null 2>&1 || missing="$missing $dev"
+done
+# the TypeScript device SDK (sdk/ts)
+command -v npm >/dev/null 2>&1 || missing="$missing nodejs npm"
 if [ -n "$missing" ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
@@ -35,4 +44,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   say "done: .venv/bin/ldpstream is installed"
 else
   say ".venv is up to date (delete $stamp to reinstall)"
+fi
+# the TypeScript device SDK's pinned dependencies (package-lock.json)
+if [ ! -d sdk/ts/node_modules ] || [ sdk/ts/package-lock.json -nt sdk/ts/node_modules ]; then
+  (cd sdk/ts && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -41,7 +41,7 @@ async def publish(bootstrap: str, topic: str, states: dict[str, RRIndependent]) 
     await create_topics(bootstrap, {topic: 1}, compacted={topic})
     async with Publisher(bootstrap) as pub:
         for cid, mech in states.items():
-            await pub.send(topic, key.sign_state(mech.state(), cid), key=cid.encode())
+            await pub.send(topic, key.sign_state(mech.device_state(), cid), key=cid.encode())
         await pub.flush()
 
 

@@ -78,7 +78,7 @@ def test_the_partition_default_is_stated_and_used():
 
 
 @pytest.mark.parametrize("name", ["castell", "adult", "pipeline", "mechanisms", "gateway",
-                                  "refresh", "marginals", "adaptive", "fetch"])
+                                  "refresh", "marginals", "adaptive", "fetch", "sdk"])
 def test_every_benchmark_has_its_own_help(name, capsys):
     from ldpstream.bench.run import describe
 

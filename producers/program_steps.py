@@ -1,0 +1,335 @@
+"""The steps of a randomization description on the device: their checked form, parsing (a
+:class:`ProgramError` names the field) and how each is run (docs/device-protocol.md,
+"Randomization description"); :mod:`.program` assembles them."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from .draws import M64, TWO53, DrawSource, bernoulli, categorical, mix64, uniform
+
+__all__ = ["Step", "ProgramError", "parse_steps", "run_step", "run_partition", "MAX_ATTRS",
+           "MAX_WIDTH", "MAX_CELLS", "MAX_MATRIX_ENTRIES", "MAX_STEPS"]
+
+#: limits every SDK enforces (the C library's static buffers)
+MAX_ATTRS = 32
+MAX_WIDTH = 1024
+MAX_CELLS = 1 << 32
+MAX_MATRIX_ENTRIES = 4096
+MAX_STEPS = 64
+
+
+class ProgramError(ValueError):
+    """A description the device cannot run; ``field`` names the offending part."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class Step:
+    op: str
+    cols: tuple[int, ...]
+    shape: tuple[int, ...]
+    out: tuple[int, ...] | int | None
+    p: float = 0.0
+    cum: tuple[tuple[float, ...], ...] = ()
+    branches: tuple[tuple["Step", ...], ...] = ()
+    #: partition: the mixed seed and the tables
+    seed: int = 0
+    tables: tuple["Table", ...] = ()
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table of a ``partition`` step: its cell's oracle (GRR over the cells, or OLH)."""
+
+    cols: tuple[int, ...]
+    shape: tuple[int, ...]
+    offset: int
+    p: float
+    g: int = 0
+    r: int = 0
+
+
+def _number(v: Any, field: str, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise ProgramError(field, f"must be a number in [{lo:g}, {hi:g}]")
+    return float(v)
+
+
+def _partition(d: dict, field: str, shape: Sequence[int], width: int) -> Step:
+    seed = d.get("seed")
+    if not isinstance(seed, str) or not seed.isdigit() or int(seed) > M64:
+        raise ProgramError(f"{field}.seed", "must be a u64 as a decimal string")
+    out = _ints(d.get("out"), f"{field}.out", width)
+    tabs = d.get("tables")
+    if not isinstance(tabs, list) or not 1 <= len(tabs) <= MAX_STEPS:
+        raise ProgramError(f"{field}.tables", f"must be a list of 1..{MAX_STEPS} tables")
+    if len(out) > len(tabs):
+        raise ProgramError(f"{field}.out", "more slots than tables")
+    tables = []
+    for i, t in enumerate(tabs):
+        f = f"{field}.tables[{i}]"
+        if not isinstance(t, dict) or t.get("oracle") not in ("grr", "olh"):
+            raise ProgramError(f"{f}.oracle", "must be grr or olh")
+        cols = _ints(t.get("in"), f"{f}.in", len(shape))
+        sub = tuple(int(shape[c]) for c in cols)
+        off = t.get("offset")
+        if isinstance(off, bool) or not isinstance(off, int) or not 0 <= off < MAX_CELLS:
+            raise ProgramError(f"{f}.offset", f"must be an integer in [0, {MAX_CELLS})")
+        p = _number(t.get("p"), f"{f}.p", 0.0, 1.0)
+        g = r = 0
+        codes = math.prod(sub)
+        if t["oracle"] == "olh":
+            g, r = t.get("g"), t.get("r")
+            if (isinstance(g, bool) or not isinstance(g, int) or isinstance(r, bool)
+                    or not isinstance(r, int) or g < 2 or r < 1 or g ** r > MAX_CELLS
+                    or g ** r < codes):
+                raise ProgramError(f"{f}.g", "g ≥ 2 and r ≥ 1 with cells ≤ g^r ≤ 2^32")
+            codes = g ** (r + 1)
+        if off + codes > MAX_CELLS:
+            raise ProgramError(f"{f}.offset", "codes beyond 2^32")
+        tables.append(Table(cols, sub, off, p, g, r))
+    return Step("partition", (), (), out, seed=mix64(int(seed)), tables=tuple(tables))
+
+
+def _ints(v: Any, field: str, below: int) -> tuple[int, ...]:
+    if not isinstance(v, list) or not v or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 0 <= c < below for c in v):
+        raise ProgramError(field, f"must be a non-empty list of integers in [0, {below})")
+    return tuple(v)
+
+
+def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
+          budget: list[int]) -> Step:
+    if not isinstance(d, dict):
+        raise ProgramError(field, "must be an object")
+    budget[1] -= 1
+    if budget[1] < 0:
+        raise ProgramError(field, f"more than {MAX_STEPS} steps in all")
+    op = d.get("op")
+    if op == "select":
+        out = d.get("out")
+        if out is not None and (isinstance(out, bool) or not isinstance(out, int)
+                                or not 0 <= out < width):
+            raise ProgramError(f"{field}.out", f"must be null or an integer in [0, {width})")
+        br = d.get("branches")
+        if depth > 0 or not isinstance(br, list) or not 1 <= len(br) <= MAX_STEPS:
+            raise ProgramError(f"{field}.branches", "must be 1..64 lists of steps (not nested)")
+        return Step("select", (), (), out, branches=tuple(
+            parse_steps(b, f"{field}.branches[{i}]", shape, width, depth + 1, budget)
+            for i, b in enumerate(br)))
+    if op == "partition" and depth == 0:
+        return _partition(d, field, shape, width)
+    if op == "const":
+        v = d.get("value")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < MAX_CELLS:
+            raise ProgramError(f"{field}.value", f"must be an integer in [0, {MAX_CELLS})")
+        return Step("const", (), (), _ints([d.get("out")], f"{field}.out", width), p=float(v))
+    if op == "copy":
+        return _copy(d, field, width, budget)
+    if op == "keep":
+        return _keep(d, field, shape, width, budget)
+    if op == "bloom":
+        return _bloom(d, field, shape, width, budget)
+    if op not in ("grr", "matrix", "uniform"):
+        raise ProgramError(f"{field}.op", f"unknown op {op!r} (known: grr, matrix, uniform, "
+                                          "copy, const, select, partition)")
+    cols = _ints(d.get("in"), f"{field}.in", len(shape))
+    out = _ints(d.get("out"), f"{field}.out", width)
+    if len(out) != len(cols):
+        raise ProgramError(f"{field}.out", "must have as many columns as in")
+    sub = tuple(int(shape[c]) for c in cols)
+    k = math.prod(sub)
+    if k > MAX_CELLS:
+        raise ProgramError(f"{field}.in", f"{k} cells > {MAX_CELLS}")
+    if op == "uniform":
+        return Step("uniform", cols, sub, out)
+    if op == "grr":
+        p = d.get("p")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ProgramError(f"{field}.p", "must be a number in [0, 1]")
+        return Step("grr", cols, sub, out, p=float(p))
+    cum = _cumulative(d.get("rows"), field, None, budget)
+    if len(cum) != k:
+        raise ProgramError(f"{field}.rows", f"must be {k}×{k} (at most {MAX_MATRIX_ENTRIES} "
+                                            "matrix entries in all)")
+    return Step("matrix", cols, sub, out, cum=cum)
+
+
+def parse_steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int,
+           budget: list[int]) -> tuple[Step, ...]:
+    """The steps of a list; ``budget``: matrix entries and steps still allowed (in all)."""
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_STEPS:
+        raise ProgramError(field, f"must be a list of 1..{MAX_STEPS} steps")
+    return tuple(_step(s, f"{field}[{i}]", shape, width, depth, budget)
+                 for i, s in enumerate(v))
+
+
+def _cumulative(rows: Any, field: str, n_rows: int | None, budget: list[int]
+                ) -> tuple[tuple[float, ...], ...]:
+    """Cumulative sums of a row-stochastic matrix (``n_rows`` rows of any one length when
+    given, else square), charged to the matrix-entry budget."""
+    ok = isinstance(rows, list) and len(rows) >= 1 and all(isinstance(r, list) for r in rows)
+    k = len(rows[0]) if ok and rows[0] else 0
+    ok = ok and k >= 1 and all(len(r) == k for r in rows) and (
+        len(rows) == (n_rows if n_rows is not None else k))
+    budget[0] -= len(rows) * k if ok else 0
+    if not ok or budget[0] < 0:
+        shape = f"{n_rows}×L" if n_rows is not None else "K×K"
+        raise ProgramError(f"{field}.rows", f"must be {shape} (at most {MAX_MATRIX_ENTRIES} "
+                                            "matrix entries in all)")
+    cum = []
+    for i, r in enumerate(rows):
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
+                   for x in r):
+            raise ProgramError(f"{field}.rows[{i}]", "must hold non-negative numbers")
+        acc, c = 0.0, []
+        for x in r:
+            acc += float(x)
+            c.append(acc)
+        if abs(acc - 1.0) > 1e-9:
+            raise ProgramError(f"{field}.rows[{i}]", f"sums to {acc!r}, not 1")
+        cum.append(tuple(c))
+    return tuple(cum)
+
+
+def _keep(d: dict, field: str, shape: Sequence[int], width: int, budget: list[int]) -> Step:
+    cols = _ints(d.get("in"), f"{field}.in", len(shape))
+    out = _ints([d.get("out")], f"{field}.out", width)
+    sub = tuple(int(shape[c]) for c in cols)
+    p = _number(d.get("p"), f"{field}.p", 0.0, 1.0)
+    fake = d.get("fake")
+    if not isinstance(fake, list) or len(fake) != math.prod(sub):
+        raise ProgramError(f"{field}.fake", f"must hold {math.prod(sub)} probabilities")
+    return Step("keep", cols, sub, out, p=p,
+                 cum=_cumulative([fake], f"{field}.fake", 1, budget))
+
+
+def _bloom(d: dict, field: str, shape: Sequence[int], width: int, budget: list[int]) -> Step:
+    """A Bloom step: ``cols`` = (attribute,), ``out`` = (first column, bits), ``p`` = f,
+    ``branches`` unused; the filters as sorted bit positions per value in ``cum``."""
+    cols = _ints(d.get("in"), f"{field}.in", len(shape))
+    bits, start = d.get("bits"), d.get("out")
+    if (isinstance(bits, bool) or not isinstance(bits, int) or isinstance(start, bool)
+            or not isinstance(start, int) or bits < 1 or start < 0 or start + bits > width):
+        raise ProgramError(f"{field}.bits", f"out and bits must place the filter inside the "
+                                            f"{width} report columns")
+    f = _number(d.get("f"), f"{field}.f", 0.0, 1.0)
+    filters = d.get("filters")
+    ok = (len(cols) == 1 and isinstance(filters, list) and len(filters) == shape[cols[0]]
+          and all(isinstance(v, list) and all(isinstance(b, int) and not isinstance(b, bool)
+                                              and 0 <= b < bits for b in v) for v in filters))
+    budget[0] -= len(filters) + 1 + sum(len(v) for v in filters) if ok else 0
+    if not ok or budget[0] < 0:
+        raise ProgramError(f"{field}.filters", f"must list, per value of one attribute, bit "
+                                               f"positions below {bits} (values + 1 + "
+                                               f"positions count against the "
+                                               f"{MAX_MATRIX_ENTRIES} matrix entries in all)")
+    return Step("bloom", cols, (shape[cols[0]],), (start, bits), p=f,
+                 cum=tuple(tuple(float(b) for b in v) for v in filters))
+
+
+def _copy(d: dict, field: str, width: int, budget: list[int]) -> Step:
+    src = _ints([d.get("from")], f"{field}.from", width)
+    out = _ints([d.get("out")], f"{field}.out", width)
+    rows = d.get("rows")
+    return Step("copy", src, (), out, cum=_cumulative(
+        rows, field, len(rows) if isinstance(rows, list) else 0, budget))
+
+
+def _ravel(x: Sequence[int] | Mapping[int, int], cols: Sequence[int],
+           shape: Sequence[int]) -> int:
+    cell = 0
+    for c, d in zip(cols, shape):
+        cell = cell * d + int(x[c])
+    return cell
+
+
+def _unravel(cell: int, out: Sequence[int], shape: Sequence[int], report: list[int]) -> None:
+    for c, d in zip(reversed(out), reversed(shape)):
+        report[c] = cell % d
+        cell //= d
+
+
+
+def run_step(s: Step, x: Sequence[int] | Mapping[int, int], rng: DrawSource,
+         report: list[int]) -> None:
+    if s.op == "const":
+        assert isinstance(s.out, tuple)
+        report[s.out[0]] = int(s.p)
+        return
+    if s.op == "copy":
+        assert isinstance(s.out, tuple)
+        row = min(report[s.cols[0]], len(s.cum) - 1)
+        report[s.out[0]] = categorical(rng, s.cum[row])
+        return
+    if s.op == "bloom":
+        assert isinstance(s.out, tuple)
+        start, bits = s.out
+        for b in range(bits):
+            report[start + b] = 0
+        for b in s.cum[_ravel(x, s.cols, s.shape)]:
+            report[start + int(b)] = 1
+        for b in range(bits):
+            u = float(rng.next_u64() >> 11)
+            if u < s.p * 0.5 * TWO53:
+                report[start + b] = 1
+            elif u < s.p * TWO53:
+                report[start + b] = 0
+        return
+    if s.op == "keep":
+        assert isinstance(s.out, tuple)
+        cell = _ravel(x, s.cols, s.shape)
+        report[s.out[0]] = cell if bernoulli(rng, s.p) else categorical(rng, s.cum[0])
+        return
+    if s.op == "select":
+        j = uniform(rng, len(s.branches))
+        if isinstance(s.out, int):
+            report[s.out] = j
+        for t in s.branches[j]:
+            run_step(t, x, rng, report)
+        return
+    assert isinstance(s.out, tuple)
+    cell = _ravel(x, s.cols, s.shape)
+    if s.op == "grr":
+        cell = _grr(cell, math.prod(s.shape), s.p, rng)
+    elif s.op == "uniform":
+        cell = uniform(rng, math.prod(s.shape))
+    else:
+        cell = categorical(rng, s.cum[cell])
+    _unravel(cell, s.out, s.shape, report)
+
+
+def _grr(cell: int, k: int, p: float, rng: DrawSource) -> int:
+    """Keep ``cell`` with probability p, else one of the other k − 1 cells uniformly."""
+    if bernoulli(rng, p):
+        return cell
+    other = uniform(rng, k - 1)
+    return other + (other >= cell)
+
+
+def run_partition(s: Step, x: Sequence[int], rng: DrawSource, report: list[int],
+                   device_id: int) -> None:
+    """Slot i reports table (first + i) mod K, first = mix64(device id ^ mix64(seed)) mod K;
+    GRR: the cell; OLH: a = uniform(g^r), h = Σ digit_i(a)·digit_i(cell) mod g (base-g digits),
+    code a·g + GRR_g(h)."""
+    assert isinstance(s.out, tuple)
+    k = len(s.tables)
+    first = mix64((int(device_id) & M64) ^ s.seed) % k
+    for i, col in enumerate(s.out):
+        t = s.tables[(first + i) % k]
+        cell = _ravel(x, t.cols, t.shape)
+        if t.g == 0:
+            code = _grr(cell, math.prod(t.shape), t.p, rng)
+        else:
+            a = uniform(rng, t.g ** t.r)
+            h, aa, cc = 0, a, cell
+            for _ in range(t.r):
+                h += (aa % t.g) * (cc % t.g)
+                aa, cc = aa // t.g, cc // t.g
+            code = a * t.g + _grr(h % t.g, t.g, t.p, rng)
+        report[col] = t.offset + code

@@ -1,0 +1,145 @@
+#define _POSIX_C_SOURCE 200809L
+/* Sampling tools over the cases of randomize.json, with the production generator (the OS
+ * CSPRNG):
+ *
+ *   ldp_sample audit randomize.json SAMPLES   one JSON line per grr/matrix step with at most 32
+ *       cells: the k x k counts (row: true cell, SAMPLES/k draws each); tests/test_sdk_audit.py
+ *   ldp_sample bench randomize.json SECONDS   one JSON line per case: reports randomized per
+ *       second on one core; ldpstream bench sdk
+ *   ldp_sample sizes                          the bytes of the structures a device keeps
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ldp.h"
+
+static ldp_program prog;
+static uint64_t counts[32 * 32];
+static uint32_t xs[64][LDP_MAX_ATTRS];
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+/* the first slot of a partition step, per table with at most 400 codes: a device assigned to
+   it, SAMPLES/cells reports of every cell (the other attributes 0) */
+static void audit_partition(const char *name, uint32_t si, long samples, ldp_rng *rng) {
+  const ldp_step *s = &prog.steps[si];
+  static uint64_t tc[36 * 400];
+  for (uint32_t ti = 0; ti < s->count; ti++) {
+    const ldp_table *t = &prog.tables[s->first + ti];
+    uint64_t codes = t->cells, dev = 0;
+    if (t->g) {
+      codes = t->g;
+      for (uint32_t k = 0; k < t->r; k++) codes *= t->g;
+    }
+    if (codes > 400 || t->cells > 36) continue;
+    while (mix64(dev ^ s->seed) % s->count != ti) dev++;
+    memset(tc, 0, sizeof tc);
+    for (uint64_t c = 0; c < t->cells; c++) {
+      uint32_t x[LDP_MAX_ATTRS] = {0}, report[LDP_MAX_WIDTH];
+      uint64_t rest = c;
+      for (int i = t->n_in - 1; i >= 0; i--) {
+        x[t->in[i]] = (uint32_t)(rest % prog.size[t->in[i]]);
+        rest /= prog.size[t->in[i]];
+      }
+      for (long n = 0; n < samples / (long)t->cells; n++) {
+        ldp_program_randomize(&prog, x, dev, rng, report);
+        tc[c * codes + (report[s->out[0]] - t->offset)]++;
+      }
+    }
+    printf("{\"case\":\"%s\",\"step\":%u,\"table\":%u,\"counts\":[", name, si, ti);
+    for (uint64_t c = 0; c < t->cells; c++) {
+      printf("%s[", c ? "," : "");
+      for (uint64_t y = 0; y < codes; y++)
+        printf("%s%llu", y ? "," : "", (unsigned long long)tc[c * codes + y]);
+      printf("]");
+    }
+    printf("]}\n");
+  }
+}
+
+static void audit(const char *name, long samples, ldp_rng *rng) {
+  for (uint32_t s = 0; s < prog.n_steps; s++) {
+    uint64_t k = prog.steps[s].cells;
+    if (prog.steps[s].op == 4) audit_partition(name, s, samples, rng);
+    if (prog.steps[s].op >= 3 || k > 32) continue;
+    memset(counts, 0, sizeof counts);
+    for (uint64_t x = 0; x < k; x++)
+      for (long t = 0; t < samples / (long)k; t++)
+        counts[x * k + ldp_step_apply(&prog, s, x, rng)]++;
+    printf("{\"case\":\"%s\",\"step\":%u,\"counts\":[", name, s);
+    for (uint64_t x = 0; x < k; x++) {
+      printf("%s[", x ? "," : "");
+      for (uint64_t y = 0; y < k; y++)
+        printf("%s%llu", y ? "," : "", (unsigned long long)counts[x * k + y]);
+      printf("]");
+    }
+    printf("]}\n");
+  }
+}
+
+static int bench(const char *name, json_t *recs, double secs, ldp_rng *rng) {
+  char err[256];
+  size_t n = json_array_size(recs) < 64 ? json_array_size(recs) : 64;
+  for (size_t r = 0; r < n; r++) {
+    const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS], *k;
+    json_t *lab;
+    size_t m = 0;
+    json_object_foreach(json_array_get(recs, r), k, lab) {
+      names[m] = k;
+      labels[m++] = json_string_value(lab);
+    }
+    if (ldp_program_encode(&prog, names, labels, m, xs[r], err, sizeof err) != LDP_OK) return 4;
+  }
+  uint32_t report[LDP_MAX_WIDTH];
+  unsigned long long done = 0, sink = 0;
+  double t0 = now(), t;
+  do {
+    for (int rep = 0; rep < 10000; rep++) {
+      ldp_program_randomize(&prog, xs[done % n], 0, rng, report);
+      sink += report[0];
+      done++;
+    }
+  } while ((t = now()) - t0 < secs);
+  printf("{\"case\":\"%s\",\"reports_per_s\":%.0f,\"sink\":%llu}\n", name,
+         done / (t - t0), sink % 2);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  json_error_t je;
+  if (argc == 2 && strcmp(argv[1], "sizes") == 0) {
+    printf("{\"ldp_state\":%zu,\"ldp_trust\":%zu,\"ldp_ledger\":%zu,\"ldp_os_rng\":%zu,"
+           "\"ldp_device\":%zu}\n", sizeof(ldp_state), sizeof(ldp_trust), sizeof(ldp_ledger),
+           sizeof(ldp_os_rng), sizeof(ldp_device));
+    return 0;
+  }
+  if (argc < 4) return 2;
+  json_t *v = json_load_file(argv[2], 0, &je), *c;
+  ldp_os_rng os = {{0}, 0};
+  ldp_rng rng = {ldp_os_rng_next, &os};
+  size_t i;
+  if (!v) return 2;
+  json_array_foreach(json_object_get(v, "cases"), i, c) {
+    char err[256], *dev = json_dumps(json_object_get(c, "device"), JSON_COMPACT);
+    const char *name = json_string_value(json_object_get(c, "name"));
+    if (ldp_program_parse(&prog, dev, strlen(dev), err, sizeof err) != LDP_OK) return 3;
+    free(dev);
+    if (strcmp(argv[1], "audit") == 0) audit(name, atol(argv[3]), &rng);
+    else if (bench(name, json_object_get(c, "records"), atof(argv[3]), &rng)) return 4;
+  }
+  json_decref(v);
+  return 0;
+}

@@ -1,0 +1,281 @@
+/* The C side of the conformance suite (the JSON files of sdk/conformance,
+   docs/device-protocol.md): the same draws, reports, batch bytes, state decisions, budget and
+   memo decisions as Python. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ldp.h"
+
+static int failures = 0;
+#define CHECK(cond, ...)                                          \
+  do {                                                            \
+    if (!(cond)) {                                                \
+      failures++;                                                 \
+      fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);             \
+      fprintf(stderr, __VA_ARGS__);                               \
+      fputc('\n', stderr);                                        \
+    }                                                             \
+  } while (0)
+
+static json_t *load(const char *dir, const char *name) {
+  char path[1024];
+  json_error_t je;
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  json_t *d = json_load_file(path, 0, &je);
+  if (!d) {
+    fprintf(stderr, "%s: %s\n", path, je.text);
+    exit(2);
+  }
+  return d;
+}
+
+static uint64_t u64(json_t *s) { return strtoull(json_string_value(s), NULL, 10); }
+
+static void rng_vectors(json_t *v) {
+  size_t i, j;
+  json_t *c;
+  json_array_foreach(json_object_get(v, "words"), i, c) {
+    uint64_t s = u64(json_object_get(c, "seed"));
+    json_t *w;
+    json_array_foreach(json_object_get(c, "words"), j, w)
+      CHECK(ldp_splitmix64_next(&s) == u64(w), "splitmix64 word %zu of case %zu", j, i);
+  }
+  json_array_foreach(json_object_get(v, "uniform"), i, c) {
+    uint64_t s = u64(json_object_get(c, "seed"));
+    ldp_rng r = {ldp_splitmix64_next, &s};
+    uint64_t k = (uint64_t)json_integer_value(json_object_get(c, "k"));
+    json_t *w;
+    json_array_foreach(json_object_get(c, "draws"), j, w)
+      CHECK(ldp_uniform(&r, k) == (uint64_t)json_integer_value(w), "uniform case %zu draw %zu",
+            i, j);
+  }
+  json_array_foreach(json_object_get(v, "bernoulli"), i, c) {
+    uint64_t s = u64(json_object_get(c, "seed"));
+    ldp_rng r = {ldp_splitmix64_next, &s};
+    double p = json_number_value(json_object_get(c, "p"));
+    json_t *w;
+    json_array_foreach(json_object_get(c, "draws"), j, w)
+      CHECK(ldp_bernoulli(&r, p) == json_is_true(w), "bernoulli case %zu draw %zu", i, j);
+  }
+  json_array_foreach(json_object_get(v, "categorical"), i, c) {
+    uint64_t s = u64(json_object_get(c, "seed"));
+    ldp_rng r = {ldp_splitmix64_next, &s};
+    double cum[64], acc = 0.0;
+    json_t *row = json_object_get(c, "row"), *w;
+    uint32_t k = (uint32_t)json_array_size(row);
+    for (uint32_t t = 0; t < k; t++) cum[t] = acc += json_number_value(json_array_get(row, t));
+    json_array_foreach(json_object_get(c, "draws"), j, w)
+      CHECK(ldp_categorical(&r, cum, k) == (uint32_t)json_integer_value(w),
+            "categorical draw %zu", j);
+  }
+}
+
+static ldp_state state;       /* large: static */
+static ldp_state scratch;
+static uint32_t buf_reports[256 * LDP_MAX_WIDTH];
+static uint64_t buf_ids[256];
+static uint8_t out[65536];
+
+static int record_pairs(json_t *rec, const char **names, const char **labels) {
+  const char *k;
+  json_t *v;
+  int n = 0;
+  json_object_foreach(rec, k, v) {
+    names[n] = k;
+    labels[n++] = json_string_value(v);
+  }
+  return n;
+}
+
+static void randomize_case(json_t *c) {
+  const char *name = json_string_value(json_object_get(c, "name"));
+  char err[256], hex[2 * sizeof out + 1];
+  char *dev = json_dumps(json_object_get(c, "device"), JSON_COMPACT);
+  memset(&state, 0, sizeof state);
+  int r = ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err);
+  free(dev);
+  CHECK(r == LDP_OK, "%s: %s", name, err);
+  if (r != LDP_OK) return;
+  double eps = json_number_value(json_object_get(c, "epsilon"));
+  CHECK(fabs(state.program.epsilon - eps) <= 1e-12 * eps, "%s: epsilon %.17g != %.17g", name,
+        state.program.epsilon, eps);
+  /* through a device: the reports and the exact batch bytes */
+  json_t *b = json_object_get(c, "batch");
+  state.present = 1;
+  snprintf(state.collection, sizeof state.collection, "%s",
+           json_string_value(json_object_get(b, "collection")));
+  state.version = (uint32_t)json_integer_value(json_object_get(c, "version"));
+  uint64_t seed = u64(json_object_get(c, "seed"));
+  ldp_ledger ledger;
+  ldp_ledger_open(&ledger, 0.0, 0.0, NULL);
+  ledger.next_sequence = u64(json_object_get(b, "sequence"));
+  ldp_device d = {&state, &ledger, {ldp_splitmix64_next, &seed}, u64(json_object_get(b,
+                  "device_id")), buf_reports, buf_ids, 256, 0, 0, 0, 0.0};
+  size_t i;
+  json_t *rec;
+  json_array_foreach(json_object_get(c, "records"), i, rec) {
+    const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
+    int n = record_pairs(rec, names, labels);
+    double cost;
+    r = ldp_device_report(&d, names, labels, (size_t)n, 0.0, &cost, err, sizeof err);
+    CHECK(r == LDP_OK, "%s record %zu: %s", name, i, err);
+    json_t *want = json_array_get(json_object_get(c, "reports"), i);
+    for (uint32_t j = 0; j < state.program.width; j++)
+      CHECK(buf_reports[i * state.program.width + j] ==
+                (uint32_t)json_integer_value(json_array_get(want, j)),
+            "%s: report %zu column %u", name, i, j);
+  }
+  size_t len = ldp_device_flush(&d, json_number_value(json_object_get(b, "sent_at")), out,
+                                sizeof out, &r);
+  for (size_t k = 0; k < len; k++) snprintf(hex + 2 * k, 3, "%02x", out[k]);
+  hex[2 * len] = 0;
+  CHECK(r == LDP_OK && strcmp(hex, json_string_value(json_object_get(b, "hex"))) == 0,
+        "%s: batch bytes differ", name);
+  CHECK(ledger.next_sequence == u64(json_object_get(b, "sequence")) + 1, "%s: sequence", name);
+}
+
+static void randomize_vectors(json_t *v) {
+  size_t i;
+  json_t *c, *e;
+  json_array_foreach(json_object_get(v, "cases"), i, c) randomize_case(c);
+  json_t *se = json_object_get(v, "schema_errors");
+  char *dev = json_dumps(json_object_get(se, "device"), JSON_COMPACT), err[256];
+  CHECK(ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err) == LDP_OK, "%s", err);
+  free(dev);
+  json_array_foreach(json_object_get(se, "errors"), i, e) {
+    const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
+    uint32_t x[LDP_MAX_ATTRS];
+    int n = record_pairs(json_object_get(e, "record"), names, labels);
+    const char *attr = json_string_value(json_object_get(e, "attribute"));
+    char quoted[128];
+    snprintf(quoted, sizeof quoted, "'%s'", attr);
+    CHECK(ldp_program_encode(&state.program, names, labels, (size_t)n, x, err, sizeof err) ==
+              LDP_E_SCHEMA && strstr(err, quoted), "schema error %zu: %s", i, err);
+  }
+}
+
+static void state_steps(json_t *steps, const ldp_trust *t, double now) {
+  size_t i;
+  json_t *s;
+  json_array_foreach(steps, i, s) {
+    const char *rec = json_string_value(json_object_get(s, "record"));
+    char detail[512] = "";
+    int r = ldp_state_accept(&state, &scratch, t, json_string_value(json_object_get(s,
+                             "collection")), rec, strlen(rec), now, detail, sizeof detail);
+    const char *want = json_string_value(json_object_get(s, "expect"));
+    const char *got = r == LDP_OK ? "accept" : ldp_reason(r);
+    CHECK(strcmp(got, want) == 0, "state '%s': got %s (%s), expected %s",
+          json_string_value(json_object_get(s, "name")), got, detail, want);
+  }
+}
+
+/* every prefix and 64 seeded byte flips of each record: a decision, never a crash (ASan) */
+static void mangled_states(json_t *steps, const ldp_trust *t, double now) {
+  static char buf[1 << 16];
+  uint64_t seed = 7;
+  size_t i;
+  json_t *s;
+  json_array_foreach(steps, i, s) {
+    const char *rec = json_string_value(json_object_get(s, "record"));
+    size_t len = strlen(rec);
+    if (len > sizeof buf) continue;
+    for (size_t cut = 0; cut < len; cut += 1 + len / 64) {
+      memcpy(buf, rec, cut);
+      int r = ldp_state_accept(&state, &scratch, t, "app", buf, cut, now, NULL, 0);
+      CHECK(r != LDP_OK, "a truncated record (%zu of %zu bytes) was accepted", cut, len);
+    }
+    for (int k = 0; k < 64; k++) {
+      memcpy(buf, rec, len);
+      buf[ldp_splitmix64_next(&seed) % len] ^= (char)(1 + ldp_splitmix64_next(&seed) % 255);
+      int r = ldp_state_accept(&state, &scratch, t, "app", buf, len, now, NULL, 0);
+      CHECK(r >= LDP_OK && r <= LDP_UNUSABLE, "flipped record: result %d", r);
+    }
+  }
+}
+
+static void state_vectors(json_t *v) {
+  ldp_trust t;
+  CHECK(ldp_trust_init(&t, json_string_value(json_object_get(v, "public_key"))) == LDP_OK,
+        "public key");
+  t.ceiling = json_number_value(json_object_get(v, "ceiling"));
+  double now = json_number_value(json_object_get(v, "now"));
+  memset(&state, 0, sizeof state);
+  state_steps(json_object_get(v, "steps"), &t, now);
+  state_steps(json_object_get(v, "sdk_only_steps"), &t, now);
+  mangled_states(json_object_get(v, "steps"), &t, now);
+}
+
+static void ledger_vectors(json_t *v) {
+  json_t *b = json_object_get(v, "budget"), *e;
+  ldp_ledger l;
+  size_t i;
+  ldp_ledger_open(&l, json_number_value(json_object_get(b, "epsilon")),
+                  json_number_value(json_object_get(b, "window_s")), NULL);
+  json_array_foreach(json_object_get(v, "events"), i, e) {
+    int r = ldp_ledger_charge(&l, json_number_value(json_object_get(e, "cost")),
+                              json_number_value(json_object_get(e, "now")));
+    const char *want = json_string_value(json_object_get(e, "expect"));
+    CHECK(strcmp(r == LDP_OK ? "accept" : "refuse", want) == 0, "ledger event %zu", i);
+  }
+}
+
+static void memo_vectors(json_t *v) {
+  char err[256], *dev = json_dumps(json_object_get(v, "device"), JSON_COMPACT);
+  memset(&state, 0, sizeof state);
+  int r = ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err);
+  free(dev);
+  CHECK(r == LDP_OK && state.program.memoized, "memo description: %s", err);
+  char fp[17];
+  for (int i = 0; i < 8; i++) snprintf(fp + 2 * i, 3, "%02x", state.program.fingerprint[i]);
+  CHECK(strcmp(fp, json_string_value(json_object_get(v, "fingerprint"))) == 0,
+        "memo fingerprint %s", fp);
+  state.present = 1;
+  strcpy(state.collection, "memo");
+  json_t *b = json_object_get(v, "budget"), *e;
+  ldp_ledger ledger;
+  ldp_ledger_open(&ledger, json_number_value(json_object_get(b, "epsilon")),
+                  json_number_value(json_object_get(b, "window_s")), NULL);
+  uint64_t seed = u64(json_object_get(v, "seed"));
+  ldp_device d = {&state, &ledger, {ldp_splitmix64_next, &seed}, 1, buf_reports, buf_ids, 256,
+                  0, 0, 0, json_number_value(json_object_get(v, "resend_every_s"))};
+  size_t i;
+  json_array_foreach(json_object_get(v, "events"), i, e) {
+    const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
+    int n = record_pairs(json_object_get(e, "record"), names, labels);
+    double cost, want_cost = json_number_value(json_object_get(e, "cost"));
+    uint32_t before = d.n;
+    r = ldp_device_report(&d, names, labels, (size_t)n, json_number_value(json_object_get(e,
+                          "now")), &cost, err, sizeof err);
+    const char *status = r == LDP_OK ? "queued" : r == LDP_DUPLICATE ? "duplicate"
+                         : r == LDP_E_BUDGET ? "refused" : ldp_reason(r);
+    CHECK(strcmp(status, json_string_value(json_object_get(e, "status"))) == 0,
+          "memo event %zu: %s (%s)", i, status, err);
+    CHECK(fabs(cost - want_cost) <= 1e-12 * want_cost, "memo event %zu: cost %.17g", i, cost);
+    json_t *want = json_object_get(e, "report");
+    for (uint32_t j = 0; r == LDP_OK && j < json_array_size(want); j++)
+      CHECK(buf_reports[before * state.program.width + j] ==
+                (uint32_t)json_integer_value(json_array_get(want, j)),
+            "memo event %zu column %u", i, j);
+  }
+}
+
+int main(int argc, char **argv) {
+  const char *dir = argc > 1 ? argv[1] : "../conformance";
+  json_t *v;
+  rng_vectors(v = load(dir, "rng.json"));
+  json_decref(v);
+  randomize_vectors(v = load(dir, "randomize.json"));
+  json_decref(v);
+  state_vectors(v = load(dir, "states.json"));
+  json_decref(v);
+  ledger_vectors(v = load(dir, "ledger.json"));
+  json_decref(v);
+  memo_vectors(v = load(dir, "memo.json"));
+  json_decref(v);
+  if (failures) fprintf(stderr, "%d conformance checks failed\n", failures);
+  else printf("conformance: all vectors pass\n");
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,285 @@
+"""Write the conformance vectors every device SDK runs (docs/device-protocol.md,
+"Conformance suite"): ``rng.json``, ``randomize.json``, ``states.json`` and ``ledger.json`` in
+this directory, from the Python implementation.
+
+    .venv/bin/python sdk/conformance/generate.py          # rewrite the files
+    .venv/bin/python sdk/conformance/generate.py --check  # exit 1 if a file would change
+
+Everything is deterministic: SplitMix64 seeds, a fixed Ed25519 test key (signatures are
+deterministic), fixed timestamps.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ldpstream.estimators import mechanism_class
+from ldpstream.estimators.domain import Domain
+from ldpstream.estimators.rr_ind import RRIndependent
+from ldpstream.producers.codec import encode_batch
+from ldpstream.producers.program import (Program, SplitMix64, bernoulli, categorical,
+                                         uniform)
+from ldpstream.producers.signing import ALG, DOMAIN, SigningKey
+
+HERE = Path(__file__).resolve().parent
+#: the test signing key (32 bytes 0x01..0x20); never a production key
+TEST_KEY = SigningKey.from_text(base64.b64encode(bytes(range(1, 33))).decode())
+OTHER_KEY = SigningKey.from_text(base64.b64encode(bytes(range(101, 133))).decode())
+NOW = 1_790_000_000.0
+VALID_UNTIL = 4_102_444_800.0        # 2100-01-01
+EXPIRED_AT = 1_000_000_000.0         # 2001-09-09
+CEILING = 8.0
+#: the device of the randomize cases (above 2^63: u64 ids are exact everywhere; the partitioned
+#: case's assign_seed sends it to its OLH table)
+DEVICE_ID = 2**63 + 7
+
+DOM = Domain(("os", "plan", "region"), (3, 2, 4),
+             (("android", "ios", "web"), ("free", "pro"), ("eu", "us", "apac", "latam")))
+CITY = Domain(("os", "plan", "city"), (3, 2, 12),
+              (("android", "ios", "web"), ("free", "pro"), tuple(f"c{i}" for i in range(12))))
+WIDE = Domain(("zip", "plan"), (300, 2),
+              (tuple(f"z{i:03d}" for i in range(300)), ("free", "pro")))
+
+
+def _mechanisms() -> list[tuple[str, Any]]:
+    custom = RRIndependent(Domain(DOM.attrs[:2], DOM.shape[:2], DOM.labels[:2]), channels=[
+        np.array([[0.6, 0.3, 0.1], [0.2, 0.6, 0.2], [0.1, 0.3, 0.6]]),
+        np.array([[0.7, 0.3], [0.4, 0.6]])], version=2)
+    return [
+        ("rr-ind", RRIndependent(DOM, epsilon=1.0, version=1)),
+        ("rr-ind-matrix", custom),
+        ("rr-ind-wide", RRIndependent(WIDE, epsilon=[2.0, 0.5], version=7)),
+        ("rr-joint", mechanism_class("rr-joint").from_config(DOM, None, epsilon=0.8)),
+        ("rr-clusters", mechanism_class("rr-clusters")(DOM, [["os", "plan"], ["region"]], 1.2)),
+        ("spl", mechanism_class("spl").from_config(DOM, None, epsilon=2.0,
+                                                   epsilon_scope="record")),
+        ("smp", mechanism_class("smp").from_config(DOM, None, epsilon=1.5,
+                                                   epsilon_scope="record")),
+        ("rs-fd", mechanism_class("rs-fd").from_config(DOM, None, epsilon=1.0)),
+        ("rs-rfd", mechanism_class("rs-rfd")(DOM, 2.0, priors=[
+            np.array([0.5, 0.3, 0.2]), np.array([0.9, 0.1]), np.array([0.4, 0.3, 0.2, 0.1])],
+            phase=1, version=2)),
+        ("corr-rr-phase1", mechanism_class("corr-rr").from_config(DOM, None, epsilon=1.0)),
+        ("corr-rr-phase2", mechanism_class("corr-rr").from_config(
+            DOM, None, epsilon=1.0).with_phase(1)),
+        ("rrba", _rrba()),
+        ("lopub", mechanism_class("lopub").from_config(DOM, None, epsilon=1.0, version=1)),
+        ("partitioned-olh", mechanism_class("partitioned").from_config(
+            CITY, {"assign_seed": 12349}, epsilon=2.0, epsilon_scope="record")),
+        ("partitioned-2", mechanism_class("partitioned").from_config(
+            DOM, {"per_report": 2, "ways": 1}, epsilon=1.0, version=3)),
+    ]
+
+
+def _rrba() -> Any:
+    """RRBA with skewed tables (a fake cell's law is not uniform) and view 1 converged."""
+    st = mechanism_class("rrba").from_config(DOM, None, epsilon=1.0, version=4).state()
+    st["history"] = [[[(np.arange(1, len(t[0]) + 1) ** 2 / np.sum(np.arange(1, len(t[0]) + 1)
+                                                                   ** 2)).tolist()]
+                      for t in view] for view in st["history"]]
+    st["converged"] = [False, True, False]
+    return mechanism_class("rrba").from_state(st)
+
+
+def _records(domain: Domain, n: int) -> list[dict[str, str]]:
+    return [{a: domain.categories(a)[(i * (j + 2) + j) % d]
+             for j, (a, d) in enumerate(zip(domain.attrs, domain.shape))} for i in range(n)]
+
+
+def rng_vectors() -> dict[str, Any]:
+    seeds = [0, 1, 42, 2**64 - 1]
+    out: dict[str, Any] = {"generator": "splitmix64", "words": [], "uniform": [],
+                           "bernoulli": [], "categorical": []}
+    for s in seeds:
+        g = SplitMix64(s)
+        out["words"].append({"seed": str(s), "words": [str(g.next_u64()) for _ in range(8)]})
+    for s, k in ((7, 1), (7, 2), (7, 3), (8, 1000), (9, 2**32), (10, 2**31 + 1)):
+        g = SplitMix64(s)
+        out["uniform"].append({"seed": str(s), "k": k, "draws": [uniform(g, k) for _ in range(16)]})
+    for s, p in ((11, 0.0), (11, 1.0), (12, 0.5), (13, 0.7310585786300048), (14, 1e-9)):
+        g = SplitMix64(s)
+        out["bernoulli"].append({"seed": str(s), "p": p,
+                                 "draws": [bernoulli(g, p) for _ in range(16)]})
+    g = SplitMix64(15)
+    row = [0.1, 0.2, 0.3, 0.4]
+    cum = list(np.cumsum(row))
+    out["categorical"].append({"seed": "15", "row": row,
+                               "draws": [categorical(g, cum) for _ in range(16)]})
+    return out
+
+
+def randomize_vectors() -> dict[str, Any]:
+    cases = []
+    for i, (name, mech) in enumerate(_mechanisms()):
+        prog_doc = mech.device_program()
+        prog = Program(prog_doc)
+        seed = 1000 + i
+        g = SplitMix64(seed)
+        records = _records(mech.domain, 24)
+        device_id, sequence, sent_at = DEVICE_ID, 5 + i, NOW + 0.25
+        reports = [prog.randomize(prog.encode(r), g, device_id) for r in records]
+        batch = encode_batch(name, mech.version, np.asarray(reports),
+                             device_ids=np.full(len(reports), device_id, dtype=np.uint64),
+                             sent_at=sent_at, key=(device_id, sequence))
+        cases.append({"name": name, "family": mech.name, "version": mech.version,
+                      "device": prog_doc, "epsilon": prog.epsilon, "seed": str(seed),
+                      "records": records, "reports": reports,
+                      "batch": {"collection": name, "device_id": str(device_id),
+                                "sequence": str(sequence), "sent_at": sent_at,
+                                "hex": batch.hex()}})
+    mech = _mechanisms()[0][1]
+    errors = [{"record": {"os": "ios", "plan": "free"}, "attribute": "region"},
+              {"record": {"os": "ios", "plan": "free", "region": "eu", "age": "3"},
+               "attribute": "age"},
+              {"record": {"os": "beos", "plan": "free", "region": "eu"}, "attribute": "os"}]
+    return {"cases": cases, "schema_errors": {"device": mech.device_program(), "errors": errors}}
+
+
+def envelope(state: dict[str, Any], collection: str, issued_at: float, *,
+             expires_at: float | None = VALID_UNTIL, key: SigningKey = TEST_KEY,
+             key_id: str | None = None) -> str:
+    """A signed ``ldp.config`` record value (producers/signing.py) with ``expires_at``."""
+    body = dict(state, collection=collection, issued_at=issued_at)
+    if expires_at is not None:
+        body["expires_at"] = expires_at
+    payload = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    sig = key.key.sign(DOMAIN + payload.encode("utf-8"))
+    return json.dumps({"alg": ALG, "key_id": key_id or key.verify_key.key_id, "payload": payload,
+                       "signature": base64.b64encode(sig).decode("ascii")},
+                      separators=(",", ":"))
+
+
+def state_vectors() -> dict[str, Any]:
+    dom = Domain(DOM.attrs[:2], DOM.shape[:2], DOM.labels[:2])
+
+    def st(mech: Any) -> dict[str, Any]:
+        return mech.device_state()
+
+    v1, v2 = st(RRIndependent(dom, epsilon=1.0, version=1)), st(RRIndependent(dom, epsilon=1.0,
+                                                                            version=2))
+    # the downgrade attack: identity channels (reports = true values) declaring ε = 1
+    base = st(RRIndependent(dom, epsilon=1.0, version=3))
+    ident = dict(base, channels=[np.eye(d).tolist() for d in dom.shape],
+                 device=dict(base["device"], steps=[dict(s, p=1.0) for s in
+                                                    base["device"]["steps"]]))
+    over = st(RRIndependent(dom, epsilon=4.5, version=3))        # ε = 9 > 8
+    undescribed = {k: v for k, v in dict(v2, mechanism="lopub", version=4).items()
+                   if k != "device"}
+    future = dict(v2, version=3, device=dict(v2["device"], v=2))
+    good = envelope(v1, "app", 100.0)
+    tampered = json.loads(envelope(v2, "app", 200.0))
+    tampered["payload"] = tampered["payload"].replace('"version":2', '"version":9')
+    forged = json.loads(envelope(v2, "app", 200.0, key=OTHER_KEY))
+    forged["key_id"] = TEST_KEY.verify_key.key_id
+    steps = [
+        ("good", "app", good, "accept"),
+        ("not JSON", "app", "{not json", "malformed"),
+        ("unsigned", "app", json.dumps(dict(v2, collection="app", issued_at=200.0)), "unsigned"),
+        ("wrong key", "app", envelope(v2, "app", 200.0, key=OTHER_KEY), "wrong_key"),
+        ("forged (pinned key id, other key's signature)", "app", json.dumps(forged),
+         "bad_signature"),
+        ("tampered payload", "app", json.dumps(tampered), "bad_signature"),
+        ("signed for another collection", "app", envelope(v2, "other", 200.0),
+         "wrong_collection"),
+        ("no expires_at", "app", envelope(v2, "app", 200.0, expires_at=None), "malformed"),
+        ("expired", "app", envelope(v2, "app", 200.0, expires_at=EXPIRED_AT), "expired"),
+        ("over the ceiling", "app", envelope(over, "app", 300.0), "over_ceiling"),
+        ("identity channel", "app", envelope(ident, "app", 300.0), "over_ceiling"),
+        ("newer version", "app", envelope(v2, "app", 200.0), "accept"),
+        ("same record again", "app", envelope(v2, "app", 200.0), "accept"),
+        ("replayed older version", "app", good, "replayed"),
+        ("replayed: same version signed earlier", "app", envelope(v2, "app", 150.0),
+         "replayed"),
+    ]
+    sdk_only = [
+        ("family without a description (lopub)", "app", envelope(undescribed, "app", 400.0),
+         "unusable"),
+        ("description version 2", "app", envelope(future, "app", 400.0), "unusable"),
+    ]
+    return {"public_key": TEST_KEY.verify_key.to_text(), "ceiling": CEILING, "now": NOW,
+            "steps": [{"name": n, "collection": c, "record": r, "expect": e}
+                      for n, c, r, e in steps],
+            "sdk_only_steps": [{"name": n, "collection": c, "record": r, "expect": e}
+                               for n, c, r, e in sdk_only]}
+
+
+def ledger_vectors() -> dict[str, Any]:
+    """Budget decisions: ε spent in (now − window, ∞) plus the cost must stay ≤ the budget;
+    a clock stepped back never frees budget."""
+    events = [(0.0, 1.0, "accept"), (10.0, 1.0, "accept"), (20.0, 1.5, "refuse"),
+              (20.0, 1.0, "accept"), (50.0, 0.5, "refuse"), (101.0, 1.0, "accept"),
+              (5.0, 1.0, "refuse"), (111.0, 1.0, "accept"), (300.0, 2.5, "accept"),
+              (300.0, 0.6, "refuse")]
+    return {"budget": {"epsilon": 3.0, "window_s": 100.0},
+            "events": [{"now": t, "cost": c, "expect": e} for t, c, e in events]}
+
+
+MEMO_EVENTS = [  # (now, record): rotation 100 s, budget 3.5 per 60 s, resend after 50 s
+    (1000.0, ("android", "free")), (1010.0, ("android", "free")), (1020.0, ("android", "pro")),
+    (1030.0, ("ios", "pro")), (1061.0, ("android", "free")), (1100.0, ("android", "free")),
+    (1050.0, ("android", "free")), (1055.0, ("ios", "free")), (1200.0, ("ios", "free"))]
+
+
+def memo_vectors() -> dict[str, Any]:
+    """Memoized reports through the Python SDK: duplicates, partial charges, resends, rotation,
+    a clock stepped back, budget refusals — with the reports of the test generator."""
+    import asyncio
+
+    from ldpstream.estimators.longitudinal import Memoize
+    from ldpstream.producers.device import ConfigWatcher
+    from ldpstream.producers.ledger import Budget, Ledger
+    from ldpstream.producers.sdk import DeviceClient, RecordingTransport
+
+    dom = Domain(DOM.attrs[:2], DOM.shape[:2], DOM.labels[:2])
+    state = RRIndependent(dom, epsilon=1.0, version=5,
+                          memoize=Memoize(100.0, (2.0, 2.0))).device_state()
+    watcher = ConfigWatcher("unused:0", verify_key=TEST_KEY.verify_key, max_epsilon=CEILING)
+    watcher._take(b"memo", envelope(state, "memo", 1.0).encode())  # noqa: SLF001
+    now = [0.0]
+    client = DeviceClient("memo", watcher=watcher, transport=RecordingTransport(),
+                          ledger=Ledger(":memory:", budget=Budget(3.5, 60.0)), device_id=1,
+                          resend_every_s=50.0, rng=SplitMix64(77), clock=lambda: now[0])
+    events = []
+    for t, labels in MEMO_EVENTS:
+        now[0] = t
+        record = dict(zip(dom.attrs, labels))
+        res = asyncio.run(client.report(record))
+        events.append({"now": t, "record": record, "status": res.status, "cost": res.epsilon,
+                       "report": None if res.report is None else [int(v) for v in res.report]})
+    return {"device": state["device"], "seed": "77", "budget": {"epsilon": 3.5, "window_s": 60.0},
+            "resend_every_s": 50.0, "fingerprint": Program(state["device"]).memo.fingerprint,
+            "events": events}
+
+
+FILES = {"rng.json": rng_vectors, "randomize.json": randomize_vectors,
+         "states.json": state_vectors, "ledger.json": ledger_vectors, "memo.json": memo_vectors}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="fail if a file would change")
+    args = ap.parse_args(argv)
+    stale = []
+    for name, make in FILES.items():
+        text = json.dumps(make(), indent=1, ensure_ascii=False) + "\n"
+        path = HERE / name
+        if args.check:
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                stale.append(name)
+        else:
+            path.write_text(text, encoding="utf-8")
+    if stale:
+        print(f"stale conformance vectors: {', '.join(stale)} (run {Path(__file__).name})",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

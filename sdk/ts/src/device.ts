@@ -1,0 +1,174 @@
+/** One device reporting to one collection: signed states, randomization, ledger, batches, and
+ * a fetch transport to the HTTP gateway (ldpstream gateway). */
+import { encodeBatch } from "./batch.js";
+import { Ledger } from "./ledger.js";
+import { DrawSource, OsRandom } from "./rng.js";
+import { State, StateRejected, Trust, acceptState } from "./state.js";
+
+export type ReportResult =
+  | { status: "queued"; epsilon: number; version: number; report: number[] }
+  | { status: "refused" | "duplicate"; epsilon: 0; version: number; reason: string };
+
+/** Where batches go. */
+export interface Transport {
+  /** the signed ldp.config record of the collection (JSON text) */
+  fetchState(collection: string): Promise<string>;
+  send(collection: string, batch: Uint8Array<ArrayBuffer>): Promise<void>;
+}
+
+/** The HTTP gateway: GET /v1/collections/<id>/config, POST /v1/collections/<id>/reports. */
+export class FetchTransport implements Transport {
+  constructor(private readonly url: string, private readonly token: string,
+              private readonly fetchFn: typeof fetch = globalThis.fetch) {}
+
+  private async call(path: string, init: RequestInit = {}): Promise<Response> {
+    const resp = await this.fetchFn(`${this.url.replace(/\/$/, "")}${path}`, {
+      ...init, headers: { Authorization: `Bearer ${this.token}`, ...(init.headers ?? {}) } });
+    if (resp.status >= 300) {
+      let error = "";
+      try {
+        error = String(((await resp.json()) as { error?: unknown }).error);
+      } catch {
+        error = "(no JSON error)";
+      }
+      throw new Error(`gateway answered ${resp.status}: ${error}`);
+    }
+    return resp;
+  }
+
+  async fetchState(collection: string): Promise<string> {
+    return (await this.call(`/v1/collections/${encodeURIComponent(collection)}/config`)).text();
+  }
+
+  async send(collection: string, batch: Uint8Array<ArrayBuffer>): Promise<void> {
+    await this.call(`/v1/collections/${encodeURIComponent(collection)}/reports`, {
+      method: "POST", body: batch, headers: { "Content-Type": "application/octet-stream" } });
+  }
+}
+
+export interface DeviceOptions {
+  collection: string;
+  deviceId: bigint;
+  trust: Trust;
+  ledger: Ledger;
+  transport: Transport;
+  batchSize?: number;
+  rng?: DrawSource;
+  clock?: () => number;
+  /** memoized collections: a record already sent in the period is sent again after this many
+   * seconds (absent or <= 0: never) */
+  resendEveryS?: number;
+}
+
+/** A device: `refresh()` adopts the newest signed state, `report()` randomizes and queues a
+ * record of labels, batches leave with their batch key (device id, sequence). */
+export class Device {
+  state: State | null = null;
+  readonly refusals: StateRejected[] = [];
+  private buffer: number[][] = [];
+  /** an encoded batch whose sending failed: retried first, with the same batch key */
+  private pending: Uint8Array<ArrayBuffer> | null = null;
+  private bufferVersion = -1;
+  private readonly rng: DrawSource;
+  private readonly clock: () => number;
+  private readonly batchSize: number;
+
+  constructor(private readonly opts: DeviceOptions) {
+    this.rng = opts.rng ?? new OsRandom();
+    this.clock = opts.clock ?? (() => Date.now() / 1000);
+    this.batchSize = opts.batchSize ?? 100;
+  }
+
+  /** Offer one ldp.config record; a refused one is kept in `refusals` and thrown. */
+  offer(record: string): State {
+    try {
+      this.state = acceptState(this.opts.trust, this.opts.collection, record, this.state,
+                               this.clock());
+      return this.state;
+    } catch (e) {
+      if (e instanceof StateRejected) this.refusals.push(e);
+      throw e;
+    }
+  }
+
+  async refresh(): Promise<State> {
+    return this.offer(await this.opts.transport.fetchState(this.opts.collection));
+  }
+
+  async report(record: Record<string, string>): Promise<ReportResult> {
+    const st = this.state;
+    if (!st) throw new Error(`collection '${this.opts.collection}' has no accepted state`);
+    const x = st.program.encode(record);
+    const now = this.clock();
+    const drawn = st.program.memo ? await this.memoized(st, x, now)
+      : await this.fresh(st, x, now);
+    if (!("cost" in drawn)) return drawn;
+    const { report, cost } = drawn;
+    if (this.buffer.length && this.bufferVersion !== st.version) await this.flush();
+    this.buffer.push(report);
+    this.bufferVersion = st.version;
+    if (this.buffer.length >= this.batchSize) await this.flush();
+    return { status: "queued", epsilon: cost, version: st.version, report };
+  }
+
+  private async fresh(st: State, x: number[], now: number
+                      ): Promise<ReportResult | { report: number[]; cost: number }> {
+    const cost = st.program.epsilon;
+    const reason = this.opts.ledger.refusal(cost, now);
+    if (reason !== null) return { status: "refused", epsilon: 0, version: st.version, reason };
+    await this.opts.ledger.charge(cost, now);
+    return { report: st.program.randomize(x, this.rng, undefined, this.opts.deviceId), cost };
+  }
+
+  /** docs/device-protocol.md, "Ledger": permanent responses once per rotation period (a clock
+   * stepped back keeps the newest period), a record once per period unless resendEveryS
+   * passed, only new draws charged. */
+  private async memoized(st: State, x: number[], now: number
+                         ): Promise<ReportResult | { report: number[]; cost: number }> {
+    const memo = st.program.memo!;
+    const ledger = this.opts.ledger;
+    const period = Math.max(memo.rotationS === null ? 0 : Math.floor(now / memo.rotationS),
+                            ledger.period);
+    const newer = period > ledger.period;
+    const record = `${memo.fingerprint}:${x.join(",")}`;
+    const last = newer ? undefined : ledger.sent.get(record);
+    const resend = this.opts.resendEveryS;
+    if (last !== undefined && (resend === undefined || resend <= 0 || now - last < resend))
+      return { status: "duplicate", epsilon: 0, version: st.version,
+               reason: "this record was already reported in this rotation period" };
+    const keys = x.map((v, j) => `${memo.fingerprint}:${j}:${v}`);
+    const have = keys.map((k) => (newer ? undefined : ledger.memos.get(k)));
+    const cost = have.reduce<number>((c, h, j) => (h === undefined ? c + memo.epsilons[j] : c), 0);
+    const reason = ledger.refusal(cost, now);
+    if (reason !== null) return { status: "refused", epsilon: 0, version: st.version, reason };
+    const fresh = new Map<string, number>();
+    const y = x.map((v, j) => {
+      if (have[j] !== undefined) return have[j]!;
+      const r = st.program.drawPermanent(j, v, this.rng);
+      fresh.set(keys[j], r);
+      return r;
+    });
+    const report = st.program.hasSteps ? st.program.randomize(y, this.rng) : y;
+    await ledger.commitMemo(period, fresh, record, cost, now);
+    return { report, cost };
+  }
+
+  /** Encode and send what is buffered (one batch); a batch whose sending failed is sent
+   * again first, byte for byte (the gateway counts a batch key once). */
+  async flush(): Promise<void> {
+    if (this.pending) {
+      await this.opts.transport.send(this.opts.collection, this.pending);
+      this.pending = null;
+    }
+    if (!this.buffer.length) return;
+    const sequence = await this.opts.ledger.takeSequence();
+    const batch = encodeBatch({
+      collection: this.opts.collection, version: this.bufferVersion, sentAt: this.clock(),
+      reports: this.buffer, deviceIds: this.buffer.map(() => this.opts.deviceId),
+      key: { sender: this.opts.deviceId, sequence } });
+    this.pending = batch;
+    this.buffer = [];
+    await this.opts.transport.send(this.opts.collection, batch);
+    this.pending = null;
+  }
+}

@@ -1,0 +1,319 @@
+/** The randomization description: parse, epsilon, labels -> indices, randomize
+ * (docs/device-protocol.md, "Randomization description"). */
+import { DrawSource, uniform } from "./rng.js";
+import { Leaf, M64, MAX_ATTRS, MAX_CELLS, MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_WIDTH, Memo,
+         PROGRAM_VERSION, Partition, Post, ProgramError, SchemaError, Step, Table, apply,
+         cumulative, fingerprint, grrEpsilon, isInt, isObj, ints, isPost, matrixEpsilon, mix64,
+         partition, post, run } from "./steps.js";
+
+export { MAX_ATTRS, MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_WIDTH, Memo, PROGRAM_VERSION, ProgramError,
+         SchemaError, mix64 } from "./steps.js";
+
+/** A checked randomization description (state.device). */
+export class Program {
+  readonly family: string;
+  readonly attrs: string[];
+  readonly labels: string[][];
+  readonly shape: number[];
+  readonly width: number;
+  readonly epsilon: number;
+  readonly memo: Memo | null;
+  private readonly steps: Step[];
+  private readonly index: Map<string, number>[];
+  private nSteps = 0;
+  private matrixEntries = 0;
+
+  constructor(d: unknown) {
+    if (!isObj(d)) throw new ProgramError("device", "must be an object");
+    if (d.v !== PROGRAM_VERSION)
+      throw new ProgramError("device.v", `unsupported version ${JSON.stringify(d.v)} (this SDK ` +
+                             `runs ${PROGRAM_VERSION})`);
+    this.family = String(d.family);
+    const { attrs, labels, width } = d;
+    if (!Array.isArray(attrs) || attrs.length < 1 || attrs.length > MAX_ATTRS ||
+        !attrs.every((a) => typeof a === "string"))
+      throw new ProgramError("device.attrs", `must be 1..${MAX_ATTRS} attribute names`);
+    if (!Array.isArray(labels) || labels.length !== attrs.length)
+      throw new ProgramError("device.labels", "must hold >= 2 string labels per attribute");
+    labels.forEach((lab, j) => {
+      if (!Array.isArray(lab) || lab.length < 2 || !lab.every((s) => typeof s === "string"))
+        throw new ProgramError(`device.labels[${j}]`, "must hold >= 2 string labels");
+    });
+    if (!isInt(width) || width < 1 || width > MAX_WIDTH)
+      throw new ProgramError("device.width", `must be an integer in [1, ${MAX_WIDTH}]`);
+    this.attrs = attrs as string[];
+    this.labels = labels as string[][];
+    this.shape = this.labels.map((l) => l.length);
+    this.width = width;
+    const memo = d.memoize ?? null;
+    this.steps = memo !== null && Array.isArray(d.steps) && d.steps.length === 0 ? []
+      : this.parseSteps(d.steps, "device.steps", 0);
+    this.memo = memo === null ? null : this.parseMemo(memo);
+    this.epsilon = (this.memo ? this.memo.permanent : this.steps).reduce((e, s) => e + s.eps, 0);
+    this.index = this.labels.map((l) => new Map(l.map((s, i) => [s, i])));
+  }
+
+  private parseMemo(m: unknown): Memo {
+    if (!isObj(m)) throw new ProgramError("device.memoize", "must be an object");
+    const rot = m.rotation_s ?? null;
+    if (rot !== null && !(typeof rot === "number" && Number.isFinite(rot) && rot > 0))
+      throw new ProgramError("device.memoize.rotation_s", "must be a number > 0 or null");
+    const perm = this.parseSteps(m.permanent, "device.memoize.permanent", 1) as Leaf[];
+    if (this.width !== this.attrs.length || perm.length !== this.attrs.length ||
+        !perm.every((s, j) => s.cols.length === 1 && s.cols[0] === j && s.out[0] === j))
+      throw new ProgramError("device.memoize.permanent", "must hold one grr or matrix step per " +
+                             "attribute j, in and out [j], in order (and width must be the " +
+                             "attribute count)");
+    return { rotationS: rot, permanent: perm, epsilons: perm.map((s) => s.eps),
+             fingerprint: fingerprint(perm, m.permanent as unknown[]) };
+  }
+
+  /** False for a memoized description whose reports are the permanent responses. */
+  get hasSteps(): boolean {
+    return this.steps.length > 0;
+  }
+
+  /** A new permanent response of attribute j with true value v (memoized descriptions). */
+  drawPermanent(j: number, v: number, rng: DrawSource): number {
+    if (!this.memo) throw new Error("not a memoized description");
+    return apply(this.memo.permanent[j], v, rng);
+  }
+
+  private parseSteps(v: unknown, field: string, depth: number): Step[] {
+    if (!Array.isArray(v) || v.length < 1 || v.length > MAX_STEPS)
+      throw new ProgramError(field, `must be a list of 1..${MAX_STEPS} steps`);
+    return v.map((s, i) => this.parseStep(s, `${field}[${i}]`, depth));
+  }
+
+  private parseStep(d: unknown, field: string, depth: number): Step {
+    if (!isObj(d)) throw new ProgramError(field, "must be an object");
+    if (++this.nSteps > MAX_STEPS) throw new ProgramError(field, `more than ${MAX_STEPS} steps`);
+    if (d.op === "select") {
+      const out = d.out ?? null;
+      if (out !== null && (!isInt(out) || out < 0 || out >= this.width))
+        throw new ProgramError(`${field}.out`, `must be null or an integer in [0, ${this.width})`);
+      const br = d.branches;
+      if (depth > 0 || !Array.isArray(br) || br.length < 1 || br.length > MAX_STEPS)
+        throw new ProgramError(`${field}.branches`, "must be 1..64 lists of steps (not nested)");
+      const branches = br.map((b, i) =>
+        this.parseSteps(b, `${field}.branches[${i}]`, depth + 1) as (Leaf | Post)[]);
+      const eps = Math.max(0, ...branches.map((b) => b.reduce((e, s) => e + s.eps, 0)));
+      return { op: "select", out, branches, eps };
+    }
+    if (d.op === "partition" && depth === 0) return this.parsePartition(d, field);
+    if (d.op === "const" || d.op === "copy" || d.op === "keep" || d.op === "bloom")
+      return this.parsePost(d, field);
+    if (d.op !== "grr" && d.op !== "matrix" && d.op !== "uniform")
+      throw new ProgramError(`${field}.op`, `unknown op ${JSON.stringify(d.op)} (known: grr, ` +
+                             "matrix, uniform, select, partition)");
+    const cols = ints(d.in, `${field}.in`, this.attrs.length);
+    const out = ints(d.out, `${field}.out`, this.width);
+    if (out.length !== cols.length)
+      throw new ProgramError(`${field}.out`, "must have as many columns as in");
+    const sizes = cols.map((c) => this.shape[c]);
+    const cells = sizes.reduce((a, b) => a * b, 1);
+    if (cells > MAX_CELLS) throw new ProgramError(`${field}.in`, `${cells} cells > ${MAX_CELLS}`);
+    if (d.op === "uniform")
+      return { op: "uniform", cols, sizes, out, cells, p: 0, cum: new Float64Array(0), eps: 0 };
+    if (d.op === "grr") {
+      const p = d.p;
+      if (typeof p !== "number" || !(p >= 0 && p <= 1))
+        throw new ProgramError(`${field}.p`, "must be a number in [0, 1]");
+      return { op: "grr", cols, sizes, out, cells, p, cum: new Float64Array(0),
+               eps: grrEpsilon(p, cells) };
+    }
+    const rows = d.rows;
+    this.matrixEntries += cells * cells;
+    if (!Array.isArray(rows) || rows.length !== cells || this.matrixEntries > MAX_MATRIX_ENTRIES ||
+        !rows.every((r) => Array.isArray(r) && r.length === cells))
+      throw new ProgramError(`${field}.rows`, `must be ${cells}x${cells} (at most ` +
+                             `${MAX_MATRIX_ENTRIES} matrix entries in all)`);
+    return { op: "matrix", cols, sizes, out, cells, p: 0, cum: cumulative(rows, field),
+             eps: matrixEpsilon(rows) };
+  }
+
+  private parsePost(d: Record<string, unknown>, field: string): Post {
+    const out = d.out;
+    if (!isInt(out) || out < 0 || out >= this.width)
+      throw new ProgramError(`${field}.out`, `must be an integer in [0, ${this.width})`);
+    const none = { cols: [], sizes: [], p: 0, from: 0, rows: 0, rowLen: 0, filters: [] };
+    if (d.op === "bloom") return { ...none, ...this.parseBloom(d, field, out) };
+    if (d.op === "const") {
+      if (!isInt(d.value) || d.value < 0 || d.value >= MAX_CELLS)
+        throw new ProgramError(`${field}.value`, `must be an integer in [0, ${MAX_CELLS})`);
+      return { ...none, op: "const", out, value: d.value, cum: new Float64Array(0), eps: 0 };
+    }
+    if (d.op === "keep") {
+      const cols = ints(d.in, `${field}.in`, this.attrs.length);
+      const sizes = cols.map((c) => this.shape[c]);
+      const cells = sizes.reduce((a, b) => a * b, 1);
+      const p = d.p, fake = d.fake;
+      if (typeof p !== "number" || !(p >= 0 && p <= 1))
+        throw new ProgramError(`${field}.p`, "must be a number in [0, 1]");
+      if (!Array.isArray(fake) || fake.length !== cells)
+        throw new ProgramError(`${field}.fake`, `must hold ${cells} probabilities`);
+      this.matrixEntries += cells;
+      if (this.matrixEntries > MAX_MATRIX_ENTRIES)
+        throw new ProgramError(`${field}.fake`, `at most ${MAX_MATRIX_ENTRIES} matrix entries ` +
+                               "in all");
+      const lo = Math.min(...(fake as number[]));
+      const eps = p === 0 ? 0 : p >= 1 || !(lo > 0) ? Infinity : Math.log1p(p / ((1 - p) * lo));
+      return { ...none, op: "keep", out, value: 0, cols, sizes, p, rowLen: cells,
+               cum: cumulative([fake], `${field}.fake`), eps };
+    }
+    if (!isInt(d.from) || d.from < 0 || d.from >= this.width)
+      throw new ProgramError(`${field}.from`, `must be an integer in [0, ${this.width})`);
+    const rows = d.rows;
+    const len = Array.isArray(rows) && Array.isArray(rows[0]) ? rows[0].length : 0;
+    this.matrixEntries += Array.isArray(rows) ? rows.length * len : 0;
+    if (!Array.isArray(rows) || rows.length < 1 || len < 1 ||
+        this.matrixEntries > MAX_MATRIX_ENTRIES ||
+        !rows.every((r) => Array.isArray(r) && r.length === len))
+      throw new ProgramError(`${field}.rows`, `must be ${Array.isArray(rows) ? rows.length : 0}` +
+                             `xL (at most ${MAX_MATRIX_ENTRIES} matrix entries in all)`);
+    return { ...none, op: "copy", out, value: 0, from: d.from, rows: rows.length, rowLen: len,
+             cum: cumulative(rows, field), eps: 0 };
+  }
+
+  private parseBloom(d: Record<string, unknown>, field: string, out: number) {
+    const cols = ints(d.in, `${field}.in`, this.attrs.length);
+    const bits = d.bits, f = d.f, filters = d.filters;
+    if (!isInt(bits) || bits < 1 || out + bits > this.width)
+      throw new ProgramError(`${field}.bits`, "out and bits must place the filter inside the " +
+                             `${this.width} report columns`);
+    if (typeof f !== "number" || !(f >= 0 && f <= 1))
+      throw new ProgramError(`${field}.f`, "must be a number in [0, 1]");
+    const dv = this.shape[cols[0]];
+    const ok = cols.length === 1 && Array.isArray(filters) && filters.length === dv &&
+      filters.every((v) => Array.isArray(v) && v.every((b) => isInt(b) && b >= 0 && b < bits));
+    this.matrixEntries += ok ? dv + 1 + (filters as number[][]).reduce((a, v) => a + v.length, 0)
+      : 0;
+    if (!ok || this.matrixEntries > MAX_MATRIX_ENTRIES)
+      throw new ProgramError(`${field}.filters`, "must list, per value of one attribute, bit " +
+                             `positions below ${bits} (values + 1 + positions count against ` +
+                             `the ${MAX_MATRIX_ENTRIES} matrix entries in all)`);
+    const sets = (filters as number[][]).map((v) => new Set(v));
+    let ham = 0;
+    sets.forEach((a, i) => sets.slice(i + 1).forEach((b) => {
+      let h = 0;
+      for (let k = 0; k < bits; k++) if (a.has(k) !== b.has(k)) h++;
+      ham = Math.max(ham, h);
+    }));
+    const eps = ham === 0 ? 0 : f <= 0 ? Infinity : Math.log((2 - f) / f) * ham;
+    return { op: "bloom" as const, out, value: 0, cols, p: f, rowLen: bits,
+             filters: filters as number[][], cum: new Float64Array(0), eps };
+  }
+
+  private parsePartition(d: Record<string, unknown>, field: string): Partition {
+    const seed = d.seed;
+    if (typeof seed !== "string" || !/^[0-9]{1,20}$/.test(seed) || BigInt(seed) > M64)
+      throw new ProgramError(`${field}.seed`, "must be a u64 as a decimal string");
+    const out = ints(d.out, `${field}.out`, this.width);
+    const tabs = d.tables;
+    if (!Array.isArray(tabs) || tabs.length < 1 || tabs.length > MAX_STEPS)
+      throw new ProgramError(`${field}.tables`, `must be a list of 1..${MAX_STEPS} tables`);
+    if (out.length > tabs.length) throw new ProgramError(`${field}.out`, "more slots than tables");
+    const tables = tabs.map((t: unknown, i): Table => {
+      const f = `${field}.tables[${i}]`;
+      if (!isObj(t) || (t.oracle !== "grr" && t.oracle !== "olh"))
+        throw new ProgramError(`${f}.oracle`, "must be grr or olh");
+      const cols = ints(t.in, `${f}.in`, this.attrs.length);
+      const sizes = cols.map((c) => this.shape[c]);
+      const cells = sizes.reduce((a, b) => a * b, 1);
+      const offset = t.offset;
+      if (!isInt(offset) || offset < 0 || offset >= MAX_CELLS)
+        throw new ProgramError(`${f}.offset`, `must be an integer in [0, ${MAX_CELLS})`);
+      const p = t.p;
+      if (typeof p !== "number" || !(p >= 0 && p <= 1))
+        throw new ProgramError(`${f}.p`, "must be a number in [0, 1]");
+      let g = 0, r = 0, codes = cells;
+      if (t.oracle === "olh") {
+        if (!isInt(t.g) || !isInt(t.r) || t.g < 2 || t.r < 1 || t.g ** t.r > MAX_CELLS ||
+            t.g ** t.r < cells)
+          throw new ProgramError(`${f}.g`, "g >= 2 and r >= 1 with cells <= g^r <= 2^32");
+        g = t.g;
+        r = t.r;
+        codes = g ** (r + 1);
+      }
+      if (offset + codes > MAX_CELLS) throw new ProgramError(`${f}.offset`, "codes beyond 2^32");
+      return { cols, sizes, cells, offset, p, g, r };
+    });
+    const worst = Math.max(...tables.map((t) => grrEpsilon(t.p, t.g || t.cells)));
+    return { op: "partition", seed: mix64(BigInt(seed)), out, tables, eps: out.length * worst };
+  }
+
+  /** Labels -> indices; a SchemaError names a missing or unknown attribute or category. */
+  encode(record: Record<string, string>): number[] {
+    for (const a of Object.keys(record))
+      if (!this.attrs.includes(a))
+        throw new SchemaError(a, `unknown attribute '${a}' (known: ${this.attrs.join(", ")})`);
+    return this.attrs.map((a, j) => {
+      if (!(a in record)) throw new SchemaError(a, `missing attribute '${a}'`);
+      const i = this.index[j].get(String(record[a]));
+      if (i === undefined)
+        throw new SchemaError(a, `attribute '${a}': unknown category '${record[a]}' (allowed: ` +
+                              `${this.labels[j].join(", ")})`);
+      return i;
+    });
+  }
+
+  /** One report of the record of indices x (into `report` when given). */
+  randomize(x: ArrayLike<number>, rng: DrawSource,
+            report: number[] = new Array<number>(this.width), deviceId = 0n): number[] {
+    report.fill(0, 0, this.width);
+    for (const s of this.steps) {
+      if (s.op === "partition") { partition(s, x, rng, report, deviceId); continue; }
+      if (isPost(s)) { post(s, x, rng, report); continue; }
+      if (s.op !== "select") { run(s, x, rng, report); continue; }
+      const b = uniform(rng, s.branches.length);
+      if (s.out !== null) report[s.out] = b;
+      for (const t of s.branches[b])
+        if (isPost(t)) post(t, x, rng, report);
+        else run(t, x, rng, report);
+    }
+    return report;
+  }
+
+  /** The grr/matrix steps at the top level with their cell counts (privacy audits). */
+  leafSteps(): { index: number; cells: number }[] {
+    return this.steps.flatMap((s, index) => s.op !== "grr" && s.op !== "matrix" ? []
+      : [{ index, cells: s.cells }]);
+  }
+
+  /** Privacy audit of partition steps: per table with at most 36 cells and 400 codes, a
+   * device assigned to it reports `samples`/cells times each cell (other attributes 0); the
+   * cells x codes counts of its first slot. */
+  auditPartition(samples: number, rng: DrawSource
+                 ): { step: number; table: number; counts: number[][] }[] {
+    const out: { step: number; table: number; counts: number[][] }[] = [];
+    this.steps.forEach((s, step) => {
+      if (s.op !== "partition") return;
+      s.tables.forEach((t, table) => {
+        const codes = t.g ? t.g ** (t.r + 1) : t.cells;
+        if (codes > 400 || t.cells > 36) return;
+        let dev = 0n;
+        while (mix64(dev ^ s.seed) % BigInt(s.tables.length) !== BigInt(table)) dev++;
+        const counts = Array.from({ length: t.cells }, () => new Array<number>(codes).fill(0));
+        const report = new Array<number>(this.width);
+        for (let c = 0; c < t.cells; c++) {
+          const x = new Array<number>(this.attrs.length).fill(0);
+          let rest = c;
+          for (let i = t.cols.length - 1; i >= 0; i--) {
+            x[t.cols[i]] = rest % t.sizes[i];
+            rest = Math.floor(rest / t.sizes[i]);
+          }
+          for (let n = 0; n < Math.floor(samples / t.cells); n++)
+            counts[c][this.randomize(x, rng, report, dev)[s.out[0]] - t.offset]++;
+        }
+        out.push({ step, table, counts });
+      });
+    });
+    return out;
+  }
+
+  /** One top-level grr/matrix step on an input cell: the output cell. */
+  stepApply(index: number, cell: number, rng: DrawSource): number {
+    return apply(this.steps[index] as Leaf, cell, rng);
+  }
+}
+

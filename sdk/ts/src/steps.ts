@@ -1,0 +1,246 @@
+/** The steps of a randomization description: their types, parsing helpers and how each is
+ * run (docs/device-protocol.md, "Randomization description"). */
+import { blake2b } from "@noble/hashes/blake2.js";
+
+import { DrawSource, bernoulli, categorical, uniform } from "./rng.js";
+
+export const PROGRAM_VERSION = 1;
+export const MAX_ATTRS = 32;
+export const MAX_WIDTH = 1024;
+export const MAX_STEPS = 64;
+export const MAX_MATRIX_ENTRIES = 4096;
+export const MAX_CELLS = 2 ** 32;
+
+/** A description the device cannot run; `field` names the offending part. */
+export class ProgramError extends Error {
+  constructor(readonly field: string, message: string) {
+    super(`${field}: ${message}`);
+  }
+}
+
+/** A record that does not fit the schema; `attribute` names the offending field. */
+export class SchemaError extends Error {
+  constructor(readonly attribute: string, message: string) {
+    super(message);
+  }
+}
+
+export interface Leaf {
+  op: "grr" | "matrix" | "uniform";
+  cols: number[];
+  sizes: number[];
+  out: number[];
+  cells: number;
+  p: number;
+  cum: Float64Array;
+  eps: number;
+}
+
+/** const: column `out` = `value`; copy: column `out` drawn from row report[from] of `cum` */
+export interface Post {
+  op: "const" | "copy" | "keep" | "bloom";
+  /** keep: the input attributes, their sizes, p; cum holds the fake distribution */
+  cols: number[];
+  /** bloom: every value's set bit positions */
+  filters: number[][];
+  sizes: number[];
+  p: number;
+  out: number;
+  value: number;
+  from: number;
+  rows: number;
+  rowLen: number;
+  cum: Float64Array;
+  eps: number;
+}
+
+export interface Select {
+  op: "select";
+  out: number | null;
+  branches: (Leaf | Post)[][];
+  eps: number;
+}
+
+export interface Table {
+  cols: number[];
+  sizes: number[];
+  cells: number;
+  offset: number;
+  p: number;
+  g: number;   // 0: GRR over the cells
+  r: number;
+}
+
+export interface Partition {
+  op: "partition";
+  seed: bigint;   // mix64(assign seed)
+  out: number[];
+  tables: Table[];
+  eps: number;
+}
+
+export type Step = Leaf | Select | Partition | Post;
+
+export const M64 = (1n << 64n) - 1n;
+/** The SplitMix64 finalizer: the partition assignment's hash. */
+export function mix64(x: bigint): bigint {
+  x = ((x ^ (x >> 30n)) * 0xbf58476d1ce4e5b9n) & M64;
+  x = ((x ^ (x >> 27n)) * 0x94d049bb133111ebn) & M64;
+  return x ^ (x >> 31n);
+}
+
+export const grrEpsilon = (p: number, k: number): number => {
+  const q = (1 - p) / (k - 1);
+  const lo = Math.min(p, q), hi = Math.max(p, q);
+  return lo <= 0 ? Infinity : Math.log(hi / lo);
+};
+
+/** The memoized part of a description: one permanent step per attribute. */
+export interface Memo {
+  rotationS: number | null;
+  permanent: Leaf[];
+  epsilons: number[];
+  /** 16 hex digits of BLAKE2b-64 over the permanent steps */
+  fingerprint: string;
+}
+
+/** op byte, cells u32 LE, then p or the matrix entries as f64 LE, for every permanent step */
+export function fingerprint(steps: Leaf[], rows: unknown[]): string {
+  const parts: number[] = [];
+  const buf = new DataView(new ArrayBuffer(8));
+  const push = (n: number) => { for (let i = 0; i < n; i++) parts.push(buf.getUint8(i)); };
+  steps.forEach((s, j) => {
+    buf.setUint8(0, s.op === "grr" ? 1 : 2);
+    push(1);
+    buf.setUint32(0, s.cells, true);
+    push(4);
+    const values = s.op === "grr" ? [s.p]
+      : ((rows[j] as { rows: number[][] }).rows).flat();
+    for (const x of values) {
+      buf.setFloat64(0, x, true);
+      push(8);
+    }
+  });
+  return Array.from(blake2b(Uint8Array.from(parts), { dkLen: 8 }),
+                    (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+export const isInt = (v: unknown): v is number => typeof v === "number" && Number.isInteger(v);
+export const isObj = (v: unknown): v is Record<string, unknown> =>
+  typeof v === "object" && v !== null && !Array.isArray(v);
+
+export function ints(v: unknown, field: string, below: number): number[] {
+  if (!Array.isArray(v) || v.length === 0 || v.length > MAX_ATTRS ||
+      !v.every((c) => isInt(c) && c >= 0 && c < below))
+    throw new ProgramError(field, `must be a non-empty list of integers in [0, ${below})`);
+  return v as number[];
+}
+
+/** max over columns of ln(max/min) (inf: a zero beside a positive entry) */
+/** Cumulative sums of a row-stochastic matrix, row by row. */
+export function cumulative(rows: unknown[], field: string): Float64Array {
+  const len = (rows[0] as unknown[]).length;
+  const cum = new Float64Array(rows.length * len);
+  rows.forEach((r, i) => {
+    let acc = 0;
+    (r as unknown[]).forEach((x, j) => {
+      if (typeof x !== "number" || !(x >= 0))
+        throw new ProgramError(`${field}.rows[${i}]`, "must hold non-negative numbers");
+      acc += x;
+      cum[i * len + j] = acc;
+    });
+    if (!(Math.abs(acc - 1) <= 1e-9))
+      throw new ProgramError(`${field}.rows[${i}]`, `sums to ${acc}, not 1`);
+  });
+  return cum;
+}
+
+export function matrixEpsilon(rows: number[][]): number {
+  let best = 0;
+  for (let j = 0; j < rows.length; j++) {
+    let lo = Infinity, hi = 0;
+    for (const r of rows) { lo = Math.min(lo, r[j]); hi = Math.max(hi, r[j]); }
+    if (hi > 0) {
+      if (lo <= 0) return Infinity;
+      best = Math.max(best, Math.log(hi / lo));
+    }
+  }
+  return best;
+}
+
+export const isPost = (s: Step): s is Post =>
+  s.op === "const" || s.op === "copy" || s.op === "keep" || s.op === "bloom";
+
+export function post(s: Post, x: ArrayLike<number>, rng: DrawSource, report: number[]): void {
+  if (s.op === "const") { report[s.out] = s.value; return; }
+  if (s.op === "bloom") {  // rowLen bits from column out; filters[x] in positions; p = f
+    const set = s.filters[x[s.cols[0]]];
+    report.fill(0, s.out, s.out + s.rowLen);
+    for (const b of set) report[s.out + b] = 1;
+    for (let b = 0; b < s.rowLen; b++) {
+      const u = Number(rng.nextU64() >> 11n);
+      if (u < s.p * 0.5 * 2 ** 53) report[s.out + b] = 1;
+      else if (u < s.p * 2 ** 53) report[s.out + b] = 0;
+    }
+    return;
+  }
+  if (s.op === "keep") {
+    report[s.out] = bernoulli(rng, s.p) ? ravel(x, s.cols, s.sizes)
+      : categorical(rng, s.cum, 0, s.rowLen);
+    return;
+  }
+  const row = Math.min(report[s.from], s.rows - 1);
+  report[s.out] = categorical(rng, s.cum, row * s.rowLen, s.rowLen);
+}
+
+export function ravel(x: ArrayLike<number>, cols: number[], sizes: number[]): number {
+  let cell = 0;
+  for (let i = 0; i < cols.length; i++) cell = cell * sizes[i] + x[cols[i]];
+  return cell;
+}
+
+/** Slot i: table (first + i) mod K, first = mix64(device id ^ seed) mod K; GRR on the cell,
+ * or OLH: a = uniform(g^r), h = sum of digit_i(a) * digit_i(cell) mod g, code a*g + GRR_g(h). */
+export function partition(s: Partition, x: ArrayLike<number>, rng: DrawSource, report: number[],
+                   deviceId: bigint): void {
+  const k = s.tables.length;
+  const first = Number(mix64(BigInt.asUintN(64, deviceId) ^ s.seed) % BigInt(k));
+  s.out.forEach((col, i) => {
+    const t = s.tables[(first + i) % k];
+    const cell = ravel(x, t.cols, t.sizes);
+    let code: number;
+    if (t.g === 0) code = grr(cell, t.cells, t.p, rng);
+    else {
+      const a = uniform(rng, t.g ** t.r);
+      let h = 0, aa = a, cc = cell;
+      for (let j = 0; j < t.r; j++) {
+        h += (aa % t.g) * (cc % t.g);
+        aa = Math.floor(aa / t.g);
+        cc = Math.floor(cc / t.g);
+      }
+      code = a * t.g + grr(h % t.g, t.g, t.p, rng);
+    }
+    report[col] = t.offset + code;
+  });
+}
+
+export function run(s: Leaf, x: ArrayLike<number>, rng: DrawSource, report: number[]): void {
+  let cell = apply(s, ravel(x, s.cols, s.sizes), rng);
+  for (let i = s.cols.length - 1; i >= 0; i--) {
+    report[s.out[i]] = cell % s.sizes[i];
+    cell = Math.floor(cell / s.sizes[i]);
+  }
+}
+
+export function grr(cell: number, k: number, p: number, rng: DrawSource): number {
+  if (bernoulli(rng, p)) return cell;
+  const other = uniform(rng, k - 1);
+  return other + (other >= cell ? 1 : 0);
+}
+
+export function apply(s: Leaf, cell: number, rng: DrawSource): number {
+  if (s.op === "grr") return grr(cell, s.cells, s.p, rng);
+  if (s.op === "uniform") return uniform(rng, s.cells);
+  return categorical(rng, s.cum, cell * s.cells, s.cells);
+}
+

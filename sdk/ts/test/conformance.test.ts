@@ -1,0 +1,155 @@
+// The TypeScript side of the conformance suite (sdk/conformance/*.json,
+// docs/device-protocol.md): the same draws, reports, batch bytes, state decisions and budget
+// decisions as Python and C.
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { test } from "node:test";
+
+import { Device, Ledger, Program, SchemaError, SplitMix64, State, StateRejected, Trust,
+         Transport, acceptState, bernoulli, categorical, uniform } from "../src/index.js";
+
+const DIR = new URL("../../../conformance/", import.meta.url);
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type Json = any;
+const load = (name: string): Json => JSON.parse(readFileSync(new URL(name, DIR), "utf8"));
+const hex = (b: Uint8Array) => Buffer.from(b).toString("hex");
+
+test("rng vectors", () => {
+  const v = load("rng.json");
+  for (const c of v.words) {
+    const g = new SplitMix64(BigInt(c.seed));
+    assert.deepEqual(c.words.map(() => String(g.nextU64())), c.words);
+  }
+  for (const c of v.uniform) {
+    const g = new SplitMix64(BigInt(c.seed));
+    assert.deepEqual(c.draws.map(() => uniform(g, c.k)), c.draws);
+  }
+  for (const c of v.bernoulli) {
+    const g = new SplitMix64(BigInt(c.seed));
+    assert.deepEqual(c.draws.map(() => bernoulli(g, c.p)), c.draws);
+  }
+  for (const c of v.categorical) {
+    const g = new SplitMix64(BigInt(c.seed));
+    let acc = 0;
+    const cum = c.row.map((x: number) => (acc += x));
+    assert.deepEqual(c.draws.map(() => categorical(g, cum)), c.draws);
+  }
+});
+
+class Recording implements Transport {
+  batches: Uint8Array[] = [];
+  async fetchState(): Promise<string> {
+    throw new Error("not used");
+  }
+  async send(_c: string, batch: Uint8Array): Promise<void> {
+    this.batches.push(batch);
+  }
+}
+
+for (const c of load("randomize.json").cases) {
+  test(`randomize and batch: ${c.name}`, async () => {
+    const program = new Program(c.device);
+    assert.ok(Math.abs(program.epsilon - c.epsilon) <= 1e-12 * c.epsilon);
+    const b = c.batch;
+    const ledger = await Ledger.open(0, 0);
+    await ledger.resumeSequenceAt(BigInt(b.sequence));
+    const sent = new Recording();
+    const device = new Device({ collection: b.collection, deviceId: BigInt(b.device_id),
+                                trust: new Trust(load("states.json").public_key), ledger,
+                                transport: sent, batchSize: 1000,
+                                rng: new SplitMix64(BigInt(c.seed)), clock: () => b.sent_at });
+    const state: State = { collection: b.collection, version: c.version, issuedAt: 0,
+                           expiresAt: Infinity, mechanism: c.family, program };
+    device.state = state;
+    const reports = [];
+    for (const r of c.records) {
+      const res = await device.report(r);
+      assert.equal(res.status, "queued");
+      reports.push(res.status === "queued" ? [...res.report] : []);
+    }
+    assert.deepEqual(reports, c.reports);
+    await device.flush();
+    assert.equal(sent.batches.length, 1);
+    assert.equal(hex(sent.batches[0]), b.hex);
+  });
+}
+
+test("schema errors name the attribute", () => {
+  const v = load("randomize.json").schema_errors;
+  const program = new Program(v.device);
+  for (const e of v.errors) {
+    assert.throws(() => program.encode(e.record), (err: unknown) =>
+      err instanceof SchemaError && err.attribute === e.attribute &&
+      err.message.includes(`'${e.attribute}'`));
+  }
+});
+
+test("state decisions", () => {
+  const v = load("states.json");
+  const trust = new Trust(v.public_key, v.ceiling);
+  let current: State | null = null;
+  for (const s of [...v.steps, ...v.sdk_only_steps]) {
+    let got = "accept";
+    try {
+      current = acceptState(trust, s.collection, s.record, current, v.now);
+    } catch (e) {
+      if (!(e instanceof StateRejected)) throw e;
+      got = e.reason;
+    }
+    assert.equal(got, s.expect, s.name);
+  }
+});
+
+test("ledger decisions", async () => {
+  const v = load("ledger.json");
+  const ledger = await Ledger.open(v.budget.epsilon, v.budget.window_s);
+  for (const e of v.events) {
+    const ok = ledger.refusal(e.cost, e.now) === null;
+    if (ok) await ledger.charge(e.cost, e.now);
+    assert.equal(ok ? "accept" : "refuse", e.expect, JSON.stringify(e));
+  }
+});
+
+test("memoized reports", async () => {
+  const v = load("memo.json");
+  const program = new Program(v.device);
+  assert.equal(program.memo?.fingerprint, v.fingerprint);
+  let now = 0;
+  const device = new Device({ collection: "memo", deviceId: 1n,
+                              trust: new Trust(load("states.json").public_key),
+                              ledger: await Ledger.open(v.budget.epsilon, v.budget.window_s),
+                              transport: new Recording(), batchSize: 1000,
+                              rng: new SplitMix64(BigInt(v.seed)), clock: () => now,
+                              resendEveryS: v.resend_every_s });
+  device.state = { collection: "memo", version: 5, issuedAt: 0, expiresAt: Infinity,
+                   mechanism: "rr-ind", program };
+  for (const e of v.events) {
+    now = e.now;
+    const res = await device.report(e.record);
+    assert.equal(res.status, e.status, JSON.stringify(e));
+    assert.ok(Math.abs(res.epsilon - e.cost) <= 1e-12 * e.cost, JSON.stringify(e));
+    if (res.status === "queued") assert.deepEqual([...res.report], e.report);
+  }
+});
+
+test("mangled signed records get a decision, never a crash", () => {
+  const v = load("states.json");
+  const trust = new Trust(v.public_key, v.ceiling);
+  const rng = new SplitMix64(7n);
+  for (const s of v.steps) {
+    const rec: string = s.record;
+    for (let cut = 0; cut < rec.length; cut += 1 + Math.floor(rec.length / 64))
+      assert.throws(() => acceptState(trust, "app", rec.slice(0, cut), null, v.now),
+                    StateRejected, `a record cut at ${cut} was accepted`);
+    for (let k = 0; k < 64; k++) {
+      const i = Number(rng.nextU64() % BigInt(rec.length));
+      const c = String.fromCharCode(32 + Number(rng.nextU64() % 95n));
+      const flipped = rec.slice(0, i) + c + rec.slice(i + 1);
+      try {
+        acceptState(trust, "app", flipped, null, v.now);
+      } catch (e) {
+        assert.ok(e instanceof StateRejected, `flipped record: ${String(e)}`);
+      }
+    }
+  }
+});

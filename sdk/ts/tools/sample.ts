@@ -1,0 +1,43 @@
+// Sampling tools over the cases of randomize.json, with the production generator
+// (crypto.getRandomValues):
+//   node dist/tools/sample.js audit randomize.json SAMPLES   k x k counts of every grr/matrix
+//       step with at most 32 cells, one JSON line each (tests/test_sdk_audit.py)
+//   node dist/tools/sample.js bench randomize.json SECONDS   reports randomized per second on
+//       one core, one JSON line per case (ldpstream bench sdk)
+import { readFileSync } from "node:fs";
+
+import { OsRandom, Program } from "../src/index.js";
+
+const [mode, file, arg] = process.argv.slice(2);
+const rng = new OsRandom();
+for (const c of JSON.parse(readFileSync(file, "utf8")).cases) {
+  const program = new Program(c.device);
+  if (mode === "audit") {
+    const samples = Number(arg);
+    for (const line of program.auditPartition(samples, rng))
+      console.log(JSON.stringify({ case: c.name, ...line }));
+    for (const { index, cells } of program.leafSteps()) {
+      if (cells > 32) continue;
+      const counts = Array.from({ length: cells }, () => new Array<number>(cells).fill(0));
+      for (let x = 0; x < cells; x++)
+        for (let t = 0; t < Math.floor(samples / cells); t++)
+          counts[x][program.stepApply(index, x, rng)]++;
+      console.log(JSON.stringify({ case: c.name, step: index, counts }));
+    }
+  } else {
+    const xs = c.records.slice(0, 64).map((r: Record<string, string>) => program.encode(r));
+    const report = new Array<number>(program.width);
+    let done = 0, sink = 0;
+    const t0 = performance.now();
+    let t = t0;
+    do {
+      for (let i = 0; i < 10000; i++) {
+        program.randomize(xs[done % xs.length], rng, report);
+        sink += report[0];
+        done++;
+      }
+    } while ((t = performance.now()) - t0 < Number(arg) * 1000);
+    console.log(JSON.stringify({ case: c.name, reports_per_s: Math.round(done / ((t - t0) / 1000)),
+                                 sink: sink % 2 }));
+  }
+}

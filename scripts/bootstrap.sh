@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Install everything ldpstream needs on a fresh Debian machine: Debian packages (redis-server,
-# prometheus for promtool), a virtualenv in .venv, and the project with its extras. Idempotent.
+# prometheus for promtool, Java and Maven for the Apache Kafka test broker), a virtualenv in .venv,
+# the project with its extras, and the Apache Kafka jars (tests/kafka/pom.xml). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 APT_PACKAGES="redis-server prometheus"
 missing=""
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
 command -v promtool >/dev/null 2>&1 || missing="$missing prometheus"
+command -v java >/dev/null 2>&1 || missing="$missing openjdk-17-jre-headless"
+command -v mvn >/dev/null 2>&1 || missing="$missing maven"
 if [ -n "$missing" ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
@@ -25,3 +28,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q -e ".[embedded,test]"
   touch "$stamp"
 fi
+# the Apache Kafka jars the tests' second broker runs from (ldpstream/dev_kafka.py; cached once)
+.venv/bin/python -c "from ldpstream.dev_kafka import ensure_kafka_jars; ensure_kafka_jars()"

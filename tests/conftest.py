@@ -5,7 +5,10 @@ loopback free ports via ``ldpstream.services`` for the whole session.
   tests that restart it should use ``fresh_redis`` (function scoped, their own server).
 - ``redis_cluster`` / ``fresh_redis_cluster`` → an
   :class:`~ldpstream.services.EmbeddedRedisCluster` (3 masters + 3 replicas; ``.url``, ``.seeds``).
-- ``kafka_broker`` → the :class:`~ldpstream.services.EmbeddedBroker` (``.bootstrap``).
+- ``kafka_broker`` → the :class:`~ldpstream.services.EmbeddedBroker` (``.bootstrap``); a module
+  that sets ``kafka_broker = over_both_brokers()`` runs each test on Tansu, then on Apache Kafka.
+- ``apache_kafka`` → an :class:`~ldpstream.dev_kafka.ApacheKafka` (one KRaft broker+controller JVM,
+  ``.bootstrap``) shared by the session; tests that use it are marked ``kafka``.
 - ``unique_name`` → a fresh id per test, for topics/collections/consumer groups that must not
   collide across tests sharing the session broker.
 
@@ -120,8 +123,51 @@ def redis_target(request):
 
 
 @pytest.fixture(scope="session")
-def kafka_broker():
+def tansu_broker():
+    """The session's embedded broker (Tansu)."""
     yield from _running("EmbeddedBroker")
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tansu_broker):
+    return tansu_broker
+
+
+@pytest.fixture(scope="session")
+def apache_kafka():
+    """Apache Kafka (one KRaft broker+controller, ldpstream/dev_kafka.py) for the session."""
+    yield from running_kafka()
+
+
+def running_kafka(**kwargs):
+    """Start an :class:`~ldpstream.dev_kafka.ApacheKafka` (``kwargs``: nodes, secure, overrides),
+    yield it, stop it; a JVM that does not start fails the test naming its log."""
+    from ldpstream.dev_kafka import ApacheKafka
+    from ldpstream.services import ServiceError
+
+    kafka = ApacheKafka(**kwargs)
+    try:
+        kafka.start()
+    except ServiceError as exc:
+        pytest.fail(f"cannot start Apache Kafka (run scripts/bootstrap.sh): {exc}")
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+BROKERS = ["tansu", pytest.param("kafka", marks=pytest.mark.kafka)]
+
+
+def over_both_brokers():
+    """A ``kafka_broker`` fixture for a test module: each test runs on the session's embedded
+    broker (Tansu), then on the session's Apache Kafka (marked ``kafka``). Assign it to the
+    module's ``kafka_broker``; ``service_env`` and the workers then use that broker."""
+    @pytest.fixture(params=BROKERS, name="kafka_broker")
+    def kafka_broker(request):
+        return request.getfixturevalue("tansu_broker" if request.param == "tansu"
+                                       else "apache_kafka")
+    return kafka_broker
 
 
 @pytest.fixture

@@ -364,6 +364,13 @@ class ApacheKafka:
                                f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
         return proc.stdout
 
+    def apply_acls(self) -> None:
+        """Create the deployment's ACLs (ldpstream/kafka_acls.py) with Kafka's ``AclCommand``."""
+        from .kafka_acls import ACLS
+
+        for acl in ACLS:
+            self.cli(ACLS_TOOL, *acl.command_args())
+
     def alter_topic(self, topic: str, **configs: object) -> None:
         """``kafka-configs --alter --entity-type topics`` (keys with ``_`` for ``.``)."""
         pairs = ",".join(f"{k.replace('_', '.')}={v}" for k, v in configs.items())

@@ -50,7 +50,8 @@ def declared_marks(path) -> set[str]:
 def pytest_ignore_collect(collection_path, config):
     """With ``-m EXPR``, a test file whose declared tier cannot match is not even imported (the
     pipeline modules' imports would make ``make test-fast`` spend most of its time collecting).
-    Only files whose module marks, and every mark named anywhere in them, fail EXPR are skipped."""
+    Only files whose module marks, and every mark named anywhere in them (``kafka`` for a module
+    using :func:`over_both_brokers`), fail EXPR are skipped."""
     import re
 
     from _pytest.mark.expression import Expression
@@ -61,7 +62,10 @@ def pytest_ignore_collect(collection_path, config):
     marks = declared_marks(collection_path)
     if not marks:
         return None
-    named = set(re.findall(r"pytest\.mark\.(\w+)", collection_path.read_text(encoding="utf-8")))
+    text = collection_path.read_text(encoding="utf-8")
+    named = set(re.findall(r"pytest\.mark\.(\w+)", text))
+    if "over_both_brokers()" in text:  # its tests' Apache Kafka leg is marked kafka
+        named.add("kafka")
     compiled = Expression.compile(expr)
     if compiled.evaluate(marks.__contains__) or compiled.evaluate((marks | named).__contains__):
         return None

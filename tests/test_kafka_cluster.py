@@ -1,0 +1,130 @@
+"""Three-broker Apache Kafka (KRaft, every node broker+controller, topics replicated 3 times,
+``min.insync.replicas=2``, unclean leader election off): the partition leader of a report topic is
+SIGKILLed mid-ingest (devices publish with acks=all) and the counts stay exact; a broker holding
+``ldp.config`` is SIGKILLed and devices and workers keep the current signed state."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import numpy as np
+import pytest
+
+from conftest import running_kafka, wait_for_n, write_config
+from store_helpers import read_collection
+
+pytestmark = [pytest.mark.pipeline, pytest.mark.kafka]
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster():
+    """Three broker+controller JVMs for this module (the tests restart what they kill)."""
+    yield from running_kafka(nodes=3)
+
+
+@pytest.fixture
+def cluster_env(kafka_cluster, service_env) -> dict:
+    return dict(service_env, KAFKA_BOOTSTRAP_SERVERS=kafka_cluster.bootstrap,
+                LDP_TOPIC_REPLICATION="3")
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def test_partition_leader_killed_mid_ingest_counts_stay_exact(
+        tmp_path, kafka_cluster, cluster_env, redis_server, spawn_worker, unique_name):
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
+    from ldpstream.producers.fleet import run_fleet
+
+    cid = unique_name
+    total = 60_000
+    path = write_config(tmp_path / "c.yaml", cid, partitions=2,
+                        ingest={"batch_reports": 5000, "batch_seconds": 0.2})
+    coll = load_config(path).collections[cid]
+    worker = spawn_worker(path, cluster_env)
+    worker.wait_ready(90)
+    store = make_store(redis_server.url)
+    events: list[str] = []
+
+    async def kill_leader() -> None:
+        while await store.n(cid, 2) < total // 4:
+            await asyncio.sleep(0.05)
+        leader, isr = await asyncio.to_thread(kafka_cluster.leader_of, coll.topic, 0)
+        assert len(isr) == 3, isr
+        kafka_cluster.crash(leader)
+        events.append(f"killed node {leader.node_id} (leader of {coll.topic}[0]) at "
+                      f"n={await store.n(cid, 2)}")
+        return leader
+
+    async def run():
+        killer = asyncio.create_task(kill_leader())
+        stats = await run_fleet(kafka_cluster.bootstrap, coll, rate=8_000, total=total, batch=100,
+                                seed=11, keep_counts=True, devices=2000)
+        dead = await killer
+        n = await wait_for_n(store, cid, total, timeout=90)
+        await asyncio.sleep(1.5)  # anything counted twice would show up now
+        assert await store.n(cid, 2) == total, (n, events, worker.log_tail())
+        got = await read_collection(store, coll)
+        for key, want in stats.counts.items():
+            np.testing.assert_array_equal(got[key], want, err_msg=key)
+        await store.close()
+        return stats, dead
+
+    try:
+        stats, dead = asyncio.run(run())
+    finally:
+        for node in kafka_cluster.nodes:
+            if not node.running:
+                kafka_cluster.restart(node)
+    assert stats.sent_reports == total
+    new_leader, _ = kafka_cluster.leader_of(coll.topic, 0)
+    assert new_leader is not dead or events, events
+    assert worker.proc.poll() is None
+    print("; ".join(events))
+
+
+def test_broker_holding_config_killed_devices_and_workers_keep_the_state(
+        tmp_path, kafka_cluster, cluster_env, redis_server, spawn_worker, unique_name):
+    from ldpstream.config import load_config
+    from ldpstream.producers.device import CONFIG_TOPIC, ConfigWatcher
+    from ldpstream.producers.signing import load_verify_key
+
+    cid = unique_name
+    path = write_config(tmp_path / "c.yaml", cid, partitions=1, epsilon=1.5, version=4)
+    want = load_config(path).collections[cid].mechanism()
+    worker = spawn_worker(path, cluster_env)
+    worker.wait_ready(90)
+    key = load_verify_key()
+
+    async def current() -> tuple[float, int]:
+        """What a device starting now adopts from ldp.config (signed by the worker)."""
+        watcher = await ConfigWatcher(kafka_cluster.bootstrap, verify_key=key).start(60.0)
+        try:
+            state = await watcher.wait_for(cid, 60.0)
+            assert state is not None, watcher.refusals
+            mech = watcher.mechanisms[cid]
+            return float(mech.epsilon), int(mech.version)
+        finally:
+            await watcher.stop()
+
+    assert asyncio.run(current()) == (pytest.approx(want.epsilon), 4)
+    leader, isr = kafka_cluster.leader_of(CONFIG_TOPIC, 0)
+    assert len(isr) == 3, isr
+    kafka_cluster.crash(leader)
+    try:
+        deadline = time.monotonic() + 60
+        while kafka_cluster.leader_of(CONFIG_TOPIC, 0)[0] is leader:
+            assert time.monotonic() < deadline, "no new leader for ldp.config"
+            time.sleep(0.5)
+        # a device starting now still reads the signed state the worker published
+        assert asyncio.run(current()) == (pytest.approx(want.epsilon), 4)
+        health = json.loads(worker.get("/healthz", any_status=True))
+        assert worker.proc.poll() is None, worker.log_tail()
+        assert _metric(worker.get("/metrics"), "ldp_config_records_refused_total") == 0
+        assert health["checks"]["ingest"]["assigned"], health
+    finally:
+        kafka_cluster.restart(leader)

@@ -41,6 +41,7 @@ SCRAM = "SCRAM-SHA-512"
 TOPICS_TOOL = "org.apache.kafka.tools.TopicCommand"
 ACLS_TOOL = "org.apache.kafka.tools.AclCommand"
 CONFIGS_TOOL = "kafka.admin.ConfigCommand"
+ELECTION_TOOL = "org.apache.kafka.tools.LeaderElectionCommand"
 STORAGE_TOOL = "kafka.tools.StorageTool"
 
 
@@ -286,8 +287,9 @@ class ApacheKafka:
         return self.bootstrap
 
     def _format(self, jars: Path, cfg: Path) -> None:
-        argv = [*_jvm(jars, "128m"), STORAGE_TOOL, "format", "-t", self.cluster_id, "-c", str(cfg),
-                "--ignore-formatted"]
+        # "--cluster-id=ID": a base64 id may start with "-", which the tool would take for a flag
+        argv = [*_jvm(jars, "128m"), STORAGE_TOOL, "format", f"--cluster-id={self.cluster_id}",
+                "-c", str(cfg), "--ignore-formatted"]
         if self.secure:
             for p in (self.admin, self.worker, self.device):
                 argv += ["--add-scram", f"{SCRAM}=[name={p.name},password={p.password}]"]
@@ -356,8 +358,9 @@ class ApacheKafka:
     def cli(self, tool: str, *args: str, timeout: float = 120.0) -> str:
         """Run one of Kafka's CLI tools by main class against this cluster (as admin); returns
         its output, raises :class:`ServiceError` with it when the tool fails."""
+        flag = "--admin.config" if tool == ELECTION_TOOL else "--command-config"
         argv = [*_jvm(ensure_kafka_jars(), "128m"), tool, "--bootstrap-server", self.bootstrap,
-                "--command-config", str(self.admin_config()), *args]
+                flag, str(self.admin_config()), *args]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise ServiceError(f"{tool} {' '.join(args)} failed ({proc.returncode}):\n"
@@ -377,17 +380,17 @@ class ApacheKafka:
         self.cli(CONFIGS_TOOL, "--alter", "--entity-type", "topics", "--entity-name", topic,
                  "--add-config", pairs)
 
-    def leader_of(self, topic: str, partition: int = 0) -> tuple[KafkaNode, list[int]]:
-        """The node leading ``topic``/``partition`` and the in-sync replica ids
-        (``kafka-topics --describe``)."""
+    def leader_of(self, topic: str, partition: int = 0) -> tuple[KafkaNode | None, list[int]]:
+        """The node leading ``topic``/``partition`` (None: no leader) and the in-sync replica
+        ids (``kafka-topics --describe``)."""
         out = self.cli(TOPICS_TOOL, "--describe", "--topic", topic)
         for line in out.splitlines():
             fields = dict(part.split(": ", 1) for part in line.strip().split("\t")
                           if ": " in part)
             if fields.get("Partition") == str(partition):
-                leader = int(fields["Leader"])
-                isr = [int(x) for x in fields["Isr"].split(",") if x]
-                return next(n for n in self.nodes if n.node_id == leader), isr
+                isr = [int(x) for x in fields["Isr"].split(",") if x.strip().isdigit()]
+                return next((n for n in self.nodes if str(n.node_id) == fields["Leader"]),
+                            None), isr
         raise ServiceError(f"no partition {partition} of {topic!r} in:\n{out}")
 
 

@@ -139,8 +139,11 @@ def kafka_broker(tansu_broker):
 
 @pytest.fixture(scope="session")
 def apache_kafka():
-    """Apache Kafka (one KRaft broker+controller, ldpstream/dev_kafka.py) for the session."""
-    yield from running_kafka()
+    """Apache Kafka (one KRaft broker+controller, ldpstream/dev_kafka.py) for the session. Its
+    retention check and log cleaner run every second (defaults: 5 min, 15 s) so the tests of
+    retention and compaction see them act."""
+    yield from running_kafka(overrides={"log.retention.check.interval.ms": 1000,
+                                        "log.cleaner.backoff.ms": 500})
 
 
 def running_kafka(**kwargs):

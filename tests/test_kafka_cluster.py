@@ -1,7 +1,9 @@
 """Three-broker Apache Kafka (KRaft, every node broker+controller, topics replicated 3 times,
 ``min.insync.replicas=2``, unclean leader election off): the partition leader of a report topic is
 SIGKILLed mid-ingest (devices publish with acks=all) and the counts stay exact; a broker holding
-``ldp.config`` is SIGKILLed and devices and workers keep the current signed state."""
+``ldp.config`` is SIGKILLed and devices and workers keep the current signed state; an unclean
+leader election (enabled for one topic) truncates a log below what was counted, and the worker
+says so and counts what comes next."""
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +21,10 @@ pytestmark = [pytest.mark.pipeline, pytest.mark.kafka]
 
 @pytest.fixture(scope="module")
 def kafka_cluster():
-    """Three broker+controller JVMs for this module (the tests restart what they kill)."""
-    yield from running_kafka(nodes=3)
+    """Three broker+controller JVMs for this module (the tests restart what they kill). A killed
+    broker is fenced (and leaves the ISRs) after 3 s instead of 9 s."""
+    yield from running_kafka(nodes=3, overrides={"broker.heartbeat.interval.ms": 500,
+                                                 "broker.session.timeout.ms": 3000})
 
 
 @pytest.fixture
@@ -128,3 +132,90 @@ def test_broker_holding_config_killed_devices_and_workers_keep_the_state(
         assert health["checks"]["ingest"]["assigned"], health
     finally:
         kafka_cluster.restart(leader)
+
+
+def test_unclean_leader_election_truncation_is_detected_and_nothing_is_skipped(
+        tmp_path, kafka_cluster, cluster_env, fresh_redis, spawn_worker, unique_name):
+    """Replicas on nodes a (leader) and b; b dies, a alone takes (and the worker counts) more
+    records; a dies, b comes back and is elected although out of sync (unclean election enabled
+    for this topic only): the log now ends below the stored offset. The worker reports
+    "truncated" and counts the records written after the election; what it had counted stays."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
+    from ldpstream.dev_kafka import ELECTION_TOOL
+    from ldpstream.producers.fleet import run_fleet
+
+    cid = unique_name
+    path = write_config(tmp_path / "c.yaml", cid, partitions=1)
+    coll = load_config(path).collections[cid]
+    a, b = kafka_cluster.nodes[0], kafka_cluster.nodes[1]
+
+    async def create():
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_cluster.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(coll.topic, -1, -1, replica_assignments={
+                0: [a.node_id, b.node_id]}, topic_configs={"min.insync.replicas": "1"})])
+        finally:
+            await admin.close()
+
+    def wait_until(cond, what: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.5)
+
+    asyncio.run(create())
+    worker = spawn_worker(path, dict(cluster_env, REDIS_URL=fresh_redis.url))
+    worker.wait_ready(90)
+
+    async def send(seed: int, total: int, n_after: int) -> dict:
+        stats = await run_fleet(kafka_cluster.bootstrap, coll, rate=0, total=total, batch=200,
+                                seed=seed, keep_counts=True, mechanism=coll.mechanism())
+        store = make_store(fresh_redis.url)
+        try:
+            assert await wait_for_n(store, cid, n_after, 90) >= n_after, worker.log_tail()
+        finally:
+            await store.close()
+        return stats.counts
+
+    def resets() -> list[dict]:
+        return json.loads(worker.get("/healthz", any_status=True))["checks"]["log"]["resets"]
+
+    try:
+        first = asyncio.run(send(1, 2000, 2000))            # offsets 0-9 on a and b
+        kafka_cluster.crash(b)
+        wait_until(lambda: kafka_cluster.leader_of(coll.topic)[1] == [a.node_id], "b left ISR")
+        second = asyncio.run(send(2, 2000, 4000))           # offsets 10-19 on a only
+        kafka_cluster.crash(a)
+        kafka_cluster.restart(b)
+        kafka_cluster.alter_topic(coll.topic, unclean_leader_election_enable="true")
+        try:
+            kafka_cluster.cli(ELECTION_TOOL, "--election-type", "unclean", "--topic",
+                              coll.topic, "--partition", "0")
+        except Exception:  # noqa: BLE001 - the controller may have elected b by itself
+            pass
+        wait_until(lambda: kafka_cluster.leader_of(coll.topic)[0] is b, "b elected")
+        wait_until(lambda: bool(resets()), "the worker saw the truncation")
+        third = asyncio.run(send(3, 1000, 5000))            # offsets 10-14 on b: a new tail
+        store = make_store(fresh_redis.url)
+
+        async def final():
+            await asyncio.sleep(1.0)
+            assert await store.n(cid, 1) == 5000, worker.log_tail()
+            got = await read_collection(store, coll)
+            await store.close()
+            return got
+
+        got = asyncio.run(final())
+        for key in first:
+            np.testing.assert_array_equal(got[key], first[key] + second[key] + third[key],
+                                          err_msg=key)
+        assert [(r["partition"], r["kind"]) for r in resets()] == [(0, "truncated")], resets()
+    finally:
+        for node in (a, b):
+            if not node.running:
+                kafka_cluster.restart(node)
+        kafka_cluster.alter_topic(coll.topic, unclean_leader_election_enable="false")

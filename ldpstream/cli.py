@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-cluster", action="store_true",
                    help="pipeline: also ingest into a Redis Cluster and time applies on 1 and 3 "
                         "masters")
+    p.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
+                   help="pipeline: kafka also runs the raw/ingest pairs on Apache Kafka (JVM, "
+                        "ldpstream/dev_kafka.py), next to the embedded broker's")
 
     p = sub.add_parser("up", help="embedded stack: broker, Redis, worker and fleet on this machine")
     _config_arg(p)

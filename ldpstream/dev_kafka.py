@@ -147,10 +147,6 @@ class KafkaNode(_Child):
             fh.seek(self._log_start)
             return STARTED.encode() in fh.read()
 
-    def crash(self) -> None:
-        """SIGKILL (no shutdown); the log directory stays, :meth:`launch` starts it again."""
-        super().crash()
-
 
 class ApacheKafka:
     """Apache Kafka ``KAFKA_VERSION`` in KRaft mode: ``nodes`` broker+controller JVMs on loopback.
@@ -373,6 +369,13 @@ class ApacheKafka:
 
         for acl in ACLS:
             self.cli(ACLS_TOOL, *acl.command_args())
+
+    def set_client_quota(self, client_id: str, **quotas: int) -> None:
+        """A quota for one client id (``producer_byte_rate=...``, ``consumer_byte_rate=...``),
+        with ``kafka-configs --alter --entity-type clients``."""
+        pairs = ",".join(f"{k}={int(v)}" for k, v in quotas.items())
+        self.cli(CONFIGS_TOOL, "--alter", "--entity-type", "clients", "--entity-name", client_id,
+                 "--add-config", pairs)
 
     def alter_topic(self, topic: str, **configs: object) -> None:
         """``kafka-configs --alter --entity-type topics`` (keys with ``_`` for ``.``)."""

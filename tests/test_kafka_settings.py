@@ -94,3 +94,41 @@ def test_broker_refuses_far_future_backdated_and_oversized_records(apache_kafka,
             await producer.stop()
 
     asyncio.run(run())
+
+
+@pytest.mark.kafka
+def test_client_id_quota_throttles_that_client_only(apache_kafka, unique_name):
+    """A producer_byte_rate quota on one client id: its 480 KiB take the broker's throttle time
+    (rate over the 10 s quota window 48 KiB/s against 32 KiB/s: about 5 s); the same bytes from
+    another client id are not held back."""
+    import os
+    import uuid
+
+    from aiokafka import AIOKafkaProducer
+
+    from ldpstream.services import create_topics
+
+    topic = f"ldp.reports.{unique_name}"
+    limited = f"device-{uuid.uuid4().hex[:8]}"
+    apache_kafka.set_client_quota(limited, producer_byte_rate=32 * 1024)
+    payloads = [os.urandom(16 * 1024) for _ in range(30)]
+
+    async def send(client_id: str) -> float:
+        producer = AIOKafkaProducer(bootstrap_servers=apache_kafka.bootstrap,
+                                    client_id=client_id, acks=1)
+        await producer.start()
+        try:
+            t0 = time.monotonic()
+            for value in payloads:
+                await producer.send_and_wait(topic, value)
+            return time.monotonic() - t0
+        finally:
+            await producer.stop()
+
+    async def run() -> tuple[float, float]:
+        await create_topics(apache_kafka.bootstrap, {topic: 1})
+        return await send(limited), await send(f"other-{uuid.uuid4().hex[:8]}")
+
+    throttled, free = asyncio.run(run())
+    assert throttled >= 2.5, (throttled, free)
+    assert free < throttled / 2, (throttled, free)

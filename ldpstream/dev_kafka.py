@@ -278,6 +278,9 @@ class ApacheKafka:
                 node.launch()
             self.wait_started(self.nodes)
         except BaseException:
+            for node in self.nodes:   # SIGKILL, keeping the log files the error names
+                node.crash()
+            self.nodes = []
             self.stop()
             raise
         return self.bootstrap

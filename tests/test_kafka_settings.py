@@ -132,3 +132,18 @@ def test_client_id_quota_throttles_that_client_only(apache_kafka, unique_name):
     throttled, free = asyncio.run(run())
     assert throttled >= 2.5, (throttled, free)
     assert free < throttled / 2, (throttled, free)
+
+
+@pytest.mark.kafka
+def test_a_broker_that_fails_to_start_names_its_log():
+    from ldpstream.dev_kafka import ApacheKafka
+    from ldpstream.services import ServiceError
+
+    kafka = ApacheKafka(overrides={"authorizer.class.name": "org.example.NoSuchAuthorizer"},
+                        startup_timeout=90)
+    with pytest.raises(ServiceError) as err:
+        kafka.start()
+    log = re.search(r"log (\S+\.log)", str(err.value)).group(1)
+    assert "NoSuchAuthorizer" in Path(log).read_text(encoding="utf-8", errors="replace")
+    assert not kafka.nodes
+    Path(log).unlink()

@@ -32,6 +32,7 @@ __all__ = ["KAFKA_VERSION", "ApacheKafka", "KafkaNode", "broker_defences", "kafk
 KAFKA_VERSION = "4.1.1"
 ROOT = Path(__file__).resolve().parent
 DEFENCES_FILE = ROOT / "data" / "kafka-broker.properties"
+LOG4J_FILE = ROOT / "data" / "kafka-log4j2.properties"
 POM = ROOT.parent / "tests" / "kafka" / "pom.xml"
 JARS_ENV = "LDP_KAFKA_JARS"
 HEAP = os.environ.get("LDP_KAFKA_HEAP", "256m")
@@ -263,8 +264,6 @@ class ApacheKafka:
         try:
             if self.secure:
                 self._write_tls()
-            log4j = self.root / "log4j2.properties"
-            log4j.write_text(LOG4J, encoding="utf-8")
             self.nodes_ports = [(free_port(), free_port()) for _ in range(self.n)]
             voters = ",".join(f"{i + 1}@{LOOPBACK}:{c}" for i, (_, c) in enumerate(self.nodes_ports))
             for i, (port, ctl) in enumerate(self.nodes_ports):
@@ -273,7 +272,7 @@ class ApacheKafka:
                 cfg = d / "server.properties"
                 _write_properties(cfg, self._server_properties(i + 1, port, voters, d / "data"))
                 self._format(jars, cfg)
-                self.nodes.append(KafkaNode(i + 1, port, ctl, cfg, jars, log4j))
+                self.nodes.append(KafkaNode(i + 1, port, ctl, cfg, jars, LOG4J_FILE))
             for node in self.nodes:
                 node.launch()
             self.wait_started(self.nodes)
@@ -399,17 +398,3 @@ class ApacheKafka:
                             None), isr
         raise ServiceError(f"no partition {partition} of {topic!r} in:\n{out}")
 
-
-LOG4J = """\
-status = warn
-appender.out.type = Console
-appender.out.name = OUT
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = INFO
-rootLogger.appenderRef.out.ref = OUT
-logger.state.name = state.change.logger
-logger.state.level = WARN
-logger.request.name = kafka.request.logger
-logger.request.level = WARN
-"""

@@ -93,13 +93,16 @@ def test_partition_leader_killed_mid_ingest_counts_stay_exact(
 
 def test_broker_holding_config_killed_devices_and_workers_keep_the_state(
         tmp_path, kafka_cluster, cluster_env, redis_server, spawn_worker, unique_name):
+    from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.producers.device import CONFIG_TOPIC, ConfigWatcher
+    from ldpstream.producers.fleet import run_fleet
     from ldpstream.producers.signing import load_verify_key
 
     cid = unique_name
     path = write_config(tmp_path / "c.yaml", cid, partitions=1, epsilon=1.5, version=4)
-    want = load_config(path).collections[cid].mechanism()
+    coll = load_config(path).collections[cid]
+    want = coll.mechanism()
     worker = spawn_worker(path, cluster_env)
     worker.wait_ready(90)
     key = load_verify_key()
@@ -130,6 +133,23 @@ def test_broker_holding_config_killed_devices_and_workers_keep_the_state(
         assert worker.proc.poll() is None, worker.log_tail()
         assert _metric(worker.get("/metrics"), "ldp_config_records_refused_total") == 0
         assert health["checks"]["ingest"]["assigned"], health
+
+        async def fleet_counted() -> None:
+            """A fleet started now adopts the state from ldp.config; the worker counts it."""
+            stats = await run_fleet(kafka_cluster.bootstrap, coll, rate=0, total=2000, batch=200,
+                                    seed=5, keep_counts=True, config_timeout_s=60.0,
+                                    verify_key=key)
+            assert stats.version == 4, stats.version
+            store = make_store(redis_server.url)
+            try:
+                assert await wait_for_n(store, cid, 2000, 60) == 2000, worker.log_tail()
+                got = await read_collection(store, coll)
+            finally:
+                await store.close()
+            for k, v in stats.counts.items():
+                np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+        asyncio.run(fleet_counted())
     finally:
         kafka_cluster.restart(leader)
 

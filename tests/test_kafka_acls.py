@@ -10,11 +10,10 @@ import socket
 import ssl
 import uuid
 
-import numpy as np
 import pytest
 
-from conftest import running_kafka, wait_for_n, write_config
-from store_helpers import read_collection
+from conftest import running_kafka, write_config
+from kafka_counts import assert_counted
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.kafka]
 
@@ -40,7 +39,6 @@ def _as(kafka, who, monkeypatch) -> dict:
 
 def test_worker_and_device_fleet_do_their_jobs_over_sasl_ssl(
         tmp_path, secure_kafka, redis_server, service_env, spawn_worker, unique_name, monkeypatch):
-    from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.producers.fleet import run_fleet
 
@@ -57,14 +55,7 @@ def test_worker_and_device_fleet_do_their_jobs_over_sasl_ssl(
     async def run():
         stats = await run_fleet(secure_kafka.bootstrap, coll, rate=0, total=6000, batch=200,
                                 seed=3, keep_counts=True, config_timeout_s=60.0)
-        store = make_store(redis_server.url)
-        try:
-            assert await wait_for_n(store, cid, 6000, 90) == 6000, worker.log_tail()
-            got = await read_collection(store, coll)
-        finally:
-            await store.close()
-        for key, want in stats.counts.items():
-            np.testing.assert_array_equal(got[key], want, err_msg=key)
+        await assert_counted(redis_server.url, coll, stats.counts, 6000, worker.log_tail)
 
     asyncio.run(run())
     health = worker.get("/healthz")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import running_kafka, wait_for_n, write_config
+from kafka_counts import assert_counted
 from store_helpers import read_collection
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.kafka]
@@ -93,7 +94,6 @@ def test_partition_leader_killed_mid_ingest_counts_stay_exact(
 
 def test_broker_holding_config_killed_devices_and_workers_keep_the_state(
         tmp_path, kafka_cluster, cluster_env, redis_server, spawn_worker, unique_name):
-    from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.producers.device import CONFIG_TOPIC, ConfigWatcher
     from ldpstream.producers.fleet import run_fleet
@@ -140,14 +140,7 @@ def test_broker_holding_config_killed_devices_and_workers_keep_the_state(
                                     seed=5, keep_counts=True, config_timeout_s=60.0,
                                     verify_key=key)
             assert stats.version == 4, stats.version
-            store = make_store(redis_server.url)
-            try:
-                assert await wait_for_n(store, cid, 2000, 60) == 2000, worker.log_tail()
-                got = await read_collection(store, coll)
-            finally:
-                await store.close()
-            for k, v in stats.counts.items():
-                np.testing.assert_array_equal(got[k], v, err_msg=k)
+            await assert_counted(redis_server.url, coll, stats.counts, 2000, worker.log_tail)
 
         asyncio.run(fleet_counted())
     finally:

@@ -1,6 +1,6 @@
 # The two commands of the README: `make up` (install, then run the embedded stack) and `make test`.
 # `make up ARGS="--web-port 6067 --rate 500"` passes options to `ldpstream up`.
-.PHONY: install up check test test-fast test-pipeline test-sdk bench
+.PHONY: install up check test test-fast test-pipeline test-sdk test-kafka bench
 
 install:
 	./scripts/bootstrap.sh
@@ -43,6 +43,10 @@ test-fast: install
 # the tests that need Kafka and Redis (started on loopback by the fixtures)
 test-pipeline: install
 	.venv/bin/python -m pytest -q -m pipeline tests
+
+# the Apache Kafka leg alone (JVM brokers started by the fixtures; part of `make test`)
+test-kafka: install
+	.venv/bin/python -m pytest -q -m kafka --durations=20 tests
 
 bench: install
 	.venv/bin/ldpstream bench castell && .venv/bin/ldpstream bench adult

@@ -10,7 +10,8 @@ not a faust agent: exactly-once needs our own offsets in Redis to drive the cons
 Environment: ``KAFKA_BOOTSTRAP_SERVERS``, ``REDIS_URL`` (required; ``redis+cluster://h:p,h:p`` or
 ``REDIS_CLUSTER_NODES=h:p,h:p`` for a Redis Cluster), ``LDP_SESSION_TIMEOUT_S``
 (consumer group session timeout; a few seconds for the embedded Tansu broker, which answers a
-group join after half of it), ``LDP_WEB_BIND`` (default 127.0.0.1), ``LDP_APP_ID``,
+group join after half of it: needed on Tansu, not on Apache Kafka, whose brokers refuse a session
+below ``group.min.session.timeout.ms``, 6 s by default), ``LDP_WEB_BIND`` (default 127.0.0.1), ``LDP_APP_ID``,
 ``LDP_LOG_LEVEL`` (default WARN).
 """
 from __future__ import annotations

@@ -169,7 +169,10 @@ class IngestService(Service):
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
             rebalance_timeout_ms=max(self.session_timeout_ms, 30_000),
             max_partition_fetch_bytes=max(4 * 1_048_576, 2 * self.max_message_bytes),
-            fetch_max_bytes=64 * 1_048_576, client_id="ldpstream-ingest", **self.security)
+            fetch_max_bytes=64 * 1_048_576, client_id="ldpstream-ingest",
+            # a report topic deleted and recreated on Apache Kafka is seen (and its new log
+            # judged) at the next metadata refresh: 10 s, not aiokafka's 5 min
+            metadata_max_age_ms=10_000, **self.security)
         self.clients.consumer = consumer
         consumer.subscribe(sorted(self.cid_of), listener=Listener(self.rebalancer))
         await consumer.start()

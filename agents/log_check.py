@@ -116,7 +116,9 @@ class LogCheck:
         raised to the offset after the last record read from ``end[tp] - 1`` on. Tansu (the
         embedded broker) answers ListOffsets(latest) with the base offset of its last record
         batch + 1, below the other records of that batch; taken at its word, a partition stored
-        at the end of such a batch looked truncated and was re-based and counted twice."""
+        at the end of such a batch looked truncated and was re-based and counted twice.
+        Needed on Tansu, not on Apache Kafka: Kafka's end offset is the offset after the last
+        record (tests/test_broker_differences.py); there the read only confirms it."""
         at = {tp: e - 1 for tp, e in end.items() if e > 0}
         out = dict(end)
         if not at:

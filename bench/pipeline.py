@@ -1,5 +1,5 @@
-"""``ldpstream bench pipeline [--json] [--quick] [--redis-cluster]``: end-to-end ingest rate vs raw
-consumption.
+"""``ldpstream bench pipeline [--json] [--quick] [--redis-cluster] [--broker kafka]``: end-to-end
+ingest rate vs raw consumption.
 
 On the embedded broker (Tansu) and Redis, in one run:
 
@@ -22,6 +22,9 @@ On the embedded broker (Tansu) and Redis, in one run:
    alone (``apply``: applies/s and reports/s of 12 concurrent compare-and-set chains from one
    client process, and the microseconds Redis spends per apply) on one Redis, a cluster of
    1 master and a cluster of 3 masters.
+
+7. with ``--broker kafka``: steps 2-3 again on Apache Kafka (bench/pipeline_kafka.py):
+   ``kafka_ingest_rate``, ``kafka_raw_consume_rate``, ``kafka_ratio`` next to Tansu's ``ratio``.
 
 ``--quick`` (smoke tests): 200,000 + 20,000 reports, 2 freshness samples, refresh every 1 s.
 
@@ -311,7 +314,7 @@ async def _apply_rates(coll: Any, applies: int, say) -> dict[str, Any]:
 
 
 async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
-              repeats: int | None = None) -> dict[str, Any]:
+              repeats: int | None = None, broker: str = "tansu") -> dict[str, Any]:
     from ..agents.app import make_store
     from ..config import load_config
     from ldpstream.dev.broker import EmbeddedBroker
@@ -331,11 +334,11 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
     _write_config(cfg_path, refresh_interval_s=1.0 if quick else None)
     config = load_config(cfg_path, env={})
     batched, single = list(config.collections.values())
-    broker, redis = EmbeddedBroker(), EmbeddedRedis()
+    tansu, redis = EmbeddedBroker(), EmbeddedRedis()
     result: dict[str, Any] = {}
     worker = None
     try:
-        bootstrap, redis_url = broker.start(), redis.start()
+        bootstrap, redis_url = tansu.start(), redis.start()
         await create_ldp_topics(bootstrap, (batched, single))
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
                    LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1")
@@ -400,8 +403,12 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
     finally:
         if worker is not None:
             _stop_worker(worker)
-        broker.stop()
+        tansu.stop()
         redis.stop()
+    if broker == "kafka":
+        from .pipeline_kafka import kafka_pairs
+
+        result.update(await kafka_pairs(cfg_path, env, batched, total, repeats, work, say))
     return result
 
 
@@ -410,7 +417,8 @@ def main(args) -> int:
     res = asyncio.run(run(quick=bool(getattr(args, "quick", False)),
                           progress=None if quiet else (lambda m: print(m, file=sys.stderr,
                                                                        flush=True)),
-                          redis_cluster=bool(getattr(args, "redis_cluster", False))))
+                          redis_cluster=bool(getattr(args, "redis_cluster", False)),
+                          broker=getattr(args, "broker", "tansu")))
     if getattr(args, "json", False):
         print(json.dumps(res, indent=2))
         return 0
@@ -419,6 +427,12 @@ def main(args) -> int:
     print(f"{'ingest into Redis (reports/s)':<44} {res['ingest_rate']:>14,.0f}")
     print(f"{'ratio (target >= 0.5), median pair':<44} {res['ratio']:>14.2f}   (pairs: "
           f"{', '.join(f'{r:.2f}' for r in res['ratios'])})")
+    if "kafka_ratio" in res:
+        print(f"{'Apache Kafka ' + res['kafka_version'] + ': raw (reports/s)':<44} "
+              f"{res['kafka_raw_consume_rate']:>14,.0f}")
+        print(f"{'Apache Kafka: ingest (reports/s)':<44} {res['kafka_ingest_rate']:>14,.0f}")
+        print(f"{'Apache Kafka: ratio, median pair':<44} {res['kafka_ratio']:>14.2f}   (pairs: "
+              f"{', '.join(f'{r:.2f}' for r in res['kafka_ratios'])})")
     print(f"{'reports per message':<44} {res['reports_per_message']:>14d}")
     print(f"{'single-report messages: raw (reports/s)':<44} {res['single_raw_consume_rate']:>14,.0f}")
     print(f"{'single-report messages: ingest (reports/s)':<44} {res['single_report_rate']:>14,.0f}")

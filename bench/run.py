@@ -13,7 +13,7 @@ BENCHES = ("castell", "adult", "pipeline", "mechanisms", "gateway", "refresh", "
 #: bench name → module of this package, where they differ
 MODULES = {"refresh": "refresh_scale", "fetch": "fetch_guard"}
 #: benchmarks with options beyond --json and --quick
-EXTRA_OPTIONS = {"pipeline": ("--redis-cluster",)}
+EXTRA_OPTIONS = {"pipeline": ("--redis-cluster", "--broker")}
 
 
 def describe(name: str) -> tuple[str, str]:

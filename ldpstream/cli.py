@@ -195,6 +195,10 @@ def _bench_parsers(sub: Any) -> None:
             b.add_argument("--redis-cluster", action="store_true",
                            help="also ingest into a Redis Cluster and time applies on 1 and 3 "
                                 "masters")
+        if "--broker" in EXTRA_OPTIONS.get(name, ()):
+            b.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
+                           help="kafka: also run the raw/ingest pairs on Apache Kafka (JVM, "
+                                "ldpstream/dev/kafka.py), next to the embedded broker's")
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:

@@ -251,8 +251,13 @@ class ConfigWatcher:
                 pass
             self._task = None
         if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+            from aiokafka.errors import KafkaError
+
+            consumer, self._consumer = self._consumer, None
+            try:
+                await consumer.stop()
+            except KafkaError as exc:  # a fetch from a broker that just died, re-raised by stop
+                log.warning("config watcher: %s while stopping its consumer", exc)
 
 
 class Gateway:

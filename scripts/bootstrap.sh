@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install everything ldpstream needs on a fresh Debian machine: Debian packages (redis-server,
-# prometheus for promtool, chromium and chromium-driver for the page's browser test), a
-# virtualenv in .venv, and the project with its extras. Idempotent; says what it is doing.
+# prometheus for promtool, chromium and chromium-driver for the page's browser test, Java and Maven
+# for the Apache Kafka test broker, the C SDK's compiler and libraries, Node.js for the TypeScript
+# SDK), a virtualenv in .venv, the project with its extras, and the Apache Kafka jars
+# (tests/kafka/pom.xml). Idempotent; says what it is doing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf 'bootstrap: %s\n' "$*"; }
@@ -20,6 +22,8 @@ for dev in libsodium-dev libjansson-dev libcurl4-openssl-dev; do
 done
 # the TypeScript device SDK (sdk/ts)
 command -v npm >/dev/null 2>&1 || missing="$missing nodejs npm"
+command -v java >/dev/null 2>&1 || missing="$missing openjdk-17-jre-headless"
+command -v mvn >/dev/null 2>&1 || missing="$missing maven"
 if [ -n "$missing" ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
@@ -49,3 +53,5 @@ fi
 if [ ! -d sdk/ts/node_modules ] || [ sdk/ts/package-lock.json -nt sdk/ts/node_modules ]; then
   (cd sdk/ts && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# the Apache Kafka jars the tests' second broker runs from (ldpstream/dev/kafka.py; cached once)
+.venv/bin/python -c "from ldpstream.dev.kafka import ensure_kafka_jars; ensure_kafka_jars()"

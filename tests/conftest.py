@@ -5,7 +5,10 @@ loopback free ports via ``ldpstream.dev`` for the whole session.
   tests that restart it should use ``fresh_redis`` (function scoped, their own server).
 - ``redis_cluster`` / ``fresh_redis_cluster`` → an
   :class:`~ldpstream.dev.redis_cluster.EmbeddedRedisCluster` (3 masters + 3 replicas; ``.url``, ``.seeds``).
-- ``kafka_broker`` → the :class:`~ldpstream.dev.broker.EmbeddedBroker` (``.bootstrap``).
+- ``kafka_broker`` → the :class:`~ldpstream.dev.broker.EmbeddedBroker` (``.bootstrap``); a module
+  that sets ``kafka_broker = over_both_brokers()`` runs each test on Tansu, then on Apache Kafka.
+- ``apache_kafka`` → an :class:`~ldpstream.dev.kafka.ApacheKafka` (one KRaft broker+controller JVM,
+  ``.bootstrap``) shared by the session; tests that use it are marked ``kafka``.
 - ``unique_name`` → a fresh id per test, for topics/collections/consumer groups that must not
   collide across tests sharing the session broker.
 
@@ -47,7 +50,8 @@ def declared_marks(path) -> set[str]:
 def pytest_ignore_collect(collection_path, config):
     """With ``-m EXPR``, a test file whose declared tier cannot match is not even imported (the
     pipeline modules' imports would make ``make test-fast`` spend most of its time collecting).
-    Only files whose module marks, and every mark named anywhere in them, fail EXPR are skipped."""
+    Only files whose module marks, and every mark named anywhere in them (``kafka`` for a module
+    using :func:`over_both_brokers`), fail EXPR are skipped."""
     import re
 
     from _pytest.mark.expression import Expression
@@ -58,7 +62,10 @@ def pytest_ignore_collect(collection_path, config):
     marks = declared_marks(collection_path)
     if not marks:
         return None
-    named = set(re.findall(r"pytest\.mark\.(\w+)", collection_path.read_text(encoding="utf-8")))
+    text = collection_path.read_text(encoding="utf-8")
+    named = set(re.findall(r"pytest\.mark\.(\w+)", text))
+    if "over_both_brokers()" in text:  # its tests' Apache Kafka leg is marked kafka
+        named.add("kafka")
     compiled = Expression.compile(expr)
     if compiled.evaluate(marks.__contains__) or compiled.evaluate((marks | named).__contains__):
         return None
@@ -125,8 +132,54 @@ def redis_target(request):
 
 
 @pytest.fixture(scope="session")
-def kafka_broker():
+def tansu_broker():
+    """The session's embedded broker (Tansu)."""
     yield from _running("EmbeddedBroker")
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tansu_broker):
+    return tansu_broker
+
+
+@pytest.fixture(scope="session")
+def apache_kafka():
+    """Apache Kafka (one KRaft broker+controller, ldpstream/dev/kafka.py) for the session. Its
+    retention check and log cleaner run every second (defaults: 5 min, 15 s) so the tests of
+    retention and compaction see them act."""
+    yield from running_kafka(overrides={"log.retention.check.interval.ms": 1000,
+                                        "log.cleaner.backoff.ms": 500})
+
+
+def running_kafka(**kwargs):
+    """Start an :class:`~ldpstream.dev.kafka.ApacheKafka` (``kwargs``: nodes, secure, overrides),
+    yield it, stop it; a JVM that does not start fails the test naming its log."""
+    from ldpstream.dev.kafka import ApacheKafka
+    from ldpstream.errors import ServiceError
+
+    kafka = ApacheKafka(**kwargs)
+    try:
+        kafka.start()
+    except ServiceError as exc:
+        pytest.fail(f"cannot start Apache Kafka (run scripts/bootstrap.sh): {exc}")
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+BROKERS = ["tansu", pytest.param("kafka", marks=pytest.mark.kafka)]
+
+
+def over_both_brokers():
+    """A ``kafka_broker`` fixture for a test module: each test runs on the session's embedded
+    broker (Tansu), then on the session's Apache Kafka (marked ``kafka``). Assign it to the
+    module's ``kafka_broker``; ``service_env`` and the workers then use that broker."""
+    @pytest.fixture(params=BROKERS, name="kafka_broker")
+    def kafka_broker(request):
+        return request.getfixturevalue("tansu_broker" if request.param == "tansu"
+                                       else "apache_kafka")
+    return kafka_broker
 
 
 @pytest.fixture

@@ -9,11 +9,12 @@ import time
 
 import numpy as np
 
-from conftest import wait_for_n, write_config
+from conftest import over_both_brokers, wait_for_n, write_config
 from store_helpers import read_collection, read_fine_buckets
 import pytest
 
 pytestmark = pytest.mark.pipeline
+kafka_broker = over_both_brokers()
 
 TOTAL = 240_000
 

@@ -19,10 +19,11 @@ import time
 
 import numpy as np
 import pytest
-from conftest import wait_for_n, write_config
+from conftest import over_both_brokers, wait_for_n, write_config
 from store_helpers import on_masters, read_collection, read_fine_buckets
 
 pytestmark = pytest.mark.pipeline
+kafka_broker = over_both_brokers()
 
 TOTAL = 100_000
 

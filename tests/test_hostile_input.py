@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 
 from kafka_helpers import read_dlq
-from conftest import wait_for_n, write_config
+from conftest import over_both_brokers, wait_for_n, write_config
 from store_helpers import read_collection
 from ldpstream.producers import bounded_fetch
 from ldpstream.producers.codec import DecodeError, batch_from_json, decode_batch
 
 pytestmark = pytest.mark.pipeline
+kafka_broker = over_both_brokers()
 
 
 def _varint(v: int) -> bytes:

@@ -48,34 +48,6 @@ def test_bad_settings_name_the_variable(env, needle):
         kafka_security(env)
 
 
-def _self_signed(tmp_path) -> tuple[str, str]:
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return str(cert_path), str(key_path)
-
-
 def test_tls_settings_reach_publisher_watcher_and_admin(tmp_path, monkeypatch):
     """Each client, given TLS settings, completes a TLS handshake with a loopback TLS server
     (verifying its certificate against the CA file) and sends a Kafka request inside it."""
@@ -84,11 +56,13 @@ def test_tls_settings_reach_publisher_watcher_and_admin(tmp_path, monkeypatch):
     from ldpstream.errors import ServiceError
     from ldpstream.kafka_admin import create_topics
 
-    cert, key = _self_signed(tmp_path)
-    env = {"LDP_KAFKA_SECURITY_PROTOCOL": "SSL", "LDP_KAFKA_SSL_CAFILE": cert}
+    from ldpstream.kafka_tls import write_test_pki
+
+    ca, server_pem = write_test_pki(tmp_path)
+    env = {"LDP_KAFKA_SECURITY_PROTOCOL": "SSL", "LDP_KAFKA_SSL_CAFILE": str(ca)}
     tls = kafka_security(env)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_ctx.load_cert_chain(cert, key)
+    server_ctx.load_cert_chain(server_pem)
 
     async def run():
         api_keys: list[int] = []

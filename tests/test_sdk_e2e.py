@@ -43,7 +43,7 @@ def test_c_and_ts_devices_through_the_gateway(tmp_path, kafka_broker, redis_serv
                                               c_sdk, ts_sdk):  # noqa: F811
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
-    from ldpstream.services import free_port
+    from ldpstream.dev.process import free_port
 
     cid = unique_name
     path = tmp_path / "c.yaml"

@@ -13,7 +13,10 @@ import pytest
 from ldpstream.producers.device import ConfigWatcher, mechanism_from_state
 from ldpstream.producers.signing import SigningKey, StateRejected, VerifyKey, keygen
 
+from conftest import over_both_brokers
+
 pytestmark = pytest.mark.pipeline
+kafka_broker = over_both_brokers()
 
 
 def _mechanism(epsilon: float = 1.0, version: int = 3):

@@ -54,7 +54,8 @@ class Intake:
             msgs = [m for m in msgs if m.offset > seen]
             if not msgs:
                 return
-        pend = state.open_pending(mark_of(msgs[0]))  # continues from ``seen``
+        # continues from ``seen``; the first record's mark is computed only for a new delta
+        pend = state.pending or state.open_pending(mark_of(msgs[0]))
         state.seen = msgs[-1].offset
         known = self.states.known()
         pend.messages += len(msgs)

@@ -64,6 +64,7 @@ from . import metrics
 from .layout import Layout
 from .redis_client import TRANSIENT_ERRORS
 from .log_identity import KINDS as LOG_KINDS, LogMark, judge, mark_of
+from .apply_guard import BAD_TIMESTAMP, split_bad_timestamps
 from .quota import side_name, split_by_quota, window_of
 from .store import ApplyStatus, PartitionDelta, SideCounter
 
@@ -151,6 +152,10 @@ class IngestService(Service):
         #: tp -> quota window -> device -> reports counted (applied and pending); loaded from the
         #: side counters at the stored offset, dropped with the pending deltas
         self._quota_used: dict[Any, dict[int, dict[int, int]]] = {}
+        self._quota_window: dict[Any, int] = {}  # tp -> quota window of this poll (worker clock)
+        #: an apply failed for a reason other than Redis being unreachable: the partitions are not
+        #: released on stop, so the next owner's poison-pill breaker processes them carefully
+        self._apply_failed = False
         #: poison-pill breaker (see _take_carefully): tp -> size of the next careful chunk, and
         #: tp -> offset of a message that killed the worker while processed alone
         self._careful: dict[Any, int] = {}
@@ -216,7 +221,8 @@ class IngestService(Service):
                 await asyncio.wait_for(asyncio.shield(self._flush_task), 10.0)
             except Exception:  # noqa: BLE001
                 self._flush_task.cancel()
-        await self._release(self.assignment())
+        if not self._apply_failed:
+            await self._release(self.assignment())
         if self.config_watch is not None:
             await self.config_watch.stop()
             self.config_watch = None
@@ -650,6 +656,12 @@ class IngestService(Service):
         pend.messages += len(msgs)
         pend.last_offset = max(msgs[-1].offset, pend.last_offset or -1)
         metrics.MESSAGES_CONSUMED.labels(cid).inc(len(msgs))
+        msgs, bad = split_bad_timestamps(msgs)
+        for m in bad:  # agents/apply_guard.py: never reaches the apply script
+            self._reject(pend, cid, BAD_TIMESTAMP, f"record timestamp {m.timestamp} ms is out of "
+                         "range", m.value or b"", m.offset, 1)
+        if not msgs:
+            return
         quota = self.collections[cid].device_quota
         if len(msgs) >= 16 and quota is None:  # the fast path drops device ids
             fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
@@ -696,7 +708,8 @@ class IngestService(Service):
             elif accepted:
                 self._accept_batches(pend, cid, version, accepted)
         if quota is not None and valid:
-            # the quota decides in offset order (a function of the log: the same after a crash)
+            # the quota decides in offset order, in the worker clock's window; what is applied is
+            # exact after a crash (the side counters move with the offset: agents/quota.py)
             by_version: dict[int, list[tuple[Any, ReportBatch]]] = defaultdict(list)
             for m, b in sorted(valid, key=lambda mb: mb[0].offset):
                 kept = self._within_quota(tp, pend, cid, m, b)
@@ -725,7 +738,9 @@ class IngestService(Service):
         cid = self.cid_of[tp.topic]
         window_s = self.collections[cid].device_quota.window_s
         have = self._quota_used.setdefault(tp, {})
-        for w in {window_of(m.timestamp, window_s) for m in msgs} - set(have):
+        # the window of the worker's clock, never of the producer's record timestamp
+        self._quota_window[tp] = window_of(time.time() * 1000.0, window_s)
+        for w in {self._quota_window[tp]} - set(have):
             raw = await self._redis_retry(
                 lambda w=w: self.ctx.store.read_side(cid, tp.partition, side_name(w)),
                 what=f"read the quota of {cid}[{tp.partition}]")
@@ -741,7 +756,7 @@ class IngestService(Service):
             self._reject(pend, cid, "missing_device_ids", f"collection {cid!r} has a device quota: "
                          f"every report needs a device id", m.value, m.offset, b.n)
             return None
-        w = window_of(m.timestamp, quota.window_s)
+        w = self._quota_window[tp]
         used = self._quota_used[tp][w]
         mask, taken = split_by_quota(b.device_ids, used, quota.reports)
         counted = pend.quota.setdefault(w, {})
@@ -856,6 +871,7 @@ class IngestService(Service):
             raise
         except Exception as exc:  # noqa: BLE001
             log.exception("ingest: flush failed; stopping the worker (it resumes from Redis)")
+            self._apply_failed = True
             await self.crash(exc)
 
     def _stale(self, tp: Any, pend: _Pending) -> bool:

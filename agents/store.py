@@ -46,12 +46,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from . import keys
+from .apply_guard import expire_ms, finite_or_none
 from .layout import Layout
 from .redis_client import run_script
 from .windows import COARSE_FACTOR, BucketPolicy
 
 __all__ = ["CountStore", "ApplyStatus", "ApplyResult", "PartitionDelta", "SideCounter",
-           "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS"]
+           "SideValues", "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS"]
 
 #: side-counter name of the poison-pill breaker's state (starts, attempts per message)
 BREAKER = "breaker"
@@ -65,7 +66,8 @@ BITFIELD_OPS_PER_CALL = 1000          # 4 values per op; Lua unpack() takes at m
 #       chunk key: PEXPIREAT ms ('' = none) and a text blob "#<cell> <delta> #<cell> <delta> ..."
 #       (one blob per key keeps redis-py's argument packing off the hot path, and string.gmatch
 #       hands the script ready-made arguments); then for each side key: PEXPIREAT ms ('' = none)
-#       and "<field> <increment> ...".
+#       and "<field> <increment> ..." (HINCRBY) or "=<field> <value> ..." (HSET: values of digits
+#       and ':').
 # Returns {status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none)}.
 _APPLY_LUA = """
 local maxargs = 4 * tonumber(ARGV[1])
@@ -82,6 +84,33 @@ elseif stored == tonumber(ARGV[2]) then status = 1
 elseif stored >= offset then status = 0
 else status = -1 end
 if status ~= 1 then return {status, stored} end
+-- every check before the first write: Redis does not roll a script back (agents/apply_guard.py)
+if #ARGV ~= 7 + 2 * (nchunks + nside) or not string.match(ARGV[3], '^%d+$')
+    or not string.match(ARGV[4], '^%d+$') or (ARGV[5] ~= '' and not tonumber(ARGV[5])) then
+  return redis.error_reply('ldp-apply: malformed arguments')
+end
+for j = 1, nchunks + nside do
+  local e = ARGV[6 + 2 * j]
+  if e ~= '' and not (string.match(e, '^%d+$') and #e <= 15) then
+    return redis.error_reply('ldp-apply: expiry out of range: ' .. e)
+  end
+  local blob = ARGV[7 + 2 * j]
+  if j <= nchunks then
+    if string.find(blob, '[^#%d %-]') then
+      return redis.error_reply('ldp-apply: malformed increments')
+    end
+  else
+    local pat, most = '^%-?%d+$', 18
+    if string.sub(blob, 1, 1) == '=' then
+      blob = string.sub(blob, 2); pat = '^[%d:]+$'; most = 48
+    end
+    for _, v in string.gmatch(blob, '(%S+) (%S+)') do
+      if #v > most or not string.match(v, pat) then
+        return redis.error_reply('ldp-apply: malformed side values')
+      end
+    end
+  end
+end
 for j = 1, nchunks do
   local key = KEYS[2 + j]
   local args = {}
@@ -100,8 +129,13 @@ end
 local base = 7 + 2 * nchunks
 for j = 1, nside do
   local key = KEYS[2 + nchunks + j]
-  for f, delta in string.gmatch(ARGV[base + 2 * j], '(%S+) (%S+)') do
-    redis.call('HINCRBY', key, f, delta)
+  local blob = ARGV[base + 2 * j]
+  if string.sub(blob, 1, 1) == '=' then
+    for f, v in string.gmatch(string.sub(blob, 2), '(%S+) (%S+)') do
+      redis.call('HSET', key, f, v)
+    end
+  else
+    for f, delta in string.gmatch(blob, '(%S+) (%S+)') do redis.call('HINCRBY', key, f, delta) end
   end
   if ARGV[base + 2 * j - 1] ~= '' then redis.call('PEXPIREAT', key, ARGV[base + 2 * j - 1]) end
 end
@@ -173,6 +207,16 @@ class SideCounter:
 
 
 @dataclasses.dataclass(frozen=True)
+class SideValues:
+    """Fields of one side hash of the shard set to ``values`` (digits and ':' only, e.g. the
+    batch-dedupe state of agents/dedupe.py), atomically with the counts; ``expire_at`` unix
+    seconds (None: never)."""
+
+    values: Mapping[str, str]
+    expire_at: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class PartitionDelta:
     """Counts of the reports at offsets ``(expected, offset]`` of one partition.
 
@@ -187,7 +231,7 @@ class PartitionDelta:
     n_reports: int
     expected: int | None = None
     sent_at_max: float | None = None
-    side: Mapping[str, SideCounter] = dataclasses.field(default_factory=dict)
+    side: Mapping[str, SideCounter | SideValues] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +327,7 @@ class CountStore:
             pairs[0::2] = nz - chunk_of * self.chunk_cells
             pairs[1::2] = flat[nz]
             cuts = np.flatnonzero(np.diff(chunk_of)) + 1
-            exp_ms = "" if exp is None else str(int(math.ceil(exp * 1000)))
+            exp_ms = expire_ms(exp)
             for s, e in zip(np.concatenate(([0], cuts)).tolist(),
                             np.concatenate((cuts, [nz.size])).tolist()):
                 out_keys.append(keys.counts_key(collection, partition, layout.id, layout.version,
@@ -310,14 +354,15 @@ class CountStore:
             ck, cargs = self._blobs(collection, p, expand_levels(it.cells, policy))
             sk, sargs = [], []
             for name, sc in it.side.items():
-                incs = [f"{f} {int(v)}" for f, v in sc.increments.items() if int(v)]
-                if not incs:
-                    continue
-                sk.append(keys.side_key(collection, p, name))
-                sargs += ["" if sc.expire_at is None else str(int(math.ceil(sc.expire_at * 1000))),
-                          " ".join(incs)]
-            sent = it.sent_at_max
-            sent_s = "" if sent is None or not math.isfinite(sent) else repr(float(sent))
+                if isinstance(sc, SideValues):
+                    blob = "=" + " ".join(f"{f} {v}" for f, v in sc.values.items())
+                else:
+                    blob = " ".join(f"{f} {int(v)}" for f, v in sc.increments.items() if int(v))
+                if blob.strip("="):
+                    sk.append(keys.side_key(collection, p, name))
+                    sargs += [expire_ms(sc.expire_at), blob]
+            sent = finite_or_none(it.sent_at_max)
+            sent_s = "" if sent is None else repr(sent)
             calls.append(functools.partial(
                 run_script, self.redis, self._apply,
                 [keys.offsets_key(collection, p), keys.sent_at_key(collection, p), *ck, *sk],

@@ -64,9 +64,10 @@ from . import metrics
 from .layout import Layout
 from .redis_client import TRANSIENT_ERRORS
 from .log_identity import KINDS as LOG_KINDS, LogMark, judge, mark_of
+from . import dedupe
 from .apply_guard import BAD_TIMESTAMP, split_bad_timestamps
 from .quota import side_name, split_by_quota, window_of
-from .store import ApplyStatus, PartitionDelta, SideCounter
+from .store import ApplyStatus, PartitionDelta, SideCounter, SideValues
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,9 @@ class _Pending:
     mark: LogMark | None = None  # first record taken, the log mark if the partition has none
     #: reports counted per quota window and device (agents/quota.py), applied as side counters
     quota: dict[int, dict[int, int]] = dataclasses.field(default_factory=dict)
+    #: batch-dedupe state set by the apply (agents/dedupe.py): window -> sender -> "high:bitmap"
+    dedupe: dict[int, dict[int, str]] = dataclasses.field(default_factory=dict)
+    duplicates: int = 0       # keyed batches not counted: delivered before
 
 
 class IngestService(Service):
@@ -153,6 +157,9 @@ class IngestService(Service):
         #: side counters at the stored offset, dropped with the pending deltas
         self._quota_used: dict[Any, dict[int, dict[int, int]]] = {}
         self._quota_window: dict[Any, int] = {}  # tp -> quota window of this poll (worker clock)
+        #: tp -> its senders' batch-dedupe state (agents/dedupe.py), and the window of this poll
+        self._dedupe: dict[Any, dedupe.DedupeBook] = {}
+        self._dedupe_window: dict[Any, int] = {}
         #: an apply failed for a reason other than Redis being unreachable: the partitions are not
         #: released on stop, so the next owner's poison-pill breaker processes them carefully
         self._apply_failed = False
@@ -531,6 +538,7 @@ class IngestService(Service):
                 before = self._pending_reports
                 if self.collections[self.cid_of[tp.topic]].device_quota is not None:
                     await self._load_quota(tp, msgs)
+                await self._load_dedupe(tp)
                 if tp in self._careful:
                     await self._take_carefully(tp, msgs)
                 else:
@@ -700,7 +708,8 @@ class IngestService(Service):
                     explain_batch(b, known) if b.collection == cid else
                     ("unknown_collection", f"batch of collection {b.collection!r} on topic {tp.topic}"))
                 if res is None:
-                    accepted.append((m, b))
+                    if b.key is None or self._first_delivery(tp, pend, cid, m, b):
+                        accepted.append((m, b))
                 else:
                     self._reject(pend, cid, res[0], res[1], m.value, m.offset, b.n)
             if quota is not None:
@@ -777,14 +786,55 @@ class IngestService(Service):
             return None
         return dataclasses.replace(b, reports=b.reports[mask], device_ids=b.device_ids[mask])
 
-    def _side(self, cid: str, pend: _Pending) -> dict[str, SideCounter]:
-        """The quota side counters of a delta (expiring two windows after theirs)."""
+    def _side(self, cid: str, pend: _Pending) -> dict[str, SideCounter | SideValues]:
+        """The quota side counters and batch-dedupe state of a delta (each expiring two windows
+        after its own)."""
+        out: dict[str, SideCounter | SideValues] = {
+            dedupe.side_name(w): SideValues({str(d): v for d, v in senders.items()},
+                                            expire_at=dedupe.expire_at(w))
+            for w, senders in pend.dedupe.items() if senders}
         quota = self.collections[cid].device_quota
-        if quota is None:
-            return {}
-        return {side_name(w): SideCounter({str(d): k for d, k in devices.items()},
-                                          expire_at=(w + 2) * quota.window_s)
-                for w, devices in pend.quota.items() if devices}
+        if quota is not None:
+            out.update({side_name(w): SideCounter({str(d): k for d, k in devices.items()},
+                                                  expire_at=(w + 2) * quota.window_s)
+                        for w, devices in pend.quota.items() if devices})
+        return out
+
+    # --- idempotent batches (agents/dedupe.py) -------------------------------------------------
+    async def _load_dedupe(self, tp: Any) -> None:
+        """Read the senders' dedupe state of the current and previous window of the worker's
+        clock, unless in memory for the partition's current epoch."""
+        cid = self.cid_of[tp.topic]
+        epoch = self._epoch[tp]
+        book = self._dedupe.get(tp)
+        if book is None or book.epoch != epoch:
+            book = self._dedupe[tp] = dedupe.DedupeBook(epoch)
+        self._dedupe_window[tp] = w = dedupe.window_of(time.time())
+        for missing in book.missing(w):
+            raw = await self._redis_retry(
+                lambda m=missing: self.ctx.store.read_side_raw(cid, tp.partition,
+                                                               dedupe.side_name(m)),
+                what=f"read the batch-dedupe state of {cid}[{tp.partition}]")
+            if self._epoch[tp] != epoch:  # dropped meanwhile: read again for the new epoch
+                return await self._load_dedupe(tp)
+            book.load(missing, raw)
+
+    def _first_delivery(self, tp: Any, pend: _Pending, cid: str, m: Any,
+                        b: ReportBatch) -> bool:
+        """Whether keyed batch ``b`` is counted: a duplicate is skipped (and counted as one), a
+        sequence too far below its sender's highest goes to the DLQ."""
+        book = self._dedupe.get(tp)
+        if book is None or book.epoch != pend.epoch or b.key is None:
+            raise RuntimeError(f"batch-dedupe state of {tp} not loaded for this epoch")
+        sender, seq = b.key
+        verdict = book.decide(self._dedupe_window[tp], sender, seq, pend.dedupe)
+        if verdict == dedupe.DUPLICATE:
+            pend.duplicates += 1
+        elif verdict == dedupe.STALE:
+            self._reject(pend, cid, "stale_sequence", f"sequence {seq} of sender {sender} is more "
+                         f"than {dedupe.BITS} below the highest seen; it may have been counted",
+                         m.value, m.offset, b.n)
+        return verdict == dedupe.NEW
 
     def _buckets(self, cid: str, msgs: list, sizes: np.ndarray) -> np.ndarray:
         """Fine bucket of every report (message i holds ``sizes[i]`` of them) from its message's
@@ -915,6 +965,8 @@ class IngestService(Service):
                 self.last_apply_at = time.time()
                 if pend.n:
                     metrics.REPORTS_INGESTED.labels(cid).inc(pend.n)
+                if pend.duplicates:
+                    metrics.DUPLICATE_BATCHES.labels(cid).inc(pend.duplicates)
                 for (coll, reason), k in pend.rejected_reports.items():
                     metrics.REPORTS_REJECTED.labels(coll, reason).inc(k)
                 if not self._stale(tp, pend):

@@ -33,6 +33,11 @@ REPORTS_CLAMPED = Counter(
     "ahead of the worker's clock beyond the tolerance: counted now) or 'late' (their bucket "
     "expired: counted in the all-time tensor only).",
     ["collection", "reason"], registry=REGISTRY)
+DUPLICATE_BATCHES = Counter(
+    "ldp_duplicate_batches_total",
+    "Keyed report batches delivered again (same sender and sequence, agents/dedupe.py): not "
+    "counted a second time.",
+    ["collection"], registry=REGISTRY)
 MESSAGES_CONSUMED = Counter(
     "ldp_messages_consumed_total", "Kafka messages consumed from a collection's report topic.",
     ["collection"], registry=REGISTRY)

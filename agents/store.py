@@ -478,6 +478,10 @@ class CountStore:
         raw = await self.redis.hgetall(keys.side_key(collection, partition, name))
         return {(k.decode() if isinstance(k, bytes) else str(k)): int(v) for k, v in raw.items()}
 
+    async def read_side_raw(self, collection: str, partition: int, name: str) -> dict[Any, Any]:
+        """A side hash of the shard as Redis returns it (field → value; empty when absent)."""
+        return dict(await self.redis.hgetall(keys.side_key(collection, partition, name)))
+
     # --- poison-pill breaker (agents/ingest.py) -------------------------------------------------
     async def hold(self, collection: str, partition: int,
                    offset: int | None) -> tuple[bool, tuple[int, int] | None]:

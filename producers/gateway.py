@@ -28,7 +28,9 @@ Accepted reports are produced to ``ldp.reports.<id>`` with device ids stamped by
 ids. The device's own id is the batch's ``device_ids`` or the ``X-Device-Id`` header. Messages are
 keyed by the stamped id (one message per device of the batch, split to stay under the worker's
 message limit), so a device's reports go to one partition. The gateway answers 200 once Kafka has
-acknowledged every message: ``{"accepted": n, "messages": k, "version": v}``.
+acknowledged every message: ``{"accepted": n, "messages": k, "version": v}``. A batch with a
+batch key goes whole as one message with the key ``(stamped sender, sequence)``, so a retried
+request is counted once (agents/dedupe.py).
 
 Fleets and tokens: ``--tokens FILE`` or ``LDP_GATEWAY_TOKENS_FILE`` (YAML or JSON), or the JSON in
 ``LDP_GATEWAY_TOKENS``::
@@ -250,7 +252,9 @@ class IngestGateway:
         if bad is not None:
             raise Refused(400, *bad)
         ids = self.device_ids(batch, headers.get("X-Device-Id"))
-        messages = await self.produce(batch, stamp(fleet.name, ids))
+        key = None if batch.key is None else (  # the sender is stamped like the device ids
+            int(stamp(fleet.name, np.array([batch.key[0]], dtype=np.uint64))[0]), batch.key[1])
+        messages = await self.produce(batch, stamp(fleet.name, ids), key)
         return {"collection": collection, "version": batch.version, "accepted": batch.n,
                 "messages": messages}
 
@@ -284,32 +288,48 @@ class IngestGateway:
                                                f"got {header[:40]!r}") from None
         return np.full(batch.n, dev, dtype=np.uint64)
 
-    async def produce(self, batch: ReportBatch, stamped: np.ndarray) -> int:
+    async def produce(self, batch: ReportBatch, stamped: np.ndarray,
+                      key: tuple[int, int] | None = None) -> int:
         """One message per device (split to fit ``max_message_bytes``), keyed by its stamped id;
-        returns the number of messages once Kafka acknowledged all of them."""
+        returns the number of messages once Kafka acknowledged all of them. A batch with a batch
+        key (stamped sender, sequence) goes whole as one message keyed by its sender, so that
+        the worker counts it once however often it is retried (agents/dedupe.py)."""
+        if key is not None:
+            payload = encode_batch(batch.collection, batch.version, batch.reports,
+                                   device_ids=stamped, sent_at=batch.sent_at, key=key)
+            if len(payload) > self.max_message_bytes:
+                raise Refused(413, "too_large", f"a batch with a batch key must fit one message "
+                                                f"of {self.max_message_bytes} bytes")
+            await self._send_all([(payload, device_key(key[0]))], report_topic(batch.collection))
+            return 1
         order = np.argsort(stamped, kind="stable")
         ids, reports = stamped[order], batch.reports[order]
         starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
         ends = np.r_[starts[1:], len(ids)]
         per_row = 8 + batch.width * batch.reports.dtype.itemsize
         rows = max(1, (self.max_message_bytes - _HEADER_ROOM) // per_row)
-        topic = report_topic(batch.collection)
+        messages = []
+        for s, e in zip(starts, ends):
+            for a in range(s, e, rows):
+                b = min(e, a + rows)
+                messages.append((encode_batch(batch.collection, batch.version, reports[a:b],
+                                              device_ids=ids[a:b], sent_at=batch.sent_at),
+                                 device_key(int(ids[s]))))
+        await self._send_all(messages, report_topic(batch.collection))
+        return len(messages)
+
+    async def _send_all(self, messages: list[tuple[bytes, bytes]], topic: str) -> None:
+        """Produce (payload, key) messages; returns once Kafka acknowledged all of them."""
         futures = []
         try:
-            for s, e in zip(starts, ends):
-                key = device_key(int(ids[s]))
-                for a in range(s, e, rows):
-                    b = min(e, a + rows)
-                    payload = encode_batch(batch.collection, batch.version, reports[a:b],
-                                           device_ids=ids[a:b], sent_at=batch.sent_at)
-                    futures.append(await self.publisher.send(topic, payload, key=key))
+            for payload, key in messages:
+                futures.append(await self.publisher.send(topic, payload, key=key))
             await asyncio.gather(*futures)
             self.last_error = None
         except Exception as exc:  # noqa: BLE001 - any Kafka failure: the device retries
             self.last_error = f"{exc.__class__.__name__}: {exc}"
             raise Refused(503, "unavailable", f"Kafka did not acknowledge the batch: "
                                               f"{exc.__class__.__name__}: {exc}") from None
-        return len(futures)
 
     # --- HTTP ----------------------------------------------------------------------------------
     def app(self) -> Any:

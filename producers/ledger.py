@@ -9,6 +9,9 @@ memoized randomized responses and what it last reported.
   fingerprint, rotation period, attribute, true value) [RAPPOR §3]. Kept across restarts: a
   device that re-drew its memoized responses after each restart would leak its value by
   averaging them.
+* ``batch_seq``: the next batch sequence number of each sender id (the batch key of
+  docs/pipeline.md "Wire format"): taken before a batch is sent, so a restarted device never
+  reuses one and a retried batch keeps its key (counted once: docs/security.md).
 * ``sent``: when each distinct record was last reported per collection and period, so a device
   repeating a record sends it once per rotation period. Rows of past periods (sent records and
   memoized responses) are deleted when a report of a newer period is committed.
@@ -38,6 +41,7 @@ CREATE TABLE IF NOT EXISTS memo (collection TEXT NOT NULL, channel TEXT NOT NULL
 CREATE TABLE IF NOT EXISTS sent (collection TEXT NOT NULL, period INTEGER NOT NULL,
                                  record TEXT NOT NULL, at REAL NOT NULL,
                                  PRIMARY KEY (collection, period, record));
+CREATE TABLE IF NOT EXISTS batch_seq (sender TEXT PRIMARY KEY, next INTEGER NOT NULL);
 """
 
 
@@ -105,6 +109,17 @@ class Ledger:
                     f"in the last {self.budget.window_s:g} s, budget ε={self.budget.epsilon:g} "
                     f"per {self.budget.window_s:g} s")
         return None
+
+    # --- batch sequence numbers --------------------------------------------------------------
+    def next_sequence(self, sender: int) -> int:
+        """Take the next batch sequence number of ``sender`` (0, 1, 2, ...; persisted first)."""
+        with self._transaction():
+            row = self._db.execute("SELECT next FROM batch_seq WHERE sender=?",
+                                   (str(int(sender)),)).fetchone()
+            seq = 0 if row is None else int(row[0])
+            self._db.execute("INSERT OR REPLACE INTO batch_seq VALUES (?, ?)",
+                             (str(int(sender)), seq + 1))
+        return seq
 
     # --- memoized responses --------------------------------------------------------------------
     def memos(self, collection: str, channel: str, period: int,

@@ -14,7 +14,9 @@ and kept in the ledger (also across restarts), the instantaneous randomization (
 afresh to every report, and a record the device already reported in the current period is not
 sent again (``status="duplicate"``) unless ``resend_every_s`` has passed. A report that would
 break the ledger's budget is not sent (``status="refused"`` with the reason). Every result states
-the ε it cost.
+the ε it cost. Every batch carries the batch key (device id, a sequence number persisted in the
+ledger), and a batch whose send failed is re-sent unchanged, so it is counted once
+(docs/security.md "Idempotent batches").
 """
 from __future__ import annotations
 
@@ -247,6 +249,9 @@ class DeviceClient:
         self.clock = clock
         self._buffer: list[np.ndarray] = []
         self._version: int | None = None
+        #: a batch formed (its key taken from the ledger) but not delivered yet: sent again
+        #: unchanged, so the worker counts it once (docs/security.md "Idempotent batches")
+        self._outgoing: tuple[bytes, int] | None = None
         self.sent_reports = 0
         self.sent_batches = 0
 
@@ -330,17 +335,25 @@ class DeviceClient:
             await self._send()
 
     async def _send(self) -> None:
-        if not self._buffer:
-            return
-        assert self._version is not None
-        reports = np.stack(self._buffer)
-        payload = encode_batch(self.collection, self._version, reports,
-                               device_ids=np.full(len(reports), self.device_id, dtype=np.uint64),
-                               sent_at=self.clock())
-        await self.transport.send(self.collection, payload, self.device_id)
-        self._buffer = []
-        self.sent_reports += len(reports)
-        self.sent_batches += 1
+        """Deliver the batch in flight (if a previous send failed), then the buffer as a new
+        batch keyed (device id, next sequence number of the ledger)."""
+        for _ in range(2):
+            if self._outgoing is None:
+                if not self._buffer:
+                    return
+                assert self._version is not None
+                reports = np.stack(self._buffer)
+                key = (self.device_id, self.ledger.next_sequence(self.device_id))
+                self._outgoing = (encode_batch(
+                    self.collection, self._version, reports, sent_at=self.clock(), key=key,
+                    device_ids=np.full(len(reports), self.device_id, dtype=np.uint64)),
+                    len(reports))
+                self._buffer = []
+            payload, n = self._outgoing
+            await self.transport.send(self.collection, payload, self.device_id)
+            self._outgoing = None
+            self.sent_reports += n
+            self.sent_batches += 1
 
     async def flush(self) -> None:
         """Send what is buffered and wait until the transport has delivered it."""

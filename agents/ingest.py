@@ -208,7 +208,7 @@ class IngestService(Service):
         self.config_watch = await ConfigWatcher(
             boot, verify_key=self.ctx.signing_key.verify_key, security=self.ctx.kafka_security,
             on_refused=lambda exc: metrics.CONFIG_REFUSED.labels(exc.reason).inc(),
-            collections=self.collections).start()
+            collections=self.collections, max_epsilon=None).start()
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=boot, group_id=self.group_id, enable_auto_commit=False,
             # never reset a position silently: an out-of-range position means the log is not the

@@ -4,8 +4,9 @@
   a signed ``Mechanism.state()``, producers/signing.py) from its beginning and keeps following
   it, so devices always randomize with the mechanism state in force and stamp every report with
   its ``version`` (RRBA tables, Corr-RR phases change it). It accepts only states signed by the
-  pinned key, never an older one than it has (replay), and never one whose computed ε exceeds
-  the device's ceiling.
+  pinned key, never an older one than it has (replay; across restarts with a ``floor``, e.g. the
+  device's ledger), never an expired one, never an identity channel (ε = ∞) and never one whose
+  computed ε exceeds the device's ceiling (:data:`DEFAULT_MAX_EPSILON` unless it sets one).
 * :class:`Device` randomizes its own records with ``mechanism.randomize(records, rng)`` (the true
   values never leave it), buffers the reports and publishes them as one report batch when the
   buffer is full or on :meth:`Device.flush`.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping, Protocol
 
 import numpy as np
 
@@ -42,26 +43,50 @@ def report_topic(collection: str) -> str:
 
 #: relative slack of the ε ceiling (float rounding of the computed ε, never a real excess)
 CEILING_RTOL = 1e-9
+#: a device's ceiling on the ε per report of a state it adopts, unless it sets one
+DEFAULT_MAX_EPSILON = 8.0
+
+
+class StateFloor(Protocol):
+    """Where a device persists the newest ``(version, issued_at)`` it adopted per collection
+    (producers/ledger.py ``Ledger``), so that a restart does not accept an older state."""
+
+    def state_floor(self, collection: str) -> tuple[int, float] | None: ...
+
+    def raise_state_floor(self, collection: str, version: int, issued_at: float) -> None: ...
 
 
 def mechanism_from_state(signed: SignedState, *, max_epsilon: float | None = None) -> Mechanism:
     """Rebuild the mechanism of a verified ``ldp.config`` state (:meth:`VerifyKey.open`);
     refuses (:class:`StateRejected` ``over_ceiling``) a state whose ε, computed from the channel
-    it would apply, exceeds ``max_epsilon``."""
+    it would apply, exceeds ``max_epsilon``, and always one whose ε is infinite (an identity
+    channel: the report would be the true record)."""
     if not isinstance(signed, SignedState):
         raise StateRejected("unsigned", f"expected a verified SignedState, got "
                                         f"{type(signed).__name__}")
-    body = {k: v for k, v in signed.state.items() if k not in ("collection", "issued_at")}
+    body = {k: v for k, v in signed.state.items()
+            if k not in ("collection", "issued_at", "expires_at")}
     try:
         mech = from_state(body)
         eps = float(mech.epsilon)
     except Exception as exc:  # noqa: BLE001 - any unusable state is refused, never adopted
         raise StateRejected("unusable", f"{exc.__class__.__name__}: {exc}") from None
+    check_ceiling(signed, eps, max_epsilon)
+    return mech
+
+
+def check_ceiling(signed: SignedState, eps: float, max_epsilon: float | None) -> None:
+    """Refuse (``over_ceiling``) the state ``signed`` whose mechanism costs ``eps`` per report
+    (computed from its channel): always when infinite (an identity channel), and above
+    ``max_epsilon`` (None: no ceiling)."""
+    if not eps < float("inf"):
+        raise StateRejected("over_ceiling", f"state version {signed.version} of "
+                                            f"{signed.collection!r} has an identity channel (ε = "
+                                            f"{eps:g}): it would send the true records")
     if max_epsilon is not None and not eps <= max_epsilon * (1 + CEILING_RTOL):
         raise StateRejected("over_ceiling", f"state version {signed.version} of "
                                             f"{signed.collection!r} costs ε = {eps:g} per report, "
                                             f"above this device's ceiling {max_epsilon:g}")
-    return mech
 
 
 class ConfigWatcher:
@@ -71,7 +96,11 @@ class ConfigWatcher:
 
     ``verify_key``: the pinned public key (default: ``LDP_CONFIG_PUBLIC_KEY(_FILE)``; without one
     every state is refused). ``max_epsilon``: this device's ceiling on the computed ε per report
-    (one number, or per collection id; None: no ceiling). Refused records are counted in
+    (one number, or per collection id; default :data:`DEFAULT_MAX_EPSILON`; None: no ceiling, for
+    readers that are not devices: the worker, the gateway). An identity channel is refused
+    whatever the ceiling. ``floor``: where the newest adopted ``(version, issued_at)`` per
+    collection is persisted (the device's ``Ledger``): a restarted device refuses older states
+    as ``replayed``. ``clock``: unix seconds (expiry). Refused records are counted in
     ``rejected`` (reason → count), the last ones kept in ``refusals`` and passed to
     ``on_refused``.
 
@@ -81,11 +110,14 @@ class ConfigWatcher:
     def __init__(self, bootstrap: str, *, topic: str = CONFIG_TOPIC,
                  on_change: Callable[[str, SignedState], None] | None = None,
                  verify_key: VerifyKey | None = None,
-                 max_epsilon: float | Mapping[str, float] | None = None,
+                 max_epsilon: float | Mapping[str, float] | None = DEFAULT_MAX_EPSILON,
                  security: KafkaSecurity | None = None,
                  on_refused: Callable[[StateRejected], None] | None = None,
-                 collections: Collection[str] | None = None) -> None:
+                 collections: Collection[str] | None = None, floor: StateFloor | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.bootstrap = bootstrap
+        self.floor = floor
+        self.clock = clock
         #: the collections to follow (None: all); records keyed for others are not even verified
         self.collections = None if collections is None else frozenset(collections)
         self.on_refused = on_refused
@@ -199,6 +231,8 @@ class ConfigWatcher:
             return
         self.states[signed.collection] = signed
         self.mechanisms[signed.collection] = mech
+        if self.floor is not None:
+            self.floor.raise_state_floor(signed.collection, signed.version, signed.issued_at)
         self.records[signed.collection] = value
         self._changed.set()
         if self.on_change is not None:
@@ -212,13 +246,18 @@ class ConfigWatcher:
             collection = key.decode("utf-8") if key else None
         except UnicodeDecodeError:
             raise StateRejected("malformed", "record key is not UTF-8") from None
-        signed = self.verify_key.open(value, collection=collection)
+        signed = self.verify_key.open(value, collection=collection, now=self.clock())
         old = self.states.get(signed.collection)
-        if old is not None and signed.order < old.order:
+        newest = None if old is None else old.order
+        if self.floor is not None:
+            kept = self.floor.state_floor(signed.collection)
+            if kept is not None and (newest is None or kept > newest):
+                newest = kept
+        if newest is not None and signed.order < newest:
             raise StateRejected("replayed", f"version {signed.version} issued at "
-                                            f"{signed.issued_at:.3f} is older than the state in "
-                                            f"force (version {old.version} issued at "
-                                            f"{old.issued_at:.3f})")
+                                            f"{signed.issued_at:.3f} is older than the newest "
+                                            f"adopted (version {newest[0]} issued at "
+                                            f"{newest[1]:.3f})")
         return signed, mechanism_from_state(signed, max_epsilon=self.ceiling(signed.collection))
 
     async def wait_for(self, collection: str, timeout_s: float) -> SignedState | None:

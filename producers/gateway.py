@@ -204,7 +204,8 @@ class IngestGateway:
         self.max_body_bytes = int(max_body_bytes)
         self.max_message_bytes = int(max_message_bytes)
         kw = {} if config_topic is None else {"topic": config_topic}
-        self.watcher = ConfigWatcher(bootstrap, on_change=self._on_state, **kw)
+        # not a device: no ε ceiling (devices apply their own to the relayed states)
+        self.watcher = ConfigWatcher(bootstrap, on_change=self._on_state, max_epsilon=None, **kw)
         self.publisher = Publisher(bootstrap, client_id="ldpstream-gateway")
         #: collection → version → mechanism, for every version the newest state accepts
         self.known: dict[str, dict[int, Mechanism]] = {}

@@ -12,6 +12,9 @@ memoized randomized responses and what it last reported.
 * ``batch_seq``: the next batch sequence number of each sender id (the batch key of
   docs/pipeline.md "Wire format"): taken before a batch is sent, so a restarted device never
   reuses one and a retried batch keeps its key (counted once: docs/security.md).
+* ``state_floor``: the newest ``(version, issued_at)`` of a signed mechanism state adopted per
+  collection (producers/device.py ``ConfigWatcher(floor=ledger)``): an older state replayed after
+  a restart is refused.
 * ``sent``: when each distinct record was last reported per collection and period, so a device
   repeating a record sends it once per rotation period. Rows of past periods (sent records and
   memoized responses) are deleted when a report of a newer period is committed.
@@ -42,6 +45,8 @@ CREATE TABLE IF NOT EXISTS sent (collection TEXT NOT NULL, period INTEGER NOT NU
                                  record TEXT NOT NULL, at REAL NOT NULL,
                                  PRIMARY KEY (collection, period, record));
 CREATE TABLE IF NOT EXISTS batch_seq (sender TEXT PRIMARY KEY, next INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS state_floor (collection TEXT PRIMARY KEY, version INTEGER NOT NULL,
+                                        issued_at REAL NOT NULL);
 """
 
 
@@ -120,6 +125,21 @@ class Ledger:
             self._db.execute("INSERT OR REPLACE INTO batch_seq VALUES (?, ?)",
                              (str(int(sender)), seq + 1))
         return seq
+
+    # --- the newest adopted mechanism state (replay protection) -----------------------------
+    def state_floor(self, collection: str) -> tuple[int, float] | None:
+        """The newest ``(version, issued_at)`` adopted for ``collection`` (None: none yet)."""
+        row = self._db.execute("SELECT version, issued_at FROM state_floor WHERE collection=?",
+                               (collection,)).fetchone()
+        return None if row is None else (int(row[0]), float(row[1]))
+
+    def raise_state_floor(self, collection: str, version: int, issued_at: float) -> None:
+        """Record an adopted state's ``(version, issued_at)`` unless an equal or newer one is."""
+        with self._transaction():
+            old = self.state_floor(collection)
+            if old is None or (int(version), float(issued_at)) > old:
+                self._db.execute("INSERT OR REPLACE INTO state_floor VALUES (?, ?, ?)",
+                                 (collection, int(version), float(issued_at)))
 
     # --- memoized responses --------------------------------------------------------------------
     def memos(self, collection: str, channel: str, period: int,

@@ -32,9 +32,10 @@ from ..estimators import channels as ch
 from ..estimators.mechanism import Mechanism
 from ..estimators.rr_ind import RRIndependent
 from .codec import ReportBatch, decode_batch, encode_batch
-from .device import ConfigWatcher, report_topic
+from .device import DEFAULT_MAX_EPSILON, ConfigWatcher, check_ceiling, report_topic
 from .ledger import Ledger, channel_fingerprint
 from .publisher import Publisher
+from .signing import StateRejected
 
 log = logging.getLogger(__name__)
 
@@ -229,15 +230,21 @@ class DeviceClient:
 
     ``watcher`` must be started (its states are then current, see :meth:`ConfigWatcher.start`).
     ``batch_size`` reports are sent per message (and on :meth:`flush`); ``clock`` gives seconds
-    since the epoch (rotation periods, budget windows).
+    since the epoch (rotation periods, budget windows). Whatever the watcher accepted, the client
+    refuses (:class:`~.signing.StateRejected`) a state above ``max_epsilon`` per report (default
+    :data:`~.device.DEFAULT_MAX_EPSILON`), an identity channel, and one older than the newest it
+    adopted before (kept in the ledger: ``replayed``).
     """
 
     def __init__(self, collection: str, *, watcher: ConfigWatcher, transport: Transport,
                  ledger: Ledger, device_id: int = 0, batch_size: int = 100,
                  resend_every_s: float | None = None, rng: np.random.Generator | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 max_epsilon: float = DEFAULT_MAX_EPSILON) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        self.max_epsilon = float(max_epsilon)
+        self._adopted: tuple[int, float] | None = None  # the state last checked (and recorded)
         self.collection = collection
         self.watcher = watcher
         self.transport = transport
@@ -271,6 +278,16 @@ class DeviceClient:
             raise UnknownCollectionError(
                 f"collection {self.collection!r} is not published on {self.watcher.topic} "
                 f"(published: {', '.join(sorted(self.watcher.mechanisms)) or 'none'}{refused})")
+        signed = self.watcher.states[self.collection]
+        if signed.order != self._adopted:
+            check_ceiling(signed, float(mech.epsilon), self.max_epsilon)
+            kept = self.ledger.state_floor(self.collection)
+            if kept is not None and signed.order < kept:
+                raise StateRejected("replayed", f"version {signed.version} issued at "
+                                                f"{signed.issued_at:.3f} is older than the newest "
+                                                f"this device adopted ({kept[0]}, {kept[1]:.3f})")
+            self.ledger.raise_state_floor(self.collection, signed.version, signed.issued_at)
+            self._adopted = signed.order
         return mech
 
     async def report(self, record: Mapping[str, Any]) -> ReportResult:

@@ -50,7 +50,7 @@ import math
 import os
 import time
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
@@ -66,6 +66,7 @@ from .redis_client import TRANSIENT_ERRORS
 from .log_identity import KINDS as LOG_KINDS, LogMark, judge, mark_of
 from . import dedupe
 from .apply_guard import BAD_TIMESTAMP, split_bad_timestamps
+from .control_topic import CHECK_S as CONTROL_CHECK_S, ControlTopics
 from .quota import side_name, split_by_quota, window_of
 from .store import ApplyStatus, PartitionDelta, SideCounter, SideValues
 
@@ -131,6 +132,7 @@ class IngestService(Service):
         self.consumer = None
         self.producer = None
         self.config_watch: ConfigWatcher | None = None
+        self.control: ControlTopics | None = None
         self._stored: dict[Any, int | None] = {}   # tp -> last applied offset (None: nothing)
         self._seen: dict[Any, int] = {}            # tp -> highest offset taken (pending or applied)
         self._epoch: dict[Any, int] = defaultdict(int)  # tp -> bumped on every assign/revoke
@@ -186,11 +188,10 @@ class IngestService(Service):
         from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
         boot = self.ctx.kafka_bootstrap
+        topics = {c.topic: int(c.partitions) for c in self.collections.values()}
+        topics.update({DLQ_TOPIC: 1, CONFIG_TOPIC: 1})
         if self.create_topics_on_start:
-            from ..services import create_topics
-            topics = {c.topic: int(c.partitions) for c in self.collections.values()}
-            topics.update({DLQ_TOPIC: 1, CONFIG_TOPIC: 1})
-            await create_topics(boot, topics, compacted={CONFIG_TOPIC})
+            await self._create_topics(topics)
         security = self.ctx.kafka_security.client_kwargs()
         self.producer = AIOKafkaProducer(bootstrap_servers=boot, acks="all", linger_ms=5,
                                          max_request_size=max(1_048_576, 2 * 65_536 + 4096),
@@ -202,6 +203,10 @@ class IngestService(Service):
             # (its stored version may be newer than the config's) until the controller can
             unread = await controller_for(self.ctx).follow_all()
             await self.publish_config(skip=unread)
+            if self.create_topics_on_start:  # recreated and republished after broker log loss
+                self.control = await ControlTopics(
+                    boot, topics, CONFIG_TOPIC, self._republish, self._create_topics,
+                    self.ctx.kafka_security.client_kwargs()).start()
         # read ldp.config as devices do: a forged or foreign record shows in a metric and alert
         for reason in FORGERY_REASONS:
             metrics.CONFIG_REFUSED.labels(reason)
@@ -223,6 +228,9 @@ class IngestService(Service):
         self.ctx.ingest = self
 
     async def on_stop(self) -> None:
+        if self.control is not None:
+            await self.control.stop()
+            self.control = None
         if self._flush_task is not None:  # let an apply in flight finish (it is atomic anyway)
             try:
                 await asyncio.wait_for(asyncio.shield(self._flush_task), 10.0)
@@ -255,6 +263,27 @@ class IngestService(Service):
             value = self.ctx.signing_key.sign_state(self.ctx.mechanism(cid).device_state(), cid)
             futs.append(await self.producer.send(CONFIG_TOPIC, value, key=cid.encode()))
         await asyncio.gather(*futs)
+
+    async def _republish(self) -> None:
+        """Publish every state again (the adaptive ones as stored: agents/controller.py)."""
+        from .controller import controller_for
+        await self.publish_config(skip=await controller_for(self.ctx).follow_all())
+
+    async def _create_topics(self, topics: Mapping[str, int]) -> list[str]:
+        from ..services import create_topics
+        return await create_topics(self.ctx.kafka_bootstrap, topics, compacted={CONFIG_TOPIC})
+
+    @Service.task
+    async def _keep_control_topics(self) -> None:
+        """agents/control_topic.py: every CHECK_S, recreate missing topics and republish the
+        signed states after log loss or before they expire."""
+        while not self.should_stop:
+            await asyncio.sleep(CONTROL_CHECK_S)
+            if self.control is not None:
+                try:
+                    await self.control.check()
+                except Exception as exc:  # noqa: BLE001 - the broker may be down: next check
+                    log.warning("ingest: control-topic check failed: %s", exc)
 
     def assignment(self) -> set:
         return set(self.consumer.assignment()) if self.consumer is not None else set()
@@ -1046,6 +1075,8 @@ class IngestService(Service):
                 self._seen[tp] = -1
 
     async def _send_dlq(self, tp: Any, cid: str, pend: _Pending) -> None:
+        if self.control is not None:  # recreated (e.g. after broker log loss) before producing
+            await self.control.ensure([DLQ_TOPIC])
         now = time.time()
         futs = []
         for reason, detail, coll, payload, offset in pend.rejects:

@@ -77,6 +77,13 @@ local nside = tonumber(ARGV[7])
 local raw = redis.call('HGET', KEYS[1], 'offset')
 local stored = -1
 if raw then stored = tonumber(raw) end
+local hold = redis.call('HGET', KEYS[1], 'reset_until')
+if hold then  -- a reset of the shard is under way (CountStore.reset): refused like a conflict
+  local t = redis.call('TIME')
+  if tonumber(hold) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+    return {-1, stored}
+  end
+end
 local status
 if ARGV[2] == '' then
   if stored < offset then status = 1 else status = 0 end
@@ -181,6 +188,24 @@ local died = 0
 if live == '1' then died = 1 end
 return {died, chunk or ''}
 """
+
+
+# Reset one shard at once, while its applies are held off (field reset_until of the offsets hash,
+# set before its keys were listed: the apply script refuses a delta as a CONFLICT until then, so no
+# key appears after the listing). KEYS: the offsets hash, then the shard's keys as listed. ARGV:
+# '1' to keep the offsets hash (its n deleted). Lifts the hold; returns the keys deleted.
+_RESET_SHARD_LUA = """
+local deleted = 0
+for i = 2, #KEYS do
+  if KEYS[i] == KEYS[1] and ARGV[1] == '1' then redis.call('HDEL', KEYS[1], 'n')
+  else deleted = deleted + redis.call('DEL', KEYS[i]) end
+end
+redis.call('HDEL', KEYS[1], 'reset_until')
+return deleted
+"""
+
+#: longest a shard's applies are held off by a reset (a reset that dies midway holds no longer)
+RESET_HOLD_S = 60.0
 
 
 class ApplyStatus(str, enum.Enum):
@@ -298,6 +323,7 @@ class CountStore:
         self._apply = redis.register_script(_APPLY_LUA)
         self._rebase = redis.register_script(_REBASE_LUA)
         self._note_start = redis.register_script(_NOTE_START_LUA)
+        self._reset_shard = redis.register_script(_RESET_SHARD_LUA)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "CountStore":
@@ -587,15 +613,30 @@ class CountStore:
         """Delete every key of ``collection`` (counts, estimates, leases, offsets).
         ``keep_offsets``: keep each partition's stored Kafka offset (its ``n`` is zeroed), so that
         reports already counted are not counted again when a partition moves to another worker,
-        which seeks to the stored offset. Returns the number of keys deleted."""
+        which seeks to the stored offset. Each shard is reset by one script call, all its keys at
+        once, with its applies held off from before its keys are listed (a held-off delta is
+        refused as a CONFLICT: the worker re-reads and applies it after): applies land wholly
+        before or wholly after, so ``n`` always equals the counts. Returns the keys deleted."""
         deleted = 0
+        shards: set[str] = set()
         for key in await self.scan_keys(collection):
             name = key.decode() if isinstance(key, bytes) else str(key)
-            if keep_offsets and name.endswith(":off"):
-                await self.redis.hdel(key, "n")
-                continue
-            deleted += int(await self.redis.delete(key))
+            if name.startswith("ldp:{%s#" % collection):
+                shards.add(name[:name.index("}") + 1])
+            else:
+                deleted += int(await self.redis.delete(key))
+        for prefix in sorted(shards):
+            deleted += await self._reset_one(prefix, keep_offsets)
         return deleted
+
+    async def _reset_one(self, prefix: str, keep_offsets: bool) -> int:
+        """Reset the shard whose keys start with ``prefix`` (see :meth:`reset`)."""
+        off = prefix + ":off"
+        await self.redis.hset(off, "reset_until", int((time.time() + RESET_HOLD_S) * 1000))
+        names = [k async for k in self.redis.scan_iter(match=keys.glob_escape(prefix) + ":*",
+                                                       count=1000)]
+        return int(await run_script(self.redis, self._reset_shard, [off, *names],
+                                    ["1" if keep_offsets else "0"]))
 
 
 def _finite_json(obj: Any) -> Any:

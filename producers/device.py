@@ -207,9 +207,16 @@ class ConfigWatcher:
                     self._take(msg.key, msg.value)
 
     async def _run(self) -> None:
+        from aiokafka.errors import KafkaError
+
         assert self._consumer is not None
         while True:
-            batches = await self._consumer.getmany(timeout_ms=500, max_records=1000)
+            try:
+                batches = await self._consumer.getmany(timeout_ms=500, max_records=1000)
+            except KafkaError as exc:  # the broker is away: keep the states, keep trying
+                log.warning("cannot read %s (%s); retrying", self.topic, exc)
+                await asyncio.sleep(1.0)
+                continue
             for msgs in batches.values():
                 for msg in msgs:
                     self._take(msg.key, msg.value)
@@ -283,9 +290,16 @@ class ConfigWatcher:
             except (asyncio.CancelledError, Exception):
                 pass
             self._task = None
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                await consumer.stop()
+            except asyncio.CancelledError:
+                # aiokafka's fetcher lets the cancellation of its own fetch task escape when the
+                # broker is gone; only a cancellation of this task is passed on
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
 
 
 class Gateway:

@@ -59,10 +59,12 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from ..errors import CliError
+from ..http_guard import GATEWAY_ENV, ConnectionGuard, HardenedSite
 from ..estimators.mechanism import Mechanism
 from .codec import (MAX_MESSAGE_BYTES, DecodeError, ReportBatch, batch_from_json, decode_batch,
                     encode_batch, explain_batch)
 from .device import ConfigWatcher, report_topic
+from .kafka_security import kafka_security
 from .publisher import Publisher, PublishError
 from .signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, load_verify_key
 from .sdk import device_key
@@ -75,6 +77,10 @@ MIN_TOKEN_CHARS = 16
 DEFAULT_MAX_BODY = MAX_MESSAGE_BYTES
 #: bytes of a produced message besides the reports (header + collection id, generous)
 _HEADER_ROOM = 512
+BROKER_CHECK_S = 1.0    # a broker metadata check waits this long (/healthz, before producing)
+BROKER_CACHE_S = 1.5    # and its answer is reused this long
+PRODUCE_TIMEOUT_S = 10.0  # a batch not acknowledged by then is answered 503 (a keyed retry
+#                           is counted once: agents/dedupe.py)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 REQUESTS = Counter("ldp_gateway_requests_total", "HTTP report requests by answer status.",
@@ -211,6 +217,8 @@ class IngestGateway:
         self.known: dict[str, dict[int, Mechanism]] = {}
         #: the last Kafka failure (shown by /healthz until a batch is acknowledged again)
         self.last_error: str | None = None
+        #: (monotonic time, (broker answered, detail)) of the last broker check
+        self._broker: tuple[float, tuple[bool, str]] | None = None
 
     def _on_state(self, collection: str, signed: Any) -> None:
         newest = self.watcher.mechanisms[collection]
@@ -226,7 +234,10 @@ class IngestGateway:
 
     async def stop(self) -> None:
         await self.watcher.stop()
-        await self.publisher.stop()
+        try:  # with the broker gone, what is unacknowledged was answered 503 already
+            await asyncio.wait_for(self.publisher.stop(), PRODUCE_TIMEOUT_S)
+        except (Exception, asyncio.TimeoutError) as exc:  # noqa: BLE001
+            log.warning("gateway: the Kafka producer did not stop cleanly: %s", exc)
 
     # --- one request ---------------------------------------------------------------------------
     async def ingest(self, collection: str, fleet: Fleet, headers: Mapping[str, str],
@@ -252,6 +263,9 @@ class IngestGateway:
         bad = explain_batch(batch, self.known)
         if bad is not None:
             raise Refused(400, *bad)
+        broker, detail = await self.broker_ok()
+        if not broker:  # answered at once instead of waiting for the producer's timeout
+            raise Refused(503, "unavailable", f"Kafka is not reachable: {detail}")
         ids = self.device_ids(batch, headers.get("X-Device-Id"))
         key = None if batch.key is None else (  # the sender is stamped like the device ids
             int(stamp(fleet.name, np.array([batch.key[0]], dtype=np.uint64))[0]), batch.key[1])
@@ -323,9 +337,10 @@ class IngestGateway:
         """Produce (payload, key) messages; returns once Kafka acknowledged all of them."""
         futures = []
         try:
-            for payload, key in messages:
-                futures.append(await self.publisher.send(topic, payload, key=key))
-            await asyncio.gather(*futures)
+            async with asyncio.timeout(PRODUCE_TIMEOUT_S):
+                for payload, key in messages:
+                    futures.append(await self.publisher.send(topic, payload, key=key))
+                await asyncio.gather(*futures)
             self.last_error = None
         except Exception as exc:  # noqa: BLE001 - any Kafka failure: the device retries
             self.last_error = f"{exc.__class__.__name__}: {exc}"
@@ -404,12 +419,37 @@ class IngestGateway:
                 raise Refused(413, "too_large", f"body of more than {limit} bytes")
             chunks.append(chunk)
 
+    async def broker_ok(self) -> tuple[bool, str]:
+        """Whether the broker answers a metadata request within :data:`BROKER_CHECK_S` (the
+        answer is cached for :data:`BROKER_CACHE_S`)."""
+        now = time.monotonic()
+        if self._broker is not None and now - self._broker[0] < BROKER_CACHE_S:
+            return self._broker[1]
+        from aiokafka.client import AIOKafkaClient
+
+        client = AIOKafkaClient(bootstrap_servers=self.bootstrap,
+                                request_timeout_ms=int(BROKER_CHECK_S * 1000),
+                                **kafka_security().client_kwargs())
+        try:
+            await asyncio.wait_for(client.bootstrap(), BROKER_CHECK_S)
+            brokers = len(client.cluster.brokers())
+            verdict = (brokers > 0, f"{brokers} broker(s) answered metadata")
+        except Exception as exc:  # noqa: BLE001 - any failure means: not reachable now
+            verdict = (False, f"no metadata answer in {BROKER_CHECK_S:g} s: "
+                              f"{exc.__class__.__name__}: {exc}")
+        finally:
+            await client.close()
+        self._broker = (time.monotonic(), verdict)
+        return verdict
+
     async def _healthz(self, request: Any) -> Any:
         from aiohttp import web
 
-        ok = self.watcher.running and self.last_error is None
+        broker, detail = await self.broker_ok()
+        ok = self.watcher.running and broker
         return web.json_response({"status": "ok" if ok else "unavailable",
                                   "config_watcher_running": self.watcher.running,
+                                  "broker": {"ok": broker, "detail": detail},
                                   "last_kafka_error": self.last_error,
                                   "collections": {c: sorted(v) for c, v in self.known.items()},
                                   "refused_states": dict(self.watcher.rejected)},
@@ -430,15 +470,19 @@ def _refusal(exc: Refused) -> Any:
                              headers=headers)
 
 
-async def serve(gateway: IngestGateway, host: str, port: int) -> Any:
-    """Start the gateway and its HTTP server; returns the aiohttp runner (``await
-    runner.cleanup()`` then ``await gateway.stop()`` to stop)."""
+async def serve(gateway: IngestGateway, host: str, port: int,
+                guard: ConnectionGuard | None = None) -> Any:
+    """Start the gateway and its HTTP server, hardened like the worker's (ldpstream/http_guard.py:
+    connection cap with eviction and header deadline, ``LDP_GATEWAY_MAX_CONNECTIONS`` and
+    ``LDP_GATEWAY_HEADER_TIMEOUT_S`` unless ``guard`` is given); returns the aiohttp runner
+    (``await runner.cleanup()`` then ``await gateway.stop()`` to stop)."""
     from aiohttp import web
 
     await gateway.start()
     runner = web.AppRunner(gateway.app(), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await HardenedSite(runner, host, port,
+                       guard=guard or ConnectionGuard.from_env(GATEWAY_ENV)).start()
     return runner
 
 

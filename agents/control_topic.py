@@ -3,8 +3,10 @@
 Every :data:`CHECK_S` seconds the worker checks the broker: topics it needs that are missing
 (e.g. after an in-memory broker lost its logs) are created again, ``ldp.dlq`` before anything is
 produced to it; and every collection's signed state is republished when ``ldp.config`` was
-recreated, is empty, or its log ends below where it ended at the last check (log loss), and in
-any case every :data:`REPUBLISH_S` (a quarter of the state's validity,
+recreated, is empty, or its log ends below where it ended at the last check (log loss), when
+more than :data:`FLOOD_RECORDS` records were written to it since the last publication (a flood:
+so the newest valid states stay near its end, where watchers of given collections look first,
+producers/device.py ``TAIL_RECORDS``), and in any case every :data:`REPUBLISH_S` (a quarter of the state's validity,
 producers/signing.py ``STATE_TTL_S``), so that a state never expires on devices. Devices
 that adopted a newer state refuse an older one replayed meanwhile (``replayed``), new devices
 refuse it once expired.
@@ -19,10 +21,11 @@ from ..producers.signing import STATE_TTL_S
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CHECK_S", "REPUBLISH_S", "ControlTopics"]
+__all__ = ["CHECK_S", "REPUBLISH_S", "FLOOD_RECORDS", "ControlTopics"]
 
 CHECK_S = 5.0
 REPUBLISH_S = STATE_TTL_S / 4
+FLOOD_RECORDS = 1000
 
 
 class ControlTopics:
@@ -42,6 +45,7 @@ class ControlTopics:
         self.client_kwargs = dict(client_kwargs)
         self._consumer: Any = None
         self._last_end: int | None = None
+        self._published_end = 0     # end offset of ldp.config after the last publication
         self._published_at = time.monotonic()
         self.republished: list[dict[str, Any]] = []   # the last events (for /healthz, logs)
 
@@ -52,7 +56,7 @@ class ControlTopics:
                                           enable_auto_commit=False,
                                           client_id="ldpstream-control", **self.client_kwargs)
         await self._consumer.start()
-        self._last_end = await self._config_end()
+        self._last_end = self._published_end = await self._config_end()
         return self
 
     async def stop(self) -> None:
@@ -89,12 +93,14 @@ class ControlTopics:
             why = "empty"
         elif self._last_end is not None and end < self._last_end:
             why = f"log shrank ({self._last_end} -> {end})"
+        elif end - self._published_end > FLOOD_RECORDS:
+            why = f"flood ({end - self._published_end} records since the last publication)"
         elif time.monotonic() - self._published_at >= REPUBLISH_S:
             why = "before expiry"
         if why is not None:
             await self.publish()
             self._published_at = time.monotonic()
-            end = await self._config_end()
+            end = self._published_end = await self._config_end()
             self.republished = (self.republished + [{"at": time.time(), "why": why}])[-20:]
             log.warning("control: republished every signed state (%s)", why)
         self._last_end = end

@@ -45,6 +45,8 @@ def report_topic(collection: str) -> str:
 CEILING_RTOL = 1e-9
 #: a device's ceiling on the ε per report of a state it adopts, unless it sets one
 DEFAULT_MAX_EPSILON = 8.0
+#: records a watcher of given collections reads back from the end of ldp.config at first
+TAIL_RECORDS = 2000
 
 
 class StateFloor(Protocol):
@@ -173,7 +175,6 @@ class ConfigWatcher:
             await asyncio.sleep(0.5)
         tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
         consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
         self._consumer = consumer
         try:
             await self._catch_up(tps, deadline)
@@ -190,21 +191,49 @@ class ConfigWatcher:
         return self._task is not None and not self._task.done()
 
     async def _catch_up(self, tps: list, deadline: float) -> None:
-        """Read every partition up to its end offset at the time of the call."""
+        """Read up to the end offsets at the time of the call. A watcher that follows given
+        ``collections`` reads the newest :data:`TAIL_RECORDS` records first and goes further
+        back (4 times as far each time) only while one of its collections has no state yet, so
+        a flood of junk before the newest valid states costs nothing (the worker republishes
+        after a flood, agents/control_topic.py); one that follows every collection reads all."""
         assert self._consumer is not None
-        loop = asyncio.get_running_loop()
+        begins = await self._consumer.beginning_offsets(tps)
         ends = await self._consumer.end_offsets(tps)
+        upto = dict(ends)
+        window = TAIL_RECORDS
         while True:
-            behind = [tp for tp in tps if await self._consumer.position(tp) < ends[tp]]
+            start = {tp: begins[tp] if self.collections is None else
+                     max(begins[tp], upto[tp] - window) for tp in tps}
+            await self._read_range(tps, start, upto, deadline, newest=window == TAIL_RECORDS)
+            missing = self.collections is None or not set(self.collections) <= set(self.states)
+            if not missing or all(start[tp] <= begins[tp] for tp in tps):
+                break
+            upto, window = start, window * 4
+        for tp in tps:
+            self._consumer.seek(tp, ends[tp])
+
+    async def _read_range(self, tps: list, start: Mapping[Any, int], upto: Mapping[Any, int],
+                          deadline: float, *, newest: bool) -> None:
+        """Take the records in ``[start, upto)`` of each partition (``newest``: up to the end
+        offsets, and whatever the last fetched batch holds beyond them); a collection that has
+        a state already (from newer records) skips the older ones silently."""
+        loop = asyncio.get_running_loop()
+        have = set(self.states)
+        for tp in tps:
+            self._consumer.seek(tp, start[tp])
+        while True:
+            behind = [tp for tp in tps if await self._consumer.position(tp) < upto[tp]]
             if not behind:
                 return
             if loop.time() > deadline:
                 raise ConnectionError(f"cannot read {self.topic} at {self.bootstrap} up to its "
-                                      f"end offsets {ends} in time")
+                                      f"end offsets {dict(upto)} in time")
             batches = await self._consumer.getmany(*behind, timeout_ms=200, max_records=1000)
-            for msgs in batches.values():
+            for tp, msgs in batches.items():
                 for msg in msgs:
-                    self._take(msg.key, msg.value)
+                    if (newest or msg.offset < upto[tp]) and (msg.key or b"").decode(
+                            "utf-8", "replace") not in have:
+                        self._take(msg.key, msg.value)
 
     async def _run(self) -> None:
         from aiokafka.errors import KafkaError

@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from conftest import write_config
-from kafka_helpers import read_dlq
+from kafka_helpers import OwnBrokerWorker, read_dlq
 
 pytestmark = pytest.mark.pipeline
 
@@ -21,21 +20,10 @@ def test_broker_log_loss_republishes_config_and_recreates_dlq(tmp_path, fresh_re
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     from ldpstream.producers.device import ConfigWatcher
-    from ldpstream.producers.signing import SigningKey
-    from ldpstream.services import EmbeddedBroker
 
-    key = SigningKey.generate()
-    broker = EmbeddedBroker()
-    broker.start()
+    own = OwnBrokerWorker(tmp_path, unique_name, spawn_worker, service_env, fresh_redis.url)
+    broker, key, worker, cid = own.broker, own.key, own.worker, unique_name
     try:
-        cid = unique_name
-        path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=1,
-                            marginals=[("sex", "Salary")])
-        env = dict(service_env, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
-                   REDIS_URL=fresh_redis.url, LDP_CONFIG_SIGNING_KEY=key.to_text())
-        worker = spawn_worker(path, env)
-        worker.wait_ready(60)
-
         async def watch() -> ConfigWatcher:
             return await ConfigWatcher(broker.bootstrap, verify_key=key.verify_key,
                                        collections=[cid]).start(timeout_s=30)
@@ -95,4 +83,4 @@ def test_broker_log_loss_republishes_config_and_recreates_dlq(tmp_path, fresh_re
             time.sleep(0.5)
         assert reasons == ["bad_magic"], worker.log_tail()
     finally:
-        broker.stop()
+        own.stop()

@@ -249,7 +249,7 @@ def install(app: Any, ctx: Any) -> None:
             coll = coll_or_none(collection)
             if coll is None:
                 return unknown(self, collection)
-            for name in ("attrs", "method"):
+            for name in ("attrs", "method", "window"):
                 given = request.query.getall(name, [])
                 if len(given) > 1:
                     return self.error(400, f"{name}: given {len(given)} times ({given}); "

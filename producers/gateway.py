@@ -197,6 +197,33 @@ class Refused(Exception):
         self.status, self.reason, self.detail = status, reason, detail
 
 
+def validate_batch(collection: str, content_type: str | None, body: bytes,
+                   known: Mapping[str, Mapping[int, Mechanism]], max_bytes: int) -> ReportBatch:
+    """Decode and check one device batch posted for ``collection`` (binary or JSON form by
+    ``content_type``) against the accepted mechanism versions ``known``; raises
+    :class:`Refused` (415, or 400 with the codec's reason). The one check of any ingress."""
+    ctype = (content_type or "application/octet-stream").split(";")[0].strip()
+    try:
+        if ctype == "application/json":
+            batch = batch_from_json(body)
+        elif ctype == "application/octet-stream":
+            batch = decode_batch(body, max_bytes=max_bytes)
+        else:
+            raise Refused(415, "unsupported_media_type",
+                          f"Content-Type {ctype!r}: send application/octet-stream (binary "
+                          f"batch) or application/json")
+    except DecodeError as exc:
+        raise Refused(400, exc.reason, exc.detail) from None
+    if batch.collection != collection:
+        raise Refused(400, "wrong_collection", f"the batch is for collection "
+                                               f"{batch.collection!r}, the URL for "
+                                               f"{collection!r}")
+    bad = explain_batch(batch, known)
+    if bad is not None:
+        raise Refused(400, *bad)
+    return batch
+
+
 class IngestGateway:
     """The gateway's state: fleets, the accepted mechanism versions (from a verified
     ``ldp.config``), the Kafka publisher."""
@@ -244,25 +271,8 @@ class IngestGateway:
                      body: bytes) -> dict[str, Any]:
         """Check, stamp and produce the batch of one request of ``fleet`` (authenticated by
         :meth:`check_access`); raises :class:`Refused`."""
-        ctype = headers.get("Content-Type", "application/octet-stream").split(";")[0].strip()
-        try:
-            if ctype == "application/json":
-                batch = batch_from_json(body)
-            elif ctype == "application/octet-stream":
-                batch = decode_batch(body, max_bytes=self.max_body_bytes)
-            else:
-                raise Refused(415, "unsupported_media_type",
-                              f"Content-Type {ctype!r}: send application/octet-stream (binary "
-                              f"batch) or application/json")
-        except DecodeError as exc:
-            raise Refused(400, exc.reason, exc.detail) from None
-        if batch.collection != collection:
-            raise Refused(400, "wrong_collection", f"the batch is for collection "
-                                                   f"{batch.collection!r}, the URL for "
-                                                   f"{collection!r}")
-        bad = explain_batch(batch, self.known)
-        if bad is not None:
-            raise Refused(400, *bad)
+        batch = validate_batch(collection, headers.get("Content-Type"), body, self.known,
+                               self.max_body_bytes)
         broker, detail = await self.broker_ok()
         if not broker:  # answered at once instead of waiting for the producer's timeout
             raise Refused(503, "unavailable", f"Kafka is not reachable: {detail}")

@@ -9,6 +9,8 @@ import pytest
 
 from ldpstream.producers.ledger import Budget, Ledger, LedgerMissing
 
+pytestmark = pytest.mark.core
+
 
 def test_clock_stepped_back_never_frees_budget(tmp_path):
     """Finding 6: budget 8 per day, 4 per report. Before: after the refusal, stepping the clock

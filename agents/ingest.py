@@ -565,9 +565,7 @@ class IngestService(Service):
             t1 = time.perf_counter()
             for tp, msgs in data.items():
                 before = self._pending_reports
-                if self.collections[self.cid_of[tp.topic]].device_quota is not None:
-                    await self._load_quota(tp, msgs)
-                await self._load_dedupe(tp)
+                await self._load_state(tp, msgs)
                 if tp in self._careful:
                     await self._take_carefully(tp, msgs)
                 else:
@@ -640,6 +638,7 @@ class IngestService(Service):
                     lambda: self.ctx.store.note_chunk(cid, tp.partition, chunk[0].offset,
                                                       len(chunk)),
                     what=f"note a chunk of {cid}[{tp.partition}]")
+                await self._load_state(tp, chunk)  # a flush may have re-sought it meanwhile
                 self._take(tp, chunk)
             pos += len(chunk)
             await self.flush()  # applied before the next chunk is tried
@@ -651,6 +650,7 @@ class IngestService(Service):
                 log.warning("ingest: %s[%d] back to normal processing after offset %d", cid,
                             tp.partition, chunk[-1].offset)
                 if pos < len(msgs):
+                    await self._load_state(tp, msgs[pos:])
                     self._take(tp, msgs[pos:])
                 return
 
@@ -828,6 +828,12 @@ class IngestService(Service):
                                                   expire_at=(w + 2) * quota.window_s)
                         for w, devices in pend.quota.items() if devices})
         return out
+
+    async def _load_state(self, tp: Any, msgs: list) -> None:
+        """What :meth:`_take` needs from Redis for ``msgs``: quota counters and dedupe state."""
+        if self.collections[self.cid_of[tp.topic]].device_quota is not None:
+            await self._load_quota(tp, msgs)
+        await self._load_dedupe(tp)
 
     # --- idempotent batches (agents/dedupe.py) -------------------------------------------------
     async def _load_dedupe(self, tp: Any) -> None:

@@ -4,10 +4,12 @@ Every :data:`CHECK_S` seconds the worker checks the broker: topics it needs that
 (e.g. after an in-memory broker lost its logs) are created again, ``ldp.dlq`` before anything is
 produced to it; and every collection's signed state is republished when ``ldp.config`` was
 recreated, is empty, or its log ends below where it ended at the last check (log loss), when
-more than :data:`FLOOD_RECORDS` records were written to it since the last publication (a flood:
+more than :data:`FLOOD_RECORDS` records (or 10 per published state, so that other workers'
+republications never look like one) were written to it since the last publication (a flood:
 so the newest valid states stay near its end, where watchers of given collections look first,
-producers/device.py ``TAIL_RECORDS``), and in any case every :data:`REPUBLISH_S` (a quarter of the state's validity,
-producers/signing.py ``STATE_TTL_S``), so that a state never expires on devices. Devices
+producers/device.py ``TAIL_RECORDS``), and in any case every :data:`REPUBLISH_S` (a quarter of
+the state's validity, producers/signing.py ``STATE_TTL_S``), so that a state never expires on
+devices. Devices
 that adopted a newer state refuse an older one replayed meanwhile (``replayed``), new devices
 refuse it once expired.
 """
@@ -30,15 +32,17 @@ FLOOD_RECORDS = 1000
 
 class ControlTopics:
     """The broker-side checks of one worker; ``publish()`` republishes every collection's signed
-    state, ``create(topics)`` creates the missing ones of ``{name: partitions}`` (returns the
-    names created)."""
+    state (``states`` of them), ``create(topics)`` creates the missing ones of
+    ``{name: partitions}`` (returns the names created)."""
 
     def __init__(self, bootstrap: str, topics: Mapping[str, int], config_topic: str,
                  publish: Callable[[], Awaitable[None]],
                  create: Callable[[Mapping[str, int]], Awaitable[list[str]]],
-                 client_kwargs: Mapping[str, Any]) -> None:
+                 client_kwargs: Mapping[str, Any], states: int) -> None:
         self.bootstrap = bootstrap
         self.topics = dict(topics)
+        #: records since the last publication that make a flood
+        self.flood_records = max(FLOOD_RECORDS, 10 * int(states))
         self.config_topic = config_topic
         self.publish = publish
         self.create = create
@@ -93,7 +97,7 @@ class ControlTopics:
             why = "empty"
         elif self._last_end is not None and end < self._last_end:
             why = f"log shrank ({self._last_end} -> {end})"
-        elif end - self._published_end > FLOOD_RECORDS:
+        elif end - self._published_end > self.flood_records:
             why = f"flood ({end - self._published_end} records since the last publication)"
         elif time.monotonic() - self._published_at >= REPUBLISH_S:
             why = "before expiry"

@@ -206,7 +206,7 @@ class IngestService(Service):
             if self.create_topics_on_start:  # recreated and republished after broker log loss
                 self.control = await ControlTopics(
                     boot, topics, CONFIG_TOPIC, self._republish, self._create_topics,
-                    self.ctx.kafka_security.client_kwargs()).start()
+                    self.ctx.kafka_security.client_kwargs(), len(self.collections)).start()
         # read ldp.config as devices do: a forged or foreign record shows in a metric and alert
         for reason in FORGERY_REASONS:
             metrics.CONFIG_REFUSED.labels(reason)

@@ -96,6 +96,19 @@ if #ARGV ~= 7 + 2 * (nchunks + nside) or not string.match(ARGV[3], '^%d+$')
     or not string.match(ARGV[4], '^%d+$') or (ARGV[5] ~= '' and not tonumber(ARGV[5])) then
   return redis.error_reply('ldp-apply: malformed arguments')
 end
+local function is_int(v) return (not v) or string.match(v, '^%-?%d+$') ~= nil end
+local function typed(key, want)
+  local t = redis.call('TYPE', key)['ok']
+  return t == 'none' or t == want
+end
+if not typed(KEYS[2], 'string') or not is_int(redis.call('HGET', KEYS[1], 'n')) then
+  return redis.error_reply('ldp-apply: corrupt sent_at or n of ' .. KEYS[1])
+end
+for j = 1, nchunks + nside do
+  if not typed(KEYS[2 + j], j <= nchunks and 'string' or 'hash') then
+    return redis.error_reply('ldp-apply: wrong type of ' .. KEYS[2 + j])
+  end
+end
 for j = 1, nchunks + nside do
   local e = ARGV[6 + 2 * j]
   if e ~= '' and not (string.match(e, '^%d+$') and #e <= 15) then
@@ -111,8 +124,10 @@ for j = 1, nchunks + nside do
     if string.sub(blob, 1, 1) == '=' then
       blob = string.sub(blob, 2); pat = '^[%d:]+$'; most = 48
     end
-    for _, v in string.gmatch(blob, '(%S+) (%S+)') do
-      if #v > most or not string.match(v, pat) then
+    local set = most == 48
+    for f, v in string.gmatch(blob, '(%S+) (%S+)') do
+      if #v > most or not string.match(v, pat)
+          or (not set and not is_int(redis.call('HGET', KEYS[2 + j], f))) then
         return redis.error_reply('ldp-apply: malformed side values')
       end
     end
@@ -149,8 +164,8 @@ end
 redis.call('HSET', KEYS[1], 'offset', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'n', ARGV[4])
 if ARGV[5] ~= '' then
-  local cur = redis.call('GET', KEYS[2])
-  if (not cur) or tonumber(cur) < tonumber(ARGV[5]) then redis.call('SET', KEYS[2], ARGV[5]) end
+  local cur = tonumber(redis.call('GET', KEYS[2]))
+  if (not cur) or cur < tonumber(ARGV[5]) then redis.call('SET', KEYS[2], ARGV[5]) end
 end
 return {1, offset}
 """

@@ -116,6 +116,39 @@ def test_script_refuses_bad_arguments_before_any_write(redis_server):
     asyncio.run(main())
 
 
+def test_corrupt_keys_fail_the_apply_before_any_write(redis_server):
+    """Keys of the wrong type or with a non-integer field (only a bug or an operator can do
+    that) fail the script in its checks, so the counts, n and offset stay as they were. Before,
+    the BITFIELD increments ran and the error came after them."""
+    cid = "guard-corrupt"
+    off, sent = keys.offsets_key(cid, 0), keys.sent_at_key(cid, 0)
+    chunk = keys.counts_key(cid, 0, LAY.id, LAY.version, keys.LEVEL_ALL, 0, 0)
+    side = keys.side_key(cid, 0, "quota:1")
+    flat = LAY.pack({SPEC.key: np.ones((4, 5), dtype=np.int64)}, 20)
+
+    async def body(store: CountStore):
+        r = store.redis
+        await r.delete(off, sent, chunk, side)
+        assert (await store.apply_many(cid, [PartitionDelta(0, 0, {(LAY, None): flat}, 20,
+                                                            expected=-1)]))[0].applied
+        for corrupt, undo in ((r.hset(sent, "x", 1), r.delete(sent)),
+                              (r.hset(off, "n", "lots"), r.hset(off, "n", 20)),
+                              (r.hset(side, "7", "x"), r.delete(side)),
+                              (r.lpush(side, "x"), r.delete(side))):
+            await corrupt
+            with pytest.raises(Exception, match="ldp-apply"):
+                await store.apply_many(cid, [PartitionDelta(
+                    0, 1, {(LAY, None): flat}, 20, expected=0, sent_at_max=5.0,
+                    side={"quota:1": SideCounter({"7": 1})})])
+            await undo
+            assert await store.offset(cid, 0) == 0 and await store.n(cid, [0]) == 20
+            got = await read_all(store, cid, LAY, [0])
+            np.testing.assert_array_equal(got[SPEC.key], np.ones((4, 5)))
+        await store.reset(cid)
+
+    _run(redis_server.url, body)
+
+
 def _quota_worker(tmp_path, cid: str, reports: int, spawn_worker):
     """A one-partition collection with a quota of ``reports`` per device per day, and a worker
     for it, ready: (collection config, worker)."""

@@ -1,6 +1,6 @@
 """No single message breaks the exactly-once apply (docs/security.md): the values a message can
 influence are clamped in Python (agents/apply_guard.py), the Lua script checks all its arguments
-before its first write, a far-future record timestamp on a quota collection is dead-lettered with
+and keys before its first write, a failed apply leaves the partition to the poison-pill breaker, a far-future record timestamp on a quota collection is dead-lettered with
 counts exact and the worker alive, and quota windows follow the worker's clock (backdated record
 timestamps do not buy a device more than its quota)."""
 from __future__ import annotations
@@ -249,3 +249,33 @@ def test_backdated_timestamps_do_not_buy_more_quota(tmp_path, kafka_broker, redi
     over = [r for r in read_dlq(kafka_broker.bootstrap, topic=coll.topic)
             if r["reason"] == "over_quota"]
     assert len(over) == 99
+
+
+
+def test_a_failed_apply_leaves_the_partition_to_the_breaker(tmp_path, kafka_broker, redis_server,
+                                                            spawn_worker, unique_name):
+    """An apply that fails for a reason other than Redis being away stops the worker *without*
+    releasing its partitions, so the next owner processes them carefully (the poison-pill
+    breaker). Before, the worker released them on its way out (exit 1, breaker not engaged), and
+    every restart failed the same way."""
+    import redis as sync_redis
+
+    from ldpstream.producers.codec import encode_batch
+
+    cid = unique_name
+    coll, worker = _quota_worker(tmp_path, cid, 1000, spawn_worker)
+    r = sync_redis.Redis.from_url(redis_server.url)
+    try:
+        r.hset(keys.sent_at_key(cid, 0), "corrupt", 1)   # fails every apply of partition 0
+        value = encode_batch(cid, coll.mechanism().version, np.zeros((3, 2), dtype=np.int64),
+                             device_ids=np.full(3, 5, dtype=np.uint64))
+        asyncio.run(_produce(kafka_broker.bootstrap, coll.topic,
+                             [(value, int(time.time() * 1000))]))
+        worker.proc.wait(60)
+        assert worker.proc.returncode != 0, worker.log_tail()
+        assert "ldp-apply: corrupt" in worker.log_tail(200)
+        assert r.hget(keys.side_key(cid, 0, "breaker"), "live") == b"1"  # held: next is careful
+        assert r.hget(keys.offsets_key(cid, 0), "offset") is None     # nothing half-applied
+    finally:
+        r.delete(keys.sent_at_key(cid, 0))
+        r.close()

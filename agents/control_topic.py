@@ -20,6 +20,7 @@ import time
 from typing import Any, Awaitable, Callable, Mapping
 
 from ..producers.signing import STATE_TTL_S
+from . import metrics
 
 log = logging.getLogger(__name__)
 
@@ -92,20 +93,22 @@ class ControlTopics:
         end = await self._config_end()
         why = None
         if self.config_topic in created:
-            why = "recreated"
+            why, detail = "recreated", "ldp.config was missing"
         elif end == 0:
-            why = "empty"
+            why, detail = "empty", "ldp.config is empty"
         elif self._last_end is not None and end < self._last_end:
-            why = f"log shrank ({self._last_end} -> {end})"
+            why, detail = "shrank", f"its log ends at {end}, was {self._last_end}"
         elif end - self._published_end > self.flood_records:
-            why = f"flood ({end - self._published_end} records since the last publication)"
+            why, detail = "flood", f"{end - self._published_end} records since the last one"
         elif time.monotonic() - self._published_at >= REPUBLISH_S:
-            why = "before expiry"
+            why, detail = "expiry", f"every {REPUBLISH_S:g} s"
         if why is not None:
+            metrics.CONFIG_REPUBLISHED.labels(why).inc()
             await self.publish()
             self._published_at = time.monotonic()
             end = self._published_end = await self._config_end()
-            self.republished = (self.republished + [{"at": time.time(), "why": why}])[-20:]
-            log.warning("control: republished every signed state (%s)", why)
+            self.republished = (self.republished + [{"at": time.time(), "why": why,
+                                                     "detail": detail}])[-20:]
+            log.warning("control: republished every signed state (%s: %s)", why, detail)
         self._last_end = end
         return why

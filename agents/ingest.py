@@ -283,6 +283,7 @@ class IngestService(Service):
                 try:
                     await self.control.check()
                 except Exception as exc:  # noqa: BLE001 - the broker may be down: next check
+                    metrics.CONTROL_CHECK_FAILED.inc()
                     log.warning("ingest: control-topic check failed: %s", exc)
 
     def assignment(self) -> set:
@@ -1180,6 +1181,7 @@ class IngestService(Service):
                 "applied_reports": self.applied_reports, "assigned_at": self.assigned_at,
                 "last_apply_at": self.last_apply_at, "log_resets": self.log_resets[-20:],
                 "poison_pills": self.poison_pills,
+                "config_republished": [] if self.control is None else self.control.republished,
                 "careful": sorted(f"{tp.topic}[{tp.partition}]" for tp in self._careful),
                 "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}
 

@@ -5,6 +5,7 @@ then filed in the DLQ, and a captured older signed state produced afterwards is 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -82,5 +83,10 @@ def test_broker_log_loss_republishes_config_and_recreates_dlq(tmp_path, fresh_re
             reasons = [r["reason"] for r in read_dlq(broker.bootstrap, topic=f"ldp.reports.{cid}")]
             time.sleep(0.5)
         assert reasons == ["bad_magic"], worker.log_tail()
+        health = json.loads(worker.get("/healthz", any_status=True))
+        whys = {e["why"] for e in health["checks"]["ingest"]["config_republished"]}
+        assert whys & {"recreated", "empty", "shrank"}, health["checks"]["ingest"]
+        assert any(l.startswith("ldp_config_republished_total") and 'why="recreated"' in l
+                   for l in worker.get("/metrics").splitlines())
     finally:
         own.stop()

@@ -201,16 +201,19 @@ class ConfigWatcher:
         ends = await self._consumer.end_offsets(tps)
         upto = dict(ends)
         window = TAIL_RECORDS
+        after: dict[Any, int] = {}
         while True:
             start = {tp: begins[tp] if self.collections is None else
                      max(begins[tp], upto[tp] - window) for tp in tps}
-            await self._read_range(tps, start, upto, deadline, newest=window == TAIL_RECORDS)
+            await self._read_range(tps, start, upto, deadline, newest=not after)
+            if not after:  # where following continues (past whatever the newest read took)
+                after = {tp: await self._consumer.position(tp) for tp in tps}
             missing = self.collections is None or not set(self.collections) <= set(self.states)
             if not missing or all(start[tp] <= begins[tp] for tp in tps):
                 break
             upto, window = start, window * 4
         for tp in tps:
-            self._consumer.seek(tp, ends[tp])
+            self._consumer.seek(tp, after[tp])
 
     async def _read_range(self, tps: list, start: Mapping[Any, int], upto: Mapping[Any, int],
                           deadline: float, *, newest: bool) -> None:

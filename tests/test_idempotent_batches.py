@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import wait_for_n, write_config
+from kafka_helpers import read_dlq
 from ldpstream.agents.dedupe import DUPLICATE, NEW, STALE, DedupeBook, admit
 from ldpstream.producers.ledger import Ledger
 
@@ -76,7 +77,8 @@ def test_same_batch_twice_through_kafka_across_a_worker_kill(tmp_path, kafka_bro
                                                             redis_server, spawn_worker,
                                                             unique_name):
     """Batches (s, 0..9) produced twice each, then (s, 5) once more after a SIGKILL of the
-    worker, and (s, 10) new: 11 batches counted, the rest seen as duplicates."""
+    worker, (s, 10) new, (s, 200) new and (s, 100) far below it: 12 batches counted, the
+    duplicates seen as such, (s, 100) dead-lettered as stale_sequence."""
     from ldpstream.agents.app import make_store
     from ldpstream.producers.publisher import Publisher
     from ldpstream.producers.sdk import device_key
@@ -96,18 +98,21 @@ def test_same_batch_twice_through_kafka_across_a_worker_kill(tmp_path, kafka_bro
                 metrics = worker.get("/metrics")
                 worker.kill()
                 await pub.send(coll.topic, _batch(coll, 77, 5), key=device_key(77))
-                await pub.send(coll.topic, _batch(coll, 77, 10), key=device_key(77))
+                for seq in (10, 200, 100):
+                    await pub.send(coll.topic, _batch(coll, 77, seq), key=device_key(77))
                 await pub.flush()
             w2 = spawn_worker(path)
             w2.wait_ready(60)
-            got = await wait_for_n(store, coll.id, 110, 60)
+            got = await wait_for_n(store, coll.id, 120, 60)
             await asyncio.sleep(1.5)  # nothing beyond
             return got, await store.n(coll.id, 2), metrics
         finally:
             await store.close()
 
     got, n, metrics = asyncio.run(run())
-    assert got == n == 110
+    assert got == n == 120
+    assert [r["reason"] for r in read_dlq(kafka_broker.bootstrap, topic=coll.topic)] == \
+        ["stale_sequence"]
     line = next(l for l in metrics.splitlines()
                 if l.startswith("ldp_duplicate_batches_total") and coll.id in l)
     assert float(line.split()[-1]) == 10

@@ -237,8 +237,13 @@ class IngestGateway:
         self.max_body_bytes = int(max_body_bytes)
         self.max_message_bytes = int(max_message_bytes)
         kw = {} if config_topic is None else {"topic": config_topic}
-        # not a device: no ε ceiling (devices apply their own to the relayed states)
-        self.watcher = ConfigWatcher(bootstrap, on_change=self._on_state, max_epsilon=None, **kw)
+        # not a device: no ε ceiling (devices apply their own to the relayed states); only the
+        # fleets' collections unless one fleet may report anywhere (a flood of ldp.config then
+        # costs a bounded time: producers/device.py TAIL_RECORDS)
+        follow = None if any(f.collections is None for f in self.fleets) else \
+            frozenset().union(*(f.collections or () for f in self.fleets))
+        self.watcher = ConfigWatcher(bootstrap, on_change=self._on_state, max_epsilon=None,
+                                     collections=follow, **kw)
         self.publisher = Publisher(bootstrap, client_id="ldpstream-gateway")
         #: collection → version → mechanism, for every version the newest state accepts
         self.known: dict[str, dict[int, Mechanism]] = {}

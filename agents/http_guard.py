@@ -1,4 +1,4 @@
-"""The worker's HTTP server, hardened (docs/security.md "Hostile HTTP clients"): faust serves the
+"""The worker's HTTP server, hardened (docs/security.md "The HTTP port"): faust serves the
 views (agents/web.py) with aiohttp; :class:`HardenedWeb` is faust's aiohttp driver, registered as
 the web driver ``ldp-aiohttp://``, on the shared :class:`~ldpstream.http_guard.HardenedSite`
 (connection cap with eviction, header deadline, JSON errors) with

@@ -1,6 +1,6 @@
 """HTTP hardening shared by the worker's API (agents/http_guard.py) and the ingest gateway
 (producers/gateway.py): a connection cap with eviction, a header deadline, body limits and JSON
-errors (docs/security.md "Hostile HTTP clients").
+errors (docs/security.md "The HTTP port").
 
 aiohttp waits forever for the headers of a new connection and has no connection limit: 3,000 idle
 half-open connections stayed open on the worker and, at a 1,024-file limit, ``/healthz`` timed

@@ -32,6 +32,7 @@ from . import faults
 from .applier import Applier
 from .breaker import Breaker
 from .clients import Clients, RedisGate
+from .dedupe_gate import DedupeGate
 from .context import Context
 from .dlq_writer import DlqWriter
 from .ingest import IngestService
@@ -90,21 +91,22 @@ def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int) -> Ing
     stats = IngestStats()
     gate = RedisGate(clients, partitions)
     quota = QuotaGate(collections, gate, ctx.store)
-    intake = Intake(collections, ctx.collections, partitions, quota, stats,
-                    ctx.config.ingest.max_message_bytes)
+    intake = Intake(collections, ctx.collections, partitions, quota, DedupeGate(gate, ctx.store),
+                    stats, ctx.config.ingest.max_message_bytes)
     take = faults.injected(intake.take)  # tests only: a fault object around the intake
     seeker = Seeker(clients, partitions)
     applier = Applier(collections, clients, gate, partitions, ctx.store, quota,
                       DlqWriter(clients), seeker, stats)
     max_records = 5000
-    breaker = Breaker(gate, partitions, ctx.store, stats, take, applier.flush, max_records)
+    breaker = Breaker(gate, partitions, ctx.store, stats, intake.load, take, applier.flush,
+                      max_records)
     log_check = LogCheck(clients, gate, partitions, ctx.store, ctx.kafka_bootstrap,
                          ctx.kafka_security.client_kwargs())
     rebalancer = Rebalancer(cid_of, clients, gate, partitions, log_check, breaker,
                             applier.applying)
     service = IngestService(
         collections=collections, states=ctx.collections, options=ctx.config.ingest,
-        clients=clients, gate=gate, partitions=partitions, quota=quota, take=take,
+        clients=clients, gate=gate, partitions=partitions, load=intake.load, take=take,
         breaker=breaker, applier=applier, rebalancer=rebalancer, log_check=log_check,
         stats=stats, bootstrap=ctx.kafka_bootstrap, kafka_security=ctx.kafka_security,
         signing_key=ctx.signing_key, group_id=group_id, session_timeout_ms=session_timeout_ms,

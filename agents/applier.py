@@ -20,6 +20,7 @@ from aiokafka import TopicPartition
 
 from ..config import Collection
 from . import metrics
+from .dedupe_gate import DedupeGate
 from .clients import REDIS_ERRORS, Abandoned, Clients, RedisGate
 from .dlq_writer import DlqWriter
 from .ingest_stats import IngestStats
@@ -118,7 +119,8 @@ class Applier:
         compare-and-set script call per partition, sent together)."""
         return await self.store.apply_many(cid, [
             PartitionDelta(p.tp.partition, p.last_offset, p.deltas, p.n, expected=p.base,
-                           sent_at_max=p.sent_at_max, side=self.quota.side(cid, p))
+                           sent_at_max=p.sent_at_max,
+                           side={**self.quota.side(cid, p), **DedupeGate.side(p)})
             for p in live if p.last_offset is not None], self.collections[cid].policy)
 
     async def _apply_collection(self, cid: str, parts: list[Pending]) -> None:
@@ -161,6 +163,8 @@ class Applier:
             stats.last_apply_at = time.time()
             if pend.n:
                 metrics.REPORTS_INGESTED.labels(cid).inc(pend.n)
+            if pend.duplicates:
+                metrics.DUPLICATE_BATCHES.labels(cid).inc(pend.duplicates)
             for reason, k in pend.rejected_reports.items():
                 metrics.REPORTS_REJECTED.labels(cid, reason).inc(k)
             if state is not None:

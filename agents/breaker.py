@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from aiokafka.structs import ConsumerRecord
 
 from .clients import RedisGate
-from .faults import Take
+from .faults import Load, Take
 from .ingest_stats import IngestStats
 from .log_identity import mark_of
 from .partition import Partitions, PartitionState
@@ -29,12 +29,13 @@ class Breaker:
     """Careful processing of partitions whose previous owner died holding them."""
 
     def __init__(self, gate: RedisGate, partitions: Partitions, store: CountStore,
-                 stats: IngestStats, take: Take, flush: Callable[[], Awaitable[None]],
-                 max_records: int) -> None:
+                 stats: IngestStats, load: Load, take: Take,
+                 flush: Callable[[], Awaitable[None]], max_records: int) -> None:
         self.gate = gate
         self.partitions = partitions
         self.store = store
         self.stats = stats
+        self.load = load
         self.take = take
         self.flush = flush
         self.max_records = max_records
@@ -83,6 +84,7 @@ class Breaker:
                 await self.gate.retry(
                     lambda: self.store.note_chunk(cid, tp.partition, first, len(chunk)),
                     what=f"note a chunk of {cid}[{tp.partition}]")
+                await self.load(state)  # a flush may have re-sought it meanwhile
                 self.take(state, chunk)
             pos += len(chunk)
             await self.flush()  # applied before the next chunk is tried
@@ -94,6 +96,7 @@ class Breaker:
                 log.warning("ingest: %s[%d] back to normal processing after offset %d", cid,
                             tp.partition, chunk[-1].offset)
                 if pos < len(msgs):
+                    await self.load(state)
                     self.take(state, msgs[pos:])
                 return
 

@@ -8,6 +8,7 @@ import time
 from ldpstream.names import DLQ_TOPIC
 from ..producers.codec import dlq_record
 from .clients import Clients
+from .control_topic import ControlTopics
 from .partition import Pending
 
 
@@ -16,11 +17,16 @@ class DlqWriter:
 
     def __init__(self, clients: Clients) -> None:
         self.clients = clients
+        #: set while the service runs: ``ldp.dlq`` is recreated (after broker log loss) before
+        #: anything is produced to it
+        self.control: ControlTopics | None = None
 
     async def send(self, cid: str, pend: Pending) -> None:
         """Send ``pend``'s rejects and wait until the broker has them all."""
         producer = self.clients.producer
         assert producer is not None, "the DLQ is written only while the service runs"
+        if self.control is not None:
+            await self.control.ensure([DLQ_TOPIC])
         now = time.time()
         futs = []
         for r in pend.rejects:

@@ -8,7 +8,7 @@ message whose value starts with those bytes: agents/app.py wraps the intake's ``
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiokafka.structs import ConsumerRecord
 
@@ -17,6 +17,8 @@ from .partition import PartitionState
 ENV_ABORT_ON_HEX = "LDP_FAULT_ABORT_ON_HEX"
 
 Take = Callable[[PartitionState, list[ConsumerRecord]], None]
+#: reads what a take needs from Redis (agents/intake.py ``Intake.load``)
+Load = Callable[[PartitionState], Awaitable[None]]
 
 
 def abort_on(prefix: bytes, take: Take) -> Take:

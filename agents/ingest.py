@@ -53,14 +53,15 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from mode import Service
 
-from ldpstream.names import CONFIG_TOPIC
+from ldpstream.kafka_admin import create_topics
+from ldpstream.names import COMPACTED_TOPICS, CONFIG_TOPIC, SERVICE_TOPICS
 from ..config import Collection, IngestConfig
 from ..producers.device import ConfigWatcher
 from ..producers.kafka_security import KafkaSecurity
@@ -70,12 +71,13 @@ from .applier import OFFSET_AUDIT_S, Applier
 from .breaker import Breaker
 from .clients import Clients, RedisGate
 from .collection_state import CollectionStates
-from .faults import Take
+from .control_topic import CHECK_S as CONTROL_CHECK_S
+from .control_topic import ControlTopics
+from .faults import Load, Take
 from .ingest_stats import IngestStats
 from .log_check import LogCheck
 from .log_identity import KINDS as LOG_KINDS
 from .partition import Partitions
-from .quota_gate import QuotaGate
 from .rebalance import Listener, Rebalancer
 
 log = logging.getLogger(__name__)
@@ -95,7 +97,7 @@ class IngestService(Service):
 
     def __init__(self, *, collections: dict[str, Collection], states: CollectionStates,
                  options: IngestConfig, clients: Clients, gate: RedisGate,
-                 partitions: Partitions, quota: QuotaGate, take: Take, breaker: Breaker,
+                 partitions: Partitions, load: Load, take: Take, breaker: Breaker,
                  applier: Applier, rebalancer: Rebalancer, log_check: LogCheck,
                  stats: IngestStats, bootstrap: str, kafka_security: KafkaSecurity,
                  signing_key: SigningKey, group_id: str = "ldpstream-ingest",
@@ -109,7 +111,7 @@ class IngestService(Service):
         self.batch_seconds = float(options.batch_seconds)
         self.max_message_bytes = int(options.max_message_bytes)
         self.clients, self.gate, self.partitions = clients, gate, partitions
-        self.quota, self.take, self.breaker = quota, take, breaker
+        self.load, self.take, self.breaker = load, take, breaker
         self.applier, self.rebalancer, self.log_check = applier, rebalancer, log_check
         applier.on_failure = self.crash  # a flush that failed stops the worker (module docstring)
         self.stats = stats
@@ -128,6 +130,9 @@ class IngestService(Service):
         self._reports_seen = 0
         self.cid_of = {c.topic: cid for cid, c in collections.items()}
         self.config_watch: ConfigWatcher | None = None
+        #: recreates missing topics and republishes the signed states after broker log loss or
+        #: before they expire (agents/control_topic.py); set on start
+        self.control: ControlTopics | None = None
         #: awaited on start before ldp.config is published: the adaptive states stored so far,
         #: returns the collections whose state cannot be read now (agents/controller.py)
         self.follow_all: Callable[[], Awaitable[set[str]]] | None = None
@@ -141,9 +146,9 @@ class IngestService(Service):
     # --- lifecycle ------------------------------------------------------------------------------
     async def on_start(self) -> None:
         boot = self.bootstrap
+        topics = {c.topic: int(c.partitions) for c in self.collections.values()} | SERVICE_TOPICS
         if self.create_topics_on_start:
-            from ldpstream.kafka_admin import create_ldp_topics
-            await create_ldp_topics(boot, self.collections.values())
+            await self._create_topics(topics)
         self.clients.producer = AIOKafkaProducer(
             bootstrap_servers=boot, acks="all", linger_ms=5,
             max_request_size=max(1_048_576, 2 * 65_536 + 4096), client_id="ldpstream-worker",
@@ -154,13 +159,18 @@ class IngestService(Service):
             # (its stored version may be newer than the config's) until the controller can
             unread = await self.follow_all() if self.follow_all is not None else ()
             await self.publish_config(skip=unread)
+            if self.create_topics_on_start:  # recreated and republished after broker log loss
+                self.control = await ControlTopics(
+                    boot, topics, CONFIG_TOPIC, self._republish, self._create_topics,
+                    self.security, len(self.collections)).start()
+                self.applier.dlq.control = self.control
         # read ldp.config as devices do: a forged or foreign record shows in a metric and alert
         for reason in FORGERY_REASONS:
             metrics.CONFIG_REFUSED.labels(reason)
         self.config_watch = await ConfigWatcher(
             boot, verify_key=self.signing_key.verify_key, security=self.kafka_security,
             on_refused=lambda exc: metrics.CONFIG_REFUSED.labels(exc.reason).inc(),
-            collections=self.collections).start()
+            collections=self.collections, max_epsilon=None).start()
         consumer = AIOKafkaConsumer(
             bootstrap_servers=boot, group_id=self.group_id, enable_auto_commit=False,
             # never reset a position silently: an out-of-range position means the log is not the
@@ -178,8 +188,14 @@ class IngestService(Service):
         await consumer.start()
 
     async def on_stop(self) -> None:
+        if self.control is not None:
+            await self.control.stop()
+            self.control = self.applier.dlq.control = None
         await self.applier.stop(10.0)
-        await self.rebalancer.release(self.clients.assignment())
+        # an apply that failed for a reason other than Redis being unreachable: the partitions
+        # stay held, so the next owner's poison-pill breaker processes them carefully
+        if self.applier.failed is None:
+            await self.rebalancer.release(self.clients.assignment())
         if self.config_watch is not None:
             await self.config_watch.stop()
             self.config_watch = None
@@ -203,6 +219,27 @@ class IngestService(Service):
             value = self.signing_key.sign_state(self.states[cid].current.device_state(), cid)
             futs.append(await producer.send(CONFIG_TOPIC, value, key=cid.encode()))
         await asyncio.gather(*futs)
+
+    async def _republish(self) -> None:
+        """Publish every state again (the adaptive ones as stored: agents/controller.py)."""
+        await self.publish_config(skip=await self.follow_all() if self.follow_all is not None
+                                  else ())
+
+    async def _create_topics(self, topics: Mapping[str, int]) -> list[str]:
+        return await create_topics(self.bootstrap, topics, compacted=COMPACTED_TOPICS)
+
+    @Service.task
+    async def _keep_control_topics(self) -> None:
+        """agents/control_topic.py: every CHECK_S, recreate missing topics and republish the
+        signed states after log loss or before they expire."""
+        while not self.should_stop:
+            await asyncio.sleep(CONTROL_CHECK_S)
+            if self.control is not None:
+                try:
+                    await self.control.check()
+                except Exception as exc:  # noqa: BLE001 - the broker may be down: next check
+                    metrics.CONTROL_CHECK_FAILED.inc()
+                    log.warning("ingest: control-topic check failed: %s", exc)
 
     async def flush(self) -> None:
         """Apply every partition's pending delta now and wait for it."""
@@ -244,8 +281,7 @@ class IngestService(Service):
                 if state is None:
                     continue  # revoked meanwhile: its records come again to the next owner
                 before = self.partitions.pending_reports
-                if self.quota.applies(state.collection):
-                    await self.quota.load(state, msgs)
+                await self.load(state)
                 if state.careful is not None:
                     await self.breaker.take_carefully(state, msgs)
                 else:
@@ -340,6 +376,7 @@ class IngestService(Service):
                 "applied_reports": s.applied_reports, "assigned_at": self.rebalancer.assigned_at,
                 "last_apply_at": s.last_apply_at, "log_resets": self.log_check.resets[-20:],
                 "poison_pills": s.poison_pills,
+                "config_republished": [] if self.control is None else self.control.republished,
                 "careful": sorted(f"{st.tp.topic}[{st.tp.partition}]" for st in self.partitions
                                   if st.careful is not None),
                 "timings_s": {k: round(v, 4) for k, v in s.timings.items()}}

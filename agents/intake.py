@@ -16,7 +16,9 @@ from ..estimators.mechanism import Mechanism, TensorSpec
 from ..producers.codec import (DecodeError, ReportBatch, decode_batch, decode_uniform,
                                explain_batch)
 from . import metrics
+from .apply_guard import BAD_TIMESTAMP, split_bad_timestamps
 from .collection_state import CollectionStates
+from .dedupe_gate import DedupeGate
 from .ingest_stats import IngestStats
 from .log_identity import mark_of
 from .partition import Partitions, PartitionState, Pending
@@ -32,14 +34,22 @@ class Intake:
     """Decode, validate and count the records of one partition into its pending delta."""
 
     def __init__(self, collections: dict[str, Collection], states: CollectionStates,
-                 partitions: Partitions, quota: QuotaGate, stats: IngestStats,
-                 max_message_bytes: int) -> None:
+                 partitions: Partitions, quota: QuotaGate, dedupe: DedupeGate,
+                 stats: IngestStats, max_message_bytes: int) -> None:
         self.collections = collections
         self.states = states
         self.partitions = partitions
         self.quota = quota
+        self.dedupe = dedupe
         self.stats = stats
         self.max_message_bytes = max_message_bytes
+
+    async def load(self, state: PartitionState) -> None:
+        """Read from Redis what :meth:`take` needs for this poll: the device quota's counters
+        (if the collection has one) and the senders' batch-dedupe state."""
+        if self.quota.applies(state.collection):
+            await self.quota.load(state)
+        await self.dedupe.load(state)
 
     def take(self, state: PartitionState, msgs: Records) -> None:
         """Take the records of ``state``'s partition not taken yet into its pending delta."""
@@ -48,8 +58,8 @@ class Intake:
             return  # not (or no longer) positioned at its Redis offset: the records come again
         cid = state.collection
         quota = self.quota.applies(cid)
-        if quota and state.quota_used is None:
-            return  # reset while its quota was read: re-sought, the records come again
+        if (quota and state.quota_used is None) or state.dedupe is None:
+            return  # reset while its state was read: re-sought, the records come again
         if msgs[0].offset <= seen:
             msgs = [m for m in msgs if m.offset > seen]
             if not msgs:
@@ -61,6 +71,12 @@ class Intake:
         pend.messages += len(msgs)
         pend.covers(msgs[-1].offset)
         metrics.MESSAGES_CONSUMED.labels(cid).inc(len(msgs))
+        msgs, bad = split_bad_timestamps(msgs)
+        for m in bad:  # agents/apply_guard.py: never reaches the apply script
+            pend.reject(BAD_TIMESTAMP, f"record timestamp {m.timestamp} ms is out of range",
+                        m.value or b"", m.offset, 1)
+        if not msgs:
+            return
         if len(msgs) >= 16 and not quota:  # the fast path drops device ids
             fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
             if fast is not None and fast.collection == cid and explain_batch(fast, known) is None:
@@ -118,7 +134,8 @@ class Intake:
                     ("unknown_collection",
                      f"batch of collection {b.collection!r} on topic {state.tp.topic}"))
                 if res is None:
-                    accepted.append((m, b))
+                    if b.key is None or self.dedupe.first_delivery(state, pend, m, b):
+                        accepted.append((m, b))
                 else:
                     pend.reject(res[0], res[1], m.value or b"", m.offset, b.n)
             if quota:

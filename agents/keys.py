@@ -7,13 +7,15 @@ over the cluster's masters. Keys of the collection as a whole (leases, locks, co
 carry ``{<collection>}``; each estimate (collection, window, method, marginal) has its own tag, so
 that no slot is hot::
 
-    ldp:{<cid>#<p>}:off                                   hash: offset, n (reports counted), ...
+    ldp:{<cid>#<p>}:off                                   hash: offset, n (reports counted),
+                                                          reset_until (a reset holds applies), ...
     ldp:{<cid>#<p>}:sent_at_max                           newest sent_at counted on the shard
     ldp:{<cid>#<p>}:c:<layout>:<v>:<level>:<bucket>:<chunk>
                                                           int64 big-endian cells (BITFIELD): every
                                                           tensor of version <v> concatenated, cell 0
                                                           = reports counted in that bucket
-    ldp:{<cid>#<p>}:x:<name>                              side counters (hash), e.g. quotas
+    ldp:{<cid>#<p>}:x:<name>                              side hashes: quota:<w> (agents/quota.py),
+                                                          dedupe:<w> (agents/dedupe.py), breaker
     ldp:{<cid>}:<what>                                    collection-wide (leases, locks, controller)
     ldp:{<cid>|<window>|<method>|<marginal>}:est          latest estimate (JSON)
 

@@ -33,6 +33,20 @@ REPORTS_CLAMPED = Counter(
     "ahead of the worker's clock beyond the tolerance: counted now) or 'late' (their bucket "
     "expired: counted in the all-time tensor only).",
     ["collection", "reason"], registry=REGISTRY)
+DUPLICATE_BATCHES = Counter(
+    "ldp_duplicate_batches_total",
+    "Keyed report batches delivered again (same sender and sequence, agents/dedupe.py): not "
+    "counted a second time.",
+    ["collection"], registry=REGISTRY)
+CONFIG_REPUBLISHED = Counter(
+    "ldp_config_republished_total",
+    "Times this worker republished every signed state on ldp.config (agents/control_topic.py): "
+    "recreated, empty, shrank (broker log loss), flood, expiry (every 6 h).",
+    ["why"], registry=REGISTRY)
+CONTROL_CHECK_FAILED = Counter(
+    "ldp_control_check_failures_total",
+    "Broker checks of the control topics (every 5 s) that failed (broker unreachable).",
+    registry=REGISTRY)
 MESSAGES_CONSUMED = Counter(
     "ldp_messages_consumed_total", "Kafka messages consumed from a collection's report topic.",
     ["collection"], registry=REGISTRY)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 from aiokafka import TopicPartition
 
+from .dedupe import DedupeBook
 from .layout import Layout
 from .log_identity import LogMark
 
@@ -53,6 +54,10 @@ class Pending:
     mark: LogMark | None = None
     #: reports counted per quota window and device (agents/quota.py), applied as side counters
     quota: dict[int, dict[int, int]] = dataclasses.field(default_factory=dict)
+    #: batch-dedupe state this delta sets (agents/dedupe.py): window -> sender -> "high:bitmap"
+    dedupe: dict[int, dict[int, str]] = dataclasses.field(default_factory=dict)
+    #: keyed batches not counted: delivered before
+    duplicates: int = 0
 
     def covers(self, offset: int) -> None:
         """Extend the delta's range to ``offset`` (one more message taken)."""
@@ -78,6 +83,13 @@ class PartitionState:
     pending: Pending | None = None
     #: quota window -> device -> reports counted (applied and pending); None: not loaded
     quota_used: dict[int, dict[int, int]] | None = None
+    #: the quota window of this poll, by the worker's clock (never the producer's timestamp)
+    quota_window: int | None = None
+    #: the senders' batch-dedupe state (applied and pending; agents/dedupe_gate.py); None: not
+    #: loaded
+    dedupe: DedupeBook | None = None
+    #: the dedupe window of this poll, by the worker's clock
+    dedupe_window: int | None = None
     #: poison-pill breaker (agents/breaker.py): size of the next careful chunk (None: normal)
     careful: int | None = None
     #: poison-pill breaker: offset of a message that killed the worker while processed alone
@@ -136,11 +148,12 @@ class Partitions:
 
     def reset(self, state: PartitionState, seen: int | None) -> None:
         """The one place where a partition's taken-but-unapplied work is dropped: its pending
-        delta and quota use are forgotten, its epoch bumped (a delta in flight becomes stale) and
-        its position set to ``seen`` (None: not positioned, records ignored)."""
+        delta, quota use and batch-dedupe state are forgotten, its epoch bumped (a delta in flight
+        becomes stale) and its position set to ``seen`` (None: not positioned, records ignored)."""
         state.epoch = self._bump(state.tp)
         state.pending = None
         state.quota_used = None
+        state.dedupe = None
         state.seen = seen
         self.recount()
 

@@ -1,16 +1,18 @@
 """Per-device quotas, enforced inside the exactly-once apply (docs/security.md).
 
 A collection with ``device_quota: {reports: q, window_s: W}`` counts at most ``q`` reports per
-device id per fixed window of the Kafka record timestamp (window ``w = floor(ts / W)``); the
-excess goes to ``ldp.dlq`` with reason ``over_quota`` (the rest of the batch is counted), and a
-batch without device ids is refused whole (``missing_device_ids``).
+device id per fixed window of the *worker's clock* (window ``w = floor(now / W)`` when the worker
+takes the message; never the producer's record timestamp, which a device chooses: backdating it
+would move reports into windows of its choice); the excess goes to ``ldp.dlq`` with reason
+``over_quota`` (the rest of the batch is counted), and a batch without device ids is refused
+whole (``missing_device_ids``).
 
 Exactly once: the per-device counts of a partition live in the side-counter hash
 ``ldp:{<cid>#<p>}:x:quota:<w>`` (agents/keys.py), incremented by the same Lua call that applies
 the partition's count delta and moves its offset (``PartitionDelta.side``). So after any crash
-the hash holds exactly the reports counted up to the stored offset, the worker resumes from
-there with those counts, and decides the same reports as before: the decision is a function of
-the log alone (reports in offset order, then in batch order; the first ``q`` of a device in a
+the hash holds exactly the reports counted up to the stored offset, and the worker resumes from
+there with those counts: a report is counted at most once, and each device at most ``q`` times
+per window (reports in offset order, then in batch order; the first ``q`` of a device in a
 window are counted). The quota is per partition: a device whose reports are spread over ``P``
 partitions (messages without a device key) can get ``q`` counted on each; the device SDK keys a
 device's messages by its id, so they all land on one partition.
@@ -30,7 +32,7 @@ def side_name(window: int) -> str:
 
 
 def window_of(timestamp_ms: float, window_s: float) -> int:
-    """The quota window of a Kafka record timestamp (ms)."""
+    """The quota window of a time in unix ms (the worker's clock: agents/ingest.py)."""
     return int(np.floor(float(timestamp_ms) / 1000.0 / float(window_s)))
 
 

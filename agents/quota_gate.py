@@ -4,6 +4,7 @@ the excess (to ``ldp.dlq``). The rule itself is agents/quota.py."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 from aiokafka.structs import ConsumerRecord
@@ -28,14 +29,17 @@ class QuotaGate:
     def applies(self, cid: str) -> bool:
         return self.collections[cid].device_quota is not None
 
-    async def load(self, state: PartitionState, msgs: list[ConsumerRecord]) -> None:
-        """Read the side counters of the quota windows of ``msgs`` not in memory yet."""
+    async def load(self, state: PartitionState) -> None:
+        """Read the side counters of this poll's quota window if not in memory yet: the window
+        of the worker's clock, never of the producer's record timestamp (a device could backdate
+        its records into fresh windows)."""
         quota = self.collections[state.collection].device_quota
         assert quota is not None
         if state.quota_used is None:
             state.quota_used = {}
         have = state.quota_used
-        for w in {window_of(m.timestamp, quota.window_s) for m in msgs} - set(have):
+        state.quota_window = window_of(time.time() * 1000.0, quota.window_s)
+        for w in {state.quota_window} - set(have):
             name = side_name(w)
             raw = await self.gate.retry(
                 lambda: self.store.read_side(state.collection, state.tp.partition, name),
@@ -49,12 +53,13 @@ class QuotaGate:
         """The reports of ``b`` within the device quota (the excess to the DLQ); None: none."""
         cid = state.collection
         quota = self.collections[cid].device_quota
-        assert quota is not None and state.quota_used is not None
+        assert quota is not None and state.quota_used is not None \
+            and state.quota_window is not None
         if b.device_ids is None:
             pend.reject("missing_device_ids", f"collection {cid!r} has a device quota: every "
                         f"report needs a device id", m.value, m.offset, b.n)
             return None
-        w = window_of(m.timestamp, quota.window_s)
+        w = state.quota_window
         used = state.quota_used[w]
         mask, taken = split_by_quota(b.device_ids, used, quota.reports)
         counted = pend.quota.setdefault(w, {})

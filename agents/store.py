@@ -46,12 +46,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from . import keys
+from .apply_guard import expire_ms, finite_or_none
 from .layout import Layout
 from ldpstream.redis_client import run_script
 from ldpstream.windows import COARSE_FACTOR, BucketPolicy
 
 __all__ = ["CountStore", "ApplyStatus", "ApplyResult", "PartitionDelta", "SideCounter",
-           "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS"]
+           "SideValues", "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS"]
 
 #: side-counter name of the poison-pill breaker's state (starts, attempts per message)
 BREAKER = "breaker"
@@ -65,7 +66,8 @@ BITFIELD_OPS_PER_CALL = 1000          # 4 values per op; Lua unpack() takes at m
 #       chunk key: PEXPIREAT ms ('' = none) and a text blob "#<cell> <delta> #<cell> <delta> ..."
 #       (one blob per key keeps redis-py's argument packing off the hot path, and string.gmatch
 #       hands the script ready-made arguments); then for each side key: PEXPIREAT ms ('' = none)
-#       and "<field> <increment> ...".
+#       and "<field> <increment> ..." (HINCRBY) or "=<field> <value> ..." (HSET: values of digits
+#       and ':').
 # Returns {status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none)}.
 _APPLY_LUA = """
 local maxargs = 4 * tonumber(ARGV[1])
@@ -75,6 +77,13 @@ local nside = tonumber(ARGV[7])
 local raw = redis.call('HGET', KEYS[1], 'offset')
 local stored = -1
 if raw then stored = tonumber(raw) end
+local hold = redis.call('HGET', KEYS[1], 'reset_until')
+if hold then  -- a reset of the shard is under way (CountStore.reset): refused like a conflict
+  local t = redis.call('TIME')
+  if tonumber(hold) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+    return {-1, stored}
+  end
+end
 local status
 if ARGV[2] == '' then
   if stored < offset then status = 1 else status = 0 end
@@ -82,6 +91,48 @@ elseif stored == tonumber(ARGV[2]) then status = 1
 elseif stored >= offset then status = 0
 else status = -1 end
 if status ~= 1 then return {status, stored} end
+-- every check before the first write: Redis does not roll a script back (agents/apply_guard.py)
+if #ARGV ~= 7 + 2 * (nchunks + nside) or not string.match(ARGV[3], '^%d+$')
+    or not string.match(ARGV[4], '^%d+$') or (ARGV[5] ~= '' and not tonumber(ARGV[5])) then
+  return redis.error_reply('ldp-apply: malformed arguments')
+end
+local function is_int(v) return (not v) or string.match(v, '^%-?%d+$') ~= nil end
+local function typed(key, want)
+  local t = redis.call('TYPE', key)['ok']
+  return t == 'none' or t == want
+end
+if not typed(KEYS[2], 'string') or not is_int(redis.call('HGET', KEYS[1], 'n')) then
+  return redis.error_reply('ldp-apply: corrupt sent_at or n of ' .. KEYS[1])
+end
+for j = 1, nchunks + nside do
+  if not typed(KEYS[2 + j], j <= nchunks and 'string' or 'hash') then
+    return redis.error_reply('ldp-apply: wrong type of ' .. KEYS[2 + j])
+  end
+end
+for j = 1, nchunks + nside do
+  local e = ARGV[6 + 2 * j]
+  if e ~= '' and not (string.match(e, '^%d+$') and #e <= 15) then
+    return redis.error_reply('ldp-apply: expiry out of range: ' .. e)
+  end
+  local blob = ARGV[7 + 2 * j]
+  if j <= nchunks then
+    if string.find(blob, '[^#%d %-]') then
+      return redis.error_reply('ldp-apply: malformed increments')
+    end
+  else
+    local pat, most = '^%-?%d+$', 18
+    if string.sub(blob, 1, 1) == '=' then
+      blob = string.sub(blob, 2); pat = '^[%d:]+$'; most = 48
+    end
+    local set = most == 48
+    for f, v in string.gmatch(blob, '(%S+) (%S+)') do
+      if #v > most or not string.match(v, pat)
+          or (not set and not is_int(redis.call('HGET', KEYS[2 + j], f))) then
+        return redis.error_reply('ldp-apply: malformed side values')
+      end
+    end
+  end
+end
 for j = 1, nchunks do
   local key = KEYS[2 + j]
   local args = {}
@@ -100,16 +151,21 @@ end
 local base = 7 + 2 * nchunks
 for j = 1, nside do
   local key = KEYS[2 + nchunks + j]
-  for f, delta in string.gmatch(ARGV[base + 2 * j], '(%S+) (%S+)') do
-    redis.call('HINCRBY', key, f, delta)
+  local blob = ARGV[base + 2 * j]
+  if string.sub(blob, 1, 1) == '=' then
+    for f, v in string.gmatch(string.sub(blob, 2), '(%S+) (%S+)') do
+      redis.call('HSET', key, f, v)
+    end
+  else
+    for f, delta in string.gmatch(blob, '(%S+) (%S+)') do redis.call('HINCRBY', key, f, delta) end
   end
   if ARGV[base + 2 * j - 1] ~= '' then redis.call('PEXPIREAT', key, ARGV[base + 2 * j - 1]) end
 end
 redis.call('HSET', KEYS[1], 'offset', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'n', ARGV[4])
 if ARGV[5] ~= '' then
-  local cur = redis.call('GET', KEYS[2])
-  if (not cur) or tonumber(cur) < tonumber(ARGV[5]) then redis.call('SET', KEYS[2], ARGV[5]) end
+  local cur = tonumber(redis.call('GET', KEYS[2]))
+  if (not cur) or cur < tonumber(ARGV[5]) then redis.call('SET', KEYS[2], ARGV[5]) end
 end
 return {1, offset}
 """
@@ -149,6 +205,24 @@ return {died, chunk or ''}
 """
 
 
+# Reset one shard at once, while its applies are held off (field reset_until of the offsets hash,
+# set before its keys were listed: the apply script refuses a delta as a CONFLICT until then, so no
+# key appears after the listing). KEYS: the offsets hash, then the shard's keys as listed. ARGV:
+# '1' to keep the offsets hash (its n deleted). Lifts the hold; returns the keys deleted.
+_RESET_SHARD_LUA = """
+local deleted = 0
+for i = 2, #KEYS do
+  if KEYS[i] == KEYS[1] and ARGV[1] == '1' then redis.call('HDEL', KEYS[1], 'n')
+  else deleted = deleted + redis.call('DEL', KEYS[i]) end
+end
+redis.call('HDEL', KEYS[1], 'reset_until')
+return deleted
+"""
+
+#: longest a shard's applies are held off by a reset (a reset that dies midway holds no longer)
+RESET_HOLD_S = 60.0
+
+
 class ApplyStatus(str, enum.Enum):
     """Outcome of one partition's delta in :meth:`CountStore.apply_many`."""
 
@@ -173,6 +247,16 @@ class SideCounter:
 
 
 @dataclasses.dataclass(frozen=True)
+class SideValues:
+    """Fields of one side hash of the shard set to ``values`` (digits and ':' only, e.g. the
+    batch-dedupe state of agents/dedupe.py), atomically with the counts; ``expire_at`` unix
+    seconds (None: never)."""
+
+    values: Mapping[str, str]
+    expire_at: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class PartitionDelta:
     """Counts of the reports at offsets ``(expected, offset]`` of one partition.
 
@@ -187,7 +271,7 @@ class PartitionDelta:
     n_reports: int
     expected: int | None = None
     sent_at_max: float | None = None
-    side: Mapping[str, SideCounter] = dataclasses.field(default_factory=dict)
+    side: Mapping[str, SideCounter | SideValues] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +338,7 @@ class CountStore:
         self._apply = redis.register_script(_APPLY_LUA)
         self._rebase = redis.register_script(_REBASE_LUA)
         self._note_start = redis.register_script(_NOTE_START_LUA)
+        self._reset_shard = redis.register_script(_RESET_SHARD_LUA)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "CountStore":
@@ -283,7 +368,7 @@ class CountStore:
             pairs[0::2] = nz - chunk_of * self.chunk_cells
             pairs[1::2] = flat[nz]
             cuts = np.flatnonzero(np.diff(chunk_of)) + 1
-            exp_ms = "" if exp is None else str(int(math.ceil(exp * 1000)))
+            exp_ms = expire_ms(exp)
             for s, e in zip(np.concatenate(([0], cuts)).tolist(),
                             np.concatenate((cuts, [nz.size])).tolist()):
                 out_keys.append(keys.counts_key(collection, partition, layout.id, layout.version,
@@ -310,14 +395,15 @@ class CountStore:
             ck, cargs = self._blobs(collection, p, expand_levels(it.cells, policy))
             sk, sargs = [], []
             for name, sc in it.side.items():
-                incs = [f"{f} {int(v)}" for f, v in sc.increments.items() if int(v)]
-                if not incs:
-                    continue
-                sk.append(keys.side_key(collection, p, name))
-                sargs += ["" if sc.expire_at is None else str(int(math.ceil(sc.expire_at * 1000))),
-                          " ".join(incs)]
-            sent = it.sent_at_max
-            sent_s = "" if sent is None or not math.isfinite(sent) else repr(float(sent))
+                if isinstance(sc, SideValues):
+                    blob = "=" + " ".join(f"{f} {v}" for f, v in sc.values.items())
+                else:
+                    blob = " ".join(f"{f} {int(v)}" for f, v in sc.increments.items() if int(v))
+                if blob.strip("="):
+                    sk.append(keys.side_key(collection, p, name))
+                    sargs += [expire_ms(sc.expire_at), blob]
+            sent = finite_or_none(it.sent_at_max)
+            sent_s = "" if sent is None else repr(sent)
             calls.append(functools.partial(
                 run_script, self.redis, self._apply,
                 [keys.offsets_key(collection, p), keys.sent_at_key(collection, p), *ck, *sk],
@@ -433,6 +519,10 @@ class CountStore:
         raw = await self.redis.hgetall(keys.side_key(collection, partition, name))
         return {(k.decode() if isinstance(k, bytes) else str(k)): int(v) for k, v in raw.items()}
 
+    async def read_side_raw(self, collection: str, partition: int, name: str) -> dict[Any, Any]:
+        """A side hash of the shard as Redis returns it (field → value; empty when absent)."""
+        return dict(await self.redis.hgetall(keys.side_key(collection, partition, name)))
+
     # --- poison-pill breaker (agents/breaker.py) ------------------------------------------------
     async def hold(self, collection: str, partition: int,
                    offset: int | None) -> tuple[bool, tuple[int, int] | None]:
@@ -538,15 +628,30 @@ class CountStore:
         """Delete every key of ``collection`` (counts, estimates, leases, offsets).
         ``keep_offsets``: keep each partition's stored Kafka offset (its ``n`` is zeroed), so that
         reports already counted are not counted again when a partition moves to another worker,
-        which seeks to the stored offset. Returns the number of keys deleted."""
+        which seeks to the stored offset. Each shard is reset by one script call, all its keys at
+        once, with its applies held off from before its keys are listed (a held-off delta is
+        refused as a CONFLICT: the worker re-reads and applies it after): applies land wholly
+        before or wholly after, so ``n`` always equals the counts. Returns the keys deleted."""
         deleted = 0
+        shards: set[str] = set()
         for key in await self.scan_keys(collection):
             name = key.decode() if isinstance(key, bytes) else str(key)
-            if keep_offsets and name.endswith(":off"):
-                await self.redis.hdel(key, "n")
-                continue
-            deleted += int(await self.redis.delete(key))
+            if name.startswith("ldp:{%s#" % collection):
+                shards.add(name[:name.index("}") + 1])
+            else:
+                deleted += int(await self.redis.delete(key))
+        for prefix in sorted(shards):
+            deleted += await self._reset_one(prefix, keep_offsets)
         return deleted
+
+    async def _reset_one(self, prefix: str, keep_offsets: bool) -> int:
+        """Reset the shard whose keys start with ``prefix`` (see :meth:`reset`)."""
+        off = prefix + ":off"
+        await self.redis.hset(off, "reset_until", int((time.time() + RESET_HOLD_S) * 1000))
+        names = [k async for k in self.redis.scan_iter(match=keys.glob_escape(prefix) + ":*",
+                                                       count=1000)]
+        return int(await run_script(self.redis, self._reset_shard, [off, *names],
+                                    ["1" if keep_offsets else "0"]))
 
 
 def _finite_json(obj: Any) -> Any:

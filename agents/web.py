@@ -220,7 +220,7 @@ def install(app: Any, ctx: Context) -> None:
             coll = coll_or_none(collection)
             if coll is None:
                 return unknown(self, collection)
-            for name in ("attrs", "method", "raw"):
+            for name in ("attrs", "method", "window", "raw"):
                 # faust types the query as a Mapping; at run time it is aiohttp's MultiDict
                 given = request.query.getall(name, [])  # type: ignore[attr-defined]
                 if len(given) > 1:

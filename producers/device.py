@@ -4,8 +4,9 @@
   a signed ``Mechanism.state()``, producers/signing.py) from its beginning and keeps following
   it, so devices always randomize with the mechanism state in force and stamp every report with
   its ``version`` (RRBA tables, Corr-RR phases change it). It accepts only states signed by the
-  pinned key, never an older one than it has (replay), and never one whose computed ε exceeds
-  the device's ceiling.
+  pinned key, never an older one than it has (replay; across restarts with a ``floor``, e.g. the
+  device's ledger), never an expired one, never an identity channel (ε = ∞) and never one whose
+  computed ε exceeds the device's ceiling (:data:`DEFAULT_MAX_EPSILON` unless it sets one).
 * :class:`Device` randomizes its own records with ``mechanism.randomize(records, rng)`` (the true
   values never leave it), buffers the reports and publishes them as one report batch when the
   buffer is full or on :meth:`Device.flush`.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping, Protocol
 
 import numpy as np
 
@@ -39,26 +40,52 @@ CONFIG_MAX_DECOMPRESSED = 16 * 1_048_576
 
 #: relative slack of the ε ceiling (float rounding of the computed ε, never a real excess)
 CEILING_RTOL = 1e-9
+#: a device's ceiling on the ε per report of a state it adopts, unless it sets one
+DEFAULT_MAX_EPSILON = 8.0
+#: records a watcher of given collections reads back from the end of ldp.config at first
+TAIL_RECORDS = 2000
+
+
+class StateFloor(Protocol):
+    """Where a device persists the newest ``(version, issued_at)`` it adopted per collection
+    (producers/ledger.py ``Ledger``), so that a restart does not accept an older state."""
+
+    def state_floor(self, collection: str) -> tuple[int, float] | None: ...
+
+    def raise_state_floor(self, collection: str, version: int, issued_at: float) -> None: ...
 
 
 def mechanism_from_state(signed: SignedState, *, max_epsilon: float | None = None) -> Mechanism:
     """Rebuild the mechanism of a verified ``ldp.config`` state (:meth:`VerifyKey.open`);
     refuses (:class:`StateRejected` ``over_ceiling``) a state whose ε, computed from the channel
-    it would apply, exceeds ``max_epsilon``."""
+    it would apply, exceeds ``max_epsilon``, and always one whose ε is infinite (an identity
+    channel: the report would be the true record)."""
     if not isinstance(signed, SignedState):
         raise StateRejected("unsigned", f"expected a verified SignedState, got "
                                         f"{type(signed).__name__}")
-    body = {k: v for k, v in signed.state.items() if k not in ("collection", "issued_at")}
+    body = {k: v for k, v in signed.state.items()
+            if k not in ("collection", "issued_at", "expires_at")}
     try:
         mech = from_state(body)
         eps = float(mech.epsilon)
     except Exception as exc:  # noqa: BLE001 - any unusable state is refused, never adopted
         raise StateRejected("unusable", f"{exc.__class__.__name__}: {exc}") from None
+    check_ceiling(signed, eps, max_epsilon)
+    return mech
+
+
+def check_ceiling(signed: SignedState, eps: float, max_epsilon: float | None) -> None:
+    """Refuse (``over_ceiling``) the state ``signed`` whose mechanism costs ``eps`` per report
+    (computed from its channel): always when infinite (an identity channel), and above
+    ``max_epsilon`` (None: no ceiling)."""
+    if not eps < float("inf"):
+        raise StateRejected("over_ceiling", f"state version {signed.version} of "
+                                            f"{signed.collection!r} has an identity channel (ε = "
+                                            f"{eps:g}): it would send the true records")
     if max_epsilon is not None and not eps <= max_epsilon * (1 + CEILING_RTOL):
         raise StateRejected("over_ceiling", f"state version {signed.version} of "
                                             f"{signed.collection!r} costs ε = {eps:g} per report, "
                                             f"above this device's ceiling {max_epsilon:g}")
-    return mech
 
 
 class ConfigWatcher:
@@ -68,7 +95,11 @@ class ConfigWatcher:
 
     ``verify_key``: the pinned public key (default: ``LDP_CONFIG_PUBLIC_KEY(_FILE)``; without one
     every state is refused). ``max_epsilon``: this device's ceiling on the computed ε per report
-    (one number, or per collection id; None: no ceiling). Refused records are counted in
+    (one number, or per collection id; default :data:`DEFAULT_MAX_EPSILON`; None: no ceiling, for
+    readers that are not devices: the worker, the gateway). An identity channel is refused
+    whatever the ceiling. ``floor``: where the newest adopted ``(version, issued_at)`` per
+    collection is persisted (the device's ``Ledger``): a restarted device refuses older states
+    as ``replayed``. ``clock``: unix seconds (expiry). Refused records are counted in
     ``rejected`` (reason → count), the last ones kept in ``refusals`` and passed to
     ``on_refused``.
 
@@ -78,11 +109,14 @@ class ConfigWatcher:
     def __init__(self, bootstrap: str, *, topic: str = CONFIG_TOPIC,
                  on_change: Callable[[str, SignedState], None] | None = None,
                  verify_key: VerifyKey | None = None,
-                 max_epsilon: float | Mapping[str, float] | None = None,
+                 max_epsilon: float | Mapping[str, float] | None = DEFAULT_MAX_EPSILON,
                  security: KafkaSecurity | None = None,
                  on_refused: Callable[[StateRejected], None] | None = None,
-                 collections: Collection[str] | None = None) -> None:
+                 collections: Collection[str] | None = None, floor: StateFloor | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.bootstrap = bootstrap
+        self.floor = floor
+        self.clock = clock
         #: the collections to follow (None: all); records keyed for others are not even verified
         self.collections = None if collections is None else frozenset(collections)
         self.on_refused = on_refused
@@ -138,7 +172,6 @@ class ConfigWatcher:
             await asyncio.sleep(0.5)
         tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
         consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
         self._consumer = consumer
         try:
             await self._catch_up(tps, deadline)
@@ -155,26 +188,64 @@ class ConfigWatcher:
         return self._task is not None and not self._task.done()
 
     async def _catch_up(self, tps: list, deadline: float) -> None:
-        """Read every partition up to its end offset at the time of the call."""
+        """Read up to the end offsets at the time of the call. A watcher that follows given
+        ``collections`` reads the newest :data:`TAIL_RECORDS` records first and goes further
+        back (4 times as far each time) only while one of its collections has no state yet, so
+        a flood of junk before the newest valid states costs nothing (the worker republishes
+        after a flood, agents/control_topic.py); one that follows every collection reads all."""
         assert self._consumer is not None
-        loop = asyncio.get_running_loop()
+        begins = await self._consumer.beginning_offsets(tps)
         ends = await self._consumer.end_offsets(tps)
+        upto = dict(ends)
+        window = TAIL_RECORDS
+        after: dict[Any, int] = {}
         while True:
-            behind = [tp for tp in tps if await self._consumer.position(tp) < ends[tp]]
+            start = {tp: begins[tp] if self.collections is None else
+                     max(begins[tp], upto[tp] - window) for tp in tps}
+            await self._read_range(tps, start, upto, deadline, newest=not after)
+            if not after:  # where following continues (past whatever the newest read took)
+                after = {tp: await self._consumer.position(tp) for tp in tps}
+            missing = self.collections is None or not set(self.collections) <= set(self.states)
+            if not missing or all(start[tp] <= begins[tp] for tp in tps):
+                break
+            upto, window = start, window * 4
+        for tp in tps:
+            self._consumer.seek(tp, after[tp])
+
+    async def _read_range(self, tps: list, start: Mapping[Any, int], upto: Mapping[Any, int],
+                          deadline: float, *, newest: bool) -> None:
+        """Take the records in ``[start, upto)`` of each partition (``newest``: up to the end
+        offsets, and whatever the last fetched batch holds beyond them); a collection that has
+        a state already (from newer records) skips the older ones silently."""
+        loop = asyncio.get_running_loop()
+        have = set(self.states)
+        for tp in tps:
+            self._consumer.seek(tp, start[tp])
+        while True:
+            behind = [tp for tp in tps if await self._consumer.position(tp) < upto[tp]]
             if not behind:
                 return
             if loop.time() > deadline:
                 raise ConnectionError(f"cannot read {self.topic} at {self.bootstrap} up to its "
-                                      f"end offsets {ends} in time")
+                                      f"end offsets {dict(upto)} in time")
             batches = await self._consumer.getmany(*behind, timeout_ms=200, max_records=1000)
-            for msgs in batches.values():
+            for tp, msgs in batches.items():
                 for msg in msgs:
-                    self._take(msg.key, msg.value)
+                    if (newest or msg.offset < upto[tp]) and (msg.key or b"").decode(
+                            "utf-8", "replace") not in have:
+                        self._take(msg.key, msg.value)
 
     async def _run(self) -> None:
+        from aiokafka.errors import KafkaError
+
         assert self._consumer is not None
         while True:
-            batches = await self._consumer.getmany(timeout_ms=500, max_records=1000)
+            try:
+                batches = await self._consumer.getmany(timeout_ms=500, max_records=1000)
+            except KafkaError as exc:  # the broker is away: keep the states, keep trying
+                log.warning("cannot read %s (%s); retrying", self.topic, exc)
+                await asyncio.sleep(1.0)
+                continue
             for msgs in batches.values():
                 for msg in msgs:
                     self._take(msg.key, msg.value)
@@ -203,6 +274,8 @@ class ConfigWatcher:
             return
         self.states[signed.collection] = signed
         self.mechanisms[signed.collection] = mech
+        if self.floor is not None:
+            self.floor.raise_state_floor(signed.collection, signed.version, signed.issued_at)
         self.records[signed.collection] = value
         self._changed.set()
         if self.on_change is not None:
@@ -218,13 +291,18 @@ class ConfigWatcher:
             collection = key.decode("utf-8") if key else None
         except UnicodeDecodeError:
             raise StateRejected("malformed", "record key is not UTF-8") from None
-        signed = self.verify_key.open(value, collection=collection)
+        signed = self.verify_key.open(value, collection=collection, now=self.clock())
         old = self.states.get(signed.collection)
-        if old is not None and signed.order < old.order:
+        newest = None if old is None else old.order
+        if self.floor is not None:
+            kept = self.floor.state_floor(signed.collection)
+            if kept is not None and (newest is None or kept > newest):
+                newest = kept
+        if newest is not None and signed.order < newest:
             raise StateRejected("replayed", f"version {signed.version} issued at "
-                                            f"{signed.issued_at:.3f} is older than the state in "
-                                            f"force (version {old.version} issued at "
-                                            f"{old.issued_at:.3f})")
+                                            f"{signed.issued_at:.3f} is older than the newest "
+                                            f"adopted (version {newest[0]} issued at "
+                                            f"{newest[1]:.3f})")
         return signed, mechanism_from_state(signed, max_epsilon=self.ceiling(signed.collection))
 
     async def wait_for(self, collection: str, timeout_s: float) -> SignedState | None:
@@ -250,14 +328,20 @@ class ConfigWatcher:
             except (asyncio.CancelledError, Exception):
                 pass
             self._task = None
-        if self._consumer is not None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
             from aiokafka.errors import KafkaError
 
-            consumer, self._consumer = self._consumer, None
             try:
                 await consumer.stop()
             except KafkaError as exc:  # a fetch from a broker that just died, re-raised by stop
                 log.warning("config watcher: %s while stopping its consumer", exc)
+            except asyncio.CancelledError:
+                # aiokafka's fetcher lets the cancellation of its own fetch task escape when the
+                # broker is gone; only a cancellation of this task is passed on
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
 
 
 class Gateway:

@@ -28,7 +28,9 @@ Accepted reports are produced to ``ldp.reports.<id>`` with device ids stamped by
 ids. The device's own id is the batch's ``device_ids`` or the ``X-Device-Id`` header. Messages are
 keyed by the stamped id (one message per device of the batch, split to stay under the worker's
 message limit), so a device's reports go to one partition. The gateway answers 200 once Kafka has
-acknowledged every message: ``{"accepted": n, "messages": k, "version": v}``.
+acknowledged every message: ``{"accepted": n, "messages": k, "version": v}``. A batch with a
+batch key goes whole as one message with the key ``(stamped sender, sequence)``, so a retried
+request is counted once (agents/dedupe.py).
 
 Fleets and tokens: ``--tokens FILE`` or ``LDP_GATEWAY_TOKENS_FILE`` (YAML or JSON), or the JSON in
 ``LDP_GATEWAY_TOKENS``::
@@ -57,11 +59,13 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from ..errors import CliError
+from ..http_guard import GATEWAY_ENV, ConnectionGuard, HardenedSite
 from ..estimators.mechanism import Mechanism
 from .codec import (MAX_MESSAGE_BYTES, DecodeError, ReportBatch, batch_from_json, decode_batch,
                     encode_batch, explain_batch)
 from .device import ConfigWatcher
-from ldpstream.names import CONFIG_TOPIC, reports_topic
+from .kafka_security import kafka_security
+from ldpstream.names import reports_topic
 from .publisher import Publisher, PublishError
 from .signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, load_verify_key
 from .sdk import device_key
@@ -74,6 +78,10 @@ MIN_TOKEN_CHARS = 16
 DEFAULT_MAX_BODY = MAX_MESSAGE_BYTES
 #: bytes of a produced message besides the reports (header + collection id, generous)
 _HEADER_ROOM = 512
+BROKER_CHECK_S = 1.0    # a broker metadata check waits this long (/healthz, before producing)
+BROKER_CACHE_S = 1.5    # and its answer is reused this long
+PRODUCE_TIMEOUT_S = 10.0  # a batch not acknowledged by then is answered 503 (a keyed retry
+#                           is counted once: agents/dedupe.py)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 REQUESTS = Counter("ldp_gateway_requests_total", "HTTP report requests by answer status.",
@@ -190,6 +198,33 @@ class Refused(Exception):
         self.status, self.reason, self.detail = status, reason, detail
 
 
+def validate_batch(collection: str, content_type: str | None, body: bytes,
+                   known: Mapping[str, Mapping[int, Mechanism]], max_bytes: int) -> ReportBatch:
+    """Decode and check one device batch posted for ``collection`` (binary or JSON form by
+    ``content_type``) against the accepted mechanism versions ``known``; raises
+    :class:`Refused` (415, or 400 with the codec's reason). The one check of any ingress."""
+    ctype = (content_type or "application/octet-stream").split(";")[0].strip()
+    try:
+        if ctype == "application/json":
+            batch = batch_from_json(body)
+        elif ctype == "application/octet-stream":
+            batch = decode_batch(body, max_bytes=max_bytes)
+        else:
+            raise Refused(415, "unsupported_media_type",
+                          f"Content-Type {ctype!r}: send application/octet-stream (binary "
+                          f"batch) or application/json")
+    except DecodeError as exc:
+        raise Refused(400, exc.reason, exc.detail) from None
+    if batch.collection != collection:
+        raise Refused(400, "wrong_collection", f"the batch is for collection "
+                                               f"{batch.collection!r}, the URL for "
+                                               f"{collection!r}")
+    bad = explain_batch(batch, known)
+    if bad is not None:
+        raise Refused(400, *bad)
+    return batch
+
+
 class IngestGateway:
     """The gateway's state: fleets, the accepted mechanism versions (from a verified
     ``ldp.config``), the Kafka publisher."""
@@ -202,13 +237,21 @@ class IngestGateway:
         self.fleets = list(fleets)
         self.max_body_bytes = int(max_body_bytes)
         self.max_message_bytes = int(max_message_bytes)
-        self.watcher = ConfigWatcher(bootstrap, topic=config_topic or CONFIG_TOPIC,
-                                     on_change=self._on_state)
+        kw = {} if config_topic is None else {"topic": config_topic}
+        # not a device: no ε ceiling (devices apply their own to the relayed states); only the
+        # fleets' collections unless one fleet may report anywhere (a flood of ldp.config then
+        # costs a bounded time: producers/device.py TAIL_RECORDS)
+        follow = None if any(f.collections is None for f in self.fleets) else \
+            frozenset().union(*(f.collections or () for f in self.fleets))
+        self.watcher = ConfigWatcher(bootstrap, on_change=self._on_state, max_epsilon=None,
+                                     collections=follow, **kw)
         self.publisher = Publisher(bootstrap, client_id="ldpstream-gateway")
         #: collection → version → mechanism, for every version the newest state accepts
         self.known: dict[str, dict[int, Mechanism]] = {}
         #: the last Kafka failure (shown by /healthz until a batch is acknowledged again)
         self.last_error: str | None = None
+        #: (monotonic time, (broker answered, detail)) of the last broker check
+        self._broker: tuple[float, tuple[bool, str]] | None = None
 
     def _on_state(self, collection: str, signed: Any) -> None:
         newest = self.watcher.mechanisms[collection]
@@ -224,34 +267,25 @@ class IngestGateway:
 
     async def stop(self) -> None:
         await self.watcher.stop()
-        await self.publisher.stop()
+        try:  # with the broker gone, what is unacknowledged was answered 503 already
+            await asyncio.wait_for(self.publisher.stop(), PRODUCE_TIMEOUT_S)
+        except (Exception, asyncio.TimeoutError) as exc:  # noqa: BLE001
+            log.warning("gateway: the Kafka producer did not stop cleanly: %s", exc)
 
     # --- one request ---------------------------------------------------------------------------
     async def ingest(self, collection: str, fleet: Fleet, headers: Mapping[str, str],
                      body: bytes) -> dict[str, Any]:
         """Check, stamp and produce the batch of one request of ``fleet`` (authenticated by
         :meth:`check_access`); raises :class:`Refused`."""
-        ctype = headers.get("Content-Type", "application/octet-stream").split(";")[0].strip()
-        try:
-            if ctype == "application/json":
-                batch = batch_from_json(body)
-            elif ctype == "application/octet-stream":
-                batch = decode_batch(body, max_bytes=self.max_body_bytes)
-            else:
-                raise Refused(415, "unsupported_media_type",
-                              f"Content-Type {ctype!r}: send application/octet-stream (binary "
-                              f"batch) or application/json")
-        except DecodeError as exc:
-            raise Refused(400, exc.reason, exc.detail) from None
-        if batch.collection != collection:
-            raise Refused(400, "wrong_collection", f"the batch is for collection "
-                                                   f"{batch.collection!r}, the URL for "
-                                                   f"{collection!r}")
-        bad = explain_batch(batch, self.known)
-        if bad is not None:
-            raise Refused(400, *bad)
+        batch = validate_batch(collection, headers.get("Content-Type"), body, self.known,
+                               self.max_body_bytes)
+        broker, detail = await self.broker_ok()
+        if not broker:  # answered at once instead of waiting for the producer's timeout
+            raise Refused(503, "unavailable", f"Kafka is not reachable: {detail}")
         ids = self.device_ids(batch, headers.get("X-Device-Id"))
-        messages = await self.produce(batch, stamp(fleet.name, ids))
+        key = None if batch.key is None else (  # the sender is stamped like the device ids
+            int(stamp(fleet.name, np.array([batch.key[0]], dtype=np.uint64))[0]), batch.key[1])
+        messages = await self.produce(batch, stamp(fleet.name, ids), key)
         return {"collection": collection, "version": batch.version, "accepted": batch.n,
                 "messages": messages}
 
@@ -285,32 +319,49 @@ class IngestGateway:
                                                f"got {header[:40]!r}") from None
         return np.full(batch.n, dev, dtype=np.uint64)
 
-    async def produce(self, batch: ReportBatch, stamped: np.ndarray) -> int:
+    async def produce(self, batch: ReportBatch, stamped: np.ndarray,
+                      key: tuple[int, int] | None = None) -> int:
         """One message per device (split to fit ``max_message_bytes``), keyed by its stamped id;
-        returns the number of messages once Kafka acknowledged all of them."""
+        returns the number of messages once Kafka acknowledged all of them. A batch with a batch
+        key (stamped sender, sequence) goes whole as one message keyed by its sender, so that
+        the worker counts it once however often it is retried (agents/dedupe.py)."""
+        if key is not None:
+            payload = encode_batch(batch.collection, batch.version, batch.reports,
+                                   device_ids=stamped, sent_at=batch.sent_at, key=key)
+            if len(payload) > self.max_message_bytes:
+                raise Refused(413, "too_large", f"a batch with a batch key must fit one message "
+                                                f"of {self.max_message_bytes} bytes")
+            await self._send_all([(payload, device_key(key[0]))], reports_topic(batch.collection))
+            return 1
         order = np.argsort(stamped, kind="stable")
         ids, reports = stamped[order], batch.reports[order]
         starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
         ends = np.r_[starts[1:], len(ids)]
         per_row = 8 + batch.width * batch.reports.dtype.itemsize
         rows = max(1, (self.max_message_bytes - _HEADER_ROOM) // per_row)
-        topic = reports_topic(batch.collection)
+        messages = []
+        for s, e in zip(starts, ends):
+            for a in range(s, e, rows):
+                b = min(e, a + rows)
+                messages.append((encode_batch(batch.collection, batch.version, reports[a:b],
+                                              device_ids=ids[a:b], sent_at=batch.sent_at),
+                                 device_key(int(ids[s]))))
+        await self._send_all(messages, reports_topic(batch.collection))
+        return len(messages)
+
+    async def _send_all(self, messages: list[tuple[bytes, bytes]], topic: str) -> None:
+        """Produce (payload, key) messages; returns once Kafka acknowledged all of them."""
         futures = []
         try:
-            for s, e in zip(starts, ends):
-                key = device_key(int(ids[s]))
-                for a in range(s, e, rows):
-                    b = min(e, a + rows)
-                    payload = encode_batch(batch.collection, batch.version, reports[a:b],
-                                           device_ids=ids[a:b], sent_at=batch.sent_at)
+            async with asyncio.timeout(PRODUCE_TIMEOUT_S):
+                for payload, key in messages:
                     futures.append(await self.publisher.send(topic, payload, key=key))
-            await asyncio.gather(*futures)
+                await asyncio.gather(*futures)
             self.last_error = None
         except Exception as exc:  # noqa: BLE001 - any Kafka failure: the device retries
             self.last_error = f"{exc.__class__.__name__}: {exc}"
             raise Refused(503, "unavailable", f"Kafka did not acknowledge the batch: "
                                               f"{exc.__class__.__name__}: {exc}") from None
-        return len(futures)
 
     # --- HTTP ----------------------------------------------------------------------------------
     def app(self) -> Any:
@@ -385,12 +436,37 @@ class IngestGateway:
                 raise Refused(413, "too_large", f"body of more than {limit} bytes")
             chunks.append(chunk)
 
+    async def broker_ok(self) -> tuple[bool, str]:
+        """Whether the broker answers a metadata request within :data:`BROKER_CHECK_S` (the
+        answer is cached for :data:`BROKER_CACHE_S`)."""
+        now = time.monotonic()
+        if self._broker is not None and now - self._broker[0] < BROKER_CACHE_S:
+            return self._broker[1]
+        from aiokafka.client import AIOKafkaClient
+
+        client = AIOKafkaClient(bootstrap_servers=self.bootstrap,
+                                request_timeout_ms=int(BROKER_CHECK_S * 1000),
+                                **kafka_security().client_kwargs())
+        try:
+            await asyncio.wait_for(client.bootstrap(), BROKER_CHECK_S)
+            brokers = len(client.cluster.brokers())
+            verdict = (brokers > 0, f"{brokers} broker(s) answered metadata")
+        except Exception as exc:  # noqa: BLE001 - any failure means: not reachable now
+            verdict = (False, f"no metadata answer in {BROKER_CHECK_S:g} s: "
+                              f"{exc.__class__.__name__}: {exc}")
+        finally:
+            await client.close()
+        self._broker = (time.monotonic(), verdict)
+        return verdict
+
     async def _healthz(self, request: Any) -> Any:
         from aiohttp import web
 
-        ok = self.watcher.running and self.last_error is None
+        broker, detail = await self.broker_ok()
+        ok = self.watcher.running and broker
         return web.json_response({"status": "ok" if ok else "unavailable",
                                   "config_watcher_running": self.watcher.running,
+                                  "broker": {"ok": broker, "detail": detail},
                                   "last_kafka_error": self.last_error,
                                   "collections": {c: sorted(v) for c, v in self.known.items()},
                                   "refused_states": dict(self.watcher.rejected)},
@@ -411,15 +487,19 @@ def _refusal(exc: Refused) -> Any:
                              headers=headers)
 
 
-async def serve(gateway: IngestGateway, host: str, port: int) -> Any:
-    """Start the gateway and its HTTP server; returns the aiohttp runner (``await
-    runner.cleanup()`` then ``await gateway.stop()`` to stop)."""
+async def serve(gateway: IngestGateway, host: str, port: int,
+                guard: ConnectionGuard | None = None) -> Any:
+    """Start the gateway and its HTTP server, hardened like the worker's (ldpstream/http_guard.py:
+    connection cap with eviction and header deadline, ``LDP_GATEWAY_MAX_CONNECTIONS`` and
+    ``LDP_GATEWAY_HEADER_TIMEOUT_S`` unless ``guard`` is given); returns the aiohttp runner
+    (``await runner.cleanup()`` then ``await gateway.stop()`` to stop)."""
     from aiohttp import web
 
     await gateway.start()
     runner = web.AppRunner(gateway.app(), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await HardenedSite(runner, host, port,
+                       guard=guard or ConnectionGuard.from_env(GATEWAY_ENV)).start()
     return runner
 
 

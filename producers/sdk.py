@@ -15,7 +15,9 @@ and kept in the ledger (also across restarts), the instantaneous randomization (
 afresh to every report, and a record the device already reported in the current period is not
 sent again (``status="duplicate"``) unless ``resend_every_s`` has passed. A report that would
 break the ledger's budget is not sent (``status="refused"`` with the reason). Every result states
-the ε it cost.
+the ε it cost. Every batch carries the batch key (device id, a sequence number persisted in the
+ledger), and a batch whose send failed is re-sent unchanged, so it is counted once
+(docs/security.md "Idempotent batches").
 """
 from __future__ import annotations
 
@@ -30,12 +32,13 @@ import numpy as np
 from ..estimators import channels as ch
 from ..estimators.mechanism import Mechanism
 from .codec import ReportBatch, decode_batch, encode_batch
-from .device import ConfigWatcher
+from .device import DEFAULT_MAX_EPSILON, ConfigWatcher, check_ceiling
 from ldpstream.names import reports_topic
 from .ledger import Ledger, channel_fingerprint
 from .program import DrawSource, Memo, NumpyDraws, OsRandom, Program
 from .sequence import BatchSequence
 from .publisher import Publisher
+from .signing import StateRejected
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +234,10 @@ class DeviceClient:
 
     ``watcher`` must be started (its states are then current, see :meth:`ConfigWatcher.start`).
     ``batch_size`` reports are sent per message (and on :meth:`flush`); ``clock`` gives seconds
-    since the epoch (rotation periods, budget windows).
+    since the epoch (rotation periods, budget windows). Whatever the watcher accepted, the client
+    refuses (:class:`~.signing.StateRejected`) a state above ``max_epsilon`` per report (default
+    :data:`~.device.DEFAULT_MAX_EPSILON`), an identity channel, and one older than the newest it
+    adopted before (kept in the ledger: ``replayed``).
     """
 
     def __init__(self, collection: str, *, watcher: ConfigWatcher, transport: Transport,
@@ -239,9 +245,12 @@ class DeviceClient:
                  resend_every_s: float | None = None,
                  rng: np.random.Generator | DrawSource | None = None,
                  clock: Callable[[], float] = time.time,
+                 max_epsilon: float = DEFAULT_MAX_EPSILON,
                  sequence: BatchSequence | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        self.max_epsilon = float(max_epsilon)
+        self._adopted: tuple[int, float] | None = None  # the state last checked (and recorded)
         self.collection = collection
         self.watcher = watcher
         self.transport = transport
@@ -254,13 +263,16 @@ class DeviceClient:
         self.draws: DrawSource = (OsRandom() if rng is None else NumpyDraws(rng)
                                   if isinstance(rng, np.random.Generator) else rng)
         self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng()
-        self.sequence = sequence if sequence is not None else BatchSequence(None, clock)
+        #: where batch sequence numbers come from: the ledger's (persisted with the ε spent), or
+        #: a file of their own (a device without a ledger database)
+        self.sequence = sequence
         self._programs: dict[tuple[str, int], Program | None] = {}
-        #: an encoded batch not yet delivered, and its report count
-        self._pending: tuple[bytes, int] | None = None
         self.clock = clock
         self._buffer: list[np.ndarray] = []
         self._version: int | None = None
+        #: a batch formed (its key taken from the ledger) but not delivered yet: sent again
+        #: unchanged, so the worker counts it once (docs/security.md "Idempotent batches")
+        self._outgoing: tuple[bytes, int] | None = None
         self.sent_reports = 0
         self.sent_batches = 0
 
@@ -281,6 +293,16 @@ class DeviceClient:
             raise UnknownCollectionError(
                 f"collection {self.collection!r} is not published on {self.watcher.topic} "
                 f"(published: {', '.join(sorted(self.watcher.mechanisms)) or 'none'}{refused})")
+        signed = self.watcher.states[self.collection]
+        if signed.order != self._adopted:
+            check_ceiling(signed, float(mech.epsilon), self.max_epsilon)
+            kept = self.ledger.state_floor(self.collection)
+            if kept is not None and signed.order < kept:
+                raise StateRejected("replayed", f"version {signed.version} issued at "
+                                                f"{signed.issued_at:.3f} is older than the newest "
+                                                f"this device adopted ({kept[0]}, {kept[1]:.3f})")
+            self.ledger.raise_state_floor(self.collection, signed.version, signed.issued_at)
+            self._adopted = signed.order
         return mech
 
     async def report(self, record: Mapping[str, Any]) -> ReportResult:
@@ -397,23 +419,27 @@ class DeviceClient:
             await self._send()
 
     async def _send(self) -> None:
-        """Encode the buffer as one batch with the next batch key and send it; a batch whose
-        sending failed is sent again first, byte for byte (the server counts a key once)."""
-        if self._pending is not None:
-            await self.transport.send(self.collection, self._pending[0], self.device_id)
-            self.sent_reports += self._pending[1]
+        """Deliver the batch in flight (if a previous send failed), then the buffer as a new
+        batch keyed (device id, next sequence number of the ledger)."""
+        for _ in range(2):
+            if self._outgoing is None:
+                if not self._buffer:
+                    return
+                assert self._version is not None
+                reports = np.stack(self._buffer)
+                seq = (self.sequence.take() if self.sequence is not None
+                       else self.ledger.next_sequence(self.device_id))
+                key = (self.device_id, seq)
+                self._outgoing = (encode_batch(
+                    self.collection, self._version, reports, sent_at=self.clock(), key=key,
+                    device_ids=np.full(len(reports), self.device_id, dtype=np.uint64)),
+                    len(reports))
+                self._buffer = []
+            payload, n = self._outgoing
+            await self.transport.send(self.collection, payload, self.device_id)
+            self._outgoing = None
+            self.sent_reports += n
             self.sent_batches += 1
-            self._pending = None
-        if not self._buffer:
-            return
-        assert self._version is not None
-        reports = np.stack(self._buffer)
-        payload = encode_batch(self.collection, self._version, reports,
-                               device_ids=np.full(len(reports), self.device_id, dtype=np.uint64),
-                               sent_at=self.clock(),
-                               key=(self.device_id, self.sequence.take()))
-        self._pending, self._buffer = (payload, len(reports)), []
-        await self._send()
 
     async def flush(self) -> None:
         """Send what is buffered and wait until the transport has delivered it."""

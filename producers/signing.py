@@ -10,11 +10,15 @@ Record value on ``ldp.config`` (key = collection id), JSON::
     {"alg": "ed25519", "key_id": "<16 hex>", "payload": "<canonical JSON of the state>",
      "signature": "<base64 Ed25519 signature of DOMAIN + payload>"}
 
-The payload is the mechanism's ``state()`` plus ``collection`` and ``issued_at`` (unix seconds);
-the signature covers the exact payload bytes (no re-serialization on the device). A device keeps,
-per collection, the state with the greatest ``(version, issued_at)``: an older signed state
-replayed later (an earlier version, or the same version signed earlier) is refused, and so is a
-state signed for another collection than the record's key.
+The payload is the mechanism's ``state()`` plus ``collection``, ``issued_at`` and ``expires_at``
+(unix seconds; the worker signs with ``expires_at = issued_at + STATE_TTL_S`` and republishes
+well before, docs/security.md "The control topic"); the signature covers the exact payload bytes
+(no re-serialization on the device). A device keeps, per collection, the state with the greatest
+``(version, issued_at)``: an older signed state replayed later (an earlier version, or the same
+version signed earlier) is refused (``replayed``), so is a state past its ``expires_at``
+(``expired``: a captured state cannot be replayed to new devices for longer than the TTL), one
+without ``expires_at`` (``malformed``), and a state signed for another collection than the
+record's key.
 
 Keys: ``ldpstream keygen --out DIR`` writes ``config-signing.key`` (private, mode 0600) and
 ``config-signing.pub``. The worker reads ``LDP_CONFIG_SIGNING_KEY`` (base64) or
@@ -40,7 +44,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 __all__ = ["ALG", "ENV_SIGNING_KEY", "ENV_SIGNING_KEY_FILE", "ENV_PUBLIC_KEY",
            "ENV_PUBLIC_KEY_FILE", "StateRejected", "SignedState", "SigningKey", "VerifyKey",
-           "load_signing_key", "load_verify_key", "keygen", "REJECT_REASONS"]
+           "load_signing_key", "load_verify_key", "keygen", "REJECT_REASONS", "STATE_TTL_S"]
 
 ALG = "ed25519"
 DOMAIN = b"ldpstream/config-state/v1\n"
@@ -55,7 +59,10 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024
 #: why a device refused a ``ldp.config`` record
 REJECT_REASONS = frozenset({"malformed", "unsigned", "no_public_key", "wrong_key",
                             "bad_signature", "wrong_collection", "replayed", "over_ceiling",
-                            "unusable"})
+                            "unusable", "expired"})
+
+#: how long a signed state is valid (s); the worker republishes every STATE_TTL_S / 4
+STATE_TTL_S = 86_400.0
 
 
 class StateRejected(ValueError):
@@ -71,13 +78,14 @@ class StateRejected(ValueError):
 @dataclass(frozen=True)
 class SignedState:
     """A state whose signature verified: ``state`` is the mechanism state (with ``collection``,
-    ``version`` and ``issued_at``), ``key_id`` the signer's key."""
+    ``version``, ``issued_at`` and ``expires_at``), ``key_id`` the signer's key."""
 
     collection: str
     version: int
     issued_at: float
     state: Mapping[str, Any]
     key_id: str
+    expires_at: float = math.inf
 
     @property
     def order(self) -> tuple[int, float]:
@@ -120,9 +128,11 @@ class VerifyKey:
     def key_id(self) -> str:
         return _key_id(self.raw)
 
-    def open(self, value: bytes | None, *, collection: str | None = None) -> SignedState:
+    def open(self, value: bytes | None, *, collection: str | None = None,
+             now: float | None = None) -> SignedState:
         """Verify one ``ldp.config`` record value; ``collection`` is the record key (the state
-        must be signed for it). Raises :class:`StateRejected`."""
+        must be signed for it), ``now`` the device's clock (None: ``time.time()``). Raises
+        :class:`StateRejected`."""
         if value is None:
             raise StateRejected("malformed", "tombstone")
         if len(value) > MAX_RECORD_BYTES:
@@ -155,12 +165,20 @@ class VerifyKey:
             signed_for = str(state["collection"])
             version = int(state["version"])
             issued_at = float(state["issued_at"])
+            expires_at = float(state["expires_at"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StateRejected("malformed", f"signed state lacks a field: {exc}") from None
+        if not (math.isfinite(issued_at) and math.isfinite(expires_at)):
+            raise StateRejected("malformed", "issued_at and expires_at must be finite")
         if collection is not None and signed_for != collection:
             raise StateRejected("wrong_collection", f"state signed for collection {signed_for!r} "
                                                     f"published under {collection!r}")
-        return SignedState(signed_for, version, issued_at, state, self.key_id)
+        now = time.time() if now is None else float(now)
+        if now > expires_at:
+            raise StateRejected("expired", f"state version {version} of {signed_for!r} expired "
+                                           f"{now - expires_at:.0f} s ago (expires_at "
+                                           f"{expires_at:.0f})")
+        return SignedState(signed_for, version, issued_at, state, self.key_id, expires_at)
 
 
 @dataclass(frozen=True)
@@ -190,14 +208,16 @@ class SigningKey:
         return VerifyKey(self.key.public_key())
 
     def sign_state(self, state: Mapping[str, Any], collection: str, *,
-                   issued_at: float | None = None) -> bytes:
+                   issued_at: float | None = None, ttl_s: float = STATE_TTL_S) -> bytes:
         """The ``ldp.config`` record value of ``state`` (a ``Mechanism.state()``) for
-        ``collection``."""
+        ``collection``, valid ``ttl_s`` seconds from ``issued_at`` (default now)."""
         body = dict(state)
         body["collection"] = collection
         body["issued_at"] = time.time() if issued_at is None else float(issued_at)
-        if not math.isfinite(body["issued_at"]):
-            raise ValueError("issued_at must be finite")
+        body["expires_at"] = body["issued_at"] + float(ttl_s)
+        if not (math.isfinite(body["issued_at"]) and math.isfinite(body["expires_at"])
+                and ttl_s > 0):
+            raise ValueError("issued_at must be finite and ttl_s finite and > 0")
         payload = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
         signature = self.key.sign(DOMAIN + payload.encode("utf-8"))
         return json.dumps({"alg": ALG, "key_id": self.verify_key.key_id, "payload": payload,

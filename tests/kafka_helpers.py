@@ -30,3 +30,28 @@ def read_dlq(bootstrap: str, *, topic: str | None = None, since_ms: int = 0) -> 
             await c.stop()
 
     return asyncio.run(read())
+
+
+class OwnBrokerWorker:
+    """A worker on a broker of the test's own (for tests that restart the broker or flood a
+    shared topic) with a signing key of its own: ``broker``, ``key``, ``path`` (config), ``env``
+    (to spawn more workers), ``worker``. Stop with :meth:`stop`."""
+
+    def __init__(self, tmp_path, cid: str, spawn_worker, service_env: dict, redis_url: str
+                 ) -> None:
+        from conftest import write_config
+        from ldpstream.producers.signing import SigningKey
+        from ldpstream.services import EmbeddedBroker
+
+        self.key = SigningKey.generate()
+        self.broker = EmbeddedBroker()
+        self.broker.start()
+        self.path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"),
+                                 partitions=1, marginals=[("sex", "Salary")])
+        self.env = dict(service_env, KAFKA_BOOTSTRAP_SERVERS=self.broker.bootstrap,
+                        REDIS_URL=redis_url, LDP_CONFIG_SIGNING_KEY=self.key.to_text())
+        self.worker = spawn_worker(self.path, self.env)
+        self.worker.wait_ready(60)
+
+    def stop(self) -> None:
+        self.broker.stop()

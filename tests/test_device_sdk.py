@@ -49,7 +49,7 @@ async def publish(bootstrap: str, topic: str, states: dict[str, RRIndependent]) 
 async def watching(bootstrap: str, topic: str, states: dict[str, RRIndependent]):
     """Publish ``states`` to ``topic`` and yield a started ConfigWatcher on it."""
     await publish(bootstrap, topic, states)
-    watcher = await ConfigWatcher(bootstrap, topic=topic).start()
+    watcher = await ConfigWatcher(bootstrap, topic=topic, max_epsilon=None).start()
     try:
         yield watcher
     finally:

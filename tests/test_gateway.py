@@ -7,12 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.error
 import urllib.request
 
 import numpy as np
@@ -20,6 +14,7 @@ import pytest
 import yaml
 
 from conftest import wait_for_n
+from gateway_helpers import GatewayProcess
 from store_helpers import read_collection
 
 from ldpstream.estimators.domain import Domain
@@ -213,46 +208,6 @@ def test_gateway_refusals_produce_nothing_then_a_batch_is_stamped(kafka_broker, 
         assert [r for _, rs in by_dev[int(s8)] for r in rs] == [[2, 0]]
 
     asyncio.run(run())
-
-
-class GatewayProcess:
-    """``ldpstream gateway`` as a child process."""
-
-    def __init__(self, env: dict, port: int, log_path: str) -> None:
-        self.port = port
-        self._log = open(log_path, "ab")
-        self.log_path = log_path
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ldpstream.cli", "gateway", "--port", str(port)], env=env,
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-
-    def wait_for(self, cid: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited {self.proc.returncode}: "
-                                   f"{open(self.log_path).read()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz",
-                                            timeout=2) as r:
-                    if cid in json.loads(r.read())["collections"]:
-                        return
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"gateway does not know {cid!r}: {open(self.log_path).read()[-2000:]}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self._log.close()
-        return self.proc.returncode
 
 
 def test_reports_through_the_gateway_are_counted_exactly(tmp_path, kafka_broker, redis_server,

@@ -1,5 +1,7 @@
-"""The worker's HTTP port under hostile clients: idle and slow connections cannot starve
-``/healthz`` (connection cap + header deadline), and every error is JSON, never a traceback."""
+"""The HTTP servers under hostile clients, one suite for both the worker's API and the ingest
+gateway (ldpstream/http_guard.py): idle and slow connections cannot starve them (connection cap
+with eviction + header deadline), 1,100 idle connections do not lock a good client out, a flood of
+garbage is answered in JSON, and every error is JSON, never a traceback."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,7 @@ import time
 import pytest
 
 from conftest import write_config
+from gateway_helpers import GatewayProcess
 
 pytestmark = pytest.mark.pipeline
 
@@ -52,12 +55,59 @@ def worker(tmp_path, service_env, spawn_worker, unique_name):
     return w
 
 
-def test_idle_and_slow_connections_cannot_starve_healthz(worker):
-    """150 idle connections and one slowloris against a worker limited to 128 open files."""
+class Server:
+    """A server under test: its port, its process and one good request (and its status)."""
+
+    def __init__(self, port: int, pid: int, good: bytes) -> None:
+        self.port, self.pid, self.good = port, pid, good
+
+    def ask(self) -> tuple[int, bytes]:
+        status, _, body = _raw(self.port, self.good)
+        return status, body
+
+
+TOKEN = "hardening-token-0123456789"
+
+
+@pytest.fixture(params=["worker", "gateway"])
+def server(request, tmp_path, service_env, spawn_worker, unique_name):
+    """The worker's API (good request: GET /healthz) or the gateway (good request: POST one
+    report batch), both limited to 40 connections and a 1 s header deadline."""
+    limits = {"LDP_WEB_MAX_CONNECTIONS": "40", "LDP_WEB_HEADER_TIMEOUT_S": "1",
+              "LDP_GATEWAY_MAX_CONNECTIONS": "40", "LDP_GATEWAY_HEADER_TIMEOUT_S": "1"}
+    path = write_config(tmp_path / "c.yaml", unique_name, columns=("sex", "Salary"),
+                        partitions=1, marginals=[("sex", "Salary")])
+    w = spawn_worker(path, dict(service_env, **limits))
+    w.wait_ready(60)
+    if request.param == "worker":
+        yield Server(w.web_port, w.proc.pid, _request("GET", "/healthz"))
+        return
+    from ldpstream.config import load_config
+    from ldpstream.producers.codec import encode_batch
+    from ldpstream.services import free_port
+
+    coll = load_config(path).collections[unique_name]
+    port = free_port()
+    tokens = json.dumps({"fleets": {"f": {"token": TOKEN, "collections": [unique_name]}}})
+    gw = GatewayProcess(dict(service_env, LDP_GATEWAY_TOKENS=tokens, **limits), port,
+                        str(tmp_path / "gateway.log"))
+    try:
+        gw.wait_for(unique_name)
+        body = encode_batch(unique_name, coll.version, [[0, 1]], device_ids=[3])
+        yield Server(port, gw.proc.pid, _request(
+            "POST", f"/v1/collections/{unique_name}/reports",
+            {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/octet-stream"},
+            body))
+    finally:
+        gw.stop()
+
+
+def test_idle_and_slow_connections_cannot_starve_the_server(server):
+    """150 idle connections and one slowloris against a server limited to 128 open files."""
     import resource
 
-    port = worker.web_port
-    resource.prlimit(worker.proc.pid, resource.RLIMIT_NOFILE, (128, 128))
+    port = server.port
+    resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (128, 128))
     idle = []
     try:
         for _ in range(150):  # far beyond the cap of 40
@@ -66,8 +116,8 @@ def test_idle_and_slow_connections_cannot_starve_healthz(worker):
         slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never finished
         idle.append(slow)
         t0 = time.monotonic()
-        status, hdrs, body = _raw(port, _request("GET", "/healthz"))
-        assert status == 200 and json.loads(body)["status"] == "ok"
+        status, body = server.ask()
+        assert status == 200, body
         assert time.monotonic() - t0 < 5.0
         # the slow client is closed by the header deadline (1 s), not held forever
         slow.settimeout(10)
@@ -80,6 +130,51 @@ def test_idle_and_slow_connections_cannot_starve_healthz(worker):
     finally:
         for s in idle:
             s.close()
+
+
+def test_1100_idle_connections_while_a_good_client_gets_200s(server):
+    """Finding 2: 1,100 idle connections (a server at the usual 1,024-file limit) held while a
+    good client asks 20 times: every answer is 200, each within 5 s. Before, the gateway locked
+    devices out for as long as the connections were held."""
+    import resource
+
+    resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (1024, 1024))
+    idle = []
+    try:
+        for i in range(1100):
+            idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+            if i % 100 == 99:
+                t0 = time.monotonic()
+                status, body = server.ask()
+                assert status == 200 and time.monotonic() - t0 < 5.0, (i, status, body)
+        for _ in range(10):
+            t0 = time.monotonic()
+            status, body = server.ask()
+            assert status == 200 and time.monotonic() - t0 < 5.0, (status, body)
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_a_flood_of_garbage_is_answered_in_json(server):
+    """300 malformed requests on as many connections, then a good one: every answer is JSON
+    (400, or 503 when every connection is busy), the good request gets 200."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    junk = [b"\x16\x03\x01garbage\r\n\r\n", b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: nope\r\n\r\n"]
+
+    def one(i: int) -> int:
+        status, hdrs, body = _raw(server.port, junk[i % len(junk)])
+        assert hdrs["content-type"].startswith("application/json"), (status, body)
+        assert "error" in json.loads(body) and "Traceback" not in body.decode()
+        return status
+
+    with ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(one, range(300)))
+    assert set(statuses) <= {400, 414, 431, 503}, set(statuses)
+    status, body = server.ask()
+    assert status == 200, body
 
 
 def test_every_error_is_json(worker):
@@ -146,3 +241,62 @@ def test_refresh_and_reset_with_redis_down_answer_json_503(tmp_path, service_env
             timeout=30)
         assert status == 503 and hdrs["content-type"].startswith("application/json"), body
         assert "Redis" in json.loads(body)["error"]
+
+
+def test_gateway_healthz_checks_the_broker_for_real(unique_name):
+    """Finding 2: with the broker dead, the gateway's /healthz said 200 until a device posted, and
+    that POST blocked 40 s before its 503. Now /healthz asks the broker (metadata, 1 s, cached
+    1.5 s): 503 within seconds, and a POST is answered 503 at once."""
+    import asyncio
+
+    import aiohttp
+
+    from ldpstream.estimators.domain import Domain
+    from ldpstream.estimators.rr_ind import RRIndependent
+    from ldpstream.producers.codec import encode_batch
+    from ldpstream.producers.gateway import IngestGateway, parse_fleets, serve
+    from ldpstream.producers.publisher import Publisher
+    from ldpstream.producers.signing import load_signing_key
+    from ldpstream.services import EmbeddedBroker, create_topics, free_port
+
+    cid, cfg = unique_name, f"cfg.{unique_name}"
+    mech = RRIndependent(Domain.from_categories({"a": ["x", "y"]}), epsilon=1.0, version=1)
+    broker = EmbeddedBroker()
+    broker.start()
+
+    async def run() -> None:
+        await create_topics(broker.bootstrap, {cfg: 1, f"ldp.reports.{cid}": 1}, compacted={cfg})
+        async with Publisher(broker.bootstrap) as pub:
+            await pub.send_and_wait(cfg, load_signing_key().sign_state(mech.state(), cid),
+                                    key=cid.encode())
+        gw = IngestGateway(broker.bootstrap, parse_fleets(
+            {"fleets": {"f": {"token": TOKEN, "collections": [cid]}}}, "t"), config_topic=cfg)
+        port = free_port()
+        runner = await serve(gw, "127.0.0.1", port)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"{url}/healthz") as r:
+                    assert r.status == 200 and (await r.json())["broker"]["ok"]
+                broker.stop()
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < 10:
+                    async with s.get(f"{url}/healthz") as r:
+                        if r.status == 503:
+                            break
+                    await asyncio.sleep(0.2)
+                assert r.status == 503 and time.monotonic() - t0 < 5, time.monotonic() - t0
+                t0 = time.monotonic()
+                async with s.post(f"{url}/v1/collections/{cid}/reports",
+                                  data=encode_batch(cid, 1, [[1]], device_ids=[1]),
+                                  headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+                    assert r.status == 503 and (await r.json())["reason"] == "unavailable"
+                assert time.monotonic() - t0 < 5, time.monotonic() - t0
+        finally:
+            await runner.cleanup()
+            await gw.stop()
+
+    try:
+        asyncio.run(asyncio.wait_for(run(), 120))
+    finally:
+        broker.stop()

@@ -99,5 +99,13 @@ def test_broker_losing_its_log_is_detected_and_nothing_is_skipped(
         line = next(l for l in metrics.splitlines() if l.startswith("ldp_log_resets_total")
                     and f'collection="{cid}"' in l)
         assert 'kind="recreated"' in line and float(line.rsplit(" ", 1)[1]) >= 1
+        # everything is counted: the lag gauge says 0 (it said 17-26 after a log reset)
+        lag = None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and lag != 0:
+            lag = next(float(l.rsplit(" ", 1)[1]) for l in worker.get("/metrics").splitlines()
+                       if l.startswith("ldp_consumer_lag_messages") and f'"{cid}"' in l)
+            time.sleep(0.5)
+        assert lag == 0, lag
     finally:
         broker.stop()

@@ -40,14 +40,14 @@ def test_sign_open_roundtrip_and_each_forgery_refused(tmp_path):
     key = SigningKey.generate()
     pinned = VerifyKey.from_text(key.verify_key.to_text())
     value = key.sign_state(mech.state(), "adult", issued_at=100.0)
-    signed = pinned.open(value, collection="adult")
+    signed = pinned.open(value, collection="adult", now=150.0)
     assert (signed.collection, signed.version, signed.issued_at) == ("adult", 3, 100.0)
     rebuilt = mechanism_from_state(signed, max_epsilon=mech.epsilon)
     assert rebuilt.epsilon == pytest.approx(mech.epsilon) and rebuilt.version == 3
 
     def reason(v: bytes, collection: str = "adult") -> str:
         with pytest.raises(StateRejected) as exc:
-            pinned.open(v, collection=collection)
+            pinned.open(v, collection=collection, now=150.0)
         return exc.value.reason
 
     plain = dict(_identity_state(mech), collection="adult")

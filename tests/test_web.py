@@ -198,7 +198,8 @@ def test_a_sub_marginal_is_summed_from_the_smallest_configured_one(stack):
 
 
 @pytest.mark.parametrize("query", ["attrs=sex,race&method=castell&method=ibu",
-                                   "attrs=sex,race&attrs=sex,Salary"])
+                                   "attrs=sex,race&attrs=sex,Salary",
+                                   "attrs=sex,race&window=all&window=5m"])
 def test_a_repeated_query_parameter_is_refused(stack, query):
     status, err = get_json(stack["url"], f"/estimates/{stack['cid']}?{query}")
     assert status == 400 and "given 2 times" in err["error"], err

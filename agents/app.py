@@ -27,7 +27,7 @@ from ..producers import bounded_fetch
 from ..producers.kafka_security import KafkaSecurityError, kafka_security
 from ..producers.signing import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, load_signing_key
 from .context import Context
-from ldpstream.names import DEFAULT_BIND, DEFAULT_WEB_PORT
+from ldpstream.names import DEFAULT_BIND, DEFAULT_WEB_PORT, ENV_KAFKA_BOOTSTRAP
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def main(args) -> int:
     from ..config import load_config
 
     config = load_config(getattr(args, "config", None))  # ConfigError is a CliError: one line
-    bootstrap = getattr(config, "kafka_bootstrap", None) or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    bootstrap = getattr(config, "kafka_bootstrap", None) or os.environ.get(ENV_KAFKA_BOOTSTRAP)
     redis_url = config.redis_url  # REDIS_URL or REDIS_CLUSTER_NODES, resolved by load_config
     if not bootstrap:
         raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set (`ldpstream up` starts an embedded "

@@ -43,7 +43,7 @@ from .partition import Partitions
 from .quota_gate import QuotaGate
 from .rebalance import Rebalancer, Seeker
 from .store import CountStore
-from ldpstream.names import DEFAULT_BIND, DEFAULT_WEB_PORT
+from ldpstream.names import DEFAULT_BIND, DEFAULT_WEB_PORT, ENV_KAFKA_BOOTSTRAP
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def main(args) -> int:
     from ..config import load_config
 
     config = load_config(getattr(args, "config", None))  # ConfigError is a CliError: one line
-    bootstrap = config.kafka_bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    bootstrap = config.kafka_bootstrap or os.environ.get(ENV_KAFKA_BOOTSTRAP)
     redis_url = config.redis_url  # REDIS_URL or REDIS_CLUSTER_NODES, resolved by load_config
     if not bootstrap:
         raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set (`ldpstream up` starts an embedded "

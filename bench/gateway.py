@@ -24,6 +24,7 @@ import urllib.request
 from typing import Any
 
 import numpy as np
+from ldpstream.names import ENV_KAFKA_BOOTSTRAP
 
 CID = "bench-gateway"
 TOKEN = "bench-fleet-token-0123456789"
@@ -98,7 +99,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
 
     requests = 300 if quick else 3000
     broker = None
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    bootstrap = os.environ.get(ENV_KAFKA_BOOTSTRAP)
     if not bootstrap:
         broker = EmbeddedBroker()
         bootstrap = broker.start()

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import unquote
 
 import redis.exceptions as rexc
+from ldpstream.names import ENV_REDIS_URL
 
 __all__ = ["CLUSTER_SCHEMES", "CLUSTER_NODES_ENV", "RedisUrlError", "TRANSIENT_ERRORS",
            "cluster_url", "connect", "display_url", "health", "is_cluster_url", "parse_nodes",
@@ -83,7 +84,7 @@ def cluster_url(nodes: str | Sequence[str], *, tls: bool = False) -> str:
 def redis_url_from_env(env: Mapping[str, str]) -> str | None:
     """``REDIS_URL``, or the cluster URL of ``REDIS_CLUSTER_NODES``; None when neither is set.
     Both set to different things is an error (which one would win is a guess)."""
-    url = (env.get("REDIS_URL") or "").strip() or None
+    url = (env.get(ENV_REDIS_URL) or "").strip() or None
     nodes = (env.get(CLUSTER_NODES_ENV) or "").strip() or None
     if nodes is None:
         return url
@@ -102,7 +103,7 @@ def _split_cluster_url(url: str) -> tuple[bool, str | None, str | None, list[tup
         cred, rest = rest.rsplit("@", 1)
         user, _, password = cred.partition(":")
         user, password = unquote(user) or None, unquote(password) or None
-    return scheme.lower() == CLUSTER_SCHEMES[1], user, password, parse_nodes(rest, what="REDIS_URL")
+    return scheme.lower() == CLUSTER_SCHEMES[1], user, password, parse_nodes(rest, what=ENV_REDIS_URL)
 
 
 def display_url(url: str) -> str:

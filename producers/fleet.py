@@ -27,6 +27,7 @@ from .device import ConfigWatcher, Gateway
 from .generator import is_generator_spec, parse_spec
 from .publisher import Publisher
 from .signing import SignedState, VerifyKey, load_verify_key
+from ldpstream.names import ENV_KAFKA_BOOTSTRAP
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +309,7 @@ def main(args) -> int:
     else:
         raise CliError(f"--collection: unknown collection {args.collection!r}; configured: "
                        f"{', '.join(config.collections)}")
-    bootstrap = config.kafka_bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    bootstrap = config.kafka_bootstrap or os.environ.get(ENV_KAFKA_BOOTSTRAP)
     if not bootstrap:
         raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set (or run `ldpstream up` for the embedded "
                        "stack with a fleet)")

@@ -65,7 +65,7 @@ from .codec import (MAX_MESSAGE_BYTES, DecodeError, ReportBatch, batch_from_json
                     encode_batch, explain_batch)
 from .device import ConfigWatcher
 from .kafka_security import kafka_security
-from ldpstream.names import reports_topic
+from ldpstream.names import ENV_KAFKA_BOOTSTRAP, reports_topic
 from .publisher import Publisher, PublishError
 from .signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, load_verify_key
 from .sdk import device_key
@@ -505,7 +505,7 @@ async def serve(gateway: IngestGateway, host: str, port: int,
 
 def main(args: Any) -> int:
     """``ldpstream gateway [--port P] [--bind H] [--tokens FILE] [--max-body-bytes N]``."""
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    bootstrap = os.environ.get(ENV_KAFKA_BOOTSTRAP)
     if not bootstrap:
         raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set")
     fleets = load_fleets(args.tokens)

@@ -24,26 +24,26 @@ import tempfile
 import threading
 from typing import Any
 
-from ..config import AppConfig, ConfigError
-from ..producers import bounded_fetch
-from ..producers.kafka_security import KafkaSecurityError, kafka_security
-from ..producers.signing import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, load_signing_key
-from . import faults
-from .applier import Applier
-from .breaker import Breaker
-from .clients import Clients, RedisGate
-from .dedupe_gate import DedupeGate
-from .context import Context
-from .dlq_writer import DlqWriter
-from .ingest import IngestService
-from .ingest_stats import IngestStats
-from .intake import Intake
-from .log_check import LogCheck
-from .partition import Partitions
-from .quota_gate import QuotaGate
-from .rebalance import Rebalancer, Seeker
-from .store import CountStore
+from ldpstream.agents import faults
+from ldpstream.agents.applier import Applier
+from ldpstream.agents.breaker import Breaker
+from ldpstream.agents.clients import Clients, RedisGate
+from ldpstream.agents.context import Context
+from ldpstream.agents.dedupe_gate import DedupeGate
+from ldpstream.agents.dlq_writer import DlqWriter
+from ldpstream.agents.ingest import IngestService
+from ldpstream.agents.ingest_stats import IngestStats
+from ldpstream.agents.intake import Intake
+from ldpstream.agents.log_check import LogCheck
+from ldpstream.agents.partition import Partitions
+from ldpstream.agents.quota_gate import QuotaGate
+from ldpstream.agents.rebalance import Rebalancer, Seeker
+from ldpstream.agents.store import CountStore
+from ldpstream.config import AppConfig, ConfigError
 from ldpstream.names import DEFAULT_BIND, DEFAULT_WEB_PORT, ENV_KAFKA_BOOTSTRAP
+from ldpstream.producers import bounded_fetch
+from ldpstream.producers.kafka_security import KafkaSecurityError, kafka_security
+from ldpstream.producers.signing import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, load_signing_key
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def make_store(redis_url: str) -> CountStore:
 def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int) -> IngestService:
     """The ingest service and its parts, each with one job (docs/pipeline.md "The worker's
     parts"), wired here and nowhere else."""
-    from .controller import controller_for
+    from ldpstream.agents.controller import controller_for
 
     collections = dict(ctx.config.collections)
     cid_of = {c.topic: cid for cid, c in collections.items()}
@@ -127,7 +127,7 @@ def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str,
     """
     import faust
 
-    from . import http_guard
+    from ldpstream.agents import http_guard
 
     app_id = app_id or os.environ.get("LDP_APP_ID", "ldpstream")
     if session_timeout_s is None:
@@ -173,11 +173,11 @@ def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str,
         app.add_dependency(service)
 
     if install_refresh:
-        from . import controller, refresh
+        from ldpstream.agents import controller, refresh
         refresh.install(app, ctx)
         controller.install(app, ctx)
     if install_web:
-        from . import web
+        from ldpstream.agents import web
         web.install(app, ctx)
     return app, ctx
 
@@ -230,9 +230,8 @@ def _prompt_worker_class() -> type:
 
 def main(args) -> int:
     """``ldpstream worker [--config F] [--web-port P]``."""
-    from ..cli import CliError
-
-    from ..config import load_config
+    from ldpstream.cli import CliError
+    from ldpstream.config import load_config
 
     config = load_config(getattr(args, "config", None))  # ConfigError is a CliError: one line
     bootstrap = config.kafka_bootstrap or os.environ.get(ENV_KAFKA_BOOTSTRAP)
@@ -243,8 +242,8 @@ def main(args) -> int:
     if not redis_url:
         raise CliError("REDIS_URL (or REDIS_CLUSTER_NODES) is not set (`ldpstream up` starts an "
                        "embedded Redis)")
+    from ldpstream.endpoint import require_free_port
     from ldpstream.redis_client import display_url
-    from ..endpoint import require_free_port
 
     require_free_port(os.environ.get("LDP_WEB_BIND", DEFAULT_BIND), int(args.web_port),
                       "worker")

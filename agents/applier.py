@@ -18,16 +18,16 @@ from collections.abc import Awaitable, Callable
 
 from aiokafka import TopicPartition
 
-from ..config import Collection
-from . import metrics
-from .dedupe_gate import DedupeGate
-from .clients import REDIS_ERRORS, Abandoned, Clients, RedisGate
-from .dlq_writer import DlqWriter
-from .ingest_stats import IngestStats
-from .partition import Partitions, Pending
-from .quota_gate import QuotaGate
-from .rebalance import Seeker
-from .store import ApplyResult, ApplyStatus, CountStore, PartitionDelta
+from ldpstream.agents import metrics
+from ldpstream.agents.clients import REDIS_ERRORS, Abandoned, Clients, RedisGate
+from ldpstream.agents.dedupe_gate import DedupeGate
+from ldpstream.agents.dlq_writer import DlqWriter
+from ldpstream.agents.ingest_stats import IngestStats
+from ldpstream.agents.partition import Partitions, Pending
+from ldpstream.agents.quota_gate import QuotaGate
+from ldpstream.agents.rebalance import Seeker
+from ldpstream.agents.store import ApplyResult, ApplyStatus, CountStore, PartitionDelta
+from ldpstream.config import Collection
 
 log = logging.getLogger("ldpstream.agents.ingest")
 

@@ -15,12 +15,12 @@ from collections.abc import Awaitable, Callable
 
 from aiokafka.structs import ConsumerRecord
 
-from .clients import RedisGate
-from .faults import Load, Take
-from .ingest_stats import IngestStats
-from .log_identity import mark_of
-from .partition import Partitions, PartitionState
-from .store import CountStore
+from ldpstream.agents.clients import RedisGate
+from ldpstream.agents.faults import Load, Take
+from ldpstream.agents.ingest_stats import IngestStats
+from ldpstream.agents.log_identity import mark_of
+from ldpstream.agents.partition import Partitions, PartitionState
+from ldpstream.agents.store import CountStore
 
 log = logging.getLogger("ldpstream.agents.ingest")
 

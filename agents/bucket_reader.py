@@ -9,9 +9,9 @@ from typing import Mapping
 
 import numpy as np
 
-from . import keys
-from .layout import Layout
-from .store import CountStore
+from ldpstream.agents import keys
+from ldpstream.agents.layout import Layout
+from ldpstream.agents.store import CountStore
 from ldpstream.windows import cover
 
 Part = tuple[str, int]  # (level, bucket)

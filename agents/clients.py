@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from .partition import Partitions
+from ldpstream.agents.partition import Partitions
 from ldpstream.redis_client import TRANSIENT_ERRORS
 
 log = logging.getLogger("ldpstream.agents.ingest")

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from ..estimators.mechanism import Mechanism
-from .layout import Layout
+from ldpstream.agents.layout import Layout
+from ldpstream.estimators.mechanism import Mechanism
 
 if TYPE_CHECKING:
-    from ..config import Collection
+    from ldpstream.config import Collection
 
 
 class CollectionState:

@@ -12,16 +12,16 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..producers.kafka_security import KafkaSecurity
-from ..producers.signing import SigningKey
-from .collection_state import CollectionStates
-from .store import CountStore
+from ldpstream.agents.collection_state import CollectionStates
+from ldpstream.agents.store import CountStore
+from ldpstream.producers.kafka_security import KafkaSecurity
+from ldpstream.producers.signing import SigningKey
 
 if TYPE_CHECKING:
-    from ..config import AppConfig
-    from .controller import Controller
-    from .ingest import IngestService
-    from .refresh import Refresher
+    from ldpstream.agents.controller import Controller
+    from ldpstream.agents.ingest import IngestService
+    from ldpstream.agents.refresh import Refresher
+    from ldpstream.config import AppConfig
 
 
 @dataclass

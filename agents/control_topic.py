@@ -19,8 +19,8 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Mapping
 
-from ..producers.signing import STATE_TTL_S
-from . import metrics
+from ldpstream.agents import metrics
+from ldpstream.producers.signing import STATE_TTL_S
 
 log = logging.getLogger(__name__)
 

@@ -34,10 +34,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from ..estimators.mechanism import Mechanism, from_state
-from . import keys, metrics
-from .context import Context
-from .refresh import acquire, release
+from ldpstream.agents import keys, metrics
+from ldpstream.agents.context import Context
+from ldpstream.agents.refresh import acquire, release
+from ldpstream.estimators.mechanism import Mechanism, from_state
 
 log = logging.getLogger(__name__)
 

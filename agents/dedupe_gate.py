@@ -8,11 +8,11 @@ import time
 
 from aiokafka.structs import ConsumerRecord
 
-from ..producers.codec import ReportBatch
-from . import dedupe
-from .clients import RedisGate
-from .partition import PartitionState, Pending
-from .store import CountStore, SideValues
+from ldpstream.agents import dedupe
+from ldpstream.agents.clients import RedisGate
+from ldpstream.agents.partition import PartitionState, Pending
+from ldpstream.agents.store import CountStore, SideValues
+from ldpstream.producers.codec import ReportBatch
 
 
 class DedupeGate:

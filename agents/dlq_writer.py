@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from ldpstream.agents.clients import Clients
+from ldpstream.agents.control_topic import ControlTopics
+from ldpstream.agents.partition import Pending
 from ldpstream.names import DLQ_TOPIC
-from ..producers.codec import dlq_record
-from .clients import Clients
-from .control_topic import ControlTopics
-from .partition import Pending
+from ldpstream.producers.codec import dlq_record
 
 
 class DlqWriter:

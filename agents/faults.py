@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from aiokafka.structs import ConsumerRecord
 
-from .partition import PartitionState
+from ldpstream.agents.partition import PartitionState
 
 ENV_ABORT_ON_HEX = "LDP_FAULT_ABORT_ON_HEX"
 

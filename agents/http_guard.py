@@ -14,7 +14,7 @@ from aiohttp.web_runner import BaseSite
 from faust.web.drivers import DRIVERS
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
-from ..http_guard import MAX_BODY_BYTES, WORKER_ENV, ConnectionGuard, HardenedSite, json_errors
+from ldpstream.http_guard import MAX_BODY_BYTES, WORKER_ENV, ConnectionGuard, HardenedSite, json_errors
 
 __all__ = ["HardenedWeb", "DRIVER_URL", "MAX_BODY_BYTES"]
 

@@ -60,25 +60,25 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from mode import Service
 
+from ldpstream.agents import metrics
+from ldpstream.agents.applier import OFFSET_AUDIT_S, Applier
+from ldpstream.agents.breaker import Breaker
+from ldpstream.agents.clients import Clients, RedisGate
+from ldpstream.agents.collection_state import CollectionStates
+from ldpstream.agents.control_topic import CHECK_S as CONTROL_CHECK_S
+from ldpstream.agents.control_topic import ControlTopics
+from ldpstream.agents.faults import Load, Take
+from ldpstream.agents.ingest_stats import IngestStats
+from ldpstream.agents.log_check import LogCheck
+from ldpstream.agents.log_identity import KINDS as LOG_KINDS
+from ldpstream.agents.partition import Partitions
+from ldpstream.agents.rebalance import Listener, Rebalancer
+from ldpstream.config import Collection, IngestConfig
 from ldpstream.kafka_admin import create_topics
 from ldpstream.names import COMPACTED_TOPICS, CONFIG_TOPIC, SERVICE_TOPICS
-from ..config import Collection, IngestConfig
-from ..producers.device import ConfigWatcher
-from ..producers.kafka_security import KafkaSecurity
-from ..producers.signing import SigningKey
-from . import metrics
-from .applier import OFFSET_AUDIT_S, Applier
-from .breaker import Breaker
-from .clients import Clients, RedisGate
-from .collection_state import CollectionStates
-from .control_topic import CHECK_S as CONTROL_CHECK_S
-from .control_topic import ControlTopics
-from .faults import Load, Take
-from .ingest_stats import IngestStats
-from .log_check import LogCheck
-from .log_identity import KINDS as LOG_KINDS
-from .partition import Partitions
-from .rebalance import Listener, Rebalancer
+from ldpstream.producers.device import ConfigWatcher
+from ldpstream.producers.kafka_security import KafkaSecurity
+from ldpstream.producers.signing import SigningKey
 
 log = logging.getLogger(__name__)
 

@@ -11,18 +11,17 @@ from collections.abc import Mapping
 import numpy as np
 from aiokafka.structs import ConsumerRecord
 
-from ..config import Collection
-from ..estimators.mechanism import Mechanism, TensorSpec
-from ..producers.codec import (DecodeError, ReportBatch, decode_batch, decode_uniform,
-                               explain_batch)
-from . import metrics
-from .apply_guard import BAD_TIMESTAMP, split_bad_timestamps
-from .collection_state import CollectionStates
-from .dedupe_gate import DedupeGate
-from .ingest_stats import IngestStats
-from .log_identity import mark_of
-from .partition import Partitions, PartitionState, Pending
-from .quota_gate import QuotaGate
+from ldpstream.agents import metrics
+from ldpstream.agents.apply_guard import BAD_TIMESTAMP, split_bad_timestamps
+from ldpstream.agents.collection_state import CollectionStates
+from ldpstream.agents.dedupe_gate import DedupeGate
+from ldpstream.agents.ingest_stats import IngestStats
+from ldpstream.agents.log_identity import mark_of
+from ldpstream.agents.partition import Partitions, PartitionState, Pending
+from ldpstream.agents.quota_gate import QuotaGate
+from ldpstream.config import Collection
+from ldpstream.estimators.mechanism import Mechanism, TensorSpec
+from ldpstream.producers.codec import DecodeError, ReportBatch, decode_batch, decode_uniform, explain_batch
 
 #: how far a batch's ``sent_at`` may be from its Kafka record timestamp (and ahead of now)
 SENT_AT_TOLERANCE_S = 300.0

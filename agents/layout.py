@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..estimators.mechanism import TensorSpec
+from ldpstream.estimators.mechanism import TensorSpec
 
 __all__ = ["Layout"]
 

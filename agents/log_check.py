@@ -12,11 +12,11 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
-from . import metrics
-from .clients import Clients, RedisGate
-from .log_identity import LogMark, judge, mark_of
-from .partition import Partitions
-from .store import CountStore
+from ldpstream.agents import metrics
+from ldpstream.agents.clients import Clients, RedisGate
+from ldpstream.agents.log_identity import LogMark, judge, mark_of
+from ldpstream.agents.partition import Partitions
+from ldpstream.agents.store import CountStore
 
 log = logging.getLogger("ldpstream.agents.ingest")
 

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import numpy as np
 from aiokafka import TopicPartition
 
-from .dedupe import DedupeBook
-from .layout import Layout
-from .log_identity import LogMark
+from ldpstream.agents.dedupe import DedupeBook
+from ldpstream.agents.layout import Layout
+from ldpstream.agents.log_identity import LogMark
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,12 +9,12 @@ import time
 import numpy as np
 from aiokafka.structs import ConsumerRecord
 
-from ..config import Collection
-from ..producers.codec import ReportBatch, encode_batch
-from .clients import RedisGate
-from .partition import Pending, PartitionState
-from .quota import side_name, split_by_quota, window_of
-from .store import CountStore, SideCounter
+from ldpstream.agents.clients import RedisGate
+from ldpstream.agents.partition import PartitionState, Pending
+from ldpstream.agents.quota import side_name, split_by_quota, window_of
+from ldpstream.agents.store import CountStore, SideCounter
+from ldpstream.config import Collection
+from ldpstream.producers.codec import ReportBatch, encode_batch
 
 
 class QuotaGate:

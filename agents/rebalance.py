@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
-from .breaker import Breaker
-from .clients import Abandoned, Clients, RedisGate
-from .log_check import LogCheck
-from .partition import Partitions, PartitionState
+from ldpstream.agents.breaker import Breaker
+from ldpstream.agents.clients import Abandoned, Clients, RedisGate
+from ldpstream.agents.log_check import LogCheck
+from ldpstream.agents.partition import Partitions, PartitionState
 
 log = logging.getLogger("ldpstream.agents.ingest")
 

@@ -5,13 +5,13 @@ update the gauges, and compare each window with the previous window of the same 
 
 The estimation itself (:func:`refresh_payloads`) is a pure function of the counts; it runs in a
 one-thread executor so the worker's event loop keeps consuming while numpy works, batched over
-the marginals (estimators/many.py). A window's counts are the sum of its buckets
+the marginals (estimators/stream/many.py). A window's counts are the sum of its buckets
 (ldpstream/windows.py ``cover``: coarse buckets inside, fine buckets at the edges);
 :class:`~.bucket_reader.BucketReader` re-reads only the buckets whose report count (cell 0)
 changed since the last
 refresh, and a table that did not change is not estimated again. Drift compares each finite
 window with the previous window of the same length: the calibrated statistic of
-estimators/drift.py (max |z| over cells against a Šidák threshold at ``drift_alpha``).
+estimators/stream/drift.py (max |z| over cells against a Šidák threshold at ``drift_alpha``).
 
 When several workers run, a Redis lease (``SET NX PX``) per collection lets one of them refresh per
 interval, and a lock held during the refresh keeps a forced refresh from overlapping a timed one.
@@ -30,14 +30,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..estimators.many import EstimateCache, drift_many, estimate_many
-from ..estimators.mechanism import Estimate, Mechanism
-from ..estimators.serving import served_fields
-from ..privacy import epsilon_fields
-from . import keys, metrics
-from .context import Context
-from .store import CountStore
-from .bucket_reader import BucketReader, WindowCounts
+from ldpstream.agents import keys, metrics
+from ldpstream.agents.bucket_reader import BucketReader, WindowCounts
+from ldpstream.agents.context import Context
+from ldpstream.agents.store import CountStore
+from ldpstream.estimators.kernels.serving import served_fields
+from ldpstream.estimators.mechanism import Estimate, Mechanism
+from ldpstream.estimators.stream.many import EstimateCache, drift_many, estimate_many
+from ldpstream.privacy import epsilon_fields
 from ldpstream.windows import Window
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ PREVIOUS = "/previous"
 def refresh_payloads(collection: Any, mechanism: Mechanism, reads: Mapping[str, WindowCounts],
                      now: float, cache: EstimateCache) -> tuple[list[dict[str, Any]], int]:
     """Every configured estimator on every configured marginal for every configured window, and
-    each finite window's drift against its previous window (estimators/many.py: batched over the
+    each finite window's drift against its previous window (estimators/stream/many.py: batched over the
     marginals, unchanged tables reused through ``cache``). ``reads`` holds each window's counts
     and, under ``<window>/previous``, its previous range's.
 

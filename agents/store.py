@@ -45,9 +45,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from . import keys
-from .apply_guard import expire_ms, finite_or_none
-from .layout import Layout
+from ldpstream.agents import keys
+from ldpstream.agents.apply_guard import expire_ms, finite_or_none
+from ldpstream.agents.layout import Layout
 from ldpstream.redis_client import run_script
 from ldpstream.windows import COARSE_FACTOR, BucketPolicy
 

@@ -17,10 +17,9 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 from faust import web
 
-from . import refresh
-from .clients import REDIS_ERRORS
-from .web import (covering_marginal, marginalize_payload, match_marginal, parse_attrs,
-                  transpose_payload)
+from ldpstream.agents import refresh
+from ldpstream.agents.clients import REDIS_ERRORS
+from ldpstream.agents.web import covering_marginal, marginalize_payload, match_marginal, parse_attrs, transpose_payload
 
 log = logging.getLogger(__name__)
 

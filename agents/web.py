@@ -31,17 +31,17 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 from faust import web
 
-from ..estimators.serving import CELL_FIELDS, coarsen_payload, raw_payload
-from ..privacy import epsilon_fields
-from . import metrics, refresh
+from ldpstream.agents import metrics, refresh
+from ldpstream.agents.clients import REDIS_ERRORS
+from ldpstream.estimators.kernels.serving import CELL_FIELDS, coarsen_payload, raw_payload
 from ldpstream.kafka_admin import BrokerProbe
+from ldpstream.privacy import epsilon_fields
 from ldpstream.redis_client import health as redis_health
-from .clients import REDIS_ERRORS
 
 if TYPE_CHECKING:
-    from ..config import Collection
-    from ..estimators.mechanism import Mechanism
-    from .context import Context
+    from ldpstream.agents.context import Context
+    from ldpstream.config import Collection
+    from ldpstream.estimators.mechanism import Mechanism
 
 log = logging.getLogger(__name__)
 
@@ -377,5 +377,5 @@ def install(app: Any, ctx: Context) -> None:
             return self.json({"collection": collection, "reset": True, "keys_deleted": deleted,
                               "offsets_kept": True})
 
-    from . import ui  # the live page (GET /, /ui/...): it reads the views above
+    from ldpstream.agents import ui  # the live page (GET /, /ui/...): it reads the views above
     ui.install(app, ctx)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .pipeline import _ingest_rate, _raw_consume, _start_worker, _stop_worker
+from ldpstream.bench.pipeline import _ingest_rate, _raw_consume, _start_worker, _stop_worker
 
 BATCH = 500
 COLUMNS = ["sex", "race", "relationship", "Salary"]
@@ -45,9 +45,9 @@ def _collection(cid: str, **extra: Any) -> dict[str, Any]:
 
 async def _versions_rate(bootstrap: str, store: Any, cfg_path: Path, config: Any, env: dict,
                          total: int, work: Path, say) -> dict[str, Any]:
-    from ..agents.controller import origin_of, store_state
-    from ..producers.fleet import run_fleet
+    from ldpstream.agents.controller import origin_of, store_state
     from ldpstream.dev.process import free_port
+    from ldpstream.producers.fleet import run_fleet
 
     one, two = config.collections["one"], config.collections["two"]
     v0 = two.mechanism()
@@ -89,8 +89,8 @@ async def _versions_rate(bootstrap: str, store: Any, cfg_path: Path, config: Any
 
 async def _latency(bootstrap: str, config: Any, cids: list[str], key: Any, say
                    ) -> dict[str, Any]:
-    from ..producers.device import ConfigWatcher
-    from ..producers.fleet import run_fleet
+    from ldpstream.producers.device import ConfigWatcher
+    from ldpstream.producers.fleet import run_fleet
 
     out: dict[str, list[float]] = {}
     for cid in cids:
@@ -119,13 +119,13 @@ async def _latency(bootstrap: str, config: Any, cids: list[str], key: Any, say
 
 
 async def run(quick: bool = False, progress=None) -> dict[str, Any]:
-    from ..agents.app import make_store
-    from ..config import load_config
-    from ..producers.signing import ENV_SIGNING_KEY, SigningKey
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
     from ldpstream.dev.broker import EmbeddedBroker
     from ldpstream.dev.process import free_port
     from ldpstream.dev.redis import EmbeddedRedis
     from ldpstream.kafka_admin import create_ldp_topics
+    from ldpstream.producers.signing import ENV_SIGNING_KEY, SigningKey
 
     say = progress or (lambda msg: None)
     total = 40_000 if quick else 400_000

@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ldpstream.estimators.castell import castell, castell_naive, castell_reduced
-from ldpstream.estimators.channels import grr
+from ldpstream.estimators.kernels.castell import castell, castell_naive, castell_reduced
+from ldpstream.estimators.kernels.channels import grr
 
 D = 3
 EPS = 1.0
@@ -147,8 +147,8 @@ def ibu_adult(seed: int = 0, epsilons: tuple[float, ...] = (4.0, 0.5), max_w: in
     import itertools
 
     from ldpstream.datasets import load_csv
-    from ldpstream.estimators.channels import randomize
-    from ldpstream.estimators.ibu import ibu
+    from ldpstream.estimators.kernels.channels import randomize
+    from ldpstream.estimators.kernels.ibu import ibu
     from ldpstream.estimators.mechanism import histogram
 
     ds = load_csv()

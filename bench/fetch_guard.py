@@ -24,7 +24,7 @@ CODECS = {"lz4": 3, "zstd": 4}
 def _message_set(codec: int, batches: int, per_batch: int, rng: np.random.Generator) -> tuple[bytes, int]:
     from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-    from ..producers.codec import encode_batch
+    from ldpstream.producers.codec import encode_batch
 
     shape = np.array([9, 16, 7, 15, 6, 5, 2, 2])
     out, raw, base = [], 0, 0
@@ -64,7 +64,7 @@ def _best(fn, repeats: int) -> float:
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
-    from ..producers.bounded_fetch import bound_message_set
+    from ldpstream.producers.bounded_fetch import bound_message_set
 
     rng = np.random.default_rng(0)
     batches, per_batch, repeats = (4, 64, 3) if quick else (16, 256, 5)

@@ -24,6 +24,7 @@ import urllib.request
 from typing import Any
 
 import numpy as np
+
 from ldpstream.names import ENV_KAFKA_BOOTSTRAP
 
 CID = "bench-gateway"
@@ -50,7 +51,7 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> Non
 async def _load(port: int, requests: int, size: int, seed: int) -> dict[str, Any]:
     import aiohttp
 
-    from ..producers.codec import encode_batch
+    from ldpstream.producers.codec import encode_batch
 
     rng = np.random.default_rng(seed)
     bodies = [encode_batch(CID, 0, rng.integers(0, 2, size=(size, 4)),
@@ -88,14 +89,14 @@ async def _load(port: int, requests: int, size: int, seed: int) -> dict[str, Any
 
 
 async def run(quick: bool = False) -> dict[str, Any]:
-    from ..estimators.domain import Domain
-    from ..estimators.rr_ind import RRIndependent
-    from ..producers.publisher import Publisher
-    from ..producers.signing import ENV_PUBLIC_KEY, SigningKey
     from ldpstream.dev.broker import EmbeddedBroker
     from ldpstream.dev.process import free_port
+    from ldpstream.estimators.families.rr import RRIndependent
+    from ldpstream.estimators.kernels.domain import Domain
     from ldpstream.kafka_admin import create_topics
     from ldpstream.names import COMPACTED_TOPICS, CONFIG_TOPIC, reports_topic
+    from ldpstream.producers.publisher import Publisher
+    from ldpstream.producers.signing import ENV_PUBLIC_KEY, SigningKey
 
     requests = 300 if quick else 3000
     broker = None

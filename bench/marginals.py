@@ -17,7 +17,7 @@ better one); ``ways=2`` / ``ways=3`` = partitioned collecting every pair / every
 ``consistent`` estimate (consistency + shrinkage + Norm-Sub; a 3-way from pairs by maximum
 entropy), with ``calm`` (no shrinkage) alongside; ``floor`` = the same at ε = 50 (noise below
 1e-20: only the sampling of which users report which marginal); ``auto`` = partitioned with
-``ways: auto`` (:func:`~ldpstream.estimators.partitioned.choose_ways` from n, the attribute
+``ways: auto`` (:func:`~ldpstream.estimators.families.partitioned.choose_ways` from n, the attribute
 sizes and ε; its numbers are those of the column it picks, same seeds). ``×`` = split /
 partitioned; the target is ≥ 1.3 at every ε ≤ 8, and partitioned within 1.2× of its floor at
 ε = 8 (reported for the auto column). ``sampling`` = the non-private empirical marginals of the
@@ -35,17 +35,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..bn import BayesNet, read_bif, survey_path
-from ..bngen import shape_network
-from ..datasets import load_csv
-from ..estimators.castell import castell
-from ..estimators.domain import Domain, Factor
-from ..estimators.ibu import ibu
-from ..estimators.mechanism import histogram
-from ..estimators.metrics import tvd
-from ..estimators.partitioned import AUTO_WAYS, Partitioned, choose_ways
-from ..estimators.rr_ind import RRIndependent
-from ..progress import progress
+from ldpstream.bn import BayesNet, read_bif, survey_path
+from ldpstream.bngen import shape_network
+from ldpstream.datasets import load_csv
+from ldpstream.estimators.families.partitioned import AUTO_WAYS, Partitioned, choose_ways
+from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.estimators.kernels.castell import castell
+from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.kernels.ibu import ibu
+from ldpstream.estimators.kernels.metrics import tvd
+from ldpstream.estimators.mechanism import histogram
+from ldpstream.progress import progress
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
 FLOOR_EPSILON = 50.0
@@ -87,7 +87,7 @@ def _partitioned(domain: Domain, records: np.ndarray, eps: float, seed: int,
     out = {"2way": err(pairs, "consistent"), "3way": err(triples, "consistent"),
            "2way_calm": err(pairs, "calm"), "3way_calm": err(triples, "calm")}
     if pgm:
-        from .pgm import pgm_marginals
+        from ldpstream.bench.pgm import pgm_marginals
         est = pgm_marginals(mech, counts, pairs + triples)
         for w, sets in (("2way", pairs), ("3way", triples)):
             out[f"{w}_pgm"] = float(np.mean([tvd(est[a], truth[a]) for a in sets]))
@@ -201,7 +201,7 @@ def datasets(quick: bool = False) -> list[Source]:
 
 
 def run(quick: bool = False, verbose: bool = True) -> dict[str, Any]:
-    from .pgm import available
+    from ldpstream.bench.pgm import available
     eps = (1.0, 8.0) if quick else EPSILONS
     seeds = SEEDS[:1] if quick else SEEDS
     pgm = available()

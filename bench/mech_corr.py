@@ -34,10 +34,10 @@ RUNS = 30
 def _smp_pooled(ds, eps: float, rng: np.random.Generator) -> tuple[list[np.ndarray],
                                                                    list[np.ndarray]]:
     """(SMP raw, SMP pooled) on the same reports."""
-    from ..estimators import channels as ch
-    from ..estimators.corr_rr_eb import pool_estimates
-    from ..estimators.multi_baselines import SMP
-    from ..estimators.proper import clip_rescale
+    from ldpstream.estimators.families.corr_rr_eb import pool_estimates
+    from ldpstream.estimators.families.multi_baselines import SMP
+    from ldpstream.estimators.kernels import channels as ch
+    from ldpstream.estimators.kernels.proper import clip_rescale
     mech = SMP(ds.domain, eps)
     counts = mech.count(mech.randomize(ds.records, rng), mech.tensors())
     raw = mech.estimate_all(counts)
@@ -60,7 +60,7 @@ def _cell(ds, mech: str, eps: float, runs: int, seed: int) -> dict[str, Any]:
         rng = np.random.default_rng([seed, r])
         if mech == REFERENCE:
             t0 = time.perf_counter()
-            from ..estimators.multi_baselines import marginal_mse
+            from ldpstream.estimators.families.multi_baselines import marginal_mse
             vals.append(marginal_mse(_smp_pooled(ds, eps, rng)[1], truth))
             secs.append(time.perf_counter() - t0)
             er = ea = eps
@@ -83,8 +83,8 @@ def _run_once(ds, name: str, eps: float, scope: str, rng: np.random.Generator,
     """One ``simulate`` run (the one driver) of a mechanism on ``ds``, ε per report; ``scope``:
     the RS family's neighbours (``attribute`` = the published amplified ε'). Returns the eq. 5
     MSE of the raw one-way estimates, seconds and the ε of the last version."""
-    from ..estimators.mechanism import mechanism_class
-    from ..simulate.driver import drive
+    from ldpstream.estimators.mechanism import mechanism_class
+    from ldpstream.simulate.driver import drive
     cls = mechanism_class(name)
     params = {"neighbours": scope} if name in ("rs-fd", "rs-rfd") else {}
     mech = cls.from_config(ds.domain, params, epsilon=eps, epsilon_scope="record")
@@ -92,7 +92,7 @@ def _run_once(ds, name: str, eps: float, scope: str, rng: np.random.Generator,
     run = drive(mech.planned_for(ds.n), ds.records, rng, [(a,) for a in ds.domain.attrs])
     est = [run.mechanism.estimate_versions(run.counts, (a,), cls.simulate_estimators()[0])
            .factor.values for a in ds.domain.attrs]
-    from ..estimators.multi_baselines import RSFD, SMP, SPL, marginal_mse
+    from ldpstream.estimators.families.multi_baselines import RSFD, SMP, SPL, marginal_mse
     last = run.mechanism
     return {"mse": marginal_mse(est, truth), "seconds": time.perf_counter() - t0,
             "epsilon_record": float(run.epsilon),
@@ -142,8 +142,8 @@ def _summary(table: dict[str, dict[str, dict[str, Any]]], eps_list) -> dict[str,
 def _timing(quick: bool, seed: int = 0) -> dict[str, Any]:
     """Our randomize+estimate vs multi-freq-ldpy's client+aggregator on the same job
     (SPL and RS+FD with GRR, m = 4, d = 10, ε = 1)."""
-    from ..estimators.domain import Domain
-    from ..estimators.multi_baselines import RSFD, SPL
+    from ldpstream.estimators.families.multi_baselines import RSFD, SPL
+    from ldpstream.estimators.kernels.domain import Domain
     n = 2000 if quick else 20000
     m, d, eps = 4, 10, 1.0
     rng = np.random.default_rng(seed)
@@ -151,10 +151,8 @@ def _timing(quick: bool, seed: int = 0) -> dict[str, Any]:
     dom = Domain(tuple(f"X{i}" for i in range(m)), (d,) * m)
     out: dict[str, Any] = {"n": n, "m": m, "d": d, "epsilon": eps}
     try:
-        from multi_freq_ldpy.mdim_freq_est.RSpFD_solution import (RSpFD_GRR_Aggregator_MI,
-                                                                  RSpFD_GRR_Client)
-        from multi_freq_ldpy.mdim_freq_est.SPL_solution import (SPL_GRR_Aggregator_MI,
-                                                                SPL_GRR_Client)
+        from multi_freq_ldpy.mdim_freq_est.RSpFD_solution import RSpFD_GRR_Aggregator_MI, RSpFD_GRR_Client
+        from multi_freq_ldpy.mdim_freq_est.SPL_solution import SPL_GRR_Aggregator_MI, SPL_GRR_Client
     except ImportError as exc:  # pragma: no cover - the venv has it
         out["error"] = f"multi-freq-ldpy not importable: {exc}"
         return out
@@ -182,8 +180,8 @@ def run(quick: bool = False, verbose: bool = True, runs: int | None = None,
     ``settings`` (generator specs, default :data:`SYNTHETIC`), ``adult``: include Adult."""
     from threadpoolctl import threadpool_limits
 
-    from ..datasets import load_csv
-    from ..producers.synthetic import generate, parse_spec
+    from ldpstream.datasets import load_csv
+    from ldpstream.producers.synthetic import generate, parse_spec
     t_start = time.perf_counter()
     eps_list = (0.1, 1.0, 4.0) if quick else EPSILONS
     runs = runs or (2 if quick else RUNS)
@@ -196,7 +194,7 @@ def run(quick: bool = False, verbose: bool = True, runs: int | None = None,
     if adult:
         ad = load_csv()
         if quick:
-            from ..datasets import Dataset
+            from ldpstream.datasets import Dataset
             idx = np.random.default_rng(1).permutation(ad.n)[:n]
             ad = Dataset(ad.domain, ad.records[idx])
         datasets.append((f"adult (n={ad.n}, d={list(ad.domain.shape)})", ad))

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ..cli import CliError
-from ..datasets import ADULT_COLUMNS, Dataset, load_csv
-from ..estimators.lopub import DEFAULT_P_FP, LoPub
-from ..simulate.driver import Plan, simulate
-from ..simulate.synthesize import marginal_fidelity, synthesize_dataset
+from ldpstream.cli import CliError
+from ldpstream.datasets import ADULT_COLUMNS, Dataset, load_csv
+from ldpstream.estimators.families.lopub import DEFAULT_P_FP, LoPub
+from ldpstream.simulate.driver import Plan, simulate
+from ldpstream.simulate.synthesize import marginal_fidelity, synthesize_dataset
 
 FULL = {"columns": ADULT_COLUMNS, "fs": (0.1, 0.3, 0.5, 0.7, 0.9), "ways": (2, 3), "subsets": 5,
         "synth_fs": (0.3, 0.5, 0.7, 0.9)}

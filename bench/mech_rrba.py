@@ -26,14 +26,21 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..bn import read_bif, survey_path
-from ..datasets import Dataset
-from ..estimators import metrics as M
-from ..estimators.independence_test import independence_test
-from ..estimators.proper import clip_rescale
-from ..estimators.rrba import (RRBA, block_step, floor_table, last_two_estimate, paper_epsilon,
-                               pooled_estimate, randomize_cells)
-from ..estimators.rrba_consistency import consistent_tables
+from ldpstream.bn import read_bif, survey_path
+from ldpstream.datasets import Dataset
+from ldpstream.estimators.families.rrba import (
+    RRBA,
+    block_step,
+    floor_table,
+    last_two_estimate,
+    paper_epsilon,
+    pooled_estimate,
+    randomize_cells,
+)
+from ldpstream.estimators.families.rrba_consistency import consistent_tables
+from ldpstream.estimators.families.rrba_independence import independence_test
+from ldpstream.estimators.kernels import metrics as M
+from ldpstream.estimators.kernels.proper import clip_rescale
 
 N = 8000
 BLOCK = 250

@@ -1,7 +1,7 @@
 """The Private-PGM column of ``ldpstream bench marginals`` (docs/partitioned.md "Measured"): the
 ``mbi`` package (PyPI, optional: ``pip install '.[pgm]'``; JAX on CPU) fed the same noisy
 measurements as ``partitioned`` — every collected marginal's unbiased table from
-:meth:`~ldpstream.estimators.partitioned.Partitioned.unbiased` with its standard deviation —
+:meth:`~ldpstream.estimators.families.partitioned.Partitioned.unbiased` with its standard deviation —
 fitted by MirrorDescent (McKenna, Sheldon & Miklau, ICML 2019) and projected onto each marginal
 asked for."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..estimators.partitioned import Partitioned
+from ldpstream.estimators.families.partitioned import Partitioned
 
 __all__ = ["available", "pgm_marginals", "ITERS"]
 

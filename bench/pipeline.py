@@ -52,7 +52,7 @@ BATCH = 500
 
 
 def _write_config(path: Path, refresh_interval_s: float | None = None) -> None:
-    from ..config import default_config_path
+    from ldpstream.config import default_config_path
 
     doc = yaml.safe_load(default_config_path().read_text())
     base = doc["collections"][0]
@@ -65,7 +65,7 @@ def _write_config(path: Path, refresh_interval_s: float | None = None) -> None:
 
 
 async def _prefill(bootstrap: str, coll: Any, total: int, batch: int) -> Any:
-    from ..producers.fleet import run_fleet
+    from ldpstream.producers.fleet import run_fleet
 
     return await run_fleet(bootstrap, coll, rate=0, total=total, batch=batch, seed=1,
                            mechanism=coll.mechanism())
@@ -74,7 +74,7 @@ async def _prefill(bootstrap: str, coll: Any, total: int, batch: int) -> Any:
 async def _raw_consume(bootstrap: str, coll: Any, messages: int) -> tuple[float, int]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from ..producers.codec import decode_batch
+    from ldpstream.producers.codec import decode_batch
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
                                 enable_auto_commit=False, max_partition_fetch_bytes=4 << 20,
@@ -139,7 +139,7 @@ async def _redis_bytes(store: Any, coll: Any) -> dict[str, Any]:
     """Redis memory of a collection's counts (``MEMORY USAGE`` of every key), split by level,
     and what it costs at steady state: one fine key per partition and bucket retained, one
     coarse key per partition and coarse bucket retained, the all-time keys, the estimates."""
-    from ..agents import keys as K
+    from ldpstream.agents import keys as K
 
     by: dict[str, list[int]] = {"f": [], "h": [], "a": [], "est": [], "other": []}
     fine_buckets: set[str] = set()
@@ -185,8 +185,8 @@ async def _freshness(bootstrap: str, store: Any, coll: Any, samples: int) -> lis
     """Send one batch, wait for an estimate whose n includes it; seconds per sample."""
     import numpy as np
 
-    from ..producers.device import Gateway
-    from ..producers.publisher import Publisher
+    from ldpstream.producers.device import Gateway
+    from ldpstream.producers.publisher import Publisher
 
     mech = coll.mechanism()
     method, attrs = coll.estimators[0], coll.marginals[0]
@@ -217,7 +217,7 @@ async def _cluster_ingest(cfg_path: Path, env: dict, coll: Any, total: int, raw:
                           work: Path) -> dict[str, Any]:
     """The ingest run again, the worker writing to a Redis Cluster (3 masters + 3 replicas)
     instead of the single Redis: same prefilled topic, fresh offsets (so it reads it all)."""
-    from ..agents.app import make_store
+    from ldpstream.agents.app import make_store
     from ldpstream.dev.process import free_port
     from ldpstream.dev.redis_cluster import EmbeddedRedisCluster
 
@@ -248,10 +248,10 @@ async def _apply_rate(url: str, coll: Any, *, applies: int, partitions: int = 12
     import numpy as np
     from redis.asyncio.cluster import RedisCluster
 
-    from ..agents.app import make_store
-    from ..agents.intake import count_reports
-    from ..agents.layout import Layout
-    from ..agents.store import PartitionDelta
+    from ldpstream.agents.app import make_store
+    from ldpstream.agents.intake import count_reports
+    from ldpstream.agents.layout import Layout
+    from ldpstream.agents.store import PartitionDelta
 
     store = make_store(url)
     r = store.redis
@@ -315,8 +315,8 @@ async def _apply_rates(coll: Any, applies: int, say) -> dict[str, Any]:
 
 async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
               repeats: int | None = None, broker: str = "tansu") -> dict[str, Any]:
-    from ..agents.app import make_store
-    from ..config import load_config
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
     from ldpstream.dev.broker import EmbeddedBroker
     from ldpstream.dev.process import free_port
     from ldpstream.dev.redis import EmbeddedRedis
@@ -406,7 +406,7 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
         tansu.stop()
         redis.stop()
     if broker == "kafka":
-        from .pipeline_kafka import kafka_pairs
+        from ldpstream.bench.pipeline_kafka import kafka_pairs
 
         result.update(await kafka_pairs(cfg_path, env, batched, total, repeats, work, say))
     return result

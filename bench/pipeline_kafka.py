@@ -12,17 +12,17 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from .pipeline import BATCH, _ingest_rate, _prefill, _raw_consume, _start_worker, _stop_worker
+from ldpstream.bench.pipeline import BATCH, _ingest_rate, _prefill, _raw_consume, _start_worker, _stop_worker
 
 
 async def kafka_pairs(cfg_path: Path, env: dict[str, str], coll: Any, total: int, repeats: int,
                       work: Path, say: Callable[[str], None]) -> dict[str, Any]:
     """Raw consumption and worker ingest of ``coll`` on Apache Kafka, ``repeats`` pairs."""
-    from ..agents.app import make_store
-    from ..dev.kafka import KAFKA_VERSION, ApacheKafka
-    from ..dev.process import free_port
-    from ..dev.redis import EmbeddedRedis
-    from ..kafka_admin import create_ldp_topics
+    from ldpstream.agents.app import make_store
+    from ldpstream.dev.kafka import KAFKA_VERSION, ApacheKafka
+    from ldpstream.dev.process import free_port
+    from ldpstream.dev.redis import EmbeddedRedis
+    from ldpstream.kafka_admin import create_ldp_topics
 
     kafka, redis = ApacheKafka(), EmbeddedRedis()
     worker = None

@@ -7,9 +7,9 @@ randomized reports (``--quick``: a tenth), and for the three sliding windows the
 non-overlapping window of the same size. Estimators ``castell, truncated, ibu``.
 
 One refresh = the estimates of every marginal × estimator × window (4 current + 3 previous count
-sets, :func:`~ldpstream.estimators.many.estimate_many`) and the drift test of every marginal ×
+sets, :func:`~ldpstream.estimators.stream.many.estimate_many`) and the drift test of every marginal ×
 estimator × sliding window (pooled null variances by a 32-replicate bootstrap for truncated and
-ibu, closed form for castell, :func:`~ldpstream.estimators.many.drift_many`). Timed for the first
+ibu, closed form for castell, :func:`~ldpstream.estimators.stream.many.drift_many`). Timed for the first
 50, 100, 200, 400 and 666 2-way marginals:
 
 * ``cold_s`` — nothing cached (a worker's first refresh);
@@ -32,11 +32,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..estimators.domain import Domain
-from ..estimators.many import EstimateCache, drift_many, estimate_many
-from ..estimators.mechanism import Mechanism
-from ..estimators.rr_ind import RRIndependent
-from ..producers.generator import Population
+from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.estimators.mechanism import Mechanism
+from ldpstream.estimators.stream.many import EstimateCache, drift_many, estimate_many
+from ldpstream.producers.generator import Population
 
 ATTRS = 37
 EPSILON = 1.0

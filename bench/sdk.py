@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..errors import CliError
+from ldpstream.errors import CliError
 
 SDK = Path(__file__).resolve().parent.parent / "sdk"
 
@@ -50,7 +50,7 @@ def _lines(text: str) -> dict[str, float]:
 
 
 def _python(vectors: dict, seconds: float) -> dict[str, float]:
-    from ..producers.program import OsRandom, Program
+    from ldpstream.producers.program import OsRandom, Program
 
     out, rng = {}, OsRandom()
     for case in vectors["cases"]:

@@ -27,10 +27,10 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeAlias
 
 import numpy as np
 
-from ..suggest import did_you_mean
-from .bounds import Bound
-from .domain import Domain, Factor
-from .longitudinal import Guarantee, Memoize
+from ldpstream.estimators.kernels.bounds import Bound
+from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize
+from ldpstream.suggest import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class TensorSpec:
 class Estimate:
     """An estimated distribution with what it cost and how good it is.
 
-    ``bound``: the calibrated bound (estimators/bounds.py) when the family has one, then
+    ``bound``: the calibrated bound (estimators/kernels/bounds.py) when the family has one, then
     ``error_bound`` is ``bound.tvd``, an upper quantile of the TVD at ``bound.level``;
     otherwise ``error_bound`` is an expected TVD (or None). ``projected``: for an unbiased
     (raw) ``factor``, its projection onto the simplex, the form served by default, which
@@ -212,7 +212,7 @@ class CountBook(dict):
 
 @dataclass(frozen=True)
 class Memoization:
-    """Memoized responses (estimators/longitudinal.py): a device answers a record value with
+    """Memoized responses (estimators/stream/longitudinal.py): a device answers a record value with
     the permanent response it drew in the current period (``rule``) through ``permanent[j]``,
     then ``instantaneous`` randomizes the permanent responses ``(n, m)`` afresh per report."""
 
@@ -304,15 +304,15 @@ class Mechanism(ABC):
     def product_channels(self, attrs: Sequence[str]) -> list[np.ndarray] | None:
         """The channel matrix of each attribute of ``attrs`` when the marginal's reports are
         randomized attribute by attribute, independently, and counted in one table (the batched
-        castell/IBU kernels of estimators/batched.py then apply: estimators/many.py,
-        estimators/drift.py); None: not such a mechanism (default)."""
+        castell/IBU kernels of estimators/kernels/batched.py then apply: estimators/stream/many.py,
+        estimators/stream/drift.py); None: not such a mechanism (default)."""
         return None
 
     def marginal_table(self, counts: Mapping[str, np.ndarray],
                        attrs: Sequence[str]) -> np.ndarray | None:
         """The randomized count table of the marginal ``attrs`` when it is one multinomial
         table that the marginal's estimate reads alone (the drift bootstrap then resamples just
-        it: estimators/drift.py); None: the bootstrap resamples every tensor (default)."""
+        it: estimators/stream/drift.py); None: the bootstrap resamples every tensor (default)."""
         return None
 
     def epsilon_per_attribute(self) -> float | None:
@@ -438,13 +438,13 @@ class Mechanism(ABC):
 #: first use, so loading one family never pays for the others' imports, e.g. scikit-learn for
 #: LoPub). Nothing else lists mechanism names.
 PROVIDERS: dict[str, str] = {
-    "rr-ind": "rr_ind", "rr-joint": "rr_ind", "rr-clusters": "rr_ind",
-    "rrba": "rrba",
-    "corr-rr": "corr_rr", "corr-rr-paper": "corr_rr_paper",
-    "spl": "multi_baselines", "smp": "multi_baselines", "rs-fd": "multi_baselines",
-    "rs-rfd": "multi_baselines",
-    "lopub": "lopub",
-    "partitioned": "partitioned",
+    "rr-ind": "families.rr", "rr-joint": "families.rr", "rr-clusters": "families.rr",
+    "rrba": "families.rrba",
+    "corr-rr": "families.corr_rr", "corr-rr-paper": "families.corr_rr_paper",
+    "spl": "families.multi_baselines", "smp": "families.multi_baselines", "rs-fd": "families.multi_baselines",
+    "rs-rfd": "families.multi_baselines",
+    "lopub": "families.lopub",
+    "partitioned": "families.partitioned",
 }
 
 #: the mechanism of a collection (or ``simulate`` run) that names none

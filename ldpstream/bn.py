@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .estimators.domain import Domain
+from ldpstream.estimators.kernels.domain import Domain
 
 _VAR = re.compile(r"variable\s+([^\s{]+)\s*\{[^}]*?type\s+discrete\s*\[\s*(\d+)\s*\]\s*\{([^}]*)\}",
                   re.S)

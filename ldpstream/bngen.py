@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bn import BayesNet
+from ldpstream.bn import BayesNet
 
 __all__ = ["random_network", "STRUCTURES", "SHAPES", "shape_network"]
 

@@ -15,8 +15,7 @@ from typing import Any
 
 from ldpstream.errors import CliError
 from ldpstream.estimators.mechanism import DEFAULT_MECHANISM
-from ldpstream.names import (DEFAULT_BIND, DEFAULT_GATEWAY_PORT, DEFAULT_WEB_PORT, ENV_CONFIG,
-                             MAX_MESSAGE_BYTES)
+from ldpstream.names import DEFAULT_BIND, DEFAULT_GATEWAY_PORT, DEFAULT_WEB_PORT, ENV_CONFIG, MAX_MESSAGE_BYTES
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -77,7 +76,7 @@ DESCRIPTION = ("Live joint-distribution estimates from telemetry under local dif
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from ldpstream import __version__
 
     parser = argparse.ArgumentParser(prog="ldpstream", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"ldpstream {__version__}")
@@ -178,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bench_parsers(sub: Any) -> None:
     """``ldpstream bench NAME``: one sub-command per benchmark, its --help from its docstring."""
-    from .bench.run import BENCHES, EXTRA_OPTIONS, describe
+    from ldpstream.bench.run import BENCHES, EXTRA_OPTIONS, describe
 
     p = sub.add_parser("bench", help="benchmarks: " + " | ".join(BENCHES),
                        description="Benchmarks; `ldpstream bench NAME --help` says what one "
@@ -215,7 +214,7 @@ def _web_port_arg(p: argparse.ArgumentParser) -> None:
 
 def _endpoint_defaults(args: argparse.Namespace) -> None:
     """``--web-port`` and ``--url`` left out: from the environment (ldpstream/endpoint.py)."""
-    from . import endpoint
+    from ldpstream import endpoint
 
     if "web_port" in vars(args) and args.web_port is None:
         args.web_port = endpoint.web_port_default()

@@ -2,7 +2,7 @@
 
 One pydantic model per section (:class:`Collection`, :class:`IngestConfig`, ...) is both the file's
 schema and the object the worker uses: validators turn ``schema`` into a
-:class:`~ldpstream.estimators.domain.Domain`, ``windows`` into
+:class:`~ldpstream.estimators.kernels.domain.Domain`, ``windows`` into
 :class:`~ldpstream.windows.Window` s and ``marginals`` into attribute tuples. The field
 reference in docs/configuration.md is generated from these models (``ldpstream config-reference``).
 
@@ -27,22 +27,47 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, SkipValidation,
-                      ValidationError, ValidationInfo, field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SkipValidation,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from ldpstream.windows import BucketPolicy, Window
 from ldpstream.config_errors import ConfigError, format_errors, problems
 from ldpstream.config_semantics import domain_of, marginals_of, windows_of
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.mechanism import (DEFAULT_MECHANISM, Mechanism, ParamError, TensorSpec,
-                                            attribute_budget, mechanism_class)
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.estimators.mechanism import (
+    DEFAULT_MECHANISM,
+    Mechanism,
+    ParamError,
+    TensorSpec,
+    attribute_budget,
+    mechanism_class,
+)
+from ldpstream.names import (
+    DEFAULT_BATCH_REPORTS,
+    DEFAULT_BATCH_SECONDS,
+    DEFAULT_BUCKET_S,
+    DEFAULT_CONTROLLER_INTERVAL_S,
+    DEFAULT_DRIFT_ALPHA,
+    DEFAULT_ESTIMATORS,
+    DEFAULT_PARTITIONS,
+    DEFAULT_QUOTA_WINDOW_S,
+    DEFAULT_REFRESH_INTERVAL_S,
+    DEFAULT_WINDOWS,
+    ENV_API_TOKEN,
+    ENV_KAFKA_BOOTSTRAP,
+    MAX_MESSAGE_BYTES,
+    reports_topic,
+)
 from ldpstream.suggest import did_you_mean
-from ldpstream.names import (DEFAULT_BATCH_REPORTS, DEFAULT_BATCH_SECONDS, DEFAULT_BUCKET_S,
-                             DEFAULT_CONTROLLER_INTERVAL_S, DEFAULT_DRIFT_ALPHA,
-                             DEFAULT_ESTIMATORS, DEFAULT_PARTITIONS,
-                             DEFAULT_QUOTA_WINDOW_S, DEFAULT_REFRESH_INTERVAL_S, DEFAULT_WINDOWS,
-                             ENV_API_TOKEN, ENV_KAFKA_BOOTSTRAP, MAX_MESSAGE_BYTES, reports_topic)
+from ldpstream.windows import BucketPolicy, Window
 
 __all__ = ["ConfigError", "AppConfig", "ConfigFile", "IngestConfig", "Collection", "CsvSchema",
            "Schema", "DeviceQuota", "load_config", "parse_config", "build_mechanism",

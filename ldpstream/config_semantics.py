@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ldpstream.windows import BucketPolicy, Window, parse_window
 from ldpstream.config_errors import got, problems
 from ldpstream.datasets import ADULT_COLUMNS, DatasetError, adult_path, load_csv
-from ldpstream.estimators.domain import Domain
+from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.suggest import did_you_mean
+from ldpstream.windows import BucketPolicy, Window, parse_window
 
 __all__ = ["MAX_COARSE_PER_WINDOW", "domain_of", "marginals_of", "windows_of"]
 

@@ -14,8 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .estimators.domain import Domain
-from .suggest import did_you_mean, plain
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.suggest import did_you_mean, plain
 
 #: the eight categorical Adult attributes used by [Castell] Table VI and [MDRR] §6
 ADULT_COLUMNS = ("workclass", "education", "marital-status", "occupation", "relationship", "race",

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ldpstream.names import DEFAULT_BIND
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .producers.signing import VerifyKey
+    from ldpstream.producers.signing import VerifyKey
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,8 @@ async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: W
                stop: asyncio.Event, data: dict[str, str], verify_key: VerifyKey) -> bool:
     """Feed every collection (one fleet each, sampling ``data[cid]``) and print a status line
     until ``stop``; returns False when a fleet or the worker failed."""
-    from .agents.app import make_store
-    from .producers.fleet import run_fleet
+    from ldpstream.agents.app import make_store
+    from ldpstream.producers.fleet import run_fleet
 
     colls = list(config.collections.values())
     store = make_store(redis_url)
@@ -189,7 +189,7 @@ async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: W
 async def _warn_stale_offsets(config: Any, redis_url: str) -> None:
     """A fresh in-memory broker starts its logs at offset 0: offsets an external Redis kept from
     an earlier broker would make the worker skip the new reports below them."""
-    from .agents.app import make_store
+    from ldpstream.agents.app import make_store
 
     store = make_store(redis_url)
     try:
@@ -209,18 +209,17 @@ async def _warn_stale_offsets(config: Any, redis_url: str) -> None:
 
 
 def main(args: Any) -> int:
-    from .cli import CliError
-    from .config import load_config
-    from .producers.signing import (ENV_SIGNING_KEY, ENV_SIGNING_KEY_FILE, SigningKey,
-                                    load_signing_key)
-    from .privacy import epsilon_fields
-    from .producers.fleet import check_source, default_data
+    from ldpstream.cli import CliError
+    from ldpstream.config import load_config
     from ldpstream.dev.broker import EmbeddedBroker
     from ldpstream.dev.process import port_free
     from ldpstream.dev.redis import EmbeddedRedis
+    from ldpstream.endpoint import clear_up, record_up, require_free_port
     from ldpstream.errors import ServiceError
     from ldpstream.kafka_admin import create_ldp_topics
-    from .endpoint import clear_up, record_up, require_free_port
+    from ldpstream.privacy import epsilon_fields
+    from ldpstream.producers.fleet import check_source, default_data
+    from ldpstream.producers.signing import ENV_SIGNING_KEY, ENV_SIGNING_KEY_FILE, SigningKey, load_signing_key
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

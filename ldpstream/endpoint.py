@@ -10,9 +10,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from ldpstream.errors import CliError
 from ldpstream.names import DEFAULT_WEB_PORT, ENV_API_URL, ENV_WEB_PORT
-
-from .errors import CliError
 
 #: ports tried after a busy one before giving up on a suggestion
 SUGGEST_SPAN = 100

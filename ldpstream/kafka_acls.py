@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import REPORTS_TOPIC_PREFIX
-from .producers.codec import DLQ_TOPIC
-from .producers.device import CONFIG_TOPIC
+from ldpstream.names import CONFIG_TOPIC, DLQ_TOPIC, REPORTS_TOPIC_PREFIX
 
 __all__ = ["Acl", "ACLS", "WORKER", "DEVICE", "APP_PREFIX"]
 

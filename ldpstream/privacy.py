@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .estimators.mechanism import Mechanism
+from ldpstream.estimators.mechanism import Mechanism
 
 #: above this ε per record one report says much about its device's record; flagged everywhere
 WEAK_EPSILON = 4.0

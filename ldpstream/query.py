@@ -14,7 +14,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from .cli import CliError
+from ldpstream.cli import CliError
 
 TIMEOUT_S = 10.0
 

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import unquote
 
 import redis.exceptions as rexc
+
 from ldpstream.names import ENV_REDIS_URL
 
 __all__ = ["CLUSTER_SCHEMES", "CLUSTER_NODES_ENV", "RedisUrlError", "TRANSIENT_ERRORS",

@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from .bounded_fetch import GUARD_MARKER
+from ldpstream.producers.bounded_fetch import GUARD_MARKER
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..estimators.mechanism import Mechanism
+    from ldpstream.estimators.mechanism import Mechanism
 
 from ldpstream.names import MAX_MESSAGE_BYTES
 

@@ -23,14 +23,20 @@ from typing import Any, Callable, Collection, Mapping, Protocol
 
 import numpy as np
 
-from ..estimators.mechanism import Mechanism, from_state
-from . import bounded_fetch
-from .codec import encode_batch
-from .kafka_security import KafkaSecurity, kafka_security
-from .publisher import Publisher
-from .signing import (ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, SignedState, StateRejected,
-                      VerifyKey, load_verify_key)
+from ldpstream.estimators.mechanism import Mechanism, from_state
 from ldpstream.names import CONFIG_TOPIC, reports_topic
+from ldpstream.producers import bounded_fetch
+from ldpstream.producers.codec import encode_batch
+from ldpstream.producers.kafka_security import KafkaSecurity, kafka_security
+from ldpstream.producers.publisher import Publisher
+from ldpstream.producers.signing import (
+    ENV_PUBLIC_KEY,
+    ENV_PUBLIC_KEY_FILE,
+    SignedState,
+    StateRejected,
+    VerifyKey,
+    load_verify_key,
+)
 
 log = logging.getLogger(__name__)
 

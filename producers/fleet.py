@@ -22,12 +22,12 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from ..estimators.mechanism import Mechanism, histogram
-from .device import ConfigWatcher, Gateway
-from .generator import is_generator_spec, parse_spec
-from .publisher import Publisher
-from .signing import SignedState, VerifyKey, load_verify_key
+from ldpstream.estimators.mechanism import Mechanism, histogram
 from ldpstream.names import ENV_KAFKA_BOOTSTRAP
+from ldpstream.producers.device import ConfigWatcher, Gateway
+from ldpstream.producers.generator import is_generator_spec, parse_spec
+from ldpstream.producers.publisher import Publisher
+from ldpstream.producers.signing import SignedState, VerifyKey, load_verify_key
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def make_source(spec: str | None, domain, seed: int = 0) -> tuple[Source, str]:
         # is_generator_spec is True only for a str (mypy cannot narrow through it)
         pop = parse_spec(spec, domain, default_seed=seed)  # type: ignore[arg-type]
         return pop.sample, f"generator:{pop.kind}(seed={pop.seed})"
-    from ..datasets import load_csv
+    from ldpstream.datasets import load_csv
 
     ds = load_csv(spec, columns=domain.attrs, domain=domain)
     records = ds.records
@@ -258,7 +258,7 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
 
 def check_source(option: str, spec: str, collection) -> None:
     """A one-line :class:`CliError` naming ``option`` unless ``spec`` can feed ``collection``."""
-    from ..cli import CliError
+    from ldpstream.cli import CliError
 
     try:
         make_source(spec, collection.domain, seed=0)
@@ -295,9 +295,8 @@ def _print_progress(stats: FleetStats) -> None:
 
 
 def main(args) -> int:
-    from ..cli import CliError
-
-    from ..config import load_config
+    from ldpstream.cli import CliError
+    from ldpstream.config import load_config
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -58,17 +58,24 @@ import numpy as np
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from ..errors import CliError
-from ..http_guard import GATEWAY_ENV, ConnectionGuard, HardenedSite
-from ..estimators.mechanism import Mechanism
-from .codec import (MAX_MESSAGE_BYTES, DecodeError, ReportBatch, batch_from_json, decode_batch,
-                    encode_batch, explain_batch)
-from .device import ConfigWatcher
-from .kafka_security import kafka_security
+from ldpstream.errors import CliError
+from ldpstream.estimators.mechanism import Mechanism
+from ldpstream.http_guard import GATEWAY_ENV, ConnectionGuard, HardenedSite
 from ldpstream.names import ENV_KAFKA_BOOTSTRAP, reports_topic
-from .publisher import Publisher, PublishError
-from .signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, load_verify_key
-from .sdk import device_key
+from ldpstream.producers.codec import (
+    MAX_MESSAGE_BYTES,
+    DecodeError,
+    ReportBatch,
+    batch_from_json,
+    decode_batch,
+    encode_batch,
+    explain_batch,
+)
+from ldpstream.producers.device import ConfigWatcher
+from ldpstream.producers.kafka_security import kafka_security
+from ldpstream.producers.publisher import Publisher, PublishError
+from ldpstream.producers.sdk import device_key
+from ldpstream.producers.signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, load_verify_key
 
 log = logging.getLogger(__name__)
 
@@ -514,7 +521,7 @@ def main(args: Any) -> int:
                        f"gateway accepts only mechanism states signed by that key)")
     gateway = IngestGateway(bootstrap, fleets, max_body_bytes=args.max_body_bytes)
 
-    from .fleet import unless_stopped
+    from ldpstream.producers.fleet import unless_stopped
 
     async def run() -> None:
         # the stop signals count from the start: a stop while connecting is clean too

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..estimators.domain import Domain
+from ldpstream.estimators.kernels.domain import Domain
 
 KINDS = ("product", "skewed")
 

@@ -11,13 +11,20 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..estimators.device_program import PROGRAM_VERSION, memo_fingerprint, program_epsilon
-from ..estimators.device_program import step_epsilon
-from ..estimators.domain import SchemaError
-from .draws import (DrawSource, NumpyDraws, OsRandom, SplitMix64, bernoulli, categorical,
-                    uniform)
-from .program_steps import (MAX_ATTRS, MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_WIDTH, ProgramError,
-                            Step, parse_steps, run_partition, run_step)
+from ldpstream.estimators.kernels.device_program import PROGRAM_VERSION, memo_fingerprint, program_epsilon, step_epsilon
+from ldpstream.estimators.kernels.domain import SchemaError
+from ldpstream.producers.draws import DrawSource, NumpyDraws, OsRandom, SplitMix64, bernoulli, categorical, uniform
+from ldpstream.producers.program_steps import (
+    MAX_ATTRS,
+    MAX_MATRIX_ENTRIES,
+    MAX_STEPS,
+    MAX_WIDTH,
+    ProgramError,
+    Step,
+    parse_steps,
+    run_partition,
+    run_step,
+)
 
 __all__ = ["DrawSource", "SplitMix64", "OsRandom", "NumpyDraws", "uniform", "bernoulli",
            "categorical", "Program", "ProgramError", "Memo", "MAX_WIDTH", "MAX_ATTRS"]

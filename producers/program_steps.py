@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .draws import M64, TWO53, DrawSource, bernoulli, categorical, mix64, uniform
+from ldpstream.producers.draws import M64, TWO53, DrawSource, bernoulli, categorical, mix64, uniform
 
 __all__ = ["Step", "ProgramError", "parse_steps", "run_step", "run_partition", "MAX_ATTRS",
            "MAX_WIDTH", "MAX_CELLS", "MAX_MATRIX_ENTRIES", "MAX_STEPS"]

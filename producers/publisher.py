@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import Any
 
-from .kafka_security import KafkaSecurity, kafka_security
+from ldpstream.producers.kafka_security import KafkaSecurity, kafka_security
 
 log = logging.getLogger(__name__)
 

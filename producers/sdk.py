@@ -2,7 +2,7 @@
 
 :class:`DeviceClient` takes records as labels (``{"sex": "Male", "Salary": ">50K"}``), checks
 them against the collection's schema (an unknown attribute or category is a
-:class:`~ldpstream.estimators.domain.SchemaError` naming it and the allowed ones), randomizes them
+:class:`~ldpstream.estimators.kernels.domain.SchemaError` naming it and the allowed ones), randomizes them
 with the mechanism of the version published on ``ldp.config`` (read through
 :class:`~.device.ConfigWatcher`, which accepts only states signed by the pinned key), accounts for
 the ε they cost in the device's :class:`~.ledger.Ledger`
@@ -29,16 +29,16 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
 
 import numpy as np
 
-from ..estimators import channels as ch
-from ..estimators.mechanism import Mechanism
-from .codec import ReportBatch, decode_batch, encode_batch
-from .device import DEFAULT_MAX_EPSILON, ConfigWatcher, check_ceiling
+from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.mechanism import Mechanism
 from ldpstream.names import reports_topic
-from .ledger import Ledger, channel_fingerprint
-from .program import DrawSource, Memo, NumpyDraws, OsRandom, Program
-from .sequence import BatchSequence
-from .publisher import Publisher
-from .signing import StateRejected
+from ldpstream.producers.codec import ReportBatch, decode_batch, encode_batch
+from ldpstream.producers.device import DEFAULT_MAX_EPSILON, ConfigWatcher, check_ceiling
+from ldpstream.producers.ledger import Ledger, channel_fingerprint
+from ldpstream.producers.program import DrawSource, Memo, NumpyDraws, OsRandom, Program
+from ldpstream.producers.publisher import Publisher
+from ldpstream.producers.sequence import BatchSequence
+from ldpstream.producers.signing import StateRejected
 
 log = logging.getLogger(__name__)
 

@@ -284,7 +284,7 @@ def keygen(directory: str | os.PathLike[str], *, public_dir: str | os.PathLike[s
 
 def main(args: Any) -> int:
     """``ldpstream keygen --out DIR [--public-out DIR] [--force | --if-missing]``."""
-    from ..errors import CliError
+    from ldpstream.errors import CliError
 
     try:
         priv, pub = keygen(args.out, public_dir=args.public_out, force=bool(args.force),

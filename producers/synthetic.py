@@ -116,8 +116,8 @@ def parse_spec(spec: str) -> SyntheticSpec:
 def generate(spec: SyntheticSpec | str, rng: np.random.Generator | None = None):
     """A :class:`ldpstream.datasets.Dataset` drawn from ``spec`` (vectorized; ``spec.seed``
     overrides ``rng``)."""
-    from ..datasets import Dataset
-    from ..estimators.domain import Domain
+    from ldpstream.datasets import Dataset
+    from ldpstream.estimators.kernels.domain import Domain
     if isinstance(spec, str):
         spec = parse_spec(spec)
     if spec.seed is not None or rng is None:

@@ -229,9 +229,10 @@ class WorkerProcess:
     """``ldpstream worker`` as a child process (own process group, log file)."""
 
     def __init__(self, config_path: str, env: dict, log_path: str, web_port: int | None = None):
-        from ldpstream.dev.process import free_port
         import subprocess
         import sys
+
+        from ldpstream.dev.process import free_port
 
         self.config_path = config_path
         self.env = env

@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 import numpy as np
-
 from conftest import wait_for_n
 from store_helpers import read_collection
 

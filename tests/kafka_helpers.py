@@ -40,8 +40,9 @@ class OwnBrokerWorker:
     def __init__(self, tmp_path, cid: str, spawn_worker, service_env: dict, redis_url: str
                  ) -> None:
         from conftest import write_config
+
+        from ldpstream.dev.broker import EmbeddedBroker
         from ldpstream.producers.signing import SigningKey
-        from ldpstream.services import EmbeddedBroker
 
         self.key = SigningKey.generate()
         self.broker = EmbeddedBroker()

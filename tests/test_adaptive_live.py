@@ -14,18 +14,18 @@ import urllib.request
 import numpy as np
 import pytest
 import yaml
+from tolerance import assert_close
 
 from ldpstream.agents import keys
 from ldpstream.agents.app import make_store
 from ldpstream.agents.controller import STATE
 from ldpstream.agents.layout import Layout
 from ldpstream.config import load_config
-from ldpstream.estimators import metrics as M
+from ldpstream.estimators.kernels import metrics as M
 from ldpstream.estimators.mechanism import from_state, histogram, mechanism_class
 from ldpstream.producers.fleet import make_source, run_fleet
 from ldpstream.producers.signing import ENV_SIGNING_KEY, SigningKey
 from ldpstream.simulate.driver import drive
-from tolerance import assert_close
 
 pytestmark = pytest.mark.pipeline
 

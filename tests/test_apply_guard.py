@@ -13,17 +13,16 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 import yaml
-
 from conftest import write_config
 from kafka_helpers import read_dlq
+from store_helpers import cells, read_all
+
 from ldpstream.agents import keys
-from ldpstream.agents.apply_guard import (MAX_EXPIRE_MS, MAX_TIMESTAMP_MS, expire_ms,
-                                          split_bad_timestamps, timestamp_ok)
+from ldpstream.agents.apply_guard import MAX_EXPIRE_MS, MAX_TIMESTAMP_MS, expire_ms, split_bad_timestamps, timestamp_ok
 from ldpstream.agents.layout import Layout
-from ldpstream.agents.redis_client import connect
 from ldpstream.agents.store import _APPLY_LUA, CountStore, PartitionDelta, SideCounter
 from ldpstream.estimators.mechanism import TensorSpec
-from store_helpers import cells, read_all
+from ldpstream.redis_client import connect
 
 pytestmark = pytest.mark.pipeline
 

@@ -10,10 +10,9 @@ import time
 from collections import Counter
 
 import numpy as np
-
+import pytest
 from conftest import over_both_brokers, wait_for_n, write_config
 from store_helpers import read_collection
-import pytest
 
 pytestmark = pytest.mark.pipeline
 kafka_broker = over_both_brokers()
@@ -33,10 +32,9 @@ def test_bad_input_goes_to_dlq_and_counts_stay_exact(tmp_path, kafka_broker, red
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from aiokafka.errors import MessageSizeTooLargeError
 
-    from ldpstream.dev.kafka import ApacheKafka
-
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
+    from ldpstream.dev.kafka import ApacheKafka
     from ldpstream.producers.codec import encode_batch
 
     cid = unique_name

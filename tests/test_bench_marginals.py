@@ -10,8 +10,8 @@ import pytest
 
 from ldpstream.bench.marginals import _triples, _truth, run_dataset
 from ldpstream.bngen import shape_network
-from ldpstream.estimators.domain import Factor
-from ldpstream.estimators.metrics import tvd
+from ldpstream.estimators.kernels.domain import Factor
+from ldpstream.estimators.kernels.metrics import tvd
 
 pytestmark = pytest.mark.core
 

@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+
 import pytest
 
 pytestmark = pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""Error bounds with stated coverage (estimators/bounds.py, docs/estimators.md "Error bounds"):
+"""Error bounds with stated coverage (estimators/kernels/bounds.py, docs/estimators.md "Error bounds"):
 seeded Monte Carlo of Pr[TVD(estimate, truth) ≤ error_bound] from n = 10 to 10⁶.
 
 Tolerance: the bound states 95 %; over R = 2,000 replicates per n the coverage's Monte Carlo
@@ -11,15 +11,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ldpstream.estimators import frequency_oracles as fo
-from ldpstream.estimators.bounds import (DRAWS, LEVEL, Bound, coarsened, oracle_bound,
-                                         product_channel_bound, reference)
-from ldpstream.estimators.castell import apply_modes, castell
-from ldpstream.estimators.channels import grr
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.partitioned import Partitioned
-from ldpstream.estimators.proper import project_simplex
-from ldpstream.estimators.rr_ind import RRIndependent
+from ldpstream.estimators.families.partitioned import Partitioned
+from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.estimators.kernels.bounds import (
+    DRAWS,
+    LEVEL,
+    Bound,
+    coarsened,
+    oracle_bound,
+    product_channel_bound,
+    reference,
+)
+from ldpstream.estimators.kernels.castell import apply_modes, castell
+from ldpstream.estimators.kernels.channels import grr
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.estimators.kernels.proper import project_simplex
+from ldpstream.estimators.oracles import frequency_oracles as fo
 
 pytestmark = pytest.mark.core
 
@@ -146,7 +153,7 @@ def test_mechanisms_serve_the_calibrated_bound():
 def test_large_tables_are_bootstrapped_in_chunks(monkeypatch):
     """Past the memory cap the draws come in chunks (the same stream: the same TVD bound) and
     the cells get the estimate ± the bound."""
-    import ldpstream.estimators.bounds as bounds
+    import ldpstream.estimators.kernels.bounds as bounds
     P = [grr(1.0, 4), grr(1.0, 3)]
     c = np.random.default_rng(0).integers(0, 100, (4, 3))
     whole = product_channel_bound(c, P)

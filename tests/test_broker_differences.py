@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from conftest import over_both_brokers
 
 pytestmark = pytest.mark.pipeline

@@ -10,13 +10,20 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from ldpstream.estimators import castell as castell_mod
-from ldpstream.estimators.castell import (apply_modes, castell, castell_naive, castell_reduced,
-                                          castell_variance, expected_tvd, mode_product)
-from ldpstream.estimators.channels import grr, randomize
-from ldpstream.estimators.mechanism import histogram
 from tolerance import assert_close
+
+from ldpstream.estimators.kernels import castell as castell_mod
+from ldpstream.estimators.kernels.castell import (
+    apply_modes,
+    castell,
+    castell_naive,
+    castell_reduced,
+    castell_variance,
+    expected_tvd,
+    mode_product,
+)
+from ldpstream.estimators.kernels.channels import grr, randomize
+from ldpstream.estimators.mechanism import histogram
 
 pytestmark = pytest.mark.core
 

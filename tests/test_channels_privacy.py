@@ -8,12 +8,11 @@ import itertools
 import numpy as np
 import pytest
 from scipy.stats import chisquare
+from tolerance import assert_close
 
 from ldpstream.datasets import load_csv
-from ldpstream.estimators import channels
-from ldpstream.estimators.channels import (epsilon, epsilon_of_report, grr, grr_pq, randomize,
-                                           validate, warner)
-from tolerance import assert_close
+from ldpstream.estimators.kernels import channels
+from ldpstream.estimators.kernels.channels import epsilon, epsilon_of_report, grr, grr_pq, randomize, validate, warner
 
 pytestmark = pytest.mark.core
 

@@ -24,16 +24,15 @@ import signal
 import time
 
 import numpy as np
-
+import pytest
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection
-import pytest
 
 from ldpstream.agents import keys
 from ldpstream.agents.app import make_store
-from ldpstream.redis_client import TRANSIENT_ERRORS
 from ldpstream.config import load_config
 from ldpstream.producers.fleet import run_fleet
+from ldpstream.redis_client import TRANSIENT_ERRORS
 
 pytestmark = pytest.mark.pipeline
 

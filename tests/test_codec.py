@@ -8,11 +8,22 @@ import struct
 import numpy as np
 import pytest
 
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.rr_ind import RRIndependent
-from ldpstream.producers.codec import (DLQ_PAYLOAD_LIMIT, MAGIC, DecodeError, ReportBatch,
-                                       batch_from_json, batch_to_json, check_batch, decode_batch,
-                                       decode_uniform, dlq_record, encode_batch, explain_batch)
+from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.producers.codec import (
+    DLQ_PAYLOAD_LIMIT,
+    MAGIC,
+    DecodeError,
+    ReportBatch,
+    batch_from_json,
+    batch_to_json,
+    check_batch,
+    decode_batch,
+    decode_uniform,
+    dlq_record,
+    encode_batch,
+    explain_batch,
+)
 
 pytestmark = pytest.mark.core
 

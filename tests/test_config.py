@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from ldpstream.config import (AppConfig, ConfigError, default_config_path, load_config,
-                              parse_config)
+from ldpstream.config import AppConfig, ConfigError, default_config_path, load_config, parse_config
 from ldpstream.datasets import ADULT_COLUMNS
 
 pytestmark = pytest.mark.core

@@ -11,7 +11,6 @@ import json
 import time
 
 import pytest
-
 from kafka_helpers import OwnBrokerWorker
 
 pytestmark = pytest.mark.pipeline

@@ -9,7 +9,6 @@ import json
 import time
 
 import pytest
-
 from kafka_helpers import OwnBrokerWorker, read_dlq
 
 pytestmark = pytest.mark.pipeline

@@ -1,4 +1,4 @@
-"""Corr-RR (estimators/corr_rr.py, corr_rr_paper.py, cond_rr.py), the synthetic generator and the
+"""Corr-RR (estimators/families/corr_rr.py, corr_rr_paper.py, cond_rr.py), the synthetic generator and the
 simulate/bench entry points: privacy audits from the exact Phase II channel, χ² of the
 randomizer, unbiasedness and stated variance of the GLS estimator by seeded Monte Carlo, the
 published bias floor, and corr-rr against corr-rr-paper and SPL."""
@@ -10,16 +10,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ldpstream.estimators import channels as ch
-from ldpstream.estimators.corr_rr import (CorrRR, PhaseModel, decode_optimal_table,
-                                          optimal_table, shrunk_plugin)
-from ldpstream.estimators.corr_rr_paper import (CorrRRPaper, paper_py, paper_py_table,
-                                                run_two_phase)
-from ldpstream.estimators.domain import Domain
+from ldpstream.estimators.families.corr_rr import CorrRR, PhaseModel, decode_optimal_table, optimal_table, shrunk_plugin
+from ldpstream.estimators.families.corr_rr_paper import CorrRRPaper, paper_py, paper_py_table, run_two_phase
+from ldpstream.estimators.families.multi_baselines import SPL, marginal_mse
+from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.mechanism import MECHANISMS, from_state
-from ldpstream.estimators.multi_baselines import SPL, marginal_mse
-from ldpstream.producers.synthetic import (SpecError, generate, parse_spec,
-                                           population_marginals)
+from ldpstream.producers.synthetic import SpecError, generate, parse_spec, population_marginals
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 

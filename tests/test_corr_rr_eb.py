@@ -1,19 +1,18 @@
-"""corr-rr's combinations (estimators/corr_rr.py, corr_rr_eb.py): the Phase II covariance against
+"""corr-rr's combinations (estimators/families/corr_rr.py, corr_rr_eb.py): the Phase II covariance against
 the exact channel, variance weights against the published count weights, the empirical-Bayes
 pooling, the minimax-regret table, and corr-rr against corr-rr-paper on the d = 10 cells where
 they used to tie. Seeded Monte Carlo on fixed datasets."""
 
 import numpy as np
 import pytest
-
-from ldpstream.estimators.corr_rr import CorrRR, PhaseModel, pooling_table
-from ldpstream.estimators.corr_rr_eb import (fit_pooling, minimax_table, pooled_smoother,
-                                             table_risk, tau_cap)
-from ldpstream.estimators.corr_rr_paper import CorrRRPaper, run_two_phase
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.multi_baselines import marginal_mse
-from ldpstream.producers.synthetic import generate, parse_spec
 from tolerance import close
+
+from ldpstream.estimators.families.corr_rr import CorrRR, PhaseModel, pooling_table
+from ldpstream.estimators.families.corr_rr_eb import fit_pooling, minimax_table, pooled_smoother, table_risk, tau_cap
+from ldpstream.estimators.families.corr_rr_paper import CorrRRPaper, run_two_phase
+from ldpstream.estimators.families.multi_baselines import marginal_mse
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.producers.synthetic import generate, parse_spec
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 
@@ -82,7 +81,7 @@ def test_variance_weights_beat_count_weights():
         counts = mech.count(mech.randomize(X, np.random.default_rng([11, r])), mech.tensors())
         c1, c2 = mech.column_counts(counts)
         n1, n2 = float(c1[0].sum()), float(c2[0].sum())
-        from ldpstream.estimators.corr_rr_paper import phase1_estimates
+        from ldpstream.estimators.families.corr_rr_paper import phase1_estimates
         f1 = np.concatenate(phase1_estimates(c1, 1.0, dom.shape))
         lam = np.concatenate([c / n2 for c in c2])
         pm = mech.model(n1, n2)
@@ -156,7 +155,7 @@ def test_table_risk_and_minimax_table():
     k = d - 1
     shape = (d,) * m
     f = np.tile([0.4, 0.3, 0.2, 0.1], m)
-    from ldpstream.estimators.corr_rr_paper import grr_copy_channel
+    from ldpstream.estimators.families.corr_rr_paper import grr_copy_channel
 
     def info(T):
         return PhaseModel(shape, 2.0, 500, 4500, [[None if j == l else grr_copy_channel(

@@ -8,12 +8,12 @@ import time
 
 import numpy as np
 import pytest
-
-from kafka_helpers import read_dlq
 from conftest import write_config
-from ldpstream.agents.quota import split_by_quota
-from ldpstream.estimators.poisoning import inverse_map, poisoning_bound
+from kafka_helpers import read_dlq
 from store_helpers import read_collection
+
+from ldpstream.agents.quota import split_by_quota
+from ldpstream.estimators.kernels.poisoning import inverse_map, poisoning_bound
 
 pytestmark = pytest.mark.pipeline
 
@@ -49,13 +49,13 @@ def test_bound_is_attained_by_the_worst_attack():
 
 def test_quota_breaking_devices_exact_counts_across_kill9(tmp_path, kafka_broker, redis_server,
                                                           spawn_worker, unique_name):
+    import yaml
+
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.producers.codec import decode_batch, encode_batch
     from ldpstream.producers.fleet import run_fleet
     from ldpstream.producers.publisher import Publisher
-
-    import yaml
 
     cid = unique_name
     path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=2,

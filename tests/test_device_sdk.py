@@ -11,17 +11,16 @@ import contextlib
 import numpy as np
 import pytest
 from scipy.stats import chisquare
+from tolerance import assert_close
 
-from ldpstream.estimators import channels as ch
-from ldpstream.estimators.domain import Domain, SchemaError
-from ldpstream.estimators.longitudinal import Memoize
-from ldpstream.estimators.rr_ind import RRIndependent
+from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.kernels.domain import Domain, SchemaError
+from ldpstream.estimators.stream.longitudinal import Memoize
 from ldpstream.producers.codec import decode_batch
 from ldpstream.producers.device import ConfigWatcher
 from ldpstream.producers.ledger import Budget, Ledger
-from ldpstream.producers.sdk import (DeviceClient, KafkaTransport, RecordingTransport,
-                                     UnknownCollectionError, device_key)
-from tolerance import assert_close
+from ldpstream.producers.sdk import DeviceClient, KafkaTransport, RecordingTransport, UnknownCollectionError, device_key
 
 pytestmark = pytest.mark.pipeline
 
@@ -32,9 +31,9 @@ REC = {"os": "ios", "plan": "pro"}
 async def publish(bootstrap: str, topic: str, states: dict[str, RRIndependent]) -> None:
     """Publish signed mechanism states to a config topic the way the worker does (compacted,
     key = collection id)."""
+    from ldpstream.kafka_admin import create_topics
     from ldpstream.producers.publisher import Publisher
     from ldpstream.producers.signing import load_signing_key
-    from ldpstream.kafka_admin import create_topics
 
     key = load_signing_key()  # the session's key (tests/conftest.py); devices pin its public key
     assert key is not None
@@ -213,8 +212,8 @@ def test_device_reports_follow_the_composed_channel(kafka_broker, unique_name):
 def test_kafka_transport_keys_batches_by_device(kafka_broker, unique_name, tmp_path):
     from aiokafka import AIOKafkaConsumer
 
-    from ldpstream.producers.publisher import Publisher
     from ldpstream.kafka_admin import create_topics
+    from ldpstream.producers.publisher import Publisher
 
     topic = f"cfg.{unique_name}"
     cid = unique_name
@@ -287,9 +286,9 @@ def test_client_never_uses_an_unsigned_or_forged_state(kafka_broker, unique_name
     plain JSON) and a state signed by another key are refused, and the client says so."""
     import json
 
+    from ldpstream.kafka_admin import create_topics
     from ldpstream.producers.publisher import Publisher
     from ldpstream.producers.signing import SigningKey
-    from ldpstream.kafka_admin import create_topics
 
     topic = f"cfg.{unique_name}"
     forged = RRIndependent(DOM, epsilon=12.0)  # nearly the true values

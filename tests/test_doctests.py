@@ -9,7 +9,7 @@ import ldpstream.estimators as est
 
 pytestmark = pytest.mark.core
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(est.__path__, est.__name__ + "."))
+MODULES = sorted(m.name for m in pkgutil.walk_packages(est.__path__, est.__name__ + "."))
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -4,8 +4,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ldpstream.estimators.channels import epsilon, epsilon_of_report, grr, validate, warner
-from ldpstream.estimators.domain import Domain, Factor
+from ldpstream.estimators.kernels.channels import epsilon, epsilon_of_report, grr, validate, warner
+from ldpstream.estimators.kernels.domain import Domain, Factor
 
 pytestmark = pytest.mark.core
 

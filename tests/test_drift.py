@@ -1,5 +1,5 @@
-"""Drift test calibrated to the LDP noise (estimators/drift.py) and the batched estimates of a
-refresh (estimators/batched.py, estimators/many.py).
+"""Drift test calibrated to the LDP noise (estimators/stream/drift.py) and the batched estimates of a
+refresh (estimators/kernels/batched.py, estimators/stream/many.py).
 
 Stationary streams are simulated exactly: for ``rr-ind`` the randomized table of a window is
 Multinomial(n, q) with q = π ×₁ P₁ ×₂ P₂, so thousands of windows cost one draw each.
@@ -12,19 +12,18 @@ import math
 import numpy as np
 import pytest
 from scipy.special import ndtr
-
-from ldpstream.estimators import batched
-from ldpstream.estimators.castell import castell_variance, mode_product
-from ldpstream.estimators.channels import grr
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.drift import (DriftResult, cell_variance, drift_test, null_variances,
-                                        sidak_threshold)
-from ldpstream.estimators.ibu import ibu
-from ldpstream.estimators.many import EstimateCache, drift_many, estimate_many
-from ldpstream.estimators.mechanism import marginal_key
-from ldpstream.estimators.rr_ind import RRIndependent, RRJoint
-from ldpstream.producers.generator import Population
 from tolerance import assert_close
+
+from ldpstream.estimators.families.rr import RRIndependent, RRJoint
+from ldpstream.estimators.kernels import batched
+from ldpstream.estimators.kernels.castell import castell_variance, mode_product
+from ldpstream.estimators.kernels.channels import grr
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.estimators.kernels.ibu import ibu
+from ldpstream.estimators.mechanism import marginal_key
+from ldpstream.estimators.stream.drift import DriftResult, cell_variance, drift_test, null_variances, sidak_threshold
+from ldpstream.estimators.stream.many import EstimateCache, drift_many, estimate_many
+from ldpstream.producers.generator import Population
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 

@@ -8,10 +8,9 @@ import random
 import time
 
 import numpy as np
-
+import pytest
 from conftest import over_both_brokers, wait_for_n, write_config
 from store_helpers import read_collection, read_fine_buckets
-import pytest
 
 pytestmark = pytest.mark.pipeline
 kafka_broker = over_both_brokers()

@@ -38,9 +38,8 @@ def fresh_target(request):
 def test_frozen_worker_late_apply_counts_exactly_once(tmp_path, kafka_broker, fresh_target,
                                                       service_env, spawn_worker, unique_name):
     from ldpstream.agents.app import make_store
-    from ldpstream.producers.fleet import run_fleet
-
     from ldpstream.config import load_config
+    from ldpstream.producers.fleet import run_fleet
 
     cid = unique_name
     # timed flushes only (every 1 s; batch_reports is never reached); no refresh during the test

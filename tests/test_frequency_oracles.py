@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 import pytest
-
-from ldpstream.estimators import channels as ch
-from ldpstream.estimators import frequency_oracles as fo
 from tolerance import assert_close
+
+from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.oracles import frequency_oracles as fo
 
 pytestmark = pytest.mark.core
 

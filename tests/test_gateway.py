@@ -12,17 +12,15 @@ import urllib.request
 import numpy as np
 import pytest
 import yaml
-
 from conftest import wait_for_n
 from gateway_helpers import GatewayProcess
 from store_helpers import read_collection
 
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.rr_ind import RRIndependent
 from ldpstream.errors import CliError
+from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.producers.codec import batch_to_json, decode_batch, encode_batch
-from ldpstream.producers.gateway import (Fleet, IngestGateway, authenticate, load_fleets,
-                                         parse_fleets, serve, stamp)
+from ldpstream.producers.gateway import Fleet, IngestGateway, authenticate, load_fleets, parse_fleets, serve, stamp
 from ldpstream.producers.sdk import GatewayConfigWatcher, GatewayError, device_key
 
 pytestmark = pytest.mark.pipeline
@@ -97,10 +95,10 @@ async def _parts(consumer, topic):
 
 
 def test_gateway_refusals_produce_nothing_then_a_batch_is_stamped(kafka_broker, unique_name):
-    from ldpstream.producers.publisher import Publisher
-    from ldpstream.producers.signing import load_signing_key
     from ldpstream.dev.process import free_port
     from ldpstream.kafka_admin import create_topics
+    from ldpstream.producers.publisher import Publisher
+    from ldpstream.producers.signing import load_signing_key
 
     cid, cfg = unique_name, f"cfg.{unique_name}"
     topic = f"ldp.reports.{cid}"
@@ -218,9 +216,9 @@ def test_reports_through_the_gateway_are_counted_exactly(tmp_path, kafka_broker,
     nothing."""
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
+    from ldpstream.dev.process import free_port
     from ldpstream.producers.ledger import Ledger
     from ldpstream.producers.sdk import DeviceClient, HttpTransport
-    from ldpstream.dev.process import free_port
 
     cid = unique_name
     path = tmp_path / "c.yaml"

@@ -10,7 +10,6 @@ import json
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection
 

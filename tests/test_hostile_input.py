@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 import pytest
-
-from kafka_helpers import read_dlq
 from conftest import over_both_brokers, wait_for_n, write_config
+from kafka_helpers import read_dlq
 from store_helpers import read_collection
+
 from ldpstream.producers import bounded_fetch
 from ldpstream.producers.codec import DecodeError, batch_from_json, decode_batch
 

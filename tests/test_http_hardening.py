@@ -9,7 +9,6 @@ import socket
 import time
 
 import pytest
-
 from conftest import write_config
 from gateway_helpers import GatewayProcess
 
@@ -83,8 +82,8 @@ def server(request, tmp_path, service_env, spawn_worker, unique_name):
         yield Server(w.web_port, w.proc.pid, _request("GET", "/healthz"))
         return
     from ldpstream.config import load_config
+    from ldpstream.dev.process import free_port
     from ldpstream.producers.codec import encode_batch
-    from ldpstream.services import free_port
 
     coll = load_config(path).collections[unique_name]
     port = free_port()
@@ -251,13 +250,15 @@ def test_gateway_healthz_checks_the_broker_for_real(unique_name):
 
     import aiohttp
 
-    from ldpstream.estimators.domain import Domain
-    from ldpstream.estimators.rr_ind import RRIndependent
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.dev.process import free_port
+    from ldpstream.estimators.families.rr import RRIndependent
+    from ldpstream.estimators.kernels.domain import Domain
+    from ldpstream.kafka_admin import create_topics
     from ldpstream.producers.codec import encode_batch
     from ldpstream.producers.gateway import IngestGateway, parse_fleets, serve
     from ldpstream.producers.publisher import Publisher
     from ldpstream.producers.signing import load_signing_key
-    from ldpstream.services import EmbeddedBroker, create_topics, free_port
 
     cid, cfg = unique_name, f"cfg.{unique_name}"
     mech = RRIndependent(Domain.from_categories({"a": ["x", "y"]}), epsilon=1.0, version=1)

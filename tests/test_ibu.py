@@ -5,14 +5,14 @@ import dataclasses
 
 import numpy as np
 import pytest
+from tolerance import assert_close
 
 from ldpstream.datasets import load_csv
-from ldpstream.estimators.castell import castell, mode_product
-from ldpstream.estimators.channels import grr, randomize
-from ldpstream.estimators.ibu import IBUResult, ibu
+from ldpstream.estimators.kernels.castell import castell, mode_product
+from ldpstream.estimators.kernels.channels import grr, randomize
+from ldpstream.estimators.kernels.ibu import IBUResult, ibu
+from ldpstream.estimators.kernels.metrics import tvd
 from ldpstream.estimators.mechanism import histogram
-from ldpstream.estimators.metrics import tvd
-from tolerance import assert_close
 
 pytestmark = pytest.mark.core
 

@@ -9,9 +9,9 @@ import asyncio
 
 import numpy as np
 import pytest
-
 from conftest import wait_for_n, write_config
 from kafka_helpers import read_dlq
+
 from ldpstream.agents.dedupe import DUPLICATE, NEW, STALE, DedupeBook, admit
 from ldpstream.producers.ledger import Ledger
 
@@ -146,10 +146,10 @@ def test_retried_gateway_batch_is_counted_once(tmp_path, kafka_broker, redis_ser
     import aiohttp
 
     from ldpstream.agents.app import make_store
+    from ldpstream.dev.process import free_port
     from ldpstream.producers.device import ConfigWatcher
     from ldpstream.producers.gateway import IngestGateway, parse_fleets, serve
     from ldpstream.producers.sdk import DeviceClient, HttpTransport
-    from ldpstream.services import free_port
 
     _, coll, worker = _collection(tmp_path, unique_name, spawn_worker)
     token = "idempotent-token-0123456789"

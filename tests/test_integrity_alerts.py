@@ -6,8 +6,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import yaml
 import pytest
+import yaml
 
 pytestmark = pytest.mark.core
 

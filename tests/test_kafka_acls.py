@@ -11,7 +11,6 @@ import ssl
 import uuid
 
 import pytest
-
 from conftest import running_kafka, write_config
 from kafka_counts import assert_counted
 
@@ -66,9 +65,9 @@ def test_device_is_refused_what_it_must_not_do(secure_kafka, monkeypatch, unique
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from aiokafka.errors import TopicAuthorizationFailedError
 
-    from ldpstream.producers.codec import DLQ_TOPIC
-    from ldpstream.producers.device import CONFIG_TOPIC, report_topic
     from ldpstream.kafka_admin import create_topics
+    from ldpstream.names import CONFIG_TOPIC, DLQ_TOPIC
+    from ldpstream.names import reports_topic as report_topic
 
     topic = report_topic(unique_name)
     admin_kw = _as(secure_kafka, secure_kafka.admin, monkeypatch)

@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import running_kafka, wait_for_n, write_config
 from kafka_counts import assert_counted
 from store_helpers import read_collection
@@ -95,7 +94,8 @@ def test_partition_leader_killed_mid_ingest_counts_stay_exact(
 def test_broker_holding_config_killed_devices_and_workers_keep_the_state(
         tmp_path, kafka_cluster, cluster_env, redis_server, spawn_worker, unique_name):
     from ldpstream.config import load_config
-    from ldpstream.producers.device import CONFIG_TOPIC, ConfigWatcher
+    from ldpstream.names import CONFIG_TOPIC
+    from ldpstream.producers.device import ConfigWatcher
     from ldpstream.producers.fleet import run_fleet
     from ldpstream.producers.signing import load_verify_key
 

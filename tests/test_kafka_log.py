@@ -11,7 +11,6 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection
 
@@ -147,7 +146,7 @@ def test_log_cleaner_compacts_config_topic_latest_state_per_key_survives(
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     from ldpstream.config import load_config
-    from ldpstream.estimators.rr_ind import RRIndependent
+    from ldpstream.estimators.families.rr import RRIndependent
     from ldpstream.producers.device import ConfigWatcher
     from ldpstream.producers.signing import SigningKey
 

@@ -4,7 +4,6 @@ and leave mid-stream, counts exact) run again on Apache Kafka; the other tests o
 from __future__ import annotations
 
 import pytest
-
 import test_cluster_pipeline
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.kafka]

@@ -9,10 +9,10 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import write_config
-from ldpstream.agents.log_identity import LogMark, judge
 from store_helpers import read_collection
+
+from ldpstream.agents.log_identity import LogMark, judge
 
 pytestmark = pytest.mark.pipeline
 
@@ -38,9 +38,9 @@ def test_broker_losing_its_log_is_detected_and_nothing_is_skipped(
         tmp_path, fresh_redis, spawn_worker, service_env, unique_name):
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
-    from ldpstream.producers.fleet import run_fleet
     from ldpstream.dev.broker import EmbeddedBroker
     from ldpstream.kafka_admin import create_topics
+    from ldpstream.producers.fleet import run_fleet
 
     broker = EmbeddedBroker()
     broker.start()

@@ -10,18 +10,18 @@ import json
 import numpy as np
 import pytest
 from scipy.stats import chisquare
+from tolerance import assert_close
 
 from ldpstream import cli
 from ldpstream.config import ConfigError, parse_config
-from ldpstream.estimators import channels as ch
-from ldpstream.estimators.castell import castell, castell_variance
-from ldpstream.estimators.domain import Domain, SchemaError
-from ldpstream.estimators.longitudinal import Guarantee, Memoize, periods_per_window
+from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.kernels.castell import castell, castell_variance
+from ldpstream.estimators.kernels.domain import Domain, SchemaError
 from ldpstream.estimators.mechanism import from_state, histogram
-from ldpstream.estimators.rr_ind import RRIndependent
+from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize, periods_per_window
 from ldpstream.producers.ledger import Budget, Ledger, channel_fingerprint
 from ldpstream.simulate.driver import build, drive, estimate_run, plan_from_args
-from tolerance import assert_close
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 

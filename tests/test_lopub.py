@@ -7,20 +7,19 @@ import networkx as nx
 import numpy as np
 import pytest
 from scipy import stats
+from tolerance import assert_close
 
 from ldpstream.cli import main as cli_main
 from ldpstream.datasets import load_csv
-from ldpstream.estimators import bloom
-from ldpstream.estimators.channels import epsilon as channel_epsilon
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.junction_tree import (JunctionTree, dependency_graph,
-                                                is_junction_tree, junction_tree)
-from ldpstream.estimators.lopub import LoPub
+from ldpstream.estimators.families import lopub_bloom as bloom
+from ldpstream.estimators.families.lopub import LoPub
+from ldpstream.estimators.kernels.channels import epsilon as channel_epsilon
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.estimators.kernels.junction_tree import JunctionTree, dependency_graph, is_junction_tree, junction_tree
+from ldpstream.estimators.kernels.metrics import tvd
+from ldpstream.estimators.kernels.synthesis import synthesize
 from ldpstream.estimators.mechanism import MECHANISMS, from_state
-from ldpstream.estimators.metrics import tvd
-from ldpstream.estimators.synthesis import synthesize
 from ldpstream.simulate.synthesize import marginal_fidelity, synthesize_dataset, true_joint
-from tolerance import assert_close
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 

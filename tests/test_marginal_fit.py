@@ -1,4 +1,4 @@
-"""The graphical-model fit of noisy marginals (estimators/marginal_fit.py) and how
+"""The graphical-model fit of noisy marginals (estimators/kernels/marginal_fit.py) and how
 non-convergence is reported (API warnings, the metric, simulate)."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from ldpstream.bngen import SHAPES, random_network, shape_network
-from ldpstream.estimators.consistency import max_entropy
-from ldpstream.estimators.domain import Domain, Factor
-from ldpstream.estimators.marginal_fit import fit_marginals
+from ldpstream.estimators.families.partitioned import Partitioned
+from ldpstream.estimators.kernels.consistency import max_entropy
+from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.kernels.marginal_fit import fit_marginals
+from ldpstream.estimators.kernels.serving import served_fields
 from ldpstream.estimators.mechanism import Estimate
-from ldpstream.estimators.partitioned import Partitioned
-from ldpstream.estimators.serving import served_fields
 
 pytestmark = pytest.mark.core
 

@@ -8,9 +8,15 @@ import numpy as np
 import pytest
 
 from ldpstream.config import ConfigError, parse_config
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.mechanism import (PROVIDERS, Mechanism, ParamError, from_state,
-                                            mechanism_class, mechanism_names)
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.estimators.mechanism import (
+    PROVIDERS,
+    Mechanism,
+    ParamError,
+    from_state,
+    mechanism_class,
+    mechanism_names,
+)
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 
@@ -122,7 +128,7 @@ def _drive(mech, recs, rng, marginals=(("a", "b"),)):
 
 
 def test_rr_clusters_clusters_live_from_the_singleton_round():
-    from ldpstream.estimators.rr_ind import RRClusters
+    from ldpstream.estimators.families.rr import RRClusters
     mech = build("rr-clusters", epsilon=3.0, scope="attribute", min_dependence=0.2)
     assert not mech.clustered and mech.clusters == [("a",), ("b",), ("c",)]
     recs = records(4000)

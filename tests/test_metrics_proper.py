@@ -6,12 +6,12 @@ import doctest
 import numpy as np
 import pytest
 from scipy.optimize import minimize
-
-from ldpstream.estimators import metrics as metrics_mod
-from ldpstream.estimators import proper as proper_mod
-from ldpstream.estimators.metrics import jsd, l2_counts, mae, max_abs, mse, tvd
-from ldpstream.estimators.proper import clip_rescale, project_simplex
 from tolerance import assert_close
+
+from ldpstream.estimators.kernels import metrics as metrics_mod
+from ldpstream.estimators.kernels import proper as proper_mod
+from ldpstream.estimators.kernels.metrics import jsd, l2_counts, mae, max_abs, mse, tvd
+from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex
 
 pytestmark = pytest.mark.core
 

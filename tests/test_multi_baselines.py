@@ -1,4 +1,4 @@
-"""SPL, SMP, RS+FD, RS+RFD (estimators/multi_baselines.py): privacy audits from the exact channel,
+"""SPL, SMP, RS+FD, RS+RFD (estimators/families/multi_baselines.py): privacy audits from the exact channel,
 χ² of the randomizers against it, unbiasedness and analytic MSE by seeded Monte Carlo, and a
 cross-check against the PyPI package multi-freq-ldpy."""
 import json
@@ -7,12 +7,20 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ldpstream.estimators.domain import Domain
+from ldpstream.estimators.families.multi_baselines import (
+    RSFD,
+    RSRFD,
+    SMP,
+    SPL,
+    _rs_attribute_eps,
+    amplification_for,
+    amplified_epsilon,
+    marginal_mse,
+    neighbour_epsilons,
+)
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.estimators.kernels.proper import clip_rescale
 from ldpstream.estimators.mechanism import MECHANISMS, from_state
-from ldpstream.estimators.multi_baselines import (RSFD, RSRFD, SMP, SPL, amplification_for,
-                                                  amplified_epsilon, marginal_mse,
-                                                  neighbour_epsilons, _rs_attribute_eps)
-from ldpstream.estimators.proper import clip_rescale
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 
@@ -185,8 +193,7 @@ def test_cross_check_multi_freq_ldpy(name):
         unbiased estimator within 4 standard errors (+5 %) — their randomizer is the channel ours
         assumes."""
     import multi_freq_ldpy as mdl
-    from multi_freq_ldpy.mdim_freq_est.RSpFD_solution import (RSpFD_GRR_Aggregator_MI,
-                                                              RSpFD_GRR_Client)
+    from multi_freq_ldpy.mdim_freq_est.RSpFD_solution import RSpFD_GRR_Aggregator_MI, RSpFD_GRR_Client
     from multi_freq_ldpy.mdim_freq_est.SPL_solution import SPL_GRR_Aggregator_MI, SPL_GRR_Client
     assert mdl is not None
     dom = Domain(("a", "b", "c"), (3, 4, 2))

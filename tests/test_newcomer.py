@@ -185,7 +185,7 @@ def test_values_in_messages_are_shown_as_written_not_as_numpy_reprs(tmp_path):
     import numpy as np
 
     from ldpstream.datasets import DatasetError, load_csv
-    from ldpstream.estimators.domain import Domain, SchemaError
+    from ldpstream.estimators.kernels.domain import Domain, SchemaError
     from ldpstream.estimators.mechanism import mechanism_class
 
     dom = Domain(("sex", "plan"), (2, 2), (("F", "M"), ("eco", "pro")))

@@ -31,12 +31,18 @@ import time
 import numpy as np
 import pytest
 import yaml
-
 from conftest import WorkerProcess
-from observability_helpers import (PrometheusServer, interpolate, load_dashboard, panel_targets,
-                                   prometheus_config, resolve_variables, short_hold_rules)
+from observability_helpers import (
+    PrometheusServer,
+    interpolate,
+    load_dashboard,
+    panel_targets,
+    prometheus_config,
+    resolve_variables,
+    short_hold_rules,
+)
 
-from ldpstream.estimators.drift import sidak_threshold
+from ldpstream.estimators.stream.drift import sidak_threshold
 
 pytestmark = pytest.mark.e2e
 

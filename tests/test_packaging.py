@@ -24,7 +24,7 @@ def test_wheel_builds_without_warnings_and_ships_the_data(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for f in ("adult.csv", "adult-demo.yaml", "ADULT-LICENSE.md", "survey.bif"):
         assert f"ldpstream/data/{f}" in names, f
-    assert "ldpstream/agents/app.py" in names and "ldpstream/estimators/castell.py" in names
+    assert "ldpstream/agents/app.py" in names and "ldpstream/estimators/kernels/castell.py" in names
     assert "ldpstream/dev/broker.py" in names and "ldpstream/kafka_admin.py" in names
     # the live page's assets, served by every worker (agents/ui.py ASSETS)
     from ldpstream.agents.ui import ASSETS

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from conftest import WorkerProcess
 from test_windows_e2e import ATTRS, population, publish
 

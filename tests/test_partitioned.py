@@ -7,19 +7,29 @@ import itertools
 
 import numpy as np
 import pytest
+from tolerance import assert_close, close
 
 from ldpstream.agents.intake import count_reports
 from ldpstream.bn import read_bif, survey_path
-from ldpstream.estimators import channels as ch
-from ldpstream.estimators.consistency import (disagreement, independence, make_consistent,
-                                              max_entropy, shrink_hierarchical,
-                                              shrink_to_independence)
-from ldpstream.estimators.domain import Domain, Factor
+from ldpstream.estimators.families.partitioned import (
+    Partitioned,
+    assign_by_device,
+    choose_per_report,
+    choose_ways,
+    tensor_key,
+)
+from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.kernels.consistency import (
+    disagreement,
+    independence,
+    make_consistent,
+    max_entropy,
+    shrink_hierarchical,
+    shrink_to_independence,
+)
+from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.kernels.metrics import tvd
 from ldpstream.estimators.mechanism import ParamError, from_state, histogram, mechanism_class
-from ldpstream.estimators.metrics import tvd
-from ldpstream.estimators.partitioned import (Partitioned, assign_by_device, choose_per_report,
-                                              choose_ways, tensor_key)
-from tolerance import assert_close, close
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 
@@ -383,7 +393,7 @@ def test_ways_auto_from_config():
 
 
 def test_drift_uses_the_closed_form_variance():
-    from ldpstream.estimators.drift import cell_variance, null_variances
+    from ldpstream.estimators.stream.drift import cell_variance, null_variances
     recs = _records(DOM, 4000, 2)
     mech = Partitioned(DOM, 2.0, ways=2)
     c1 = mech.count(mech.randomize(recs, np.random.default_rng(1)), mech.tensors())

@@ -10,7 +10,6 @@ import time
 import numpy as np
 import pytest
 import yaml
-
 from conftest import wait_for_n
 from store_helpers import read_collection
 from tolerance import assert_close
@@ -38,7 +37,7 @@ def test_live_estimates_equal_offline(tmp_path, kafka_broker, redis_server, spaw
     from ldpstream.agents.app import make_store
     from ldpstream.agents.refresh import estimate_payload
     from ldpstream.config import load_config
-    from ldpstream.estimators.partitioned import Partitioned
+    from ldpstream.estimators.families.partitioned import Partitioned
     from ldpstream.producers.fleet import run_fleet
 
     cid = unique_name
@@ -91,8 +90,8 @@ def test_device_sdk_assigns_marginals_by_device_id(kafka_broker, unique_name):
     hashes to (``assign_by_device``), whatever the records."""
     from test_device_sdk import watching
 
-    from ldpstream.estimators.domain import Domain
-    from ldpstream.estimators.partitioned import Partitioned, assign_by_device
+    from ldpstream.estimators.families.partitioned import Partitioned, assign_by_device
+    from ldpstream.estimators.kernels.domain import Domain
     from ldpstream.producers.ledger import Ledger
     from ldpstream.producers.sdk import DeviceClient, RecordingTransport
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-
+import pytest
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection
-import pytest
 
 pytestmark = pytest.mark.pipeline
 
@@ -108,8 +107,8 @@ def test_fast_count_equals_mechanism_count():
 def test_fast_count_of_a_tensor_past_uint16():
     """A tensor of more than 65,536 cells: the cell index is built in uint32."""
     from ldpstream.agents.intake import count_reports
-    from ldpstream.estimators.domain import Domain
-    from ldpstream.estimators.rr_ind import RRIndependent
+    from ldpstream.estimators.families.rr import RRIndependent
+    from ldpstream.estimators.kernels.domain import Domain
 
     dom = Domain(("a", "b", "c"), (300, 300, 3))
     mech = RRIndependent(dom, epsilon=1.0)

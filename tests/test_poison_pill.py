@@ -9,11 +9,10 @@ import signal
 import time
 
 import numpy as np
-
+import pytest
 from conftest import over_both_brokers, wait_for_n, write_config
 from kafka_helpers import read_dlq
 from store_helpers import read_collection
-import pytest
 
 pytestmark = pytest.mark.pipeline
 kafka_broker = over_both_brokers()

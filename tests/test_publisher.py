@@ -45,9 +45,9 @@ def test_publisher_default_compression_is_lz4_on_the_wire(kafka_broker, unique_n
     import cramjam  # noqa: F401 - a dependency: lz4 must be available
     from aiokafka.record.memory_records import MemoryRecords
 
+    from ldpstream.kafka_admin import create_topics
     from ldpstream.producers.codec import decode_batch, encode_batch
     from ldpstream.producers.publisher import Publisher, default_compression
-    from ldpstream.kafka_admin import create_topics
 
     assert default_compression() == "lz4"
     topic = f"ldp.reports.{unique_name}"

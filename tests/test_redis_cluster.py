@@ -8,11 +8,19 @@ import os
 
 import pytest
 
-from ldpstream.redis_client import (TRANSIENT_ERRORS, RedisUrlError, cluster_url, connect,
-                                           display_url, health, is_cluster_url, parse_nodes,
-                                           redis_url_from_env)
 from ldpstream.config import ConfigError, parse_config
 from ldpstream.dev.redis_cluster import CLUSTER_SLOTS, EmbeddedRedisCluster
+from ldpstream.redis_client import (
+    TRANSIENT_ERRORS,
+    RedisUrlError,
+    cluster_url,
+    connect,
+    display_url,
+    health,
+    is_cluster_url,
+    parse_nodes,
+    redis_url_from_env,
+)
 
 pytestmark = pytest.mark.pipeline
 

@@ -7,10 +7,9 @@ import json
 import time
 
 import numpy as np
-
+import pytest
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection
-import pytest
 
 pytestmark = pytest.mark.pipeline
 
@@ -21,8 +20,8 @@ def test_worker_waits_for_redis_and_loses_nothing(tmp_path, kafka_broker, servic
                                                   spawn_worker, unique_name):
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
-    from ldpstream.producers.fleet import run_fleet
     from ldpstream.dev.redis import EmbeddedRedis
+    from ldpstream.producers.fleet import run_fleet
 
     redis = EmbeddedRedis(data_dir=str(tmp_path / "redis"))  # our dir: survives stop()
     redis.start()

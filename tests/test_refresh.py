@@ -10,19 +10,18 @@ import time
 
 import numpy as np
 import pytest
+from tolerance import assert_close
 
 from ldpstream.agents import keys, metrics
-from ldpstream.agents.context import Context
 from ldpstream.agents.bucket_reader import WindowCounts
-from ldpstream.agents.refresh import (LEASE, LOCK, PREVIOUS, Refresher, acquire,
-                                      refresh_payloads, release, tick_safe)
+from ldpstream.agents.context import Context
+from ldpstream.agents.refresh import LEASE, LOCK, PREVIOUS, Refresher, acquire, refresh_payloads, release, tick_safe
 from ldpstream.agents.store import CountStore, PartitionDelta
 from ldpstream.config import AppConfig, parse_config
-from ldpstream.estimators.drift import drift_test, null_variances
-from ldpstream.estimators.many import EstimateCache
-from ldpstream.estimators.metrics import tvd
+from ldpstream.estimators.kernels.metrics import tvd
+from ldpstream.estimators.stream.drift import drift_test, null_variances
+from ldpstream.estimators.stream.many import EstimateCache
 from ldpstream.privacy import WEAK_EPSILON
-from tolerance import assert_close
 
 pytestmark = pytest.mark.pipeline
 

@@ -11,10 +11,10 @@ import pytest
 
 from ldpstream.agents import keys
 from ldpstream.agents.layout import Layout
-from ldpstream.agents.redis_client import TRANSIENT_ERRORS, connect
 from ldpstream.agents.store import CountStore, PartitionDelta, SideCounter
-from ldpstream.agents.windows import BucketPolicy, parse_window
 from ldpstream.estimators.mechanism import TensorSpec
+from ldpstream.redis_client import TRANSIENT_ERRORS, connect
+from ldpstream.windows import BucketPolicy, parse_window
 
 pytestmark = pytest.mark.pipeline
 

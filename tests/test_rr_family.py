@@ -3,20 +3,45 @@ adjustment, and the block-channel estimators behind RR-Joint / RR-Clusters."""
 import numpy as np
 import pytest
 from scipy import stats
-
-from ldpstream.estimators import channels as ch
-from ldpstream.estimators.castell import castell, castell_variance
-from ldpstream.estimators.dependence import (contingency, cramers_v, cramers_v_table,
-                                             dependence_matrix, pearson_abs, pearson_abs_table)
-from ldpstream.estimators.rr_adjustment import (adjusted_marginal, distinct_patterns,
-                                                rr_adjustment, rr_adjustment_table)
-from ldpstream.estimators.rr_clusters import (Block, castell_blocks, castell_blocks_variance,
-                                              cluster_attributes, clusters_from_randomized,
-                                              ibu_blocks, independent_blocks, truncated_blocks)
-from ldpstream.estimators.rr_joint import (decode, encode, estimate_joint, estimate_submarginal,
-                                           joint_channel, joint_channel_epsilon, joint_pq,
-                                           randomize_joint, submarginal_pq)
 from tolerance import close
+
+from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.kernels.castell import castell, castell_variance
+from ldpstream.estimators.kernels.dependence import (
+    contingency,
+    cramers_v,
+    cramers_v_table,
+    dependence_matrix,
+    pearson_abs,
+    pearson_abs_table,
+)
+from ldpstream.estimators.kernels.joint_grr import (
+    decode,
+    encode,
+    estimate_joint,
+    estimate_submarginal,
+    joint_channel,
+    joint_channel_epsilon,
+    joint_pq,
+    randomize_joint,
+    submarginal_pq,
+)
+from ldpstream.estimators.kernels.rr_adjustment import (
+    adjusted_marginal,
+    distinct_patterns,
+    rr_adjustment,
+    rr_adjustment_table,
+)
+from ldpstream.estimators.kernels.rr_clusters import (
+    Block,
+    castell_blocks,
+    castell_blocks_variance,
+    cluster_attributes,
+    clusters_from_randomized,
+    ibu_blocks,
+    independent_blocks,
+    truncated_blocks,
+)
 
 pytestmark = pytest.mark.core
 
@@ -233,11 +258,11 @@ def test_block_truncated_and_independent():
     raw = castell_blocks(counts, blocks)
     tr = truncated_blocks(raw)
     assert np.all(tr >= 0) and np.all(tr <= np.clip(raw, 0, None) + 1e-15)
-    from ldpstream.estimators.truncated import truncated
+    from ldpstream.estimators.kernels.truncated import truncated
     assert np.allclose(tr, truncated(counts, dense))
     ind = independent_blocks(counts, blocks)
     assert ind.sum() == pytest.approx(1.0) and np.all(ind >= 0)
-    from ldpstream.estimators.rr_independent import rr_independent
+    from ldpstream.estimators.kernels.rr_independent import rr_independent
     assert np.allclose(ind, rr_independent(counts, dense))
 
 
@@ -252,7 +277,7 @@ def test_block_ibu_is_a_fixed_point_of_em():
     step = pi * (K @ (lam / (K.T @ pi)))
     assert close(step, pi, rel=1e-6)
     # the dense-matrix IBU (SQUAREM) reaches the same maximum likelihood
-    from ldpstream.estimators.ibu import ibu
+    from ldpstream.estimators.kernels.ibu import ibu
     assert np.allclose(ibu(counts, dense, tol=1e-14, max_iter=200000).estimate, r.estimate,
                        atol=1e-4)
     # when the unbiased estimate is already proper, the MLE is that estimate

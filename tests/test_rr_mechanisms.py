@@ -5,13 +5,13 @@ import time
 import numpy as np
 import pytest
 from scipy import stats
-
-from ldpstream.estimators import channels as ch
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.mechanism import MECHANISMS, from_state, marginal_key
-from ldpstream.estimators.rr_ind import RRClusters, RRIndependent, RRJoint
-from ldpstream.estimators.rr_joint import joint_channel
 from tolerance import close
+
+from ldpstream.estimators.families.rr import RRClusters, RRIndependent, RRJoint
+from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.estimators.kernels.joint_grr import joint_channel
+from ldpstream.estimators.mechanism import MECHANISMS, from_state, marginal_key
 
 pytestmark = pytest.mark.core
 
@@ -249,8 +249,8 @@ def _dependent(n, d, w, rho, rng):
 def test_hybrid_error_bound_follows_the_chosen_estimate():
     """When a hybrid picks the biased RR-Independent product, its error bound must be the
     product's (½·sqrt(|Ω|·(bias² + variance))), not castell's variance-only value."""
-    from ldpstream.estimators.bounds import product_channel_bound
-    from ldpstream.estimators.hybrid import auto_errors, product_tvd_bound
+    from ldpstream.estimators.kernels.bounds import product_channel_bound
+    from ldpstream.estimators.kernels.hybrid import auto_errors, product_tvd_bound
     dom = Domain(("a", "b", "c"), (4, 4, 4))
     m = RRIndependent(dom, 2.0)
     rng = np.random.default_rng(0)

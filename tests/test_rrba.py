@@ -10,24 +10,36 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 from scipy.stats import chisquare
+from threadpoolctl import threadpool_limits
+from tolerance import assert_close
 
+from ldpstream.bench.mech_rrba import run_view
 from ldpstream.bn import BIFError, parse_bif, read_bif, survey_path
 from ldpstream.cli import main as cli_main
 from ldpstream.datasets import load_csv
-from ldpstream.estimators import channels
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.independence_test import independence_test
+from ldpstream.estimators.families.rrba import (
+    RRBA,
+    channel_matrix,
+    ci_width,
+    cumulative,
+    epsilon_combination,
+    epsilon_view,
+    eq4,
+    floor_table,
+    has_converged,
+    paper_epsilon,
+    pooled_estimate,
+    randomize_cells,
+    sample_cells,
+    solve_gamma,
+    solve_p,
+)
+from ldpstream.estimators.families.rrba_consistency import consistent_tables, marginal_of, maxent_table
+from ldpstream.estimators.families.rrba_independence import independence_test
+from ldpstream.estimators.families.rrba_views import make_views, round_robin_pairs, uncovered_pairs
+from ldpstream.estimators.kernels import channels
+from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.mechanism import MECHANISMS, from_state
-from ldpstream.estimators.rrba import (RRBA, channel_matrix, ci_width, cumulative, eq4,
-                                       epsilon_combination, epsilon_view, floor_table,
-                                       has_converged, paper_epsilon, pooled_estimate,
-                                       randomize_cells, sample_cells, solve_gamma, solve_p)
-from ldpstream.estimators.rrba_consistency import consistent_tables, marginal_of, maxent_table
-from ldpstream.estimators.rrba_views import make_views, round_robin_pairs, uncovered_pairs
-from threadpoolctl import threadpool_limits
-
-from ldpstream.bench.mech_rrba import run_view
-from tolerance import assert_close
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 
@@ -234,7 +246,7 @@ def test_consistency_equals_independent_constrained_solver(nonnegative):
 def test_consistency_newton_matches_dykstra_on_noisy_views():
     """Medium case (5 attributes, k = 2 round robin, very noisy tables): the semismooth Newton
     projection equals Dykstra's alternating projections run to convergence."""
-    from ldpstream.estimators.rrba_consistency import _dykstra, consistency_system
+    from ldpstream.estimators.families.rrba_consistency import _dykstra, consistency_system
     rng = np.random.default_rng(13)
     dims = {"a": 3, "b": 4, "c": 2, "d": 5, "e": 3}
     names = list(dims)

@@ -16,7 +16,6 @@ import subprocess
 import numpy as np
 import pytest
 from scipy.stats import chi2
-
 from sdk_helpers import VECTORS, c_sdk, ts_sdk  # noqa: F401
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]

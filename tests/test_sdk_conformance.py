@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 
 from ldpstream.estimators import mechanism_class, mechanism_names
-from ldpstream.estimators.domain import Domain, SchemaError
+from ldpstream.estimators.kernels.domain import Domain, SchemaError
 from ldpstream.producers.codec import decode_batch, encode_batch
 from ldpstream.producers.device import ConfigWatcher
 from ldpstream.producers.ledger import Budget, Ledger
-from ldpstream.producers.program import (Program, ProgramError, SplitMix64, bernoulli,
-                                         categorical, uniform)
+from ldpstream.producers.program import Program, ProgramError, SplitMix64, bernoulli, categorical, uniform
 from ldpstream.producers.sdk import DeviceClient, RecordingTransport
 from ldpstream.producers.signing import VerifyKey
 
@@ -172,7 +171,7 @@ def test_every_family_describes_itself_or_says_it_cannot(name):
 def test_device_client_randomizes_from_the_signed_description():
     """The Python SDK runs the published description: the conformance reports come out of
     :class:`DeviceClient` with the test generator, with a batch key."""
-    from ldpstream.estimators.rr_ind import RRIndependent
+    from ldpstream.estimators.families.rr import RRIndependent
 
     gen = _gen()
     DOM, envelope = gen.DOM, gen.envelope
@@ -211,7 +210,7 @@ def test_partition_olh_slot_has_the_oracle_channel():
     family's OLH channel (χ² at α = 1e-4 over its 343 codes, 60,000 reports of one value)."""
     from scipy.stats import chisquare
 
-    from ldpstream.estimators import frequency_oracles as fo
+    from ldpstream.estimators.oracles import frequency_oracles as fo
     from ldpstream.producers.program import OsRandom
 
     case = next(c for c in _load("randomize.json")["cases"] if c["name"] == "partitioned-olh")
@@ -226,7 +225,7 @@ def test_partition_olh_slot_has_the_oracle_channel():
 
 
 def test_a_failed_batch_is_sent_again_with_its_key(tmp_path):
-    from ldpstream.estimators.rr_ind import RRIndependent
+    from ldpstream.estimators.families.rr import RRIndependent
     from ldpstream.producers.sequence import BatchSequence
 
     class Flaky:

@@ -16,13 +16,12 @@ import subprocess
 import numpy as np
 import pytest
 import yaml
-
 from conftest import wait_for_n
 from sdk_helpers import TS_DIR, c_sdk, ts_sdk  # noqa: F401
 from store_helpers import read_collection
 from test_gateway import TOKEN_A, GatewayProcess, _topic_messages, fleets_doc
 
-from ldpstream.estimators.domain import Domain
+from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.producers.codec import decode_batch
 from ldpstream.producers.gateway import stamp
 from ldpstream.producers.signing import ENV_PUBLIC_KEY

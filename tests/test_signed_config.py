@@ -9,11 +9,10 @@ import time
 
 import numpy as np
 import pytest
+from conftest import over_both_brokers
 
 from ldpstream.producers.device import ConfigWatcher, mechanism_from_state
 from ldpstream.producers.signing import SigningKey, StateRejected, VerifyKey, keygen
-
-from conftest import over_both_brokers
 
 pytestmark = pytest.mark.pipeline
 kafka_broker = over_both_brokers()
@@ -23,7 +22,7 @@ def _mechanism(epsilon: float = 1.0, version: int = 3):
     from ldpstream.config import load_config
 
     coll = next(iter(load_config(None).collections.values()))
-    from ldpstream.estimators.rr_ind import RRIndependent
+    from ldpstream.estimators.families.rr import RRIndependent
 
     return coll, RRIndependent(coll.domain, epsilon=epsilon, version=version)
 
@@ -179,7 +178,6 @@ def test_worker_counts_forged_config_records(tmp_path, kafka_broker, spawn_worke
     """The worker reads ldp.config like a device: a forged record shows in
     ldp_config_records_refused_total (the ConfigForgery alert's input)."""
     from aiokafka import AIOKafkaProducer
-
     from conftest import write_config
 
     path = write_config(tmp_path / "c.yaml", unique_name, partitions=1)

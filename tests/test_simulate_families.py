@@ -9,10 +9,10 @@ import pytest
 
 from ldpstream import cli
 from ldpstream.datasets import load_csv
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.lopub import LoPub
+from ldpstream.estimators.families.lopub import LoPub
+from ldpstream.estimators.families.rrba import RRBA
+from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.mechanism import PROVIDERS
-from ldpstream.estimators.rrba import RRBA
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 
@@ -257,9 +257,9 @@ def test_corr_rr_driver_matches_the_two_phase_pipeline_in_distribution():
     """Phase I then the table then Phase II through the driver (Phase I = the first round(β·n)
     arrivals) has the MSE of the previous pipeline (a random round(β·n) in Phase I, table, the rest
     in Phase II): means within 3 standard errors over 8 seeded runs."""
-    from ldpstream.estimators.corr_rr import CorrRR
-    from ldpstream.estimators.corr_rr_paper import run_two_phase
-    from ldpstream.estimators.multi_baselines import marginal_mse
+    from ldpstream.estimators.families.corr_rr import CorrRR
+    from ldpstream.estimators.families.corr_rr_paper import run_two_phase
+    from ldpstream.estimators.families.multi_baselines import marginal_mse
     from ldpstream.producers.synthetic import generate, parse_spec
     from ldpstream.simulate.driver import Plan, build, drive
     ds = generate(parse_spec("corr:m=3,d=3,rho=0.7,n=4000,seed=1"))

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ldpstream import cli
-from ldpstream.estimators.partitioned import choose_ways
+from ldpstream.estimators.families.partitioned import choose_ways
 
 pytestmark = pytest.mark.core
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ldpstream import cli
-from ldpstream.estimators.rr_ind import RRClusters, RRIndependent, RRJoint
+from ldpstream.estimators.families.rr import RRClusters, RRIndependent, RRJoint
 from ldpstream.simulate import driver as sim
 from ldpstream.simulate.driver import draw_subsets
 

@@ -13,12 +13,12 @@ import time
 import numpy as np
 import pytest
 
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.rr_ind import RRIndependent
+from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.producers.device import DEFAULT_MAX_EPSILON, ConfigWatcher
 from ldpstream.producers.ledger import Ledger
 from ldpstream.producers.sdk import DeviceClient, RecordingTransport
-from ldpstream.producers.signing import (ALG, DOMAIN, STATE_TTL_S, SigningKey, StateRejected)
+from ldpstream.producers.signing import ALG, DOMAIN, STATE_TTL_S, SigningKey, StateRejected
 
 pytestmark = pytest.mark.pipeline
 
@@ -47,7 +47,7 @@ def _without_expiry(key: SigningKey, state: dict, collection: str) -> bytes:
 async def _topic(bootstrap: str, name: str, records: list[tuple[str, bytes]]) -> None:
     from aiokafka import AIOKafkaProducer
 
-    from ldpstream.services import create_topics
+    from ldpstream.kafka_admin import create_topics
 
     await create_topics(bootstrap, {name: 1}, compacted={name})
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)

@@ -9,16 +9,15 @@ import time
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
+from store_helpers import P, cells, read, read_all
 
 from ldpstream.agents import keys
 from ldpstream.agents.layout import Layout
 from ldpstream.agents.store import CountStore, PartitionDelta, SideCounter, expand_levels
-from ldpstream.windows import COARSE_FACTOR, BucketPolicy, cover, parse_window
+from ldpstream.dev.redis import EmbeddedRedis
 from ldpstream.estimators.mechanism import TensorSpec
 from ldpstream.redis_client import connect
-from ldpstream.dev.redis import EmbeddedRedis
-
-from store_helpers import P, cells, read, read_all
+from ldpstream.windows import COARSE_FACTOR, BucketPolicy, cover, parse_window
 
 pytestmark = pytest.mark.pipeline
 

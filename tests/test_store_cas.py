@@ -10,12 +10,12 @@ import random
 
 import numpy as np
 import pytest
+from store_helpers import P, cells, on_masters, read
+
 from ldpstream.agents.layout import Layout
 from ldpstream.agents.store import ApplyStatus, CountStore, PartitionDelta
 from ldpstream.estimators.mechanism import TensorSpec
 from ldpstream.redis_client import connect
-
-from store_helpers import P, cells, on_masters, read
 
 pytestmark = pytest.mark.pipeline
 

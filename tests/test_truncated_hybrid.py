@@ -5,18 +5,18 @@ import doctest
 
 import numpy as np
 import pytest
-
-from ldpstream.estimators import hybrid as hybrid_mod
-from ldpstream.estimators import rr_independent as rri_mod
-from ldpstream.estimators import truncated as truncated_mod
-from ldpstream.estimators.castell import castell
-from ldpstream.estimators.channels import grr, randomize
-from ldpstream.estimators.hybrid import auto_errors, hybrid, hybrid_auto, hybrid_bounds
-from ldpstream.estimators.mechanism import histogram
-from ldpstream.estimators.proper import clip_rescale
-from ldpstream.estimators.rr_independent import marginal_estimates, rr_independent
-from ldpstream.estimators.truncated import lower_level, truncated
 from tolerance import assert_close
+
+from ldpstream.estimators.kernels import hybrid as hybrid_mod
+from ldpstream.estimators.kernels import rr_independent as rri_mod
+from ldpstream.estimators.kernels import truncated as truncated_mod
+from ldpstream.estimators.kernels.castell import castell
+from ldpstream.estimators.kernels.channels import grr, randomize
+from ldpstream.estimators.kernels.hybrid import auto_errors, hybrid, hybrid_auto, hybrid_bounds
+from ldpstream.estimators.kernels.proper import clip_rescale
+from ldpstream.estimators.kernels.rr_independent import marginal_estimates, rr_independent
+from ldpstream.estimators.kernels.truncated import lower_level, truncated
+from ldpstream.estimators.mechanism import histogram
 
 pytestmark = pytest.mark.core
 

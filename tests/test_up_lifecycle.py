@@ -18,7 +18,6 @@ import urllib.request
 import numpy as np
 import pytest
 import yaml
-
 from test_embedded_up import _alive, _descendants
 
 pytestmark = pytest.mark.e2e

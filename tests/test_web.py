@@ -14,7 +14,6 @@ import urllib.request
 import numpy as np
 import pytest
 import yaml
-
 from conftest import WorkerProcess, wait_for_n
 from tolerance import assert_close
 
@@ -120,7 +119,7 @@ def test_estimates_equal_the_estimators_on_the_exact_counts(stack):
                                         f"&window={window}")
             assert status == 200, est
             direct = mech.estimate(counts, attrs, method)
-            # IBU runs batched over the marginals in the worker (estimators/batched.py): the same
+            # IBU runs batched over the marginals in the worker (estimators/kernels/batched.py): the same
             # fixed point within its stopping tolerance, not the same iterates
             # castell is served projected onto the simplex by default (raw=1: unprojected)
             assert_close(est["cells"], (direct.projected or direct.factor).values,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ldpstream.windows import (COARSE_FACTOR, FUTURE_TOLERANCE_S, BucketPolicy, Window,
-                                      cover, parse_window)
+from ldpstream.windows import COARSE_FACTOR, FUTURE_TOLERANCE_S, BucketPolicy, Window, cover, parse_window
 
 pytestmark = pytest.mark.core
 

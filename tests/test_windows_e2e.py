@@ -15,11 +15,10 @@ import urllib.error
 import urllib.request
 
 import numpy as np
+import pytest
 import yaml
-
 from conftest import WorkerProcess
 from observability_helpers import PrometheusServer, prometheus_config, short_hold_rules
-import pytest
 
 pytestmark = pytest.mark.e2e
 

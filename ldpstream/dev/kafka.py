@@ -248,7 +248,7 @@ class ApacheKafka:
         return props
 
     def _write_tls(self) -> None:
-        from .kafka_tls import write_test_pki
+        from ldpstream.dev.kafka_tls import write_test_pki
 
         assert self.root is not None
         self.ca_file, _ = write_test_pki(self.root)
@@ -368,7 +368,7 @@ class ApacheKafka:
 
     def apply_acls(self) -> None:
         """Create the deployment's ACLs (ldpstream/kafka_acls.py) with Kafka's ``AclCommand``."""
-        from .kafka_acls import ACLS
+        from ldpstream.dev.kafka_acls import ACLS
 
         for acl in ACLS:
             self.cli(ACLS_TOOL, *acl.command_args())

@@ -2,7 +2,7 @@
 (:mod:`.driver`), the loop the streaming worker runs."""
 from __future__ import annotations
 
-from .command import main
-from .driver import check_epsilon
+from ldpstream.simulate.command import main
+from ldpstream.simulate.driver import check_epsilon
 
 __all__ = ["check_epsilon", "main"]

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .compare import main as compare_main
-from .driver import Plan, build, check_epsilon, drive, plan_from_args, print_table, run_with_progress
+from ldpstream.simulate.compare import main as compare_main
+from ldpstream.simulate.driver import Plan, build, check_epsilon, drive, plan_from_args, print_table, run_with_progress
 
 __all__ = ["main"]
 
@@ -39,7 +39,7 @@ def main(args: Any) -> int:
 
 def _synthesize(plan: Plan, path: str) -> dict[str, Any]:
     """One more run keeping the reports; a synthetic dataset from its joints (first estimator)."""
-    from .synthesize import marginal_fidelity, synthesize_dataset, write_csv
+    from ldpstream.simulate.synthesize import marginal_fidelity, synthesize_dataset, write_csv
     rng = np.random.default_rng([plan.seed, 104729])
     run = drive(build(plan, plan.variants[0]), plan.dataset.records, rng, (), keep_reports=True)
     t0 = time.perf_counter()

@@ -11,17 +11,17 @@ which is better depends on the domain sizes (small domains favour triples — ea
 informed by m−2 collected marginals). ``best`` names, per w, the (mechanism, ways, estimator)
 with the lowest mean TVD, and ``ratio`` is the best split TVD over the best partitioned TVD
 (> 1: partitioned wins). ``auto_ways`` states the size ``ways: auto`` would declare for this
-data's shape (n, attribute sizes, ε per record; :func:`~ldpstream.estimators.partitioned.choose_ways`).
+data's shape (n, attribute sizes, ε per record; :func:`~ldpstream.estimators.families.partitioned.choose_ways`).
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from ..cli import CliError
-from ..estimators.partitioned import Partitioned, choose_ways
-from ..estimators.rr_ind import RRIndependent
-from .driver import plan_from_args, run_with_progress
+from ldpstream.cli import CliError
+from ldpstream.estimators.families.partitioned import Partitioned, choose_ways
+from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.simulate.driver import plan_from_args, run_with_progress
 
 __all__ = ["CONTENDERS", "compare", "main"]
 

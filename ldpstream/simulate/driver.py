@@ -32,8 +32,8 @@ per day, from :meth:`Mechanism.guarantee`) and ``results``: one row per
 """
 from __future__ import annotations
 
-import sys
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -44,12 +44,19 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import yaml
 
-from ..cli import CliError
-from ..datasets import ADULT_COLUMNS, Dataset, DatasetError, load_csv
-from ..estimators import metrics as M
-from ..estimators.mechanism import (CountBook, Estimate, Mechanism, ParamError, histogram,
-                                    mechanism_class, mechanism_names)
-from ..estimators.proper import clip_rescale
+from ldpstream.cli import CliError
+from ldpstream.datasets import ADULT_COLUMNS, Dataset, DatasetError, load_csv
+from ldpstream.estimators.kernels import metrics as M
+from ldpstream.estimators.kernels.proper import clip_rescale
+from ldpstream.estimators.mechanism import (
+    CountBook,
+    Estimate,
+    Mechanism,
+    ParamError,
+    histogram,
+    mechanism_class,
+    mechanism_names,
+)
 
 __all__ = ["Plan", "Run", "drive", "run_of_reports", "estimate_run", "simulate", "build",
            "load_dataset", "parse_ways", "draw_subsets", "run_with_progress", "print_table", "METRICS"]
@@ -326,7 +333,7 @@ def load_dataset(data: str | None, columns: str | None, generator: str | None = 
                  seed: int = 0) -> Dataset:
     """The records: a CSV (default: the bundled Adult and its 8 attributes) or ``--generator``."""
     if generator:
-        from ..producers.synthetic import SpecError, generate, parse_spec
+        from ldpstream.producers.synthetic import SpecError, generate, parse_spec
         if data:
             raise CliError("--generator and --data are exclusive")
         try:
@@ -398,7 +405,7 @@ def _progress_total(plan: Plan) -> int:
 
 def run_with_progress(plan: Plan, label: str = "simulate") -> dict[str, Any]:
     """:func:`simulate` with a progress bar on stderr (ldpstream/progress.py)."""
-    from ..progress import progress
+    from ldpstream.progress import progress
 
     with progress(label, _progress_total(plan)) as advance:
         return simulate(plan, advance)

@@ -10,13 +10,13 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cli import CliError
-from ..datasets import Dataset
-from ..estimators.junction_tree import dependency_graph, junction_tree, mi_threshold
-from ..estimators.mechanism import Mechanism
-from ..estimators.metrics import tvd
-from ..estimators.proper import project_simplex
-from ..estimators.synthesis import synthesize
+from ldpstream.cli import CliError
+from ldpstream.datasets import Dataset
+from ldpstream.estimators.kernels.junction_tree import dependency_graph, junction_tree, mi_threshold
+from ldpstream.estimators.kernels.metrics import tvd
+from ldpstream.estimators.kernels.proper import project_simplex
+from ldpstream.estimators.kernels.synthesis import synthesize
+from ldpstream.estimators.mechanism import Mechanism
 
 #: Cramér's-V-style threshold φ of Alg. 4's mutual-information test
 DEFAULT_PHI = 0.2

@@ -20,11 +20,10 @@ from typing import Any
 import numpy as np
 
 from ldpstream.estimators import mechanism_class
-from ldpstream.estimators.domain import Domain
-from ldpstream.estimators.rr_ind import RRIndependent
+from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.producers.codec import encode_batch
-from ldpstream.producers.program import (Program, SplitMix64, bernoulli, categorical,
-                                         uniform)
+from ldpstream.producers.program import Program, SplitMix64, bernoulli, categorical, uniform
 from ldpstream.producers.signing import ALG, DOMAIN, SigningKey
 
 HERE = Path(__file__).resolve().parent
@@ -231,7 +230,7 @@ def memo_vectors() -> dict[str, Any]:
     a clock stepped back, budget refusals — with the reports of the test generator."""
     import asyncio
 
-    from ldpstream.estimators.longitudinal import Memoize
+    from ldpstream.estimators.stream.longitudinal import Memoize
     from ldpstream.producers.device import ConfigWatcher
     from ldpstream.producers.ledger import Budget, Ledger
     from ldpstream.producers.sdk import DeviceClient, RecordingTransport

@@ -83,11 +83,17 @@ int ldp_ledger_open(ldp_ledger *l, double budget, double window_s, const ldp_sto
   return LDP_OK;
 }
 
-/* spends stamped after now - window (later ones too: a clock stepped back frees nothing) */
+/* the ledger's time: never before its newest spend, so a clock stepped back does not move the
+   budget window back (spends are stamped with it, so the newest is the last) */
+static double ledger_now(const ldp_ledger *l, double now) {
+  return l->n > 0 && l->at[l->n - 1] > now ? l->at[l->n - 1] : now;
+}
+
+/* spends in the window up to the ledger's time (later ones too) */
 static double spent(const ldp_ledger *l, double now) {
-  double s = 0.0;
+  double s = 0.0, t = ledger_now(l, now);
   for (uint32_t i = 0; i < l->n; i++)
-    if (l->at[i] > now - l->window_s) s += l->eps[i];
+    if (l->at[i] > t - l->window_s) s += l->eps[i];
   return s;
 }
 
@@ -95,9 +101,10 @@ static int refused(const ldp_ledger *l, double cost, double now) {
   return l->budget > 0.0 && cost > 0.0 && spent(l, now) + cost > l->budget * (1 + 1e-12);
 }
 
-/* record a spend (without saving) */
+/* record a spend (without saving), stamped with the ledger's time */
 static int spend(ldp_ledger *l, double cost, double now) {
   if (l->budget <= 0.0 || cost <= 0.0) return LDP_OK;
+  now = ledger_now(l, now);
   if (l->n == LDP_LEDGER_CAP) { /* drop spends that left the window */
     uint32_t k = 0;
     for (uint32_t i = 0; i < l->n; i++)

@@ -108,8 +108,8 @@ interface Saved {
   sent?: [string, number][];
 }
 
-/** At most `budget` epsilon in any window of `windowS` seconds (budget <= 0: none); spends
- * stamped after now count too, so a clock stepped back never frees budget. */
+/** At most `budget` epsilon in any window of `windowS` seconds (budget <= 0: none); the ledger's
+ * time never goes back (a clock stepped back never frees budget). */
 export class Ledger {
   private spends: [number, number][] = [];
   private nextSequence = 0n;
@@ -146,9 +146,16 @@ export class Ledger {
         memos: [...this.memos], sent: [...this.sent] } satisfies Saved));
   }
 
+  /** The ledger's time: never before its newest spend (spends are stamped with it). */
+  now(clock: number): number {
+    const last = this.spends.length ? this.spends[this.spends.length - 1][0] : -Infinity;
+    return Math.max(clock, last);
+  }
+
   spent(now: number): number {
+    const t = this.now(now);
     let s = 0;
-    for (const [at, eps] of this.spends) if (at > now - this.windowS) s += eps;
+    for (const [at, eps] of this.spends) if (at > t - this.windowS) s += eps;
     return s;
   }
 
@@ -185,6 +192,7 @@ export class Ledger {
 
   private spend(cost: number, now: number): void {
     if (this.budget <= 0 || cost <= 0) return;
+    now = this.now(now);
     if (this.spends.length >= LEDGER_CAP)  // drop spends that left the window
       this.spends = this.spends.filter(([at]) => at > now - this.windowS);
     this.spends.push([now, cost]);

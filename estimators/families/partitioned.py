@@ -1,0 +1,603 @@
+"""``partitioned``: each report carries ONE declared marginal, with the whole ε (user
+partitioning; CALM, Zhang et al., CCS 2018, §4; the frequency oracles of Wang et al. 2017).
+
+The collection declares the marginals it collects (a list, or every k-way one). Each report is
+assigned one of them uniformly and independently of the record — by a seeded hash of the device
+id where the caller knows it (the device SDK: a device always reports the same marginal), else
+by the randomizer's rng per report (the simulated fleet, ``Device``, ``simulate``) — and
+reports the joint value of that marginal through the
+frequency oracle of smallest variance for its domain size (GRR, or OLH where the domain is large;
+:func:`~.frequency_oracles.choose`). Splitting ε over attributes is avoided entirely: one report
+is one ε-LDP release of one marginal's value.
+
+``per_report`` = r > 1 makes each report carry r marginals k, k+1, …, k+r−1 (mod K; k
+uniform), each with ε/r: the number of users per marginal sets the error floor of partitioning
+at large ε, and r trades it against the oracles' noise. r = 1 (the default) is CALM's one
+marginal with the whole budget.
+
+Report layout: one unsigned integer per slot, ``offset_k + code``, where ``code`` is the oracle's report
+(GRR value, or OLH seed·g + hashed value) and ``offset_k`` the start of marginal k's code block,
+so ``report_bounds`` validates every report exactly. Count tensors: one per collected marginal,
+``p:<attrs>``, the oracle's support counts of its d_k joint values followed by the number of
+reports assigned to it (shape ``(d_k + 1,)``).
+
+ε: the marginal index is drawn independently of the record, so Pr[report | x] = π_k ·
+Pr_k[code | x_k] and the worst ratio over two records is the largest oracle ε, computed from each
+oracle's channel (times r for r slots, randomized independently: sequential composition).
+
+Estimators (:attr:`Partitioned.estimators`):
+
+* ``unbiased`` — [Wang17] eq. 3 on the marginal's own reports (or the smallest collected
+  superset, summed); cells may leave [0, 1].
+* ``norm-sub`` — the same after Norm-Sub.
+* ``calm`` — CALM: every collected marginal estimated, made consistent on shared attribute sets
+  by inverse-variance weighting, alternated with Norm-Sub (ends consistent;
+  :func:`~.consistency.postprocess`); a marginal inside a collected one is its projection, any
+  other (e.g. a 3-way from pairs) the maximum-entropy table with the collected sub-marginals
+  (:func:`~.consistency.max_entropy`).
+* ``consistent`` (the default) — ``calm`` with one more step after the first consistency:
+  hierarchical positive-part James–Stein shrinkage with each table's known cell variance
+  (oracle noise plus the sampling of which users report it: the target is the population's
+  marginal) (:func:`~.consistency.shrink_hierarchical`): every pair toward the product of its
+  1-way marginals with the variance of its consistent estimate, every larger set's top-order
+  interaction toward the maximum-entropy table with its shrunk sub-marginals; keeps the 1-way
+  marginals. With pairs collected it is the per-table shrinkage toward independence
+  (:func:`~.consistency.shrink_to_independence`; binary-by-small pairs pooled). Measured in
+  docs/partitioned.md.
+
+``error_bound``: the upper 95 % quantile of the TVD of the unbiased estimate to the population's
+marginal, with per-cell intervals (:func:`~.bounds.oracle_bound`, ``Estimate.bound``); the
+unbiased estimate is also served projected onto the simplex (``Estimate.projected``) with the
+same bound. A sub-marginal of a collected one keeps the TVD bound
+(:func:`~.bounds.coarsened`). Also given, as a proxy, for norm-sub, calm and consistent when the
+marginal lies inside a collected one (the post-processings do not increase the error in the
+measured benchmarks). Maximum-entropy marginals carry none (their error includes model bias the
+variances do not bound).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import threading
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ldpstream.estimators.kernels import device_program as dp
+from ldpstream.estimators.kernels.bounds import Bound, coarsened, oracle_bound
+from ldpstream.estimators.kernels.consistency import expand, max_entropy, norm_sub, postprocess
+from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex, repair
+from ldpstream.estimators.mechanism import Estimate, Mechanism, ParamError, Params, TensorSpec, record_budget, register
+from ldpstream.estimators.oracles import frequency_oracles as fo
+
+__all__ = ["Partitioned", "tensor_key", "assign_by_device", "choose_ways", "choose_per_report",
+           "predicted_pair_error", "AUTO_WAYS", "AUTO_MARGIN", "AUTO_PER_REPORT",
+           "AUTO_PER_REPORT_MARGIN"]
+
+
+def tensor_key(attrs: Sequence[str]) -> str:
+    """Count tensor of a collected marginal: ``p:`` + attribute names joined by ``|``."""
+    return "p:" + "|".join(attrs)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer (vectorized, wrapping uint64 arithmetic)."""
+    x = np.asarray(x, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def assign_by_device(device_ids: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Marginal index of each device: splitmix64(device id ⊕ mix(seed)) mod k — fixed per
+    device, independent of its values, near-uniform over devices."""
+    s = _mix64(np.asarray([seed], dtype=np.uint64))[0]
+    with np.errstate(over="ignore"):
+        h = _mix64(np.asarray(device_ids, dtype=np.uint64) ^ s)
+    return (h % np.uint64(k)).astype(np.int64)
+
+
+#: ``ways: auto`` chooses among these declared-marginal sizes ...
+AUTO_WAYS = (2, 3)
+#: ... keeping the smallest unless a larger one predicts a pair error lower by more than this
+#: fraction (set on the shapes of the two bench datasets; docs/partitioned.md)
+AUTO_MARGIN = 0.2
+
+
+def predicted_pair_error(sizes: Sequence[int], n: int, epsilon: float, ways: int,
+                         oracles: Sequence[str] = fo.COMPACT, per_report: int = 1) -> float:
+    """Mean over attribute pairs of the expected TVD of the pair's consistent estimate when
+    every ``ways``-way marginal is collected, from the shape only (attribute sizes, ``n``
+    reports, ε): each of the K tables gets n·r/K reports through the oracle of smallest
+    variance at ε/r ([Wang17] §4.5), its cell variance the oracle noise plus the largest user
+    sampling term (1 − 1/d)/(d·n_k) (uniform data); a pair's variance is the inverse-variance
+    combination over the tables containing it (CALM §4.3, c cells summed in each), its TVD the
+    normal approximation ½·d_S·√(2σ²/π). The noise-error term of CALM §4; it leaves out the
+    shrinkage and the reconstruction of marginals from smaller ones."""
+    sizes = [int(d) for d in sizes]
+    tables = list(itertools.combinations(range(len(sizes)), int(ways)))
+    nk = float(n) * per_report / len(tables)
+    prec: dict[tuple[int, int], float] = {}
+    for t in tables:
+        d = math.prod(sizes[i] for i in t)
+        var = float(fo.choose(epsilon / per_report, d, oracles).variance(nk)[0]) \
+            + (1.0 - 1.0 / d) / (d * nk)
+        for pair in itertools.combinations(t, 2):
+            c = d / (sizes[pair[0]] * sizes[pair[1]])
+            prec[pair] = prec.get(pair, 0.0) + 1.0 / (c * var)
+    return float(np.mean([0.5 * sizes[a] * sizes[b] * math.sqrt(2.0 / (math.pi * p))
+                          for (a, b), p in prec.items()]))
+
+
+def choose_ways(sizes: Sequence[int], n: int, epsilon: float,
+                oracles: Sequence[str] = fo.COMPACT, per_report: int = 1,
+                candidates: Sequence[int] = AUTO_WAYS, margin: float = AUTO_MARGIN) -> int:
+    """``ways: auto``: the declared-marginal size from the data's shape only (attribute sizes,
+    expected reports ``n``, ε per report), never its values. The smallest candidate k ≥ 2
+    (≤ m) is kept unless a larger one predicts (:func:`predicted_pair_error`) a pair error
+    lower by more than ``margin`` (below (1 − margin) × the kept one's). The prediction leaves
+    out two terms that pull in opposite directions: the maximum-entropy reconstruction of a
+    marginal from smaller ones (≥ 0, favours the larger size) and the shrinkage of
+    ``consistent`` (pooled over many small pairs, it removes more of the pairs' noise at
+    small ε than the prediction sees); measured, the second wins on the bench's data
+    (docs/partitioned.md). With fewer than two attributes: m."""
+    m = len(sizes)
+    ks = sorted({int(k) for k in candidates if 2 <= int(k) <= m})
+    if not ks:
+        return m
+    best = ks[0]
+    pred = predicted_pair_error(sizes, n, epsilon, best, oracles, per_report)
+    for k in ks[1:]:
+        p = predicted_pair_error(sizes, n, epsilon, k, oracles, per_report)
+        if p < (1.0 - margin) * pred:
+            best, pred = k, p
+    return best
+
+
+#: ``ways: auto`` without ``per_report`` also chooses how many marginals each report carries ...
+AUTO_PER_REPORT = (1, 2, 3, 4)
+#: ... keeping one unless more predict a pair error lower by more than this fraction (set on
+#: the bench's networks at ε = 8; docs/partitioned.md "Marginals per report")
+AUTO_PER_REPORT_MARGIN = 0.1
+
+
+def choose_per_report(sizes: Sequence[int], n: int, epsilon: float, ways: int,
+                      oracles: Sequence[str] = fo.COMPACT,
+                      candidates: Sequence[int] = AUTO_PER_REPORT,
+                      margin: float = AUTO_PER_REPORT_MARGIN) -> int:
+    """How many of the ``ways``-way marginals each report carries (each with ε/r), from the
+    shape only: r marginals give every table r× the users at ε/r each, which pays where the
+    sampling of users dominates the oracle noise (small tables, large ε). The r of smallest
+    :func:`predicted_pair_error`, if below (1 − ``margin``) × one marginal's, else 1."""
+    K = math.comb(len(sizes), int(ways))
+    one = predicted_pair_error(sizes, n, epsilon, ways, oracles, 1)
+    best, pred = 1, one
+    for r in sorted({int(r) for r in candidates if 2 <= int(r) <= K}):
+        p = predicted_pair_error(sizes, n, epsilon, ways, oracles, r)
+        if p < (1.0 - margin) * one and p < pred:
+            best, pred = r, p
+    return best
+
+
+@register
+class Partitioned(Mechanism):
+    """One assigned marginal per report with the full ε; CALM-style estimation."""
+
+    name = "partitioned"
+    estimators = ("consistent", "calm", "norm-sub", "unbiased")
+    default_estimators = ("consistent", "calm")
+
+    def __init__(self, domain: Domain, epsilon: float, marginals: Sequence[Sequence[str]] | None
+                 = None, ways: int | str = 2, oracles: Sequence[str] = fo.COMPACT,
+                 assign_seed: int = 0, per_report: int = 1, version: int = 0,
+                 expected_reports: int | None = None) -> None:
+        super().__init__(domain, version)
+        eps = float(epsilon)
+        if not np.isfinite(eps) or eps <= 0:
+            raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+        self.target_epsilon = eps
+        bad = [o for o in oracles if o not in fo.COMPACT]
+        if bad or not oracles:
+            raise ValueError(f"oracles: {bad or list(oracles)} — a partitioned report is one "
+                             f"integer; choose from {', '.join(fo.COMPACT)}")
+        self.oracle_names = tuple(oracles)
+        # ways='auto': the size is chosen here from expected_reports; an integer ways given with
+        # expected_reports is a size already chosen from them (from_config resolves it once)
+        self.expected_reports = None
+        if ways == "auto" or expected_reports is not None:
+            if isinstance(expected_reports, bool) or not isinstance(
+                    expected_reports, (int, np.integer)) or expected_reports < 1:
+                raise ValueError(f"ways='auto' needs expected_reports, an integer >= 1 (got "
+                                 f"{expected_reports!r})")
+            self.expected_reports = int(expected_reports)
+        if ways == "auto":
+            ways = choose_ways(domain.shape, self.expected_reports, eps, self.oracle_names,
+                               int(per_report) if isinstance(per_report, (int, np.integer))
+                               else 1)
+        if marginals is None:
+            if not 1 <= int(ways) <= len(domain):
+                raise ValueError(f"ways must be in 1..{len(domain)}, got {ways!r}")
+            marginals = list(itertools.combinations(domain.attrs, int(ways)))
+        self.marginals = self._canonical(marginals)
+        self.ways = int(ways)
+        self.assign_seed = int(assign_seed)
+        self._cols = [domain.axes(m) for m in self.marginals]
+        self._shapes = [tuple(domain.shape[c] for c in cols) for cols in self._cols]
+        K = len(self.marginals)
+        if isinstance(per_report, bool) or not isinstance(per_report, (int, np.integer)) \
+                or not 1 <= int(per_report) <= K:
+            raise ValueError(f"per_report must be an integer in 1..{K} (the collected "
+                             f"marginals), got {per_report!r}")
+        self.per_report = int(per_report)
+        self.oracles = [fo.choose(eps / self.per_report, int(np.prod(s)), self.oracle_names)
+                        for s in self._shapes]
+        sizes = [o.n_codes for o in self.oracles]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._memo: dict[tuple[bytes, bool], tuple[list[Factor], int, int]] = {}
+        self._memo_lock = threading.Lock()
+        if self.offsets[-1] >= 2**32:
+            raise ValueError("partitioned: the marginals' report codes exceed 32 bits; collect "
+                             "fewer or smaller marginals")
+
+    def _canonical(self, marginals: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
+        out: list[tuple[str, ...]] = []
+        for m in marginals:
+            m = tuple(str(a) for a in m)
+            if not m or len(set(m)) != len(m):
+                raise ValueError(f"marginal {m}: needs distinct attributes")
+            unknown = [a for a in m if a not in self.domain]
+            if unknown:
+                raise ValueError(f"marginal {m}: unknown attribute {unknown[0]!r}")
+            m = tuple(a for a in self.domain.attrs if a in m)
+            if m not in out:
+                out.append(m)
+        if not out:
+            raise ValueError("partitioned: declare at least one marginal")
+        return out
+
+    # --- privacy ---------------------------------------------------------------------------------
+    @property
+    def epsilon(self) -> float:
+        """per_report × max_k ε(oracle_k): the indices are independent of the record, and the
+        slots are randomized independently (sequential composition; see the module doc)."""
+        return self.per_report * max(o.epsilon for o in self.oracles)
+
+    # --- device ----------------------------------------------------------------------------------
+    @property
+    def report_width(self) -> int:
+        return self.per_report
+
+    def report_bounds(self) -> np.ndarray:
+        return np.full(self.per_report, self.offsets[-1], dtype=np.int64)
+
+    def _dtype(self):
+        top = int(self.offsets[-1])
+        return np.uint8 if top <= 256 else np.uint16 if top <= 65536 else np.uint32
+
+    def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Every report's first marginal k drawn uniformly by ``rng`` (per report), its slots
+        k, k+1, …, k+per_report−1 (mod K), then each slot's oracle."""
+        return self.randomize_assigned(records, rng.integers(0, len(self.marginals),
+                                                             len(records)), rng)
+
+    def randomize_device(self, records: np.ndarray, device_ids: np.ndarray,
+                         rng: np.random.Generator) -> np.ndarray:
+        """As :meth:`randomize` with each report's first marginal fixed by its device id
+        (:func:`assign_by_device` with ``assign_seed``): a device always reports the same
+        marginals. The device SDK (``DeviceClient``) calls this with its ``device_id``."""
+        ids = np.asarray(device_ids)
+        if ids.shape != (len(records),):
+            raise ValueError(f"device_ids must have shape ({len(records)},), got {ids.shape}")
+        return self.randomize_assigned(
+            records, assign_by_device(ids, len(self.marginals), self.assign_seed), rng)
+
+    def device_program(self) -> dict[str, Any]:
+        """One ``partition`` step: the device's first marginal from its id, each slot's oracle
+        (docs/device-protocol.md)."""
+        tables = []
+        for cols, oracle, off in zip(self._cols, self.oracles, self.offsets):
+            t: dict[str, Any] = {"in": [int(c) for c in cols], "offset": int(off),
+                                 "oracle": oracle.name, "p": float(oracle.p_star)}
+            if isinstance(oracle, fo.OLH):
+                t.update(g=int(oracle.g), r=int(oracle.r))
+            tables.append(t)
+        return dp.program(self.name, self.domain, self.per_report, [{
+            "op": "partition", "seed": str(self.assign_seed % 2**64),
+            "out": list(range(self.per_report)), "tables": tables}])
+
+    def randomize_assigned(self, records: np.ndarray, first: np.ndarray,
+                           rng: np.random.Generator) -> np.ndarray:
+        """Reports of ``records`` whose first marginal indices are ``first`` (drawn
+        independently of the records by the caller); slot s reports marginal
+        (first + s) mod K."""
+        out = np.empty((len(records), self.per_report), dtype=self._dtype())
+        for s in range(self.per_report):
+            out[:, s] = self._slot(records, (np.asarray(first) + s) % len(self.marginals), rng)
+        return out
+
+    def _slot(self, records: np.ndarray, k: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One code per record: marginal k's joint value through its oracle."""
+        records = np.asarray(records)
+        if records.ndim != 2 or records.shape[1] != len(self.domain):
+            raise ValueError(f"records must be (n, {len(self.domain)}), got {records.shape}")
+        if len(records) and (records.min() < 0
+                             or np.any(records.max(axis=0) >= np.asarray(self.domain.shape))):
+            raise ValueError("records hold a value outside the domain")
+        n = len(records)
+        out = np.empty(n, dtype=np.int64)
+        for j, (cols, shape, oracle) in enumerate(zip(self._cols, self._shapes, self.oracles)):
+            sel = np.flatnonzero(k == j)
+            if not len(sel):
+                continue
+            x = np.ravel_multi_index(tuple(records[sel][:, c].astype(np.intp) for c in cols),
+                                     shape)
+            out[sel] = self.offsets[j] + oracle.randomize(x, rng)
+        return out
+
+    # --- server ----------------------------------------------------------------------------------
+    def tensors(self, marginals: Sequence[Sequence[str]] = ()) -> list[TensorSpec]:
+        """Every collected marginal's support counts (+ its report count); all of them serve
+        every marginal through the consistency step."""
+        return [TensorSpec(tensor_key(m), ("support",), (int(np.prod(s)) + 1,))
+                for m, s in zip(self.marginals, self._shapes)]
+
+    def count(self, reports: np.ndarray, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+        """Per declared marginal: its oracle's support counts of the codes in its block, then
+        how many codes fell in it."""
+        codes = np.asarray(reports).reshape(-1).astype(np.int64)   # every slot is one code
+        if codes.size and (codes.min() < 0 or codes.max() >= self.offsets[-1]):
+            raise ValueError(f"report codes must lie in 0…{int(self.offsets[-1]) - 1}")
+        k = np.searchsorted(self.offsets, codes, side="right") - 1
+        index = {tensor_key(m): j for j, m in enumerate(self.marginals)}
+        out = {}
+        for s in specs:
+            j = index[s.key]
+            local = codes[k == j] - self.offsets[j]
+            out[s.key] = np.concatenate([self.oracles[j].supports(local),
+                                         [len(local)]]).astype(np.int64)
+        return out
+
+    def collected_for(self, attrs: Sequence[str]) -> int | None:
+        """Index of the smallest collected marginal containing ``attrs`` (None if none)."""
+        best = None
+        for j, m in enumerate(self.marginals):
+            if set(attrs) <= set(m) and (best is None
+                                         or len(self.marginals[best]) > len(m)):
+                best = j
+        return best
+
+    def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
+        """Why ``method`` cannot serve ``attrs`` (None: it can)."""
+        reason = super().check_marginal(attrs, method)
+        if reason is not None:
+            return reason
+        if method in ("unbiased", "norm-sub") and self.collected_for(attrs) is None:
+            return (f"{method} serves only marginals inside a collected one (this collection "
+                    f"collects {len(self.marginals)} of up to "
+                    f"{max(len(m) for m in self.marginals)} attributes, params.marginals / "
+                    f"params.ways); use consistent or calm")
+        if not any(set(attrs) & set(m) for m in self.marginals):
+            return "no collected marginal shares an attribute with it"
+        return None
+
+    def _raw(self, counts: Mapping[str, np.ndarray], j: int) -> tuple[np.ndarray, int]:
+        """(flat unbiased estimate, reports) of collected marginal j from its support counts."""
+        t = np.asarray(counts[tensor_key(self.marginals[j])], dtype=np.int64)
+        n = int(t[-1])
+        if n <= 0:
+            raise ValueError(f"no reports counted for the collected marginal "
+                             f"{self.marginals[j]}")
+        return self.oracles[j].estimate(t[:-1], n), n
+
+    def unbiased(self, counts: Mapping[str, np.ndarray], j: int
+                 ) -> tuple[Factor, float, int]:
+        """(unbiased table, variance of one cell, reports) of collected marginal j. The cell
+        variance is [Wang17] eq. 4 under the estimated distribution f̂
+        (clipped and rescaled) plus the sampling of which users report j, averaged over cells:
+        the oracle's f-free term q*(1−q*)/(n_j(p*−q*)²), its f term
+        (p*(1−p*) − q*(1−q*))/(d_j·n_j(p*−q*)²) (Σf̂ = 1) and (1 − Σf̂²)/(d_j·n_j). The f term
+        matters for large tables at large ε (an Adult triple of 2,160 cells, 581 reports, ε = 8:
+        about a quarter of the total; leaving it out under-states the noise the shrinkage
+        removes)."""
+        o = self.oracles[j]
+        est, n = self._raw(counts, j)
+        f = clip_rescale(est)
+        var = float(np.mean(o.variance(n, f, fixed_data=False)))
+        return (Factor(self.domain.project(self.marginals[j]), est.reshape(self._shapes[j])),
+                var, n)
+
+    def consistent_tables(self, counts: Mapping[str, np.ndarray], shrink: bool = True
+                          ) -> tuple[list[Factor], int, int]:
+        """Every collected marginal after :func:`~.consistency.postprocess` (with the shrinkage
+        toward independence when ``shrink``): (tables, Norm-Sub passes, reports). Memoized on
+        the counts' content (the refresher asks once per served marginal and estimator)."""
+        h = hashlib.blake2b(digest_size=16)
+        for m in self.marginals:
+            h.update(np.ascontiguousarray(counts[tensor_key(m)], dtype=np.int64).tobytes())
+        key = (h.digest(), shrink)
+        with self._memo_lock:
+            hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        raw = [self.unbiased(counts, j) for j in range(len(self.marginals))]
+        # the shrinkage's σ² is the whole cell variance, oracle noise plus the sampling of
+        # which users report the marginal: the target is the population's marginal, and the
+        # n_j users' own table deviates from it by that sampling term (dominant at large ε)
+        tables, passes = postprocess([r[0] for r in raw], [r[1] for r in raw],
+                                     noise_variance=[r[1] for r in raw] if shrink else None)
+        out = (tables, passes, sum(r[2] for r in raw))
+        with self._memo_lock:   # the refresher estimates in worker threads
+            while len(self._memo) >= 8:
+                self._memo.pop(next(iter(self._memo)))
+            self._memo[key] = out
+        return out
+
+    def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
+                 method: str = "consistent", **options: Any) -> Estimate:
+        """Options: ``proper`` ('clip' | 'simplex'); ``tol`` / ``max_iter`` (maximum entropy)."""
+        attrs = tuple(attrs)
+        reason = self.check_marginal(attrs, method)
+        if reason is not None:
+            raise ValueError(f"{self.name}: cannot estimate {attrs} with {method}: {reason}")
+        dom = self.domain.project(attrs)
+        j = self.collected_for(attrs)
+        extra: dict[str, Any] = {}
+        bound = None
+        if j is not None:
+            raw, n = self._raw(counts, j)
+            f = Factor(self.domain.project(self.marginals[j]), raw.reshape(self._shapes[j]))
+            cb = oracle_bound(self.oracles[j], raw, n)
+            sub_raw = f.project(attrs).values
+            if f.values.size != dom.size():   # a sub-marginal: the TVD bound carries over
+                cb = coarsened(cb, project_simplex(sub_raw))
+            else:
+                cb = Bound(cb.tvd, cb.low.reshape(dom.shape), cb.high.reshape(dom.shape),
+                           cb.level)
+            bound = cb.tvd
+            if method != "unbiased":
+                extra["error_bound_of"] = "unbiased (proxy)"
+            extra["collected_from"] = "|".join(self.marginals[j])
+            extra["oracle"] = self.oracles[j].name
+            if method == "unbiased":
+                vals = sub_raw
+            elif method == "norm-sub":
+                vals = norm_sub(f).project(attrs).values
+            else:
+                tables, passes, n = self.consistent_tables(counts, method == "consistent")
+                vals = np.array(tables[j].project(attrs).values)   # not a view of the memo
+                extra["norm_sub_passes"] = passes
+            projected = (Factor(dom, project_simplex(vals))
+                         if method == "unbiased" and not options.get("proper") else None)
+            return Estimate(Factor(dom, repair(vals, options.get("proper"))), method, n,
+                            self.epsilon, error_bound=bound, extra=extra, bound=cb,
+                            projected=projected)
+        tables, passes, n = self.consistent_tables(counts, method == "consistent")
+        cons = []
+        for t in tables:
+            sub = tuple(a for a in attrs if a in t.domain.attrs)
+            if sub:
+                cons.append(t.project(sub))
+        # keep the maximal constraint sets (a subset's table is implied by its superset's)
+        keep = [c for c in cons if not any(set(c.domain.attrs) < set(o.domain.attrs)
+                                           for o in cons)]
+        uniq: dict[frozenset[str], Factor] = {}
+        for c in keep:
+            uniq.setdefault(frozenset(c.domain.attrs), c)
+        kw = {k: options[k] for k in ("tol", "max_iter") if k in options}
+        r = max_entropy(dom, list(uniq.values()), **kw)
+        extra.update(norm_sub_passes=passes, fitted_from=["|".join(c.domain.attrs)
+                                                          for c in uniq.values()],
+                     gap=r.gap)
+        return Estimate(Factor(dom, repair(r.table.values, options.get("proper"))), method, n,
+                        self.epsilon, error_bound=None, iterations=r.iterations,
+                        converged=r.converged, extra=extra)
+
+    def analytic_variance(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
+                          method: str) -> np.ndarray:
+        """Per-cell variance for the drift test. Inside a collected marginal j: the unbiased
+        estimate's, [Wang17] eq. 4 with f̂ plus the sampling of users (f(1−f)/n_j), summed over
+        the cells a projection adds (covariances ignored) — for ``norm-sub``/``calm``/
+        ``consistent`` an upper figure (their measured errors are lower). A maximum-entropy
+        marginal: through the fitted table p, for every collected sub-marginal S it was fitted
+        from, Var ≈ Var(p_S)·(p/p_S)² (the delta method with p(rest | S) held fixed), the largest
+        over S."""
+        attrs = tuple(attrs)
+        j = self.collected_for(attrs)
+        if j is not None:
+            o = self.oracles[j]
+            est, n = self._raw(counts, j)
+            f = clip_rescale(est)
+            var = o.variance(n, f, fixed_data=False).reshape(self._shapes[j])
+            return Factor(self.domain.project(self.marginals[j]), var).project(attrs).values
+        est = self.estimate(counts, attrs, method)
+        p = np.maximum(np.asarray(est.factor.values, dtype=float), 0.0)
+        out = np.zeros(p.shape)
+        for name in est.extra["fitted_from"]:
+            sub = tuple(a for a in attrs if a in name.split("|"))
+            p_s = expand(Factor(est.factor.domain, p).project(sub).values, sub, attrs)
+            v_s = expand(self.analytic_variance(counts, sub, method), sub, attrs)
+            ratio = np.divide(p, p_s, out=np.zeros(p.shape), where=p_s > 0)
+            out = np.maximum(out, v_s * ratio ** 2)
+        return out
+
+    # --- state -----------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"mechanism": self.name, "version": self.version,
+                "domain": self.domain.to_dict(), "epsilon": self.target_epsilon,
+                "marginals": [list(m) for m in self.marginals],
+                "oracles": list(self.oracle_names), "assign_seed": self.assign_seed,
+                "per_report": self.per_report,
+                **({"ways_auto": {"expected_reports": self.expected_reports, "ways": self.ways,
+                                  "per_report": self.per_report}}
+                   if self.expected_reports is not None else {}),
+                "chosen": [{"oracle": o.name, "g": o.g if isinstance(o, fo.OLH) else None}
+                           for o in self.oracles]}
+
+    @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
+                    epsilon_scope: str = "attribute", version: int = 0) -> "Partitioned":
+        """ε per report = :func:`~.mechanism.record_budget` (the whole record's budget goes to
+        the one marginal reported). ``params``: ``marginals`` (list of attribute lists) or
+        ``ways`` (every k-way marginal; default 2; ``auto``: :func:`choose_ways` from
+        ``expected_reports``, required then, and ``per_report`` by :func:`choose_per_report`
+        unless given), ``oracles`` (subset of grr, olh), ``assign_seed``, ``per_report``."""
+        pr = Params(cls.name, params)
+        marginals = pr.value("marginals")
+        auto = pr.value("ways") == "auto"
+        ways = "auto" if auto else pr.integer("ways", 2, ge=1, le=len(domain))
+        expected = pr.integer("expected_reports", None, ge=1)
+        if auto and expected is None:
+            raise ParamError("expected_reports", "ways: auto needs the number of reports the "
+                                                 "collection expects (an integer >= 1): the "
+                                                 "marginal size is chosen from it")
+        if expected is not None and not auto:
+            raise ParamError("expected_reports", "is read only with ways: auto")
+        if marginals is not None and pr.has("ways"):
+            raise ParamError("ways", "give marginals or ways, not both")
+        if marginals is not None:
+            if (not isinstance(marginals, list) or not marginals
+                    or not all(isinstance(m, list) and m and all(isinstance(a, str) for a in m)
+                               for m in marginals)):
+                raise ParamError("marginals", f"must be a non-empty list of attribute lists "
+                                              f"(got {marginals!r})")
+            for m in marginals:
+                unknown = [a for a in m if a not in domain]
+                if unknown:
+                    raise ParamError("marginals", f"unknown attribute {unknown[0]!r} in {m} "
+                                                  f"(attributes: {', '.join(domain.attrs)})")
+                if len(set(m)) != len(m):
+                    raise ParamError("marginals", f"lists an attribute twice in {m}")
+        oracles = pr.value("oracles")
+        if oracles is None:
+            oracles = list(fo.COMPACT)
+        if (not isinstance(oracles, list) or not oracles
+                or any(o not in fo.COMPACT for o in oracles)):
+            raise ParamError("oracles", f"must be a non-empty list of {', '.join(fo.COMPACT)} "
+                                        f"(got {oracles!r})")
+        seed = pr.integer("assign_seed", 0, ge=0, le=2**63 - 1)
+        eps = record_budget(epsilon, epsilon_scope, len(domain))
+        given = pr.has("per_report")
+        per_report = pr.integer("per_report", 1, ge=1)
+        if auto:
+            ways = choose_ways(domain.shape, expected, eps, oracles, per_report)
+            if not given and marginals is None:
+                per_report = choose_per_report(domain.shape, expected, eps, ways, oracles)
+        K = (len({frozenset(m) for m in marginals}) if marginals is not None
+             else math.comb(len(domain), ways))
+        if per_report > K:
+            raise ParamError("per_report", f"must be an integer <= {K} (got {per_report})")
+        pr.done()
+        return cls(domain, eps, marginals=marginals, ways=ways, oracles=tuple(oracles),
+                   assign_seed=seed, per_report=per_report, version=version,
+                   expected_reports=expected)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "Partitioned":
+        return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
+                   marginals=state["marginals"], oracles=tuple(state.get("oracles", fo.COMPACT)),
+                   assign_seed=int(state.get("assign_seed", 0)),
+                   per_report=int(state.get("per_report", 1)),
+                   version=int(state.get("version", 0)))

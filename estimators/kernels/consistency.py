@@ -1,0 +1,348 @@
+"""Post-processing of noisy marginal tables that share attributes (CALM, Zhang, Wang, Li, He &
+Chen, CCS 2018, §4.3–4.4; after PriView, Qardaji et al., SIGMOD 2014):
+
+* :func:`make_consistent` — every attribute set shared by two or more tables (the closure of their
+  pairwise intersections, ∅ included) gets one common sub-marginal, the inverse-variance weighted
+  mean of the tables' projections; each table is shifted uniformly within the cells of that
+  sub-marginal to match it. Sets are processed smallest first, so a later step never undoes an
+  earlier one (its correction sums to zero on every already-consistent subset).
+* :func:`norm_sub` — Norm-Sub [CALM §4.4]: zero the negative cells and shift the positive ones
+  by a common δ until the table sums to its total; the Euclidean projection onto the simplex.
+* :func:`shrink_to_independence` — positive-part James–Stein shrinkage (Efron & Morris 1973,
+  shrinking toward a fitted sub-model) of a noisy table toward the product of its own 1-way
+  marginals, with the noise variance known (oracle noise plus user sampling). Not part of
+  CALM: it keeps every 1-way marginal (so consistency on single attributes survives it) and
+  removes much of the noise of large tables at small ε, where the tables' dependence is below
+  the noise, and of the user sampling at large ε.
+* :func:`shrink_hierarchical` — the same shrinkage level by level: every pair toward
+  independence with the variance of its consistent estimate, every larger attribute set's
+  top-order interaction toward the maximum-entropy table with its shrunk sub-marginals
+  (pooled James–Stein where a set alone has too few dimensions); not part of CALM.
+* :func:`postprocess` — CALM's alternation of the two, ending with consistency (optionally with
+  the shrinkage after the first consistency step).
+* :func:`max_entropy` — a marginal not collected directly, as the maximum-entropy table with the
+  given sub-marginals (iterative proportional fitting from the uniform table; Deming & Stephan
+  1940, CALM §4.5).
+
+Tables are :class:`~.domain.Factor` objects (axes named by attribute).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.kernels.proper import project_simplex
+
+__all__ = ["Consistency", "expand", "make_consistent", "norm_sub", "postprocess",
+           "shrink_to_independence", "shrink_hierarchical", "independence", "interaction",
+           "max_entropy", "MaxEntResult", "shared_sets", "disagreement"]
+
+
+def _ordered(attrs: frozenset[str], like: Sequence[str]) -> tuple[str, ...]:
+    return tuple(a for a in like if a in attrs)
+
+
+def shared_sets(attr_sets: Sequence[frozenset[str]]) -> list[frozenset[str]]:
+    """Every attribute set contained in two or more of ``attr_sets`` that matters for
+    consistency: the closure of pairwise intersections under intersection (∅ included),
+    smallest first."""
+    found = {a & b for a, b in itertools.combinations(attr_sets, 2)}
+    while True:
+        more = {a & b for a, b in itertools.combinations(found, 2)} - found
+        if not more:
+            break
+        found |= more
+    return sorted(found, key=lambda s: (len(s), sorted(s)))
+
+
+def expand(delta: np.ndarray, sub: tuple[str, ...], axes: tuple[str, ...]) -> np.ndarray:
+    """``delta`` over ``sub`` broadcastable against a table over ``axes`` (⊇ sub)."""
+    order = [a for a in axes if a in sub]
+    d = np.transpose(delta, [sub.index(a) for a in order]) if sub else delta
+    shape = [delta.shape[sub.index(a)] if a in sub else 1 for a in axes]
+    return np.reshape(d, shape)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One shared set A: for each member table k, the axes summed out to get its projection
+    onto A (in the order of A as it appears in ``ref``), the transpose into that order, and
+    the reshape broadcasting a correction back, plus c_k = cells per A-cell."""
+
+    members: tuple[int, ...]
+    drop: tuple[tuple[int, ...], ...]
+    perm: tuple[tuple[int, ...], ...]
+    back: tuple[tuple[int, ...], ...]
+    unperm: tuple[tuple[int, ...], ...]
+    cells: tuple[float, ...]
+
+
+def _plan(axes: Sequence[tuple[str, ...]], shapes: Sequence[tuple[int, ...]]) -> list[_Step]:
+    sets = [frozenset(a) for a in axes]
+    steps = []
+    for A in shared_sets(sets):
+        members = tuple(k for k, s in enumerate(sets) if A <= s)
+        if len(members) < 2:
+            continue
+        ref = _ordered(A, axes[members[0]])
+        drop, perm, back, unperm, cells = [], [], [], [], []
+        for k in members:
+            ax = axes[k]
+            kept = [a for a in ax if a in A]                       # A in table k's order
+            drop.append(tuple(i for i, a in enumerate(ax) if a not in A))
+            perm.append(tuple(kept.index(a) for a in ref))          # kept order → ref order
+            unperm.append(tuple(ref.index(a) for a in kept))        # ref order → kept order
+            back.append(tuple(shapes[k][i] if a in A else 1 for i, a in enumerate(ax)))
+            size_a = int(np.prod([shapes[k][ax.index(a)] for a in ref], dtype=np.int64))
+            cells.append(float(np.prod(shapes[k], dtype=np.int64)) / size_a)
+        steps.append(_Step(members, tuple(drop), tuple(perm), tuple(back), tuple(unperm),
+                           tuple(cells)))
+    return steps
+
+
+class Consistency:
+    """CALM's consistency step for a fixed set of tables (attribute tuples and shapes), planned
+    once: afterwards every two tables agree on the marginal of every attribute set they share
+    (to rounding). ``cell_variance[k]`` is the variance of one cell of table k; the projection
+    of table k onto A (c_k = |dom(k)|/|dom(A)| cells summed) has variance c_k·var_k per cell,
+    and the common value is Σ_k w_k·proj_k / Σ_k w_k with w_k = 1/(c_k·var_k). Each table is
+    then shifted by (common − proj_k)/c_k in every cell of the same A-cell."""
+
+    def __init__(self, axes: Sequence[tuple[str, ...]], shapes: Sequence[tuple[int, ...]]) -> None:
+        self.axes = [tuple(a) for a in axes]
+        self.shapes = [tuple(int(d) for d in s) for s in shapes]
+        self.steps = _plan(self.axes, self.shapes)
+
+    def apply(self, values: Sequence[np.ndarray], cell_variance: Sequence[float]
+              ) -> list[np.ndarray]:
+        vals = [np.array(v, dtype=float) for v in values]
+        for st in self.steps:
+            projs = [np.transpose(vals[k].sum(axis=d) if d else vals[k], p)
+                     for k, d, p in zip(st.members, st.drop, st.perm)]
+            w = np.array([1.0 / (c * max(float(cell_variance[k]), 1e-300))
+                          for k, c in zip(st.members, st.cells)])
+            w /= w.sum()
+            common = sum(wk * p for wk, p in zip(w, projs))
+            for k, p, c, b, u in zip(st.members, projs, st.cells, st.back, st.unperm):
+                vals[k] += np.reshape(np.transpose((common - p) / c, u), b)
+        return vals
+
+
+def make_consistent(tables: Sequence[Factor], cell_variance: Sequence[float]) -> list[Factor]:
+    """:class:`Consistency` on :class:`~.domain.Factor` tables."""
+    plan = Consistency([t.domain.attrs for t in tables], [t.domain.shape for t in tables])
+    return [Factor(t.domain, v)
+            for t, v in zip(tables, plan.apply([t.values for t in tables], cell_variance))]
+
+
+def disagreement(tables: Sequence[Factor]) -> float:
+    """Largest absolute difference between two tables' marginals on a set they share."""
+    worst = 0.0
+    for a, b in itertools.combinations(tables, 2):
+        shared = frozenset(a.domain.attrs) & frozenset(b.domain.attrs)
+        sub = _ordered(shared, a.domain.attrs)
+        pa = a.project(sub).values
+        pb = b.project(sub).values
+        worst = max(worst, float(np.max(np.abs(pa - pb))))
+    return worst
+
+
+def norm_sub(table: Factor, total: float = 1.0) -> Factor:
+    """Norm-Sub [CALM §4.4]: negative cells to 0 and a common shift of the others so the table
+    sums to ``total`` — exactly the Euclidean projection onto {x ≥ 0, Σx = total}."""
+    if total <= 0:
+        return Factor(table.domain, np.zeros_like(table.values, dtype=float))
+    return Factor(table.domain, total * project_simplex(np.asarray(table.values) / total))
+
+
+def independence(values: np.ndarray) -> np.ndarray:
+    """The product of a table's 1-way marginals, scaled to its total (uniform 1-way
+    marginals where the total is 0)."""
+    x = np.asarray(values, dtype=float)
+    total = float(x.sum())
+    nu = np.full(x.shape, total)
+    for i in range(x.ndim):
+        m = x.sum(axis=tuple(j for j in range(x.ndim) if j != i))
+        shape = [1] * x.ndim
+        shape[i] = len(m)
+        nu = nu * (m / total if total != 0 else np.full(len(m), 1.0 / len(m))).reshape(shape)
+    return nu
+
+
+def shrink_to_independence(values: np.ndarray, noise_variance: float) -> tuple[np.ndarray,
+                                                                               float]:
+    """Positive-part James–Stein: ν + λ(x − ν), ν = total·Π_a (m_a/total) the product of the
+    table's 1-way marginals m_a, λ = clip(1 − (p − r − 2)·σ²/‖x − ν‖², 0, 1) with p cells,
+    r = Σ_a (d_a − 1) + 1 parameters of ν, σ² the per-cell noise variance. x − ν sums to zero
+    along every axis, so every 1-way marginal is kept exactly. Returns (table, λ).
+
+    One λ for the whole table: for a w ≥ 3 table it shrinks its pairwise dependence together
+    with its (noisier) higher-order interaction. Measured: on the Bayesian-network sample
+    (weak dependence) that helps collected triples a lot; on six Adult columns (strong
+    pairwise dependence, large triples) it hurts them (2-way TVD from triples 0.21 vs 0.18
+    without it at ε = 1) — collecting pairs is the better choice there anyway
+    (docs/partitioned.md)."""
+    x = np.asarray(values, dtype=float)
+    if x.ndim < 2:
+        return x.copy(), 1.0
+    nu = independence(x)
+    r = sum(d - 1 for d in x.shape) + 1
+    k = max(x.size - r - 2, 0)
+    dev = float(((x - nu) ** 2).sum())
+    lam = 1.0 if dev <= 0 else min(1.0, max(0.0, 1.0 - k * float(noise_variance) / dev))
+    return nu + lam * (x - nu), lam
+
+
+def _residual_dims(shape: Sequence[int]) -> int:
+    """Dimension of the top-order interaction of a table: Π_a (d_a − 1)."""
+    return int(np.prod([d - 1 for d in shape], dtype=np.int64))
+
+
+def _js_factor(q: int, dev: float, noise_variance: float) -> float:
+    """Positive-part James–Stein factor clip(1 − (q − 2)·σ²/dev, 0, 1)."""
+    if dev <= 0:
+        return 1.0
+    return min(1.0, max(0.0, 1.0 - max(q - 2, 0) * float(noise_variance) / dev))
+
+
+def interaction(values: np.ndarray) -> np.ndarray:
+    """The top-order interaction of a table: the table centred along every axis
+    (x ×_a (I − J/d_a) for every axis a), the orthogonal projection onto the Π_a (d_a − 1)
+    dimensions that no marginal of fewer attributes sees; x minus it keeps every marginal of
+    the other attributes' subsets exactly."""
+    r = np.asarray(values, dtype=float)
+    for i in range(r.ndim):
+        r = r - r.mean(axis=i, keepdims=True)
+    return r
+
+
+def _maxent_below(f: Factor) -> np.ndarray:
+    """The maximum-entropy table with ``f``'s (w−1)-way sub-marginals (negative cells clipped),
+    scaled to ``f``'s total."""
+    attrs = f.domain.attrs
+    subs = [f.project(tuple(b for b in attrs if b != a)) for a in attrs]
+    return float(f.values.sum()) * max_entropy(f.domain, subs).table.values
+
+
+#: a set whose interaction has fewer dimensions than this cannot be shrunk by James–Stein on
+#: its own (the factor needs q − 2 > 0); such pairs share one pooled λ
+POOL_BELOW = 3
+
+
+def shrink_hierarchical(tables: Sequence[Factor], noise_variance: Sequence[float]
+                        ) -> list[np.ndarray]:
+    """Hierarchical positive-part James–Stein shrinkage of consistent tables, level by level
+    (not in CALM; Efron & Morris 1973: shrinkage toward a fitted sub-model, and across
+    related tables).
+
+    Level w = 2, 3, … up to the largest table: every attribute set S of w attributes inside
+    some table is projected from the current tables, x_S, and its top-order part R_S (the part
+    no marginal of fewer attributes sees; q_S = Π(d_a − 1) dimensions) shrunk: x_S − (1 − λ)R_S,
+    which keeps every (w−1)-way sub-marginal of x_S. For a pair R_S = x_S − the product of its
+    1-way marginals (:func:`shrink_to_independence`); for w ≥ 3 R_S = the :func:`interaction`
+    of x_S minus that of the maximum-entropy table with x_S's (w−1)-way sub-marginals (the
+    target keeps the log-linear model without a w-way term, e.g. a Markov chain's triple,
+    while the linear interaction keeps the sub-marginals exact even with negative cells).
+    λ = clip(1 − (q − 2)σ²/‖R‖², 0, 1) per set where q_S ≥ :data:`POOL_BELOW`; the smaller
+    pairs, and all sets of a level w ≥ 3, share one λ (James–Stein on the residuals scaled by
+    σ_S, q = Σ q_S). σ²_S, the noise variance of one cell of x_S, is the inverse-variance
+    combination over the tables containing S (c cells summed in each): a pair inside m − 2
+    collected triples is shrunk with the smaller variance of its consistent estimate. Every
+    table is then shifted to agree with the shrunk sets (the consistency step with them as
+    exact tables: the minimum-norm additive lift) before the next level. Returns each table's
+    new values; a
+    table of q ≥ 3 collected alone (pairs of Adult) gets :func:`shrink_to_independence`."""
+    axes = [tuple(t.domain.attrs) for t in tables]
+    vals = [np.array(t.values, dtype=float) for t in tables]
+    var = [max(float(v), 1e-300) for v in noise_variance]
+    top = max((len(a) for a in axes), default=0)
+    for w in range(2, top + 1):
+        level: dict[frozenset[str], list[int]] = {}
+        for k, ax in enumerate(axes):
+            for sub in itertools.combinations(ax, w):
+                level.setdefault(frozenset(sub), []).append(k)
+        sets = list(level)
+        xs, s2 = [], []
+        for S in sets:
+            k0 = level[S][0]
+            f = Factor(tables[k0].domain, vals[k0]).project(_ordered(S, axes[k0]))
+            xs.append(f)
+            s2.append(1.0 / sum(f.values.size / (vals[k].size * var[k]) for k in level[S]))
+        if w == 2:
+            res = [f.values - independence(f.values) for f in xs]
+        else:
+            res = [interaction(f.values) - interaction(_maxent_below(f)) for f in xs]
+        qs = [_residual_dims(f.values.shape) for f in xs]
+        lam = [_js_factor(q, float((r ** 2).sum()), v) for q, r, v in zip(qs, res, s2)]
+        group = [i for i, q in enumerate(qs) if w >= 3 or q < POOL_BELOW]
+        if group:
+            common = _js_factor(sum(qs[i] for i in group),
+                                sum(float((res[i] ** 2).sum()) / s2[i] for i in group), 1.0)
+            for i in group:
+                lam[i] = common
+        new = [f.values - (1.0 - lm) * r for f, r, lm in zip(xs, res, lam)]
+        lift = Consistency(axes + [f.domain.attrs for f in xs],
+                           [v.shape for v in vals] + [f.values.shape for f in xs])
+        vals = lift.apply(vals + new, var + [0.0] * len(new))[:len(vals)]
+    return vals
+
+
+def postprocess(tables: Sequence[Factor], cell_variance: Sequence[float], rounds: int = 30,
+                tol: float = 1e-6, noise_variance: Sequence[float] | None = None,
+                hierarchical: bool = True) -> tuple[list[Factor], int]:
+    """CALM's post-processing: consistency, then alternately Norm-Sub and consistency until no
+    cell is below −``tol`` (or ``rounds`` Norm-Sub passes); ends with consistency, so the tables
+    agree exactly on shared sets and may keep cells slightly below 0. With ``noise_variance``
+    (per-cell variance of each table around its target), the tables are shrunk after the first
+    consistency step: by :func:`shrink_hierarchical` (default), or with ``hierarchical=False``
+    each toward the product of its own 1-way marginals (:func:`shrink_to_independence`, one λ
+    per table). Returns (tables, Norm-Sub passes)."""
+    plan = Consistency([t.domain.attrs for t in tables], [t.domain.shape for t in tables])
+    vals = plan.apply([t.values for t in tables], cell_variance)
+    if noise_variance is not None:
+        if hierarchical:
+            vals = plan.apply(shrink_hierarchical(
+                [Factor(t.domain, v) for t, v in zip(tables, vals)], noise_variance),
+                cell_variance)
+        else:
+            vals = plan.apply([shrink_to_independence(v, s2)[0]
+                               for v, s2 in zip(vals, noise_variance)], cell_variance)
+    passes = 0
+    while passes < rounds and min(float(v.min()) for v in vals) < -tol:
+        total = float(np.mean([v.sum() for v in vals]))
+        vals = plan.apply([total * project_simplex(v / total) if total > 0 else np.zeros_like(v)
+                           for v in vals], cell_variance)
+        passes += 1
+    return [Factor(t.domain, v) for t, v in zip(tables, vals)], passes
+
+
+@dataclass(frozen=True)
+class MaxEntResult:
+    table: Factor
+    iterations: int
+    converged: bool
+    gap: float
+
+
+def max_entropy(domain: Domain, constraints: Sequence[Factor], *, tol: float = 1e-7,
+                max_iter: int = 200, stall: float = 1e-4, refit: bool = True) -> MaxEntResult:
+    """The maximum-entropy distribution over ``domain`` whose marginals on the constraint
+    tables' attributes equal them (negatives clipped, each rescaled to sum 1), by iterative
+    proportional fitting from the uniform table. ``gap`` is the largest |marginal − target|
+    seen in the last sweep. Targets that are not exactly consistent cannot all be met and IPF
+    cycles close to them: it stops once a sweep changes the gap by less than ``stall`` × gap;
+    then, with ``refit`` (default), the fit is redone toward the closest realizable marginals
+    (:func:`~.marginal_fit.fit_marginals`), where IPF converges, and ``gap`` is their distance
+    to the targets. ``converged=False`` only when that IPF does not come within
+    :data:`~.marginal_fit.TOL` of them in :data:`~.marginal_fit.MAX_SWEEPS` sweeps."""
+    from ldpstream.estimators.kernels.marginal_fit import fit_marginals, ipf, plans
+    vals, it, gap = ipf(domain, plans(domain, constraints), tol=tol, max_iter=max_iter,
+                        stall=stall)
+    if gap > tol and refit:
+        r = fit_marginals(domain, constraints)
+        return MaxEntResult(r.table, it + r.iterations, r.converged, r.gap)
+    return MaxEntResult(Factor(domain, vals), it, bool(gap <= tol), float(gap))

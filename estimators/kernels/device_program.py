@@ -1,0 +1,188 @@
+"""The randomization description a device interprets (docs/device-protocol.md, "Randomization
+description"): a small, versioned, language-neutral JSON value published inside the signed
+mechanism state (key ``device``), so a device SDK needs one generic interpreter instead of a copy
+of every mechanism family.
+
+A description lists the attributes with their category labels, the report width and *steps*
+applied in order to a record of category indices:
+
+* ``grr``: the cell of the attributes ``in`` (mixed radix, first attribute most significant) is
+  kept with probability ``p``, else replaced by one of the other cells uniformly; the result is
+  written, in the same mixed radix, to the report columns ``out``.
+* ``matrix``: the cell goes through the row-stochastic matrix ``rows`` (inverse-CDF sampling).
+* ``select``: an index j uniform in ``[0, len(branches))`` is written to column ``out`` (unless
+  ``out`` is null), then the steps of branch j run.
+* ``uniform``: a uniform cell of the attributes ``in``, whatever the record (fake data).
+* ``keep``: the cell of ``in`` kept with probability ``p``, else a fake cell from ``fake``; the
+  flat cell is written to column ``out``.
+* ``bloom``: the set bits ``filters[x]`` of attribute ``in``'s Bloom filter in the ``bits``
+  columns from ``out``, every bit then kept with 1 − f, else set to 1 or 0 with f/2 each.
+* ``copy``: column ``out`` drawn from row ``report[from]`` of ``rows`` (post-processing of a
+  value already reported); ``const``: column ``out`` set to ``value``.
+
+* ``partition``: the device's id picks the first of the ``tables`` (a fixed assignment); each
+  report column ``out[s]`` carries table (first + s) mod K through its oracle (GRR, or OLH with
+  its hash), offset by the table's ``offset``; ε: ``len(out)`` × the dearest oracle.
+
+A memoized description adds ``memoize``: ``rotation_s`` and one ``permanent`` step per
+attribute, whose response is drawn once per rotation period and kept; ``steps`` then apply to
+the permanent responses on every report [RAPPOR §3].
+
+ε of a description is computed from the channels it applies (:func:`program_epsilon`), never
+read from a declared field: steps compose sequentially (sum), ``select`` costs its dearest
+branch (the index is independent of the record).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.kernels.domain import Domain
+
+__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step",
+           "copy_step", "const_step", "keep_step", "bloom_step", "program", "program_epsilon",
+           "memo_fingerprint", "is_grr"]
+
+#: the version ``v`` of the description format
+PROGRAM_VERSION = 1
+
+
+def grr_step(cols: Sequence[int], p: float, out: Sequence[int] | None = None) -> dict[str, Any]:
+    """GRR over the product of the attributes ``cols`` with keep probability ``p``."""
+    return {"op": "grr", "in": [int(c) for c in cols],
+            "out": [int(c) for c in (cols if out is None else out)], "p": float(p)}
+
+
+def matrix_step(cols: Sequence[int], P: np.ndarray,
+                out: Sequence[int] | None = None) -> dict[str, Any]:
+    """The channel ``P`` (rows: true cells, columns: reported cells) over the attributes
+    ``cols``."""
+    return {"op": "matrix", "in": [int(c) for c in cols],
+            "out": [int(c) for c in (cols if out is None else out)],
+            "rows": np.asarray(P, dtype=float).tolist()}
+
+
+def select_step(out: int | None, branches: Sequence[Sequence[Mapping[str, Any]]]
+                ) -> dict[str, Any]:
+    """Draw a uniform branch index, report it in column ``out`` (None: not reported), then run
+    that branch."""
+    return {"op": "select", "out": None if out is None else int(out),
+            "branches": [list(b) for b in branches]}
+
+
+def uniform_step(cols: Sequence[int]) -> dict[str, Any]:
+    """A uniform cell of the attributes ``cols``, whatever the record (fake data)."""
+    return {"op": "uniform", "in": [int(c) for c in cols], "out": [int(c) for c in cols]}
+
+
+def is_grr(P: np.ndarray) -> bool:
+    """True when ``P`` has one diagonal value and one off-diagonal value (bit-exact)."""
+    P = np.asarray(P, dtype=float)
+    off = ~np.eye(len(P), dtype=bool)
+    return bool(np.all(np.diag(P) == P[0, 0]) and np.all(P[off] == P[0, 1]))
+
+
+def channel_step(cols: Sequence[int], P: np.ndarray,
+                 out: Sequence[int] | None = None) -> dict[str, Any]:
+    """``grr`` when ``P`` is exactly GRR-shaped, else ``matrix``."""
+    return grr_step(cols, float(P[0, 0]), out) if is_grr(P) else matrix_step(cols, P, out)
+
+
+def copy_step(source: int, out: int, M: np.ndarray) -> dict[str, Any]:
+    """Column ``out`` drawn from row ``report[source]`` of ``M`` (post-processing of a reported
+    value: costs nothing)."""
+    return {"op": "copy", "from": int(source), "out": int(out),
+            "rows": np.asarray(M, dtype=float).tolist()}
+
+
+def keep_step(cols: Sequence[int], out: int, p: float, fake: np.ndarray) -> dict[str, Any]:
+    """The cell of ``cols`` kept with probability ``p``, else a fake cell drawn from ``fake``
+    (a distribution over the cells); the flat cell goes to column ``out``."""
+    return {"op": "keep", "in": [int(c) for c in cols], "out": int(out), "p": float(p),
+            "fake": np.asarray(fake, dtype=float).ravel().tolist()}
+
+
+def bloom_step(col: int, start: int, B: np.ndarray, f: float) -> dict[str, Any]:
+    """Attribute ``col``'s Bloom filter ``B`` (values × bits), written to the ``len(B[0])``
+    columns from ``start``, every bit flipped with ``f`` (kept with 1 − f, set to 1 or 0 with
+    f/2 each)."""
+    B = np.asarray(B)
+    return {"op": "bloom", "in": [int(col)], "out": int(start), "bits": int(B.shape[1]),
+            "f": float(f), "filters": [np.flatnonzero(row).tolist() for row in B]}
+
+
+def const_step(out: int, value: int) -> dict[str, Any]:
+    """Column ``out`` set to ``value``."""
+    return {"op": "const", "out": int(out), "value": int(value)}
+
+
+def program(family: str, domain: Domain, width: int,
+            steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A version-1 description of ``family`` over ``domain``."""
+    return {"v": PROGRAM_VERSION, "family": family, "attrs": list(domain.attrs),
+            "labels": [list(domain.categories(a)) for a in domain.attrs], "width": int(width),
+            "steps": [dict(s) for s in steps]}
+
+
+def _cells(shape: Sequence[int], cols: Sequence[int]) -> int:
+    return math.prod(int(shape[c]) for c in cols)
+
+
+def _grr_epsilon(p: float, k: int) -> float:
+    q = (1.0 - p) / (k - 1)
+    lo, hi = min(p, q), max(p, q)
+    return math.inf if lo <= 0.0 else math.log(hi / lo)
+
+
+def step_epsilon(step: Mapping[str, Any], shape: Sequence[int]) -> float:
+    """ε of one step (``inf`` for a channel that can reveal the value)."""
+    op = step["op"]
+    if op == "select":
+        return max((sum(step_epsilon(s, shape) for s in b) for b in step["branches"]),
+                   default=0.0)
+    if op == "grr":
+        return _grr_epsilon(float(step["p"]), _cells(shape, step["in"]))
+    if op == "matrix":
+        return ch.epsilon(np.asarray(step["rows"], dtype=float))
+    if op in ("uniform", "copy", "const"):
+        return 0.0
+    if op == "bloom":
+        f, sets = float(step["f"]), [set(s) for s in step["filters"]]
+        ham = max((len(a ^ b) for i, a in enumerate(sets) for b in sets[i + 1:]), default=0)
+        return 0.0 if ham == 0 else math.inf if f <= 0.0 else math.log((2.0 - f) / f) * ham
+    if op == "keep":
+        p, lo = float(step["p"]), min(float(f) for f in step["fake"])
+        if p == 0.0:
+            return 0.0
+        return math.inf if p >= 1.0 or lo <= 0.0 else math.log1p(p / ((1.0 - p) * lo))
+    if op == "partition":
+        return len(step["out"]) * max(_grr_epsilon(float(t["p"]), int(t["g"]) if t["oracle"]
+                                                   == "olh" else _cells(shape, t["in"]))
+                                      for t in step["tables"])
+    raise ValueError(f"unknown step op {op!r}")
+
+
+def program_epsilon(prog: Mapping[str, Any]) -> float:
+    """ε of one report of the description (sum over its steps); memoized: the sum over the
+    permanent steps (what any number of reports of one rotation period cost together)."""
+    shape = [len(lab) for lab in prog["labels"]]
+    steps = prog["memoize"]["permanent"] if prog.get("memoize") else prog["steps"]
+    return float(sum(step_epsilon(s, shape) for s in steps))
+
+
+def memo_fingerprint(permanent: Sequence[Mapping[str, Any]], shape: Sequence[int]) -> str:
+    """16 hex digits of BLAKE2b-64 over every permanent step: op byte (1 grr, 2 matrix), cells
+    u32 LE, then ``p`` or the matrix entries row by row as f64 LE. Memoized responses are reused
+    only under the same permanent channels."""
+    h = hashlib.blake2b(digest_size=8)
+    for s in permanent:
+        k = _cells(shape, s["in"])
+        h.update(struct.pack("<BI", 1 if s["op"] == "grr" else 2, k))
+        values = [s["p"]] if s["op"] == "grr" else [x for row in s["rows"] for x in row]
+        h.update(struct.pack(f"<{len(values)}d", *values))
+    return h.hexdigest()

@@ -1,0 +1,1 @@
+"""Single-attribute frequency oracles (docs/mechanisms.md)."""

@@ -222,7 +222,7 @@ def count_reports(mech: Mechanism, reports: np.ndarray, specs: list[TensorSpec]
         dt = np.uint16 if size <= 1 << 16 else np.uint32 if size <= 1 << 32 else np.intp
         flat = reports[:, s.columns[0]].astype(dt)
         for c, width in zip(s.columns[1:], s.shape[1:]):
-            flat *= dt(width)
+            np.multiply(flat, width, out=flat, casting="unsafe")
             np.add(flat, reports[:, c], out=flat, casting="unsafe")  # validated: in bounds
         out[s.key] = np.bincount(flat, minlength=size).astype(np.int64, copy=False).reshape(s.shape)
     return out

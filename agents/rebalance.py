@@ -176,7 +176,7 @@ class Rebalancer:
             consumer.resume(*(s.tp for s in states if self.gate.positioned(s.tp)))
 
 
-class Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
+class Listener(ConsumerRebalanceListener):
     """aiokafka rebalance listener delegating to the :class:`Rebalancer` (both callbacks are
     awaited by aiokafka's coordinator before it proceeds)."""
 

@@ -212,7 +212,6 @@ def main(args: Any) -> int:
     from ldpstream.cli import CliError
     from ldpstream.config import load_config
     from ldpstream.dev.broker import EmbeddedBroker
-    from ldpstream.dev.process import port_free
     from ldpstream.dev.redis import EmbeddedRedis
     from ldpstream.endpoint import clear_up, record_up, require_free_port
     from ldpstream.errors import ServiceError

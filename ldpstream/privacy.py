@@ -57,14 +57,14 @@ def epsilon_fields(collection: Any, mechanism: Mechanism,
         over_time = mechanism.guarantee()
     except (ValueError, RuntimeError):  # an adaptive mechanism without its state yet
         over_time = None
-    memoized = over_time is not None and over_time.memoized
-    per_day = over_time.per_day if memoized else None
+    memoized = over_time if over_time is not None and over_time.memoized else None
+    per_day = memoized.per_day if memoized is not None else None
     return {
         "epsilon": float(collection.epsilon),
         "epsilon_scope": collection.epsilon_scope,
         "epsilon_per_record": per_record,
         "epsilon_per_attribute": None if per_record is None else epsilon_per_attribute(mechanism),
-        "epsilon_per_rotation": over_time.per_rotation if memoized else None,
+        "epsilon_per_rotation": memoized.per_rotation if memoized is not None else None,
         "epsilon_per_day": per_day,
         "privacy_note": privacy_note(per_record, per_day),
     }

@@ -16,11 +16,15 @@ def shown() -> bool:
     return forced == "1" if forced in ("0", "1") else sys.stderr.isatty()
 
 
+def _ignore(k: int = 1) -> None:
+    """The progress callback when no bar is shown."""
+
+
 @contextmanager
 def progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
     """``with progress("simulate", n) as advance: ... advance(k)``; a no-op when not shown."""
     if not shown():
-        yield lambda k=1: None
+        yield _ignore
         return
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
@@ -30,4 +34,7 @@ def progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
                   "{task.completed}/{task.total}", TimeElapsedColumn(), TimeRemainingColumn(),
                   console=console, transient=True) as bar:
         task = bar.add_task(label, total=total)
-        yield lambda k=1: bar.advance(task, k)
+
+        def advance(k: int = 1) -> None:
+            bar.advance(task, k)
+        yield advance

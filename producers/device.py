@@ -225,16 +225,18 @@ class ConfigWatcher:
         a state already (from newer records) skips the older ones silently."""
         loop = asyncio.get_running_loop()
         have = set(self.states)
+        consumer = self._consumer
+        assert consumer is not None, "read only while the watcher runs"
         for tp in tps:
-            self._consumer.seek(tp, start[tp])
+            consumer.seek(tp, start[tp])
         while True:
-            behind = [tp for tp in tps if await self._consumer.position(tp) < upto[tp]]
+            behind = [tp for tp in tps if await consumer.position(tp) < upto[tp]]
             if not behind:
                 return
             if loop.time() > deadline:
                 raise ConnectionError(f"cannot read {self.topic} at {self.bootstrap} up to its "
                                       f"end offsets {dict(upto)} in time")
-            batches = await self._consumer.getmany(*behind, timeout_ms=200, max_records=1000)
+            batches = await consumer.getmany(*behind, timeout_ms=200, max_records=1000)
             for tp, msgs in batches.items():
                 for msg in msgs:
                     if (newest or msg.offset < upto[tp]) and (msg.key or b"").decode(

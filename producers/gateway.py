@@ -61,7 +61,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from ldpstream.errors import CliError
 from ldpstream.estimators.mechanism import Mechanism
 from ldpstream.http_guard import GATEWAY_ENV, ConnectionGuard, HardenedSite
-from ldpstream.names import ENV_KAFKA_BOOTSTRAP, reports_topic
+from ldpstream.names import CONFIG_TOPIC, ENV_KAFKA_BOOTSTRAP, reports_topic
 from ldpstream.producers.codec import (
     MAX_MESSAGE_BYTES,
     DecodeError,
@@ -244,14 +244,14 @@ class IngestGateway:
         self.fleets = list(fleets)
         self.max_body_bytes = int(max_body_bytes)
         self.max_message_bytes = int(max_message_bytes)
-        kw = {} if config_topic is None else {"topic": config_topic}
         # not a device: no ε ceiling (devices apply their own to the relayed states); only the
         # fleets' collections unless one fleet may report anywhere (a flood of ldp.config then
         # costs a bounded time: producers/device.py TAIL_RECORDS)
         follow = None if any(f.collections is None for f in self.fleets) else \
             frozenset().union(*(f.collections or () for f in self.fleets))
-        self.watcher = ConfigWatcher(bootstrap, on_change=self._on_state, max_epsilon=None,
-                                     collections=follow, **kw)
+        self.watcher = ConfigWatcher(bootstrap, topic=config_topic or CONFIG_TOPIC,
+                                     on_change=self._on_state, max_epsilon=None,
+                                     collections=follow)
         self.publisher = Publisher(bootstrap, client_id="ldpstream-gateway")
         #: collection → version → mechanism, for every version the newest state accepts
         self.known: dict[str, dict[int, Mechanism]] = {}

@@ -84,11 +84,12 @@ def _partition(d: dict, field: str, shape: Sequence[int], width: int) -> Step:
         g = r = 0
         codes = math.prod(sub)
         if t["oracle"] == "olh":
-            g, r = t.get("g"), t.get("r")
-            if (isinstance(g, bool) or not isinstance(g, int) or isinstance(r, bool)
-                    or not isinstance(r, int) or g < 2 or r < 1 or g ** r > MAX_CELLS
-                    or g ** r < codes):
+            gv, rv = t.get("g"), t.get("r")
+            if (isinstance(gv, bool) or not isinstance(gv, int) or isinstance(rv, bool)
+                    or not isinstance(rv, int) or gv < 2 or rv < 1 or gv ** rv > MAX_CELLS
+                    or gv ** rv < codes):
                 raise ProgramError(f"{f}.g", "g ≥ 2 and r ≥ 1 with cells ≤ g^r ≤ 2^32")
+            g, r = gv, rv
             codes = g ** (r + 1)
         if off + codes > MAX_CELLS:
             raise ProgramError(f"{f}.offset", "codes beyond 2^32")
@@ -223,8 +224,9 @@ def _bloom(d: dict, field: str, shape: Sequence[int], width: int, budget: list[i
     ok = (len(cols) == 1 and isinstance(filters, list) and len(filters) == shape[cols[0]]
           and all(isinstance(v, list) and all(isinstance(b, int) and not isinstance(b, bool)
                                               and 0 <= b < bits for b in v) for v in filters))
-    budget[0] -= len(filters) + 1 + sum(len(v) for v in filters) if ok else 0
-    if not ok or budget[0] < 0:
+    if ok and isinstance(filters, list):
+        budget[0] -= len(filters) + 1 + sum(len(v) for v in filters)
+    if not ok or not isinstance(filters, list) or budget[0] < 0:
         raise ProgramError(f"{field}.filters", f"must list, per value of one attribute, bit "
                                                f"positions below {bits} (values + 1 + "
                                                f"positions count against the "
@@ -272,13 +274,13 @@ def run_step(s: Step, x: Sequence[int] | Mapping[int, int], rng: DrawSource,
         start, bits = s.out
         for b in range(bits):
             report[start + b] = 0
-        for b in s.cum[_ravel(x, s.cols, s.shape)]:
-            report[start + int(b)] = 1
+        for pos in s.cum[_ravel(x, s.cols, s.shape)]:
+            report[start + int(pos)] = 1
         for b in range(bits):
-            u = float(rng.next_u64() >> 11)
-            if u < s.p * 0.5 * TWO53:
+            draw = float(rng.next_u64() >> 11)
+            if draw < s.p * 0.5 * TWO53:
                 report[start + b] = 1
-            elif u < s.p * TWO53:
+            elif draw < s.p * TWO53:
                 report[start + b] = 0
         return
     if s.op == "keep":

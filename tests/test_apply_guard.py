@@ -1,7 +1,8 @@
 """No single message breaks the exactly-once apply (docs/security.md): the values a message can
 influence are clamped in Python (agents/apply_guard.py), the Lua script checks all its arguments
-and keys before its first write, a failed apply leaves the partition to the poison-pill breaker, a far-future record timestamp on a quota collection is dead-lettered with
-counts exact and the worker alive, and quota windows follow the worker's clock (backdated record
+and keys before its first write, a failed apply leaves the partition to the poison-pill breaker,
+a far-future record timestamp on a quota collection is dead-lettered with counts exact and the
+worker alive, and quota windows follow the worker's clock (backdated record
 timestamps do not buy a device more than its quota)."""
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import redis.asyncio as aioredis
 import yaml
 from conftest import write_config
 from kafka_helpers import read_dlq
-from store_helpers import cells, read_all
+from store_helpers import read_all
 
 from ldpstream.agents import keys
 from ldpstream.agents.apply_guard import MAX_EXPIRE_MS, MAX_TIMESTAMP_MS, expire_ms, split_bad_timestamps, timestamp_ok

@@ -75,7 +75,8 @@ def test_live_estimates_equal_offline(tmp_path, kafka_broker, redis_server, spaw
         assert live.keys() == want.keys(), sorted(set(want) - set(live))
         for k, w in want.items():
             p = live[k]
-            assert_close(np.asarray(p["cells"], dtype=float), np.asarray(w["cells"], dtype=float), rel=1e-12, err_msg=str(k))
+            assert_close(np.asarray(p["cells"], dtype=float), np.asarray(w["cells"], dtype=float),
+                         rel=1e-12, err_msg=str(k))
             assert p["epsilon"] == w["epsilon"] == mech.epsilon
             assert p["error_bound"] == w["error_bound"]
         assert live[(("sex", "race", "Salary"), "consistent")]["error_bound"] is None

@@ -33,7 +33,7 @@ import numpy as np
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels import device_program as dp
 from ldpstream.estimators.kernels.bounds import product_channel_bound
-from ldpstream.estimators.kernels.castell import castell, castell_variance, expected_tvd
+from ldpstream.estimators.kernels.castell import castell, expected_tvd
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.joint_grr import joint_pq, randomize_joint
 from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex, repair

@@ -11,8 +11,9 @@ bootstrap's is not):
    (:func:`reference`);
 2. :data:`DRAWS` report tables are drawn from it through the channel: a multinomial of the
    randomized values' distribution ``ref ×₁ P₁ … ×_w P_w`` for product channels and GRR
-   (exact, or its normal approximation once every expected count is at least 50); for OLH the fleet simulated report by report at small n, a normal approximation with
-   the oracle's covariance ([Wang17] eq. 4 plus the sampling of users) at large n;
+   (exact, or its normal approximation once every expected count is at least 50); for OLH the
+   fleet simulated report by report at small n, a normal approximation with the oracle's covariance
+   ([Wang17] eq. 4 plus the sampling of users) at large n;
 3. each draw is estimated as the raw estimate was; the bound is the ⌈level·(S+1)⌉-th smallest
    TVD(draw, ref), the cell interval the raw estimate minus the (1±level)/2 quantiles of
    (draw − ref) (the basic bootstrap interval), clipped to [0, 1].

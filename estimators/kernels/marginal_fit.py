@@ -94,7 +94,7 @@ def ipf(domain: Domain, targets: Sequence[Plan], *, tol: float, max_iter: int,
     vals = np.full(domain.shape, 1.0 / domain.size()) if start is None else start
     gap = prev = np.inf
     it = 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 - the count is returned after the loop
         gap = 0.0
         for drop, t, shape in targets:
             cur = _marginal(vals, drop)

@@ -14,8 +14,9 @@ estimator), computed the fast way where one exists:
 
 Everything else (other families, other estimators) goes through ``Mechanism.estimate_versions``
 one estimate at a time. Counts are :data:`~.mechanism.VersionedCounts`; the batched path reads
-the family's ``combined_counts`` (the accepted versions summed), as ``estimate_versions`` does. A failing estimate never stops the others: its reason is in
-``failures``. :func:`drift_many` does the same for the drift tests (:mod:`.drift`), batching the
+the family's ``combined_counts`` (the accepted versions summed), as ``estimate_versions`` does.
+A failing estimate never stops the others: its reason is in ``failures``. :func:`drift_many` does
+the same for the drift tests (:mod:`.drift`), batching the
 bootstrap of the pooled null variances.
 """
 from __future__ import annotations

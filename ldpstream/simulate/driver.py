@@ -32,8 +32,6 @@ per day, from :meth:`Mechanism.guarantee`) and ``results``: one row per
 """
 from __future__ import annotations
 
-import json
-import sys
 import time
 from dataclasses import dataclass, field
 from functools import cached_property

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from aiokafka import TopicPartition
 
 from ldpstream.agents import metrics
+from ldpstream.agents.apply_delta import ApplyResult, ApplyStatus, PartitionDelta
 from ldpstream.agents.clients import REDIS_ERRORS, Abandoned, Clients, RedisGate
 from ldpstream.agents.dedupe_gate import DedupeGate
 from ldpstream.agents.dlq_writer import DlqWriter
@@ -26,7 +27,7 @@ from ldpstream.agents.ingest_stats import IngestStats
 from ldpstream.agents.partition import Partitions, Pending
 from ldpstream.agents.quota_gate import QuotaGate
 from ldpstream.agents.rebalance import Seeker
-from ldpstream.agents.store import ApplyResult, ApplyStatus, CountStore, PartitionDelta
+from ldpstream.agents.store import CountStore
 from ldpstream.config import Collection
 
 log = logging.getLogger("ldpstream.agents.ingest")

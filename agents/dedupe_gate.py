@@ -9,9 +9,10 @@ import time
 from aiokafka.structs import ConsumerRecord
 
 from ldpstream.agents import dedupe
+from ldpstream.agents.apply_delta import SideValues
 from ldpstream.agents.clients import RedisGate
 from ldpstream.agents.partition import PartitionState, Pending
-from ldpstream.agents.store import CountStore, SideValues
+from ldpstream.agents.store import CountStore
 from ldpstream.producers.codec import ReportBatch
 
 

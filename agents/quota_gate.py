@@ -9,10 +9,11 @@ import time
 import numpy as np
 from aiokafka.structs import ConsumerRecord
 
+from ldpstream.agents.apply_delta import SideCounter
 from ldpstream.agents.clients import RedisGate
 from ldpstream.agents.partition import PartitionState, Pending
 from ldpstream.agents.quota import side_name, split_by_quota, window_of
-from ldpstream.agents.store import CountStore, SideCounter
+from ldpstream.agents.store import CountStore
 from ldpstream.config import Collection
 from ldpstream.producers.codec import ReportBatch, encode_batch
 

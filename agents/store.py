@@ -35,8 +35,6 @@ reads as zeros.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import enum
 import functools
 import json
 import math
@@ -46,275 +44,26 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ldpstream.agents import keys
+from ldpstream.agents.apply_delta import (
+    _STATUS,
+    ApplyResult,
+    CellsKey,
+    PartitionDelta,
+    SideValues,
+    expand_levels,
+)
 from ldpstream.agents.apply_guard import expire_ms, finite_or_none
 from ldpstream.agents.layout import Layout
+from ldpstream.agents.store_scripts import APPLY_LUA, NOTE_START_LUA, REBASE_LUA, RESET_HOLD_S, RESET_SHARD_LUA
 from ldpstream.redis_client import run_script
-from ldpstream.windows import COARSE_FACTOR, BucketPolicy
+from ldpstream.windows import BucketPolicy
 
-__all__ = ["CountStore", "ApplyStatus", "ApplyResult", "PartitionDelta", "SideCounter",
-           "SideValues", "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS"]
+__all__ = ["CountStore", "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS"]
 
 #: side-counter name of the poison-pill breaker's state (starts, attempts per message)
 BREAKER = "breaker"
 DEFAULT_CHUNK_CELLS = 2**22           # 32 MiB of int64 per Redis string
 BITFIELD_OPS_PER_CALL = 1000          # 4 values per op; Lua unpack() takes at most 8000
-
-
-# KEYS: offsets hash, sent_at_max, then the chunk keys, then the side-counter keys.
-# ARGV: ops per BITFIELD call, expected ('' = unchecked: apply when offset > stored), offset,
-#       n_reports, sent_at ('' = none), number of chunk keys C, number of side keys S; then for each
-#       chunk key: PEXPIREAT ms ('' = none) and a text blob "#<cell> <delta> #<cell> <delta> ..."
-#       (one blob per key keeps redis-py's argument packing off the hot path, and string.gmatch
-#       hands the script ready-made arguments); then for each side key: PEXPIREAT ms ('' = none)
-#       and "<field> <increment> ..." (HINCRBY) or "=<field> <value> ..." (HSET: values of digits
-#       and ':').
-# Returns {status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none)}.
-_APPLY_LUA = """
-local maxargs = 4 * tonumber(ARGV[1])
-local offset = tonumber(ARGV[3])
-local nchunks = tonumber(ARGV[6])
-local nside = tonumber(ARGV[7])
-local raw = redis.call('HGET', KEYS[1], 'offset')
-local stored = -1
-if raw then stored = tonumber(raw) end
-local hold = redis.call('HGET', KEYS[1], 'reset_until')
-if hold then  -- a reset of the shard is under way (CountStore.reset): refused like a conflict
-  local t = redis.call('TIME')
-  if tonumber(hold) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
-    return {-1, stored}
-  end
-end
-local status
-if ARGV[2] == '' then
-  if stored < offset then status = 1 else status = 0 end
-elseif stored == tonumber(ARGV[2]) then status = 1
-elseif stored >= offset then status = 0
-else status = -1 end
-if status ~= 1 then return {status, stored} end
--- every check before the first write: Redis does not roll a script back (agents/apply_guard.py)
-if #ARGV ~= 7 + 2 * (nchunks + nside) or not string.match(ARGV[3], '^%d+$')
-    or not string.match(ARGV[4], '^%d+$') or (ARGV[5] ~= '' and not tonumber(ARGV[5])) then
-  return redis.error_reply('ldp-apply: malformed arguments')
-end
-local function is_int(v) return (not v) or string.match(v, '^%-?%d+$') ~= nil end
-local function typed(key, want)
-  local t = redis.call('TYPE', key)['ok']
-  return t == 'none' or t == want
-end
-if not typed(KEYS[2], 'string') or not is_int(redis.call('HGET', KEYS[1], 'n')) then
-  return redis.error_reply('ldp-apply: corrupt sent_at or n of ' .. KEYS[1])
-end
-for j = 1, nchunks + nside do
-  if not typed(KEYS[2 + j], j <= nchunks and 'string' or 'hash') then
-    return redis.error_reply('ldp-apply: wrong type of ' .. KEYS[2 + j])
-  end
-end
-for j = 1, nchunks + nside do
-  local e = ARGV[6 + 2 * j]
-  if e ~= '' and not (string.match(e, '^%d+$') and #e <= 15) then
-    return redis.error_reply('ldp-apply: expiry out of range: ' .. e)
-  end
-  local blob = ARGV[7 + 2 * j]
-  if j <= nchunks then
-    if string.find(blob, '[^#%d %-]') then
-      return redis.error_reply('ldp-apply: malformed increments')
-    end
-  else
-    local pat, most = '^%-?%d+$', 18
-    if string.sub(blob, 1, 1) == '=' then
-      blob = string.sub(blob, 2); pat = '^[%d:]+$'; most = 48
-    end
-    local set = most == 48
-    for f, v in string.gmatch(blob, '(%S+) (%S+)') do
-      if #v > most or not string.match(v, pat)
-          or (not set and not is_int(redis.call('HGET', KEYS[2 + j], f))) then
-        return redis.error_reply('ldp-apply: malformed side values')
-      end
-    end
-  end
-end
-for j = 1, nchunks do
-  local key = KEYS[2 + j]
-  local args = {}
-  local a = 0
-  for cell, delta in string.gmatch(ARGV[7 + 2 * j], '(%S+) (%S+)') do
-    args[a + 1] = 'INCRBY'; args[a + 2] = 'i64'; args[a + 3] = cell; args[a + 4] = delta
-    a = a + 4
-    if a >= maxargs then
-      redis.call('BITFIELD', key, unpack(args, 1, a))
-      a = 0
-    end
-  end
-  if a > 0 then redis.call('BITFIELD', key, unpack(args, 1, a)) end
-  if ARGV[6 + 2 * j] ~= '' then redis.call('PEXPIREAT', key, ARGV[6 + 2 * j]) end
-end
-local base = 7 + 2 * nchunks
-for j = 1, nside do
-  local key = KEYS[2 + nchunks + j]
-  local blob = ARGV[base + 2 * j]
-  if string.sub(blob, 1, 1) == '=' then
-    for f, v in string.gmatch(string.sub(blob, 2), '(%S+) (%S+)') do
-      redis.call('HSET', key, f, v)
-    end
-  else
-    for f, delta in string.gmatch(blob, '(%S+) (%S+)') do redis.call('HINCRBY', key, f, delta) end
-  end
-  if ARGV[base + 2 * j - 1] ~= '' then redis.call('PEXPIREAT', key, ARGV[base + 2 * j - 1]) end
-end
-redis.call('HSET', KEYS[1], 'offset', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'n', ARGV[4])
-if ARGV[5] ~= '' then
-  local cur = tonumber(redis.call('GET', KEYS[2]))
-  if (not cur) or cur < tonumber(ARGV[5]) then redis.call('SET', KEYS[2], ARGV[5]) end
-end
-return {1, offset}
-"""
-
-
-# Re-base a partition's stored offset onto a new log (agents/log_identity.py): a compare-and-set
-# on the stored offset. KEYS: offsets hash. ARGV: expected stored offset (-1: none), new offset
-# (-1: none: count the new log from its start), the event (JSON).
-# Returns {1 rebased | 0 the stored offset moved meanwhile, stored offset (-1: none)}.
-_REBASE_LUA = """
-local raw = redis.call('HGET', KEYS[1], 'offset')
-local stored = -1
-if raw then stored = tonumber(raw) end
-if stored ~= tonumber(ARGV[1]) then return {0, stored} end
-if tonumber(ARGV[2]) < 0 then redis.call('HDEL', KEYS[1], 'offset')
-else redis.call('HSET', KEYS[1], 'offset', ARGV[2]) end
-redis.call('HDEL', KEYS[1], 'log')
-redis.call('HINCRBY', KEYS[1], 'log_resets', 1)
-redis.call('HSET', KEYS[1], 'log_reset', ARGV[3])
-return {1, tonumber(ARGV[2])}
-"""
-
-
-# The poison-pill breaker (agents/breaker.py): KEYS: the shard's breaker hash. ARGV: the offset a
-# worker starts the partition after (-1: none). Returns {1 if the previous owner died holding the
-# partition (it never released it), the chunk it was processing carefully from this same offset
-# ('' if none)}; the new owner holds it from now on.
-_NOTE_START_LUA = """
-local live = redis.call('HGET', KEYS[1], 'live')
-local chunk = redis.call('HGET', KEYS[1], 'chunk')
-if redis.call('HGET', KEYS[1], 'at') ~= ARGV[1] then chunk = false end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'at', ARGV[1], 'live', 1)
-local died = 0
-if live == '1' then died = 1 end
-return {died, chunk or ''}
-"""
-
-
-# Reset one shard at once, while its applies are held off (field reset_until of the offsets hash,
-# set before its keys were listed: the apply script refuses a delta as a CONFLICT until then, so no
-# key appears after the listing). KEYS: the offsets hash, then the shard's keys as listed. ARGV:
-# '1' to keep the offsets hash (its n deleted). Lifts the hold; returns the keys deleted.
-_RESET_SHARD_LUA = """
-local deleted = 0
-for i = 2, #KEYS do
-  if KEYS[i] == KEYS[1] and ARGV[1] == '1' then redis.call('HDEL', KEYS[1], 'n')
-  else deleted = deleted + redis.call('DEL', KEYS[i]) end
-end
-redis.call('HDEL', KEYS[1], 'reset_until')
-return deleted
-"""
-
-#: longest a shard's applies are held off by a reset (a reset that dies midway holds no longer)
-RESET_HOLD_S = 60.0
-
-
-class ApplyStatus(str, enum.Enum):
-    """Outcome of one partition's delta in :meth:`CountStore.apply_many`."""
-
-    APPLIED = "applied"      # counted; the stored offset is now the delta's offset
-    REPLAYED = "replayed"    # stored offset >= the delta's offset: already counted, skipped
-    CONFLICT = "conflict"    # the delta does not start at the stored offset: refused
-
-
-_STATUS = {1: ApplyStatus.APPLIED, 0: ApplyStatus.REPLAYED, -1: ApplyStatus.CONFLICT}
-
-#: (layout of the reports' mechanism version, fine bucket or None for all-time only)
-CellsKey = tuple[Layout, "int | None"]
-
-
-@dataclasses.dataclass(frozen=True)
-class SideCounter:
-    """Increments of one side-counter hash of the shard (e.g. per-device report counts of a quota
-    window), applied atomically with the counts; ``expire_at`` unix seconds (None: never)."""
-
-    increments: Mapping[str, int]
-    expire_at: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class SideValues:
-    """Fields of one side hash of the shard set to ``values`` (digits and ':' only, e.g. the
-    batch-dedupe state of agents/dedupe.py), atomically with the counts; ``expire_at`` unix
-    seconds (None: never)."""
-
-    values: Mapping[str, str]
-    expire_at: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class PartitionDelta:
-    """Counts of the reports at offsets ``(expected, offset]`` of one partition.
-
-    ``cells``: (layout, fine bucket or None) → flat int64 delta of ``layout.size`` cells (cell 0 =
-    the reports it counts; :meth:`Layout.pack`). ``expected``: the stored offset the delta
-    continues from (-1: nothing stored yet; ``None``: unchecked). ``side``: side-counter name →
-    increments (agents/keys.py ``side_key``)."""
-
-    partition: int
-    offset: int
-    cells: Mapping[CellsKey, np.ndarray]
-    n_reports: int
-    expected: int | None = None
-    sent_at_max: float | None = None
-    side: Mapping[str, SideCounter | SideValues] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class ApplyResult:
-    """``status`` of a partition's delta and the partition's stored offset after the call
-    (``None``: nothing stored). On CONFLICT (or a REPLAYED delta ending below ``stored``) a
-    consumer must drop its pending deltas of the partition and re-read from ``stored + 1``."""
-
-    partition: int
-    status: ApplyStatus
-    stored: int | None
-
-    @property
-    def applied(self) -> bool:
-        return self.status is ApplyStatus.APPLIED
-
-
-def expand_levels(cells: Mapping[CellsKey, np.ndarray], policy: BucketPolicy | None
-                  ) -> dict[tuple[Layout, str, int], tuple[np.ndarray, float | None]]:
-    """Per key (layout, level, bucket): the summed delta and its expiry (unix s; None: never).
-
-    A fine bucket's delta is added to its fine key, its coarse key and the all-time key; a delta
-    without a bucket to the all-time key only."""
-    out: dict[tuple[Layout, str, int], tuple[np.ndarray, float | None]] = {}
-
-    def add(k: tuple[Layout, str, int], d: np.ndarray, exp: float | None) -> None:
-        cur = out.get(k)
-        out[k] = (d.copy() if cur is None else cur[0] + d, exp)
-
-    for (layout, bucket), delta in cells.items():
-        d = np.asarray(delta, dtype=np.int64).ravel()
-        if d.size != layout.size:
-            raise ValueError(f"delta of layout {layout.id} has {d.size} cells, expected "
-                             f"{layout.size}")
-        if bucket is not None:
-            if policy is None or not policy.bucketed:
-                raise ValueError("a bucketed delta needs a BucketPolicy with finite windows")
-            b = int(bucket)
-            c = b // COARSE_FACTOR
-            add((layout, keys.LEVEL_FINE, b), d, policy.fine_expire_at(b))
-            add((layout, keys.LEVEL_COARSE, c), d, policy.coarse_expire_at(c))
-        add((layout, keys.LEVEL_ALL, 0), d, None)
-    return out
 
 
 def _parts(partitions: int | Sequence[int]) -> list[int]:
@@ -335,10 +84,10 @@ class CountStore:
         self.redis = redis
         self.chunk_cells = int(chunk_cells)
         self.ops_per_call = int(ops_per_call)
-        self._apply = redis.register_script(_APPLY_LUA)
-        self._rebase = redis.register_script(_REBASE_LUA)
-        self._note_start = redis.register_script(_NOTE_START_LUA)
-        self._reset_shard = redis.register_script(_RESET_SHARD_LUA)
+        self._apply = redis.register_script(APPLY_LUA)
+        self._rebase = redis.register_script(REBASE_LUA)
+        self._note_start = redis.register_script(NOTE_START_LUA)
+        self._reset_shard = redis.register_script(RESET_SHARD_LUA)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "CountStore":

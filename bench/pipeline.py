@@ -249,9 +249,9 @@ async def _apply_rate(url: str, coll: Any, *, applies: int, partitions: int = 12
     from redis.asyncio.cluster import RedisCluster
 
     from ldpstream.agents.app import make_store
+    from ldpstream.agents.apply_delta import PartitionDelta
     from ldpstream.agents.intake import count_reports
     from ldpstream.agents.layout import Layout
-    from ldpstream.agents.store import PartitionDelta
 
     store = make_store(url)
     r = store.redis

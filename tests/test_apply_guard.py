@@ -19,9 +19,11 @@ from kafka_helpers import read_dlq
 from store_helpers import read_all
 
 from ldpstream.agents import keys
+from ldpstream.agents.apply_delta import PartitionDelta, SideCounter
 from ldpstream.agents.apply_guard import MAX_EXPIRE_MS, MAX_TIMESTAMP_MS, expire_ms, split_bad_timestamps, timestamp_ok
 from ldpstream.agents.layout import Layout
-from ldpstream.agents.store import _APPLY_LUA, CountStore, PartitionDelta, SideCounter
+from ldpstream.agents.store import CountStore
+from ldpstream.agents.store_scripts import APPLY_LUA
 from ldpstream.estimators.mechanism import TensorSpec
 from ldpstream.redis_client import connect
 
@@ -103,7 +105,7 @@ def test_script_refuses_bad_arguments_before_any_write(redis_server):
         r = aioredis.from_url(redis_server.url)
         try:
             await r.delete(off, chunk, side)
-            script = r.register_script(_APPLY_LUA)
+            script = r.register_script(APPLY_LUA)
             for exp, blob in ((str(INT64_MAX) + "0", "7 5"), ("-5", "7 5"),
                               ("1000", "7 5; x"), ("12.5", "7 5")):
                 with pytest.raises(Exception, match="ldp-apply"):

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from ldpstream.agents import keys
+from ldpstream.agents.apply_delta import PartitionDelta, SideCounter
 from ldpstream.agents.layout import Layout
-from ldpstream.agents.store import CountStore, PartitionDelta, SideCounter
+from ldpstream.agents.store import CountStore
 from ldpstream.estimators.mechanism import TensorSpec
 from ldpstream.redis_client import TRANSIENT_ERRORS, connect
 from ldpstream.windows import BucketPolicy, parse_window

@@ -12,8 +12,9 @@ import redis.asyncio as aioredis
 from store_helpers import P, cells, read, read_all
 
 from ldpstream.agents import keys
+from ldpstream.agents.apply_delta import PartitionDelta, SideCounter, expand_levels
 from ldpstream.agents.layout import Layout
-from ldpstream.agents.store import CountStore, PartitionDelta, SideCounter, expand_levels
+from ldpstream.agents.store import CountStore
 from ldpstream.dev.redis import EmbeddedRedis
 from ldpstream.estimators.mechanism import TensorSpec
 from ldpstream.redis_client import connect

@@ -46,7 +46,8 @@ def test_one_registry_lists_every_family():
         "rs-fd", "rs-rfd", "lopub", "partitioned")
     with pytest.raises(ValueError) as ei:
         mechanism_class("rr-indd")
-    assert str(ei.value) == ("unknown mechanism 'rr-indd' (known: " + ", ".join(PROVIDERS) + ")")
+    assert str(ei.value) == ("unknown mechanism 'rr-indd' (known: " + ", ".join(PROVIDERS)
+                             + "); did you mean 'rr-ind'?")
 
 
 @pytest.mark.parametrize("name", list(PROVIDERS))
@@ -228,7 +229,7 @@ def test_config_params_errors_name_the_field():
     with pytest.raises(ConfigError) as ei:
         parse_config(_config("rr-indd", [["a", "b"]], ["castell"]), env={})
     assert ei.value.errors[0] == ("collections[0].mechanism: unknown mechanism 'rr-indd' "
-                                  "(known: " + ", ".join(PROVIDERS) + ")")
+                                  "(known: " + ", ".join(PROVIDERS) + "); did you mean 'rr-ind'?")
 
 
 @pytest.mark.parametrize("mechanism,marginals,estimator,needle", [

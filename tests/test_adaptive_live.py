@@ -260,8 +260,9 @@ def test_rr_clusters_clustering_live_and_stale_devices(kafka_broker, redis_serve
     deadline = time.monotonic() + 30
     n1 = int(next(iter(counts[1].values())).sum())
     while True:
+        # raw=1: the unbiased cells as estimated (served projected onto the simplex otherwise)
         est = _estimate(f"{worker.url}/estimates/{cid}?attrs=sex,relationship&method=castell"
-                        "&window=all")
+                        "&window=all&raw=1")
         if est.get("n") == n1 or time.monotonic() > deadline:
             break
         time.sleep(0.5)

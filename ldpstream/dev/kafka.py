@@ -368,7 +368,7 @@ class ApacheKafka:
 
     def apply_acls(self) -> None:
         """Create the deployment's ACLs (ldpstream/kafka_acls.py) with Kafka's ``AclCommand``."""
-        from ldpstream.dev.kafka_acls import ACLS
+        from ldpstream.kafka_acls import ACLS
 
         for acl in ACLS:
             self.cli(ACLS_TOOL, *acl.command_args())

@@ -1,12 +1,19 @@
 """Statistical privacy audit of the C and TypeScript SDKs (docs/device-protocol.md, "Privacy
-audit"): every grr/matrix channel of the conformance cases with at most 32 cells, and the
-first slot of every partition table with at most 36 cells and 400 codes (GRR and OLH), is
-sampled 10⁶ times with the SDK's production generator (getrandom / crypto.getRandomValues),
-10⁶/k draws per true cell. The empirical channel must fit the declared one (χ² over all rows,
-significance α = 10⁻⁴ per channel) and, where the rarest entry expects ≥ 100 draws, the ε
-computed from it, max_y ln(max_x P̂[x,y] / min_x P̂[x,y]), must lie within 6σ of the declared ε,
+audit"): every grr/matrix channel of the conformance cases with at most 32 cells, every keep
+channel with at most 32 cells (wherever it sits, a select's branches too), and the first slot of
+every partition table with at most 36 cells and 400 codes (GRR and OLH), is sampled 10⁶ times
+with the SDK's production generator (getrandom / crypto.getRandomValues), 10⁶/k draws per true
+cell. A keep step's declared channel is P[x, y] = p·[x = y] + (1−p)·fake[y]. Every bloom step
+is sampled 10⁶ times too (10⁶/values draws per value), its 1s counted per (value, bit): each
+bit is a binary channel, P(1 | set) = 1 − f/2, P(1 | unset) = f/2, one row per (value, bit).
+The empirical channel must fit the declared one (χ² over all rows, significance α = 10⁻⁴ per
+step) and, where the rarest entry expects ≥ 100 draws, the ε computed from it,
+max_y ln(max_x P̂[x,y] / min_x P̂[x,y]), must lie within 6σ of the declared ε,
 σ = sqrt(1/c_lo + 1/c_hi) for the expected counts of the smallest and largest channel entries
-(the delta-method s.d. of one log ratio; 6σ covers the max over columns)."""
+(the delta-method s.d. of one log ratio; 6σ covers the max over columns). For bloom that is the
+per-bit ε, ln((1 − f/2)/(f/2)); the step's ε in the docs, the per-bit ε × the largest Hamming
+distance between two values' filters, follows from it only because the bits are drawn
+independently, which this audit does not test (it counts each bit's marginal)."""
 from __future__ import annotations
 
 import json
@@ -40,10 +47,27 @@ def _declared(step: dict, sizes: list[int]) -> np.ndarray:
     k = math.prod(sizes[c] for c in step["in"])
     if step["op"] == "matrix":
         return np.asarray(step["rows"], dtype=float)
+    if step["op"] == "keep":  # the cell with p, else a fake cell: P[x, y] = p·[x = y] + (1−p)·fake[y]
+        p = step["p"]
+        return p * np.eye(k) + (1 - p) * np.asarray(step["fake"], dtype=float)[None, :]
+    if step["op"] == "bloom":
+        return _bloom_channel(step)
+    assert step["op"] == "grr", step["op"]
     p = step["p"]
     P = np.full((k, k), (1 - p) / (k - 1))
     np.fill_diagonal(P, p)
     return P
+
+
+def _bloom_channel(step: dict) -> np.ndarray:
+    """The per-bit channels of a bloom step, one row per (value, bit) (value-major), columns
+    (0, 1): a set bit reads 1 with 1 − f/2, an unset one with f/2."""
+    f, bits = step["f"], step["bits"]
+    one = np.full((len(step["filters"]), bits), f / 2)
+    for v, positions in enumerate(step["filters"]):
+        one[v, positions] = 1 - f / 2
+    one = one.reshape(-1)
+    return np.stack([1 - one, one], axis=1)
 
 
 def _partition_channel(table: dict, sizes: list[int]) -> np.ndarray:
@@ -77,9 +101,19 @@ def _audit(lines: list[str]) -> list[str]:
         step = _flat_steps(prog["steps"])[got["step"]]
         P = (_partition_channel(step["tables"][got["table"]], sizes) if "table" in got
              else _declared(step, sizes))
-        counts = np.asarray(got["counts"], dtype=float)
+        if "ones" in got:  # bloom: rows (value, bit), columns (0s, 1s) over the value's draws
+            assert step["op"] == "bloom", got
+            draws = np.asarray(got["draws"], dtype=float)
+            ones = np.asarray(got["ones"], dtype=float)
+            assert ones.shape == (len(step["filters"]), step["bits"]), got["case"]
+            assert draws.sum() >= SAMPLES - len(draws), got["case"]
+            ones = ones.reshape(-1)
+            n_bit = np.repeat(draws, step["bits"])
+            counts = np.stack([n_bit - ones, ones], axis=1)
+        else:
+            counts = np.asarray(got["counts"], dtype=float)
+            assert counts.sum() >= SAMPLES - len(P), got["case"]
         n_row = counts.sum(axis=1, keepdims=True)
-        assert n_row.sum() >= SAMPLES - len(P), got["case"]
         expected = n_row * P
         used = expected > 0
         assert np.all(counts[~used] == 0), f"{got['case']} step {got['step']}: impossible output"
@@ -122,6 +156,25 @@ def test_the_audit_catches_a_wrong_channel():
     counts = np.stack([rng.multinomial(SAMPLES // k, row) for row in wrong])
     line = json.dumps({"case": "rr-ind", "step": 0, "counts": counts.tolist()})
     assert _audit([line]) != []
+
+
+def test_the_audit_catches_a_wrong_bloom_f():
+    """The audit fails a bloom sampler whose f is 0.01 below the declared one, and passes one
+    drawn with the declared f (the lopub case's first step, 10⁶ draws)."""
+    case = next(c for c in json.loads(VECTORS.read_text())["cases"] if c["name"] == "lopub")
+    si, step = next((i, s) for i, s in enumerate(_flat_steps(case["device"]["steps"]))
+                    if s["op"] == "bloom")
+    rng = np.random.default_rng(7)
+    values = len(step["filters"])
+    per = SAMPLES // values
+
+    def line(f: float) -> str:
+        P1 = _bloom_channel({**step, "f": f})[:, 1].reshape(values, step["bits"])
+        return json.dumps({"case": "lopub", "step": si, "draws": [per] * values,
+                           "ones": rng.binomial(per, P1).tolist()})
+
+    assert _audit([line(step["f"])]) == []
+    assert _audit([line(step["f"] - 0.01)]) != []
 
 
 def test_bench_sdk_quick_runs(capsys):

@@ -2,8 +2,10 @@
 /* Sampling tools over the cases of randomize.json, with the production generator (the OS
  * CSPRNG):
  *
- *   ldp_sample audit randomize.json SAMPLES   one JSON line per grr/matrix step with at most 32
- *       cells: the k x k counts (row: true cell, SAMPLES/k draws each); tests/test_sdk_audit.py
+ *   ldp_sample audit randomize.json SAMPLES   one JSON line per grr/matrix/keep step with at
+ *       most 32 cells: the k x k counts (row: true cell, SAMPLES/k draws each); per bloom step
+ *       the 1s of every (value, bit) over SAMPLES/values draws per value; the first slot of
+ *       every small partition table; tests/test_sdk_audit.py
  *   ldp_sample bench randomize.json SECONDS   one JSON line per case: reports randomized per
  *       second on one core; ldpstream bench sdk
  *   ldp_sample sizes                          the bytes of the structures a device keeps
@@ -70,10 +72,69 @@ static void audit_partition(const char *name, uint32_t si, long samples, ldp_rng
   }
 }
 
+/* a keep (8) or bloom (9) step, wherever it sits (a select's branch too), run by the library's
+   own code: a copy of the program whose steps list is that one step */
+static void audit_post(const char *name, uint32_t si, long samples, ldp_rng *rng) {
+  static ldp_program one;
+  const ldp_step *s = &prog.steps[si];
+  uint32_t x[LDP_MAX_ATTRS] = {0}, report[LDP_MAX_WIDTH];
+  uint64_t k = s->cells;
+  one = prog;
+  one.steps[0] = *s;
+  one.n_top = 1;
+  if (s->op == 8) {
+    if (k > 32) return;
+    memset(counts, 0, sizeof counts);
+    for (uint64_t c = 0; c < k; c++) {
+      uint64_t rest = c;
+      for (int i = s->n_in - 1; i >= 0; i--) {
+        x[s->in[i]] = (uint32_t)(rest % prog.size[s->in[i]]);
+        rest /= prog.size[s->in[i]];
+      }
+      for (long n = 0; n < samples / (long)k; n++) {
+        ldp_program_randomize(&one, x, 0, rng, report);
+        counts[c * k + report[s->out[0]]]++;
+      }
+    }
+    printf("{\"case\":\"%s\",\"step\":%u,\"counts\":[", name, si);
+    for (uint64_t c = 0; c < k; c++) {
+      printf("%s[", c ? "," : "");
+      for (uint64_t y = 0; y < k; y++)
+        printf("%s%llu", y ? "," : "", (unsigned long long)counts[c * k + y]);
+      printf("]");
+    }
+    printf("]}\n");
+    return;
+  }
+  /* bloom: s->value bits from column out[0] */
+  uint64_t *ones = calloc(k * s->value, sizeof *ones);
+  long per = samples / (long)k;
+  if (!ones) return;
+  for (uint64_t v = 0; v < k; v++) {
+    x[s->in[0]] = (uint32_t)v;
+    for (long n = 0; n < per; n++) {
+      ldp_program_randomize(&one, x, 0, rng, report);
+      for (uint32_t b = 0; b < s->value; b++) ones[v * s->value + b] += report[s->out[0] + b];
+    }
+  }
+  printf("{\"case\":\"%s\",\"step\":%u,\"draws\":[", name, si);
+  for (uint64_t v = 0; v < k; v++) printf("%s%ld", v ? "," : "", per);
+  printf("],\"ones\":[");
+  for (uint64_t v = 0; v < k; v++) {
+    printf("%s[", v ? "," : "");
+    for (uint32_t b = 0; b < s->value; b++)
+      printf("%s%llu", b ? "," : "", (unsigned long long)ones[v * s->value + b]);
+    printf("]");
+  }
+  printf("]}\n");
+  free(ones);
+}
+
 static void audit(const char *name, long samples, ldp_rng *rng) {
   for (uint32_t s = 0; s < prog.n_steps; s++) {
     uint64_t k = prog.steps[s].cells;
     if (prog.steps[s].op == 4) audit_partition(name, s, samples, rng);
+    if (prog.steps[s].op == 8 || prog.steps[s].op == 9) audit_post(name, s, samples, rng);
     if (prog.steps[s].op >= 3 || k > 32) continue;
     memset(counts, 0, sizeof counts);
     for (uint64_t x = 0; x < k; x++)

@@ -311,6 +311,56 @@ export class Program {
     return out;
   }
 
+  /** Privacy audit of keep and bloom steps, at the top level or in a select's branch (`step`
+   * indexes the steps with every select followed by its branches' steps), run by `post`: a keep
+   * step with at most 32 cells, `samples`/cells reports of every cell, its k x k counts; a bloom
+   * step, `samples`/values reports of every value, the 1s of every (value, bit). */
+  auditPosts(samples: number, rng: DrawSource
+             ): ({ step: number; counts: number[][] }
+                 | { step: number; draws: number[]; ones: number[][] })[] {
+    const out: ({ step: number; counts: number[][] }
+                | { step: number; draws: number[]; ones: number[][] })[] = [];
+    const flat: Step[] = [];
+    for (const s of this.steps) {
+      flat.push(s);
+      if (s.op === "select") for (const b of s.branches) flat.push(...b);
+    }
+    const report = new Array<number>(this.width).fill(0);
+    flat.forEach((s, step) => {
+      if (!isPost(s)) return;
+      const x = new Array<number>(this.attrs.length).fill(0);
+      if (s.op === "keep") {
+        const k = s.rowLen;
+        if (k > 32) return;
+        const counts = Array.from({ length: k }, () => new Array<number>(k).fill(0));
+        for (let c = 0; c < k; c++) {
+          let rest = c;
+          for (let i = s.cols.length - 1; i >= 0; i--) {
+            x[s.cols[i]] = rest % s.sizes[i];
+            rest = Math.floor(rest / s.sizes[i]);
+          }
+          for (let n = 0; n < Math.floor(samples / k); n++) {
+            post(s, x, rng, report);
+            counts[c][report[s.out]]++;
+          }
+        }
+        out.push({ step, counts });
+      } else if (s.op === "bloom") {
+        const values = s.filters.length, per = Math.floor(samples / values);
+        const ones = Array.from({ length: values }, () => new Array<number>(s.rowLen).fill(0));
+        for (let v = 0; v < values; v++) {
+          x[s.cols[0]] = v;
+          for (let n = 0; n < per; n++) {
+            post(s, x, rng, report);
+            for (let b = 0; b < s.rowLen; b++) ones[v][b] += report[s.out + b];
+          }
+        }
+        out.push({ step, draws: new Array<number>(values).fill(per), ones });
+      }
+    });
+    return out;
+  }
+
   /** One top-level grr/matrix step on an input cell: the output cell. */
   stepApply(index: number, cell: number, rng: DrawSource): number {
     return apply(this.steps[index] as Leaf, cell, rng);

@@ -1,7 +1,8 @@
 // Sampling tools over the cases of randomize.json, with the production generator
 // (crypto.getRandomValues):
-//   node dist/tools/sample.js audit randomize.json SAMPLES   k x k counts of every grr/matrix
-//       step with at most 32 cells, one JSON line each (tests/test_sdk_audit.py)
+//   node dist/tools/sample.js audit randomize.json SAMPLES   k x k counts of every grr/matrix/
+//       keep step with at most 32 cells, the 1s per (value, bit) of every bloom step, the first
+//       slot of every small partition table, one JSON line each (tests/test_sdk_audit.py)
 //   node dist/tools/sample.js bench randomize.json SECONDS   reports randomized per second on
 //       one core, one JSON line per case (ldpstream bench sdk)
 import { readFileSync } from "node:fs";
@@ -15,6 +16,8 @@ for (const c of JSON.parse(readFileSync(file, "utf8")).cases) {
   if (mode === "audit") {
     const samples = Number(arg);
     for (const line of program.auditPartition(samples, rng))
+      console.log(JSON.stringify({ case: c.name, ...line }));
+    for (const line of program.auditPosts(samples, rng))
       console.log(JSON.stringify({ case: c.name, ...line }));
     for (const { index, cells } of program.leafSteps()) {
       if (cells > 32) continue;

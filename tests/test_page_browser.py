@@ -96,6 +96,15 @@ def page_table(driver) -> dict[str, tuple[float, str]]:
 
 
 def field(driver, selector: str) -> str:
+    """The text of the element at ``selector``, found again if the page re-rendered it between
+    the lookup and the read (every poll replaces the tables)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(5):
+        try:
+            return driver.find_element("css selector", selector).get_attribute("textContent")
+        except StaleElementReferenceException:
+            time.sleep(0.05)
     return driver.find_element("css selector", selector).get_attribute("textContent")
 
 

@@ -157,12 +157,15 @@ async def health(client: Any, timeout_s: float = 2.0) -> dict[str, Any]:
             return {"ok": True}
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             return {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
+    init_error = None
     try:
         await asyncio.wait_for(client.initialize(), timeout_s)  # loads the slot map once
-        masters = client.get_primaries()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - e.g. the node it asks is the dead master
+        init_error = f"{exc.__class__.__name__}: {exc}"
+    masters = client.get_primaries()  # the slot map loaded last (a failed reload keeps it)
+    if not masters:
         return {"ok": False, "cluster_state": "unknown",
-                "error": f"{exc.__class__.__name__}: {exc}"}
+                "error": init_error or "no master in the slot map"}
     replies = await asyncio.gather(*(asyncio.wait_for(
         client.execute_command("CLUSTER INFO", target_nodes=node), timeout_s) for node in masters),
         return_exceptions=True)  # a dead master is the point of the check: errors are data
@@ -170,10 +173,12 @@ async def health(client: Any, timeout_s: float = 2.0) -> dict[str, Any]:
     states = {str(r.get("cluster_state", "unknown")) for r in replies
               if not isinstance(r, BaseException)}
     state = "fail" if "fail" in states else "ok" if states == {"ok"} else "unknown"
-    ok = not unreachable and state == "ok"
+    ok = init_error is None and not unreachable and state == "ok"
     out: dict[str, Any] = {"ok": ok, "cluster_state": state, "masters": len(masters)}
     if unreachable:
         out["unreachable"] = unreachable
+    if init_error is not None:
+        out["error"] = init_error
     return out
 
 

@@ -74,6 +74,18 @@ static void audit_partition(const char *name, uint32_t si, long samples, ldp_rng
 
 /* a keep (8) or bloom (9) step, wherever it sits (a select's branch too), run by the library's
    own code: a copy of the program whose steps list is that one step */
+/* one audit line: the k x k counts of step `step` (tests/test_sdk_audit.py) */
+static void print_counts(const char *name, uint32_t step, uint64_t k) {
+  printf("{\"case\":\"%s\",\"step\":%u,\"counts\":[", name, step);
+  for (uint64_t x = 0; x < k; x++) {
+    printf("%s[", x ? "," : "");
+    for (uint64_t y = 0; y < k; y++)
+      printf("%s%llu", y ? "," : "", (unsigned long long)counts[x * k + y]);
+    printf("]");
+  }
+  printf("]}\n");
+}
+
 static void audit_post(const char *name, uint32_t si, long samples, ldp_rng *rng) {
   static ldp_program one;
   const ldp_step *s = &prog.steps[si];
@@ -96,14 +108,7 @@ static void audit_post(const char *name, uint32_t si, long samples, ldp_rng *rng
         counts[c * k + report[s->out[0]]]++;
       }
     }
-    printf("{\"case\":\"%s\",\"step\":%u,\"counts\":[", name, si);
-    for (uint64_t c = 0; c < k; c++) {
-      printf("%s[", c ? "," : "");
-      for (uint64_t y = 0; y < k; y++)
-        printf("%s%llu", y ? "," : "", (unsigned long long)counts[c * k + y]);
-      printf("]");
-    }
-    printf("]}\n");
+    print_counts(name, si, k);
     return;
   }
   /* bloom: s->value bits from column out[0] */
@@ -140,14 +145,7 @@ static void audit(const char *name, long samples, ldp_rng *rng) {
     for (uint64_t x = 0; x < k; x++)
       for (long t = 0; t < samples / (long)k; t++)
         counts[x * k + ldp_step_apply(&prog, s, x, rng)]++;
-    printf("{\"case\":\"%s\",\"step\":%u,\"counts\":[", name, s);
-    for (uint64_t x = 0; x < k; x++) {
-      printf("%s[", x ? "," : "");
-      for (uint64_t y = 0; y < k; y++)
-        printf("%s%llu", y ? "," : "", (unsigned long long)counts[x * k + y]);
-      printf("]");
-    }
-    printf("]}\n");
+    print_counts(name, s, k);
   }
 }
 

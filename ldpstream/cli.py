@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start no fleet (send reports yourself, e.g. with the device SDK)")
     p.add_argument("--duration", type=float, default=None,
                    help="stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument("--mqtt", action="store_true",
+                   help="also start an embedded Mosquitto and the MQTT bridge, and print how a "
+                        "device connects (docs/devices.md, \"MQTT\")")
 
     p = sub.add_parser("worker", help="run a worker (needs KAFKA_BOOTSTRAP_SERVERS, REDIS_URL)")
     _config_arg(p)

@@ -10,7 +10,8 @@ last refresh), and stops everything on Ctrl-C (SIGINT), SIGTERM, SIGHUP or after
 seconds: fleets first (their messages flushed), then the worker (SIGTERM, clean faust shutdown,
 bounded), then the broker and Redis. Bad ``--data`` and a busy ``--web-port`` are refused before
 anything starts; a fleet or worker that fails stops everything with exit status 1. If ``up``
-itself is killed, every child gets a signal from the kernel (``PR_SET_PDEATHSIG``).
+itself is killed, every child gets a signal from the kernel (``PR_SET_PDEATHSIG``). ``--mqtt``
+also starts an embedded Mosquitto and ``ldpstream mqtt-bridge`` and prints how a device connects.
 """
 from __future__ import annotations
 
@@ -208,6 +209,20 @@ async def _warn_stale_offsets(config: Any, redis_url: str) -> None:
         await store.close()
 
 
+def _start_mqtt(env: dict[str, str], key: Any) -> Any:
+    """``up --mqtt``: an embedded Mosquitto and ``ldpstream mqtt-bridge`` (ldpstream/dev/mqtt_stack.py)."""
+    from ldpstream.cli import CliError
+    from ldpstream.dev.mqtt_stack import MqttStack
+    from ldpstream.errors import ServiceError
+    from ldpstream.producers.signing import ENV_PUBLIC_KEY
+
+    stack = MqttStack(dict(env, **{ENV_PUBLIC_KEY: key.verify_key.to_text()}))
+    try:
+        return stack.start()
+    except ServiceError as exc:
+        raise CliError(str(exc)) from None
+
+
 def main(args: Any) -> int:
     from ldpstream.cli import CliError
     from ldpstream.config import load_config
@@ -239,7 +254,7 @@ def main(args: Any) -> int:
     require_free_port(web_bind, web_port, "up")
     bootstrap = config.kafka_bootstrap
     redis_url = config.redis_url
-    broker = redis = worker = None
+    broker = redis = worker = mqtt = None
     ok = True
     try:
         try:
@@ -279,6 +294,9 @@ def main(args: Any) -> int:
               f"http://{host}:{web_port}/estimates/{cids[0]}", flush=True)
         print(f"metrics: http://{host}:{web_port}/metrics   health: http://{host}:{web_port}/healthz",
               flush=True)
+        if args.mqtt:  # Mosquitto + bridge, for devices that speak MQTT (docs/devices.md)
+            mqtt = _start_mqtt(env, key)
+            print(mqtt.how_to_connect(cids[0]), flush=True)
         for coll in config.collections.values():
             note = epsilon_fields(coll, coll.mechanism())["privacy_note"]
             if note:
@@ -303,6 +321,8 @@ def main(args: Any) -> int:
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGHUP)}
         try:
             clear_up()
+            if mqtt is not None:
+                mqtt.stop()
             code = worker.stop() if worker is not None else None
             if code not in (None, 0):
                 print(f"worker exited with code {code}", file=sys.stderr)

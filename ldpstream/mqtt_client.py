@@ -149,10 +149,12 @@ class AsyncPublisher:
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False,
                       timeout_s: float = 30.0) -> None:
         fut: asyncio.Future[ReasonCode] = self.loop.create_future()
+        # not under our lock: paho's network thread holds its own lock while it calls
+        # _on_publish, which takes ours (the other order would deadlock)
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
+        if info.rc != paho.MQTT_ERR_SUCCESS and info.rc != paho.MQTT_ERR_NO_CONN:
+            raise MqttError(f"publish to {topic} failed: {paho.error_string(info.rc)}")
         with self._lock:
-            info = self.client.publish(topic, payload, qos=1, retain=retain)
-            if info.rc != paho.MQTT_ERR_SUCCESS and info.rc != paho.MQTT_ERR_NO_CONN:
-                raise MqttError(f"publish to {topic} failed: {paho.error_string(info.rc)}")
             early = self._early.pop(info.mid, None)
             if early is None:
                 self._pending[info.mid] = fut

@@ -123,3 +123,22 @@ def test_a_broker_that_cannot_start_names_its_log(tmp_path):
         clash.stop()
     finally:
         taken.stop()
+
+
+@pytest.mark.timeout(120)  # a deadlock hangs the loop thread: only pytest-timeout ends it
+def test_many_publishes_in_flight_all_get_their_puback(mosquitto):
+    """Hundreds of QoS 1 publishes awaited at once (paho's network thread acknowledges while
+    the loop thread publishes: no lock-order deadlock, every PUBACK reaches its publish)."""
+    bridge = client(mosquitto, BRIDGE, "bridge-many")
+    seen = subscribe(bridge, mqtt_reports_topic("+", "+"))
+    phone = client(mosquitto, FLEETS["phones"], "phone-many")
+
+    async def go() -> None:
+        pub = AsyncPublisher(phone, asyncio.get_running_loop())
+        await asyncio.wait_for(asyncio.gather(*(
+            pub.publish(mqtt_reports_topic("phones", "c1"), b"%d" % i) for i in range(2000))), 60)
+
+    asyncio.run(go())
+    got = sorted(int(seen.get(timeout=10)[1]) for _ in range(2000))
+    assert got == list(range(2000))
+    close(bridge, phone)

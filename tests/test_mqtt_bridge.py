@@ -239,5 +239,97 @@ def test_tls_bridge_and_devices_verify_the_broker(tmp_path, mosquitto_tls, kafka
         mech, reports = asyncio.run(devices(url, cid, 3, 8, seed=5, ca=ca))
         asyncio.run(check_counts(redis_server.url, coll, mech, reports))
         assert metric(proc.port, "ldp_mqtt_reports_total", 'fleet="phones"') == len(reports)
+        # /healthz checks the MQTT session for real: 503 JSON while the broker is down
+        mosquitto_tls.crash()
+        health = wait_health(proc.port, 503)
+        assert not health["mqtt"]["ok"] and health["broker"]["ok"], health
+        mosquitto_tls.start()
+        assert wait_health(proc.port, 200)["mqtt"]["ok"]
     finally:
         assert proc.stop() == 0
+
+
+def wait_health(port: int, status: int, timeout: float = 30.0) -> dict:
+    import urllib.error
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                got, body = r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            got, body = exc.code, json.loads(exc.read())
+        if got == status or time.monotonic() > deadline:
+            assert got == status, body
+            return body
+        time.sleep(0.2)
+
+
+def test_up_mqtt_prints_how_a_device_connects_and_its_reports_are_counted(tmp_path):
+    """``ldpstream up --mqtt --no-fleet``: the printed URL and topic take a device's batch."""
+    import re
+    import subprocess
+    import sys
+
+    from ldpstream.dev.process import free_port
+
+    port = free_port()
+    log = open(tmp_path / "up.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "up", "--mqtt", "--no-fleet",
+                             "--web-port", str(port), "--duration", "120"], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            env={k: v for k, v in os.environ.items()
+                                 if k not in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")})
+    try:
+        deadline = time.monotonic() + 120
+        url = None
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            found = re.search(r"MQTT: +(mqtt://\S+)", (tmp_path / "up.log").read_text())
+            url = found.group(1) if found else None
+        assert url, (tmp_path / "up.log").read_text()[-3000:]
+
+        async def send() -> None:
+            from ldpstream.producers.ledger import Ledger
+            from ldpstream.producers.mqtt_transport import MqttConfigWatcher, MqttTransport
+            from ldpstream.producers.sdk import DeviceClient
+
+            watcher = await MqttConfigWatcher(url, "devices", ["adult"], max_epsilon=None).start(60)
+            client = DeviceClient("adult", watcher=watcher, ledger=Ledger(":memory:"),
+                                  transport=MqttTransport(url, "devices"), batch_size=5,
+                                  max_epsilon=100.0, device_id=7)
+            rec = {a: watcher.mechanisms["adult"].domain.categories(a)[0]
+                   for a in watcher.mechanisms["adult"].domain.attrs}
+            for _ in range(5):
+                await client.report(rec)
+            await client.close()
+            await watcher.stop()
+
+        asyncio.run(send())
+        deadline = time.monotonic() + 60
+        n = 0
+        while n < 5 and time.monotonic() < deadline:
+            try:  # the worker's API may not listen yet
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/collections/adult",
+                                            timeout=5) as r:
+                    n = json.loads(r.read())["n"]
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert n == 5
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
+def test_bench_mqtt_quick_runs(monkeypatch):
+    """``ldpstream bench mqtt --quick`` on its own embedded services: every message through the
+    bridge and every probe counted (it raises otherwise), rates and latencies positive."""
+    from ldpstream.bench.mqtt import run
+
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    res = asyncio.run(run(quick=True))
+    assert [r["reports_per_message"] for r in res["results"]] == [1, 100]
+    for r in res["results"]:
+        assert r["bridge_messages_per_s"] > 0 and r["bare_messages_per_s"] > 0 and r["ratio"] > 0
+    assert 0 < res["latency_p50_s"] <= res["latency_p99_s"]

@@ -217,6 +217,11 @@ class MqttBridge:
             except Refused as exc:
                 if exc.status != 503 and await self._dead_letter(msg, exc):
                     break
+            except Exception as exc:  # noqa: BLE001 - a bug must not stop the bridge: the
+                # message is kept in the DLQ with the error (and logged with its traceback)
+                log.exception("mqtt-bridge: unexpected error on %s", msg.topic)
+                if await self._dead_letter(msg, Refused(500, "internal", f"{exc.__class__.__name__}: {exc}")):
+                    break
             if self._stopping:
                 return  # not acknowledged: the broker delivers it again
             RETRIES.inc()
@@ -277,12 +282,14 @@ class MqttBridge:
     async def health(self) -> tuple[bool, dict[str, Any]]:
         broker, detail = await self.gateway.broker_ok()
         mqtt = self.client.is_connected()
-        ok = mqtt and broker and self.gateway.watcher.running
+        running = self._task is not None and not self._task.done()
+        ok = mqtt and broker and self.gateway.watcher.running and running
         return ok, {"status": "ok" if ok else "unavailable",
                     "mqtt": {"ok": mqtt, "detail": self.mqtt_detail if not mqtt else "connected",
                              "url": str(self.endpoint), "client_id": self.client_id},
                     "broker": {"ok": broker, "detail": detail},
                     "config_watcher_running": self.gateway.watcher.running,
+                    "ingest_running": running,
                     "last_kafka_error": self.gateway.last_error,
                     "pending_messages": self._queue.qsize(),
                     "collections": {c: sorted(v) for c, v in self.gateway.known.items()}}

@@ -161,6 +161,34 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
                 p.client.loop_stop()
 
         asyncio.run(refusals())
+
+        async def json_form_and_relay() -> np.ndarray:
+            # the JSON form of a keyed batch is accepted; the state is relayed only to the
+            # fleets allowed the collection (sensors: "elsewhere" only)
+            from ldpstream.mqtt_client import connect, make_client, parse_mqtt_url
+            from ldpstream.names import mqtt_config_topic
+            from ldpstream.producers.codec import batch_to_json, decode_batch
+
+            extra = np.array([[0, 1], [2, 0]], dtype=np.int64)
+            batch = decode_batch(encode_batch(cid, mech.version, extra,
+                                              device_ids=np.full(2, 77, np.uint64), key=(77, 1)))
+            phones = raw_publisher(mosquitto, "phones")
+            await phones.publish(mqtt_reports_topic("phones", cid),
+                                 batch_to_json(batch).encode())
+            ep = parse_mqtt_url(mosquitto.url_for(FLEETS["sensors"]))
+            sensors = make_client(ep, "sensors-config")
+            got: list = []
+            sensors.on_message = lambda _c, _u, m: got.append(m.topic)
+            connect(sensors, ep, persistent=False)
+            sensors.subscribe(mqtt_config_topic("sensors", "+"), qos=1)
+            await asyncio.sleep(1.0)
+            assert got == [], got
+            for c in (phones.client, sensors):
+                c.disconnect()
+                c.loop_stop()
+            return extra
+
+        reports = np.concatenate([reports, asyncio.run(json_form_and_relay())])
         dlq = []
         for _ in range(40):
             dlq = [r for r in read_dlq(kafka_broker.bootstrap, since_ms=since)
@@ -173,7 +201,7 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
         assert metric(proc.port, "ldp_mqtt_rejected_total", 'fleet="sensors"',
                       'reason="forbidden"') == 1
         assert metric(proc.port, "ldp_mqtt_rejected_total", 'fleet="phones"') == 3
-        asyncio.run(check_counts(redis_server.url, coll, mech, reports))  # nothing added
+        asyncio.run(check_counts(redis_server.url, coll, mech, reports))  # only the JSON batch
         with urllib.request.urlopen(f"http://127.0.0.1:{proc.port}/healthz", timeout=5) as r:
             health = json.loads(r.read())
         assert health["mqtt"]["ok"] and health["broker"]["ok"], health

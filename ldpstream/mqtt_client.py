@@ -147,11 +147,15 @@ class AsyncPublisher:
         self.loop.call_soon_threadsafe(_resolve, fut, reason)
 
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False,
-                      timeout_s: float = 30.0) -> None:
+                      timeout_s: float = 30.0, user_properties: dict[str, str] | None = None) -> None:
         fut: asyncio.Future[ReasonCode] = self.loop.create_future()
+        props = None
+        if user_properties:
+            props = Properties(PacketTypes.PUBLISH)
+            props.UserProperty = list(user_properties.items())
         # not under our lock: paho's network thread holds its own lock while it calls
         # _on_publish, which takes ours (the other order would deadlock)
-        info = self.client.publish(topic, payload, qos=1, retain=retain)
+        info = self.client.publish(topic, payload, qos=1, retain=retain, properties=props)
         if info.rc != paho.MQTT_ERR_SUCCESS and info.rc != paho.MQTT_ERR_NO_CONN:
             raise MqttError(f"publish to {topic} failed: {paho.error_string(info.rc)}")
         with self._lock:

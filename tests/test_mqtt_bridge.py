@@ -163,7 +163,8 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
         asyncio.run(refusals())
 
         async def json_form_and_relay() -> np.ndarray:
-            # the JSON form of a keyed batch is accepted; the state is relayed only to the
+            # the JSON form of a keyed batch is accepted, so is a batch whose device id is
+            # given beside it; the state is relayed only to the
             # fleets allowed the collection (sensors: "elsewhere" only)
             from ldpstream.mqtt_client import connect, make_client, parse_mqtt_url
             from ldpstream.names import mqtt_config_topic
@@ -175,6 +176,10 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
             phones = raw_publisher(mosquitto, "phones")
             await phones.publish(mqtt_reports_topic("phones", cid),
                                  batch_to_json(batch).encode())
+            # a batch without device ids: the MQTT 5 user property device-id gives them
+            await phones.publish(mqtt_reports_topic("phones", cid),
+                                 encode_batch(cid, mech.version, extra, key=(78, 1)),
+                                 user_properties={"device-id": "78"})
             ep = parse_mqtt_url(mosquitto.url_for(FLEETS["sensors"]))
             sensors = make_client(ep, "sensors-config")
             got: list = []
@@ -186,7 +191,7 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
             for c in (phones.client, sensors):
                 c.disconnect()
                 c.loop_stop()
-            return extra
+            return np.concatenate([extra, extra])
 
         reports = np.concatenate([reports, asyncio.run(json_form_and_relay())])
         dlq = []

@@ -62,10 +62,9 @@ def bridge(env, tmp_path, cid: str) -> GatewayProcess:
 
 
 def metric(port: int, name: str, *labels: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
-               if l.startswith(name + "{") and all(x in l for x in labels))
+    from ldpstream.dev.mqtt_stack import read_metric
+
+    return read_metric(f"http://127.0.0.1:{port}", name, *labels)
 
 
 async def devices(url: str, cid: str, n_devices: int, per_device: int, *, seed: int, ca=None,
@@ -366,3 +365,77 @@ def test_bench_mqtt_quick_runs(monkeypatch):
     for r in res["results"]:
         assert r["bridge_messages_per_s"] > 0 and r["bare_messages_per_s"] > 0 and r["ratio"] > 0
     assert 0 < res["latency_p50_s"] <= res["latency_p99_s"]
+
+
+def test_no_mqtt_ack_while_kafka_is_down(tmp_path, mosquitto, unique_name):
+    """With Kafka down the bridge acknowledges nothing: /healthz is 503 naming the broker, the
+    produce is retried; a bridge SIGKILLed then, started again once Kafka is back, gets the
+    message again from its session and produces it (the message reaches Kafka)."""
+    from aiokafka import AIOKafkaConsumer
+
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.estimators.families.rr import RRIndependent
+    from ldpstream.names import COMPACTED_TOPICS, CONFIG_TOPIC, SERVICE_TOPICS, reports_topic
+    from ldpstream.producers.publisher import Publisher
+    from ldpstream.producers.signing import load_signing_key
+
+    cid = unique_name
+    kafka = EmbeddedBroker()
+
+    def start_kafka() -> None:  # Tansu keeps nothing: topics and the signed state again
+        kafka.start()
+        kafka.create_topics({**SERVICE_TOPICS, reports_topic(cid): 1}, COMPACTED_TOPICS)
+
+        async def publish_state() -> None:
+            key = load_signing_key()
+            assert key is not None
+            async with Publisher(kafka.bootstrap) as pub:
+                await pub.send_and_wait(CONFIG_TOPIC, key.sign_state(
+                    RRIndependent(DOM, epsilon=1.0).state(), cid), key=cid.encode())
+        asyncio.run(publish_state())
+
+    async def produced() -> int:
+        c = AIOKafkaConsumer(reports_topic(cid), bootstrap_servers=kafka.bootstrap,
+                             group_id=None, auto_offset_reset="earliest")
+        await c.start()
+        try:
+            return sum(len(v) for v in (await c.getmany(timeout_ms=3000)).values())
+        finally:
+            await c.stop()
+
+    start_kafka()
+    fleets = tmp_path / "fleets.yaml"
+    fleets.write_text(yaml.safe_dump({"fleets": {"phones": {"collections": [cid]}}}))
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka.bootstrap,
+               LDP_MQTT_URL=mosquitto.bridge_url, LDP_MQTT_FLEETS_FILE=str(fleets),
+               LDP_MQTT_CLIENT_ID=f"bridge-{cid}")
+    proc = bridge(env, tmp_path, cid)
+    try:
+        kafka.crash()
+        health = wait_health(proc.port, 503)
+        assert not health["broker"]["ok"] and health["mqtt"]["ok"], health
+
+        async def send() -> None:
+            phones = raw_publisher(mosquitto, "phones")
+            await phones.publish(mqtt_reports_topic("phones", cid), keyed(cid, 5))
+            phones.client.disconnect()
+            phones.client.loop_stop()
+        asyncio.run(send())
+        deadline = time.monotonic() + 30
+        while metric(proc.port, "ldp_mqtt_kafka_retries_total") < 2:
+            assert time.monotonic() < deadline, "the bridge did not retry"
+            time.sleep(0.2)
+        assert metric(proc.port, "ldp_mqtt_messages_total") == 0
+        os.killpg(proc.proc.pid, signal.SIGKILL)  # dies with the message unacknowledged
+        proc.proc.wait(10)
+        proc.stop()
+        start_kafka()
+        proc = bridge(env, tmp_path, cid)
+        deadline = time.monotonic() + 30
+        while metric(proc.port, "ldp_mqtt_messages_total") < 1:
+            assert time.monotonic() < deadline, "the message was not delivered again"
+            time.sleep(0.2)
+        assert asyncio.run(produced()) == 1
+    finally:
+        proc.stop()
+        kafka.stop()

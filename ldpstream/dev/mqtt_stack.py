@@ -29,7 +29,16 @@ from ldpstream.names import (
     mqtt_reports_topic,
 )
 
-__all__ = ["BridgeChild", "MqttStack"]
+__all__ = ["BridgeChild", "MqttStack", "read_metric"]
+
+
+def read_metric(url: str, name: str, *labels: str) -> float:
+    """The sum of the ``name`` series of ``<url>/metrics`` whose labels contain all ``labels``
+    (e.g. ``'fleet="phones"'``)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.split("{")[0].split(" ")[0] == name and all(x in line for x in labels))
 
 
 class BridgeChild(_Child):
@@ -64,11 +73,7 @@ class BridgeChild(_Child):
         return self.url
 
     def metric(self, name: str, *labels: str) -> float:
-        """The sum of the ``name`` series of ``/metrics`` whose labels contain all ``labels``."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name + "{") and all(x in line for x in labels))
+        return read_metric(self.url, name, *labels)
 
     def health(self) -> dict:
         try:

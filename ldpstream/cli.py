@@ -237,8 +237,9 @@ def _mqtt_bridge_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, default=None,
                    help=f"port of /healthz and /metrics (default: $LDP_WEB_PORT, else "
                         f"{DEFAULT_MQTT_BRIDGE_PORT})")
-    p.add_argument("--bind", default=DEFAULT_BIND,
-                   help=f"address of /healthz and /metrics (default {DEFAULT_BIND})")
+    p.add_argument("--bind", default=None,
+                   help=f"address of /healthz and /metrics (default: $LDP_WEB_BIND, else "
+                        f"{DEFAULT_BIND})")
     p.add_argument("--max-body-bytes", type=int, default=MAX_MESSAGE_BYTES,
                    help="largest MQTT message accepted (default 1 MiB)")
 

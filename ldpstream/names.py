@@ -76,7 +76,7 @@ MAX_MESSAGE_BYTES = 1_048_576
 
 __all__ += ["MQTT_REPORTS_TOPIC", "MQTT_CONFIG_TOPIC", "MQTT_SHARE_GROUP", "mqtt_reports_topic",
             "mqtt_config_topic", "ENV_MQTT_URL", "ENV_MQTT_CA", "ENV_MQTT_FLEETS_FILE",
-            "ENV_MQTT_CLIENT_ID", "ENV_MQTT_SUBSCRIPTION", "DEFAULT_MQTT_BRIDGE_PORT",
+            "ENV_MQTT_CLIENT_ID", "ENV_MQTT_SUBSCRIPTION", "ENV_WEB_BIND", "DEFAULT_MQTT_BRIDGE_PORT",
             "MQTT_RECEIVE_MAXIMUM"]
 
 #: devices publish report batches here (QoS 1); ``{fleet}`` and ``{collection}`` are filled in
@@ -89,6 +89,8 @@ ENV_MQTT_URL = "LDP_MQTT_URL"
 ENV_MQTT_CA = "LDP_MQTT_CA"
 ENV_MQTT_FLEETS_FILE = "LDP_MQTT_FLEETS_FILE"
 ENV_MQTT_CLIENT_ID = "LDP_MQTT_CLIENT_ID"
+#: the address HTTP servers listen on (worker, bridge; default DEFAULT_BIND)
+ENV_WEB_BIND = "LDP_WEB_BIND"
 #: ``shared`` (default) or ``exclusive`` (see producers/mqtt_bridge.py ``MqttBridge.subscription``)
 ENV_MQTT_SUBSCRIPTION = "LDP_MQTT_SUBSCRIPTION"
 #: the bridge's /healthz and /metrics

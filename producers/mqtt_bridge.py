@@ -30,10 +30,12 @@ from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ldpstream.endpoint import require_free_port
 from ldpstream.errors import CliError
 from ldpstream.http_guard import GATEWAY_ENV, ConnectionGuard, HardenedSite
 from ldpstream.mqtt_client import MqttEndpoint, MqttError, connect, make_client, parse_mqtt_url
 from ldpstream.names import (
+    DEFAULT_BIND,
     DEFAULT_MQTT_BRIDGE_PORT,
     DLQ_TOPIC,
     ENV_KAFKA_BOOTSTRAP,
@@ -42,6 +44,7 @@ from ldpstream.names import (
     ENV_MQTT_FLEETS_FILE,
     ENV_MQTT_SUBSCRIPTION,
     ENV_MQTT_URL,
+    ENV_WEB_BIND,
     ENV_WEB_PORT,
     MQTT_RECEIVE_MAXIMUM,
     MQTT_SHARE_GROUP,
@@ -49,6 +52,7 @@ from ldpstream.names import (
     mqtt_reports_topic,
 )
 from ldpstream.producers.codec import MAX_MESSAGE_BYTES, dlq_record
+from ldpstream.producers.fleet import unless_stopped
 from ldpstream.producers.gateway import (
     PRODUCE_TIMEOUT_S,
     Fleet,
@@ -56,6 +60,7 @@ from ldpstream.producers.gateway import (
     Refused,
     read_fleets_file,
 )
+from ldpstream.producers.publisher import PublishError
 from ldpstream.producers.signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, load_verify_key
 
 log = logging.getLogger(__name__)
@@ -358,6 +363,8 @@ def main(args: Any) -> int:
     if subscription not in ("shared", "exclusive"):
         raise CliError(f"{ENV_MQTT_SUBSCRIPTION}: {subscription!r} must be shared or exclusive")
     port = args.port or int(os.environ.get(ENV_WEB_PORT) or DEFAULT_MQTT_BRIDGE_PORT)
+    bind = args.bind or os.environ.get(ENV_WEB_BIND) or DEFAULT_BIND
+    require_free_port(bind, port, "mqtt-bridge")
     client_id = (args.client_id or os.environ.get(ENV_MQTT_CLIENT_ID)
                  or f"{MQTT_SHARE_GROUP}-{socket.gethostname()}")
 
@@ -370,17 +377,20 @@ def main(args: Any) -> int:
             loop.add_signal_handler(sig, stop.set)
         bridge = MqttBridge(bootstrap, fleets, endpoint, client_id=client_id, ca=ca,
                             shared=subscription == "shared", max_body_bytes=args.max_body_bytes)
-        try:
-            await bridge.start()
-        except (ConnectionError, MqttError) as exc:
+        try:  # a stop signal while connecting stops cleanly too
+            started = await unless_stopped(bridge.start(), stop)
+        except (ConnectionError, PublishError, MqttError) as exc:
             await bridge.stop()
             raise CliError(str(exc)) from None
+        if started is None:
+            await bridge.stop()
+            return
         runner = web.AppRunner(bridge.app(), access_log=None)
         await runner.setup()
-        await HardenedSite(runner, args.bind, port,
+        await HardenedSite(runner, bind, port,
                            guard=ConnectionGuard.from_env(GATEWAY_ENV)).start()
         print(f"ldpstream mqtt-bridge: {endpoint} as {client_id!r}, subscribed to "
-              f"{bridge.subscription}; health on http://{args.bind}:{port}/healthz "
+              f"{bridge.subscription}; health on http://{bind}:{port}/healthz "
               f"(fleets: {', '.join(bridge.fleets)})", file=sys.stderr, flush=True)
         await stop.wait()
         await runner.cleanup()

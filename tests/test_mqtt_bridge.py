@@ -259,6 +259,28 @@ def test_bridge_sigkill_and_broker_restart_lose_nothing_count_nothing_twice(
         assert procs[-1].stop() == 0
 
 
+def test_two_bridges_split_the_messages_and_the_counts_stay_exact(
+        tmp_path, mosquitto, kafka_broker, redis_server, spawn_worker, service_env, unique_name):
+    """Bridges with distinct client ids in the shared subscription group scale out: each takes
+    a share, the counts are exact."""
+    cid = unique_name
+    coll, worker, env = setup(tmp_path, service_env, spawn_worker, cid, mosquitto)
+    procs = []
+    for i in range(2):
+        (tmp_path / str(i)).mkdir()
+        procs.append(bridge(dict(env, LDP_MQTT_CLIENT_ID=f"bridge-{i}-{cid}"), tmp_path / str(i),
+                            cid))
+    try:
+        mech, reports = asyncio.run(devices(mosquitto.url_for(FLEETS["phones"]), cid, 8, 12,
+                                            seed=21))
+        asyncio.run(check_counts(redis_server.url, coll, mech, reports))
+        shares = [metric(p.port, "ldp_mqtt_reports_total") for p in procs]
+        assert sum(shares) == len(reports) and min(shares) > 0, shares
+    finally:
+        for p in procs:
+            assert p.stop() == 0
+
+
 def test_tls_bridge_and_devices_verify_the_broker(tmp_path, mosquitto_tls, kafka_broker,
                                                   redis_server, spawn_worker, service_env,
                                                   unique_name):

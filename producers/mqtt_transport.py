@@ -91,14 +91,20 @@ class MqttConfigWatcher(ConfigWatcher):
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._take, cid.encode("utf-8"), bytes(msg.payload))
 
+    def _subscribe(self) -> None:
+        for cid in sorted(self.collections or ()):
+            self._client.subscribe(mqtt_config_topic(self.fleet, cid), qos=1)
+
     async def start(self, timeout_s: float = 30.0) -> "MqttConfigWatcher":
         self._loop = asyncio.get_running_loop()
         client = make_client(self.endpoint, self.client_id, ca=self.ca)
         client.on_message = self._on_message
         await asyncio.to_thread(connect, client, self.endpoint, persistent=False)
         self._client = client
-        for cid in sorted(self.collections or ()):
-            client.subscribe(mqtt_config_topic(self.fleet, cid), qos=1)
+        self._subscribe()
+        # a reconnect (broker restart) starts a fresh session: subscribe again, and the retained
+        # states arrive again (a newer one replaces the adopted one; an older one is refused)
+        client.on_connect = lambda *_: self._subscribe()
         deadline = self._loop.time() + timeout_s
         while not set(self.collections or ()) <= set(self.states) and self._loop.time() < deadline:
             self._changed.clear()

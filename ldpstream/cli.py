@@ -242,6 +242,9 @@ def _mqtt_bridge_parser(sub: Any) -> None:
                         f"{DEFAULT_BIND})")
     p.add_argument("--max-body-bytes", type=int, default=MAX_MESSAGE_BYTES,
                    help="largest MQTT message accepted (default 1 MiB)")
+    p.add_argument("--retire", action="store_true",
+                   help="take this client id out of the group for good: handle what its session "
+                        "holds, end the session, exit")
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
@@ -275,7 +278,7 @@ _COMMANDS = {
     "estimates": "ldpstream.query",
     "keygen": "ldpstream.producers.signing",
     "gateway": "ldpstream.producers.gateway",
-    "mqtt-bridge": "ldpstream.producers.mqtt_bridge",
+    "mqtt-bridge": "ldpstream.producers.mqtt_bridge_cli",
     "config-reference": "ldpstream.config_docs",
 }
 

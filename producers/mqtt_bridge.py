@@ -22,37 +22,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
-import socket
-import sys
 import time
 from typing import Any, Sequence
 
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ldpstream.endpoint import require_free_port
 from ldpstream.errors import CliError
-from ldpstream.http_guard import GATEWAY_ENV, ConnectionGuard, HardenedSite
-from ldpstream.mqtt_client import MqttEndpoint, MqttError, connect, make_client, parse_mqtt_url
+from ldpstream.mqtt_client import MqttEndpoint, connect, make_client
 from ldpstream.names import (
-    DEFAULT_BIND,
-    DEFAULT_MQTT_BRIDGE_PORT,
     DLQ_TOPIC,
-    ENV_KAFKA_BOOTSTRAP,
-    ENV_MQTT_CA,
-    ENV_MQTT_CLIENT_ID,
     ENV_MQTT_FLEETS_FILE,
-    ENV_MQTT_SUBSCRIPTION,
-    ENV_MQTT_URL,
-    ENV_WEB_BIND,
-    ENV_WEB_PORT,
     MQTT_RECEIVE_MAXIMUM,
     MQTT_SHARE_GROUP,
     mqtt_config_topic,
     mqtt_reports_topic,
 )
 from ldpstream.producers.codec import MAX_MESSAGE_BYTES, dlq_record
-from ldpstream.producers.fleet import unless_stopped
 from ldpstream.producers.gateway import (
     PRODUCE_TIMEOUT_S,
     Fleet,
@@ -60,8 +47,6 @@ from ldpstream.producers.gateway import (
     Refused,
     read_fleets_file,
 )
-from ldpstream.producers.publisher import PublishError
-from ldpstream.producers.signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, load_verify_key
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +114,9 @@ class MqttBridge:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        #: messages received and not acknowledged yet, and when the last one arrived
+        self._open = 0
+        self._last_message = time.monotonic()
         #: the last MQTT disconnect's reason (None while connected)
         self.mqtt_detail = "not connected yet"
 
@@ -145,7 +133,12 @@ class MqttBridge:
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
         loop = self._loop
         if loop is not None:
-            loop.call_soon_threadsafe(self._queue.put_nowait, (time.perf_counter(), msg))
+            loop.call_soon_threadsafe(self._take, (time.perf_counter(), msg))
+
+    def _take(self, item: tuple[float, Any]) -> None:
+        self._open += 1
+        self._last_message = time.monotonic()
+        self._queue.put_nowait(item)
 
     def _on_connect(self, _c: Any, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
         if reason.is_failure:
@@ -177,6 +170,19 @@ class MqttBridge:
         self.client.subscribe(self.subscription, qos=1)
         self._relay_all()
         return self
+
+    async def retire(self, idle_s: float = 2.0) -> None:
+        """Leave the subscription group for good: unsubscribe, handle what the session still
+        holds (Mosquitto keeps assigning a disconnected shared-group member its share), and once
+        nothing arrived for ``idle_s`` and everything is acknowledged, end the session
+        (MQTT 5 session expiry 0). Call after :meth:`start`."""
+        self.client.unsubscribe(self.subscription)
+        self.client.on_connect = None  # a reconnect must not subscribe again
+        while self._open or time.monotonic() - self._last_message < idle_s:
+            await asyncio.sleep(0.1)
+        props = Properties(PacketTypes.DISCONNECT)
+        props.SessionExpiryInterval = 0
+        self.client.disconnect(properties=props)
 
     async def stop(self) -> None:
         """Disconnect (unacknowledged messages stay with the broker's session), then stop."""
@@ -228,10 +234,12 @@ class MqttBridge:
                 if await self._dead_letter(msg, Refused(500, "internal", f"{exc.__class__.__name__}: {exc}")):
                     break
             if self._stopping:
+                self._open -= 1
                 return  # not acknowledged: the broker delivers it again
             RETRIES.inc()
             await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
         self.client.ack(msg.mid, msg.qos)
+        self._open -= 1
         SECONDS.observe(time.perf_counter() - t0)
 
     def _route(self, topic: str) -> tuple[Fleet, str]:
@@ -340,61 +348,3 @@ def user_property(msg: Any, name: str) -> str | None:
         if key == name:
             return str(value)
     return None
-
-
-def main(args: Any) -> int:
-    """``ldpstream mqtt-bridge [--mqtt-url U] [--mqtt-ca F] [--fleets F] [--port P] ...``."""
-    bootstrap = os.environ.get(ENV_KAFKA_BOOTSTRAP)
-    if not bootstrap:
-        raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set")
-    url = args.mqtt_url or os.environ.get(ENV_MQTT_URL)
-    if not url:
-        raise CliError(f"no MQTT broker: give --mqtt-url or {ENV_MQTT_URL} "
-                       f"(mqtts://user:pass@host:port)")
-    endpoint = parse_mqtt_url(url, "--mqtt-url" if args.mqtt_url else ENV_MQTT_URL)
-    ca = args.mqtt_ca or os.environ.get(ENV_MQTT_CA) or None
-    if ca is not None and not os.path.isfile(ca):
-        raise CliError(f"--mqtt-ca: {ca!r} is not a file")
-    fleets = load_mqtt_fleets(args.fleets)
-    if load_verify_key() is None:
-        raise CliError(f"no public key pinned: set {ENV_PUBLIC_KEY} or {ENV_PUBLIC_KEY_FILE} (the "
-                       f"bridge relays only mechanism states signed by that key)")
-    subscription = args.subscription or os.environ.get(ENV_MQTT_SUBSCRIPTION) or "shared"
-    if subscription not in ("shared", "exclusive"):
-        raise CliError(f"{ENV_MQTT_SUBSCRIPTION}: {subscription!r} must be shared or exclusive")
-    port = args.port or int(os.environ.get(ENV_WEB_PORT) or DEFAULT_MQTT_BRIDGE_PORT)
-    bind = args.bind or os.environ.get(ENV_WEB_BIND) or DEFAULT_BIND
-    require_free_port(bind, port, "mqtt-bridge")
-    client_id = (args.client_id or os.environ.get(ENV_MQTT_CLIENT_ID)
-                 or f"{MQTT_SHARE_GROUP}-{socket.gethostname()}")
-
-    async def run() -> None:
-        from aiohttp import web
-
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        bridge = MqttBridge(bootstrap, fleets, endpoint, client_id=client_id, ca=ca,
-                            shared=subscription == "shared", max_body_bytes=args.max_body_bytes)
-        try:  # a stop signal while connecting stops cleanly too
-            started = await unless_stopped(bridge.start(), stop)
-        except (ConnectionError, PublishError, MqttError) as exc:
-            await bridge.stop()
-            raise CliError(str(exc)) from None
-        if started is None:
-            await bridge.stop()
-            return
-        runner = web.AppRunner(bridge.app(), access_log=None)
-        await runner.setup()
-        await HardenedSite(runner, bind, port,
-                           guard=ConnectionGuard.from_env(GATEWAY_ENV)).start()
-        print(f"ldpstream mqtt-bridge: {endpoint} as {client_id!r}, subscribed to "
-              f"{bridge.subscription}; health on http://{bind}:{port}/healthz "
-              f"(fleets: {', '.join(bridge.fleets)})", file=sys.stderr, flush=True)
-        await stop.wait()
-        await runner.cleanup()
-        await bridge.stop()
-
-    asyncio.run(run())
-    return 0

@@ -212,3 +212,34 @@ def test_tls_bridge_and_devices_verify_the_broker(tmp_path, mosquitto_tls, kafka
         assert wait_health(proc.port, 200)["mqtt"]["ok"]
     finally:
         assert proc.stop() == 0
+
+
+def test_a_retired_bridge_hands_over_its_share(
+        tmp_path, mosquitto, kafka_broker, redis_server, spawn_worker, service_env, unique_name):
+    """Mosquitto keeps assigning a stopped member of the shared group its share; ``mqtt-bridge
+    --retire`` under that client id handles what its session holds and ends it, so later
+    messages all go to the bridge that stays. Counts exact throughout."""
+    import subprocess
+    import sys
+
+    cid = unique_name
+    coll, worker, env = setup(tmp_path, service_env, spawn_worker, cid, mosquitto)
+    stays = bridge(dict(env, LDP_MQTT_CLIENT_ID=f"stays-{cid}"), tmp_path, cid)
+    (tmp_path / "g").mkdir()
+    leaves_env = dict(env, LDP_MQTT_CLIENT_ID=f"leaves-{cid}")
+    leaves = bridge(leaves_env, tmp_path / "g", cid)
+    url = mosquitto.url_for(FLEETS["phones"])
+    try:
+        assert leaves.stop() == 0  # its session stays, and keeps getting a share
+        mech, first = asyncio.run(devices(url, cid, 4, 8, seed=31))
+        done = subprocess.run([sys.executable, "-m", "ldpstream.cli", "mqtt-bridge", "--retire"],
+                              env=leaves_env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "retired" in done.stderr, done.stderr[-2000:]
+        before = metric(stays.port, "ldp_mqtt_reports_total")
+        assert 0 < before < len(first)  # the retired session held the rest
+        _, second = asyncio.run(devices(url, cid, 4, 8, seed=32, first=100))
+        reports = np.concatenate([first, second])
+        asyncio.run(check_counts(redis_server.url, coll, mech, reports))
+        assert metric(stays.port, "ldp_mqtt_reports_total") - before == len(second)
+    finally:
+        assert stays.stop() == 0

@@ -141,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "$LDP_GATEWAY_TOKENS)")
     p.add_argument("--max-body-bytes", type=int, default=MAX_MESSAGE_BYTES,
                    help="largest request body accepted (default 1 MiB)")
+    p.add_argument("--tls-cert", default=None,
+                   help="serve HTTPS with this PEM certificate chain (docs/security.md)")
+    p.add_argument("--tls-key", default=None,
+                   help="the private key of --tls-cert, PEM (default: inside --tls-cert)")
 
     p = sub.add_parser("keygen", help="write the key pair that signs ldp.config (docs/security.md)")
     p.add_argument("--out", default=".", help="directory for config-signing.key and .pub")

@@ -1,0 +1,113 @@
+"""The gateway over TLS (docs/security.md "TLS at the device edge") and the public key it serves
+(docs/devices.md "Getting the public key"): a client that trusts the CA and names a host of the
+certificate fetches the key and posts a batch that Kafka acknowledges; a wrong host name, an
+untrusted CA and plain HTTP are refused; bad ``--tls-*`` options fail at start naming the
+option."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import socket
+import ssl
+
+import pytest
+from test_gateway import TOKEN_A, fleets_doc
+
+from ldpstream.errors import CliError
+from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.producers.codec import encode_batch
+from ldpstream.producers.gateway import IngestGateway, parse_fleets, serve
+from ldpstream.producers.gateway_edge import PUBLIC_KEY_PATH, server_tls_context
+from ldpstream.producers.signing import load_signing_key, load_verify_key
+
+DOM = Domain.from_categories({"os": ["android", "ios", "other"], "plan": ["free", "pro"]})
+
+
+@pytest.mark.core
+def test_tls_options_fail_at_start_naming_the_option(tmp_path):
+    from ldpstream.dev.kafka_tls import write_test_pki
+
+    assert server_tls_context(None, None) is None
+    with pytest.raises(CliError, match="--tls-key needs --tls-cert"):
+        server_tls_context(None, str(tmp_path / "k.pem"))
+    with pytest.raises(CliError, match="--tls-cert: no such file"):
+        server_tls_context(str(tmp_path / "missing.pem"), None)
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    with pytest.raises(CliError, match="cannot load"):
+        server_tls_context(str(tmp_path / "junk.pem"), None)
+    _, chain = write_test_pki(tmp_path / "pki")
+    ctx = server_tls_context(str(chain), None)
+    assert ctx is not None and ctx.minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+def _handshake(port: int, ctx: ssl.SSLContext, host: str) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname=host):
+            pass
+
+
+@pytest.mark.pipeline
+def test_gateway_over_tls_serves_the_key_and_refuses_wrong_hosts(tmp_path, kafka_broker,
+                                                                  unique_name):
+    import aiohttp
+
+    from ldpstream.dev.kafka_tls import write_test_pki
+    from ldpstream.dev.process import free_port
+    from ldpstream.kafka_admin import create_topics
+    from ldpstream.producers.publisher import Publisher
+
+    cid, cfg = unique_name, f"cfg.{unique_name}"
+    ca, chain = write_test_pki(tmp_path / "pki", hosts=("localhost", "127.0.0.1"))
+    other_ca, _ = write_test_pki(tmp_path / "other", hosts=("localhost", "127.0.0.1"))
+    mech = RRIndependent(DOM, epsilon=1.0, version=1)
+    trusted = ssl.create_default_context(cafile=str(ca))
+
+    async def run():
+        await create_topics(kafka_broker.bootstrap, {cfg: 1, f"ldp.reports.{cid}": 1},
+                            compacted={cfg})
+        async with Publisher(kafka_broker.bootstrap) as pub:
+            await pub.send_and_wait(cfg, load_signing_key().sign_state(mech.state(), cid),
+                                    key=cid.encode())
+        gw = IngestGateway(kafka_broker.bootstrap, parse_fleets(fleets_doc(cid), "t"),
+                           config_topic=cfg)
+        port = free_port()
+        runner = await serve(gw, "127.0.0.1", port,
+                             ssl_context=server_tls_context(str(chain), None))
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"https://localhost:{port}{PUBLIC_KEY_PATH}",
+                                 ssl=trusted) as r:
+                    assert r.status == 200
+                    doc = await r.json()
+                key = load_verify_key()
+                assert doc == {"alg": "ed25519", "public_key": key.to_text(),
+                               "key_id": key.key_id, "fingerprint": key.fingerprint}
+                raw = base64.b64decode(doc["public_key"])
+                assert doc["fingerprint"] == "sha256:" + hashlib.sha256(raw).hexdigest()
+                assert doc["key_id"] == hashlib.sha256(raw).hexdigest()[:16]
+                body = encode_batch(cid, 1, [[1, 0], [2, 1]], device_ids=[5, 5])
+                async with s.post(f"https://127.0.0.1:{port}/v1/collections/{cid}/reports",
+                                  data=body, ssl=trusted,
+                                  headers={"Authorization": f"Bearer {TOKEN_A}",
+                                           "Content-Type": "application/octet-stream"}) as r:
+                    assert r.status == 200, await r.text()
+                    assert (await r.json())["accepted"] == 2
+                # plain HTTP on the TLS port gets no answer
+                with pytest.raises(aiohttp.ClientError):
+                    async with s.get(f"http://127.0.0.1:{port}/healthz") as r:
+                        await r.read()
+            # a name the certificate does not carry, and a CA the client does not trust
+            loop = asyncio.get_running_loop()
+            with pytest.raises(ssl.SSLCertVerificationError, match="[Hh]ostname mismatch"):
+                await loop.run_in_executor(None, _handshake, port, trusted, "gateway.example")
+            untrusted = ssl.create_default_context(cafile=str(other_ca))
+            with pytest.raises(ssl.SSLCertVerificationError):
+                await loop.run_in_executor(None, _handshake, port, untrusted, "localhost")
+            await loop.run_in_executor(None, _handshake, port, trusted, "localhost")
+        finally:
+            await runner.cleanup()
+            await gw.stop()
+
+    asyncio.run(run())

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "ldp.h"
+#include "records.h"
 
 typedef struct { char *data; size_t len; } body;
 
@@ -113,15 +114,8 @@ int main(int argc, char **argv) {
   long sent = 0, batches = 0;
   while (fgets(line, sizeof line, stdin)) {
     const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
-    size_t n = 0;
-    line[strcspn(line, "\r\n")] = 0;
-    for (char *tok = strtok(line, ","); tok && n < LDP_MAX_ATTRS; tok = strtok(NULL, ",")) {
-      char *eq = strchr(tok, '=');
-      if (!eq) return fprintf(stderr, "bad record field '%s'\n", tok), 1;
-      *eq = 0;
-      names[n] = tok;
-      labels[n++] = eq + 1;
-    }
+    size_t n;
+    if (ldp_parse_record(line, names, labels, &n)) return 1;
     double cost;
     r = ldp_device_report(&d, names, labels, n, wall(), &cost, err, sizeof err);
     if (r == LDP_E_FULL) {

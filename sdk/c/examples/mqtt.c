@@ -1,0 +1,200 @@
+#define _POSIX_C_SOURCE 200809L
+/* A Linux device publishing over MQTT with libmosquitto (docs/devices.md, "Devices over MQTT").
+ *
+ *   ldp_mqtt MQTT_URL CA_FILE FLEET COLLECTION PUBLIC_KEY_B64 DEVICE_ID STATE_DIR [BATCH] < records
+ *
+ * MQTT_URL is mqtts://USER@HOST:PORT (TLS, the broker's certificate checked against CA_FILE and
+ * HOST) or mqtt://USER@HOST:PORT (loopback tests only); the password comes from the environment
+ * variable LDP_MQTT_PASSWORD (kept out of the process list). The device reads the collection's
+ * retained signed state on ldp/FLEET/COLLECTION/config, verifies it against the pinned key, then
+ * reads one record per line ("attr=label,attr=label") from stdin, randomizes it with the OS
+ * CSPRNG, charges the ledger kept in STATE_DIR and publishes batches of BATCH reports (default
+ * 100, each with its batch key) to ldp/FLEET/COLLECTION/reports at QoS 1 (MQTT 5), waiting for
+ * each PUBACK: a refused publish (not authorized) stops it with the broker's reason. Prints
+ * {"sent":..,"batches":..} at the end.
+ */
+#include <mosquitto.h>
+#include <mqtt_protocol.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ldp.h"
+#include "records.h"
+
+#define WAIT_S 30.0
+
+typedef struct {
+  int connected, conn_rc;      /* CONNACK seen, its reason */
+  int got_cfg;                 /* the retained config (first message on the config topic) */
+  uint8_t *cfg;
+  size_t cfg_len;
+  int pending_mid, acked, puback_rc;  /* the publish waited for, PUBACK seen, its reason */
+} session;
+
+static double wall(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void on_connect(struct mosquitto *m, void *obj, int rc, int flags,
+                       const mosquitto_property *props) {
+  (void)m, (void)flags, (void)props;
+  session *s = (session *)obj;
+  s->connected = 1;
+  s->conn_rc = rc;
+}
+
+static void on_message(struct mosquitto *m, void *obj, const struct mosquitto_message *msg,
+                       const mosquitto_property *props) {
+  (void)m, (void)props;
+  session *s = (session *)obj;
+  if (s->cfg || msg->payloadlen <= 0) return;
+  s->cfg = malloc((size_t)msg->payloadlen);
+  if (!s->cfg) return;
+  memcpy(s->cfg, msg->payload, (size_t)msg->payloadlen);
+  s->cfg_len = (size_t)msg->payloadlen;
+  s->got_cfg = 1;
+}
+
+static void on_publish(struct mosquitto *m, void *obj, int mid, int rc,
+                       const mosquitto_property *props) {
+  (void)m, (void)props;
+  session *s = (session *)obj;
+  if (mid == s->pending_mid) s->puback_rc = rc, s->acked = 1;
+}
+
+/* runs the network loop until *flag is set (reconnecting after a lost connection: libmosquitto
+ * sends an unacknowledged QoS 1 message again); 0, or -1 after WAIT_S seconds or an error */
+static int wait_for(struct mosquitto *m, const int *flag, const char *what) {
+  double end = wall() + WAIT_S;
+  while (!*flag) {
+    if (wall() > end) return fprintf(stderr, "timed out waiting for %s\n", what), -1;
+    int rc = mosquitto_loop(m, 100, 1);
+    if (rc == MOSQ_ERR_CONN_LOST || rc == MOSQ_ERR_NO_CONN) {
+      struct timespec pause = {0, 200000000};
+      nanosleep(&pause, NULL);
+      mosquitto_reconnect(m);
+    } else if (rc != MOSQ_ERR_SUCCESS) {
+      return fprintf(stderr, "mqtt: %s\n", mosquitto_strerror(rc)), -1;
+    }
+  }
+  return 0;
+}
+
+static uint8_t batch[1 << 20];
+
+static int publish(struct mosquitto *m, session *s, const char *topic, ldp_device *d,
+                   long *batches) {
+  int r;
+  size_t len = ldp_device_flush(d, wall(), batch, sizeof batch, &r);
+  if (r != LDP_OK) return fprintf(stderr, "flush: %s\n", ldp_reason(r)), -1;
+  if (!len) return 0;
+  s->acked = 0;
+  int rc = mosquitto_publish_v5(m, &s->pending_mid, topic, (int)len, batch, 1, false, NULL);
+  if (rc != MOSQ_ERR_SUCCESS) return fprintf(stderr, "publish: %s\n", mosquitto_strerror(rc)), -1;
+  if (wait_for(m, &s->acked, "the PUBACK")) return -1;
+  if (s->puback_rc >= 128)  /* MQTT 5 reason codes >= 0x80 are failures */
+    return fprintf(stderr, "broker refused the batch: %s\n", mosquitto_reason_string(s->puback_rc)),
+           -1;
+  (*batches)++;
+  return 0;
+}
+
+/* mqtt[s]://USER@HOST:PORT → the parts (in place); 0 or -1 */
+static int parse_url(char *url, int *tls, char **user, char **host, int *port) {
+  char *rest;
+  if (!strncmp(url, "mqtts://", 8)) *tls = 1, rest = url + 8;
+  else if (!strncmp(url, "mqtt://", 7)) *tls = 0, rest = url + 7;
+  else return -1;
+  char *at = strrchr(rest, '@'), *colon;
+  if (!at) return -1;
+  *at = 0;
+  *user = rest;
+  *host = at + 1;
+  colon = strrchr(*host, ':');
+  if (!colon) return -1;
+  *colon = 0;
+  *port = atoi(colon + 1);
+  return *port > 0 && *port < 65536 && **user && **host ? 0 : -1;
+}
+
+static ldp_state state, scratch;
+static uint32_t reports[1000 * LDP_MAX_WIDTH];
+static uint64_t ids[1000];
+
+int main(int argc, char **argv) {
+  if (argc < 8) {
+    fprintf(stderr, "usage: ldp_mqtt MQTT_URL CA_FILE FLEET COLLECTION PUBLIC_KEY_B64 "
+            "DEVICE_ID STATE_DIR [BATCH] < records (password: $LDP_MQTT_PASSWORD)\n");
+    return 2;
+  }
+  const char *ca = argv[2], *fleet = argv[3], *cid = argv[4];
+  char *user, *host;
+  int tls, port;
+  uint32_t cap = argc > 8 ? (uint32_t)atoi(argv[8]) : 100;
+  char topic[512], client_id[128], detail[512], err[256], line[4096];
+  ldp_trust trust;
+  if (parse_url(argv[1], &tls, &user, &host, &port))
+    return fprintf(stderr, "MQTT_URL must be mqtts://USER@HOST:PORT\n"), 2;
+  if (cap < 1 || cap > 1000 || ldp_trust_init(&trust, argv[5]) != LDP_OK)
+    return fprintf(stderr, "bad batch size or public key\n"), 2;
+  session s = {0, 0, 0, NULL, 0, 0, 0, 0};
+  mosquitto_lib_init();
+  snprintf(client_id, sizeof client_id, "%s-%s", fleet, argv[6]);
+  /* a persistent session: the broker keeps the device's unacknowledged messages across drops */
+  struct mosquitto *m = mosquitto_new(client_id, false, &s);
+  if (!m) return fprintf(stderr, "mosquitto_new failed\n"), 1;
+  mosquitto_int_option(m, MOSQ_OPT_PROTOCOL_VERSION, MQTT_PROTOCOL_V5);
+  mosquitto_connect_v5_callback_set(m, on_connect);
+  mosquitto_message_v5_callback_set(m, on_message);
+  mosquitto_publish_v5_callback_set(m, on_publish);
+  mosquitto_username_pw_set(m, user, getenv("LDP_MQTT_PASSWORD"));
+  /* TLS: the chain is checked against CA_FILE and the host name against the certificate */
+  if (tls && mosquitto_tls_set(m, ca, NULL, NULL, NULL, NULL) != MOSQ_ERR_SUCCESS)
+    return fprintf(stderr, "cannot read the CA file %s\n", ca), 1;
+  int rc = mosquitto_connect(m, host, port, 30);
+  if (rc != MOSQ_ERR_SUCCESS) return fprintf(stderr, "connect: %s\n", mosquitto_strerror(rc)), 1;
+  if (wait_for(m, &s.connected, "the CONNACK")) return 1;
+  if (s.conn_rc) return fprintf(stderr, "broker refused the connection: %s\n",
+                                mosquitto_reason_string(s.conn_rc)), 1;
+  snprintf(topic, sizeof topic, "ldp/%s/%s/config", fleet, cid);
+  mosquitto_subscribe(m, NULL, topic, 1);
+  if (wait_for(m, &s.got_cfg, topic)) return fprintf(stderr, "no retained state on %s\n", topic), 1;
+  rc = ldp_state_accept(&state, &scratch, &trust, cid, (const char *)s.cfg, s.cfg_len, wall(),
+                        detail, sizeof detail);
+  free(s.cfg);
+  if (rc != LDP_OK) return fprintf(stderr, "state refused: %s\n", detail), 1;
+  mosquitto_unsubscribe(m, NULL, topic);
+  ldp_storage storage;
+  ldp_ledger ledger;
+  ldp_file_storage(&storage, argv[7]);
+  if (ldp_ledger_open(&ledger, 0.0, 0.0, &storage) != LDP_OK)
+    return fprintf(stderr, "cannot read the ledger in %s\n", argv[7]), 1;
+  ldp_os_rng os = {{0}, 0};
+  ldp_device d = {&state, &ledger, {ldp_os_rng_next, &os}, strtoull(argv[6], NULL, 10),
+                  reports, ids, cap, 0, 0, 0, 0.0};
+  snprintf(topic, sizeof topic, "ldp/%s/%s/reports", fleet, cid);
+  long sent = 0, batches = 0;
+  while (fgets(line, sizeof line, stdin)) {
+    const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
+    size_t n;
+    if (ldp_parse_record(line, names, labels, &n)) return 1;
+    double cost;
+    rc = ldp_device_report(&d, names, labels, n, wall(), &cost, err, sizeof err);
+    if (rc == LDP_E_FULL) {
+      if (publish(m, &s, topic, &d, &batches)) return 1;
+      rc = ldp_device_report(&d, names, labels, n, wall(), &cost, err, sizeof err);
+    }
+    if (rc != LDP_OK) return fprintf(stderr, "record %ld: %s\n", sent, err), 1;
+    sent++;
+  }
+  if (publish(m, &s, topic, &d, &batches)) return 1;
+  printf("{\"sent\":%ld,\"batches\":%ld}\n", sent, batches);
+  mosquitto_disconnect(m);
+  mosquitto_destroy(m);
+  mosquitto_lib_cleanup();
+  return 0;
+}

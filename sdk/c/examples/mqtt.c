@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "ldp.h"
 #include "records.h"
@@ -32,12 +31,6 @@ typedef struct {
   size_t cfg_len;
   int pending_mid, acked, puback_rc;  /* the publish waited for, PUBACK seen, its reason */
 } session;
-
-static double wall(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void on_connect(struct mosquitto *m, void *obj, int rc, int flags,
                        const mosquitto_property *props) {
@@ -69,9 +62,9 @@ static void on_publish(struct mosquitto *m, void *obj, int mid, int rc,
 /* runs the network loop until *flag is set (reconnecting after a lost connection: libmosquitto
  * sends an unacknowledged QoS 1 message again); 0, or -1 after WAIT_S seconds or an error */
 static int wait_for(struct mosquitto *m, const int *flag, const char *what) {
-  double end = wall() + WAIT_S;
+  double end = ldp_wall() + WAIT_S;
   while (!*flag) {
-    if (wall() > end) return fprintf(stderr, "timed out waiting for %s\n", what), -1;
+    if (ldp_wall() > end) return fprintf(stderr, "timed out waiting for %s\n", what), -1;
     int rc = mosquitto_loop(m, 100, 1);
     if (rc == MOSQ_ERR_CONN_LOST || rc == MOSQ_ERR_NO_CONN) {
       struct timespec pause = {0, 200000000};
@@ -86,21 +79,24 @@ static int wait_for(struct mosquitto *m, const int *flag, const char *what) {
 
 static uint8_t batch[1 << 20];
 
-static int publish(struct mosquitto *m, session *s, const char *topic, ldp_device *d,
-                   long *batches) {
+typedef struct { struct mosquitto *m; session *s; const char *topic; } target;
+
+static int publish(void *ctx, ldp_device *d) {
+  target *t = (target *)ctx;
+  struct mosquitto *m = t->m;
+  session *s = t->s;
   int r;
-  size_t len = ldp_device_flush(d, wall(), batch, sizeof batch, &r);
+  size_t len = ldp_device_flush(d, ldp_wall(), batch, sizeof batch, &r);
   if (r != LDP_OK) return fprintf(stderr, "flush: %s\n", ldp_reason(r)), -1;
   if (!len) return 0;
   s->acked = 0;
-  int rc = mosquitto_publish_v5(m, &s->pending_mid, topic, (int)len, batch, 1, false, NULL);
+  int rc = mosquitto_publish_v5(m, &s->pending_mid, t->topic, (int)len, batch, 1, false, NULL);
   if (rc != MOSQ_ERR_SUCCESS) return fprintf(stderr, "publish: %s\n", mosquitto_strerror(rc)), -1;
   if (wait_for(m, &s->acked, "the PUBACK")) return -1;
   if (s->puback_rc >= 128)  /* MQTT 5 reason codes >= 0x80 are failures */
     return fprintf(stderr, "broker refused the batch: %s\n", mosquitto_reason_string(s->puback_rc)),
            -1;
-  (*batches)++;
-  return 0;
+  return 1;
 }
 
 /* mqtt[s]://USER@HOST:PORT → the parts (in place); 0 or -1 */
@@ -122,8 +118,6 @@ static int parse_url(char *url, int *tls, char **user, char **host, int *port) {
 }
 
 static ldp_state state, scratch;
-static uint32_t reports[1000 * LDP_MAX_WIDTH];
-static uint64_t ids[1000];
 
 int main(int argc, char **argv) {
   if (argc < 8) {
@@ -135,7 +129,7 @@ int main(int argc, char **argv) {
   char *user, *host;
   int tls, port;
   uint32_t cap = argc > 8 ? (uint32_t)atoi(argv[8]) : 100;
-  char topic[512], client_id[128], detail[512], err[256], line[4096];
+  char topic[512], client_id[128], detail[512];
   ldp_trust trust;
   if (parse_url(argv[1], &tls, &user, &host, &port))
     return fprintf(stderr, "MQTT_URL must be mqtts://USER@HOST:PORT\n"), 2;
@@ -163,36 +157,14 @@ int main(int argc, char **argv) {
   snprintf(topic, sizeof topic, "ldp/%s/%s/config", fleet, cid);
   mosquitto_subscribe(m, NULL, topic, 1);
   if (wait_for(m, &s.got_cfg, topic)) return fprintf(stderr, "no retained state on %s\n", topic), 1;
-  rc = ldp_state_accept(&state, &scratch, &trust, cid, (const char *)s.cfg, s.cfg_len, wall(),
+  rc = ldp_state_accept(&state, &scratch, &trust, cid, (const char *)s.cfg, s.cfg_len, ldp_wall(),
                         detail, sizeof detail);
   free(s.cfg);
   if (rc != LDP_OK) return fprintf(stderr, "state refused: %s\n", detail), 1;
   mosquitto_unsubscribe(m, NULL, topic);
-  ldp_storage storage;
-  ldp_ledger ledger;
-  ldp_file_storage(&storage, argv[7]);
-  if (ldp_ledger_open(&ledger, 0.0, 0.0, &storage) != LDP_OK)
-    return fprintf(stderr, "cannot read the ledger in %s\n", argv[7]), 1;
-  ldp_os_rng os = {{0}, 0};
-  ldp_device d = {&state, &ledger, {ldp_os_rng_next, &os}, strtoull(argv[6], NULL, 10),
-                  reports, ids, cap, 0, 0, 0, 0.0};
   snprintf(topic, sizeof topic, "ldp/%s/%s/reports", fleet, cid);
-  long sent = 0, batches = 0;
-  while (fgets(line, sizeof line, stdin)) {
-    const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
-    size_t n;
-    if (ldp_parse_record(line, names, labels, &n)) return 1;
-    double cost;
-    rc = ldp_device_report(&d, names, labels, n, wall(), &cost, err, sizeof err);
-    if (rc == LDP_E_FULL) {
-      if (publish(m, &s, topic, &d, &batches)) return 1;
-      rc = ldp_device_report(&d, names, labels, n, wall(), &cost, err, sizeof err);
-    }
-    if (rc != LDP_OK) return fprintf(stderr, "record %ld: %s\n", sent, err), 1;
-    sent++;
-  }
-  if (publish(m, &s, topic, &d, &batches)) return 1;
-  printf("{\"sent\":%ld,\"batches\":%ld}\n", sent, batches);
+  target t = {m, &s, topic};
+  if (ldp_run_records(&state, argv[7], argv[6], cap, publish, &t)) return 1;
   mosquitto_disconnect(m);
   mosquitto_destroy(m);
   mosquitto_lib_cleanup();

@@ -71,3 +71,32 @@ DEFAULT_BATCH_REPORTS = 20_000
 DEFAULT_BATCH_SECONDS = 0.5
 #: the largest Kafka message (one report batch) a worker accepts, and the wire format's default
 MAX_MESSAGE_BYTES = 1_048_576
+
+# --- MQTT ingress (docs/devices.md, "MQTT") -----------------------------------------------------------
+
+__all__ += ["MQTT_REPORTS_TOPIC", "MQTT_CONFIG_TOPIC", "MQTT_SHARE_GROUP", "mqtt_reports_topic",
+            "mqtt_config_topic", "ENV_MQTT_URL", "ENV_MQTT_CA", "ENV_MQTT_FLEETS_FILE",
+            "ENV_MQTT_CLIENT_ID", "DEFAULT_MQTT_BRIDGE_PORT"]
+
+#: devices publish report batches here (QoS 1); ``{fleet}`` and ``{collection}`` are filled in
+MQTT_REPORTS_TOPIC = "ldp/{fleet}/{collection}/reports"
+#: the bridge publishes a collection's signed mechanism state here, retained
+MQTT_CONFIG_TOPIC = "ldp/{fleet}/{collection}/config"
+#: the shared-subscription group of ``ldpstream mqtt-bridge`` (bridges in it split the messages)
+MQTT_SHARE_GROUP = "ldp-bridge"
+ENV_MQTT_URL = "LDP_MQTT_URL"
+ENV_MQTT_CA = "LDP_MQTT_CA"
+ENV_MQTT_FLEETS_FILE = "LDP_MQTT_FLEETS_FILE"
+ENV_MQTT_CLIENT_ID = "LDP_MQTT_CLIENT_ID"
+#: the bridge's /healthz and /metrics
+DEFAULT_MQTT_BRIDGE_PORT = 8081
+
+
+def mqtt_reports_topic(fleet: str, collection_id: str) -> str:
+    """The MQTT topic a fleet's devices publish a collection's batches to."""
+    return MQTT_REPORTS_TOPIC.format(fleet=fleet, collection=collection_id)
+
+
+def mqtt_config_topic(fleet: str, collection_id: str) -> str:
+    """The MQTT topic carrying a collection's signed state (retained) for one fleet."""
+    return MQTT_CONFIG_TOPIC.format(fleet=fleet, collection=collection_id)

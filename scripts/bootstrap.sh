@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf 'bootstrap: %s\n' "$*"; }
-APT_PACKAGES="redis-server prometheus chromium chromium-driver"
+APT_PACKAGES="redis-server prometheus chromium chromium-driver mosquitto mosquitto-clients"
 missing=""
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
 command -v promtool >/dev/null 2>&1 || missing="$missing prometheus"
@@ -26,6 +26,9 @@ dpkg -s libmosquitto-dev >/dev/null 2>&1 || missing="$missing libmosquitto-dev"
 command -v npm >/dev/null 2>&1 || missing="$missing nodejs npm"
 command -v java >/dev/null 2>&1 || missing="$missing openjdk-17-jre-headless"
 command -v mvn >/dev/null 2>&1 || missing="$missing maven"
+# the MQTT broker of the embedded stack and the MQTT tests (ldpstream/dev/mosquitto.py)
+[ -x /usr/sbin/mosquitto ] || missing="$missing mosquitto"
+command -v mosquitto_passwd >/dev/null 2>&1 || missing="$missing mosquitto-clients"
 if [ -n "$missing" ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
@@ -33,7 +36,7 @@ if [ -n "$missing" ]; then
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends $missing
   # the Debian packages start system services; ldpstream starts its own on free ports
-  for svc in redis-server prometheus prometheus-node-exporter; do
+  for svc in redis-server prometheus prometheus-node-exporter mosquitto; do
     $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || $SUDO service "$svc" stop >/dev/null 2>&1 || true
   done
 else

@@ -343,3 +343,19 @@ async def wait_for_n(store, collection: str, n: int, timeout: float = 60.0) -> i
             return got
         await asyncio.sleep(0.1)
     return got
+
+
+@pytest.fixture
+def mosquitto(tmp_path):
+    """An embedded Mosquitto (plain TCP) with the test fleets and bridge user (tests/mqtt_helpers.py)."""
+    from mqtt_helpers import running_mosquitto
+
+    yield from running_mosquitto(tmp_path, tls=False)
+
+
+@pytest.fixture
+def mosquitto_tls(tmp_path):
+    """The same with its TLS listener (``.ca_path`` is the test CA)."""
+    from mqtt_helpers import running_mosquitto
+
+    yield from running_mosquitto(tmp_path, tls=True)

@@ -59,6 +59,12 @@ static void on_publish(struct mosquitto *m, void *obj, int mid, int rc,
   if (mid == s->pending_mid) s->puback_rc = rc, s->acked = 1;
 }
 
+/* the library's errors (e.g. OpenSSL's "certificate verify failed") go to stderr */
+static void on_log(struct mosquitto *m, void *obj, int level, const char *text) {
+  (void)m, (void)obj;
+  if (level & MOSQ_LOG_ERR) fprintf(stderr, "mqtt: %s\n", text);
+}
+
 /* runs the network loop until *flag is set (reconnecting after a lost connection: libmosquitto
  * sends an unacknowledged QoS 1 message again); 0, or -1 after WAIT_S seconds or an error */
 static int wait_for(struct mosquitto *m, const int *flag, const char *what) {
@@ -66,6 +72,7 @@ static int wait_for(struct mosquitto *m, const int *flag, const char *what) {
   while (!*flag) {
     if (ldp_wall() > end) return fprintf(stderr, "timed out waiting for %s\n", what), -1;
     int rc = mosquitto_loop(m, 100, 1);
+    if (*flag) break;  /* e.g. a refusing CONNACK, the connection closed right after it */
     if (rc == MOSQ_ERR_CONN_LOST || rc == MOSQ_ERR_NO_CONN) {
       struct timespec pause = {0, 200000000};
       nanosleep(&pause, NULL);
@@ -118,6 +125,12 @@ static int parse_url(char *url, int *tls, char **user, char **host, int *port) {
 }
 
 static ldp_state state, scratch;
+static struct mosquitto *conn;  /* closed at exit, on every path */
+
+static void close_conn(void) {
+  if (conn) mosquitto_disconnect(conn), mosquitto_destroy(conn);
+  mosquitto_lib_cleanup();
+}
 
 int main(int argc, char **argv) {
   if (argc < 8) {
@@ -137,14 +150,16 @@ int main(int argc, char **argv) {
     return fprintf(stderr, "bad batch size or public key\n"), 2;
   session s = {0, 0, 0, NULL, 0, 0, 0, 0};
   mosquitto_lib_init();
+  atexit(close_conn);
   snprintf(client_id, sizeof client_id, "%s-%s", fleet, argv[6]);
   /* a persistent session: the broker keeps the device's unacknowledged messages across drops */
-  struct mosquitto *m = mosquitto_new(client_id, false, &s);
+  struct mosquitto *m = conn = mosquitto_new(client_id, false, &s);
   if (!m) return fprintf(stderr, "mosquitto_new failed\n"), 1;
   mosquitto_int_option(m, MOSQ_OPT_PROTOCOL_VERSION, MQTT_PROTOCOL_V5);
   mosquitto_connect_v5_callback_set(m, on_connect);
   mosquitto_message_v5_callback_set(m, on_message);
   mosquitto_publish_v5_callback_set(m, on_publish);
+  mosquitto_log_callback_set(m, on_log);
   mosquitto_username_pw_set(m, user, getenv("LDP_MQTT_PASSWORD"));
   /* TLS: the chain is checked against CA_FILE and the host name against the certificate */
   if (tls && mosquitto_tls_set(m, ca, NULL, NULL, NULL, NULL) != MOSQ_ERR_SUCCESS)
@@ -165,8 +180,5 @@ int main(int argc, char **argv) {
   snprintf(topic, sizeof topic, "ldp/%s/%s/reports", fleet, cid);
   target t = {m, &s, topic};
   if (ldp_run_records(&state, argv[7], argv[6], cap, publish, &t)) return 1;
-  mosquitto_disconnect(m);
-  mosquitto_destroy(m);
-  mosquitto_lib_cleanup();
   return 0;
 }

@@ -1,0 +1,142 @@
+"""The C and TypeScript device SDKs over MQTT (docs/devices.md, "Devices over MQTT"): the C example
+(libmosquitto, built with AddressSanitizer and UBSan) and the TypeScript MqttTransport connect to a
+real Mosquitto over TLS with their fleet's password, read the retained signed state, verify it,
+and publish keyed batches at QoS 1. Every message a subscriber receives decodes with
+producers/codec.py and passes the gateway's ``validate_batch``; each device's records arrive as
+one randomized report each, in batches with distinct batch keys of that device. A wrong password and a host name
+the broker's certificate does not carry are refused."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mqtt_helpers import BRIDGE, FLEETS
+from sdk_helpers import C_DIR, TS_DIR, ts_sdk  # noqa: F401
+from test_mosquitto import client, close, publish, subscribe
+
+from ldpstream.dev.mosquitto import MosquittoService
+from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.names import mqtt_config_topic, mqtt_reports_topic
+from ldpstream.producers.gateway import validate_batch
+from ldpstream.producers.signing import ENV_PUBLIC_KEY, load_signing_key
+
+pytestmark = pytest.mark.pipeline
+
+DOM = Domain.from_categories({"os": ["android", "ios", "other"], "plan": ["free", "pro"]})
+N, BATCH = 150, 40  # records per device, reports per batch: 4 batches each
+SANITIZED = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
+             "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+
+
+@pytest.fixture(scope="module")
+def c_asan(tmp_path_factory) -> Path:
+    """sdk/c built as ``make test-sdk`` builds it (Debug, -fsanitize=address,undefined)."""
+    build = tmp_path_factory.mktemp("sdk-c-asan") / "build"
+    subprocess.run(["cmake", "-S", str(C_DIR), "-B", str(build), "-DCMAKE_BUILD_TYPE=Debug",
+                    "-DLDP_SANITIZE=ON"], check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build), "-j2", "--target", "ldp_mqtt"], check=True,
+                   capture_output=True)
+    assert (build / "ldp_mqtt").is_file(), "libmosquitto-dev missing: run make install"
+    return build
+
+
+@pytest.fixture
+def broker(tmp_path):
+    """Mosquitto with TLS whose certificate names only ``localhost`` (not 127.0.0.1)."""
+    svc = MosquittoService(tmp_path / "mosquitto", tls=True, fleets=FLEETS, bridge=BRIDGE,
+                           tls_hosts=("localhost",))
+    svc.start()
+    yield svc
+    svc.stop()
+
+
+def _records(seed: int) -> list[dict[str, str]]:
+    rng = np.random.default_rng(seed)
+    return [{a: str(rng.choice(DOM.categories(a))) for a in DOM.attrs} for _ in range(N)]
+
+
+def _c(build: Path, url: str, ca: str, cid: str, dev: int, state: Path, records, password: str):
+    text = "".join(",".join(f"{a}={v}" for a, v in r.items()) + "\n" for r in records)
+    return subprocess.run([str(build / "ldp_mqtt"), url, ca, "phones", cid,
+                           os.environ[ENV_PUBLIC_KEY], str(dev), str(state), str(BATCH)],
+                          input=text, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, LDP_MQTT_PASSWORD=password, **SANITIZED))
+
+
+def _ts(dist: Path, url: str, ca: str, cid: str, dev: int, state: Path, records, password: str):
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    return subprocess.run(["node", str(dist / "tools" / "mqtt.js"), url, ca, "phones", cid,
+                           os.environ[ENV_PUBLIC_KEY], str(dev), str(state), str(BATCH)],
+                          input=text, capture_output=True, text=True, timeout=120, cwd=TS_DIR,
+                          env=dict(os.environ, LDP_MQTT_PASSWORD=password))
+
+
+def test_c_and_ts_devices_publish_keyed_batches_over_mqtt_tls(broker, c_asan, ts_sdk,  # noqa: F811
+                                                               tmp_path, unique_name):
+    cid = unique_name
+    mech = RRIndependent(DOM, epsilon=1.0, version=3)
+    bridge = client(broker, BRIDGE, "edge-test-bridge")
+    try:
+        publish(bridge, mqtt_config_topic("phones", cid),
+                load_signing_key().sign_state(mech.device_state(), cid), retain=True)
+        seen = subscribe(bridge, mqtt_reports_topic("phones", cid))
+        url, ca = f"mqtts://phones@localhost:{broker.port}", str(broker.ca_path)
+        password = FLEETS["phones"].password
+        devices = {101: (_records(1), _c), 202: (_records(2), _ts)}
+        for dev, (records, run) in devices.items():
+            (tmp_path / str(dev)).mkdir()
+            sdk = c_asan if run is _c else ts_sdk
+            done = run(sdk, url, ca, cid, dev, tmp_path / str(dev), records, password)
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout) == {"sent": N, "batches": 4}, done.stdout
+        got = []
+        while len(got) < 8:
+            got.append(seen.get(timeout=10))
+        with pytest.raises(queue.Empty):
+            seen.get(timeout=0.5)  # QoS 1 may redeliver; on a healthy connection it did not
+    finally:
+        close(bridge)
+
+    known = {cid: {3: mech}}
+    by_dev: dict[int, list] = {101: [], 202: []}
+    for topic, payload, _retain in got:
+        assert topic == mqtt_reports_topic("phones", cid)
+        batch = validate_batch(cid, None, payload, known, 1 << 20)  # the gateway's one check
+        assert batch.version == 3 and batch.key is not None
+        sender, sequence = batch.key
+        assert set(batch.device_ids.tolist()) == {sender}
+        by_dev[sender].append((sequence, batch.reports))
+    for dev in devices:
+        seqs = [s for s, _ in by_dev[dev]]
+        assert len(seqs) == 4 == len(set(seqs)), seqs  # one batch key per batch
+        reports = np.concatenate([r for _, r in sorted(by_dev[dev], key=lambda x: x[0])])
+        assert reports.shape == (N, 2)
+        assert reports.max(axis=0).tolist() <= [2, 1]  # randomized, inside the domain
+
+
+def test_wrong_password_and_wrong_host_name_are_refused(broker, c_asan, ts_sdk,  # noqa: F811
+                                                         tmp_path, unique_name):
+    ca, good = str(broker.ca_path), FLEETS["phones"].password
+    records = _records(3)[:2]
+    cases = [  # (url, password, what the C example says)
+        (f"mqtts://phones@localhost:{broker.port}", "wrong-password", "refused the connection"),
+        (f"mqtts://phones@127.0.0.1:{broker.port}", good,  # not in the certificate
+         "certificate verify failed"),
+    ]
+    for i, (url, password, said) in enumerate(cases):
+        state = tmp_path / f"s{i}"
+        state.mkdir()
+        c = _c(c_asan, url, ca, unique_name, 7, state, records, password)
+        assert c.returncode == 1, (c.returncode, c.stderr)
+        assert said in c.stderr and "ERROR: AddressSanitizer" not in c.stderr, c.stderr
+        t = _ts(ts_sdk, url, ca, unique_name, 7, state, records, password)
+        assert t.returncode != 0 and t.stdout == "", t.stderr
+        assert ("Not authorized" in t.stderr or "Bad User Name or Password" in t.stderr
+                if password != good else "altnames" in t.stderr.lower() or
+                "IP: 127.0.0.1 is not in the cert" in t.stderr), t.stderr

@@ -153,6 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--force", action="store_true", help="replace an existing key")
     g.add_argument("--if-missing", action="store_true", help="keep an existing key (exit 0)")
 
+    from ldpstream.producers.edge_certs import DEFAULT_DAYS, DEFAULT_HOSTS
+
+    p = sub.add_parser("edge-certs", help="a CA and server certificate for Mosquitto and the "
+                       "gateway (docs/security.md)")
+    p.add_argument("--out", required=True, help="directory for ca.pem and server.pem")
+    p.add_argument("--hosts", default=",".join(DEFAULT_HOSTS),
+                   help="host names and addresses the certificate names (comma-separated)")
+    p.add_argument("--days", type=int, default=DEFAULT_DAYS,
+                   help=f"validity in days (default {DEFAULT_DAYS})")
+    p.add_argument("--if-missing", action="store_true", help="keep existing files (exit 0)")
+
     p = sub.add_parser("estimates", help="query a running worker's estimates over HTTP")
     p.add_argument("collection", nargs="?",
                    help="collection id (omit to list the collections)")
@@ -235,6 +246,7 @@ _COMMANDS = {
     "estimates": "ldpstream.query",
     "keygen": "ldpstream.producers.signing",
     "gateway": "ldpstream.producers.gateway",
+    "edge-certs": "ldpstream.producers.edge_certs",
     "config-reference": "ldpstream.config_docs",
 }
 

@@ -23,6 +23,7 @@
 #include "records.h"
 
 #define WAIT_S 30.0
+#define SESSION_EXPIRY_S 604800  /* the broker keeps a disconnected device's session 7 days */
 
 typedef struct {
   int connected, conn_rc;      /* CONNACK seen, its reason */
@@ -164,7 +165,10 @@ int main(int argc, char **argv) {
   /* TLS: the chain is checked against CA_FILE and the host name against the certificate */
   if (tls && mosquitto_tls_set(m, ca, NULL, NULL, NULL, NULL) != MOSQ_ERR_SUCCESS)
     return fprintf(stderr, "cannot read the CA file %s\n", ca), 1;
-  int rc = mosquitto_connect(m, host, port, 30);
+  mosquitto_property *props = NULL;
+  mosquitto_property_add_int32(&props, MQTT_PROP_SESSION_EXPIRY_INTERVAL, SESSION_EXPIRY_S);
+  int rc = mosquitto_connect_bind_v5(m, host, port, 30, NULL, props);
+  mosquitto_property_free_all(&props);
   if (rc != MOSQ_ERR_SUCCESS) return fprintf(stderr, "connect: %s\n", mosquitto_strerror(rc)), 1;
   if (wait_for(m, &s.connected, "the CONNACK")) return 1;
   if (s.conn_rc) return fprintf(stderr, "broker refused the connection: %s\n",

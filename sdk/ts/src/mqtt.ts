@@ -7,6 +7,9 @@ import type { IClientOptions, MqttClient } from "mqtt";
 
 import type { Transport } from "./device.js";
 
+/** the broker keeps a disconnected device's session (its unacknowledged batches) 7 days */
+export const SESSION_EXPIRY_S = 604_800;
+
 export const reportsTopic = (fleet: string, collection: string): string =>
   `ldp/${fleet}/${collection}/reports`;
 export const configTopic = (fleet: string, collection: string): string =>
@@ -21,9 +24,9 @@ export class MqttTransport implements Transport {
    * password, ca for mqtts:// — the broker's host name is checked against its certificate). */
   static async connect(url: string, fleet: string, options: IClientOptions = {},
                        timeoutMs = 30_000): Promise<MqttTransport> {
-    const client = await mqtt.connectAsync(url, { protocolVersion: 5, clean: false,
-                                                  connectTimeout: timeoutMs, reconnectPeriod: 0,
-                                                  ...options }, false);
+    const client = await mqtt.connectAsync(url, {
+      protocolVersion: 5, clean: false, properties: { sessionExpiryInterval: SESSION_EXPIRY_S },
+      connectTimeout: timeoutMs, reconnectPeriod: 0, ...options }, false);
     return new MqttTransport(client, fleet, timeoutMs);
   }
 

@@ -111,3 +111,63 @@ def test_gateway_over_tls_serves_the_key_and_refuses_wrong_hosts(tmp_path, kafka
             await gw.stop()
 
     asyncio.run(run())
+
+
+@pytest.mark.core
+def test_gateway_cli_refuses_a_key_without_certificate(monkeypatch, capsys, tmp_path):
+    import json
+
+    from ldpstream.cli import main
+
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("LDP_GATEWAY_TOKENS", json.dumps(fleets_doc("c")))
+    assert main(["gateway", "--tls-key", str(tmp_path / "k.pem")]) == 2
+    assert "--tls-key needs --tls-cert" in capsys.readouterr().err
+    assert main(["gateway", "--tls-cert", str(tmp_path / "none.pem")]) == 2
+    assert "--tls-cert: no such file" in capsys.readouterr().err
+
+
+@pytest.mark.pipeline
+def test_gateway_command_serves_https(tmp_path, kafka_broker):
+    """``ldpstream gateway --tls-cert`` as a child process: HTTPS on its port, the key served."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from ldpstream.dev.kafka_tls import write_test_pki
+    from ldpstream.dev.process import free_port
+    from ldpstream.kafka_admin import create_topics
+    from ldpstream.names import CONFIG_TOPIC
+
+    asyncio.run(create_topics(kafka_broker.bootstrap, {CONFIG_TOPIC: 1}, compacted={CONFIG_TOPIC}))
+    ca, chain = write_test_pki(tmp_path / "pki")
+    port = free_port()
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_broker.bootstrap,
+               LDP_GATEWAY_TOKENS=json.dumps(fleets_doc("c")))
+    log = open(tmp_path / "gateway.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "gateway", "--port",
+                             str(port), "--tls-cert", str(chain)], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    ctx = ssl.create_default_context(cafile=str(ca))
+    doc = None
+    try:
+        deadline = time.monotonic() + 60
+        while doc is None and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "gateway.log").read_text()
+            try:
+                with urllib.request.urlopen(f"https://localhost:{port}{PUBLIC_KEY_PATH}",
+                                            context=ctx, timeout=2) as r:
+                    doc = json.loads(r.read())
+            except OSError:
+                time.sleep(0.3)
+        assert doc is not None and doc["key_id"] == load_verify_key().key_id
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(30) == 0
+        log.close()
+    assert f"https://127.0.0.1:{port}/" in (tmp_path / "gateway.log").read_text()

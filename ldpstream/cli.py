@@ -146,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", default=None,
                    help="the private key of --tls-cert, PEM (default: inside --tls-cert)")
 
+    _mqtt_bridge_parser(sub)
+
     p = sub.add_parser("keygen", help="write the key pair that signs ldp.config (docs/security.md)")
     p.add_argument("--out", default=".", help="directory for config-signing.key and .pub")
     p.add_argument("--public-out", default=None, help="directory for the public key (default: --out)")
@@ -215,6 +217,44 @@ def _bench_parsers(sub: Any) -> None:
                                 "ldpstream/dev/kafka.py), next to the embedded broker's")
 
 
+def _mqtt_bridge_parser(sub: Any) -> None:
+    """``ldpstream mqtt-bridge`` (producers/mqtt_bridge.py; docs/devices.md, "MQTT")."""
+    from ldpstream.names import (
+        DEFAULT_MQTT_BRIDGE_PORT,
+        ENV_MQTT_CA,
+        ENV_MQTT_CLIENT_ID,
+        ENV_MQTT_FLEETS_FILE,
+        ENV_MQTT_SUBSCRIPTION,
+        ENV_MQTT_URL,
+    )
+
+    p = sub.add_parser("mqtt-bridge", help="MQTT ingress: relay device batches from an MQTT "
+                                           "broker into Kafka (docs/devices.md)")
+    p.add_argument("--mqtt-url", default=None,
+                   help=f"broker and the bridge's credentials, mqtt:// or "
+                        f"mqtts://user:pass@host:port (default: ${ENV_MQTT_URL})")
+    p.add_argument("--mqtt-ca", default=None,
+                   help=f"CA certificate (PEM) for mqtts:// (default: ${ENV_MQTT_CA}, else the "
+                        f"system trust store)")
+    p.add_argument("--fleets", default=None,
+                   help=f"fleets file: the gateway's tokens file, tokens optional (default: "
+                        f"${ENV_MQTT_FLEETS_FILE})")
+    p.add_argument("--client-id", default=None,
+                   help=f"MQTT client id, one per bridge, stable across restarts (default: "
+                        f"${ENV_MQTT_CLIENT_ID}, else ldp-bridge-<hostname>)")
+    p.add_argument("--subscription", choices=("shared", "exclusive"), default=None,
+                   help=f"shared: $share/ldp-bridge/ldp/+/+/reports, bridges split the messages; "
+                        f"exclusive: ldp/+/+/reports, one bridge, survives restarts of "
+                        f"Mosquitto 2.0.11 (default: ${ENV_MQTT_SUBSCRIPTION}, else shared)")
+    p.add_argument("--port", type=int, default=None,
+                   help=f"port of /healthz and /metrics (default: $LDP_WEB_PORT, else "
+                        f"{DEFAULT_MQTT_BRIDGE_PORT})")
+    p.add_argument("--bind", default=DEFAULT_BIND,
+                   help=f"address of /healthz and /metrics (default {DEFAULT_BIND})")
+    p.add_argument("--max-body-bytes", type=int, default=MAX_MESSAGE_BYTES,
+                   help="largest MQTT message accepted (default 1 MiB)")
+
+
 def _config_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=os.environ.get(ENV_CONFIG) or None,
                    help="collections config, YAML or TOML (default: $LDP_CONFIG, else the "
@@ -247,6 +287,7 @@ _COMMANDS = {
     "keygen": "ldpstream.producers.signing",
     "gateway": "ldpstream.producers.gateway",
     "edge-certs": "ldpstream.edge_certs",
+    "mqtt-bridge": "ldpstream.producers.mqtt_bridge",
     "config-reference": "ldpstream.config_docs",
 }
 

@@ -86,7 +86,8 @@ def make_client(endpoint: MqttEndpoint, client_id: str, *, ca: str | None = None
 
 
 def connect(client: paho.Client, endpoint: MqttEndpoint, *, persistent: bool,
-            timeout_s: float = 10.0, keepalive: int = 30) -> bool:
+            timeout_s: float = 10.0, keepalive: int = 30,
+            receive_maximum: int | None = None) -> bool:
     """Connect and start the client's network thread; wait for the broker's CONNACK. Returns
     whether the broker still had a session for this client id (``session_present``); the
     client's own ``on_connect`` (restored afterwards) sees reconnects, not this first one. A refusal
@@ -103,6 +104,8 @@ def connect(client: paho.Client, endpoint: MqttEndpoint, *, persistent: bool,
     client.on_connect = on_connect
     props = Properties(PacketTypes.CONNECT)
     props.SessionExpiryInterval = SESSION_EXPIRY_S if persistent else 0
+    if receive_maximum is not None:  # QoS 1 messages the broker may send unacknowledged
+        props.ReceiveMaximum = receive_maximum
     try:
         client.connect(endpoint.host, endpoint.port, keepalive=keepalive,
                        clean_start=not persistent, properties=props)

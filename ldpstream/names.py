@@ -76,7 +76,8 @@ MAX_MESSAGE_BYTES = 1_048_576
 
 __all__ += ["MQTT_REPORTS_TOPIC", "MQTT_CONFIG_TOPIC", "MQTT_SHARE_GROUP", "mqtt_reports_topic",
             "mqtt_config_topic", "ENV_MQTT_URL", "ENV_MQTT_CA", "ENV_MQTT_FLEETS_FILE",
-            "ENV_MQTT_CLIENT_ID", "DEFAULT_MQTT_BRIDGE_PORT"]
+            "ENV_MQTT_CLIENT_ID", "ENV_MQTT_SUBSCRIPTION", "DEFAULT_MQTT_BRIDGE_PORT",
+            "MQTT_RECEIVE_MAXIMUM"]
 
 #: devices publish report batches here (QoS 1); ``{fleet}`` and ``{collection}`` are filled in
 MQTT_REPORTS_TOPIC = "ldp/{fleet}/{collection}/reports"
@@ -88,8 +89,12 @@ ENV_MQTT_URL = "LDP_MQTT_URL"
 ENV_MQTT_CA = "LDP_MQTT_CA"
 ENV_MQTT_FLEETS_FILE = "LDP_MQTT_FLEETS_FILE"
 ENV_MQTT_CLIENT_ID = "LDP_MQTT_CLIENT_ID"
+#: ``shared`` (default) or ``exclusive`` (see producers/mqtt_bridge.py ``MqttBridge.subscription``)
+ENV_MQTT_SUBSCRIPTION = "LDP_MQTT_SUBSCRIPTION"
 #: the bridge's /healthz and /metrics
 DEFAULT_MQTT_BRIDGE_PORT = 8081
+#: QoS 1 messages a bridge may have unacknowledged (it acknowledges once Kafka has them)
+MQTT_RECEIVE_MAXIMUM = 1024
 
 
 def mqtt_reports_topic(fleet: str, collection_id: str) -> str:

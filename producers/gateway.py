@@ -119,14 +119,15 @@ class Fleet:
         return self.collections is None or collection in self.collections
 
 
-def parse_fleets(doc: Any, source: str) -> list[Fleet]:
+def parse_fleets(doc: Any, source: str, *, tokens: bool = True) -> list[Fleet]:
     """``{"fleets": {name: {"token": str, "collections": [ids] | "*"}}}`` → fleets; errors name
-    the field."""
+    the field. ``tokens=False`` (the MQTT bridge, whose devices authenticate to the MQTT broker):
+    a fleet may have no token (``""``); a token given is still checked."""
     if not isinstance(doc, Mapping) or set(doc) != {"fleets"} or not isinstance(doc["fleets"],
                                                                                Mapping):
         raise CliError(f"{source}: must be a mapping with one key 'fleets' "
                        f"({{name: {{token, collections}}}})")
-    out, tokens = [], set()
+    out, seen = [], set()
     for name, spec in doc["fleets"].items():
         where = f"{source}: fleets.{name}"
         if not isinstance(spec, Mapping):
@@ -136,12 +137,14 @@ def parse_fleets(doc: Any, source: str) -> list[Fleet]:
             raise CliError(f"{where}.{sorted(extra)[0]}: unknown field (allowed: token, "
                            f"collections)")
         token = spec.get("token")
-        if not isinstance(token, str) or len(token) < MIN_TOKEN_CHARS:
+        if token is None and not tokens:
+            token = ""
+        elif not isinstance(token, str) or len(token) < MIN_TOKEN_CHARS:
             raise CliError(f"{where}.token: must be a string of at least {MIN_TOKEN_CHARS} "
                            f"characters")
-        if token in tokens:
+        if token and token in seen:
             raise CliError(f"{where}.token: the same token is given to two fleets")
-        tokens.add(token)
+        seen.add(token)
         colls = spec.get("collections", "*")
         if colls == "*":
             allowed = None
@@ -161,20 +164,25 @@ def load_fleets(path: str | None = None, environ: Mapping[str, str] | None = Non
     env = os.environ if environ is None else environ
     path = path or env.get(ENV_TOKENS_FILE)
     if path:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise CliError(f"{path}: cannot read the fleet tokens ({exc})") from None
-        try:
-            return parse_fleets(yaml.safe_load(text), path)
-        except yaml.YAMLError as exc:
-            raise CliError(f"{path}: invalid YAML/JSON: " + " ".join(str(exc).split())) from None
+        return read_fleets_file(path)
     if env.get(ENV_TOKENS):
         try:
             return parse_fleets(json.loads(env[ENV_TOKENS]), ENV_TOKENS)
         except ValueError as exc:
             raise CliError(f"{ENV_TOKENS}: invalid JSON: {exc}") from None
     raise CliError(f"no fleet tokens: give --tokens FILE, {ENV_TOKENS_FILE} or {ENV_TOKENS}")
+
+
+def read_fleets_file(path: str, *, tokens: bool = True) -> list[Fleet]:
+    """The fleets of a YAML or JSON file (:func:`parse_fleets`); errors name the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read the fleets ({exc})") from None
+    try:
+        return parse_fleets(yaml.safe_load(text), path, tokens=tokens)
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path}: invalid YAML/JSON: " + " ".join(str(exc).split())) from None
 
 
 def authenticate(fleets: Sequence[Fleet], header: str | None) -> Fleet | None:

@@ -1,4 +1,4 @@
-"""``ldpstream gateway`` as a child process, for tests."""
+"""``ldpstream gateway`` (or ``mqtt-bridge``: same /healthz) as a child process, for tests."""
 from __future__ import annotations
 
 import json
@@ -14,12 +14,13 @@ import urllib.request
 class GatewayProcess:
     """``ldpstream gateway`` as a child process."""
 
-    def __init__(self, env: dict, port: int, log_path: str) -> None:
+    def __init__(self, env: dict, port: int, log_path: str, *,
+                 command: tuple[str, ...] = ("gateway",)) -> None:
         self.port = port
         self._log = open(log_path, "ab")
         self.log_path = log_path
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ldpstream.cli", "gateway", "--port", str(port)], env=env,
+            [sys.executable, "-m", "ldpstream.cli", *command, "--port", str(port)], env=env,
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
 

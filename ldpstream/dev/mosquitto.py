@@ -24,7 +24,14 @@ from urllib.parse import quote
 from ldpstream.dev.kafka_tls import write_test_pki
 from ldpstream.dev.process import LOOPBACK, _Child
 from ldpstream.errors import ServiceError
-from ldpstream.names import MQTT_SHARE_GROUP, mqtt_config_topic, mqtt_reports_topic
+from ldpstream.names import (
+    MQTT_RECEIVE_MAXIMUM as RECEIVE_MAXIMUM,
+)
+from ldpstream.names import (
+    MQTT_SHARE_GROUP,
+    mqtt_config_topic,
+    mqtt_reports_topic,
+)
 
 __all__ = ["FleetCreds", "MosquittoService", "find_mosquitto"]
 
@@ -54,14 +61,16 @@ class MosquittoService(_Child):
     ``fleets`` maps a fleet name to its credentials; ``bridge`` are the bridge's credentials.
     ``tmp_dir`` holds the config, password, ACL, persistence and (with TLS) PKI files; it survives
     :meth:`restart` and :meth:`stop` (the caller owns it). ``max_packet_size`` bounds every MQTT
-    packet in bytes: a larger one makes the broker drop the connection.
+    packet in bytes: a larger one makes the broker drop the connection; ``max_queued_messages``
+    bounds the QoS 1 messages kept per offline session (the bridge's while it restarts).
     """
 
     name = "mosquitto"
 
     def __init__(self, tmp_dir: str | os.PathLike[str], *, tls: bool = False,
                  fleets: dict[str, FleetCreds], bridge: FleetCreds,
-                 max_packet_size: int = 2 * 1024 * 1024, port: int | None = None,
+                 max_packet_size: int = 2 * 1024 * 1024, max_queued_messages: int = 1_000_000,
+                 port: int | None = None,
                  tls_hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
                  startup_timeout: float = 20.0) -> None:
         super().__init__(port)
@@ -73,6 +82,7 @@ class MosquittoService(_Child):
         self.fleets = dict(fleets)
         self.bridge = bridge
         self.max_packet_size = int(max_packet_size)
+        self.max_queued_messages = int(max_queued_messages)
         self.tls_hosts = tls_hosts
         self.startup_timeout = startup_timeout
         self.ca_path: Path | None = None
@@ -126,7 +136,12 @@ class MosquittoService(_Child):
         lines = [f"user {getpass.getuser()}", "per_listener_settings false",
                  "allow_anonymous false", f"password_file {pw_file}", f"acl_file {acl_file}",
                  "persistence true", f"persistence_location {data}/", "autosave_interval 2",
-                 f"max_packet_size {self.max_packet_size}", "log_dest stderr",
+                 f"max_packet_size {self.max_packet_size}",
+                 # a bridge's session may be offline for a while (restart, crash): keep what
+                 # arrives meanwhile (the default 1000 would drop the rest), and let a bridge
+                 # have many unacknowledged messages in flight (it acknowledges after Kafka)
+                 f"max_queued_messages {self.max_queued_messages}",
+                 f"max_inflight_messages {RECEIVE_MAXIMUM}", "log_dest stderr",
                  "log_type error", "log_type warning", "log_type notice", "log_type information",
                  "connection_messages true", f"listener {self.port} {LOOPBACK}"]
         if self.tls:

@@ -1,0 +1,383 @@
+"""``ldpstream mqtt-bridge``: MQTT ingress for device fleets (docs/devices.md, "MQTT").
+
+The bridge subscribes to ``$share/ldp-bridge/ldp/+/+/reports`` (bridges with distinct client ids
+split the messages; ``--subscription exclusive``: ``ldp/+/+/reports``, one bridge, see
+:attr:`MqttBridge.subscription`) with a persistent session and manual QoS 1 acknowledgements. Each message on
+``ldp/<fleet>/<collection>/reports`` is one report batch, binary or its JSON form (MQTT 5 content
+type ``application/json``, or a payload starting with ``{``), checked and produced by the gateway's
+own code (producers/gateway.py: :func:`~.gateway.validate_batch`, device ids stamped per fleet,
+keyed batches whole): the MQTT message is acknowledged only once Kafka acknowledged what it
+produced, so a crash in between makes the broker deliver it again, and the batch key makes the
+worker count it once (agents/dedupe.py). A refused message goes to ``ldp.dlq`` with its reason
+(acknowledged once the DLQ has it) and counts in ``ldp_mqtt_rejected_total{fleet,reason}``.
+While Kafka is unreachable the message stays unacknowledged and is retried.
+
+Every verified mechanism state of ``ldp.config`` is relayed unchanged, retained, to
+``ldp/<fleet>/<collection>/config`` for each fleet allowed that collection (devices verify the
+signature themselves). ``/healthz`` is 200 only when the MQTT session is up, the Kafka broker
+answers metadata and ``ldp.config`` is being read; ``/metrics`` has the ``ldp_mqtt_*`` series.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ldpstream.errors import CliError
+from ldpstream.http_guard import GATEWAY_ENV, ConnectionGuard, HardenedSite
+from ldpstream.mqtt_client import MqttEndpoint, MqttError, connect, make_client, parse_mqtt_url
+from ldpstream.names import (
+    DEFAULT_MQTT_BRIDGE_PORT,
+    DLQ_TOPIC,
+    ENV_KAFKA_BOOTSTRAP,
+    ENV_MQTT_CA,
+    ENV_MQTT_CLIENT_ID,
+    ENV_MQTT_FLEETS_FILE,
+    ENV_MQTT_SUBSCRIPTION,
+    ENV_MQTT_URL,
+    ENV_WEB_PORT,
+    MQTT_RECEIVE_MAXIMUM,
+    MQTT_SHARE_GROUP,
+    mqtt_config_topic,
+    mqtt_reports_topic,
+)
+from ldpstream.producers.codec import MAX_MESSAGE_BYTES, dlq_record
+from ldpstream.producers.gateway import (
+    PRODUCE_TIMEOUT_S,
+    Fleet,
+    IngestGateway,
+    Refused,
+    read_fleets_file,
+)
+from ldpstream.producers.signing import ENV_PUBLIC_KEY, ENV_PUBLIC_KEY_FILE, load_verify_key
+
+log = logging.getLogger(__name__)
+
+#: the bridge takes this many messages at once off its queue and produces them together
+DRAIN = 256
+RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+MESSAGES = Counter("ldp_mqtt_messages_total", "MQTT messages produced to Kafka and acknowledged.",
+                   ["fleet"], registry=REGISTRY)
+REPORTS = Counter("ldp_mqtt_reports_total", "Reports produced to Kafka from MQTT.",
+                  ["fleet", "collection"], registry=REGISTRY)
+REJECTED = Counter("ldp_mqtt_rejected_total", "MQTT messages refused (sent to ldp.dlq).",
+                   ["fleet", "reason"], registry=REGISTRY)
+RETRIES = Counter("ldp_mqtt_kafka_retries_total", "Produce attempts retried while Kafka was "
+                  "unreachable (the MQTT message stays unacknowledged).", registry=REGISTRY)
+RELAYED = Counter("ldp_mqtt_configs_relayed_total", "Signed states published retained on MQTT.",
+                  ["fleet"], registry=REGISTRY)
+CONNECTED = Gauge("ldp_mqtt_connected", "1 while the bridge's MQTT session is up.",
+                  registry=REGISTRY)
+SECONDS = Histogram("ldp_mqtt_message_seconds", "Seconds from receiving an MQTT message to its "
+                    "acknowledgement.", registry=REGISTRY,
+                    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+
+
+def load_mqtt_fleets(path: str | None, environ: Any = None) -> list[Fleet]:
+    """Fleets from ``--fleets`` or ``LDP_MQTT_FLEETS_FILE``: the gateway's tokens file, tokens
+    optional (``fleets: {name: {collections: [ids] | "*"}}``)."""
+    env = os.environ if environ is None else environ
+    path = path or env.get(ENV_MQTT_FLEETS_FILE)
+    if not path:
+        raise CliError(f"no fleets: give --fleets FILE or {ENV_MQTT_FLEETS_FILE}")
+    return read_fleets_file(path, tokens=False)
+
+
+class _RelayingGateway(IngestGateway):
+    """The gateway's checks and producer, telling the bridge of every new mechanism state."""
+
+    def __init__(self, *args: Any, relay: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._relay = relay
+
+    def _on_state(self, collection: str, signed: Any) -> None:
+        super()._on_state(collection, signed)
+        self._relay(collection)
+
+
+class MqttBridge:
+    """One bridge: an MQTT session (shared subscription, manual acks) and the gateway's core."""
+
+    def __init__(self, bootstrap: str, fleets: Sequence[Fleet], endpoint: MqttEndpoint, *,
+                 client_id: str, ca: str | None = None, shared: bool = True,
+                 max_body_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.endpoint = endpoint
+        self.shared = shared
+        self.client_id = client_id
+        self.ca = ca
+        self.fleets = {f.name: f for f in fleets}
+        self.max_body_bytes = int(max_body_bytes)
+        self.gateway = _RelayingGateway(bootstrap, fleets, max_body_bytes=max_body_bytes,
+                                        relay=self._relay)
+        self.client = make_client(endpoint, client_id, ca=ca, manual_ack=True)
+        self.client.on_message = self._on_message
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        #: the last MQTT disconnect's reason (None while connected)
+        self.mqtt_detail = "not connected yet"
+
+    @property
+    def subscription(self) -> str:
+        """The shared subscription (bridges split the messages), or with ``shared=False`` the
+        plain one: Mosquitto 2.0.11 (Debian 12) does not restore shared subscriptions from its
+        persistence, so what devices publish between a broker restart and the bridge's
+        reconnect reaches no one; a plain subscription of a persistent session is restored."""
+        plain = mqtt_reports_topic("+", "+")
+        return f"$share/{MQTT_SHARE_GROUP}/{plain}" if self.shared else plain
+
+    # --- MQTT thread -> loop ------------------------------------------------------------------
+    def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._queue.put_nowait, (time.perf_counter(), msg))
+
+    def _on_connect(self, _c: Any, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
+        if reason.is_failure:
+            self.mqtt_detail = f"connection refused: {reason}"
+            return
+        self.mqtt_detail = "connected"
+        CONNECTED.set(1)
+        self.client.subscribe(self.subscription, qos=1)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._relay_all)
+
+    def _on_disconnect(self, _c: Any, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
+        self.mqtt_detail = f"disconnected: {reason}"
+        CONNECTED.set(0)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    async def start(self, timeout_s: float = 30.0) -> "MqttBridge":
+        """Start the Kafka side, then connect (a refused connection raises
+        :class:`~ldpstream.mqtt_client.MqttError`) and subscribe."""
+        self._loop = asyncio.get_running_loop()
+        await self.gateway.start(timeout_s)
+        self._task = asyncio.create_task(self._run(), name="ldp-mqtt-bridge")
+        await asyncio.to_thread(connect, self.client, self.endpoint, persistent=True,
+                                receive_maximum=MQTT_RECEIVE_MAXIMUM)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        self.mqtt_detail = "connected"
+        CONNECTED.set(1)
+        self.client.subscribe(self.subscription, qos=1)
+        self._relay_all()
+        return self
+
+    async def stop(self) -> None:
+        """Disconnect (unacknowledged messages stay with the broker's session), then stop."""
+        self._stopping = True
+        self.client.disconnect()
+        self.client.loop_stop()
+        CONNECTED.set(0)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.gateway.stop()
+
+    # --- config relay ----------------------------------------------------------------------------
+    def _relay(self, collection: str) -> None:
+        record = self.gateway.watcher.records.get(collection)
+        if record is None or not self.client.is_connected():
+            return  # published on (re)connect
+        for fleet in self.fleets.values():
+            if fleet.allows(collection):
+                self.client.publish(mqtt_config_topic(fleet.name, collection), record, qos=1,
+                                    retain=True)
+                RELAYED.labels(fleet.name).inc()
+
+    def _relay_all(self) -> None:
+        for collection in list(self.gateway.known):
+            self._relay(collection)
+
+    # --- messages ---------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            items = [await self._queue.get()]
+            while len(items) < DRAIN and not self._queue.empty():
+                items.append(self._queue.get_nowait())
+            await asyncio.gather(*(self._handle(t0, msg) for t0, msg in items))
+
+    async def _handle(self, t0: float, msg: Any) -> None:
+        """Produce (or file in the DLQ) one message, retrying while Kafka is unreachable, then
+        acknowledge it."""
+        for attempt in range(10**9):
+            try:
+                await self._ingest(msg)
+                break
+            except Refused as exc:
+                if exc.status != 503 and await self._dead_letter(msg, exc):
+                    break
+            if self._stopping:
+                return  # not acknowledged: the broker delivers it again
+            RETRIES.inc()
+            await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
+        self.client.ack(msg.mid, msg.qos)
+        SECONDS.observe(time.perf_counter() - t0)
+
+    def _route(self, topic: str) -> tuple[Fleet, str]:
+        parts = topic.split("/")
+        if len(parts) != 4 or mqtt_reports_topic(parts[1], parts[2]) != topic:
+            raise Refused(400, "bad_topic", f"topic {topic!r} is not "
+                                            f"{mqtt_reports_topic('<fleet>', '<collection>')}")
+        fleet = self.fleets.get(parts[1])
+        if fleet is None:
+            raise Refused(403, "unknown_fleet", f"fleet {parts[1]!r} is not in the bridge's "
+                                                f"fleets file")
+        if not fleet.allows(parts[2]):
+            raise Refused(403, "forbidden", f"fleet {fleet.name!r} is not allowed to report to "
+                                            f"collection {parts[2]!r}")
+        if parts[2] not in self.gateway.known:
+            raise Refused(404, "unknown_collection", f"collection {parts[2]!r} has no verified "
+                                                     f"mechanism state on ldp.config")
+        return fleet, parts[2]
+
+    async def _ingest(self, msg: Any) -> None:
+        fleet, collection = self._route(msg.topic)
+        payload = bytes(msg.payload)
+        if len(payload) > self.max_body_bytes:
+            raise Refused(413, "too_large", f"message of {len(payload)} bytes > limit "
+                                            f"{self.max_body_bytes}")
+        headers = {"Content-Type": content_type(msg)}
+        device = user_property(msg, "device-id")
+        if device is not None:
+            headers["X-Device-Id"] = device
+        result = await self.gateway.ingest(collection, fleet, headers, payload)
+        MESSAGES.labels(fleet.name).inc()
+        REPORTS.labels(fleet.name, collection).inc(result["accepted"])
+
+    async def _dead_letter(self, msg: Any, exc: Refused) -> bool:
+        """File the refused message in ``ldp.dlq``; True once Kafka has it."""
+        parts = msg.topic.split("/")
+        fleet = parts[1] if len(parts) == 4 and parts[1] in self.fleets else "-"
+        collection = parts[2] if len(parts) == 4 else None
+        record = dlq_record(exc.reason, f"mqtt {msg.topic}: {exc.detail}", collection=collection,
+                            topic=msg.topic, payload=bytes(msg.payload))
+        try:
+            async with asyncio.timeout(PRODUCE_TIMEOUT_S):
+                await (await self.gateway.publisher.send(DLQ_TOPIC, record,
+                                                         key=(collection or "-").encode()))
+        except Exception as err:  # noqa: BLE001 - any Kafka failure: retried, not acknowledged
+            self.gateway.last_error = f"{err.__class__.__name__}: {err}"
+            return False
+        REJECTED.labels(fleet, exc.reason).inc()
+        log.info("mqtt-bridge: refused %s (%s): %s", msg.topic, exc.reason, exc.detail)
+        return True
+
+    # --- HTTP -------------------------------------------------------------------------------------
+    async def health(self) -> tuple[bool, dict[str, Any]]:
+        broker, detail = await self.gateway.broker_ok()
+        mqtt = self.client.is_connected()
+        ok = mqtt and broker and self.gateway.watcher.running
+        return ok, {"status": "ok" if ok else "unavailable",
+                    "mqtt": {"ok": mqtt, "detail": self.mqtt_detail if not mqtt else "connected",
+                             "url": str(self.endpoint), "client_id": self.client_id},
+                    "broker": {"ok": broker, "detail": detail},
+                    "config_watcher_running": self.gateway.watcher.running,
+                    "last_kafka_error": self.gateway.last_error,
+                    "pending_messages": self._queue.qsize(),
+                    "collections": {c: sorted(v) for c, v in self.gateway.known.items()}}
+
+    def app(self) -> Any:
+        from aiohttp import web
+
+        async def healthz(request: web.Request) -> web.Response:
+            ok, body = await self.health()
+            return web.json_response(body, status=200 if ok else 503)
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(body=generate_latest(REGISTRY),
+                                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+        @web.middleware
+        async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except web.HTTPException as exc:
+                return web.json_response({"error": exc.reason, "reason": f"http_{exc.status}"},
+                                         status=exc.status)
+
+        app = web.Application(middlewares=[json_errors])
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/metrics", metrics)
+        return app
+
+
+def content_type(msg: Any) -> str:
+    """The batch's form: the MQTT 5 content type when given, else JSON for a payload starting
+    with ``{``, else the binary batch."""
+    given = getattr(msg.properties, "ContentType", None) if msg.properties is not None else None
+    if given:
+        return str(given)
+    return "application/json" if bytes(msg.payload[:1]) == b"{" else "application/octet-stream"
+
+
+def user_property(msg: Any, name: str) -> str | None:
+    """The MQTT 5 user property ``name`` of ``msg`` (the device id of a batch without ids)."""
+    pairs = getattr(msg.properties, "UserProperty", None) if msg.properties is not None else None
+    for key, value in pairs or ():
+        if key == name:
+            return str(value)
+    return None
+
+
+def main(args: Any) -> int:
+    """``ldpstream mqtt-bridge [--mqtt-url U] [--mqtt-ca F] [--fleets F] [--port P] ...``."""
+    bootstrap = os.environ.get(ENV_KAFKA_BOOTSTRAP)
+    if not bootstrap:
+        raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set")
+    url = args.mqtt_url or os.environ.get(ENV_MQTT_URL)
+    if not url:
+        raise CliError(f"no MQTT broker: give --mqtt-url or {ENV_MQTT_URL} "
+                       f"(mqtts://user:pass@host:port)")
+    endpoint = parse_mqtt_url(url, "--mqtt-url" if args.mqtt_url else ENV_MQTT_URL)
+    ca = args.mqtt_ca or os.environ.get(ENV_MQTT_CA) or None
+    if ca is not None and not os.path.isfile(ca):
+        raise CliError(f"--mqtt-ca: {ca!r} is not a file")
+    fleets = load_mqtt_fleets(args.fleets)
+    if load_verify_key() is None:
+        raise CliError(f"no public key pinned: set {ENV_PUBLIC_KEY} or {ENV_PUBLIC_KEY_FILE} (the "
+                       f"bridge relays only mechanism states signed by that key)")
+    subscription = args.subscription or os.environ.get(ENV_MQTT_SUBSCRIPTION) or "shared"
+    if subscription not in ("shared", "exclusive"):
+        raise CliError(f"{ENV_MQTT_SUBSCRIPTION}: {subscription!r} must be shared or exclusive")
+    port = args.port or int(os.environ.get(ENV_WEB_PORT) or DEFAULT_MQTT_BRIDGE_PORT)
+    client_id = (args.client_id or os.environ.get(ENV_MQTT_CLIENT_ID)
+                 or f"{MQTT_SHARE_GROUP}-{socket.gethostname()}")
+
+    async def run() -> None:
+        from aiohttp import web
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        bridge = MqttBridge(bootstrap, fleets, endpoint, client_id=client_id, ca=ca,
+                            shared=subscription == "shared", max_body_bytes=args.max_body_bytes)
+        try:
+            await bridge.start()
+        except (ConnectionError, MqttError) as exc:
+            await bridge.stop()
+            raise CliError(str(exc)) from None
+        runner = web.AppRunner(bridge.app(), access_log=None)
+        await runner.setup()
+        await HardenedSite(runner, args.bind, port,
+                           guard=ConnectionGuard.from_env(GATEWAY_ENV)).start()
+        print(f"ldpstream mqtt-bridge: {endpoint} as {client_id!r}, subscribed to "
+              f"{bridge.subscription}; health on http://{args.bind}:{port}/healthz "
+              f"(fleets: {', '.join(bridge.fleets)})", file=sys.stderr, flush=True)
+        await stop.wait()
+        await runner.cleanup()
+        await bridge.stop()
+
+    asyncio.run(run())
+    return 0

@@ -66,6 +66,7 @@ def test_edge_services_speak_tls_with_a_certificate_for_their_names():
     url = re.sub(r"\$\{[^}]+\}", "secret", env["LDP_MQTT_URL"])
     assert re.fullmatch(r"mqtts://ldp-bridge:secret@mosquitto:8883", url), url
     assert env["LDP_MQTT_CA"] == "/tls/ca.pem"
+    assert env["LDP_MQTT_CLIENT_ID"], "a stable client id keeps the bridge's session"
     assert (ROOT / _mounts("mqtt-bridge")["/mqtt"] / Path(env["LDP_MQTT_FLEETS_FILE"]).name
             ).is_file()
     # the gateway serves HTTPS with the edge certificate; its healthcheck verifies the host name

@@ -3,7 +3,8 @@
 real Mosquitto over TLS with their fleet's password, read the retained signed state, verify it,
 and publish keyed batches at QoS 1. Every message a subscriber receives decodes with
 producers/codec.py and passes the gateway's ``validate_batch``; each device's records arrive as
-one randomized report each, in batches with distinct batch keys of that device. A wrong password and a host name
+one randomized report each, in batches with distinct batch keys of that device; and through the
+bridge, Kafka and a worker, the counts are exact. A wrong password and a host name
 the broker's certificate does not carry are refused."""
 from __future__ import annotations
 
@@ -140,3 +141,43 @@ def test_wrong_password_and_wrong_host_name_are_refused(broker, c_asan, ts_sdk, 
         assert ("Not authorized" in t.stderr or "Bad User Name or Password" in t.stderr
                 if password != good else "altnames" in t.stderr.lower() or
                 "IP: 127.0.0.1 is not in the cert" in t.stderr), t.stderr
+
+
+def test_c_and_ts_devices_counted_exactly_through_the_bridge(
+        tmp_path, mosquitto_tls, kafka_broker, redis_server, spawn_worker, service_env,
+        unique_name, c_asan, ts_sdk):  # noqa: F811
+    """End to end: the examples → Mosquitto (TLS) → ``ldpstream mqtt-bridge`` → Kafka → worker →
+    Redis. The state comes retained from the bridge; the counts equal the counts of the reports
+    the bridge produced (read back from the report topic, stamped with the fleet's ids)."""
+    import asyncio
+
+    from test_gateway import _topic_messages
+    from test_mqtt_bridge import bridge, check_counts, metric, setup
+
+    from ldpstream.producers.codec import decode_batch
+    from ldpstream.producers.gateway import stamp
+
+    cid = unique_name
+    ca = str(mosquitto_tls.ca_path)
+    coll, _worker, env = setup(tmp_path, service_env, spawn_worker, cid, mosquitto_tls, ca=ca)
+    proc = bridge(env, tmp_path, cid)
+    try:
+        url = f"mqtts://phones@localhost:{mosquitto_tls.port}"
+        for dev, seed, run, sdk in ((101, 1, _c, c_asan), (202, 2, _ts, ts_sdk)):
+            (tmp_path / str(dev)).mkdir()
+            done = run(sdk, url, ca, cid, dev, tmp_path / str(dev), _records(seed),
+                       FLEETS["phones"].password)
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout) == {"sent": N, "batches": 4}, done.stdout
+        batches = [decode_batch(m.value) for m in
+                   asyncio.run(_topic_messages(kafka_broker.bootstrap, f"ldp.reports.{cid}"))]
+        assert len(batches) == 8 and all(b.key is not None for b in batches)
+        ids = np.concatenate([b.device_ids for b in batches])
+        assert sorted(set(ids.tolist())) == sorted(
+            stamp("phones", np.array([101, 202], np.uint64)).tolist())
+        reports = np.concatenate([b.reports for b in batches])
+        assert len(reports) == 2 * N
+        asyncio.run(check_counts(redis_server.url, coll, coll.mechanism(), reports))
+        assert metric(proc.port, "ldp_mqtt_reports_total", 'fleet="phones"') == 2 * N
+    finally:
+        assert proc.stop() == 0

@@ -99,7 +99,9 @@ static int publish(void *ctx, ldp_device *d) {
   if (!len) return 0;
   s->acked = 0;
   int rc = mosquitto_publish_v5(m, &s->pending_mid, t->topic, (int)len, batch, 1, false, NULL);
-  if (rc != MOSQ_ERR_SUCCESS) return fprintf(stderr, "publish: %s\n", mosquitto_strerror(rc)), -1;
+  /* a lost connection keeps the message queued: it goes again after the reconnect below */
+  if (rc != MOSQ_ERR_SUCCESS && rc != MOSQ_ERR_CONN_LOST && rc != MOSQ_ERR_NO_CONN)
+    return fprintf(stderr, "publish: %s\n", mosquitto_strerror(rc)), -1;
   if (wait_for(m, &s->acked, "the PUBACK")) return -1;
   if (s->puback_rc >= 128)  /* MQTT 5 reason codes >= 0x80 are failures */
     return fprintf(stderr, "broker refused the batch: %s\n", mosquitto_reason_string(s->puback_rc)),

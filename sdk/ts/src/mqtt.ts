@@ -9,6 +9,7 @@ import type { Transport } from "./device.js";
 
 /** the broker keeps a disconnected device's session (its unacknowledged batches) 7 days */
 export const SESSION_EXPIRY_S = 604_800;
+const RECONNECT_MS = 1000;
 
 export const reportsTopic = (fleet: string, collection: string): string =>
   `ldp/${fleet}/${collection}/reports`;
@@ -24,9 +25,12 @@ export class MqttTransport implements Transport {
    * password, ca for mqtts:// — the broker's host name is checked against its certificate). */
   static async connect(url: string, fleet: string, options: IClientOptions = {},
                        timeoutMs = 30_000): Promise<MqttTransport> {
+    // the first connection fails at once (wrong password, TLS); after it, a dropped connection
+    // is retried every second and unacknowledged QoS 1 batches are sent again
     const client = await mqtt.connectAsync(url, {
       protocolVersion: 5, clean: false, properties: { sessionExpiryInterval: SESSION_EXPIRY_S },
       connectTimeout: timeoutMs, reconnectPeriod: 0, ...options }, false);
+    client.options.reconnectPeriod = options.reconnectPeriod ?? RECONNECT_MS;
     return new MqttTransport(client, fleet, timeoutMs);
   }
 

@@ -7,6 +7,7 @@ config, a wrong password and a wrong host name are refused."""
 from __future__ import annotations
 
 import getpass
+import os
 import re
 import subprocess
 import sys
@@ -149,10 +150,29 @@ def test_compose_broker_agrees_with_the_embedded_one(tmp_path):
                 (user, topic)
 
 
+def _compose_shell(script: str) -> str:
+    """A compose command string as sh sees it (``$$`` is compose's escape of ``$``)."""
+    return script.replace("$$", "$")
+
+
+def _run_password_job(directory: Path, bridge, fleets, passwd: str) -> None:
+    """The mqtt-passwords one-shot's script, run here with its volume at ``directory``."""
+    script = _compose_shell(SERVICES["mqtt-passwords"]["command"][0])
+    script = script.replace("/mosquitto/auth", str(directory))
+    script = script.replace("mosquitto_passwd ", f"{passwd} ")
+    if os.geteuid() != 0:  # only root may give the file to the broker's user
+        script = script.replace("chown 1883:1883", "true")
+    env = dict(os.environ, MQTT_BRIDGE_PASSWORD=bridge.password,
+               MQTT_FLEET_PASSWORDS=" ".join(f"{c.username}:{c.password}"
+                                             for c in fleets.values()))
+    assert bridge.username == "ldp-bridge"
+    subprocess.run(["sh", "-ec", script], check=True, capture_output=True, env=env)
+
+
 class ComposeMosquitto(MosquittoService):
     """deploy/mosquitto/mosquitto.conf and its ACL file under a real mosquitto: the container
     paths point into ``tmp_dir``, the listener to the free loopback port, the certificate from
-    ``ldpstream edge-certs``."""
+    ``ldpstream edge-certs``, the password file from the mqtt-passwords one-shot's script."""
 
     def _write_files(self) -> Path:
         broker, passwd = find_mosquitto()
@@ -165,10 +185,7 @@ class ComposeMosquitto(MosquittoService):
                             str(tls), "--hosts", "localhost"], check=True, capture_output=True)
             self.ca_path = tls / "ca.pem"
         pw = self.dir / "passwords"
-        pw.unlink(missing_ok=True)
-        for i, c in enumerate([self.bridge, *self.fleets.values()]):
-            subprocess.run([passwd, *(["-c"] if i == 0 else []), "-b", str(pw), c.username,
-                            c.password], check=True, capture_output=True)
+        _run_password_job(self.dir, self.bridge, self.fleets, passwd)
         text = (CONF.read_text().replace("/mosquitto/auth/passwords", str(pw))
                 .replace("/mosquitto/config/acl", str(ACL))
                 .replace("/mosquitto/data/", f"{self.dir / 'data'}/").replace("/tls/", f"{tls}/")
@@ -215,6 +232,15 @@ def test_compose_broker_config_runs_with_fleet_isolation_and_tls(tmp_path):
             client(svc, FleetCreds("phones", "wrong-password"), "bad")
         with pytest.raises(MqttError, match="(?i)certificate|hostname|SSL"):
             client(svc, FLEETS["phones"], "wrong-host", host="127.0.0.1")
+        # the compose healthcheck, as its container runs it
+        check = _compose_shell(SERVICES["mosquitto"]["healthcheck"]["test"][1])
+        check = check.replace("/tls/", f"{svc.dir / 'tls'}/").replace("-p 8883",
+                                                                       f"-p {svc.port}")
+        env = dict(os.environ, MQTT_BRIDGE_PASSWORD=BRIDGE.password)
+        assert subprocess.run(["sh", "-c", check], env=env, timeout=30).returncode == 0
+        env["MQTT_BRIDGE_PASSWORD"] = "wrong"
+        assert subprocess.run(["sh", "-c", check], env=env, timeout=30,
+                              capture_output=True).returncode != 0
     finally:
         svc.stop()
 

@@ -129,7 +129,8 @@ def test_gateway_cli_refuses_a_key_without_certificate(monkeypatch, capsys, tmp_
 
 @pytest.mark.pipeline
 def test_gateway_command_serves_https(tmp_path, kafka_broker):
-    """``ldpstream gateway --tls-cert`` as a child process: HTTPS on its port, the key served."""
+    """``ldpstream gateway --tls-cert`` as a child process: HTTPS on its port, the key served,
+    compose's healthcheck passes."""
     import json
     import os
     import signal
@@ -165,6 +166,12 @@ def test_gateway_command_serves_https(tmp_path, kafka_broker):
             except OSError:
                 time.sleep(0.3)
         assert doc is not None and doc["key_id"] == load_verify_key().key_id
+        # docker-compose.yml's healthcheck of the gateway, pointed at this one
+        from test_compose import SERVICES
+
+        code = SERVICES["gateway"]["healthcheck"]["test"][-1]
+        code = code.replace("/tls/ca.pem", str(ca)).replace(":8443/", f":{port}/")
+        assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -12,6 +12,7 @@ import json
 import os
 import queue
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +180,11 @@ def test_c_and_ts_devices_counted_exactly_through_the_bridge(
         assert len(reports) == 2 * N
         asyncio.run(check_counts(redis_server.url, coll, coll.mechanism(), reports))
         assert metric(proc.port, "ldp_mqtt_reports_total", 'fleet="phones"') == 2 * N
+        from test_compose import SERVICES  # compose's bridge healthcheck, pointed at this one
+
+        code = SERVICES["mqtt-bridge"]["healthcheck"]["test"][-1].replace(":8081/",
+                                                                          f":{proc.port}/")
+        assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0
     finally:
         assert proc.stop() == 0
 

@@ -22,10 +22,11 @@ from ldpstream.producers.gateway import IngestGateway, parse_fleets, serve
 from ldpstream.producers.gateway_edge import PUBLIC_KEY_PATH, server_tls_context
 from ldpstream.producers.signing import load_signing_key, load_verify_key
 
+pytestmark = pytest.mark.pipeline
+
 DOM = Domain.from_categories({"os": ["android", "ios", "other"], "plan": ["free", "pro"]})
 
 
-@pytest.mark.core
 def test_tls_options_fail_at_start_naming_the_option(tmp_path):
     from ldpstream.dev.kafka_tls import write_test_pki
 
@@ -48,7 +49,6 @@ def _handshake(port: int, ctx: ssl.SSLContext, host: str) -> None:
             pass
 
 
-@pytest.mark.pipeline
 def test_gateway_over_tls_serves_the_key_and_refuses_wrong_hosts(tmp_path, kafka_broker,
                                                                   unique_name):
     import aiohttp
@@ -113,7 +113,6 @@ def test_gateway_over_tls_serves_the_key_and_refuses_wrong_hosts(tmp_path, kafka
     asyncio.run(run())
 
 
-@pytest.mark.core
 def test_gateway_cli_refuses_a_key_without_certificate(monkeypatch, capsys, tmp_path):
     import json
 
@@ -127,7 +126,6 @@ def test_gateway_cli_refuses_a_key_without_certificate(monkeypatch, capsys, tmp_
     assert "--tls-cert: no such file" in capsys.readouterr().err
 
 
-@pytest.mark.pipeline
 def test_gateway_command_serves_https(tmp_path, kafka_broker):
     """``ldpstream gateway --tls-cert`` as a child process: HTTPS on its port, the key served,
     compose's healthcheck passes."""

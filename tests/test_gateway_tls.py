@@ -176,3 +176,16 @@ def test_gateway_command_serves_https(tmp_path, kafka_broker):
         assert proc.wait(30) == 0
         log.close()
     assert f"https://127.0.0.1:{port}/" in (tmp_path / "gateway.log").read_text()
+
+
+def test_keygen_prints_the_fingerprint_the_gateway_serves(tmp_path, capsys):
+    from ldpstream.cli import main
+    from ldpstream.producers.gateway_edge import public_key_document
+    from ldpstream.producers.signing import VerifyKey
+
+    assert main(["keygen", "--out", str(tmp_path)]) == 0
+    key = VerifyKey.from_text((tmp_path / "config-signing.pub").read_text())
+    printed = capsys.readouterr().out
+    assert f"fingerprint {public_key_document(key)['fingerprint']}" in printed
+    assert main(["keygen", "--out", str(tmp_path), "--if-missing"]) == 0  # compose's restarts
+    assert key.fingerprint in capsys.readouterr().out

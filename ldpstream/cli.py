@@ -160,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("edge-certs", help="a CA and server certificate for Mosquitto and the "
                        "gateway (docs/security.md)")
     p.add_argument("--out", required=True, help="directory for ca.pem and server.pem")
+    p.add_argument("--public-out", default=None, help="another directory for ca.pem alone")
     p.add_argument("--hosts", default=",".join(DEFAULT_HOSTS),
                    help="host names and addresses the certificate names (comma-separated)")
     p.add_argument("--days", type=int, default=DEFAULT_DAYS,

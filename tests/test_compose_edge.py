@@ -47,7 +47,12 @@ def test_edge_services_speak_tls_with_a_certificate_for_their_names():
     assert {"mosquitto", "gateway", "localhost"} <= set(hosts)
     for name in EDGE:
         assert SERVICES[name].get("healthcheck", {}).get("test"), name
-        assert _mounts(name)["/tls"] == "ldp-edge-tls", name
+    # the server key's volume only where a TLS server runs; the CA alone where it is verified
+    holders = {s for s in SERVICES if "ldp-edge-tls" in _mounts(s).values()}
+    assert holders == {"edge-certs", "mosquitto", "gateway"}, holders
+    cmd = SERVICES["edge-certs"]["command"]
+    public = cmd[cmd.index("--public-out") + 1]
+    assert _mounts("edge-certs")[public] == "ldp-public-key"
     # Mosquitto: TLS only, published on 8883, the files of deploy/ mounted where the conf says
     conf = _settings(CONF.read_text())
     assert conf["listener"] == ["8883"] and conf["allow_anonymous"] == ["false"]
@@ -62,7 +67,8 @@ def test_edge_services_speak_tls_with_a_certificate_for_their_names():
     env = _env("mqtt-bridge")
     url = re.sub(r"\$\{[^}]+\}", "secret", env["LDP_MQTT_URL"])
     assert re.fullmatch(r"mqtts://ldp-bridge:secret@mosquitto:8883", url), url
-    assert env["LDP_MQTT_CA"] == "/tls/ca.pem"
+    assert env["LDP_MQTT_CA"] == f"{public}/ca.pem"
+    assert _mounts("mqtt-bridge")[public] == "ldp-public-key"
     assert env["LDP_MQTT_CLIENT_ID"], "a stable client id keeps the bridge's session"
     assert (ROOT / _mounts("mqtt-bridge")["/mqtt"] / Path(env["LDP_MQTT_FLEETS_FILE"]).name
             ).is_file()
@@ -76,6 +82,19 @@ def test_edge_services_speak_tls_with_a_certificate_for_their_names():
     # the bridge's and Mosquitto's healthchecks log in as the bridge user of the ACL file
     assert "-u ldp-bridge" in " ".join(SERVICES["mosquitto"]["healthcheck"]["test"])
     assert f"user {BRIDGE.username}" in ACL.read_text()
+
+
+def test_prometheus_scrapes_the_bridge_and_the_https_gateway():
+    cfg = yaml.safe_load((ROOT / "dashboards/prometheus/prometheus.yml").read_text())
+    jobs = {t: job for job in cfg["scrape_configs"] for sc in job.get("static_configs", [])
+            for t in sc["targets"]}
+    cmd = SERVICES["mqtt-bridge"]["command"]
+    assert f"mqtt-bridge:{cmd[cmd.index('--port') + 1]}" in jobs
+    assert cmd[cmd.index("--bind") + 1] == "0.0.0.0"  # reachable on the compose network
+    gateway = jobs["gateway:8443"]
+    assert gateway["scheme"] == "https" and "gateway" in _edge_hosts()
+    ca = Path(gateway["tls_config"]["ca_file"])
+    assert _mounts("prometheus")[str(ca.parent)] == "ldp-public-key" and ca.name == "ca.pem"
 
 
 def test_edge_commands_are_cli_subcommands():

@@ -168,3 +168,26 @@ def test_compose_fleets_file_names_valid_mosquitto_users():
     assert doc["fleets"], "the compose bridge accepts at least one fleet"
     for fleet in doc["fleets"]:
         assert re.fullmatch(r"[A-Za-z0-9_.-]+", fleet), fleet  # a Mosquitto user name, no : or space
+
+
+def test_edge_certs_name_the_hosts_and_are_written_once(tmp_path):
+    from cryptography import x509
+
+    from ldpstream.edge_certs import write_edge_certs
+    from ldpstream.errors import CliError
+
+    hosts = ("localhost", "mosquitto", "gateway", "127.0.0.1")
+    ca, server, written = write_edge_certs(tmp_path / "tls", hosts, public_out=tmp_path / "pub")
+    assert written and (tmp_path / "pub" / "ca.pem").read_bytes() == ca.read_bytes()
+    cert = x509.load_pem_x509_certificates(server.read_bytes())[0]
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {str(n.value) for n in sans} == set(hosts)
+    first = server.read_bytes()
+    (tmp_path / "pub" / "ca.pem").unlink()  # a public volume created later gets it again
+    _, _, again = write_edge_certs(tmp_path / "tls", ("other",), if_missing=True,
+                                   public_out=tmp_path / "pub")
+    assert not again and server.read_bytes() == first and (tmp_path / "pub" / "ca.pem").is_file()
+    with pytest.raises(CliError, match="--hosts"):
+        write_edge_certs(tmp_path / "x", ("a", " "))
+    with pytest.raises(CliError, match="--days"):
+        write_edge_certs(tmp_path / "x", ("a",), days=0)

@@ -1,6 +1,7 @@
 """The gateway over TLS (docs/security.md "TLS at the device edge") and the public key it serves
 (docs/devices.md "Getting the public key"): a client that trusts the CA and names a host of the
-certificate fetches the key and posts a batch that Kafka acknowledges; a wrong host name, an
+certificate fetches the key and posts a batch that Kafka acknowledges, and so do the C (libcurl,
+``LDP_CA_FILE``) and TypeScript (fetch, ``NODE_EXTRA_CA_CERTS``) examples; a wrong host name, an
 untrusted CA and plain HTTP are refused; bad ``--tls-*`` options fail at start naming the
 option."""
 from __future__ import annotations
@@ -8,10 +9,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import json
+import os
 import socket
 import ssl
+import subprocess
+from pathlib import Path
 
 import pytest
+from sdk_helpers import TS_DIR, c_sdk, ts_sdk  # noqa: F401
 from test_gateway import TOKEN_A, fleets_doc
 
 from ldpstream.errors import CliError
@@ -43,14 +49,35 @@ def test_tls_options_fail_at_start_naming_the_option(tmp_path):
     assert ctx is not None and ctx.minimum_version == ssl.TLSVersion.TLSv1_2
 
 
+RECORDS = [{"os": "ios", "plan": "pro"}, {"os": "android", "plan": "free"},
+           {"os": "other", "plan": "free"}]
+
+
+def _post_c(build: Path, url: str, cid: str, ca: Path, state: Path):
+    state.mkdir()
+    text = "".join(",".join(f"{a}={v}" for a, v in r.items()) + "\n" for r in RECORDS)
+    return subprocess.run([str(build / "ldp_post"), url, TOKEN_A, cid, load_verify_key().to_text(),
+                           "11", str(state)], input=text, capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, LDP_CA_FILE=str(ca)))
+
+
+def _post_ts(dist: Path, url: str, cid: str, ca: Path, state: Path):
+    state.mkdir()
+    text = "".join(json.dumps(r) + "\n" for r in RECORDS)
+    return subprocess.run(["node", str(dist / "tools" / "post.js"), url, TOKEN_A, cid,
+                           load_verify_key().to_text(), "12", str(state)], input=text,
+                          capture_output=True, text=True, timeout=60, cwd=TS_DIR,
+                          env=dict(os.environ, NODE_EXTRA_CA_CERTS=str(ca)))
+
+
 def _handshake(port: int, ctx: ssl.SSLContext, host: str) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
         with ctx.wrap_socket(raw, server_hostname=host):
             pass
 
 
-def test_gateway_over_tls_serves_the_key_and_refuses_wrong_hosts(tmp_path, kafka_broker,
-                                                                  unique_name):
+def test_gateway_over_tls_serves_the_key_and_refuses_wrong_hosts(
+        tmp_path, kafka_broker, unique_name, c_sdk, ts_sdk):  # noqa: F811
     import aiohttp
 
     from ldpstream.dev.kafka_tls import write_test_pki
@@ -59,7 +86,7 @@ def test_gateway_over_tls_serves_the_key_and_refuses_wrong_hosts(tmp_path, kafka
     from ldpstream.producers.publisher import Publisher
 
     cid, cfg = unique_name, f"cfg.{unique_name}"
-    ca, chain = write_test_pki(tmp_path / "pki", hosts=("localhost", "127.0.0.1"))
+    ca, chain = write_test_pki(tmp_path / "pki", hosts=("localhost",))
     other_ca, _ = write_test_pki(tmp_path / "other", hosts=("localhost", "127.0.0.1"))
     mech = RRIndependent(DOM, epsilon=1.0, version=1)
     trusted = ssl.create_default_context(cafile=str(ca))
@@ -68,8 +95,8 @@ def test_gateway_over_tls_serves_the_key_and_refuses_wrong_hosts(tmp_path, kafka
         await create_topics(kafka_broker.bootstrap, {cfg: 1, f"ldp.reports.{cid}": 1},
                             compacted={cfg})
         async with Publisher(kafka_broker.bootstrap) as pub:
-            await pub.send_and_wait(cfg, load_signing_key().sign_state(mech.state(), cid),
-                                    key=cid.encode())
+            await pub.send_and_wait(cfg, load_signing_key().sign_state(mech.device_state(),
+                                                                       cid), key=cid.encode())
         gw = IngestGateway(kafka_broker.bootstrap, parse_fleets(fleets_doc(cid), "t"),
                            config_topic=cfg)
         port = free_port()
@@ -88,7 +115,7 @@ def test_gateway_over_tls_serves_the_key_and_refuses_wrong_hosts(tmp_path, kafka
                 assert doc["fingerprint"] == "sha256:" + hashlib.sha256(raw).hexdigest()
                 assert doc["key_id"] == hashlib.sha256(raw).hexdigest()[:16]
                 body = encode_batch(cid, 1, [[1, 0], [2, 1]], device_ids=[5, 5])
-                async with s.post(f"https://127.0.0.1:{port}/v1/collections/{cid}/reports",
+                async with s.post(f"https://localhost:{port}/v1/collections/{cid}/reports",
                                   data=body, ssl=trusted,
                                   headers={"Authorization": f"Bearer {TOKEN_A}",
                                            "Content-Type": "application/octet-stream"}) as r:
@@ -106,6 +133,20 @@ def test_gateway_over_tls_serves_the_key_and_refuses_wrong_hosts(tmp_path, kafka
             with pytest.raises(ssl.SSLCertVerificationError):
                 await loop.run_in_executor(None, _handshake, port, untrusted, "localhost")
             await loop.run_in_executor(None, _handshake, port, trusted, "localhost")
+            # the C (libcurl) and TypeScript (fetch) examples over HTTPS, the CA given to them
+            for host, ok in (("localhost", True), ("127.0.0.1", False)):
+                c, t = await asyncio.gather(
+                    asyncio.to_thread(_post_c, c_sdk, f"https://{host}:{port}", cid, ca,
+                                      tmp_path / f"c-{host}"),
+                    asyncio.to_thread(_post_ts, ts_sdk, f"https://{host}:{port}", cid, ca,
+                                      tmp_path / f"ts-{host}"))
+                if ok:
+                    assert c.returncode == 0 and t.returncode == 0, (c.stderr, t.stderr)
+                    assert json.loads(c.stdout) == json.loads(t.stdout) == {"sent": 3,
+                                                                             "batches": 1}
+                else:  # the certificate names localhost only
+                    assert c.returncode != 0 and "SSL" in c.stderr, c.stderr
+                    assert t.returncode != 0 and "altnames" in t.stderr, t.stderr
         finally:
             await runner.cleanup()
             await gw.stop()

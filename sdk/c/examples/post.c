@@ -7,6 +7,8 @@
  * the pinned key, then reads one record per line ("attr=label,attr=label") from stdin,
  * randomizes it with the OS CSPRNG, charges the ledger kept in STATE_DIR and POSTs batches of
  * BATCH reports (default 100) with their batch key. Prints {"sent":..,"batches":..} at the end.
+ * An https:// URL is verified against the system's CAs, or the PEM file in $LDP_CA_FILE (a
+ * private CA such as compose's, docs/security.md "TLS at the device edge").
  */
 #include <curl/curl.h>
 #include <stdio.h>
@@ -38,6 +40,8 @@ static long request(CURL *c, const char *url, const char *token, const uint8_t *
   if (data) h = curl_slist_append(h, "Content-Type: application/octet-stream");
   curl_easy_reset(c);
   curl_easy_setopt(c, CURLOPT_URL, url);
+  const char *ca = getenv("LDP_CA_FILE");
+  if (ca && *ca) curl_easy_setopt(c, CURLOPT_CAINFO, ca);
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
@@ -46,7 +50,9 @@ static long request(CURL *c, const char *url, const char *token, const uint8_t *
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)len);
   }
   long status = 0;
-  if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  CURLcode rc = curl_easy_perform(c);
+  if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  else fprintf(stderr, "%s: %s\n", url, curl_easy_strerror(rc));  /* e.g. a TLS failure */
   curl_slist_free_all(h);
   return status;
 }

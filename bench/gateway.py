@@ -6,7 +6,10 @@ bounded number of ``POST /v1/collections/<id>/reports`` requests (binary batches
 each, distinct device ids) with ``concurrency`` requests in flight, for two batch sizes: 1 report
 per request (a device flushing every report) and 100 (a buffering device). Every request must be
 answered 200 (the gateway answers after Kafka acknowledged). Reported per size: requests/s,
-reports/s, p50 and p99 request latency (client side, seconds).
+reports/s, p50 and p99 request latency (client side, seconds). Three ways in the same run: plain
+HTTP on kept-alive connections, HTTPS (``--tls-cert``, a throw-away CA; the client verifies the
+host name) on kept-alive connections, and HTTPS with a new connection (TLS handshake) for every
+request, as a device that connects per batch does.
 
 Client, gateway and broker share the machine's cores: the numbers are a floor for one gateway
 process, not a capacity plan. ``--quick``: 300 requests per size.
@@ -16,11 +19,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,13 +39,15 @@ SIZES = (1, 100)
 CONCURRENCY = 32
 
 
-def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+def _wait_ready(port: int, proc: subprocess.Popen, tls: ssl.SSLContext | None,
+                timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"gateway exited with {proc.returncode}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            with urllib.request.urlopen(f"{_base(port, tls)}/healthz", timeout=2,
+                                        context=tls) as r:
                 if CID in json.loads(r.read())["collections"]:
                     return
         except (urllib.error.URLError, OSError, ValueError):
@@ -48,7 +56,12 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> Non
     raise TimeoutError("gateway not ready")
 
 
-async def _load(port: int, requests: int, size: int, seed: int) -> dict[str, Any]:
+def _base(port: int, tls: ssl.SSLContext | None) -> str:
+    return f"{'https' if tls else 'http'}://localhost:{port}"
+
+
+async def _load(port: int, requests: int, size: int, seed: int, tls: ssl.SSLContext | None = None,
+                fresh: bool = False) -> dict[str, Any]:
     import aiohttp
 
     from ldpstream.producers.codec import encode_batch
@@ -57,7 +70,7 @@ async def _load(port: int, requests: int, size: int, seed: int) -> dict[str, Any
     bodies = [encode_batch(CID, 0, rng.integers(0, 2, size=(size, 4)),
                            device_ids=np.full(size, seed * 1_000_000 + i, dtype=np.uint64))
               for i in range(requests)]
-    url = f"http://127.0.0.1:{port}/v1/collections/{CID}/reports"
+    url = f"{_base(port, tls)}/v1/collections/{CID}/reports"
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/octet-stream"}
     latencies = np.empty(requests)
     statuses: dict[int, int] = {}
@@ -74,14 +87,16 @@ async def _load(port: int, requests: int, size: int, seed: int) -> dict[str, Any
                 statuses[r.status] = statuses.get(r.status, 0) + 1
             latencies[i] = time.perf_counter() - t0
 
-    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY, ssl=tls if tls else True,
+                                     force_close=fresh)
     async with aiohttp.ClientSession(connector=connector) as session:
         t0 = time.perf_counter()
         await asyncio.gather(*(client(session) for _ in range(CONCURRENCY)))
         elapsed = time.perf_counter() - t0
     if statuses != {200: requests}:
         raise RuntimeError(f"not every request was accepted: {statuses}")
-    return {"reports_per_request": size, "requests": requests, "seconds": round(elapsed, 3),
+    return {"scheme": "https" if tls else "http", "connection": "new" if fresh else "kept",
+            "reports_per_request": size, "requests": requests, "seconds": round(elapsed, 3),
             "requests_per_s": round(requests / elapsed, 1),
             "reports_per_s": round(requests * size / elapsed, 1),
             "p50_s": round(float(np.percentile(latencies, 50)), 5),
@@ -90,6 +105,7 @@ async def _load(port: int, requests: int, size: int, seed: int) -> dict[str, Any
 
 async def run(quick: bool = False) -> dict[str, Any]:
     from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.dev.kafka_tls import write_test_pki
     from ldpstream.dev.process import free_port
     from ldpstream.estimators.families.rr import RRIndependent
     from ldpstream.estimators.kernels.domain import Domain
@@ -105,7 +121,9 @@ async def run(quick: bool = False) -> dict[str, Any]:
         broker = EmbeddedBroker()
         bootstrap = broker.start()
     proc = None
+    tmp = tempfile.TemporaryDirectory(prefix="ldpstream-bench-gateway-")
     try:
+        ca, chain = write_test_pki(Path(tmp.name))
         key = SigningKey.generate()
         mech = RRIndependent(Domain(("a", "b", "c", "d"), (2, 2, 2, 2)), epsilon=1.0)
         await create_topics(bootstrap, {CONFIG_TOPIC: 1, reports_topic(CID): 4},
@@ -113,24 +131,32 @@ async def run(quick: bool = False) -> dict[str, Any]:
         async with Publisher(bootstrap) as pub:
             await pub.send_and_wait(CONFIG_TOPIC, key.sign_state(mech.state(), CID),
                                     key=CID.encode())
-        port = free_port()
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap,
                    **{ENV_PUBLIC_KEY: key.verify_key.to_text(),
                       "LDP_GATEWAY_TOKENS": json.dumps(
                           {"fleets": {"bench": {"token": TOKEN, "collections": [CID]}}})})
-        proc = subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "gateway", "--port",
-                                 str(port)], env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-        await asyncio.to_thread(_wait_ready, port, proc)
-        await _load(port, min(requests, 100), 1, seed=99)  # warm-up
-        rows = [await _load(port, requests, size, seed=i) for i, size in enumerate(SIZES)]
+        rows = []
+        for tls in (None, ssl.create_default_context(cafile=str(ca))):
+            port = free_port()
+            proc = subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "gateway", "--port",
+                                     str(port), *(["--tls-cert", str(chain)] if tls else [])],
+                                    env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            await asyncio.to_thread(_wait_ready, port, proc, tls)
+            await _load(port, min(requests, 100), 1, seed=99, tls=tls)  # warm-up
+            for fresh in (False, True) if tls else (False,):
+                rows += [await _load(port, requests, size, seed=len(rows), tls=tls, fresh=fresh)
+                         for size in SIZES]
+            proc.terminate()
+            proc.wait(20)
+            proc = None
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(20)
         if broker is not None:
             broker.stop()
+        tmp.cleanup()
     return {"concurrency": CONCURRENCY, "results": rows}
 
 
@@ -140,9 +166,10 @@ def main(args: Any) -> int:
         print(json.dumps(res, indent=2))
         return 0
     print(f"gateway load test: {res['concurrency']} requests in flight, loopback, binary batches")
-    print(f"{'reports/request':>16} {'requests':>9} {'req/s':>9} {'reports/s':>11} "
-          f"{'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'scheme':>6} {'connection':>10} {'reports/request':>16} {'requests':>9} "
+          f"{'req/s':>9} {'reports/s':>11} {'p50 ms':>8} {'p99 ms':>8}")
     for r in res["results"]:
-        print(f"{r['reports_per_request']:>16} {r['requests']:>9} {r['requests_per_s']:>9.0f} "
+        print(f"{r['scheme']:>6} {r['connection']:>10} {r['reports_per_request']:>16} "
+              f"{r['requests']:>9} {r['requests_per_s']:>9.0f} "
               f"{r['reports_per_s']:>11.0f} {1000 * r['p50_s']:>8.1f} {1000 * r['p99_s']:>8.1f}")
     return 0

@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "$LDP_GATEWAY_TOKENS)")
     p.add_argument("--max-body-bytes", type=int, default=MAX_MESSAGE_BYTES,
                    help="largest request body accepted (default 1 MiB)")
+    p.add_argument("--tls-cert", default=None,
+                   help="serve HTTPS with this PEM certificate chain (docs/security.md)")
+    p.add_argument("--tls-key", default=None,
+                   help="the private key of --tls-cert, PEM (default: inside --tls-cert)")
 
     _mqtt_bridge_parser(sub)
 
@@ -153,6 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--force", action="store_true", help="replace an existing key")
     g.add_argument("--if-missing", action="store_true", help="keep an existing key (exit 0)")
+
+    from ldpstream.edge_certs import DEFAULT_DAYS, DEFAULT_HOSTS
+
+    p = sub.add_parser("edge-certs", help="a CA and server certificate for Mosquitto and the "
+                       "gateway (docs/security.md)")
+    p.add_argument("--out", required=True, help="directory for ca.pem and server.pem")
+    p.add_argument("--public-out", default=None, help="another directory for ca.pem alone")
+    p.add_argument("--hosts", default=",".join(DEFAULT_HOSTS),
+                   help="host names and addresses the certificate names (comma-separated)")
+    p.add_argument("--days", type=int, default=DEFAULT_DAYS,
+                   help=f"validity in days (default {DEFAULT_DAYS})")
+    p.add_argument("--if-missing", action="store_true", help="keep existing files (exit 0)")
 
     p = sub.add_parser("estimates", help="query a running worker's estimates over HTTP")
     p.add_argument("collection", nargs="?",
@@ -278,6 +294,7 @@ _COMMANDS = {
     "estimates": "ldpstream.query",
     "keygen": "ldpstream.producers.signing",
     "gateway": "ldpstream.producers.gateway",
+    "edge-certs": "ldpstream.edge_certs",
     "mqtt-bridge": "ldpstream.producers.mqtt_bridge_cli",
     "config-reference": "ldpstream.config_docs",
 }

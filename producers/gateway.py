@@ -6,6 +6,8 @@
     GET  /v1/collections/<id>/config     the collection's signed mechanism state as published on
                                          ldp.config (devices verify it, see sdk.GatewayConfigWatcher);
                                          same token checks as the reports
+    GET  /v1/public-key                  the key that signs ldp.config, its key id and fingerprint
+                                         (no token: producers/gateway_edge.py)
     GET  /healthz                        broker reachable and ldp.config read; 200 or 503
     GET  /metrics                        Prometheus text (ldp_gateway_* series)
 
@@ -32,6 +34,8 @@ acknowledged every message: ``{"accepted": n, "messages": k, "version": v}``. A 
 batch key goes whole as one message with the key ``(stamped sender, sequence)``, so a retried
 request is counted once (agents/dedupe.py).
 
+TLS: ``--tls-cert FILE`` (PEM chain) and ``--tls-key FILE`` serve HTTPS (docs/security.md).
+
 Fleets and tokens: ``--tokens FILE`` or ``LDP_GATEWAY_TOKENS_FILE`` (YAML or JSON), or the JSON in
 ``LDP_GATEWAY_TOKENS``::
 
@@ -42,12 +46,14 @@ Fleets and tokens: ``--tokens FILE`` or ``LDP_GATEWAY_TOKENS_FILE`` (YAML or JSO
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import json
 import logging
 import os
 import signal
+import ssl
 import sys
 import time
 from dataclasses import dataclass
@@ -72,6 +78,7 @@ from ldpstream.producers.codec import (
     explain_batch,
 )
 from ldpstream.producers.device import ConfigWatcher
+from ldpstream.producers.gateway_edge import PUBLIC_KEY_PATH, public_key_handler, server_tls_context
 from ldpstream.producers.kafka_security import kafka_security
 from ldpstream.producers.publisher import Publisher, PublishError
 from ldpstream.producers.sdk import device_key
@@ -400,6 +407,9 @@ class IngestGateway:
                               client_max_size=self.max_body_bytes + 1)
         app.router.add_post("/v1/collections/{collection}/reports", self._post_reports)
         app.router.add_get("/v1/collections/{collection}/config", self._get_config)
+        if self.watcher.verify_key is not None:
+            app.router.add_get(PUBLIC_KEY_PATH,
+                               functools.partial(public_key_handler, self.watcher.verify_key))
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
         return app
@@ -503,23 +513,26 @@ def _refusal(exc: Refused) -> Any:
 
 
 async def serve(gateway: IngestGateway, host: str, port: int,
-                guard: ConnectionGuard | None = None) -> Any:
+                guard: ConnectionGuard | None = None,
+                ssl_context: ssl.SSLContext | None = None) -> Any:
     """Start the gateway and its HTTP server, hardened like the worker's (ldpstream/http_guard.py:
     connection cap with eviction and header deadline, ``LDP_GATEWAY_MAX_CONNECTIONS`` and
-    ``LDP_GATEWAY_HEADER_TIMEOUT_S`` unless ``guard`` is given); returns the aiohttp runner
+    ``LDP_GATEWAY_HEADER_TIMEOUT_S`` unless ``guard`` is given), over TLS with ``ssl_context``
+    (producers/gateway_edge.py); returns the aiohttp runner
     (``await runner.cleanup()`` then ``await gateway.stop()`` to stop)."""
     from aiohttp import web
 
     await gateway.start()
     runner = web.AppRunner(gateway.app(), access_log=None)
     await runner.setup()
-    await HardenedSite(runner, host, port,
-                       guard=guard or ConnectionGuard.from_env(GATEWAY_ENV)).start()
+    await HardenedSite(runner, host, port, guard=guard or ConnectionGuard.from_env(GATEWAY_ENV),
+                       ssl_context=ssl_context).start()
     return runner
 
 
 def main(args: Any) -> int:
-    """``ldpstream gateway [--port P] [--bind H] [--tokens FILE] [--max-body-bytes N]``."""
+    """``ldpstream gateway [--port P] [--bind H] [--tokens FILE] [--max-body-bytes N]
+    [--tls-cert FILE --tls-key FILE]``."""
     bootstrap = os.environ.get(ENV_KAFKA_BOOTSTRAP)
     if not bootstrap:
         raise CliError("KAFKA_BOOTSTRAP_SERVERS is not set")
@@ -527,6 +540,7 @@ def main(args: Any) -> int:
     if load_verify_key() is None:
         raise CliError(f"no public key pinned: set {ENV_PUBLIC_KEY} or {ENV_PUBLIC_KEY_FILE} (the "
                        f"gateway accepts only mechanism states signed by that key)")
+    tls = server_tls_context(args.tls_cert, args.tls_key)
     gateway = IngestGateway(bootstrap, fleets, max_body_bytes=args.max_body_bytes)
 
     from ldpstream.producers.fleet import unless_stopped
@@ -538,14 +552,15 @@ def main(args: Any) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
-            runner = await unless_stopped(serve(gateway, args.bind, args.port), stop)
+            runner = await unless_stopped(serve(gateway, args.bind, args.port,
+                                                ssl_context=tls), stop)
         except (ConnectionError, PublishError) as exc:
             await gateway.stop()  # what did start (the producer) is closed, not leaked
             raise CliError(str(exc)) from None
         if runner is None:  # stopped while starting
             await gateway.stop()
             return
-        print(f"ldpstream gateway: http://{args.bind}:{args.port}/v1/collections/<id>/reports "
+        print(f"ldpstream gateway: {'https' if tls else 'http'}://{args.bind}:{args.port}/v1/collections/<id>/reports "
               f"(fleets: {', '.join(f.name for f in fleets)}; collections: "
               f"{', '.join(sorted(gateway.known)) or 'none yet'})", file=sys.stderr, flush=True)
         await stop.wait()

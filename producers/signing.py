@@ -128,6 +128,12 @@ class VerifyKey:
     def key_id(self) -> str:
         return _key_id(self.raw)
 
+    @property
+    def fingerprint(self) -> str:
+        """``sha256:<64 hex>`` of the raw key: what an operator compares out of band before a
+        device pins a key it fetched (docs/devices.md "Getting the public key")."""
+        return "sha256:" + hashlib.sha256(self.raw).hexdigest()
+
     def open(self, value: bytes | None, *, collection: str | None = None,
              now: float | None = None) -> SignedState:
         """Verify one ``ldp.config`` record value; ``collection`` is the record key (the state
@@ -291,6 +297,8 @@ def main(args: Any) -> int:
                            if_missing=bool(args.if_missing))
     except (FileExistsError, OSError, ValueError) as exc:
         raise CliError(f"keygen: {exc}") from None
+    text = pub.read_text().strip()
     print(f"private key (worker: {ENV_SIGNING_KEY_FILE}={priv})\n"
-          f"public key  (devices: {ENV_PUBLIC_KEY_FILE}={pub}): {pub.read_text().strip()}")
+          f"public key  (devices: {ENV_PUBLIC_KEY_FILE}={pub}): {text}\n"
+          f"fingerprint {VerifyKey.from_text(text).fingerprint}")
     return 0

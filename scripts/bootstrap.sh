@@ -20,6 +20,8 @@ command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
 for dev in libsodium-dev libjansson-dev libcurl4-openssl-dev; do
   dpkg -s "$dev" >/dev/null 2>&1 || missing="$missing $dev"
 done
+# the C SDK's MQTT example (sdk/c/examples/mqtt.c)
+dpkg -s libmosquitto-dev >/dev/null 2>&1 || missing="$missing libmosquitto-dev"
 # the TypeScript device SDK (sdk/ts)
 command -v npm >/dev/null 2>&1 || missing="$missing nodejs npm"
 command -v java >/dev/null 2>&1 || missing="$missing openjdk-17-jre-headless"

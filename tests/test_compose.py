@@ -90,7 +90,7 @@ def _needs(svc: str) -> set:
 
 
 def test_healthchecks_and_depends_on_conditions():
-    assert set(ONE_SHOT) == {"kafka-acls", "keygen"}
+    assert set(ONE_SHOT) == {"kafka-acls", "keygen", "edge-certs", "mqtt-passwords"}
     for name in ["kafka", "redis", "prometheus", "alertmanager", "grafana", *WORKERS]:
         hc = SERVICES[name].get("healthcheck")
         assert hc and hc["test"], f"{name} needs a healthcheck"
@@ -263,9 +263,11 @@ def test_kafka_requires_sasl_acls_and_no_auto_create():
 
 def test_acls_devices_write_only_reports_and_only_workers_write_config():
     acls = _acls()
-    assert {a["principal"] for a in acls} == {"User:worker", "User:device"}
+    assert {a["principal"] for a in acls} == {"User:worker", "User:device", "User:bridge"}
     for a in acls:
-        if a["principal"] == "User:device":
+        if a["principal"] == "User:bridge" and a["topic"] == "ldp.dlq":  # dead letters
+            assert a["ops"] == {"Write", "Describe"} and not a["prefixed"], a
+        elif a["principal"] in ("User:device", "User:bridge"):
             assert a["group"] is None, "devices need no consumer group"
             if a["ops"] & {"Write", "All", "Create", "Alter", "Delete"}:
                 assert a["ops"] == {"Write", "Describe"}, a

@@ -312,5 +312,7 @@ def test_bench_gateway_quick_runs(monkeypatch):
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
     res = asyncio.run(run(quick=True))
     rows = res["results"]
-    assert [r["reports_per_request"] for r in rows] == [1, 100]
+    assert [(r["scheme"], r["connection"], r["reports_per_request"]) for r in rows] == [
+        ("http", "kept", 1), ("http", "kept", 100), ("https", "kept", 1), ("https", "kept", 100),
+        ("https", "new", 1), ("https", "new", 100)]
     assert all(r["requests"] == 300 and r["p99_s"] >= r["p50_s"] > 0 for r in rows)

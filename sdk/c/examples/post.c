@@ -7,14 +7,16 @@
  * the pinned key, then reads one record per line ("attr=label,attr=label") from stdin,
  * randomizes it with the OS CSPRNG, charges the ledger kept in STATE_DIR and POSTs batches of
  * BATCH reports (default 100) with their batch key. Prints {"sent":..,"batches":..} at the end.
+ * An https:// URL is verified against the system's CAs, or the PEM file in $LDP_CA_FILE (a
+ * private CA such as compose's, docs/security.md "TLS at the device edge").
  */
 #include <curl/curl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "ldp.h"
+#include "records.h"
 
 typedef struct { char *data; size_t len; } body;
 
@@ -29,12 +31,6 @@ static size_t collect(char *p, size_t size, size_t n, void *ctx) {
   return size * n;
 }
 
-static double wall(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static long request(CURL *c, const char *url, const char *token, const uint8_t *data,
                     size_t len, body *out) {
   char auth[512];
@@ -44,6 +40,8 @@ static long request(CURL *c, const char *url, const char *token, const uint8_t *
   if (data) h = curl_slist_append(h, "Content-Type: application/octet-stream");
   curl_easy_reset(c);
   curl_easy_setopt(c, CURLOPT_URL, url);
+  const char *ca = getenv("LDP_CA_FILE");
+  if (ca && *ca) curl_easy_setopt(c, CURLOPT_CAINFO, ca);
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
@@ -52,31 +50,33 @@ static long request(CURL *c, const char *url, const char *token, const uint8_t *
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)len);
   }
   long status = 0;
-  if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  CURLcode rc = curl_easy_perform(c);
+  if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  else fprintf(stderr, "%s: %s\n", url, curl_easy_strerror(rc));  /* e.g. a TLS failure */
   curl_slist_free_all(h);
   return status;
 }
 
 static ldp_state state, scratch;
-static uint32_t reports[1000 * LDP_MAX_WIDTH];
-static uint64_t ids[1000];
 static uint8_t batch[1 << 20];
 
-static int post(CURL *c, const char *url, const char *token, ldp_device *d, long *batches) {
+typedef struct { CURL *c; const char *url, *token; } target;
+
+static int post(void *ctx, ldp_device *d) {
+  target *t = (target *)ctx;
   int r;
-  size_t len = ldp_device_flush(d, wall(), batch, sizeof batch, &r);
+  size_t len = ldp_device_flush(d, ldp_wall(), batch, sizeof batch, &r);
   if (r != LDP_OK) return fprintf(stderr, "flush: %s\n", ldp_reason(r)), -1;
   if (!len) return 0;
   body ans = {NULL, 0};
-  long status = request(c, url, token, batch, len, &ans);
+  long status = request(t->c, t->url, t->token, batch, len, &ans);
   if (status < 200 || status >= 300) {
     fprintf(stderr, "gateway answered %ld: %s\n", status, ans.data ? ans.data : "");
     free(ans.data);
     return -1;
   }
   free(ans.data);
-  (*batches)++;
-  return 0;
+  return 1;
 }
 
 int main(int argc, char **argv) {
@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
   }
   const char *base = argv[1], *token = argv[2], *cid = argv[3];
   uint32_t cap = argc > 7 ? (uint32_t)atoi(argv[7]) : 100;
-  char url[2048], detail[512], err[256], line[4096];
+  char url[2048], detail[512];
   ldp_trust trust;
   if (cap < 1 || cap > 1000 || ldp_trust_init(&trust, argv[4]) != LDP_OK)
     return fprintf(stderr, "bad batch size or public key\n"), 2;
@@ -97,42 +97,13 @@ int main(int argc, char **argv) {
   snprintf(url, sizeof url, "%s/v1/collections/%s/config", base, cid);
   long status = request(c, url, token, NULL, 0, &cfg);
   if (status != 200) return fprintf(stderr, "GET %s: %ld\n", url, status), 1;
-  int r = ldp_state_accept(&state, &scratch, &trust, cid, cfg.data, cfg.len, wall(), detail,
+  int r = ldp_state_accept(&state, &scratch, &trust, cid, cfg.data, cfg.len, ldp_wall(), detail,
                            sizeof detail);
   free(cfg.data);
   if (r != LDP_OK) return fprintf(stderr, "state refused: %s\n", detail), 1;
-  ldp_storage storage;
-  ldp_ledger ledger;
-  ldp_file_storage(&storage, argv[6]);
-  if (ldp_ledger_open(&ledger, 0.0, 0.0, &storage) != LDP_OK)
-    return fprintf(stderr, "cannot read the ledger in %s\n", argv[6]), 1;
-  ldp_os_rng os = {{0}, 0};
-  ldp_device d = {&state, &ledger, {ldp_os_rng_next, &os}, strtoull(argv[5], NULL, 10),
-                  reports, ids, cap, 0, 0, 0, 0.0};
   snprintf(url, sizeof url, "%s/v1/collections/%s/reports", base, cid);
-  long sent = 0, batches = 0;
-  while (fgets(line, sizeof line, stdin)) {
-    const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
-    size_t n = 0;
-    line[strcspn(line, "\r\n")] = 0;
-    for (char *tok = strtok(line, ","); tok && n < LDP_MAX_ATTRS; tok = strtok(NULL, ",")) {
-      char *eq = strchr(tok, '=');
-      if (!eq) return fprintf(stderr, "bad record field '%s'\n", tok), 1;
-      *eq = 0;
-      names[n] = tok;
-      labels[n++] = eq + 1;
-    }
-    double cost;
-    r = ldp_device_report(&d, names, labels, n, wall(), &cost, err, sizeof err);
-    if (r == LDP_E_FULL) {
-      if (post(c, url, token, &d, &batches)) return 1;
-      r = ldp_device_report(&d, names, labels, n, wall(), &cost, err, sizeof err);
-    }
-    if (r != LDP_OK) return fprintf(stderr, "record %ld: %s\n", sent, err), 1;
-    sent++;
-  }
-  if (post(c, url, token, &d, &batches)) return 1;
-  printf("{\"sent\":%ld,\"batches\":%ld}\n", sent, batches);
+  target t = {c, url, token};
+  if (ldp_run_records(&state, argv[6], argv[5], cap, post, &t)) return 1;
   curl_easy_cleanup(c);
   curl_global_cleanup();
   return 0;

@@ -1,0 +1,73 @@
+/* What the examples share (docs/device-protocol.md): one record per line of stdin
+ * ("attr=label,attr=label") randomized by a device whose ledger lives in a directory, its
+ * batches handed to a sender, {"sent":..,"batches":..} printed at the end. */
+#ifndef LDP_EXAMPLES_RECORDS_H
+#define LDP_EXAMPLES_RECORDS_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ldp.h"
+
+static inline double ldp_wall(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* splits LINE in place into names and labels; 0, or -1 after printing the bad field */
+static inline int ldp_parse_record(char *line, const char **names, const char **labels,
+                                   size_t *n) {
+  *n = 0;
+  line[strcspn(line, "\r\n")] = 0;
+  for (char *tok = strtok(line, ","); tok && *n < LDP_MAX_ATTRS; tok = strtok(NULL, ",")) {
+    char *eq = strchr(tok, '=');
+    if (!eq) return fprintf(stderr, "bad record field '%s'\n", tok), -1;
+    *eq = 0;
+    names[*n] = tok;
+    labels[(*n)++] = eq + 1;
+  }
+  return 0;
+}
+
+/* sends the device's pending batch (ldp_device_flush): 1 sent, 0 nothing to send, -1 failed */
+typedef int (*ldp_send_fn)(void *ctx, ldp_device *d);
+
+static uint32_t ldp_run_reports[1000 * LDP_MAX_WIDTH];
+static uint64_t ldp_run_ids[1000];
+
+/* the device DEVICE_ID of STATE (ledger in STATE_DIR, batches of CAP <= 1000 reports) reports
+ * every record of stdin through SEND; 0, or 1 after printing why */
+static inline int ldp_run_records(ldp_state *state, const char *state_dir, const char *device_id,
+                                  uint32_t cap, ldp_send_fn send, void *ctx) {
+  char line[4096], err[256];
+  ldp_storage storage;
+  ldp_ledger ledger;
+  ldp_file_storage(&storage, state_dir);
+  if (ldp_ledger_open(&ledger, 0.0, 0.0, &storage) != LDP_OK)
+    return fprintf(stderr, "cannot read the ledger in %s\n", state_dir), 1;
+  ldp_os_rng os = {{0}, 0};
+  ldp_device d = {state, &ledger, {ldp_os_rng_next, &os}, strtoull(device_id, NULL, 10),
+                  ldp_run_reports, ldp_run_ids, cap, 0, 0, 0, 0.0};
+  long sent = 0, batches = 0;
+  int r;
+  while (fgets(line, sizeof line, stdin)) {
+    const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
+    size_t n;
+    if (ldp_parse_record(line, names, labels, &n)) return 1;
+    double cost;
+    r = ldp_device_report(&d, names, labels, n, ldp_wall(), &cost, err, sizeof err);
+    if (r == LDP_E_FULL) {
+      if ((r = send(ctx, &d)) < 0) return 1;
+      batches += r;
+      r = ldp_device_report(&d, names, labels, n, ldp_wall(), &cost, err, sizeof err);
+    }
+    if (r != LDP_OK) return fprintf(stderr, "record %ld: %s\n", sent, err), 1;
+    sent++;
+  }
+  if ((r = send(ctx, &d)) < 0) return 1;
+  printf("{\"sent\":%ld,\"batches\":%ld}\n", sent, batches + r);
+  return 0;
+}
+#endif

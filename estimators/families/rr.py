@@ -62,7 +62,8 @@ from ldpstream.estimators.mechanism import (
     marginal_key,
     register,
 )
-from ldpstream.estimators.stream.longitudinal import DAY_S, Guarantee, Memoize, compose
+from ldpstream.estimators.memo import memoize_param
+from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize, compose
 
 __all__ = ["RRIndependent", "RRJoint", "RRClusters", "marginal_counts"]
 
@@ -107,20 +108,8 @@ def marginal_counts(domain: Domain, counts: Mapping[str, np.ndarray],
 
 
 def _memoize_param(raw: Any, epsilon_scope: str, m: int) -> Memoize:
-    """The ``memoize`` parameter of rr-ind (errors name ``memoize.<field>``)."""
-    if not isinstance(raw, Mapping):
-        raise ParamError("memoize", f"must be a mapping {{rotation_s, instantaneous_epsilon}} "
-                                    f"(got {raw!r})")
-    sub = Params("memoize", raw)
-    try:
-        never = not sub.has("rotation_s") and "rotation_s" in raw  # rotation_s: null
-        rotation = None if never else sub.number("rotation_s", DAY_S, gt=0.0)
-        inst = sub.number("instantaneous_epsilon", None, gt=0.0)
-        sub.done()
-    except ParamError as exc:
-        raise ParamError(f"memoize.{exc.field}", str(exc).split(": ", 1)[1]) from None
-    return Memoize(rotation, None if inst is None else
-                   (attribute_budget(inst, epsilon_scope, m),) * m)
+    """The ``memoize`` parameter of rr-ind: the instantaneous ε follows ``epsilon_scope``."""
+    return memoize_param(raw, lambda e: (attribute_budget(e, epsilon_scope, m),) * m)
 
 
 class _RRBase(Mechanism):

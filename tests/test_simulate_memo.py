@@ -37,6 +37,14 @@ def test_rows_spend_the_same_epsilon_per_day(capsys):
         else:   # daily rotation: a 24 h window meets two periods, each gets half
             assert r["epsilon_per_rotation"] == pytest.approx(1.0, rel=1e-6)
         assert 0.0 <= r["tvd"] <= 1.0 and r["tvd_stderr"] is not None
+        assert (r["tvd_devices"] is None) == (r["mode"] == "fresh")
+    # without an instantaneous layer one device's R reports are one response: counted once
+    # per device, the estimate is the same whatever R (same seeds, same responses)
+    for m in ("partitioned", "rr-ind"):
+        one, four = (next(r for r in rows if r["mechanism"] == m and r["mode"] == "memoized"
+                          and r["reports_per_device"] == k) for k in (1, 4))
+        assert one["tvd_devices"] == pytest.approx(four["tvd_devices"], rel=1e-12)
+        assert one["tvd"] == pytest.approx(one["tvd_devices"], rel=1e-12)
 
 
 def test_instantaneous_layer_lowers_the_epsilon_per_report(capsys):

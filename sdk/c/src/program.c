@@ -230,6 +230,13 @@ static int parse_memo(parser *ps, json_t *memo) {
     ldp_errf(ps->err, ps->errlen, "device.memoize: must be an object");
     return -1;
   }
+  json_t *kind = json_object_get(memo, "kind");
+  if (kind && !(json_is_string(kind) && strcmp(json_string_value(kind), "attribute") == 0)) {
+    ldp_errf(ps->err, ps->errlen, "device.memoize.kind: %s memoization is not supported by "
+             "this SDK (it memoizes per attribute; the Python SDK runs kinds cluster and "
+             "partition)", json_is_string(kind) ? json_string_value(kind) : "this");
+    return -1;
+  }
   if (rot && !json_is_null(rot) && !(json_is_number(rot) && json_number_value(rot) > 0 &&
                                      isfinite(json_number_value(rot)))) {
     ldp_errf(ps->err, ps->errlen, "device.memoize.rotation_s: must be a number > 0 or null");

@@ -260,6 +260,14 @@ static void memo_vectors(json_t *v) {
                 (uint32_t)json_integer_value(json_array_get(want, j)),
             "memo event %zu column %u", i, j);
   }
+  /* memoized partitioned: refused, naming the field (the Python SDK runs it) */
+  json_t *part = json_object_get(v, "partition");
+  dev = json_dumps(json_object_get(part, "device"), JSON_COMPACT);
+  err[0] = 0;
+  r = ldp_program_parse(&scratch.program, dev, strlen(dev), err, sizeof err);
+  free(dev);
+  CHECK(r != LDP_OK && strstr(err, json_string_value(json_object_get(part, "refused_field"))) == err,
+        "memoized partition description: %d %s", r, err);
 }
 
 int main(int argc, char **argv) {

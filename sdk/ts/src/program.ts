@@ -55,6 +55,10 @@ export class Program {
 
   private parseMemo(m: unknown): Memo {
     if (!isObj(m)) throw new ProgramError("device.memoize", "must be an object");
+    if (m.kind !== undefined && m.kind !== "attribute")
+      throw new ProgramError("device.memoize.kind", `${String(m.kind)} memoization is not ` +
+                             "supported by this SDK (it memoizes per attribute; the Python " +
+                             "SDK runs kinds cluster and partition)");
     const rot = m.rotation_s ?? null;
     if (rot !== null && !(typeof rot === "number" && Number.isFinite(rot) && rot > 0))
       throw new ProgramError("device.memoize.rotation_s", "must be a number > 0 or null");

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
-import { Device, Ledger, Program, SchemaError, SplitMix64, State, StateRejected, Trust,
+import { Device, Ledger, Program, ProgramError, SchemaError, SplitMix64, State, StateRejected, Trust,
          Transport, acceptState, bernoulli, categorical, uniform } from "../src/index.js";
 
 const DIR = new URL("../../../conformance/", import.meta.url);
@@ -130,6 +130,12 @@ test("memoized reports", async () => {
     assert.ok(Math.abs(res.epsilon - e.cost) <= 1e-12 * e.cost, JSON.stringify(e));
     if (res.status === "queued") assert.deepEqual([...res.report], e.report);
   }
+});
+
+test("memoized partitioned descriptions are refused naming the field", () => {
+  const v = load("memo.json").partition;
+  assert.throws(() => new Program(v.device),
+                (e: unknown) => e instanceof ProgramError && e.field === v.refused_field);
 });
 
 test("mangled signed records get a decision, never a crash", () => {

@@ -11,13 +11,17 @@ True
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
-from ldpstream.estimators.mechanism import ParamError, Params
+import numpy as np
+
+from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.mechanism import ParamError, Params, attribute_budget
 from ldpstream.estimators.oracles.frequency_oracles import grr_pq
 from ldpstream.estimators.stream.longitudinal import DAY_S, Memoize
 
-__all__ = ["memoize_param", "composed_grr_pq", "composed_grr_epsilon"]
+__all__ = ["memoize_param", "memoize_per_attribute", "only_memoize", "per_attribute", "composed_grr_pq",
+           "composed_grr_epsilon"]
 
 
 def memoize_param(raw: Any, instantaneous: Callable[[float], tuple[float, ...]]) -> Memoize:
@@ -37,6 +41,33 @@ def memoize_param(raw: Any, instantaneous: Callable[[float], tuple[float, ...]])
     except ParamError as exc:
         raise ParamError(f"memoize.{exc.field}", str(exc).split(": ", 1)[1]) from None
     return Memoize(rotation, None if inst is None else instantaneous(inst))
+
+
+def memoize_per_attribute(raw: Any, epsilon_scope: str, m: int) -> Memoize:
+    """:func:`memoize_param` whose instantaneous ε is per attribute and follows
+    ``epsilon_scope`` like ε (rr-ind, rr-joint, rr-clusters, spl)."""
+    return memoize_param(raw, lambda e: (attribute_budget(e, epsilon_scope, m),) * m)
+
+
+def only_memoize(family: str, params: Mapping[str, Any] | None, epsilon_scope: str,
+                 m: int) -> Memoize | None:
+    """The params of a family whose one parameter is ``memoize`` (per attribute)."""
+    p = Params(family, params)
+    raw = p.value("memoize")
+    p.done()
+    return None if raw is None else memoize_per_attribute(raw, epsilon_scope, m)
+
+
+def per_attribute(responses: np.ndarray, channels: Sequence[np.ndarray] | None,
+                  rng: np.random.Generator) -> np.ndarray:
+    """Column j of ``responses`` ``(n, m)`` through ``channels[j]`` (a copy); the responses
+    themselves when there are no channels (no instantaneous layer)."""
+    if channels is None:
+        return responses
+    out = np.empty_like(responses)
+    for j, Q in enumerate(channels):
+        out[:, j] = ch.randomize(responses[:, j], Q, rng)
+    return out
 
 
 def composed_grr_pq(p1: float, p2: float, k: int) -> tuple[float, float]:

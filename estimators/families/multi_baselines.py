@@ -38,6 +38,7 @@ from ldpstream.estimators.kernels.proper import clip_rescale, repair
 from ldpstream.estimators.mechanism import (
     Estimate,
     Mechanism,
+    Memoization,
     ParamError,
     Params,
     TensorSpec,
@@ -46,6 +47,8 @@ from ldpstream.estimators.mechanism import (
     record_budget,
     register,
 )
+from ldpstream.estimators.memo import only_memoize, per_attribute
+from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize, compose
 
 __all__ = ["SPL", "SMP", "RSFD", "RSRFD", "grr_decode", "grr_decode_variance",
            "amplified_epsilon", "amplification_for", "attribute_epsilon", "neighbour_epsilons",
@@ -271,14 +274,64 @@ class _Multi(Mechanism):
 
 @register
 class SPL(_Multi):
-    """Split the budget: GRR(ε/m) on every attribute; ε = Σ ε(P_i) (sequential composition)."""
+    """Split the budget: GRR(ε/m) on every attribute; ε = Σ ε(P_i) (sequential composition).
+    Memoized (``memoize`` as rr-ind's): GRR(ε/m) is the permanent channel of every attribute,
+    an instantaneous GRR on top; the composed GRR is what ``channels`` holds and the
+    estimates invert."""
 
     name = "spl"
 
-    def __init__(self, domain: Domain, epsilon: float, version: int = 0) -> None:
+    def __init__(self, domain: Domain, epsilon: float, version: int = 0,
+                 memoize: Memoize | None = None) -> None:
         super().__init__(domain, epsilon, version)
         self.eps_each = self.target_epsilon / self.m
-        self.channels = [ch.grr(self.eps_each, d) for d in domain.shape]
+        self.memoize = memoize
+        self.permanent = [ch.grr(self.eps_each, d) for d in domain.shape]
+        inst = None if memoize is None else memoize.instantaneous_epsilon
+        self.instantaneous = None if inst is None else [ch.grr(e, d) for e, d in
+                                                        zip(inst, domain.shape)]
+        self.channels = [compose(P, Q) for P, Q in zip(
+            self.permanent, self.instantaneous or [None] * self.m)]
+        #: ε of every attribute's report channel (the composed GRR when memoized)
+        self.eps_report = [ch.epsilon(P) for P in self.channels]
+
+    def guarantee(self) -> Guarantee:
+        if self.memoize is None:
+            return Guarantee.fresh(self.epsilon)
+        return Guarantee.memoized_channels(self.permanent, self.instantaneous, self.memoize)
+
+    def memoization(self) -> Memoization | None:
+        if self.memoize is None:
+            return None
+        return Memoization(self.memoize, self.permanent, self.randomize_instantaneous)
+
+    def randomize_instantaneous(self, permanent: np.ndarray, rng: np.random.Generator
+                                ) -> np.ndarray:
+        """The instantaneous GRR of every attribute (the input itself when there is none)."""
+        return per_attribute(permanent, self.instantaneous, rng)
+
+    @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute",
+                    version: int = 0) -> "SPL":
+        """One report per record costing :func:`~.mechanism.record_budget`; ``memoize`` as
+        rr-ind's (the instantaneous ε per attribute follows ``epsilon_scope``)."""
+        m = len(domain)
+        return cls(domain, record_budget(epsilon, epsilon_scope, m), version=version,
+                   memoize=only_memoize(cls.name, params, epsilon_scope, m))
+
+    def state(self) -> dict[str, Any]:
+        out = super().state()
+        if self.memoize is not None:
+            out["memoize"] = self.memoize.to_dict()
+        return out
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "SPL":
+        memo = state.get("memoize")
+        return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
+                   version=int(state.get("version", 0)),
+                   memoize=None if memo is None else Memoize.from_dict(memo))
 
     @property
     def epsilon(self) -> float:
@@ -296,30 +349,37 @@ class SPL(_Multi):
         return np.asarray(self.domain.shape, dtype=np.int64)
 
     def device_program(self) -> dict[str, Any]:
-        """GRR(ε/m) on every attribute (docs/device-protocol.md)."""
-        return dp.program(self.name, self.domain, self.m,
-                          [dp.channel_step([j], P) for j, P in enumerate(self.channels)])
+        """GRR(ε/m) on every attribute (docs/device-protocol.md); memoized: as rr-ind's."""
+        if self.memoize is None:
+            return dp.program(self.name, self.domain, self.m,
+                              [dp.channel_step([j], P) for j, P in enumerate(self.channels)])
+        out = dp.program(self.name, self.domain, self.m, [
+            dp.channel_step([j], Q) for j, Q in enumerate(self.instantaneous or [])])
+        out["memoize"] = {"rotation_s": self.memoize.rotation_s, "permanent": [
+            dp.channel_step([j], P) for j, P in enumerate(self.permanent)]}
+        return out
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Every attribute through its permanent GRR, then the instantaneous one if any."""
         x = self._records(records).astype(report_dtype(self.domain.shape), copy=False)
         out = np.empty(x.shape, dtype=x.dtype)
-        for j, P in enumerate(self.channels):
+        for j, P in enumerate(self.permanent):
             out[:, j] = ch.randomize(x[:, j], P, rng)
-        return out
+        return self.randomize_instantaneous(out, rng)
 
     def tensors(self, marginals: Sequence[Sequence[str]] = ()) -> list[TensorSpec]:
         return self._column_tensors()
 
     def estimate_all(self, counts: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         out = []
-        for a, d in zip(self.domain.attrs, self.domain.shape):
+        for a, d, e in zip(self.domain.attrs, self.domain.shape, self.eps_report):
             c = np.asarray(counts[marginal_key((a,))], dtype=float)
-            out.append(grr_decode(c, c.sum(), self.eps_each, d))
+            out.append(grr_decode(c, c.sum(), e, d))
         return out
 
     def variance(self, f, n, fixed_data=True):
-        return [grr_decode_variance(fk, n, self.eps_each, d, fixed_data)
-                for fk, d in zip(f, self.domain.shape)]
+        return [grr_decode_variance(fk, n, e, d, fixed_data)
+                for fk, d, e in zip(f, self.domain.shape, self.eps_report)]
 
     def channel_matrix(self):
         X = _all_records(self.domain.shape)

@@ -33,10 +33,11 @@ import numpy as np
 import yaml
 
 from ldpstream.cli import CliError
+from ldpstream.estimators.families.partitioned import Partitioned
 from ldpstream.estimators.kernels import metrics as M
 from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.kernels.proper import clip_rescale
-from ldpstream.estimators.mechanism import Mechanism, ParamError, mechanism_class, mechanism_names
+from ldpstream.estimators.mechanism import DEFAULT_MECHANISM, Mechanism, ParamError, mechanism_class, mechanism_names
 from ldpstream.simulate.driver import check_epsilon, load_dataset
 
 __all__ = ["MemoRow", "at_day_budget", "run_memo", "main"]
@@ -44,7 +45,7 @@ __all__ = ["MemoRow", "at_day_budget", "run_memo", "main"]
 #: reports per device per day compared by default (the issue's benchmark)
 DEFAULT_REPORTS = (1, 10, 100)
 #: mechanisms compared by default
-DEFAULT_MECHANISMS = ("partitioned", "rr-ind")
+DEFAULT_MECHANISMS = (Partitioned.name, DEFAULT_MECHANISM)
 #: reports randomized per block in fresh runs (bounds memory at R × n reports)
 BLOCK = 200_000
 

@@ -86,6 +86,7 @@ class PartitionMemo:
 
     rotation_s: float | None
     step: Step
+    width: int
     instantaneous: tuple[float, ...] | None
     epsilons: tuple[float, ...]
     fingerprint: str
@@ -117,10 +118,11 @@ class PartitionMemo:
 
     def report(self, keys: Sequence[tuple[int, int]], codes: Sequence[int],
                rng: DrawSource) -> list[int]:
-        """Slot i: table offset + the memoized code, its value re-randomized when
-        ``instantaneous`` is set."""
-        out = []
-        for (j, _), code in zip(keys, codes):
+        """Column ``out[i]`` of slot i: table offset + the memoized code, its value
+        re-randomized when ``instantaneous`` is set."""
+        assert isinstance(self.step.out, tuple)
+        out = [0] * self.width
+        for col, (j, _), code in zip(self.step.out, keys, codes):
             t = self.step.tables[j]
             if self.instantaneous is not None:
                 p = self.instantaneous[j]
@@ -128,7 +130,7 @@ class PartitionMemo:
                     code = grr_cell(code, math.prod(t.shape), p, rng)
                 else:
                     code = (code // t.g) * t.g + grr_cell(code % t.g, t.g, p, rng)
-            out.append(t.offset + code)
+            out[col] = t.offset + code
         return out
 
 
@@ -150,7 +152,7 @@ def parse_memo(d: Any, shape: Sequence[int], width: int, budget: list[int]
                        budget)
     raw = d["permanent"]
     if kind == "partition":
-        return _partition_memo(d, rotation, perm, raw, shape)
+        return _partition_memo(d, rotation, perm, raw, shape, width)
     cols = [c for s in perm for c in s.cols]
     ok = all(s.op in ("grr", "matrix") and s.out == s.cols for s in perm) and width == len(shape)
     if kind == "attribute":
@@ -169,7 +171,7 @@ def parse_memo(d: Any, shape: Sequence[int], width: int, budget: list[int]
 
 
 def _partition_memo(d: dict, rotation: float | None, perm: tuple[Step, ...], raw: list,
-                    shape: Sequence[int]) -> PartitionMemo:
+                    shape: Sequence[int], width: int) -> PartitionMemo:
     if len(perm) != 1 or perm[0].op != "partition":
         raise ProgramError("device.memoize.permanent", "kind partition: one partition step")
     step = perm[0]
@@ -182,5 +184,6 @@ def _partition_memo(d: dict, rotation: float | None, perm: tuple[Step, ...], raw
                                                              f"[0, 1], one per table")
     eps = tuple(step_epsilon({"op": "partition", "out": [0], "tables": [t]}, shape)
                 for t in raw[0]["tables"])
-    return PartitionMemo(rotation, step, None if inst is None else tuple(float(p) for p in inst),
+    return PartitionMemo(rotation, step, width,
+                         None if inst is None else tuple(float(p) for p in inst),
                          eps, memo_fingerprint(raw, shape))

@@ -263,8 +263,8 @@ def _replay(state: dict[str, Any], domain: Domain, events: list, device_id: int,
 def memo_vectors() -> dict[str, Any]:
     """Memoized reports through the Python SDK: duplicates, partial charges, resends, rotation,
     a clock stepped back, budget refusals — with the reports of the test generator. Under
-    ``partition``: a memoized partitioned collection (``memoize.kind: partition``), which the
-    C and TypeScript SDKs refuse naming ``device.memoize.kind``."""
+    ``partition`` and ``cluster``: memoized partitioned and rr-clusters collections
+    (``memoize.kind`` partition and cluster) of the device ``DEVICE_ID``."""
     from ldpstream.estimators.stream.longitudinal import Memoize
 
     dom = Domain(DOM.attrs[:2], DOM.shape[:2], DOM.labels[:2])
@@ -273,16 +273,27 @@ def memo_vectors() -> dict[str, Any]:
     part = mechanism_class("partitioned").from_config(
         DOM, {"ways": 2, "memoize": {"rotation_s": 100.0, "instantaneous_epsilon": 2.0}},
         epsilon=2.0, epsilon_scope="record", version=3).device_state()
+    olh = mechanism_class("partitioned").from_config(
+        DOM, {"ways": 2, "oracles": ["olh"], "per_report": 2,
+              "memoize": {"rotation_s": 100.0, "instantaneous_epsilon": 3.0}},
+        epsilon=3.0, epsilon_scope="record", version=4).device_state()
+    clus = mechanism_class("rr-clusters").from_config(
+        DOM, {"clusters": [["os", "region"], ["plan"]],
+              "memoize": {"rotation_s": 100.0, "instantaneous_epsilon": 1.5}},
+        epsilon=1.0, version=2).device_state()
+
+    def case(st: dict[str, Any], seed: int, budget: float) -> dict[str, Any]:
+        return {"device": st["device"], "seed": str(seed), "device_id": str(DEVICE_ID),
+                "budget": {"epsilon": budget, "window_s": 300.0}, "resend_every_s": None,
+                "fingerprint": Program(st["device"]).memo.fingerprint,
+                "events": _replay(st, DOM, PARTITION_EVENTS, DEVICE_ID, seed, (budget, 300.0),
+                                  None)}
+
     return {"device": state["device"], "seed": "77", "budget": {"epsilon": 3.5, "window_s": 60.0},
             "resend_every_s": 50.0, "fingerprint": Program(state["device"]).memo.fingerprint,
             "events": _replay(state, dom, MEMO_EVENTS, 1, 77, (3.5, 60.0), 50.0),
-            "partition": {
-                "device": part["device"], "seed": "78", "device_id": str(DEVICE_ID),
-                "budget": {"epsilon": 8.0, "window_s": 300.0},
-                "fingerprint": Program(part["device"]).memo.fingerprint,
-                "refused_field": "device.memoize.kind",
-                "events": _replay(part, DOM, PARTITION_EVENTS, DEVICE_ID, 78, (8.0, 300.0),
-                                  None)}}
+            "partition": case(part, 78, 8.0), "partition_olh": case(olh, 80, 12.0),
+            "cluster": case(clus, 79, 9.0)}
 
 
 FILES = {"rng.json": rng_vectors, "randomize.json": randomize_vectors,

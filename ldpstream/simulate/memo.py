@@ -13,9 +13,10 @@ Every device holds one dataset record and reports it R times within one rotation
   so the permanent channels get ε/2).
 
 Both are estimated from all n·R reports as a collection counts them (``tvd``; the
-mechanism's first ``simulate`` estimator), against the dataset's own 2-way marginals (mean TVD
-of the clipped estimate), over ``--runs`` seeds. Without an instantaneous layer the R copies of
-a memoized report are counted as R × the counts of one (exactly what counting them gives).
+mechanism's first ``simulate`` estimator), against the dataset's own 2-way marginals (1-way
+for ``spl``; mean TVD of the clipped estimate), over ``--runs`` seeds. Without an
+instantaneous layer the R copies of a memoized report are counted as R × the counts of one
+(exactly what counting them gives).
 Memoized rows add ``tvd_devices``: the estimate from each device's latest report only (what an
 estimate that counts devices, not reports, sees): R copies of one response carry no more
 information, but counted as reports they make a family's variance-weighted post-processing
@@ -73,15 +74,17 @@ def at_day_budget(name: str, domain: Domain, budget: float, params: Mapping[str,
     and that ε per day computed from its channels: fresh at ``budget / reports`` per report
     (record scope); memoized with the ε that makes its guarantee's ``per_day`` the budget."""
     cls = mechanism_class(name)
-    if memoize is None:
-        mech = cls.from_config(domain, dict(params), epsilon=budget / reports,
-                               epsilon_scope="record")
-        return mech, reports * float(mech.epsilon)
-    full = {**params, "memoize": dict(memoize)}
     try:
+        if memoize is None:
+            mech = cls.from_config(domain, dict(params), epsilon=budget / reports,
+                                   epsilon_scope="record")
+            return mech, reports * float(mech.epsilon)
+        full = {**params, "memoize": dict(memoize)}
         probe = cls.from_config(domain, full, epsilon=budget, epsilon_scope="record")
     except ParamError as exc:
-        raise CliError(f"--memoize: {name} cannot memoize ({exc})") from None
+        if exc.field.startswith("memoize"):
+            raise CliError(f"--memoize: {name} cannot memoize ({exc})") from None
+        raise CliError(f"--param: {name}: {exc}") from None
     per_day = probe.guarantee().per_day
     if probe.memoization() is None or per_day is None:
         raise CliError(f"--memoize: {name} states no ε per day when memoized")
@@ -126,19 +129,29 @@ def _counts(mech: Mechanism, records: np.ndarray, reports: int, memoized: bool,
     return out, None
 
 
-def run_memo(records: np.ndarray, domain: Domain, mechanisms: Sequence[str], budget: float,
-             reports: Sequence[int], runs: int, seed: int, params: Mapping[str, Mapping[str, Any]],
-             memoize: Mapping[str, Any]) -> list[MemoRow]:
-    """Every (mechanism, fresh | memoized, R) at ``budget`` ε per device per day."""
-    marginals = list(combinations(domain.attrs, 2))
-    truth: dict[tuple[str, ...], np.ndarray] = {}
-    for mg in marginals:
+def _truth(records: np.ndarray, domain: Domain, w: int) -> dict[tuple[str, ...], np.ndarray]:
+    """The data's own marginal of every w attributes."""
+    out = {}
+    for mg in combinations(domain.attrs, w):
         cols = domain.axes(mg)
         shape = tuple(domain.shape[c] for c in cols)
         flat = np.ravel_multi_index(tuple(records[:, c].astype(np.intp) for c in cols), shape)
-        truth[mg] = np.bincount(flat, minlength=math.prod(shape)).reshape(shape) / len(records)
+        out[mg] = np.bincount(flat, minlength=math.prod(shape)).reshape(shape) / len(records)
+    return out
+
+
+def run_memo(records: np.ndarray, domain: Domain, mechanisms: Sequence[str], budget: float,
+             reports: Sequence[int], runs: int, seed: int, params: Mapping[str, Mapping[str, Any]],
+             memoize: Mapping[str, Any]) -> list[MemoRow]:
+    """Every (mechanism, fresh | memoized, R) at ``budget`` ε per device per day: the mean TVD
+    over every 2-way marginal (1-way for families that estimate nothing else)."""
+    ways = {}
     for name in mechanisms:   # every family checked before any work
-        at_day_budget(name, domain, budget, params.get(name, {}), memoize, max(reports))
+        mech, _ = at_day_budget(name, domain, budget, params.get(name, {}), memoize, max(reports))
+        method = mechanism_class(name).simulate_estimators()[0]
+        ways[name] = 2 if len(domain) >= 2 and mech.check_marginal(domain.attrs[:2],
+                                                                   method) is None else 1
+    truth = {w: _truth(records, domain, w) for w in set(ways.values())}
     rows = []
     for name in mechanisms:
         method = mechanism_class(name).simulate_estimators()[0]
@@ -151,10 +164,10 @@ def run_memo(records: np.ndarray, domain: Domain, mechanisms: Sequence[str], bud
                 for run in range(runs):
                     rng = np.random.default_rng([seed, run])   # the same draws for every R
                     counts, latest = _counts(mech, records, r, mode == "memoized", rng,
-                                             marginals)
-                    tvds.append(_mean_tvd(mech, counts, method, truth))
+                                             list(truth[ways[name]]))
+                    tvds.append(_mean_tvd(mech, counts, method, truth[ways[name]]))
                     if latest is not None:
-                        per_device.append(_mean_tvd(mech, latest, method, truth))
+                        per_device.append(_mean_tvd(mech, latest, method, truth[ways[name]]))
                 rows.append(MemoRow(name, mode, int(r), float(mech.epsilon), g.per_rotation,
                                     per_day, float(np.mean(tvds)),
                                     float(np.std(tvds, ddof=1) / math.sqrt(runs))
@@ -193,11 +206,13 @@ def main(args: Any) -> int:
     if args.instantaneous_epsilon is not None:
         memoize["instantaneous_epsilon"] = check_epsilon(args.instantaneous_epsilon)
     params: dict[str, dict[str, Any]] = {}
-    for text in getattr(args, "param", None) or ():
+    for text in getattr(args, "param", None) or ():   # NAME=VALUE, or FAMILY:NAME=VALUE
         name, eq, value = text.partition("=")
-        if not eq or not name.strip():
-            raise CliError(f"--param: expected NAME=VALUE, got {text!r}")
-        for n in names:
+        family, colon, name = name.strip().rpartition(":") if ":" in name else ("", "", name)
+        if not eq or not name.strip() or (colon and family not in names):
+            raise CliError(f"--param: expected NAME=VALUE or FAMILY:NAME=VALUE with FAMILY one "
+                           f"of {', '.join(names)}, got {text!r}")
+        for n in ([family] if colon else names):
             params.setdefault(n, {})[name.strip()] = yaml.safe_load(value)
     ds = load_dataset(args.data, args.columns, getattr(args, "generator", None), int(args.seed))
     rows = run_memo(ds.records, ds.domain, names, budget, reports, int(args.runs),
@@ -207,7 +222,8 @@ def main(args: Any) -> int:
                           "memoize": memoize, "rows": [asdict(r) for r in rows]}))
         return 0
     print(f"n={ds.n} devices, m={len(ds.domain)}; ε per device per day = {budget:g}; memoize "
-          f"{memoize}; mean TVD over every 2-way marginal, {args.runs} run(s)")
+          f"{memoize}; mean TVD over every 2-way marginal (1-way where a family estimates "
+          f"nothing else), {args.runs} run(s)")
     print(f"{'mechanism':<12} {'mode':<9} {'R/day':>5} {'ε/report':>9} {'ε/rotation':>10} "
           f"{'ε/day':>7} {'tvd':>8} {'± se':>8} {'tvd/dev':>8}")
     for r in rows:

@@ -183,3 +183,30 @@ def test_unbiased_with_repeated_memoized_reports_per_device():
     se = ests.std(axis=0, ddof=1) / math.sqrt(seeds)
     assert np.all(np.abs(ests.mean(axis=0) - truth) <= 4 * se + 1e-12), \
         (ests.mean(axis=0) - truth) / se
+
+
+def test_a_memoized_partitioned_collection_states_its_epsilon_over_time(tmp_path):
+    """Through the config, as /collections states it: ε per report from the composed oracles,
+    per rotation and per day from the permanent ones (record budget 2, hourly rotation: a day
+    meets 25 periods)."""
+    import yaml
+
+    from ldpstream.config import load_config
+    from ldpstream.privacy import epsilon_fields
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"collections": [{
+        "id": "p", "schema": {"attributes": {"os": ["a", "i", "w"], "plan": ["f", "p"],
+                                             "region": ["eu", "us", "as", "la"]}},
+        "mechanism": "partitioned", "epsilon": 2.0, "epsilon_scope": "record",
+        "params": {"ways": 2, "memoize": {"rotation_s": 3600, "instantaneous_epsilon": 1.0}},
+        "marginals": [["os", "plan"]], "estimators": ["unbiased"]}]}))
+    coll = load_config(str(path)).collections["p"]
+    mech = coll.mechanism()
+    f = epsilon_fields(coll, mech)
+    assert mech.memoization() is not None
+    assert f["epsilon_per_record"] == pytest.approx(mech.guarantee().per_report, rel=1e-12)
+    assert f["epsilon_per_record"] < 1.0
+    assert f["epsilon_per_rotation"] == pytest.approx(2.0, rel=1e-9)
+    assert f["epsilon_per_day"] == pytest.approx(50.0, rel=1e-9)
+    assert f["privacy_note"].startswith("weak privacy: ε = 50 per device per day")

@@ -88,15 +88,14 @@ def test_composed_channels_are_what_the_estimators_invert():
             assert ch.epsilon(C) == pytest.approx(math.log(p / q), rel=1e-9)
 
 
-def test_c_sdk_memoized_channels_match(c_sdk):  # noqa: F811
-    out = subprocess.run([str(c_sdk / "ldp_sample"), "memo-audit", str(MEMO), str(SAMPLES)],
-                         check=True, capture_output=True, text=True).stdout
-    assert _audit(out.splitlines()) == []
-
-
-def test_ts_sdk_memoized_channels_match(ts_sdk):  # noqa: F811
-    out = subprocess.run(["node", str(ts_sdk / "tools" / "sample.js"), "memo-audit", str(MEMO),
-                          str(SAMPLES)], check=True, capture_output=True, text=True).stdout
+@pytest.mark.parametrize("sdk", ["c", "ts"])
+def test_sdk_memoized_channels_match(sdk, request):
+    if sdk == "c":
+        cmd = [str(request.getfixturevalue("c_sdk") / "ldp_sample")]
+    else:
+        cmd = ["node", str(request.getfixturevalue("ts_sdk") / "tools" / "sample.js")]
+    out = subprocess.run([*cmd, "memo-audit", str(MEMO), str(SAMPLES)], check=True,
+                         capture_output=True, text=True).stdout
     assert _audit(out.splitlines()) == []
 
 

@@ -23,7 +23,7 @@ import importlib
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeAlias
+from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence, TypeAlias
 
 import numpy as np
 
@@ -228,7 +228,7 @@ class Memoization:
     rule: Memoize
     permanent: Sequence[np.ndarray]
     instantaneous: Callable[[np.ndarray, np.random.Generator], np.ndarray]
-    unit: str = "attribute"
+    unit: Literal["attribute", "cluster", "marginal"] = "attribute"
     epsilons: tuple[float, ...] = ()
     draw: Callable[[np.ndarray, np.ndarray, int, np.random.Generator], np.ndarray] | None = None
 

@@ -359,6 +359,10 @@ class DeviceClient:
                                            self.rng)[0]
             self.ledger.commit(self.collection, now, cost)
             return ReportResult("queued", cost, mech.version, report=report)
+        if memo.unit != "attribute":   # cluster and marginal memos exist as descriptions only
+            return ReportResult("refused", 0.0, mech.version,
+                                f"{mech.name} memoizes per {memo.unit}: its state carries no "
+                                f"device description to run")
         period = memo.rule.period(now)
         fp = channel_fingerprint(memo.permanent)
         record = f"{fp}:" + ",".join(str(int(v)) for v in x)

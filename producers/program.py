@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 from ldpstream.estimators.kernels.device_program import PROGRAM_VERSION, program_epsilon
 from ldpstream.estimators.kernels.domain import SchemaError
 from ldpstream.producers.draws import DrawSource, NumpyDraws, OsRandom, SplitMix64, bernoulli, categorical, uniform
-from ldpstream.producers.program_memo import Memo, PartitionMemo, parse_memo
+from ldpstream.producers.program_memo import Memo, PartitionMemo, SelectMemo, parse_memo
 from ldpstream.producers.program_steps import (
     MAX_ATTRS,
     MAX_MATRIX_ENTRIES,
@@ -25,7 +25,7 @@ from ldpstream.producers.program_steps import (
 )
 
 __all__ = ["DrawSource", "SplitMix64", "OsRandom", "NumpyDraws", "uniform", "bernoulli",
-           "categorical", "Program", "ProgramError", "Memo", "PartitionMemo", "MAX_WIDTH",
+           "categorical", "Program", "ProgramError", "Memo", "PartitionMemo", "SelectMemo", "MAX_WIDTH",
            "MAX_ATTRS"]
 
 

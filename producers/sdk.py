@@ -35,7 +35,7 @@ from ldpstream.names import reports_topic
 from ldpstream.producers.codec import ReportBatch, decode_batch, encode_batch
 from ldpstream.producers.device import DEFAULT_MAX_EPSILON, ConfigWatcher, check_ceiling
 from ldpstream.producers.ledger import Ledger, channel_fingerprint
-from ldpstream.producers.program import DrawSource, Memo, NumpyDraws, OsRandom, PartitionMemo, Program
+from ldpstream.producers.program import DrawSource, Memo, NumpyDraws, OsRandom, PartitionMemo, Program, SelectMemo
 from ldpstream.producers.publisher import Publisher
 from ldpstream.producers.sequence import BatchSequence
 from ldpstream.producers.signing import StateRejected
@@ -385,8 +385,8 @@ class DeviceClient:
                            record=record)
         return ReportResult("queued", cost, mech.version, report=report)
 
-    def _memoized(self, prog: Program, memo: Memo | PartitionMemo, version: int, x: np.ndarray,
-                  now: float) -> ReportResult:
+    def _memoized(self, prog: Program, memo: Memo | PartitionMemo | SelectMemo, version: int,
+                  x: np.ndarray, now: float) -> ReportResult:
         """A memoized description (docs/device-protocol.md, "Ledger"): permanent responses drawn
         once per rotation period (a clock stepped back keeps the newest period), a record sent
         once per period unless ``resend_every_s`` passed, only new draws charged (one per memo
@@ -410,7 +410,7 @@ class DeviceClient:
             return ReportResult("refused", 0.0, version, refusal)
         new = {k: memo.draw(k, self.draws) for k in missing}
         values = [have[k] if k in have else new[k] for k in keys]
-        if isinstance(memo, PartitionMemo):
+        if isinstance(memo, (PartitionMemo, SelectMemo)):
             report = memo.report(keys, values, self.draws)
         else:
             permanent = memo.permanent_record(values)

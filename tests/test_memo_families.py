@@ -1,5 +1,6 @@
 """Memoization of the one-shot families other than partitioned (docs/mechanisms.md §8): rr-ind,
-spl, rr-joint and rr-clusters memoize per attribute or per cluster. For each, with and without
+spl, rr-joint and rr-clusters memoize per attribute or per cluster, smp per (attribute sampled
+for the device and period, value). For each, with and without
 an instantaneous layer: the ε per report is the composed channel's and the ε per rotation the
 permanent channels' (computed from the matrices the device program applies, rtol 1e-9); the
 device program's sampled reports and the numpy randomizer's follow the composed channel (χ²,
@@ -19,7 +20,7 @@ from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.mechanism import Mechanism, ParamError, from_state, mechanism_class
 from ldpstream.estimators.stream.longitudinal import DAY_S, periods_per_window
 from ldpstream.producers.draws import SplitMix64
-from ldpstream.producers.program import Memo, Program
+from ldpstream.producers.program import Memo, Program, SelectMemo
 
 pytestmark = pytest.mark.core
 
@@ -163,10 +164,86 @@ def test_rr_clusters_version_change_costs_a_new_memo():
     assert static.per_version_change is None
 
 
-@pytest.mark.parametrize("name", ["smp", "rs-fd", "rs-rfd", "lopub", "rrba", "corr-rr",
+@pytest.mark.parametrize("name", ["rs-fd", "rs-rfd", "lopub", "rrba", "corr-rr",
                                   "corr-rr-paper"])
 def test_families_that_cannot_memoize_refuse_the_parameter(name):
     with pytest.raises(ParamError) as exc:
         mechanism_class(name).from_config(DOM, {"memoize": {"rotation_s": 600.0}},
                                           epsilon=1.0)
     assert exc.value.field == "memoize"
+
+
+def _smp(inst: float | None):
+    memo: dict = {"rotation_s": 600.0}
+    if inst is not None:
+        memo["instantaneous_epsilon"] = inst
+    return mechanism_class("smp").from_config(DOM, {"memoize": memo}, epsilon=1.2,
+                                              epsilon_scope="record")
+
+
+@pytest.mark.parametrize("inst", [None, 0.7])
+def test_smp_epsilon_comes_from_the_composed_and_permanent_channels(inst):
+    m = _smp(inst)
+    st = json.loads(json.dumps(m.device_state()))
+    prog = Program(st["device"])
+    assert isinstance(prog.memo, SelectMemo)
+    perm = [_grr_matrix(b[0].p, b[0].shape[0]) for b in prog.memo.step.branches]
+    comp = [P if inst is None else P @ _grr_matrix(q, len(P))
+            for P, q in zip(perm, prog.memo.instantaneous or [None] * len(perm))]
+    g = m.guarantee()
+    assert m.epsilon == pytest.approx(max(ch.epsilon(C) for C in comp), rel=1e-9)
+    assert g.per_rotation == pytest.approx(max(ch.epsilon(P) for P in perm), rel=1e-9)
+    assert g.per_rotation == pytest.approx(1.2, rel=1e-9) == prog.epsilon
+    assert from_state(st).guarantee() == g
+    if inst is not None:
+        assert m.epsilon < g.per_rotation
+
+
+def test_smp_memoized_reports_follow_the_composed_channel():
+    """The sampled attribute is fixed per (device, period) and matches the numpy randomizer's;
+    over many periods one device's reports are (uniform attribute) × composed GRR row (χ²)."""
+    from ldpstream.estimators.families.partitioned import assign_by_device
+
+    m = _smp(0.7)
+    prog = Program(json.loads(json.dumps(m.device_program())))
+    memo = prog.memo
+    assert isinstance(memo, SelectMemo)
+    x = [1, 2, 3]
+    ids = np.arange(300, dtype=np.uint64)
+    assert [memo.keys(x, int(i), 9)[0][0] for i in ids] == \
+        assign_by_device(ids, 3, 0, 9).tolist()
+    n = 9000
+    rng = SplitMix64(8)
+    rows = []
+    for period in range(n):
+        keys = memo.keys(x, 4, period)
+        rows.append(memo.report(keys, [memo.draw(k, rng) for k in keys], rng))
+    gen = np.random.default_rng(3)
+    mm = m.memoization()
+    xs = np.tile([x], (n, 1))
+    numpy_reports = mm.instantaneous(mm.responses(xs, np.arange(n), 0, gen), gen)
+    for reports in (np.array(rows), np.asarray(numpy_reports)):
+        for j, C in enumerate(m.channels):
+            sel = reports[reports[:, 0] == j, 1]
+            obs = np.bincount(sel, minlength=len(C))
+            assert chisquare(obs, len(sel) * C[x[j]]).pvalue > P_MIN, j
+        assert chisquare(np.bincount(reports[:, 0], minlength=3)).pvalue > P_MIN
+
+
+def test_smp_unbiased_with_repeated_memoized_reports():
+    m = _smp(0.7)
+    rng0 = np.random.default_rng(5)
+    n, reps, seeds = 2000, 10, 40
+    pop = np.stack([rng0.integers(0, d, n) for d in DOM.shape], axis=1)
+    truth = np.bincount(pop[:, 2], minlength=4) / n
+    memo = m.memoization()
+    ests = []
+    for s in range(seeds):
+        rng = np.random.default_rng([9, s])
+        perm = memo.responses(pop, np.arange(n) + s * n, 0, rng)
+        reports = memo.instantaneous(np.repeat(perm, reps, axis=0), rng)
+        ests.append(m.estimate(m.count(reports, m.tensors([("c",)])), ("c",),
+                               "unbiased").factor.values)
+    ests = np.array(ests)
+    se = ests.std(axis=0, ddof=1) / math.sqrt(seeds)
+    assert np.all(np.abs(ests.mean(axis=0) - truth) <= 4 * se + 1e-12)

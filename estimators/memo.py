@@ -20,7 +20,8 @@ from ldpstream.estimators.mechanism import ParamError, Params, attribute_budget
 from ldpstream.estimators.oracles.frequency_oracles import grr_pq
 from ldpstream.estimators.stream.longitudinal import DAY_S, Memoize
 
-__all__ = ["memoize_param", "memoize_per_attribute", "only_memoize", "per_attribute", "composed_grr_pq",
+__all__ = ["memoize_param", "memoize_per_attribute", "memoize_state", "memoize_of",
+           "only_memoize", "per_attribute", "composed_grr_pq",
            "composed_grr_epsilon"]
 
 
@@ -47,6 +48,16 @@ def memoize_per_attribute(raw: Any, epsilon_scope: str, m: int) -> Memoize:
     """:func:`memoize_param` whose instantaneous ε is per attribute and follows
     ``epsilon_scope`` like ε (rr-ind, rr-joint, rr-clusters, spl)."""
     return memoize_param(raw, lambda e: (attribute_budget(e, epsilon_scope, m),) * m)
+
+
+def memoize_state(memoize: Memoize | None) -> dict[str, Any]:
+    """The ``memoize`` entry of a mechanism's state (none when not memoized)."""
+    return {} if memoize is None else {"memoize": memoize.to_dict()}
+
+
+def memoize_of(state: Mapping[str, Any]) -> Memoize | None:
+    """The :class:`Memoize` of a state written with :func:`memoize_state`."""
+    return None if state.get("memoize") is None else Memoize.from_dict(state["memoize"])
 
 
 def only_memoize(family: str, params: Mapping[str, Any] | None, epsilon_scope: str,

@@ -52,17 +52,23 @@ def partition_first(s: Step, device_id: int, period: int) -> int:
 
 
 @dataclass(frozen=True)
-class Memo:
-    """Permanent ``grr``/``matrix`` steps, one per memo unit (attribute or cluster)."""
+class _Rotating:
+    """A memo kind's rotation: responses are kept for the period ``floor(now / rotation_s)``."""
 
     rotation_s: float | None
-    permanent: tuple[Step, ...]
-    epsilons: tuple[float, ...]
-    fingerprint: str
 
     def period(self, now: float) -> int:
         """``floor(now / rotation_s)``; 0 when responses never rotate."""
         return 0 if self.rotation_s is None else int(math.floor(now / self.rotation_s))
+
+
+@dataclass(frozen=True)
+class Memo(_Rotating):
+    """Permanent ``grr``/``matrix`` steps, one per memo unit (attribute or cluster)."""
+
+    permanent: tuple[Step, ...]
+    epsilons: tuple[float, ...]
+    fingerprint: str
 
     def keys(self, x: Sequence[int], device_id: int, period: int) -> list[tuple[int, int]]:
         """(unit, cell) of every memo the record ``x`` needs."""
@@ -85,18 +91,14 @@ class Memo:
 
 
 @dataclass(frozen=True)
-class PartitionMemo:
+class PartitionMemo(_Rotating):
     """A memoized ``partition`` step and the instantaneous keep probability of every table."""
 
-    rotation_s: float | None
     step: Step
     width: int
     instantaneous: tuple[float, ...] | None
     epsilons: tuple[float, ...]
     fingerprint: str
-
-    def period(self, now: float) -> int:
-        return 0 if self.rotation_s is None else int(math.floor(now / self.rotation_s))
 
     def keys(self, x: Sequence[int], device_id: int, period: int) -> list[tuple[int, int]]:
         """(table, cell) of every slot: table (first + slot) mod K."""
@@ -139,19 +141,15 @@ class PartitionMemo:
 
 
 @dataclass(frozen=True)
-class SelectMemo:
+class SelectMemo(_Rotating):
     """A memoized ``select`` step (smp): its branch fixed per (device, period)."""
 
-    rotation_s: float | None
     step: Step
     seed: int
     width: int
     instantaneous: tuple[float, ...] | None
     epsilons: tuple[float, ...]
     fingerprint: str
-
-    def period(self, now: float) -> int:
-        return 0 if self.rotation_s is None else int(math.floor(now / self.rotation_s))
 
     def keys(self, x: Sequence[int], device_id: int, period: int) -> list[tuple[int, int]]:
         j = _first(self.seed, device_id, period, len(self.step.branches))

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 import pytest
+from memo_helpers import assert_unbiased, memoized_estimates
 from scipy.stats import chisquare
 
 from ldpstream.estimators.kernels import channels as ch
@@ -128,17 +129,9 @@ def test_unbiased_with_repeated_memoized_reports_per_device(name, params, method
     shape = tuple(DOM.shape[c] for c in cols)
     truth = np.histogramdd(pop[:, list(cols)], bins=shape,
                            range=[(0, d) for d in shape])[0] / n
-    memo = m.memoization()
-    ests = []
-    for s in range(seeds):
-        rng = np.random.default_rng([8, s])
-        perm = memo.responses(pop, np.arange(n), 0, rng)
-        reports = memo.instantaneous(np.repeat(perm, reps, axis=0), rng)
-        counts = m.count(reports, m.tensors([attrs]))
-        ests.append(m.estimate(counts, attrs, method).factor.values)
-    ests = np.array(ests)
-    se = ests.std(axis=0, ddof=1) / math.sqrt(seeds)
-    assert np.all(np.abs(ests.mean(axis=0) - truth) <= 4 * se + 1e-12)
+    ests = memoized_estimates(m, pop, reps, seeds, 8,
+                              lambda c: m.estimate(c, attrs, method).factor.values, [attrs])
+    assert_unbiased(ests, truth)
 
 
 def test_rr_clusters_version_change_costs_a_new_memo():
@@ -236,14 +229,7 @@ def test_smp_unbiased_with_repeated_memoized_reports():
     n, reps, seeds = 2000, 10, 40
     pop = np.stack([rng0.integers(0, d, n) for d in DOM.shape], axis=1)
     truth = np.bincount(pop[:, 2], minlength=4) / n
-    memo = m.memoization()
-    ests = []
-    for s in range(seeds):
-        rng = np.random.default_rng([9, s])
-        perm = memo.responses(pop, np.arange(n) + s * n, 0, rng)
-        reports = memo.instantaneous(np.repeat(perm, reps, axis=0), rng)
-        ests.append(m.estimate(m.count(reports, m.tensors([("c",)])), ("c",),
-                               "unbiased").factor.values)
-    ests = np.array(ests)
-    se = ests.std(axis=0, ddof=1) / math.sqrt(seeds)
-    assert np.all(np.abs(ests.mean(axis=0) - truth) <= 4 * se + 1e-12)
+    ests = memoized_estimates(m, pop, reps, seeds, 9,
+                              lambda c: m.estimate(c, ("c",), "unbiased").factor.values,
+                              [("c",)])
+    assert_unbiased(ests, truth)

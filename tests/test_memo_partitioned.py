@@ -6,10 +6,10 @@ estimate stays unbiased with repeated memoized reports per device (seeded Monte 
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
+from memo_helpers import assert_unbiased, memoized_estimates
 from scipy.stats import chisquare
 from tolerance import assert_close
 
@@ -166,23 +166,12 @@ def test_unbiased_with_repeated_memoized_reports_per_device():
     n, reps, seeds = 2000, 10, 40
     pop = np.stack([rng0.choice(d, n, p=np.arange(1, d + 1) / (d * (d + 1) / 2))
                     for d in DOM.shape], axis=1)
-    specs = m.tensors()
-    memo = m.memoization()
-    ests = []
-    for s in range(seeds):
-        rng = np.random.default_rng([7, s])
-        perm = memo.responses(pop, np.arange(n) + s * n, 0, rng)
-        reports = memo.instantaneous(np.repeat(perm, reps, axis=0), rng)
-        counts = m.count(reports, specs)
-        ests.append(np.concatenate([m.estimate(counts, mg, "unbiased").factor.values.ravel()
-                                    for mg in m.marginals]))
-    ests = np.array(ests)
+    ests = memoized_estimates(m, pop, reps, seeds, 7, lambda c: np.concatenate(
+        [m.estimate(c, mg, "unbiased").factor.values.ravel() for mg in m.marginals]))
     truth = np.concatenate([np.histogramdd(pop[:, list(c)], bins=sh,
                                            range=[(0, d) for d in sh])[0].ravel() / n
                             for c, sh in zip(m._cols, m._shapes)])
-    se = ests.std(axis=0, ddof=1) / math.sqrt(seeds)
-    assert np.all(np.abs(ests.mean(axis=0) - truth) <= 4 * se + 1e-12), \
-        (ests.mean(axis=0) - truth) / se
+    assert_unbiased(ests, truth)
 
 
 def test_a_memoized_partitioned_collection_states_its_epsilon_over_time(tmp_path):

@@ -47,7 +47,7 @@ from ldpstream.estimators.mechanism import (
     record_budget,
     register,
 )
-from ldpstream.estimators.memo import memoize_param, only_memoize, per_attribute
+from ldpstream.estimators.memo import memoize_of, memoize_param, memoize_state, only_memoize, per_attribute
 from ldpstream.estimators.stream.longitudinal import DAY_S, Guarantee, Memoize, compose, periods_per_window
 
 __all__ = ["SPL", "SMP", "RSFD", "RSRFD", "grr_decode", "grr_decode_variance",
@@ -272,8 +272,22 @@ class _Multi(Mechanism):
 
 # --- SPL -----------------------------------------------------------------------------------------
 
+class _Memoizing(_Multi):
+    """A baseline that may memoize: ``memoize`` in its state."""
+
+    memoize: Memoize | None = None
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), **memoize_state(self.memoize)}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "_Memoizing":
+        return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
+                   version=int(state.get("version", 0)), memoize=memoize_of(state))
+
+
 @register
-class SPL(_Multi):
+class SPL(_Memoizing):
     """Split the budget: GRR(ε/m) on every attribute; ε = Σ ε(P_i) (sequential composition).
     Memoized (``memoize`` as rr-ind's): GRR(ε/m) is the permanent channel of every attribute,
     an instantaneous GRR on top; the composed GRR is what ``channels`` holds and the
@@ -319,19 +333,6 @@ class SPL(_Multi):
         m = len(domain)
         return cls(domain, record_budget(epsilon, epsilon_scope, m), version=version,
                    memoize=only_memoize(cls.name, params, epsilon_scope, m))
-
-    def state(self) -> dict[str, Any]:
-        out = super().state()
-        if self.memoize is not None:
-            out["memoize"] = self.memoize.to_dict()
-        return out
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> "SPL":
-        memo = state.get("memoize")
-        return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
-                   version=int(state.get("version", 0)),
-                   memoize=None if memo is None else Memoize.from_dict(memo))
 
     @property
     def epsilon(self) -> float:
@@ -393,7 +394,7 @@ class SPL(_Multi):
 # --- SMP -----------------------------------------------------------------------------------------
 
 @register
-class SMP(_Multi):
+class SMP(_Memoizing):
     """Sample one attribute j uniformly and report (j, GRR_ε(x_j)); ε = max_j ε(P_j).
     Memoized (``memoize``; ``instantaneous_epsilon`` a record budget like ε): j fixed per
     (device, rotation period) by a hash of both (independent of the record), GRR_ε(x_j) the
@@ -515,19 +516,6 @@ class SMP(_Multi):
         return cls(domain, record_budget(epsilon, epsilon_scope, m), version=version,
                    memoize=None if raw is None else memoize_param(
                        raw, lambda e: (record_budget(e, epsilon_scope, m),) * m))
-
-    def state(self) -> dict[str, Any]:
-        out = super().state()
-        if self.memoize is not None:
-            out["memoize"] = self.memoize.to_dict()
-        return out
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> "SMP":
-        memo = state.get("memoize")
-        return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
-                   version=int(state.get("version", 0)),
-                   memoize=None if memo is None else Memoize.from_dict(memo))
 
     def tensors(self, marginals: Sequence[Sequence[str]] = ()) -> list[TensorSpec]:
         return [TensorSpec("smp", ("attribute", "value"), (self.m, self._dmax), (0, 1))]

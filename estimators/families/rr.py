@@ -63,7 +63,14 @@ from ldpstream.estimators.mechanism import (
     marginal_key,
     register,
 )
-from ldpstream.estimators.memo import composed_grr_pq, memoize_per_attribute, only_memoize, per_attribute
+from ldpstream.estimators.memo import (
+    composed_grr_pq,
+    memoize_of,
+    memoize_per_attribute,
+    memoize_state,
+    only_memoize,
+    per_attribute,
+)
 from ldpstream.estimators.stream.longitudinal import DAY_S, Guarantee, Memoize, compose, periods_per_window
 
 __all__ = ["RRIndependent", "RRJoint", "RRClusters", "marginal_counts"]
@@ -106,14 +113,6 @@ def marginal_counts(domain: Domain, counts: Mapping[str, np.ndarray],
         raise KeyError(f"no count tensor holds the marginal {attrs}; tensors: {sorted(counts)}")
     _, axes, t = best
     return Factor(domain.project(axes), t).project(attrs).values
-
-
-def _memo_state(memoize: Memoize | None) -> dict[str, Any]:
-    return {} if memoize is None else {"memoize": memoize.to_dict()}
-
-
-def _memo_of(state: Mapping[str, Any]) -> Memoize | None:
-    return None if state.get("memoize") is None else Memoize.from_dict(state["memoize"])
 
 
 class _RRBase(Mechanism):
@@ -600,7 +599,7 @@ class RRJoint(_Clustered):
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
                 "domain": self.domain.to_dict(), "epsilons": list(self.epsilons),
-                "epsilon_c": self.cluster_eps[0], **_memo_state(self.memoize)}
+                "epsilon_c": self.cluster_eps[0], **memoize_state(self.memoize)}
 
     @classmethod
     def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
@@ -613,7 +612,7 @@ class RRJoint(_Clustered):
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRJoint":
         return cls(Domain.from_dict(state["domain"]), state["epsilons"],
-                   version=int(state.get("version", 0)), memoize=_memo_of(state))
+                   version=int(state.get("version", 0)), memoize=memoize_of(state))
 
 
 @register
@@ -748,7 +747,7 @@ class RRClusters(_Clustered):
                 "clusters": [list(c) for c in self.clusters], "clustered": self.clustered,
                 "max_cells": self.max_cells, "min_dependence": self.min_dependence,
                 "cluster_reports": self.cluster_reports, "phase1_fraction": self.phase1_fraction,
-                **_memo_state(self.memoize)}
+                **memoize_state(self.memoize)}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRClusters":
@@ -757,4 +756,4 @@ class RRClusters(_Clustered):
                    min_dependence=state.get("min_dependence"),
                    cluster_reports=state.get("cluster_reports"),
                    clustered=bool(state.get("clustered", True)),
-                   phase1_fraction=state.get("phase1_fraction"), memoize=_memo_of(state))
+                   phase1_fraction=state.get("phase1_fraction"), memoize=memoize_of(state))

@@ -1,6 +1,7 @@
 """Statistical privacy audit of memoized reports in the C and TypeScript SDKs (docs/device-
 protocol.md, "Memoized descriptions"): for every memoized case of ``memo.json`` (per attribute,
-per cluster, partitioned with GRR and with OLH tables, each with an instantaneous layer) every
+per cluster, partitioned with GRR and with OLH tables, smp's select, each with an
+instantaneous layer) every
 memo unit is sampled 10⁶ times with the SDK's production generator, each report in a new
 rotation period (a new memo), every record of the domain in turn. The sampled channel from a
 unit's true cell to what the report carries must fit the composed channel permanent @
@@ -48,6 +49,10 @@ def composed(device: dict, unit: int) -> np.ndarray:
         if t["oracle"] == "grr":
             return P @ _grr(inst[unit], P.shape[1])
         return P @ np.kron(np.eye(t["g"] ** t["r"]), _grr(inst[unit], t["g"]))
+    if memo.get("kind") == "select":   # branch `unit`: its step, then the instantaneous GRR
+        P = _declared(memo["permanent"][0]["branches"][unit][0], sizes)
+        inst = memo.get("instantaneous_p")
+        return P if inst is None else P @ _grr(inst[unit], len(P))
     step = memo["permanent"][unit]
     P = _declared(step, sizes)
     for s in device["steps"]:   # the instantaneous step over the same columns, if any
@@ -77,7 +82,9 @@ def test_composed_channels_are_what_the_estimators_invert():
     for dev in _cases().values():
         memo = dev["memoize"]
         partition = memo.get("kind") == "partition"
-        tables = memo["permanent"][0]["tables"] if partition else memo["permanent"]
+        tables = (memo["permanent"][0]["tables"] if partition else
+                  memo["permanent"][0]["branches"] if memo.get("kind") == "select"
+                  else memo["permanent"])
         for u, t in enumerate(tables):
             C = composed(dev, u)
             np.testing.assert_allclose(C.sum(axis=1), 1.0, rtol=1e-12)

@@ -263,8 +263,9 @@ def _replay(state: dict[str, Any], domain: Domain, events: list, device_id: int,
 def memo_vectors() -> dict[str, Any]:
     """Memoized reports through the Python SDK: duplicates, partial charges, resends, rotation,
     a clock stepped back, budget refusals — with the reports of the test generator. Under
-    ``partition`` and ``cluster``: memoized partitioned and rr-clusters collections
-    (``memoize.kind`` partition and cluster) of the device ``DEVICE_ID``."""
+    ``partition``, ``partition_olh``, ``cluster`` and ``select``: memoized partitioned,
+    rr-clusters and smp collections (``memoize.kind`` partition, cluster, select) of the
+    device ``DEVICE_ID``."""
     from ldpstream.estimators.stream.longitudinal import Memoize
 
     dom = Domain(DOM.attrs[:2], DOM.shape[:2], DOM.labels[:2])
@@ -277,6 +278,9 @@ def memo_vectors() -> dict[str, Any]:
         DOM, {"ways": 2, "oracles": ["olh"], "per_report": 2,
               "memoize": {"rotation_s": 100.0, "instantaneous_epsilon": 3.0}},
         epsilon=3.0, epsilon_scope="record", version=4).device_state()
+    smp = mechanism_class("smp").from_config(
+        DOM, {"memoize": {"rotation_s": 100.0, "instantaneous_epsilon": 1.0}}, epsilon=2.0,
+        epsilon_scope="record", version=6).device_state()
     clus = mechanism_class("rr-clusters").from_config(
         DOM, {"clusters": [["os", "region"], ["plan"]],
               "memoize": {"rotation_s": 100.0, "instantaneous_epsilon": 1.5}},
@@ -293,7 +297,7 @@ def memo_vectors() -> dict[str, Any]:
             "resend_every_s": 50.0, "fingerprint": Program(state["device"]).memo.fingerprint,
             "events": _replay(state, dom, MEMO_EVENTS, 1, 77, (3.5, 60.0), 50.0),
             "partition": case(part, 78, 8.0), "partition_olh": case(olh, 80, 12.0),
-            "cluster": case(clus, 79, 9.0)}
+            "cluster": case(clus, 79, 9.0), "select": case(smp, 81, 7.0)}
 
 
 FILES = {"rng.json": rng_vectors, "randomize.json": randomize_vectors,

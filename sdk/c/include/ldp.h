@@ -94,9 +94,10 @@ typedef struct ldp_program {
   uint32_t n_attrs, width, n_steps;
   uint32_t n_top;                      /* steps[0..n_top): the steps list (with branches) */
   int memoized;                        /* steps[n_top + u]: permanent step of memo unit u */
-  uint8_t memo_kind;                   /* 0 attribute, 1 cluster, 2 partition (one step) */
+  uint8_t memo_kind;                   /* 0 attribute, 1 cluster, 2 partition, 3 select */
   uint32_t n_units;                    /* permanent steps (attribute, cluster) or 1 */
-  int has_inst;                        /* partition: inst_p holds a keep per table */
+  uint64_t memo_seed;                  /* select: mix64(seed) */
+  int has_inst;                        /* partition, select: inst_p per table or branch */
   double inst_p[LDP_MAX_STEPS];
   double rotation_s;                   /* <= 0: never rotated */
   uint8_t fingerprint[8];              /* BLAKE2b-64 of the permanent steps */

@@ -161,8 +161,8 @@ static int memo_audit(const char *name, long samples, ldp_rng *rng) {
   static ldp_ledger ledger;
   uint32_t x[LDP_MAX_ATTRS] = {0}, report[LDP_MAX_WIDTH], n_rec = 1;
   const ldp_step *ps = &prog.steps[prog.n_top];
-  int part = prog.memo_kind == 2;
-  uint32_t units = part ? ps->count : prog.n_units;
+  int part = prog.memo_kind == 2, sel = prog.memo_kind == 3;  /* select: per branch */
+  uint32_t units = part || sel ? ps->count : prog.n_units;
   for (uint32_t j = 0; j < prog.n_attrs; j++) n_rec *= prog.size[j];
   ldp_ledger_open(&ledger, 0.0, 86400.0, NULL);
   memset(mc, 0, sizeof mc);
@@ -189,9 +189,9 @@ static int memo_audit(const char *name, long samples, ldp_rng *rng) {
           for (uint8_t i = 0; i < tb->n_in; i++) cell = cell * prog.size[tb->in[i]] + x[tb->in[i]];
           mc[u][cell * codes + (code - tb->offset)]++;
         } else {
-          const ldp_step *s = &prog.steps[prog.n_top + u];
+          const ldp_step *s = &prog.steps[sel ? prog.branch_start[ps->first + u] : prog.n_top + u];
           uint64_t cell = 0, out = 0;
-          if (s->cells > 36) continue;
+          if (s->cells > 36 || (sel && report[ps->out[0]] != u)) continue;
           for (uint8_t i = 0; i < s->n_in; i++) {
             cell = cell * prog.size[s->in[i]] + x[s->in[i]];
             out = out * prog.size[s->in[i]] + report[s->out[i]];
@@ -209,7 +209,7 @@ static int memo_audit(const char *name, long samples, ldp_rng *rng) {
       cols = tb->g ? tb->g : tb->cells;
       for (uint32_t k = 0; tb->g && k < tb->r; k++) cols *= tb->g;
     } else {
-      rows = cols = prog.steps[prog.n_top + u].cells;
+      rows = cols = prog.steps[sel ? prog.branch_start[ps->first + u] : prog.n_top + u].cells;
     }
     if (rows > 36 || cols > 400) continue;
     printf("{\"case\":\"%s\",\"unit\":%u,\"counts\":[", name, u);

@@ -269,6 +269,7 @@ static void memo_vectors(json_t *v) {
   memo_replay(json_object_get(v, "partition"), "memoized partition");
   memo_replay(json_object_get(v, "partition_olh"), "memoized partition (olh)");
   memo_replay(json_object_get(v, "cluster"), "memoized cluster");
+  memo_replay(json_object_get(v, "select"), "memoized select");
 }
 
 int main(int argc, char **argv) {

@@ -152,7 +152,8 @@ export class Device {
       return r;
     });
     const rec = memoRecord(memo, units, y, st.program.width, this.rng);
-    const report = memo.partition || !st.program.hasSteps ? rec : st.program.randomize(rec, this.rng);
+    const report = memo.kind === "partition" || memo.kind === "select" || !st.program.hasSteps
+      ? rec : st.program.randomize(rec, this.rng);
     await ledger.commitMemo(period, fresh, record, cost, now);
     return { report, cost };
   }

@@ -3,7 +3,7 @@
 import { DrawSource, uniform } from "./rng.js";
 import { Memo, makeMemo, memoKind } from "./memo.js";
 import { Leaf, M64, MAX_ATTRS, MAX_CELLS, MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_WIDTH,
-         PROGRAM_VERSION, Partition, Post, ProgramError, SchemaError, Step, Table, apply,
+         PROGRAM_VERSION, Partition, Post, ProgramError, SchemaError, Select, Step, Table, apply,
          cumulative, grrEpsilon, isInt, isObj, ints, isPost, matrixEpsilon, mix64,
          partition, post, run } from "./steps.js";
 
@@ -62,7 +62,8 @@ export class Program {
     if (rot !== null && !(typeof rot === "number" && Number.isFinite(rot) && rot > 0))
       throw new ProgramError("device.memoize.rotation_s", "must be a number > 0 or null");
     const perm = this.parseSteps(m.permanent, "device.memoize.permanent",
-                                 kind === "partition" ? 0 : 1) as (Leaf | Partition)[];
+                                 kind === "partition" || kind === "select" ? 0 : 1
+                                 ) as (Leaf | Partition | Select)[];
     return makeMemo(m, kind, rot, perm, this.attrs.length, this.width);
   }
 

@@ -137,6 +137,7 @@ test("memoized reports", async () => {
   await memoReplay(v.partition, "partitioned");
   await memoReplay(v.partition_olh, "partitioned");
   await memoReplay(v.cluster, "rr-clusters");
+  await memoReplay(v.select, "smp");
 });
 
 test("mangled signed records get a decision, never a crash", () => {

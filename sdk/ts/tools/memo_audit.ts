@@ -1,5 +1,6 @@
-// Counts of a memoized description's units over reports that each start a new rotation period
-// (a new memo): tools/sample.ts memo-audit, tests/test_sdk_memo_audit.py.
+// Counts of a memoized description's units (select: of the reports carrying that branch) over
+// reports that each start a new rotation period (a new memo): tools/sample.ts memo-audit,
+// tests/test_sdk_memo_audit.py.
 import { DrawSource, Program } from "../src/index.js";
 import { memoDraw, memoKeys, memoRecord } from "../src/memo.js";
 import { ravel } from "../src/steps.js";
@@ -31,6 +32,7 @@ export function memoAudit(program: Program, samples: number, rng: DrawSource
       const report = part || !program.hasSteps ? rec : program.randomize(rec, rng);
       units.forEach((u, i) => {
         if (u.rows > 36 || u.codes > 400) return;
+        if (memo.select && report[memo.select.out] !== i) return;   // another branch's report
         const cell = ravel(x, u.cols, u.sizes);
         if (part) {
           const code = report[part.out[0]] - u.offset;

@@ -57,8 +57,8 @@ def test_instantaneous_layer_lowers_the_epsilon_per_report(capsys):
 
 def test_every_memoizing_family_runs_with_family_parameters(capsys):
     doc = _run(capsys, "--reports-per-device", "2", "--memo-mechanisms",
-               "spl,rr-joint,rr-clusters", "--param", "rr-clusters:clusters=[[X1, X2], [X3]]")
-    assert {r["mechanism"] for r in doc["rows"]} == {"spl", "rr-joint", "rr-clusters"}
+               "spl,smp,rr-joint,rr-clusters", "--param", "rr-clusters:clusters=[[X1, X2], [X3]]")
+    assert {r["mechanism"] for r in doc["rows"]} == {"spl", "smp", "rr-joint", "rr-clusters"}
     for r in doc["rows"]:
         assert r["epsilon_per_day"] == pytest.approx(2.0, rel=1e-6)
     with pytest.raises(CliError, match="--param: rr-joint: clusters"):

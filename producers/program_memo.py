@@ -1,8 +1,8 @@
 """The memoized part of a randomization description on the device (docs/device-protocol.md,
-"Memoization"): what one memo holds, what drawing it costs and how a report is made from the
-memos [RAPPOR §3].
+"Memoized descriptions"): what one memo holds, what drawing it costs and how a report is made
+from the memos [RAPPOR §3].
 
-Two kinds, one interface (:meth:`keys`, :meth:`epsilon_of`, :meth:`draw`, :meth:`report`):
+Three classes, one interface (:meth:`keys`, :meth:`epsilon_of`, :meth:`draw`, :meth:`report`):
 
 * :class:`Memo` (``kind`` absent, or ``cluster``): one permanent ``grr``/``matrix`` step per
   memo unit, the units' ``in`` columns partitioning the attributes (one attribute each without

@@ -23,10 +23,11 @@ import importlib
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeAlias
+from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence, TypeAlias
 
 import numpy as np
 
+from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels.bounds import Bound
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize
@@ -212,13 +213,38 @@ class CountBook(dict):
 
 @dataclass(frozen=True)
 class Memoization:
-    """Memoized responses (estimators/stream/longitudinal.py): a device answers a record value with
-    the permanent response it drew in the current period (``rule``) through ``permanent[j]``,
-    then ``instantaneous`` randomizes the permanent responses ``(n, m)`` afresh per report."""
+    """Memoized responses (estimators/stream/longitudinal.py, docs/mechanisms.md §8): a device
+    answers with the permanent response it drew in the current period (``rule``) for each of
+    its memo units, then ``instantaneous`` randomizes the permanent responses afresh per report.
+
+    ``unit`` says what one memo holds: ``attribute`` (``permanent[j]`` randomizes attribute j,
+    memoized per value), ``cluster`` (``permanent[c]`` one cluster's joint cell) or
+    ``marginal`` (partitioned: the assigned marginal's oracle code, the marginal fixed per
+    device and period). ``epsilons``: the permanent ε of every unit (default: of
+    ``permanent``); ``draw(records, device_ids, period, rng)``: the permanent responses of
+    devices holding ``records`` in rotation ``period`` (default: attribute j through
+    ``permanent[j]``)."""
 
     rule: Memoize
     permanent: Sequence[np.ndarray]
     instantaneous: Callable[[np.ndarray, np.random.Generator], np.ndarray]
+    unit: Literal["attribute", "cluster", "marginal"] = "attribute"
+    epsilons: tuple[float, ...] = ()
+    draw: Callable[[np.ndarray, np.ndarray, int, np.random.Generator], np.ndarray] | None = None
+
+    def unit_epsilons(self) -> tuple[float, ...]:
+        """The permanent ε of every memo unit."""
+        return self.epsilons or tuple(ch.epsilon(P) for P in self.permanent)
+
+    def responses(self, records: np.ndarray, device_ids: np.ndarray, period: int,
+                  rng: np.random.Generator) -> np.ndarray:
+        """The permanent responses of one rotation period (rows of ``records``)."""
+        if self.draw is not None:
+            return self.draw(records, device_ids, period, rng)
+        out = np.empty(np.shape(records), dtype=np.int64)
+        for j, P in enumerate(self.permanent):
+            out[:, j] = ch.randomize(np.asarray(records)[:, j], P, rng)
+        return out
 
 
 class Mechanism(ABC):

@@ -68,6 +68,18 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--synthesize", default=None,
                    help="write a synthetic dataset CSV here (LoPub Algs. 4 and 6, joints from the "
                         "first estimator)")
+    # memoization (ldpstream/simulate/memo.py)
+    p.add_argument("--memoize", action="store_true",
+                   help="memoized vs fresh randomization at equal ε per device per day "
+                        "(--epsilon), every device reporting its record R times a day")
+    p.add_argument("--reports-per-device", default="1,10,100",
+                   help="--memoize: comma-separated reports per device per day (default 1,10,100)")
+    p.add_argument("--memo-mechanisms", default=None,
+                   help="--memoize: comma-separated mechanisms (default partitioned,rr-ind)")
+    p.add_argument("--rotation-s", type=float, default=86400.0,
+                   help="--memoize: rotation period of the memoized responses (default 86400)")
+    p.add_argument("--instantaneous-epsilon", type=float, default=None,
+                   help="--memoize: ε of the instantaneous layer per report (default: none)")
 
 
 DESCRIPTION = ("Live joint-distribution estimates from telemetry under local differential "

@@ -7,67 +7,27 @@ record per call.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ldpstream.estimators.kernels.device_program import PROGRAM_VERSION, memo_fingerprint, program_epsilon, step_epsilon
+from ldpstream.estimators.kernels.device_program import PROGRAM_VERSION, program_epsilon
 from ldpstream.estimators.kernels.domain import SchemaError
 from ldpstream.producers.draws import DrawSource, NumpyDraws, OsRandom, SplitMix64, bernoulli, categorical, uniform
+from ldpstream.producers.program_memo import Memo, PartitionMemo, SelectMemo, parse_memo
 from ldpstream.producers.program_steps import (
     MAX_ATTRS,
     MAX_MATRIX_ENTRIES,
     MAX_STEPS,
     MAX_WIDTH,
     ProgramError,
-    Step,
     parse_steps,
     run_partition,
     run_step,
 )
 
 __all__ = ["DrawSource", "SplitMix64", "OsRandom", "NumpyDraws", "uniform", "bernoulli",
-           "categorical", "Program", "ProgramError", "Memo", "MAX_WIDTH", "MAX_ATTRS"]
+           "categorical", "Program", "ProgramError", "Memo", "PartitionMemo", "SelectMemo", "MAX_WIDTH",
+           "MAX_ATTRS"]
 
-
-
-@dataclass(frozen=True)
-class Memo:
-    """The memoized part of a description: the permanent step of every attribute, its ε, the
-    rotation period and the fingerprint memoized responses are kept under."""
-
-    rotation_s: float | None
-    permanent: tuple[Step, ...]
-    epsilons: tuple[float, ...]
-    fingerprint: str
-
-    def period(self, now: float) -> int:
-        """``floor(now / rotation_s)``; 0 when responses never rotate."""
-        return 0 if self.rotation_s is None else int(math.floor(now / self.rotation_s))
-
-    def draw(self, j: int, value: int, rng: DrawSource) -> int:
-        """A new permanent response of attribute ``j`` with true ``value``."""
-        report = [0] * (j + 1)
-        run_step(self.permanent[j], {j: value}, rng, report)
-        return report[j]
-
-
-def _memo(d: Any, shape: Sequence[int], width: int, budget: list[int]) -> Memo:
-    if not isinstance(d, dict):
-        raise ProgramError("device.memoize", "must be an object")
-    rot = d.get("rotation_s")
-    if rot is not None and (isinstance(rot, bool) or not isinstance(rot, (int, float))
-                            or not math.isfinite(rot) or rot <= 0):
-        raise ProgramError("device.memoize.rotation_s", "must be a number > 0 or null")
-    perm = parse_steps(d.get("permanent"), "device.memoize.permanent", shape, width, 1, budget)
-    if width != len(shape) or len(perm) != len(shape) or any(
-            s.cols != (j,) or s.out != (j,) for j, s in enumerate(perm)):
-        raise ProgramError("device.memoize.permanent", "must hold one grr or matrix step per "
-                                                       "attribute j, in and out [j], in order "
-                                                       "(and width must be the attribute count)")
-    raw = d["permanent"]
-    return Memo(None if rot is None else float(rot), perm,
-                tuple(step_epsilon(s, shape) for s in raw), memo_fingerprint(raw, shape))
 
 
 class Program:
@@ -95,8 +55,8 @@ class Program:
         self.shape = tuple(len(lab) for lab in self.labels)
         self.width = width
         budget = [MAX_MATRIX_ENTRIES, MAX_STEPS]
-        self.memo = None if d.get("memoize") is None else _memo(d["memoize"], self.shape, width,
-                                                                budget)
+        self.memo = None if d.get("memoize") is None else parse_memo(d["memoize"], self.shape,
+                                                                     width, budget)
         self.steps = () if self.memo is not None and d.get("steps") == [] else parse_steps(
             d.get("steps"), "device.steps", self.shape, width, 0, budget)
         self.epsilon = program_epsilon(d)

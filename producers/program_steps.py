@@ -9,7 +9,8 @@ from typing import Any, Mapping, Sequence
 
 from ldpstream.producers.draws import M64, TWO53, DrawSource, bernoulli, categorical, mix64, uniform
 
-__all__ = ["Step", "ProgramError", "parse_steps", "run_step", "run_partition", "MAX_ATTRS",
+__all__ = ["Step", "ProgramError", "parse_steps", "run_step", "run_partition", "olh_code",
+           "grr_cell", "ravel", "unravel", "MAX_ATTRS",
            "MAX_WIDTH", "MAX_CELLS", "MAX_MATRIX_ENTRIES", "MAX_STEPS"]
 
 #: limits every SDK enforces (the C library's static buffers)
@@ -325,13 +326,20 @@ def run_partition(s: Step, x: Sequence[int], rng: DrawSource, report: list[int],
     for i, col in enumerate(s.out):
         t = s.tables[(first + i) % k]
         cell = _ravel(x, t.cols, t.shape)
-        if t.g == 0:
-            code = _grr(cell, math.prod(t.shape), t.p, rng)
-        else:
-            a = uniform(rng, t.g ** t.r)
-            h, aa, cc = 0, a, cell
-            for _ in range(t.r):
-                h += (aa % t.g) * (cc % t.g)
-                aa, cc = aa // t.g, cc // t.g
-            code = a * t.g + _grr(h % t.g, t.g, t.p, rng)
+        code = _grr(cell, math.prod(t.shape), t.p, rng) if t.g == 0 else olh_code(t, cell, rng)
         report[col] = t.offset + code
+
+
+def olh_code(t: Table, cell: int, rng: DrawSource) -> int:
+    """An OLH table's code of ``cell`` (no offset): a = uniform(g^r), h = Σ digit_i(a)·
+    digit_i(cell) mod g (base-g digits), code a·g + GRR_g(h)."""
+    a = uniform(rng, t.g ** t.r)
+    h, aa, cc = 0, a, cell
+    for _ in range(t.r):
+        h += (aa % t.g) * (cc % t.g)
+        aa, cc = aa // t.g, cc // t.g
+    return a * t.g + _grr(h % t.g, t.g, t.p, rng)
+
+
+#: the names the memoized part of a description (:mod:`.program_memo`) shares
+grr_cell, ravel, unravel = _grr, _ravel, _unravel

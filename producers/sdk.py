@@ -35,7 +35,7 @@ from ldpstream.names import reports_topic
 from ldpstream.producers.codec import ReportBatch, decode_batch, encode_batch
 from ldpstream.producers.device import DEFAULT_MAX_EPSILON, ConfigWatcher, check_ceiling
 from ldpstream.producers.ledger import Ledger, channel_fingerprint
-from ldpstream.producers.program import DrawSource, Memo, NumpyDraws, OsRandom, Program
+from ldpstream.producers.program import DrawSource, Memo, NumpyDraws, OsRandom, PartitionMemo, Program, SelectMemo
 from ldpstream.producers.publisher import Publisher
 from ldpstream.producers.sequence import BatchSequence
 from ldpstream.producers.signing import StateRejected
@@ -359,6 +359,10 @@ class DeviceClient:
                                            self.rng)[0]
             self.ledger.commit(self.collection, now, cost)
             return ReportResult("queued", cost, mech.version, report=report)
+        if memo.unit != "attribute":   # cluster and marginal memos exist as descriptions only
+            return ReportResult("refused", 0.0, mech.version,
+                                f"{mech.name} memoizes per {memo.unit}: its state carries no "
+                                f"device description to run")
         period = memo.rule.period(now)
         fp = channel_fingerprint(memo.permanent)
         record = f"{fp}:" + ",".join(str(int(v)) for v in x)
@@ -381,11 +385,12 @@ class DeviceClient:
                            record=record)
         return ReportResult("queued", cost, mech.version, report=report)
 
-    def _memoized(self, prog: Program, memo: Memo, version: int, x: np.ndarray,
-                  now: float) -> ReportResult:
+    def _memoized(self, prog: Program, memo: Memo | PartitionMemo | SelectMemo, version: int,
+                  x: np.ndarray, now: float) -> ReportResult:
         """A memoized description (docs/device-protocol.md, "Ledger"): permanent responses drawn
         once per rotation period (a clock stepped back keeps the newest period), a record sent
-        once per period unless ``resend_every_s`` passed, only new draws charged."""
+        once per period unless ``resend_every_s`` passed, only new draws charged (one per memo
+        unit: attribute, cluster, or assigned marginal)."""
         period = memo.period(now)
         newest = self.ledger.newest_period(self.collection)
         if newest is not None and period < newest:
@@ -396,16 +401,20 @@ class DeviceClient:
         if last is not None and (resend is None or resend <= 0 or now - last < resend):
             return ReportResult("duplicate", 0.0, version,
                                 "this record was already reported in this rotation period")
-        keys = [(j, int(v)) for j, v in enumerate(x)]
+        keys = memo.keys([int(v) for v in x], self.device_id, period)
         have = self.ledger.memos(self.collection, memo.fingerprint, period, keys)
-        missing = [k for k in keys if k not in have]
-        cost = float(sum(memo.epsilons[j] for j, _ in missing))
+        missing = list(dict.fromkeys(k for k in keys if k not in have))
+        cost = float(sum(memo.epsilon_of(k) for k in missing))
         refusal = self.ledger.refusal(cost, now)
         if refusal is not None:
             return ReportResult("refused", 0.0, version, refusal)
-        new = {(j, v): memo.draw(j, v, self.draws) for j, v in missing}
-        permanent = [have[k] if k in have else new[k] for k in keys]
-        report = prog.randomize(permanent, self.draws) if prog.steps else permanent
+        new = {k: memo.draw(k, self.draws) for k in missing}
+        values = [have[k] if k in have else new[k] for k in keys]
+        if isinstance(memo, (PartitionMemo, SelectMemo)):
+            report = memo.report(keys, values, self.draws)
+        else:
+            permanent = memo.permanent_record(values)
+            report = prog.randomize(permanent, self.draws) if prog.steps else permanent
         self.ledger.commit(self.collection, now, cost, channel=memo.fingerprint, period=period,
                            memos=new, record=record)
         return ReportResult("queued", cost, version, report=np.asarray(report, dtype=np.int64))

@@ -113,23 +113,32 @@ def _audit(lines: list[str]) -> list[str]:
         else:
             counts = np.asarray(got["counts"], dtype=float)
             assert counts.sum() >= SAMPLES - len(P), got["case"]
-        n_row = counts.sum(axis=1, keepdims=True)
-        expected = n_row * P
-        used = expected > 0
-        assert np.all(counts[~used] == 0), f"{got['case']} step {got['step']}: impossible output"
-        stat = float((((counts - expected) ** 2)[used] / expected[used]).sum())
-        dof = int(used.sum() - len(P))
-        pvalue = float(chi2.sf(stat, dof))
-        Phat = counts / n_row
-        eps_hat = float(np.max(np.log(Phat.max(axis=0) / Phat.min(axis=0))))
-        eps = float(np.max(np.log(P.max(axis=0) / P.min(axis=0))))
-        sigma = math.sqrt(1 / (n_row.min() * P.min()) + 1 / (n_row.min() * P.max()))
-        where = f"{got['case']} step {got['step']} {got.get('table', '')}"
-        if pvalue < ALPHA:
-            problems.append(f"{where}: χ² = {stat:.1f} on {dof} dof, p = {pvalue:.2g}")
-        if n_row.min() * P.min() >= MIN_COUNT and abs(eps_hat - eps) > 6 * sigma:
-            problems.append(f"{where}: empirical ε {eps_hat:.4f} vs declared {eps:.4f} "
-                            f"(6σ = {6 * sigma:.4f})")
+        problems += check_channel(f"{got['case']} step {got['step']} {got.get('table', '')}",
+                                  counts, P)
+    return problems
+
+
+def check_channel(where: str, counts: np.ndarray, P: np.ndarray) -> list[str]:
+    """χ² of the sampled ``counts`` (rows: true cells) against the declared channel ``P``
+    (significance ALPHA) and the empirical ε within 6σ of the declared one (where the rarest
+    entry expects ≥ MIN_COUNT draws); the problems found."""
+    problems = []
+    n_row = counts.sum(axis=1, keepdims=True)
+    expected = n_row * P
+    used = expected > 0
+    assert np.all(counts[~used] == 0), f"{where}: impossible output"
+    stat = float((((counts - expected) ** 2)[used] / expected[used]).sum())
+    dof = int(used.sum() - len(P))
+    pvalue = float(chi2.sf(stat, dof))
+    Phat = counts / n_row
+    eps_hat = float(np.max(np.log(Phat.max(axis=0) / Phat.min(axis=0))))
+    eps = float(np.max(np.log(P.max(axis=0) / P.min(axis=0))))
+    sigma = math.sqrt(1 / (n_row.min() * P.min()) + 1 / (n_row.min() * P.max()))
+    if pvalue < ALPHA:
+        problems.append(f"{where}: χ² = {stat:.1f} on {dof} dof, p = {pvalue:.2g}")
+    if n_row.min() * P.min() >= MIN_COUNT and abs(eps_hat - eps) > 6 * sigma:
+        problems.append(f"{where}: empirical ε {eps_hat:.4f} vs declared {eps:.4f} "
+                        f"(6σ = {6 * sigma:.4f})")
     return problems
 
 

@@ -38,6 +38,7 @@ from ldpstream.estimators.kernels.proper import clip_rescale, repair
 from ldpstream.estimators.mechanism import (
     Estimate,
     Mechanism,
+    Memoization,
     ParamError,
     Params,
     TensorSpec,
@@ -46,6 +47,8 @@ from ldpstream.estimators.mechanism import (
     record_budget,
     register,
 )
+from ldpstream.estimators.memo import memoize_of, memoize_param, memoize_state, only_memoize, per_attribute
+from ldpstream.estimators.stream.longitudinal import DAY_S, Guarantee, Memoize, compose, periods_per_window
 
 __all__ = ["SPL", "SMP", "RSFD", "RSRFD", "grr_decode", "grr_decode_variance",
            "amplified_epsilon", "amplification_for", "attribute_epsilon", "neighbour_epsilons",
@@ -269,16 +272,67 @@ class _Multi(Mechanism):
 
 # --- SPL -----------------------------------------------------------------------------------------
 
+class _Memoizing(_Multi):
+    """A baseline that may memoize: ``memoize`` in its state."""
+
+    memoize: Memoize | None = None
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), **memoize_state(self.memoize)}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "_Memoizing":
+        return cls(Domain.from_dict(state["domain"]), float(state["epsilon"]),
+                   version=int(state.get("version", 0)), memoize=memoize_of(state))
+
+
 @register
-class SPL(_Multi):
-    """Split the budget: GRR(ε/m) on every attribute; ε = Σ ε(P_i) (sequential composition)."""
+class SPL(_Memoizing):
+    """Split the budget: GRR(ε/m) on every attribute; ε = Σ ε(P_i) (sequential composition).
+    Memoized (``memoize`` as rr-ind's): GRR(ε/m) is the permanent channel of every attribute,
+    an instantaneous GRR on top; the composed GRR is what ``channels`` holds and the
+    estimates invert."""
 
     name = "spl"
 
-    def __init__(self, domain: Domain, epsilon: float, version: int = 0) -> None:
+    def __init__(self, domain: Domain, epsilon: float, version: int = 0,
+                 memoize: Memoize | None = None) -> None:
         super().__init__(domain, epsilon, version)
         self.eps_each = self.target_epsilon / self.m
-        self.channels = [ch.grr(self.eps_each, d) for d in domain.shape]
+        self.memoize = memoize
+        self.permanent = [ch.grr(self.eps_each, d) for d in domain.shape]
+        inst = None if memoize is None else memoize.instantaneous_epsilon
+        self.instantaneous = None if inst is None else [ch.grr(e, d) for e, d in
+                                                        zip(inst, domain.shape)]
+        self.channels = [compose(P, Q) for P, Q in zip(
+            self.permanent, self.instantaneous or [None] * self.m)]
+        #: ε of every attribute's report channel (the composed GRR when memoized)
+        self.eps_report = [ch.epsilon(P) for P in self.channels]
+
+    def guarantee(self) -> Guarantee:
+        if self.memoize is None:
+            return Guarantee.fresh(self.epsilon)
+        return Guarantee.memoized_channels(self.permanent, self.instantaneous, self.memoize)
+
+    def memoization(self) -> Memoization | None:
+        if self.memoize is None:
+            return None
+        return Memoization(self.memoize, self.permanent, self.randomize_instantaneous)
+
+    def randomize_instantaneous(self, permanent: np.ndarray, rng: np.random.Generator
+                                ) -> np.ndarray:
+        """The instantaneous GRR of every attribute (the input itself when there is none)."""
+        return per_attribute(permanent, self.instantaneous, rng)
+
+    @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute",
+                    version: int = 0) -> "SPL":
+        """One report per record costing :func:`~.mechanism.record_budget`; ``memoize`` as
+        rr-ind's (the instantaneous ε per attribute follows ``epsilon_scope``)."""
+        m = len(domain)
+        return cls(domain, record_budget(epsilon, epsilon_scope, m), version=version,
+                   memoize=only_memoize(cls.name, params, epsilon_scope, m))
 
     @property
     def epsilon(self) -> float:
@@ -296,30 +350,37 @@ class SPL(_Multi):
         return np.asarray(self.domain.shape, dtype=np.int64)
 
     def device_program(self) -> dict[str, Any]:
-        """GRR(ε/m) on every attribute (docs/device-protocol.md)."""
-        return dp.program(self.name, self.domain, self.m,
-                          [dp.channel_step([j], P) for j, P in enumerate(self.channels)])
+        """GRR(ε/m) on every attribute (docs/device-protocol.md); memoized: as rr-ind's."""
+        if self.memoize is None:
+            return dp.program(self.name, self.domain, self.m,
+                              [dp.channel_step([j], P) for j, P in enumerate(self.channels)])
+        out = dp.program(self.name, self.domain, self.m, [
+            dp.channel_step([j], Q) for j, Q in enumerate(self.instantaneous or [])])
+        out["memoize"] = {"rotation_s": self.memoize.rotation_s, "permanent": [
+            dp.channel_step([j], P) for j, P in enumerate(self.permanent)]}
+        return out
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Every attribute through its permanent GRR, then the instantaneous one if any."""
         x = self._records(records).astype(report_dtype(self.domain.shape), copy=False)
         out = np.empty(x.shape, dtype=x.dtype)
-        for j, P in enumerate(self.channels):
+        for j, P in enumerate(self.permanent):
             out[:, j] = ch.randomize(x[:, j], P, rng)
-        return out
+        return self.randomize_instantaneous(out, rng)
 
     def tensors(self, marginals: Sequence[Sequence[str]] = ()) -> list[TensorSpec]:
         return self._column_tensors()
 
     def estimate_all(self, counts: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         out = []
-        for a, d in zip(self.domain.attrs, self.domain.shape):
+        for a, d, e in zip(self.domain.attrs, self.domain.shape, self.eps_report):
             c = np.asarray(counts[marginal_key((a,))], dtype=float)
-            out.append(grr_decode(c, c.sum(), self.eps_each, d))
+            out.append(grr_decode(c, c.sum(), e, d))
         return out
 
     def variance(self, f, n, fixed_data=True):
-        return [grr_decode_variance(fk, n, self.eps_each, d, fixed_data)
-                for fk, d in zip(f, self.domain.shape)]
+        return [grr_decode_variance(fk, n, e, d, fixed_data)
+                for fk, d, e in zip(f, self.domain.shape, self.eps_report)]
 
     def channel_matrix(self):
         X = _all_records(self.domain.shape)
@@ -333,20 +394,67 @@ class SPL(_Multi):
 # --- SMP -----------------------------------------------------------------------------------------
 
 @register
-class SMP(_Multi):
-    """Sample one attribute j uniformly and report (j, GRR_ε(x_j)); ε = max_j ε(P_j)."""
+class SMP(_Memoizing):
+    """Sample one attribute j uniformly and report (j, GRR_ε(x_j)); ε = max_j ε(P_j).
+    Memoized (``memoize``; ``instantaneous_epsilon`` a record budget like ε): j fixed per
+    (device, rotation period) by a hash of both (independent of the record), GRR_ε(x_j) the
+    permanent response per (j, value), a fresh GRR over its d_j values on top; ``channels``
+    and the estimates use the composed GRR."""
 
     name = "smp"
 
-    def __init__(self, domain: Domain, epsilon: float, version: int = 0) -> None:
+    def __init__(self, domain: Domain, epsilon: float, version: int = 0,
+                 memoize: Memoize | None = None) -> None:
         super().__init__(domain, epsilon, version)
-        self.channels = [ch.grr(self.target_epsilon, d) for d in domain.shape]
+        self.memoize = memoize
+        self.permanent = [ch.grr(self.target_epsilon, d) for d in domain.shape]
+        inst = None if memoize is None else memoize.instantaneous_epsilon
+        self.instantaneous = None if inst is None else [ch.grr(e, d) for e, d in
+                                                        zip(inst, domain.shape)]
+        self.channels = [compose(P, Q) for P, Q in zip(
+            self.permanent, self.instantaneous or [None] * self.m)]
+        #: ε of every attribute's report channel (the composed GRR when memoized)
+        self.eps_report = [ch.epsilon(P) for P in self.channels]
         self._dmax = max(domain.shape)
 
     @property
     def epsilon(self) -> float:
         # Pr((j, y) | x) = P_j(x_j, y)/m: the ratio over any two records is that of one column
         return max(ch.epsilon(P) for P in self.channels)
+
+    def guarantee(self) -> Guarantee:
+        """Memoized: one (attribute, value) memo per period, so a rotation costs the dearest
+        permanent GRR; a day that times the periods it meets."""
+        if self.memoize is None:
+            return Guarantee.fresh(self.epsilon)
+        per_rotation = max(ch.epsilon(P) for P in self.permanent)
+        return Guarantee(self.epsilon, True, self.memoize.rotation_s, per_rotation,
+                         per_rotation * periods_per_window(DAY_S, self.memoize.rotation_s))
+
+    def memoization(self) -> Memoization | None:
+        if self.memoize is None:
+            return None
+        return Memoization(self.memoize, self.permanent, self.randomize_instantaneous,
+                           unit="marginal", draw=self.randomize_permanent)
+
+    def randomize_permanent(self, records: np.ndarray, device_ids: np.ndarray, period: int,
+                            rng: np.random.Generator) -> np.ndarray:
+        """Reports (j, GRR_ε(x_j)) with j = :func:`~.partitioned.assign_by_device` of (id,
+        period) over the m attributes (seed 0)."""
+        from ldpstream.estimators.families.partitioned import assign_by_device
+        return self._sampled(records, assign_by_device(np.asarray(device_ids), self.m, 0, period),
+                             self.permanent, rng)
+
+    def randomize_instantaneous(self, reports: np.ndarray, rng: np.random.Generator
+                                ) -> np.ndarray:
+        """The instantaneous GRR of each report's value (the reports themselves without)."""
+        if self.instantaneous is None:
+            return reports
+        out = np.array(reports, copy=True)
+        for a, Q in enumerate(self.instantaneous):
+            sel = out[:, 0] == a
+            out[sel, 1] = ch.randomize(out[sel, 1], Q, rng)
+        return out
 
     @property
     def epsilon_attribute(self) -> float:
@@ -361,22 +469,53 @@ class SMP(_Multi):
 
     def device_program(self) -> dict[str, Any]:
         """A uniform attribute index in column 0, its GRR in column 1
-        (docs/device-protocol.md)."""
-        return dp.program(self.name, self.domain, 2, [dp.select_step(
-            0, [[dp.grr_step([j], float(P[0, 0]), out=[1])] for j, P in
-                enumerate(self.channels)])])
+        (docs/device-protocol.md); memoized: that select under ``memoize`` (``kind: select``,
+        the index fixed per device and period) with the permanent GRRs, the instantaneous
+        keep probabilities beside it."""
+        def select(channels: Sequence[np.ndarray]) -> dict[str, Any]:
+            return dp.select_step(0, [[dp.grr_step([j], float(P[0, 0]), out=[1])]
+                                      for j, P in enumerate(channels)])
+        if self.memoize is None:
+            return dp.program(self.name, self.domain, 2, [select(self.channels)])
+        out = dp.program(self.name, self.domain, 2, [])
+        out["memoize"] = {"rotation_s": self.memoize.rotation_s, "kind": "select", "seed": "0",
+                          "permanent": [select(self.permanent)],
+                          "instantaneous_p": None if self.instantaneous is None else
+                          [float(Q[0, 0]) for Q in self.instantaneous]}
+        return out
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """A uniform attribute per report through its GRR (memoized: the permanent GRR, then
+        the instantaneous one; one report per record)."""
+        x = self._records(records)
+        out = self._sampled(x, rng.integers(0, self.m, len(x)), self.permanent, rng)
+        return self.randomize_instantaneous(out, rng)
+
+    def _sampled(self, records: np.ndarray, j: np.ndarray, channels: Sequence[np.ndarray],
+                 rng: np.random.Generator) -> np.ndarray:
         x = self._records(records)
         n = len(x)
         dtype = report_dtype((self.m, self._dmax))
-        j = rng.integers(0, self.m, n)
         xj = x[np.arange(n), j]
         y = np.empty(n, dtype=dtype)
-        for a, P in enumerate(self.channels):
+        for a, P in enumerate(channels):
             sel = j == a
             y[sel] = ch.randomize(xj[sel].astype(dtype), P, rng)
-        return np.stack([j.astype(dtype), y], axis=1)
+        return np.stack([np.asarray(j).astype(dtype), y], axis=1)
+
+    @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute",
+                    version: int = 0) -> "SMP":
+        """One report per record costing :func:`~.mechanism.record_budget`; ``memoize``
+        (``instantaneous_epsilon`` a record budget like ε)."""
+        pr = Params(cls.name, params)
+        raw = pr.value("memoize")
+        pr.done()
+        m = len(domain)
+        return cls(domain, record_budget(epsilon, epsilon_scope, m), version=version,
+                   memoize=None if raw is None else memoize_param(
+                       raw, lambda e: (record_budget(e, epsilon_scope, m),) * m))
 
     def tensors(self, marginals: Sequence[Sequence[str]] = ()) -> list[TensorSpec]:
         return [TensorSpec("smp", ("attribute", "value"), (self.m, self._dmax), (0, 1))]
@@ -387,10 +526,9 @@ class SMP(_Multi):
     def estimate_all(self, counts: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         t = np.asarray(counts["smp"], dtype=float)
         out = []
-        for j, d in enumerate(self.domain.shape):
+        for j, (d, e) in enumerate(zip(self.domain.shape, self.eps_report)):
             nj = t[j].sum()
-            out.append(grr_decode(t[j, :d], nj, self.target_epsilon, d) if nj > 0
-                       else np.full(d, np.nan))
+            out.append(grr_decode(t[j, :d], nj, e, d) if nj > 0 else np.full(d, np.nan))
         return out
 
     def variance(self, f, n, fixed_data=True):
@@ -398,8 +536,8 @@ class SMP(_Multi):
         # sampling of which users report j; on a fixed dataset the f(1−f)/n term cancels.
         inv = (self.m / n) * (1 + (self.m - 1) / n)
         out = []
-        for fk, d in zip(f, self.domain.shape):
-            p, q = ch.grr_pq(self.target_epsilon, d)
+        for fk, d, e in zip(f, self.domain.shape, self.eps_report):
+            p, q = ch.grr_pq(e, d)
             fk = np.asarray(fk, dtype=float)
             lam = q + (p - q) * fk
             v = inv * lam * (1 - lam) / (p - q) ** 2

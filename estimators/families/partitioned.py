@@ -69,8 +69,19 @@ from ldpstream.estimators.kernels.bounds import Bound, coarsened, oracle_bound
 from ldpstream.estimators.kernels.consistency import expand, max_entropy, norm_sub, postprocess
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex, repair
-from ldpstream.estimators.mechanism import Estimate, Mechanism, ParamError, Params, TensorSpec, record_budget, register
+from ldpstream.estimators.mechanism import (
+    Estimate,
+    Mechanism,
+    Memoization,
+    ParamError,
+    Params,
+    TensorSpec,
+    record_budget,
+    register,
+)
+from ldpstream.estimators.memo import composed_grr_epsilon, memoize_param
 from ldpstream.estimators.oracles import frequency_oracles as fo
+from ldpstream.estimators.stream.longitudinal import DAY_S, Guarantee, Memoize, periods_per_window
 
 __all__ = ["Partitioned", "tensor_key", "assign_by_device", "choose_ways", "choose_per_report",
            "predicted_pair_error", "AUTO_WAYS", "AUTO_MARGIN", "AUTO_PER_REPORT",
@@ -91,12 +102,16 @@ def _mix64(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
-def assign_by_device(device_ids: np.ndarray, k: int, seed: int) -> np.ndarray:
+def assign_by_device(device_ids: np.ndarray, k: int, seed: int,
+                     period: int | None = None) -> np.ndarray:
     """Marginal index of each device: splitmix64(device id ⊕ mix(seed)) mod k — fixed per
-    device, independent of its values, near-uniform over devices."""
+    device, independent of its values, near-uniform over devices. Memoized collections rotate
+    it: splitmix64(that hash ⊕ ``period``) mod k, fixed per (device, rotation period)."""
     s = _mix64(np.asarray([seed], dtype=np.uint64))[0]
     with np.errstate(over="ignore"):
         h = _mix64(np.asarray(device_ids, dtype=np.uint64) ^ s)
+        if period is not None:
+            h = _mix64(h ^ np.uint64(int(period) % 2**64))
     return (h % np.uint64(k)).astype(np.int64)
 
 
@@ -193,7 +208,11 @@ class Partitioned(Mechanism):
     def __init__(self, domain: Domain, epsilon: float, marginals: Sequence[Sequence[str]] | None
                  = None, ways: int | str = 2, oracles: Sequence[str] = fo.COMPACT,
                  assign_seed: int = 0, per_report: int = 1, version: int = 0,
-                 expected_reports: int | None = None) -> None:
+                 expected_reports: int | None = None, memoize: Memoize | None = None) -> None:
+        """With ``memoize`` the oracles at ε/per_report are the permanent channels (one memo
+        per assigned marginal and value, the assignment rotated per period) and
+        ``memoize.instantaneous_epsilon`` (one ε per slot) a fresh GRR over each oracle's
+        reported value; the estimators invert the composition (:mod:`~.memo`)."""
         super().__init__(domain, version)
         eps = float(epsilon)
         if not np.isfinite(eps) or eps <= 0:
@@ -234,6 +253,18 @@ class Partitioned(Mechanism):
         self.per_report = int(per_report)
         self.oracles = [fo.choose(eps / self.per_report, int(np.prod(s)), self.oracle_names)
                         for s in self._shapes]
+        self.memoize = memoize
+        #: the permanent oracles (the same as ``oracles`` unless memoized with an
+        #: instantaneous layer: ``oracles`` are then the composed channels reports go through)
+        self.permanent_oracles = list(self.oracles)
+        self.instantaneous_epsilon: float | None = None
+        if memoize is not None and memoize.instantaneous_epsilon is not None:
+            inst = memoize.instantaneous_epsilon
+            if len(inst) != self.per_report or len(set(inst)) != 1:
+                raise ValueError(f"memoize.instantaneous_epsilon: one ε per slot, all equal "
+                                 f"({self.per_report} slots), got {list(inst)}")
+            self.instantaneous_epsilon = float(inst[0])
+            self.oracles = [self._composed(o, self.instantaneous_epsilon) for o in self.oracles]
         sizes = [o.n_codes for o in self.oracles]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self._memo: dict[tuple[bytes, bool], tuple[list[Factor], int, int]] = {}
@@ -241,6 +272,14 @@ class Partitioned(Mechanism):
         if self.offsets[-1] >= 2**32:
             raise ValueError("partitioned: the marginals' report codes exceed 32 bits; collect "
                              "fewer or smaller marginals")
+
+    @staticmethod
+    def _composed(o: fo.Oracle, eps_inst: float) -> fo.Oracle:
+        """The oracle a report goes through: ``o`` then GRR(``eps_inst``) over its reported
+        value (GRR: the cell; OLH: the hashed value, the seed kept)."""
+        if isinstance(o, fo.OLH):
+            return fo.OLH(composed_grr_epsilon(o.eps, eps_inst, o.g), o.d, g=o.g)
+        return fo.GRR(composed_grr_epsilon(o.eps, eps_inst, o.d), o.d)
 
     def _canonical(self, marginals: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
         out: list[tuple[str, ...]] = []
@@ -265,6 +304,25 @@ class Partitioned(Mechanism):
         slots are randomized independently (sequential composition; see the module doc)."""
         return self.per_report * max(o.epsilon for o in self.oracles)
 
+    def guarantee(self) -> Guarantee:
+        """Memoized: per report the composed oracles' ε; per rotation the permanent oracles'
+        (the assignment is fixed for the period, the reports of one value re-randomize one
+        memo), per day that times the periods a day meets (:mod:`.longitudinal`)."""
+        if self.memoize is None:
+            return Guarantee.fresh(self.epsilon)
+        per_rotation = self.per_report * max(o.epsilon for o in self.permanent_oracles)
+        return Guarantee(self.epsilon, True, self.memoize.rotation_s, per_rotation,
+                         per_rotation * periods_per_window(DAY_S, self.memoize.rotation_s))
+
+    def memoization(self) -> Memoization | None:
+        """One memo per (assigned marginal, its value): the marginal fixed per device and
+        rotation period by :func:`assign_by_device`, the permanent oracle's code memoized."""
+        if self.memoize is None:
+            return None
+        return Memoization(self.memoize, (), self.randomize_instantaneous, unit="marginal",
+                           epsilons=tuple(o.epsilon for o in self.permanent_oracles),
+                           draw=self.randomize_permanent)
+
     # --- device ----------------------------------------------------------------------------------
     @property
     def report_width(self) -> int:
@@ -279,9 +337,44 @@ class Partitioned(Mechanism):
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Every report's first marginal k drawn uniformly by ``rng`` (per report), its slots
-        k, k+1, …, k+per_report−1 (mod K), then each slot's oracle."""
-        return self.randomize_assigned(records, rng.integers(0, len(self.marginals),
-                                                             len(records)), rng)
+        k, k+1, …, k+per_report−1 (mod K), then each slot's oracle (memoized: the permanent
+        oracle, then the instantaneous layer; one report per record)."""
+        first = rng.integers(0, len(self.marginals), len(records))
+        if self.memoize is None:
+            return self.randomize_assigned(records, first, rng)
+        return self.randomize_instantaneous(
+            self.randomize_assigned(records, first, rng, self.permanent_oracles), rng)
+
+    def randomize_permanent(self, records: np.ndarray, device_ids: np.ndarray, period: int,
+                            rng: np.random.Generator) -> np.ndarray:
+        """The permanent codes of devices ``device_ids`` in rotation ``period``: each device's
+        first marginal from (id, period) (:func:`assign_by_device`), then the permanent
+        oracles."""
+        first = assign_by_device(np.asarray(device_ids), len(self.marginals), self.assign_seed,
+                                 period)
+        return self.randomize_assigned(records, first, rng, self.permanent_oracles)
+
+    def randomize_instantaneous(self, codes: np.ndarray, rng: np.random.Generator
+                                ) -> np.ndarray:
+        """The instantaneous GRR over the reported value of every code (a copy; the codes
+        themselves without an instantaneous layer). Vectorized per marginal."""
+        if self.instantaneous_epsilon is None:
+            return codes
+        flat = np.asarray(codes).reshape(-1).astype(np.int64)
+        out = flat.copy()
+        k = np.searchsorted(self.offsets, flat, side="right") - 1
+        for j, o in enumerate(self.permanent_oracles):
+            sel = np.flatnonzero(k == j)
+            if not len(sel):
+                continue
+            local = flat[sel] - self.offsets[j]
+            if isinstance(o, fo.OLH):
+                seed, y = np.divmod(local, o.g)
+                local = seed * o.g + fo.grr_randomize(y, self.instantaneous_epsilon, o.g, rng)
+            else:
+                local = fo.grr_randomize(local, self.instantaneous_epsilon, o.d, rng)
+            out[sel] = self.offsets[j] + local
+        return out.reshape(np.shape(codes)).astype(np.asarray(codes).dtype)
 
     def randomize_device(self, records: np.ndarray, device_ids: np.ndarray,
                          rng: np.random.Generator) -> np.ndarray:
@@ -296,29 +389,47 @@ class Partitioned(Mechanism):
 
     def device_program(self) -> dict[str, Any]:
         """One ``partition`` step: the device's first marginal from its id, each slot's oracle
-        (docs/device-protocol.md)."""
+        (docs/device-protocol.md). Memoized: the step with the permanent oracles under
+        ``memoize`` (``kind: partition``, the assignment rotated per period), the
+        instantaneous keep probability of each table beside it."""
+        if self.memoize is None:
+            return dp.program(self.name, self.domain, self.per_report,
+                              [self._partition_step(self.oracles)])
+        out = dp.program(self.name, self.domain, self.per_report, [])
+        inst = None if self.instantaneous_epsilon is None else [
+            float(fo.grr_pq(self.instantaneous_epsilon,
+                            o.g if isinstance(o, fo.OLH) else o.d)[0])
+            for o in self.permanent_oracles]
+        out["memoize"] = {"rotation_s": self.memoize.rotation_s, "kind": "partition",
+                          "permanent": [self._partition_step(self.permanent_oracles)],
+                          "instantaneous_p": inst}
+        return out
+
+    def _partition_step(self, oracles: Sequence[fo.Oracle]) -> dict[str, Any]:
         tables = []
-        for cols, oracle, off in zip(self._cols, self.oracles, self.offsets):
+        for cols, oracle, off in zip(self._cols, oracles, self.offsets):
             t: dict[str, Any] = {"in": [int(c) for c in cols], "offset": int(off),
                                  "oracle": oracle.name, "p": float(oracle.p_star)}
             if isinstance(oracle, fo.OLH):
                 t.update(g=int(oracle.g), r=int(oracle.r))
             tables.append(t)
-        return dp.program(self.name, self.domain, self.per_report, [{
-            "op": "partition", "seed": str(self.assign_seed % 2**64),
-            "out": list(range(self.per_report)), "tables": tables}])
+        return {"op": "partition", "seed": str(self.assign_seed % 2**64),
+                "out": list(range(self.per_report)), "tables": tables}
 
     def randomize_assigned(self, records: np.ndarray, first: np.ndarray,
-                           rng: np.random.Generator) -> np.ndarray:
+                           rng: np.random.Generator,
+                           oracles: Sequence[fo.Oracle] | None = None) -> np.ndarray:
         """Reports of ``records`` whose first marginal indices are ``first`` (drawn
         independently of the records by the caller); slot s reports marginal
-        (first + s) mod K."""
+        (first + s) mod K through ``oracles`` (default: the report's)."""
         out = np.empty((len(records), self.per_report), dtype=self._dtype())
         for s in range(self.per_report):
-            out[:, s] = self._slot(records, (np.asarray(first) + s) % len(self.marginals), rng)
+            out[:, s] = self._slot(records, (np.asarray(first) + s) % len(self.marginals), rng,
+                                   self.oracles if oracles is None else oracles)
         return out
 
-    def _slot(self, records: np.ndarray, k: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def _slot(self, records: np.ndarray, k: np.ndarray, rng: np.random.Generator,
+              oracles: Sequence[fo.Oracle]) -> np.ndarray:
         """One code per record: marginal k's joint value through its oracle."""
         records = np.asarray(records)
         if records.ndim != 2 or records.shape[1] != len(self.domain):
@@ -328,7 +439,7 @@ class Partitioned(Mechanism):
             raise ValueError("records hold a value outside the domain")
         n = len(records)
         out = np.empty(n, dtype=np.int64)
-        for j, (cols, shape, oracle) in enumerate(zip(self._cols, self._shapes, self.oracles)):
+        for j, (cols, shape, oracle) in enumerate(zip(self._cols, self._shapes, oracles)):
             sel = np.flatnonzero(k == j)
             if not len(sel):
                 continue
@@ -534,7 +645,8 @@ class Partitioned(Mechanism):
                                   "per_report": self.per_report}}
                    if self.expected_reports is not None else {}),
                 "chosen": [{"oracle": o.name, "g": o.g if isinstance(o, fo.OLH) else None}
-                           for o in self.oracles]}
+                           for o in self.oracles],
+                **({"memoize": self.memoize.to_dict()} if self.memoize is not None else {})}
 
     @classmethod
     def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
@@ -570,6 +682,7 @@ class Partitioned(Mechanism):
                                                   f"(attributes: {', '.join(domain.attrs)})")
                 if len(set(m)) != len(m):
                     raise ParamError("marginals", f"lists an attribute twice in {m}")
+        raw_memo = pr.value("memoize")
         oracles = pr.value("oracles")
         if oracles is None:
             oracles = list(fo.COMPACT)
@@ -590,9 +703,12 @@ class Partitioned(Mechanism):
         if per_report > K:
             raise ParamError("per_report", f"must be an integer <= {K} (got {per_report})")
         pr.done()
+        # the instantaneous ε is a record budget like ε, split over the slots
+        memoize = None if raw_memo is None else memoize_param(raw_memo, lambda e: (
+            record_budget(e, epsilon_scope, len(domain)) / per_report,) * per_report)
         return cls(domain, eps, marginals=marginals, ways=ways, oracles=tuple(oracles),
                    assign_seed=seed, per_report=per_report, version=version,
-                   expected_reports=expected)
+                   expected_reports=expected, memoize=memoize)
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "Partitioned":
@@ -600,4 +716,6 @@ class Partitioned(Mechanism):
                    marginals=state["marginals"], oracles=tuple(state.get("oracles", fo.COMPACT)),
                    assign_seed=int(state.get("assign_seed", 0)),
                    per_report=int(state.get("per_report", 1)),
-                   version=int(state.get("version", 0)))
+                   version=int(state.get("version", 0)),
+                   memoize=None if state.get("memoize") is None
+                   else Memoize.from_dict(state["memoize"]))

@@ -26,6 +26,7 @@ rr-adjustment estimators carry none.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -62,7 +63,15 @@ from ldpstream.estimators.mechanism import (
     marginal_key,
     register,
 )
-from ldpstream.estimators.stream.longitudinal import DAY_S, Guarantee, Memoize, compose
+from ldpstream.estimators.memo import (
+    composed_grr_pq,
+    memoize_of,
+    memoize_per_attribute,
+    memoize_state,
+    only_memoize,
+    per_attribute,
+)
+from ldpstream.estimators.stream.longitudinal import DAY_S, Guarantee, Memoize, compose, periods_per_window
 
 __all__ = ["RRIndependent", "RRJoint", "RRClusters", "marginal_counts"]
 
@@ -104,23 +113,6 @@ def marginal_counts(domain: Domain, counts: Mapping[str, np.ndarray],
         raise KeyError(f"no count tensor holds the marginal {attrs}; tensors: {sorted(counts)}")
     _, axes, t = best
     return Factor(domain.project(axes), t).project(attrs).values
-
-
-def _memoize_param(raw: Any, epsilon_scope: str, m: int) -> Memoize:
-    """The ``memoize`` parameter of rr-ind (errors name ``memoize.<field>``)."""
-    if not isinstance(raw, Mapping):
-        raise ParamError("memoize", f"must be a mapping {{rotation_s, instantaneous_epsilon}} "
-                                    f"(got {raw!r})")
-    sub = Params("memoize", raw)
-    try:
-        never = not sub.has("rotation_s") and "rotation_s" in raw  # rotation_s: null
-        rotation = None if never else sub.number("rotation_s", DAY_S, gt=0.0)
-        inst = sub.number("instantaneous_epsilon", None, gt=0.0)
-        sub.done()
-    except ParamError as exc:
-        raise ParamError(f"memoize.{exc.field}", str(exc).split(": ", 1)[1]) from None
-    return Memoize(rotation, None if inst is None else
-                   (attribute_budget(inst, epsilon_scope, m),) * m)
 
 
 class _RRBase(Mechanism):
@@ -302,12 +294,7 @@ class RRIndependent(_RRBase):
                                 ) -> np.ndarray:
         """The instantaneous channel applied to permanent responses ``(n, m)`` (a copy; the
         input itself when there is none)."""
-        if self.instantaneous is None:
-            return permanent
-        out = np.empty_like(permanent)
-        for j, Q in enumerate(self.instantaneous):
-            out[:, j] = ch.randomize(permanent[:, j], Q, rng)
-        return out
+        return per_attribute(permanent, self.instantaneous, rng)
 
     def adjustment_targets(self, counts: np.ndarray, channels: Sequence[np.ndarray]
                            ) -> list[np.ndarray]:
@@ -403,13 +390,9 @@ class RRIndependent(_RRBase):
         ``memoize: {rotation_s, instantaneous_epsilon}`` (both optional: daily rotation, no
         instantaneous randomization; ``instantaneous_epsilon`` follows ``epsilon_scope``)
         memoizes the randomized response on devices (:mod:`.longitudinal`)."""
-        p = Params(cls.name, params)
-        raw = p.value("memoize")
-        p.done()
         m = len(domain)
-        memoize = None if raw is None else _memoize_param(raw, epsilon_scope, m)
         return cls(domain, epsilon=attribute_budget(epsilon, epsilon_scope, m), version=version,
-                   memoize=memoize)
+                   memoize=only_memoize(cls.name, params, epsilon_scope, m))
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRIndependent":
@@ -433,7 +416,12 @@ class _Clustered(_RRBase):
     ε_C = Σ_{A∈C} ε_A; clusters randomized independently."""
 
     def __init__(self, domain: Domain, clusters: Sequence[Sequence[str]],
-                 epsilon: float | Sequence[float], version: int = 0) -> None:
+                 epsilon: float | Sequence[float], version: int = 0,
+                 memoize: Memoize | None = None) -> None:
+        """With ``memoize`` each cluster's GRR is the permanent channel (one memo per cluster
+        cell) and ``memoize.instantaneous_epsilon`` (per attribute, summed per cluster) a fresh
+        GRR over the cluster's cells on every report; the estimators invert the composition
+        (a GRR over the same cells, :func:`~.memo.composed_grr_pq`)."""
         super().__init__(domain, version)
         self.epsilons = _eps_list(epsilon, len(domain))
         clusters = [tuple(str(a) for a in c) for c in clusters]
@@ -449,6 +437,60 @@ class _Clustered(_RRBase):
         self._shape = {a: s for a, s in zip(domain.attrs, domain.shape)}
         self._pq = [joint_pq(e, [domain.shape[i] for i in cols])
                     for e, cols in zip(self.cluster_eps, self._cols)]
+        self.memoize = memoize
+        #: the permanent (p, q) of every cluster; ``_pq`` is then what a report goes through
+        self.permanent_pq = list(self._pq)
+        self.instantaneous_eps: list[float] | None = None
+        inst = None if memoize is None else memoize.instantaneous_epsilon
+        if inst is not None:
+            self.instantaneous_eps = [float(sum(inst[i] for i in cols)) for cols in self._cols]
+            self._pq = [composed_grr_pq(p, joint_pq(e, self._sizes(cols))[0],
+                                        math.prod(self._sizes(cols)))
+                        for (p, _), e, cols in zip(self._pq, self.instantaneous_eps,
+                                                   self._cols)]
+
+    def _sizes(self, cols: Sequence[int]) -> list[int]:
+        return [self.domain.shape[i] for i in cols]
+
+    def guarantee(self) -> Guarantee:
+        """Memoized: per rotation the permanent clusters' ε summed (one memo per cluster cell),
+        per day times the periods a day meets; adaptive (rr-clusters): a new clustering draws
+        new memos, up to the per-rotation ε again."""
+        if self.memoize is None:
+            return Guarantee.fresh(self.epsilon)
+        per_rotation = float(sum(np.log(p / q) for p, q in self.permanent_pq))
+        return Guarantee(self.epsilon, True, self.memoize.rotation_s, per_rotation,
+                         per_rotation * periods_per_window(DAY_S, self.memoize.rotation_s),
+                         per_rotation if self.adaptive else None)
+
+    def memoization(self) -> Memoization | None:
+        """One memo per (cluster, cell of the cluster)."""
+        if self.memoize is None:
+            return None
+        return Memoization(self.memoize, (), self.randomize_instantaneous, unit="cluster",
+                           epsilons=tuple(float(np.log(p / q)) for p, q in self.permanent_pq),
+                           draw=lambda x, ids, period, rng: self._joint(x, self.cluster_eps,
+                                                                        rng))
+
+    def _joint(self, records: np.ndarray, eps: Sequence[float],
+               rng: np.random.Generator) -> np.ndarray:
+        """Every cluster through GRR over its cells at ``eps[c]``."""
+        records = self._records(records)
+        dtype = _report_dtype(self.domain.shape)
+        x = records.astype(dtype, copy=False)
+        out = np.empty(x.shape, dtype=dtype)
+        for cols, e in zip(self._cols, eps):
+            cols = list(cols)
+            out[:, cols] = randomize_joint(x[:, cols], self._sizes(cols), e, rng)
+        return out
+
+    def randomize_instantaneous(self, permanent: np.ndarray, rng: np.random.Generator
+                                ) -> np.ndarray:
+        """The instantaneous GRR of every cluster on permanent responses (themselves when
+        there is none)."""
+        if self.instantaneous_eps is None:
+            return permanent
+        return self._joint(permanent, self.instantaneous_eps, rng)
 
     @property
     def epsilon(self) -> float:
@@ -460,19 +502,24 @@ class _Clustered(_RRBase):
         return float(max(self.cluster_eps))
 
     def device_program(self) -> dict[str, Any]:
-        """One GRR step over the product of every cluster (docs/device-protocol.md)."""
-        return dp.program(self.name, self.domain, len(self.domain),
-                          [dp.grr_step(cols, p) for cols, (p, _) in zip(self._cols, self._pq)])
+        """One GRR step over the product of every cluster (docs/device-protocol.md); memoized:
+        those steps under ``memoize`` (``kind: cluster``), the instantaneous ones as steps."""
+        m = len(self.domain)
+        if self.memoize is None:
+            return dp.program(self.name, self.domain, m, [
+                dp.grr_step(cols, p) for cols, (p, _) in zip(self._cols, self._pq)])
+        out = dp.program(self.name, self.domain, m, [
+            dp.grr_step(cols, joint_pq(e, self._sizes(cols))[0])
+            for cols, e in zip(self._cols, self.instantaneous_eps or [])])
+        out["memoize"] = {"rotation_s": self.memoize.rotation_s, "kind": "cluster",
+                          "permanent": [dp.grr_step(cols, p) for cols, (p, _) in
+                                        zip(self._cols, self.permanent_pq)]}
+        return out
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        records = self._records(records)
-        dtype = _report_dtype(self.domain.shape)
-        x = records.astype(dtype, copy=False)
-        out = np.empty(x.shape, dtype=dtype)
-        for cols, e in zip(self._cols, self.cluster_eps):
-            cols = list(cols)
-            out[:, cols] = randomize_joint(x[:, cols], [self.domain.shape[i] for i in cols], e, rng)
-        return out
+        """Every cluster through its GRR (memoized: the permanent one, then the instantaneous
+        one; one report per record)."""
+        return self.randomize_instantaneous(self._joint(records, self.cluster_eps, rng), rng)
 
     def full_targets(self, reports: np.ndarray) -> list:
         """Clip-rescaled joint estimate of every cluster."""
@@ -545,25 +592,27 @@ class RRJoint(_Clustered):
     estimators = ("castell", "truncated", "ibu")
     default_estimators = ("castell", "ibu")
 
-    def __init__(self, domain: Domain, epsilon: float | Sequence[float], version: int = 0) -> None:
-        super().__init__(domain, [domain.attrs], epsilon, version)
+    def __init__(self, domain: Domain, epsilon: float | Sequence[float], version: int = 0,
+                 memoize: Memoize | None = None) -> None:
+        super().__init__(domain, [domain.attrs], epsilon, version, memoize)
 
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
                 "domain": self.domain.to_dict(), "epsilons": list(self.epsilons),
-                "epsilon_c": self.cluster_eps[0]}
+                "epsilon_c": self.cluster_eps[0], **memoize_state(self.memoize)}
 
     @classmethod
     def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
                     epsilon: float | None, epsilon_scope: str = "attribute", version: int = 0) -> "RRJoint":
-        """One GRR over the product, ε_C = Σ per-attribute budgets (no parameters)."""
-        Params(cls.name, params).done()
-        return cls(domain, attribute_budget(epsilon, epsilon_scope, len(domain)), version=version)
+        """One GRR over the product, ε_C = Σ per-attribute budgets; ``memoize`` as rr-ind's."""
+        m = len(domain)
+        return cls(domain, attribute_budget(epsilon, epsilon_scope, m), version=version,
+                   memoize=only_memoize(cls.name, params, epsilon_scope, m))
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRJoint":
         return cls(Domain.from_dict(state["domain"]), state["epsilons"],
-                   version=int(state.get("version", 0)))
+                   version=int(state.get("version", 0)), memoize=memoize_of(state))
 
 
 @register
@@ -590,7 +639,7 @@ class RRClusters(_Clustered):
                  epsilon: float | Sequence[float] | None = None, version: int = 0,
                  max_cells: int | None = None, min_dependence: float | None = None,
                  cluster_reports: int | None = None, clustered: bool | None = None,
-                 phase1_fraction: float | None = None) -> None:
+                 phase1_fraction: float | None = None, memoize: Memoize | None = None) -> None:
         """``clusters=None``: all singletons until :meth:`adapt` publishes clusters.
         ``clustered``: the clusters are final (default: they were given)."""
         if epsilon is None:
@@ -598,7 +647,7 @@ class RRClusters(_Clustered):
         self.clustered = clusters is not None if clustered is None else bool(clustered)
         if clusters is None:
             clusters = [(a,) for a in domain.attrs]
-        super().__init__(domain, clusters, epsilon, version)
+        super().__init__(domain, clusters, epsilon, version, memoize)
         self.max_cells = self.MAX_CELLS if max_cells is None else int(max_cells)
         self.min_dependence = (self.MIN_DEPENDENCE if min_dependence is None
                                else float(min_dependence))
@@ -631,6 +680,7 @@ class RRClusters(_Clustered):
         beta = pr.number("phase1_fraction", None, gt=0.0, lt=1.0)
         n_plan = pr.integer("n_plan", None, ge=2)
         clusters = pr.value("clusters")
+        raw = pr.value("memoize")
         pr.done()
         if reports is not None and beta is not None:
             raise ParamError("phase1_fraction", "give cluster_reports or phase1_fraction (of "
@@ -645,7 +695,9 @@ class RRClusters(_Clustered):
                 raise ParamError("clusters", f"must partition the attributes {list(domain.attrs)}"
                                              f" (got {clusters})")
         mech = cls(domain, clusters, attribute_budget(epsilon, epsilon_scope, len(domain)),
-                   version, max_cells, min_dep, reports, phase1_fraction=beta)
+                   version, max_cells, min_dep, reports, phase1_fraction=beta,
+                   memoize=None if raw is None else memoize_per_attribute(raw, epsilon_scope,
+                                                                   len(domain)))
         return mech.planned_for(n_plan) if n_plan is not None else mech
 
     def planned_for(self, n: int) -> "RRClusters":
@@ -656,7 +708,8 @@ class RRClusters(_Clustered):
             return self
         beta = 0.1 if self.phase1_fraction is None else self.phase1_fraction
         return RRClusters(self.domain, None, self.epsilons, self.version, self.max_cells,
-                          self.min_dependence, max(1, int(round(beta * n))), False, beta)
+                          self.min_dependence, max(1, int(round(beta * n))), False, beta,
+                          self.memoize)
 
     # -- the clustering round
     def tensors(self, marginals: Sequence[Sequence[str]]) -> list[TensorSpec]:
@@ -686,14 +739,15 @@ class RRClusters(_Clustered):
         cl = cluster_attributes(dep, self.domain.shape, self.max_cells, self.min_dependence)
         return RRClusters(self.domain, [[at[i] for i in c] for c in cl], self.epsilons,
                           self.version + 1, self.max_cells, self.min_dependence,
-                          self.cluster_reports, True, self.phase1_fraction)
+                          self.cluster_reports, True, self.phase1_fraction, self.memoize)
 
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
                 "domain": self.domain.to_dict(), "epsilons": list(self.epsilons),
                 "clusters": [list(c) for c in self.clusters], "clustered": self.clustered,
                 "max_cells": self.max_cells, "min_dependence": self.min_dependence,
-                "cluster_reports": self.cluster_reports, "phase1_fraction": self.phase1_fraction}
+                "cluster_reports": self.cluster_reports, "phase1_fraction": self.phase1_fraction,
+                **memoize_state(self.memoize)}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "RRClusters":
@@ -702,4 +756,4 @@ class RRClusters(_Clustered):
                    min_dependence=state.get("min_dependence"),
                    cluster_reports=state.get("cluster_reports"),
                    clustered=bool(state.get("clustered", True)),
-                   phase1_fraction=state.get("phase1_fraction"))
+                   phase1_fraction=state.get("phase1_fraction"), memoize=memoize_of(state))

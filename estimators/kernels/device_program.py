@@ -25,8 +25,11 @@ applied in order to a record of category indices:
   its hash), offset by the table's ``offset``; ε: ``len(out)`` × the dearest oracle.
 
 A memoized description adds ``memoize``: ``rotation_s`` and one ``permanent`` step per
-attribute, whose response is drawn once per rotation period and kept; ``steps`` then apply to
-the permanent responses on every report [RAPPOR §3].
+attribute (``kind: cluster``: per cluster of attributes), whose response is drawn once per
+rotation period and kept; ``steps`` then apply to the permanent responses on every report
+[RAPPOR §3]. ``kind: partition`` memoizes one ``partition`` step instead: the first table fixed
+per (device, period), the code of each (table, cell) kept, ``instantaneous_p`` re-randomizing
+its value per report (producers/program_memo.py).
 
 ε of a description is computed from the channels it applies (:func:`program_epsilon`), never
 read from a declared field: steps compose sequentially (sum), ``select`` costs its dearest
@@ -175,12 +178,32 @@ def program_epsilon(prog: Mapping[str, Any]) -> float:
     return float(sum(step_epsilon(s, shape) for s in steps))
 
 
+def _leaves(steps: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Steps in order, a select followed by its branches' steps."""
+    out: list[Mapping[str, Any]] = []
+    for s in steps:
+        out.append(s)
+        if s["op"] == "select":
+            out.extend(t for b in s["branches"] for t in b)
+    return out
+
+
 def memo_fingerprint(permanent: Sequence[Mapping[str, Any]], shape: Sequence[int]) -> str:
     """16 hex digits of BLAKE2b-64 over every permanent step: op byte (1 grr, 2 matrix), cells
-    u32 LE, then ``p`` or the matrix entries row by row as f64 LE. Memoized responses are reused
+    u32 LE, then ``p`` or the matrix entries row by row as f64 LE; a ``partition`` step: per
+    table op byte 3, oracle byte (0 grr, 1 olh), cells u32, g u32, p f64 (all LE); a ``select``
+    step: byte 4, then its branches' steps in order. Memoized responses are reused
     only under the same permanent channels."""
     h = hashlib.blake2b(digest_size=8)
-    for s in permanent:
+    for s in _leaves(permanent):
+        if s["op"] == "select":   # its branches' steps follow, each hashed as a step
+            h.update(b"\x04")
+            continue
+        if s["op"] == "partition":
+            for t in s["tables"]:   # per table: op 3, oracle (0 grr, 1 olh), cells, g, p
+                h.update(struct.pack("<BBIId", 3, t["oracle"] == "olh", _cells(shape, t["in"]),
+                                     int(t.get("g") or 0), float(t["p"])))
+            continue
         k = _cells(shape, s["in"])
         h.update(struct.pack("<BI", 1 if s["op"] == "grr" else 2, k))
         values = [s["p"]] if s["op"] == "grr" else [x for row in s["rows"] for x in row]

@@ -98,13 +98,18 @@ class Guarantee:
     """What a device's reports cost over time (ε, pure LDP, summed over the record's attributes).
 
     ``per_rotation`` and ``per_day`` hold for a device whose record does not change; None means
-    unbounded (every report randomized afresh: k reports cost k·``per_report``)."""
+    unbounded (every report randomized afresh: k reports cost k·``per_report``).
+    ``per_version_change``: what a memoized device of an adaptive family spends again when a
+    new version changes the permanent channels (its memos are kept per channel fingerprint, so
+    the new version's are drawn afresh: at most ``per_rotation`` more in that period); None for
+    static families."""
 
     per_report: float
     memoized: bool = False
     rotation_s: float | None = None
     per_rotation: float | None = None
     per_day: float | None = None
+    per_version_change: float | None = None
 
     @classmethod
     def fresh(cls, per_report: float) -> "Guarantee":
@@ -128,7 +133,11 @@ class Guarantee:
                 "distinct value of an attribute costs its permanent ε once per rotation period"
                 if self.memoized else
                 "every report is randomized afresh: k reports cost k × per_report")
+        if self.per_version_change is not None:
+            note += ("; a new version with other permanent channels draws new memos: up to "
+                     "epsilon_per_version_change more in that period")
         return {"memoized": self.memoized, "rotation_s": self.rotation_s,
                 "epsilon_per_report": self.per_report,
                 "epsilon_per_rotation": self.per_rotation,
-                "epsilon_per_day": self.per_day, "note": note}
+                "epsilon_per_day": self.per_day,
+                "epsilon_per_version_change": self.per_version_change, "note": note}

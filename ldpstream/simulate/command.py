@@ -19,6 +19,9 @@ def main(args: Any) -> int:
         check_epsilon(args.epsilon)
     if getattr(args, "compare", False):
         return compare_main(args)
+    if getattr(args, "memoize", False):
+        from ldpstream.simulate.memo import main as memo_main
+        return memo_main(args)
     plan = plan_from_args(args)
     from threadpoolctl import threadpool_limits
     with threadpool_limits(1):   # many small dense solves: one BLAS thread on a shared machine

@@ -225,35 +225,79 @@ MEMO_EVENTS = [  # (now, record): rotation 100 s, budget 3.5 per 60 s, resend af
     (1050.0, ("android", "free")), (1055.0, ("ios", "free")), (1200.0, ("ios", "free"))]
 
 
-def memo_vectors() -> dict[str, Any]:
-    """Memoized reports through the Python SDK: duplicates, partial charges, resends, rotation,
-    a clock stepped back, budget refusals — with the reports of the test generator."""
+#: memoized partitioned (rotation 100 s, budget 8 per 300 s): a new period re-assigns the
+#: marginal, a changed value inside it is a new memo
+PARTITION_EVENTS = [
+    (1000.0, ("android", "free", "eu")), (1010.0, ("android", "free", "eu")),
+    (1020.0, ("ios", "free", "eu")), (1030.0, ("android", "pro", "us")),
+    (1110.0, ("android", "free", "eu")), (1210.0, ("web", "pro", "apac")),
+    (1310.0, ("web", "pro", "apac")), (1410.0, ("android", "free", "latam"))]
+
+
+def _replay(state: dict[str, Any], domain: Domain, events: list, device_id: int, seed: int,
+            budget: tuple[float, float], resend_every_s: float | None) -> list[dict[str, Any]]:
+    """``events`` (now, labels) through the Python SDK with ``state``: what each became."""
     import asyncio
 
-    from ldpstream.estimators.stream.longitudinal import Memoize
     from ldpstream.producers.device import ConfigWatcher
     from ldpstream.producers.ledger import Budget, Ledger
     from ldpstream.producers.sdk import DeviceClient, RecordingTransport
 
-    dom = Domain(DOM.attrs[:2], DOM.shape[:2], DOM.labels[:2])
-    state = RRIndependent(dom, epsilon=1.0, version=5,
-                          memoize=Memoize(100.0, (2.0, 2.0))).device_state()
     watcher = ConfigWatcher("unused:0", verify_key=TEST_KEY.verify_key, max_epsilon=CEILING)
     watcher._take(b"memo", envelope(state, "memo", 1.0).encode())  # noqa: SLF001
     now = [0.0]
     client = DeviceClient("memo", watcher=watcher, transport=RecordingTransport(),
-                          ledger=Ledger(":memory:", budget=Budget(3.5, 60.0)), device_id=1,
-                          resend_every_s=50.0, rng=SplitMix64(77), clock=lambda: now[0])
-    events = []
-    for t, labels in MEMO_EVENTS:
+                          ledger=Ledger(":memory:", budget=Budget(*budget)), device_id=device_id,
+                          resend_every_s=resend_every_s, rng=SplitMix64(seed),
+                          clock=lambda: now[0])
+    out = []
+    for t, labels in events:
         now[0] = t
-        record = dict(zip(dom.attrs, labels))
+        record = dict(zip(domain.attrs, labels))
         res = asyncio.run(client.report(record))
-        events.append({"now": t, "record": record, "status": res.status, "cost": res.epsilon,
-                       "report": None if res.report is None else [int(v) for v in res.report]})
+        out.append({"now": t, "record": record, "status": res.status, "cost": res.epsilon,
+                    "report": None if res.report is None else [int(v) for v in res.report]})
+    return out
+
+
+def memo_vectors() -> dict[str, Any]:
+    """Memoized reports through the Python SDK: duplicates, partial charges, resends, rotation,
+    a clock stepped back, budget refusals — with the reports of the test generator. Under
+    ``partition``, ``partition_olh``, ``cluster`` and ``select``: memoized partitioned,
+    rr-clusters and smp collections (``memoize.kind`` partition, cluster, select) of the
+    device ``DEVICE_ID``."""
+    from ldpstream.estimators.stream.longitudinal import Memoize
+
+    dom = Domain(DOM.attrs[:2], DOM.shape[:2], DOM.labels[:2])
+    state = RRIndependent(dom, epsilon=1.0, version=5,
+                          memoize=Memoize(100.0, (2.0, 2.0))).device_state()
+    part = mechanism_class("partitioned").from_config(
+        DOM, {"ways": 2, "memoize": {"rotation_s": 100.0, "instantaneous_epsilon": 2.0}},
+        epsilon=2.0, epsilon_scope="record", version=3).device_state()
+    olh = mechanism_class("partitioned").from_config(
+        DOM, {"ways": 2, "oracles": ["olh"], "per_report": 2,
+              "memoize": {"rotation_s": 100.0, "instantaneous_epsilon": 3.0}},
+        epsilon=3.0, epsilon_scope="record", version=4).device_state()
+    smp = mechanism_class("smp").from_config(
+        DOM, {"memoize": {"rotation_s": 100.0, "instantaneous_epsilon": 1.0}}, epsilon=2.0,
+        epsilon_scope="record", version=6).device_state()
+    clus = mechanism_class("rr-clusters").from_config(
+        DOM, {"clusters": [["os", "region"], ["plan"]],
+              "memoize": {"rotation_s": 100.0, "instantaneous_epsilon": 1.5}},
+        epsilon=1.0, version=2).device_state()
+
+    def case(st: dict[str, Any], seed: int, budget: float) -> dict[str, Any]:
+        return {"device": st["device"], "seed": str(seed), "device_id": str(DEVICE_ID),
+                "budget": {"epsilon": budget, "window_s": 300.0}, "resend_every_s": None,
+                "fingerprint": Program(st["device"]).memo.fingerprint,
+                "events": _replay(st, DOM, PARTITION_EVENTS, DEVICE_ID, seed, (budget, 300.0),
+                                  None)}
+
     return {"device": state["device"], "seed": "77", "budget": {"epsilon": 3.5, "window_s": 60.0},
             "resend_every_s": 50.0, "fingerprint": Program(state["device"]).memo.fingerprint,
-            "events": events}
+            "events": _replay(state, dom, MEMO_EVENTS, 1, 77, (3.5, 60.0), 50.0),
+            "partition": case(part, 78, 8.0), "partition_olh": case(olh, 80, 12.0),
+            "cluster": case(clus, 79, 9.0), "select": case(smp, 81, 7.0)}
 
 
 FILES = {"rng.json": rng_vectors, "randomize.json": randomize_vectors,

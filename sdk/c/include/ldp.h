@@ -93,7 +93,12 @@ typedef struct ldp_program {
   char family[32];
   uint32_t n_attrs, width, n_steps;
   uint32_t n_top;                      /* steps[0..n_top): the steps list (with branches) */
-  int memoized;                        /* steps[n_top + j]: permanent step of attribute j */
+  int memoized;                        /* steps[n_top + u]: permanent step of memo unit u */
+  uint8_t memo_kind;                   /* 0 attribute, 1 cluster, 2 partition, 3 select */
+  uint32_t n_units;                    /* permanent steps (attribute, cluster) or 1 */
+  uint64_t memo_seed;                  /* select: mix64(seed) */
+  int has_inst;                        /* partition, select: inst_p per table or branch */
+  double inst_p[LDP_MAX_STEPS];
   double rotation_s;                   /* <= 0: never rotated */
   uint8_t fingerprint[8];              /* BLAKE2b-64 of the permanent steps */
   uint32_t size[LDP_MAX_ATTRS];
@@ -120,6 +125,10 @@ void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t 
 /* one grr, matrix or uniform step on an input cell (mixed radix of its attributes): the output cell
    (privacy audits sample a channel through it) */
 uint64_t ldp_step_apply(const ldp_program *prog, uint32_t step, uint64_t cell, ldp_rng *rng);
+/* a partition table's oracle code of a cell (no offset) */
+uint64_t ldp_table_code(const ldp_table *t, uint64_t cell, ldp_rng *rng);
+/* GRR over k cells with keep p */
+uint64_t ldp_grr_cell(uint64_t cell, uint64_t k, double p, ldp_rng *rng);
 
 /* --- signed states -------------------------------------------------------------------------- */
 typedef int (*ldp_verify_fn)(void *ctx, const uint8_t sig[64], const uint8_t *msg, size_t len,
@@ -163,7 +172,7 @@ void ldp_file_storage(ldp_storage *s, const char *dir);
 
 typedef struct ldp_memo {
   uint8_t fingerprint[8];
-  uint32_t attribute, value, response;
+  uint32_t attribute, value, response; /* attribute: the memo unit (attribute, cluster, table) */
 } ldp_memo;
 
 typedef struct ldp_ledger {
@@ -186,8 +195,9 @@ int ldp_ledger_charge(ldp_ledger *l, double cost, double now);
 int ldp_ledger_take_sequence(ldp_ledger *l, uint64_t *seq);
 /* one memoized report (docs/device-protocol.md, "Ledger"): LDP_OK with the report and *cost,
    LDP_DUPLICATE, LDP_E_BUDGET or LDP_E_FULL; resend_every_s <= 0: never resend */
-int ldp_memo_report(ldp_ledger *l, const ldp_program *p, const uint32_t *x, double now,
-                    double resend_every_s, ldp_rng *rng, uint32_t *report, double *cost);
+int ldp_memo_report(ldp_ledger *l, const ldp_program *p, const uint32_t *x, uint64_t device_id,
+                    double now, double resend_every_s, ldp_rng *rng, uint32_t *report,
+                    double *cost);
 
 /* --- batches -------------------------------------------------------------------------------- */
 /* the wire format of producers/codec.py; returns bytes written, 0 on error (cap too small,

@@ -21,7 +21,8 @@ int ldp_device_report(ldp_device *d, const char *const *names, const char *const
   uint32_t *report = d->reports + (size_t)d->n * p->width;
   double charged = p->epsilon;
   if (p->memoized) {
-    r = ldp_memo_report(d->ledger, p, x, now, d->resend_every_s, &d->rng, report, &charged);
+    r = ldp_memo_report(d->ledger, p, x, d->device_id, now, d->resend_every_s, &d->rng, report,
+                        &charged);
   } else {
     r = ldp_ledger_charge(d->ledger, p->epsilon, now);
     if (r == LDP_OK) ldp_program_randomize(p, x, d->device_id, &d->rng, report);

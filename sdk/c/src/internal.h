@@ -23,6 +23,13 @@ static inline uint64_t ldp_mix64(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
 }
+/* the cell of the attributes in[0..n) of x (mixed radix, first most significant) */
+static inline uint64_t ldp_ravel(const ldp_program *p, const uint16_t *in, uint8_t n,
+                                 const uint32_t *x) {
+  uint64_t cell = 0;
+  for (uint8_t i = 0; i < n; i++) cell = cell * p->size[in[i]] + x[in[i]];
+  return cell;
+}
 /* a select step's branches follow it: the next step of the same list */
 static inline uint32_t ldp_after(const ldp_program *p, uint32_t i) {
   const ldp_step *s = &p->steps[i];
@@ -40,6 +47,20 @@ int ldp_int_list(parser *ps, json_t *json, const char *field, uint32_t below, ui
                  uint8_t *n);
 double ldp_grr_epsilon(double p, uint64_t k);
 int ldp_parse_partition(parser *ps, json_t *json, const char *field, ldp_step *s);
+/* a list of steps at depth (0: top level) into steps[*first .. *first + *count) */
+int ldp_parse_steps(parser *ps, json_t *arr, const char *field, int depth, uint16_t *first,
+                    uint16_t *count);
+/* the memoize object (memo.c) */
+int ldp_parse_memo(parser *ps, json_t *memo);
+/* the memo units a record needs (memo.c): unit[i] (attribute, cluster or table) and the cell
+   of its attributes; returns how many */
+uint32_t ldp_memo_keys(const ldp_program *p, const uint32_t *x, uint64_t device_id,
+                       int64_t period, uint32_t *unit, uint32_t *cell);
+double ldp_memo_unit_eps(const ldp_program *p, uint32_t unit);
+uint32_t ldp_memo_draw(const ldp_program *p, uint32_t unit, uint32_t cell, ldp_rng *rng);
+/* the report from the units' memoized responses */
+void ldp_memo_emit(const ldp_program *p, const uint32_t *unit, const uint32_t *resp, uint32_t n,
+                   ldp_rng *rng, uint32_t *report);
 /* cumulative sums of n_rows rows of one length into s (n_rows 0: square) */
 int ldp_parse_rows(parser *ps, json_t *rows, const char *field, uint64_t n_rows, ldp_step *s);
 /* const and copy steps */

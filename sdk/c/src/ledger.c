@@ -147,9 +147,10 @@ static int find_memo(const ldp_ledger *l, const ldp_program *p, uint32_t j, uint
   return -1;
 }
 
-int ldp_memo_report(ldp_ledger *l, const ldp_program *p, const uint32_t *x, double now,
-                    double resend_every_s, ldp_rng *rng, uint32_t *report, double *cost) {
-  uint32_t y[LDP_MAX_ATTRS];
+int ldp_memo_report(ldp_ledger *l, const ldp_program *p, const uint32_t *x, uint64_t device_id,
+                    double now, double resend_every_s, ldp_rng *rng, uint32_t *report,
+                    double *cost) {
+  uint32_t unit[LDP_MAX_ATTRS], cell[LDP_MAX_ATTRS], y[LDP_MAX_ATTRS];
   int have[LDP_MAX_ATTRS];
   int64_t period = p->rotation_s > 0 ? (int64_t)floor(now / p->rotation_s) : 0;
   *cost = 0.0;
@@ -160,11 +161,11 @@ int ldp_memo_report(ldp_ledger *l, const ldp_program *p, const uint32_t *x, doub
     if (l->sent_key[i] == key &&
         (resend_every_s <= 0.0 || now - l->sent_at[i] < resend_every_s))
       return LDP_DUPLICATE;
-  uint32_t missing = 0;
-  for (uint32_t j = 0; j < p->n_attrs; j++) {
-    have[j] = newer ? -1 : find_memo(l, p, j, x[j]);
-    if (have[j] < 0) {
-      *cost += p->steps[p->n_top + j].eps;
+  uint32_t n = ldp_memo_keys(p, x, device_id, period, unit, cell), missing = 0;
+  for (uint32_t u = 0; u < n; u++) {
+    have[u] = newer ? -1 : find_memo(l, p, unit[u], cell[u]);
+    if (have[u] < 0) {
+      *cost += ldp_memo_unit_eps(p, unit[u]);
       missing++;
     }
   }
@@ -177,22 +178,20 @@ int ldp_memo_report(ldp_ledger *l, const ldp_program *p, const uint32_t *x, doub
     *cost = 0.0;
     return LDP_E_BUDGET;
   }
-  for (uint32_t j = 0; j < p->n_attrs; j++)
-    y[j] = have[j] >= 0 ? l->memo[have[j]].response
-                        : (uint32_t)ldp_step_apply(p, p->n_top + j, x[j], rng);
-  if (p->n_top) ldp_program_randomize(p, y, 0, rng, report);
-  else memcpy(report, y, sizeof(uint32_t) * p->n_attrs);
+  for (uint32_t u = 0; u < n; u++)
+    y[u] = have[u] >= 0 ? l->memo[have[u]].response : ldp_memo_draw(p, unit[u], cell[u], rng);
+  ldp_memo_emit(p, unit, y, n, rng, report);
   if (newer) {  /* past periods are never reused */
     l->n_memo = l->n_sent = 0;
     l->period = period;
   }
-  for (uint32_t j = 0; j < p->n_attrs; j++)
-    if (have[j] < 0) {
+  for (uint32_t u = 0; u < n; u++)
+    if (have[u] < 0) {
       ldp_memo *m = &l->memo[l->n_memo++];
       memcpy(m->fingerprint, p->fingerprint, sizeof m->fingerprint);
-      m->attribute = j;
-      m->value = x[j];
-      m->response = y[j];
+      m->attribute = unit[u];
+      m->value = cell[u];
+      m->response = y[u];
     }
   uint32_t i = 0;
   while (i < l->n_sent && l->sent_key[i] != key) i++;

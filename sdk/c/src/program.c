@@ -66,9 +66,6 @@ static double matrix_epsilon(json_t *rows, uint64_t k) {
   return best;
 }
 
-static int parse_steps(parser *ps, json_t *arr, const char *field, int depth, uint16_t *first,
-                       uint16_t *count);
-
 static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
   ldp_program *p = ps->p;
   char f[160];
@@ -115,7 +112,7 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
       uint16_t bf, bc;
       ldp_errf(f, sizeof f, "%s.branches[%zu]", field, b);
       p->branch_start[s->first + b] = (uint16_t)p->n_steps;
-      if (parse_steps(ps, json_array_get(br, b), f, depth + 1, &bf, &bc)) return -1;
+      if (ldp_parse_steps(ps, json_array_get(br, b), f, depth + 1, &bf, &bc)) return -1;
       double e = 0.0;
       for (uint16_t i = bf; i < bf + bc; i++) e += p->steps[i].eps;
       if (e > best) best = e;
@@ -179,8 +176,8 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
   return 0;
 }
 
-static int parse_steps(parser *ps, json_t *arr, const char *field, int depth, uint16_t *first,
-                       uint16_t *count) {
+int ldp_parse_steps(parser *ps, json_t *arr, const char *field, int depth, uint16_t *first,
+                    uint16_t *count) {
   size_t n = json_is_array(arr) ? json_array_size(arr) : 0;
   char f[160];
   if (n < 1 || n > LDP_MAX_STEPS) {
@@ -196,65 +193,6 @@ static int parse_steps(parser *ps, json_t *arr, const char *field, int depth, ui
   }
   return 0;
 }
-
-/* BLAKE2b-64 over each permanent step: op byte, cells u32 LE, p or the entries as f64 LE */
-static void fingerprint(ldp_program *p, json_t *perm) {
-  crypto_generichash_state h;
-  uint8_t buf[8];
-  crypto_generichash_init(&h, NULL, 0, sizeof p->fingerprint);
-  for (uint32_t j = 0; j < p->n_attrs; j++) {
-    const ldp_step *s = &p->steps[p->n_top + j];
-    json_t *d = json_array_get(perm, j), *rows = json_object_get(d, "rows");
-    buf[0] = s->op;
-    crypto_generichash_update(&h, buf, 1);
-    ldp_le(buf, s->cells, 4);
-    crypto_generichash_update(&h, buf, 4);
-    for (uint64_t i = 0; i < (s->op == 1 ? 1 : s->cells * s->cells); i++) {
-      double x = s->op == 1 ? s->p
-                            : json_number_value(json_array_get(json_array_get(rows, i / s->cells),
-                                                               i % s->cells));
-      uint64_t bits;
-      memcpy(&bits, &x, 8);
-      ldp_le(buf, bits, 8);
-      crypto_generichash_update(&h, buf, 8);
-    }
-  }
-  crypto_generichash_final(&h, p->fingerprint, sizeof p->fingerprint);
-}
-
-static int parse_memo(parser *ps, json_t *memo) {
-  ldp_program *p = ps->p;
-  uint16_t first, count;
-  json_t *rot = json_object_get(memo, "rotation_s"), *perm = json_object_get(memo, "permanent");
-  if (!json_is_object(memo)) {
-    ldp_errf(ps->err, ps->errlen, "device.memoize: must be an object");
-    return -1;
-  }
-  if (rot && !json_is_null(rot) && !(json_is_number(rot) && json_number_value(rot) > 0 &&
-                                     isfinite(json_number_value(rot)))) {
-    ldp_errf(ps->err, ps->errlen, "device.memoize.rotation_s: must be a number > 0 or null");
-    return -1;
-  }
-  p->rotation_s = rot && !json_is_null(rot) ? json_number_value(rot) : 0.0;
-  if (parse_steps(ps, perm, "device.memoize.permanent", 1, &first, &count)) return -1;
-  int ok = p->width == p->n_attrs && count == p->n_attrs;
-  for (uint32_t j = 0; ok && j < count; j++) {
-    const ldp_step *s = &p->steps[first + j];
-    ok = s->op != 3 && s->n_in == 1 && s->in[0] == j && s->out[0] == j;
-  }
-  if (!ok) {
-    ldp_errf(ps->err, ps->errlen, "device.memoize.permanent: must hold one grr or matrix step "
-             "per attribute j, in and out [j], in order (and width must be the attribute "
-             "count)");
-    return -1;
-  }
-  p->memoized = 1;
-  p->epsilon = 0.0;
-  for (uint32_t j = 0; j < count; j++) p->epsilon += p->steps[first + j].eps;
-  fingerprint(p, perm);
-  return 0;
-}
-
 
 static int parse_doc(parser *ps, json_t *d) {
   ldp_program *p = ps->p;
@@ -318,12 +256,12 @@ static int parse_doc(parser *ps, json_t *d) {
   json_t *memo = json_object_get(d, "memoize"), *steps = json_object_get(d, "steps");
   if (memo && json_is_null(memo)) memo = NULL;
   if (!(memo && json_is_array(steps) && json_array_size(steps) == 0) &&
-      parse_steps(ps, steps, "device.steps", 0, &first, &count))
+      ldp_parse_steps(ps, steps, "device.steps", 0, &first, &count))
     return -1;
   p->n_top = p->n_steps;
   p->epsilon = 0.0;
   for (uint32_t i = 0; i < p->n_top; i = ldp_after(p, i)) p->epsilon += p->steps[i].eps;
-  return memo ? parse_memo(ps, memo) : 0;
+  return memo ? ldp_parse_memo(ps, memo) : 0;
 }
 
 int ldp_program_from_json(ldp_program *prog, void *json, char *err, size_t errlen) {

@@ -34,29 +34,38 @@ int ldp_program_encode(const ldp_program *prog, const char *const *names,
   return LDP_OK;
 }
 
-static uint64_t grr(uint64_t cell, uint64_t k, double p, ldp_rng *rng) {
+uint64_t ldp_grr_cell(uint64_t cell, uint64_t k, double p, ldp_rng *rng) {
   if (ldp_bernoulli(rng, p)) return cell;
   uint64_t other = ldp_uniform(rng, k - 1);
   return other + (other >= cell);
 }
 
-uint64_t ldp_step_apply(const ldp_program *p, uint32_t step, uint64_t cell, ldp_rng *rng) {
-  const ldp_step *s = &p->steps[step];
-  if (s->op == 1) return grr(cell, s->cells, s->p, rng);
-  if (s->op == 5) return ldp_uniform(rng, s->cells);
-  return ldp_categorical(rng, p->cum + s->cum + cell * s->cells, (uint32_t)s->cells);
+/* GRR on the cell, or OLH: a = uniform(g^r), h = sum of digit_i(a) * digit_i(cell) mod g,
+   code a*g + GRR_g(h) */
+uint64_t ldp_table_code(const ldp_table *t, uint64_t cell, ldp_rng *rng) {
+  if (t->g == 0) return ldp_grr_cell(cell, t->cells, t->p, rng);
+  uint64_t seeds = 1, h = 0;
+  for (uint32_t k = 0; k < t->r; k++) seeds *= t->g;
+  uint64_t a = ldp_uniform(rng, seeds), aa = a, cc = cell;
+  for (uint32_t k = 0; k < t->r; k++) {
+    h += (aa % t->g) * (cc % t->g);
+    aa /= t->g;
+    cc /= t->g;
+  }
+  return a * t->g + ldp_grr_cell(h % t->g, t->g, t->p, rng);
 }
 
-static uint64_t ravel(const ldp_program *p, const uint16_t *in, uint8_t n, const uint32_t *x) {
-  uint64_t cell = 0;
-  for (uint8_t i = 0; i < n; i++) cell = cell * p->size[in[i]] + x[in[i]];
-  return cell;
+uint64_t ldp_step_apply(const ldp_program *p, uint32_t step, uint64_t cell, ldp_rng *rng) {
+  const ldp_step *s = &p->steps[step];
+  if (s->op == 1) return ldp_grr_cell(cell, s->cells, s->p, rng);
+  if (s->op == 5) return ldp_uniform(rng, s->cells);
+  return ldp_categorical(rng, p->cum + s->cum + cell * s->cells, (uint32_t)s->cells);
 }
 
 static void run(const ldp_program *p, uint32_t step, const uint32_t *x, ldp_rng *rng,
                 uint32_t *report) {
   const ldp_step *s = &p->steps[step];
-  uint64_t cell = ldp_step_apply(p, step, ravel(p, s->in, s->n_in, x), rng);
+  uint64_t cell = ldp_step_apply(p, step, ldp_ravel(p, s->in, s->n_in, x), rng);
   for (int i = s->n_in - 1; i >= 0; i--) {
     uint32_t d = p->size[s->in[i]];
     report[s->out[i]] = (uint32_t)(cell % d);
@@ -64,27 +73,13 @@ static void run(const ldp_program *p, uint32_t step, const uint32_t *x, ldp_rng 
   }
 }
 
-/* slot i: table (first + i) mod K, first = mix64(device id ^ seed) mod K; GRR on the cell, or
-   OLH: a = uniform(g^r), h = sum of digit_i(a) * digit_i(cell) mod g, code a*g + GRR_g(h) */
+/* slot i: table (first + i) mod K, first = mix64(device id ^ seed) mod K, its oracle code */
 static void partition(const ldp_program *p, const ldp_step *s, const uint32_t *x,
                       uint64_t device_id, ldp_rng *rng, uint32_t *report) {
   uint64_t first = ldp_mix64(device_id ^ s->seed) % s->count;
   for (uint8_t i = 0; i < s->n_out; i++) {
     const ldp_table *t = &p->tables[s->first + (first + i) % s->count];
-    uint64_t cell = ravel(p, t->in, t->n_in, x), code;
-    if (t->g == 0) {
-      code = grr(cell, t->cells, t->p, rng);
-    } else {
-      uint64_t seeds = 1, h = 0;
-      for (uint32_t k = 0; k < t->r; k++) seeds *= t->g;
-      uint64_t a = ldp_uniform(rng, seeds), aa = a, cc = cell;
-      for (uint32_t k = 0; k < t->r; k++) {
-        h += (aa % t->g) * (cc % t->g);
-        aa /= t->g;
-        cc /= t->g;
-      }
-      code = a * t->g + grr(h % t->g, t->g, t->p, rng);
-    }
+    uint64_t code = ldp_table_code(t, ldp_ravel(p, t->in, t->n_in, x), rng);
     report[s->out[i]] = (uint32_t)(t->offset + code);
   }
 }

@@ -8,6 +8,10 @@
  *       every small partition table; tests/test_sdk_audit.py
  *   ldp_sample bench randomize.json SECONDS   one JSON line per case: reports randomized per
  *       second on one core; ldpstream bench sdk
+ *   ldp_sample memo-audit memo.json SAMPLES    per memoized case and memo unit (attribute,
+ *       cluster, or partition table of slot 0 with at most 36 cells and 400 codes): the counts
+ *       of (true cell, reported cell or code) over SAMPLES reports, each in a new rotation
+ *       period (a new memo), every record of the domain in turn; tests/test_sdk_memo_audit.py
  *   ldp_sample sizes                          the bytes of the structures a device keeps
  */
 #include <jansson.h>
@@ -149,6 +153,77 @@ static void audit(const char *name, long samples, ldp_rng *rng) {
   }
 }
 
+/* memoized reports through ldp_memo_report, a new period each (docs/device-protocol.md,
+   "Memoized descriptions"); one line per unit: its cells x outputs counts */
+static uint64_t mc[LDP_MAX_STEPS][36 * 400];
+
+static int memo_audit(const char *name, long samples, ldp_rng *rng) {
+  static ldp_ledger ledger;
+  uint32_t x[LDP_MAX_ATTRS] = {0}, report[LDP_MAX_WIDTH], n_rec = 1;
+  const ldp_step *ps = &prog.steps[prog.n_top];
+  int part = prog.memo_kind == 2, sel = prog.memo_kind == 3;  /* select: per branch */
+  uint32_t units = part || sel ? ps->count : prog.n_units;
+  for (uint32_t j = 0; j < prog.n_attrs; j++) n_rec *= prog.size[j];
+  ldp_ledger_open(&ledger, 0.0, 86400.0, NULL);
+  memset(mc, 0, sizeof mc);
+  double t = 0.0, cost;
+  for (uint32_t r = 0; r < n_rec; r++) {
+    uint32_t rest = r;
+    for (int j = (int)prog.n_attrs - 1; j >= 0; j--) {
+      x[j] = rest % prog.size[j];
+      rest /= prog.size[j];
+    }
+    for (long n = 0; n < samples / (long)n_rec; n++) {
+      t += prog.rotation_s > 0 ? prog.rotation_s : 1.0;
+      if (prog.rotation_s <= 0) ledger.n_memo = ledger.n_sent = 0;
+      if (ldp_memo_report(&ledger, &prog, x, 1, t, 0.0, rng, report, &cost) != LDP_OK) return 5;
+      for (uint32_t u = 0; u < units; u++) {
+        if (part) {
+          const ldp_table *tb = &prog.tables[ps->first + u];
+          uint64_t codes = tb->g ? tb->g : tb->cells;
+          for (uint32_t k = 0; tb->g && k < tb->r; k++) codes *= tb->g;
+          uint32_t code = report[ps->out[0]];
+          if (tb->cells > 36 || codes > 400 || code < tb->offset || code >= tb->offset + codes)
+            continue;
+          uint64_t cell = 0;
+          for (uint8_t i = 0; i < tb->n_in; i++) cell = cell * prog.size[tb->in[i]] + x[tb->in[i]];
+          mc[u][cell * codes + (code - tb->offset)]++;
+        } else {
+          const ldp_step *s = &prog.steps[sel ? prog.branch_start[ps->first + u] : prog.n_top + u];
+          uint64_t cell = 0, out = 0;
+          if (s->cells > 36 || (sel && report[ps->out[0]] != u)) continue;
+          for (uint8_t i = 0; i < s->n_in; i++) {
+            cell = cell * prog.size[s->in[i]] + x[s->in[i]];
+            out = out * prog.size[s->in[i]] + report[s->out[i]];
+          }
+          mc[u][cell * s->cells + out]++;
+        }
+      }
+    }
+  }
+  for (uint32_t u = 0; u < units; u++) {
+    uint64_t rows, cols;
+    if (part) {
+      const ldp_table *tb = &prog.tables[ps->first + u];
+      rows = tb->cells;
+      cols = tb->g ? tb->g : tb->cells;
+      for (uint32_t k = 0; tb->g && k < tb->r; k++) cols *= tb->g;
+    } else {
+      rows = cols = prog.steps[sel ? prog.branch_start[ps->first + u] : prog.n_top + u].cells;
+    }
+    if (rows > 36 || cols > 400) continue;
+    printf("{\"case\":\"%s\",\"unit\":%u,\"counts\":[", name, u);
+    for (uint64_t c = 0; c < rows; c++) {
+      printf("%s[", c ? "," : "");
+      for (uint64_t y = 0; y < cols; y++) printf("%s%llu", y ? "," : "",
+                                                 (unsigned long long)mc[u][c * cols + y]);
+      printf("]");
+    }
+    printf("]}\n");
+  }
+  return 0;
+}
+
 static int bench(const char *name, json_t *recs, double secs, ldp_rng *rng) {
   char err[256];
   size_t n = json_array_size(recs) < 64 ? json_array_size(recs) : 64;
@@ -191,6 +266,25 @@ int main(int argc, char **argv) {
   ldp_rng rng = {ldp_os_rng_next, &os};
   size_t i;
   if (!v) return 2;
+  if (strcmp(argv[1], "memo-audit") == 0) {  /* memo.json: the case itself and its kinds */
+    const char *key;
+    json_t *sub;
+    int r = 0;
+    json_t *top = json_object();
+    json_object_set(top, "memo", v);
+    json_object_foreach(v, key, sub) if (json_is_object(sub) && json_object_get(sub, "device"))
+      json_object_set(top, key, sub);
+    json_object_foreach(top, key, sub) {
+      char err[256], *dev = json_dumps(json_object_get(sub, "device"), JSON_COMPACT);
+      r = ldp_program_parse(&prog, dev, strlen(dev), err, sizeof err) != LDP_OK ? 3
+          : memo_audit(key, atol(argv[3]), &rng);
+      free(dev);
+      if (r) break;
+    }
+    json_decref(top);
+    json_decref(v);
+    return r;
+  }
   json_array_foreach(json_object_get(v, "cases"), i, c) {
     char err[256], *dev = json_dumps(json_object_get(c, "device"), JSON_COMPACT);
     const char *name = json_string_value(json_object_get(c, "name"));

@@ -222,25 +222,26 @@ static void ledger_vectors(json_t *v) {
   }
 }
 
-static void memo_vectors(json_t *v) {
+/* memoized reports of one description (memo.json and its partition case) */
+static void memo_replay(json_t *v, const char *what) {
   char err[256], *dev = json_dumps(json_object_get(v, "device"), JSON_COMPACT);
   memset(&state, 0, sizeof state);
   int r = ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err);
   free(dev);
-  CHECK(r == LDP_OK && state.program.memoized, "memo description: %s", err);
+  CHECK(r == LDP_OK && state.program.memoized, "%s description: %s", what, err);
   char fp[17];
   for (int i = 0; i < 8; i++) snprintf(fp + 2 * i, 3, "%02x", state.program.fingerprint[i]);
   CHECK(strcmp(fp, json_string_value(json_object_get(v, "fingerprint"))) == 0,
-        "memo fingerprint %s", fp);
+        "%s fingerprint %s", what, fp);
   state.present = 1;
   strcpy(state.collection, "memo");
-  json_t *b = json_object_get(v, "budget"), *e;
+  json_t *b = json_object_get(v, "budget"), *e, *id = json_object_get(v, "device_id");
   ldp_ledger ledger;
   ldp_ledger_open(&ledger, json_number_value(json_object_get(b, "epsilon")),
                   json_number_value(json_object_get(b, "window_s")), NULL);
   uint64_t seed = u64(json_object_get(v, "seed"));
-  ldp_device d = {&state, &ledger, {ldp_splitmix64_next, &seed}, 1, buf_reports, buf_ids, 256,
-                  0, 0, 0, json_number_value(json_object_get(v, "resend_every_s"))};
+  ldp_device d = {&state, &ledger, {ldp_splitmix64_next, &seed}, id ? u64(id) : 1, buf_reports,
+                  buf_ids, 256, 0, 0, 0, json_number_value(json_object_get(v, "resend_every_s"))};
   size_t i;
   json_array_foreach(json_object_get(v, "events"), i, e) {
     const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
@@ -252,14 +253,23 @@ static void memo_vectors(json_t *v) {
     const char *status = r == LDP_OK ? "queued" : r == LDP_DUPLICATE ? "duplicate"
                          : r == LDP_E_BUDGET ? "refused" : ldp_reason(r);
     CHECK(strcmp(status, json_string_value(json_object_get(e, "status"))) == 0,
-          "memo event %zu: %s (%s)", i, status, err);
-    CHECK(fabs(cost - want_cost) <= 1e-12 * want_cost, "memo event %zu: cost %.17g", i, cost);
+          "%s event %zu: %s (%s)", what, i, status, err);
+    CHECK(fabs(cost - want_cost) <= 1e-12 * want_cost, "%s event %zu: cost %.17g", what, i,
+          cost);
     json_t *want = json_object_get(e, "report");
     for (uint32_t j = 0; r == LDP_OK && j < json_array_size(want); j++)
       CHECK(buf_reports[before * state.program.width + j] ==
                 (uint32_t)json_integer_value(json_array_get(want, j)),
-            "memo event %zu column %u", i, j);
+            "%s event %zu column %u", what, i, j);
   }
+}
+
+static void memo_vectors(json_t *v) {
+  memo_replay(v, "memo");
+  memo_replay(json_object_get(v, "partition"), "memoized partition");
+  memo_replay(json_object_get(v, "partition_olh"), "memoized partition (olh)");
+  memo_replay(json_object_get(v, "cluster"), "memoized cluster");
+  memo_replay(json_object_get(v, "select"), "memoized select");
 }
 
 int main(int argc, char **argv) {

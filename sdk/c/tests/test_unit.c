@@ -90,12 +90,12 @@ static void restart_keeps_memos(void) {
   uint64_t seed = 3;
   ldp_rng rng = {ldp_splitmix64_next, &seed};
   ldp_ledger_open(&l, 0, 0, &st);
-  CHECK(ldp_memo_report(&l, &prog, &x, 1000.0, 0, &rng, &first, &cost) == LDP_OK && cost > 0,
+  CHECK(ldp_memo_report(&l, &prog, &x, 0, 1000.0, 0, &rng, &first, &cost) == LDP_OK && cost > 0,
         "first memoized report");
   ldp_ledger_open(&again, 0, 0, &st);  /* a restarted device */
-  CHECK(ldp_memo_report(&again, &prog, &x, 1001.0, 0, &rng, &report, &cost) == LDP_DUPLICATE,
+  CHECK(ldp_memo_report(&again, &prog, &x, 0, 1001.0, 0, &rng, &report, &cost) == LDP_DUPLICATE,
         "a duplicate after a restart");
-  CHECK(ldp_memo_report(&again, &prog, &x, 1002.0, 1.0, &rng, &report, &cost) == LDP_OK &&
+  CHECK(ldp_memo_report(&again, &prog, &x, 0, 1002.0, 1.0, &rng, &report, &cost) == LDP_OK &&
             cost == 0.0 && report == first, "resent from the memo, free, after a restart");
   char path[64];
   snprintf(path, sizeof path, "%s/ledger", dir);

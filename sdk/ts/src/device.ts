@@ -2,6 +2,7 @@
  * a fetch transport to the HTTP gateway (ldpstream gateway). */
 import { encodeBatch } from "./batch.js";
 import { Ledger } from "./ledger.js";
+import { memoDraw, memoEpsilon, memoKeys, memoRecord } from "./memo.js";
 import { DrawSource, OsRandom } from "./rng.js";
 import { State, StateRejected, Trust, acceptState } from "./state.js";
 
@@ -136,19 +137,23 @@ export class Device {
     if (last !== undefined && (resend === undefined || resend <= 0 || now - last < resend))
       return { status: "duplicate", epsilon: 0, version: st.version,
                reason: "this record was already reported in this rotation period" };
-    const keys = x.map((v, j) => `${memo.fingerprint}:${j}:${v}`);
+    const units = memoKeys(memo, x, this.opts.deviceId, period);
+    const keys = units.map(([u, c]) => `${memo.fingerprint}:${u}:${c}`);
     const have = keys.map((k) => (newer ? undefined : ledger.memos.get(k)));
-    const cost = have.reduce<number>((c, h, j) => (h === undefined ? c + memo.epsilons[j] : c), 0);
+    let cost = 0;
+    have.forEach((h, i) => { if (h === undefined) cost += memoEpsilon(memo, units[i][0]); });
     const reason = ledger.refusal(cost, now);
     if (reason !== null) return { status: "refused", epsilon: 0, version: st.version, reason };
     const fresh = new Map<string, number>();
-    const y = x.map((v, j) => {
-      if (have[j] !== undefined) return have[j]!;
-      const r = st.program.drawPermanent(j, v, this.rng);
-      fresh.set(keys[j], r);
+    const y = units.map(([u, c], i) => {
+      if (have[i] !== undefined) return have[i]!;
+      const r = memoDraw(memo, u, c, this.rng);
+      fresh.set(keys[i], r);
       return r;
     });
-    const report = st.program.hasSteps ? st.program.randomize(y, this.rng) : y;
+    const rec = memoRecord(memo, units, y, st.program.width, this.rng);
+    const report = memo.kind === "partition" || memo.kind === "select" || !st.program.hasSteps
+      ? rec : st.program.randomize(rec, this.rng);
     await ledger.commitMemo(period, fresh, record, cost, now);
     return { report, cost };
   }

@@ -1,12 +1,14 @@
 /** The randomization description: parse, epsilon, labels -> indices, randomize
  * (docs/device-protocol.md, "Randomization description"). */
 import { DrawSource, uniform } from "./rng.js";
-import { Leaf, M64, MAX_ATTRS, MAX_CELLS, MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_WIDTH, Memo,
-         PROGRAM_VERSION, Partition, Post, ProgramError, SchemaError, Step, Table, apply,
-         cumulative, fingerprint, grrEpsilon, isInt, isObj, ints, isPost, matrixEpsilon, mix64,
+import { Memo, makeMemo, memoKind } from "./memo.js";
+import { Leaf, M64, MAX_ATTRS, MAX_CELLS, MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_WIDTH,
+         PROGRAM_VERSION, Partition, Post, ProgramError, SchemaError, Select, Step, Table, apply,
+         cumulative, grrEpsilon, isInt, isObj, ints, isPost, matrixEpsilon, mix64,
          partition, post, run } from "./steps.js";
 
-export { MAX_ATTRS, MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_WIDTH, Memo, PROGRAM_VERSION, ProgramError,
+export { Memo } from "./memo.js";
+export { MAX_ATTRS, MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_WIDTH, PROGRAM_VERSION, ProgramError,
          SchemaError, mix64 } from "./steps.js";
 
 /** A checked randomization description (state.device). */
@@ -49,34 +51,25 @@ export class Program {
     this.steps = memo !== null && Array.isArray(d.steps) && d.steps.length === 0 ? []
       : this.parseSteps(d.steps, "device.steps", 0);
     this.memo = memo === null ? null : this.parseMemo(memo);
-    this.epsilon = (this.memo ? this.memo.permanent : this.steps).reduce((e, s) => e + s.eps, 0);
+    this.epsilon = this.memo ? this.memo.epsilon : this.steps.reduce((e, s) => e + s.eps, 0);
     this.index = this.labels.map((l) => new Map(l.map((s, i) => [s, i])));
   }
 
   private parseMemo(m: unknown): Memo {
     if (!isObj(m)) throw new ProgramError("device.memoize", "must be an object");
+    const kind = memoKind(m);
     const rot = m.rotation_s ?? null;
     if (rot !== null && !(typeof rot === "number" && Number.isFinite(rot) && rot > 0))
       throw new ProgramError("device.memoize.rotation_s", "must be a number > 0 or null");
-    const perm = this.parseSteps(m.permanent, "device.memoize.permanent", 1) as Leaf[];
-    if (this.width !== this.attrs.length || perm.length !== this.attrs.length ||
-        !perm.every((s, j) => s.cols.length === 1 && s.cols[0] === j && s.out[0] === j))
-      throw new ProgramError("device.memoize.permanent", "must hold one grr or matrix step per " +
-                             "attribute j, in and out [j], in order (and width must be the " +
-                             "attribute count)");
-    return { rotationS: rot, permanent: perm, epsilons: perm.map((s) => s.eps),
-             fingerprint: fingerprint(perm, m.permanent as unknown[]) };
+    const perm = this.parseSteps(m.permanent, "device.memoize.permanent",
+                                 kind === "partition" || kind === "select" ? 0 : 1
+                                 ) as (Leaf | Partition | Select)[];
+    return makeMemo(m, kind, rot, perm, this.attrs.length, this.width);
   }
 
   /** False for a memoized description whose reports are the permanent responses. */
   get hasSteps(): boolean {
     return this.steps.length > 0;
-  }
-
-  /** A new permanent response of attribute j with true value v (memoized descriptions). */
-  drawPermanent(j: number, v: number, rng: DrawSource): number {
-    if (!this.memo) throw new Error("not a memoized description");
-    return apply(this.memo.permanent[j], v, rng);
   }
 
   private parseSteps(v: unknown, field: string, depth: number): Step[] {

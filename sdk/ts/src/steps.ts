@@ -1,6 +1,5 @@
 /** The steps of a randomization description: their types, parsing helpers and how each is
  * run (docs/device-protocol.md, "Randomization description"). */
-import { blake2b } from "@noble/hashes/blake2.js";
 
 import { DrawSource, bernoulli, categorical, uniform } from "./rng.js";
 
@@ -95,36 +94,6 @@ export const grrEpsilon = (p: number, k: number): number => {
   return lo <= 0 ? Infinity : Math.log(hi / lo);
 };
 
-/** The memoized part of a description: one permanent step per attribute. */
-export interface Memo {
-  rotationS: number | null;
-  permanent: Leaf[];
-  epsilons: number[];
-  /** 16 hex digits of BLAKE2b-64 over the permanent steps */
-  fingerprint: string;
-}
-
-/** op byte, cells u32 LE, then p or the matrix entries as f64 LE, for every permanent step */
-export function fingerprint(steps: Leaf[], rows: unknown[]): string {
-  const parts: number[] = [];
-  const buf = new DataView(new ArrayBuffer(8));
-  const push = (n: number) => { for (let i = 0; i < n; i++) parts.push(buf.getUint8(i)); };
-  steps.forEach((s, j) => {
-    buf.setUint8(0, s.op === "grr" ? 1 : 2);
-    push(1);
-    buf.setUint32(0, s.cells, true);
-    push(4);
-    const values = s.op === "grr" ? [s.p]
-      : ((rows[j] as { rows: number[][] }).rows).flat();
-    for (const x of values) {
-      buf.setFloat64(0, x, true);
-      push(8);
-    }
-  });
-  return Array.from(blake2b(Uint8Array.from(parts), { dkLen: 8 }),
-                    (b) => b.toString(16).padStart(2, "0")).join("");
-}
-
 export const isInt = (v: unknown): v is number => typeof v === "number" && Number.isInteger(v);
 export const isObj = (v: unknown): v is Record<string, unknown> =>
   typeof v === "object" && v !== null && !Array.isArray(v);
@@ -199,29 +168,29 @@ export function ravel(x: ArrayLike<number>, cols: number[], sizes: number[]): nu
   return cell;
 }
 
-/** Slot i: table (first + i) mod K, first = mix64(device id ^ seed) mod K; GRR on the cell,
- * or OLH: a = uniform(g^r), h = sum of digit_i(a) * digit_i(cell) mod g, code a*g + GRR_g(h). */
+/** Slot i: table (first + i) mod K, first = mix64(device id ^ seed) mod K, its oracle code. */
 export function partition(s: Partition, x: ArrayLike<number>, rng: DrawSource, report: number[],
                    deviceId: bigint): void {
   const k = s.tables.length;
   const first = Number(mix64(BigInt.asUintN(64, deviceId) ^ s.seed) % BigInt(k));
   s.out.forEach((col, i) => {
     const t = s.tables[(first + i) % k];
-    const cell = ravel(x, t.cols, t.sizes);
-    let code: number;
-    if (t.g === 0) code = grr(cell, t.cells, t.p, rng);
-    else {
-      const a = uniform(rng, t.g ** t.r);
-      let h = 0, aa = a, cc = cell;
-      for (let j = 0; j < t.r; j++) {
-        h += (aa % t.g) * (cc % t.g);
-        aa = Math.floor(aa / t.g);
-        cc = Math.floor(cc / t.g);
-      }
-      code = a * t.g + grr(h % t.g, t.g, t.p, rng);
-    }
-    report[col] = t.offset + code;
+    report[col] = t.offset + tableCode(t, ravel(x, t.cols, t.sizes), rng);
   });
+}
+
+/** A table's oracle code of a cell (no offset): GRR on the cell, or OLH: a = uniform(g^r),
+ * h = sum of digit_i(a) * digit_i(cell) mod g, code a*g + GRR_g(h). */
+export function tableCode(t: Table, cell: number, rng: DrawSource): number {
+  if (t.g === 0) return grr(cell, t.cells, t.p, rng);
+  const a = uniform(rng, t.g ** t.r);
+  let h = 0, aa = a, cc = cell;
+  for (let j = 0; j < t.r; j++) {
+    h += (aa % t.g) * (cc % t.g);
+    aa = Math.floor(aa / t.g);
+    cc = Math.floor(cc / t.g);
+  }
+  return a * t.g + grr(h % t.g, t.g, t.p, rng);
 }
 
 export function run(s: Leaf, x: ArrayLike<number>, rng: DrawSource, report: number[]): void {

@@ -110,19 +110,18 @@ test("ledger decisions", async () => {
   }
 });
 
-test("memoized reports", async () => {
-  const v = load("memo.json");
+async function memoReplay(v: Json, mechanism: string): Promise<void> {
   const program = new Program(v.device);
   assert.equal(program.memo?.fingerprint, v.fingerprint);
   let now = 0;
-  const device = new Device({ collection: "memo", deviceId: 1n,
+  const device = new Device({ collection: "memo", deviceId: BigInt(v.device_id ?? 1),
                               trust: new Trust(load("states.json").public_key),
                               ledger: await Ledger.open(v.budget.epsilon, v.budget.window_s),
                               transport: new Recording(), batchSize: 1000,
                               rng: new SplitMix64(BigInt(v.seed)), clock: () => now,
-                              resendEveryS: v.resend_every_s });
+                              resendEveryS: v.resend_every_s ?? undefined });
   device.state = { collection: "memo", version: 5, issuedAt: 0, expiresAt: Infinity,
-                   mechanism: "rr-ind", program };
+                   mechanism, program };
   for (const e of v.events) {
     now = e.now;
     const res = await device.report(e.record);
@@ -130,6 +129,15 @@ test("memoized reports", async () => {
     assert.ok(Math.abs(res.epsilon - e.cost) <= 1e-12 * e.cost, JSON.stringify(e));
     if (res.status === "queued") assert.deepEqual([...res.report], e.report);
   }
+}
+
+test("memoized reports", async () => {
+  const v = load("memo.json");
+  await memoReplay(v, "rr-ind");
+  await memoReplay(v.partition, "partitioned");
+  await memoReplay(v.partition_olh, "partitioned");
+  await memoReplay(v.cluster, "rr-clusters");
+  await memoReplay(v.select, "smp");
 });
 
 test("mangled signed records get a decision, never a crash", () => {

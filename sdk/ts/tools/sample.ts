@@ -5,13 +5,27 @@
 //       slot of every small partition table, one JSON line each (tests/test_sdk_audit.py)
 //   node dist/tools/sample.js bench randomize.json SECONDS   reports randomized per second on
 //       one core, one JSON line per case (ldpstream bench sdk)
+//   node dist/tools/sample.js memo-audit memo.json SAMPLES   per memoized case and memo unit
+//       (attribute, cluster, partition table of slot 0 with at most 36 cells and 400 codes): the
+//       counts of (true cell, reported cell or code), every report in a new rotation period
+//       (tests/test_sdk_memo_audit.py)
 import { readFileSync } from "node:fs";
 
 import { OsRandom, Program } from "../src/index.js";
+import { memoAudit } from "./memo_audit.js";
 
 const [mode, file, arg] = process.argv.slice(2);
 const rng = new OsRandom();
-for (const c of JSON.parse(readFileSync(file, "utf8")).cases) {
+const doc = JSON.parse(readFileSync(file, "utf8"));
+if (mode === "memo-audit") {
+  const cases: [string, unknown][] = [["memo", doc.device],
+    ...Object.entries(doc).filter(([, v]) => (v as { device?: unknown })?.device)
+      .map(([k, v]) => [k, (v as { device: unknown }).device] as [string, unknown])];
+  for (const [name, device] of cases)
+    for (const line of memoAudit(new Program(device), Number(arg), rng))
+      console.log(JSON.stringify({ case: name, ...line }));
+}
+for (const c of mode === "memo-audit" ? [] : doc.cases) {
   const program = new Program(c.device);
   if (mode === "audit") {
     const samples = Number(arg);

@@ -1,0 +1,195 @@
+/** The memoized part of a description (docs/device-protocol.md, "Memoized descriptions"): its
+ * kinds, fingerprint, the memo units a record needs, their draws and the report made from them.
+ * attribute: one permanent step per attribute; cluster: one per cluster of attributes;
+ * partition: one partition step, its first table fixed per (device, period), the oracle code
+ * memoized, an optional instantaneous GRR per table; select (smp): one select step, its branch
+ * fixed per (device, period), each branch one grr/matrix step memoized per cell. */
+import { blake2b } from "@noble/hashes/blake2.js";
+
+import { DrawSource } from "./rng.js";
+import { Leaf, M64, Partition, ProgramError, Select, Table, apply, grr, grrEpsilon, mix64,
+         ravel, tableCode } from "./steps.js";
+
+export type MemoKind = "attribute" | "cluster" | "partition" | "select";
+
+export interface Memo {
+  kind: MemoKind;
+  rotationS: number | null;
+  /** attribute, cluster: one step per unit; select: one per branch */
+  permanent: Leaf[];
+  /** select: the index column and mix64(seed) */
+  select: { out: number; seed: bigint } | null;
+  /** partition: the step; partition, select: the instantaneous keep per table or branch */
+  partition: Partition | null;
+  instantaneous: number[] | null;
+  /** 16 hex digits of BLAKE2b-64 over the permanent steps */
+  fingerprint: string;
+  /** ε of the whole permanent part (what one rotation period costs) */
+  epsilon: number;
+}
+
+/** op byte, cells u32 LE, then p or the matrix entries as f64 LE, for every permanent step; a
+ * partition step: per table op byte 3, oracle byte, cells u32, g u32, p f64 (all LE) */
+export function fingerprint(steps: (Leaf | Partition | Select)[], raw: unknown[]): string {
+  const parts: number[] = [];
+  const buf = new DataView(new ArrayBuffer(8));
+  const push = (n: number) => { for (let i = 0; i < n; i++) parts.push(buf.getUint8(i)); };
+  const f64 = (x: number) => { buf.setFloat64(0, x, true); push(8); };
+  const leaf = (s: Leaf, d: unknown) => {
+    buf.setUint8(0, s.op === "grr" ? 1 : 2);
+    push(1);
+    buf.setUint32(0, s.cells, true);
+    push(4);
+    const values = s.op === "grr" ? [s.p] : ((d as { rows: number[][] }).rows).flat();
+    values.forEach(f64);
+  };
+  steps.forEach((s, j) => {
+    if (s.op === "select") {
+      buf.setUint8(0, 4);
+      push(1);
+      const branches = (raw[j] as { branches: unknown[][] }).branches;
+      s.branches.forEach((b, i) => leaf(b[0] as Leaf, branches[i][0]));
+      return;
+    }
+    if (s.op === "partition") {
+      for (const t of s.tables) {
+        buf.setUint8(0, 3);
+        buf.setUint8(1, t.g ? 1 : 0);
+        push(2);
+        buf.setUint32(0, t.cells, true);
+        push(4);
+        buf.setUint32(0, t.g, true);
+        push(4);
+        f64(t.p);
+      }
+      return;
+    }
+    leaf(s, raw[j]);
+  });
+  return Array.from(blake2b(Uint8Array.from(parts), { dkLen: 8 }),
+                    (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** Check the parsed permanent steps of a kind; the Memo. */
+function instantaneous(m: Record<string, unknown>, n: number): number[] | null {
+  const inst = m.instantaneous_p ?? null;
+  if (inst !== null && (!Array.isArray(inst) || inst.length !== n ||
+      !inst.every((p) => typeof p === "number" && p >= 0 && p <= 1)))
+    throw new ProgramError("device.memoize.instantaneous_p", "must be null or one number in " +
+                           "[0, 1] per table or branch");
+  return inst as number[] | null;
+}
+
+export function makeMemo(m: Record<string, unknown>, kind: MemoKind, rotationS: number | null,
+                         perm: (Leaf | Partition | Select)[], nAttrs: number,
+                         width: number): Memo {
+  const raw = m.permanent as unknown[];
+  if (kind === "partition") {
+    const s = perm[0];
+    if (perm.length !== 1 || s.op !== "partition")
+      throw new ProgramError("device.memoize.permanent", "kind partition: one partition step");
+    return { kind, rotationS, permanent: [], select: null, partition: s,
+             instantaneous: instantaneous(m, s.tables.length), fingerprint: fingerprint(perm, raw),
+             epsilon: s.eps };
+  }
+  if (kind === "select") {
+    const s = perm[0];
+    if (perm.length !== 1 || s.op !== "select" || s.out === null ||
+        !s.branches.every((b) => b.length === 1 && (b[0].op === "grr" || b[0].op === "matrix")))
+      throw new ProgramError("device.memoize.permanent", "kind select: one select step with a " +
+                             "reported index, each branch one grr or matrix step");
+    const seed = m.seed;
+    if (typeof seed !== "string" || !/^[0-9]{1,20}$/.test(seed) || BigInt(seed) > M64)
+      throw new ProgramError("device.memoize.seed", "must be a u64 as a decimal string");
+    return { kind, rotationS, permanent: s.branches.map((b) => b[0] as Leaf),
+             select: { out: s.out, seed: mix64(BigInt(seed)) }, partition: null,
+             instantaneous: instantaneous(m, s.branches.length),
+             fingerprint: fingerprint(perm, raw), epsilon: s.eps };
+  }
+  const leaves = perm as Leaf[];
+  const covered = leaves.flatMap((s) => s.cols);
+  const ok = width === nAttrs && covered.length === nAttrs && new Set(covered).size === nAttrs &&
+    leaves.every((s, j) => (s.op === "grr" || s.op === "matrix") &&
+                 s.cols.every((c, i) => s.out[i] === c) &&
+                 (kind === "cluster" || (s.cols.length === 1 && s.cols[0] === j)));
+  if (!ok)
+    throw new ProgramError("device.memoize.permanent", "must hold one grr or matrix step per " +
+                           "attribute j, in and out [j], in order (kind cluster: per cluster, " +
+                           "the clusters covering every attribute once; width must be the " +
+                           "attribute count)");
+  return { kind, rotationS, permanent: leaves, select: null, partition: null, instantaneous: null,
+           fingerprint: fingerprint(leaves, raw), epsilon: leaves.reduce((e, s) => e + s.eps, 0) };
+}
+
+export function memoKind(m: Record<string, unknown>): MemoKind {
+  const k = m.kind ?? "attribute";
+  if (k !== "attribute" && k !== "cluster" && k !== "partition" && k !== "select")
+    throw new ProgramError("device.memoize.kind", "must be attribute, cluster, partition or " +
+                           "select");
+  return k;
+}
+
+/** [unit, cell] of every memo the record x needs in rotation `period`. */
+export function memoKeys(memo: Memo, x: ArrayLike<number>, deviceId: bigint,
+                         period: number): [number, number][] {
+  const first = (seed: bigint, k: number) => Number(
+    mix64(mix64(BigInt.asUintN(64, deviceId) ^ seed) ^ (BigInt(period) & M64)) % BigInt(k));
+  if (memo.select) {
+    const j = first(memo.select.seed, memo.permanent.length);
+    const p = memo.permanent[j];
+    return [[j, ravel(x, p.cols, p.sizes)]];
+  }
+  const s = memo.partition;
+  if (!s) return memo.permanent.map((p, u) => [u, ravel(x, p.cols, p.sizes)]);
+  const k = s.tables.length;
+  const slot0 = first(s.seed, k);
+  return s.out.map((_, i) => {
+    const unit = (slot0 + i) % k;
+    const t = s.tables[unit];
+    return [unit, ravel(x, t.cols, t.sizes)];
+  });
+}
+
+const tableEps = (t: Table): number => grrEpsilon(t.p, t.g || t.cells);
+
+export function memoEpsilon(memo: Memo, unit: number): number {
+  return memo.partition ? tableEps(memo.partition.tables[unit]) : memo.permanent[unit].eps;
+}
+
+/** A new permanent response of a unit for a cell (partition: the oracle code, no offset). */
+export function memoDraw(memo: Memo, unit: number, cell: number, rng: DrawSource): number {
+  if (!memo.partition) return apply(memo.permanent[unit], cell, rng);
+  return tableCode(memo.partition.tables[unit], cell, rng);
+}
+
+/** Partition: the report of the memoized codes (the instantaneous layer applied); others: the
+ * permanent record (each unit's output cell in its columns). */
+export function memoRecord(memo: Memo, keys: [number, number][], values: number[], width: number,
+                           rng: DrawSource): number[] {
+  const out = new Array<number>(width).fill(0);
+  const s = memo.partition;
+  if (s) {
+    keys.forEach(([unit], i) => {
+      const t = s.tables[unit];
+      let code = values[i];
+      const p = memo.instantaneous?.[unit];
+      if (p !== undefined && t.g === 0) code = grr(code, t.cells, p, rng);
+      else if (p !== undefined) code = Math.floor(code / t.g) * t.g + grr(code % t.g, t.g, p, rng);
+      out[s.out[i]] = t.offset + code;
+    });
+    return out;
+  }
+  keys.forEach(([unit], i) => {
+    const p = memo.permanent[unit];
+    let cell = values[i];
+    if (memo.select) {   // the index, then the branch's (re-randomized) output cell
+      out[memo.select.out] = unit;
+      if (memo.instantaneous) cell = grr(cell, p.cells, memo.instantaneous[unit], rng);
+    }
+    for (let c = p.cols.length - 1; c >= 0; c--) {
+      out[p.out[c]] = cell % p.sizes[c];
+      cell = Math.floor(cell / p.sizes[c]);
+    }
+  });
+  return out;
+}

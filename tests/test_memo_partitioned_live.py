@@ -1,0 +1,105 @@
+"""Memoized ``partitioned`` live (docs/partitioned.md "Memoization"): the worker publishes the
+memoized state, device SDKs read it from ldp.config, memoize and report over three rotation
+periods through Kafka, and the worker's counts and estimates equal the offline ones on the same
+reports (real broker, real Redis, worker as a child process)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import yaml
+from conftest import wait_for_n
+from store_helpers import read_collection
+from tolerance import assert_close
+
+pytestmark = pytest.mark.pipeline
+
+ATTRS = {"os": ["android", "ios", "web"], "plan": ["free", "pro"], "region": ["eu", "us", "apac"]}
+MARGINALS = [["os", "plan"], ["plan", "region"]]
+ROT = 3600.0
+
+
+def test_memoized_partitioned_live_equals_offline(tmp_path, kafka_broker, redis_server,
+                                                  spawn_worker, unique_name):
+    from ldpstream.agents.app import make_store
+    from ldpstream.agents.refresh import estimate_payload
+    from ldpstream.config import load_config
+    from ldpstream.producers.device import ConfigWatcher
+    from ldpstream.producers.ledger import Ledger
+    from ldpstream.producers.publisher import Publisher
+    from ldpstream.producers.sdk import DeviceClient, KafkaTransport
+
+    cid = unique_name
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"collections": [{
+        "id": cid, "schema": {"attributes": ATTRS}, "mechanism": "partitioned",
+        "epsilon": 2.0, "epsilon_scope": "record",
+        "params": {"ways": 2, "memoize": {"rotation_s": ROT, "instantaneous_epsilon": 1.0}},
+        "marginals": MARGINALS, "estimators": ["unbiased"], "refresh_interval_s": 1.0,
+        "windows": ["all"]}]}))
+    coll = load_config(str(path)).collections[cid]
+    mech = coll.mechanism()
+    assert mech.memoization() is not None
+    worker = spawn_worker(str(path))
+    worker.wait_ready(60)
+    devices, periods = 150, 3
+    rng = np.random.default_rng(12)
+    names = list(ATTRS)
+    records = [{a: str(rng.choice(ATTRS[a])) for a in names} for _ in range(devices)]
+
+    async def run():
+        store = make_store(redis_server.url)
+        watcher = await ConfigWatcher(kafka_broker.bootstrap, collections=[cid]).start()
+        sent = []
+        try:
+            async with Publisher(kafka_broker.bootstrap) as pub:
+                for d, rec in enumerate(records):
+                    now = [ROT * 1000]
+                    client = DeviceClient(cid, watcher=watcher, transport=KafkaTransport(pub),
+                                          ledger=Ledger(":memory:"), device_id=d + 1,
+                                          batch_size=periods, clock=lambda: now[0],
+                                          rng=np.random.default_rng([5, d]))
+                    for _ in range(periods):
+                        res = await client.report(rec)
+                        assert res.status == "queued" and res.epsilon == pytest.approx(
+                            mech.guarantee().per_rotation, rel=1e-9)
+                        sent.append(res.report)
+                        res = await client.report(rec)    # the same period: not sent again
+                        assert res.status == "duplicate"
+                        now[0] += ROT
+                    await client.close()
+            total = devices * periods
+            assert await wait_for_n(store, cid, total, timeout=60) == total
+            want_counts = mech.count(np.stack(sent), coll.tensors())
+            got = await read_collection(store, coll)
+            for spec in coll.tensors():
+                np.testing.assert_array_equal(got[spec.key], want_counts[spec.key],
+                                              err_msg=spec.key)
+            window = coll.windows[0]
+            counts = {coll.version: want_counts}
+            want = {tuple(m): estimate_payload(coll, mech, mech.estimate_versions(
+                counts, m, "unbiased"), m, "unbiased", window, 0.0, list(counts))
+                for m in MARGINALS}
+            deadline = time.monotonic() + 60
+            live: dict = {}
+            while time.monotonic() < deadline and len(live) < len(want):
+                for m in want:
+                    p = await store.get_estimate(cid, window.name, "unbiased", m)
+                    if p is not None and p.get("n") == want[m]["n"]:   # the marginal's own
+                        live[m] = p
+                await asyncio.sleep(0.3)
+            assert live.keys() == want.keys()
+            for m, w in want.items():
+                assert_close(np.asarray(live[m]["cells"], dtype=float),
+                             np.asarray(w["cells"], dtype=float), rel=1e-12, err_msg=str(m))
+                assert live[m]["epsilon"] == w["epsilon"] == 2.0          # configured
+                assert live[m]["epsilon_per_record"] == pytest.approx(mech.epsilon, rel=1e-12)
+                assert live[m]["epsilon_per_rotation"] == pytest.approx(2.0, rel=1e-9)
+        finally:
+            await watcher.stop()
+            await store.close()
+
+    asyncio.run(run())
+    assert worker.stop() == 0

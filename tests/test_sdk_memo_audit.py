@@ -1,0 +1,119 @@
+"""Statistical privacy audit of memoized reports in the C and TypeScript SDKs (docs/device-
+protocol.md, "Memoized descriptions"): for every memoized case of ``memo.json`` (per attribute,
+per cluster, partitioned with GRR and with OLH tables, smp's select, each with an
+instantaneous layer) every
+memo unit is sampled 10⁶ times with the SDK's production generator, each report in a new
+rotation period (a new memo), every record of the domain in turn. The sampled channel from a
+unit's true cell to what the report carries must fit the composed channel permanent @
+instantaneous computed here from the description (χ² at α = 10⁻⁴ per unit, and the empirical ε
+within 6σ of the declared one: :func:`test_sdk_audit.check_channel`)."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import numpy as np
+import pytest
+from sdk_helpers import ROOT, c_sdk, ts_sdk  # noqa: F401
+from test_sdk_audit import SAMPLES, _declared, _partition_channel, check_channel
+
+from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.memo import composed_grr_pq
+
+pytestmark = [pytest.mark.core, pytest.mark.slow]
+
+MEMO = ROOT / "sdk" / "conformance" / "memo.json"
+
+
+def _grr(p: float, k: int) -> np.ndarray:
+    return np.where(np.eye(k, dtype=bool), p, (1 - p) / (k - 1))
+
+
+def _cases() -> dict[str, dict]:
+    doc = json.loads(MEMO.read_text())
+    return {"memo": doc["device"], **{k: v["device"] for k, v in doc.items()
+                                      if isinstance(v, dict) and "device" in v}}
+
+
+def composed(device: dict, unit: int) -> np.ndarray:
+    """The channel of one memo unit: permanent step (or partition table) @ instantaneous."""
+    sizes = [len(lab) for lab in device["labels"]]
+    memo = device["memoize"]
+    if memo.get("kind") == "partition":
+        t = memo["permanent"][0]["tables"][unit]
+        P = _partition_channel(t, sizes)
+        inst = memo.get("instantaneous_p")
+        if inst is None:
+            return P
+        if t["oracle"] == "grr":
+            return P @ _grr(inst[unit], P.shape[1])
+        return P @ np.kron(np.eye(t["g"] ** t["r"]), _grr(inst[unit], t["g"]))
+    if memo.get("kind") == "select":   # branch `unit`: its step, then the instantaneous GRR
+        P = _declared(memo["permanent"][0]["branches"][unit][0], sizes)
+        inst = memo.get("instantaneous_p")
+        return P if inst is None else P @ _grr(inst[unit], len(P))
+    step = memo["permanent"][unit]
+    P = _declared(step, sizes)
+    for s in device["steps"]:   # the instantaneous step over the same columns, if any
+        if s["in"] == step["in"]:
+            P = P @ _declared(s, sizes)
+    return P
+
+
+def _audit(lines: list[str]) -> list[str]:
+    cases = _cases()
+    seen, problems = set(), []
+    for line in lines:
+        got = json.loads(line)
+        counts = np.asarray(got["counts"], dtype=float)
+        P = composed(cases[got["case"]], got["unit"])
+        assert counts.shape == P.shape, got["case"]
+        problems += check_channel(f"{got['case']} unit {got['unit']}", counts, P)
+        seen.add(got["case"])
+    assert seen == set(cases), seen
+    return problems
+
+
+def test_composed_channels_are_what_the_estimators_invert():
+    """The channels the audit compares against are row-stochastic, and each partition table's
+    composed channel costs the ε of the GRR composition the estimators invert
+    (estimators/memo.py: keep p₁p₂ + (k − 1)q₁q₂ over k = cells, or g for OLH; rtol 1e-9)."""
+    for dev in _cases().values():
+        memo = dev["memoize"]
+        partition = memo.get("kind") == "partition"
+        tables = (memo["permanent"][0]["tables"] if partition else
+                  memo["permanent"][0]["branches"] if memo.get("kind") == "select"
+                  else memo["permanent"])
+        for u, t in enumerate(tables):
+            C = composed(dev, u)
+            np.testing.assert_allclose(C.sum(axis=1), 1.0, rtol=1e-12)
+            if not partition or memo.get("instantaneous_p") is None:
+                continue
+            k = t["g"] if t["oracle"] == "olh" else C.shape[0]
+            p, q = composed_grr_pq(t["p"], memo["instantaneous_p"][u], k)
+            assert ch.epsilon(C) == pytest.approx(math.log(p / q), rel=1e-9)
+
+
+@pytest.mark.parametrize("sdk", ["c", "ts"])
+def test_sdk_memoized_channels_match(sdk, request):
+    if sdk == "c":
+        cmd = [str(request.getfixturevalue("c_sdk") / "ldp_sample")]
+    else:
+        cmd = ["node", str(request.getfixturevalue("ts_sdk") / "tools" / "sample.js")]
+    out = subprocess.run([*cmd, "memo-audit", str(MEMO), str(SAMPLES)], check=True,
+                         capture_output=True, text=True).stdout
+    assert _audit(out.splitlines()) == []
+
+
+def test_the_audit_catches_a_wrong_instantaneous_layer():
+    """Counts drawn from the permanent channel alone do not pass for the composed one."""
+    dev = _cases()["partition"]
+    rng = np.random.default_rng(4)
+    P = composed(dev, 0)
+    t = dev["memoize"]["permanent"][0]["tables"][0]
+    perm = _partition_channel(t, [len(lab) for lab in dev["labels"]])
+    counts = np.stack([rng.multinomial(50_000, row) for row in perm]).astype(float)
+    assert check_channel("wrong", counts, P) != []
+    good = np.stack([rng.multinomial(50_000, row) for row in P]).astype(float)
+    assert check_channel("right", good, P) == []

@@ -55,7 +55,9 @@ def test_compose_acl_job_creates_exactly_the_fixture_acls():
 
 
 def test_fixture_pom_pins_the_same_kafka_version():
-    pom = (ROOT / "tests" / "kafka" / "pom.xml").read_text(encoding="utf-8")
+    from ldpstream.dev.kafka import POM
+
+    pom = POM.read_text(encoding="utf-8")
     assert re.search(r"<kafka.version>([^<]+)</kafka.version>", pom).group(1) == KAFKA_VERSION
 
 

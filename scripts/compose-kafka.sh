@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Apache Kafka in docker-compose.yml and docker-compose.cluster.yml (apache/kafka image, mounted
+# read-only at /ldp/compose-kafka.sh; docs/security.md "Kafka: TLS, SASL and ACLs"):
+#
+#   start               format the storage with the SCRAM-SHA-512 users admin, worker and device
+#                       (first start only: SCRAM users live in the metadata log; later starts find
+#                       it formatted and keep them), then run the image's own start, which writes
+#                       every KAFKA_* variable into server.properties and runs the broker
+#   client-properties   print the admin's client settings (SASL_SSL, SCRAM-SHA-512, the CA of
+#                       /certs/ca.pem, host names verified)
+#   healthcheck         ask the local broker for its API versions as admin
+#
+# Passwords come from SASL_ADMIN_PASSWORD, SASL_WORKER_PASSWORD, SASL_DEVICE_PASSWORD (not KAFKA_*:
+# the image would write those into server.properties); they may not contain `,` `]` or `"`.
+set -euo pipefail
+KAFKA_HOME=${KAFKA_HOME:-/opt/kafka}
+CA=${LDP_KAFKA_CA:-/certs/ca.pem}
+SCRAM=SCRAM-SHA-512
+
+client_properties() {
+  printf '%s\n' "security.protocol=SASL_SSL" "sasl.mechanism=$SCRAM" \
+    "ssl.truststore.type=PEM" "ssl.truststore.location=$CA" \
+    "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"admin\" password=\"$SASL_ADMIN_PASSWORD\";"
+}
+
+case "${1:-}" in
+  start)
+    for v in SASL_ADMIN_PASSWORD SASL_WORKER_PASSWORD SASL_DEVICE_PASSWORD; do
+      case "${!v:-}" in
+        "") echo "compose-kafka: $v is not set" >&2; exit 2 ;;
+        *[,\]\"]*) echo "compose-kafka: $v may not contain , ] or \"" >&2; exit 2 ;;
+      esac
+    done
+    # what formatting reads (the broker's own settings are rendered later by the image)
+    printf '%s\n' "process.roles=$KAFKA_PROCESS_ROLES" "node.id=$KAFKA_NODE_ID" \
+      "controller.quorum.voters=$KAFKA_CONTROLLER_QUORUM_VOTERS" \
+      "controller.listener.names=$KAFKA_CONTROLLER_LISTENER_NAMES" \
+      "listeners=$KAFKA_LISTENERS" "advertised.listeners=$KAFKA_ADVERTISED_LISTENERS" \
+      "listener.security.protocol.map=$KAFKA_LISTENER_SECURITY_PROTOCOL_MAP" \
+      "inter.broker.listener.name=$KAFKA_INTER_BROKER_LISTENER_NAME" \
+      "sasl.enabled.mechanisms=$KAFKA_SASL_ENABLED_MECHANISMS" \
+      "sasl.mechanism.inter.broker.protocol=$KAFKA_SASL_MECHANISM_INTER_BROKER_PROTOCOL" \
+      "log.dirs=$KAFKA_LOG_DIRS" > /tmp/format.properties
+    "$KAFKA_HOME/bin/kafka-storage.sh" format --ignore-formatted --cluster-id="$CLUSTER_ID" \
+      -c /tmp/format.properties \
+      --add-scram "$SCRAM=[name=admin,password=$SASL_ADMIN_PASSWORD]" \
+      --add-scram "$SCRAM=[name=worker,password=$SASL_WORKER_PASSWORD]" \
+      --add-scram "$SCRAM=[name=device,password=$SASL_DEVICE_PASSWORD]"
+    exec /etc/kafka/docker/run ;;
+  client-properties)
+    client_properties ;;
+  healthcheck)
+    client_properties > /tmp/hc.properties
+    exec "$KAFKA_HOME/bin/kafka-broker-api-versions.sh" --bootstrap-server localhost:19092 \
+      --command-config /tmp/hc.properties > /dev/null 2>&1 ;;
+  *)
+    echo "usage: compose-kafka.sh start | client-properties | healthcheck" >&2; exit 2 ;;
+esac

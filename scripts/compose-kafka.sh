@@ -13,13 +13,15 @@
 # Passwords come from SASL_ADMIN_PASSWORD, SASL_WORKER_PASSWORD, SASL_DEVICE_PASSWORD (not KAFKA_*:
 # the image would write those into server.properties); they may not contain `,` `]` or `"`.
 set -euo pipefail
-KAFKA_HOME=${KAFKA_HOME:-/opt/kafka}
-CA=${LDP_KAFKA_CA:-/certs/ca.pem}
-SCRAM=SCRAM-SHA-512
+kafka_home=${COMPOSE_KAFKA_HOME:-/opt/kafka}
+# the image's own start (tests/test_compose_kafka_boot.py runs the same steps from the jars)
+docker_run=${COMPOSE_KAFKA_RUN:-/etc/kafka/docker/run}
+ca=${COMPOSE_KAFKA_CA:-/certs/ca.pem}
+scram=SCRAM-SHA-512
 
 client_properties() {
-  printf '%s\n' "security.protocol=SASL_SSL" "sasl.mechanism=$SCRAM" \
-    "ssl.truststore.type=PEM" "ssl.truststore.location=$CA" \
+  printf '%s\n' "security.protocol=SASL_SSL" "sasl.mechanism=$scram" \
+    "ssl.truststore.type=PEM" "ssl.truststore.location=$ca" \
     "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"admin\" password=\"$SASL_ADMIN_PASSWORD\";"
 }
 
@@ -40,19 +42,19 @@ case "${1:-}" in
       "inter.broker.listener.name=$KAFKA_INTER_BROKER_LISTENER_NAME" \
       "sasl.enabled.mechanisms=$KAFKA_SASL_ENABLED_MECHANISMS" \
       "sasl.mechanism.inter.broker.protocol=$KAFKA_SASL_MECHANISM_INTER_BROKER_PROTOCOL" \
-      "log.dirs=$KAFKA_LOG_DIRS" > /tmp/format.properties
-    "$KAFKA_HOME/bin/kafka-storage.sh" format --ignore-formatted --cluster-id="$CLUSTER_ID" \
-      -c /tmp/format.properties \
-      --add-scram "$SCRAM=[name=admin,password=$SASL_ADMIN_PASSWORD]" \
-      --add-scram "$SCRAM=[name=worker,password=$SASL_WORKER_PASSWORD]" \
-      --add-scram "$SCRAM=[name=device,password=$SASL_DEVICE_PASSWORD]"
-    exec /etc/kafka/docker/run ;;
+      "log.dirs=$KAFKA_LOG_DIRS" > "${TMPDIR:-/tmp}/format.properties"
+    "$kafka_home/bin/kafka-storage.sh" format --ignore-formatted --cluster-id="$CLUSTER_ID" \
+      -c "${TMPDIR:-/tmp}/format.properties" \
+      --add-scram "$scram=[name=admin,password=$SASL_ADMIN_PASSWORD]" \
+      --add-scram "$scram=[name=worker,password=$SASL_WORKER_PASSWORD]" \
+      --add-scram "$scram=[name=device,password=$SASL_DEVICE_PASSWORD]"
+    exec "$docker_run" ;;
   client-properties)
     client_properties ;;
   healthcheck)
-    client_properties > /tmp/hc.properties
-    exec "$KAFKA_HOME/bin/kafka-broker-api-versions.sh" --bootstrap-server localhost:19092 \
-      --command-config /tmp/hc.properties > /dev/null 2>&1 ;;
+    client_properties > "${TMPDIR:-/tmp}/hc.properties"
+    exec "$kafka_home/bin/kafka-broker-api-versions.sh" --bootstrap-server localhost:19092 \
+      --command-config "${TMPDIR:-/tmp}/hc.properties" > /dev/null 2>&1 ;;
   *)
     echo "usage: compose-kafka.sh start | client-properties | healthcheck" >&2; exit 2 ;;
 esac

@@ -109,11 +109,12 @@ def test_workers_and_fleet_connect_as_their_principals_with_the_ca(name):
 
 def test_script_adds_the_scram_users_the_clients_use():
     text = SCRIPT.read_text(encoding="utf-8")
-    assert "SCRAM=" + SCRAM in text
-    added = set(re.findall(r'--add-scram "\$SCRAM=\[name=(\w+),password=\$SASL_(\w+)_PASSWORD\]"',
+    assert "scram=" + SCRAM in text
+    added = set(re.findall(r'--add-scram "\$scram=\[name=(\w+),password=\$SASL_(\w+)_PASSWORD\]"',
                            text))
     assert added == {(p, p.upper()) for p in PRINCIPALS}
-    assert "--ignore-formatted" in text and "exec /etc/kafka/docker/run" in text
+    assert "--ignore-formatted" in text and 'exec "$docker_run"' in text
+    assert "docker_run=${COMPOSE_KAFKA_RUN:-/etc/kafka/docker/run}" in text
 
 
 def test_kafka_certs_writes_a_ca_and_a_broker_certificate_for_the_hosts_once(tmp_path):

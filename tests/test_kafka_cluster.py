@@ -85,6 +85,7 @@ def test_partition_leader_killed_mid_ingest_counts_stay_exact(
             if not node.running:
                 kafka_cluster.restart(node)
     assert stats.sent_reports == total
+    assert stats.idempotent, "a retry after the failover could write a batch twice"
     new_leader, _ = kafka_cluster.leader_of(coll.topic, 0)
     assert new_leader is not dead or events, events
     assert worker.proc.poll() is None

@@ -17,9 +17,10 @@ COPY bench ./bench
 RUN pip install . && rm -rf /src/build
 
 # unprivileged user; faust keeps its local data directory in the working directory
-# /keys: volumes for the ldp.config signing key pair (docker-compose.yml `keygen`) start owned by ldp
-RUN useradd --create-home --uid 10001 ldp && mkdir -p /data /keys/private /keys/public \
-    && chown -R ldp:ldp /data /keys
+# /keys: volumes for the ldp.config signing key pair (docker-compose.yml `keygen`) start owned by ldp;
+# /certs: the Kafka CA and broker certificate (`kafka-certs`), likewise
+RUN useradd --create-home --uid 10001 ldp && mkdir -p /data /keys/private /keys/public /certs \
+    && chown -R ldp:ldp /data /keys /certs
 USER ldp
 WORKDIR /data
 

@@ -122,8 +122,8 @@ def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str,
                install_refresh: bool = True, ingest: bool = True) -> tuple[Any, Context]:
     """The faust app of one worker and its context.
 
-    The ingest service joins the consumer group ``<app_id>-ingest``; ``session_timeout_s`` is used
-    for it and for faust's own group (``broker_session_timeout``).
+    The ingest service joins the consumer group ``<app_id>-ingest`` with ``session_timeout_s``;
+    faust's own consumer (and group) is not started.
     """
     import faust
 
@@ -152,6 +152,12 @@ def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str,
         broker_heartbeat_interval=max(0.1, float(session_timeout_s) / 4),
         topic_partitions=1, topic_replication_factor=1, datadir=datadir,
         producer_max_request_size=4 * 1024 * 1024)
+    # faust's own Kafka consumer (its consumer group, leader topic, table manager) serves nothing
+    # here: reports are consumed by the ingest service's consumer. Left on, it made the worker's
+    # liveness hang on faust's group: faust crashes the whole app (HTTP API included) when its
+    # rebalance callbacks or commits fail, as they may while a dead broker's partitions and
+    # group coordinator move (docs/pipeline.md "Failover")
+    app.boot_strategy = app.BootStrategy(app, enable_kafka_consumer=False)
     bounded_fetch.install(max_decompressed_bytes(config.ingest.max_message_bytes))
     try:
         key = load_signing_key()

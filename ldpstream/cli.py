@@ -182,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"validity in days (default {DEFAULT_DAYS})")
     p.add_argument("--if-missing", action="store_true", help="keep existing files (exit 0)")
 
+    p = sub.add_parser("kafka-certs", help="write a CA and the Kafka broker's TLS certificate "
+                                           "(docker-compose.yml; docs/security.md)")
+    p.add_argument("--out", required=True, help="directory for ca.pem and broker.pem")
+    p.add_argument("--hosts", default="kafka,localhost,127.0.0.1",
+                   help="host names and addresses the certificate is valid for (comma-separated)")
+    p.add_argument("--days", type=int, default=825, help="validity (default 825 days)")
+    p.add_argument("--if-missing", action="store_true", help="keep existing files (exit 0)")
+
     p = sub.add_parser("estimates", help="query a running worker's estimates over HTTP")
     p.add_argument("collection", nargs="?",
                    help="collection id (omit to list the collections)")
@@ -309,6 +317,7 @@ _COMMANDS = {
     "edge-certs": "ldpstream.edge_certs",
     "mqtt-bridge": "ldpstream.producers.mqtt_bridge_cli",
     "config-reference": "ldpstream.config_docs",
+    "kafka-certs": "ldpstream.dev.kafka_tls",
 }
 
 

@@ -26,7 +26,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
-from ldpstream.names import DEFAULT_BIND
+from ldpstream.names import DEFAULT_BIND, ENV_KAFKA_IDEMPOTENCE
 
 if TYPE_CHECKING:  # pragma: no cover
     from ldpstream.producers.signing import VerifyKey
@@ -282,6 +282,9 @@ def main(args: Any) -> int:
             env.pop(ENV_SIGNING_KEY_FILE, None)
         env["LDP_WEB_BIND"] = web_bind
         if broker is not None:
+            # this process's fleets: Tansu refuses an idempotent producer (docs/pipeline.md
+            # "Failover"), so none is asked for
+            os.environ.setdefault(ENV_KAFKA_IDEMPOTENCE, "off")
             env.setdefault("LDP_SESSION_TIMEOUT_S", str(EMBEDDED_SESSION_TIMEOUT_S))
         worker = WorkerChild(args.config, web_port, env)
         host = "127.0.0.1" if env["LDP_WEB_BIND"] in ("0.0.0.0", "127.0.0.1") else env["LDP_WEB_BIND"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 __all__ = [
     "REPORTS_TOPIC_PREFIX", "DLQ_TOPIC", "CONFIG_TOPIC", "SERVICE_TOPICS", "COMPACTED_TOPICS",
     "reports_topic", "ENV_API_TOKEN", "ENV_KAFKA_BOOTSTRAP", "ENV_REDIS_URL", "ENV_CONFIG",
-    "ENV_WEB_PORT", "ENV_API_URL",
+    "ENV_WEB_PORT", "ENV_API_URL", "ENV_KAFKA_IDEMPOTENCE",
     "DEFAULT_WEB_PORT", "DEFAULT_BIND", "DEFAULT_GATEWAY_PORT", "DEFAULT_PARTITIONS",
     "DEFAULT_ESTIMATORS", "DEFAULT_REFRESH_INTERVAL_S",
     "DEFAULT_CONTROLLER_INTERVAL_S", "DEFAULT_BUCKET_S", "DEFAULT_WINDOWS",
@@ -41,6 +41,9 @@ ENV_REDIS_URL = "REDIS_URL"
 ENV_CONFIG = "LDP_CONFIG"
 ENV_WEB_PORT = "LDP_WEB_PORT"
 ENV_API_URL = "LDP_API_URL"
+#: the device publisher's idempotent producer: ``auto`` (default), ``on``, ``off``
+#: (producers/publisher.py; docs/pipeline.md "Failover")
+ENV_KAFKA_IDEMPOTENCE = "LDP_KAFKA_IDEMPOTENCE"
 
 # --- ports -----------------------------------------------------------------------------------------
 

@@ -78,6 +78,8 @@ class FleetStats:
     counts: dict[str, np.ndarray] | None = None
     #: with ``keep_truth``: the histogram of the true records sent, over the whole domain
     truth: np.ndarray | None = None
+    #: whether the publisher was idempotent (producers/publisher.py; docs/pipeline.md "Failover")
+    idempotent: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -188,6 +190,7 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
     own_publisher = publisher is None
     if publisher is None:
         publisher = await Publisher(bootstrap).start()
+    stats.idempotent = publisher.idempotent
     gateway = Gateway(collection.id, publisher, batch=batch, topic=collection.topic)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

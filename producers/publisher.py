@@ -5,14 +5,26 @@ compression (lz4 when aiokafka's codec supports it, else gzip), a small linger s
 batches share produce requests, and back-pressure: at most ``max_in_flight`` unacknowledged
 messages, so a fast fleet never queues unbounded memory. :meth:`Publisher.flush` waits until every
 message sent so far is acknowledged (or raises the first delivery error).
+
+Idempotence (docs/pipeline.md "Failover"): a batch the leader wrote but could not acknowledge
+before it died is sent again by the producer; an idempotent producer (Kafka's producer id and
+per-partition sequence numbers) lets the new leader drop that copy. ``LDP_KAFKA_IDEMPOTENCE``:
+``auto`` (default) asks for it and, when the broker refuses ``InitProducerId`` (the embedded
+Tansu 0.6 does), publishes without it and says so in a warning and :attr:`Publisher.idempotent`;
+``on`` fails instead; ``off`` never asks.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any, Mapping
 
+from ldpstream.names import ENV_KAFKA_IDEMPOTENCE
 from ldpstream.producers.kafka_security import KafkaSecurity, kafka_security
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaProducer
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +46,43 @@ class PublishError(RuntimeError):
     """A report batch could not be delivered to Kafka."""
 
 
+IDEMPOTENCE_MODES = ("auto", "on", "off")
+
+
+def idempotence_mode(env: Mapping[str, str] | None = None) -> str:
+    """``LDP_KAFKA_IDEMPOTENCE`` of ``env`` (default: the process's): auto, on or off."""
+    value = (os.environ if env is None else env).get(ENV_KAFKA_IDEMPOTENCE, "").strip().lower()
+    if value and value not in IDEMPOTENCE_MODES:
+        raise PublishError(f"{ENV_KAFKA_IDEMPOTENCE} must be one of {', '.join(IDEMPOTENCE_MODES)}"
+                           f", got {value!r}")
+    return value or "auto"
+
+
 class Publisher:
     """Send report-batch messages (bytes) to Kafka topics.
 
     ``compression``: ``"auto"`` (lz4, else gzip), ``None``/``"none"``, or an aiokafka codec name;
-    ``security``: TLS/SASL (default: from the environment, producers/kafka_security.py).
+    ``security``: TLS/SASL (default: from the environment, producers/kafka_security.py);
+    ``idempotence``: auto, on or off (default: ``LDP_KAFKA_IDEMPOTENCE``, else auto; it needs
+    ``acks="all"``). After :meth:`start`, :attr:`idempotent` says whether the producer is.
+    ``request_timeout_ms``: a produce request unanswered this long is sent again (aiokafka's).
     """
 
     def __init__(self, bootstrap: str, *, compression: str | None = "auto", linger_ms: int = 5,
                  max_request_size: int = DEFAULT_MAX_REQUEST, acks: Any = "all",
                  max_in_flight: int = 2000, client_id: str = "ldpstream-producer",
-                 security: KafkaSecurity | None = None) -> None:
+                 security: KafkaSecurity | None = None, idempotence: str | None = None,
+                 request_timeout_ms: int = 40_000) -> None:
         self.bootstrap = bootstrap
+        self.idempotence = idempotence_mode() if idempotence is None else idempotence
+        if self.idempotence not in IDEMPOTENCE_MODES:
+            raise PublishError(f"idempotence must be one of {', '.join(IDEMPOTENCE_MODES)}, "
+                               f"got {self.idempotence!r}")
+        if self.idempotence == "on" and acks not in ("all", -1):
+            raise PublishError(f"an idempotent producer ({ENV_KAFKA_IDEMPOTENCE}=on) needs "
+                               f"acks='all', got acks={acks!r}")
+        #: whether the started producer is idempotent (None: not started)
+        self.idempotent: bool | None = None
         self.security = security if security is not None else kafka_security()
         if compression == "auto":
             compression = default_compression()
@@ -54,7 +91,8 @@ class Publisher:
         self.max_request_size = max_request_size
         self.acks = acks
         self.client_id = client_id
-        self._producer = None
+        self.request_timeout_ms = int(request_timeout_ms)
+        self._producer: AIOKafkaProducer | None = None
         self._pending: set[asyncio.Future] = set()
         self._sem = asyncio.Semaphore(max_in_flight)
         self._error: BaseException | None = None
@@ -62,27 +100,52 @@ class Publisher:
         self.acked_messages = 0
 
     async def start(self, timeout_s: float = 30.0) -> "Publisher":
-        from aiokafka import AIOKafkaProducer
-        from aiokafka.errors import KafkaError
+        from aiokafka.errors import KafkaConnectionError, KafkaError
 
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        want = self.idempotence != "off" and self.acks in ("all", -1)
         while True:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap, compression_type=self.compression,
-                linger_ms=self.linger_ms, max_request_size=self.max_request_size, acks=self.acks,
-                client_id=self.client_id, max_batch_size=max(16384, min(self.max_request_size,
-                                                                        1024 * 1024)),
-                **self.security.client_kwargs())
+            producer = self._make_producer(idempotent=want)
             try:
-                await producer.start()
+                # InitProducerId is retried inside start() while no broker answers it
+                await asyncio.wait_for(producer.start(), max(1.0, deadline - loop.time()))
                 break
+            except asyncio.TimeoutError:
+                await producer.stop()
+                raise PublishError(f"cannot start a producer on Kafka at {self.bootstrap} "
+                                   f"within {timeout_s:g} s") from None
             except KafkaError as exc:
                 await producer.stop()
-                if asyncio.get_running_loop().time() > deadline:
+                if want and not isinstance(exc, KafkaConnectionError):
+                    # the broker answered but refused InitProducerId (or is older than 0.11)
+                    if self.idempotence == "on":
+                        raise PublishError(
+                            f"the broker at {self.bootstrap} refuses an idempotent producer "
+                            f"({ENV_KAFKA_IDEMPOTENCE}=on): {exc!r}") from None
+                    log.warning("publisher: the broker at %s refuses an idempotent producer "
+                                "(%r); publishing without: a batch retried after a leader "
+                                "failover may be written twice (%s=off silences this)",
+                                self.bootstrap, exc, ENV_KAFKA_IDEMPOTENCE)
+                    want = False
+                    continue
+                if loop.time() > deadline:
                     raise PublishError(f"cannot reach Kafka at {self.bootstrap}: {exc}") from None
                 await asyncio.sleep(0.5)
         self._producer = producer
+        self.idempotent = want
         return self
+
+    def _make_producer(self, *, idempotent: bool) -> "AIOKafkaProducer":
+        from aiokafka import AIOKafkaProducer
+
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, compression_type=self.compression,
+            linger_ms=self.linger_ms, max_request_size=self.max_request_size, acks=self.acks,
+            client_id=self.client_id, enable_idempotence=idempotent,
+            request_timeout_ms=self.request_timeout_ms,
+            max_batch_size=max(16384, min(self.max_request_size, 1024 * 1024)),
+            **self.security.client_kwargs())
 
     async def __aenter__(self) -> "Publisher":
         return await self.start()

@@ -3,7 +3,7 @@
 # prometheus for promtool, chromium and chromium-driver for the page's browser test, Java and Maven
 # for the Apache Kafka test broker, the C SDK's compiler and libraries, Node.js for the TypeScript
 # SDK), a virtualenv in .venv, the project with its extras, and the Apache Kafka jars
-# (tests/kafka/pom.xml). Idempotent; says what it is doing.
+# (ldpstream/data/kafka-pom.xml). Idempotent; says what it is doing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf 'bootstrap: %s\n' "$*"; }

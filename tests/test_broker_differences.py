@@ -45,3 +45,28 @@ def test_end_offset_after_a_batch_of_records(kafka_broker, unique_name):
         assert end == records
     else:
         assert end == 1   # base offset 0 of the one batch, + 1
+
+
+def test_idempotent_producer_on_kafka_not_on_tansu(kafka_broker, monkeypatch):
+    """The device publisher is idempotent on Apache Kafka; Tansu 0.6 refuses InitProducerId, so
+    ``auto`` publishes without and ``on`` fails naming the variable (docs/pipeline.md,
+    "Failover")."""
+    from ldpstream.dev.kafka import ApacheKafka
+    from ldpstream.names import ENV_KAFKA_IDEMPOTENCE
+    from ldpstream.producers.publisher import Publisher, PublishError
+
+    async def idempotent(mode: str | None) -> bool | None:
+        async with Publisher(kafka_broker.bootstrap, idempotence=mode) as pub:
+            return pub.idempotent
+
+    on_kafka = isinstance(kafka_broker, ApacheKafka)
+    assert asyncio.run(idempotent(None)) is on_kafka
+    assert asyncio.run(idempotent("off")) is False
+    if on_kafka:
+        assert asyncio.run(idempotent("on")) is True
+    else:
+        with pytest.raises(PublishError, match=ENV_KAFKA_IDEMPOTENCE):
+            asyncio.run(idempotent("on"))
+    monkeypatch.setenv(ENV_KAFKA_IDEMPOTENCE, "sometimes")
+    with pytest.raises(PublishError, match=ENV_KAFKA_IDEMPOTENCE):
+        Publisher(kafka_broker.bootstrap)

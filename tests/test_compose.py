@@ -90,7 +90,7 @@ def _needs(svc: str) -> set:
 
 
 def test_healthchecks_and_depends_on_conditions():
-    assert set(ONE_SHOT) == {"kafka-acls", "keygen", "edge-certs", "mqtt-passwords"}
+    assert set(ONE_SHOT) == {"kafka-acls", "kafka-certs", "keygen", "edge-certs", "mqtt-passwords"}
     for name in ["kafka", "redis", "prometheus", "alertmanager", "grafana", *WORKERS]:
         hc = SERVICES[name].get("healthcheck")
         assert hc and hc["test"], f"{name} needs a healthcheck"
@@ -105,7 +105,7 @@ def test_healthchecks_and_depends_on_conditions():
             assert cond["condition"] == "service_healthy", (name, target)
             assert SERVICES[target].get("healthcheck"), f"{target} has no healthcheck to wait for"
     for w in WORKERS:
-        assert _needs(w) >= {"kafka", "redis", "kafka-acls", "keygen"}
+        assert _needs(w) >= {"kafka", "redis", "kafka-acls", "kafka-certs", "keygen"}
     assert "/healthz" in " ".join(SERVICES[WORKERS[0]]["healthcheck"]["test"])
 
 
@@ -170,7 +170,8 @@ SECRET_KEY = re.compile(r"(PASSWORD|SECRET|TOKEN|_KEY|CREDENTIAL)", re.I)
 def test_no_literal_secrets():
     for name in SERVICES:
         for key, value in _env(name).items():
-            if SECRET_KEY.search(key) and not key.endswith("_FILE"):  # _FILE: a path
+            # _FILE, _LOCATION: a path; _TYPE: a key store's format
+            if SECRET_KEY.search(key) and not key.endswith(("_FILE", "_LOCATION", "_TYPE")):
                 assert isinstance(value, str) and re.fullmatch(r"\$\{[A-Z0-9_]+:\?[^}]+\}", value), \
                     f"{name}.{key} must come from the environment with ${{VAR:?...}}, got {value!r}"
     assert "LDP_API_TOKEN" not in _env("fleet"), "devices need no API token"

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "docker-compose.cluster.yml").read_text()
 SPEC = yaml.safe_load(TEXT)  # resolves the << merge keys
 SERVICES = SPEC["services"]
-BROKERS = sorted(s for s in SERVICES if s.startswith("kafka-"))
+BROKERS = sorted(s for s in SERVICES if re.fullmatch(r"kafka-\d+", s))
 REDIS = sorted(s for s in SERVICES if re.fullmatch(r"redis-\d+", s))
 WORKERS = sorted(s for s in SERVICES if s.startswith("worker"))
 
@@ -107,7 +107,8 @@ def test_dependencies_volumes_and_ports():
                 assert cond["condition"] == "service_completed_successfully"
                 assert SERVICES[target]["restart"] == "no", f"{target} must be one-shot"
     declared = set(SPEC["volumes"])
-    used = {v.split(":")[0] for s in SERVICES.values() for v in s.get("volumes", [])}
+    used = {v.split(":")[0] for s in SERVICES.values() for v in s.get("volumes", [])
+            if not v.startswith((".", "/"))}   # bind mounts: paths, not named volumes
     assert declared == used
     host_ports = [int(str(p).split(":")[0]) for s in SERVICES.values() for p in s.get("ports", [])]
     assert len(host_ports) == len(set(host_ports))

@@ -85,6 +85,7 @@ def test_partition_leader_killed_mid_ingest_counts_stay_exact(
             if not node.running:
                 kafka_cluster.restart(node)
     assert stats.sent_reports == total
+    assert stats.idempotent, "a retry after the failover could write a batch twice"
     new_leader, _ = kafka_cluster.leader_of(coll.topic, 0)
     assert new_leader is not dead or events, events
     assert worker.proc.poll() is None
@@ -94,6 +95,7 @@ def test_partition_leader_killed_mid_ingest_counts_stay_exact(
 def test_broker_holding_config_killed_devices_and_workers_keep_the_state(
         tmp_path, kafka_cluster, cluster_env, redis_server, spawn_worker, unique_name):
     from ldpstream.config import load_config
+    from ldpstream.dev.kafka import TOPICS_TOOL
     from ldpstream.names import CONFIG_TOPIC
     from ldpstream.producers.device import ConfigWatcher
     from ldpstream.producers.fleet import run_fleet
@@ -119,6 +121,10 @@ def test_broker_holding_config_killed_devices_and_workers_keep_the_state(
             await watcher.stop()
 
     assert asyncio.run(current()) == (pytest.approx(want.epsilon), 4)
+    # the worker runs no faust consumer group (nor its leader topic): a broker's loss cannot
+    # crash the app through faust's rebalance callbacks (agents/app.py)
+    topics = kafka_cluster.cli(TOPICS_TOOL, "--list").split()
+    assert not [t for t in topics if t.startswith(cluster_env["LDP_APP_ID"])], topics
     leader, isr = kafka_cluster.leader_of(CONFIG_TOPIC, 0)
     assert len(isr) == 3, isr
     kafka_cluster.crash(leader)

@@ -45,8 +45,9 @@ def test_compose_runs_the_fixture_kafka_version_and_broker_settings(name):
             assert env.get(_env_name(key)) == value, (name, svc_name, key)
 
 
-def test_compose_acl_job_creates_exactly_the_fixture_acls():
-    services = _kafka_services("docker-compose.yml")
+@pytest.mark.parametrize("name", COMPOSE)
+def test_compose_acl_job_creates_exactly_the_fixture_acls(name):
+    services = _kafka_services(name)
     script = "\n".join(services["kafka-acls"]["command"])
     lines = [line.split("$$acl", 1)[1].split() for line in script.splitlines()
              if line.strip().startswith("$$acl")]
@@ -55,7 +56,9 @@ def test_compose_acl_job_creates_exactly_the_fixture_acls():
 
 
 def test_fixture_pom_pins_the_same_kafka_version():
-    pom = (ROOT / "tests" / "kafka" / "pom.xml").read_text(encoding="utf-8")
+    from ldpstream.dev.kafka import POM
+
+    pom = POM.read_text(encoding="utf-8")
     assert re.search(r"<kafka.version>([^<]+)</kafka.version>", pom).group(1) == KAFKA_VERSION
 
 

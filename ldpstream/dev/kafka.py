@@ -2,7 +2,7 @@
 "Apache Kafka next to the embedded broker").
 
 :class:`ApacheKafka` starts ``nodes`` combined broker+controller JVMs (``process.roles=
-broker,controller``) from the jars of ``tests/kafka/pom.xml`` (fetched once by
+broker,controller``) from the jars of ``ldpstream/data/kafka-pom.xml`` (fetched once by
 scripts/bootstrap.sh into :func:`kafka_jars_dir`), each with its storage formatted by Kafka's own
 ``kafka.tools.StorageTool``, on free ports, with the broker defences of
 ``ldpstream/data/kafka-broker.properties`` (the file the compose files agree with). With
@@ -34,7 +34,7 @@ KAFKA_VERSION = "4.1.1"
 ROOT = Path(__file__).resolve().parent.parent
 DEFENCES_FILE = ROOT / "data" / "kafka-broker.properties"
 LOG4J_FILE = ROOT / "data" / "kafka-log4j2.properties"
-POM = ROOT.parent / "tests" / "kafka" / "pom.xml"
+POM = ROOT / "data" / "kafka-pom.xml"
 JARS_ENV = "LDP_KAFKA_JARS"
 HEAP = os.environ.get("LDP_KAFKA_HEAP", "256m")
 STARTED = "Kafka Server started"
@@ -54,7 +54,8 @@ def kafka_jars_dir() -> Path:
 
 
 def ensure_kafka_jars() -> Path:
-    """The jar directory, fetched with Maven from ``tests/kafka/pom.xml`` when missing."""
+    """The jar directory, fetched with Maven from ``ldpstream/data/kafka-pom.xml`` (package
+    data: an installed package needs no source checkout) when missing."""
     out = kafka_jars_dir()
     if (out / f"kafka_2.13-{KAFKA_VERSION}.jar").is_file():
         return out

@@ -1,23 +1,26 @@
-"""A throw-away certificate authority and broker certificate for the TLS tests and the secure
-Apache Kafka of ldpstream/dev/kafka.py (docs/security.md, "Kafka: TLS, SASL and ACLs").
+"""A certificate authority and broker certificate for the TLS tests, the secure Apache Kafka of
+ldpstream/dev/kafka.py and the compose files' broker (``ldpstream kafka-certs``; docs/security.md,
+"Kafka: TLS, SASL and ACLs").
 
-The CA signs one server certificate whose subject alternative names are ``localhost`` and
-``127.0.0.1``, so clients verify the chain *and* the host name. Keys are unencrypted PKCS#8, the
-form Kafka's PEM key store reads.
+The CA signs one server certificate whose subject alternative names are the given hosts (default
+``localhost`` and ``127.0.0.1``), so clients verify the chain *and* the host name. Keys are
+unencrypted PKCS#8, the form Kafka's PEM key store reads.
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import ipaddress
 from pathlib import Path
 
-__all__ = ["write_test_pki"]
+__all__ = ["write_test_pki", "main"]
 
 
 def write_test_pki(directory: Path, *, hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
-                   days: int = 2) -> tuple[Path, Path]:
-    """Write ``ca.pem`` (the CA certificate) and ``broker.pem`` (server key + certificate chain)
-    into ``directory``; returns their paths."""
+                   days: int = 2, ca_name: str = "ldpstream test CA",
+                   key_mode: int = 0o600) -> tuple[Path, Path]:
+    """Write ``ca.pem`` (the CA certificate) and ``broker.pem`` (server key + certificate chain,
+    file mode ``key_mode``) into ``directory``; returns their paths."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -26,8 +29,8 @@ def write_test_pki(directory: Path, *, hosts: tuple[str, ...] = ("localhost", "1
     now = datetime.datetime.now(datetime.timezone.utc)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ldpstream test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+    ca_subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ca_name)])
+    ca = (x509.CertificateBuilder().subject_name(ca_subject).issuer_name(ca_subject)
           .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
           .not_valid_before(start).not_valid_after(end)
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
@@ -45,7 +48,7 @@ def write_test_pki(directory: Path, *, hosts: tuple[str, ...] = ("localhost", "1
             sans.append(x509.DNSName(h))
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-            .issuer_name(ca_name).public_key(key.public_key())
+            .issuer_name(ca_subject).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(start)
             .not_valid_after(end)
             .add_extension(x509.SubjectAlternativeName(sans), critical=False)
@@ -60,5 +63,25 @@ def write_test_pki(directory: Path, *, hosts: tuple[str, ...] = ("localhost", "1
     server_path.write_bytes(
         key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
         + cert.public_bytes(pem) + ca.public_bytes(pem))
-    server_path.chmod(0o600)
+    server_path.chmod(key_mode)
     return ca_path, server_path
+
+
+def main(args: argparse.Namespace) -> int:
+    """``ldpstream kafka-certs --out DIR [--hosts h,h] [--days N] [--if-missing]``: the CA and
+    broker certificate of the compose files' Kafka (docker-compose.yml ``kafka-certs``)."""
+    out = Path(args.out)
+    if args.if_missing and (out / "ca.pem").is_file() and (out / "broker.pem").is_file():
+        print(f"kafka-certs: keeping {out / 'ca.pem'} and {out / 'broker.pem'}")
+        return 0
+    hosts = tuple(h.strip() for h in args.hosts.split(",") if h.strip())
+    if not hosts:
+        from ldpstream.errors import CliError
+        raise CliError("kafka-certs: --hosts names no host")
+    # the broker runs as another user than this command (compose: two images); the key file is
+    # readable by both, on a volume only they mount
+    ca, broker = write_test_pki(out, hosts=hosts, days=int(args.days),
+                                ca_name="ldpstream Kafka CA", key_mode=0o644)
+    print(f"CA (clients: LDP_KAFKA_SSL_CAFILE={ca}); broker key and chain {broker} for "
+          f"{', '.join(hosts)}, valid {int(args.days)} days")
+    return 0

@@ -5,7 +5,8 @@ one place: the secure test broker (ldpstream/dev/kafka.py) creates exactly these
 
 A worker may read the report topics, create its topics, read and write ``ldp.config``, write
 ``ldp.dlq`` and use topics and groups prefixed ``ldpstream``; a device may only write the report
-topics and read ``ldp.config``.
+topics and read ``ldp.config``; the MQTT bridge (producers/mqtt_bridge.py), its own principal,
+may do what a device does and also write ``ldp.dlq`` (it files the messages it refuses there).
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from dataclasses import dataclass
 
 from ldpstream.names import CONFIG_TOPIC, DLQ_TOPIC, REPORTS_TOPIC_PREFIX
 
-__all__ = ["Acl", "ACLS", "WORKER", "DEVICE", "APP_PREFIX"]
+__all__ = ["Acl", "ACLS", "WORKER", "DEVICE", "BRIDGE", "APP_PREFIX"]
 
 WORKER = "worker"
 DEVICE = "device"
+BRIDGE = "bridge"
 APP_PREFIX = "ldpstream"  # the workers' consumer groups and faust's internal topics
 
 
@@ -49,4 +51,7 @@ ACLS: tuple[Acl, ...] = (
     Acl(WORKER, ("All",), "group", APP_PREFIX, prefixed=True),
     Acl(DEVICE, ("Write", "Describe"), "topic", REPORTS_TOPIC_PREFIX, prefixed=True),
     Acl(DEVICE, ("Read", "Describe"), "topic", CONFIG_TOPIC),
+    Acl(BRIDGE, ("Write", "Describe"), "topic", REPORTS_TOPIC_PREFIX, prefixed=True),
+    Acl(BRIDGE, ("Read", "Describe"), "topic", CONFIG_TOPIC),
+    Acl(BRIDGE, ("Write", "Describe"), "topic", DLQ_TOPIC),
 )

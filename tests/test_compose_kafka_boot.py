@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.pipeline, pytest.mark.kafka]
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "compose-kafka.sh"
 PASSWORDS = {"KAFKA_ADMIN_PASSWORD": "adm-1x", "KAFKA_WORKER_PASSWORD": "wrk-2y",
-             "KAFKA_DEVICE_PASSWORD": "dev-3z"}
+             "KAFKA_DEVICE_PASSWORD": "dev-3z", "KAFKA_BRIDGE_PASSWORD": "brg-4w"}
 
 
 LOG4J2_YAML = """Configuration:

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ("docker-compose.yml", "docker-compose.cluster.yml")
 SCRIPT = ROOT / "scripts" / "compose-kafka.sh"
 PRINCIPALS = {"admin", "worker", "device"}
+#: the device edge of docker-compose.yml: the MQTT bridge has its own principal, the gateway is a device
+EDGE_CLIENTS = {"mqtt-bridge": "bridge", "gateway": "device"}
 
 
 def _services(name: str) -> dict[str, dict]:
@@ -66,7 +68,8 @@ def test_brokers_take_sasl_ssl_with_scram_and_verified_tls(name):
         assert env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
         assert "User:admin" in env["KAFKA_SUPER_USERS"].split(";")
         assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
-        for p in PRINCIPALS:   # the SCRAM users' passwords, from .env
+        users = PRINCIPALS | ({"bridge"} if "mqtt-bridge" in services else set())
+        for p in users:   # the SCRAM users' passwords, from .env
             assert f"KAFKA_{p.upper()}_PASSWORD:?" in env[f"SASL_{p.upper()}_PASSWORD"], (b, p)
         assert svc["entrypoint"] == ["/ldp/compose-kafka.sh"] and svc["command"] == ["start"]
         mounts = _mounts(svc)
@@ -93,6 +96,7 @@ def test_certificate_covers_every_advertised_host(name):
 def test_workers_and_fleet_connect_as_their_principals_with_the_ca(name):
     services = _services(name)
     clients = {s: "worker" for s in services if s.startswith("worker")} | {"fleet": "device"}
+    clients |= {s: u for s, u in EDGE_CLIENTS.items() if s in services}
     for svc, user in clients.items():
         env = services[svc]["environment"]
         assert env["LDP_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", (name, svc)
@@ -112,7 +116,7 @@ def test_script_adds_the_scram_users_the_clients_use():
     assert "scram=" + SCRAM in text
     added = set(re.findall(r'--add-scram "\$scram=\[name=(\w+),password=\$SASL_(\w+)_PASSWORD\]"',
                            text))
-    assert added == {(p, p.upper()) for p in PRINCIPALS}
+    assert added == {(p, p.upper()) for p in PRINCIPALS | {"bridge"}}
     assert "--ignore-formatted" in text and 'exec "$docker_run"' in text
     assert "docker_run=${COMPOSE_KAFKA_RUN:-/etc/kafka/docker/run}" in text
 

@@ -190,8 +190,8 @@ def test_config_memoize_parameter():
         mech({"every": 3})
     with pytest.raises(ConfigError, match=r"params\.memoize: must be a mapping"):
         mech(600)
-    with pytest.raises(ConfigError, match=r"params\.memoize: unknown parameter for rr-joint"):
-        mech({"rotation_s": 60}, mechanism="rr-joint")
+    with pytest.raises(ConfigError, match=r"params\.memoize: unknown parameter for rs-fd"):
+        mech({"rotation_s": 60}, mechanism="rs-fd")   # its fake columns must stay fresh
 
 
 # --- labels → indices ---------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def test_params_are_validated_naming_the_field():
     assert ei.value.field == "block_size" and "must be an integer >= 1" in str(ei.value)
     with pytest.raises(ParamError) as ei:
         build("spl", colour=1)
-    assert str(ei.value) == "colour: unknown parameter for spl (allowed: none)"
+    assert str(ei.value) == "colour: unknown parameter for spl (allowed: memoize)"
     with pytest.raises(ParamError) as ei:
         build("rrba", p=0.5, gamma=0.1)
     assert ei.value.field == "gamma"

@@ -29,3 +29,6 @@ def test_sampling_floor_column_is_the_empirical_marginals_tvd():
     assert 0 < row["2way_sampling"] < row["2way_auto"]   # no mechanism beats the floor here
     assert row["2way_auto_vs_sampling"] == pytest.approx(row["2way_auto"] / want, rel=1e-12)
     assert len(_triples(net.domain, 20)) == 4 and "2way_pgm" not in row
+    assert row["2way_global_ratio"] == pytest.approx(row["2way_split"] / row["2way_global"],
+                                                     rel=1e-12)
+    assert row["global_chosen_seeds"] in (0, 1) and row["2way_global"] > 0

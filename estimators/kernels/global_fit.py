@@ -1,0 +1,175 @@
+"""One distribution fitted to every measured marginal, stopped where its predicted error is
+smallest (docs/partitioned.md "Global fit").
+
+Measurements: tables y_S (unbiased, noisy) of the attribute sets S with a known cell variance
+σ²_S. The fit is the loss Private-PGM minimises (McKenna, Sheldon & Miklau, ICML 2019, §3),
+L(p) = ½ Σ_S ‖p_S − y_S‖² / σ²_S over distributions p of the whole domain (a dense table here),
+by entropic mirror descent from the uniform table with a backtracking step (ibid. Alg. 1).
+Run to convergence it fits the noise; the iterates in between are smoother (closer to the
+uniform, maximum-entropy start). The iterate kept is the one of smallest Stein's unbiased risk
+estimate (Stein 1981) of its fitted marginals,
+
+    SURE_t = Σ_S ‖y_S − p_t,S‖² / σ²_S − N + 2·div_t,
+
+(N measured cells), an unbiased estimate of Σ_S ‖p_t,S − μ_S‖² / σ²_S (μ: the true marginals)
+for Gaussian noise. The divergence div_t = Σ ∂(p_t,S/σ_S)/∂(y_S/σ_S) is estimated by Monte Carlo
+(Ramani, Blu & Unser 2008): one seeded probe b ~ N(0, I), a second run on y + h·σ·b with the
+same steps, div_t ≈ bᵀ(p'_t − p_t)/(h·σ). :func:`sure` gives the same estimate for any other
+estimator (the consistent tables), so the two are compared on one scale.
+
+>>> from ldpstream.estimators.kernels.domain import Domain, Factor
+>>> dom = Domain(["a", "b"], [2, 2])
+>>> y = [Factor(Domain(["a"], [2]), np.array([0.7, 0.3])),
+...      Factor(Domain(["b"], [2]), np.array([0.4, 0.6]))]
+>>> r = global_fit(dom, y, [1e-6, 1e-6])
+>>> np.round(r.table, 3).tolist()       # exact measurements: their product
+[[0.28, 0.42], [0.12, 0.18]]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ldpstream.estimators.kernels.domain import Domain, Factor
+
+__all__ = ["GlobalFit", "global_fit", "sure", "probes", "MAX_CELLS", "MAX_ITER", "PATIENCE",
+           "PROBE_STEP", "PROBE_SEED", "PROBES", "GROWTH"]
+
+#: largest domain (cells of the full table) fitted; larger ones keep the consistent tables
+MAX_CELLS = 400_000
+#: mirror-descent iterations at most
+MAX_ITER = 300
+#: iterations without a new smallest SURE after which the descent stops
+PATIENCE = 10
+#: the probe's size in units of each cell's standard deviation
+PROBE_STEP = 1e-3
+#: probes averaged in the divergence's Monte Carlo estimate
+PROBES = 4
+#: the step's growth after an accepted step (backtracking halves it when needed)
+GROWTH = 1.2
+#: seed of the probe (the fit is a function of the measurements)
+PROBE_SEED = 20_190_611
+
+
+@dataclass(frozen=True)
+class GlobalFit:
+    """``table``: the kept iterate (the domain's shape, sums to 1); ``iterations``: its index;
+    ``risk``: its SURE; ``ran``: iterations run."""
+
+    table: np.ndarray
+    iterations: int
+    risk: float
+    ran: int
+
+
+@dataclass(frozen=True)
+class _Target:
+    drop: tuple[int, ...]        # axes summed out of the full table
+    perm: tuple[int, ...]        # the measurement's axes → domain order
+    shape: tuple[int, ...]       # broadcast shape in the full table
+    y: np.ndarray                # measurement, domain axis order
+    sd: float                    # σ_S
+
+
+def _targets(domain: Domain, tables: Sequence[Factor], variances: Sequence[float]
+             ) -> list[_Target]:
+    out = []
+    for t, v in zip(tables, variances):
+        ax = domain.axes(t.domain.attrs)
+        kept = sorted(ax)
+        perm = tuple(list(ax).index(i) for i in kept)
+        out.append(_Target(tuple(i for i in range(len(domain)) if i not in ax), perm,
+                           tuple(domain.shape[i] if i in ax else 1 for i in range(len(domain))),
+                           np.transpose(np.asarray(t.values, dtype=float), perm),
+                           float(np.sqrt(max(float(v), 1e-300)))))
+    return out
+
+
+def probes(tables: Sequence[Factor], seed: int = PROBE_SEED) -> list[np.ndarray]:
+    """The seeded standard-normal probe, one array per table (the table's shape)."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(np.shape(t.values)) for t in tables]
+
+
+def sure(tables: Sequence[Factor], variances: Sequence[float], fitted: Sequence[np.ndarray],
+         perturbed: Sequence[np.ndarray], probe: Sequence[np.ndarray],
+         step: float = PROBE_STEP) -> float:
+    """SURE (module docstring) of an estimator whose fitted tables are ``fitted`` at the
+    measurements and ``perturbed`` at y + ``step``·σ·``probe`` (each in its table's axes)."""
+    res = div = 0.0
+    n = 0
+    for t, v, f, g, b in zip(tables, variances, fitted, perturbed, probe):
+        s2 = max(float(v), 1e-300)
+        res += float(((np.asarray(t.values) - f) ** 2).sum()) / s2
+        div += float((b * (g - f)).sum()) / (step * np.sqrt(s2))
+        n += b.size
+    return res - n + 2.0 * div
+
+
+def _loss_grad(p: np.ndarray, targets: Sequence[_Target], shift: Sequence[np.ndarray]
+               ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Loss, gradient and fitted marginals of a stack of tables ``p`` (leading axis: the
+    run at the measurements, then one per probe; ``shift[k]``: the measurements' offset per
+    run, shape (runs, …))."""
+    loss = np.zeros(len(p))
+    grad = np.zeros(p.shape)
+    fitted = []
+    for k, t in enumerate(targets):
+        mu = p.sum(axis=tuple(d + 1 for d in t.drop)) if t.drop else p
+        r = mu - (t.y + shift[k])
+        loss += 0.5 * (r * r).reshape(len(p), -1).sum(axis=1) / t.sd ** 2
+        grad = grad + (r / t.sd ** 2).reshape((len(p),) + t.shape)
+        fitted.append(mu)
+    return loss, grad, fitted
+
+
+def _step(p: np.ndarray, grad: np.ndarray, eta: float) -> np.ndarray:
+    axes = tuple(range(1, p.ndim))
+    q = p * np.exp(-eta * (grad - grad.max(axis=axes, keepdims=True)))
+    return q / q.sum(axis=axes, keepdims=True)
+
+
+def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[float], *,
+               max_iter: int = MAX_ITER, patience: int = PATIENCE, n_probes: int = PROBES,
+               seed: int = PROBE_SEED,
+               on_iterate: Callable[[int, np.ndarray, float], None] | None = None) -> GlobalFit:
+    """The fit of the module docstring, the divergence averaged over ``n_probes`` probes.
+    ``on_iterate(t, p_t, SURE_t)``: called every iteration (tests, benchmarks)."""
+    if domain.size() > MAX_CELLS:
+        raise ValueError(f"global fit: the domain has {domain.size():,} cells, more than "
+                         f"{MAX_CELLS:,}")
+    targets = _targets(domain, tables, variances)
+    runs = 1 + n_probes
+    probe = [np.stack([np.zeros(t.y.shape)] + [np.transpose(b, t.perm) for b in bs])
+             for t, bs in zip(targets, zip(*[probes(tables, seed + i)
+                                            for i in range(n_probes)]))]
+    shift = [PROBE_STEP * t.sd * b for t, b in zip(targets, probe)]
+    n = sum(t.y.size for t in targets)
+    p = np.full((runs,) + tuple(domain.shape), 1.0 / domain.size())
+    loss, grad, fit = _loss_grad(p, targets, shift)
+    eta = min(t.sd for t in targets) ** 2
+    best = (np.inf, 0, p[0])
+    it = 0
+    for it in range(1, max_iter + 1):
+        while True:   # backtracking on the run at the measurements (mirror-descent bound)
+            q = _step(p, grad, eta)
+            lq, gq, fq = _loss_grad(q, targets, shift)
+            bound = loss[0] + float((grad[0] * (q[0] - p[0])).sum()) + float(
+                np.abs(q[0] - p[0]).sum()) ** 2 / (2 * eta)
+            if lq[0] <= bound or eta < 1e-300:
+                break
+            eta *= 0.5
+        p, loss, grad, fit = q, lq, gq, fq   # the probes' runs take the same steps
+        div = sum(float((b[1:] * (f[1:] - f[0])).sum()) / (PROBE_STEP * t.sd)
+                  for t, b, f in zip(targets, probe, fit)) / n_probes
+        risk = 2.0 * float(loss[0]) - n + 2.0 * div
+        if on_iterate is not None:
+            on_iterate(it, p[0], risk)
+        if risk < best[0]:
+            best = (risk, it, p[0])
+        elif it - best[1] >= patience:
+            break
+        eta *= GROWTH
+    return GlobalFit(best[2], best[1], float(best[0]), it)

@@ -466,6 +466,7 @@ class Partitioned(Mechanism):
         ``extra["global_fit"]``."""
         table, info = self.global_table(counts)
         extra["global_fit"] = info
+        extra["chosen"] = info["chosen"]   # the API's ``chosen`` field
         return table
 
     def consistent_tables(self, counts: Mapping[str, np.ndarray], shrink: bool = True

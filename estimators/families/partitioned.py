@@ -65,10 +65,18 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ldpstream.estimators.kernels import device_program as dp
-from ldpstream.estimators.kernels.bounds import Bound, coarsened, oracle_bound
+from ldpstream.estimators.kernels.bounds import Bound, coarsened, oracle_bound, reference
 from ldpstream.estimators.kernels.consistency import expand, max_entropy, norm_sub, postprocess
 from ldpstream.estimators.kernels.domain import Domain, Factor
-from ldpstream.estimators.kernels.global_fit import MAX_CELLS, PROBE_STEP, global_fit, probes, sure
+from ldpstream.estimators.kernels.global_fit import (
+    MAX_CELLS,
+    PROBE_SEED,
+    PROBE_STEP,
+    PROBES,
+    global_fit,
+    probes,
+    sure,
+)
 from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex, repair
 from ldpstream.estimators.mechanism import Estimate, Mechanism, ParamError, Params, TensorSpec, record_budget, register
 from ldpstream.estimators.oracles import frequency_oracles as fo
@@ -431,6 +439,7 @@ class Partitioned(Mechanism):
             return hit
         raw = [self.unbiased(counts, j) for j in range(len(self.marginals))]
         ys, var = [r[0] for r in raw], [r[1] for r in raw]
+        cells = [self.cell_variance(counts, j) for j in range(len(self.marginals))]
         info: dict[str, Any] = {"chosen": "consistent"}
         out: tuple[Factor | None, dict[str, Any]]
         if self.domain.size() > MAX_CELLS:
@@ -438,12 +447,17 @@ class Partitioned(Mechanism):
                               f"global fit's {MAX_CELLS:,}")
             out = (None, info)
         else:
-            fit = global_fit(self.domain, ys, var)
-            b = probes(ys)
-            cons = self.consistent_tables(counts, True)[0]
-            moved = postprocess([Factor(y.domain, y.values + PROBE_STEP * np.sqrt(v) * bb)
-                                 for y, v, bb in zip(ys, var, b)], var, noise_variance=var)[0]
-            risk = sure(ys, var, [c.values for c in cons], [c.values for c in moved], b)
+            cons = [c.values for c in self.consistent_tables(counts, True)[0]]
+            risks, runs = [], [cons]
+            for i in range(PROBES):   # the global fit's probes
+                b = probes(ys, PROBE_SEED + i)
+                moved = [c.values for c in postprocess(
+                    [Factor(y.domain, y.values + PROBE_STEP * np.sqrt(v) * bb)
+                     for y, v, bb in zip(ys, cells, b)], var, noise_variance=var)[0]]
+                risks.append(sure(ys, cells, cons, moved, b))
+                runs.append(moved)
+            risk = float(np.mean(risks))
+            fit = global_fit(self.domain, ys, cells, smoothed=runs)
             info.update(sure_global=round(fit.risk, 3), sure_consistent=round(float(risk), 3),
                         iterations=fit.iterations)
             if fit.risk < risk:
@@ -468,6 +482,14 @@ class Partitioned(Mechanism):
         extra["global_fit"] = info
         extra["chosen"] = info["chosen"]   # the API's ``chosen`` field
         return table
+
+    def cell_variance(self, counts: Mapping[str, np.ndarray], j: int) -> np.ndarray:
+        """Variance of every cell of collected marginal j's unbiased table ([Wang17] eq. 4 plus
+        the sampling of users) under the estimate with half a report added to every cell
+        (:func:`~.bounds.reference`: a cell estimated at 0 keeps a sampling variance)."""
+        est, n = self._raw(counts, j)
+        var = self.oracles[j].variance(n, reference(est, n), fixed_data=False)
+        return np.asarray(var).reshape(self._shapes[j])
 
     def consistent_tables(self, counts: Mapping[str, np.ndarray], shrink: bool = True
                           ) -> tuple[list[Factor], int, int]:

@@ -1,8 +1,9 @@
 """One distribution fitted to every measured marginal, stopped where its predicted error is
 smallest (docs/partitioned.md "Global fit").
 
-Measurements: tables y_S (unbiased, noisy) of the attribute sets S with a known cell variance
-σ²_S. The fit is the loss Private-PGM minimises (McKenna, Sheldon & Miklau, ICML 2019, §3),
+Measurements: tables y_S (unbiased, noisy) of the attribute sets S with known cell variances
+σ²_S (one per table, or one per cell). The fit is the loss Private-PGM minimises (McKenna,
+Sheldon & Miklau, ICML 2019, §3),
 L(p) = ½ Σ_S ‖p_S − y_S‖² / σ²_S over distributions p of the whole domain (a dense table here),
 by entropic mirror descent from the uniform table with a backtracking step (ibid. Alg. 1).
 Run to convergence it fits the noise; the iterates in between are smoother (closer to the
@@ -13,9 +14,14 @@ estimate (Stein 1981) of its fitted marginals,
 
 (N measured cells), an unbiased estimate of Σ_S ‖p_t,S − μ_S‖² / σ²_S (μ: the true marginals)
 for Gaussian noise. The divergence div_t = Σ ∂(p_t,S/σ_S)/∂(y_S/σ_S) is estimated by Monte Carlo
-(Ramani, Blu & Unser 2008): one seeded probe b ~ N(0, I), a second run on y + h·σ·b with the
-same steps, div_t ≈ bᵀ(p'_t − p_t)/(h·σ). :func:`sure` gives the same estimate for any other
-estimator (the consistent tables), so the two are compared on one scale.
+(Ramani, Blu & Unser 2008): seeded probes b ~ N(0, I) (:data:`PROBES`), each a run on
+y + h·σ·b with the same steps, div_t ≈ mean of bᵀ(p'_t − p_t)/(h·σ). :func:`sure` gives the
+same estimate for any other estimator, so two are compared on one scale.
+
+The descent may fit smoothed tables instead of y (``smoothed``: an estimator's tables at y and
+at each probe's y + h·σ·b, e.g. the shrunk consistent tables of ``partitioned``): its iterates
+then start from the uniform table toward the smoothed tables, and SURE is that of the
+composition (residual to y, divergence through both).
 
 >>> from ldpstream.estimators.kernels.domain import Domain, Factor
 >>> dom = Domain(["a", "b"], [2, 2])
@@ -70,10 +76,19 @@ class _Target:
     perm: tuple[int, ...]        # the measurement's axes → domain order
     shape: tuple[int, ...]       # broadcast shape in the full table
     y: np.ndarray                # measurement, domain axis order
-    sd: float                    # σ_S
+    sd: np.ndarray               # σ_S per cell, domain axis order
 
 
-def _targets(domain: Domain, tables: Sequence[Factor], variances: Sequence[float]
+Variance = float | np.ndarray
+
+
+def _sd(table: Factor, variance: Variance) -> np.ndarray:
+    """σ per cell of ``table`` (a scalar variance broadcast)."""
+    v = np.broadcast_to(np.asarray(variance, dtype=float), np.shape(table.values))
+    return np.sqrt(np.maximum(v, 1e-300))
+
+
+def _targets(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance]
              ) -> list[_Target]:
     out = []
     for t, v in zip(tables, variances):
@@ -83,7 +98,7 @@ def _targets(domain: Domain, tables: Sequence[Factor], variances: Sequence[float
         out.append(_Target(tuple(i for i in range(len(domain)) if i not in ax), perm,
                            tuple(domain.shape[i] if i in ax else 1 for i in range(len(domain))),
                            np.transpose(np.asarray(t.values, dtype=float), perm),
-                           float(np.sqrt(max(float(v), 1e-300)))))
+                           np.transpose(_sd(t, v), perm)))
     return out
 
 
@@ -93,7 +108,7 @@ def probes(tables: Sequence[Factor], seed: int = PROBE_SEED) -> list[np.ndarray]
     return [rng.standard_normal(np.shape(t.values)) for t in tables]
 
 
-def sure(tables: Sequence[Factor], variances: Sequence[float], fitted: Sequence[np.ndarray],
+def sure(tables: Sequence[Factor], variances: Sequence[Variance], fitted: Sequence[np.ndarray],
          perturbed: Sequence[np.ndarray], probe: Sequence[np.ndarray],
          step: float = PROBE_STEP) -> float:
     """SURE (module docstring) of an estimator whose fitted tables are ``fitted`` at the
@@ -101,9 +116,9 @@ def sure(tables: Sequence[Factor], variances: Sequence[float], fitted: Sequence[
     res = div = 0.0
     n = 0
     for t, v, f, g, b in zip(tables, variances, fitted, perturbed, probe):
-        s2 = max(float(v), 1e-300)
-        res += float(((np.asarray(t.values) - f) ** 2).sum()) / s2
-        div += float((b * (g - f)).sum()) / (step * np.sqrt(s2))
+        sd = _sd(t, v)
+        res += float((((np.asarray(t.values) - f) / sd) ** 2).sum())
+        div += float((b * (g - f) / sd).sum()) / step
         n += b.size
     return res - n + 2.0 * div
 
@@ -118,9 +133,9 @@ def _loss_grad(p: np.ndarray, targets: Sequence[_Target], shift: Sequence[np.nda
     fitted = []
     for k, t in enumerate(targets):
         mu = p.sum(axis=tuple(d + 1 for d in t.drop)) if t.drop else p
-        r = mu - (t.y + shift[k])
-        loss += 0.5 * (r * r).reshape(len(p), -1).sum(axis=1) / t.sd ** 2
-        grad = grad + (r / t.sd ** 2).reshape((len(p),) + t.shape)
+        r = (mu - (t.y + shift[k])) / t.sd ** 2
+        loss += 0.5 * (r * r * t.sd ** 2).reshape(len(p), -1).sum(axis=1)
+        grad = grad + r.reshape((len(p),) + t.shape)
         fitted.append(mu)
     return loss, grad, fitted
 
@@ -131,12 +146,16 @@ def _step(p: np.ndarray, grad: np.ndarray, eta: float) -> np.ndarray:
     return q / q.sum(axis=axes, keepdims=True)
 
 
-def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[float], *,
+def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance], *,
                max_iter: int = MAX_ITER, patience: int = PATIENCE, n_probes: int = PROBES,
-               seed: int = PROBE_SEED,
+               seed: int = PROBE_SEED, smoothed: Sequence[Sequence[np.ndarray]] | None = None,
                on_iterate: Callable[[int, np.ndarray, float], None] | None = None) -> GlobalFit:
     """The fit of the module docstring, the divergence averaged over ``n_probes`` probes.
-    ``on_iterate(t, p_t, SURE_t)``: called every iteration (tests, benchmarks)."""
+    ``smoothed``: the descent fits these tables instead of the measurements — ``smoothed[0]``
+    an estimator's tables at the measurements, ``smoothed[i]`` its tables at the i-th probe's
+    (y + :data:`PROBE_STEP`·σ·:func:`probes` ``(tables, seed + i − 1)``) — and SURE is that of
+    the composition (the residual still to the measurements). ``on_iterate(t, p_t, SURE_t)``:
+    called every iteration (tests, benchmarks)."""
     if domain.size() > MAX_CELLS:
         raise ValueError(f"global fit: the domain has {domain.size():,} cells, more than "
                          f"{MAX_CELLS:,}")
@@ -146,10 +165,13 @@ def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[flo
              for t, bs in zip(targets, zip(*[probes(tables, seed + i)
                                             for i in range(n_probes)]))]
     shift = [PROBE_STEP * t.sd * b for t, b in zip(targets, probe)]
+    if smoothed is not None:   # the fitted tables' offsets from the measurements, per run
+        shift = [np.stack([np.transpose(np.asarray(run[k], dtype=float), t.perm) for run in
+                           smoothed]) - t.y for k, t in enumerate(targets)]
     n = sum(t.y.size for t in targets)
     p = np.full((runs,) + tuple(domain.shape), 1.0 / domain.size())
     loss, grad, fit = _loss_grad(p, targets, shift)
-    eta = min(t.sd for t in targets) ** 2
+    eta = min(float(t.sd.min()) for t in targets) ** 2
     best = (np.inf, 0, p[0])
     it = 0
     for it in range(1, max_iter + 1):
@@ -162,9 +184,10 @@ def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[flo
                 break
             eta *= 0.5
         p, loss, grad, fit = q, lq, gq, fq   # the probes' runs take the same steps
-        div = sum(float((b[1:] * (f[1:] - f[0])).sum()) / (PROBE_STEP * t.sd)
+        div = sum(float((b[1:] * (f[1:] - f[0]) / t.sd).sum()) / PROBE_STEP
                   for t, b, f in zip(targets, probe, fit)) / n_probes
-        risk = 2.0 * float(loss[0]) - n + 2.0 * div
+        res = sum(float((((f[0] - t.y) / t.sd) ** 2).sum()) for t, f in zip(targets, fit))
+        risk = res - n + 2.0 * div
         if on_iterate is not None:
             on_iterate(it, p[0], risk)
         if risk < best[0]:

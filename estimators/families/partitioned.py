@@ -44,6 +44,9 @@ Estimators (:attr:`Partitioned.estimators`):
   marginals. With pairs collected it is the per-table shrinkage toward independence
   (:func:`~.consistency.shrink_to_independence`; binary-by-small pairs pooled). Measured in
   docs/partitioned.md.
+* ``global`` — one distribution over the whole domain fitted to the ``consistent`` tables by
+  mirror descent, kept at the iterate of smallest SURE, or the ``consistent`` tables where
+  their SURE is smaller (:meth:`Partitioned.global_table`, :mod:`~.kernels.global_fit`).
 
 ``error_bound``: the upper 95 % quantile of the TVD of the unbiased estimate to the population's
 marginal, with per-cell intervals (:func:`~.bounds.oracle_bound`, ``Estimate.bound``); the
@@ -68,15 +71,7 @@ from ldpstream.estimators.kernels import device_program as dp
 from ldpstream.estimators.kernels.bounds import Bound, coarsened, oracle_bound, reference
 from ldpstream.estimators.kernels.consistency import expand, max_entropy, norm_sub, postprocess
 from ldpstream.estimators.kernels.domain import Domain, Factor
-from ldpstream.estimators.kernels.global_fit import (
-    MAX_CELLS,
-    PROBE_SEED,
-    PROBE_STEP,
-    PROBES,
-    global_fit,
-    probes,
-    sure,
-)
+from ldpstream.estimators.kernels.global_fit import choose_fit
 from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex, repair
 from ldpstream.estimators.mechanism import Estimate, Mechanism, ParamError, Params, TensorSpec, record_budget, register
 from ldpstream.estimators.oracles import frequency_oracles as fo
@@ -427,11 +422,10 @@ class Partitioned(Mechanism):
 
     def global_table(self, counts: Mapping[str, np.ndarray]
                      ) -> tuple[Factor | None, dict[str, Any]]:
-        """The ``global`` estimator's choice (docs/partitioned.md "Global fit"): the
-        mirror-descent fit of one distribution to every collected marginal's unbiased table
-        (:func:`~.global_fit.global_fit`) or the ``consistent`` tables, whichever has the smaller
-        SURE of the measured marginals; (the whole domain's table, or None for the consistent
-        tables, with what was chosen and why). Memoized on the counts' content."""
+        """The ``global`` estimator's choice (docs/partitioned.md "Global fit";
+        :func:`~.global_fit.choose_fit` on the unbiased tables, their per-cell variances and
+        the consistent tables): (the whole domain's table, or None for the consistent tables;
+        what was chosen and why). Memoized on the counts' content."""
         key = self._digest(counts)
         with self._memo_lock:
             hit = self._global_memo.get(key)
@@ -440,31 +434,14 @@ class Partitioned(Mechanism):
         raw = [self.unbiased(counts, j) for j in range(len(self.marginals))]
         ys, var = [r[0] for r in raw], [r[1] for r in raw]
         cells = [self.cell_variance(counts, j) for j in range(len(self.marginals))]
-        info: dict[str, Any] = {"chosen": "consistent"}
-        out: tuple[Factor | None, dict[str, Any]]
-        if self.domain.size() > MAX_CELLS:
-            info["reason"] = (f"the domain has {self.domain.size():,} cells, more than the "
-                              f"global fit's {MAX_CELLS:,}")
-            out = (None, info)
-        else:
-            cons = [c.values for c in self.consistent_tables(counts, True)[0]]
-            risks, runs = [], [cons]
-            for i in range(PROBES):   # the global fit's probes
-                b = probes(ys, PROBE_SEED + i)
-                moved = [c.values for c in postprocess(
-                    [Factor(y.domain, y.values + PROBE_STEP * np.sqrt(v) * bb)
-                     for y, v, bb in zip(ys, cells, b)], var, noise_variance=var)[0]]
-                risks.append(sure(ys, cells, cons, moved, b))
-                runs.append(moved)
-            risk = float(np.mean(risks))
-            fit = global_fit(self.domain, ys, cells, smoothed=runs)
-            info.update(sure_global=round(fit.risk, 3), sure_consistent=round(float(risk), 3),
-                        iterations=fit.iterations)
-            if fit.risk < risk:
-                info["chosen"] = "global"
-                out = (Factor(self.domain, fit.table), info)
-            else:
-                out = (None, info)
+
+        def consistent(tables: list[Factor]) -> list[np.ndarray]:
+            return [t.values for t in postprocess(tables, var, noise_variance=var)[0]]
+
+        table, info = choose_fit(self.domain, ys, cells,
+                                 [t.values for t in self.consistent_tables(counts, True)[0]],
+                                 consistent)
+        out = (None if table is None else Factor(self.domain, table), info)
         with self._memo_lock:
             while len(self._global_memo) >= 8:
                 self._global_memo.pop(next(iter(self._global_memo)))

@@ -34,13 +34,13 @@ composition (residual to y, divergence through both).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ldpstream.estimators.kernels.domain import Domain, Factor
 
-__all__ = ["GlobalFit", "global_fit", "sure", "probes", "MAX_CELLS", "MAX_ITER", "PATIENCE",
+__all__ = ["GlobalFit", "global_fit", "choose_fit", "sure", "probes", "MAX_CELLS", "MAX_ITER", "PATIENCE",
            "PROBE_STEP", "PROBE_SEED", "PROBES", "GROWTH"]
 
 #: largest domain (cells of the full table) fitted; larger ones keep the consistent tables
@@ -196,3 +196,34 @@ def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
             break
         eta *= GROWTH
     return GlobalFit(best[2], best[1], float(best[0]), it)
+
+
+def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance],
+               smoothed: Sequence[np.ndarray],
+               smoother: Callable[[list[Factor]], list[np.ndarray]]
+               ) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """A smoothing estimator's tables (``smoothed`` = ``smoother(tables)``) or the global fit
+    to them, whichever has the smaller SURE against the measurements ``tables`` (the same
+    :data:`PROBES` probes for both): (the global fit's table, or None for the smoothed tables;
+    ``{"chosen": "global" | "consistent", "sure_global", "sure_consistent", "iterations"}`` or,
+    above :data:`MAX_CELLS` cells, ``{"chosen": "consistent", "reason"}``)."""
+    info: dict[str, Any] = {"chosen": "consistent"}
+    if domain.size() > MAX_CELLS:
+        info["reason"] = (f"the domain has {domain.size():,} cells, more than the global "
+                          f"fit's {MAX_CELLS:,}")
+        return None, info
+    risks, runs = [], [list(smoothed)]
+    for i in range(PROBES):
+        b = probes(tables, PROBE_SEED + i)
+        moved = smoother([Factor(t.domain, np.asarray(t.values) + PROBE_STEP * _sd(t, v) * bb)
+                          for t, v, bb in zip(tables, variances, b)])
+        risks.append(sure(tables, variances, smoothed, moved, b))
+        runs.append(moved)
+    risk = float(np.mean(risks))
+    fit = global_fit(domain, tables, variances, smoothed=runs)
+    info.update(sure_global=round(fit.risk, 3), sure_consistent=round(risk, 3),
+                iterations=fit.iterations)
+    if fit.risk < risk:
+        info["chosen"] = "global"
+        return fit.table, info
+    return None, info

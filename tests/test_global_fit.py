@@ -114,3 +114,24 @@ def test_partitioned_global_on_a_large_domain_keeps_the_consistent_tables():
     assert est.extra["global_fit"]["chosen"] == "consistent"
     assert "cells" in est.extra["global_fit"]["reason"]
     assert_close(est.factor.values, cons.factor.values, rel=1e-12)
+
+
+def test_per_cell_variances_and_smoothed_runs_reduce_to_the_plain_fit():
+    """A per-cell variance array equal to the scalar gives the same fit; smoothed tables that
+    are the measurements themselves (and the probed measurements) give the same fit too."""
+    from ldpstream.estimators.kernels.global_fit import PROBE_SEED, PROBE_STEP, PROBES, probes
+    rng = np.random.default_rng(4)
+    p = _truth(3)
+    ys = [Factor(t.domain, t.values + 0.02 * rng.standard_normal(t.values.shape))
+          for t in (p.project(s) for s in itertools.combinations(DOM.attrs, 2))]
+    var = [4e-4] * 3
+    plain = global_fit(DOM, ys, var)
+    cells = global_fit(DOM, ys, [np.full(y.values.shape, 4e-4) for y in ys])
+    runs = [[y.values for y in ys]] + [
+        [y.values + PROBE_STEP * 0.02 * b for y, b in zip(ys, probes(ys, PROBE_SEED + i))]
+        for i in range(PROBES)]
+    smooth = global_fit(DOM, ys, var, smoothed=runs)
+    for r in (cells, smooth):
+        assert r.iterations == plain.iterations
+        assert_close(r.table, plain.table, rel=1e-9)
+        assert r.risk == pytest.approx(plain.risk, rel=1e-6, abs=1e-6 * DOM.size())

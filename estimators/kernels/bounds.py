@@ -48,7 +48,7 @@ __all__ = ["LEVEL", "DRAWS", "SEED", "Bound", "reference", "bootstrap_bound",
 #: the coverage every ``error_bound`` states: Pr[TVD(estimate, truth) ≤ bound] ≈ LEVEL
 LEVEL = 0.95
 #: bootstrap draws per bound
-DRAWS = 200
+DRAWS = 100
 #: the bootstrap's seed (bounds are a function of the counts)
 SEED = 20_231
 #: largest draws × cells held at once for the per-cell quantiles (float64: 64 MB)

@@ -522,7 +522,7 @@ class Partitioned(Mechanism):
             elif method == "norm-sub":
                 vals = norm_sub(f).project(attrs).values
             elif method == "global" and (whole := self._global(counts, extra)) is not None:
-                vals = whole.project(attrs).values
+                vals = np.array(whole.project(attrs).values)   # not a view of the memo
                 n = self._reports(counts)
             else:
                 tables, passes, n = self.consistent_tables(counts, method != "calm")
@@ -535,7 +535,7 @@ class Partitioned(Mechanism):
                             projected=projected)
         whole = self._global(counts, extra) if method == "global" else None
         if whole is not None:
-            return Estimate(Factor(dom, repair(whole.project(attrs).values,
+            return Estimate(Factor(dom, repair(np.array(whole.project(attrs).values),
                                                options.get("proper"))), method,
                             self._reports(counts), self.epsilon, error_bound=None,
                             iterations=extra["global_fit"]["iterations"], extra=extra)

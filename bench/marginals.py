@@ -24,7 +24,10 @@ partitioned; the target is ≥ 1.3 at every ε ≤ 8, and partitioned within 1.2
 same records (the sampling floor: no mechanism does better on average). ``pgm`` = Private-PGM
 (``mbi``, optional: bench/pgm.py) fed the measurements of the auto column, on every network
 (Adult's full domain of 1.8 million cells is too large for its dense junction tree here);
-``pgm×`` = pgm / auto (≥ 1: we match or beat it).
+``pgm×`` = pgm / auto (≥ 1: we match or beat it). ``global`` = the ``global`` estimator on the
+auto column's collection (one distribution fitted to every measured marginal, stopped by SURE,
+or the consistent tables where their SURE is smaller; estimators/kernels/global_fit.py), with
+its own ratios to split, the sampling floor and Private-PGM.
 """
 from __future__ import annotations
 
@@ -75,7 +78,8 @@ def _triples(domain: Domain, k: int, seed: int = 0) -> list[tuple[str, ...]]:
 
 
 def _partitioned(domain: Domain, records: np.ndarray, eps: float, seed: int,
-                 pairs, triples, truth, ways: int, pgm: bool = False) -> dict[str, float]:
+                 pairs, triples, truth, ways: int, pgm: bool = False,
+                 glob: bool = False) -> dict[str, float]:
     mech = Partitioned(domain, eps, ways=ways)
     counts = mech.count(mech.randomize(records, np.random.default_rng([seed, 1])),
                         mech.tensors())
@@ -86,6 +90,9 @@ def _partitioned(domain: Domain, records: np.ndarray, eps: float, seed: int,
 
     out = {"2way": err(pairs, "consistent"), "3way": err(triples, "consistent"),
            "2way_calm": err(pairs, "calm"), "3way_calm": err(triples, "calm")}
+    if glob:
+        out.update({"2way_global": err(pairs, "global"), "3way_global": err(triples, "global"),
+                    "global_chosen": float(mech.global_table(counts)[1]["chosen"] == "global")})
     if pgm:
         from ldpstream.bench.pgm import pgm_marginals
         est = pgm_marginals(mech, counts, pairs + triples)
@@ -143,8 +150,12 @@ def run_dataset(name: str, domain: Domain, records: np.ndarray, epsilons=EPSILON
         auto = choose_ways(domain.shape, len(records), eps)
         for k in WAYS:
             part = [_partitioned(domain, records, eps, s, pairs, triples, truth, k,
-                                 pgm=pgm and k == auto) for s in seeds]
+                                 pgm=pgm and k == auto, glob=k == auto) for s in seeds]
+            if k == auto:
+                row["global_chosen_seeds"] = int(sum(x["global_chosen"] for x in part))
             for w in ("2way", "3way"):
+                if k == auto:
+                    row[f"{w}_global"] = float(np.mean([x[f"{w}_global"] for x in part]))
                 if pgm and k == auto:
                     row[f"{w}_pgm"] = float(np.mean([x[f"{w}_pgm"] for x in part]))
                 row[f"{w}_ways{k}"] = float(np.mean([x[w] for x in part]))
@@ -158,8 +169,12 @@ def run_dataset(name: str, domain: Domain, records: np.ndarray, epsilons=EPSILON
             row[f"{w}_sampling"] = sampling[w]
             row[f"{w}_auto_vs_sampling"] = row[f"{w}_auto"] / sampling[w] if sampling[w] \
                 else float("inf")
+            row[f"{w}_global_ratio"] = row[f"{w}_split"] / row[f"{w}_global"]
+            row[f"{w}_global_vs_sampling"] = row[f"{w}_global"] / sampling[w] if sampling[w] \
+                else float("inf")
             if pgm:
                 row[f"{w}_pgm_ratio"] = row[f"{w}_pgm"] / row[f"{w}_auto"]
+                row[f"{w}_pgm_over_global"] = row[f"{w}_pgm"] / row[f"{w}_global"]
         row["seconds"] = round(time.perf_counter() - t0, 1)
         rows.append(row)
         if advance is not None:
@@ -171,6 +186,7 @@ def run_dataset(name: str, domain: Domain, records: np.ndarray, epsilons=EPSILON
                            f"{row[f'{w}_ways{k}_calm']:.3f}, floor "
                            f"{row[f'{w}_ways{k}_floor']:.3f}) ×{row[f'{w}_ways{k}_ratio']:.2f}"
                            for k in WAYS) + f" auto(ways={k}) ×{row[f'{w}_auto_ratio']:.2f}"
+                + f" global {row[f'{w}_global']:.3f} ×{row[f'{w}_global_ratio']:.2f}"
                 + f" sampling {row[f'{w}_sampling']:.3f}"
                 + (f" pgm {row[f'{w}_pgm']:.3f} pgm× {row[f'{w}_pgm_ratio']:.2f}" if pgm else "")
                 for w in ("2way", "3way")) + f"  [{row['seconds']}s]", flush=True)
@@ -229,6 +245,7 @@ def run(quick: bool = False, verbose: bool = True) -> dict[str, Any]:
         auto["over_sampling_floor_at_eps8"] = {
             w: round(r[f"{w}_auto_vs_sampling"], 2) for r in mine if r["epsilon"] == 8.0
             for w in ("2way", "3way")}
+        targets[name]["global"] = _global_targets(mine)
         if "2way_pgm" in mine[0]:
             auto["pgm_over_ours_ge_1"] = all(r[f"{w}_pgm_ratio"] >= 1.0 for r in mine
                                              for w in ("2way", "3way"))
@@ -236,6 +253,26 @@ def run(quick: bool = False, verbose: bool = True) -> dict[str, Any]:
                                       for r in mine for w in ("2way", "3way")
                                       if r[f"{w}_pgm_ratio"] < 1.0]
     return {"rows": rows, "targets": targets}
+
+
+def _global_targets(mine: list[dict[str, Any]]) -> dict[str, Any]:
+    """The targets for the ``global`` estimator (on the auto column's collection)."""
+    ws = ("2way", "3way")
+    out: dict[str, Any] = {
+        "ratio_ge_1.3_everywhere": all(r[f"{w}_global_ratio"] >= 1.3 for r in mine for w in ws),
+        "below_1.3": [(r["epsilon"], w, round(r[f"{w}_global_ratio"], 2)) for r in mine
+                      for w in ws if r[f"{w}_global_ratio"] < 1.3],
+        "within_1.2_of_floor_at_eps8": all(
+            r[f"{w}_global"] <= 1.2 * r[f"{w}_auto_floor"] for r in mine
+            if r["epsilon"] == 8.0 for w in ws),
+        "over_sampling_floor_at_eps8": {w: round(r[f"{w}_global_vs_sampling"], 2)
+                                        for r in mine if r["epsilon"] == 8.0 for w in ws}}
+    if "2way_pgm" in mine[0]:
+        out["pgm_over_ours_ge_1"] = all(r[f"{w}_pgm_over_global"] >= 1.0 for r in mine
+                                        for w in ws)
+        out["pgm_below_ours"] = [(r["epsilon"], w, round(r[f"{w}_pgm_over_global"], 2))
+                                 for r in mine for w in ws if r[f"{w}_pgm_over_global"] < 1.0]
+    return out
 
 
 def main(args) -> int:

@@ -29,3 +29,24 @@ def test_sampling_floor_column_is_the_empirical_marginals_tvd():
     assert 0 < row["2way_sampling"] < row["2way_auto"]   # no mechanism beats the floor here
     assert row["2way_auto_vs_sampling"] == pytest.approx(row["2way_auto"] / want, rel=1e-12)
     assert len(_triples(net.domain, 20)) == 4 and "2way_pgm" not in row
+    assert row["2way_global_ratio"] == pytest.approx(row["2way_split"] / row["2way_global"],
+                                                     rel=1e-12)
+    assert row["global_chosen_seeds"] in (0, 1) and row["2way_global"] > 0
+
+
+def test_global_targets_name_the_cells_that_miss():
+    from ldpstream.bench.marginals import _global_targets
+
+    def row(eps, ratio, pgm):
+        return {"epsilon": eps, **{f"{w}_global_ratio": ratio for w in ("2way", "3way")},
+                **{f"{w}_global": 0.01 for w in ("2way", "3way")},
+                **{f"{w}_auto_floor": 0.01 for w in ("2way", "3way")},
+                **{f"{w}_global_vs_sampling": 1.4 for w in ("2way", "3way")},
+                "2way_pgm": 0.02, **{f"{w}_pgm_over_global": pgm for w in ("2way", "3way")}}
+
+    t = _global_targets([row(0.5, 1.2, 1.1), row(8.0, 2.0, 0.9)])
+    assert not t["ratio_ge_1.3_everywhere"] and t["below_1.3"] == [(0.5, "2way", 1.2),
+                                                                   (0.5, "3way", 1.2)]
+    assert t["within_1.2_of_floor_at_eps8"] and t["over_sampling_floor_at_eps8"]["3way"] == 1.4
+    assert not t["pgm_over_ours_ge_1"] and t["pgm_below_ours"] == [(8.0, "2way", 0.9),
+                                                                   (8.0, "3way", 0.9)]

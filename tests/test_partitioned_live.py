@@ -19,7 +19,7 @@ pytestmark = pytest.mark.pipeline
 COLUMNS = ("sex", "race", "relationship", "Salary")
 MARGINALS = [["sex", "race"], ["race", "relationship"], ["sex", "Salary"],
              ["sex", "race", "Salary"]]          # the 3-way one by maximum entropy from pairs
-METHODS = ("consistent", "calm")
+METHODS = ("consistent", "calm", "global")
 
 
 def _config(path, cid: str) -> str:
@@ -81,6 +81,7 @@ def test_live_estimates_equal_offline(tmp_path, kafka_broker, redis_server, spaw
             assert p["error_bound"] == w["error_bound"]
         assert live[(("sex", "race", "Salary"), "consistent")]["error_bound"] is None
         assert live[(("sex", "race"), "consistent")]["error_bound"] > 0
+        assert live[(("sex", "race", "Salary"), "global")]["chosen"] in ("global", "consistent")
 
     asyncio.run(run())
     assert worker.stop() == 0

@@ -46,7 +46,8 @@ def test_simulate_compare_split_vs_partitioned(capsys):
     assert {(r["mechanism"], r.get("ways"), r["estimator"]) for r in doc["results"]} == {
         ("rr-ind", None, "castell"), ("rr-ind", None, "ibu"),
         ("partitioned", 2, "consistent"), ("partitioned", 2, "calm"),
-        ("partitioned", 3, "consistent"), ("partitioned", 3, "calm")}
+        ("partitioned", 2, "global"), ("partitioned", 3, "consistent"),
+        ("partitioned", 3, "calm"), ("partitioned", 3, "global")}
     assert all("metrics" in r for r in doc["results"])
     best = doc["best"]["2"]
     tvds = [r["metrics"]["tvd"] for r in doc["results"]]

@@ -44,6 +44,9 @@ Estimators (:attr:`Partitioned.estimators`):
   marginals. With pairs collected it is the per-table shrinkage toward independence
   (:func:`~.consistency.shrink_to_independence`; binary-by-small pairs pooled). Measured in
   docs/partitioned.md.
+* ``global`` — one distribution over the whole domain fitted to the ``consistent`` tables by
+  mirror descent, kept at the iterate of smallest SURE, or the ``consistent`` tables where
+  their SURE is smaller (:meth:`Partitioned.global_table`, :mod:`~.kernels.global_fit`).
 
 ``error_bound``: the upper 95 % quantile of the TVD of the unbiased estimate to the population's
 marginal, with per-cell intervals (:func:`~.bounds.oracle_bound`, ``Estimate.bound``); the
@@ -65,9 +68,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ldpstream.estimators.kernels import device_program as dp
-from ldpstream.estimators.kernels.bounds import Bound, coarsened, oracle_bound
+from ldpstream.estimators.kernels.bounds import Bound, coarsened, oracle_bound, reference
 from ldpstream.estimators.kernels.consistency import expand, max_entropy, norm_sub, postprocess
 from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.kernels.global_fit import choose_fit
 from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex, repair
 from ldpstream.estimators.mechanism import (
     Estimate,
@@ -202,7 +206,7 @@ class Partitioned(Mechanism):
     """One assigned marginal per report with the full ε; CALM-style estimation."""
 
     name = "partitioned"
-    estimators = ("consistent", "calm", "norm-sub", "unbiased")
+    estimators = ("consistent", "calm", "norm-sub", "unbiased", "global")
     default_estimators = ("consistent", "calm")
 
     def __init__(self, domain: Domain, epsilon: float, marginals: Sequence[Sequence[str]] | None
@@ -268,6 +272,7 @@ class Partitioned(Mechanism):
         sizes = [o.n_codes for o in self.oracles]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self._memo: dict[tuple[bytes, bool], tuple[list[Factor], int, int]] = {}
+        self._global_memo: dict[bytes, tuple[Factor | None, dict[str, Any]]] = {}
         self._memo_lock = threading.Lock()
         if self.offsets[-1] >= 2**32:
             raise ValueError("partitioned: the marginals' report codes exceed 32 bits; collect "
@@ -520,15 +525,66 @@ class Partitioned(Mechanism):
         return (Factor(self.domain.project(self.marginals[j]), est.reshape(self._shapes[j])),
                 var, n)
 
+    def _digest(self, counts: Mapping[str, np.ndarray]) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        for m in self.marginals:
+            h.update(np.ascontiguousarray(counts[tensor_key(m)], dtype=np.int64).tobytes())
+        return h.digest()
+
+    def global_table(self, counts: Mapping[str, np.ndarray]
+                     ) -> tuple[Factor | None, dict[str, Any]]:
+        """The ``global`` estimator's choice (docs/partitioned.md "Global fit";
+        :func:`~.global_fit.choose_fit` on the unbiased tables, their per-cell variances and
+        the consistent tables): (the whole domain's table, or None for the consistent tables;
+        what was chosen and why). Memoized on the counts' content."""
+        key = self._digest(counts)
+        with self._memo_lock:
+            hit = self._global_memo.get(key)
+        if hit is not None:
+            return hit
+        raw = [self.unbiased(counts, j) for j in range(len(self.marginals))]
+        ys, var = [r[0] for r in raw], [r[1] for r in raw]
+        cells = [self.cell_variance(counts, j) for j in range(len(self.marginals))]
+
+        def consistent(tables: list[Factor]) -> list[np.ndarray]:
+            return [t.values for t in postprocess(tables, var, noise_variance=var)[0]]
+
+        table, info = choose_fit(self.domain, ys, cells,
+                                 [t.values for t in self.consistent_tables(counts, True)[0]],
+                                 consistent)
+        out = (None if table is None else Factor(self.domain, table), info)
+        with self._memo_lock:
+            while len(self._global_memo) >= 8:
+                self._global_memo.pop(next(iter(self._global_memo)))
+            self._global_memo[key] = out
+        return out
+
+    def _reports(self, counts: Mapping[str, np.ndarray]) -> int:
+        return int(sum(int(counts[tensor_key(m)][-1]) for m in self.marginals))
+
+    def _global(self, counts: Mapping[str, np.ndarray], extra: dict[str, Any]
+                ) -> Factor | None:
+        """:meth:`global_table`'s table (None: the consistent tables), its account in
+        ``extra["global_fit"]``."""
+        table, info = self.global_table(counts)
+        extra["global_fit"] = info
+        extra["chosen"] = info["chosen"]   # the API's ``chosen`` field
+        return table
+
+    def cell_variance(self, counts: Mapping[str, np.ndarray], j: int) -> np.ndarray:
+        """Variance of every cell of collected marginal j's unbiased table ([Wang17] eq. 4 plus
+        the sampling of users) under the estimate with half a report added to every cell
+        (:func:`~.bounds.reference`: a cell estimated at 0 keeps a sampling variance)."""
+        est, n = self._raw(counts, j)
+        var = self.oracles[j].variance(n, reference(est, n), fixed_data=False)
+        return np.asarray(var).reshape(self._shapes[j])
+
     def consistent_tables(self, counts: Mapping[str, np.ndarray], shrink: bool = True
                           ) -> tuple[list[Factor], int, int]:
         """Every collected marginal after :func:`~.consistency.postprocess` (with the shrinkage
         toward independence when ``shrink``): (tables, Norm-Sub passes, reports). Memoized on
         the counts' content (the refresher asks once per served marginal and estimator)."""
-        h = hashlib.blake2b(digest_size=16)
-        for m in self.marginals:
-            h.update(np.ascontiguousarray(counts[tensor_key(m)], dtype=np.int64).tobytes())
-        key = (h.digest(), shrink)
+        key = (self._digest(counts), shrink)
         with self._memo_lock:
             hit = self._memo.get(key)
         if hit is not None:
@@ -576,8 +632,11 @@ class Partitioned(Mechanism):
                 vals = sub_raw
             elif method == "norm-sub":
                 vals = norm_sub(f).project(attrs).values
+            elif method == "global" and (whole := self._global(counts, extra)) is not None:
+                vals = np.array(whole.project(attrs).values)   # not a view of the memo
+                n = self._reports(counts)
             else:
-                tables, passes, n = self.consistent_tables(counts, method == "consistent")
+                tables, passes, n = self.consistent_tables(counts, method != "calm")
                 vals = np.array(tables[j].project(attrs).values)   # not a view of the memo
                 extra["norm_sub_passes"] = passes
             projected = (Factor(dom, project_simplex(vals))
@@ -585,7 +644,13 @@ class Partitioned(Mechanism):
             return Estimate(Factor(dom, repair(vals, options.get("proper"))), method, n,
                             self.epsilon, error_bound=bound, extra=extra, bound=cb,
                             projected=projected)
-        tables, passes, n = self.consistent_tables(counts, method == "consistent")
+        whole = self._global(counts, extra) if method == "global" else None
+        if whole is not None:
+            return Estimate(Factor(dom, repair(np.array(whole.project(attrs).values),
+                                               options.get("proper"))), method,
+                            self._reports(counts), self.epsilon, error_bound=None,
+                            iterations=extra["global_fit"]["iterations"], extra=extra)
+        tables, passes, n = self.consistent_tables(counts, method != "calm")
         cons = []
         for t in tables:
             sub = tuple(a for a in attrs if a in t.domain.attrs)
@@ -614,7 +679,7 @@ class Partitioned(Mechanism):
         ``consistent`` an upper figure (their measured errors are lower). A maximum-entropy
         marginal: through the fitted table p, for every collected sub-marginal S it was fitted
         from, Var ≈ Var(p_S)·(p/p_S)² (the delta method with p(rest | S) held fixed), the largest
-        over S."""
+        over S (for ``global``, through the ``consistent`` table)."""
         attrs = tuple(attrs)
         j = self.collected_for(attrs)
         if j is not None:
@@ -623,7 +688,8 @@ class Partitioned(Mechanism):
             f = clip_rescale(est)
             var = o.variance(n, f, fixed_data=False).reshape(self._shapes[j])
             return Factor(self.domain.project(self.marginals[j]), var).project(attrs).values
-        est = self.estimate(counts, attrs, method)
+        # the global fit's table: through the consistent one (an approximation)
+        est = self.estimate(counts, attrs, "consistent" if method == "global" else method)
         p = np.maximum(np.asarray(est.factor.values, dtype=float), 0.0)
         out = np.zeros(p.shape)
         for name in est.extra["fitted_from"]:

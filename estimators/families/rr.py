@@ -33,8 +33,8 @@ import numpy as np
 
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels import device_program as dp
-from ldpstream.estimators.kernels.bounds import product_channel_bound
-from ldpstream.estimators.kernels.castell import castell, expected_tvd
+from ldpstream.estimators.kernels.bounds import Bound, product_channel_bound
+from ldpstream.estimators.kernels.castell import castell
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.joint_grr import joint_pq, randomize_joint
 from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex, repair
@@ -43,7 +43,6 @@ from ldpstream.estimators.kernels.rr_clusters import (
     Block,
     blocks_for,
     castell_blocks,
-    castell_blocks_variance,
     from_blocks,
     ibu_blocks,
     independent_blocks,
@@ -569,18 +568,23 @@ class _Clustered(_RRBase):
             table, r = rr_adjustment_table(c, self.adjustment_targets(c, attrs), **kw)
             return self._estimate(table, attrs, method, n, options, iterations=r.iterations,
                                   converged=r.converged, extra={"gap": r.gap})
-        bound = expected_tvd(castell_blocks_variance(cb, blocks))  # cell order does not matter
+        # the castell estimate's bootstrap bound through the block channels (one product
+        # channel over the blocks), its cells mapped back to the marginal's axes
+        bb = product_channel_bound(cb, [b.to_matrix() for b in blocks])
+        cbound = Bound(bb.tvd, back(bb.low), back(bb.high), bb.level)
+        proxy = {"error_bound_of": "castell (proxy)"}
         if method == "ibu":
             kw = {k: options[k] for k in ("tol", "max_iter", "init") if k in options}
             r = ibu_blocks(cb, blocks, **kw)
-            return self._estimate(back(r.estimate), attrs, method, n, options, error_bound=bound,
-                                  iterations=r.iterations, converged=r.converged,
-                                  extra={"error_bound_of": "castell (proxy)"})
+            return self._estimate(back(r.estimate), attrs, method, n, options,
+                                  error_bound=cbound.tvd, bound=cbound, iterations=r.iterations,
+                                  converged=r.converged, extra=proxy)
         raw = back(castell_blocks(cb, blocks))
         if method == "castell":
-            return self._estimate(raw, attrs, method, n, options, error_bound=bound)
+            return self._estimate(raw, attrs, method, n, options, error_bound=cbound.tvd,
+                                  bound=cbound)
         return self._estimate(truncated_blocks(raw), attrs, method, n, options,
-                              error_bound=bound)
+                              error_bound=cbound.tvd, bound=cbound, extra=proxy)
 
 
 @register

@@ -21,7 +21,11 @@ bootstrap's is not):
 The same bound is served with the estimate projected onto the simplex: projection removes
 noise, and its measured coverage is at least the raw one's (it is conservative there).
 
-The bootstrap is seeded (:data:`SEED`): the same counts give the same bound.
+The bootstrap is seeded by :data:`SEED` and the table itself (:func:`_stream`): the same counts
+give the same bound, and different tables draw from different streams. One stream for every
+table would make the coverage conditional on that stream: with a fixed seed, the bootstrap's
+own Monte Carlo error does not average out over the tables a deployment serves (measured:
+89–91 % instead of 95 % for one table shape at n = 20,000).
 
 >>> from ldpstream.estimators.kernels.channels import grr
 >>> b = product_channel_bound(np.array([[1, 0], [0, 0]]), [grr(1.0, 2)] * 2)
@@ -30,6 +34,7 @@ True
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -48,7 +53,7 @@ __all__ = ["LEVEL", "DRAWS", "SEED", "Bound", "reference", "bootstrap_bound",
 #: the coverage every ``error_bound`` states: Pr[TVD(estimate, truth) ≤ bound] ≈ LEVEL
 LEVEL = 0.95
 #: bootstrap draws per bound
-DRAWS = 200
+DRAWS = 100
 #: the bootstrap's seed (bounds are a function of the counts)
 SEED = 20_231
 #: largest draws × cells held at once for the per-cell quantiles (float64: 64 MB)
@@ -70,6 +75,13 @@ class Bound:
     low: np.ndarray
     high: np.ndarray
     level: float = LEVEL
+
+
+def _stream(seed: int, table: np.ndarray) -> np.random.Generator:
+    """The bootstrap's generator for one table: seeded by ``seed`` and a hash of the table's
+    values (deterministic: a function of the counts)."""
+    h = hashlib.blake2b(np.ascontiguousarray(table, dtype=float).tobytes(), digest_size=8)
+    return np.random.default_rng([int(seed), int.from_bytes(h.digest(), "little")])
 
 
 def _order_stat(t: np.ndarray, level: float) -> float:
@@ -150,7 +162,8 @@ def product_channel_bounds(tables: np.ndarray, channels: Sequence[np.ndarray], *
     """Bounds of the Castell estimates of B randomized w-way tables ``(B, d₁, …, d_w)``
     sharing one channel per axis ([Castell Alg. 3]): per table, multinomial draws of its n
     reports from ``ref ×₁ P₁ … ×_w P_w`` (``ref``: :func:`reference`), each table's from its
-    own generator seeded ``seed`` (a table's bound does not depend on the others), then every
+    own generator (:func:`_stream` of ``seed`` and its counts: a table's bound does not
+    depend on the others), then every
     draw of every table estimated and ranked in a few array operations."""
     T = np.asarray(tables, dtype=float)
     B, shape = T.shape[0], T.shape[1:]
@@ -163,11 +176,11 @@ def product_channel_bounds(tables: np.ndarray, channels: Sequence[np.ndarray], *
     cells = raws.shape[1]
     if draws * cells > _CELLS_MAX:   # large tables: draws in chunks, TVD only
         return [_large_bound(raws[i], refs[i], lams[i], int(n[i]), shape, invs, level, draws,
-                             seed) for i in range(B)]
+                             _stream(seed, T[i])) for i in range(B)]
     step = max(1, _CELLS_MAX // (draws * cells))
     for s0 in range(0, B, step):
         idx = range(s0, min(B, s0 + step))
-        C = np.stack([_multinomial(np.random.default_rng(seed), max(int(n[i]), 1), lams[i],
+        C = np.stack([_multinomial(_stream(seed, T[i]), max(int(n[i]), 1), lams[i],
                                    draws) for i in idx])
         est = _castell_shared(C.reshape((-1,) + shape), invs).reshape(len(idx), draws, -1)
         out += _bounds(raws[s0:s0 + len(idx)], refs[s0:s0 + len(idx)], est, level)
@@ -176,10 +189,9 @@ def product_channel_bounds(tables: np.ndarray, channels: Sequence[np.ndarray], *
 
 def _large_bound(raw: np.ndarray, ref: np.ndarray, lam: np.ndarray, n: int,
                  shape: tuple[int, ...], invs: Sequence[np.ndarray], level: float, draws: int,
-                 seed: int) -> Bound:
+                 rng: np.random.Generator) -> Bound:
     """A table too large to hold every draw: the TVDs of chunks of draws, and per cell the
     estimate ± the TVD bound (|p_c − q_c| ≤ TVD for distributions)."""
-    rng = np.random.default_rng(seed)
     chunk = max(1, _CELLS_MAX // raw.size)
     tv = []
     for c0 in range(0, draws, chunk):
@@ -219,7 +231,7 @@ def oracle_bound(oracle: Oracle, raw: np.ndarray, n: int, *, level: float = LEVE
     raw = np.asarray(raw, dtype=float).reshape(-1)
     n = max(int(n), 1)
     ref = reference(raw, n)
-    rng = np.random.default_rng(seed)
+    rng = _stream(seed, np.concatenate([raw, [n]]))
     p, q = oracle.p_star, oracle.q_star
     if isinstance(oracle, GRR) or draws * n * ref.size <= _SIMULATE_MAX:
         C = (_multinomial(rng, n, ref @ oracle.channel(), draws) if isinstance(oracle, GRR)

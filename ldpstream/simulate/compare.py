@@ -1,7 +1,7 @@
 """``ldpstream simulate --compare``: which mechanism gives the lowest error for *your* data shape
 and ε per record — splitting the record's budget over the attributes (``rr-ind``, every attribute
 ε_record/m; castell and IBU) or reporting one assigned marginal with the whole budget
-(``partitioned``; consistent and calm) — run side by side through the one driver on the same
+(``partitioned``; consistent, calm and global) — run side by side through the one driver on the same
 data, subsets and seeds.
 
 The two mechanisms are built from the same ``--epsilon`` / ``--epsilon-scope`` (so the same ε
@@ -28,7 +28,7 @@ __all__ = ["CONTENDERS", "compare", "main"]
 #: the budget split over the attributes against one marginal per report
 SPLIT, PARTITIONED = RRIndependent.name, Partitioned.name
 #: mechanism → estimators compared
-CONTENDERS = {SPLIT: ("castell", "ibu"), PARTITIONED: ("consistent", "calm")}
+CONTENDERS = {SPLIT: ("castell", "ibu"), PARTITIONED: ("consistent", "calm", "global")}
 #: partitioned collects every pair, and (with at least 3 attributes) every triple instead: the
 #: marginal size trades the oracle's domain against the users per marginal (CALM §4)
 PARTITIONED_WAYS = (2, 3)
@@ -78,7 +78,7 @@ def replace_args(args: Any, **changes: Any) -> Any:
 def main(args: Any) -> int:
     if args.estimator:
         raise CliError("--compare: runs its own estimators (rr-ind castell/ibu, partitioned "
-                       "consistent/calm); drop --estimator")
+                       "consistent/calm/global); drop --estimator")
     if getattr(args, "synthesize", None):
         raise CliError("--compare and --synthesize are exclusive")
     doc = compare(args)

@@ -1,0 +1,137 @@
+"""The global fit of one distribution to every measured marginal, stopped by SURE
+(estimators/kernels/global_fit.py, docs/partitioned.md "Global fit")."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from ldpstream.bngen import shape_network
+from ldpstream.estimators.families.partitioned import Partitioned
+from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.kernels.global_fit import MAX_CELLS, global_fit, sure
+from ldpstream.estimators.kernels.metrics import tvd
+from tests.tolerance import assert_close
+
+pytestmark = pytest.mark.core
+
+DOM = Domain(("a", "b", "c"), (3, 2, 4))
+
+
+def _truth(seed: int = 0) -> Factor:
+    rng = np.random.default_rng(seed)
+    return Factor(DOM, rng.dirichlet(np.full(DOM.size(), 0.7)).reshape(DOM.shape))
+
+
+def test_exact_marginals_are_met():
+    """Noise-free pairs of a distribution, with a tiny variance: the kept iterate reproduces
+    every pair (the fit runs to the noise level; 1e-3 of the largest cell)."""
+    p = _truth()
+    pairs = [p.project(s) for s in itertools.combinations(DOM.attrs, 2)]
+    r = global_fit(DOM, pairs, [1e-10] * 3, max_iter=300)
+    fitted = Factor(DOM, r.table)
+    assert r.table.sum() == pytest.approx(1.0, rel=1e-12) and r.table.min() >= 0
+    for t in pairs:
+        assert_close(fitted.project(t.domain.attrs).values, t.values, rel=1e-3)
+
+
+def test_sure_of_a_linear_shrinkage_is_exact_in_expectation():
+    """For f(y) = c·y the divergence is c·N exactly, and E[SURE] = E[Σ‖f(y) − μ‖²/σ²]; seeded
+    Gaussian noise, R = 400 replicates: the mean difference within 4 standard errors."""
+    rng = np.random.default_rng(3)
+    p = _truth(1)
+    tabs = [p.project(s) for s in itertools.combinations(DOM.attrs, 2)]
+    var = [4e-4, 1e-4, 9e-4]
+    c = 0.7
+    diffs = []
+    for _ in range(400):
+        ys = [Factor(t.domain, t.values + np.sqrt(v) * rng.standard_normal(t.values.shape))
+              for t, v in zip(tabs, var)]
+        b = [rng.standard_normal(t.values.shape) for t in tabs]
+        fit = [c * y.values for y in ys]
+        moved = [c * (y.values + 1e-3 * np.sqrt(v) * bb) for y, v, bb in zip(ys, var, b)]
+        est = sure(ys, var, fit, moved, b)
+        risk = sum(float(((f - t.values) ** 2).sum()) / v for f, t, v in zip(fit, tabs, var))
+        diffs.append(est - risk)
+    d = np.asarray(diffs)
+    assert abs(d.mean()) <= 4 * d.std(ddof=1) / np.sqrt(len(d))
+
+
+def test_sure_tracks_the_risk_of_the_descent():
+    """The descent's SURE at iteration 4 against its true risk (Gaussian noise on the pairs,
+    R = 150 seeded replicates): mean difference within 4 standard errors."""
+    rng = np.random.default_rng(11)
+    p = _truth(2)
+    tabs = [p.project(s) for s in itertools.combinations(DOM.attrs, 2)]
+    var = [1e-3, 5e-4, 2e-3]
+    diffs = []
+    for _ in range(150):
+        ys = [Factor(t.domain, t.values + np.sqrt(v) * rng.standard_normal(t.values.shape))
+              for t, v in zip(tabs, var)]
+        seen: dict[int, tuple[np.ndarray, float]] = {}
+        global_fit(DOM, ys, var, max_iter=4, patience=100,
+                   seed=int(rng.integers(1 << 30)),
+                   on_iterate=lambda t, q, s: seen.__setitem__(t, (q.copy(), s)))
+        q, s = seen[4]
+        f = Factor(DOM, q)
+        risk = sum(float(((f.project(t.domain.attrs).values - t.values) ** 2).sum()) / v
+                   for t, v in zip(tabs, var))
+        diffs.append(s - risk)
+    d = np.asarray(diffs)
+    assert abs(d.mean()) <= 4 * d.std(ddof=1) / np.sqrt(len(d))
+
+
+def test_partitioned_global_beats_consistent_at_small_epsilon():
+    """A generated 6-attribute network (dag-weak: weak dependence), n = 20,000, ε = 0.5,
+    pairs collected, seeded: the global fit's mean pair TVD is below the consistent
+    estimate's (measured 0.155 vs 0.352), and it serves proper distributions with its
+    account."""
+    net = shape_network("dag-weak", 6, 0)
+    rec = net.sample(20_000, np.random.default_rng(1))
+    mech = Partitioned(net.domain, 0.5, ways=2)
+    counts = mech.count(mech.randomize(rec, np.random.default_rng(2)), mech.tensors())
+    truth = Factor(net.domain, net.joint())
+    pairs = list(itertools.combinations(net.domain.attrs, 2))
+    err = {m: np.mean([tvd(mech.estimate(counts, a, m).factor.values,
+                           truth.project(a).values) for a in pairs])
+           for m in ("consistent", "global")}
+    assert err["global"] < 0.95 * err["consistent"]
+    est = mech.estimate(counts, ("x0", "x1", "x2"), "global")
+    assert est.extra["global_fit"]["chosen"] == est.extra["chosen"] == "global"
+    assert est.factor.values.min() >= 0 and est.factor.values.sum() == pytest.approx(1.0)
+    assert est.iterations == est.extra["global_fit"]["iterations"] >= 1
+
+
+def test_partitioned_global_on_a_large_domain_keeps_the_consistent_tables():
+    dom = Domain(tuple(f"v{i}" for i in range(8)), (6,) * 8)
+    assert dom.size() > MAX_CELLS
+    rec = np.random.default_rng(0).integers(0, 6, size=(3_000, 8))
+    mech = Partitioned(dom, 2.0, ways=1)
+    counts = mech.count(mech.randomize(rec, np.random.default_rng(1)), mech.tensors())
+    est = mech.estimate(counts, ("v0", "v1"), "global")
+    cons = mech.estimate(counts, ("v0", "v1"), "consistent")
+    assert est.extra["global_fit"]["chosen"] == "consistent"
+    assert "cells" in est.extra["global_fit"]["reason"]
+    assert_close(est.factor.values, cons.factor.values, rel=1e-12)
+
+
+def test_per_cell_variances_and_smoothed_runs_reduce_to_the_plain_fit():
+    """A per-cell variance array equal to the scalar gives the same fit; smoothed tables that
+    are the measurements themselves (and the probed measurements) give the same fit too."""
+    from ldpstream.estimators.kernels.global_fit import PROBE_SEED, PROBE_STEP, PROBES, probes
+    rng = np.random.default_rng(4)
+    p = _truth(3)
+    ys = [Factor(t.domain, t.values + 0.02 * rng.standard_normal(t.values.shape))
+          for t in (p.project(s) for s in itertools.combinations(DOM.attrs, 2))]
+    var = [4e-4] * 3
+    plain = global_fit(DOM, ys, var)
+    cells = global_fit(DOM, ys, [np.full(y.values.shape, 4e-4) for y in ys])
+    runs = [[y.values for y in ys]] + [
+        [y.values + PROBE_STEP * 0.02 * b for y, b in zip(ys, probes(ys, PROBE_SEED + i))]
+        for i in range(PROBES)]
+    smooth = global_fit(DOM, ys, var, smoothed=runs)
+    for r in (cells, smooth):
+        assert r.iterations == plain.iterations
+        assert_close(r.table, plain.table, rel=1e-9)
+        assert r.risk == pytest.approx(plain.risk, rel=1e-6, abs=1e-6 * DOM.size())

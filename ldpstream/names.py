@@ -107,3 +107,11 @@ def mqtt_reports_topic(fleet: str, collection_id: str) -> str:
 def mqtt_config_topic(fleet: str, collection_id: str) -> str:
     """The MQTT topic carrying a collection's signed state (retained) for one fleet."""
     return MQTT_CONFIG_TOPIC.format(fleet=fleet, collection=collection_id)
+
+
+# --- broker refusals the bridge counts (docs/security.md, "Refusals the broker counts") ----------
+__all__ += ["MQTT_BROKER_LOG_TOPIC", "MQTT_BROKER_LOG_ACL"]
+#: where Mosquitto (``log_dest topic``) publishes its notice-level log lines, the refusals' level
+MQTT_BROKER_LOG_TOPIC = "$SYS/broker/log/N"
+#: what the bridge's user may read of the broker's log (ACL)
+MQTT_BROKER_LOG_ACL = "$SYS/broker/log/#"

@@ -34,6 +34,7 @@ from ldpstream.mqtt_client import MqttEndpoint, connect, make_client
 from ldpstream.names import (
     DLQ_TOPIC,
     ENV_MQTT_FLEETS_FILE,
+    MQTT_BROKER_LOG_TOPIC,
     MQTT_RECEIVE_MAXIMUM,
     MQTT_SHARE_GROUP,
     mqtt_config_topic,
@@ -47,6 +48,7 @@ from ldpstream.producers.gateway import (
     Refused,
     read_fleets_file,
 )
+from ldpstream.producers.mqtt_broker_log import BrokerLog, refused_counter
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ REPORTS = Counter("ldp_mqtt_reports_total", "Reports produced to Kafka from MQTT
                   ["fleet", "collection"], registry=REGISTRY)
 REJECTED = Counter("ldp_mqtt_rejected_total", "MQTT messages refused (sent to ldp.dlq).",
                    ["fleet", "reason"], registry=REGISTRY)
+BROKER_REFUSED = refused_counter(REGISTRY)
 RETRIES = Counter("ldp_mqtt_kafka_retries_total", "Produce attempts retried while Kafka was "
                   "unreachable (the MQTT message stays unacknowledged).", registry=REGISTRY)
 RELAYED = Counter("ldp_mqtt_configs_relayed_total", "Signed states published retained on MQTT.",
@@ -110,6 +113,7 @@ class MqttBridge:
                                         relay=self._relay)
         self.client = make_client(endpoint, client_id, ca=ca, manual_ack=True)
         self.client.on_message = self._on_message
+        self.broker_log = BrokerLog(self.fleets, BROKER_REFUSED)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -131,6 +135,9 @@ class MqttBridge:
 
     # --- MQTT thread -> loop ------------------------------------------------------------------
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
+        if msg.topic == MQTT_BROKER_LOG_TOPIC:  # QoS 0, nothing to acknowledge
+            self.broker_log.feed(bytes(msg.payload).decode("utf-8", "replace"))
+            return
         loop = self._loop
         if loop is not None:
             loop.call_soon_threadsafe(self._take, (time.perf_counter(), msg))
@@ -146,9 +153,13 @@ class MqttBridge:
             return
         self.mqtt_detail = "connected"
         CONNECTED.set(1)
-        self.client.subscribe(self.subscription, qos=1)
+        self._subscribe()
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._relay_all)
+
+    def _subscribe(self) -> None:
+        """The reports (QoS 1) and the broker's notice log (QoS 0: the refusals it counts)."""
+        self.client.subscribe([(self.subscription, 1), (MQTT_BROKER_LOG_TOPIC, 0)])
 
     def _on_disconnect(self, _c: Any, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
         self.mqtt_detail = f"disconnected: {reason}"
@@ -167,7 +178,7 @@ class MqttBridge:
         self.client.on_disconnect = self._on_disconnect
         self.mqtt_detail = "connected"
         CONNECTED.set(1)
-        self.client.subscribe(self.subscription, qos=1)
+        self._subscribe()
         self._relay_all()
         return self
 

@@ -3,7 +3,8 @@ passwords and ACLs) → bridge (child process) → Kafka → worker → Redis. C
 including across a bridge killed with SIGKILL mid-stream and a Mosquitto restart (persistent
 sessions: nothing lost, nothing counted twice); refused input (wrong credentials, another
 fleet's prefix, a collection the fleet may not use, oversized and malformed payloads) adds nothing
-and is counted; a fresh device reads the retained signed state; two bridges share the load; the
+and is counted (the broker's own refusals too, from its log); a fresh device reads the retained
+signed state; two bridges share the load; the
 bridge and devices work over TLS (host-name verification: tests/test_mosquitto.py).
 Helpers: tests/mqtt_helpers.py; up --mqtt, bench mqtt and Kafka down: tests/test_mqtt_ops.py."""
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mqtt_helpers import (
     setup,
     wait_health,
 )
+from test_mqtt_broker_refusals import publish_packet, raw_session, send_and_wait_close
 
 from ldpstream.dev.mosquitto import FleetCreds
 from ldpstream.mqtt_client import MqttError
@@ -128,6 +130,25 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
         assert metric(proc.port, "ldp_mqtt_rejected_total", 'fleet="sensors"',
                       'reason="forbidden"') == 1
         assert metric(proc.port, "ldp_mqtt_rejected_total", 'fleet="phones"') == 3
+        # what the broker refused itself, from its log: the wrong password (fleet "-": Mosquitto
+        # logs a refused CONNECT without its user), the packet over max_packet_size, and a
+        # malformed packet; the other fleet's prefix is logged at debug level only
+        send_and_wait_close(raw_session(mosquitto, "sensors-wild", FLEETS["sensors"]),
+                            publish_packet(b"ldp/sensors/#/reports", b"x"))
+        want = {('fleet="-"', 'reason="bad_credentials"'): 1.0,
+                ('fleet="sensors"', 'reason="malformed_packet"'): 1.0}
+        big = ('fleet="phones"', 'reason="too_large"')
+        for _ in range(40):
+            got = {k: metric(proc.port, "ldp_mqtt_broker_refused_total", *k) for k in want}
+            if got == want and metric(proc.port, "ldp_mqtt_broker_refused_total", *big):
+                break
+            time.sleep(0.25)
+        assert got == want
+        # paho resends the oversized QoS 1 publish on each reconnect until it is stopped: each
+        # attempt is refused, and counted
+        too_large = metric(proc.port, "ldp_mqtt_broker_refused_total", *big)
+        assert too_large >= 1
+        assert metric(proc.port, "ldp_mqtt_broker_refused_total") == sum(want.values()) + too_large
         asyncio.run(check_counts(redis_server.url, coll, mech, reports))  # only the JSON batch
         with urllib.request.urlopen(f"http://127.0.0.1:{proc.port}/healthz", timeout=5) as r:
             health = json.loads(r.read())

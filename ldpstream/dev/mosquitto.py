@@ -5,8 +5,10 @@ The generated config has no anonymous access: a password file (``mosquitto_passw
 user per fleet plus the bridge's user, and an ACL file where a fleet may publish only under
 ``ldp/<fleet>/+/reports`` and read only ``ldp/<fleet>/+/config``, while the bridge reads every
 fleet's reports (through the shared subscription ``$share/ldp-bridge/...``) and writes every
-config topic. Persistence is on (a data directory, autosaved every few seconds and at shutdown),
-so :meth:`MosquittoService.restart` keeps persistent sessions and their queued QoS 1 messages.
+config topic and reads the broker's log (``log_dest topic``: its refusals, counted by the
+bridge, producers/mqtt_broker_log.py). Persistence is on (a data directory, autosaved every
+few seconds and at shutdown), so :meth:`MosquittoService.restart` keeps persistent sessions
+and their queued QoS 1 messages.
 With ``tls=True`` the listener speaks TLS only, its certificate signed by the throw-away CA of
 :func:`ldpstream.dev.kafka_tls.write_test_pki` for the names in ``tls_hosts``.
 """
@@ -25,12 +27,13 @@ from ldpstream.dev.kafka_tls import write_test_pki
 from ldpstream.dev.process import LOOPBACK, _Child
 from ldpstream.errors import ServiceError
 from ldpstream.names import (
-    MQTT_RECEIVE_MAXIMUM as RECEIVE_MAXIMUM,
-)
-from ldpstream.names import (
+    MQTT_BROKER_LOG_ACL,
     MQTT_SHARE_GROUP,
     mqtt_config_topic,
     mqtt_reports_topic,
+)
+from ldpstream.names import (
+    MQTT_RECEIVE_MAXIMUM as RECEIVE_MAXIMUM,
 )
 
 __all__ = ["FleetCreds", "MosquittoService", "find_mosquitto"]
@@ -128,7 +131,8 @@ class MosquittoService(_Child):
         acl = [f"user {self.bridge.username}",
                f"topic read {mqtt_reports_topic('+', '+')}",
                f"topic read $share/{MQTT_SHARE_GROUP}/{mqtt_reports_topic('+', '+')}",
-               f"topic readwrite {mqtt_config_topic('+', '+')}", ""]
+               f"topic readwrite {mqtt_config_topic('+', '+')}",
+               f"topic read {MQTT_BROKER_LOG_ACL}", ""]
         for fleet, creds in self.fleets.items():
             acl += [f"user {creds.username}", f"topic write {mqtt_reports_topic(fleet, '+')}",
                     f"topic read {mqtt_config_topic(fleet, '+')}", ""]
@@ -142,6 +146,8 @@ class MosquittoService(_Child):
                  # have many unacknowledged messages in flight (it acknowledges after Kafka)
                  f"max_queued_messages {self.max_queued_messages}",
                  f"max_inflight_messages {RECEIVE_MAXIMUM}", "log_dest stderr",
+                 # the notice-level lines on $SYS/broker/log/N: the refusals the bridge counts
+                 "log_dest topic",
                  "log_type error", "log_type warning", "log_type notice", "log_type information",
                  "connection_messages true", f"listener {self.port} {LOOPBACK}"]
         if self.tls:

@@ -1,0 +1,98 @@
+"""Refusals Mosquitto makes itself, counted by the bridge (docs/security.md, "Refusals the broker
+counts").
+
+What the broker refuses never reaches the bridge's subscription, so the broker is configured with
+``log_dest topic`` (and ``log_type notice``, ``connection_messages true``): it publishes its
+notice-level log lines to ``$SYS/broker/log/N``, which the bridge's user may read (ACL). Mosquitto
+2.0.11 writes, at notice level:
+
+- ``New client connected from <addr> as <client id> (p5, c1, k60, u'<user>').`` — remembered, so a
+  later refusal of that client id names its user, and a fleet's devices log in with the fleet's
+  name as user name;
+- ``Client <client id> disconnected, not authorised.`` → ``bad_credentials`` (the client id is
+  ``<unknown>``: a refused CONNECT is logged before the broker keeps its id or user name, so the
+  fleet is ``-``);
+- ``Client <client id> disconnected due to oversize packet.`` (over ``max_packet_size``) or
+  ``... oversize payload.`` → ``too_large``;
+- ``Client <client id> disconnected due to malformed packet.`` or ``... protocol error.`` →
+  ``malformed_packet``.
+
+A publish outside the client's ACL is logged only as ``Denied PUBLISH from <client id> ...`` at
+*debug* level, which Mosquitto never publishes to ``$SYS/broker/log``: :class:`BrokerLog` counts
+the line as ``not_authorized`` when it is given one (a broker log file read with debug logging),
+but the topic alone cannot show it.
+"""
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from typing import Container
+
+from prometheus_client import CollectorRegistry, Counter
+
+__all__ = ["BrokerLog", "REASONS", "UNKNOWN_FLEET", "refused_counter"]
+
+#: the fleet label of a refusal whose user name is not a fleet's (or not known at all)
+UNKNOWN_FLEET = "-"
+#: how many connected client ids are remembered (the oldest are forgotten first)
+MAX_CLIENTS = 100_000
+
+_CONNECTED = re.compile(r"New client connected from \S+ as (?P<id>.+) \(p\d+, c\d, k\d+"
+                        r"(?:, u'(?P<user>[^']*)')?\)\.$")
+_DENIED = re.compile(r"Denied PUBLISH from (?P<id>\S+) \(")
+_CLIENT = re.compile(r"Client (?P<id>.+?) (?:disconnected(?P<how>[,:]? .*)?|closed its connection|"
+                     r"has exceeded timeout, disconnecting)\.?$")
+_REFUSALS = {", not authorised.": "bad_credentials",
+             " due to oversize packet.": "too_large",
+             " due to oversize payload.": "too_large",
+             " due to malformed packet.": "malformed_packet",
+             " due to protocol error.": "malformed_packet"}
+#: the reasons :class:`BrokerLog` counts
+REASONS = ("bad_credentials", "not_authorized", "too_large", "malformed_packet")
+
+
+def _message(line: str) -> str:
+    """The line without Mosquitto's ``<unix time>: `` prefix (``log_timestamp true``)."""
+    head, sep, rest = line.partition(": ")
+    return rest if sep and head.isdigit() else line
+
+
+def refused_counter(registry: CollectorRegistry) -> Counter:
+    """``ldp_mqtt_broker_refused_total{fleet,reason}`` in ``registry``."""
+    return Counter("ldp_mqtt_broker_refused_total", "MQTT connections and publishes the broker "
+                   "refused itself (from its log on $SYS/broker/log).", ["fleet", "reason"],
+                   registry=registry)
+
+
+class BrokerLog:
+    """Counts refusals in ``refused`` (:func:`refused_counter`) from Mosquitto's log lines;
+    ``fleets`` are the fleet names (a device's MQTT user name is its fleet's name)."""
+
+    def __init__(self, fleets: Container[str], refused: Counter) -> None:
+        self.fleets = fleets
+        self.refused = refused
+        self._users: OrderedDict[str, str] = OrderedDict()
+
+    def fleet_of(self, client_id: str) -> str:
+        user = self._users.get(client_id)
+        return user if user is not None and user in self.fleets else UNKNOWN_FLEET
+
+    def feed(self, line: str) -> str | None:
+        """Take one log line; returns the refusal's reason when it was one (and counted)."""
+        text = _message(line.strip())
+        if (m := _CONNECTED.match(text)) is not None:
+            self._users[m["id"]] = m["user"] or ""
+            self._users.move_to_end(m["id"])
+            while len(self._users) > MAX_CLIENTS:
+                self._users.popitem(last=False)
+            return None
+        if (m := _DENIED.match(text)) is not None:
+            self.refused.labels(self.fleet_of(m["id"]), "not_authorized").inc()
+            return "not_authorized"
+        if (m := _CLIENT.match(text)) is None:
+            return None
+        reason = _REFUSALS.get(m["how"] or "")
+        if reason is not None:
+            self.refused.labels(self.fleet_of(m["id"]), reason).inc()
+        self._users.pop(m["id"], None)  # the connection is gone; a reconnect is logged again
+        return reason

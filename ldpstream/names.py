@@ -115,3 +115,14 @@ __all__ += ["MQTT_BROKER_LOG_TOPIC", "MQTT_BROKER_LOG_ACL"]
 MQTT_BROKER_LOG_TOPIC = "$SYS/broker/log/N"
 #: what the bridge's user may read of the broker's log (ACL)
 MQTT_BROKER_LOG_ACL = "$SYS/broker/log/#"
+
+
+# --- the public key on MQTT (docs/devices.md, "Getting the public key") -------------------------
+__all__ += ["MQTT_PUBLIC_KEY_TOPIC", "mqtt_public_key_topic"]
+#: retained by the bridge: the key that signs ldp.config (``GET /v1/public-key``'s document)
+MQTT_PUBLIC_KEY_TOPIC = "ldp/{fleet}/public-key"
+
+
+def mqtt_public_key_topic(fleet: str) -> str:
+    """The MQTT topic carrying the verifying key's document (retained) for one fleet."""
+    return MQTT_PUBLIC_KEY_TOPIC.format(fleet=fleet)

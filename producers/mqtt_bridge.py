@@ -20,6 +20,7 @@ answers metadata and ``ldp.config`` is being read; ``/metrics`` has the ``ldp_mq
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -38,6 +39,7 @@ from ldpstream.names import (
     MQTT_RECEIVE_MAXIMUM,
     MQTT_SHARE_GROUP,
     mqtt_config_topic,
+    mqtt_public_key_topic,
     mqtt_reports_topic,
 )
 from ldpstream.producers.codec import MAX_MESSAGE_BYTES, dlq_record
@@ -48,6 +50,7 @@ from ldpstream.producers.gateway import (
     Refused,
     read_fleets_file,
 )
+from ldpstream.producers.gateway_edge import public_key_document
 from ldpstream.producers.mqtt_broker_log import BrokerLog, refused_counter
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,8 @@ REPORTS = Counter("ldp_mqtt_reports_total", "Reports produced to Kafka from MQTT
 REJECTED = Counter("ldp_mqtt_rejected_total", "MQTT messages refused (sent to ldp.dlq).",
                    ["fleet", "reason"], registry=REGISTRY)
 BROKER_REFUSED = refused_counter(REGISTRY)
+BROKER_LOG = Gauge("ldp_mqtt_broker_log_subscribed", "1 while the bridge reads the broker's log "
+                   "(the refusals it counts).", registry=REGISTRY)
 RETRIES = Counter("ldp_mqtt_kafka_retries_total", "Produce attempts retried while Kafka was "
                   "unreachable (the MQTT message stays unacknowledged).", registry=REGISTRY)
 RELAYED = Counter("ldp_mqtt_configs_relayed_total", "Signed states published retained on MQTT.",
@@ -114,6 +119,7 @@ class MqttBridge:
         self.client = make_client(endpoint, client_id, ca=ca, manual_ack=True)
         self.client.on_message = self._on_message
         self.broker_log = BrokerLog(self.fleets, BROKER_REFUSED)
+        self.broker_log_detail = "not subscribed yet"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -159,7 +165,16 @@ class MqttBridge:
 
     def _subscribe(self) -> None:
         """The reports (QoS 1) and the broker's notice log (QoS 0: the refusals it counts)."""
+        self.client.on_subscribe = self._on_subscribe
         self.client.subscribe([(self.subscription, 1), (MQTT_BROKER_LOG_TOPIC, 0)])
+
+    def _on_subscribe(self, _c: Any, _u: Any, _mid: int, reasons: Any, _p: Any) -> None:
+        if len(reasons) == 2:  # the pair of _subscribe; a refused log shows in /healthz
+            log_reason = reasons[1]
+            self.broker_log_detail = (f"refused: {log_reason} (the bridge's user may not read "
+                                      f"{MQTT_BROKER_LOG_TOPIC}: see the ACL)"
+                                      if log_reason.is_failure else "subscribed")
+            BROKER_LOG.set(0 if log_reason.is_failure else 1)
 
     def _on_disconnect(self, _c: Any, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
         self.mqtt_detail = f"disconnected: {reason}"
@@ -218,8 +233,20 @@ class MqttBridge:
                 RELAYED.labels(fleet.name).inc()
 
     def _relay_all(self) -> None:
+        self._publish_public_key()
         for collection in list(self.gateway.known):
             self._relay(collection)
+
+    def _publish_public_key(self) -> None:
+        """The verifying key's document (``GET /v1/public-key``'s: no private material),
+        retained on ``ldp/<fleet>/public-key`` for each fleet (docs/devices.md, "Getting the
+        public key": check its fingerprint before pinning it)."""
+        key = self.gateway.watcher.verify_key
+        if key is None or not self.client.is_connected():
+            return
+        doc = json.dumps(public_key_document(key), sort_keys=True).encode()
+        for fleet in self.fleets:
+            self.client.publish(mqtt_public_key_topic(fleet), doc, qos=1, retain=True)
 
     # --- messages ---------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -312,6 +339,8 @@ class MqttBridge:
                     "mqtt": {"ok": mqtt, "detail": self.mqtt_detail if not mqtt else "connected",
                              "url": str(self.endpoint), "client_id": self.client_id},
                     "broker": {"ok": broker, "detail": detail},
+                    "broker_log": {"ok": self.broker_log_detail == "subscribed",
+                                   "detail": self.broker_log_detail},
                     "config_watcher_running": self.gateway.watcher.running,
                     "ingest_running": running,
                     "last_kafka_error": self.gateway.last_error,

@@ -91,8 +91,9 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
             # given beside it; the state is relayed only to the
             # fleets allowed the collection (sensors: "elsewhere" only)
             from ldpstream.mqtt_client import connect, make_client, parse_mqtt_url
-            from ldpstream.names import mqtt_config_topic
+            from ldpstream.names import mqtt_config_topic, mqtt_public_key_topic
             from ldpstream.producers.codec import batch_to_json, decode_batch
+            from ldpstream.producers.signing import VerifyKey, load_verify_key
 
             extra = np.array([[0, 1], [2, 0]], dtype=np.int64)
             batch = decode_batch(encode_batch(cid, mech.version, extra,
@@ -110,9 +111,21 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
             sensors.on_message = lambda _c, _u, m: got.append(m.topic)
             connect(sensors, ep, persistent=False)
             sensors.subscribe(mqtt_config_topic("sensors", "+"), qos=1)
+            # the verifying key, retained per fleet: a phones device reads its own fleet's only
+            keys: list = []
+            reader = make_client(parse_mqtt_url(url), "phones-key")
+            reader.on_message = lambda _c, _u, m: keys.append((m.topic, json.loads(m.payload)))
+            connect(reader, parse_mqtt_url(url), persistent=False)
+            reader.subscribe("ldp/+/public-key", qos=1)
             await asyncio.sleep(1.0)
             assert got == [], got
-            for c in (phones.client, sensors):
+            assert [t for t, _ in keys] == [mqtt_public_key_topic("phones")], keys
+            doc = keys[0][1]
+            key = VerifyKey.from_text(doc["public_key"])
+            assert doc == {"alg": "ed25519", "public_key": key.to_text(), "key_id": key.key_id,
+                           "fingerprint": key.fingerprint}
+            assert key.key_id == load_verify_key().key_id  # the key the bridge pinned
+            for c in (phones.client, sensors, reader):
                 c.disconnect()
                 c.loop_stop()
             return np.concatenate([extra, extra])
@@ -153,6 +166,7 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
         with urllib.request.urlopen(f"http://127.0.0.1:{proc.port}/healthz", timeout=5) as r:
             health = json.loads(r.read())
         assert health["mqtt"]["ok"] and health["broker"]["ok"], health
+        assert health["broker_log"] == {"ok": True, "detail": "subscribed"}, health
     finally:
         assert proc.stop() == 0
 

@@ -30,6 +30,7 @@ from ldpstream.names import (
     MQTT_BROKER_LOG_ACL,
     MQTT_SHARE_GROUP,
     mqtt_config_topic,
+    mqtt_public_key_topic,
     mqtt_reports_topic,
 )
 from ldpstream.names import (
@@ -132,10 +133,12 @@ class MosquittoService(_Child):
                f"topic read {mqtt_reports_topic('+', '+')}",
                f"topic read $share/{MQTT_SHARE_GROUP}/{mqtt_reports_topic('+', '+')}",
                f"topic readwrite {mqtt_config_topic('+', '+')}",
+               f"topic readwrite {mqtt_public_key_topic('+')}",
                f"topic read {MQTT_BROKER_LOG_ACL}", ""]
         for fleet, creds in self.fleets.items():
             acl += [f"user {creds.username}", f"topic write {mqtt_reports_topic(fleet, '+')}",
-                    f"topic read {mqtt_config_topic(fleet, '+')}", ""]
+                    f"topic read {mqtt_config_topic(fleet, '+')}",
+                    f"topic read {mqtt_public_key_topic(fleet)}", ""]
         acl_file.write_text("\n".join(acl), encoding="utf-8")
         lines = [f"user {getpass.getuser()}", "per_listener_settings false",
                  "allow_anonymous false", f"password_file {pw_file}", f"acl_file {acl_file}",

@@ -110,11 +110,13 @@ def mqtt_config_topic(fleet: str, collection_id: str) -> str:
 
 
 # --- broker refusals the bridge counts (docs/security.md, "Refusals the broker counts") ----------
-__all__ += ["MQTT_BROKER_LOG_TOPIC", "MQTT_BROKER_LOG_ACL"]
+__all__ += ["MQTT_BROKER_LOG_TOPIC", "MQTT_BROKER_LOG_ACL", "ENV_MQTT_BROKER_LOG_FILE"]
 #: where Mosquitto (``log_dest topic``) publishes its notice-level log lines, the refusals' level
 MQTT_BROKER_LOG_TOPIC = "$SYS/broker/log/N"
 #: what the bridge's user may read of the broker's log (ACL)
 MQTT_BROKER_LOG_ACL = "$SYS/broker/log/#"
+#: the broker's log file, debug level, read by the bridge for the ACL-denied publishes (opt-in)
+ENV_MQTT_BROKER_LOG_FILE = "LDP_MQTT_BROKER_LOG_FILE"
 
 
 # --- the public key on MQTT (docs/devices.md, "Getting the public key") -------------------------

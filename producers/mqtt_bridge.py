@@ -51,7 +51,7 @@ from ldpstream.producers.gateway import (
     read_fleets_file,
 )
 from ldpstream.producers.gateway_edge import public_key_document
-from ldpstream.producers.mqtt_broker_log import BrokerLog, refused_counter
+from ldpstream.producers.mqtt_broker_log import BrokerLog, follow, refused_counter
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ class MqttBridge:
 
     def __init__(self, bootstrap: str, fleets: Sequence[Fleet], endpoint: MqttEndpoint, *,
                  client_id: str, ca: str | None = None, shared: bool = True,
-                 max_body_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_body_bytes: int = MAX_MESSAGE_BYTES,
+                 broker_log_file: str | None = None) -> None:
         self.endpoint = endpoint
         self.shared = shared
         self.client_id = client_id
@@ -120,6 +121,10 @@ class MqttBridge:
         self.client.on_message = self._on_message
         self.broker_log = BrokerLog(self.fleets, BROKER_REFUSED)
         self.broker_log_detail = "not subscribed yet"
+        #: the broker's log file with debug lines (ACL-denied publishes), when given
+        self.broker_log_file = broker_log_file
+        self.broker_log_file_detail = "not read yet"
+        self._follow: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -176,6 +181,9 @@ class MqttBridge:
                                       if log_reason.is_failure else "subscribed")
             BROKER_LOG.set(0 if log_reason.is_failure else 1)
 
+    def _file_status(self, detail: str) -> None:
+        self.broker_log_file_detail = detail
+
     def _on_disconnect(self, _c: Any, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
         self.mqtt_detail = f"disconnected: {reason}"
         CONNECTED.set(0)
@@ -187,6 +195,10 @@ class MqttBridge:
         self._loop = asyncio.get_running_loop()
         await self.gateway.start(timeout_s)
         self._task = asyncio.create_task(self._run(), name="ldp-mqtt-bridge")
+        if self.broker_log_file is not None:
+            denied = BrokerLog(self.fleets, BROKER_REFUSED, count=("not_authorized",))
+            self._follow = asyncio.create_task(follow(self.broker_log_file, denied,
+                                                      status=self._file_status))
         await asyncio.to_thread(connect, self.client, self.endpoint, persistent=True,
                                 receive_maximum=MQTT_RECEIVE_MAXIMUM)
         self.client.on_connect = self._on_connect
@@ -216,9 +228,10 @@ class MqttBridge:
         self.client.disconnect()
         self.client.loop_stop()
         CONNECTED.set(0)
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [t for t in (self._task, self._follow) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.gateway.stop()
 
     # --- config relay ----------------------------------------------------------------------------
@@ -339,8 +352,12 @@ class MqttBridge:
                     "mqtt": {"ok": mqtt, "detail": self.mqtt_detail if not mqtt else "connected",
                              "url": str(self.endpoint), "client_id": self.client_id},
                     "broker": {"ok": broker, "detail": detail},
-                    "broker_log": {"ok": self.broker_log_detail == "subscribed",
-                                   "detail": self.broker_log_detail},
+                    "broker_log": {"ok": self.broker_log_detail == "subscribed" and (
+                                       self.broker_log_file is None
+                                       or self.broker_log_file_detail == "following"),
+                                   "detail": self.broker_log_detail,
+                                   "file": self.broker_log_file,
+                                   "file_detail": self.broker_log_file_detail},
                     "config_watcher_running": self.gateway.watcher.running,
                     "ingest_running": running,
                     "last_kafka_error": self.gateway.last_error,

@@ -18,19 +18,22 @@ notice-level log lines to ``$SYS/broker/log/N``, which the bridge's user may rea
   ``malformed_packet``.
 
 A publish outside the client's ACL is logged only as ``Denied PUBLISH from <client id> ...`` at
-*debug* level, which Mosquitto never publishes to ``$SYS/broker/log``: :class:`BrokerLog` counts
-the line as ``not_authorized`` when it is given one (a broker log file read with debug logging),
-but the topic alone cannot show it.
+*debug* level, which Mosquitto never publishes to ``$SYS/broker/log``: the topic cannot show it.
+Where the bridge can read the broker's log file and the broker logs at debug level (opt-in: it
+writes several lines per message), :func:`follow` reads that file and counts only those lines
+(``not_authorized``; the other refusals come from the topic, so nothing is counted twice).
 """
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 from collections import OrderedDict
-from typing import Container
+from typing import Callable, Container
 
 from prometheus_client import CollectorRegistry, Counter
 
-__all__ = ["BrokerLog", "REASONS", "UNKNOWN_FLEET", "refused_counter"]
+__all__ = ["BrokerLog", "REASONS", "UNKNOWN_FLEET", "follow", "refused_counter"]
 
 #: the fleet label of a refusal whose user name is not a fleet's (or not known at all)
 UNKNOWN_FLEET = "-"
@@ -68,9 +71,11 @@ class BrokerLog:
     """Counts refusals in ``refused`` (:func:`refused_counter`) from Mosquitto's log lines;
     ``fleets`` are the fleet names (a device's MQTT user name is its fleet's name)."""
 
-    def __init__(self, fleets: Container[str], refused: Counter) -> None:
+    def __init__(self, fleets: Container[str], refused: Counter,
+                 count: Container[str] = REASONS) -> None:
         self.fleets = fleets
         self.refused = refused
+        self.count = count
         self._users: OrderedDict[str, str] = OrderedDict()
 
     def fleet_of(self, client_id: str) -> str:
@@ -87,12 +92,43 @@ class BrokerLog:
                 self._users.popitem(last=False)
             return None
         if (m := _DENIED.match(text)) is not None:
-            self.refused.labels(self.fleet_of(m["id"]), "not_authorized").inc()
-            return "not_authorized"
+            return self._count(m["id"], "not_authorized")
         if (m := _CLIENT.match(text)) is None:
             return None
         reason = _REFUSALS.get(m["how"] or "")
         if reason is not None:
-            self.refused.labels(self.fleet_of(m["id"]), reason).inc()
+            reason = self._count(m["id"], reason)
         self._users.pop(m["id"], None)  # the connection is gone; a reconnect is logged again
         return reason
+
+    def _count(self, client_id: str, reason: str) -> str | None:
+        if reason not in self.count:
+            return None
+        self.refused.labels(self.fleet_of(client_id), reason).inc()
+        return reason
+
+
+async def follow(path: str, log: BrokerLog, *, poll_s: float = 0.2,
+                 status: Callable[[str], None] = lambda _s: None) -> None:
+    """Feed ``log`` every line appended to the broker's log file ``path`` from now on (a file
+    that shrinks, rotated or truncated, is read again from its start); ``status`` hears
+    ``"following"`` or why the file cannot be read. Runs until cancelled."""
+    position: int | None = None
+    pending = b""
+    while True:
+        try:
+            size = os.path.getsize(path)
+            if position is None or size < position:
+                position, pending = (size if position is None else 0), b""
+            if size > position:
+                with open(path, "rb") as fh:
+                    fh.seek(position)
+                    chunk = fh.read(size - position)
+                position += len(chunk)
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    log.feed(line.decode("utf-8", "replace"))
+            status("following")
+        except OSError as exc:
+            status(f"cannot read {path}: {exc.__class__.__name__}: {exc}")
+        await asyncio.sleep(poll_s)

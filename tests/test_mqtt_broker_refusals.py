@@ -5,6 +5,7 @@ user, refusals made by real clients and raw MQTT 3.1.1 packets. The bridge proce
 same counter: tests/test_mqtt_bridge.py."""
 from __future__ import annotations
 
+import asyncio
 import queue
 import socket
 import struct
@@ -15,9 +16,9 @@ from mqtt_helpers import BRIDGE, FLEETS
 from prometheus_client import CollectorRegistry
 
 from ldpstream.dev.mosquitto import FleetCreds, MosquittoService
-from ldpstream.mqtt_client import MqttError, connect, make_client, parse_mqtt_url
+from ldpstream.mqtt_client import AsyncPublisher, MqttError, connect, make_client, parse_mqtt_url
 from ldpstream.names import MQTT_BROKER_LOG_TOPIC, mqtt_reports_topic
-from ldpstream.producers.mqtt_broker_log import BrokerLog, refused_counter
+from ldpstream.producers.mqtt_broker_log import BrokerLog, follow, refused_counter
 
 pytestmark = pytest.mark.pipeline
 
@@ -137,3 +138,80 @@ def test_the_debug_line_of_a_denied_publish_names_its_fleet():
     assert log.feed("1795677816: Client dev-acl disconnected due to oversize packet.") \
         == "too_large"  # forgotten after its disconnect: no fleet any more
     assert _counts(registry) == {("phones", "not_authorized"): 1.0, ("-", "too_large"): 1.0}
+
+
+def test_the_broker_log_file_gives_the_acl_denied_publish_with_its_fleet(tmp_path):
+    """Opt-in: Mosquitto logging at debug level to a file the bridge reads (``--broker-log``):
+    a publish under another fleet's prefix counts as ``not_authorized`` for the publisher's
+    fleet; the refusals the topic already gives are not counted a second time."""
+    svc = MosquittoService(tmp_path / "dbg", fleets=FLEETS, bridge=BRIDGE, debug_log=True)
+    svc.start()
+    registry = CollectorRegistry()
+    log = BrokerLog(set(FLEETS), refused_counter(registry), count=("not_authorized",))
+    status: list[str] = []
+
+    async def go() -> None:
+        assert svc.log_path is not None
+        task = asyncio.create_task(follow(svc.log_path, log, poll_s=0.05, status=status.append))
+        while not status:
+            await asyncio.sleep(0.05)
+        assert status[-1] == "following"
+        ep = parse_mqtt_url(svc.url_for(FLEETS["phones"]))
+        phone = make_client(ep, "phone-forger")
+        await asyncio.to_thread(connect, phone, ep, persistent=False)
+        with pytest.raises(MqttError, match="(?i)not authorized"):
+            await AsyncPublisher(phone, asyncio.get_running_loop()).publish(
+                mqtt_reports_topic("sensors", "c1"), b"forged", timeout_s=10)
+        phone.disconnect()
+        phone.loop_stop()
+        with pytest.raises(MqttError):
+            bad = parse_mqtt_url(svc.url_for(FleetCreds("sensors", "wrong")))
+            await asyncio.to_thread(connect, make_client(bad, "sensors-wrong"), bad,
+                                    persistent=False)
+        for _ in range(100):
+            if _counts(registry):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # the wrong password's lines are in the file by now too
+        task.cancel()
+
+    try:
+        asyncio.run(go())
+    finally:
+        svc.stop()
+    assert _counts(registry) == {("phones", "not_authorized"): 1.0}
+
+
+def test_the_bridge_counts_acl_denied_publishes_from_the_broker_log_file(
+        tmp_path, kafka_broker, redis_server, spawn_worker, service_env, unique_name):
+    """``mqtt-bridge`` with ``LDP_MQTT_BROKER_LOG_FILE`` (``--broker-log``): the forged publish
+    shows in its ``/metrics`` with the forger's fleet, and ``/healthz`` says the file is read."""
+    from mqtt_helpers import bridge, metric, setup, wait_health
+
+    svc = MosquittoService(tmp_path / "dbg", fleets=FLEETS, bridge=BRIDGE, debug_log=True)
+    svc.start()
+    try:
+        _coll, _worker, env = setup(tmp_path, service_env, spawn_worker, unique_name, svc)
+        assert svc.log_path is not None
+        proc = bridge(dict(env, LDP_MQTT_BROKER_LOG_FILE=svc.log_path), tmp_path, unique_name)
+        try:
+            health = wait_health(proc.port, 200)
+            assert health["broker_log"]["file_detail"] == "following", health
+            assert health["broker_log"]["ok"], health
+            phone = make_client(parse_mqtt_url(svc.url_for(FLEETS["phones"])), "phone-forger")
+            connect(phone, parse_mqtt_url(svc.url_for(FLEETS["phones"])), persistent=False)
+            phone.publish(mqtt_reports_topic("sensors", unique_name), b"forged",
+                          qos=1).wait_for_publish(5)
+            phone.disconnect()
+            phone.loop_stop()
+            labels = ('fleet="phones"', 'reason="not_authorized"')
+            for _ in range(40):
+                if metric(proc.port, "ldp_mqtt_broker_refused_total", *labels):
+                    break
+                time.sleep(0.25)
+            assert metric(proc.port, "ldp_mqtt_broker_refused_total", *labels) == 1
+            assert metric(proc.port, "ldp_mqtt_broker_refused_total") == 1
+        finally:
+            assert proc.stop() == 0
+    finally:
+        svc.stop()

@@ -67,6 +67,8 @@ class MosquittoService(_Child):
     :meth:`restart` and :meth:`stop` (the caller owns it). ``max_packet_size`` bounds every MQTT
     packet in bytes: a larger one makes the broker drop the connection; ``max_queued_messages``
     bounds the QoS 1 messages kept per offline session (the bridge's while it restarts).
+    ``debug_log`` adds ``log_type debug``: :attr:`log_path` then has ``Denied PUBLISH`` lines
+    (the bridge's ``--broker-log``; several lines per message, so off by default).
     """
 
     name = "mosquitto"
@@ -76,7 +78,7 @@ class MosquittoService(_Child):
                  max_packet_size: int = 2 * 1024 * 1024, max_queued_messages: int = 1_000_000,
                  port: int | None = None,
                  tls_hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
-                 startup_timeout: float = 20.0) -> None:
+                 startup_timeout: float = 20.0, debug_log: bool = False) -> None:
         super().__init__(port)
         for fleet in fleets:
             if not fleet or any(c in fleet for c in "/+#"):
@@ -89,6 +91,7 @@ class MosquittoService(_Child):
         self.max_queued_messages = int(max_queued_messages)
         self.tls_hosts = tls_hosts
         self.startup_timeout = startup_timeout
+        self.debug_log = debug_log
         self.ca_path: Path | None = None
         self._server_pem: Path | None = None
         self._log_start = 0
@@ -152,6 +155,8 @@ class MosquittoService(_Child):
                  # the notice-level lines on $SYS/broker/log/N: the refusals the bridge counts
                  "log_dest topic",
                  "log_type error", "log_type warning", "log_type notice", "log_type information",
+                 # opt-in: the log file (log_path) then has the ACL-denied publishes too
+                 *(["log_type debug"] if self.debug_log else []),
                  "connection_messages true", f"listener {self.port} {LOOPBACK}"]
         if self.tls:
             if self.ca_path is None:

@@ -14,8 +14,11 @@ While Kafka is unreachable the message stays unacknowledged and is retried.
 
 Every verified mechanism state of ``ldp.config`` is relayed unchanged, retained, to
 ``ldp/<fleet>/<collection>/config`` for each fleet allowed that collection (devices verify the
-signature themselves). ``/healthz`` is 200 only when the MQTT session is up, the Kafka broker
-answers metadata and ``ldp.config`` is being read; ``/metrics`` has the ``ldp_mqtt_*`` series.
+signature themselves); the verifying key's document is retained on ``ldp/<fleet>/public-key``.
+What the broker refuses itself (wrong password, oversized or malformed packet) is counted from its
+log on ``$SYS/broker/log/N`` in ``ldp_mqtt_broker_refused_total{fleet,reason}``
+(producers/mqtt_broker_log.py). ``/healthz`` is 200 only when the MQTT session is up, the Kafka
+broker answers metadata and ``ldp.config`` is being read; ``/metrics`` has the ``ldp_mqtt_*`` series.
 """
 from __future__ import annotations
 
@@ -51,7 +54,7 @@ from ldpstream.producers.gateway import (
     read_fleets_file,
 )
 from ldpstream.producers.gateway_edge import public_key_document
-from ldpstream.producers.mqtt_broker_log import BrokerLog, follow, refused_counter
+from ldpstream.producers.mqtt_broker_log import BrokerRefusals, refused_counter
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +122,7 @@ class MqttBridge:
                                         relay=self._relay)
         self.client = make_client(endpoint, client_id, ca=ca, manual_ack=True)
         self.client.on_message = self._on_message
-        self.broker_log = BrokerLog(self.fleets, BROKER_REFUSED)
-        self.broker_log_detail = "not subscribed yet"
-        #: the broker's log file with debug lines (ACL-denied publishes), when given
-        self.broker_log_file = broker_log_file
-        self.broker_log_file_detail = "not read yet"
-        self._follow: asyncio.Task[None] | None = None
+        self.refusals = BrokerRefusals(self.fleets, BROKER_REFUSED, BROKER_LOG, broker_log_file)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -147,7 +145,7 @@ class MqttBridge:
     # --- MQTT thread -> loop ------------------------------------------------------------------
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
         if msg.topic == MQTT_BROKER_LOG_TOPIC:  # QoS 0, nothing to acknowledge
-            self.broker_log.feed(bytes(msg.payload).decode("utf-8", "replace"))
+            self.refusals.topic.feed(bytes(msg.payload).decode("utf-8", "replace"))
             return
         loop = self._loop
         if loop is not None:
@@ -175,14 +173,7 @@ class MqttBridge:
 
     def _on_subscribe(self, _c: Any, _u: Any, _mid: int, reasons: Any, _p: Any) -> None:
         if len(reasons) == 2:  # the pair of _subscribe; a refused log shows in /healthz
-            log_reason = reasons[1]
-            self.broker_log_detail = (f"refused: {log_reason} (the bridge's user may not read "
-                                      f"{MQTT_BROKER_LOG_TOPIC}: see the ACL)"
-                                      if log_reason.is_failure else "subscribed")
-            BROKER_LOG.set(0 if log_reason.is_failure else 1)
-
-    def _file_status(self, detail: str) -> None:
-        self.broker_log_file_detail = detail
+            self.refusals.on_suback(reasons[1].is_failure, str(reasons[1]))
 
     def _on_disconnect(self, _c: Any, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
         self.mqtt_detail = f"disconnected: {reason}"
@@ -195,10 +186,7 @@ class MqttBridge:
         self._loop = asyncio.get_running_loop()
         await self.gateway.start(timeout_s)
         self._task = asyncio.create_task(self._run(), name="ldp-mqtt-bridge")
-        if self.broker_log_file is not None:
-            denied = BrokerLog(self.fleets, BROKER_REFUSED, count=("not_authorized",))
-            self._follow = asyncio.create_task(follow(self.broker_log_file, denied,
-                                                      status=self._file_status))
+        self.refusals.start()
         await asyncio.to_thread(connect, self.client, self.endpoint, persistent=True,
                                 receive_maximum=MQTT_RECEIVE_MAXIMUM)
         self.client.on_connect = self._on_connect
@@ -228,10 +216,10 @@ class MqttBridge:
         self.client.disconnect()
         self.client.loop_stop()
         CONNECTED.set(0)
-        tasks = [t for t in (self._task, self._follow) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.refusals.stop()
         await self.gateway.stop()
 
     # --- config relay ----------------------------------------------------------------------------
@@ -352,12 +340,7 @@ class MqttBridge:
                     "mqtt": {"ok": mqtt, "detail": self.mqtt_detail if not mqtt else "connected",
                              "url": str(self.endpoint), "client_id": self.client_id},
                     "broker": {"ok": broker, "detail": detail},
-                    "broker_log": {"ok": self.broker_log_detail == "subscribed" and (
-                                       self.broker_log_file is None
-                                       or self.broker_log_file_detail == "following"),
-                                   "detail": self.broker_log_detail,
-                                   "file": self.broker_log_file,
-                                   "file_detail": self.broker_log_file_detail},
+                    "broker_log": self.refusals.health(),
                     "config_watcher_running": self.gateway.watcher.running,
                     "ingest_running": running,
                     "last_kafka_error": self.gateway.last_error,

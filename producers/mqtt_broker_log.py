@@ -31,9 +31,9 @@ import re
 from collections import OrderedDict
 from typing import Callable, Container
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-__all__ = ["BrokerLog", "REASONS", "UNKNOWN_FLEET", "follow", "refused_counter"]
+__all__ = ["BrokerLog", "BrokerRefusals", "REASONS", "UNKNOWN_FLEET", "follow", "refused_counter"]
 
 #: the fleet label of a refusal whose user name is not a fleet's (or not known at all)
 UNKNOWN_FLEET = "-"
@@ -132,3 +132,44 @@ async def follow(path: str, log: BrokerLog, *, poll_s: float = 0.2,
         except OSError as exc:
             status(f"cannot read {path}: {exc.__class__.__name__}: {exc}")
         await asyncio.sleep(poll_s)
+
+
+class BrokerRefusals:
+    """The bridge's sources of broker refusals: ``topic`` (fed the lines of
+    ``$SYS/broker/log/N``) and, with ``log_file``, the broker's debug log file followed by
+    :meth:`start` for the ACL-denied publishes; :meth:`health` says whether both are read."""
+
+    def __init__(self, fleets: Container[str], refused: Counter, subscribed: Gauge,
+                 log_file: str | None = None) -> None:
+        self.topic = BrokerLog(fleets, refused)
+        self._file_log = BrokerLog(fleets, refused, count=("not_authorized",))
+        self.log_file = log_file
+        self.subscribed = subscribed
+        self.detail = "not subscribed yet"
+        self.file_detail = "not read yet" if log_file is not None else "not given"
+        self._task: asyncio.Task[None] | None = None
+
+    def on_suback(self, refused: bool, reason: str) -> None:
+        """The broker's answer to the log topic's subscription (refused: see the ACL)."""
+        self.detail = f"refused: {reason} (see the ACL of the bridge's user)" if refused \
+            else "subscribed"
+        self.subscribed.set(0 if refused else 1)
+
+    def _file_status(self, detail: str) -> None:
+        self.file_detail = detail
+
+    def start(self) -> None:
+        if self.log_file is not None:
+            self._task = asyncio.create_task(follow(self.log_file, self._file_log,
+                                                    status=self._file_status))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def health(self) -> dict[str, object]:
+        ok = self.detail == "subscribed" and (self.log_file is None
+                                              or self.file_detail == "following")
+        return {"ok": ok, "detail": self.detail, "file": self.log_file,
+                "file_detail": self.file_detail}

@@ -166,7 +166,8 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
         with urllib.request.urlopen(f"http://127.0.0.1:{proc.port}/healthz", timeout=5) as r:
             health = json.loads(r.read())
         assert health["mqtt"]["ok"] and health["broker"]["ok"], health
-        assert health["broker_log"] == {"ok": True, "detail": "subscribed"}, health
+        assert health["broker_log"]["ok"] and health["broker_log"]["detail"] == "subscribed", \
+            health
     finally:
         assert proc.stop() == 0
 

@@ -55,7 +55,8 @@ def main(args: Any) -> int:
         raise CliError(f"{ENV_MQTT_SUBSCRIPTION}: {subscription!r} must be shared or exclusive")
     broker_log = args.broker_log or os.environ.get(ENV_MQTT_BROKER_LOG_FILE) or None
     if broker_log is not None and not os.path.isfile(broker_log):
-        raise CliError(f"--broker-log: {broker_log!r} is not a file (the broker's log file)")
+        source = "--broker-log" if args.broker_log else ENV_MQTT_BROKER_LOG_FILE
+        raise CliError(f"{source}: {broker_log!r} is not a file (the broker's log file)")
     port = args.port or int(os.environ.get(ENV_WEB_PORT) or DEFAULT_MQTT_BRIDGE_PORT)
     bind = args.bind or os.environ.get(ENV_WEB_BIND) or DEFAULT_BIND
     if not args.retire:  # --retire serves no HTTP

@@ -281,6 +281,9 @@ def _mqtt_bridge_parser(sub: Any) -> None:
     p.add_argument("--retire", action="store_true",
                    help="take this client id out of the group for good: handle what its session "
                         "holds, end the session, exit")
+    p.add_argument("--broker-log", default=None,
+                   help="the broker's log file written with log_type debug: count its ACL-denied "
+                        "publishes (default: $LDP_MQTT_BROKER_LOG_FILE; docs/security.md)")
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:

@@ -110,3 +110,24 @@ def mqtt_reports_topic(fleet: str, collection_id: str) -> str:
 def mqtt_config_topic(fleet: str, collection_id: str) -> str:
     """The MQTT topic carrying a collection's signed state (retained) for one fleet."""
     return MQTT_CONFIG_TOPIC.format(fleet=fleet, collection=collection_id)
+
+
+# --- broker refusals the bridge counts (docs/security.md, "Refusals the broker counts") ----------
+__all__ += ["MQTT_BROKER_LOG_TOPIC", "MQTT_BROKER_LOG_ACL", "ENV_MQTT_BROKER_LOG_FILE"]
+#: where Mosquitto (``log_dest topic``) publishes its notice-level log lines, the refusals' level
+MQTT_BROKER_LOG_TOPIC = "$SYS/broker/log/N"
+#: what the bridge's user may read of the broker's log (ACL)
+MQTT_BROKER_LOG_ACL = "$SYS/broker/log/#"
+#: the broker's log file, debug level, read by the bridge for the ACL-denied publishes (opt-in)
+ENV_MQTT_BROKER_LOG_FILE = "LDP_MQTT_BROKER_LOG_FILE"
+
+
+# --- the public key on MQTT (docs/devices.md, "Getting the public key") -------------------------
+__all__ += ["MQTT_PUBLIC_KEY_TOPIC", "mqtt_public_key_topic"]
+#: retained by the bridge: the key that signs ldp.config (``GET /v1/public-key``'s document)
+MQTT_PUBLIC_KEY_TOPIC = "ldp/{fleet}/public-key"
+
+
+def mqtt_public_key_topic(fleet: str) -> str:
+    """The MQTT topic carrying the verifying key's document (retained) for one fleet."""
+    return MQTT_PUBLIC_KEY_TOPIC.format(fleet=fleet)

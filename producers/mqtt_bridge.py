@@ -14,12 +14,16 @@ While Kafka is unreachable the message stays unacknowledged and is retried.
 
 Every verified mechanism state of ``ldp.config`` is relayed unchanged, retained, to
 ``ldp/<fleet>/<collection>/config`` for each fleet allowed that collection (devices verify the
-signature themselves). ``/healthz`` is 200 only when the MQTT session is up, the Kafka broker
-answers metadata and ``ldp.config`` is being read; ``/metrics`` has the ``ldp_mqtt_*`` series.
+signature themselves); the verifying key's document is retained on ``ldp/<fleet>/public-key``.
+What the broker refuses itself (wrong password, oversized or malformed packet) is counted from its
+log on ``$SYS/broker/log/N`` in ``ldp_mqtt_broker_refused_total{fleet,reason}``
+(producers/mqtt_broker_log.py). ``/healthz`` is 200 only when the MQTT session is up, the Kafka
+broker answers metadata and ``ldp.config`` is being read; ``/metrics`` has the ``ldp_mqtt_*`` series.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -34,9 +38,11 @@ from ldpstream.mqtt_client import MqttEndpoint, connect, make_client
 from ldpstream.names import (
     DLQ_TOPIC,
     ENV_MQTT_FLEETS_FILE,
+    MQTT_BROKER_LOG_TOPIC,
     MQTT_RECEIVE_MAXIMUM,
     MQTT_SHARE_GROUP,
     mqtt_config_topic,
+    mqtt_public_key_topic,
     mqtt_reports_topic,
 )
 from ldpstream.producers.codec import MAX_MESSAGE_BYTES, dlq_record
@@ -47,6 +53,8 @@ from ldpstream.producers.gateway import (
     Refused,
     read_fleets_file,
 )
+from ldpstream.producers.gateway_edge import public_key_document
+from ldpstream.producers.mqtt_broker_log import BrokerRefusals, refused_counter
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,9 @@ REPORTS = Counter("ldp_mqtt_reports_total", "Reports produced to Kafka from MQTT
                   ["fleet", "collection"], registry=REGISTRY)
 REJECTED = Counter("ldp_mqtt_rejected_total", "MQTT messages refused (sent to ldp.dlq).",
                    ["fleet", "reason"], registry=REGISTRY)
+BROKER_REFUSED = refused_counter(REGISTRY)
+BROKER_LOG = Gauge("ldp_mqtt_broker_log_subscribed", "1 while the bridge reads the broker's log "
+                   "(the refusals it counts).", registry=REGISTRY)
 RETRIES = Counter("ldp_mqtt_kafka_retries_total", "Produce attempts retried while Kafka was "
                   "unreachable (the MQTT message stays unacknowledged).", registry=REGISTRY)
 RELAYED = Counter("ldp_mqtt_configs_relayed_total", "Signed states published retained on MQTT.",
@@ -99,7 +110,8 @@ class MqttBridge:
 
     def __init__(self, bootstrap: str, fleets: Sequence[Fleet], endpoint: MqttEndpoint, *,
                  client_id: str, ca: str | None = None, shared: bool = True,
-                 max_body_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_body_bytes: int = MAX_MESSAGE_BYTES,
+                 broker_log_file: str | None = None) -> None:
         self.endpoint = endpoint
         self.shared = shared
         self.client_id = client_id
@@ -110,6 +122,7 @@ class MqttBridge:
                                         relay=self._relay)
         self.client = make_client(endpoint, client_id, ca=ca, manual_ack=True)
         self.client.on_message = self._on_message
+        self.refusals = BrokerRefusals(self.fleets, BROKER_REFUSED, BROKER_LOG, broker_log_file)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -131,6 +144,9 @@ class MqttBridge:
 
     # --- MQTT thread -> loop ------------------------------------------------------------------
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
+        if msg.topic == MQTT_BROKER_LOG_TOPIC:  # QoS 0, nothing to acknowledge
+            self.refusals.topic.feed(bytes(msg.payload).decode("utf-8", "replace"))
+            return
         loop = self._loop
         if loop is not None:
             loop.call_soon_threadsafe(self._take, (time.perf_counter(), msg))
@@ -146,9 +162,18 @@ class MqttBridge:
             return
         self.mqtt_detail = "connected"
         CONNECTED.set(1)
-        self.client.subscribe(self.subscription, qos=1)
+        self._subscribe()
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._relay_all)
+
+    def _subscribe(self) -> None:
+        """The reports (QoS 1) and the broker's notice log (QoS 0: the refusals it counts)."""
+        self.client.on_subscribe = self._on_subscribe
+        self.client.subscribe([(self.subscription, 1), (MQTT_BROKER_LOG_TOPIC, 0)])
+
+    def _on_subscribe(self, _c: Any, _u: Any, _mid: int, reasons: Any, _p: Any) -> None:
+        if len(reasons) == 2:  # the pair of _subscribe; a refused log shows in /healthz
+            self.refusals.on_suback(reasons[1].is_failure, str(reasons[1]))
 
     def _on_disconnect(self, _c: Any, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
         self.mqtt_detail = f"disconnected: {reason}"
@@ -161,13 +186,14 @@ class MqttBridge:
         self._loop = asyncio.get_running_loop()
         await self.gateway.start(timeout_s)
         self._task = asyncio.create_task(self._run(), name="ldp-mqtt-bridge")
+        self.refusals.start()
         await asyncio.to_thread(connect, self.client, self.endpoint, persistent=True,
                                 receive_maximum=MQTT_RECEIVE_MAXIMUM)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.mqtt_detail = "connected"
         CONNECTED.set(1)
-        self.client.subscribe(self.subscription, qos=1)
+        self._subscribe()
         self._relay_all()
         return self
 
@@ -193,6 +219,7 @@ class MqttBridge:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await self.refusals.stop()
         await self.gateway.stop()
 
     # --- config relay ----------------------------------------------------------------------------
@@ -207,8 +234,20 @@ class MqttBridge:
                 RELAYED.labels(fleet.name).inc()
 
     def _relay_all(self) -> None:
+        self._publish_public_key()
         for collection in list(self.gateway.known):
             self._relay(collection)
+
+    def _publish_public_key(self) -> None:
+        """The verifying key's document (``GET /v1/public-key``'s: no private material),
+        retained on ``ldp/<fleet>/public-key`` for each fleet (docs/devices.md, "Getting the
+        public key": check its fingerprint before pinning it)."""
+        key = self.gateway.watcher.verify_key
+        if key is None or not self.client.is_connected():
+            return
+        doc = json.dumps(public_key_document(key), sort_keys=True).encode()
+        for fleet in self.fleets:
+            self.client.publish(mqtt_public_key_topic(fleet), doc, qos=1, retain=True)
 
     # --- messages ---------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -301,6 +340,7 @@ class MqttBridge:
                     "mqtt": {"ok": mqtt, "detail": self.mqtt_detail if not mqtt else "connected",
                              "url": str(self.endpoint), "client_id": self.client_id},
                     "broker": {"ok": broker, "detail": detail},
+                    "broker_log": self.refusals.health(),
                     "config_watcher_running": self.gateway.watcher.running,
                     "ingest_running": running,
                     "last_kafka_error": self.gateway.last_error,

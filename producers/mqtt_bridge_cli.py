@@ -18,6 +18,7 @@ from ldpstream.names import (
     DEFAULT_BIND,
     DEFAULT_MQTT_BRIDGE_PORT,
     ENV_KAFKA_BOOTSTRAP,
+    ENV_MQTT_BROKER_LOG_FILE,
     ENV_MQTT_CA,
     ENV_MQTT_CLIENT_ID,
     ENV_MQTT_SUBSCRIPTION,
@@ -52,6 +53,10 @@ def main(args: Any) -> int:
     subscription = args.subscription or os.environ.get(ENV_MQTT_SUBSCRIPTION) or "shared"
     if subscription not in ("shared", "exclusive"):
         raise CliError(f"{ENV_MQTT_SUBSCRIPTION}: {subscription!r} must be shared or exclusive")
+    broker_log = args.broker_log or os.environ.get(ENV_MQTT_BROKER_LOG_FILE) or None
+    if broker_log is not None and not os.path.isfile(broker_log):
+        source = "--broker-log" if args.broker_log else ENV_MQTT_BROKER_LOG_FILE
+        raise CliError(f"{source}: {broker_log!r} is not a file (the broker's log file)")
     port = args.port or int(os.environ.get(ENV_WEB_PORT) or DEFAULT_MQTT_BRIDGE_PORT)
     bind = args.bind or os.environ.get(ENV_WEB_BIND) or DEFAULT_BIND
     if not args.retire:  # --retire serves no HTTP
@@ -67,7 +72,8 @@ def main(args: Any) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         bridge = MqttBridge(bootstrap, fleets, endpoint, client_id=client_id, ca=ca,
-                            shared=subscription == "shared", max_body_bytes=args.max_body_bytes)
+                            shared=subscription == "shared", max_body_bytes=args.max_body_bytes,
+                            broker_log_file=broker_log)
         try:  # a stop signal while connecting stops cleanly too
             started = await unless_stopped(bridge.start(), stop)
         except (ConnectionError, PublishError, MqttError) as exc:

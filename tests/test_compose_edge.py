@@ -158,9 +158,12 @@ def test_compose_broker_agrees_with_the_embedded_one(tmp_path):
     assert {"allow_anonymous", "max_packet_size", "tls_version"} <= set(fixture)
     for key in set(fixture) - where:
         assert compose.get(key) == fixture[key], key
+    # both publish their log lines where the bridge counts the refusals
+    assert "topic" in fixture["log_dest"] and "topic" in compose["log_dest"]
     users = [BRIDGE.username, *(c.username for c in FLEETS.values())]
     topics = [f"ldp/{f}/c1/{kind}" for f in [*FLEETS, "other"] for kind in ("reports", "config")]
-    topics += ["$share/ldp-bridge/ldp/+/+/reports", "ldp/phones/c1/other", "elsewhere"]
+    topics += ["$share/ldp-bridge/ldp/+/+/reports", "ldp/phones/c1/other", "elsewhere",
+               "$SYS/broker/log/N", "ldp/phones/public-key", "ldp/other/public-key"]
     for user in users:
         for topic in topics:
             assert _access(ACL.read_text(), user, topic) == _access(fixture_acl, user, topic), \

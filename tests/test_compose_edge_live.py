@@ -1,7 +1,8 @@
 """deploy/mosquitto/mosquitto.conf, its ACL file and compose's mqtt-passwords script under a real
 mosquitto (docs/security.md "MQTT: TLS, fleet passwords and ACLs"): fleets publish only under
-their own prefix and read only their own retained config, a wrong password and a wrong host name
-are refused, and compose's Mosquitto healthcheck passes (and fails with a wrong password)."""
+their own prefix and read only their own retained config and public key, a wrong password (seen
+by the bridge's user on the broker's log) and a wrong host name are refused, and compose's
+Mosquitto healthcheck passes (and fails with a wrong password)."""
 from __future__ import annotations
 
 import getpass
@@ -13,13 +14,20 @@ from pathlib import Path
 
 import pytest
 from mqtt_helpers import BRIDGE, FLEETS
+from prometheus_client import CollectorRegistry
 from test_compose import SERVICES
 from test_compose_edge import ACL, CONF
 from test_mosquitto import client, close, publish, subscribe
 
 from ldpstream.dev.mosquitto import FleetCreds, MosquittoService, find_mosquitto
 from ldpstream.mqtt_client import MqttError
-from ldpstream.names import mqtt_config_topic, mqtt_reports_topic
+from ldpstream.names import (
+    MQTT_BROKER_LOG_TOPIC,
+    mqtt_config_topic,
+    mqtt_public_key_topic,
+    mqtt_reports_topic,
+)
+from ldpstream.producers.mqtt_broker_log import BrokerLog, refused_counter
 
 pytestmark = pytest.mark.pipeline
 
@@ -92,9 +100,21 @@ def test_compose_broker_config_runs_with_fleet_isolation_and_tls(tmp_path):
         with pytest.raises(queue.Empty):
             configs.get(timeout=1.0)  # not the other fleet's
         assert seen.empty()
+        # the public key, retained per fleet: a device reads its own fleet's only
+        for fleet in FLEETS:
+            publish(bridge, mqtt_public_key_topic(fleet), fleet.encode(), retain=True)
+        keys = subscribe(client(svc, FLEETS["phones"], "phone-2"), "ldp/+/public-key")
+        assert keys.get(timeout=10) == (mqtt_public_key_topic("phones"), b"phones", True)
+        with pytest.raises(queue.Empty):
+            keys.get(timeout=1.0)
         close(bridge, phone)
+        # the bridge's user reads the broker's refusals (log_dest topic)
+        lines = subscribe(client(svc, BRIDGE, "bridge-log"), MQTT_BROKER_LOG_TOPIC)
         with pytest.raises(MqttError, match="(?i)not authorized|bad user name"):
             client(svc, FleetCreds("phones", "wrong-password"), "bad")
+        log = BrokerLog(set(FLEETS), refused_counter(CollectorRegistry()))
+        reasons = [log.feed(lines.get(timeout=10)[1].decode()) for _ in range(2)]
+        assert reasons == [None, "bad_credentials"], reasons  # "New connection", the refusal
         with pytest.raises(MqttError, match="(?i)certificate|hostname|SSL"):
             client(svc, FLEETS["phones"], "wrong-host", host="127.0.0.1")
         # the compose healthcheck, as its container runs it

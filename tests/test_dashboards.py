@@ -35,7 +35,7 @@ def _run(*args):
 @needs_promtool
 def test_promtool_check_rules():
     out = _run("check", "rules", "rules/ldpstream.rules.yml")
-    assert "8 rules found" in out
+    assert "9 rules found" in out
 
 
 @needs_promtool

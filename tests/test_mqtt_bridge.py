@@ -3,7 +3,8 @@ passwords and ACLs) → bridge (child process) → Kafka → worker → Redis. C
 including across a bridge killed with SIGKILL mid-stream and a Mosquitto restart (persistent
 sessions: nothing lost, nothing counted twice); refused input (wrong credentials, another
 fleet's prefix, a collection the fleet may not use, oversized and malformed payloads) adds nothing
-and is counted; a fresh device reads the retained signed state; two bridges share the load; the
+and is counted (the broker's own refusals too, from its log); a fresh device reads the retained
+signed state; two bridges share the load; the
 bridge and devices work over TLS (host-name verification: tests/test_mosquitto.py).
 Helpers: tests/mqtt_helpers.py; up --mqtt, bench mqtt and Kafka down: tests/test_mqtt_ops.py."""
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mqtt_helpers import (
     setup,
     wait_health,
 )
+from test_mqtt_broker_refusals import publish_packet, raw_session, send_and_wait_close
 
 from ldpstream.dev.mosquitto import FleetCreds
 from ldpstream.mqtt_client import MqttError
@@ -89,8 +91,9 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
             # given beside it; the state is relayed only to the
             # fleets allowed the collection (sensors: "elsewhere" only)
             from ldpstream.mqtt_client import connect, make_client, parse_mqtt_url
-            from ldpstream.names import mqtt_config_topic
+            from ldpstream.names import mqtt_config_topic, mqtt_public_key_topic
             from ldpstream.producers.codec import batch_to_json, decode_batch
+            from ldpstream.producers.signing import VerifyKey, load_verify_key
 
             extra = np.array([[0, 1], [2, 0]], dtype=np.int64)
             batch = decode_batch(encode_batch(cid, mech.version, extra,
@@ -108,9 +111,21 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
             sensors.on_message = lambda _c, _u, m: got.append(m.topic)
             connect(sensors, ep, persistent=False)
             sensors.subscribe(mqtt_config_topic("sensors", "+"), qos=1)
+            # the verifying key, retained per fleet: a phones device reads its own fleet's only
+            keys: list = []
+            reader = make_client(parse_mqtt_url(url), "phones-key")
+            reader.on_message = lambda _c, _u, m: keys.append((m.topic, json.loads(m.payload)))
+            connect(reader, parse_mqtt_url(url), persistent=False)
+            reader.subscribe("ldp/+/public-key", qos=1)
             await asyncio.sleep(1.0)
             assert got == [], got
-            for c in (phones.client, sensors):
+            assert [t for t, _ in keys] == [mqtt_public_key_topic("phones")], keys
+            doc = keys[0][1]
+            key = VerifyKey.from_text(doc["public_key"])
+            assert doc == {"alg": "ed25519", "public_key": key.to_text(), "key_id": key.key_id,
+                           "fingerprint": key.fingerprint}
+            assert key.key_id == load_verify_key().key_id  # the key the bridge pinned
+            for c in (phones.client, sensors, reader):
                 c.disconnect()
                 c.loop_stop()
             return np.concatenate([extra, extra])
@@ -128,10 +143,31 @@ def test_devices_over_mqtt_are_counted_exactly_and_bad_input_is_refused(
         assert metric(proc.port, "ldp_mqtt_rejected_total", 'fleet="sensors"',
                       'reason="forbidden"') == 1
         assert metric(proc.port, "ldp_mqtt_rejected_total", 'fleet="phones"') == 3
+        # what the broker refused itself, from its log: the wrong password (fleet "-": Mosquitto
+        # logs a refused CONNECT without its user), the packet over max_packet_size, and a
+        # malformed packet; the other fleet's prefix is logged at debug level only
+        send_and_wait_close(raw_session(mosquitto, "sensors-wild", FLEETS["sensors"]),
+                            publish_packet(b"ldp/sensors/#/reports", b"x"))
+        want = {('fleet="-"', 'reason="bad_credentials"'): 1.0,
+                ('fleet="sensors"', 'reason="malformed_packet"'): 1.0}
+        big = ('fleet="phones"', 'reason="too_large"')
+        for _ in range(40):
+            got = {k: metric(proc.port, "ldp_mqtt_broker_refused_total", *k) for k in want}
+            if got == want and metric(proc.port, "ldp_mqtt_broker_refused_total", *big):
+                break
+            time.sleep(0.25)
+        assert got == want
+        # paho resends the oversized QoS 1 publish on each reconnect until it is stopped: each
+        # attempt is refused, and counted
+        too_large = metric(proc.port, "ldp_mqtt_broker_refused_total", *big)
+        assert too_large >= 1
+        assert metric(proc.port, "ldp_mqtt_broker_refused_total") == sum(want.values()) + too_large
         asyncio.run(check_counts(redis_server.url, coll, mech, reports))  # only the JSON batch
         with urllib.request.urlopen(f"http://127.0.0.1:{proc.port}/healthz", timeout=5) as r:
             health = json.loads(r.read())
         assert health["mqtt"]["ok"] and health["broker"]["ok"], health
+        assert health["broker_log"]["ok"] and health["broker_log"]["detail"] == "subscribed", \
+            health
     finally:
         assert proc.stop() == 0
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.core
 @pytest.fixture
 def env(monkeypatch, tmp_path):
     for name in ("LDP_MQTT_URL", "LDP_MQTT_CA", "LDP_MQTT_FLEETS_FILE", "LDP_MQTT_SUBSCRIPTION",
-                 "LDP_CONFIG_PUBLIC_KEY", "LDP_CONFIG_PUBLIC_KEY_FILE"):
+                 "LDP_MQTT_BROKER_LOG_FILE", "LDP_CONFIG_PUBLIC_KEY", "LDP_CONFIG_PUBLIC_KEY_FILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
     fleets = tmp_path / "fleets.yaml"
@@ -50,6 +50,12 @@ def test_bridge_start_refusals_name_the_setting(env, capsys, tmp_path):
     monkeypatch.setenv("LDP_CONFIG_PUBLIC_KEY", SigningKey.generate().verify_key.to_text())
     monkeypatch.setenv("LDP_MQTT_SUBSCRIPTION", "everyone")
     assert "LDP_MQTT_SUBSCRIPTION" in refusal(capsys, [*url, "--fleets", str(fleets)])
+    monkeypatch.delenv("LDP_MQTT_SUBSCRIPTION")
+    missing = str(tmp_path / "mosquitto.log")
+    assert "--broker-log" in refusal(capsys, [*url, "--fleets", str(fleets), "--broker-log", missing])
+    monkeypatch.setenv("LDP_MQTT_BROKER_LOG_FILE", missing)
+    assert "LDP_MQTT_BROKER_LOG_FILE" in refusal(capsys, [*url, "--fleets", str(fleets)])
+    monkeypatch.delenv("LDP_MQTT_BROKER_LOG_FILE")
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS")
     assert "KAFKA_BOOTSTRAP_SERVERS" in refusal(capsys, url)
 

@@ -5,8 +5,10 @@ The generated config has no anonymous access: a password file (``mosquitto_passw
 user per fleet plus the bridge's user, and an ACL file where a fleet may publish only under
 ``ldp/<fleet>/+/reports`` and read only ``ldp/<fleet>/+/config``, while the bridge reads every
 fleet's reports (through the shared subscription ``$share/ldp-bridge/...``) and writes every
-config topic. Persistence is on (a data directory, autosaved every few seconds and at shutdown),
-so :meth:`MosquittoService.restart` keeps persistent sessions and their queued QoS 1 messages.
+config topic and reads the broker's log (``log_dest topic``: its refusals, counted by the
+bridge, producers/mqtt_broker_log.py). Persistence is on (a data directory, autosaved every
+few seconds and at shutdown), so :meth:`MosquittoService.restart` keeps persistent sessions
+and their queued QoS 1 messages.
 With ``tls=True`` the listener speaks TLS only, its certificate signed by the throw-away CA of
 :func:`ldpstream.dev.kafka_tls.write_test_pki` for the names in ``tls_hosts``.
 """
@@ -25,12 +27,14 @@ from ldpstream.dev.kafka_tls import write_test_pki
 from ldpstream.dev.process import LOOPBACK, _Child
 from ldpstream.errors import ServiceError
 from ldpstream.names import (
-    MQTT_RECEIVE_MAXIMUM as RECEIVE_MAXIMUM,
-)
-from ldpstream.names import (
+    MQTT_BROKER_LOG_ACL,
     MQTT_SHARE_GROUP,
     mqtt_config_topic,
+    mqtt_public_key_topic,
     mqtt_reports_topic,
+)
+from ldpstream.names import (
+    MQTT_RECEIVE_MAXIMUM as RECEIVE_MAXIMUM,
 )
 
 __all__ = ["FleetCreds", "MosquittoService", "find_mosquitto"]
@@ -63,6 +67,8 @@ class MosquittoService(_Child):
     :meth:`restart` and :meth:`stop` (the caller owns it). ``max_packet_size`` bounds every MQTT
     packet in bytes: a larger one makes the broker drop the connection; ``max_queued_messages``
     bounds the QoS 1 messages kept per offline session (the bridge's while it restarts).
+    ``debug_log`` adds ``log_type debug``: :attr:`log_path` then has ``Denied PUBLISH`` lines
+    (the bridge's ``--broker-log``; several lines per message, so off by default).
     """
 
     name = "mosquitto"
@@ -72,7 +78,7 @@ class MosquittoService(_Child):
                  max_packet_size: int = 2 * 1024 * 1024, max_queued_messages: int = 1_000_000,
                  port: int | None = None,
                  tls_hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
-                 startup_timeout: float = 20.0) -> None:
+                 startup_timeout: float = 20.0, debug_log: bool = False) -> None:
         super().__init__(port)
         for fleet in fleets:
             if not fleet or any(c in fleet for c in "/+#"):
@@ -85,6 +91,7 @@ class MosquittoService(_Child):
         self.max_queued_messages = int(max_queued_messages)
         self.tls_hosts = tls_hosts
         self.startup_timeout = startup_timeout
+        self.debug_log = debug_log
         self.ca_path: Path | None = None
         self._server_pem: Path | None = None
         self._log_start = 0
@@ -128,10 +135,13 @@ class MosquittoService(_Child):
         acl = [f"user {self.bridge.username}",
                f"topic read {mqtt_reports_topic('+', '+')}",
                f"topic read $share/{MQTT_SHARE_GROUP}/{mqtt_reports_topic('+', '+')}",
-               f"topic readwrite {mqtt_config_topic('+', '+')}", ""]
+               f"topic readwrite {mqtt_config_topic('+', '+')}",
+               f"topic readwrite {mqtt_public_key_topic('+')}",
+               f"topic read {MQTT_BROKER_LOG_ACL}", ""]
         for fleet, creds in self.fleets.items():
             acl += [f"user {creds.username}", f"topic write {mqtt_reports_topic(fleet, '+')}",
-                    f"topic read {mqtt_config_topic(fleet, '+')}", ""]
+                    f"topic read {mqtt_config_topic(fleet, '+')}",
+                    f"topic read {mqtt_public_key_topic(fleet)}", ""]
         acl_file.write_text("\n".join(acl), encoding="utf-8")
         lines = [f"user {getpass.getuser()}", "per_listener_settings false",
                  "allow_anonymous false", f"password_file {pw_file}", f"acl_file {acl_file}",
@@ -142,7 +152,11 @@ class MosquittoService(_Child):
                  # have many unacknowledged messages in flight (it acknowledges after Kafka)
                  f"max_queued_messages {self.max_queued_messages}",
                  f"max_inflight_messages {RECEIVE_MAXIMUM}", "log_dest stderr",
+                 # the notice-level lines on $SYS/broker/log/N: the refusals the bridge counts
+                 "log_dest topic",
                  "log_type error", "log_type warning", "log_type notice", "log_type information",
+                 # opt-in: the log file (log_path) then has the ACL-denied publishes too
+                 *(["log_type debug"] if self.debug_log else []),
                  "connection_messages true", f"listener {self.port} {LOOPBACK}"]
         if self.tls:
             if self.ca_path is None:

@@ -65,11 +65,10 @@ for j = 1, nchunks + nside do
       return redis.error_reply('ldp-apply: malformed increments')
     end
   else
-    local pat, most = '^%-?%d+$', 18
+    local pat, most, set = '^%-?%d+$', 18, false
     if string.sub(blob, 1, 1) == '=' then
-      blob = string.sub(blob, 2); pat = '^[%d:]+$'; most = 48
+      blob = string.sub(blob, 2); pat = '^[%d:]+$'; most = 1024; set = true
     end
-    local set = most == 48
     for f, v in string.gmatch(blob, '(%S+) (%S+)') do
       if #v > most or not string.match(v, pat)
           or (not set and not is_int(redis.call('HGET', KEYS[2 + j], f))) then

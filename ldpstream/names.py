@@ -11,7 +11,7 @@ __all__ = [
     "DEFAULT_ESTIMATORS", "DEFAULT_REFRESH_INTERVAL_S",
     "DEFAULT_CONTROLLER_INTERVAL_S", "DEFAULT_BUCKET_S", "DEFAULT_WINDOWS",
     "DEFAULT_DRIFT_ALPHA", "DEFAULT_QUOTA_WINDOW_S", "DEFAULT_BATCH_REPORTS",
-    "DEFAULT_BATCH_SECONDS", "MAX_MESSAGE_BYTES",
+    "DEFAULT_BATCH_SECONDS", "MAX_MESSAGE_BYTES", "DEFAULT_DEVICE_STATE_MAX",
 ]
 
 # --- Kafka topics (docs/pipeline.md, "What runs") ---------------------------------------------------
@@ -64,6 +64,8 @@ DEFAULT_BUCKET_S = 60.0
 DEFAULT_WINDOWS = ("5m", "1h", "24h", "all")
 DEFAULT_DRIFT_ALPHA = 1e-3
 DEFAULT_QUOTA_WINDOW_S = 86_400.0
+#: memoized collections: devices whose latest report one partition keeps (agents/device_memo.py)
+DEFAULT_DEVICE_STATE_MAX = 1_000_000
 
 # --- ingest defaults ---------------------------------------------------------------------------------
 

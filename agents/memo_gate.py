@@ -1,0 +1,115 @@
+"""Memoized collections in the ingest worker: each partition's devices' latest reports, loaded
+from their side hashes at the stored offset, and the moves of each run of reports (the rule is
+agents/device_memo.py; docs/devices.md, "Memoized collections count devices")."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+from aiokafka.structs import ConsumerRecord
+
+from ldpstream.agents import device_memo, metrics
+from ldpstream.agents.apply_delta import SideValues
+from ldpstream.agents.clients import RedisGate
+from ldpstream.agents.partition import PartitionState, Pending
+from ldpstream.agents.store import CountStore
+from ldpstream.config import Collection
+from ldpstream.producers.codec import ReportBatch, encode_batch
+
+
+class MemoGate:
+    """The latest report of every device of the assigned partitions of memoized collections."""
+
+    def __init__(self, collections: dict[str, Collection], gate: RedisGate,
+                 store: CountStore) -> None:
+        self.collections = collections
+        self.gate = gate
+        self.store = store
+        # the switch is the mechanism protocol's: any family whose devices memoize
+        self._memoized = {cid: c.mechanism().memoization() is not None
+                          for cid, c in collections.items()}
+
+    def applies(self, cid: str) -> bool:
+        return self._memoized.get(cid, False)
+
+    async def load(self, state: PartitionState) -> None:
+        """Read the entries of this epoch and the one before (worker's clock) if not in memory;
+        entries older than that are dropped from memory (they have expired in Redis too)."""
+        policy = self.collections[state.collection].policy
+        epoch = device_memo.epoch_of(time.time(), policy)
+        if state.memo is not None:
+            if state.memo_epoch != epoch:
+                state.memo = {d: (e, v) for d, (e, v) in state.memo.items() if e >= epoch - 1}
+                state.memo_epoch = epoch
+            return
+        have: dict[int, tuple[int, str]] = {}
+        for e in (epoch - 1, epoch):
+            name = device_memo.side_name(e)
+            raw = await self.gate.retry(
+                lambda: self.store.read_side_raw(state.collection, state.tp.partition, name),
+                what=f"read the devices' latest reports of {state.collection}"
+                     f"[{state.tp.partition}]")
+            if state.memo is not None:  # loaded meanwhile
+                return
+            for k, v in raw.items():
+                have[int(k)] = (e, v.decode() if isinstance(v, bytes) else str(v))
+        state.memo, state.memo_epoch = have, epoch
+
+    def admit(self, state: PartitionState, pend: Pending, m: ConsumerRecord,
+              b: ReportBatch) -> ReportBatch | None:
+        """The reports of ``b`` the worker can count by device: a batch without device ids is
+        refused whole (``missing_device_ids``); reports of devices beyond the collection's
+        ``device_state_max`` per partition go to the DLQ as ``device_state_full``."""
+        cid = state.collection
+        if b.device_ids is None:
+            pend.reject("missing_device_ids", f"collection {cid!r} is memoized (counted per "
+                        f"device): every report needs a device id", m.value, m.offset, b.n)
+            return None
+        assert state.memo is not None
+        room = self.collections[cid].device_state_max - len(state.memo)
+        ids = np.asarray(b.device_ids, dtype=np.uint64)
+        new = np.fromiter((int(d) not in state.memo for d in ids.tolist()), dtype=bool,
+                          count=ids.size)
+        uniq_new = np.unique(ids[new])
+        if uniq_new.size <= room:
+            return b
+        refused = np.isin(ids, uniq_new[max(room, 0):])
+        pend.reject("device_state_full",
+                    f"{int(refused.sum())} report(s) of {int(uniq_new.size - max(room, 0))} new "
+                    f"device(s): partition {state.tp.partition} of {cid!r} already keeps the "
+                    f"latest report of device_state_max = "
+                    f"{self.collections[cid].device_state_max} devices",
+                    encode_batch(b.collection, b.version, b.reports[refused],
+                                 device_ids=b.device_ids[refused], sent_at=b.sent_at),
+                    m.offset, int(refused.sum()))
+        if refused.all():
+            return None
+        keep = ~refused
+        return dataclasses.replace(b, reports=b.reports[keep], device_ids=b.device_ids[keep])
+
+    def moves(self, state: PartitionState, pend: Pending, device_ids: np.ndarray,
+              reports: np.ndarray, buckets: np.ndarray, version: int) -> device_memo.Moves:
+        """The moves of one run of reports of ``version`` (in order), recorded in the partition's
+        state and its pending delta."""
+        memo, epoch = state.memo, state.memo_epoch
+        assert memo is not None and epoch is not None
+        mv = device_memo.latest_per_device(device_ids, reports, buckets, version,
+                                           lambda d: (memo.get(d) or (0, None))[1])
+        written = pend.memo.setdefault(epoch, {})
+        for d, entry in mv.entries.items():
+            memo[d] = (epoch, entry)
+            written[d] = entry
+        pend.memo_epoch_s = device_memo.epoch_length(self.collections[state.collection].policy)
+        metrics.MEMO_DEVICES.labels(state.collection, str(state.tp.partition)).set(len(memo))
+        return mv
+
+    @staticmethod
+    def side(pend: Pending) -> dict[str, SideValues]:
+        """The entries a delta writes, each epoch's hash expiring two epochs after it."""
+        span = pend.memo_epoch_s
+        return {} if span is None else {
+            device_memo.side_name(e): SideValues({str(d): v for d, v in devices.items()},
+                                                 expire_at=(e + 2) * span)
+            for e, devices in pend.memo.items() if devices}
+

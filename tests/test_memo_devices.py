@@ -1,0 +1,154 @@
+"""Memoized collections count devices, not reports (docs/devices.md): the rule (each device at its
+latest report, its previous report subtracted), its state in Redis written with the counts, and
+the live worker: a device sending 1,000 memoized reports moves the estimate by one device and
+does not shrink the error bound, across a kill -9 of the worker."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.parse
+
+import numpy as np
+import pytest
+import yaml
+from conftest import write_config
+from kafka_helpers import read_dlq
+from store_helpers import read_collection, read_fine_buckets
+from tolerance import assert_close
+
+from ldpstream.agents.device_memo import decode, encode, latest_per_device
+
+
+def test_latest_report_of_each_device_supersedes_its_previous():
+    ids = np.array([5, 7, 5, 9, 7], dtype=np.uint64)
+    reports = np.array([[0, 0], [1, 0], [0, 1], [1, 1], [1, 1]])
+    buckets = np.array([10, 10, 11, 11, 12])
+    known = {7: encode(0, 3, np.array([0, 1])), 8: encode(0, 4, np.array([1, 1]))}
+    mv = latest_per_device(ids, reports, buckets, 2, known.get)
+    assert mv.keep.tolist() == [2, 3, 4]           # the last report of 5, 9 and 7, in order
+    removed = mv.removed_rows()
+    assert list(removed) == [(0, 3)] and removed[(0, 3)].tolist() == [[0, 1]]
+    assert mv.entries == {5: "2:12:0:1", 9: "2:12:1:1", 7: "2:13:1:1"}
+
+
+def test_entry_round_trip_and_all_time_only():
+    v, b, rep = decode(encode(4, -1, np.array([3, 0, 12])))
+    assert (v, b, rep.tolist()) == (4, -1, [3, 0, 12])
+    assert encode(4, -1, np.array([3])) == "4:0:3"    # digits and ':' only (the apply checks)
+
+
+DEVICES = 2000
+ROUNDS = 3          # every honest device reports this many times (its last report counts)
+CHATTY = 1000       # reports of the one chatty device
+CHATTY_ID = 10**9
+MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 2.0}
+
+
+def memo_config(tmp_path, cid: str, **extra) -> str:
+    path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=2,
+                        marginals=[("sex", "Salary")], estimators=("castell",),
+                        refresh_interval_s=0.5)
+    doc = yaml.safe_load(open(path))
+    doc["collections"][0].update({"params": {"memoize": MEMOIZE}, "windows": ["5m", "all"],
+                                  **extra})
+    yaml.safe_dump(doc, open(path, "w"))
+    return path
+
+
+def latest_table(ids: np.ndarray, reports: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The count table of each device's last report (in order)."""
+    mv = latest_per_device(ids, reports, np.zeros(1, dtype=np.int64), 0, lambda d: None)
+    table = np.zeros(shape, dtype=np.int64)
+    np.add.at(table, tuple(reports[mv.keep].T), 1)
+    return table
+
+
+def test_chatty_device_counts_once_across_kill9(tmp_path, kafka_broker, redis_server,
+                                                spawn_worker, unique_name):
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
+    from ldpstream.estimators.kernels.poisoning import poisoning_bound
+    from ldpstream.producers.codec import encode_batch
+    from ldpstream.producers.publisher import Publisher
+
+    cid = unique_name
+    path = memo_config(tmp_path, cid)
+    coll = load_config(path).collections[cid]
+    mech = coll.mechanism()
+    assert mech.memoization() is not None
+    shape = coll.domain.shape
+    rng = np.random.default_rng(7)
+    honest_ids = np.arange(1, DEVICES + 1, dtype=np.uint64)
+    # each round: every device's report; reports of a device land on partition id % 2
+    rounds = [np.stack([rng.integers(0, k, DEVICES) for k in shape], axis=1)
+              for _ in range(ROUNDS)]
+    chatty = np.tile(np.array([[0, 1]]), (CHATTY, 1))
+    worker = spawn_worker(path)
+    worker.wait_ready(60)
+
+    async def send(pub: Publisher, ids: np.ndarray, reports: np.ndarray) -> None:
+        for p in (0, 1):
+            on = ids % 2 == p
+            for s in range(0, int(on.sum()), 250):
+                sl = slice(s, s + 250)
+                await pub.send(coll.topic, encode_batch(cid, mech.version, reports[on][sl],
+                                                        device_ids=ids[on][sl]), partition=p)
+        await pub.flush()
+
+    async def run() -> tuple[dict, dict, dict]:
+        store = make_store(redis_server.url)
+        async with Publisher(kafka_broker.bootstrap) as pub:
+            await send(pub, honest_ids, rounds[0])
+            await send(pub, np.full(CHATTY // 2, CHATTY_ID, np.uint64), chatty[:CHATTY // 2])
+            deadline = time.monotonic() + 60
+            while await store.n(cid, 2) < DEVICES and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            worker.kill()  # SIGKILL mid-stream: Redis holds counts and device state together
+            for r in rounds[1:]:
+                await send(pub, honest_ids, r)
+            await send(pub, np.full(CHATTY // 2, CHATTY_ID, np.uint64), chatty[CHATTY // 2:])
+            w2 = spawn_worker(path)
+            w2.wait_ready(60)
+            want = DEVICES * ROUNDS + CHATTY
+            deadline = time.monotonic() + 90
+            while await store.n(cid, 2) < want and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            assert await store.n(cid, 2) == want, w2.log_tail()
+            counts = await read_collection(store, coll)
+            fine = await read_fine_buckets(store, coll, 300)
+            est = {}
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                q = urllib.parse.urlencode({"attrs": "sex,Salary", "method": "castell",
+                                            "window": "5m"})
+                est = json.loads(w2.get(f"/estimates/{cid}?{q}", any_status=True))
+                if est.get("n") == DEVICES + 1:
+                    break
+                await asyncio.sleep(0.3)
+        await store.close()
+        return counts, fine, est
+
+    counts, fine, est = asyncio.run(run())
+    key = next(iter(counts))
+    honest = latest_table(honest_ids, rounds[-1], shape)
+    one = np.zeros(shape, dtype=np.int64)
+    one[0, 1] = 1
+    # exactly each device once: every honest device at its last report, the chatty one once
+    np.testing.assert_array_equal(counts[key], honest + one)
+    np.testing.assert_array_equal(fine[key], honest + one)
+    assert est.get("n") == DEVICES + 1, est
+    attrs = ("sex", "Salary")
+    clean = mech.estimate({key: honest}, attrs, "castell").factor.values
+    live = np.asarray(est["raw_cells"] if est.get("raw_cells") is not None else est["cells"])
+    moved = float(np.abs(mech.estimate({key: counts[key]}, attrs, "castell").factor.values
+                         - clean).max())
+    assert moved <= poisoning_bound(mech.channels_of(attrs), DEVICES, 1) + 1e-12
+    # the bound counts devices: what DEVICES + 1 devices give, not DEVICES + 1,000 reports
+    chatty_counted = mech.estimate({key: honest + CHATTY * one}, attrs, "castell")
+    by_device = mech.estimate({key: counts[key]}, attrs, "castell")
+    assert est["error_bound"] is not None and by_device.error_bound is not None
+    assert_close(est["error_bound"], by_device.error_bound, rel=0.05)
+    assert by_device.error_bound > 1.15 * chatty_counted.error_bound
+    assert live.size == clean.size
+    assert not [r for r in read_dlq(kafka_broker.bootstrap, topic=coll.topic)]

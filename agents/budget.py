@@ -1,4 +1,4 @@
-"""The daily ε budget in the worker (docs/devices.md, "ε per window and per day"): a collection
+"""The daily ε budget in the worker (docs/privacy-over-time.md, "ε per window and per day"): a collection
 with ``max_epsilon_per_day`` counts at most :func:`~ldpstream.privacy_windows.daily_report_limit`
 reports per device id per day of the worker's clock; the rest go to ``ldp.dlq`` as
 ``over_budget`` (``ldp_reports_rejected_total{reason="over_budget"}``). Counted like the device

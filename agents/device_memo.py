@@ -1,4 +1,4 @@
-"""Estimates that count devices, not reports, for memoized collections (docs/devices.md,
+"""Estimates that count devices, not reports, for memoized collections (docs/privacy-over-time.md,
 "Memoized collections count devices").
 
 A device that memoizes [RAPPOR §3] sends the same permanent response again and again: its
@@ -33,7 +33,7 @@ __all__ = ["PREFIX", "side_name", "epoch_length", "epoch_of", "encode", "decode"
 
 PREFIX = "memo:"
 DAY_S = 86_400.0
-#: Redis memory of one device's entry (hash field + value + overhead, measured: docs/devices.md)
+#: Redis memory of one device's entry (hash field + value + overhead, measured: docs/privacy-over-time.md)
 STATE_BYTES_PER_DEVICE = 100
 
 

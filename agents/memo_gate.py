@@ -1,6 +1,6 @@
 """Memoized collections in the ingest worker: each partition's devices' latest reports, loaded
 from their side hashes at the stored offset, and the moves of each run of reports (the rule is
-agents/device_memo.py; docs/devices.md, "Memoized collections count devices")."""
+agents/device_memo.py; docs/privacy-over-time.md, "Estimates that count devices")."""
 from __future__ import annotations
 
 import dataclasses

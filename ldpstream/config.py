@@ -204,18 +204,18 @@ class Collection(_Strict):
     reports_per_day: float | None = Field(
         None, gt=0.0, description="the reporting rate devices are configured with (reports per "
                                   "device per day): states the ε a device spends per window and "
-                                  "per day (docs/devices.md)")
+                                  "per day (docs/privacy-over-time.md)")
     max_epsilon_per_day: float | None = Field(
         None, gt=0.0, description="the most ε a device spends on this collection per day: its "
                                   "SDK ledger refuses reports beyond it, the worker counts at "
                                   "most the reports per device and day that fit (the rest go to "
                                   "`ldp.dlq` as `over_budget`); a declared rate that spends more "
-                                  "fails at start (docs/devices.md)")
+                                  "fails at start (docs/privacy-over-time.md)")
     device_state_max: int = Field(
         DEFAULT_DEVICE_STATE_MAX, ge=1,
         description="memoized collections, counted per device: devices whose latest report one "
                     "partition keeps (about 100 bytes each in Redis); reports of further "
-                    "devices go to `ldp.dlq` as `device_state_full` (docs/devices.md)")
+                    "devices go to `ldp.dlq` as `device_state_full` (docs/privacy-over-time.md)")
 
     # --- semantic checks (each runs when the fields it needs passed their type check) ---------
 

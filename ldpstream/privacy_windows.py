@@ -1,5 +1,5 @@
 """What a device spends per window and per day at its collection's declared reporting rate, and
-the daily ε budget the SDK ledger and the worker enforce (docs/devices.md, "ε per window and per
+the daily ε budget the SDK ledger and the worker enforce (docs/privacy-over-time.md, "ε per window and per
 day"). Pure functions of the collection's config and its mechanism's
 :class:`~ldpstream.estimators.stream.longitudinal.Guarantee`.
 

@@ -1,4 +1,4 @@
-"""Memoized collections count devices, not reports (docs/devices.md): the rule (each device at its
+"""Memoized collections count devices, not reports (docs/privacy-over-time.md): the rule (each device at its
 latest report, its previous report subtracted), its state in Redis written with the counts, and
 the live worker: a device sending 1,000 memoized reports moves the estimate by one device and
 does not shrink the error bound, across a kill -9 of the worker."""
@@ -11,7 +11,6 @@ import urllib.parse
 
 import numpy as np
 import pytest
-import yaml
 from conftest import write_config
 from kafka_helpers import read_dlq
 from store_helpers import read_collection, read_fine_buckets
@@ -46,14 +45,10 @@ MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 2.0}
 
 
 def memo_config(tmp_path, cid: str, **extra) -> str:
-    path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=2,
+    return write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=2,
                         marginals=[("sex", "Salary")], estimators=("castell",),
-                        refresh_interval_s=0.5)
-    doc = yaml.safe_load(open(path))
-    doc["collections"][0].update({"params": {"memoize": MEMOIZE}, "windows": ["5m", "all"],
-                                  **extra})
-    yaml.safe_dump(doc, open(path, "w"))
-    return path
+                        refresh_interval_s=0.5,
+                        extra={"params": {"memoize": MEMOIZE}, "windows": ["5m", "all"], **extra})
 
 
 def latest_table(ids: np.ndarray, reports: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -64,6 +59,7 @@ def latest_table(ids: np.ndarray, reports: np.ndarray, shape: tuple[int, ...]) -
     return table
 
 
+@pytest.mark.pipeline
 def test_chatty_device_counts_once_across_kill9(tmp_path, kafka_broker, redis_server,
                                                 spawn_worker, unique_name):
     from ldpstream.agents.app import make_store

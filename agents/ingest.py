@@ -379,7 +379,7 @@ class IngestService(Service):
                 "conflicts": s.conflicts, "lost_rereads": s.lost_rereads,
                 "applied_reports": s.applied_reports, "assigned_at": self.rebalancer.assigned_at,
                 "last_apply_at": s.last_apply_at, "log_resets": self.log_check.resets[-20:],
-                "poison_pills": s.poison_pills,
+                "poison_pills": s.poison_pills, "device_state_full": dict(s.device_state_full),
                 "config_republished": [] if self.control is None else self.control.republished,
                 "careful": sorted(f"{st.tp.topic}[{st.tp.partition}]" for st in self.partitions
                                   if st.careful is not None),

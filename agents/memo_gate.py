@@ -17,6 +17,9 @@ from ldpstream.agents.store import CountStore
 from ldpstream.config import Collection
 from ldpstream.producers.codec import ReportBatch, encode_batch
 
+#: the DLQ reason of reports of new devices beyond ``device_state_max``
+DEVICE_STATE_FULL = "device_state_full"
+
 
 class MemoGate:
     """The latest report of every device of the assigned partitions of memoized collections."""
@@ -75,7 +78,7 @@ class MemoGate:
         if uniq_new.size <= room:
             return b
         refused = np.isin(ids, uniq_new[max(room, 0):])
-        pend.reject("device_state_full",
+        pend.reject(DEVICE_STATE_FULL,
                     f"{int(refused.sum())} report(s) of {int(uniq_new.size - max(room, 0))} new "
                     f"device(s): partition {state.tp.partition} of {cid!r} already keeps the "
                     f"latest report of device_state_max = "

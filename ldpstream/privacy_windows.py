@@ -12,12 +12,15 @@ than ``k × ε_report`` (each report is ``ε_report``-LDP on its own).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ldpstream.estimators.mechanism import Mechanism
 from ldpstream.estimators.stream.longitudinal import Guarantee, periods_per_window
 
-__all__ = ["DAY_S", "reports_in", "epsilon_in", "daily_report_limit", "budget_problem",
+if TYPE_CHECKING:
+    from ldpstream.config import Collection
+
+__all__ = ["over_time", "DAY_S", "reports_in", "epsilon_in", "daily_report_limit", "budget_problem",
            "window_fields"]
 
 DAY_S = 86_400.0
@@ -98,3 +101,23 @@ def window_fields(reports_per_day: float | None, max_epsilon_per_day: float | No
             "epsilon_per_device_day": None if g is None else
             epsilon_in(g, DAY_S, reports_per_day),
             "daily_report_limit": daily_report_limit(max_epsilon_per_day, reports_per_day, g)}
+
+
+def over_time(coll: "Collection", mechanism: Mechanism,
+              device_state_full: int = 0) -> dict[str, Any]:
+    """The ``over_time`` field of a collection's description: what its estimates count
+    (``device`` when the mechanism memoizes: agents/device_memo.py, else ``report``), the
+    window fields above and, when this worker refused reports of new devices for want of room
+    (``device_state_full``), a warning."""
+    memoized = mechanism.memoization() is not None
+    out = {"counted_by": "device" if memoized else "report",
+           **window_fields(coll.reports_per_day, coll.max_epsilon_per_day,
+                           [(w.name, w.seconds) for w in coll.windows], mechanism),
+           "device_state_max": coll.device_state_max if memoized else None,
+           "warning": None}
+    if device_state_full:
+        out["warning"] = (f"{device_state_full} report(s) of new devices refused "
+                          f"(device_state_full): a partition keeps at most device_state_max = "
+                          f"{coll.device_state_max} devices; their devices are not in the "
+                          f"estimates")
+    return out

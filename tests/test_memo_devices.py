@@ -148,3 +148,63 @@ def test_chatty_device_counts_once_across_kill9(tmp_path, kafka_broker, redis_se
     assert by_device.error_bound > 1.15 * chatty_counted.error_bound
     assert live.size == clean.size
     assert not [r for r in read_dlq(kafka_broker.bootstrap, topic=coll.topic)]
+
+
+@pytest.mark.pipeline
+def test_device_state_cap_refuses_loudly(tmp_path, kafka_broker, redis_server, spawn_worker,
+                                         unique_name):
+    """Beyond ``device_state_max`` devices a partition refuses new devices' reports: DLQ
+    ``device_state_full``, the metric, ``/healthz`` degraded and a warning in ``/collections``,
+    which states what the collection counts and ε per window and day at the declared rate."""
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
+    from ldpstream.producers.codec import encode_batch
+    from ldpstream.producers.publisher import Publisher
+
+    cid = unique_name
+    path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=1,
+                        marginals=[("sex", "Salary")], estimators=("castell",),
+                        extra={"params": {"memoize": MEMOIZE}, "device_state_max": 50,
+                               "reports_per_day": 1440, "max_epsilon_per_day": 4.0})
+    coll = load_config(path).collections[cid]
+    mech = coll.mechanism()
+    worker = spawn_worker(path)
+    worker.wait_ready(60)
+
+    async def run() -> dict:
+        store = make_store(redis_server.url)
+        async with Publisher(kafka_broker.bootstrap) as pub:
+            for first in (0, 40):   # 40 devices, then 20 more of which 10 find no room
+                ids = np.arange(first, first + (40 if first == 0 else 20), dtype=np.uint64)
+                await pub.send(coll.topic, encode_batch(cid, mech.version,
+                                                        np.zeros((ids.size, 2), np.int64),
+                                                        device_ids=ids), partition=0)
+                await pub.flush()
+                deadline = time.monotonic() + 60
+                while await store.n(cid, 1) < min(first + 40, 50) and \
+                        time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+        counts = await read_collection(store, coll)
+        await store.close()
+        return counts
+
+    counts = asyncio.run(run())
+    assert int(next(iter(counts.values())).sum()) == 50
+    full = [r for r in read_dlq(kafka_broker.bootstrap, topic=coll.topic)
+            if r["reason"] == "device_state_full"]
+    assert len(full) == 1 and "device_state_max = 50" in full[0]["detail"]
+    deadline = time.monotonic() + 10
+    health = json.loads(worker.get("/healthz", any_status=True))
+    while not health["checks"].get("devices", {}).get("device_state_full") and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+        health = json.loads(worker.get("/healthz", any_status=True))
+    assert health["status"] == "degraded", health
+    assert health["checks"]["devices"] == {"ok": False, "device_state_full": {cid: 10}}
+    info = json.loads(worker.get(f"/collections/{cid}"))["over_time"]
+    assert info["counted_by"] == "device" and info["daily_report_limit"] == 1440
+    assert "10 report(s) of new devices refused" in info["warning"]
+    assert_close(info["epsilon_per_device_day"], 4.0, 1e-9)      # 2 rotations × ε 2
+    assert_close(info["epsilon_per_window"]["5m"], 4.0, 1e-9)
+    assert 'ldp_reports_rejected_total{collection="%s",reason="device_state_full"} 10.0' % cid \
+        in worker.get("/metrics")

@@ -132,3 +132,15 @@ def test_worker_and_sdk_refuse_a_device_over_the_budget(tmp_path, kafka_broker, 
             if r["reason"] == "over_budget"]
     assert sum(decode_batch(base64.b64decode(r["payload_b64"])).n for r in over) == 5
     assert "over_budget" in worker.get("/metrics")
+
+
+def test_simulate_states_epsilon_per_window():
+    from ldpstream.simulate.driver import simulated_windows
+
+    memo = RRIndependent(DOM, epsilon=1.0, memoize=Memoize(3600.0, (2.0, 2.0)))
+    w = simulated_windows(memo)["epsilon_per_window"]
+    per_rotation = memo.guarantee().per_rotation
+    assert_close(w["5m"], 2 * per_rotation, 1e-12)     # a 5 minute window meets 2 periods
+    assert_close(w["24h"], 25 * per_rotation, 1e-12)
+    assert w["all"] is None
+    assert simulated_windows(RRIndependent(DOM, epsilon=1.0))["epsilon_per_window"]["1h"] is None

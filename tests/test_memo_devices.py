@@ -18,6 +18,12 @@ from tolerance import assert_close
 
 from ldpstream.agents.device_memo import decode, encode, latest_per_device
 
+DEVICES = 2000
+ROUNDS = 3          # every honest device reports this many times (its last report counts)
+CHATTY = 1000       # reports of the one chatty device
+CHATTY_ID = 10**9
+MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 2.0}
+
 
 def test_latest_report_of_each_device_supersedes_its_previous():
     ids = np.array([5, 7, 5, 9, 7], dtype=np.uint64)
@@ -37,11 +43,43 @@ def test_entry_round_trip_and_all_time_only():
     assert encode(4, -1, np.array([3])) == "4:0:3"    # digits and ':' only (the apply checks)
 
 
-DEVICES = 2000
-ROUNDS = 3          # every honest device reports this many times (its last report counts)
-CHATTY = 1000       # reports of the one chatty device
-CHATTY_ID = 10**9
-MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 2.0}
+def test_drift_counts_devices_so_a_chatty_device_is_no_alarm():
+    """Seeded: 20 pairs of windows of 2,000 different devices each from one population, one
+    device reporting 1,000 memoized copies in the current window. Counted once (the worker's
+    tables of a memoized collection), the drift check's variances come from 2,001 devices and
+    it stays quiet; counted 1,000 times, the same check alarms in every pair."""
+    from ldpstream.estimators.families.rr import RRIndependent
+    from ldpstream.estimators.kernels.domain import Domain
+    from ldpstream.estimators.stream.longitudinal import Memoize
+    from ldpstream.estimators.stream.many import drift_many, estimate_many
+
+    dom = Domain(("a", "b"), (2, 2))
+    mech = RRIndependent(dom, epsilon=1.0, memoize=Memoize(86400.0, (2.0, 2.0)))
+    attrs = ("a", "b")
+    key = mech.tensors([attrs])[0].key
+    rng = np.random.default_rng(3)
+    truth = np.array([0.4, 0.1, 0.2, 0.3])
+
+    def table(n: int) -> np.ndarray:
+        cells = rng.choice(4, n, p=truth)
+        records = np.stack([cells // 2, cells % 2], axis=1)
+        return mech.count(mech.randomize(records, rng), [mech.tensors([attrs])[0]])[key]
+
+    def alarm(cur: np.ndarray, prev: np.ndarray) -> bool:
+        c, p = {mech.version: {key: cur}}, {mech.version: {key: prev}}
+        est = estimate_many(mech, {"cur": c, "prev": p}, [attrs], ["castell"]).estimates
+        k = ("cur", attrs, "castell")
+        return drift_many(mech, {"cur": (c, p)}, {k: est[k]}, {k: est[("prev", attrs, "castell")]},
+                          alpha=1e-3).results[k].alarm
+
+    chatty = np.zeros((2, 2), dtype=np.int64)
+    chatty[0, 1] = 1
+    by_device, by_report = 0, 0
+    for _ in range(20):
+        prev, cur = table(DEVICES), table(DEVICES)
+        by_device += alarm(cur + chatty, prev)
+        by_report += alarm(cur + CHATTY * chatty, prev)
+    assert by_device <= 1 and by_report == 20, (by_device, by_report)
 
 
 def memo_config(tmp_path, cid: str, **extra) -> str:

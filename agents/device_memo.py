@@ -65,33 +65,36 @@ def decode(entry: str) -> tuple[int, int, np.ndarray]:
 @dataclass
 class Moves:
     """What one run of reports (one version) changes: ``keep`` indexes the reports counted (the
-    latest of each device), ``removed`` the previous reports subtracted, per (version, bucket),
-    ``entries`` the devices' new entries."""
+    latest of each device), ``removed`` the previous reports subtracted (their entries' report
+    part, per (version, bucket)), ``entries`` the devices' new entries."""
 
     keep: np.ndarray
-    removed: dict[tuple[int, int], list[np.ndarray]] = field(default_factory=dict)
+    removed: dict[tuple[int, int], list[str]] = field(default_factory=dict)
     entries: dict[int, str] = field(default_factory=dict)
 
     def removed_rows(self) -> dict[tuple[int, int], np.ndarray]:
-        return {k: np.stack(rows) for k, rows in self.removed.items()}
+        """The subtracted reports as ``(k, width)`` arrays, parsed in one pass per group."""
+        return {k: np.array(":".join(rows).split(":"), dtype=np.int64).reshape(len(rows), -1)
+                for k, rows in self.removed.items()}
 
 
 def latest_per_device(device_ids: np.ndarray, reports: np.ndarray, buckets: np.ndarray,
                       version: int, known: Callable[[int], str | None]) -> Moves:
     """The latest report of each device among ``reports`` (in order), the previous entries it
-    supersedes (``known(device)``: its entry, None if none) and the new entries. One dict lookup per distinct
-    device; the reports themselves are handled by numpy."""
+    supersedes (``known(device)``: its entry, None if none) and the new entries. One lookup
+    and one string format per distinct device; the reports themselves are handled by numpy."""
     ids = np.asarray(device_ids, dtype=np.uint64)
     _, rev_idx = np.unique(ids[::-1], return_index=True)
     keep = np.sort(ids.size - 1 - rev_idx)
-    moves = Moves(keep)
     kept_ids = ids[keep].tolist()
-    kept_rep = reports[keep]
-    kept_b = np.broadcast_to(buckets, ids.shape)[keep].tolist()
-    for i, d in enumerate(kept_ids):
+    rows = np.column_stack([np.broadcast_to(buckets, ids.shape)[keep] + 1,
+                            reports[keep]]).astype(np.int64).tolist()
+    fmt = f"{int(version)}:" + ":".join(["%d"] * (reports.shape[1] + 1))
+    moves = Moves(keep, entries={d: fmt % tuple(r) for d, r in zip(kept_ids, rows)})
+    removed = moves.removed
+    for d in kept_ids:
         old = known(d)
         if old is not None:
-            v, b, rep = decode(old)
-            moves.removed.setdefault((v, b), []).append(rep)
-        moves.entries[d] = encode(version, kept_b[i], kept_rep[i])
+            v, b, rest = old.split(":", 2)
+            removed.setdefault((int(v), int(b) - 1), []).append(rest)
     return moves

@@ -71,6 +71,8 @@ class MemoGate:
             return None
         assert state.memo is not None
         room = self.collections[cid].device_state_max - len(state.memo)
+        if b.n <= room:
+            return b   # room for every report's device even if all are new: nothing to check
         ids = np.asarray(b.device_ids, dtype=np.uint64)
         new = np.fromiter((int(d) not in state.memo for d in ids.tolist()), dtype=bool,
                           count=ids.size)
@@ -99,10 +101,8 @@ class MemoGate:
         assert memo is not None and epoch is not None
         mv = device_memo.latest_per_device(device_ids, reports, buckets, version,
                                            lambda d: (memo.get(d) or (0, None))[1])
-        written = pend.memo.setdefault(epoch, {})
-        for d, entry in mv.entries.items():
-            memo[d] = (epoch, entry)
-            written[d] = entry
+        memo.update({d: (epoch, entry) for d, entry in mv.entries.items()})
+        pend.memo.setdefault(epoch, {}).update(mv.entries)
         pend.memo_epoch_s = device_memo.epoch_length(self.collections[state.collection].policy)
         metrics.MEMO_DEVICES.labels(state.collection, str(state.tp.partition)).set(len(memo))
         return mv

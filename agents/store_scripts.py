@@ -96,10 +96,17 @@ local base = 7 + 2 * nchunks
 for j = 1, nside do
   local key = KEYS[2 + nchunks + j]
   local blob = ARGV[base + 2 * j]
-  if string.sub(blob, 1, 1) == '=' then
+  if string.sub(blob, 1, 1) == '=' then  -- one HSET per maxargs fields and values
+    local args, a = {}, 0
     for f, v in string.gmatch(string.sub(blob, 2), '(%S+) (%S+)') do
-      redis.call('HSET', key, f, v)
+      args[a + 1] = f; args[a + 2] = v
+      a = a + 2
+      if a >= maxargs then
+        redis.call('HSET', key, unpack(args, 1, a))
+        a = 0
+      end
     end
+    if a > 0 then redis.call('HSET', key, unpack(args, 1, a)) end
   else
     for f, delta in string.gmatch(blob, '(%S+) (%S+)') do redis.call('HINCRBY', key, f, delta) end
   end

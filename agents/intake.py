@@ -107,11 +107,17 @@ class Intake:
             # the log: the same after a crash)
             by_version: dict[int, list[tuple[ConsumerRecord, ReportBatch]]] = defaultdict(list)
             runs: list[tuple[ConsumerRecord, ReportBatch]] = []
+            held = 0   # reports in ``runs``: at most as many devices not in the state yet
             for m, b in sorted(valid, key=lambda mb: mb[0].offset):
                 kept: ReportBatch | None = self.quota.within(state, pend, m, b) if quota else b
                 if kept is not None and memo:
+                    if not self.memo.has_room(state, held + kept.n):
+                        # near device_state_max: count what is held so the cap sees its devices
+                        self._accept_devices(state, pend, runs)
+                        runs, held = [], 0
                     kept = self.memo.admit(state, pend, m, kept)
                 if kept is not None:
+                    held += kept.n
                     runs.append((m, kept))
                     by_version[kept.version].append((m, kept))
             if memo:

@@ -59,6 +59,12 @@ class MemoGate:
                 have[int(k)] = (e, v.decode() if isinstance(v, bytes) else str(v))
         state.memo, state.memo_epoch = have, epoch
 
+    def has_room(self, state: PartitionState, reports: int) -> bool:
+        """Whether ``reports`` reports fit under ``device_state_max`` even if each is a new
+        device."""
+        assert state.memo is not None
+        return len(state.memo) + reports <= self.collections[state.collection].device_state_max
+
     def admit(self, state: PartitionState, pend: Pending, m: ConsumerRecord,
               b: ReportBatch) -> ReportBatch | None:
         """The reports of ``b`` the worker can count by device: a batch without device ids is
@@ -70,9 +76,9 @@ class MemoGate:
                         f"device): every report needs a device id", m.value, m.offset, b.n)
             return None
         assert state.memo is not None
-        room = self.collections[cid].device_state_max - len(state.memo)
-        if b.n <= room:
+        if self.has_room(state, b.n):
             return b   # room for every report's device even if all are new: nothing to check
+        room = self.collections[cid].device_state_max - len(state.memo)
         ids = np.asarray(b.device_ids, dtype=np.uint64)
         new = np.fromiter((int(d) not in state.memo for d in ids.tolist()), dtype=bool,
                           count=ids.size)

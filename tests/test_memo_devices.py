@@ -5,6 +5,7 @@ does not shrink the error bound, across a kill -9 of the worker."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 import urllib.parse
@@ -196,7 +197,7 @@ def test_device_state_cap_refuses_loudly(tmp_path, kafka_broker, redis_server, s
     which states what the collection counts and ε per window and day at the declared rate."""
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
-    from ldpstream.producers.codec import encode_batch
+    from ldpstream.producers.codec import decode_batch, encode_batch
     from ldpstream.producers.publisher import Publisher
 
     cid = unique_name
@@ -212,16 +213,17 @@ def test_device_state_cap_refuses_loudly(tmp_path, kafka_broker, redis_server, s
     async def run() -> dict:
         store = make_store(redis_server.url)
         async with Publisher(kafka_broker.bootstrap) as pub:
-            for first in (0, 40):   # 40 devices, then 20 more of which 10 find no room
-                ids = np.arange(first, first + (40 if first == 0 else 20), dtype=np.uint64)
+            # 60 devices in 3 messages sent at once (one poll, most likely): 10 find no room
+            for first in (0, 20, 40):
+                ids = np.arange(first, first + 20, dtype=np.uint64)
                 await pub.send(coll.topic, encode_batch(cid, mech.version,
                                                         np.zeros((ids.size, 2), np.int64),
                                                         device_ids=ids), partition=0)
-                await pub.flush()
-                deadline = time.monotonic() + 60
-                while await store.n(cid, 1) < min(first + 40, 50) and \
-                        time.monotonic() < deadline:
-                    await asyncio.sleep(0.1)
+            await pub.flush()
+        deadline = time.monotonic() + 60
+        while await store.n(cid, 1) < 50 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
         counts = await read_collection(store, coll)
         await store.close()
         return counts
@@ -230,7 +232,8 @@ def test_device_state_cap_refuses_loudly(tmp_path, kafka_broker, redis_server, s
     assert int(next(iter(counts.values())).sum()) == 50
     full = [r for r in read_dlq(kafka_broker.bootstrap, topic=coll.topic)
             if r["reason"] == "device_state_full"]
-    assert len(full) == 1 and "device_state_max = 50" in full[0]["detail"]
+    assert sum(decode_batch(base64.b64decode(r["payload_b64"])).n for r in full) == 10
+    assert all("device_state_max = 50" in r["detail"] for r in full)
     deadline = time.monotonic() + 10
     health = json.loads(worker.get("/healthz", any_status=True))
     while not health["checks"].get("devices", {}).get("device_state_full") and \

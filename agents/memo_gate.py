@@ -43,10 +43,11 @@ class MemoGate:
         epoch = device_memo.epoch_of(time.time(), policy)
         if state.memo is not None:
             if state.memo_epoch != epoch:
-                state.memo = {d: (e, v) for d, (e, v) in state.memo.items() if e >= epoch - 1}
+                state.memo = {e: d for e, d in state.memo.items() if e >= epoch - 1}
+                state.memo.setdefault(epoch, {})
                 state.memo_epoch = epoch
             return
-        have: dict[int, tuple[int, str]] = {}
+        have: dict[int, dict[int, str]] = {}
         for e in (epoch - 1, epoch):
             name = device_memo.side_name(e)
             raw = await self.gate.retry(
@@ -55,15 +56,22 @@ class MemoGate:
                      f"[{state.tp.partition}]")
             if state.memo is not None:  # loaded meanwhile
                 return
-            for k, v in raw.items():
-                have[int(k)] = (e, v.decode() if isinstance(v, bytes) else str(v))
+            have[e] = {int(k): v.decode() if isinstance(v, bytes) else str(v)
+                       for k, v in raw.items()}
         state.memo, state.memo_epoch = have, epoch
+
+    @staticmethod
+    def entries(state: PartitionState) -> int:
+        """The entries the partition keeps (a device that reported in the previous and the
+        current epoch holds one in each until the older hash expires: what Redis holds)."""
+        assert state.memo is not None
+        return sum(len(d) for d in state.memo.values())
 
     def has_room(self, state: PartitionState, reports: int) -> bool:
         """Whether ``reports`` reports fit under ``device_state_max`` even if each is a new
         device."""
-        assert state.memo is not None
-        return len(state.memo) + reports <= self.collections[state.collection].device_state_max
+        return self.entries(state) + reports <= \
+            self.collections[state.collection].device_state_max
 
     def admit(self, state: PartitionState, pend: Pending, m: ConsumerRecord,
               b: ReportBatch) -> ReportBatch | None:
@@ -78,9 +86,10 @@ class MemoGate:
         assert state.memo is not None
         if self.has_room(state, b.n):
             return b   # room for every report's device even if all are new: nothing to check
-        room = self.collections[cid].device_state_max - len(state.memo)
+        room = self.collections[cid].device_state_max - self.entries(state)
         ids = np.asarray(b.device_ids, dtype=np.uint64)
-        new = np.fromiter((int(d) not in state.memo for d in ids.tolist()), dtype=bool,
+        cur = state.memo[state.memo_epoch] if state.memo_epoch is not None else {}
+        new = np.fromiter((int(d) not in cur for d in ids.tolist()), dtype=bool,
                           count=ids.size)
         uniq_new = np.unique(ids[new])
         if uniq_new.size <= room:
@@ -105,12 +114,14 @@ class MemoGate:
         state and its pending delta."""
         memo, epoch = state.memo, state.memo_epoch
         assert memo is not None and epoch is not None
+        cur, prev = memo.setdefault(epoch, {}), memo.get(epoch - 1, {})
         mv = device_memo.latest_per_device(device_ids, reports, buckets, version,
-                                           lambda d: (memo.get(d) or (0, None))[1])
-        memo.update({d: (epoch, entry) for d, entry in mv.entries.items()})
+                                           lambda d: cur.get(d) or prev.get(d))
+        cur.update(mv.entries)
         pend.memo.setdefault(epoch, {}).update(mv.entries)
         pend.memo_epoch_s = device_memo.epoch_length(self.collections[state.collection].policy)
-        metrics.MEMO_DEVICES.labels(state.collection, str(state.tp.partition)).set(len(memo))
+        metrics.MEMO_DEVICES.labels(state.collection, str(state.tp.partition)).set(
+            self.entries(state))
         return mv
 
     @staticmethod

@@ -96,9 +96,9 @@ class PartitionState:
     dedupe: DedupeBook | None = None
     #: the dedupe window of this poll, by the worker's clock
     dedupe_window: int | None = None
-    #: memoized collections: device -> (epoch, entry) of its latest report counted (applied and
-    #: pending; agents/memo_gate.py); None: not loaded
-    memo: dict[int, tuple[int, str]] | None = None
+    #: memoized collections: epoch -> device -> entry of its latest report counted (applied and
+    #: pending; agents/memo_gate.py), this epoch and the one before; None: not loaded
+    memo: dict[int, dict[int, str]] | None = None
     #: the epoch of this poll, by the worker's clock
     memo_epoch: int | None = None
     #: poison-pill breaker (agents/breaker.py): size of the next careful chunk (None: normal)

@@ -11,8 +11,8 @@ __all__ = ["APPLY_LUA", "REBASE_LUA", "NOTE_START_LUA", "RESET_SHARD_LUA", "RESE
 #       chunk key: PEXPIREAT ms ('' = none) and a text blob "#<cell> <delta> #<cell> <delta> ..."
 #       (one blob per key keeps redis-py's argument packing off the hot path, and string.gmatch
 #       hands the script ready-made arguments); then for each side key: PEXPIREAT ms ('' = none)
-#       and "<field> <increment> ..." (HINCRBY) or "=<field> <value> ..." (HSET: values of digits
-#       and ':').
+#       and "<field> <increment> ..." (HINCRBY) or "=<field> <value> ..." (HSET: fields and values
+#       of digits and ':').
 # Returns {status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none)}.
 APPLY_LUA = """
 local maxargs = 4 * tonumber(ARGV[1])
@@ -64,14 +64,14 @@ for j = 1, nchunks + nside do
     if string.find(blob, '[^#%d %-]') then
       return redis.error_reply('ldp-apply: malformed increments')
     end
-  else
-    local pat, most, set = '^%-?%d+$', 18, false
-    if string.sub(blob, 1, 1) == '=' then
-      blob = string.sub(blob, 2); pat = '^[%d:]+$'; most = 1024; set = true
+  elseif string.sub(blob, 1, 1) == '=' then  -- values set: digits and ':' only, one scan
+    if string.find(blob, '[^%d: ]', 2) then
+      return redis.error_reply('ldp-apply: malformed side values')
     end
+  else
     for f, v in string.gmatch(blob, '(%S+) (%S+)') do
-      if #v > most or not string.match(v, pat)
-          or (not set and not is_int(redis.call('HGET', KEYS[2 + j], f))) then
+      if #v > 18 or not string.match(v, '^%-?%d+$')
+          or not is_int(redis.call('HGET', KEYS[2 + j], f)) then
         return redis.error_reply('ldp-apply: malformed side values')
       end
     end

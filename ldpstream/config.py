@@ -213,9 +213,11 @@ class Collection(_Strict):
                                   "fails at start (docs/privacy-over-time.md)")
     device_state_max: int = Field(
         DEFAULT_DEVICE_STATE_MAX, ge=1,
-        description="memoized collections, counted per device: devices whose latest report one "
-                    "partition keeps (about 100 bytes each in Redis); reports of further "
-                    "devices go to `ldp.dlq` as `device_state_full` (docs/privacy-over-time.md)")
+        description="memoized collections, counted per device: entries (devices' latest "
+                    "reports) one partition keeps, about 80 bytes each in Redis; a device active "
+                    "in two consecutive state epochs holds two until the older expires; reports "
+                    "of further devices go to `ldp.dlq` as `device_state_full` "
+                    "(docs/privacy-over-time.md)")
 
     # --- semantic checks (each runs when the fields it needs passed their type check) ---------
 

@@ -10,10 +10,11 @@ one. Every window that ends now then holds each device that reported in it exact
 the count tables, their totals, the error bounds and the drift variances all count devices.
 
 The state is one entry per device and shard, ``<version>:<bucket + 1>:<report values>``
-(bucket 0: counted in the all-time tensor only), in the side hash ``memo:<e>`` of the worker's
-clock epoch ``e = floor(now / L)``, ``L`` = the collection's bucket retention (2 × the longest
-window + one bucket; one day when only ``all`` is kept). It is written by the same Lua apply
-that adds the counts and moves the offset (``SideValues``), so exactly-once holds for it too.
+(bucket 0: counted in the all-time tensor only), in the side hash ``memo:<layout>:<e>`` of the
+count layout and the worker's clock epoch ``e = floor(now / L)``, ``L`` = the collection's
+bucket retention (2 × the longest window + one bucket; one day when only ``all`` is kept). It
+is written by the same Lua apply that adds the counts and moves the offset (``SideValues``),
+so exactly-once holds for it too.
 An entry is looked up in the epochs ``e`` and ``e - 1`` and expires two epochs after its own:
 a device silent for longer than ``L`` is counted afresh (its old report has left every finite
 window by then; the all-time tensor then holds it twice).
@@ -37,9 +38,11 @@ DAY_S = 86_400.0
 STATE_BYTES_PER_DEVICE = 100
 
 
-def side_name(epoch: int) -> str:
-    """The side hash of the devices' latest reports written in epoch ``epoch``."""
-    return f"{PREFIX}{int(epoch)}"
+def side_name(epoch: int, layout_id: str) -> str:
+    """The side hash of the devices' latest reports written in epoch ``epoch`` under the count
+    layout ``layout_id`` (agents/layout.py): a config whose marginals change counts into new
+    keys, and its devices start afresh there too."""
+    return f"{PREFIX}{layout_id}:{int(epoch)}"
 
 
 def epoch_length(policy: BucketPolicy) -> float:

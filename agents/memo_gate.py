@@ -12,6 +12,7 @@ from aiokafka.structs import ConsumerRecord
 from ldpstream.agents import device_memo, metrics
 from ldpstream.agents.apply_delta import SideValues
 from ldpstream.agents.clients import RedisGate
+from ldpstream.agents.layout import Layout
 from ldpstream.agents.partition import PartitionState, Pending
 from ldpstream.agents.store import CountStore
 from ldpstream.config import Collection
@@ -32,6 +33,8 @@ class MemoGate:
         # the switch is the mechanism protocol's: any family whose devices memoize
         self._memoized = {cid: c.mechanism().memoization() is not None
                           for cid, c in collections.items()}
+        self._layout = {cid: Layout.of(c.version, c.tensors()).id
+                        for cid, c in collections.items() if self._memoized[cid]}
 
     def applies(self, cid: str) -> bool:
         return self._memoized.get(cid, False)
@@ -49,7 +52,7 @@ class MemoGate:
             return
         have: dict[int, dict[int, str]] = {}
         for e in (epoch - 1, epoch):
-            name = device_memo.side_name(e)
+            name = device_memo.side_name(e, self._layout[state.collection])
             raw = await self.gate.retry(
                 lambda: self.store.read_side_raw(state.collection, state.tp.partition, name),
                 what=f"read the devices' latest reports of {state.collection}"
@@ -118,8 +121,9 @@ class MemoGate:
         mv = device_memo.latest_per_device(device_ids, reports, buckets, version,
                                            lambda d: cur.get(d) or prev.get(d))
         cur.update(mv.entries)
-        pend.memo.setdefault(epoch, {}).update(mv.entries)
-        pend.memo_epoch_s = device_memo.epoch_length(self.collections[state.collection].policy)
+        span = device_memo.epoch_length(self.collections[state.collection].policy)
+        pend.memo.setdefault(device_memo.side_name(epoch, self._layout[state.collection]),
+                             ((epoch + 2) * span, {}))[1].update(mv.entries)
         metrics.MEMO_DEVICES.labels(state.collection, str(state.tp.partition)).set(
             self.entries(state))
         return mv
@@ -127,9 +131,5 @@ class MemoGate:
     @staticmethod
     def side(pend: Pending) -> dict[str, SideValues]:
         """The entries a delta writes, each epoch's hash expiring two epochs after it."""
-        span = pend.memo_epoch_s
-        return {} if span is None else {
-            device_memo.side_name(e): SideValues({str(d): v for d, v in devices.items()},
-                                                 expire_at=(e + 2) * span)
-            for e, devices in pend.memo.items() if devices}
-
+        return {name: SideValues({str(d): v for d, v in devices.items()}, expire_at=expire_at)
+                for name, (expire_at, devices) in pend.memo.items() if devices}

@@ -59,10 +59,9 @@ class Pending:
     dedupe: dict[int, dict[int, str]] = dataclasses.field(default_factory=dict)
     #: keyed batches not counted: delivered before
     duplicates: int = 0
-    #: memoized collections: the devices' new latest reports (agents/device_memo.py), per epoch
-    memo: dict[int, dict[int, str]] = dataclasses.field(default_factory=dict)
-    #: the length of those epochs, seconds (None: nothing memoized in this delta)
-    memo_epoch_s: float | None = None
+    #: memoized collections: the devices' new latest reports (agents/device_memo.py): side hash
+    #: name -> (its expiry, unix s; device -> entry)
+    memo: dict[str, tuple[float, dict[int, str]]] = dataclasses.field(default_factory=dict)
 
     def covers(self, offset: int) -> None:
         """Extend the delta's range to ``offset`` (one more message taken)."""

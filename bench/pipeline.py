@@ -147,7 +147,7 @@ async def _ingest_rate(store: Any, cid: str, partitions: int, total: int, port: 
 
 async def _memo_bytes(store: Any, coll: Any) -> float | None:
     """Redis bytes per device of the memoized collection's device state (MEMORY USAGE of its
-    ``memo:<epoch>`` side hashes over the devices they hold)."""
+    ``memo:<layout>:<epoch>`` side hashes over the devices they hold)."""
     from ldpstream.agents import keys
     from ldpstream.agents.device_memo import PREFIX
 

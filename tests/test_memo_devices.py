@@ -101,11 +101,12 @@ def latest_table(ids: np.ndarray, reports: np.ndarray, shape: tuple[int, ...]) -
 @pytest.mark.pipeline
 def test_chatty_device_counts_once_across_kill9(tmp_path, kafka_broker, redis_server,
                                                 spawn_worker, unique_name):
+    from aiokafka import AIOKafkaProducer
+
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.estimators.kernels.poisoning import poisoning_bound
     from ldpstream.producers.codec import encode_batch
-    from ldpstream.producers.publisher import Publisher
 
     cid = unique_name
     path = memo_config(tmp_path, cid)
@@ -122,19 +123,27 @@ def test_chatty_device_counts_once_across_kill9(tmp_path, kafka_broker, redis_se
     worker = spawn_worker(path)
     worker.wait_ready(60)
 
-    async def send(pub: Publisher, ids: np.ndarray, reports: np.ndarray) -> None:
+    async def send(pub: AIOKafkaProducer, ids: np.ndarray, reports: np.ndarray,
+                   ago_s: float = 0.0) -> None:
+        """Each device's reports on partition id % 2, stamped ``ago_s`` seconds ago."""
+        futs = []
         for p in (0, 1):
             on = ids % 2 == p
             for s in range(0, int(on.sum()), 250):
                 sl = slice(s, s + 250)
-                await pub.send(coll.topic, encode_batch(cid, mech.version, reports[on][sl],
-                                                        device_ids=ids[on][sl]), partition=p)
-        await pub.flush()
+                futs.append(await pub.send(
+                    coll.topic, encode_batch(cid, mech.version, reports[on][sl],
+                                             device_ids=ids[on][sl]),
+                    partition=p, timestamp_ms=int((time.time() - ago_s) * 1000)))
+        await asyncio.gather(*futs)
 
-    async def run() -> tuple[dict, dict, dict]:
+    async def run() -> tuple[dict, dict, dict, dict]:
         store = make_store(redis_server.url)
-        async with Publisher(kafka_broker.bootstrap) as pub:
-            await send(pub, honest_ids, rounds[0])
+        pub = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all")
+        await pub.start()
+        try:
+            # the first round 3 buckets back: the later rounds move every device out of it
+            await send(pub, honest_ids, rounds[0], ago_s=180.0)
             await send(pub, np.full(CHATTY // 2, CHATTY_ID, np.uint64), chatty[:CHATTY // 2])
             deadline = time.monotonic() + 60
             while await store.n(cid, 2) < DEVICES and time.monotonic() < deadline:
@@ -152,6 +161,7 @@ def test_chatty_device_counts_once_across_kill9(tmp_path, kafka_broker, redis_se
             assert await store.n(cid, 2) == want, w2.log_tail()
             counts = await read_collection(store, coll)
             fine = await read_fine_buckets(store, coll, 300)
+            recent = await read_fine_buckets(store, coll, 60)   # without round 0's bucket
             est = {}
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -161,10 +171,12 @@ def test_chatty_device_counts_once_across_kill9(tmp_path, kafka_broker, redis_se
                 if est.get("n") == DEVICES + 1:
                     break
                 await asyncio.sleep(0.3)
-        await store.close()
-        return counts, fine, est
+        finally:
+            await pub.stop()
+            await store.close()
+        return counts, fine, recent, est
 
-    counts, fine, est = asyncio.run(run())
+    counts, fine, recent, est = asyncio.run(run())
     key = next(iter(counts))
     honest = latest_table(honest_ids, rounds[-1], shape)
     one = np.zeros(shape, dtype=np.int64)
@@ -172,6 +184,7 @@ def test_chatty_device_counts_once_across_kill9(tmp_path, kafka_broker, redis_se
     # exactly each device once: every honest device at its last report, the chatty one once
     np.testing.assert_array_equal(counts[key], honest + one)
     np.testing.assert_array_equal(fine[key], honest + one)
+    np.testing.assert_array_equal(recent[key], honest + one)  # moved out of the old bucket
     assert est.get("n") == DEVICES + 1, est
     attrs = ("sex", "Salary")
     clean = mech.estimate({key: honest}, attrs, "castell").factor.values

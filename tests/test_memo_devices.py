@@ -260,5 +260,7 @@ def test_device_state_cap_refuses_loudly(tmp_path, kafka_broker, redis_server, s
     assert "10 report(s) of new devices refused" in info["warning"]
     assert_close(info["epsilon_per_device_day"], 4.0, 1e-9)      # 2 rotations × ε 2
     assert_close(info["epsilon_per_window"]["5m"], 4.0, 1e-9)
+    text = worker.get("/metrics")
     assert 'ldp_reports_rejected_total{collection="%s",reason="device_state_full"} 10.0' % cid \
-        in worker.get("/metrics")
+        in text
+    assert 'ldp_memo_devices{collection="%s",partition="0"} 50.0' % cid in text

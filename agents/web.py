@@ -305,6 +305,9 @@ def install(app: Any, ctx: Context) -> None:
                 payload = raw_payload(payload)
             if len(stored) > len(attrs):
                 payload = marginalize_payload(payload, attrs)
+            full = over_time(coll, mechanism_of(coll.id), refused_devices(coll.id))["warning"]
+            if full is not None:   # devices missing from the estimate: said in the answer
+                payload = {**payload, "warnings": [*(payload.get("warnings") or []), full]}
             return self.json(transpose_payload(payload, attrs))
 
     @app.page("/metrics", name="ldp_metrics")

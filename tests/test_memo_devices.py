@@ -258,6 +258,13 @@ def test_device_state_cap_refuses_loudly(tmp_path, kafka_broker, redis_server, s
     info = json.loads(worker.get(f"/collections/{cid}"))["over_time"]
     assert info["counted_by"] == "device" and info["daily_report_limit"] == 1440
     assert "10 report(s) of new devices refused" in info["warning"]
+    q = urllib.parse.urlencode({"attrs": "sex,Salary", "method": "castell", "window": "all"})
+    est: dict = {}
+    deadline = time.monotonic() + 30
+    while "warnings" not in est and time.monotonic() < deadline:
+        est = json.loads(worker.get(f"/estimates/{cid}?{q}", any_status=True))
+        time.sleep(0.3)
+    assert est["n"] == 50 and info["warning"] in est["warnings"], est
     assert_close(info["epsilon_per_device_day"], 4.0, 1e-9)      # 2 rotations × ε 2
     assert_close(info["epsilon_per_window"]["5m"], 4.0, 1e-9)
     text = worker.get("/metrics")

@@ -144,3 +144,18 @@ def test_simulate_states_epsilon_per_window():
     assert_close(w["24h"], 25 * per_rotation, 1e-12)
     assert w["all"] is None
     assert simulated_windows(RRIndependent(DOM, epsilon=1.0))["epsilon_per_window"]["1h"] is None
+
+
+def test_collections_listing_states_what_a_device_spends(capsys):
+    from ldpstream.agents.web import collection_info
+    from ldpstream.query import print_collections
+
+    memo = {"memoize": {"rotation_s": 86400, "instantaneous_epsilon": 2.0}}
+    coll = parse_config(collection(params=memo, reports_per_day=1440, max_epsilon_per_day=4.0,
+                                   windows=["5m", "all"])).collections["c"]
+    info = collection_info(coll, coll.mechanism(), 10)
+    assert info["over_time"]["counted_by"] == "device"
+    print_collections({"collections": [info]})
+    out = capsys.readouterr().out
+    assert "c: counts devices (each once per window, at its latest report)" in out
+    assert "c: ε per device at 1440 reports/day: 5m 4, day 4" in out

@@ -44,6 +44,54 @@ def test_entry_round_trip_and_all_time_only():
     assert encode(4, -1, np.array([3])) == "4:0:3"    # digits and ':' only (the apply checks)
 
 
+def test_latest_report_per_device_is_unbiased_monte_carlo():
+    """Seeded, 300 runs of 1,000 devices reporting 5 memoized reports each (one permanent
+    response, a fresh instantaneous randomization per report): castell on the table of each
+    device's latest report (what the worker counts) is unbiased, every cell within 4 standard
+    errors of the truth, and its spread is that of 1,000 independent reports, the n its bound
+    assumes (a report-counting table would state the bound of 5,000 independent reports, while
+    the permanent responses they share do not average out)."""
+    from ldpstream.estimators.families.rr import RRIndependent
+    from ldpstream.estimators.kernels import channels as ch
+    from ldpstream.estimators.kernels.domain import Domain
+    from ldpstream.estimators.stream.longitudinal import Memoize
+
+    dom = Domain(("a", "b"), (3, 2))
+    mech = RRIndependent(dom, epsilon=1.0, memoize=Memoize(86400.0, (2.0, 2.0)))
+    memo = mech.memoization()
+    assert memo is not None
+    attrs = ("a", "b")
+    spec = mech.tensors([attrs])[0]
+    truth = np.array([[0.3, 0.1], [0.15, 0.25], [0.05, 0.15]])
+    rng = np.random.default_rng(11)
+    n, reports_each, runs = 1000, 5, 300
+    ids = np.tile(np.arange(n, dtype=np.uint64), reports_each)
+
+    def permanent() -> np.ndarray:
+        """The permanent responses of a fresh fleet of n devices drawn from ``truth``."""
+        cells = rng.choice(truth.size, n, p=truth.ravel())
+        x = np.stack(np.unravel_index(cells, truth.shape), axis=1)
+        return np.stack([ch.randomize(x[:, j], memo.permanent[j], rng) for j in range(2)],
+                        axis=1)
+
+    est = np.empty((runs,) + truth.shape)
+    for r in range(runs):
+        perm = permanent()
+        reports = np.concatenate([memo.instantaneous(perm, rng) for _ in range(reports_each)])
+        mv = latest_per_device(ids, reports, np.zeros(1, dtype=np.int64), 0, lambda d: None)
+        table = mech.count(reports[mv.keep], [spec])[spec.key]
+        assert int(table.sum()) == n
+        est[r] = mech.estimate({spec.key: table}, attrs, "castell").factor.values
+    mean, se = est.mean(axis=0), est.std(axis=0, ddof=1) / np.sqrt(runs)
+    assert np.all(np.abs(mean - truth) <= 4 * se), (mean, truth, se)
+    # the same fleet reporting once: the spread its n independent reports give
+    one = np.empty((runs,) + truth.shape)
+    for r in range(runs):
+        table = mech.count(memo.instantaneous(permanent(), rng), [spec])[spec.key]
+        one[r] = mech.estimate({spec.key: table}, attrs, "castell").factor.values
+    assert_close(est.std(axis=0), one.std(axis=0), 0.25)
+
+
 def test_drift_counts_devices_so_a_chatty_device_is_no_alarm():
     """Seeded: 20 pairs of windows of 2,000 different devices each from one population, one
     device reporting 1,000 memoized copies in the current window. Counted once (the worker's

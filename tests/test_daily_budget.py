@@ -32,6 +32,7 @@ def collection(**extra) -> dict:
                              "epsilon": 1.0, "marginals": [["os", "plan"]], **extra}]}
 
 
+@pytest.mark.core
 def test_epsilon_per_window_fresh_and_memoized():
     fresh = RRIndependent(DOM, epsilon=1.0).guarantee()         # 2 attributes: ε 2 per report
     assert_close(epsilon_in(fresh, 3600.0, 24.0), 2.0, 1e-12)   # one report an hour
@@ -54,6 +55,7 @@ def test_epsilon_per_window_fresh_and_memoized():
     assert_close(f["epsilon_per_window"]["1h"], 4.0, 1e-12)
 
 
+@pytest.mark.core
 def test_config_refuses_a_rate_over_the_budget():
     memo = {"memoize": {"rotation_s": 86400, "instantaneous_epsilon": 2.0}}
     parse_config(collection(params=memo, reports_per_day=1440, max_epsilon_per_day=4.0))
@@ -67,6 +69,7 @@ def test_config_refuses_a_rate_over_the_budget():
         parse_config(collection(max_epsilon_per_day=1.0))
 
 
+@pytest.mark.core
 def test_ledger_refuses_beyond_the_collection_budget(tmp_path):
     led = Ledger(tmp_path / "l.sqlite")
     t = 1_000_000.0
@@ -134,6 +137,7 @@ def test_worker_and_sdk_refuse_a_device_over_the_budget(tmp_path, kafka_broker, 
     assert "over_budget" in worker.get("/metrics")
 
 
+@pytest.mark.core
 def test_simulate_states_epsilon_per_window():
     from ldpstream.simulate.driver import simulated_windows
 
@@ -146,6 +150,7 @@ def test_simulate_states_epsilon_per_window():
     assert simulated_windows(RRIndependent(DOM, epsilon=1.0))["epsilon_per_window"]["1h"] is None
 
 
+@pytest.mark.core
 def test_collections_listing_states_what_a_device_spends(capsys):
     from ldpstream.agents.web import collection_info
     from ldpstream.query import print_collections

@@ -26,6 +26,7 @@ CHATTY_ID = 10**9
 MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 2.0}
 
 
+@pytest.mark.core
 def test_latest_report_of_each_device_supersedes_its_previous():
     ids = np.array([5, 7, 5, 9, 7], dtype=np.uint64)
     reports = np.array([[0, 0], [1, 0], [0, 1], [1, 1], [1, 1]])
@@ -38,12 +39,14 @@ def test_latest_report_of_each_device_supersedes_its_previous():
     assert mv.entries == {5: "2:12:0:1", 9: "2:12:1:1", 7: "2:13:1:1"}
 
 
+@pytest.mark.core
 def test_entry_round_trip_and_all_time_only():
     v, b, rep = decode(encode(4, -1, np.array([3, 0, 12])))
     assert (v, b, rep.tolist()) == (4, -1, [3, 0, 12])
     assert encode(4, -1, np.array([3])) == "4:0:3"    # digits and ':' only (the apply checks)
 
 
+@pytest.mark.core
 def test_latest_report_per_device_is_unbiased_monte_carlo():
     """Seeded, 300 runs of 1,000 devices reporting 5 memoized reports each (one permanent
     response, a fresh instantaneous randomization per report): castell on the table of each
@@ -92,6 +95,7 @@ def test_latest_report_per_device_is_unbiased_monte_carlo():
     assert_close(est.std(axis=0), one.std(axis=0), 0.25)
 
 
+@pytest.mark.core
 def test_drift_counts_devices_so_a_chatty_device_is_no_alarm():
     """Seeded: 20 pairs of windows of 2,000 different devices each from one population, one
     device reporting 1,000 memoized copies in the current window. Counted once (the worker's

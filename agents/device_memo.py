@@ -9,12 +9,16 @@ report from the bucket it was counted in (fine, coarse and all-time tensors) and
 one. Every window that ends now then holds each device that reported in it exactly once, and
 the count tables, their totals, the error bounds and the drift variances all count devices.
 
-The state is one entry per device and shard, ``<version>:<bucket + 1>:<report values>``
-(bucket 0: counted in the all-time tensor only), in the side hash ``memo:<layout>:<e>`` of the
-count layout and the worker's clock epoch ``e = floor(now / L)``, ``L`` = the collection's
-bucket retention (2 × the longest window + one bucket; one day when only ``all`` is kept). It
-is written by the same Lua apply that adds the counts and moves the offset (``SideValues``),
-so exactly-once holds for it too.
+The state of one partition in the worker's clock epoch ``e = floor(now / L)`` (``L`` = the
+collection's bucket retention, 2 × the longest window + one bucket; one day when only ``all`` is
+kept) is a :class:`DeviceTable`: the devices' ids, sorted, and one int64 row each (version,
+fine bucket + 1 (0: all-time only), report width, report values). Every step is an array
+operation: the latest report of each device of a run is found by ``np.unique``, its previous
+row by ``np.searchsorted``. In Redis the table is a binary log, the string
+``memo:<layout>:<e>`` of the shard: each apply appends the rows it changes (little-endian
+int64: a header (width, rows), then per row the device id and the row), in the same Lua apply
+that adds the counts and moves the offset, so exactly-once holds for it too. When the log holds
+more than twice the table's rows (plus :data:`COMPACT_MIN`), the apply replaces it by the table.
 An entry is looked up in the epochs ``e`` and ``e - 1`` and expires two epochs after its own:
 a device silent for longer than ``L`` is counted afresh (its old report has left every finite
 window by then; the all-time tensor then holds it twice).
@@ -23,23 +27,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Sequence
 
 import numpy as np
 
 from ldpstream.windows import BucketPolicy
 
-__all__ = ["PREFIX", "side_name", "epoch_length", "epoch_of", "encode", "decode", "Moves",
-           "latest_per_device", "STATE_BYTES_PER_DEVICE"]
+__all__ = ["PREFIX", "side_name", "epoch_length", "epoch_of", "DeviceTable", "Moves",
+           "LogWrite", "latest_per_device", "last_of", "encode_log", "parse_log", "META",
+           "COMPACT_MIN"]
 
 PREFIX = "memo:"
 DAY_S = 86_400.0
-#: Redis memory of one device's entry (hash field + value + overhead, measured: docs/privacy-over-time.md)
-STATE_BYTES_PER_DEVICE = 100
+#: int64 columns of a row before its report values: version, fine bucket + 1, report width
+META = 3
+#: int64 words of a log chunk's header: (report width, rows)
+HEAD = 2
+#: superseded rows a log may hold beyond twice its table's before an apply rewrites it
+COMPACT_MIN = 4096
+_LE = np.dtype("<i8")
 
 
 def side_name(epoch: int, layout_id: str) -> str:
-    """The side hash of the devices' latest reports written in epoch ``epoch`` under the count
+    """The side key of the devices' latest reports written in epoch ``epoch`` under the count
     layout ``layout_id`` (agents/layout.py): a config whose marginals change counts into new
     keys, and its devices start afresh there too."""
     return f"{PREFIX}{layout_id}:{int(epoch)}"
@@ -54,50 +64,166 @@ def epoch_of(now: float, policy: BucketPolicy) -> int:
     return int(math.floor(now / epoch_length(policy)))
 
 
-def encode(version: int, bucket: int, report: np.ndarray) -> str:
-    """A device's entry: the mechanism version, fine bucket + 1 (0: all-time only) and report."""
-    return ":".join([str(int(version)), str(int(bucket) + 1), *map(str, report.tolist())])
+def last_of(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``ids`` (sorted) and the index of each one's last occurrence."""
+    u, rev = np.unique(ids[::-1], return_index=True)
+    return u, ids.size - 1 - rev
 
 
-def decode(entry: str) -> tuple[int, int, np.ndarray]:
-    """(version, fine bucket or -1, report values) of an entry written by :func:`encode`."""
-    parts = [int(x) for x in entry.split(":")]
-    return parts[0], parts[1] - 1, np.asarray(parts[2:], dtype=np.int64)
+def _pad(rows: np.ndarray, cols: int) -> np.ndarray:
+    """``rows`` with zero columns appended up to ``cols`` columns."""
+    if rows.shape[1] >= cols:
+        return rows
+    return np.pad(rows, ((0, 0), (0, cols - rows.shape[1])))
+
+
+def _stack(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Rows of several widths as one array (narrower ones padded); (0, META) if none."""
+    if not parts:
+        return np.empty((0, META), dtype=np.int64)
+    cols = max(p.shape[1] for p in parts)
+    return np.concatenate([_pad(p, cols) for p in parts])
+
+
+@dataclass
+class DeviceTable:
+    """The latest report of each device of one partition in one epoch: ``ids`` sorted (uint64),
+    ``rows[i]`` = (version, fine bucket + 1, report width, report values padded with 0);
+    ``logged``: rows of its log in Redis, superseded ones included."""
+
+    ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
+    rows: np.ndarray = field(default_factory=lambda: np.empty((0, META), dtype=np.int64))
+    logged: int = 0
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each of ``ids``: whether the table holds it, and its row index (if so)."""
+        if not len(self):
+            return np.zeros(ids.size, dtype=bool), np.zeros(ids.size, dtype=np.intp)
+        idx = np.minimum(np.searchsorted(self.ids, ids), len(self) - 1)
+        return self.ids[idx] == ids, idx
+
+    def upsert(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Set the rows of the sorted distinct ``ids`` (new devices inserted in order)."""
+        cols = max(rows.shape[1], self.rows.shape[1])
+        self.rows, rows = _pad(self.rows, cols), _pad(rows, cols)
+        found, idx = self.find(ids)
+        self.rows[idx[found]] = rows[found]
+        new = ~found
+        if new.any():
+            pos = np.searchsorted(self.ids, ids[new])
+            self.ids = np.insert(self.ids, pos, ids[new])
+            self.rows = np.insert(self.rows, pos, rows[new], axis=0)
+
+
+def encode_log(ids: np.ndarray, rows: np.ndarray) -> bytes:
+    """One log chunk: header (report width, rows), then per row the device id and the row."""
+    body = np.column_stack([ids.astype(np.uint64).view(np.int64), rows]).astype(_LE)
+    head = np.array([rows.shape[1] - META, ids.size], dtype=_LE)
+    return head.tobytes() + body.tobytes()
+
+
+def parse_log(data: bytes | None) -> DeviceTable:
+    """The table a log holds (each device's last row); ValueError when it is not a log."""
+    if not data:
+        return DeviceTable()
+    if len(data) % 8:
+        raise ValueError(f"device state of {len(data)} bytes is not a log of int64 words")
+    a = np.frombuffer(data, dtype=_LE)
+    ids, rows, pos = [], [], 0
+    while pos < a.size:   # one step per apply that wrote it, not per device
+        if pos + HEAD > a.size:
+            raise ValueError("device state log ends inside a chunk header")
+        width, n = int(a[pos]), int(a[pos + 1])
+        end = pos + HEAD + n * (1 + META + width)
+        if width < 0 or n < 0 or end > a.size:
+            raise ValueError(f"corrupt device state log chunk (width {width}, rows {n})")
+        rec = a[pos + HEAD:end].reshape(n, 1 + META + width)
+        ids.append(rec[:, 0].astype(np.int64).view(np.uint64))
+        rows.append(rec[:, 1:].astype(np.int64))
+        pos = end
+    all_ids, all_rows = np.concatenate(ids), _stack(rows)
+    u, keep = last_of(all_ids)
+    return DeviceTable(u, all_rows[keep], logged=int(all_ids.size))
+
+
+@dataclass
+class LogWrite:
+    """What one delta writes to an epoch's log: appended chunks, or (``replace``) the whole
+    table followed by later chunks; the key expires at ``expire_at`` (unix s)."""
+
+    expire_at: float
+    replace: bool = False
+    chunks: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    def record(self, table: DeviceTable, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Log the rows just set in ``table``; rewrite the log when it holds too many
+        superseded rows (the table is at most half of it)."""
+        table.logged += int(ids.size)
+        if table.logged > 2 * len(table) + COMPACT_MIN:
+            self.replace, self.chunks = True, [(table.ids.copy(), table.rows.copy())]
+            table.logged = len(table)
+        else:
+            self.chunks.append((ids, rows))
+
+    def payload(self) -> bytes:
+        """The chunks as one log chunk (a device set twice: its last row)."""
+        if len(self.chunks) == 1:
+            ids, rows = self.chunks[0]
+        else:
+            all_ids = np.concatenate([c[0] for c in self.chunks])
+            ids, keep = last_of(all_ids)
+            rows = _stack([c[1] for c in self.chunks])[keep]
+        return encode_log(ids, rows)
 
 
 @dataclass
 class Moves:
     """What one run of reports (one version) changes: ``keep`` indexes the reports counted (the
-    latest of each device), ``removed`` the previous reports subtracted (their entries' report
-    part, per (version, bucket)), ``entries`` the devices' new entries."""
+    latest of each device, in device order), ``ids`` those devices (sorted) and ``rows`` their
+    new rows, ``old`` the rows of the previous reports they supersede."""
 
     keep: np.ndarray
-    removed: dict[tuple[int, int], list[str]] = field(default_factory=dict)
-    entries: dict[int, str] = field(default_factory=dict)
+    ids: np.ndarray
+    rows: np.ndarray
+    old: np.ndarray
 
     def removed_rows(self) -> dict[tuple[int, int], np.ndarray]:
-        """The subtracted reports as ``(k, width)`` arrays, parsed in one pass per group."""
-        return {k: np.array(":".join(rows).split(":"), dtype=np.int64).reshape(len(rows), -1)
-                for k, rows in self.removed.items()}
+        """The superseded reports per (version, fine bucket or -1) as ``(k, width)`` arrays:
+        one group per distinct pair, not per device."""
+        if not self.old.shape[0]:
+            return {}
+        span = int(self.old[:, 1].max()) + 1    # (version, bucket + 1) as one int64 key
+        groups, inv = np.unique(self.old[:, 0] * span + self.old[:, 1], return_inverse=True)
+        out: dict[tuple[int, int], np.ndarray] = {}
+        for g, key in enumerate(groups.tolist()):
+            sel = self.old[inv == g]
+            out[(key // span, key % span - 1)] = sel[:, META:META + int(sel[0, 2])]
+        return out
 
 
 def latest_per_device(device_ids: np.ndarray, reports: np.ndarray, buckets: np.ndarray,
-                      version: int, known: Callable[[int], str | None]) -> Moves:
-    """The latest report of each device among ``reports`` (in order), the previous entries it
-    supersedes (``known(device)``: its entry, None if none) and the new entries. One lookup
-    and one string format per distinct device; the reports themselves are handled by numpy."""
+                      version: int, tables: Sequence[DeviceTable]) -> Moves:
+    """The latest report of each device among ``reports`` (in order) and the previous row it
+    supersedes, looked up in ``tables`` (the first that holds the device: this epoch's, then
+    the one before). Array operations only: no Python step per report or device."""
     ids = np.asarray(device_ids, dtype=np.uint64)
-    _, rev_idx = np.unique(ids[::-1], return_index=True)
-    keep = np.sort(ids.size - 1 - rev_idx)
-    kept_ids = ids[keep].tolist()
-    rows = np.column_stack([np.broadcast_to(buckets, ids.shape)[keep] + 1,
-                            reports[keep]]).astype(np.int64).tolist()
-    fmt = f"{int(version)}:" + ":".join(["%d"] * (reports.shape[1] + 1))
-    moves = Moves(keep, entries={d: fmt % tuple(r) for d, r in zip(kept_ids, rows)})
-    removed = moves.removed
-    for d in kept_ids:
-        old = known(d)
-        if old is not None:
-            v, b, rest = old.split(":", 2)
-            removed.setdefault((int(v), int(b) - 1), []).append(rest)
-    return moves
+    u, keep = last_of(ids)
+    width = int(reports.shape[1])
+    rows = np.empty((u.size, META + width), dtype=np.int64)
+    rows[:, 0] = int(version)
+    rows[:, 1] = np.broadcast_to(buckets, ids.shape)[keep] + 1
+    rows[:, 2] = width
+    rows[:, META:] = reports[keep]
+    todo = np.ones(u.size, dtype=bool)
+    old = []
+    for t in tables:
+        if not len(t) or not todo.any():
+            continue
+        found, idx = t.find(u)
+        hit = found & todo
+        old.append(t.rows[idx[hit]])
+        todo &= ~hit
+    return Moves(keep, u, rows, _stack(old))

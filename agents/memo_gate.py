@@ -1,5 +1,5 @@
 """Memoized collections in the ingest worker: each partition's devices' latest reports, loaded
-from their side hashes at the stored offset, and the moves of each run of reports (the rule is
+from their logs at the stored offset, and the moves of each run of reports (the rule is
 agents/device_memo.py; docs/privacy-over-time.md, "Estimates that count devices")."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 from aiokafka.structs import ConsumerRecord
 
 from ldpstream.agents import device_memo, metrics
-from ldpstream.agents.apply_delta import SideValues
+from ldpstream.agents.apply_delta import SideLog
 from ldpstream.agents.clients import RedisGate
 from ldpstream.agents.layout import Layout
 from ldpstream.agents.partition import PartitionState, Pending
@@ -40,35 +40,34 @@ class MemoGate:
         return self._memoized.get(cid, False)
 
     async def load(self, state: PartitionState) -> None:
-        """Read the entries of this epoch and the one before (worker's clock) if not in memory;
-        entries older than that are dropped from memory (they have expired in Redis too)."""
+        """Read the tables of this epoch and the one before (worker's clock) if not in memory;
+        tables older than that are dropped from memory (they have expired in Redis too)."""
         policy = self.collections[state.collection].policy
         epoch = device_memo.epoch_of(time.time(), policy)
         if state.memo is not None:
             if state.memo_epoch != epoch:
-                state.memo = {e: d for e, d in state.memo.items() if e >= epoch - 1}
-                state.memo.setdefault(epoch, {})
+                state.memo = {e: t for e, t in state.memo.items() if e >= epoch - 1}
+                state.memo.setdefault(epoch, device_memo.DeviceTable())
                 state.memo_epoch = epoch
             return
-        have: dict[int, dict[int, str]] = {}
+        have: dict[int, device_memo.DeviceTable] = {}
         for e in (epoch - 1, epoch):
             name = device_memo.side_name(e, self._layout[state.collection])
             raw = await self.gate.retry(
-                lambda: self.store.read_side_raw(state.collection, state.tp.partition, name),
+                lambda: self.store.read_side_bytes(state.collection, state.tp.partition, name),
                 what=f"read the devices' latest reports of {state.collection}"
                      f"[{state.tp.partition}]")
             if state.memo is not None:  # loaded meanwhile
                 return
-            have[e] = {int(k): v.decode() if isinstance(v, bytes) else str(v)
-                       for k, v in raw.items()}
+            have[e] = device_memo.parse_log(raw)
         state.memo, state.memo_epoch = have, epoch
 
     @staticmethod
     def entries(state: PartitionState) -> int:
         """The entries the partition keeps (a device that reported in the previous and the
-        current epoch holds one in each until the older hash expires: what Redis holds)."""
+        current epoch holds one in each until the older log expires: what Redis holds)."""
         assert state.memo is not None
-        return sum(len(d) for d in state.memo.values())
+        return sum(len(t) for t in state.memo.values())
 
     def has_room(self, state: PartitionState, reports: int) -> bool:
         """Whether ``reports`` reports fit under ``device_state_max`` even if each is a new
@@ -91,9 +90,8 @@ class MemoGate:
             return b   # room for every report's device even if all are new: nothing to check
         room = self.collections[cid].device_state_max - self.entries(state)
         ids = np.asarray(b.device_ids, dtype=np.uint64)
-        cur = state.memo[state.memo_epoch] if state.memo_epoch is not None else {}
-        new = np.fromiter((int(d) not in cur for d in ids.tolist()), dtype=bool,
-                          count=ids.size)
+        cur = state.memo.get(state.memo_epoch) if state.memo_epoch is not None else None
+        new = ~cur.find(ids)[0] if cur is not None else np.ones(ids.size, dtype=bool)
         uniq_new = np.unique(ids[new])
         if uniq_new.size <= room:
             return b
@@ -114,22 +112,23 @@ class MemoGate:
     def moves(self, state: PartitionState, pend: Pending, device_ids: np.ndarray,
               reports: np.ndarray, buckets: np.ndarray, version: int) -> device_memo.Moves:
         """The moves of one run of reports of ``version`` (in order), recorded in the partition's
-        state and its pending delta."""
+        tables and its pending delta."""
         memo, epoch = state.memo, state.memo_epoch
         assert memo is not None and epoch is not None
-        cur, prev = memo.setdefault(epoch, {}), memo.get(epoch - 1, {})
-        mv = device_memo.latest_per_device(device_ids, reports, buckets, version,
-                                           lambda d: cur.get(d) or prev.get(d))
-        cur.update(mv.entries)
+        cur = memo.setdefault(epoch, device_memo.DeviceTable())
+        prev = memo.get(epoch - 1, device_memo.DeviceTable())
+        mv = device_memo.latest_per_device(device_ids, reports, buckets, version, (cur, prev))
+        cur.upsert(mv.ids, mv.rows)
         span = device_memo.epoch_length(self.collections[state.collection].policy)
-        pend.memo.setdefault(device_memo.side_name(epoch, self._layout[state.collection]),
-                             ((epoch + 2) * span, {}))[1].update(mv.entries)
+        name = device_memo.side_name(epoch, self._layout[state.collection])
+        write = pend.memo.setdefault(name, device_memo.LogWrite((epoch + 2) * span))
+        write.record(cur, mv.ids, mv.rows)
         metrics.MEMO_DEVICES.labels(state.collection, str(state.tp.partition)).set(
             self.entries(state))
         return mv
 
     @staticmethod
-    def side(pend: Pending) -> dict[str, SideValues]:
-        """The entries a delta writes, each epoch's hash expiring two epochs after it."""
-        return {name: SideValues({str(d): v for d, v in devices.items()}, expire_at=expire_at)
-                for name, (expire_at, devices) in pend.memo.items() if devices}
+    def side(pend: Pending) -> dict[str, SideLog]:
+        """The rows a delta logs, each epoch's log expiring two epochs after it."""
+        return {name: SideLog(w.payload(), replace=w.replace, expire_at=w.expire_at)
+                for name, w in pend.memo.items() if w.chunks}

@@ -17,6 +17,7 @@ import numpy as np
 from aiokafka import TopicPartition
 
 from ldpstream.agents.dedupe import DedupeBook
+from ldpstream.agents.device_memo import DeviceTable, LogWrite
 from ldpstream.agents.layout import Layout
 from ldpstream.agents.log_identity import LogMark
 
@@ -59,9 +60,9 @@ class Pending:
     dedupe: dict[int, dict[int, str]] = dataclasses.field(default_factory=dict)
     #: keyed batches not counted: delivered before
     duplicates: int = 0
-    #: memoized collections: the devices' new latest reports (agents/device_memo.py): side hash
+    #: memoized collections: the devices' new latest reports (agents/device_memo.py): side log
     #: name -> (its expiry, unix s; device -> entry)
-    memo: dict[str, tuple[float, dict[int, str]]] = dataclasses.field(default_factory=dict)
+    memo: dict[str, LogWrite] = dataclasses.field(default_factory=dict)
 
     def covers(self, offset: int) -> None:
         """Extend the delta's range to ``offset`` (one more message taken)."""
@@ -97,7 +98,7 @@ class PartitionState:
     dedupe_window: int | None = None
     #: memoized collections: epoch -> device -> entry of its latest report counted (applied and
     #: pending; agents/memo_gate.py), this epoch and the one before; None: not loaded
-    memo: dict[int, dict[int, str]] | None = None
+    memo: dict[int, DeviceTable] | None = None
     #: the epoch of this poll, by the worker's clock
     memo_epoch: int | None = None
     #: poison-pill breaker (agents/breaker.py): size of the next careful chunk (None: normal)

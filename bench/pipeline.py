@@ -147,16 +147,16 @@ async def _ingest_rate(store: Any, cid: str, partitions: int, total: int, port: 
 
 async def _memo_bytes(store: Any, coll: Any) -> float | None:
     """Redis bytes per device of the memoized collection's device state (MEMORY USAGE of its
-    ``memo:<layout>:<epoch>`` side hashes over the devices they hold)."""
+    ``memo:<layout>:<epoch>`` logs over the devices they hold)."""
     from ldpstream.agents import keys
-    from ldpstream.agents.device_memo import PREFIX
+    from ldpstream.agents.device_memo import PREFIX, parse_log
 
     used = devices = 0
     for p in range(int(coll.partitions)):
         pattern = keys.glob_escape(keys.side_key(coll.id, p, PREFIX)) + "*"
         async for key in store.redis.scan_iter(match=pattern):
             used += int(await store.redis.memory_usage(key) or 0)
-            devices += int(await store.redis.hlen(key))
+            devices += len(parse_log(await store.redis.get(key)))
     return used / devices if devices else None
 
 

@@ -17,7 +17,7 @@ from kafka_helpers import read_dlq
 from store_helpers import read_collection, read_fine_buckets
 from tolerance import assert_close
 
-from ldpstream.agents.device_memo import decode, encode, latest_per_device
+from ldpstream.agents.device_memo import COMPACT_MIN, DeviceTable, LogWrite, encode_log, latest_per_device, parse_log
 
 DEVICES = 2000
 ROUNDS = 3          # every honest device reports this many times (its last report counts)
@@ -26,24 +26,60 @@ CHATTY_ID = 10**9
 MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 2.0}
 
 
+def _table(entries: dict[int, tuple[int, int, list[int]]]) -> DeviceTable:
+    """A table of device -> (version, bucket, report)."""
+    t = DeviceTable()
+    for d, (v, b, rep) in sorted(entries.items()):
+        t.upsert(np.array([d], dtype=np.uint64), np.array([[v, b + 1, len(rep), *rep]]))
+    return t
+
+
 @pytest.mark.core
 def test_latest_report_of_each_device_supersedes_its_previous():
     ids = np.array([5, 7, 5, 9, 7], dtype=np.uint64)
     reports = np.array([[0, 0], [1, 0], [0, 1], [1, 1], [1, 1]])
     buckets = np.array([10, 10, 11, 11, 12])
-    known = {7: encode(0, 3, np.array([0, 1])), 8: encode(0, 4, np.array([1, 1]))}
-    mv = latest_per_device(ids, reports, buckets, 2, known.get)
-    assert mv.keep.tolist() == [2, 3, 4]           # the last report of 5, 9 and 7, in order
+    cur = _table({7: (0, 3, [0, 1]), 8: (0, 4, [1, 1])})
+    prev = _table({5: (1, -1, [1, 0]), 7: (0, 2, [0, 0])})   # 7: this epoch's row wins
+    mv = latest_per_device(ids, reports, buckets, 2, (cur, prev))
+    assert mv.ids.tolist() == [5, 7, 9] and mv.keep.tolist() == [2, 4, 3]   # each one's last
     removed = mv.removed_rows()
-    assert list(removed) == [(0, 3)] and removed[(0, 3)].tolist() == [[0, 1]]
-    assert mv.entries == {5: "2:12:0:1", 9: "2:12:1:1", 7: "2:13:1:1"}
+    assert sorted(removed) == [(0, 3), (1, -1)]
+    assert removed[(0, 3)].tolist() == [[0, 1]] and removed[(1, -1)].tolist() == [[1, 0]]
+    assert mv.rows.tolist() == [[2, 12, 2, 0, 1], [2, 13, 2, 1, 1], [2, 12, 2, 1, 1]]
+    cur.upsert(mv.ids, mv.rows)
+    assert cur.ids.tolist() == [5, 7, 8, 9] and cur.rows[:, 1].tolist() == [12, 13, 5, 12]
 
 
 @pytest.mark.core
-def test_entry_round_trip_and_all_time_only():
-    v, b, rep = decode(encode(4, -1, np.array([3, 0, 12])))
-    assert (v, b, rep.tolist()) == (4, -1, [3, 0, 12])
-    assert encode(4, -1, np.array([3])) == "4:0:3"    # digits and ':' only (the apply checks)
+def test_device_log_round_trip_compaction_and_corruption():
+    """The binary log of a table: chunks appended replay to the last row of each device, a
+    wider version's rows pad the narrower ones, the log is rewritten once it holds more than
+    twice the table's rows, and a log that is not one is refused."""
+    t = DeviceTable()
+    first = latest_per_device(np.array([3, 1, 3], dtype=np.uint64), np.array([[1], [2], [3]]),
+                              np.array([-1]), 4, (t,))
+    t.upsert(first.ids, first.rows)
+    second = latest_per_device(np.array([2, 3], dtype=np.uint64),
+                               np.array([[7, 8], [9, 10]]), np.array([6]), 5, (t,))
+    t.upsert(second.ids, second.rows)
+    log = encode_log(first.ids, first.rows) + encode_log(second.ids, second.rows)
+    back = parse_log(log)
+    assert back.ids.tolist() == [1, 2, 3] and back.logged == 4
+    assert back.rows.tolist() == t.rows.tolist() == [[4, 0, 1, 2, 0], [5, 7, 2, 7, 8],
+                                                     [5, 7, 2, 9, 10]]
+    assert {k: v.tolist() for k, v in second.removed_rows().items()} == {(4, -1): [[3]]}
+    big = np.arange(10, 10 + COMPACT_MIN, dtype=np.uint64)
+    rows = np.tile([[1, 1, 1, 0]], (big.size, 1))
+    w = LogWrite(expire_at=1.0)
+    for _ in range(4):           # the same devices again and again: the log outgrows 2x + min
+        t.upsert(big, rows)
+        w.record(t, big, rows)
+    assert w.replace and t.logged == len(t) == big.size + 3
+    assert parse_log(w.payload()).ids.tolist() == t.ids.tolist()
+    for bad in (b"x" * 12, np.array([2, 5], dtype="<i8").tobytes()):
+        with pytest.raises(ValueError):
+            parse_log(bad)
 
 
 @pytest.mark.core
@@ -81,7 +117,7 @@ def test_latest_report_per_device_is_unbiased_monte_carlo():
     for r in range(runs):
         perm = permanent()
         reports = np.concatenate([memo.instantaneous(perm, rng) for _ in range(reports_each)])
-        mv = latest_per_device(ids, reports, np.zeros(1, dtype=np.int64), 0, lambda d: None)
+        mv = latest_per_device(ids, reports, np.zeros(1, dtype=np.int64), 0, ())
         table = mech.count(reports[mv.keep], [spec])[spec.key]
         assert int(table.sum()) == n
         est[r] = mech.estimate({spec.key: table}, attrs, "castell").factor.values
@@ -144,7 +180,7 @@ def memo_config(tmp_path, cid: str, **extra) -> str:
 
 def latest_table(ids: np.ndarray, reports: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """The count table of each device's last report (in order)."""
-    mv = latest_per_device(ids, reports, np.zeros(1, dtype=np.int64), 0, lambda d: None)
+    mv = latest_per_device(ids, reports, np.zeros(1, dtype=np.int64), 0, ())
     table = np.zeros(shape, dtype=np.int64)
     np.add.at(table, tuple(reports[mv.keep].T), 1)
     return table

@@ -18,7 +18,8 @@ row by ``np.searchsorted``. In Redis the table is a binary log, the string
 ``memo:<layout>:<e>`` of the shard: each apply appends the rows it changes (little-endian
 int64: a header (width, rows), then per row the device id and the row), in the same Lua apply
 that adds the counts and moves the offset, so exactly-once holds for it too. When the log holds
-more than twice the table's rows (plus :data:`COMPACT_MIN`), the apply replaces it by the table.
+more than 1.5 times the table's rows (plus :data:`COMPACT_MIN`), the apply replaces it by the
+table.
 An entry is looked up in the epochs ``e`` and ``e - 1`` and expires two epochs after its own:
 a device silent for longer than ``L`` is counted afresh (its old report has left every finite
 window by then; the all-time tensor then holds it twice).
@@ -43,8 +44,8 @@ DAY_S = 86_400.0
 META = 3
 #: int64 words of a log chunk's header: (report width, rows)
 HEAD = 2
-#: superseded rows a log may hold beyond twice its table's before an apply rewrites it
-COMPACT_MIN = 4096
+#: superseded rows a log may hold beyond half its table's before an apply rewrites it
+COMPACT_MIN = 1024
 _LE = np.dtype("<i8")
 
 
@@ -160,9 +161,9 @@ class LogWrite:
 
     def record(self, table: DeviceTable, ids: np.ndarray, rows: np.ndarray) -> None:
         """Log the rows just set in ``table``; rewrite the log when it holds too many
-        superseded rows (the table is at most half of it)."""
+        superseded rows (more than half the table's, plus COMPACT_MIN)."""
         table.logged += int(ids.size)
-        if table.logged > 2 * len(table) + COMPACT_MIN:
+        if table.logged > len(table) + len(table) // 2 + COMPACT_MIN:
             self.replace, self.chunks = True, [(table.ids.copy(), table.rows.copy())]
             table.logged = len(table)
         else:

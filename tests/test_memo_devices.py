@@ -55,7 +55,7 @@ def test_latest_report_of_each_device_supersedes_its_previous():
 def test_device_log_round_trip_compaction_and_corruption():
     """The binary log of a table: chunks appended replay to the last row of each device, a
     wider version's rows pad the narrower ones, the log is rewritten once it holds more than
-    twice the table's rows, and a log that is not one is refused."""
+    1.5 times the table's rows, and a log that is not one is refused."""
     t = DeviceTable()
     first = latest_per_device(np.array([3, 1, 3], dtype=np.uint64), np.array([[1], [2], [3]]),
                               np.array([-1]), 4, (t,))
@@ -72,7 +72,7 @@ def test_device_log_round_trip_compaction_and_corruption():
     big = np.arange(10, 10 + COMPACT_MIN, dtype=np.uint64)
     rows = np.tile([[1, 1, 1, 0]], (big.size, 1))
     w = LogWrite(expire_at=1.0)
-    for _ in range(4):           # the same devices again and again: the log outgrows 2x + min
+    for _ in range(3):           # the same devices again and again: the log outgrows 1.5x + min
         t.upsert(big, rows)
         w.record(t, big, rows)
     assert w.replace and t.logged == len(t) == big.size + 3

@@ -15,8 +15,8 @@ kept) is a :class:`DeviceTable`: the devices' ids, sorted, and one int64 row eac
 fine bucket + 1 (0: all-time only), report width, report values). Every step is an array
 operation: the latest report of each device of a run is found by ``np.unique``, its previous
 row by ``np.searchsorted``. In Redis the table is a binary log, the string
-``memo:<layout>:<e>`` of the shard: each apply appends the rows it changes (little-endian
-int64: a header (width, rows), then per row the device id and the row), in the same Lua apply
+``memo:<layout>:<e>`` of the shard: each apply appends the rows it changes (little-endian: a
+header (width, rows), the devices' ids (u64), their rows (u32)), in the same Lua apply
 that adds the counts and moves the offset, so exactly-once holds for it too. When the log holds
 more than 1.5 times the table's rows (plus :data:`COMPACT_MIN`), the apply replaces it by the
 table.
@@ -42,11 +42,9 @@ PREFIX = "memo:"
 DAY_S = 86_400.0
 #: int64 columns of a row before its report values: version, fine bucket + 1, report width
 META = 3
-#: int64 words of a log chunk's header: (report width, rows)
-HEAD = 2
-#: superseded rows a log may hold beyond half its table's before an apply rewrites it
+#: #: superseded rows a log may hold beyond half its table's before an apply rewrites it
 COMPACT_MIN = 1024
-_LE = np.dtype("<i8")
+_I8, _U8, _U4 = np.dtype("<i8"), np.dtype("<u8"), np.dtype("<u4")
 
 
 def side_name(epoch: int, layout_id: str) -> str:
@@ -120,10 +118,11 @@ class DeviceTable:
 
 
 def encode_log(ids: np.ndarray, rows: np.ndarray) -> bytes:
-    """One log chunk: header (report width, rows), then per row the device id and the row."""
-    body = np.column_stack([ids.astype(np.uint64).view(np.int64), rows]).astype(_LE)
-    head = np.array([rows.shape[1] - META, ids.size], dtype=_LE)
-    return head.tobytes() + body.tobytes()
+    """One log chunk: a header (report width, rows) of two int64 words, the devices' ids (u64),
+    then their rows (u32; codec values, versions and buckets fit), padded to whole words."""
+    body = np.ascontiguousarray(rows, dtype=_U4).tobytes()
+    head = np.array([rows.shape[1] - META, ids.size], dtype=_I8).tobytes()
+    return head + ids.astype(_U8).tobytes() + body + b"\0" * (-len(body) % 8)
 
 
 def parse_log(data: bytes | None) -> DeviceTable:
@@ -132,18 +131,18 @@ def parse_log(data: bytes | None) -> DeviceTable:
         return DeviceTable()
     if len(data) % 8:
         raise ValueError(f"device state of {len(data)} bytes is not a log of int64 words")
-    a = np.frombuffer(data, dtype=_LE)
     ids, rows, pos = [], [], 0
-    while pos < a.size:   # one step per apply that wrote it, not per device
-        if pos + HEAD > a.size:
+    while pos < len(data):   # one step per apply that wrote it, not per device
+        if pos + 16 > len(data):
             raise ValueError("device state log ends inside a chunk header")
-        width, n = int(a[pos]), int(a[pos + 1])
-        end = pos + HEAD + n * (1 + META + width)
-        if width < 0 or n < 0 or end > a.size:
+        width, n = np.frombuffer(data, dtype=_I8, count=2, offset=pos).tolist()
+        cells = n * (META + width) if width >= 0 and n >= 0 else -1
+        end = pos + 16 + 8 * n + 4 * cells + (4 * cells) % 8
+        if cells < 0 or end > len(data):
             raise ValueError(f"corrupt device state log chunk (width {width}, rows {n})")
-        rec = a[pos + HEAD:end].reshape(n, 1 + META + width)
-        ids.append(rec[:, 0].astype(np.int64).view(np.uint64))
-        rows.append(rec[:, 1:].astype(np.int64))
+        ids.append(np.frombuffer(data, dtype=_U8, count=n, offset=pos + 16).astype(np.uint64))
+        rows.append(np.frombuffer(data, dtype=_U4, count=cells, offset=pos + 16 + 8 * n)
+                    .astype(np.int64).reshape(n, META + width))
         pos = end
     all_ids, all_rows = np.concatenate(ids), _stack(rows)
     u, keep = last_of(all_ids)

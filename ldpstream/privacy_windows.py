@@ -20,11 +20,18 @@ from ldpstream.estimators.stream.longitudinal import Guarantee, periods_per_wind
 if TYPE_CHECKING:
     from ldpstream.config import Collection
 
-__all__ = ["over_time", "DAY_S", "reports_in", "epsilon_in", "daily_report_limit", "budget_problem",
+__all__ = ["over_time", "DAY_S", "budget_day", "reports_in", "epsilon_in", "daily_report_limit", "budget_problem",
            "window_fields"]
 
 DAY_S = 86_400.0
 _RTOL = 1e-9   # a computed ε equal to the budget up to rounding is within it
+
+
+def budget_day(t: float) -> int:
+    """The budget day of unix time ``t``: its UTC calendar day, ``floor(t / 86,400)``. The one
+    day of ``max_epsilon_per_day``: the device ledger sums the spend of it, the worker counts the
+    reports of it (its quota window of one day, agents/quota.py) (docs/privacy-over-time.md)."""
+    return int(math.floor(float(t) / DAY_S))
 
 
 def reports_in(seconds: float, reports_per_day: float) -> int:

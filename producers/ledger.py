@@ -43,7 +43,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-DAY_S = 86_400.0
+from ldpstream.privacy_windows import DAY_S, budget_day
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS spend (at REAL NOT NULL, collection TEXT NOT NULL,
@@ -174,15 +174,18 @@ class Ledger:
     def daily_refusal(self, collection: str, cost: float, now: float,
                       max_per_day: float) -> str | None:
         """Why a report of ``collection`` costing ``cost`` at ``now`` would spend more than the
-        collection's ``max_epsilon_per_day`` in the last 24 h (docs/privacy-over-time.md), or None."""
+        collection's ``max_epsilon_per_day`` in the budget day of ``now`` (its UTC calendar day,
+        :func:`~ldpstream.privacy_windows.budget_day`, the worker's day too;
+        docs/privacy-over-time.md), or None."""
         if cost <= 0:
             return None
+        start = budget_day(self.now(now)) * DAY_S
         row = self._db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM spend WHERE collection=? "
-                               "AND at > ?", (collection, self.now(now) - DAY_S)).fetchone()
+                               "AND at >= ?", (collection, start)).fetchone()
         spent = float(row[0])
         if spent + cost > max_per_day * (1 + 1e-12):
             return (f"over_budget: this report costs ε={cost:.6g}, {spent:.6g} already spent on "
-                    f"{collection!r} in the last 24 h, its max_epsilon_per_day is "
+                    f"{collection!r} this UTC day, its max_epsilon_per_day is "
                     f"{max_per_day:g}")
         return None
 

@@ -82,6 +82,22 @@ def test_ledger_refuses_beyond_the_collection_budget(tmp_path):
     assert led.daily_refusal("c", 2.0, t + DAY_S + 1, 10.0) is None  # the day has passed
 
 
+@pytest.mark.core
+def test_ledger_and_worker_share_the_utc_budget_day(tmp_path):
+    """One budget day for both: the ledger's spend resets at 00:00 UTC (not 24 h after a spend),
+    the worker's one-day quota window (agents/quota.py) is the same day."""
+    from ldpstream.agents.quota import window_of
+    from ldpstream.privacy_windows import budget_day
+
+    midnight = 20_000 * DAY_S
+    for t in (midnight - 0.5, midnight, midnight + 0.5, midnight + DAY_S - 1e-3):
+        assert window_of(t * 1000.0, DAY_S) == budget_day(t)
+    led = Ledger(tmp_path / "l.sqlite")
+    led.commit("c", midnight - 30, 10.0)                     # the whole cap, at 23:59:30
+    assert led.daily_refusal("c", 1.0, midnight - 1, 10.0) is not None
+    assert led.daily_refusal("c", 1.0, midnight + 30, 10.0) is None   # a new UTC day
+
+
 @pytest.mark.pipeline
 def test_worker_and_sdk_refuse_a_device_over_the_budget(tmp_path, kafka_broker, redis_server,
                                                         spawn_worker, unique_name):

@@ -20,9 +20,12 @@ header (width, rows), the devices' ids (u64), their rows (u32)), in the same Lua
 that adds the counts and moves the offset, so exactly-once holds for it too. When the log holds
 more than 1.5 times the table's rows (plus :data:`COMPACT_MIN`), the apply replaces it by the
 table.
-An entry is looked up in the epochs ``e`` and ``e - 1`` and expires two epochs after its own:
-a device silent for longer than ``L`` is counted afresh (its old report has left every finite
-window by then; the all-time tensor then holds it twice).
+An entry is looked up in the epochs ``e`` and ``e - 1``; when an epoch's table leaves that pair,
+the devices it alone holds are carried into the previous epoch's table as all-time only
+(:func:`carry`), so the all-time tensor counts each device once however long it is silent. A
+log expires three epochs after its own (a worker started after a roll still reads the table it
+carries from). The state therefore holds every device ever seen by the partition, bounded by
+``device_state_max``.
 """
 from __future__ import annotations
 
@@ -93,6 +96,8 @@ class DeviceTable:
     ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
     rows: np.ndarray = field(default_factory=lambda: np.empty((0, META), dtype=np.int64))
     logged: int = 0
+    #: rows set by :func:`carry` that its log does not hold yet (written with the next delta)
+    unlogged: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.ids.size)
@@ -115,6 +120,21 @@ class DeviceTable:
             pos = np.searchsorted(self.ids, ids[new])
             self.ids = np.insert(self.ids, pos, ids[new])
             self.rows = np.insert(self.rows, pos, rows[new], axis=0)
+
+
+def carry(old: Sequence[DeviceTable], into: DeviceTable, newer: DeviceTable) -> None:
+    """Keep the devices of expiring tables (``old``, newest first) that neither ``into`` nor
+    ``newer`` holds: their rows move into ``into`` as all-time only (bucket + 1 = 0; their fine
+    and coarse buckets have expired), so a device back after a long silence replaces its report
+    in the all-time tensor instead of being counted twice there."""
+    for t in old:
+        keep = ~into.find(t.ids)[0] & ~newer.find(t.ids)[0]
+        if not keep.any():
+            continue
+        ids, rows = t.ids[keep], t.rows[keep].copy()
+        rows[:, 1] = 0
+        into.upsert(ids, rows)
+        into.unlogged.append((ids, rows))
 
 
 def encode_log(ids: np.ndarray, rows: np.ndarray) -> bytes:

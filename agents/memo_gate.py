@@ -46,12 +46,10 @@ class MemoGate:
         epoch = device_memo.epoch_of(time.time(), policy)
         if state.memo is not None:
             if state.memo_epoch != epoch:
-                state.memo = {e: t for e, t in state.memo.items() if e >= epoch - 1}
-                state.memo.setdefault(epoch, device_memo.DeviceTable())
-                state.memo_epoch = epoch
+                state.memo, state.memo_epoch = self._roll(state.memo, epoch), epoch
             return
         have: dict[int, device_memo.DeviceTable] = {}
-        for e in (epoch - 1, epoch):
+        for e in (epoch - 2, epoch - 1, epoch):
             name = device_memo.side_name(e, self._layout[state.collection])
             raw = await self.gate.retry(
                 lambda: self.store.read_side_bytes(state.collection, state.tp.partition, name),
@@ -60,7 +58,18 @@ class MemoGate:
             if state.memo is not None:  # loaded meanwhile
                 return
             have[e] = device_memo.parse_log(raw)
-        state.memo, state.memo_epoch = have, epoch
+        state.memo, state.memo_epoch = self._roll(have, epoch), epoch
+
+    @staticmethod
+    def _roll(memo: dict[int, device_memo.DeviceTable], epoch: int
+              ) -> dict[int, device_memo.DeviceTable]:
+        """The tables of ``epoch - 1`` and ``epoch``, the devices of older ones carried into
+        the former as all-time only (agents/device_memo.py ``carry``)."""
+        into = memo.get(epoch - 1, device_memo.DeviceTable())
+        cur = memo.get(epoch, device_memo.DeviceTable())
+        device_memo.carry([memo[e] for e in sorted(memo, reverse=True) if e < epoch - 1],
+                          into, cur)
+        return {epoch - 1: into, epoch: cur}
 
     @staticmethod
     def entries(state: PartitionState) -> int:
@@ -116,12 +125,17 @@ class MemoGate:
         memo, epoch = state.memo, state.memo_epoch
         assert memo is not None and epoch is not None
         cur = memo.setdefault(epoch, device_memo.DeviceTable())
-        prev = memo.get(epoch - 1, device_memo.DeviceTable())
+        prev = memo.setdefault(epoch - 1, device_memo.DeviceTable())
         mv = device_memo.latest_per_device(device_ids, reports, buckets, version, (cur, prev))
         cur.upsert(mv.ids, mv.rows)
         span = device_memo.epoch_length(self.collections[state.collection].policy)
-        name = device_memo.side_name(epoch, self._layout[state.collection])
-        write = pend.memo.setdefault(name, device_memo.LogWrite((epoch + 2) * span))
+        layout = self._layout[state.collection]
+        while prev.unlogged:   # devices carried at the roll: into the previous epoch's log
+            ids, rows = prev.unlogged.pop(0)
+            pend.memo.setdefault(device_memo.side_name(epoch - 1, layout),
+                                 device_memo.LogWrite((epoch + 2) * span)).record(prev, ids, rows)
+        write = pend.memo.setdefault(device_memo.side_name(epoch, layout),
+                                     device_memo.LogWrite((epoch + 3) * span))
         write.record(cur, mv.ids, mv.rows)
         metrics.MEMO_DEVICES.labels(state.collection, str(state.tp.partition)).set(
             self.entries(state))
@@ -129,6 +143,6 @@ class MemoGate:
 
     @staticmethod
     def side(pend: Pending) -> dict[str, SideLog]:
-        """The rows a delta logs, each epoch's log expiring two epochs after it."""
+        """The rows a delta logs, each epoch's log expiring three epochs after it."""
         return {name: SideLog(w.payload(), replace=w.replace, expire_at=w.expire_at)
                 for name, w in pend.memo.items() if w.chunks}

@@ -83,6 +83,26 @@ def test_device_log_round_trip_compaction_and_corruption():
 
 
 @pytest.mark.core
+def test_a_device_silent_past_two_epochs_is_not_counted_twice_all_time():
+    """Epoch tables roll: a device whose only entry is in a table leaving the (previous, current)
+    pair is carried as all-time only, so when it comes back its old report is subtracted from the
+    all-time tensor (not counted twice there); a device also in a newer table is not carried."""
+    from ldpstream.agents.memo_gate import MemoGate
+
+    old = _table({1: (0, 40, [1, 0]), 2: (0, 41, [0, 1])})
+    cur = _table({2: (0, 90, [1, 1])})
+    memo = MemoGate._roll({5: old, 6: DeviceTable(), 7: cur}, 7)   # epoch 5 leaves the pair
+    assert sorted(memo) == [6, 7] and memo[6].ids.tolist() == [1]
+    assert memo[6].rows.tolist() == [[0, 0, 2, 1, 0]] and len(memo[6].unlogged) == 1
+    back = latest_per_device(np.array([1], dtype=np.uint64), np.array([[0, 0]]),
+                             np.array([95]), 0, (memo[7], memo[6]))
+    assert {k: v.tolist() for k, v in back.removed_rows().items()} == {(0, -1): [[1, 0]]}
+    # after a restart the worker reads three epochs' logs and carries the same way
+    again = MemoGate._roll({5: parse_log(encode_log(old.ids, old.rows)), 7: cur}, 7)
+    assert again[6].ids.tolist() == [1]
+
+
+@pytest.mark.core
 def test_latest_report_per_device_is_unbiased_monte_carlo():
     """Seeded, 300 runs of 1,000 devices reporting 5 memoized reports each (one permanent
     response, a fresh instantaneous randomization per report): castell on the table of each

@@ -191,6 +191,62 @@ def test_drift_counts_devices_so_a_chatty_device_is_no_alarm():
     assert by_device <= 1 and by_report == 20, (by_device, by_report)
 
 
+@pytest.mark.core
+def test_drift_of_a_fleet_reporting_in_both_windows():
+    """Seeded: 2,000 devices report in every 5-minute window. Counted at their latest report, the
+    range before the current window holds none of them; the snapshot of the window one window
+    length ago (agents/window_snapshots.py) holds each once, so drift gets a value: an alarm in
+    every one of 10 pairs when the population shifts, in at most one when it does not."""
+    from ldpstream.agents.bucket_reader import WindowCounts
+    from ldpstream.agents.window_snapshots import PER_WINDOW, WindowSnapshots
+    from ldpstream.estimators.families.rr import RRIndependent
+    from ldpstream.estimators.kernels.domain import Domain
+    from ldpstream.estimators.stream.longitudinal import Memoize
+    from ldpstream.estimators.stream.many import drift_many, estimate_many
+    from ldpstream.windows import parse_window
+
+    dom = Domain(("a", "b"), (2, 2))
+    mech = RRIndependent(dom, epsilon=4.0, memoize=Memoize(86400.0, (2.0, 2.0)))
+    attrs, spec = ("a", "b"), mech.tensors([("a", "b")])[0]
+    rng = np.random.default_rng(5)
+    ids = np.arange(DEVICES, dtype=np.uint64)
+    w = parse_window("5m")
+    span = float(w.seconds or 0)
+
+    def window(truth: list[float]) -> WindowCounts:
+        """The window's counts: every device's latest report (two reports each in it)."""
+        cells = rng.choice(4, DEVICES, p=truth)
+        rec = np.stack([cells // 2, cells % 2], axis=1)
+        reports = np.concatenate([mech.randomize(rec, rng), mech.randomize(rec, rng)])
+        mv = latest_per_device(np.tile(ids, 2), reports, np.zeros(1, dtype=np.int64), 0, ())
+        table = mech.count(reports[mv.keep], [spec])[spec.key]
+        return WindowCounts({mech.version: {spec.key: table}}, int(table.sum()), ())
+
+    def alarm(truth_before: list[float], truth_now: list[float]) -> bool:
+        snaps, t0 = WindowSnapshots(), 1_000_000.0
+        first = {"5m": window(truth_before), "5m/previous": window(truth_before)}
+        snaps.swap(first, [w], t0, "/previous")
+        assert "5m/previous" not in first        # no snapshot one window ago yet: no drift
+        for k in range(1, PER_WINDOW + 1):       # refreshes in between
+            snaps.add("5m", t0 + k * span / PER_WINDOW / 2, window(truth_before), span)
+        empty = WindowCounts({mech.version: {spec.key: np.zeros((2, 2), np.int64)}}, 0, ())
+        reads = {"5m": window(truth_now), "5m/previous": empty}   # the range: all moved on
+        snaps.swap(reads, [w], t0 + span, "/previous")
+        prev = reads["5m/previous"]
+        assert prev is first["5m"] and prev.n == DEVICES    # the window as it was, every device
+        c, p = reads["5m"].counts, prev.counts
+        est = estimate_many(mech, {"cur": c, "prev": p}, [attrs], ["castell"]).estimates
+        key = ("cur", attrs, "castell")
+        res = drift_many(mech, {"cur": (c, p)}, {key: est[key]},
+                         {key: est[("prev", attrs, "castell")]}, alpha=1e-3).results[key]
+        assert res.statistic is not None
+        return bool(res.alarm)
+
+    same, moved = [0.4, 0.1, 0.2, 0.3], [0.1, 0.4, 0.4, 0.1]
+    assert sum(alarm(same, same) for _ in range(10)) <= 1
+    assert sum(alarm(same, moved) for _ in range(10)) == 10
+
+
 def memo_config(tmp_path, cid: str, **extra) -> str:
     return write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=2,
                         marginals=[("sex", "Salary")], estimators=("castell",),

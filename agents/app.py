@@ -27,6 +27,7 @@ from typing import Any
 from ldpstream.agents import faults
 from ldpstream.agents.applier import Applier
 from ldpstream.agents.breaker import Breaker
+from ldpstream.agents.budget import DAILY_BUDGET
 from ldpstream.agents.clients import Clients, RedisGate
 from ldpstream.agents.context import Context
 from ldpstream.agents.dedupe_gate import DedupeGate
@@ -35,8 +36,9 @@ from ldpstream.agents.ingest import IngestService
 from ldpstream.agents.ingest_stats import IngestStats
 from ldpstream.agents.intake import Intake
 from ldpstream.agents.log_check import LogCheck
+from ldpstream.agents.memo_gate import MemoGate
 from ldpstream.agents.partition import Partitions
-from ldpstream.agents.quota_gate import QuotaGate
+from ldpstream.agents.quota_gate import DEVICE_QUOTA, QuotaGate
 from ldpstream.agents.rebalance import Rebalancer, Seeker
 from ldpstream.agents.store import CountStore
 from ldpstream.config import AppConfig, ConfigError
@@ -90,9 +92,10 @@ def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int) -> Ing
     partitions = Partitions()
     stats = IngestStats()
     gate = RedisGate(clients, partitions)
-    quota = QuotaGate(collections, gate, ctx.store)
+    quota = QuotaGate(collections, gate, ctx.store, (DEVICE_QUOTA, DAILY_BUDGET))
     intake = Intake(collections, ctx.collections, partitions, quota, DedupeGate(gate, ctx.store),
-                    stats, ctx.config.ingest.max_message_bytes)
+                    stats, ctx.config.ingest.max_message_bytes,
+                    MemoGate(collections, gate, ctx.store))
     take = faults.injected(intake.take)  # tests only: a fault object around the intake
     seeker = Seeker(clients, partitions)
     applier = Applier(collections, clients, gate, partitions, ctx.store, quota,

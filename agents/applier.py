@@ -24,6 +24,7 @@ from ldpstream.agents.clients import REDIS_ERRORS, Abandoned, Clients, RedisGate
 from ldpstream.agents.dedupe_gate import DedupeGate
 from ldpstream.agents.dlq_writer import DlqWriter
 from ldpstream.agents.ingest_stats import IngestStats
+from ldpstream.agents.memo_gate import DEVICE_STATE_FULL, MemoGate
 from ldpstream.agents.partition import Partitions, Pending
 from ldpstream.agents.quota_gate import QuotaGate
 from ldpstream.agents.rebalance import Seeker
@@ -121,7 +122,8 @@ class Applier:
         return await self.store.apply_many(cid, [
             PartitionDelta(p.tp.partition, p.last_offset, p.deltas, p.n, expected=p.base,
                            sent_at_max=p.sent_at_max,
-                           side={**self.quota.side(cid, p), **DedupeGate.side(p)})
+                           side={**self.quota.side(cid, p), **DedupeGate.side(p),
+                                 **MemoGate.side(p)})
             for p in live if p.last_offset is not None], self.collections[cid].policy)
 
     async def _apply_collection(self, cid: str, parts: list[Pending]) -> None:
@@ -168,6 +170,9 @@ class Applier:
                 metrics.DUPLICATE_BATCHES.labels(cid).inc(pend.duplicates)
             for reason, k in pend.rejected_reports.items():
                 metrics.REPORTS_REJECTED.labels(cid, reason).inc(k)
+            if pend.rejected_reports.get(DEVICE_STATE_FULL):
+                stats.device_state_full[cid] = stats.device_state_full.get(cid, 0) + \
+                    pend.rejected_reports[DEVICE_STATE_FULL]
             if state is not None:
                 state.stored = pend.last_offset
             current = self.partitions.get(tp)

@@ -14,7 +14,7 @@ from ldpstream.agents.layout import Layout
 from ldpstream.windows import COARSE_FACTOR, BucketPolicy
 
 __all__ = ["ApplyStatus", "ApplyResult", "PartitionDelta", "SideCounter", "SideValues",
-           "CellsKey", "expand_levels"]
+           "SideLog", "CellsKey", "expand_levels"]
 
 class ApplyStatus(str, enum.Enum):
     """Outcome of one partition's delta in :meth:`CountStore.apply_many`."""
@@ -50,6 +50,17 @@ class SideValues:
 
 
 @dataclasses.dataclass(frozen=True)
+class SideLog:
+    """Bytes appended to a side string of the shard (``replace``: the string set to them), e.g.
+    the device state log of agents/device_memo.py, atomically with the counts; ``expire_at``
+    unix seconds (None: never)."""
+
+    data: bytes
+    replace: bool = False
+    expire_at: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class PartitionDelta:
     """Counts of the reports at offsets ``(expected, offset]`` of one partition.
 
@@ -64,7 +75,8 @@ class PartitionDelta:
     n_reports: int
     expected: int | None = None
     sent_at_max: float | None = None
-    side: Mapping[str, SideCounter | SideValues] = dataclasses.field(default_factory=dict)
+    side: Mapping[str, SideCounter | SideValues | SideLog] = dataclasses.field(
+        default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

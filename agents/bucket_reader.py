@@ -87,7 +87,9 @@ class BucketReader:
                     sig.append(h)
                     if cells is not None:
                         total += cells
-                n += int(total[0])
+                # cell 0 of a memoized collection counts changes (agents/device_memo.py): a
+                # window whose devices all moved on holds nothing
+                n += int(total[0]) if total[1:].any() else 0
                 counts[v] = layout.unpack(total)
             out[name] = WindowCounts(counts, n, (tuple(sorted(layouts)), tuple(sig)))
         return out

@@ -75,7 +75,7 @@ from ldpstream.agents.partition import Partitions
 from ldpstream.agents.rebalance import Listener, Rebalancer
 from ldpstream.config import Collection, IngestConfig
 from ldpstream.kafka_admin import create_topics
-from ldpstream.names import COMPACTED_TOPICS, CONFIG_TOPIC, SERVICE_TOPICS
+from ldpstream.names import BUDGET_FIELD, COMPACTED_TOPICS, CONFIG_TOPIC, SERVICE_TOPICS
 from ldpstream.producers.device import ConfigWatcher
 from ldpstream.producers.kafka_security import KafkaSecurity
 from ldpstream.producers.signing import SigningKey
@@ -216,7 +216,11 @@ class IngestService(Service):
         futs = []
         skipped = set(skip)
         for cid in [c for c in self.collections if c not in skipped]:
-            value = self.signing_key.sign_state(self.states[cid].current.device_state(), cid)
+            state = self.states[cid].current.device_state()
+            budget = self.collections[cid].max_epsilon_per_day
+            if budget is not None:  # the device ledger enforces it (docs/privacy-over-time.md)
+                state[BUDGET_FIELD] = budget
+            value = self.signing_key.sign_state(state, cid)
             futs.append(await producer.send(CONFIG_TOPIC, value, key=cid.encode()))
         await asyncio.gather(*futs)
 
@@ -375,7 +379,7 @@ class IngestService(Service):
                 "conflicts": s.conflicts, "lost_rereads": s.lost_rereads,
                 "applied_reports": s.applied_reports, "assigned_at": self.rebalancer.assigned_at,
                 "last_apply_at": s.last_apply_at, "log_resets": self.log_check.resets[-20:],
-                "poison_pills": s.poison_pills,
+                "poison_pills": s.poison_pills, "device_state_full": dict(s.device_state_full),
                 "config_republished": [] if self.control is None else self.control.republished,
                 "careful": sorted(f"{st.tp.topic}[{st.tp.partition}]" for st in self.partitions
                                   if st.careful is not None),

@@ -18,6 +18,9 @@ class IngestStats:
     #: idle partitions whose stored offset went back (re-sought)
     lost_rereads: int = 0
     poison_pills: int = 0
+    #: memoized collections: reports of new devices refused for want of device state, per
+    #: collection (docs/privacy-over-time.md)
+    device_state_full: dict[str, int] = dataclasses.field(default_factory=dict)
     #: unix time the last assignment was done / the last delta was applied
     assigned_at: float | None = None
     last_apply_at: float | None = None

@@ -17,6 +17,7 @@ from ldpstream.agents.collection_state import CollectionStates
 from ldpstream.agents.dedupe_gate import DedupeGate
 from ldpstream.agents.ingest_stats import IngestStats
 from ldpstream.agents.log_identity import mark_of
+from ldpstream.agents.memo_gate import MemoGate
 from ldpstream.agents.partition import Partitions, PartitionState, Pending
 from ldpstream.agents.quota_gate import QuotaGate
 from ldpstream.config import Collection
@@ -34,7 +35,7 @@ class Intake:
 
     def __init__(self, collections: dict[str, Collection], states: CollectionStates,
                  partitions: Partitions, quota: QuotaGate, dedupe: DedupeGate,
-                 stats: IngestStats, max_message_bytes: int) -> None:
+                 stats: IngestStats, max_message_bytes: int, memo: MemoGate) -> None:
         self.collections = collections
         self.states = states
         self.partitions = partitions
@@ -42,12 +43,16 @@ class Intake:
         self.dedupe = dedupe
         self.stats = stats
         self.max_message_bytes = max_message_bytes
+        self.memo = memo
 
     async def load(self, state: PartitionState) -> None:
         """Read from Redis what :meth:`take` needs for this poll: the device quota's counters
-        (if the collection has one) and the senders' batch-dedupe state."""
+        (if the collection has one), the senders' batch-dedupe state and, for a memoized
+        collection, its devices' latest reports."""
         if self.quota.applies(state.collection):
             await self.quota.load(state)
+        if self.memo.applies(state.collection):
+            await self.memo.load(state)
         await self.dedupe.load(state)
 
     def take(self, state: PartitionState, msgs: Records) -> None:
@@ -57,7 +62,9 @@ class Intake:
             return  # not (or no longer) positioned at its Redis offset: the records come again
         cid = state.collection
         quota = self.quota.applies(cid)
-        if (quota and state.quota_used is None) or state.dedupe is None:
+        memo = self.memo.applies(cid)
+        if (quota and state.quota_used is None) or (memo and state.memo is None) \
+                or state.dedupe is None:
             return  # reset while its state was read: re-sought, the records come again
         if msgs[0].offset <= seen:
             msgs = [m for m in msgs if m.offset > seen]
@@ -76,7 +83,7 @@ class Intake:
                         m.value or b"", m.offset, 1)
         if not msgs:
             return
-        if len(msgs) >= 16 and not quota:  # the fast path drops device ids
+        if len(msgs) >= 16 and not (quota or memo):  # the fast path drops device ids
             fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
             if fast is not None and fast.collection == cid and explain_batch(fast, known) is None:
                 per = fast.n // len(msgs)
@@ -95,15 +102,29 @@ class Intake:
                 # the reject under it (the DLQ record's topic/offset locate the message)
                 pend.reject(exc.reason, exc.detail, m.value or b"", m.offset, 1)
         valid = self._validated(state, pend, good, known)
-        if quota and valid:
-            # the quota decides in offset order (a function of the log: the same after a crash)
+        if (quota or memo) and valid:
+            # the quota and the devices' latest reports decide in offset order (a function of
+            # the log: the same after a crash)
             by_version: dict[int, list[tuple[ConsumerRecord, ReportBatch]]] = defaultdict(list)
+            runs: list[tuple[ConsumerRecord, ReportBatch]] = []
+            held = 0   # reports in ``runs``: at most as many devices not in the state yet
             for m, b in sorted(valid, key=lambda mb: mb[0].offset):
-                kept = self.quota.within(state, pend, m, b)
+                kept: ReportBatch | None = self.quota.within(state, pend, m, b) if quota else b
+                if kept is not None and memo:
+                    if not self.memo.has_room(state, held + kept.n):
+                        # near device_state_max: count what is held so the cap sees its devices
+                        self._accept_devices(state, pend, runs)
+                        runs, held = [], 0
+                    kept = self.memo.admit(state, pend, m, kept)
                 if kept is not None:
+                    held += kept.n
+                    runs.append((m, kept))
                     by_version[kept.version].append((m, kept))
-            for version, accepted in by_version.items():
-                self._accept_batches(pend, cid, version, accepted)
+            if memo:
+                self._accept_devices(state, pend, runs)
+            else:
+                for version, accepted in by_version.items():
+                    self._accept_batches(pend, cid, version, accepted)
 
     def _validated(self, state: PartitionState, pend: Pending,
                    good: list[tuple[ConsumerRecord, ReportBatch]],
@@ -111,9 +132,9 @@ class Intake:
                    ) -> list[tuple[ConsumerRecord, ReportBatch]]:
         """Validate decoded batches: one vectorized check for all batches sharing (collection,
         version, width); only when that fails, the bad batches are found one by one. Without a
-        quota the valid ones are counted here; with one they are returned (the quota decides)."""
+        quota (or memoization) the valid ones are counted here; else they are returned."""
         cid = state.collection
-        quota = self.quota.applies(cid)
+        gated = self.quota.applies(cid) or self.memo.applies(cid)
         groups: dict[tuple[str, int, int], list[tuple[ConsumerRecord, ReportBatch]]] = \
             defaultdict(list)
         for m, b in good:
@@ -137,7 +158,7 @@ class Intake:
                         accepted.append((m, b))
                 else:
                     pend.reject(res[0], res[1], m.value or b"", m.offset, b.n)
-            if quota:
+            if gated:
                 valid += accepted
             elif accepted:
                 self._accept_batches(pend, cid, version, accepted)
@@ -151,6 +172,61 @@ class Intake:
         now = time.time()
         self._accept(pend, cid, version, reports, buckets,
                      max(clamp_sent_at(b.sent_at, m.timestamp / 1000.0, now) for m, b in accepted))
+
+    def _accept_devices(self, state: PartitionState, pend: Pending,
+                        items: list[tuple[ConsumerRecord, ReportBatch]]) -> None:
+        """Count a memoized collection's reports by device (agents/device_memo.py): each run of
+        one version, in offset order, adds the latest report of each device and subtracts the
+        report it supersedes."""
+        cid = state.collection
+        start = 0
+        while start < len(items):
+            version = items[start][1].version
+            end = start
+            while end < len(items) and items[end][1].version == version:
+                end += 1
+            run = items[start:end]
+            start = end
+            reports = np.concatenate([b.reports for _, b in run])
+            ids = np.concatenate([b.device_ids for _, b in run if b.device_ids is not None])
+            sizes = np.array([b.n for _, b in run])
+            buckets = np.broadcast_to(self._buckets(cid, [m for m, _ in run], sizes),
+                                      (reports.shape[0],))
+            mv = self.memo.moves(state, pend, ids, reports, buckets, version)
+            now = time.time()
+            kb = buckets[mv.keep]
+            self._accept(pend, cid, version, reports[mv.keep],
+                         kb[:1] if (kb == kb[0]).all() else kb,
+                         max(clamp_sent_at(b.sent_at, m.timestamp / 1000.0, now) for m, b in run),
+                         received=int(reports.shape[0]))
+            removed = 0
+            for (v, b), rows in mv.removed_rows().items():
+                removed += self._remove(pend, cid, v, b, rows)
+            superseded = int(reports.shape[0]) - int(mv.keep.size) + removed
+            if superseded:
+                metrics.REPORTS_SUPERSEDED.labels(cid).inc(superseded)
+
+    def _remove(self, pend: Pending, cid: str, version: int, bucket: int,
+                rows: np.ndarray) -> int:
+        """Subtract superseded reports of ``version`` counted in ``bucket`` (-1: all-time
+        only); cell 0 still grows by their number (it counts changes, so a refresh re-reads the
+        bucket: agents/bucket_reader.py). Returns how many were subtracted (none when their
+        version is no longer known)."""
+        state = self.states[cid]
+        mech = state.versions().get(version)
+        if mech is None:
+            return 0
+        layout = state.layout(version)
+        flat = -layout.pack(count_reports(mech, rows, list(layout.specs)), 0)
+        flat[0] = rows.shape[0]
+        key = (layout, None if bucket < 0 or not self.collections[cid].policy.bucketed
+               else bucket)
+        cur = pend.deltas.get(key)
+        if cur is None:
+            pend.deltas[key] = flat
+        else:
+            cur += flat
+        return int(rows.shape[0])
 
     def _buckets(self, cid: str, msgs: Records, sizes: np.ndarray) -> np.ndarray:
         """Fine bucket of every report (message i holds ``sizes[i]`` of them) from its message's
@@ -170,11 +246,12 @@ class Intake:
         return np.repeat(buckets, sizes)
 
     def _accept(self, pend: Pending, cid: str, version: int, reports: np.ndarray,
-                buckets: np.ndarray, sent_at: float) -> None:
+                buckets: np.ndarray, sent_at: float, received: int | None = None) -> None:
         """Count validated reports of one mechanism ``version`` into the partition's running
         delta, per fine bucket (``buckets`` from :meth:`_buckets`: one bucket for all of them, or
         ``buckets[i]`` of report i; -1 = all-time only). Counted per poll, so the arrays stay
-        cache-sized and memory is the tensors', not the reports'."""
+        cache-sized and memory is the tensors', not the reports'. ``received``: the reports
+        these stand for (a memoized collection counts only each device's latest)."""
         t0 = time.perf_counter()
         state = self.states[cid]
         layout = state.layout(version)
@@ -192,7 +269,7 @@ class Intake:
                 pend.deltas[key] = flat
             else:
                 cur += flat
-        n = int(reports.shape[0])
+        n = int(reports.shape[0]) if received is None else received
         pend.n += n
         self.partitions.pending_reports += n
         if pend.sent_at_max is None or sent_at > pend.sent_at_max:

@@ -33,6 +33,16 @@ REPORTS_CLAMPED = Counter(
     "ahead of the worker's clock beyond the tolerance: counted now) or 'late' (their bucket "
     "expired: counted in the all-time tensor only).",
     ["collection", "reason"], registry=REGISTRY)
+MEMO_DEVICES = Gauge(
+    "ldp_memo_devices",
+    "Memoized collections: devices whose latest report a partition keeps (agents/device_memo.py); "
+    "reports of new devices beyond device_state_max go to ldp.dlq as device_state_full.",
+    ["collection", "partition"], registry=REGISTRY)
+REPORTS_SUPERSEDED = Counter(
+    "ldp_reports_superseded_total",
+    "Memoized collections: reports whose device's contribution moved to a newer report (each "
+    "device is counted once, at its latest report).",
+    ["collection"], registry=REGISTRY)
 DUPLICATE_BATCHES = Counter(
     "ldp_duplicate_batches_total",
     "Keyed report batches delivered again (same sender and sequence, agents/dedupe.py): not "

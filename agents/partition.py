@@ -17,6 +17,7 @@ import numpy as np
 from aiokafka import TopicPartition
 
 from ldpstream.agents.dedupe import DedupeBook
+from ldpstream.agents.device_memo import DeviceTable, LogWrite
 from ldpstream.agents.layout import Layout
 from ldpstream.agents.log_identity import LogMark
 
@@ -52,12 +53,16 @@ class Pending:
     rejected_reports: dict[str, int] = dataclasses.field(default_factory=dict)
     #: the first record taken, the partition's log mark if it has none yet (agents/log_identity.py)
     mark: LogMark | None = None
-    #: reports counted per quota window and device (agents/quota.py), applied as side counters
-    quota: dict[int, dict[int, int]] = dataclasses.field(default_factory=dict)
+    #: reports counted per (limit's prefix, window) and device (agents/quota_gate.py), applied
+    #: as side counters
+    quota: dict[tuple[str, int], dict[int, int]] = dataclasses.field(default_factory=dict)
     #: batch-dedupe state this delta sets (agents/dedupe.py): window -> sender -> "high:bitmap"
     dedupe: dict[int, dict[int, str]] = dataclasses.field(default_factory=dict)
     #: keyed batches not counted: delivered before
     duplicates: int = 0
+    #: memoized collections: the devices' new latest reports (agents/device_memo.py): side log
+    #: name -> (its expiry, unix s; device -> entry)
+    memo: dict[str, LogWrite] = dataclasses.field(default_factory=dict)
 
     def covers(self, offset: int) -> None:
         """Extend the delta's range to ``offset`` (one more message taken)."""
@@ -81,15 +86,21 @@ class PartitionState:
     #: the highest offset taken (pending or applied); None: not positioned yet, records ignored
     seen: int | None = None
     pending: Pending | None = None
-    #: quota window -> device -> reports counted (applied and pending); None: not loaded
-    quota_used: dict[int, dict[int, int]] | None = None
-    #: the quota window of this poll, by the worker's clock (never the producer's timestamp)
-    quota_window: int | None = None
+    #: (limit's prefix, window) -> device -> reports counted (applied and pending); None: not
+    #: loaded (agents/quota_gate.py)
+    quota_used: dict[tuple[str, int], dict[int, int]] | None = None
+    #: each limit's window of this poll, by the worker's clock (never the producer's timestamp)
+    quota_window: dict[str, int] = dataclasses.field(default_factory=dict)
     #: the senders' batch-dedupe state (applied and pending; agents/dedupe_gate.py); None: not
     #: loaded
     dedupe: DedupeBook | None = None
     #: the dedupe window of this poll, by the worker's clock
     dedupe_window: int | None = None
+    #: memoized collections: epoch -> device -> entry of its latest report counted (applied and
+    #: pending; agents/memo_gate.py), this epoch and the one before; None: not loaded
+    memo: dict[int, DeviceTable] | None = None
+    #: the epoch of this poll, by the worker's clock
+    memo_epoch: int | None = None
     #: poison-pill breaker (agents/breaker.py): size of the next careful chunk (None: normal)
     careful: int | None = None
     #: poison-pill breaker: offset of a message that killed the worker while processed alone
@@ -154,6 +165,7 @@ class Partitions:
         state.pending = None
         state.quota_used = None
         state.dedupe = None
+        state.memo = None
         state.seen = seen
         self.recount()
 

@@ -26,9 +26,9 @@ __all__ = ["split_by_quota", "window_of", "side_name", "WINDOW_PREFIX"]
 WINDOW_PREFIX = "quota:"
 
 
-def side_name(window: int) -> str:
-    """The side-counter name of quota window ``window``."""
-    return f"{WINDOW_PREFIX}{int(window)}"
+def side_name(window: int, prefix: str = WINDOW_PREFIX) -> str:
+    """The side-counter name of window ``window`` of a limit (default: the device quota)."""
+    return f"{prefix}{int(window)}"
 
 
 def window_of(timestamp_ms: float, window_s: float) -> int:

@@ -1,10 +1,12 @@
-"""Per-device quotas in the ingest worker: the counts used so far per quota window, loaded from
-the side counters at the stored offset, and the split of each batch into counted reports and
-the excess (to ``ldp.dlq``). The rule itself is agents/quota.py."""
+"""Per-device limits in the ingest worker (the device quota; the daily ε budget of
+agents/budget.py): the counts used so far per window, loaded from the side counters at the
+stored offset, and the split of each batch into counted reports and the excess (to
+``ldp.dlq``). The counting rule itself is agents/quota.py."""
 from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Callable, Sequence
 
 import numpy as np
 from aiokafka.structs import ConsumerRecord
@@ -12,58 +14,89 @@ from aiokafka.structs import ConsumerRecord
 from ldpstream.agents.apply_delta import SideCounter
 from ldpstream.agents.clients import RedisGate
 from ldpstream.agents.partition import PartitionState, Pending
-from ldpstream.agents.quota import side_name, split_by_quota, window_of
+from ldpstream.agents.quota import WINDOW_PREFIX, side_name, split_by_quota, window_of
 from ldpstream.agents.store import CountStore
 from ldpstream.config import Collection
 from ldpstream.producers.codec import ReportBatch, encode_batch
 
 
+@dataclasses.dataclass(frozen=True)
+class QuotaRule:
+    """One per-device limit: the collection's ``(reports, window_s)`` (None: no such limit),
+    the reason its excess is filed under in ``ldp.dlq`` and its side counters' prefix."""
+
+    reason: str
+    prefix: str
+    limit: Callable[[Collection], tuple[int, float] | None]
+    what: str
+
+
+DEVICE_QUOTA = QuotaRule(
+    "over_quota", WINDOW_PREFIX,
+    lambda c: None if c.device_quota is None else (c.device_quota.reports,
+                                                   c.device_quota.window_s),
+    "the device quota")
+
+
 class QuotaGate:
-    """Device quotas of the collections that have one."""
+    """Per-device limits (``rules``: the device quota, the daily ε budget ...) of the
+    collections that have one, each counted in its own side counters."""
 
     def __init__(self, collections: dict[str, Collection], gate: RedisGate,
-                 store: CountStore) -> None:
+                 store: CountStore, rules: Sequence[QuotaRule] = (DEVICE_QUOTA,)) -> None:
         self.collections = collections
         self.gate = gate
         self.store = store
+        self.rules = {cid: [(r, lim) for r in rules if (lim := r.limit(c)) is not None]
+                      for cid, c in collections.items()}
 
     def applies(self, cid: str) -> bool:
-        return self.collections[cid].device_quota is not None
+        return bool(self.rules.get(cid))
 
     async def load(self, state: PartitionState) -> None:
-        """Read the side counters of this poll's quota window if not in memory yet: the window
+        """Read the side counters of this poll's windows if not in memory yet: the windows
         of the worker's clock, never of the producer's record timestamp (a device could backdate
         its records into fresh windows)."""
-        quota = self.collections[state.collection].device_quota
-        assert quota is not None
         if state.quota_used is None:
             state.quota_used = {}
         have = state.quota_used
-        state.quota_window = window_of(time.time() * 1000.0, quota.window_s)
-        for w in {state.quota_window} - set(have):
-            name = side_name(w)
+        now_ms = time.time() * 1000.0
+        for rule, (_, window_s) in self.rules[state.collection]:
+            w = window_of(now_ms, window_s)
+            state.quota_window[rule.prefix] = w
+            if (rule.prefix, w) in have:
+                continue
+            name = side_name(w, rule.prefix)
             raw = await self.gate.retry(
                 lambda: self.store.read_side(state.collection, state.tp.partition, name),
-                what=f"read the quota of {state.collection}[{state.tp.partition}]")
+                what=f"read {rule.what} of {state.collection}[{state.tp.partition}]")
             if state.quota_used is not have:  # dropped meanwhile (reset): reloaded next time
                 return
-            have[w] = {int(k): v for k, v in raw.items()}
+            have[(rule.prefix, w)] = {int(k): v for k, v in raw.items()}
 
     def within(self, state: PartitionState, pend: Pending, m: ConsumerRecord,
                b: ReportBatch) -> ReportBatch | None:
-        """The reports of ``b`` within the device quota (the excess to the DLQ); None: none."""
+        """The reports of ``b`` within every limit (the excess to the DLQ); None: none."""
+        kept: ReportBatch | None = b
+        for rule, limit in self.rules[state.collection]:
+            if kept is None:
+                return None
+            kept = self._within(rule, limit, state, pend, m, kept)
+        return kept
+
+    def _within(self, rule: QuotaRule, limit: tuple[int, float], state: PartitionState,
+                pend: Pending, m: ConsumerRecord, b: ReportBatch) -> ReportBatch | None:
         cid = state.collection
-        quota = self.collections[cid].device_quota
-        assert quota is not None and state.quota_used is not None \
-            and state.quota_window is not None
+        reports, window_s = limit
+        assert state.quota_used is not None
         if b.device_ids is None:
-            pend.reject("missing_device_ids", f"collection {cid!r} has a device quota: every "
+            pend.reject("missing_device_ids", f"collection {cid!r} has {rule.what}: every "
                         f"report needs a device id", m.value, m.offset, b.n)
             return None
-        w = state.quota_window
-        used = state.quota_used[w]
-        mask, taken = split_by_quota(b.device_ids, used, quota.reports)
-        counted = pend.quota.setdefault(w, {})
+        w = state.quota_window[rule.prefix]
+        used = state.quota_used[(rule.prefix, w)]
+        mask, taken = split_by_quota(b.device_ids, used, reports)
+        counted = pend.quota.setdefault((rule.prefix, w), {})
         for d, k in taken.items():
             used[d] = used.get(d, 0) + k
             counted[d] = counted.get(d, 0) + k
@@ -73,19 +106,17 @@ class QuotaGate:
         excess = encode_batch(b.collection, b.version, b.reports[over],
                               device_ids=b.device_ids[over], sent_at=b.sent_at)
         devices = np.unique(b.device_ids[over])
-        pend.reject("over_quota",
+        pend.reject(rule.reason,
                     f"{int(over.sum())} report(s) of {devices.size} device(s) beyond "
-                    f"{quota.reports} per device in quota window {w} ({quota.window_s:g} s); "
+                    f"{reports} per device in window {w} ({window_s:g} s) of {rule.what}; "
                     f"first device {int(devices[0])}", excess, m.offset, int(over.sum()))
         if not mask.any():
             return None
         return dataclasses.replace(b, reports=b.reports[mask], device_ids=b.device_ids[mask])
 
     def side(self, cid: str, pend: Pending) -> dict[str, SideCounter]:
-        """The quota side counters of a delta (expiring two windows after theirs)."""
-        quota = self.collections[cid].device_quota
-        if quota is None:
-            return {}
-        return {side_name(w): SideCounter({str(d): k for d, k in devices.items()},
-                                          expire_at=(w + 2) * quota.window_s)
-                for w, devices in pend.quota.items() if devices}
+        """The side counters of a delta (each expiring two windows after its own)."""
+        windows = {rule.prefix: window_s for rule, (_, window_s) in self.rules.get(cid, [])}
+        return {side_name(w, prefix): SideCounter({str(d): k for d, k in devices.items()},
+                                                  expire_at=(w + 2) * windows[prefix])
+                for (prefix, w), devices in pend.quota.items() if devices}

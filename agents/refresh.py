@@ -34,6 +34,7 @@ from ldpstream.agents import keys, metrics
 from ldpstream.agents.bucket_reader import BucketReader, WindowCounts
 from ldpstream.agents.context import Context
 from ldpstream.agents.store import CountStore
+from ldpstream.agents.window_snapshots import WindowSnapshots
 from ldpstream.estimators.kernels.serving import served_fields
 from ldpstream.estimators.mechanism import Estimate, Mechanism
 from ldpstream.estimators.stream.many import EstimateCache, drift_many, estimate_many
@@ -192,6 +193,8 @@ class Refresher:
                                                        thread_name_prefix="ldp-refresh")
         self._readers: dict[str, BucketReader] = {}
         self._caches: dict[str, EstimateCache] = {}
+        #: memoized collections: each window's past counts, its drift's previous window
+        self._snapshots: dict[str, WindowSnapshots] = {}
         #: collection → {"last_ok": unix s, "last_error": text, "failed_at": unix s,
         #: "failing_estimates": k}; shown by /healthz
         self.health: dict[str, dict[str, Any]] = {}
@@ -303,6 +306,9 @@ class Refresher:
                 ranges[w.name] = cur
                 ranges[w.name + "/previous"] = prev
         read = await self.reader(cid).read(layouts, ranges)
+        if mech.memoization() is not None:  # agents/window_snapshots.py
+            self._snapshots.setdefault(cid, WindowSnapshots()).swap(read, coll.windows, now,
+                                                                    PREVIOUS)
         n_reports = await self.store.n(cid, self.partitions(cid))
         sent_at_max = await self.store.sent_at_max(cid, self.partitions(cid))
         loop = asyncio.get_running_loop()

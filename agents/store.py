@@ -49,6 +49,7 @@ from ldpstream.agents.apply_delta import (
     ApplyResult,
     CellsKey,
     PartitionDelta,
+    SideLog,
     SideValues,
     expand_levels,
 )
@@ -144,11 +145,14 @@ class CountStore:
             ck, cargs = self._blobs(collection, p, expand_levels(it.cells, policy))
             sk, sargs = [], []
             for name, sc in it.side.items():
-                if isinstance(sc, SideValues):
+                blob: str | bytes
+                if isinstance(sc, SideLog):
+                    blob = (b"!" if sc.replace else b"+") + sc.data
+                elif isinstance(sc, SideValues):
                     blob = "=" + " ".join(f"{f} {v}" for f, v in sc.values.items())
                 else:
                     blob = " ".join(f"{f} {int(v)}" for f, v in sc.increments.items() if int(v))
-                if blob.strip("="):
+                if blob not in ("", "=", b"+"):
                     sk.append(keys.side_key(collection, p, name))
                     sargs += [expire_ms(sc.expire_at), blob]
             sent = finite_or_none(it.sent_at_max)
@@ -271,6 +275,11 @@ class CountStore:
     async def read_side_raw(self, collection: str, partition: int, name: str) -> dict[Any, Any]:
         """A side hash of the shard as Redis returns it (field → value; empty when absent)."""
         return dict(await self.redis.hgetall(keys.side_key(collection, partition, name)))
+
+    async def read_side_bytes(self, collection: str, partition: int, name: str) -> bytes | None:
+        """A side string of the shard (a :class:`SideLog`'s; None when absent)."""
+        raw = await self.redis.get(keys.side_key(collection, partition, name))
+        return None if raw is None else bytes(raw)
 
     # --- poison-pill breaker (agents/breaker.py) ------------------------------------------------
     async def hold(self, collection: str, partition: int,

@@ -11,8 +11,8 @@ __all__ = ["APPLY_LUA", "REBASE_LUA", "NOTE_START_LUA", "RESET_SHARD_LUA", "RESE
 #       chunk key: PEXPIREAT ms ('' = none) and a text blob "#<cell> <delta> #<cell> <delta> ..."
 #       (one blob per key keeps redis-py's argument packing off the hot path, and string.gmatch
 #       hands the script ready-made arguments); then for each side key: PEXPIREAT ms ('' = none)
-#       and "<field> <increment> ..." (HINCRBY) or "=<field> <value> ..." (HSET: values of digits
-#       and ':').
+#       and "<field> <increment> ..." (HINCRBY) or "=<field> <value> ..." (HSET: fields and values
+#       of digits and ':') or "+<bytes>" (APPEND to a string: int64 words) or "!<bytes>" (SET).
 # Returns {status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none)}.
 APPLY_LUA = """
 local maxargs = 4 * tonumber(ARGV[1])
@@ -49,8 +49,12 @@ end
 if not typed(KEYS[2], 'string') or not is_int(redis.call('HGET', KEYS[1], 'n')) then
   return redis.error_reply('ldp-apply: corrupt sent_at or n of ' .. KEYS[1])
 end
+local function is_log(j)
+  local c = string.sub(ARGV[7 + 2 * j], 1, 1)
+  return j > nchunks and (c == '+' or c == '!')
+end
 for j = 1, nchunks + nside do
-  if not typed(KEYS[2 + j], j <= nchunks and 'string' or 'hash') then
+  if not typed(KEYS[2 + j], (j <= nchunks or is_log(j)) and 'string' or 'hash') then
     return redis.error_reply('ldp-apply: wrong type of ' .. KEYS[2 + j])
   end
 end
@@ -64,15 +68,18 @@ for j = 1, nchunks + nside do
     if string.find(blob, '[^#%d %-]') then
       return redis.error_reply('ldp-apply: malformed increments')
     end
-  else
-    local pat, most = '^%-?%d+$', 18
-    if string.sub(blob, 1, 1) == '=' then
-      blob = string.sub(blob, 2); pat = '^[%d:]+$'; most = 48
+  elseif is_log(j) then  -- a log of int64 words (agents/device_memo.py)
+    if (#blob - 1) % 8 ~= 0 then
+      return redis.error_reply('ldp-apply: malformed side log')
     end
-    local set = most == 48
+  elseif string.sub(blob, 1, 1) == '=' then  -- values set: digits and ':' only, one scan
+    if string.find(blob, '[^%d: ]', 2) then
+      return redis.error_reply('ldp-apply: malformed side values')
+    end
+  else
     for f, v in string.gmatch(blob, '(%S+) (%S+)') do
-      if #v > most or not string.match(v, pat)
-          or (not set and not is_int(redis.call('HGET', KEYS[2 + j], f))) then
+      if #v > 18 or not string.match(v, '^%-?%d+$')
+          or not is_int(redis.call('HGET', KEYS[2 + j], f)) then
         return redis.error_reply('ldp-apply: malformed side values')
       end
     end
@@ -97,10 +104,22 @@ local base = 7 + 2 * nchunks
 for j = 1, nside do
   local key = KEYS[2 + nchunks + j]
   local blob = ARGV[base + 2 * j]
-  if string.sub(blob, 1, 1) == '=' then
+  local kind = string.sub(blob, 1, 1)
+  if kind == '+' then
+    redis.call('APPEND', key, string.sub(blob, 2))
+  elseif kind == '!' then
+    redis.call('SET', key, string.sub(blob, 2))
+  elseif kind == '=' then  -- one HSET per maxargs fields and values
+    local args, a = {}, 0
     for f, v in string.gmatch(string.sub(blob, 2), '(%S+) (%S+)') do
-      redis.call('HSET', key, f, v)
+      args[a + 1] = f; args[a + 2] = v
+      a = a + 2
+      if a >= maxargs then
+        redis.call('HSET', key, unpack(args, 1, a))
+        a = 0
+      end
     end
+    if a > 0 then redis.call('HSET', key, unpack(args, 1, a)) end
   else
     for f, delta in string.gmatch(blob, '(%S+) (%S+)') do redis.call('HINCRBY', key, f, delta) end
   end

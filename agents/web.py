@@ -36,6 +36,7 @@ from ldpstream.agents.clients import REDIS_ERRORS
 from ldpstream.estimators.kernels.serving import CELL_FIELDS, coarsen_payload, raw_payload
 from ldpstream.kafka_admin import BrokerProbe
 from ldpstream.privacy import epsilon_fields
+from ldpstream.privacy_windows import over_time
 from ldpstream.redis_client import health as redis_health
 
 if TYPE_CHECKING:
@@ -124,8 +125,10 @@ def token_ok(configured: str | None, header: str | None) -> bool:
                                str(configured).encode("utf-8"))
 
 
-def collection_info(coll: Collection, mechanism: Mechanism, n: int | None) -> dict[str, Any]:
-    """The JSON description of one collection."""
+def collection_info(coll: Collection, mechanism: Mechanism, n: int | None,
+                    device_state_full: int = 0) -> dict[str, Any]:
+    """The JSON description of one collection (``device_state_full``: reports this worker
+    refused for want of device state, docs/privacy-over-time.md)."""
     dom = coll.domain
     labels = dom.labels or tuple(tuple(str(i) for i in range(s)) for s in dom.shape)
     try:
@@ -142,6 +145,7 @@ def collection_info(coll: Collection, mechanism: Mechanism, n: int | None) -> di
         "mechanism": coll.mechanism_name,
         **epsilon_fields(coll, mechanism),
         "longitudinal": longitudinal,
+        "over_time": over_time(coll, mechanism, device_state_full),
         "marginals": [list(m) for m in coll.marginals],
         "estimators": list(coll.estimators),
         "n": n,
@@ -197,12 +201,17 @@ def install(app: Any, ctx: Context) -> None:
             log.warning("n(%s) unavailable", cid, exc_info=True)
             return None
 
+    def refused_devices(cid: str) -> int:
+        """Reports of new devices this worker refused for want of device state."""
+        return 0 if ctx.ingest is None else ctx.ingest.stats.device_state_full.get(cid, 0)
+
     @app.page("/collections", name="ldp_collections")
     class Collections(web.View):
         async def get(self, request: web.Request) -> web.Response:
             out = []
             for cid, coll in ctx.config.collections.items():
-                out.append(collection_info(coll, mechanism_of(cid), await n_of(cid)))
+                out.append(collection_info(coll, mechanism_of(cid), await n_of(cid),
+                                           refused_devices(cid)))
             return self.json({"collections": out})
 
     @app.page("/collections/{collection}", name="ldp_collection")
@@ -212,7 +221,7 @@ def install(app: Any, ctx: Context) -> None:
             if coll is None:
                 return unknown(self, collection)
             return self.json(collection_info(coll, mechanism_of(collection),
-                                             await n_of(collection)))
+                                             await n_of(collection), refused_devices(collection)))
 
     @app.page("/estimates/{collection}", name="ldp_estimates")
     class Estimates(web.View):
@@ -296,6 +305,9 @@ def install(app: Any, ctx: Context) -> None:
                 payload = raw_payload(payload)
             if len(stored) > len(attrs):
                 payload = marginalize_payload(payload, attrs)
+            full = over_time(coll, mechanism_of(coll.id), refused_devices(coll.id))["warning"]
+            if full is not None:   # devices missing from the estimate: said in the answer
+                payload = {**payload, "warnings": [*(payload.get("warnings") or []), full]}
             return self.json(transpose_payload(payload, attrs))
 
     @app.page("/metrics", name="ldp_metrics")
@@ -333,7 +345,10 @@ def install(app: Any, ctx: Context) -> None:
             resets = checks["ingest"].get("log_resets") or []
             # a Kafka log found recreated/truncated: still serving, but loudly (docs/security.md)
             checks["log"] = {"ok": not resets, "resets": resets}
-            status = ("ok" if not resets else "degraded") if healthy else "unavailable"
+            # memoized collections: devices refused for want of state (docs/privacy-over-time.md)
+            full = checks["ingest"].get("device_state_full") or {}
+            checks["devices"] = {"ok": not full, "device_state_full": full}
+            status = ("ok" if not (resets or full) else "degraded") if healthy else "unavailable"
             return self.json({"status": status, "checks": checks,
                               "uptime_s": round(time.time() - ctx.started_at, 3)},
                              status=200 if healthy else 503)

@@ -12,7 +12,11 @@ On the embedded broker (Tansu) and Redis, in one run:
    applied delta). Steps 2 and 3 run as a pair, three times (``--quick``: once), the counts
    reset between pairs; ``ratio`` is the median pair's ingest / raw (``ratios``: every pair;
    ``ingest_timings_s``: where the median pair's worker spent its time);
-4. the same with one report per message (``single_report_rate``) on a second collection;
+4. a memoized copy of the collection (counted per device: agents/device_memo.py) fed by
+   100,000 devices: ``memo_ratio`` (its ingest / raw), ``memo_vs_plain`` (its ingest / the
+   median pair's plain ingest), ``memo_redis_bytes_per_device`` (its device state in Redis);
+   then the same as 3 with one report per message (``single_report_rate``) on a second
+   collection;
 5. with the worker running: ``refresh_seconds`` (mean of ``ldp_estimate_refresh_seconds`` on
    /metrics) and ``freshness_seconds`` (median time from sending a batch to the first stored
    estimate whose n includes it; target ≤ 2 × refresh interval).
@@ -49,6 +53,9 @@ from typing import Any
 import yaml
 
 BATCH = 500
+#: the memoized collection of step 4 and its fleet: devices reporting again and again
+MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 4.0}
+MEMO_DEVICES = 100_000
 
 
 def _write_config(path: Path, refresh_interval_s: float | None = None) -> None:
@@ -60,15 +67,18 @@ def _write_config(path: Path, refresh_interval_s: float | None = None) -> None:
     if refresh_interval_s is not None:
         base["refresh_interval_s"] = refresh_interval_s
     single = dict(base, id=base["id"] + "1")
-    doc["collections"] = [base, single]
+    # memoized: counted per device (agents/device_memo.py), its cost measured in step 4
+    memo = dict(base, id=base["id"] + "m", params={"memoize": MEMOIZE})
+    doc["collections"] = [base, single, memo]
     path.write_text(yaml.safe_dump(doc))
 
 
-async def _prefill(bootstrap: str, coll: Any, total: int, batch: int) -> Any:
+async def _prefill(bootstrap: str, coll: Any, total: int, batch: int,
+                   devices: int = 1000) -> Any:
     from ldpstream.producers.fleet import run_fleet
 
     return await run_fleet(bootstrap, coll, rate=0, total=total, batch=batch, seed=1,
-                           mechanism=coll.mechanism())
+                           mechanism=coll.mechanism(), devices=devices)
 
 
 async def _raw_consume(bootstrap: str, coll: Any, messages: int) -> tuple[float, int]:
@@ -133,6 +143,21 @@ async def _ingest_rate(store: Any, cid: str, partitions: int, total: int, port: 
                     dict(ing.get("timings_s") or {}))
         await asyncio.sleep(0.05)
     raise TimeoutError(f"{cid}: only {await store.n(cid, partitions)} of {total} reports ingested")
+
+
+async def _memo_bytes(store: Any, coll: Any) -> float | None:
+    """Redis bytes per device of the memoized collection's device state (MEMORY USAGE of its
+    ``memo:<layout>:<epoch>`` logs over the devices they hold)."""
+    from ldpstream.agents import keys
+    from ldpstream.agents.device_memo import PREFIX, parse_log
+
+    used = devices = 0
+    for p in range(int(coll.partitions)):
+        pattern = keys.glob_escape(keys.side_key(coll.id, p, PREFIX)) + "*"
+        async for key in store.redis.scan_iter(match=pattern):
+            used += int(await store.redis.memory_usage(key) or 0)
+            devices += len(parse_log(await store.redis.get(key)))
+    return used / devices if devices else None
 
 
 async def _redis_bytes(store: Any, coll: Any) -> dict[str, Any]:
@@ -327,19 +352,20 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
     # samples take seconds; its rates are not the measured numbers
     total = 200_000 if quick else 4_000_000
     single_total = 20_000 if quick else 150_000
+    memo_total = 50_000 if quick else 1_000_000
     samples = 2 if quick else 5
     repeats = int(repeats or (1 if quick else 3))
     work = Path(tempfile.mkdtemp(prefix="ldpstream-bench-"))
     cfg_path = work / "bench.yaml"
     _write_config(cfg_path, refresh_interval_s=1.0 if quick else None)
     config = load_config(cfg_path, env={})
-    batched, single = list(config.collections.values())
+    batched, single, memo = list(config.collections.values())
     tansu, redis = EmbeddedBroker(), EmbeddedRedis()
     result: dict[str, Any] = {}
     worker = None
     try:
         bootstrap, redis_url = tansu.start(), redis.start()
-        await create_ldp_topics(bootstrap, (batched, single))
+        await create_ldp_topics(bootstrap, (batched, single, memo))
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
                    LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1")
         store = make_store(redis_url)
@@ -370,6 +396,19 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
                       ratios=ratios, raw_consume_rates=raws, ingest_rates=ingests,
                       reports_per_message=BATCH, reports=total, ingest_timings_s=timings[mid],
                       ingest_timings_per_pair=timings)
+
+        say(f"prefill {memo_total:,} reports of {MEMO_DEVICES:,} devices, memoized ...")
+        stats_m = await _prefill(bootstrap, memo, memo_total, BATCH, MEMO_DEVICES)
+        raw_m, _ = await _raw_consume(bootstrap, memo, stats_m.sent_messages)
+        say("ingest of the memoized collection (counted per device) ...")
+        worker = _start_worker(cfg_path, env, port, work / "worker-m.log")
+        rate_m, spent_m = await _ingest_rate(store, memo.id, memo.partitions, memo_total, port)
+        _stop_worker(worker)
+        result.update(memo_ingest_rate=rate_m, memo_raw_consume_rate=raw_m,
+                      memo_ratio=rate_m / raw_m, memo_vs_plain=rate_m / ingests[mid],
+                      memo_reports=memo_total, memo_devices=MEMO_DEVICES,
+                      memo_ingest_timings_s=spent_m,
+                      memo_redis_bytes_per_device=await _memo_bytes(store, memo))
 
         say(f"prefill {single_total:,} single-report messages ...")
         stats1 = await _prefill(bootstrap, single, single_total, 1)
@@ -427,6 +466,9 @@ def main(args) -> int:
     print(f"{'ingest into Redis (reports/s)':<44} {res['ingest_rate']:>14,.0f}")
     print(f"{'ratio (target >= 0.5), median pair':<44} {res['ratio']:>14.2f}   (pairs: "
           f"{', '.join(f'{r:.2f}' for r in res['ratios'])})")
+    print(f"{'memoized, counted per device: ingest/raw':<44} {res['memo_ratio']:>14.2f}   "
+          f"(ingest {res['memo_ingest_rate']:,.0f} reports/s = {res['memo_vs_plain']:.2f} x "
+          f"plain; {res['memo_redis_bytes_per_device'] or 0:.0f} Redis bytes per device)")
     if "kafka_ratio" in res:
         print(f"{'Apache Kafka ' + res['kafka_version'] + ': raw (reports/s)':<44} "
               f"{res['kafka_raw_consume_rate']:>14,.0f}")

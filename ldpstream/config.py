@@ -55,6 +55,7 @@ from ldpstream.names import (
     DEFAULT_BATCH_SECONDS,
     DEFAULT_BUCKET_S,
     DEFAULT_CONTROLLER_INTERVAL_S,
+    DEFAULT_DEVICE_STATE_MAX,
     DEFAULT_DRIFT_ALPHA,
     DEFAULT_ESTIMATORS,
     DEFAULT_PARTITIONS,
@@ -66,6 +67,7 @@ from ldpstream.names import (
     MAX_MESSAGE_BYTES,
     reports_topic,
 )
+from ldpstream.privacy_windows import budget_problem
 from ldpstream.suggest import did_you_mean
 from ldpstream.windows import BucketPolicy, Window
 
@@ -199,6 +201,23 @@ class Collection(_Strict):
         None, description="count at most `reports` reports per device id per `window_s`; the "
                           "excess goes to `ldp.dlq` as `over_quota`; needs device ids "
                           "(docs/security.md)")
+    reports_per_day: float | None = Field(
+        None, gt=0.0, description="the reporting rate devices are configured with (reports per "
+                                  "device per day): states the ε a device spends per window and "
+                                  "per day (docs/privacy-over-time.md)")
+    max_epsilon_per_day: float | None = Field(
+        None, gt=0.0, description="the most ε a device spends on this collection per day: its "
+                                  "SDK ledger refuses reports beyond it, the worker counts at "
+                                  "most the reports per device and day that fit (the rest go to "
+                                  "`ldp.dlq` as `over_budget`); a declared rate that spends more "
+                                  "fails at start (docs/privacy-over-time.md)")
+    device_state_max: int = Field(
+        DEFAULT_DEVICE_STATE_MAX, ge=1,
+        description="memoized collections, counted per device: entries (devices' latest "
+                    "reports) one partition keeps, about 80 bytes each in Redis; a device active "
+                    "in two consecutive state epochs holds two until the older expires; reports "
+                    "of further devices go to `ldp.dlq` as `device_state_full` "
+                    "(docs/privacy-over-time.md)")
 
     # --- semantic checks (each runs when the fields it needs passed their type check) ---------
 
@@ -265,6 +284,9 @@ class Collection(_Strict):
                                                 f"{method}: {why}"))
         if found:
             problems(*found)
+        why = budget_problem(self.max_epsilon_per_day, self.reports_per_day, mech)
+        if why is not None:
+            problems((".max_epsilon_per_day", why))
         return self
 
     # --- derived ----------------------------------------------------------------------------

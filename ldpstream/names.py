@@ -11,7 +11,7 @@ __all__ = [
     "DEFAULT_ESTIMATORS", "DEFAULT_REFRESH_INTERVAL_S",
     "DEFAULT_CONTROLLER_INTERVAL_S", "DEFAULT_BUCKET_S", "DEFAULT_WINDOWS",
     "DEFAULT_DRIFT_ALPHA", "DEFAULT_QUOTA_WINDOW_S", "DEFAULT_BATCH_REPORTS",
-    "DEFAULT_BATCH_SECONDS", "MAX_MESSAGE_BYTES",
+    "DEFAULT_BATCH_SECONDS", "MAX_MESSAGE_BYTES", "DEFAULT_DEVICE_STATE_MAX", "BUDGET_FIELD",
 ]
 
 # --- Kafka topics (docs/pipeline.md, "What runs") ---------------------------------------------------
@@ -26,6 +26,11 @@ CONFIG_TOPIC = "ldp.config"
 SERVICE_TOPICS: dict[str, int] = {DLQ_TOPIC: 1, CONFIG_TOPIC: 1}
 #: topics created with ``cleanup.policy=compact``
 COMPACTED_TOPICS = frozenset({CONFIG_TOPIC})
+
+
+#: the field of a signed ``ldp.config`` state carrying the collection's ``max_epsilon_per_day``,
+#: which the device SDK's ledger enforces (docs/privacy-over-time.md)
+BUDGET_FIELD = "max_epsilon_per_day"
 
 
 def reports_topic(collection_id: str) -> str:
@@ -67,6 +72,8 @@ DEFAULT_BUCKET_S = 60.0
 DEFAULT_WINDOWS = ("5m", "1h", "24h", "all")
 DEFAULT_DRIFT_ALPHA = 1e-3
 DEFAULT_QUOTA_WINDOW_S = 86_400.0
+#: memoized collections: devices whose latest report one partition keeps (agents/device_memo.py)
+DEFAULT_DEVICE_STATE_MAX = 1_000_000
 
 # --- ingest defaults ---------------------------------------------------------------------------------
 

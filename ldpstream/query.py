@@ -83,10 +83,32 @@ def print_collections(data: dict[str, Any]) -> None:
                        f"{', '.join(c.get('windows', []))}")
         if c.get("privacy_note"):
             details.append(f"{c['id']}: {c['privacy_note']}")
+        details += _over_time_lines(c)
     console = _console()
     console.print(t)
     for line in details:
         console.print(line, soft_wrap=False, highlight=False, markup=False)
+
+
+def _over_time_lines(c: dict[str, Any]) -> list[str]:
+    """What a collection counts and, at its declared rate, ε per device per window and day
+    (docs/privacy-over-time.md); its device-state warning."""
+    ot = c.get("over_time") or {}
+    if not ot:
+        return []
+    lines = []
+    if ot.get("counted_by") == "device":
+        lines.append(f"{c['id']}: counts devices (each once per window, at its latest report)")
+    per = {w: e for w, e in (ot.get("epsilon_per_window") or {}).items() if e is not None}
+    day = ot.get("epsilon_per_device_day")
+    if per or day is not None:
+        rate = ot.get("reports_per_day")
+        lines.append(f"{c['id']}: ε per device" + (f" at {rate:g} reports/day" if rate else "")
+                     + ": " + ", ".join([f"{w} {e:.3g}" for w, e in per.items()]
+                                        + ([] if day is None else [f"day {day:.3g}"])))
+    if ot.get("warning"):
+        lines.append(f"{c['id']}: {ot['warning']}")
+    return lines
 
 
 def print_index(data: dict[str, Any]) -> None:

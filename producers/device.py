@@ -24,7 +24,7 @@ from typing import Any, Callable, Collection, Mapping, Protocol
 import numpy as np
 
 from ldpstream.estimators.mechanism import Mechanism, from_state
-from ldpstream.names import CONFIG_TOPIC, reports_topic
+from ldpstream.names import BUDGET_FIELD, CONFIG_TOPIC, reports_topic
 from ldpstream.producers import bounded_fetch
 from ldpstream.producers.codec import encode_batch
 from ldpstream.producers.kafka_security import KafkaSecurity, kafka_security
@@ -70,7 +70,7 @@ def mechanism_from_state(signed: SignedState, *, max_epsilon: float | None = Non
         raise StateRejected("unsigned", f"expected a verified SignedState, got "
                                         f"{type(signed).__name__}")
     body = {k: v for k, v in signed.state.items()
-            if k not in ("collection", "issued_at", "expires_at")}
+            if k not in ("collection", "issued_at", "expires_at", BUDGET_FIELD)}
     try:
         mech = from_state(body)
         eps = float(mech.epsilon)

@@ -43,6 +43,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ldpstream.privacy_windows import DAY_S, budget_day
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS spend (at REAL NOT NULL, collection TEXT NOT NULL,
                                   epsilon REAL NOT NULL);
@@ -167,6 +169,24 @@ class Ledger:
             return (f"budget exceeded: this report costs ε={cost:.6g}, {spent:.6g} already spent "
                     f"in the last {self.budget.window_s:g} s, budget ε={self.budget.epsilon:g} "
                     f"per {self.budget.window_s:g} s")
+        return None
+
+    def daily_refusal(self, collection: str, cost: float, now: float,
+                      max_per_day: float) -> str | None:
+        """Why a report of ``collection`` costing ``cost`` at ``now`` would spend more than the
+        collection's ``max_epsilon_per_day`` in the budget day of ``now`` (its UTC calendar day,
+        :func:`~ldpstream.privacy_windows.budget_day`, the worker's day too;
+        docs/privacy-over-time.md), or None."""
+        if cost <= 0:
+            return None
+        start = budget_day(self.now(now)) * DAY_S
+        row = self._db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM spend WHERE collection=? "
+                               "AND at >= ?", (collection, start)).fetchone()
+        spent = float(row[0])
+        if spent + cost > max_per_day * (1 + 1e-12):
+            return (f"over_budget: this report costs ε={cost:.6g}, {spent:.6g} already spent on "
+                    f"{collection!r} this UTC day, its max_epsilon_per_day is "
+                    f"{max_per_day:g}")
         return None
 
     # --- batch sequence numbers --------------------------------------------------------------

@@ -31,7 +31,7 @@ import numpy as np
 
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.mechanism import Mechanism
-from ldpstream.names import reports_topic
+from ldpstream.names import BUDGET_FIELD, reports_topic
 from ldpstream.producers.codec import ReportBatch, decode_batch, encode_batch
 from ldpstream.producers.device import DEFAULT_MAX_EPSILON, ConfigWatcher, check_ceiling
 from ldpstream.producers.ledger import Ledger, channel_fingerprint
@@ -342,7 +342,7 @@ class DeviceClient:
         if prog is not None and prog.memo is not None:
             return self._memoized(prog, prog.memo, mech.version, x, now)
         if prog is not None:
-            refusal = self.ledger.refusal(prog.epsilon, now)
+            refusal = self._refusal(prog.epsilon, now)
             if refusal is not None:
                 return ReportResult("refused", 0.0, mech.version, refusal)
             report = np.asarray(prog.randomize([int(v) for v in x], self.draws, self.device_id),
@@ -352,7 +352,7 @@ class DeviceClient:
         memo = mech.memoization()
         if memo is None:
             cost = mech.epsilon
-            refusal = self.ledger.refusal(cost, now)
+            refusal = self._refusal(cost, now)
             if refusal is not None:
                 return ReportResult("refused", 0.0, mech.version, refusal)
             report = mech.randomize_device(x[None, :], np.array([self.device_id], np.uint64),
@@ -374,7 +374,7 @@ class DeviceClient:
         have = self.ledger.memos(self.collection, fp, period, keys)
         missing = [k for k in keys if k not in have]
         cost = float(sum(ch.epsilon(memo.permanent[j]) for j, _ in missing))
-        refusal = self.ledger.refusal(cost, now)
+        refusal = self._refusal(cost, now)
         if refusal is not None:
             return ReportResult("refused", 0.0, mech.version, refusal)
         new = {(j, v): int(ch.randomize(np.array([v]), memo.permanent[j], self.rng)[0])
@@ -405,7 +405,7 @@ class DeviceClient:
         have = self.ledger.memos(self.collection, memo.fingerprint, period, keys)
         missing = list(dict.fromkeys(k for k in keys if k not in have))
         cost = float(sum(memo.epsilon_of(k) for k in missing))
-        refusal = self.ledger.refusal(cost, now)
+        refusal = self._refusal(cost, now)
         if refusal is not None:
             return ReportResult("refused", 0.0, version, refusal)
         new = {k: memo.draw(k, self.draws) for k in missing}
@@ -418,6 +418,15 @@ class DeviceClient:
         self.ledger.commit(self.collection, now, cost, channel=memo.fingerprint, period=period,
                            memos=new, record=record)
         return ReportResult("queued", cost, version, report=np.asarray(report, dtype=np.int64))
+
+    def _refusal(self, cost: float, now: float) -> str | None:
+        """Why the ledger refuses a report costing ``cost``: the device's own budget, or the
+        collection's ``max_epsilon_per_day`` from its signed state (docs/privacy-over-time.md)."""
+        signed = self.watcher.states.get(self.collection)
+        per_day = None if signed is None else signed.state.get(BUDGET_FIELD)
+        return self.ledger.refusal(cost, now) or (
+            None if per_day is None else
+            self.ledger.daily_refusal(self.collection, cost, now, float(per_day)))
 
     async def _queue(self, report: np.ndarray, version: int) -> None:
         if self._version is not None and version != self._version:

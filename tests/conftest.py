@@ -207,8 +207,10 @@ def service_env(kafka_broker, redis_server):
 
 def write_config(path, collection_id: str, *, columns=("sex", "race", "relationship", "Salary"),
                  partitions: int = 3, marginals=None, version: int = 0, epsilon: float = 1.0,
-                 estimators=("castell",), refresh_interval_s: float = 2.0, ingest=None) -> str:
-    """Write a YAML config with one collection over Adult ``columns`` (bundled CSV)."""
+                 estimators=("castell",), refresh_interval_s: float = 2.0, ingest=None,
+                 extra: dict | None = None) -> str:
+    """Write a YAML config with one collection over Adult ``columns`` (bundled CSV); ``extra``:
+    more fields of the collection."""
     import yaml
 
     coll = {"id": collection_id, "schema": {"csv": {"columns": list(columns)}},
@@ -216,7 +218,7 @@ def write_config(path, collection_id: str, *, columns=("sex", "race", "relations
             "marginals": [list(m) for m in marginals] if marginals is not None
             else {"all_ways_up_to": 2},
             "estimators": list(estimators), "refresh_interval_s": refresh_interval_s,
-            "version": version}
+            "version": version, **(extra or {})}
     doc = {"collections": [coll]}
     if ingest:
         doc["ingest"] = dict(ingest)

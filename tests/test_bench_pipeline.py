@@ -13,7 +13,8 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-KEYS = {"ingest_rate", "raw_consume_rate", "ratio", "reports_per_message", "single_report_rate"}
+KEYS = {"ingest_rate", "raw_consume_rate", "ratio", "reports_per_message", "single_report_rate",
+        "memo_ingest_rate", "memo_ratio", "memo_vs_plain", "memo_redis_bytes_per_device"}
 REFRESH_KEYS = {"refresh_seconds", "freshness_seconds", "refresh_interval_s"}
 CLUSTER_KEYS = {"cluster_ingest_rate", "cluster_ratio"}
 APPLY_KEYS = {"applies_per_s", "reports_per_s", "redis_usec_per_apply", "nonzero_cells_per_apply"}
@@ -39,6 +40,8 @@ def test_bench_pipeline_quick_json():
     assert doc["cluster_ratio"] == doc["cluster_ingest_rate"] / doc["raw_consume_rate"]
     assert doc["refresh_interval_s"] == 1.0  # --quick refreshes every second
     assert doc["reports"] == 200_000 and doc["single_reports"] == 20_000
+    assert doc["memo_reports"] == 50_000 and doc["memo_devices"] == 100_000
+    assert doc["memo_vs_plain"] == doc["memo_ingest_rate"] / doc["ingest_rate"]
     assert len(doc["freshness_samples"]) == 2
     # Redis memory: every count key is a bucket of some level or the all-time tensor
     assert 0 < doc["redis_bytes_per_bucket"] < doc["redis_bytes_now"]

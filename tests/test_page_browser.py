@@ -178,6 +178,10 @@ def test_the_page_shows_the_api_live_and_marks_drift(tmp_path, kafka_broker, red
         assert float(field(browser, f'{row} td[data-field="epsilon_per_record"]')) == \
             pytest.approx(info["epsilon_per_record"], rel=1e-2)
         assert field(browser, f'{row} td[data-field="version"]') == str(info["version"])
+        # what a device spends in the window: unbounded without a declared reporting rate
+        assert info["over_time"]["epsilon_per_window"]["all"] is None
+        assert field(browser, '#summary dd[data-field="epsilon_per_window"]') == \
+            "unbounded (no declared rate)"
         shot(browser, "2-estimate")
         # the history answers only what is new after `since` (what the page polls for)
         path = f"/ui/history/{cid}?attrs=sex,income&method=castell&window=all"

@@ -39,7 +39,7 @@ def _run(capsys, *argv):
 
 
 TOP_KEYS = {"mechanism", "n", "m", "epsilon", "epsilon_scope", "epsilon_per_record",
-            "longitudinal", "parameters", "seed", "runs", "results"}
+            "longitudinal", "over_time", "parameters", "seed", "runs", "results"}
 METRIC_KEYS = {"tvd", "max_abs", "mae", "mse", "l2_counts", "jsd"}
 
 

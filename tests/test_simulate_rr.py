@@ -15,7 +15,7 @@ from ldpstream.simulate.driver import draw_subsets
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 
 TOP_KEYS = {"mechanism", "n", "m", "epsilon", "epsilon_scope", "epsilon_per_record",
-            "longitudinal", "parameters", "seed", "runs", "results"}
+            "longitudinal", "over_time", "parameters", "seed", "runs", "results"}
 ROW_KEYS = {"mechanism", "estimator", "w", "subsets", "metrics", "seconds", "reports", "versions"}
 METRIC_KEYS = {"tvd", "max_abs", "mae", "mse", "l2_counts", "jsd"}
 

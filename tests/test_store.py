@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from store_helpers import P, cells, read, read_all
 
 from ldpstream.agents import keys
-from ldpstream.agents.apply_delta import PartitionDelta, SideCounter, expand_levels
+from ldpstream.agents.apply_delta import PartitionDelta, SideCounter, SideLog, expand_levels
 from ldpstream.agents.layout import Layout
 from ldpstream.agents.store import CountStore
 from ldpstream.dev.redis import EmbeddedRedis
@@ -240,6 +240,30 @@ def test_side_counters_apply_with_the_counts(redis_url):
         key = keys.side_key("side", 0, "quota:7")
         assert await store.redis.hgetall(key) == {b"dev1": b"3", b"dev2": b"5"}
         assert await store.redis.pexpiretime(key) == int(np.ceil(exp * 1000))
+    run(body, redis_url)
+
+
+def test_side_logs_append_replace_and_refuse_torn_words(redis_url):
+    """A side log (agents/device_memo.py) is appended to, or replaced, with the counts; bytes
+    that are not whole int64 words are refused before anything is written."""
+    async def body(store: CountStore):
+        await store.reset("slog")
+        key = keys.side_key("slog", 0, "memo:x:1")
+        a, b = np.arange(3, dtype="<i8").tobytes(), np.arange(2, dtype="<i8").tobytes()
+
+        def delta(offset: int, log: SideLog) -> PartitionDelta:
+            return PartitionDelta(0, offset, cells(LAY, {}, 1), 1, offset - 1, None,
+                                  {"memo:x:1": log})
+        assert (await store.apply_many("slog", [delta(0, SideLog(a))]))[0].applied
+        assert (await store.apply_many("slog", [delta(1, SideLog(b))]))[0].applied
+        assert await store.read_side_bytes("slog", 0, "memo:x:1") == a + b
+        exp = time.time() + 60
+        assert (await store.apply_many("slog", [delta(2, SideLog(b, True, exp))]))[0].applied
+        assert await store.redis.get(key) == b
+        assert await store.redis.pexpiretime(key) == int(np.ceil(exp * 1000))
+        with pytest.raises(Exception, match="malformed side log"):
+            await store.apply_many("slog", [delta(3, SideLog(b"1234567"))])
+        assert await store.redis.get(key) == b and await store.offsets("slog", P) == {0: 2}
     run(body, redis_url)
 
 

@@ -76,6 +76,11 @@ function syncControls() {
 
 // --- collections table ---------------------------------------------------------------------------
 function perDay(c) {
+  // at the declared reporting rate when the collection states one (docs/privacy-over-time.md)
+  const ot = c.over_time;
+  if (ot && ot.epsilon_per_device_day != null) {
+    return h("span", { title: `at ${ot.reports_per_day} reports per device per day`, text: eps(ot.epsilon_per_device_day) });
+  }
   if (c.epsilon_per_day != null) return eps(c.epsilon_per_day);
   const lon = c.longitudinal;
   if (lon && lon.memoized === false) return h("span", { title: lon.note, text: "no cap: each report adds ε" });
@@ -169,12 +174,22 @@ function drawEstimate(est) {
         h("td", { class: "num", text: fmt(band) })]))));
 }
 
+// ε one device spends in the estimate's window at the declared rate (docs/privacy-over-time.md)
+function perWindow(ot, window) {
+  const v = ot && ot.epsilon_per_window ? ot.epsilon_per_window[window] : null;
+  if (v != null) return eps(v);
+  return ot && ot.counted_by === "device" ? "ε per rotation period × periods" : "unbounded (no declared rate)";
+}
+
 function summary(est) {
-  const items = [["Reports in window", est.n.toLocaleString("en"), "n"],
+  const ot = (current() || {}).over_time;
+  const byDevice = ot && ot.counted_by === "device";
+  const items = [[byDevice ? "Devices in window" : "Reports in window", est.n.toLocaleString("en"), "n"],
     ["Updated", `${new Date(est.updated_at * 1000).toLocaleTimeString([], { hour12: false })} (${ago(est.updated_at)})`, "updated_at"],
     ["Error bound (expected TVD)", fmt(est.error_bound), "error_bound"],
     ["ε per report", eps(est.epsilon_per_record), "epsilon_per_record"],
     ["ε per device per day", est.epsilon_per_day == null ? "no cap" : eps(est.epsilon_per_day), "epsilon_per_day"],
+    ["ε per device in this window", perWindow(ot, est.window), "epsilon_per_window"],
     ["Mechanism versions", (est.versions || [est.version]).join(", "), "versions"]];
   if (est.chosen) items.push(["Estimator chosen", est.chosen, "chosen"]);
   if (est.marginalized_from) items.push(["Summed from", est.marginalized_from.join(" × "), "marginalized_from"]);

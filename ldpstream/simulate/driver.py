@@ -26,7 +26,9 @@ randomization, estimated through the composed channel exactly as the collection 
 JSON: ``n``, ``m``, ``mechanism``, ``epsilon``, ``epsilon_scope``, ``epsilon_per_record``,
 ``parameters`` (the mechanism's scalar parameters, version 0), ``longitudinal`` (what a device's
 reports cost over time, as ``/collections`` states it: ε per report, per rotation period and
-per day, from :meth:`Mechanism.guarantee`) and ``results``: one row per
+per day, from :meth:`Mechanism.guarantee`), ``over_time`` (ε one device spends per default window
+and per day, as ``/collections`` states it without a declared rate: bounded only when memoized;
+ldpstream/privacy_windows.py) and ``results``: one row per
 (variant, estimator, w) with ``metrics``, ``seconds`` (estimation, per run), ``reports``
 (randomized), ``versions`` and the variant's parameters (e.g. ``block_size``).
 """
@@ -55,6 +57,9 @@ from ldpstream.estimators.mechanism import (
     mechanism_class,
     mechanism_names,
 )
+from ldpstream.names import DEFAULT_WINDOWS
+from ldpstream.privacy_windows import window_fields
+from ldpstream.windows import parse_window
 
 __all__ = ["Plan", "Run", "drive", "run_of_reports", "estimate_run", "simulate", "build",
            "load_dataset", "parse_ways", "draw_subsets", "run_with_progress", "print_table", "METRICS"]
@@ -293,7 +298,14 @@ def simulate(plan: Plan, advance: Callable[[int], None] | None = None) -> dict[s
     return {"mechanism": plan.mechanism, "n": n, "m": m, "epsilon": plan.epsilon,
             "epsilon_scope": plan.scope, "epsilon_per_record": float(eps_record),
             "parameters": params, "longitudinal": first.guarantee().to_dict(),
+            "over_time": simulated_windows(first),
             "seed": plan.seed, "runs": plan.runs, "results": results}
+
+
+def simulated_windows(mechanism: Mechanism) -> dict[str, Any]:
+    """ε per device per default window and per day (no declared rate: docs/privacy-over-time.md)."""
+    windows = [parse_window(w) for w in DEFAULT_WINDOWS]
+    return window_fields(None, None, [(w.name, w.seconds) for w in windows], mechanism)
 
 
 # --- command line --------------------------------------------------------------------------------
@@ -415,8 +427,11 @@ def print_table(doc: dict[str, Any], title: str | None = None) -> None:
     asked = "from the parameters" if doc["epsilon"] is None else \
         f"{doc['epsilon']:g} ({doc['epsilon_scope']})"
     lon = doc.get("longitudinal") or {}
+    per_window = (doc.get("over_time") or {}).get("epsilon_per_window") or {}
     memo = (f"  memoized: ε per rotation={lon['epsilon_per_rotation']:.4g}, per day="
-            f"{lon['epsilon_per_day']:.4g}") if lon.get("memoized") else ""
+            f"{lon['epsilon_per_day']:.4g}, per window " + ", ".join(
+                f"{w}={e:.4g}" for w, e in per_window.items() if e is not None)
+            ) if lon.get("memoized") else ""
     t = Table(title=title or (f"{doc['mechanism']}  n={doc['n']}  m={doc['m']}  ε={asked}  "
                               f"ε per record={doc['epsilon_per_record']:.4g}{memo}"))
     variant_keys = [k for k in doc["results"][0] if k not in (

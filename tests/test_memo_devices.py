@@ -1,0 +1,437 @@
+"""Memoized collections count devices, not reports (docs/privacy-over-time.md): the rule (each device at its
+latest report, its previous report subtracted), its state in Redis written with the counts, and
+the live worker: a device sending 1,000 memoized reports moves the estimate by one device and
+does not shrink the error bound, across a kill -9 of the worker."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import urllib.parse
+
+import numpy as np
+import pytest
+from conftest import write_config
+from kafka_helpers import read_dlq
+from store_helpers import read_collection, read_fine_buckets
+from tolerance import assert_close
+
+from ldpstream.agents.device_memo import COMPACT_MIN, DeviceTable, LogWrite, encode_log, latest_per_device, parse_log
+
+DEVICES = 2000
+ROUNDS = 3          # every honest device reports this many times (its last report counts)
+CHATTY = 1000       # reports of the one chatty device
+CHATTY_ID = 10**9
+MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 2.0}
+
+
+def _table(entries: dict[int, tuple[int, int, list[int]]]) -> DeviceTable:
+    """A table of device -> (version, bucket, report)."""
+    t = DeviceTable()
+    for d, (v, b, rep) in sorted(entries.items()):
+        t.upsert(np.array([d], dtype=np.uint64), np.array([[v, b + 1, len(rep), *rep]]))
+    return t
+
+
+@pytest.mark.core
+def test_latest_report_of_each_device_supersedes_its_previous():
+    ids = np.array([5, 7, 5, 9, 7], dtype=np.uint64)
+    reports = np.array([[0, 0], [1, 0], [0, 1], [1, 1], [1, 1]])
+    buckets = np.array([10, 10, 11, 11, 12])
+    cur = _table({7: (0, 3, [0, 1]), 8: (0, 4, [1, 1])})
+    prev = _table({5: (1, -1, [1, 0]), 7: (0, 2, [0, 0])})   # 7: this epoch's row wins
+    mv = latest_per_device(ids, reports, buckets, 2, (cur, prev))
+    assert mv.ids.tolist() == [5, 7, 9] and mv.keep.tolist() == [2, 4, 3]   # each one's last
+    removed = mv.removed_rows()
+    assert sorted(removed) == [(0, 3), (1, -1)]
+    assert removed[(0, 3)].tolist() == [[0, 1]] and removed[(1, -1)].tolist() == [[1, 0]]
+    assert mv.rows.tolist() == [[2, 12, 2, 0, 1], [2, 13, 2, 1, 1], [2, 12, 2, 1, 1]]
+    cur.upsert(mv.ids, mv.rows)
+    assert cur.ids.tolist() == [5, 7, 8, 9] and cur.rows[:, 1].tolist() == [12, 13, 5, 12]
+
+
+@pytest.mark.core
+def test_device_log_round_trip_compaction_and_corruption():
+    """The binary log of a table: chunks appended replay to the last row of each device, a
+    wider version's rows pad the narrower ones, the log is rewritten once it holds more than
+    1.5 times the table's rows, and a log that is not one is refused."""
+    t = DeviceTable()
+    first = latest_per_device(np.array([3, 1, 3], dtype=np.uint64), np.array([[1], [2], [3]]),
+                              np.array([-1]), 4, (t,))
+    t.upsert(first.ids, first.rows)
+    second = latest_per_device(np.array([2, 3], dtype=np.uint64),
+                               np.array([[7, 8], [9, 10]]), np.array([6]), 5, (t,))
+    t.upsert(second.ids, second.rows)
+    log = encode_log(first.ids, first.rows) + encode_log(second.ids, second.rows)
+    back = parse_log(log)
+    assert back.ids.tolist() == [1, 2, 3] and back.logged == 4
+    assert back.rows.tolist() == t.rows.tolist() == [[4, 0, 1, 2, 0], [5, 7, 2, 7, 8],
+                                                     [5, 7, 2, 9, 10]]
+    assert {k: v.tolist() for k, v in second.removed_rows().items()} == {(4, -1): [[3]]}
+    big = np.arange(10, 10 + COMPACT_MIN, dtype=np.uint64)
+    rows = np.tile([[1, 1, 1, 0]], (big.size, 1))
+    w = LogWrite(expire_at=1.0)
+    for _ in range(3):           # the same devices again and again: the log outgrows 1.5x + min
+        t.upsert(big, rows)
+        w.record(t, big, rows)
+    assert w.replace and t.logged == len(t) == big.size + 3
+    assert parse_log(w.payload()).ids.tolist() == t.ids.tolist()
+    for bad in (b"x" * 12, np.array([2, 5], dtype="<i8").tobytes()):
+        with pytest.raises(ValueError):
+            parse_log(bad)
+
+
+@pytest.mark.core
+def test_a_device_silent_past_two_epochs_is_not_counted_twice_all_time():
+    """Epoch tables roll: a device whose only entry is in a table leaving the (previous, current)
+    pair is carried as all-time only, so when it comes back its old report is subtracted from the
+    all-time tensor (not counted twice there); a device also in a newer table is not carried."""
+    from ldpstream.agents.memo_gate import MemoGate
+
+    old = _table({1: (0, 40, [1, 0]), 2: (0, 41, [0, 1])})
+    cur = _table({2: (0, 90, [1, 1])})
+    memo = MemoGate._roll({5: old, 6: DeviceTable(), 7: cur}, 7)   # epoch 5 leaves the pair
+    assert sorted(memo) == [6, 7] and memo[6].ids.tolist() == [1]
+    assert memo[6].rows.tolist() == [[0, 0, 2, 1, 0]] and len(memo[6].unlogged) == 1
+    back = latest_per_device(np.array([1], dtype=np.uint64), np.array([[0, 0]]),
+                             np.array([95]), 0, (memo[7], memo[6]))
+    assert {k: v.tolist() for k, v in back.removed_rows().items()} == {(0, -1): [[1, 0]]}
+    # after a restart the worker reads three epochs' logs and carries the same way
+    again = MemoGate._roll({5: parse_log(encode_log(old.ids, old.rows)), 7: cur}, 7)
+    assert again[6].ids.tolist() == [1]
+
+
+@pytest.mark.core
+def test_latest_report_per_device_is_unbiased_monte_carlo():
+    """Seeded, 300 runs of 1,000 devices reporting 5 memoized reports each (one permanent
+    response, a fresh instantaneous randomization per report): castell on the table of each
+    device's latest report (what the worker counts) is unbiased, every cell within 4 standard
+    errors of the truth, and its spread is that of 1,000 independent reports, the n its bound
+    assumes (a report-counting table would state the bound of 5,000 independent reports, while
+    the permanent responses they share do not average out)."""
+    from ldpstream.estimators.families.rr import RRIndependent
+    from ldpstream.estimators.kernels import channels as ch
+    from ldpstream.estimators.kernels.domain import Domain
+    from ldpstream.estimators.stream.longitudinal import Memoize
+
+    dom = Domain(("a", "b"), (3, 2))
+    mech = RRIndependent(dom, epsilon=1.0, memoize=Memoize(86400.0, (2.0, 2.0)))
+    memo = mech.memoization()
+    assert memo is not None
+    attrs = ("a", "b")
+    spec = mech.tensors([attrs])[0]
+    truth = np.array([[0.3, 0.1], [0.15, 0.25], [0.05, 0.15]])
+    rng = np.random.default_rng(11)
+    n, reports_each, runs = 1000, 5, 300
+    ids = np.tile(np.arange(n, dtype=np.uint64), reports_each)
+
+    def permanent() -> np.ndarray:
+        """The permanent responses of a fresh fleet of n devices drawn from ``truth``."""
+        cells = rng.choice(truth.size, n, p=truth.ravel())
+        x = np.stack(np.unravel_index(cells, truth.shape), axis=1)
+        return np.stack([ch.randomize(x[:, j], memo.permanent[j], rng) for j in range(2)],
+                        axis=1)
+
+    est = np.empty((runs,) + truth.shape)
+    for r in range(runs):
+        perm = permanent()
+        reports = np.concatenate([memo.instantaneous(perm, rng) for _ in range(reports_each)])
+        mv = latest_per_device(ids, reports, np.zeros(1, dtype=np.int64), 0, ())
+        table = mech.count(reports[mv.keep], [spec])[spec.key]
+        assert int(table.sum()) == n
+        est[r] = mech.estimate({spec.key: table}, attrs, "castell").factor.values
+    mean, se = est.mean(axis=0), est.std(axis=0, ddof=1) / np.sqrt(runs)
+    assert np.all(np.abs(mean - truth) <= 4 * se), (mean, truth, se)
+    # the same fleet reporting once: the spread its n independent reports give
+    one = np.empty((runs,) + truth.shape)
+    for r in range(runs):
+        table = mech.count(memo.instantaneous(permanent(), rng), [spec])[spec.key]
+        one[r] = mech.estimate({spec.key: table}, attrs, "castell").factor.values
+    assert_close(est.std(axis=0), one.std(axis=0), 0.25)
+
+
+@pytest.mark.core
+def test_drift_counts_devices_so_a_chatty_device_is_no_alarm():
+    """Seeded: 20 pairs of windows of 2,000 different devices each from one population, one
+    device reporting 1,000 memoized copies in the current window. Counted once (the worker's
+    tables of a memoized collection), the drift check's variances come from 2,001 devices and
+    it stays quiet; counted 1,000 times, the same check alarms in every pair."""
+    from ldpstream.estimators.families.rr import RRIndependent
+    from ldpstream.estimators.kernels.domain import Domain
+    from ldpstream.estimators.stream.longitudinal import Memoize
+    from ldpstream.estimators.stream.many import drift_many, estimate_many
+
+    dom = Domain(("a", "b"), (2, 2))
+    mech = RRIndependent(dom, epsilon=1.0, memoize=Memoize(86400.0, (2.0, 2.0)))
+    attrs = ("a", "b")
+    key = mech.tensors([attrs])[0].key
+    rng = np.random.default_rng(3)
+    truth = np.array([0.4, 0.1, 0.2, 0.3])
+
+    def table(n: int) -> np.ndarray:
+        cells = rng.choice(4, n, p=truth)
+        records = np.stack([cells // 2, cells % 2], axis=1)
+        return mech.count(mech.randomize(records, rng), [mech.tensors([attrs])[0]])[key]
+
+    def alarm(cur: np.ndarray, prev: np.ndarray) -> bool:
+        c, p = {mech.version: {key: cur}}, {mech.version: {key: prev}}
+        est = estimate_many(mech, {"cur": c, "prev": p}, [attrs], ["castell"]).estimates
+        k = ("cur", attrs, "castell")
+        return drift_many(mech, {"cur": (c, p)}, {k: est[k]}, {k: est[("prev", attrs, "castell")]},
+                          alpha=1e-3).results[k].alarm
+
+    chatty = np.zeros((2, 2), dtype=np.int64)
+    chatty[0, 1] = 1
+    by_device, by_report = 0, 0
+    for _ in range(20):
+        prev, cur = table(DEVICES), table(DEVICES)
+        by_device += alarm(cur + chatty, prev)
+        by_report += alarm(cur + CHATTY * chatty, prev)
+    assert by_device <= 1 and by_report == 20, (by_device, by_report)
+
+
+@pytest.mark.core
+def test_drift_of_a_fleet_reporting_in_both_windows():
+    """Seeded: 2,000 devices report in every 5-minute window. Counted at their latest report, the
+    range before the current window holds none of them; the snapshot of the window one window
+    length ago (agents/window_snapshots.py) holds each once, so drift gets a value: an alarm in
+    every one of 10 pairs when the population shifts, in at most one when it does not."""
+    from ldpstream.agents.bucket_reader import WindowCounts
+    from ldpstream.agents.window_snapshots import PER_WINDOW, WindowSnapshots
+    from ldpstream.estimators.families.rr import RRIndependent
+    from ldpstream.estimators.kernels.domain import Domain
+    from ldpstream.estimators.stream.longitudinal import Memoize
+    from ldpstream.estimators.stream.many import drift_many, estimate_many
+    from ldpstream.windows import parse_window
+
+    dom = Domain(("a", "b"), (2, 2))
+    mech = RRIndependent(dom, epsilon=4.0, memoize=Memoize(86400.0, (2.0, 2.0)))
+    attrs, spec = ("a", "b"), mech.tensors([("a", "b")])[0]
+    rng = np.random.default_rng(5)
+    ids = np.arange(DEVICES, dtype=np.uint64)
+    w = parse_window("5m")
+    span = float(w.seconds or 0)
+
+    def window(truth: list[float]) -> WindowCounts:
+        """The window's counts: every device's latest report (two reports each in it)."""
+        cells = rng.choice(4, DEVICES, p=truth)
+        rec = np.stack([cells // 2, cells % 2], axis=1)
+        reports = np.concatenate([mech.randomize(rec, rng), mech.randomize(rec, rng)])
+        mv = latest_per_device(np.tile(ids, 2), reports, np.zeros(1, dtype=np.int64), 0, ())
+        table = mech.count(reports[mv.keep], [spec])[spec.key]
+        return WindowCounts({mech.version: {spec.key: table}}, int(table.sum()), ())
+
+    def alarm(truth_before: list[float], truth_now: list[float]) -> bool:
+        snaps, t0 = WindowSnapshots(), 1_000_000.0
+        first = {"5m": window(truth_before), "5m/previous": window(truth_before)}
+        snaps.swap(first, [w], t0, "/previous")
+        assert "5m/previous" not in first        # no snapshot one window ago yet: no drift
+        for k in range(1, PER_WINDOW + 1):       # refreshes in between
+            snaps.add("5m", t0 + k * span / PER_WINDOW / 2, window(truth_before), span)
+        empty = WindowCounts({mech.version: {spec.key: np.zeros((2, 2), np.int64)}}, 0, ())
+        reads = {"5m": window(truth_now), "5m/previous": empty}   # the range: all moved on
+        snaps.swap(reads, [w], t0 + span, "/previous")
+        prev = reads["5m/previous"]
+        assert prev is first["5m"] and prev.n == DEVICES    # the window as it was, every device
+        c, p = reads["5m"].counts, prev.counts
+        est = estimate_many(mech, {"cur": c, "prev": p}, [attrs], ["castell"]).estimates
+        key = ("cur", attrs, "castell")
+        res = drift_many(mech, {"cur": (c, p)}, {key: est[key]},
+                         {key: est[("prev", attrs, "castell")]}, alpha=1e-3).results[key]
+        assert res.statistic is not None
+        return bool(res.alarm)
+
+    same, moved = [0.4, 0.1, 0.2, 0.3], [0.1, 0.4, 0.4, 0.1]
+    assert sum(alarm(same, same) for _ in range(10)) <= 1
+    assert sum(alarm(same, moved) for _ in range(10)) == 10
+
+
+def memo_config(tmp_path, cid: str, **extra) -> str:
+    return write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=2,
+                        marginals=[("sex", "Salary")], estimators=("castell",),
+                        refresh_interval_s=0.5,
+                        extra={"params": {"memoize": MEMOIZE}, "windows": ["5m", "all"], **extra})
+
+
+def latest_table(ids: np.ndarray, reports: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The count table of each device's last report (in order)."""
+    mv = latest_per_device(ids, reports, np.zeros(1, dtype=np.int64), 0, ())
+    table = np.zeros(shape, dtype=np.int64)
+    np.add.at(table, tuple(reports[mv.keep].T), 1)
+    return table
+
+
+@pytest.mark.pipeline
+def test_chatty_device_counts_once_across_kill9(tmp_path, kafka_broker, redis_server,
+                                                spawn_worker, unique_name):
+    from aiokafka import AIOKafkaProducer
+
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
+    from ldpstream.estimators.kernels.poisoning import poisoning_bound
+    from ldpstream.producers.codec import encode_batch
+
+    cid = unique_name
+    path = memo_config(tmp_path, cid)
+    coll = load_config(path).collections[cid]
+    mech = coll.mechanism()
+    assert mech.memoization() is not None
+    shape = coll.domain.shape
+    rng = np.random.default_rng(7)
+    honest_ids = np.arange(1, DEVICES + 1, dtype=np.uint64)
+    # each round: every device's report; reports of a device land on partition id % 2
+    rounds = [np.stack([rng.integers(0, k, DEVICES) for k in shape], axis=1)
+              for _ in range(ROUNDS)]
+    chatty = np.tile(np.array([[0, 1]]), (CHATTY, 1))
+    worker = spawn_worker(path)
+    worker.wait_ready(60)
+
+    async def send(pub: AIOKafkaProducer, ids: np.ndarray, reports: np.ndarray,
+                   ago_s: float = 0.0) -> None:
+        """Each device's reports on partition id % 2, stamped ``ago_s`` seconds ago."""
+        futs = []
+        for p in (0, 1):
+            on = ids % 2 == p
+            for s in range(0, int(on.sum()), 250):
+                sl = slice(s, s + 250)
+                futs.append(await pub.send(
+                    coll.topic, encode_batch(cid, mech.version, reports[on][sl],
+                                             device_ids=ids[on][sl]),
+                    partition=p, timestamp_ms=int((time.time() - ago_s) * 1000)))
+        await asyncio.gather(*futs)
+
+    async def run() -> tuple[dict, dict, dict, dict]:
+        store = make_store(redis_server.url)
+        pub = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all")
+        await pub.start()
+        try:
+            # the first round 3 buckets back: the later rounds move every device out of it
+            await send(pub, honest_ids, rounds[0], ago_s=180.0)
+            await send(pub, np.full(CHATTY // 2, CHATTY_ID, np.uint64), chatty[:CHATTY // 2])
+            deadline = time.monotonic() + 60
+            while await store.n(cid, 2) < DEVICES and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            worker.kill()  # SIGKILL mid-stream: Redis holds counts and device state together
+            for r in rounds[1:]:
+                await send(pub, honest_ids, r)
+            await send(pub, np.full(CHATTY // 2, CHATTY_ID, np.uint64), chatty[CHATTY // 2:])
+            w2 = spawn_worker(path)
+            w2.wait_ready(60)
+            want = DEVICES * ROUNDS + CHATTY
+            deadline = time.monotonic() + 90
+            while await store.n(cid, 2) < want and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            assert await store.n(cid, 2) == want, w2.log_tail()
+            counts = await read_collection(store, coll)
+            fine = await read_fine_buckets(store, coll, 300)
+            recent = await read_fine_buckets(store, coll, 60)   # without round 0's bucket
+            est = {}
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                q = urllib.parse.urlencode({"attrs": "sex,Salary", "method": "castell",
+                                            "window": "5m"})
+                est = json.loads(w2.get(f"/estimates/{cid}?{q}", any_status=True))
+                if est.get("n") == DEVICES + 1:
+                    break
+                await asyncio.sleep(0.3)
+        finally:
+            await pub.stop()
+            await store.close()
+        return counts, fine, recent, est
+
+    counts, fine, recent, est = asyncio.run(run())
+    key = next(iter(counts))
+    honest = latest_table(honest_ids, rounds[-1], shape)
+    one = np.zeros(shape, dtype=np.int64)
+    one[0, 1] = 1
+    # exactly each device once: every honest device at its last report, the chatty one once
+    np.testing.assert_array_equal(counts[key], honest + one)
+    np.testing.assert_array_equal(fine[key], honest + one)
+    np.testing.assert_array_equal(recent[key], honest + one)  # moved out of the old bucket
+    assert est.get("n") == DEVICES + 1, est
+    attrs = ("sex", "Salary")
+    clean = mech.estimate({key: honest}, attrs, "castell").factor.values
+    live = np.asarray(est["raw_cells"] if est.get("raw_cells") is not None else est["cells"])
+    moved = float(np.abs(mech.estimate({key: counts[key]}, attrs, "castell").factor.values
+                         - clean).max())
+    assert moved <= poisoning_bound(mech.channels_of(attrs), DEVICES, 1) + 1e-12
+    # the bound counts devices: what DEVICES + 1 devices give, not DEVICES + 1,000 reports
+    chatty_counted = mech.estimate({key: honest + CHATTY * one}, attrs, "castell")
+    by_device = mech.estimate({key: counts[key]}, attrs, "castell")
+    assert est["error_bound"] is not None and by_device.error_bound is not None
+    assert_close(est["error_bound"], by_device.error_bound, rel=0.05)
+    assert by_device.error_bound > 1.15 * chatty_counted.error_bound
+    assert live.size == clean.size
+    assert not [r for r in read_dlq(kafka_broker.bootstrap, topic=coll.topic)]
+
+
+@pytest.mark.pipeline
+def test_device_state_cap_refuses_loudly(tmp_path, kafka_broker, redis_server, spawn_worker,
+                                         unique_name):
+    """Beyond ``device_state_max`` devices a partition refuses new devices' reports: DLQ
+    ``device_state_full``, the metric, ``/healthz`` degraded and a warning in ``/collections``,
+    which states what the collection counts and ε per window and day at the declared rate."""
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
+    from ldpstream.producers.codec import decode_batch, encode_batch
+    from ldpstream.producers.publisher import Publisher
+
+    cid = unique_name
+    path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=1,
+                        marginals=[("sex", "Salary")], estimators=("castell",),
+                        extra={"params": {"memoize": MEMOIZE}, "device_state_max": 50,
+                               "reports_per_day": 1440, "max_epsilon_per_day": 4.0})
+    coll = load_config(path).collections[cid]
+    mech = coll.mechanism()
+    worker = spawn_worker(path)
+    worker.wait_ready(60)
+
+    async def run() -> dict:
+        store = make_store(redis_server.url)
+        async with Publisher(kafka_broker.bootstrap) as pub:
+            # 60 devices in 3 messages sent at once (one poll, most likely): 10 find no room
+            for first in (0, 20, 40):
+                ids = np.arange(first, first + 20, dtype=np.uint64)
+                await pub.send(coll.topic, encode_batch(cid, mech.version,
+                                                        np.zeros((ids.size, 2), np.int64),
+                                                        device_ids=ids), partition=0)
+            await pub.flush()
+        deadline = time.monotonic() + 60
+        while await store.n(cid, 1) < 50 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+        counts = await read_collection(store, coll)
+        await store.close()
+        return counts
+
+    counts = asyncio.run(run())
+    assert int(next(iter(counts.values())).sum()) == 50
+    full = [r for r in read_dlq(kafka_broker.bootstrap, topic=coll.topic)
+            if r["reason"] == "device_state_full"]
+    assert sum(decode_batch(base64.b64decode(r["payload_b64"])).n for r in full) == 10
+    assert all("device_state_max = 50" in r["detail"] for r in full)
+    deadline = time.monotonic() + 10
+    health = json.loads(worker.get("/healthz", any_status=True))
+    while not health["checks"].get("devices", {}).get("device_state_full") and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+        health = json.loads(worker.get("/healthz", any_status=True))
+    assert health["status"] == "degraded", health
+    assert health["checks"]["devices"] == {"ok": False, "device_state_full": {cid: 10}}
+    info = json.loads(worker.get(f"/collections/{cid}"))["over_time"]
+    assert info["counted_by"] == "device" and info["daily_report_limit"] == 1440
+    assert "10 report(s) of new devices refused" in info["warning"]
+    q = urllib.parse.urlencode({"attrs": "sex,Salary", "method": "castell", "window": "all"})
+    est: dict = {}
+    deadline = time.monotonic() + 30
+    while "warnings" not in est and time.monotonic() < deadline:
+        est = json.loads(worker.get(f"/estimates/{cid}?{q}", any_status=True))
+        time.sleep(0.3)
+    assert est["n"] == 50 and info["warning"] in est["warnings"], est
+    assert_close(info["epsilon_per_device_day"], 4.0, 1e-9)      # 2 rotations × ε 2
+    assert_close(info["epsilon_per_window"]["5m"], 4.0, 1e-9)
+    text = worker.get("/metrics")
+    assert 'ldp_reports_rejected_total{collection="%s",reason="device_state_full"} 10.0' % cid \
+        in text
+    assert 'ldp_memo_devices{collection="%s",partition="0"} 50.0' % cid in text

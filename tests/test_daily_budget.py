@@ -5,15 +5,7 @@ would exceed it (the worker publishes the budget in its signed state) and the wo
 most the reports per device and day that fit, the rest dead-lettered as ``over_budget``."""
 from __future__ import annotations
 
-import asyncio
-import base64
-import time
-
-import numpy as np
 import pytest
-from conftest import write_config
-from kafka_helpers import read_dlq
-from store_helpers import read_collection
 from tolerance import assert_close
 
 from ldpstream.config import ConfigError, parse_config
@@ -31,8 +23,9 @@ def collection(**extra) -> dict:
                                                                   "plan": ["f", "p"]}},
                              "epsilon": 1.0, "marginals": [["os", "plan"]], **extra}]}
 
+pytestmark = pytest.mark.core
 
-@pytest.mark.core
+
 def test_epsilon_per_window_fresh_and_memoized():
     fresh = RRIndependent(DOM, epsilon=1.0).guarantee()         # 2 attributes: ε 2 per report
     assert_close(epsilon_in(fresh, 3600.0, 24.0), 2.0, 1e-12)   # one report an hour
@@ -55,7 +48,6 @@ def test_epsilon_per_window_fresh_and_memoized():
     assert_close(f["epsilon_per_window"]["1h"], 4.0, 1e-12)
 
 
-@pytest.mark.core
 def test_config_refuses_a_rate_over_the_budget():
     memo = {"memoize": {"rotation_s": 86400, "instantaneous_epsilon": 2.0}}
     parse_config(collection(params=memo, reports_per_day=1440, max_epsilon_per_day=4.0))
@@ -69,7 +61,6 @@ def test_config_refuses_a_rate_over_the_budget():
         parse_config(collection(max_epsilon_per_day=1.0))
 
 
-@pytest.mark.core
 def test_ledger_refuses_beyond_the_collection_budget(tmp_path):
     led = Ledger(tmp_path / "l.sqlite")
     t = 1_000_000.0
@@ -82,7 +73,6 @@ def test_ledger_refuses_beyond_the_collection_budget(tmp_path):
     assert led.daily_refusal("c", 2.0, t + DAY_S + 1, 10.0) is None  # the day has passed
 
 
-@pytest.mark.core
 def test_ledger_and_worker_share_the_utc_budget_day(tmp_path):
     """One budget day for both: the ledger's spend resets at 00:00 UTC (not 24 h after a spend),
     the worker's one-day quota window (agents/quota.py) is the same day."""
@@ -98,62 +88,6 @@ def test_ledger_and_worker_share_the_utc_budget_day(tmp_path):
     assert led.daily_refusal("c", 1.0, midnight + 30, 10.0) is None   # a new UTC day
 
 
-@pytest.mark.pipeline
-def test_worker_and_sdk_refuse_a_device_over_the_budget(tmp_path, kafka_broker, redis_server,
-                                                        spawn_worker, unique_name):
-    from ldpstream.agents.app import make_store
-    from ldpstream.config import load_config
-    from ldpstream.producers.codec import decode_batch, encode_batch
-    from ldpstream.producers.device import ConfigWatcher
-    from ldpstream.producers.publisher import Publisher
-    from ldpstream.producers.sdk import DeviceClient, RecordingTransport
-
-    cid = unique_name
-    path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=1,
-                        marginals=[("sex", "Salary")], estimators=("castell",),
-                        extra={"max_epsilon_per_day": 20.0})   # ε 2 per report: 10 a day
-    coll = load_config(path).collections[cid]
-    mech = coll.mechanism()
-    worker = spawn_worker(path)
-    worker.wait_ready(60)
-
-    async def run() -> tuple[dict, list[str]]:
-        store = make_store(redis_server.url)
-        async with Publisher(kafka_broker.bootstrap) as pub:
-            for dev, k in ((7, 15), (8, 10)):     # 7: five reports over; 8: exactly the budget
-                for _ in range(k):
-                    await pub.send(coll.topic, encode_batch(
-                        cid, mech.version, np.array([[1, 0]]),
-                        device_ids=np.array([dev], np.uint64)), partition=0)
-            await pub.flush()
-        deadline = time.monotonic() + 60
-        while await store.n(cid, 1) < 20 and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(1.0)
-        counts = await read_collection(store, coll)
-        await store.close()
-        watcher = await ConfigWatcher(kafka_broker.bootstrap, max_epsilon=None).start()
-        try:
-            await watcher.wait_for(cid, 30)
-            client = DeviceClient(cid, watcher=watcher, transport=RecordingTransport(),
-                                  ledger=Ledger(tmp_path / "d.sqlite"), device_id=9,
-                                  clock=lambda: 2_000_000.0)
-            res = await client.report_many([{"sex": "Male", "Salary": "<=50K"}] * 12)
-            await client.close()
-        finally:
-            await watcher.stop()
-        return counts, [r.status + ":" + r.reason[:11] for r in res]
-
-    counts, statuses = asyncio.run(run())
-    assert int(next(iter(counts.values())).sum()) == 20
-    assert statuses == ["queued:"] * 10 + ["refused:over_budget"] * 2
-    over = [r for r in read_dlq(kafka_broker.bootstrap, topic=coll.topic)
-            if r["reason"] == "over_budget"]
-    assert sum(decode_batch(base64.b64decode(r["payload_b64"])).n for r in over) == 5
-    assert "over_budget" in worker.get("/metrics")
-
-
-@pytest.mark.core
 def test_simulate_states_epsilon_per_window():
     from ldpstream.simulate.driver import simulated_windows
 
@@ -166,7 +100,6 @@ def test_simulate_states_epsilon_per_window():
     assert simulated_windows(RRIndependent(DOM, epsilon=1.0))["epsilon_per_window"]["1h"] is None
 
 
-@pytest.mark.core
 def test_collections_listing_states_what_a_device_spends(capsys):
     from ldpstream.agents.web import collection_info
     from ldpstream.query import print_collections

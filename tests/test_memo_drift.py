@@ -16,8 +16,9 @@ WINDOW_S = 8
 SAME = [0.45, 0.05, 0.05, 0.45]      # (sex, Salary) cells of the reports
 SHIFTED = [0.05, 0.45, 0.45, 0.05]
 
+pytestmark = pytest.mark.pipeline
 
-@pytest.mark.pipeline
+
 def test_fleet_reporting_in_every_window_gets_drift(tmp_path, kafka_broker, redis_server,
                                                     spawn_worker, unique_name):
     """2,000 devices report once per 11 s against an 8 s window, three rounds: every device

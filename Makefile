@@ -6,7 +6,7 @@ install:
 	./scripts/bootstrap.sh
 
 up: install
-	.venv/bin/ldpstream up $(if $(MQTT),--mqtt) $(ARGS)
+	.venv/bin/ldpstream up$(if $(MQTT), --mqtt) $(ARGS)
 
 # lint and import order (ruff, rules in pyproject.toml), then types (mypy over agents/,
 # producers/ and ldpstream/ as the package ldpstream.*, scripts/typecheck.sh)

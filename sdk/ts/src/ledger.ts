@@ -97,6 +97,9 @@ export class FileStorage implements Storage {
 }
 
 const KEY = "ledger";
+/** a budget day: one UTC calendar day (docs/privacy-over-time.md) */
+export const DAY_S = 86_400;
+const dayStart = (t: number): number => Math.floor(t / DAY_S) * DAY_S;
 /** spends kept before those that left the window are dropped (as the C SDK) */
 const LEDGER_CAP = 256;
 
@@ -159,13 +162,27 @@ export class Ledger {
     return s;
   }
 
-  /** Why a report costing `cost` at `now` would break the budget, or null. */
-  refusal(cost: number, now: number): string | null {
-    if (this.budget <= 0 || cost <= 0) return null;
+  /** ε spent in the budget day (UTC calendar day) of the ledger's time. */
+  spentToday(now: number): number {
+    const start = dayStart(this.now(now));
+    let s = 0;
+    for (const [at, eps] of this.spends) if (at >= start) s += eps;
+    return s;
+  }
+
+  /** Why a report costing `cost` at `now` would break the budget, or null: the window budget
+   * first, then the collection's `maxPerDay` (max_epsilon_per_day of its signed state) in the
+   * budget day (docs/privacy-over-time.md). */
+  refusal(cost: number, now: number, maxPerDay?: number): string | null {
+    if (cost <= 0) return null;
     const spent = this.spent(now);
-    return spent + cost > this.budget * (1 + 1e-12)
-      ? `budget exceeded: this report costs epsilon=${cost}, ${spent} already spent in the last ` +
-        `${this.windowS} s, budget ${this.budget}`
+    if (this.budget > 0 && spent + cost > this.budget * (1 + 1e-12))
+      return `budget exceeded: this report costs epsilon=${cost}, ${spent} already spent in ` +
+        `the last ${this.windowS} s, budget ${this.budget}`;
+    const today = this.spentToday(now);
+    return maxPerDay !== undefined && today + cost > maxPerDay * (1 + 1e-12)
+      ? `over_budget: this report costs epsilon=${cost}, ${today} already spent this UTC ` +
+        `day, the collection's max_epsilon_per_day is ${maxPerDay}`
       : null;
   }
 
@@ -191,10 +208,12 @@ export class Ledger {
   }
 
   private spend(cost: number, now: number): void {
-    if (this.budget <= 0 || cost <= 0) return;
+    if (cost <= 0) return;
     now = this.now(now);
-    if (this.spends.length >= LEDGER_CAP)  // drop spends that left the window
-      this.spends = this.spends.filter(([at]) => at > now - this.windowS);
+    const start = dayStart(now);
+    if (this.spends.length >= LEDGER_CAP)  // drop spends out of the window and the budget day
+      this.spends = this.spends.filter(
+        ([at]) => (this.budget > 0 && at > now - this.windowS) || at >= start);
     this.spends.push([now, cost]);
   }
 

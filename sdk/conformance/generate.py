@@ -261,8 +261,9 @@ MEMO_EVENTS = [  # (now, record): rotation 100 s, budget 3.5 per 60 s, resend af
     (1050.0, ("android", "free")), (1055.0, ("ios", "free")), (1200.0, ("ios", "free"))]
 
 
-#: memoized across midnight (seconds from MIDNIGHT), max_epsilon_per_day 3: only new permanent
-#: responses are charged to the day, a clock stepped back stays in the new day and period
+#: memoized across midnight (seconds from MIDNIGHT), max_epsilon_per_day 3 (the window budget
+#: of 100 never binds): only new permanent responses are charged to the day, a clock stepped
+#: back stays in the new day and period
 DAILY_MEMO_EVENTS = [
     (-300.0, ("android", "free")), (-290.0, ("android", "free")), (-250.0, ("android", "pro")),
     (-240.0, ("ios", "pro")), (10.0, ("ios", "pro")), (-50.0, ("android", "free")),

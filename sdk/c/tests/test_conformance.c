@@ -269,6 +269,9 @@ static void memo_replay(json_t *v, const char *what) {
           "%s event %zu: %s (%s)", what, i, status, err);
     CHECK(fabs(cost - want_cost) <= 1e-12 * want_cost, "%s event %zu: cost %.17g", what, i,
           cost);
+    /* the daily case's window budget never binds: its refusals are the cap's */
+    CHECK(r != LDP_E_BUDGET || state.max_epsilon_per_day <= 0.0 ||
+              strncmp(err, "over_budget:", 12) == 0, "%s event %zu: %s", what, i, err);
     json_t *want = json_object_get(e, "report");
     for (uint32_t j = 0; r == LDP_OK && j < json_array_size(want); j++)
       CHECK(buf_reports[before * state.program.width + j] ==

@@ -117,19 +117,32 @@ static int refused(const ldp_ledger *l, double cost, double now) {
 }
 
 /* record a spend (without saving), stamped with the ledger's time; a full ledger drops the
-   spends no limit counts any more (out of the window, before the budget day) */
+   spends no limit counts any more and sums those only the budget day counts (out of the window:
+   a prefix, the ledger's time never goes back) into one, stamped with the newest of them */
 static int spend(ldp_ledger *l, double cost, double now) {
   if (cost <= 0.0) return LDP_OK;
   now = ledger_now(l, now);
   if (l->n == LDP_LEDGER_CAP) {
     uint32_t k = 0;
-    double start = day_start(now);
-    for (uint32_t i = 0; i < l->n; i++)
-      if ((l->budget > 0.0 && l->at[i] > now - l->window_s) ||
-          (l->max_epsilon_per_day > 0.0 && l->at[i] >= start)) {
+    double start = day_start(now), day_at = 0.0, day_eps = 0.0;
+    for (uint32_t i = 0; i < l->n; i++) {
+      if (l->budget > 0.0 && l->at[i] > now - l->window_s) {
+        if (day_eps > 0.0) {
+          l->at[k] = day_at;
+          l->eps[k++] = day_eps;
+          day_eps = 0.0;
+        }
         l->at[k] = l->at[i];
         l->eps[k++] = l->eps[i];
+      } else if (l->max_epsilon_per_day > 0.0 && l->at[i] >= start) {
+        day_at = l->at[i];
+        day_eps += l->eps[i];
       }
+    }
+    if (day_eps > 0.0) {
+      l->at[k] = day_at;
+      l->eps[k++] = day_eps;
+    }
     l->n = k;
     if (k == LDP_LEDGER_CAP) return LDP_E_BUDGET;
   }

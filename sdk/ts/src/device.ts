@@ -117,7 +117,7 @@ export class Device {
     const cost = st.program.epsilon;
     const reason = this.opts.ledger.refusal(cost, now, st.maxEpsilonPerDay);
     if (reason !== null) return { status: "refused", epsilon: 0, version: st.version, reason };
-    await this.opts.ledger.charge(cost, now);
+    await this.opts.ledger.charge(cost, now, st.maxEpsilonPerDay);
     return { report: st.program.randomize(x, this.rng, undefined, this.opts.deviceId), cost };
   }
 
@@ -154,7 +154,7 @@ export class Device {
     const rec = memoRecord(memo, units, y, st.program.width, this.rng);
     const report = memo.kind === "partition" || memo.kind === "select" || !st.program.hasSteps
       ? rec : st.program.randomize(rec, this.rng);
-    await ledger.commitMemo(period, fresh, record, cost, now);
+    await ledger.commitMemo(period, fresh, record, cost, now, st.maxEpsilonPerDay);
     return { report, cost };
   }
 

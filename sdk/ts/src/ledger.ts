@@ -186,16 +186,16 @@ export class Ledger {
       : null;
   }
 
-  /** Charge `cost` at `now` (after refusal() said null) and save. */
-  async charge(cost: number, now: number): Promise<void> {
-    this.spend(cost, now);
+  /** Charge `cost` at `now` (after refusal() said null, with the same `maxPerDay`) and save. */
+  async charge(cost: number, now: number, maxPerDay?: number): Promise<void> {
+    this.spend(cost, now, maxPerDay);
     await this.persist();
   }
 
   /** Commit one memoized report: new responses, the record sent, the spend; a newer period
    * drops the older one's memos and records (they are never reused). */
   async commitMemo(period: number, memos: Map<string, number>, record: string, cost: number,
-                   now: number): Promise<void> {
+                   now: number, maxPerDay?: number): Promise<void> {
     if (period > this.period) {
       this.period = period;
       this.memos.clear();
@@ -203,18 +203,34 @@ export class Ledger {
     }
     for (const [k, v] of memos) this.memos.set(k, v);
     this.sent.set(record, now);
-    this.spend(cost, now);
+    this.spend(cost, now, maxPerDay);
     await this.persist();
   }
 
-  private spend(cost: number, now: number): void {
+  private spend(cost: number, now: number, maxPerDay?: number): void {
     if (cost <= 0) return;
     now = this.now(now);
-    const start = dayStart(now);
-    if (this.spends.length >= LEDGER_CAP)  // drop spends out of the window and the budget day
-      this.spends = this.spends.filter(
-        ([at]) => (this.budget > 0 && at > now - this.windowS) || at >= start);
+    if (this.spends.length >= LEDGER_CAP) this.compact(now, maxPerDay);
     this.spends.push([now, cost]);
+  }
+
+  /** Drop the spends no limit counts any more; sum those only the budget day counts (out of
+   * the window: a prefix, the ledger's time never goes back) into one, stamped with the newest
+   * of them (as the C SDK). */
+  private compact(now: number, maxPerDay?: number): void {
+    const start = dayStart(now), kept: [number, number][] = [];
+    let day: [number, number] | null = null;
+    for (const [at, eps] of this.spends) {
+      if (this.budget > 0 && at > now - this.windowS) {
+        if (day) kept.push(day);
+        day = null;
+        kept.push([at, eps]);
+      } else if (maxPerDay !== undefined && at >= start) {
+        day = [at, (day?.[1] ?? 0) + eps];
+      }
+    }
+    if (day) kept.push(day);
+    this.spends = kept;
   }
 
   /** The next batch sequence, saved as used before it is returned. */

@@ -117,7 +117,7 @@ test("daily budget across a UTC midnight", async () => {
   const ledger = await Ledger.open(v.budget.epsilon, v.budget.window_s);
   for (const e of v.events) {
     const reason = ledger.refusal(e.cost, e.now, v.max_epsilon_per_day);
-    if (reason === null) await ledger.charge(e.cost, e.now);
+    if (reason === null) await ledger.charge(e.cost, e.now, v.max_epsilon_per_day);
     assert.equal(reason === null ? "accept" : "refuse", e.expect, JSON.stringify(e));
     if (reason !== null)
       assert.ok(reason.startsWith(e.reason === "budget" ? "budget exceeded" : "over_budget"),

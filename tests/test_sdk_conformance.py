@@ -138,6 +138,23 @@ def test_ledger_decisions():
     assert got == [e["expect"] for e in v["events"]]
 
 
+def test_daily_ledger_decisions():
+    """The Python ledger makes the daily-cap decisions the C and TS SDKs check (ledger.json
+    ``daily``): the window budget first, then ``max_epsilon_per_day`` in the budget day."""
+    v = _load("ledger.json")["daily"]
+    led = Ledger(":memory:", budget=Budget(**v["budget"]))
+    got = []
+    for e in v["events"]:
+        reason = led.refusal(e["cost"], e["now"]) or led.daily_refusal(
+            "c", e["cost"], e["now"], v["max_epsilon_per_day"])
+        if reason is None:
+            led.commit("c", e["now"], e["cost"])
+        got.append(("accept", None) if reason is None else
+                   ("refuse", "over_budget" if reason.startswith("over_budget") else "budget"))
+    assert got == [(e["expect"], e["reason"]) for e in v["events"]]
+    assert {r for _, r in got} == {None, "budget", "over_budget"}
+
+
 @pytest.mark.parametrize("name", mechanism_names())
 def test_every_family_describes_itself_or_says_it_cannot(name):
     """A family's description costs the ε the family computes (rtol 1e-9)."""

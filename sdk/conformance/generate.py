@@ -1,6 +1,6 @@
 """Write the conformance vectors every device SDK runs (docs/device-protocol.md,
-"Conformance suite"): ``rng.json``, ``randomize.json``, ``states.json`` and ``ledger.json`` in
-this directory, from the Python implementation.
+"Conformance suite"): ``rng.json``, ``randomize.json``, ``states.json``, ``ledger.json`` (with
+the daily ε budget across a UTC midnight) and ``memo.json`` in this directory, from the Python implementation.
 
     .venv/bin/python sdk/conformance/generate.py          # rewrite the files
     .venv/bin/python sdk/conformance/generate.py --check  # exit 1 if a file would change
@@ -22,6 +22,7 @@ import numpy as np
 from ldpstream.estimators import mechanism_class
 from ldpstream.estimators.families.rr import RRIndependent
 from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.names import BUDGET_FIELD
 from ldpstream.producers.codec import encode_batch
 from ldpstream.producers.program import Program, SplitMix64, bernoulli, categorical, uniform
 from ldpstream.producers.signing import ALG, DOMAIN, SigningKey
@@ -200,12 +201,17 @@ def state_vectors() -> dict[str, Any]:
         ("family without a description (lopub)", "app", envelope(undescribed, "app", 400.0),
          "unusable"),
         ("description version 2", "app", envelope(future, "app", 400.0), "unusable"),
+        ("max_epsilon_per_day not a positive number", "app",
+         envelope(dict(v2, version=5, **{BUDGET_FIELD: -1.0}), "app", 500.0), "malformed"),
+        ("with max_epsilon_per_day", "app",
+         envelope(dict(v2, version=5, **{BUDGET_FIELD: 2.5}), "app", 500.0), "accept"),
     ]
     return {"public_key": TEST_KEY.verify_key.to_text(), "ceiling": CEILING, "now": NOW,
             "steps": [{"name": n, "collection": c, "record": r, "expect": e}
                       for n, c, r, e in steps],
-            "sdk_only_steps": [{"name": n, "collection": c, "record": r, "expect": e}
-                               for n, c, r, e in sdk_only]}
+            "sdk_only_steps": [{"name": n, "collection": c, "record": r, "expect": e,
+                                BUDGET_FIELD: json.loads(json.loads(r)["payload"]).get(
+                                    BUDGET_FIELD)} for n, c, r, e in sdk_only]}
 
 
 def ledger_vectors() -> dict[str, Any]:
@@ -216,13 +222,52 @@ def ledger_vectors() -> dict[str, Any]:
               (5.0, 1.0, "refuse"), (111.0, 1.0, "accept"), (300.0, 2.5, "accept"),
               (300.0, 0.6, "refuse")]
     return {"budget": {"epsilon": 3.0, "window_s": 100.0},
-            "events": [{"now": t, "cost": c, "expect": e} for t, c, e in events]}
+            "events": [{"now": t, "cost": c, "expect": e} for t, c, e in events],
+            "daily": daily_vectors()}
+
+
+#: the end of a budget day (a UTC midnight): reports on both sides of it
+MIDNIGHT = 1_790_035_200.0
+#: (seconds from MIDNIGHT, ε): a budget of 3 per 600 s and max_epsilon_per_day 2.5; a clock
+#: stepped back across midnight stays in the new day
+DAILY_EVENTS = [(-500.0, 1.0), (-400.0, 1.0), (-300.0, 1.0), (-300.0, 0.5), (-10.0, 0.1),
+                (10.0, 1.0), (150.0, 1.0), (-100.0, 0.4), (400.0, 1.2), (400.0, 1.1),
+                (86_405.0, 2.5)]
+
+
+def daily_vectors() -> dict[str, Any]:
+    """The collection's ``max_epsilon_per_day`` (docs/privacy-over-time.md): ε spent in the
+    budget day (UTC calendar day) of the ledger's time plus the cost must stay ≤ it; the window
+    budget is checked first (``expect`` ``refuse``, ``reason`` ``budget`` or ``over_budget``)."""
+    from ldpstream.producers.ledger import Budget, Ledger
+
+    per_day, out = 2.5, []
+    with Ledger(":memory:", budget=Budget(3.0, 600.0)) as ledger:
+        for dt, cost in DAILY_EVENTS:
+            now = MIDNIGHT + dt
+            reason = "budget" if ledger.refusal(cost, now) else (
+                "over_budget" if ledger.daily_refusal("c", cost, now, per_day) else None)
+            if reason is None:
+                ledger.commit("c", now, cost)
+            out.append({"now": now, "cost": cost, "expect": "refuse" if reason else "accept",
+                        "reason": reason})
+    return {"budget": {"epsilon": 3.0, "window_s": 600.0}, "max_epsilon_per_day": per_day,
+            "events": out}
 
 
 MEMO_EVENTS = [  # (now, record): rotation 100 s, budget 3.5 per 60 s, resend after 50 s
     (1000.0, ("android", "free")), (1010.0, ("android", "free")), (1020.0, ("android", "pro")),
     (1030.0, ("ios", "pro")), (1061.0, ("android", "free")), (1100.0, ("android", "free")),
     (1050.0, ("android", "free")), (1055.0, ("ios", "free")), (1200.0, ("ios", "free"))]
+
+
+#: memoized across midnight (seconds from MIDNIGHT), max_epsilon_per_day 3 (the window budget
+#: of 100 never binds): only new permanent responses are charged to the day, a clock stepped
+#: back stays in the new day and period
+DAILY_MEMO_EVENTS = [
+    (-300.0, ("android", "free")), (-290.0, ("android", "free")), (-250.0, ("android", "pro")),
+    (-240.0, ("ios", "pro")), (10.0, ("ios", "pro")), (-50.0, ("android", "free")),
+    (20.0, ("ios", "free")), (86_430.0, ("ios", "free"))]
 
 
 #: memoized partitioned (rotation 100 s, budget 8 per 300 s): a new period re-assigns the
@@ -235,8 +280,10 @@ PARTITION_EVENTS = [
 
 
 def _replay(state: dict[str, Any], domain: Domain, events: list, device_id: int, seed: int,
-            budget: tuple[float, float], resend_every_s: float | None) -> list[dict[str, Any]]:
-    """``events`` (now, labels) through the Python SDK with ``state``: what each became."""
+            budget: tuple[float, float], resend_every_s: float | None,
+            max_per_day: float | None = None) -> list[dict[str, Any]]:
+    """``events`` (now, labels) through the Python SDK with ``state`` (signed with
+    ``max_epsilon_per_day`` when given): what each became."""
     import asyncio
 
     from ldpstream.producers.device import ConfigWatcher
@@ -244,6 +291,8 @@ def _replay(state: dict[str, Any], domain: Domain, events: list, device_id: int,
     from ldpstream.producers.sdk import DeviceClient, RecordingTransport
 
     watcher = ConfigWatcher("unused:0", verify_key=TEST_KEY.verify_key, max_epsilon=CEILING)
+    if max_per_day is not None:
+        state = {**state, BUDGET_FIELD: max_per_day}
     watcher._take(b"memo", envelope(state, "memo", 1.0).encode())  # noqa: SLF001
     now = [0.0]
     client = DeviceClient("memo", watcher=watcher, transport=RecordingTransport(),
@@ -293,11 +342,16 @@ def memo_vectors() -> dict[str, Any]:
                 "events": _replay(st, DOM, PARTITION_EVENTS, DEVICE_ID, seed, (budget, 300.0),
                                   None)}
 
+    daily = [(MIDNIGHT + dt, labels) for dt, labels in DAILY_MEMO_EVENTS]
     return {"device": state["device"], "seed": "77", "budget": {"epsilon": 3.5, "window_s": 60.0},
             "resend_every_s": 50.0, "fingerprint": Program(state["device"]).memo.fingerprint,
             "events": _replay(state, dom, MEMO_EVENTS, 1, 77, (3.5, 60.0), 50.0),
             "partition": case(part, 78, 8.0), "partition_olh": case(olh, 80, 12.0),
-            "cluster": case(clus, 79, 9.0), "select": case(smp, 81, 7.0)}
+            "cluster": case(clus, 79, 9.0), "select": case(smp, 81, 7.0),
+            "daily": {"device": state["device"], "seed": "82", "max_epsilon_per_day": 3.0,
+                      "budget": {"epsilon": 100.0, "window_s": 60.0}, "resend_every_s": None,
+                      "fingerprint": Program(state["device"]).memo.fingerprint,
+                      "events": _replay(state, dom, daily, 1, 82, (100.0, 60.0), None, 3.0)}}
 
 
 FILES = {"rng.json": rng_vectors, "randomize.json": randomize_vectors,

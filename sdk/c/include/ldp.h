@@ -30,6 +30,7 @@ extern "C" {
 #endif
 #ifndef LDP_LEDGER_CAP
 #define LDP_LEDGER_CAP 256         /* spends kept in the ledger window */
+#define LDP_DAY_S 86400.0          /* a budget day: one UTC calendar day */
 #endif
 #ifndef LDP_MEMO_CAP
 #define LDP_MEMO_CAP 256           /* memoized responses and sent records per rotation period */
@@ -151,6 +152,7 @@ typedef struct ldp_state {
   char collection[256];
   uint32_t version;
   double issued_at, expires_at;
+  double max_epsilon_per_day;          /* the collection's daily cap (0: none) */
   ldp_program program;
 } ldp_state;
 
@@ -177,6 +179,8 @@ typedef struct ldp_memo {
 
 typedef struct ldp_ledger {
   double budget, window_s;             /* budget <= 0: no budget */
+  double max_epsilon_per_day;          /* the collection's cap per UTC day (<= 0: none), set
+                                          from the state in force before each report */
   uint32_t n;
   double at[LDP_LEDGER_CAP], eps[LDP_LEDGER_CAP];
   uint64_t next_sequence;
@@ -189,12 +193,16 @@ typedef struct ldp_ledger {
 } ldp_ledger;
 
 int ldp_ledger_open(ldp_ledger *l, double budget, double window_s, const ldp_storage *s);
-/* LDP_OK (charged and saved) or LDP_E_BUDGET */
+/* LDP_OK (charged and saved) or LDP_E_BUDGET (the window budget or max_epsilon_per_day) */
 int ldp_ledger_charge(ldp_ledger *l, double cost, double now);
 /* the next batch sequence, saved as used before it is returned */
 int ldp_ledger_take_sequence(ldp_ledger *l, uint64_t *seq);
+/* epsilon spent in the budget day (UTC calendar day) of the ledger's time, and in the window */
+double ldp_ledger_spent_today(const ldp_ledger *l, double now);
+double ldp_ledger_spent_window(const ldp_ledger *l, double now);
 /* one memoized report (docs/device-protocol.md, "Ledger"): LDP_OK with the report and *cost,
-   LDP_DUPLICATE, LDP_E_BUDGET or LDP_E_FULL; resend_every_s <= 0: never resend */
+   LDP_DUPLICATE, LDP_E_BUDGET (*cost: what it would cost) or LDP_E_FULL; resend_every_s <= 0:
+   never resend */
 int ldp_memo_report(ldp_ledger *l, const ldp_program *p, const uint32_t *x, uint64_t device_id,
                     double now, double resend_every_s, ldp_rng *rng, uint32_t *report,
                     double *cost);

@@ -3,6 +3,21 @@
 
 #include "internal.h"
 
+/* which limit refused a report costing cost: the window budget, or the collection's
+   max_epsilon_per_day in the budget day (docs/privacy-over-time.md) */
+static void budget_error(const ldp_device *d, double cost, double now, char *err,
+                         size_t errlen) {
+  const ldp_ledger *l = d->ledger;
+  double window = ldp_ledger_spent_window(l, now), today = ldp_ledger_spent_today(l, now);
+  if (l->budget > 0.0 && window + cost > l->budget * (1 + 1e-12))
+    ldp_errf(err, errlen, "budget exceeded: this report costs epsilon=%g, %g already spent in "
+             "the last %g s, budget %g", cost, window, l->window_s, l->budget);
+  else
+    ldp_errf(err, errlen, "over_budget: this report costs epsilon=%g, %g already spent on '%s' "
+             "this UTC day, its max_epsilon_per_day is %g", cost, today, d->state->collection,
+             l->max_epsilon_per_day);
+}
+
 int ldp_device_report(ldp_device *d, const char *const *names, const char *const *labels,
                       size_t n, double now, double *cost, char *err, size_t errlen) {
   uint32_t x[LDP_MAX_ATTRS];
@@ -20,6 +35,7 @@ int ldp_device_report(ldp_device *d, const char *const *names, const char *const
   if (r != LDP_OK) return r;
   uint32_t *report = d->reports + (size_t)d->n * p->width;
   double charged = p->epsilon;
+  d->ledger->max_epsilon_per_day = d->state->max_epsilon_per_day;
   if (p->memoized) {
     r = ldp_memo_report(d->ledger, p, x, d->device_id, now, d->resend_every_s, &d->rng, report,
                         &charged);
@@ -27,8 +43,7 @@ int ldp_device_report(ldp_device *d, const char *const *names, const char *const
     r = ldp_ledger_charge(d->ledger, p->epsilon, now);
     if (r == LDP_OK) ldp_program_randomize(p, x, d->device_id, &d->rng, report);
   }
-  if (r == LDP_E_BUDGET) ldp_errf(err, errlen, "budget exceeded: this report would cost "
-                                  "epsilon=%g", p->epsilon);
+  if (r == LDP_E_BUDGET) budget_error(d, charged, now, err, errlen);
   if (r == LDP_DUPLICATE) ldp_errf(err, errlen, "this record was already reported in this "
                                    "rotation period");
   if (r == LDP_E_FULL) ldp_errf(err, errlen, "the memo table is full (LDP_MEMO_CAP)");

@@ -90,28 +90,59 @@ static double ledger_now(const ldp_ledger *l, double now) {
 }
 
 /* spends in the window up to the ledger's time (later ones too) */
-static double spent(const ldp_ledger *l, double now) {
+double ldp_ledger_spent_window(const ldp_ledger *l, double now) {
   double s = 0.0, t = ledger_now(l, now);
   for (uint32_t i = 0; i < l->n; i++)
     if (l->at[i] > t - l->window_s) s += l->eps[i];
   return s;
 }
 
-static int refused(const ldp_ledger *l, double cost, double now) {
-  return l->budget > 0.0 && cost > 0.0 && spent(l, now) + cost > l->budget * (1 + 1e-12);
+/* the start of the budget day of t: its UTC calendar day (docs/privacy-over-time.md) */
+static double day_start(double t) { return floor(t / LDP_DAY_S) * LDP_DAY_S; }
+
+double ldp_ledger_spent_today(const ldp_ledger *l, double now) {
+  double s = 0.0, start = day_start(ledger_now(l, now));
+  for (uint32_t i = 0; i < l->n; i++)
+    if (l->at[i] >= start) s += l->eps[i];
+  return s;
 }
 
-/* record a spend (without saving), stamped with the ledger's time */
+/* the window budget first, then the collection's max_epsilon_per_day */
+static int refused(const ldp_ledger *l, double cost, double now) {
+  if (cost <= 0.0) return 0;
+  if (l->budget > 0.0 && ldp_ledger_spent_window(l, now) + cost > l->budget * (1 + 1e-12))
+    return 1;
+  return l->max_epsilon_per_day > 0.0 &&
+         ldp_ledger_spent_today(l, now) + cost > l->max_epsilon_per_day * (1 + 1e-12);
+}
+
+/* record a spend (without saving), stamped with the ledger's time; a full ledger drops the
+   spends no limit counts any more and sums those only the budget day counts (out of the window:
+   a prefix, the ledger's time never goes back) into one, stamped with the newest of them */
 static int spend(ldp_ledger *l, double cost, double now) {
-  if (l->budget <= 0.0 || cost <= 0.0) return LDP_OK;
+  if (cost <= 0.0) return LDP_OK;
   now = ledger_now(l, now);
-  if (l->n == LDP_LEDGER_CAP) { /* drop spends that left the window */
+  if (l->n == LDP_LEDGER_CAP) {
     uint32_t k = 0;
-    for (uint32_t i = 0; i < l->n; i++)
-      if (l->at[i] > now - l->window_s) {
+    double start = day_start(now), day_at = 0.0, day_eps = 0.0;
+    for (uint32_t i = 0; i < l->n; i++) {
+      if (l->budget > 0.0 && l->at[i] > now - l->window_s) {
+        if (day_eps > 0.0) {
+          l->at[k] = day_at;
+          l->eps[k++] = day_eps;
+          day_eps = 0.0;
+        }
         l->at[k] = l->at[i];
         l->eps[k++] = l->eps[i];
+      } else if (l->max_epsilon_per_day > 0.0 && l->at[i] >= start) {
+        day_at = l->at[i];
+        day_eps += l->eps[i];
       }
+    }
+    if (day_eps > 0.0) {
+      l->at[k] = day_at;
+      l->eps[k++] = day_eps;
+    }
     l->n = k;
     if (k == LDP_LEDGER_CAP) return LDP_E_BUDGET;
   }
@@ -174,10 +205,7 @@ int ldp_memo_report(ldp_ledger *l, const ldp_program *p, const uint32_t *x, uint
     *cost = 0.0;
     return LDP_E_FULL;
   }
-  if (refused(l, *cost, now)) {
-    *cost = 0.0;
-    return LDP_E_BUDGET;
-  }
+  if (refused(l, *cost, now)) return LDP_E_BUDGET; /* *cost: what it would have cost */
   for (uint32_t u = 0; u < n; u++)
     y[u] = have[u] >= 0 ? l->memo[have[u]].response : ldp_memo_draw(p, unit[u], cell[u], rng);
   ldp_memo_emit(p, unit, y, n, rng, report);

@@ -82,6 +82,11 @@ static int open_payload(ldp_state *cand, const ldp_trust *t, const char *collect
   cand->version = (uint32_t)json_integer_value(ver);
   cand->issued_at = json_number_value(iss);
   cand->expires_at = json_number_value(exp);
+  json_t *day = json_object_get(state, "max_epsilon_per_day");
+  if (day && !json_is_null(day) && !(json_is_number(day) && json_number_value(day) > 0.0))
+    return fail(LDP_MALFORMED, detail, dlen, "signed state's max_epsilon_per_day is not a "
+                "positive number");
+  cand->max_epsilon_per_day = day && json_is_number(day) ? json_number_value(day) : 0.0;
   if (strcmp(cand->collection, collection) != 0) {
     ldp_errf(detail, dlen, "wrong_collection: state signed for collection '%s' published under "
              "'%s'", cand->collection, collection);

@@ -169,6 +169,10 @@ static void state_steps(json_t *steps, const ldp_trust *t, double now) {
     const char *got = r == LDP_OK ? "accept" : ldp_reason(r);
     CHECK(strcmp(got, want) == 0, "state '%s': got %s (%s), expected %s",
           json_string_value(json_object_get(s, "name")), got, detail, want);
+    json_t *day = json_object_get(s, "max_epsilon_per_day");  /* the state now in force */
+    CHECK(r != LDP_OK || !day || json_number_value(day) == state.max_epsilon_per_day,
+          "state '%s': max_epsilon_per_day %g", json_string_value(json_object_get(s, "name")),
+          state.max_epsilon_per_day);
   }
 }
 
@@ -208,17 +212,25 @@ static void state_vectors(json_t *v) {
   mangled_states(json_object_get(v, "steps"), &t, now);
 }
 
-static void ledger_vectors(json_t *v) {
+/* ledger decisions; under "daily" also the collection's max_epsilon_per_day across a UTC
+   midnight and which limit refused ("reason") */
+static void ledger_vectors(json_t *v, const char *what) {
   json_t *b = json_object_get(v, "budget"), *e;
   ldp_ledger l;
   size_t i;
   ldp_ledger_open(&l, json_number_value(json_object_get(b, "epsilon")),
                   json_number_value(json_object_get(b, "window_s")), NULL);
+  l.max_epsilon_per_day = json_number_value(json_object_get(v, "max_epsilon_per_day"));
   json_array_foreach(json_object_get(v, "events"), i, e) {
-    int r = ldp_ledger_charge(&l, json_number_value(json_object_get(e, "cost")),
-                              json_number_value(json_object_get(e, "now")));
-    const char *want = json_string_value(json_object_get(e, "expect"));
-    CHECK(strcmp(r == LDP_OK ? "accept" : "refuse", want) == 0, "ledger event %zu", i);
+    double cost = json_number_value(json_object_get(e, "cost"));
+    double now = json_number_value(json_object_get(e, "now"));
+    int window = ldp_ledger_spent_window(&l, now) + cost > l.budget * (1 + 1e-12);
+    int r = ldp_ledger_charge(&l, cost, now);
+    const char *got = r == LDP_OK ? "accept" : "refuse", *why = window ? "budget" : "over_budget";
+    json_t *reason = json_object_get(e, "reason");
+    CHECK(strcmp(got, json_string_value(json_object_get(e, "expect"))) == 0 &&
+              (r == LDP_OK || !reason || strcmp(why, json_string_value(reason)) == 0),
+          "%s event %zu: %s", what, i, got);
   }
 }
 
@@ -234,6 +246,7 @@ static void memo_replay(json_t *v, const char *what) {
   CHECK(strcmp(fp, json_string_value(json_object_get(v, "fingerprint"))) == 0,
         "%s fingerprint %s", what, fp);
   state.present = 1;
+  state.max_epsilon_per_day = json_number_value(json_object_get(v, "max_epsilon_per_day"));
   strcpy(state.collection, "memo");
   json_t *b = json_object_get(v, "budget"), *e, *id = json_object_get(v, "device_id");
   ldp_ledger ledger;
@@ -256,6 +269,9 @@ static void memo_replay(json_t *v, const char *what) {
           "%s event %zu: %s (%s)", what, i, status, err);
     CHECK(fabs(cost - want_cost) <= 1e-12 * want_cost, "%s event %zu: cost %.17g", what, i,
           cost);
+    /* the daily case's window budget never binds: its refusals are the cap's */
+    CHECK(r != LDP_E_BUDGET || state.max_epsilon_per_day <= 0.0 ||
+              strncmp(err, "over_budget:", 12) == 0, "%s event %zu: %s", what, i, err);
     json_t *want = json_object_get(e, "report");
     for (uint32_t j = 0; r == LDP_OK && j < json_array_size(want); j++)
       CHECK(buf_reports[before * state.program.width + j] ==
@@ -270,6 +286,7 @@ static void memo_vectors(json_t *v) {
   memo_replay(json_object_get(v, "partition_olh"), "memoized partition (olh)");
   memo_replay(json_object_get(v, "cluster"), "memoized cluster");
   memo_replay(json_object_get(v, "select"), "memoized select");
+  memo_replay(json_object_get(v, "daily"), "memoized across midnight");
 }
 
 int main(int argc, char **argv) {
@@ -281,7 +298,8 @@ int main(int argc, char **argv) {
   json_decref(v);
   state_vectors(v = load(dir, "states.json"));
   json_decref(v);
-  ledger_vectors(v = load(dir, "ledger.json"));
+  ledger_vectors(v = load(dir, "ledger.json"), "ledger");
+  ledger_vectors(json_object_get(v, "daily"), "daily ledger");
   json_decref(v);
   memo_vectors(v = load(dir, "memo.json"));
   json_decref(v);

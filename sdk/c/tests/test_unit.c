@@ -150,6 +150,24 @@ static void device_refuses_without_state(void) {
   CHECK(ldp_device_flush(&d, 1.0, out, sizeof out, &r) == 0 && r == LDP_OK, "nothing to flush");
 }
 
+/* more spends in a budget day than LDP_LEDGER_CAP: those out of the window are summed, so the
+   cap holds exactly (512 spends of 2^-7 make 4.0) with and without a window budget */
+static void daily_cap_beyond_ledger_cap(void) {
+  const double windows[2][2] = {{0.0, 0.0}, {1000.0, 10.0}};
+  for (int w = 0; w < 2; w++) {
+    ldp_ledger l;
+    ldp_ledger_open(&l, windows[w][0], windows[w][1], NULL);
+    l.max_epsilon_per_day = 4.0;
+    double day = 20000 * LDP_DAY_S, cost = 1.0 / 128;
+    int accepted = 0;
+    for (int i = 0; i < 600; i++)
+      accepted += ldp_ledger_charge(&l, cost, day + 60.0 * i) == LDP_OK;
+    CHECK(accepted == 512 && l.n <= LDP_LEDGER_CAP, "daily cap over many spends");
+    CHECK(ldp_ledger_spent_today(&l, day + 60.0 * 600) == 4.0, "the day's spend is kept");
+    CHECK(ldp_ledger_charge(&l, 4.0, day + LDP_DAY_S) == LDP_OK, "the next day's cap");
+  }
+}
+
 int main(void) {
   parse_errors();
   restart_keeps_ledger_and_sequence();
@@ -157,6 +175,7 @@ int main(void) {
   batch_refusals();
   os_rng_draws();
   device_refuses_without_state();
+  daily_cap_beyond_ledger_cap();
   if (failures) fprintf(stderr, "%d unit checks failed\n", failures);
   else printf("unit: all checks pass\n");
   return failures ? 1 : 0;

@@ -115,9 +115,9 @@ export class Device {
   private async fresh(st: State, x: number[], now: number
                       ): Promise<ReportResult | { report: number[]; cost: number }> {
     const cost = st.program.epsilon;
-    const reason = this.opts.ledger.refusal(cost, now);
+    const reason = this.opts.ledger.refusal(cost, now, st.maxEpsilonPerDay);
     if (reason !== null) return { status: "refused", epsilon: 0, version: st.version, reason };
-    await this.opts.ledger.charge(cost, now);
+    await this.opts.ledger.charge(cost, now, st.maxEpsilonPerDay);
     return { report: st.program.randomize(x, this.rng, undefined, this.opts.deviceId), cost };
   }
 
@@ -142,7 +142,7 @@ export class Device {
     const have = keys.map((k) => (newer ? undefined : ledger.memos.get(k)));
     let cost = 0;
     have.forEach((h, i) => { if (h === undefined) cost += memoEpsilon(memo, units[i][0]); });
-    const reason = ledger.refusal(cost, now);
+    const reason = ledger.refusal(cost, now, st.maxEpsilonPerDay);
     if (reason !== null) return { status: "refused", epsilon: 0, version: st.version, reason };
     const fresh = new Map<string, number>();
     const y = units.map(([u, c], i) => {
@@ -154,7 +154,7 @@ export class Device {
     const rec = memoRecord(memo, units, y, st.program.width, this.rng);
     const report = memo.kind === "partition" || memo.kind === "select" || !st.program.hasSteps
       ? rec : st.program.randomize(rec, this.rng);
-    await ledger.commitMemo(period, fresh, record, cost, now);
+    await ledger.commitMemo(period, fresh, record, cost, now, st.maxEpsilonPerDay);
     return { report, cost };
   }
 

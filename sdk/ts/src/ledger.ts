@@ -97,6 +97,9 @@ export class FileStorage implements Storage {
 }
 
 const KEY = "ledger";
+/** a budget day: one UTC calendar day (docs/privacy-over-time.md) */
+export const DAY_S = 86_400;
+const dayStart = (t: number): number => Math.floor(t / DAY_S) * DAY_S;
 /** spends kept before those that left the window are dropped (as the C SDK) */
 const LEDGER_CAP = 256;
 
@@ -159,26 +162,40 @@ export class Ledger {
     return s;
   }
 
-  /** Why a report costing `cost` at `now` would break the budget, or null. */
-  refusal(cost: number, now: number): string | null {
-    if (this.budget <= 0 || cost <= 0) return null;
+  /** ε spent in the budget day (UTC calendar day) of the ledger's time. */
+  spentToday(now: number): number {
+    const start = dayStart(this.now(now));
+    let s = 0;
+    for (const [at, eps] of this.spends) if (at >= start) s += eps;
+    return s;
+  }
+
+  /** Why a report costing `cost` at `now` would break the budget, or null: the window budget
+   * first, then the collection's `maxPerDay` (max_epsilon_per_day of its signed state) in the
+   * budget day (docs/privacy-over-time.md). */
+  refusal(cost: number, now: number, maxPerDay?: number): string | null {
+    if (cost <= 0) return null;
     const spent = this.spent(now);
-    return spent + cost > this.budget * (1 + 1e-12)
-      ? `budget exceeded: this report costs epsilon=${cost}, ${spent} already spent in the last ` +
-        `${this.windowS} s, budget ${this.budget}`
+    if (this.budget > 0 && spent + cost > this.budget * (1 + 1e-12))
+      return `budget exceeded: this report costs epsilon=${cost}, ${spent} already spent in ` +
+        `the last ${this.windowS} s, budget ${this.budget}`;
+    const today = this.spentToday(now);
+    return maxPerDay !== undefined && today + cost > maxPerDay * (1 + 1e-12)
+      ? `over_budget: this report costs epsilon=${cost}, ${today} already spent this UTC ` +
+        `day, the collection's max_epsilon_per_day is ${maxPerDay}`
       : null;
   }
 
-  /** Charge `cost` at `now` (after refusal() said null) and save. */
-  async charge(cost: number, now: number): Promise<void> {
-    this.spend(cost, now);
+  /** Charge `cost` at `now` (after refusal() said null, with the same `maxPerDay`) and save. */
+  async charge(cost: number, now: number, maxPerDay?: number): Promise<void> {
+    this.spend(cost, now, maxPerDay);
     await this.persist();
   }
 
   /** Commit one memoized report: new responses, the record sent, the spend; a newer period
    * drops the older one's memos and records (they are never reused). */
   async commitMemo(period: number, memos: Map<string, number>, record: string, cost: number,
-                   now: number): Promise<void> {
+                   now: number, maxPerDay?: number): Promise<void> {
     if (period > this.period) {
       this.period = period;
       this.memos.clear();
@@ -186,16 +203,34 @@ export class Ledger {
     }
     for (const [k, v] of memos) this.memos.set(k, v);
     this.sent.set(record, now);
-    this.spend(cost, now);
+    this.spend(cost, now, maxPerDay);
     await this.persist();
   }
 
-  private spend(cost: number, now: number): void {
-    if (this.budget <= 0 || cost <= 0) return;
+  private spend(cost: number, now: number, maxPerDay?: number): void {
+    if (cost <= 0) return;
     now = this.now(now);
-    if (this.spends.length >= LEDGER_CAP)  // drop spends that left the window
-      this.spends = this.spends.filter(([at]) => at > now - this.windowS);
+    if (this.spends.length >= LEDGER_CAP) this.compact(now, maxPerDay);
     this.spends.push([now, cost]);
+  }
+
+  /** Drop the spends no limit counts any more; sum those only the budget day counts (out of
+   * the window: a prefix, the ledger's time never goes back) into one, stamped with the newest
+   * of them (as the C SDK). */
+  private compact(now: number, maxPerDay?: number): void {
+    const start = dayStart(now), kept: [number, number][] = [];
+    let day: [number, number] | null = null;
+    for (const [at, eps] of this.spends) {
+      if (this.budget > 0 && at > now - this.windowS) {
+        if (day) kept.push(day);
+        day = null;
+        kept.push([at, eps]);
+      } else if (maxPerDay !== undefined && at >= start) {
+        day = [at, (day?.[1] ?? 0) + eps];
+      }
+    }
+    if (day) kept.push(day);
+    this.spends = kept;
   }
 
   /** The next batch sequence, saved as used before it is returned. */

@@ -59,6 +59,8 @@ export interface State {
   version: number;
   issuedAt: number;
   expiresAt: number;
+  /** the collection's ε cap per budget day (docs/privacy-over-time.md); absent: none */
+  maxEpsilonPerDay?: number;
   mechanism: string;
   program: Program;
 }
@@ -115,6 +117,10 @@ export function acceptState(trust: Trust, collection: string, record: string,
     throw new StateRejected("malformed", "signed state lacks collection, version or issued_at");
   if (typeof expiresAt !== "number")
     throw new StateRejected("malformed", "signed state lacks expires_at");
+  const perDay = state.max_epsilon_per_day;
+  if (perDay !== undefined && perDay !== null && !(typeof perDay === "number" && perDay > 0))
+    throw new StateRejected("malformed", "signed state's max_epsilon_per_day is not a " +
+                            "positive number");
   if (state.collection !== collection)
     throw new StateRejected("wrong_collection", `state signed for collection ` +
                             `'${state.collection}' published under '${collection}'`);
@@ -141,5 +147,6 @@ export function acceptState(trust: Trust, collection: string, record: string,
     throw new StateRejected("over_ceiling", `state version ${version} costs epsilon = ` +
                             `${program.epsilon} per report, above this device's ceiling ` +
                             `${trust.ceiling}`);
-  return { collection, version, issuedAt, expiresAt, mechanism, program };
+  return { collection, version, issuedAt, expiresAt, mechanism, program,
+           ...(typeof perDay === "number" ? { maxEpsilonPerDay: perDay } : {}) };
 }

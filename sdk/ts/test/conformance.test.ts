@@ -97,6 +97,8 @@ test("state decisions", () => {
       got = e.reason;
     }
     assert.equal(got, s.expect, s.name);
+    if (got === "accept" && s.max_epsilon_per_day !== undefined)
+      assert.equal(current?.maxEpsilonPerDay, s.max_epsilon_per_day ?? undefined, s.name);
   }
 });
 
@@ -107,6 +109,19 @@ test("ledger decisions", async () => {
     const ok = ledger.refusal(e.cost, e.now) === null;
     if (ok) await ledger.charge(e.cost, e.now);
     assert.equal(ok ? "accept" : "refuse", e.expect, JSON.stringify(e));
+  }
+});
+
+test("daily budget across a UTC midnight", async () => {
+  const v = load("ledger.json").daily;
+  const ledger = await Ledger.open(v.budget.epsilon, v.budget.window_s);
+  for (const e of v.events) {
+    const reason = ledger.refusal(e.cost, e.now, v.max_epsilon_per_day);
+    if (reason === null) await ledger.charge(e.cost, e.now, v.max_epsilon_per_day);
+    assert.equal(reason === null ? "accept" : "refuse", e.expect, JSON.stringify(e));
+    if (reason !== null)
+      assert.ok(reason.startsWith(e.reason === "budget" ? "budget exceeded" : "over_budget"),
+                `${reason} / ${JSON.stringify(e)}`);
   }
 });
 
@@ -121,12 +136,15 @@ async function memoReplay(v: Json, mechanism: string): Promise<void> {
                               rng: new SplitMix64(BigInt(v.seed)), clock: () => now,
                               resendEveryS: v.resend_every_s ?? undefined });
   device.state = { collection: "memo", version: 5, issuedAt: 0, expiresAt: Infinity,
-                   mechanism, program };
+                   mechanism, program, maxEpsilonPerDay: v.max_epsilon_per_day ?? undefined };
   for (const e of v.events) {
     now = e.now;
     const res = await device.report(e.record);
     assert.equal(res.status, e.status, JSON.stringify(e));
     assert.ok(Math.abs(res.epsilon - e.cost) <= 1e-12 * e.cost, JSON.stringify(e));
+    // the daily case's window budget never binds: its refusals are the cap's
+    if (res.status === "refused" && v.max_epsilon_per_day !== undefined)
+      assert.ok(res.reason.startsWith("over_budget:"), res.reason);
     if (res.status === "queued") assert.deepEqual([...res.report], e.report);
   }
 }
@@ -138,6 +156,7 @@ test("memoized reports", async () => {
   await memoReplay(v.partition_olh, "partitioned");
   await memoReplay(v.cluster, "rr-clusters");
   await memoReplay(v.select, "smp");
+  await memoReplay(v.daily, "rr-ind");
 });
 
 test("mangled signed records get a decision, never a crash", () => {

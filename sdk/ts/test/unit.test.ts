@@ -7,8 +7,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 
-import { Device, FileStorage, IndexedDbStorage, Ledger, OsRandom, Program, ProgramError,
-         SplitMix64, Transport, Trust, uniform } from "../src/index.js";
+import { Device, FileStorage, IndexedDbStorage, Ledger, MemoryStorage, OsRandom, Program,
+         ProgramError, SplitMix64, Transport, Trust, uniform } from "../src/index.js";
 
 const DIR = new URL("../../../conformance/", import.meta.url);
 const vectors = JSON.parse(readFileSync(new URL("randomize.json", DIR), "utf8"));
@@ -60,6 +60,27 @@ test("a failed batch is sent again with the same key; the budget refuses", async
   assert.equal(t.sent.length, 1);
   assert.equal((await d.report(rec)).status, "refused");  // 2 x 3.0 > 5
   assert.equal(t.sent.length, 1);
+});
+
+test("the daily cap holds over more spends than the ledger keeps", async () => {
+  // 512 spends of 2^-7 make 4.0: those out of the window are summed, none lost
+  for (const [budget, windowS] of [[0, 0], [1000, 10]]) {
+    const storage = new MemoryStorage();
+    const ledger = await Ledger.open(budget, windowS, storage);
+    const day = 20000 * 86_400, cost = 1 / 128;
+    let accepted = 0;
+    for (let i = 0; i < 600; i++) {
+      const now = day + 60 * i;
+      if (ledger.refusal(cost, now, 4) === null) {
+        await ledger.charge(cost, now, 4);
+        accepted++;
+      }
+    }
+    assert.equal(accepted, 512);
+    assert.ok(JSON.parse(storage.data.get("ledger")!).spends.length <= 256);
+    assert.equal(ledger.spentToday(day + 36_000), 4);
+    assert.equal(ledger.refusal(4, day + 86_400, 4), null);
+  }
 });
 
 test("malformed descriptions name the field", () => {

@@ -277,6 +277,19 @@ class _Memoizing(_Multi):
 
     memoize: Memoize | None = None
 
+    def _set_grr_channels(self, eps_permanent: float) -> None:
+        """GRR of ``eps_permanent`` per attribute as the permanent channels, the memoize
+        parameter's instantaneous GRRs on top (estimators/stream/longitudinal.py), and what a
+        report goes through: their composition."""
+        self.permanent = [ch.grr(eps_permanent, d) for d in self.domain.shape]
+        inst = None if self.memoize is None else self.memoize.instantaneous_epsilon
+        self.instantaneous = None if inst is None else [ch.grr(e, d) for e, d in
+                                                        zip(inst, self.domain.shape)]
+        self.channels = [compose(P, Q) for P, Q in zip(
+            self.permanent, self.instantaneous or [None] * self.m)]
+        #: ε of every attribute's report channel (the composed GRR when memoized)
+        self.eps_report = [ch.epsilon(P) for P in self.channels]
+
     def state(self) -> dict[str, Any]:
         return {**super().state(), **memoize_state(self.memoize)}
 
@@ -300,14 +313,7 @@ class SPL(_Memoizing):
         super().__init__(domain, epsilon, version)
         self.eps_each = self.target_epsilon / self.m
         self.memoize = memoize
-        self.permanent = [ch.grr(self.eps_each, d) for d in domain.shape]
-        inst = None if memoize is None else memoize.instantaneous_epsilon
-        self.instantaneous = None if inst is None else [ch.grr(e, d) for e, d in
-                                                        zip(inst, domain.shape)]
-        self.channels = [compose(P, Q) for P, Q in zip(
-            self.permanent, self.instantaneous or [None] * self.m)]
-        #: ε of every attribute's report channel (the composed GRR when memoized)
-        self.eps_report = [ch.epsilon(P) for P in self.channels]
+        self._set_grr_channels(self.eps_each)
 
     def guarantee(self) -> Guarantee:
         if self.memoize is None:
@@ -407,14 +413,7 @@ class SMP(_Memoizing):
                  memoize: Memoize | None = None) -> None:
         super().__init__(domain, epsilon, version)
         self.memoize = memoize
-        self.permanent = [ch.grr(self.target_epsilon, d) for d in domain.shape]
-        inst = None if memoize is None else memoize.instantaneous_epsilon
-        self.instantaneous = None if inst is None else [ch.grr(e, d) for e, d in
-                                                        zip(inst, domain.shape)]
-        self.channels = [compose(P, Q) for P, Q in zip(
-            self.permanent, self.instantaneous or [None] * self.m)]
-        #: ε of every attribute's report channel (the composed GRR when memoized)
-        self.eps_report = [ch.epsilon(P) for P in self.channels]
+        self._set_grr_channels(self.target_epsilon)
         self._dmax = max(domain.shape)
 
     @property

@@ -33,7 +33,12 @@ def client(svc: MosquittoService, creds: FleetCreds, cid: str, *, persistent: bo
 
 
 def subscribe(c, topic: str) -> "queue.Queue":
-    c.subscribe(topic, qos=1)
+    """Subscribe and wait for the broker's SUBACK, so what happens next is delivered."""
+    acked: queue.Queue = queue.Queue()
+    c.on_subscribe = lambda _c, _userdata, mid, *_rest: acked.put(mid)
+    _rc, mid = c.subscribe(topic, qos=1)
+    while acked.get(timeout=10) != mid:
+        pass
     return c.user_data_get()
 
 

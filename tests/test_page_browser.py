@@ -16,12 +16,15 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 import pytest
 import yaml
 from conftest import WorkerProcess
 from test_windows_e2e import ATTRS, population, publish
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.e2e
 
@@ -89,23 +92,31 @@ def shot(driver, name: str) -> Path:
 
 def page_table(driver) -> dict[str, tuple[float, str]]:
     """The estimate table on the page: cell → (data-value, shown text)."""
-    rows = driver.find_elements("css selector", "#estimate-table tbody tr")
-    return {r.get_attribute("data-cell"): (float(r.get_attribute("data-value")),
-                                           r.find_elements("css selector", "td.num")[0]
-                                           .get_attribute("textContent")) for r in rows}
+    def read() -> dict[str, tuple[float, str]]:
+        rows = driver.find_elements("css selector", "#estimate-table tbody tr")
+        return {r.get_attribute("data-cell"): (float(r.get_attribute("data-value")),
+                                               r.find_elements("css selector", "td.num")[0]
+                                               .get_attribute("textContent")) for r in rows}
+    return fresh(read)
 
 
-def field(driver, selector: str) -> str:
-    """The text of the element at ``selector``, found again if the page re-rendered it between
-    the lookup and the read (every poll replaces the tables)."""
+def fresh(read: Callable[[], T]) -> T:
+    """``read()``, done again if the page re-rendered what it reads between a lookup and a read
+    (every poll replaces the tables and the chart)."""
     from selenium.common.exceptions import StaleElementReferenceException
 
     for _ in range(5):
         try:
-            return driver.find_element("css selector", selector).get_attribute("textContent")
+            return read()
         except StaleElementReferenceException:
             time.sleep(0.05)
-    return driver.find_element("css selector", selector).get_attribute("textContent")
+    return read()
+
+
+def field(driver, selector: str) -> str:
+    """The text of the element at ``selector``."""
+    return fresh(lambda: driver.find_element("css selector", selector)
+                 .get_attribute("textContent"))
 
 
 def start_worker(tmp_path, cid: str, collection: dict, bootstrap: str, redis_url: str):
@@ -169,8 +180,9 @@ def test_the_page_shows_the_api_live_and_marks_drift(tmp_path, kafka_broker, red
         for cell, v in flat.items():
             assert table[cell][0] == v, (cell, table[cell], v)   # the same float, to the bit
             assert table[cell][1] == f"{v:.4f}", (cell, table[cell], v)
-        heat = {g.get_attribute("data-cell"): float(g.get_attribute("data-value"))
-                for g in browser.find_elements("css selector", "#estimate-chart g.hcell")}
+        heat = fresh(lambda: {g.get_attribute("data-cell"): float(g.get_attribute("data-value"))
+                              for g in browser.find_elements("css selector",
+                                                             "#estimate-chart g.hcell")})
         assert heat == flat
         shown_bound = field(browser, '#summary dd[data-field="error_bound"]')
         assert shown_bound == f"{est['error_bound']:.4f}", (shown_bound, est["error_bound"])

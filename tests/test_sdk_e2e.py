@@ -98,7 +98,7 @@ def test_c_and_ts_devices_through_the_gateway(tmp_path, kafka_broker, redis_serv
         offline = asyncio.run(run())
         served = None
         for _ in range(60):
-            served = json.loads(worker.get(f"/estimates/{cid}?attrs=os,plan&method=castell",
+            served = json.loads(worker.get(f"/estimates/{cid}?attrs=os,plan&method=castell&raw=1",
                                            any_status=True))
             if served.get("n") == 2 * N:
                 break

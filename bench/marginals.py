@@ -41,7 +41,7 @@ import numpy as np
 from ldpstream.bn import BayesNet, read_bif, survey_path
 from ldpstream.bngen import shape_network
 from ldpstream.datasets import load_csv
-from ldpstream.estimators.families.partitioned import AUTO_WAYS, Partitioned, choose_ways
+from ldpstream.estimators.families.partitioned import Partitioned, choose_ways
 from ldpstream.estimators.families.rr import RRIndependent
 from ldpstream.estimators.kernels.castell import castell
 from ldpstream.estimators.kernels.domain import Domain, Factor
@@ -58,9 +58,9 @@ BN_N = 50_000
 #: the generated networks (ldpstream/bngen.py SHAPES) and their number of attributes
 GENERATED = ("chain-skewed", "dag-dense", "dag-weak")
 GENERATED_M = 7
-#: partitioned collects every pair, or every triple (the 3-way targets then come directly)
+#: partitioned collects every pair, or every triple (the 3-way targets then come directly);
+#: ``ways: auto`` may choose a larger size (up to the whole record), measured as its own column
 WAYS = (2, 3)
-assert set(AUTO_WAYS) <= set(WAYS), "the auto column reuses the ways=k columns"
 
 
 def _truth(records: np.ndarray, domain: Domain, attrs: tuple[str, ...]) -> np.ndarray:
@@ -77,9 +77,30 @@ def _triples(domain: Domain, k: int, seed: int = 0) -> list[tuple[str, ...]]:
     return [allt[i] for i in sorted(rng.choice(len(allt), size=k, replace=False))]
 
 
+def true_structure_fit(net: BayesNet, mech: Partitioned, counts) -> Factor:
+    """The network's own factorization Π_v P(v | parents(v)) with every family's marginal
+    taken from the ``consistent`` estimate (projected from a collected table that holds it, else
+    that estimator's reconstruction): what an estimator that knew the true structure could
+    serve from the same reports. A reference, not an estimator: real data has no known
+    network."""
+    dom = mech.domain
+    tables = mech.consistent_tables(counts)[0]
+    logp = np.zeros(dom.shape)
+    for v in net.variables:
+        fam = tuple(a for a in dom.attrs if a == v or a in net.parents[v])
+        held = [t for t in tables if set(fam) <= set(t.domain.attrs)]
+        f = (held[0].project(fam) if held else mech.estimate(counts, fam, "consistent").factor)
+        fv = np.clip(f.values, 1e-12, None)
+        cond = fv / fv.sum(axis=fam.index(v), keepdims=True)
+        logp = logp + np.log(cond).reshape([d if a in fam else 1
+                                            for a, d in zip(dom.attrs, dom.shape)])
+    p = np.exp(logp - logp.max())
+    return Factor(dom, p / p.sum())
+
+
 def _partitioned(domain: Domain, records: np.ndarray, eps: float, seed: int,
                  pairs, triples, truth, ways: int, pgm: bool = False,
-                 glob: bool = False) -> dict[str, float]:
+                 glob: bool = False, net: BayesNet | None = None) -> dict[str, float]:
     mech = Partitioned(domain, eps, ways=ways)
     counts = mech.count(mech.randomize(records, np.random.default_rng([seed, 1])),
                         mech.tensors())
@@ -90,6 +111,11 @@ def _partitioned(domain: Domain, records: np.ndarray, eps: float, seed: int,
 
     out = {"2way": err(pairs, "consistent"), "3way": err(triples, "consistent"),
            "2way_calm": err(pairs, "calm"), "3way_calm": err(triples, "calm")}
+    if net is not None:
+        fit = true_structure_fit(net, mech, counts)
+        for w, sets in (("2way", pairs), ("3way", triples)):
+            out[f"{w}_oracle"] = float(np.mean([tvd(fit.project(a).values, truth[a])
+                                                for a in sets]))
     if glob:
         out.update({"2way_global": err(pairs, "global"), "3way_global": err(triples, "global"),
                     "global_chosen": float(mech.global_table(counts)[1]["chosen"] == "global")})
@@ -122,11 +148,13 @@ def _split(domain: Domain, records: np.ndarray, eps: float, seed: int, pairs, tr
 
 def run_dataset(name: str, domain: Domain, records: np.ndarray, epsilons=EPSILONS,
                 seeds=SEEDS, verbose: bool = True, population: np.ndarray | None = None,
-                pgm: bool = False,
-                advance: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+                pgm: bool = False, advance: Callable[[int], None] | None = None,
+                net: BayesNet | None = None) -> list[dict[str, Any]]:
     """``population``: the joint distribution the records were drawn from (the truth; default:
     the records' own marginals, then the sampling floor is 0). ``pgm``: add the Private-PGM
-    column (needs ``mbi``). ``advance``: called once per ε done (a progress bar)."""
+    column (needs ``mbi``). ``advance``: called once per ε done (a progress bar). ``net``: the
+    network the records were sampled from; adds the ``oracle`` column
+    (:func:`true_structure_fit` on the auto column's collection)."""
     pairs = list(itertools.combinations(domain.attrs, 2))
     triples = _triples(domain, TRIPLES)
     empirical = {a: _truth(records, domain, a) for a in pairs + triples}
@@ -134,8 +162,14 @@ def run_dataset(name: str, domain: Domain, records: np.ndarray, epsilons=EPSILON
         a: Factor(domain, population).project(a).values for a in pairs + triples}
     sampling = {w: float(np.mean([tvd(empirical[a], truth[a]) for a in sets]))
                 for w, sets in (("2way", pairs), ("3way", triples))}
-    floor = {k: [_partitioned(domain, records, FLOOR_EPSILON, s, pairs, triples, truth, k)
-                 for s in seeds] for k in WAYS}
+    floors: dict[int, list[dict[str, float]]] = {}
+
+    def floor(k: int) -> list[dict[str, float]]:
+        if k not in floors:
+            floors[k] = [_partitioned(domain, records, FLOOR_EPSILON, s, pairs, triples, truth, k)
+                         for s in seeds]
+        return floors[k]
+
     rows = []
     for eps in epsilons:
         t0 = time.perf_counter()
@@ -148,9 +182,10 @@ def run_dataset(name: str, domain: Domain, records: np.ndarray, epsilons=EPSILON
                 row[f"{w}_split_{est}"] = float(np.mean([x[f"{w}_{est}"] for x in split]))
             row[f"{w}_split"] = min(row[f"{w}_split_castell"], row[f"{w}_split_ibu"])
         auto = choose_ways(domain.shape, len(records), eps)
-        for k in WAYS:
+        for k in sorted(set(WAYS) | {auto}):
             part = [_partitioned(domain, records, eps, s, pairs, triples, truth, k,
-                                 pgm=pgm and k == auto, glob=k == auto) for s in seeds]
+                                 pgm=pgm and k == auto, glob=k == auto,
+                                 net=net if k == auto else None) for s in seeds]
             if k == auto:
                 row["global_chosen_seeds"] = int(sum(x["global_chosen"] for x in part))
             for w in ("2way", "3way"):
@@ -158,9 +193,12 @@ def run_dataset(name: str, domain: Domain, records: np.ndarray, epsilons=EPSILON
                     row[f"{w}_global"] = float(np.mean([x[f"{w}_global"] for x in part]))
                 if pgm and k == auto:
                     row[f"{w}_pgm"] = float(np.mean([x[f"{w}_pgm"] for x in part]))
+                if net is not None and k == auto:
+                    row[f"{w}_oracle"] = float(np.mean([x[f"{w}_oracle"] for x in part]))
+                    row[f"{w}_oracle_vs_sampling"] = row[f"{w}_oracle"] / sampling[w]
                 row[f"{w}_ways{k}"] = float(np.mean([x[w] for x in part]))
                 row[f"{w}_ways{k}_calm"] = float(np.mean([x[f"{w}_calm"] for x in part]))
-                row[f"{w}_ways{k}_floor"] = float(np.mean([x[w] for x in floor[k]]))
+                row[f"{w}_ways{k}_floor"] = float(np.mean([x[w] for x in floor(k)]))
                 row[f"{w}_ways{k}_ratio"] = row[f"{w}_split"] / row[f"{w}_ways{k}"]
         k = row["auto_ways"] = auto
         for w in ("2way", "3way"):
@@ -193,15 +231,15 @@ def run_dataset(name: str, domain: Domain, records: np.ndarray, epsilons=EPSILON
     return rows
 
 
-Source = tuple[str, Domain, np.ndarray, np.ndarray]
+Source = tuple[str, Domain, np.ndarray, np.ndarray, BayesNet | None]
 
 
 def _network(name: str, net: BayesNet, n: int, seed: int) -> Source:
-    return (name, net.domain, net.sample(n, np.random.default_rng(seed)), net.joint())
+    return (name, net.domain, net.sample(n, np.random.default_rng(seed)), net.joint(), net)
 
 
 def datasets(quick: bool = False) -> list[Source]:
-    """(name, domain, records, population joint) of every dataset."""
+    """(name, domain, records, population joint, network or None) of every dataset."""
     adult = load_csv()
     cols = tuple(range(len(adult.domain)))
     population = histogram(adult.records, cols, adult.domain.shape).astype(float)
@@ -209,7 +247,7 @@ def datasets(quick: bool = False) -> list[Source]:
     resample = adult.records[np.random.default_rng(2018).integers(0, len(adult.records),
                                                                    len(adult.records))]
     n_bn = 5_000 if quick else BN_N
-    out = [("adult", adult.domain, resample, population),
+    out = [("adult", adult.domain, resample, population, None),
            _network("bn", read_bif(survey_path()), n_bn, 2018)]
     for i, shape in enumerate(GENERATED[:1] if quick else GENERATED):
         out.append(_network(shape, shape_network(shape, GENERATED_M, i), n_bn, 2018 + i))
@@ -224,9 +262,9 @@ def run(quick: bool = False, verbose: bool = True) -> dict[str, Any]:
     rows = []
     sets = datasets(quick)
     with progress("marginals", len(sets) * len(eps)) as advance:
-        for name, dom, rec, pop in sets:
+        for name, dom, rec, pop, net in sets:
             rows += run_dataset(name, dom, rec, eps, seeds, verbose, population=pop,
-                                pgm=pgm and name != "adult", advance=advance)
+                                pgm=pgm and name != "adult", advance=advance, net=net)
     targets: dict[str, Any] = {}
     for name in sorted({r["dataset"] for r in rows}):
         mine = [r for r in rows if r["dataset"] == name]
@@ -245,6 +283,10 @@ def run(quick: bool = False, verbose: bool = True) -> dict[str, Any]:
         auto["over_sampling_floor_at_eps8"] = {
             w: round(r[f"{w}_auto_vs_sampling"], 2) for r in mine if r["epsilon"] == 8.0
             for w in ("2way", "3way")}
+        if "2way_oracle" in mine[0]:
+            auto["true_structure_over_sampling_at_eps8"] = {
+                w: round(r[f"{w}_oracle_vs_sampling"], 2) for r in mine if r["epsilon"] == 8.0
+                for w in ("2way", "3way")}
         targets[name]["global"] = _global_targets(mine)
         if "2way_pgm" in mine[0]:
             auto["pgm_over_ours_ge_1"] = all(r[f"{w}_pgm_ratio"] >= 1.0 for r in mine

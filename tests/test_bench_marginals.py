@@ -21,7 +21,7 @@ def test_sampling_floor_column_is_the_empirical_marginals_tvd():
     rec = net.sample(3_000, np.random.default_rng(0))
     pop = net.joint()
     (row,) = run_dataset("t", net.domain, rec, epsilons=(8.0,), seeds=(0,), verbose=False,
-                         population=pop)
+                         population=pop, net=net)
     pairs = list(itertools.combinations(net.domain.attrs, 2))
     want = np.mean([tvd(_truth(rec, net.domain, a), Factor(net.domain, pop).project(a).values)
                     for a in pairs])
@@ -32,6 +32,23 @@ def test_sampling_floor_column_is_the_empirical_marginals_tvd():
     assert row["2way_global_ratio"] == pytest.approx(row["2way_split"] / row["2way_global"],
                                                      rel=1e-12)
     assert row["global_chosen_seeds"] in (0, 1) and row["2way_global"] > 0
+    assert row["2way_oracle_vs_sampling"] == pytest.approx(row["2way_oracle"] / want, rel=1e-12)
+
+
+def test_true_structure_fit_is_the_network_when_the_tables_are_exact():
+    """The reference column factorizes the consistent tables along the true network: with
+    every record reported at ε = 50 (no noise) and all records as the population, it equals
+    the records' own distribution wherever the records follow the network's independences
+    (here: the population itself, up to the tables' sampling)."""
+    from ldpstream.bench.marginals import true_structure_fit
+    from ldpstream.estimators.families.partitioned import Partitioned
+    net = shape_network("chain-skewed", 4, 0)
+    rec = net.sample(200_000, np.random.default_rng(1))
+    mech = Partitioned(net.domain, 50.0, ways=len(net.domain))
+    counts = mech.count(mech.randomize(rec, np.random.default_rng(2)), mech.tensors())
+    fit = true_structure_fit(net, mech, counts)
+    assert float(fit.values.sum()) == pytest.approx(1.0, rel=1e-12)
+    assert tvd(fit.values, net.joint()) < 0.01
 
 
 def test_global_targets_name_the_cells_that_miss():

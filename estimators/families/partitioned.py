@@ -88,7 +88,7 @@ from ldpstream.estimators.oracles import frequency_oracles as fo
 from ldpstream.estimators.stream.longitudinal import DAY_S, Guarantee, Memoize, periods_per_window
 
 __all__ = ["Partitioned", "tensor_key", "assign_by_device", "choose_ways", "choose_per_report",
-           "predicted_pair_error", "AUTO_WAYS", "AUTO_MARGIN", "AUTO_PER_REPORT",
+           "predicted_pair_error", "auto_candidates", "AUTO_MAX_CELLS", "AUTO_MARGIN", "AUTO_PER_REPORT",
            "AUTO_PER_REPORT_MARGIN"]
 
 
@@ -119,11 +119,28 @@ def assign_by_device(device_ids: np.ndarray, k: int, seed: int,
     return (h % np.uint64(k)).astype(np.int64)
 
 
-#: ``ways: auto`` chooses among these declared-marginal sizes ...
-AUTO_WAYS = (2, 3)
+#: ``ways: auto`` keeps a candidate size k only if its K = C(m, k) tables hold at most this
+#: many cells in all (the count tensors, and the consistency step, grow with them) ...
+AUTO_MAX_CELLS = 100_000
 #: ... keeping the smallest unless a larger one predicts a pair error lower by more than this
 #: fraction (set on the shapes of the two bench datasets; docs/partitioned.md)
 AUTO_MARGIN = 0.2
+
+
+def auto_candidates(sizes: Sequence[int], epsilon: float, oracles: Sequence[str] = fo.COMPACT,
+                    per_report: int = 1, max_cells: int = AUTO_MAX_CELLS) -> list[int]:
+    """The sizes ``ways: auto`` may choose: every k from 2 to m (m = the whole record) whose
+    tables hold at most ``max_cells`` cells in all and whose report codes fit in 32 bits."""
+    m = len(sizes)
+    out = []
+    for k in range(2, m + 1):
+        ds = [math.prod(int(sizes[i]) for i in t) for t in itertools.combinations(range(m), k)]
+        if sum(ds) > max_cells:
+            continue
+        codes = sum(fo.choose(epsilon / per_report, d, oracles).n_codes for d in ds)
+        if codes < 2**32:
+            out.append(k)
+    return out
 
 
 def predicted_pair_error(sizes: Sequence[int], n: int, epsilon: float, ways: int,
@@ -153,17 +170,22 @@ def predicted_pair_error(sizes: Sequence[int], n: int, epsilon: float, ways: int
 
 def choose_ways(sizes: Sequence[int], n: int, epsilon: float,
                 oracles: Sequence[str] = fo.COMPACT, per_report: int = 1,
-                candidates: Sequence[int] = AUTO_WAYS, margin: float = AUTO_MARGIN) -> int:
+                candidates: Sequence[int] | None = None, margin: float = AUTO_MARGIN) -> int:
     """``ways: auto``: the declared-marginal size from the data's shape only (attribute sizes,
-    expected reports ``n``, ε per report), never its values. The smallest candidate k ≥ 2
-    (≤ m) is kept unless a larger one predicts (:func:`predicted_pair_error`) a pair error
-    lower by more than ``margin`` (below (1 − margin) × the kept one's). The prediction leaves
+    expected reports ``n``, ε per report), never its values. Candidates: ``candidates``, else
+    :func:`auto_candidates` (2 … m, up to the whole record: at large ε the users' sampling
+    dominates the oracle's noise, and a report of k attributes gives every pair
+    k(k − 1)/(m(m − 1)) of the users). Going up from the smallest, a larger candidate replaces
+    the kept one when it predicts (:func:`predicted_pair_error`) a pair error lower by more than
+    ``margin`` (below (1 − margin) × the kept one's). The prediction leaves
     out two terms that pull in opposite directions: the maximum-entropy reconstruction of a
     marginal from smaller ones (≥ 0, favours the larger size) and the shrinkage of
     ``consistent`` (pooled over many small pairs, it removes more of the pairs' noise at
     small ε than the prediction sees); measured, the second wins on the bench's data
     (docs/partitioned.md). With fewer than two attributes: m."""
     m = len(sizes)
+    if candidates is None:
+        candidates = auto_candidates(sizes, epsilon, oracles, per_report)
     ks = sorted({int(k) for k in candidates if 2 <= int(k) <= m})
     if not ks:
         return m

@@ -71,7 +71,7 @@ from ldpstream.estimators.kernels import device_program as dp
 from ldpstream.estimators.kernels.bounds import Bound, coarsened, oracle_bound, reference
 from ldpstream.estimators.kernels.consistency import expand, max_entropy, norm_sub, postprocess
 from ldpstream.estimators.kernels.domain import Domain, Factor
-from ldpstream.estimators.kernels.global_fit import choose_fit
+from ldpstream.estimators.kernels.global_fit import Noise, choose_fit
 from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex, repair
 from ldpstream.estimators.mechanism import (
     Estimate,
@@ -573,7 +573,8 @@ class Partitioned(Mechanism):
 
         table, info = choose_fit(self.domain, ys, cells,
                                  [t.values for t in self.consistent_tables(counts, True)[0]],
-                                 consistent)
+                                 consistent,
+                                 [self.noise(counts, j) for j in range(len(self.marginals))])
         out = (None if table is None else Factor(self.domain, table), info)
         with self._memo_lock:
             while len(self._global_memo) >= 8:
@@ -600,6 +601,20 @@ class Partitioned(Mechanism):
         est, n = self._raw(counts, j)
         var = self.oracles[j].variance(n, reference(est, n), fixed_data=False)
         return np.asarray(var).reshape(self._shapes[j])
+
+    def noise(self, counts: Mapping[str, np.ndarray], j: int) -> Noise:
+        """The noise of marginal j's unbiased table for the ``global`` estimator's risk
+        estimates: a GRR table is its report counts' multinomial (π = the reports' frequencies,
+        half a report added to every value), correlated across cells (:class:`~.global_fit.Noise`);
+        an OLH table, independent cells of :meth:`cell_variance`."""
+        o = self.oracles[j]
+        if not isinstance(o, fo.GRR):
+            return Noise(self.cell_variance(counts, j))
+        t = np.asarray(counts[tensor_key(self.marginals[j])], dtype=float)
+        n = float(t[-1])
+        pi = (t[:-1] + 0.5) / (n + 0.5 * o.d)
+        return Noise(self.cell_variance(counts, j), pi.reshape(self._shapes[j]),
+                     1.0 / (math.sqrt(n) * (o.p_star - o.q_star)))
 
     def consistent_tables(self, counts: Mapping[str, np.ndarray], shrink: bool = True
                           ) -> tuple[list[Factor], int, int]:

@@ -33,6 +33,7 @@ composition (residual to y, divergence through both).
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -40,8 +41,9 @@ import numpy as np
 
 from ldpstream.estimators.kernels.domain import Domain, Factor
 
-__all__ = ["GlobalFit", "global_fit", "choose_fit", "sure", "probes", "MAX_CELLS", "MAX_ITER", "PATIENCE",
-           "PROBE_STEP", "PROBE_SEED", "PROBES", "GROWTH"]
+__all__ = ["GlobalFit", "Noise", "global_fit", "choose_fit", "sure", "query_sure", "query_sets", "probes",
+           "MAX_CELLS", "MAX_ITER", "PATIENCE", "PROBE_STEP", "PROBE_SEED", "PROBES", "GROWTH",
+           "QUERY_WAYS"]
 
 #: largest domain (cells of the full table) fitted; larger ones keep the consistent tables
 MAX_CELLS = 400_000
@@ -57,17 +59,21 @@ PROBES = 4
 GROWTH = 1.2
 #: seed of the probe (the fit is a function of the measurements)
 PROBE_SEED = 20_190_611
+#: the marginal sizes :func:`choose_fit` compares the two estimators on
+QUERY_WAYS = (2, 3)
 
 
 @dataclass(frozen=True)
 class GlobalFit:
     """``table``: the kept iterate (the domain's shape, sums to 1); ``iterations``: its index;
-    ``risk``: its SURE; ``ran``: iterations run."""
+    ``risk``: its SURE; ``ran``: iterations run; ``runs``: the kept iterate of every run (the
+    measurements', then each probe's: leading axis), for :func:`query_sure`."""
 
     table: np.ndarray
     iterations: int
     risk: float
     ran: int
+    runs: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,42 @@ def _sd(table: Factor, variance: Variance) -> np.ndarray:
     """σ per cell of ``table`` (a scalar variance broadcast)."""
     v = np.broadcast_to(np.asarray(variance, dtype=float), np.shape(table.values))
     return np.sqrt(np.maximum(v, 1e-300))
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The noise of one measured table around its expectation, for the risk estimates.
+    ``pi`` None: independent cells of variances ``var``. Else a multinomial: the table is
+    ``(C/n − q)/(p − q)`` with C ~ Multinomial(n, π) (GRR's report counts, the users drawn
+    iid), Cov = ``scale``²·(diag(π) − ππᵀ), ``scale`` = 1/(√n·(p − q)): the cells are
+    negatively correlated, and a sum of many of them (a pair from a 4-way table) has variance
+    scale²·π_Q(1 − π_Q), not the sum of the cells' variances (too large by 1/(1 − π_Q))."""
+
+    var: np.ndarray
+    pi: np.ndarray | None = None
+    scale: float = 0.0
+
+    def unit(self, b: np.ndarray) -> np.ndarray:
+        """A draw of the noise's shape from standard normal ``b``: L·b with L·Lᵀ = Cov."""
+        if self.pi is None:
+            return np.sqrt(self.var) * b
+        r = np.sqrt(self.pi) * b
+        return self.scale * (r - self.pi * float(r.sum()))
+
+    def projected_var(self, drop: tuple[int, ...]) -> np.ndarray:
+        """Variance of every cell of the table summed over the axes ``drop``."""
+        def a(x: np.ndarray) -> np.ndarray:
+            return x.sum(axis=drop) if drop else x
+        if self.pi is None:
+            return a(self.var)
+        pq = a(self.pi)
+        return self.scale ** 2 * pq * (1.0 - pq)
+
+
+def _noise(t: Factor, n: Noise | Variance) -> Noise:
+    if isinstance(n, Noise):
+        return n
+    return Noise(np.broadcast_to(np.asarray(n, dtype=float), np.shape(t.values)))
 
 
 def _targets(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance]
@@ -149,30 +191,36 @@ def _step(p: np.ndarray, grad: np.ndarray, eta: float) -> np.ndarray:
 def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance], *,
                max_iter: int = MAX_ITER, patience: int = PATIENCE, n_probes: int = PROBES,
                seed: int = PROBE_SEED, smoothed: Sequence[Sequence[np.ndarray]] | None = None,
+               noise: Sequence[Noise | Variance] | None = None,
                on_iterate: Callable[[int, np.ndarray, float], None] | None = None) -> GlobalFit:
     """The fit of the module docstring, the divergence averaged over ``n_probes`` probes.
     ``smoothed``: the descent fits these tables instead of the measurements — ``smoothed[0]``
     an estimator's tables at the measurements, ``smoothed[i]`` its tables at the i-th probe's
     (y + :data:`PROBE_STEP`·σ·:func:`probes` ``(tables, seed + i − 1)``) — and SURE is that of
-    the composition (the residual still to the measurements). ``on_iterate(t, p_t, SURE_t)``:
-    called every iteration (tests, benchmarks)."""
+    the composition (the residual still to the measurements). ``noise``: the measurements'
+    noise when it is not independent cells of ``variances`` (:class:`Noise`; the probes are
+    then y + :data:`PROBE_STEP`·L·b, and SURE = Σ‖(y − p)/σ‖² − tr(W·Cov) + 2·tr(W·J·Cov), W =
+    diag(1/σ²)). ``on_iterate(t, p_t, SURE_t)``: called every iteration (tests, benchmarks)."""
     if domain.size() > MAX_CELLS:
         raise ValueError(f"global fit: the domain has {domain.size():,} cells, more than "
                          f"{MAX_CELLS:,}")
     targets = _targets(domain, tables, variances)
     runs = 1 + n_probes
-    probe = [np.stack([np.zeros(t.y.shape)] + [np.transpose(b, t.perm) for b in bs])
-             for t, bs in zip(targets, zip(*[probes(tables, seed + i)
-                                            for i in range(n_probes)]))]
-    shift = [PROBE_STEP * t.sd * b for t, b in zip(targets, probe)]
+    nz = [_noise(t, v) for t, v in zip(tables, variances if noise is None else noise)]
+    # the probes' noise draws L·b per run (0 for the run at the measurements), domain axes
+    unit = [np.stack([np.zeros(t.y.shape)] + [np.transpose(z.unit(b), t.perm) for b in bs])
+            for t, z, bs in zip(targets, nz, zip(*[probes(tables, seed + i)
+                                                  for i in range(n_probes)]))]
+    trace = sum(float((np.transpose(z.projected_var(()), t.perm) / t.sd ** 2).sum())
+                for t, z in zip(targets, nz))
+    shift = [PROBE_STEP * u for u in unit]
     if smoothed is not None:   # the fitted tables' offsets from the measurements, per run
         shift = [np.stack([np.transpose(np.asarray(run[k], dtype=float), t.perm) for run in
                            smoothed]) - t.y for k, t in enumerate(targets)]
-    n = sum(t.y.size for t in targets)
     p = np.full((runs,) + tuple(domain.shape), 1.0 / domain.size())
     loss, grad, fit = _loss_grad(p, targets, shift)
     eta = min(float(t.sd.min()) for t in targets) ** 2
-    best = (np.inf, 0, p[0])
+    best = (np.inf, 0, p)
     it = 0
     for it in range(1, max_iter + 1):
         while True:   # backtracking on the run at the measurements (mirror-descent bound)
@@ -184,46 +232,96 @@ def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
                 break
             eta *= 0.5
         p, loss, grad, fit = q, lq, gq, fq   # the probes' runs take the same steps
-        div = sum(float((b[1:] * (f[1:] - f[0]) / t.sd).sum()) / PROBE_STEP
-                  for t, b, f in zip(targets, probe, fit)) / n_probes
+        div = sum(float((u[1:] * (f[1:] - f[0]) / t.sd ** 2).sum()) / PROBE_STEP
+                  for t, u, f in zip(targets, unit, fit)) / n_probes
         res = sum(float((((f[0] - t.y) / t.sd) ** 2).sum()) for t, f in zip(targets, fit))
-        risk = res - n + 2.0 * div
+        risk = res - trace + 2.0 * div
         if on_iterate is not None:
             on_iterate(it, p[0], risk)
         if risk < best[0]:
-            best = (risk, it, p[0])
+            best = (risk, it, p)
         elif it - best[1] >= patience:
             break
         eta *= GROWTH
-    return GlobalFit(best[2], best[1], float(best[0]), it)
+    return GlobalFit(best[2][0], best[1], float(best[0]), it, best[2])
+
+
+def query_sets(tables: Sequence[Factor], ways: Sequence[int] = QUERY_WAYS
+               ) -> list[tuple[str, ...]]:
+    """Every attribute set of ``ways`` attributes held by some table (once each)."""
+    seen: dict[frozenset[str], tuple[str, ...]] = {}
+    for t in tables:
+        for w in ways:
+            for sub in itertools.combinations(t.domain.attrs, w):
+                seen.setdefault(frozenset(sub), sub)
+    return list(seen.values())
+
+
+def query_sure(tables: Sequence[Factor], noise: Sequence[Noise | Variance],
+               runs: Sequence[Sequence[np.ndarray]], probe: Sequence[Sequence[np.ndarray]],
+               sets: Sequence[Sequence[str]], step: float = PROBE_STEP) -> float:
+    """SURE of Σ_Q ‖p̂_Q − μ_Q‖² over the marginals ``sets`` (plain squared error, each Q read
+    from the first table holding it): ``runs[0][k]`` the estimator's table k at the
+    measurements, ``runs[i + 1][k]`` at y + ``step``·L·``probe[i]`` (L·Lᵀ the noise covariance,
+    :meth:`Noise.unit`), so SURE_Q = ‖A(p̂ − y)‖² − tr(A Cov Aᵀ) + 2·mean_i (A L b_i)ᵀ
+    A(p̂_i − p̂)/h, A the sum onto Q (Stein's identity with a general covariance). The tables'
+    own SURE (:func:`sure`) weighs every cell of the measured tables; this one weighs what is
+    asked of them, the small marginals (docs/partitioned.md "Global fit")."""
+    risk = 0.0
+    for q in sets:
+        k = next(i for i, t in enumerate(tables) if set(q) <= set(t.domain.attrs))
+        t = tables[k]
+        nz = _noise(t, noise[k])
+        drop = tuple(i for i, a in enumerate(t.domain.attrs) if a not in q)
+
+        def a(x: np.ndarray) -> np.ndarray:
+            return x.sum(axis=drop) if drop else x
+
+        risk += float(((a(runs[0][k]) - a(np.asarray(t.values, dtype=float))) ** 2).sum())
+        risk -= float(nz.projected_var(drop).sum())
+        div = [float((a(nz.unit(b[k])) * a(r[k] - runs[0][k])).sum()) / step
+               for b, r in zip(probe, runs[1:])]
+        risk += 2.0 * float(np.mean(div))
+    return risk
 
 
 def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance],
                smoothed: Sequence[np.ndarray],
-               smoother: Callable[[list[Factor]], list[np.ndarray]]
+               smoother: Callable[[list[Factor]], list[np.ndarray]],
+               noise: Sequence[Noise | Variance] | None = None
                ) -> tuple[np.ndarray | None, dict[str, Any]]:
     """A smoothing estimator's tables (``smoothed`` = ``smoother(tables)``) or the global fit
-    to them, whichever has the smaller SURE against the measurements ``tables`` (the same
-    :data:`PROBES` probes for both): (the global fit's table, or None for the smoothed tables;
-    ``{"chosen": "global" | "consistent", "sure_global", "sure_consistent", "iterations"}`` or,
-    above :data:`MAX_CELLS` cells, ``{"chosen": "consistent", "reason"}``)."""
+    to them (its iterate chosen likewise), whichever has the smaller :func:`query_sure` on the
+    2- and 3-way marginals the tables hold (the same :data:`PROBES` probes for both), under the
+    noise variances ``noise`` (default: ``variances``, the loss's): (the global fit's table, or
+    None for the smoothed tables; ``{"chosen": "global" | "consistent", "sure_global",
+    "sure_consistent", "iterations"}`` or, above :data:`MAX_CELLS` cells, ``{"chosen":
+    "consistent", "reason"}``). The risk is that of the small marginals, not of the measured
+    tables' cells: where the tables are large (4 to 6 attributes at large ε), the iterate of
+    smallest SURE on their cells smooths the many high-order cells and loses on the pairs."""
     info: dict[str, Any] = {"chosen": "consistent"}
     if domain.size() > MAX_CELLS:
         info["reason"] = (f"the domain has {domain.size():,} cells, more than the global "
                           f"fit's {MAX_CELLS:,}")
         return None, info
-    risks, runs = [], [list(smoothed)]
+    noise = variances if noise is None else noise
+    runs, bs = [list(smoothed)], []
     for i in range(PROBES):
         b = probes(tables, PROBE_SEED + i)
-        moved = smoother([Factor(t.domain, np.asarray(t.values) + PROBE_STEP * _sd(t, v) * bb)
-                          for t, v, bb in zip(tables, variances, b)])
-        risks.append(sure(tables, variances, smoothed, moved, b))
-        runs.append(moved)
-    risk = float(np.mean(risks))
-    fit = global_fit(domain, tables, variances, smoothed=runs)
-    info.update(sure_global=round(fit.risk, 3), sure_consistent=round(risk, 3),
+        runs.append(smoother([Factor(t.domain, np.asarray(t.values)
+                                     + PROBE_STEP * _noise(t, v).unit(bb))
+                              for t, v, bb in zip(tables, noise, b)]))
+        bs.append(b)
+    sets = query_sets(tables)
+    fit = global_fit(domain, tables, variances, smoothed=runs, noise=noise)
+    assert fit.runs is not None
+    fitted = [[Factor(domain, p).project(t.domain.attrs).values for t in tables]
+              for p in fit.runs]
+    risk = query_sure(tables, noise, runs, bs, sets)
+    g_risk = query_sure(tables, noise, fitted, bs, sets)
+    info.update(sure_global=float(g_risk), sure_consistent=float(risk),
                 iterations=fit.iterations)
-    if fit.risk < risk:
+    if g_risk < risk:
         info["chosen"] = "global"
         return fit.table, info
     return None, info

@@ -63,3 +63,13 @@ def test_simulate_compare_refuses_estimator_and_one_column(capsys):
     assert "--compare" in capsys.readouterr().err
     assert cli.main(["simulate", "--compare", "--columns", "sex", "--ways", "1"]) != 0
     assert "at least 2 columns" in capsys.readouterr().err
+
+
+def test_simulate_compare_measures_the_size_auto_picks_at_large_epsilon(capsys):
+    """At ε = 8 per record on four Adult columns ``ways: auto`` declares the whole record
+    (4 attributes): ``--compare`` runs that size beside pairs and triples."""
+    doc = _json(capsys, "--compare", "--columns", "sex,Salary,race,relationship",
+                "--epsilon", "8", "--epsilon-scope", "record", "--ways", "2", "--subsets", "3")
+    assert doc["auto_ways"] == choose_ways((2, 2, 5, 6), doc["n"], 8.0) == 4
+    assert {r.get("ways") for r in doc["results"] if r["mechanism"] == "partitioned"} == \
+        {2, 3, 4}

@@ -6,12 +6,15 @@ data, subsets and seeds.
 
 The two mechanisms are built from the same ``--epsilon`` / ``--epsilon-scope`` (so the same ε
 per record, stated in the output), the same ``--ways`` / ``--subsets`` / ``--runs`` / ``--seed``.
-partitioned runs twice, collecting every pair (``ways: 2``) and every triple (``ways: 3``):
-which is better depends on the domain sizes (small domains favour triples — each pair is then
-informed by m−2 collected marginals). ``best`` names, per w, the (mechanism, ways, estimator)
-with the lowest mean TVD, and ``ratio`` is the best split TVD over the best partitioned TVD
-(> 1: partitioned wins). ``auto_ways`` states the size ``ways: auto`` would declare for this
-data's shape (n, attribute sizes, ε per record; :func:`~ldpstream.estimators.families.partitioned.choose_ways`).
+partitioned runs collecting every pair (``ways: 2``), every triple (``ways: 3``) and, when
+``ways: auto`` would declare a larger size for this shape (large ε: reports of 4 or more
+attributes, up to the whole record), that size too: which is better depends on the domain
+sizes and ε (small domains favour triples — each pair is then informed by m−2 collected
+marginals). ``best`` names, per w, the (mechanism, ways, estimator) with the lowest mean TVD,
+and ``ratio`` is the best split TVD over the best partitioned TVD (> 1: partitioned wins).
+``auto_ways`` states the size ``ways: auto`` would declare for this data's shape (n,
+attribute sizes, ε per record;
+:func:`~ldpstream.estimators.families.partitioned.choose_ways`).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import Any
 from ldpstream.cli import CliError
 from ldpstream.estimators.families.partitioned import Partitioned, choose_ways
 from ldpstream.estimators.families.rr import RRIndependent
+from ldpstream.estimators.mechanism import record_budget
 from ldpstream.simulate.driver import plan_from_args, run_with_progress
 
 __all__ = ["CONTENDERS", "compare", "main"]
@@ -29,8 +33,9 @@ __all__ = ["CONTENDERS", "compare", "main"]
 SPLIT, PARTITIONED = RRIndependent.name, Partitioned.name
 #: mechanism → estimators compared
 CONTENDERS = {SPLIT: ("castell", "ibu"), PARTITIONED: ("consistent", "calm", "global")}
-#: partitioned collects every pair, and (with at least 3 attributes) every triple instead: the
-#: marginal size trades the oracle's domain against the users per marginal (CALM §4)
+#: partitioned collects every pair, and (with at least 3 attributes) every triple instead, and
+#: the size ``ways: auto`` picks: the marginal size trades the oracle's domain against the
+#: users per marginal (CALM §4)
 PARTITIONED_WAYS = (2, 3)
 
 
@@ -38,6 +43,7 @@ def compare(args: Any) -> dict[str, Any]:
     """Run every contender on the plan ``args`` describe; the merged JSON document."""
     docs = []
     shape: tuple[int, ...] = ()
+    auto = 2
     for mech, ests in CONTENDERS.items():
         a = replace_args(args, mechanism=mech, estimator=list(ests))
         plan = plan_from_args(a)
@@ -47,7 +53,10 @@ def compare(args: Any) -> dict[str, Any]:
                            "attribute there is no budget to split")
         if mech == PARTITIONED:
             shape = plan.dataset.domain.shape
-            plan.variants = tuple({"ways": w} for w in PARTITIONED_WAYS if w <= m)
+            auto = choose_ways(shape, len(plan.dataset.records),
+                               record_budget(plan.epsilon, plan.scope, m))
+            plan.variants = tuple({"ways": w} for w in sorted({*PARTITIONED_WAYS, auto})
+                                  if w <= m)
         docs.append(run_with_progress(plan, label=f"compare: {mech}"))
     rows = [r for d in docs for r in d["results"]]
     eps = {d["mechanism"]: d["epsilon_per_record"] for d in docs}
@@ -64,7 +73,7 @@ def compare(args: Any) -> dict[str, Any]:
             "epsilon": first["epsilon"], "epsilon_scope": first["epsilon_scope"],
             "epsilon_per_record": eps, "seed": first["seed"], "runs": first["runs"],
             "results": rows, "best": best,
-            "auto_ways": choose_ways(shape, first["n"], eps[PARTITIONED])}
+            "auto_ways": auto}
 
 
 def replace_args(args: Any, **changes: Any) -> Any:

@@ -7,18 +7,19 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ldpstream.estimators.kernels.device_program import (
+    MAX_ATTRS,
+    MAX_CELLS,
+    MAX_MATRIX_ENTRIES,
+    MAX_STEPS,
+    MAX_WIDTH,
+)
 from ldpstream.producers.draws import M64, TWO53, DrawSource, bernoulli, categorical, mix64, uniform
 
 __all__ = ["Step", "ProgramError", "parse_steps", "run_step", "run_partition", "olh_code",
            "grr_cell", "ravel", "unravel", "MAX_ATTRS",
            "MAX_WIDTH", "MAX_CELLS", "MAX_MATRIX_ENTRIES", "MAX_STEPS"]
 
-#: limits every SDK enforces (the C library's static buffers)
-MAX_ATTRS = 32
-MAX_WIDTH = 1024
-MAX_CELLS = 1 << 32
-MAX_MATRIX_ENTRIES = 4096
-MAX_STEPS = 64
 
 
 class ProgramError(ValueError):

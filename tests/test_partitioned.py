@@ -357,12 +357,14 @@ def test_ways_auto_rule_on_the_bench_shapes():
 
 
 def test_ways_auto_candidates_go_up_to_the_whole_record_within_the_cell_cap():
-    """Every size from 2 to m whose C(m, k) tables hold at most AUTO_MAX_CELLS cells and whose
-    report codes fit in 32 bits: Adult stops at triples (its 4-way tables hold 1.1 M cells);
-    a 7-attribute network of 5–6 values skips its 6-way tables (their OLH codes overflow)."""
+    """Every size from 2 to m whose C(m, k) tables hold at most AUTO_MAX_CELLS cells, number at
+    most the SDKs' step limit, and whose report codes fit in 32 bits: Adult stops at triples
+    (its 4-way tables hold 1.1 M cells); a 7-attribute network of 5–6 values skips its 6-way
+    tables (their OLH codes overflow)."""
     assert auto_candidates(NETWORK_SHAPE, 8.0) == [2, 3, 4, 5, 6]
     assert auto_candidates(ADULT_SHAPE, 8.0) == [2, 3]
-    assert auto_candidates(ADULT_SHAPE, 8.0, max_cells=10**9) == [2, 3, 4, 8]
+    # without the cap: not 4 either (C(8, 4) = 70 tables, over the SDKs' 64 steps)
+    assert auto_candidates(ADULT_SHAPE, 8.0, max_cells=10**9) == [2, 3, 8]
     assert auto_candidates((5, 5, 5, 6, 5, 5, 3), 8.0, max_cells=10**9) == [2, 3, 4, 5, 7]
     # at ε = 8 the generated networks' reports carry 4 attributes; at ε ≤ 4 pairs
     for shape in ((5, 3, 5, 3, 2, 2, 5), (3, 2, 5, 4, 6, 3, 6), (5, 5, 5, 6, 5, 5, 3)):
@@ -429,3 +431,17 @@ def test_drift_uses_the_closed_form_variance():
         n1, n2 = (sum(int(round(float(c[k].sum()))) for k in c) for c in (c1, c2))
         np.testing.assert_allclose(v_cur, closed * (n1 + n2) / n1)
         np.testing.assert_allclose(v_prev, closed * (n1 + n2) / n2)
+
+
+def test_ways_auto_keeps_the_tables_within_the_device_sdks_step_limit():
+    """Ten binary attributes at ε = 8: 7-way tables would predict the lowest error, but there
+    are C(10, 7) = 120 of them and the device SDKs run at most MAX_STEPS (64) tables; auto
+    picks a size whose program every SDK accepts."""
+    from ldpstream.estimators.kernels.device_program import MAX_STEPS
+    from ldpstream.producers.program import Program
+    dom = Domain([f"a{i}" for i in range(10)], [2] * 10)
+    assert 7 not in auto_candidates(dom.shape, 8.0)
+    k = choose_ways(dom.shape, 50_000, 8.0)
+    mech = Partitioned(dom, 8.0, ways=k)
+    assert k > 2 and len(mech.marginals) <= MAX_STEPS
+    Program(mech.device_program())   # accepted

@@ -130,10 +130,13 @@ AUTO_MARGIN = 0.2
 def auto_candidates(sizes: Sequence[int], epsilon: float, oracles: Sequence[str] = fo.COMPACT,
                     per_report: int = 1, max_cells: int = AUTO_MAX_CELLS) -> list[int]:
     """The sizes ``ways: auto`` may choose: every k from 2 to m (m = the whole record) whose
-    tables hold at most ``max_cells`` cells in all and whose report codes fit in 32 bits."""
+    tables hold at most ``max_cells`` cells in all, number at most the device SDKs' step limit
+    (:data:`~.device_program.MAX_STEPS`) and whose report codes fit in 32 bits."""
     m = len(sizes)
     out = []
     for k in range(2, m + 1):
+        if math.comb(m, k) > dp.MAX_STEPS:
+            continue
         ds = [math.prod(int(sizes[i]) for i in t) for t in itertools.combinations(range(m), k)]
         if sum(ds) > max_cells:
             continue
@@ -187,8 +190,8 @@ def choose_ways(sizes: Sequence[int], n: int, epsilon: float,
     if candidates is None:
         candidates = auto_candidates(sizes, epsilon, oracles, per_report)
     ks = sorted({int(k) for k in candidates if 2 <= int(k) <= m})
-    if not ks:
-        return m
+    if not ks:   # fewer than two attributes: m; else pairs
+        return min(m, 2)
     best = ks[0]
     pred = predicted_pair_error(sizes, n, epsilon, best, oracles, per_report)
     for k in ks[1:]:

@@ -49,7 +49,16 @@ from ldpstream.estimators.kernels.domain import Domain
 
 __all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step",
            "copy_step", "const_step", "keep_step", "bloom_step", "program", "program_epsilon",
-           "memo_fingerprint", "is_grr"]
+           "memo_fingerprint", "is_grr", "MAX_ATTRS", "MAX_WIDTH", "MAX_CELLS",
+           "MAX_MATRIX_ENTRIES", "MAX_STEPS"]
+
+#: limits every SDK enforces (the C library's static buffers; producers/program_steps.py checks
+#: a description against them)
+MAX_ATTRS = 32
+MAX_WIDTH = 1024
+MAX_CELLS = 1 << 32
+MAX_MATRIX_ENTRIES = 4096
+MAX_STEPS = 64
 
 #: the version ``v`` of the description format
 PROGRAM_VERSION = 1

@@ -334,7 +334,7 @@ def print_targets(targets: dict[str, Any]) -> None:
 
     t = Table(title="targets: partitioned vs split (rr-ind) at the same ε per record")
     for col in ("dataset", "variant", "ratio ≥ 1.3 everywhere", "below 1.3 (ε, marginal, ratio)",
-                "≤ 1.2 × floor at ε = 8", "÷ sampling at ε = 8 (2 / 3-way)", "ways chosen per ε"):
+                "≤ 1.2 × floor at ε = 8", "÷ sampling floor at ε = 8", "ways chosen per ε"):
         t.add_column(col)
     yes = {True: "[green]yes[/]", False: "[red]no[/]"}
     for name, variants in targets.items():
@@ -345,7 +345,8 @@ def print_targets(targets: dict[str, Any]) -> None:
             over = " / ".join(f"{samp[w]:.2f}" for w in ("2way", "3way") if w in samp) or ""
             t.add_row(name, variant, yes[v["ratio_ge_1.3_everywhere"]], below,
                       yes[v["within_1.2_of_floor_at_eps8"]], over, ways)
-    Console().print(t)
+    console = Console()   # piped: wide enough not to wrap the cells
+    (console if console.is_terminal else Console(width=160)).print(t)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -248,9 +248,9 @@ def _dependent(n, d, w, rho, rng):
 
 def test_hybrid_error_bound_follows_the_chosen_estimate():
     """When a hybrid picks the biased RR-Independent product, its error bound must be the
-    product's (½·sqrt(|Ω|·(bias² + variance))), not castell's variance-only value."""
-    from ldpstream.estimators.kernels.bounds import product_channel_bound
-    from ldpstream.estimators.kernels.hybrid import auto_errors, product_tvd_bound
+    product's (castell's bound plus the product's TVD to castell), not castell's alone."""
+    from ldpstream.estimators.kernels.bounds import AT_LEAST, product_channel_bound
+    from ldpstream.estimators.kernels.castell import castell
     dom = Domain(("a", "b", "c"), (4, 4, 4))
     m = RRIndependent(dom, 2.0)
     rng = np.random.default_rng(0)
@@ -263,9 +263,9 @@ def test_hybrid_error_bound_follows_the_chosen_estimate():
     tv = 0.5 * np.abs(e.factor.values - truth).sum()
     castell_bound = product_channel_bound(c, m.channels).tvd
     assert castell_bound < 0.6 and tv > 0.9  # castell's bound would understate the error
-    err2 = auto_errors(c, m.channels)["rr-independent_err"]
-    assert e.error_bound == pytest.approx(min(1.0, 0.5 * np.sqrt(64 * err2)))
-    assert e.error_bound == product_tvd_bound(c, m.channels) and e.error_bound >= tv
+    gap = 0.5 * np.abs(e.factor.values - castell(c, m.channels)).sum()
+    assert e.error_bound == pytest.approx(castell_bound + gap, rel=1e-12)
+    assert e.error_bound >= tv and e.bound is not None and e.bound.coverage == AT_LEAST
     assert e.extra["error_bound_of"].startswith("rr-independent")
     # hybrid-auto choosing castell keeps castell's bound
     ca = m.estimate(counts, dom.attrs, "hybrid-auto")

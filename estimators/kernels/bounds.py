@@ -21,6 +21,11 @@ bootstrap's is not):
 The same bound is served with the estimate projected onto the simplex: projection removes
 noise, and its measured coverage is at least the raw one's (it is conservative there).
 
+A biased estimate e (a product of marginals, IBU, EM, lasso, …) of a marginal that an unbiased
+estimate u also estimates gets :func:`triangle`: TVD(e, truth) ≤ TVD(e, u) + TVD(u, truth), so
+TVD(e, u) plus u's bound covers at least as often as u's bound does (``coverage``
+:data:`AT_LEAST`). A weighted mean of independent unbiased estimates gets :func:`mixture`.
+
 The bootstrap is seeded by :data:`SEED` and the table itself (:func:`_stream`): the same counts
 give the same bound, and different tables draw from different streams. One stream for every
 table would make the coverage conditional on that stream: with a fixed seed, the bootstrap's
@@ -46,12 +51,17 @@ from ldpstream.estimators.kernels.castell import check_inputs
 from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.oracles.frequency_oracles import GRR, Oracle
 
-__all__ = ["LEVEL", "DRAWS", "SEED", "Bound", "reference", "bootstrap_bound",
-           "product_channel_bound", "product_channel_bounds",
-           "oracle_bound", "coarsened"]
+__all__ = ["LEVEL", "DRAWS", "SEED", "CALIBRATED", "AT_LEAST", "Bound", "reference",
+           "bootstrap_bound", "product_channel_bound", "product_channel_bounds",
+           "oracle_bound", "coarsened", "triangle", "split_level", "mixture"]
 
 #: the coverage every ``error_bound`` states: Pr[TVD(estimate, truth) ≤ bound] ≈ LEVEL
 LEVEL = 0.95
+#: ``Bound.coverage`` of the bootstrap's own quantile: Pr[TVD ≤ bound] ≈ LEVEL (measured)
+CALIBRATED = "calibrated"
+#: ``Bound.coverage`` of a bound that covers at least LEVEL (by construction, or a proxy
+#: measured to over-cover)
+AT_LEAST = "at least"
 #: bootstrap draws per bound
 DRAWS = 100
 #: the bootstrap's seed (bounds are a function of the counts)
@@ -69,12 +79,14 @@ _SIMULATE_MAX = 1 << 23
 @dataclass(frozen=True)
 class Bound:
     """``tvd``: the upper ``level`` quantile of the TVD; ``low``/``high``: per-cell ``level``
-    intervals (the estimate's shape)."""
+    intervals (the estimate's shape); ``coverage``: :data:`CALIBRATED` or :data:`AT_LEAST`
+    (``tvd`` covers at least ``level``)."""
 
     tvd: float
     low: np.ndarray
     high: np.ndarray
     level: float = LEVEL
+    coverage: str = CALIBRATED
 
 
 def _stream(seed: int, table: np.ndarray) -> np.random.Generator:
@@ -252,4 +264,33 @@ def coarsened(bound: Bound, cells: np.ndarray) -> Bound:
     every cell's interval is the estimate ± the bound, clipped to [0, 1]."""
     cells = np.asarray(cells, dtype=float)
     return Bound(bound.tvd, np.clip(cells - bound.tvd, 0.0, 1.0),
-                 np.clip(cells + bound.tvd, 0.0, 1.0), bound.level)
+                 np.clip(cells + bound.tvd, 0.0, 1.0), bound.level, bound.coverage)
+
+
+def triangle(estimate: np.ndarray, unbiased: np.ndarray, bound: Bound) -> Bound:
+    """The bound of a biased ``estimate`` of the marginal that ``unbiased`` (raw, same cells)
+    estimates with ``bound``: TVD(estimate, truth) ≤ TVD(estimate, unbiased) + TVD(unbiased,
+    truth), so ``bound.tvd`` + TVD(estimate, unbiased) covers at least as often as ``bound``
+    (:data:`AT_LEAST`). The cells keep the unbiased estimate's intervals (they are for the
+    true cells)."""
+    e = np.asarray(estimate, dtype=float)
+    u = np.asarray(unbiased, dtype=float).reshape(e.shape)
+    return Bound(bound.tvd + 0.5 * float(np.abs(e - u).sum()), bound.low.reshape(e.shape),
+                 bound.high.reshape(e.shape), bound.level, AT_LEAST)
+
+
+def split_level(k: int, level: float = LEVEL) -> float:
+    """The level each of ``k`` bounds needs for all of them to hold together with probability
+    at least ``level`` (the union bound): 1 − (1 − level)/k."""
+    return 1.0 - (1.0 - level) / k
+
+
+def mixture(weights: Sequence[float], bounds: Sequence[Bound], level: float = LEVEL) -> Bound:
+    """The bound of Σ wᵢuᵢ (weights summing to 1) from bounds of the unbiased uᵢ at
+    :func:`split_level` (k = len(bounds)): TVD(Σ wᵢuᵢ, truth) ≤ Σ wᵢ TVD(uᵢ, truth) ≤ Σ wᵢ·boundᵢ
+    whenever every bound holds, which is at least ``level`` (:data:`AT_LEAST`); likewise the
+    cells' Σ wᵢ·lowᵢ and Σ wᵢ·highᵢ."""
+    w = np.asarray(weights, dtype=float)
+    return Bound(float(w @ [b.tvd for b in bounds]),
+                 np.tensordot(w, np.stack([b.low for b in bounds]), axes=1),
+                 np.tensordot(w, np.stack([b.high for b in bounds]), axes=1), level, AT_LEAST)

@@ -652,15 +652,13 @@ class CorrRR(TwoPhase):
 
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                  method: str = "corr-rr", **options: Any) -> Estimate:
-        """Options: ``proper`` ('clip' | 'simplex'). ``error_bound``: the root of the estimated
-        squared error summed over the marginal's cells (``unbiased``: of its stated variance;
-        ``corr-rr``: it assumes no bias the significance test could not see)."""
+        """Options: ``proper`` ('clip' | 'simplex'). ``error_bound``: :meth:`~.TwoPhase.bound`
+        (phase1: calibrated; the others: Phase I's bound plus their distance to it)."""
         i = one_way_axis(self, attrs, method)
         n1, n2 = self.phase_sizes(counts)
         off = np.concatenate([[0], np.cumsum(self.domain.shape)])
         s = slice(off[i], off[i + 1])
         extra: dict[str, Any] = {"n1": n1, "n2": n2, "version": self.version}
-        bound = None
         if method == "phase1":
             vals = self.estimate_all(counts, "phase1")[i]
         else:
@@ -670,10 +668,7 @@ class CorrRR(TwoPhase):
             extra.update(weight=cb.weight.tolist(), variance_unbiased=var.tolist(),
                          mse_estimate=cb.mse_estimate,
                          **{k: v for k, v in cb.extra.items() if k in ("tau2", "weights")})
-            if method == "unbiased":
-                bound = float(np.sqrt(var.sum()))
-            elif method == "corr-rr":
-                bound = float(np.sqrt(np.sum(cb.extra["mse_cells"][s])))
         vals = repair(np.asarray(vals, dtype=float), options.get("proper"))
+        b = self.bound(counts, i, method, vals)
         return Estimate(Factor(self.domain.project(tuple(attrs)), vals), method, n1 + n2,
-                        self.epsilon, error_bound=bound, extra=extra)
+                        self.epsilon, error_bound=b.tvd, bound=b, extra=extra)

@@ -53,7 +53,8 @@ from ldpstream.estimators.oracles.frequency_oracles import GRR, Oracle
 
 __all__ = ["LEVEL", "DRAWS", "SEED", "CALIBRATED", "AT_LEAST", "Bound", "reference",
            "bootstrap_bound", "product_channel_bound", "product_channel_bounds",
-           "oracle_bound", "coarsened", "triangle", "split_level", "mixture"]
+           "oracle_bound", "coarsened", "triangle", "unbounded", "split_level",
+           "mixture"]
 
 #: the coverage every ``error_bound`` states: Pr[TVD(estimate, truth) ≤ bound] ≈ LEVEL
 LEVEL = 0.95
@@ -277,6 +278,15 @@ def triangle(estimate: np.ndarray, unbiased: np.ndarray, bound: Bound) -> Bound:
     u = np.asarray(unbiased, dtype=float).reshape(e.shape)
     return Bound(bound.tvd + 0.5 * float(np.abs(e - u).sum()), bound.low.reshape(e.shape),
                  bound.high.reshape(e.shape), bound.level, AT_LEAST)
+
+
+def unbounded(estimate: np.ndarray, level: float = LEVEL) -> Bound:
+    """The bound of an estimate with no reports to bound it by: TVD(e, truth) ≤ TVD(e, Π(e)) +
+    TVD(Π(e), truth) ≤ TVD(e, Π(e)) + 1 with Π the projection onto the simplex (always
+    holds: :data:`AT_LEAST`); every cell in [0, 1]."""
+    e = np.asarray(estimate, dtype=float)
+    return triangle(e, project_simplex(e.reshape(-1)),
+                    Bound(1.0, np.zeros(e.shape), np.ones(e.shape), level, AT_LEAST))
 
 
 def split_level(k: int, level: float = LEVEL) -> float:

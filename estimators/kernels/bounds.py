@@ -26,7 +26,7 @@ estimate u also estimates gets :func:`triangle`: TVD(e, truth) ≤ TVD(e, u) + T
 TVD(e, u) plus u's bound covers at least as often as u's bound does (``coverage``
 :data:`AT_LEAST`). A weighted mean of independent unbiased estimates gets :func:`mixture`.
 
-The bootstrap is seeded by :data:`SEED` and the table itself (:func:`_stream`): the same counts
+The bootstrap is seeded by :data:`SEED` and the table itself (:func:`stream`): the same counts
 give the same bound, and different tables draw from different streams. One stream for every
 table would make the coverage conditional on that stream: with a fixed seed, the bootstrap's
 own Monte Carlo error does not average out over the tables a deployment serves (measured:
@@ -51,10 +51,10 @@ from ldpstream.estimators.kernels.castell import check_inputs
 from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.oracles.frequency_oracles import GRR, Oracle
 
-__all__ = ["LEVEL", "DRAWS", "SEED", "CALIBRATED", "AT_LEAST", "Bound", "reference",
-           "bootstrap_bound", "product_channel_bound", "product_channel_bounds",
-           "oracle_bound", "coarsened", "triangle", "unbounded", "split_level",
-           "mixture"]
+__all__ = ["LEVEL", "DRAWS", "SEED", "SIMULATE_MAX", "CALIBRATED", "AT_LEAST", "Bound",
+           "reference", "stream", "bootstrap_bound", "product_channel_bound",
+           "product_channel_bounds", "oracle_bound", "coarsened", "triangle", "unbounded",
+           "split_level", "mixture"]
 
 #: the coverage every ``error_bound`` states: Pr[TVD(estimate, truth) ≤ bound] ≈ LEVEL
 LEVEL = 0.95
@@ -74,7 +74,7 @@ _KRON_MAX = 512
 #: smallest expected count per cell for drawing the reports' counts by a normal approximation
 _NORMAL_FROM = 50.0
 #: largest draws × reports × values simulated report by report (OLH at small n)
-_SIMULATE_MAX = 1 << 23
+SIMULATE_MAX = 1 << 23
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Bound:
     coverage: str = CALIBRATED
 
 
-def _stream(seed: int, table: np.ndarray) -> np.random.Generator:
+def stream(seed: int, table: np.ndarray) -> np.random.Generator:
     """The bootstrap's generator for one table: seeded by ``seed`` and a hash of the table's
     values (deterministic: a function of the counts)."""
     h = hashlib.blake2b(np.ascontiguousarray(table, dtype=float).tobytes(), digest_size=8)
@@ -175,7 +175,7 @@ def product_channel_bounds(tables: np.ndarray, channels: Sequence[np.ndarray], *
     """Bounds of the Castell estimates of B randomized w-way tables ``(B, d₁, …, d_w)``
     sharing one channel per axis ([Castell Alg. 3]): per table, multinomial draws of its n
     reports from ``ref ×₁ P₁ … ×_w P_w`` (``ref``: :func:`reference`), each table's from its
-    own generator (:func:`_stream` of ``seed`` and its counts: a table's bound does not
+    own generator (:func:`stream` of ``seed`` and its counts: a table's bound does not
     depend on the others), then every
     draw of every table estimated and ranked in a few array operations."""
     T = np.asarray(tables, dtype=float)
@@ -189,11 +189,11 @@ def product_channel_bounds(tables: np.ndarray, channels: Sequence[np.ndarray], *
     cells = raws.shape[1]
     if draws * cells > _CELLS_MAX:   # large tables: draws in chunks, TVD only
         return [_large_bound(raws[i], refs[i], lams[i], int(n[i]), shape, invs, level, draws,
-                             _stream(seed, T[i])) for i in range(B)]
+                             stream(seed, T[i])) for i in range(B)]
     step = max(1, _CELLS_MAX // (draws * cells))
     for s0 in range(0, B, step):
         idx = range(s0, min(B, s0 + step))
-        C = np.stack([_multinomial(_stream(seed, T[i]), max(int(n[i]), 1), lams[i],
+        C = np.stack([_multinomial(stream(seed, T[i]), max(int(n[i]), 1), lams[i],
                                    draws) for i in idx])
         est = _castell_shared(C.reshape((-1,) + shape), invs).reshape(len(idx), draws, -1)
         out += _bounds(raws[s0:s0 + len(idx)], refs[s0:s0 + len(idx)], est, level)
@@ -238,15 +238,15 @@ def oracle_bound(oracle: Oracle, raw: np.ndarray, n: int, *, level: float = LEVE
     """Bound of a frequency oracle's unbiased estimate ``raw`` ([Wang17] eq. 3) from ``n``
     reports of users drawn from the population (the target is the population's distribution).
     GRR: exact multinomial draws through its channel; other oracles: the fleet simulated
-    report by report while draws·n·d ≤ :data:`_SIMULATE_MAX`, else normal draws with covariance
+    report by report while draws·n·d ≤ :data:`SIMULATE_MAX`, else normal draws with covariance
     (diag(v) + diag(f) − ffᵀ)/n, v = (f·p*(1−p*) + (1−f)·q*(1−q*))/(p*−q*)² ([Wang17] eq. 4;
     a report's supports are independent given its value under a random hash)."""
     raw = np.asarray(raw, dtype=float).reshape(-1)
     n = max(int(n), 1)
     ref = reference(raw, n)
-    rng = _stream(seed, np.concatenate([raw, [n]]))
+    rng = stream(seed, np.concatenate([raw, [n]]))
     p, q = oracle.p_star, oracle.q_star
-    if isinstance(oracle, GRR) or draws * n * ref.size <= _SIMULATE_MAX:
+    if isinstance(oracle, GRR) or draws * n * ref.size <= SIMULATE_MAX:
         C = (_multinomial(rng, n, ref @ oracle.channel(), draws) if isinstance(oracle, GRR)
              else _simulated(oracle, ref, n, draws, rng))
         est = (C / n - q) / (p - q)

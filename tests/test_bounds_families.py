@@ -7,8 +7,9 @@ Tolerances (seeded Monte Carlo): calibrated bounds over R = 2,000 replicates per
 error ≈ 0.5 %) must lie in 95 % ± 2 % at n = 10, 1,000 and 10⁶; the co-occurrence bound of
 LoPub, whose reports must be simulated bit by bit, over 200 replicates (standard error ≈ 1.5 %)
 in 95 % ± 4.5 % at n = 10, 1,000 and 20,000. "At least" bounds over 200 replicates (LoPub's
-lasso and EM: 100) must cover at least 93 % (an exact 95 % less its Monte Carlo error). Counts are drawn through each family's own channel where it is a
-channel (a multinomial of the randomized values), else the reports are randomized.
+lasso and EM: 100) must cover at least 93 % (an exact 95 % less its Monte Carlo error).
+Counts are drawn through each family's own channel where it is a channel (a multinomial of the
+randomized values), else the reports are randomized.
 """
 from __future__ import annotations
 

@@ -234,3 +234,12 @@ def test_at_least_bounds_cover_at_least_95_percent(name, methods, ns):
         for method, h in hit.items():
             print(f"coverage {name} {method} n={n}: {h / reps:.3f}")
             assert h / reps >= LEVEL - 0.02, (name, method, n, h / reps)
+
+
+def test_query_prints_the_quantile_and_its_coverage(capsys):
+    from ldpstream.query import print_estimate
+    print_estimate({"collection": "c", "attrs": ["a"], "labels": [["x", "y"]], "method": "ibu",
+                    "n": 10, "epsilon_per_record": 1.0, "epsilon_per_attribute": 1.0,
+                    "error_bound": 0.2, "error_bound_quantile": 0.95,
+                    "error_bound_coverage": AT_LEAST, "cells": [0.5, 0.5]})
+    assert "error bound=0.2000 (TVD q95, at least)" in capsys.readouterr().out

@@ -109,8 +109,8 @@ def _multinomial_column(mech: Any, i: int, n: int, rng: np.random.Generator) -> 
     """Reports of attribute i of n users drawn from the population, through its channel."""
     dummy = {marginal_key((a,)): np.ones(d) for a, d in zip(DOM.attrs, DOM.shape)}
     dummy["smp"] = np.ones((len(DOM), max(DOM.shape)))
-    _, Q = mech.column(dummy, i)
-    return rng.multinomial(n, _truth((DOM.attrs[i],)) @ Q)
+    _, alpha, beta = mech.column(dummy, i)
+    return rng.multinomial(n, alpha * _truth((DOM.attrs[i],)) + beta)
 
 
 def _spl_like(name: str) -> Callable[[int, np.random.Generator], tuple[Any, dict, str]]:

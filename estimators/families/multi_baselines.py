@@ -36,7 +36,7 @@ from scipy import optimize
 
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels import device_program as dp
-from ldpstream.estimators.kernels.bounds import LEVEL, Bound, mixture, product_channel_bound, split_level
+from ldpstream.estimators.kernels.bounds import LEVEL, Bound, affine_bound, mixture, split_level
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import clip_rescale, repair
 from ldpstream.estimators.mechanism import (
@@ -229,17 +229,18 @@ class _Multi(Mechanism):
         """Raw unbiased estimates of every attribute's marginal (domain order)."""
         raise NotImplementedError
 
-    def column(self, counts: Mapping[str, np.ndarray], i: int) -> tuple[np.ndarray, np.ndarray]:
-        """(counts, Q): the reports counted for attribute i, a multinomial of f_i·Q with the
-        effective channel Q (rows: true values), which the unbiased estimate inverts."""
+    def column(self, counts: Mapping[str, np.ndarray], i: int
+               ) -> tuple[np.ndarray, float, np.ndarray]:
+        """(counts, α, β): the reports counted for attribute i, a multinomial of f_i·Q with the
+        effective channel Q = α·I + 1·βᵀ, which the unbiased estimate inverts."""
         raise NotImplementedError
 
     def bound(self, counts: Mapping[str, np.ndarray], i: int, level: float = LEVEL) -> Bound:
         """The bootstrap bound of attribute i's unbiased estimate (no reports: the widest)."""
-        c, Q = self.column(counts, i)
+        c, alpha, beta = self.column(counts, i)
         if c.sum() <= 0:
             return Bound(1.0, np.zeros(len(c)), np.ones(len(c)), level)
-        return product_channel_bound(c, [Q], level=level)
+        return affine_bound(c, alpha, beta, level=level)
 
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                  method: str = "unbiased", **options: Any) -> Estimate:
@@ -400,9 +401,12 @@ class SPL(_Memoizing):
             out.append(grr_decode(c, c.sum(), e, d))
         return out
 
-    def column(self, counts: Mapping[str, np.ndarray], i: int) -> tuple[np.ndarray, np.ndarray]:
-        return (np.asarray(counts[marginal_key((self.domain.attrs[i],))], dtype=float),
-                self.channels[i])
+    def column(self, counts: Mapping[str, np.ndarray], i: int
+               ) -> tuple[np.ndarray, float, np.ndarray]:
+        """GRR: α = p − q, β = q."""
+        p, q = ch.grr_pq(self.eps_report[i], self.domain.shape[i])
+        return (np.asarray(counts[marginal_key((self.domain.attrs[i],))], dtype=float), p - q,
+                np.full(self.domain.shape[i], q))
 
     def variance(self, f, n, fixed_data=True):
         return [grr_decode_variance(fk, n, e, d, fixed_data)
@@ -550,10 +554,12 @@ class SMP(_Memoizing):
             out.append(grr_decode(t[j, :d], nj, e, d) if nj > 0 else np.full(d, np.nan))
         return out
 
-    def column(self, counts: Mapping[str, np.ndarray], i: int) -> tuple[np.ndarray, np.ndarray]:
-        """The reports of the users who sampled attribute i (given their number)."""
+    def column(self, counts: Mapping[str, np.ndarray], i: int
+               ) -> tuple[np.ndarray, float, np.ndarray]:
+        """The reports of the users who sampled attribute i (given their number), GRR."""
         d = self.domain.shape[i]
-        return np.asarray(counts["smp"], dtype=float)[i, :d], self.channels[i]
+        p, q = ch.grr_pq(self.eps_report[i], d)
+        return np.asarray(counts["smp"], dtype=float)[i, :d], p - q, np.full(d, q)
 
     def variance(self, f, n, fixed_data=True):
         # conditional on n_j ≈ n/m reports for attribute j (E[1/n_j] to second order), plus the
@@ -669,11 +675,13 @@ class RSFD(_Multi):
             out.append((self.m * lam - q - (self.m - 1) * pri) / (p - q))
         return out
 
-    def column(self, counts: Mapping[str, np.ndarray], i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Q = (GRR(ε') + (m − 1)·1πᵀ)/m: sampled with probability 1/m, else a fake from π."""
+    def column(self, counts: Mapping[str, np.ndarray], i: int
+               ) -> tuple[np.ndarray, float, np.ndarray]:
+        """Q = (GRR(ε') + (m − 1)·1πᵀ)/m (sampled with probability 1/m, else a fake from π):
+        α = (p − q)/m, β = (q + (m − 1)·π)/m."""
         c = np.asarray(counts[marginal_key((self.domain.attrs[i],))], dtype=float)
-        pri = self.priors[i]
-        return c, (self.channels[i] + (self.m - 1) * np.tile(pri, (len(pri), 1))) / self.m
+        p, q = self._pq(self.domain.shape[i])
+        return c, (p - q) / self.m, (q + (self.m - 1) * self.priors[i]) / self.m
 
     def variance(self, f, n, fixed_data=True):
         out = []

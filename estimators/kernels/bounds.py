@@ -52,9 +52,9 @@ from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.oracles.frequency_oracles import GRR, Oracle
 
 __all__ = ["LEVEL", "DRAWS", "SEED", "SIMULATE_MAX", "CALIBRATED", "AT_LEAST", "Bound",
-           "reference", "stream", "bootstrap_bound", "product_channel_bound",
-           "product_channel_bounds", "oracle_bound", "coarsened", "triangle", "unbounded",
-           "split_level", "mixture"]
+           "reference", "stream", "multinomial", "bootstrap_bound", "product_channel_bound",
+           "product_channel_bounds", "oracle_bound", "affine_bound", "coarsened", "triangle",
+           "unbounded", "split_level", "mixture"]
 
 #: the coverage every ``error_bound`` states: Pr[TVD(estimate, truth) ≤ bound] ≈ LEVEL
 LEVEL = 0.95
@@ -142,7 +142,7 @@ def reference(raw: np.ndarray, n: float) -> np.ndarray:
     return (float(n) * proj + k / proj.size) / (float(n) + k)
 
 
-def _multinomial(rng: np.random.Generator, n: int, lam: np.ndarray, draws: int) -> np.ndarray:
+def multinomial(rng: np.random.Generator, n: int, lam: np.ndarray, draws: int) -> np.ndarray:
     """``draws`` multinomial count vectors of n trials; by their normal approximation (mean nλ,
     covariance n(diag λ − λλᵀ)) once every expected count is at least :data:`_NORMAL_FROM`
     (a tenth of the cost; the bound's coverage is unchanged, tests/test_bounds.py)."""
@@ -193,7 +193,7 @@ def product_channel_bounds(tables: np.ndarray, channels: Sequence[np.ndarray], *
     step = max(1, _CELLS_MAX // (draws * cells))
     for s0 in range(0, B, step):
         idx = range(s0, min(B, s0 + step))
-        C = np.stack([_multinomial(stream(seed, T[i]), max(int(n[i]), 1), lams[i],
+        C = np.stack([multinomial(stream(seed, T[i]), max(int(n[i]), 1), lams[i],
                                    draws) for i in idx])
         est = _castell_shared(C.reshape((-1,) + shape), invs).reshape(len(idx), draws, -1)
         out += _bounds(raws[s0:s0 + len(idx)], refs[s0:s0 + len(idx)], est, level)
@@ -209,7 +209,7 @@ def _large_bound(raw: np.ndarray, ref: np.ndarray, lam: np.ndarray, n: int,
     tv = []
     for c0 in range(0, draws, chunk):
         m = min(chunk, draws - c0)
-        est = _castell_shared(_multinomial(rng, max(n, 1), lam, m).reshape((m,) + shape), invs)
+        est = _castell_shared(multinomial(rng, max(n, 1), lam, m).reshape((m,) + shape), invs)
         tv.append(0.5 * np.abs(est.reshape(m, -1) - ref).sum(axis=1))
     t = np.concatenate(tv)
     tvd = float(np.partition(t, min(draws, math.ceil(level * (draws + 1))) - 1)[
@@ -247,7 +247,7 @@ def oracle_bound(oracle: Oracle, raw: np.ndarray, n: int, *, level: float = LEVE
     rng = stream(seed, np.concatenate([raw, [n]]))
     p, q = oracle.p_star, oracle.q_star
     if isinstance(oracle, GRR) or draws * n * ref.size <= SIMULATE_MAX:
-        C = (_multinomial(rng, n, ref @ oracle.channel(), draws) if isinstance(oracle, GRR)
+        C = (multinomial(rng, n, ref @ oracle.channel(), draws) if isinstance(oracle, GRR)
              else _simulated(oracle, ref, n, draws, rng))
         est = (C / n - q) / (p - q)
     else:
@@ -266,6 +266,20 @@ def coarsened(bound: Bound, cells: np.ndarray) -> Bound:
     cells = np.asarray(cells, dtype=float)
     return Bound(bound.tvd, np.clip(cells - bound.tvd, 0.0, 1.0),
                  np.clip(cells + bound.tvd, 0.0, 1.0), bound.level, bound.coverage)
+
+
+def affine_bound(counts: np.ndarray, alpha: float, beta: np.ndarray, *, level: float = LEVEL,
+                 draws: int = DRAWS, seed: int = SEED) -> Bound:
+    """The bound of the inverse of a channel Q = α·I + 1·βᵀ (GRR: α = p − q, β = q; RRBA's
+    mean channel; RS+FD's sampled-or-fake column) on ``counts``, a multinomial of f·Q = α·f + β:
+    raw = (counts/n − β)/α, the draws inverted the same way (no d × d matrix)."""
+    c = np.asarray(counts, dtype=float).reshape(-1)
+    beta = np.broadcast_to(np.asarray(beta, dtype=float), c.shape)
+    n = float(c.sum())
+    raw = (c / n - beta) / alpha
+    ref = reference(raw, n)
+    drawn = multinomial(stream(seed, c), max(int(round(n)), 1), alpha * ref + beta, draws)
+    return bootstrap_bound(raw, ref, (drawn / n - beta) / alpha, level)
 
 
 def triangle(estimate: np.ndarray, unbiased: np.ndarray, bound: Bound) -> Bound:

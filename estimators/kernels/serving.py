@@ -4,8 +4,7 @@ per-cell intervals (estimators/kernels/bounds.py).
 
 >>> import numpy as np
 >>> from ldpstream.estimators.kernels.domain import Domain, Factor
->>> from ldpstream.estimators.kernels.bounds import AT_LEAST
-from ldpstream.estimators.mechanism import Estimate
+>>> from ldpstream.estimators.mechanism import Estimate
 >>> from ldpstream.estimators.kernels.bounds import Bound
 >>> f = Factor(Domain(["a"], [2]), np.array([1.2, -0.2]))
 >>> e = Estimate(f, "castell", 3, 1.0, error_bound=1.4,
@@ -14,6 +13,8 @@ from ldpstream.estimators.mechanism import Estimate
 >>> s = served_fields(e)
 >>> s["cells"].tolist(), s["raw_cells"], s["error_bound"], s["raw_error_bound"]
 ([1.0, 0.0], [1.2, -0.2], 1.0, 1.4)
+>>> s["error_bound_quantile"], s["error_bound_coverage"]
+(0.95, 'calibrated')
 """
 from __future__ import annotations
 

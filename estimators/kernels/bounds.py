@@ -286,12 +286,15 @@ def triangle(estimate: np.ndarray, unbiased: np.ndarray, bound: Bound) -> Bound:
     """The bound of a biased ``estimate`` of the marginal that ``unbiased`` (raw, same cells)
     estimates with ``bound``: TVD(estimate, truth) ≤ TVD(estimate, unbiased) + TVD(unbiased,
     truth), so ``bound.tvd`` + TVD(estimate, unbiased) covers at least as often as ``bound``
-    (:data:`AT_LEAST`). The cells keep the unbiased estimate's intervals (they are for the
-    true cells)."""
+    (:data:`AT_LEAST`), capped at 1 when ``estimate`` is a distribution (so is the truth). The
+    cells keep the unbiased estimate's intervals (they are for the true cells)."""
     e = np.asarray(estimate, dtype=float)
     u = np.asarray(unbiased, dtype=float).reshape(e.shape)
-    return Bound(bound.tvd + 0.5 * float(np.abs(e - u).sum()), bound.low.reshape(e.shape),
-                 bound.high.reshape(e.shape), bound.level, AT_LEAST)
+    tvd = bound.tvd + 0.5 * float(np.abs(e - u).sum())
+    if np.all(e >= 0) and abs(float(e.sum()) - 1.0) <= 1e-9:
+        tvd = min(tvd, 1.0)
+    return Bound(tvd, bound.low.reshape(e.shape), bound.high.reshape(e.shape), bound.level,
+                 AT_LEAST)
 
 
 def unbounded(estimate: np.ndarray, level: float = LEVEL) -> Bound:

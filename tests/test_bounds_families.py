@@ -243,3 +243,27 @@ def test_query_prints_the_quantile_and_its_coverage(capsys):
                     "error_bound": 0.2, "error_bound_quantile": 0.95,
                     "error_bound_coverage": AT_LEAST, "cells": [0.5, 0.5]})
     assert "error bound=0.2000 (TVD q95, at least)" in capsys.readouterr().out
+
+
+def test_affine_bound_is_the_channel_bootstrap_without_the_matrix():
+    """GRR as α·I + 1·βᵀ: the same draws (the same stream) as the product-channel bootstrap."""
+    from ldpstream.estimators.kernels.bounds import affine_bound, product_channel_bound
+    from ldpstream.estimators.kernels.channels import grr, grr_pq
+    c = np.array([40, 3, 0, 17, 9])
+    p, q = grr_pq(1.5, 5)
+    a, b = affine_bound(c, p - q, np.full(5, q)), product_channel_bound(c, [grr(1.5, 5)])
+    assert a.tvd == pytest.approx(b.tvd, rel=1e-9)
+    np.testing.assert_allclose(a.low, b.low, rtol=1e-9, atol=1e-12)
+
+
+def test_triangle_mixture_and_unbounded():
+    from ldpstream.estimators.kernels.bounds import Bound, mixture, split_level, triangle, unbounded
+    b = Bound(0.1, np.zeros(3), np.full(3, 0.5))
+    t = triangle(np.array([0.5, 0.3, 0.2]), np.array([0.6, 0.3, 0.1]), b)
+    assert t.tvd == pytest.approx(0.2, rel=1e-12) and t.coverage == AT_LEAST
+    assert triangle(np.array([1.0, 0, 0]), np.array([-2.0, 1.5, 1.5]), b).tvd == 1.0  # capped
+    assert split_level(2) == pytest.approx(0.975, rel=1e-12)
+    m = mixture([0.25, 0.75], [b, Bound(0.3, np.ones(3), np.ones(3))])
+    assert m.tvd == pytest.approx(0.25, rel=1e-12) and m.low.tolist() == pytest.approx([0.75] * 3)
+    u = unbounded(np.array([1.2, -0.2]))   # TVD to its projection (0.2) + 1
+    assert u.tvd == pytest.approx(1.2, rel=1e-12) and u.coverage == AT_LEAST

@@ -185,8 +185,13 @@ class _RRBase(Mechanism):
         cols = self.domain.axes(attrs)
         values = adjusted_marginal(patterns, res.weights, cols,
                                    [self.domain.shape[c] for c in cols])
-        return self._estimate(values, attrs, method, len(reports), options,
-                              iterations=int(res.iterations), converged=bool(res.converged))
+        # biased: castell's bound on the reports' table plus the distance to castell
+        cast = self.estimate(self.count(reports, self.tensors([attrs])), attrs, "castell")
+        assert cast.bound is not None, "castell carries its bootstrap bound"
+        tb = triangle(values, cast.factor.values, cast.bound)
+        return self._estimate(values, attrs, method, len(reports), options, error_bound=tb.tvd,
+                              bound=tb, iterations=int(res.iterations),
+                              converged=bool(res.converged))
 
     def _estimate(self, values: np.ndarray, attrs: Sequence[str], method: str, n: float,
                   options: Mapping[str, Any], **kw: Any) -> Estimate:

@@ -121,7 +121,7 @@ def _batched_estimates(mech: Mechanism, method: str, attrs_list: list[tuple[str,
     """One group (same estimator, shape and channels) through estimators/kernels/batched.py, as
     ``mech.estimate`` answers each (a mechanism with ``product_channels``). ``memo``: the
     bootstrap bound per (channels, table), shared by the estimators of one table (castell,
-    truncated and ibu carry the same)."""
+    truncated and ibu carry it; rr-independent adds its distance to castell)."""
     mats = mech.product_channels(attrs_list[0])
     assert mats is not None, "only mechanisms with product channels are batched"
     invs = batched.inverses(mats)

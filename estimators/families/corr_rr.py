@@ -619,6 +619,8 @@ class CorrRR(TwoPhase):
     #: (the column counts' bytes, their Combined): every marginal of one refresh (or simulate
     #: run) is a part of the same combination, computed once
     _memo: tuple[bytes, Combined] | None = None
+    #: (the Combined, the bounds of its unbiased estimate of every attribute)
+    _bounds: tuple[Combined, list[Bound]] | None = None
 
     def combined(self, counts: Mapping[str, np.ndarray]) -> Combined:
         """The estimate of every marginal from the column counts (memoized on their values)."""
@@ -650,10 +652,12 @@ class CorrRR(TwoPhase):
         if method == "phase1":
             return super().bound(counts, i, method, values)
         n1, n2 = self.phase_sizes(counts)
-        c1, c2 = self.column_counts(counts)
         cb = self.combined(counts)
         pm = self.model(n1, n2)
-        b = unbiased_bounds(pm, cb, c1 + c2)[i]
+        if self._bounds is None or self._bounds[0] is not cb:   # once per combination
+            c1, c2 = self.column_counts(counts)
+            self._bounds = (cb, unbiased_bounds(pm, cb, c1 + c2))
+        b = self._bounds[1][i]
         return b if method == "unbiased" else triangle(values, pm.split(cb.unbiased)[i], b)
 
     def estimate_all(self, counts: Mapping[str, np.ndarray], method: str | None = "corr-rr"

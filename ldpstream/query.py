@@ -150,8 +150,9 @@ def print_estimate(est: dict[str, Any]) -> None:
     info = (f"n={est.get('n')}  ε={_fmt(est.get('epsilon_per_record'), 3)} per record, "
             f"{_fmt(est.get('epsilon_per_attribute'), 3)} per attribute"
             f"  error bound={_fmt(est.get('error_bound'))}"
-            + (f" (TVD q{100 * est['error_bound_quantile']:g})"
-               if est.get("error_bound_quantile") else "")
+            + (f" (TVD q{100 * est['error_bound_quantile']:g}"
+               + (f", {est['error_bound_coverage']}" if est.get("error_bound_coverage") else "")
+               + ")" if est.get("error_bound_quantile") else "")
             + f"  drift TVD={_fmt(est.get('drift_tvd'))}  updated {_age(est.get('updated_at'))}")
     if est.get("iterations") is not None:
         info += f"  iterations={est['iterations']} converged={est.get('converged')}"

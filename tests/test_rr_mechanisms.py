@@ -165,8 +165,8 @@ def test_rr_ind_estimates_are_accurate_and_labelled():
     for method in ("truncated", "hybrid-auto"):
         assert tv(m.estimate(counts, attrs, method)) < 0.06, method
     ind = m.estimate(counts, attrs, "rr-independent")
-    assert ind.error_bound is None
     assert tv(ind) > 0.15  # a, b are dependent: independence is badly biased
+    assert ind.error_bound >= tv(ind)   # castell's bound + its distance to castell covers it
     assert m.estimate(counts, attrs, "hybrid-auto").extra["chosen"] == "castell"
     adj = m.estimate(counts, attrs, "rr-adjustment")
     assert adj.converged and adj.iterations >= 1
@@ -248,9 +248,9 @@ def _dependent(n, d, w, rho, rng):
 
 def test_hybrid_error_bound_follows_the_chosen_estimate():
     """When a hybrid picks the biased RR-Independent product, its error bound must be the
-    product's (½·sqrt(|Ω|·(bias² + variance))), not castell's variance-only value."""
-    from ldpstream.estimators.kernels.bounds import product_channel_bound
-    from ldpstream.estimators.kernels.hybrid import auto_errors, product_tvd_bound
+    product's (castell's bound plus the product's TVD to castell), not castell's alone."""
+    from ldpstream.estimators.kernels.bounds import AT_LEAST, product_channel_bound
+    from ldpstream.estimators.kernels.castell import castell
     dom = Domain(("a", "b", "c"), (4, 4, 4))
     m = RRIndependent(dom, 2.0)
     rng = np.random.default_rng(0)
@@ -263,9 +263,9 @@ def test_hybrid_error_bound_follows_the_chosen_estimate():
     tv = 0.5 * np.abs(e.factor.values - truth).sum()
     castell_bound = product_channel_bound(c, m.channels).tvd
     assert castell_bound < 0.6 and tv > 0.9  # castell's bound would understate the error
-    err2 = auto_errors(c, m.channels)["rr-independent_err"]
-    assert e.error_bound == pytest.approx(min(1.0, 0.5 * np.sqrt(64 * err2)))
-    assert e.error_bound == product_tvd_bound(c, m.channels) and e.error_bound >= tv
+    gap = 0.5 * np.abs(e.factor.values - castell(c, m.channels)).sum()
+    assert e.error_bound == pytest.approx(min(1.0, castell_bound + gap), rel=1e-12)
+    assert e.error_bound >= tv and e.bound is not None and e.bound.coverage == AT_LEAST
     assert e.extra["error_bound_of"].startswith("rr-independent")
     # hybrid-auto choosing castell keeps castell's bound
     ca = m.estimate(counts, dom.attrs, "hybrid-auto")
@@ -273,13 +273,14 @@ def test_hybrid_error_bound_follows_the_chosen_estimate():
     assert ca.extra["error_bound_of"] == "castell"
 
 
-def test_hybrid_auto_product_bound_calibration():
-    """Seeded Monte Carlo (40 runs, mildly dependent data, ε = 1): whenever hybrid-auto picks
-    the product, the mean of its bound is at least the mean TVD actually made (castell's bound,
-    the old value, is ~10× too large here)."""
+def test_hybrid_auto_product_bound_covers_every_run():
+    """Seeded (40 runs, mildly dependent data, ε = 1): whenever hybrid-auto picks the product,
+    its bound (castell's plus the distance to castell) covers the TVD actually made. It is wide
+    here (castell is noisy, which is why the product was picked): no bound that holds whatever
+    the truth can be tighter than the unbiased estimate's noise."""
     dom = Domain(("a", "b", "c"), (4, 4, 4))
     m = RRIndependent(dom, 1.0)
-    tvs, bounds = [], []
+    picked = 0
     for r in range(40):
         rng = np.random.default_rng([r, 7])
         recs = _dependent(5000, 4, 3, 0.3, rng)
@@ -287,7 +288,7 @@ def test_hybrid_auto_product_bound_calibration():
                        "hybrid-auto")
         if e.extra["chosen"] != "rr-independent":
             continue
-        tvs.append(0.5 * np.abs(e.factor.values - _true(recs, [0, 1, 2], (4, 4, 4))).sum())
-        bounds.append(e.error_bound)
-    assert len(tvs) >= 30
-    assert np.mean(bounds) >= np.mean(tvs) and np.mean(bounds) < 0.6
+        picked += 1
+        assert 0.5 * np.abs(e.factor.values - _true(recs, [0, 1, 2], (4, 4, 4))).sum() \
+            <= e.error_bound
+    assert picked >= 30

@@ -134,6 +134,8 @@ def test_estimates_equal_the_estimators_on_the_exact_counts(stack):
                 min(1.0, direct.error_bound) if est["projected"] else direct.error_bound)
             if direct.bound is not None:   # the bootstrap's upper 95 % quantile of the TVD
                 assert est["error_bound_quantile"] == 0.95
+                assert est["error_bound_coverage"] == ("calibrated" if method == "castell" or (
+                    est.get("chosen") == "castell") else "at least")
                 assert np.all(np.asarray(est["cells_low"]) <= np.asarray(est["cells_high"]))
             if method == "castell":
                 status, raw = get_json(url, f"/estimates/{cid}?attrs={','.join(attrs)}"

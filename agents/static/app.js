@@ -186,7 +186,8 @@ function summary(est) {
   const byDevice = ot && ot.counted_by === "device";
   const items = [[byDevice ? "Devices in window" : "Reports in window", est.n.toLocaleString("en"), "n"],
     ["Updated", `${new Date(est.updated_at * 1000).toLocaleTimeString([], { hour12: false })} (${ago(est.updated_at)})`, "updated_at"],
-    ["Error bound (expected TVD)", fmt(est.error_bound), "error_bound"],
+    [est.error_bound_quantile ? `Error bound (TVD q${100 * est.error_bound_quantile}, ${est.error_bound_coverage})`
+      : "Error bound (expected TVD)", fmt(est.error_bound), "error_bound"],
     ["ε per report", eps(est.epsilon_per_record), "epsilon_per_record"],
     ["ε per device per day", est.epsilon_per_day == null ? "no cap" : eps(est.epsilon_per_day), "epsilon_per_day"],
     ["ε per device in this window", perWindow(ot, est.window), "epsilon_per_window"],

@@ -49,9 +49,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy import optimize, special
 
+from ldpstream.estimators.families.corr_rr_bounds import unbiased_bounds
 from ldpstream.estimators.families.corr_rr_paper import TwoPhase, grr_copy_channel, phase1_estimates
 from ldpstream.estimators.families.multi_baselines import one_way_axis
 from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.kernels.bounds import Bound, triangle
 from ldpstream.estimators.kernels.domain import Factor
 from ldpstream.estimators.kernels.linalg import blockdiag, contrast, spd_inv
 from ldpstream.estimators.kernels.proper import clip_rescale, repair
@@ -76,6 +78,8 @@ class Combined:
     mse_estimate: float
     bias2_estimate: float
     extra: dict[str, Any] = field(default_factory=dict)
+    #: (K1, K2): U = u + K1(f̂ᴵ − u) + K2(λ̂ − Hu) at the final plug-in (the bound's draws)
+    gains: tuple[np.ndarray, np.ndarray] | None = None
 
 
 class PhaseModel:
@@ -315,7 +319,8 @@ class PhaseModel:
                         float(self.omega @ b2u),
                         {"weights": {s: W[:, i].tolist() for i, s in
                                      enumerate(("phase1", "decode", "unbiased"))},
-                         "mse_unbiased": float(self.omega @ cv["UU"]), "mse_cells": cells})
+                         "mse_unbiased": float(self.omega @ cv["UU"]), "mse_cells": cells},
+                        gains=(gl[0], gl[1]))
 
     def combine_pooled(self, f1: np.ndarray | None, lam: np.ndarray,
                        alpha: float | str | None = "aic", per_attribute: bool = True) -> Combined:
@@ -357,7 +362,7 @@ class PhaseModel:
                         float(self.omega @ b2),
                         {"tau2": fit.tau2.tolist(), "lr": fit.lr, "pooled": fit.pooled,
                          "mse_unbiased": float(self.omega @ np.diag(gl[4])),
-                         "mse_cells": cells})
+                         "mse_cells": cells}, gains=(gl[0], gl[1]))
 
     def predicted(self, f: np.ndarray, post: np.ndarray | None = None) -> dict[str, float]:
         """Planning: predicted eq. 5 MSEs of U, of the published decode B and of the
@@ -614,6 +619,8 @@ class CorrRR(TwoPhase):
     #: (the column counts' bytes, their Combined): every marginal of one refresh (or simulate
     #: run) is a part of the same combination, computed once
     _memo: tuple[bytes, Combined] | None = None
+    #: (the Combined, the bounds of its unbiased estimate of every attribute)
+    _bounds: tuple[Combined, list[Bound]] | None = None
 
     def combined(self, counts: Mapping[str, np.ndarray]) -> Combined:
         """The estimate of every marginal from the column counts (memoized on their values)."""
@@ -637,6 +644,22 @@ class CorrRR(TwoPhase):
             return pm.combine_pooled(f1, lam)
         return pm.combine(f1, lam)
 
+    def bound(self, counts: Mapping[str, np.ndarray], i: int, method: str,
+              values: np.ndarray) -> Bound:
+        """phase1: :meth:`TwoPhase.bound`; unbiased: its calibrated bootstrap bound
+        (:func:`.corr_rr_bounds.unbiased_bounds`); corr-rr and decode: that bound plus their
+        TVD to the unbiased estimate (:func:`~.bounds.triangle`)."""
+        if method == "phase1":
+            return super().bound(counts, i, method, values)
+        n1, n2 = self.phase_sizes(counts)
+        cb = self.combined(counts)
+        pm = self.model(n1, n2)
+        if self._bounds is None or self._bounds[0] is not cb:   # once per combination
+            c1, c2 = self.column_counts(counts)
+            self._bounds = (cb, unbiased_bounds(pm, cb, c1 + c2))
+        b = self._bounds[1][i]
+        return b if method == "unbiased" else triangle(values, pm.split(cb.unbiased)[i], b)
+
     def estimate_all(self, counts: Mapping[str, np.ndarray], method: str | None = "corr-rr"
                      ) -> list[np.ndarray]:
         method = method or "corr-rr"
@@ -652,15 +675,12 @@ class CorrRR(TwoPhase):
 
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                  method: str = "corr-rr", **options: Any) -> Estimate:
-        """Options: ``proper`` ('clip' | 'simplex'). ``error_bound``: the root of the estimated
-        squared error summed over the marginal's cells (``unbiased``: of its stated variance;
-        ``corr-rr``: it assumes no bias the significance test could not see)."""
+        """Options: ``proper`` ('clip' | 'simplex'). ``error_bound``: :meth:`bound`."""
         i = one_way_axis(self, attrs, method)
         n1, n2 = self.phase_sizes(counts)
         off = np.concatenate([[0], np.cumsum(self.domain.shape)])
         s = slice(off[i], off[i + 1])
         extra: dict[str, Any] = {"n1": n1, "n2": n2, "version": self.version}
-        bound = None
         if method == "phase1":
             vals = self.estimate_all(counts, "phase1")[i]
         else:
@@ -670,10 +690,7 @@ class CorrRR(TwoPhase):
             extra.update(weight=cb.weight.tolist(), variance_unbiased=var.tolist(),
                          mse_estimate=cb.mse_estimate,
                          **{k: v for k, v in cb.extra.items() if k in ("tau2", "weights")})
-            if method == "unbiased":
-                bound = float(np.sqrt(var.sum()))
-            elif method == "corr-rr":
-                bound = float(np.sqrt(np.sum(cb.extra["mse_cells"][s])))
         vals = repair(np.asarray(vals, dtype=float), options.get("proper"))
+        b = self.bound(counts, i, method, vals)
         return Estimate(Factor(self.domain.project(tuple(attrs)), vals), method, n1 + n2,
-                        self.epsilon, error_bound=bound, extra=extra)
+                        self.epsilon, error_bound=b.tvd, bound=b, extra=extra)

@@ -35,6 +35,7 @@ import numpy as np
 from ldpstream.estimators.families.multi_baselines import grr_decode, one_way_axis, one_way_reason, report_dtype
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels import device_program as dp
+from ldpstream.estimators.kernels.bounds import Bound, product_channel_bound, triangle, unbounded
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import repair
 from ldpstream.estimators.mechanism import (
@@ -364,6 +365,19 @@ class TwoPhase(Mechanism):
         c1, _ = self.column_counts(counts)
         return phase1_estimates(c1, self.target_epsilon, self.domain.shape)
 
+    def bound(self, counts: Mapping[str, np.ndarray], i: int, method: str,
+              values: np.ndarray) -> Bound:
+        """The bound of attribute i's estimate ``values`` by ``method``: Phase I's (SPL through
+        GRR) calibrated bootstrap bound, plus for every other estimate its TVD to Phase I's
+        (:func:`~.bounds.triangle`: at least 95 %); no Phase I reports: :func:`~.bounds.unbounded`."""
+        c1, _ = self.column_counts(counts)
+        if c1[i].sum() <= 0:
+            return unbounded(values)
+        b = product_channel_bound(c1[i], [self.P1[i]])
+        if method == "phase1":
+            return b
+        return triangle(values, self.phase1(counts)[i], b)
+
     def phase1_pairs(self, counts: Mapping[str, np.ndarray]) -> dict[tuple[int, int], np.ndarray]:
         """Phase I pair counts (j < k) of the ``corr:a|b`` tensors."""
         at = self.domain.attrs
@@ -592,8 +606,10 @@ class CorrRRPaper(TwoPhase):
         i = one_way_axis(self, attrs, method)
         vals = repair(self.estimate_all(counts, method)[i], options.get("proper"))
         n1, n2 = self.phase_sizes(counts)
+        b = self.bound(counts, i, method, vals)
         return Estimate(Factor(self.domain.project(tuple(attrs)), vals), method, n1 + n2,
-                        self.epsilon, extra={"n1": n1, "n2": n2, "version": self.version})
+                        self.epsilon, error_bound=b.tvd, bound=b,
+                        extra={"n1": n1, "n2": n2, "version": self.version})
 
 
 def run_two_phase(mech: TwoPhase, records: np.ndarray, rng: np.random.Generator,

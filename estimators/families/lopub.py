@@ -12,6 +12,10 @@ values in {0, 1} (:mod:`~ldpstream.estimators.families.lopub_bloom`). The server
 ``lasso-em`` need per-report likelihoods and take the reports (``reports=``, or
 :meth:`LoPub.estimate_reports`), reduced to their table of distinct match vectors.
 
+``error_bound``: the unbiased co-occurrence estimate's calibrated bootstrap bound
+(:mod:`~ldpstream.estimators.families.lopub_bounds`); lasso, EM and lasso-EM serve it plus their
+TVD to the co-occurrence estimate (:func:`~ldpstream.estimators.kernels.bounds.triangle`).
+
 ``epsilon`` is computed from the actual filters (Σ_j ln((2−f)/f)·max Hamming distance between two
 values' filters; see :mod:`~ldpstream.estimators.families.lopub_bloom`); ``epsilon_eq8`` is the paper's eq. 8
 (2h·ln((2−f)/f) per attribute, summed), an upper bound that is reached only when the filters of
@@ -34,6 +38,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 from ldpstream.estimators.families import lopub_bloom as bloom
+from ldpstream.estimators.families.lopub_bounds import cooccurrence_bound
 from ldpstream.estimators.families.lopub_cooccurrence import (
     cooccurrence_counts,
     cooccurrence_from_bits,
@@ -42,6 +47,7 @@ from ldpstream.estimators.families.lopub_cooccurrence import (
 from ldpstream.estimators.families.lopub_em import distinct_reports, em_jd
 from ldpstream.estimators.families.lopub_lasso import lasso_jd
 from ldpstream.estimators.kernels import device_program as dp
+from ldpstream.estimators.kernels.bounds import Bound, triangle, unbounded
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex
 from ldpstream.estimators.mechanism import Estimate, Mechanism, ParamError, Params, TensorSpec, record_budget, register
@@ -217,8 +223,15 @@ class LoPub(Mechanism):
         n = int(np.asarray(counts["n"]).reshape(-1)[0])
         if method == "lasso":
             values = self._lasso([counts[f"b:{a}"] for a in attrs], n, attrs, options)
-            return self._result(values, attrs, method, n)
-        return self._result(self._cooccurrence_counts(counts, n, attrs, options), attrs, method, n)
+            try:
+                raw = self._cooccurrence_counts(counts, n, attrs)
+            except KeyError:   # no co-occurrence tensor of these attributes to bound it by
+                return self._result(values, attrs, method, n, bound=unbounded(values))
+            return self._result(values, attrs, method, n,
+                                bound=triangle(values, raw, self._bound(raw, attrs, n)))
+        raw = self._cooccurrence_counts(counts, n, attrs)
+        return self._result(self._repair(raw, options), attrs, method, n,
+                            bound=self._bound(raw, attrs, n))
 
     def estimate_reports(self, reports: np.ndarray, attrs: Sequence[str], method: str,
                          **options: Any) -> Estimate:
@@ -230,23 +243,24 @@ class LoPub(Mechanism):
         n = int(reports.shape[0])
         parts = [reports[:, self.columns(a)] for a in attrs]
         blooms = [self.blooms[self.domain.axes((a,))[0]] for a in attrs]
+        A = [bloom.expected_bits(B, self.f) for B in blooms]
+        raw = (solve_cooccurrence(cooccurrence_counts(*parts), n, A) if len(attrs) <= 2
+               else cooccurrence_from_bits(parts, A))
+        b = self._bound(raw, attrs, n)
         if method == "cooccurrence":
-            A = [bloom.expected_bits(B, self.f) for B in blooms]
-            if len(attrs) <= 2:
-                values = solve_cooccurrence(cooccurrence_counts(*parts), n, A)
-            else:
-                values = cooccurrence_from_bits(parts, A)
-            return self._result(self._repair(values, options), attrs, method, n)
+            return self._result(self._repair(raw, options), attrs, method, n, bound=b)
         bit_counts = [p.sum(axis=0, dtype=np.int64) for p in parts]
         if method == "lasso":
-            return self._result(self._lasso(bit_counts, n, attrs, options), attrs, method, n)
+            values = self._lasso(bit_counts, n, attrs, options)
+            return self._result(values, attrs, method, n, bound=triangle(values, raw, b))
         init = self._lasso(bit_counts, n, attrs, options) if method == "lasso-em" else None
         res = em_jd(distinct_reports(parts, blooms), blooms, self.f, init=init,
                     tol=float(options.get("tol", 1e-4)),
                     max_iter=int(options.get("max_iter", 1000)))
         extra = {} if init is None else {"lasso_support": int(np.count_nonzero(init))}
         return self._result(res.joint, attrs, method, n, iterations=res.iterations,
-                            converged=res.converged, extra=extra)
+                            converged=res.converged, extra=extra,
+                            bound=triangle(res.joint, raw, b))
 
     # --- configuration ----------------------------------------------------------------------------
     @classmethod
@@ -328,8 +342,14 @@ class LoPub(Mechanism):
         fn = _REPAIRS[name]
         return values if fn is None else fn(values)
 
+    def _bound(self, raw: np.ndarray, attrs: tuple[str, ...], n: int) -> Bound:
+        """The calibrated bound of the co-occurrence estimate ``raw`` of ``attrs``."""
+        return cooccurrence_bound([bloom.expected_bits(
+            self.blooms[self.domain.axes((a,))[0]], self.f) for a in attrs], raw, n)
+
     def _cooccurrence_counts(self, counts: Mapping[str, np.ndarray], n: int,
-                             attrs: tuple[str, ...], options: Mapping[str, Any]) -> np.ndarray:
+                             attrs: tuple[str, ...]) -> np.ndarray:
+        """The (raw, unbiased) co-occurrence estimate of ``attrs`` from the count tensors."""
         ordered = self._ordered(attrs)
         key = f"b:{ordered[0]}" if len(ordered) == 1 else "c:" + "|".join(ordered)
         if key not in counts:
@@ -338,18 +358,17 @@ class LoPub(Mechanism):
                               "estimate offline with estimate_reports)" if len(attrs) > 2 else ""))
         A = [bloom.expected_bits(self.blooms[self.domain.axes((a,))[0]], self.f) for a in ordered]
         values = solve_cooccurrence(np.asarray(counts[key]), n, A)
-        values = np.transpose(values, [ordered.index(a) for a in attrs])
-        return self._repair(values, options)
+        return np.transpose(values, [ordered.index(a) for a in attrs])
 
     def _result(self, values: np.ndarray, attrs: tuple[str, ...], method: str, n: int, *,
                 iterations: int | None = None, converged: bool | None = None,
-                extra: dict[str, Any] | None = None) -> Estimate:
+                extra: dict[str, Any] | None = None, bound: Bound) -> Estimate:
         info = {"epsilon_exact": self.epsilon_exact, "f": self.f, "hashes": self.hashes,
                 "bits": {a: self.bits[self.domain.axes((a,))[0]] for a in attrs}}
         info.update(extra or {})
         return Estimate(Factor(self.domain.project(attrs), np.asarray(values, dtype=float)),
                         method, n, self.epsilon, iterations=iterations, converged=converged,
-                        extra=info)
+                        extra=info, error_bound=bound.tvd, bound=bound)
 
     # --- state ------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -21,7 +21,10 @@ uniform fakes; with a skewed prior it would overstate the privacy).
 
 Every estimator here is the unbiased inverse (raw, may leave [0, 1]); the analytic per-cell
 variances are stated for a fixed dataset (``fixed_data=True``: the randomness is the mechanism's,
-what a Monte Carlo on one dataset measures) or i.i.d. users (adds f(1−f)/n).
+what a Monte Carlo on one dataset measures) or i.i.d. users (adds f(1−f)/n). ``error_bound`` is
+the calibrated 95 % bootstrap bound (estimators/kernels/bounds.py) through the attribute's
+effective channel: a column of reports is a multinomial of f·Q (:meth:`_Multi.column`); rs-rfd's
+combination of its SPL and RS+RFD phases gets :func:`~.bounds.mixture` of both.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from scipy import optimize
 
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels import device_program as dp
+from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, Bound, affine_bound, mixture, split_level
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import clip_rescale, repair
 from ldpstream.estimators.mechanism import (
@@ -225,6 +229,19 @@ class _Multi(Mechanism):
         """Raw unbiased estimates of every attribute's marginal (domain order)."""
         raise NotImplementedError
 
+    def column(self, counts: Mapping[str, np.ndarray], i: int
+               ) -> tuple[np.ndarray, float, np.ndarray]:
+        """(counts, α, β): the reports counted for attribute i, a multinomial of f_i·Q with the
+        effective channel Q = α·I + 1·βᵀ, which the unbiased estimate inverts."""
+        raise NotImplementedError
+
+    def bound(self, counts: Mapping[str, np.ndarray], i: int, level: float = LEVEL) -> Bound:
+        """The bootstrap bound of attribute i's unbiased estimate (no reports: the widest)."""
+        c, alpha, beta = self.column(counts, i)
+        if c.sum() <= 0:   # nothing to estimate from (smp: nobody sampled it yet)
+            return Bound(1.0, np.zeros(len(c)), np.ones(len(c)), level, AT_LEAST)
+        return affine_bound(c, alpha, beta, level=level)
+
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                  method: str = "unbiased", **options: Any) -> Estimate:
         """Options: ``proper`` ('clip' | 'simplex')."""
@@ -235,9 +252,9 @@ class _Multi(Mechanism):
         n = self.counted(counts)
         var = self.variance([np.clip(x, 0, 1) for x in every], n, fixed_data=False)[i]
         vals = repair(est, options.get("proper"))
+        b = self.bound(counts, i)
         return Estimate(Factor(self.domain.project((a,)), vals), method, int(n), self.epsilon,
-                        error_bound=float(np.sqrt(var.sum())),
-                        extra={"variance": var.tolist()})
+                        error_bound=b.tvd, bound=b, extra={"variance": var.tolist()})
 
     def counted(self, counts: Mapping[str, np.ndarray]) -> int:
         return int(np.asarray(counts[marginal_key((self.domain.attrs[0],))]).sum())
@@ -383,6 +400,13 @@ class SPL(_Memoizing):
             c = np.asarray(counts[marginal_key((a,))], dtype=float)
             out.append(grr_decode(c, c.sum(), e, d))
         return out
+
+    def column(self, counts: Mapping[str, np.ndarray], i: int
+               ) -> tuple[np.ndarray, float, np.ndarray]:
+        """GRR: α = p − q, β = q."""
+        p, q = ch.grr_pq(self.eps_report[i], self.domain.shape[i])
+        return (np.asarray(counts[marginal_key((self.domain.attrs[i],))], dtype=float), p - q,
+                np.full(self.domain.shape[i], q))
 
     def variance(self, f, n, fixed_data=True):
         return [grr_decode_variance(fk, n, e, d, fixed_data)
@@ -530,6 +554,13 @@ class SMP(_Memoizing):
             out.append(grr_decode(t[j, :d], nj, e, d) if nj > 0 else np.full(d, np.nan))
         return out
 
+    def column(self, counts: Mapping[str, np.ndarray], i: int
+               ) -> tuple[np.ndarray, float, np.ndarray]:
+        """The reports of the users who sampled attribute i (given their number), GRR."""
+        d = self.domain.shape[i]
+        p, q = ch.grr_pq(self.eps_report[i], d)
+        return np.asarray(counts["smp"], dtype=float)[i, :d], p - q, np.full(d, q)
+
     def variance(self, f, n, fixed_data=True):
         # conditional on n_j ≈ n/m reports for attribute j (E[1/n_j] to second order), plus the
         # sampling of which users report j; on a fixed dataset the f(1−f)/n term cancels.
@@ -643,6 +674,14 @@ class RSFD(_Multi):
             lam = c / c.sum()
             out.append((self.m * lam - q - (self.m - 1) * pri) / (p - q))
         return out
+
+    def column(self, counts: Mapping[str, np.ndarray], i: int
+               ) -> tuple[np.ndarray, float, np.ndarray]:
+        """Q = (GRR(ε') + (m − 1)·1πᵀ)/m (sampled with probability 1/m, else a fake from π):
+        α = (p − q)/m, β = (q + (m − 1)·π)/m."""
+        c = np.asarray(counts[marginal_key((self.domain.attrs[i],))], dtype=float)
+        p, q = self._pq(self.domain.shape[i])
+        return c, (p - q) / self.m, (q + (self.m - 1) * self.priors[i]) / self.m
 
     def variance(self, f, n, fixed_data=True):
         out = []
@@ -851,9 +890,11 @@ class RSRFD(RSFD):
         var = (w ** 2 * self.spl.variance(f, n1, fixed_data=False)[i]
                + (1 - w) ** 2 * self.variance(f, n2, fixed_data=False)[i])
         a = self.domain.attrs[i]
+        lv = split_level(2)
+        b = mixture([w, 1 - w], [self.spl.bound(spl, i, lv), self.bound(rs, i, lv)])
         return Estimate(Factor(self.domain.project((a,)), repair(est, options.get("proper"))),
                         method, int(n1 + n2), max(self.epsilon, self.spl.epsilon),
-                        error_bound=float(np.sqrt(var.sum())),
+                        error_bound=b.tvd, bound=b,
                         extra={"variance": var.tolist(), "weight_phase1": float(w),
                                "n1": int(n1), "n2": int(n2)})
 

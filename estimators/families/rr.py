@@ -13,16 +13,15 @@ are plain marginals of randomized values (key :func:`~.mechanism.marginal_key`).
 estimated from its own tensor or from any stored superset tensor (randomized counts marginalise
 exactly). ε is always computed from the channel entries, never echoed.
 
-``error_bound`` of ``rr-ind`` is the upper 95 % quantile of the TVD of the unbiased inverse
-estimate (castell), with per-cell intervals, from a parametric bootstrap through the channels
-(:func:`~.bounds.product_channel_bound`, ``Estimate.bound``); castell is also served projected
-onto the simplex (``Estimate.projected``) with the same bound. It is attached, as a proxy, to
-truncated and ibu (their errors are typically smaller). ``rr-clusters`` / ``rr-joint`` carry
-the expected TVD of castell under a normal approximation of its variance (no quantile). ``hybrid`` / ``hybrid-auto``
-carry castell's bound when they chose castell; when they chose the biased RR-Independent product
-they carry :func:`~.hybrid.product_tvd_bound`, ½·sqrt(|Ω|·(estimated bias² + variance)) by
-Cauchy–Schwarz (``extra["error_bound_of"]`` names which). The plain rr-independent and
-rr-adjustment estimators carry none.
+``error_bound`` of castell is the upper 95 % quantile of the TVD of the unbiased inverse
+estimate, with per-cell intervals, from a parametric bootstrap through the channels
+(:func:`~.bounds.product_channel_bound`, through the block channels for ``rr-joint`` /
+``rr-clusters``; ``Estimate.bound``); castell is also served projected onto the simplex
+(``Estimate.projected``) with the same bound. It is attached, as a proxy, to truncated and ibu
+(their errors are smaller: measured coverage above 95 %). The biased rr-independent and
+rr-adjustment estimates, and a ``hybrid`` / ``hybrid-auto`` that chose the RR-Independent
+product, carry castell's bound plus their TVD to castell (:func:`~.bounds.triangle`: coverage at
+least 95 %); ``extra["error_bound_of"]`` names which estimate a hybrid's bound is for.
 """
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ import numpy as np
 
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels import device_program as dp
-from ldpstream.estimators.kernels.bounds import Bound, product_channel_bound
+from ldpstream.estimators.kernels.bounds import Bound, product_channel_bound, triangle
 from ldpstream.estimators.kernels.castell import castell
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.joint_grr import joint_pq, randomize_joint
@@ -186,8 +185,13 @@ class _RRBase(Mechanism):
         cols = self.domain.axes(attrs)
         values = adjusted_marginal(patterns, res.weights, cols,
                                    [self.domain.shape[c] for c in cols])
-        return self._estimate(values, attrs, method, len(reports), options,
-                              iterations=int(res.iterations), converged=bool(res.converged))
+        # biased: castell's bound on the reports' table plus the distance to castell
+        cast = self.estimate(self.count(reports, self.tensors([attrs])), attrs, "castell")
+        assert cast.bound is not None, "castell carries its bootstrap bound"
+        tb = triangle(values, cast.factor.values, cast.bound)
+        return self._estimate(values, attrs, method, len(reports), options, error_bound=tb.tvd,
+                              bound=tb, iterations=int(res.iterations),
+                              converged=bool(res.converged))
 
     def _estimate(self, values: np.ndarray, attrs: Sequence[str], method: str, n: float,
                   options: Mapping[str, Any], **kw: Any) -> Estimate:
@@ -317,9 +321,8 @@ class RRIndependent(_RRBase):
         n = float(c.sum())
         if n <= 0:
             raise ValueError(f"no reports counted for {attrs}")
-        cb = (product_channel_bound(c, P)
-              if method not in ("rr-independent", "rr-adjustment") else None)
-        bound = None if cb is None else cb.tvd
+        cb = product_channel_bound(c, P)
+        bound = cb.tvd
         if method == "castell":
             return self._estimate(castell(c, P), attrs, method, n, options, error_bound=bound,
                                   bound=cb)
@@ -328,18 +331,20 @@ class RRIndependent(_RRBase):
             return self._estimate(truncated(c, P), attrs, method, n, options, error_bound=bound,
                                   bound=cb, extra={"error_bound_of": "castell (proxy)"})
         if method in ("hybrid", "hybrid-auto"):
-            from ldpstream.estimators.kernels.hybrid import hybrid, hybrid_auto, product_tvd_bound
+            from ldpstream.estimators.kernels.hybrid import hybrid, hybrid_auto
             est, chosen = (hybrid(c, P, [self.epsilons[i] for i in self.domain.axes(attrs)])
                            if method == "hybrid" else hybrid_auto(c, P))
-            if chosen == "rr-independent":  # biased: castell's variance says nothing about it
-                bound, of, cb = product_tvd_bound(c, P), "rr-independent (bias² + variance)", None
+            if chosen == "rr-independent":  # biased: castell's bound plus the distance to it
+                cb, of = triangle(est, castell(c, P), cb), "rr-independent (castell + distance)"
             else:
                 of = "castell"
-            return self._estimate(est, attrs, method, n, options, error_bound=bound, bound=cb,
+            return self._estimate(est, attrs, method, n, options, error_bound=cb.tvd, bound=cb,
                                   extra={"chosen": chosen, "error_bound_of": of})
         if method == "rr-independent":
             from ldpstream.estimators.kernels.rr_independent import rr_independent
-            return self._estimate(rr_independent(c, P), attrs, method, n, options)
+            est = rr_independent(c, P)
+            tb = triangle(est, castell(c, P), cb)
+            return self._estimate(est, attrs, method, n, options, error_bound=tb.tvd, bound=tb)
         if method == "ibu":
             from ldpstream.estimators.kernels.ibu import ibu
             kw = {k: options[k] for k in ("tol", "max_iter", "init", "accelerate") if k in options}
@@ -351,8 +356,10 @@ class RRIndependent(_RRBase):
         # rr-adjustment: Alg. 2 on the distinct randomized patterns of this table
         kw = {k: options[k] for k in ("tol", "max_iter") if k in options}
         table, r = rr_adjustment_table(c, self.adjustment_targets(c, P), **kw)
-        return self._estimate(table, attrs, method, n, options, iterations=r.iterations,
-                              converged=r.converged, extra={"gap": r.gap})
+        tb = triangle(table, castell(c, P), cb)
+        return self._estimate(table, attrs, method, n, options, error_bound=tb.tvd, bound=tb,
+                              iterations=r.iterations, converged=r.converged,
+                              extra={"gap": r.gap})
 
     def state(self) -> dict[str, Any]:
         """``channels`` is the channel of a report (composed when memoized); a memoized
@@ -561,25 +568,29 @@ class _Clustered(_RRBase):
         groups, blocks = self.blocks(attrs)
         cb = to_blocks(c, attrs, groups)
         back = lambda t: from_blocks(t, attrs, groups, self._shape)  # noqa: E731
-        if method == "rr-independent":
-            return self._estimate(back(independent_blocks(cb, blocks)), attrs, method, n, options)
-        if method == "rr-adjustment":
-            kw = {k: options[k] for k in ("tol", "max_iter") if k in options}
-            table, r = rr_adjustment_table(c, self.adjustment_targets(c, attrs), **kw)
-            return self._estimate(table, attrs, method, n, options, iterations=r.iterations,
-                                  converged=r.converged, extra={"gap": r.gap})
         # the castell estimate's bootstrap bound through the block channels (one product
         # channel over the blocks), its cells mapped back to the marginal's axes
         bb = product_channel_bound(cb, [b.to_matrix() for b in blocks])
         cbound = Bound(bb.tvd, back(bb.low), back(bb.high), bb.level)
         proxy = {"error_bound_of": "castell (proxy)"}
+        raw = back(castell_blocks(cb, blocks))
+        if method == "rr-independent":
+            est = back(independent_blocks(cb, blocks))
+            tb = triangle(est, raw, cbound)
+            return self._estimate(est, attrs, method, n, options, error_bound=tb.tvd, bound=tb)
+        if method == "rr-adjustment":
+            kw = {k: options[k] for k in ("tol", "max_iter") if k in options}
+            table, r = rr_adjustment_table(c, self.adjustment_targets(c, attrs), **kw)
+            tb = triangle(table, raw, cbound)
+            return self._estimate(table, attrs, method, n, options, error_bound=tb.tvd,
+                                  bound=tb, iterations=r.iterations, converged=r.converged,
+                                  extra={"gap": r.gap})
         if method == "ibu":
             kw = {k: options[k] for k in ("tol", "max_iter", "init") if k in options}
             r = ibu_blocks(cb, blocks, **kw)
             return self._estimate(back(r.estimate), attrs, method, n, options,
                                   error_bound=cbound.tvd, bound=cbound, iterations=r.iterations,
                                   converged=r.converged, extra=proxy)
-        raw = back(castell_blocks(cb, blocks))
         if method == "castell":
             return self._estimate(raw, attrs, method, n, options, error_bound=cbound.tvd,
                                   bound=cbound)

@@ -37,9 +37,11 @@ from scipy.optimize import brentq
 from scipy.special import expit, logit
 from scipy.stats import norm
 
+from ldpstream.estimators.families.rrba_bounds import pooled_bound
 from ldpstream.estimators.families.rrba_consistency import consistent_tables, marginal_of, maxent_table
 from ldpstream.estimators.families.rrba_views import make_views
 from ldpstream.estimators.kernels import device_program as dp
+from ldpstream.estimators.kernels.bounds import Bound, coarsened, triangle, unbounded
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import clip_rescale
 from ldpstream.estimators.mechanism import (
@@ -483,9 +485,7 @@ class RRBA(Mechanism):
         out = []
         for v, j, comb in self.combinations():
             c = np.asarray(counts[self._key(v, j)], dtype=float)
-            hist = self.history[v][j]
-            Tt = np.stack([floor_table(hist[min(t, len(hist) - 1)], self.gamma)
-                           for t in range(c.shape[0])])
+            Tt = self._tildes(v, j, c.shape[0])
             if c.sum() == 0:
                 est = np.full(self.sizes[v][j], 1.0 / self.sizes[v][j])
             elif method == "pooled":
@@ -494,6 +494,35 @@ class RRBA(Mechanism):
                 est, _ = last_two_estimate(c, Tt, self.p, self.block_size)
             out.append((comb, est.reshape(self.dims[v][j])))
         return out
+
+    def _tildes(self, v: int, j: int, blocks: int) -> np.ndarray:
+        """The floored table T̃ every block (table version) of combination j of view v used."""
+        hist = self.history[v][j]
+        return np.stack([floor_table(hist[min(t, len(hist) - 1)], self.gamma)
+                         for t in range(blocks)])
+
+    def bound(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
+              values: np.ndarray) -> Bound:
+        """The bound of the served ``values`` of ``attrs``: the calibrated bound of the pooled
+        eq.-4 estimate of the first combination holding ``attrs`` (:func:`.rrba_bounds.
+        pooled_bound`, summed down to ``attrs``) plus the TVD of ``values`` to it
+        (:func:`~.bounds.triangle`); a maximum-entropy marginal, which no combination holds,
+        gets :func:`~.bounds.unbounded`."""
+        for v, j, comb in self.combinations():
+            c = np.asarray(counts[self._key(v, j)], dtype=float)
+            if not set(attrs) <= set(comb) or c.sum() == 0:
+                continue
+            Tt = self._tildes(v, j, c.shape[0])
+            dims = self.dims[v][j]
+            b = pooled_bound(c, Tt, self.p)
+            u = marginal_of(comb, pooled_estimate(c, Tt, self.p).reshape(dims), attrs)
+            if set(attrs) == set(comb):
+                b = Bound(b.tvd, marginal_of(comb, b.low.reshape(dims), attrs),
+                          marginal_of(comb, b.high.reshape(dims), attrs), b.level)
+            else:
+                b = coarsened(b, u)
+            return triangle(values, u, b)
+        return unbounded(values)
 
     def marginal(self, tables: Sequence[tuple[tuple[str, ...], np.ndarray]],
                  attrs: Sequence[str]) -> tuple[np.ndarray, str]:
@@ -525,8 +554,9 @@ class RRBA(Mechanism):
         values, how = self.marginal(tables, attrs)
         n = int(sum(np.asarray(counts[self._key(v, 0)]).sum() for v in range(len(self.views))))
         blocks = sum(self.table_version(v) for v in range(len(self.views)))
+        b = self.bound(counts, attrs, values)
         return Estimate(Factor(self.domain.project(attrs), values), method, n, self.epsilon,
-                        iterations=blocks, converged=all(self.converged),
+                        error_bound=b.tvd, bound=b, iterations=blocks, converged=all(self.converged),
                         extra={"derivation": how, "p": self.p, "gamma": self.gamma,
                                "paper_epsilon": paper_epsilon(self.p)})
 

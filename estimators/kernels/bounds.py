@@ -21,7 +21,12 @@ bootstrap's is not):
 The same bound is served with the estimate projected onto the simplex: projection removes
 noise, and its measured coverage is at least the raw one's (it is conservative there).
 
-The bootstrap is seeded by :data:`SEED` and the table itself (:func:`_stream`): the same counts
+A biased estimate e (a product of marginals, IBU, EM, lasso, …) of a marginal that an unbiased
+estimate u also estimates gets :func:`triangle`: TVD(e, truth) ≤ TVD(e, u) + TVD(u, truth), so
+TVD(e, u) plus u's bound covers at least as often as u's bound does (``coverage``
+:data:`AT_LEAST`). A weighted mean of independent unbiased estimates gets :func:`mixture`.
+
+The bootstrap is seeded by :data:`SEED` and the table itself (:func:`stream`): the same counts
 give the same bound, and different tables draw from different streams. One stream for every
 table would make the coverage conditional on that stream: with a fixed seed, the bootstrap's
 own Monte Carlo error does not average out over the tables a deployment serves (measured:
@@ -46,12 +51,18 @@ from ldpstream.estimators.kernels.castell import check_inputs
 from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.oracles.frequency_oracles import GRR, Oracle
 
-__all__ = ["LEVEL", "DRAWS", "SEED", "Bound", "reference", "bootstrap_bound",
-           "product_channel_bound", "product_channel_bounds",
-           "oracle_bound", "coarsened"]
+__all__ = ["LEVEL", "DRAWS", "SEED", "SIMULATE_MAX", "CALIBRATED", "AT_LEAST", "Bound",
+           "reference", "stream", "multinomial", "bootstrap_bound", "product_channel_bound",
+           "product_channel_bounds", "oracle_bound", "affine_bound", "coarsened", "triangle",
+           "unbounded", "split_level", "mixture"]
 
 #: the coverage every ``error_bound`` states: Pr[TVD(estimate, truth) ≤ bound] ≈ LEVEL
 LEVEL = 0.95
+#: ``Bound.coverage`` of the bootstrap's own quantile: Pr[TVD ≤ bound] ≈ LEVEL (measured)
+CALIBRATED = "calibrated"
+#: ``Bound.coverage`` of a bound that covers at least LEVEL (by construction, or a proxy
+#: measured to over-cover)
+AT_LEAST = "at least"
 #: bootstrap draws per bound
 DRAWS = 100
 #: the bootstrap's seed (bounds are a function of the counts)
@@ -63,21 +74,23 @@ _KRON_MAX = 512
 #: smallest expected count per cell for drawing the reports' counts by a normal approximation
 _NORMAL_FROM = 50.0
 #: largest draws × reports × values simulated report by report (OLH at small n)
-_SIMULATE_MAX = 1 << 23
+SIMULATE_MAX = 1 << 23
 
 
 @dataclass(frozen=True)
 class Bound:
     """``tvd``: the upper ``level`` quantile of the TVD; ``low``/``high``: per-cell ``level``
-    intervals (the estimate's shape)."""
+    intervals (the estimate's shape); ``coverage``: :data:`CALIBRATED` or :data:`AT_LEAST`
+    (``tvd`` covers at least ``level``)."""
 
     tvd: float
     low: np.ndarray
     high: np.ndarray
     level: float = LEVEL
+    coverage: str = CALIBRATED
 
 
-def _stream(seed: int, table: np.ndarray) -> np.random.Generator:
+def stream(seed: int, table: np.ndarray) -> np.random.Generator:
     """The bootstrap's generator for one table: seeded by ``seed`` and a hash of the table's
     values (deterministic: a function of the counts)."""
     h = hashlib.blake2b(np.ascontiguousarray(table, dtype=float).tobytes(), digest_size=8)
@@ -129,7 +142,7 @@ def reference(raw: np.ndarray, n: float) -> np.ndarray:
     return (float(n) * proj + k / proj.size) / (float(n) + k)
 
 
-def _multinomial(rng: np.random.Generator, n: int, lam: np.ndarray, draws: int) -> np.ndarray:
+def multinomial(rng: np.random.Generator, n: int, lam: np.ndarray, draws: int) -> np.ndarray:
     """``draws`` multinomial count vectors of n trials; by their normal approximation (mean nλ,
     covariance n(diag λ − λλᵀ)) once every expected count is at least :data:`_NORMAL_FROM`
     (a tenth of the cost; the bound's coverage is unchanged, tests/test_bounds.py)."""
@@ -162,7 +175,7 @@ def product_channel_bounds(tables: np.ndarray, channels: Sequence[np.ndarray], *
     """Bounds of the Castell estimates of B randomized w-way tables ``(B, d₁, …, d_w)``
     sharing one channel per axis ([Castell Alg. 3]): per table, multinomial draws of its n
     reports from ``ref ×₁ P₁ … ×_w P_w`` (``ref``: :func:`reference`), each table's from its
-    own generator (:func:`_stream` of ``seed`` and its counts: a table's bound does not
+    own generator (:func:`stream` of ``seed`` and its counts: a table's bound does not
     depend on the others), then every
     draw of every table estimated and ranked in a few array operations."""
     T = np.asarray(tables, dtype=float)
@@ -176,11 +189,11 @@ def product_channel_bounds(tables: np.ndarray, channels: Sequence[np.ndarray], *
     cells = raws.shape[1]
     if draws * cells > _CELLS_MAX:   # large tables: draws in chunks, TVD only
         return [_large_bound(raws[i], refs[i], lams[i], int(n[i]), shape, invs, level, draws,
-                             _stream(seed, T[i])) for i in range(B)]
+                             stream(seed, T[i])) for i in range(B)]
     step = max(1, _CELLS_MAX // (draws * cells))
     for s0 in range(0, B, step):
         idx = range(s0, min(B, s0 + step))
-        C = np.stack([_multinomial(_stream(seed, T[i]), max(int(n[i]), 1), lams[i],
+        C = np.stack([multinomial(stream(seed, T[i]), max(int(n[i]), 1), lams[i],
                                    draws) for i in idx])
         est = _castell_shared(C.reshape((-1,) + shape), invs).reshape(len(idx), draws, -1)
         out += _bounds(raws[s0:s0 + len(idx)], refs[s0:s0 + len(idx)], est, level)
@@ -196,7 +209,7 @@ def _large_bound(raw: np.ndarray, ref: np.ndarray, lam: np.ndarray, n: int,
     tv = []
     for c0 in range(0, draws, chunk):
         m = min(chunk, draws - c0)
-        est = _castell_shared(_multinomial(rng, max(n, 1), lam, m).reshape((m,) + shape), invs)
+        est = _castell_shared(multinomial(rng, max(n, 1), lam, m).reshape((m,) + shape), invs)
         tv.append(0.5 * np.abs(est.reshape(m, -1) - ref).sum(axis=1))
     t = np.concatenate(tv)
     tvd = float(np.partition(t, min(draws, math.ceil(level * (draws + 1))) - 1)[
@@ -225,17 +238,17 @@ def oracle_bound(oracle: Oracle, raw: np.ndarray, n: int, *, level: float = LEVE
     """Bound of a frequency oracle's unbiased estimate ``raw`` ([Wang17] eq. 3) from ``n``
     reports of users drawn from the population (the target is the population's distribution).
     GRR: exact multinomial draws through its channel; other oracles: the fleet simulated
-    report by report while draws·n·d ≤ :data:`_SIMULATE_MAX`, else normal draws with covariance
+    report by report while draws·n·d ≤ :data:`SIMULATE_MAX`, else normal draws with covariance
     (diag(v) + diag(f) − ffᵀ)/n, v = (f·p*(1−p*) + (1−f)·q*(1−q*))/(p*−q*)² ([Wang17] eq. 4;
     a report's supports are independent given its value under a random hash)."""
     raw = np.asarray(raw, dtype=float).reshape(-1)
     n = max(int(n), 1)
     ref = reference(raw, n)
-    rng = _stream(seed, np.concatenate([raw, [n]]))
+    rng = stream(seed, np.concatenate([raw, [n]]))
     p, q = oracle.p_star, oracle.q_star
-    if isinstance(oracle, GRR) or draws * n * ref.size <= _SIMULATE_MAX:
+    if isinstance(oracle, GRR) or draws * n * ref.size <= SIMULATE_MAX:
         # GRR's channel applied to ref without building it (d × d: 14 M entries at d = 3,750)
-        C = (_multinomial(rng, n, q * float(ref.sum()) + (p - q) * ref, draws)
+        C = (multinomial(rng, n, q * float(ref.sum()) + (p - q) * ref, draws)
              if isinstance(oracle, GRR) else _simulated(oracle, ref, n, draws, rng))
         est = (C / n - q) / (p - q)
     else:
@@ -253,4 +266,59 @@ def coarsened(bound: Bound, cells: np.ndarray) -> Bound:
     every cell's interval is the estimate ± the bound, clipped to [0, 1]."""
     cells = np.asarray(cells, dtype=float)
     return Bound(bound.tvd, np.clip(cells - bound.tvd, 0.0, 1.0),
-                 np.clip(cells + bound.tvd, 0.0, 1.0), bound.level)
+                 np.clip(cells + bound.tvd, 0.0, 1.0), bound.level, bound.coverage)
+
+
+def affine_bound(counts: np.ndarray, alpha: float, beta: np.ndarray, *, level: float = LEVEL,
+                 draws: int = DRAWS, seed: int = SEED) -> Bound:
+    """The bound of the inverse of a channel Q = α·I + 1·βᵀ (GRR: α = p − q, β = q; RRBA's
+    mean channel; RS+FD's sampled-or-fake column) on ``counts``, a multinomial of f·Q = α·f + β:
+    raw = (counts/n − β)/α, the draws inverted the same way (no d × d matrix)."""
+    c = np.asarray(counts, dtype=float).reshape(-1)
+    beta = np.broadcast_to(np.asarray(beta, dtype=float), c.shape)
+    n = float(c.sum())
+    raw = (c / n - beta) / alpha
+    ref = reference(raw, n)
+    drawn = multinomial(stream(seed, c), max(int(round(n)), 1), alpha * ref + beta, draws)
+    return bootstrap_bound(raw, ref, (drawn / n - beta) / alpha, level)
+
+
+def triangle(estimate: np.ndarray, unbiased: np.ndarray, bound: Bound) -> Bound:
+    """The bound of a biased ``estimate`` of the marginal that ``unbiased`` (raw, same cells)
+    estimates with ``bound``: TVD(estimate, truth) ≤ TVD(estimate, unbiased) + TVD(unbiased,
+    truth), so ``bound.tvd`` + TVD(estimate, unbiased) covers at least as often as ``bound``
+    (:data:`AT_LEAST`), capped at 1 when ``estimate`` is a distribution (so is the truth). The
+    cells keep the unbiased estimate's intervals (they are for the true cells)."""
+    e = np.asarray(estimate, dtype=float)
+    u = np.asarray(unbiased, dtype=float).reshape(e.shape)
+    tvd = bound.tvd + 0.5 * float(np.abs(e - u).sum())
+    if np.all(e >= 0) and abs(float(e.sum()) - 1.0) <= 1e-9:
+        tvd = min(tvd, 1.0)
+    return Bound(tvd, bound.low.reshape(e.shape), bound.high.reshape(e.shape), bound.level,
+                 AT_LEAST)
+
+
+def unbounded(estimate: np.ndarray, level: float = LEVEL) -> Bound:
+    """The bound of an estimate with no reports to bound it by: TVD(e, truth) ≤ TVD(e, Π(e)) +
+    TVD(Π(e), truth) ≤ TVD(e, Π(e)) + 1 with Π the projection onto the simplex (always
+    holds: :data:`AT_LEAST`); every cell in [0, 1]."""
+    e = np.asarray(estimate, dtype=float)
+    return triangle(e, project_simplex(e.reshape(-1)),
+                    Bound(1.0, np.zeros(e.shape), np.ones(e.shape), level, AT_LEAST))
+
+
+def split_level(k: int, level: float = LEVEL) -> float:
+    """The level each of ``k`` bounds needs for all of them to hold together with probability
+    at least ``level`` (the union bound): 1 − (1 − level)/k."""
+    return 1.0 - (1.0 - level) / k
+
+
+def mixture(weights: Sequence[float], bounds: Sequence[Bound], level: float = LEVEL) -> Bound:
+    """The bound of Σ wᵢuᵢ (weights summing to 1) from bounds of the unbiased uᵢ at
+    :func:`split_level` (k = len(bounds)): TVD(Σ wᵢuᵢ, truth) ≤ Σ wᵢ TVD(uᵢ, truth) ≤ Σ wᵢ·boundᵢ
+    whenever every bound holds, which is at least ``level`` (:data:`AT_LEAST`); likewise the
+    cells' Σ wᵢ·lowᵢ and Σ wᵢ·highᵢ."""
+    w = np.asarray(weights, dtype=float)
+    return Bound(float(w @ [b.tvd for b in bounds]),
+                 np.tensordot(w, np.stack([b.low for b in bounds]), axes=1),
+                 np.tensordot(w, np.stack([b.high for b in bounds]), axes=1), level, AT_LEAST)

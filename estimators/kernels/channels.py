@@ -20,6 +20,14 @@ _TOL = 1e-9
 
 def grr(eps: float, d: int) -> np.ndarray:
     """Generalized randomized response (direct encoding): keep with e^ε/(e^ε+d−1)."""
+    p, q = grr_pq(eps, d)
+    P = np.full((int(d), int(d)), q)
+    np.fill_diagonal(P, p)
+    return P
+
+
+def grr_pq(eps: float, d: int) -> tuple[float, float]:
+    """(p, q) of GRR(ε, d) without its d × d matrix."""
     eps = float(eps)
     if not np.isfinite(eps) or eps <= 0:
         raise ValueError(f"epsilon must be a finite number > 0, got {eps!r}")
@@ -27,17 +35,8 @@ def grr(eps: float, d: int) -> np.ndarray:
         raise ValueError(f"domain size must be ≥ 2, got {d!r}")
     d = int(d)
     # e^ε/(e^ε+d−1) written to stay finite for large ε
-    q = 1.0 / (np.exp(eps) + d - 1) if eps < 700 else 0.0
-    p = 1.0 - (d - 1) * q
-    P = np.full((d, d), q)
-    np.fill_diagonal(P, p)
-    return P
-
-
-def grr_pq(eps: float, d: int) -> tuple[float, float]:
-    """(p, q) of GRR(ε, d)."""
-    P = grr(eps, d)
-    return float(P[0, 0]), float(P[0, 1])
+    q = float(1.0 / (np.exp(eps) + d - 1)) if eps < 700 else 0.0
+    return 1.0 - (d - 1) * q, q
 
 
 def warner(p: float, d: int) -> np.ndarray:

@@ -22,12 +22,9 @@ Two selection rules:
 
 Both return ``(estimate, name)`` with name ``"castell"`` or ``"rr-independent"``.
 
-Error bound of a chosen RR-Independent estimate (:func:`product_tvd_bound`): the product is biased,
-so castell's expected TVD says nothing about it. With e = Π̃ − Π over |Ω| cells,
-TVD = ½‖e‖₁ ≤ ½·sqrt(|Ω|)·‖e‖₂ (Cauchy–Schwarz) and E‖e‖₂ ≤ sqrt(E‖e‖₂²) (Jensen), so
-E[TVD] ≤ ½·sqrt(|Ω|·E‖e‖²), with E‖e‖² the *estimated* bias² + variance above; capped at 1 (Π̃
-and Π are distributions). It is a bound given that estimate, not a guarantee: bias² is itself
-estimated from the data (with the upward lean described above).
+Error bound of a chosen RR-Independent estimate: the product is biased, so castell's bound says
+nothing about it alone; the family serves castell's bound plus the product's TVD to castell
+(:func:`~.bounds.triangle`).
 """
 from __future__ import annotations
 
@@ -38,7 +35,7 @@ import numpy as np
 from ldpstream.estimators.kernels.castell import castell, castell_variance, check_inputs
 from ldpstream.estimators.kernels.rr_independent import marginal_estimates, outer
 
-__all__ = ["hybrid", "hybrid_auto", "hybrid_bounds", "auto_errors", "product_tvd_bound"]
+__all__ = ["hybrid", "hybrid_auto", "hybrid_bounds", "auto_errors"]
 
 
 def hybrid_bounds(shape: Sequence[int], n: float, epsilons: Sequence[float]) -> tuple[float, float]:
@@ -99,11 +96,3 @@ def hybrid_auto(counts: np.ndarray, channels: Sequence[np.ndarray]) -> tuple[np.
         return e["castell"], "castell"  # type: ignore[return-value]  # the key is a literal
     return e["rr-independent"], "rr-independent"  # type: ignore[return-value]  # idem
 
-
-def product_tvd_bound(counts: np.ndarray, channels: Sequence[np.ndarray]) -> float:
-    """Bound on the expected TVD of the RR-Independent estimate (module docstring):
-    ``min(1, ½·sqrt(|Ω|·E‖Π̃ − Π‖²))`` with E‖Π̃ − Π‖² = estimated bias² + variance from
-    :func:`auto_errors`."""
-    err2 = float(auto_errors(counts, channels)["rr-independent_err"])  # type: ignore[arg-type]  # a float entry
-    cells = int(np.asarray(counts).size)
-    return float(min(1.0, 0.5 * np.sqrt(cells * max(err2, 0.0))))

@@ -13,6 +13,8 @@ per-cell intervals (estimators/kernels/bounds.py).
 >>> s = served_fields(e)
 >>> s["cells"].tolist(), s["raw_cells"], s["error_bound"], s["raw_error_bound"]
 ([1.0, 0.0], [1.2, -0.2], 1.0, 1.4)
+>>> s["error_bound_quantile"], s["error_bound_coverage"]
+(0.95, 'calibrated')
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ldpstream.estimators.kernels.bounds import AT_LEAST
 from ldpstream.estimators.mechanism import Estimate
 
 __all__ = ["served_fields", "raw_payload", "coarsen_payload", "CELL_FIELDS", "warnings"]
@@ -65,6 +68,9 @@ def served_fields(est: Estimate, attrs: Sequence[str] | None = None) -> dict[str
       between the served cells and the truth (at most 1 when the cells are a distribution);
       with q null: the expected TVD, or None; ``raw_error_bound`` — the bound of ``raw_cells``;
       ``error_bound_of`` — the estimate the bound was computed for when it is a proxy;
+      ``error_bound_coverage`` — ``"calibrated"`` (Pr[TVD ≤ bound] ≈ q, measured) or
+      ``"at least"`` (≥ q: by construction, or a proxy bound, ``error_bound_of`` ending in
+      "(proxy)", measured to over-cover: docs/estimators.md "Error bounds"); None without q;
     * ``cells_low`` / ``cells_high`` — per-cell ``q`` intervals for the true cells (None
       without a calibrated bound);
     * ``warnings`` — :func:`warnings` (e.g. an iterative fit that did not converge).
@@ -73,13 +79,16 @@ def served_fields(est: Estimate, attrs: Sequence[str] | None = None) -> dict[str
     attrs = list(dom if attrs is None else attrs)
     raw = _cells(est.factor.values, attrs, dom)
     b = est.bound
+    of = est.extra.get("error_bound_of")
     out: dict[str, Any] = {
         "projected": est.projected is not None,
         "raw_cells": None,
         "error_bound": _finite(est.error_bound),
         "raw_error_bound": _finite(est.error_bound),
         "error_bound_quantile": None if b is None else float(b.level),
-        "error_bound_of": est.extra.get("error_bound_of"),
+        "error_bound_of": of,
+        "error_bound_coverage": None if b is None else (
+            AT_LEAST if str(of).endswith("(proxy)") else b.coverage),
         "cells_low": None,
         "cells_high": None,
         "warnings": warnings(est),

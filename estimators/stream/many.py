@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ldpstream.estimators.kernels import batched
-from ldpstream.estimators.kernels.bounds import Bound, product_channel_bounds
+from ldpstream.estimators.kernels.bounds import Bound, product_channel_bounds, triangle
 from ldpstream.estimators.kernels.domain import Factor
 from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.mechanism import Estimate, Mechanism, VersionedCounts, marginal_key
@@ -121,12 +121,12 @@ def _batched_estimates(mech: Mechanism, method: str, attrs_list: list[tuple[str,
     """One group (same estimator, shape and channels) through estimators/kernels/batched.py, as
     ``mech.estimate`` answers each (a mechanism with ``product_channels``). ``memo``: the
     bootstrap bound per (channels, table), shared by the estimators of one table (castell,
-    truncated and ibu carry the same)."""
+    truncated and ibu carry it; rr-independent adds its distance to castell)."""
     mats = mech.product_channels(attrs_list[0])
     assert mats is not None, "only mechanisms with product channels are batched"
     invs = batched.inverses(mats)
     n = tables.reshape(len(tables), -1).sum(axis=1)
-    keys = [_digest(*mats, t) for t in tables] if method != "rr-independent" else []
+    keys = [_digest(*mats, t) for t in tables]
     todo = [i for i, k in enumerate(keys) if k not in memo]
     if todo:
         for i, b in zip(todo, product_channel_bounds(tables[todo], mats)):
@@ -138,8 +138,10 @@ def _batched_estimates(mech: Mechanism, method: str, attrs_list: list[tuple[str,
         values = batched.castell_batch(tables, invs)
     elif method == "truncated":
         values = batched.truncated_batch(tables, invs)
-    elif method == "rr-independent":
+    elif method == "rr-independent":   # biased: castell's bound plus the distance to castell
         values = batched.rr_independent_batch(tables, invs)
+        raws = batched.castell_batch(tables, invs)
+        bounds = [triangle(v, u, b) for v, u, b in zip(values, raws, bounds)]
     else:
         r = batched.ibu_batch(tables, mats, invs)
         values, iters, conv = r.estimates, r.iterations, r.converged
@@ -147,9 +149,7 @@ def _batched_estimates(mech: Mechanism, method: str, attrs_list: list[tuple[str,
     out = []
     for i, attrs in enumerate(attrs_list):
         dom = mech.domain.project(attrs)
-        kw: dict = {}
-        if method != "rr-independent":
-            kw.update(error_bound=bounds[i].tvd, bound=bounds[i])
+        kw: dict = {"error_bound": bounds[i].tvd, "bound": bounds[i]}
         if method == "castell":
             kw["projected"] = Factor(dom, project_simplex(values[i]))
         if method in ("truncated", "ibu"):

@@ -445,3 +445,18 @@ def test_ways_auto_keeps_the_tables_within_the_device_sdks_step_limit():
     mech = Partitioned(dom, 8.0, ways=k)
     assert k > 2 and len(mech.marginals) <= MAX_STEPS
     Program(mech.device_program())   # accepted
+
+
+def test_a_marginal_no_table_holds_serves_the_bound_that_always_holds():
+    """A triple from collected pairs (maximum entropy, or the global fit's projection) has no
+    unbiased estimate to bound it by: it serves the 95 % bound that always holds (TVD ≤ 1 for a
+    distribution), labelled ``at least``, never a null bound."""
+    from ldpstream.estimators.kernels.bounds import AT_LEAST
+    from ldpstream.estimators.kernels.serving import served_fields
+    mech = Partitioned(DOM, 2.0, ways=2)
+    counts = mech.count(mech.randomize(_records(DOM, 5000, 0), np.random.default_rng(0)),
+                        mech.tensors())
+    for method in ("consistent", "calm", "global"):
+        s = served_fields(mech.estimate(counts, DOM.attrs, method))
+        assert s["error_bound_quantile"] == 0.95 and s["error_bound_coverage"] == AT_LEAST
+        assert s["error_bound"] == pytest.approx(1.0, rel=1e-9), method

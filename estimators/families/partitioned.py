@@ -68,7 +68,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ldpstream.estimators.kernels import device_program as dp
-from ldpstream.estimators.kernels.bounds import Bound, coarsened, oracle_bound, reference
+from ldpstream.estimators.kernels.bounds import (
+    Bound,
+    coarsened,
+    oracle_bound,
+    reference,
+    unbounded,
+)
 from ldpstream.estimators.kernels.consistency import expand, max_entropy, norm_sub, postprocess
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.global_fit import Noise, choose_fit
@@ -685,10 +691,13 @@ class Partitioned(Mechanism):
                             self.epsilon, error_bound=bound, extra=extra, bound=cb,
                             projected=projected)
         whole = self._global(counts, extra) if method == "global" else None
+        # a marginal no collected table holds: no unbiased estimate to bound it by, so the bound
+        # is the one that always holds (bounds.unbounded: ≤ 1 for a distribution)
         if whole is not None:
-            return Estimate(Factor(dom, repair(np.array(whole.project(attrs).values),
-                                               options.get("proper"))), method,
-                            self._reports(counts), self.epsilon, error_bound=None,
+            vals = repair(np.array(whole.project(attrs).values), options.get("proper"))
+            ub = unbounded(vals)
+            return Estimate(Factor(dom, vals), method, self._reports(counts), self.epsilon,
+                            error_bound=ub.tvd, bound=ub,
                             iterations=extra["global_fit"]["iterations"], extra=extra)
         tables, passes, n = self.consistent_tables(counts, method != "calm")
         cons = []
@@ -707,9 +716,10 @@ class Partitioned(Mechanism):
         extra.update(norm_sub_passes=passes, fitted_from=["|".join(c.domain.attrs)
                                                           for c in uniq.values()],
                      gap=r.gap)
-        return Estimate(Factor(dom, repair(r.table.values, options.get("proper"))), method, n,
-                        self.epsilon, error_bound=None, iterations=r.iterations,
-                        converged=r.converged, extra=extra)
+        vals = repair(r.table.values, options.get("proper"))
+        ub = unbounded(vals)
+        return Estimate(Factor(dom, vals), method, n, self.epsilon, error_bound=ub.tvd, bound=ub,
+                        iterations=r.iterations, converged=r.converged, extra=extra)
 
     def analytic_variance(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                           method: str) -> np.ndarray:

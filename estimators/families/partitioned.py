@@ -575,15 +575,14 @@ class Partitioned(Mechanism):
             return hit
         raw = [self.unbiased(counts, j) for j in range(len(self.marginals))]
         ys, var = [r[0] for r in raw], [r[1] for r in raw]
-        cells = [self.cell_variance(counts, j) for j in range(len(self.marginals))]
+        noise = [self.noise(counts, j) for j in range(len(self.marginals))]
 
         def consistent(tables: list[Factor]) -> list[np.ndarray]:
             return [t.values for t in postprocess(tables, var, noise_variance=var)[0]]
 
-        table, info = choose_fit(self.domain, ys, cells,
+        table, info = choose_fit(self.domain, ys, [nz.var for nz in noise],
                                  [t.values for t in self.consistent_tables(counts, True)[0]],
-                                 consistent,
-                                 [self.noise(counts, j) for j in range(len(self.marginals))])
+                                 consistent, noise)
         out = (None if table is None else Factor(self.domain, table), info)
         with self._memo_lock:
             while len(self._global_memo) >= 8:

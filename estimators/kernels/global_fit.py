@@ -15,8 +15,10 @@ estimate (Stein 1981) of its fitted marginals,
 (N measured cells), an unbiased estimate of Σ_S ‖p_t,S − μ_S‖² / σ²_S (μ: the true marginals)
 for Gaussian noise. The divergence div_t = Σ ∂(p_t,S/σ_S)/∂(y_S/σ_S) is estimated by Monte Carlo
 (Ramani, Blu & Unser 2008): seeded probes b ~ N(0, I) (:data:`PROBES`), each a run on
-y + h·σ·b with the same steps, div_t ≈ mean of bᵀ(p'_t − p_t)/(h·σ). :func:`sure` gives the
-same estimate for any other estimator, so two are compared on one scale.
+y + h·σ·b with the same steps, div_t ≈ mean of bᵀ(p'_t − p_t)/(h·σ) (:func:`sure`: the same
+estimate for any estimator's fitted tables). The kept iterate and another estimator (the
+consistent tables) are then compared on the risk of the 2- and 3-way marginals
+(:func:`query_sure`, :func:`choose_fit`), not of the measured tables' cells.
 
 The descent may fit smoothed tables instead of y (``smoothed``: an estimator's tables at y and
 at each probe's y + h·σ·b, e.g. the shrunk consistent tables of ``partitioned``): its iterates
@@ -73,7 +75,7 @@ class GlobalFit:
     iterations: int
     risk: float
     ran: int
-    runs: np.ndarray | None = None
+    runs: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -314,7 +316,6 @@ def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
         bs.append(b)
     sets = query_sets(tables)
     fit = global_fit(domain, tables, variances, smoothed=runs, noise=noise)
-    assert fit.runs is not None
     fitted = [[Factor(domain, p).project(t.domain.attrs).values for t in tables]
               for p in fit.runs]
     risk = query_sure(tables, noise, runs, bs, sets)

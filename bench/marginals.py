@@ -31,6 +31,7 @@ its own ratios to split, the sampling floor and Private-PGM.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -83,19 +84,16 @@ def true_structure_fit(net: BayesNet, mech: Partitioned, counts) -> Factor:
     that estimator's reconstruction): what an estimator that knew the true structure could
     serve from the same reports. A reference, not an estimator: real data has no known
     network."""
-    dom = mech.domain
     tables = mech.consistent_tables(counts)[0]
-    logp = np.zeros(dom.shape)
+    cpt = {}
     for v in net.variables:
-        fam = tuple(a for a in dom.attrs if a == v or a in net.parents[v])
+        fam = tuple(net.parents[v]) + (v,)   # the CPT's axis order: parents, then v
         held = [t for t in tables if set(fam) <= set(t.domain.attrs)]
-        f = (held[0].project(fam) if held else mech.estimate(counts, fam, "consistent").factor)
+        f = (held[0] if held else mech.estimate(counts, fam, "consistent").factor).project(fam)
         fv = np.clip(f.values, 1e-12, None)
-        cond = fv / fv.sum(axis=fam.index(v), keepdims=True)
-        logp = logp + np.log(cond).reshape([d if a in fam else 1
-                                            for a, d in zip(dom.attrs, dom.shape)])
-    p = np.exp(logp - logp.max())
-    return Factor(dom, p / p.sum())
+        cpt[v] = fv / fv.sum(axis=-1, keepdims=True)
+    p = dataclasses.replace(net, cpt=cpt).joint()
+    return Factor(mech.domain, p / p.sum())
 
 
 def _partitioned(domain: Domain, records: np.ndarray, eps: float, seed: int,

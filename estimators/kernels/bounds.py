@@ -246,11 +246,10 @@ def oracle_bound(oracle: Oracle, raw: np.ndarray, n: int, *, level: float = LEVE
     ref = reference(raw, n)
     rng = stream(seed, np.concatenate([raw, [n]]))
     p, q = oracle.p_star, oracle.q_star
-    if isinstance(oracle, GRR) or draws * n * ref.size <= SIMULATE_MAX:
-        # GRR's channel applied to ref without building it (d × d: 14 M entries at d = 3,750)
-        C = (multinomial(rng, n, q * float(ref.sum()) + (p - q) * ref, draws)
-             if isinstance(oracle, GRR) else _simulated(oracle, ref, n, draws, rng))
-        est = (C / n - q) / (p - q)
+    if isinstance(oracle, GRR):   # the affine channel (p − q)·I + 1·qᵀ, no d × d matrix
+        return _affine(rng, raw, ref, n, p - q, np.full(ref.shape, q), draws, level)
+    if draws * n * ref.size <= SIMULATE_MAX:
+        est = (_simulated(oracle, ref, n, draws, rng) / n - q) / (p - q)
     else:
         v = (ref * p * (1 - p) + (1 - ref) * q * (1 - q)) / (p - q) ** 2
         z1 = rng.standard_normal((draws, ref.size))
@@ -279,7 +278,14 @@ def affine_bound(counts: np.ndarray, alpha: float, beta: np.ndarray, *, level: f
     n = float(c.sum())
     raw = (c / n - beta) / alpha
     ref = reference(raw, n)
-    drawn = multinomial(stream(seed, c), max(int(round(n)), 1), alpha * ref + beta, draws)
+    return _affine(stream(seed, c), raw, ref, n, alpha, beta, draws, level)
+
+
+def _affine(rng: np.random.Generator, raw: np.ndarray, ref: np.ndarray, n: float,
+            alpha: float, beta: np.ndarray, draws: int, level: float) -> Bound:
+    """The bootstrap of :func:`affine_bound`: ``draws`` multinomials of ref·Q = α·ref + β from
+    ``rng``, inverted as ``raw`` was."""
+    drawn = multinomial(rng, max(int(round(n)), 1), alpha * ref + beta, draws)
     return bootstrap_bound(raw, ref, (drawn / n - beta) / alpha, level)
 
 

@@ -1,0 +1,352 @@
+"""``numeric``: numeric attributes (docs/numeric.md), each reported through one channel whose
+outputs are cells, so reports are counted like any other family's.
+
+Every attribute of the domain is numeric: its domain size G is the number of points of its input
+grid on [min, max] (the ``ranges`` parameter), a record holds the grid index of each value
+(:func:`~.numeric.quantize`). Per attribute a report is one cell of
+
+* the mean task (probability ``mean_share``): Duchi, PM or HM [Wang et al., ICDE 2019] on
+  t ∈ [−1, 1], PM rounded without bias to ``mean_grid`` points; ``mean: auto`` takes the one
+  with the smallest worst-case variance at ε (:func:`~.numeric.choose_mean`), or
+* the distribution task: Square Wave [Li et al., SIGMOD 2020] bucketed into ``buckets`` cells
+  (default from ε: :func:`sw_buckets`).
+
+The attribute's channel is ``[s·P_mean, (1−s)·P_sw]`` (G × cells): its ε is computed from it and
+is the attribute's ε (each task at full ε, a device does one of them). Estimators:
+
+* ``mean`` — the unbiased mean with a normal interval from the reports' own variance;
+* ``distribution`` — EMS on the SW cells at a granularity chosen from ε and n
+  (:func:`~.numeric.auto_bins`), with quantiles, the CDF, range masses and their 95 % intervals
+  and a bound on the W1 error from a parametric bootstrap through the channel.
+"""
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ldpstream.estimators.kernels import numeric as nm
+from ldpstream.estimators.kernels.bounds import LEVEL, stream
+from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.mechanism import (
+    Estimate,
+    Mechanism,
+    ParamError,
+    Params,
+    TensorSpec,
+    attribute_budget,
+    marginal_key,
+    register,
+)
+
+__all__ = ["Numeric", "sw_buckets", "QUANTILES", "DRAWS", "SEED"]
+
+#: the quantiles every distribution estimate serves (with intervals)
+QUANTILES = (0.5, 0.9, 0.99)
+#: parametric bootstrap draws of a distribution estimate's bounds
+DRAWS = 100
+#: the bootstrap's seed (bounds are a function of the counts: bounds.stream)
+SEED = 31_337
+#: default points of the PM output grid and of the input grid
+MEAN_GRID, INPUT_GRID = 129, 1025
+
+
+def sw_buckets(eps: float) -> int:
+    """SW output buckets: the power of two giving at least four buckets per window 2b (so a
+    bucket can lie wholly inside the window and ε is attained), between 128 and 1024."""
+    b = nm.sw_b(eps)
+    need = 4 * (1 + 2 * b) / (2 * b)
+    return int(min(1024, max(128, 2 ** math.ceil(math.log2(need)))))
+
+
+def _range(attr: str, raw: Any) -> tuple[float, float]:
+    """``{min: a, max: b}`` or ``[a, b]`` → (a, b) with a < b, both finite."""
+    if isinstance(raw, Mapping):
+        unknown = [k for k in raw if k not in ("min", "max")]
+        if unknown:
+            raise ParamError(f"ranges.{attr}", f"unknown key {unknown[0]!r} (allowed: min, max)")
+        lo, hi = raw.get("min"), raw.get("max")
+    elif isinstance(raw, (list, tuple)) and len(raw) == 2:
+        lo, hi = raw
+    else:
+        raise ParamError(f"ranges.{attr}", f"must be {{min: a, max: b}} (got {raw!r})")
+    for k, v in (("min", lo), ("max", hi)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+            raise ParamError(f"ranges.{attr}.{k}", f"must be a finite number (got {v!r})")
+    assert isinstance(lo, (int, float)) and isinstance(hi, (int, float))
+    if not lo < hi:
+        raise ParamError(f"ranges.{attr}", f"min must be below max (got {lo!r}, {hi!r})")
+    return float(lo), float(hi)
+
+
+@register
+class Numeric(Mechanism):
+    """Means (Duchi/PM/HM) and distributions (SW + EMS) of numeric attributes."""
+
+    name = "numeric"
+    estimators = ("distribution", "mean")
+    default_estimators = ("distribution", "mean")
+
+    def __init__(self, domain: Domain, ranges: Mapping[str, tuple[float, float]],
+                 epsilon: float | Sequence[float], *, mean: str = "auto", mean_share: float = 0.5,
+                 buckets: int | None = None, mean_grid: int = MEAN_GRID,
+                 version: int = 0) -> None:
+        super().__init__(domain, version)
+        m = len(domain)
+        eps = [float(epsilon)] * m if np.isscalar(epsilon) else [float(e) for e in epsilon]  # type: ignore[arg-type]  # a sequence here
+        if len(eps) != m or any(not np.isfinite(e) or e <= 0 for e in eps):
+            raise ValueError(f"numeric: need {m} finite epsilons > 0 (got {eps})")
+        missing = [a for a in domain.attrs if a not in ranges]
+        if missing:
+            raise ParamError("ranges", f"no range for attribute {missing[0]!r}")
+        self.ranges = {a: (float(ranges[a][0]), float(ranges[a][1])) for a in domain.attrs}
+        if mean != "auto" and mean not in nm.MEAN_MECHANISMS:
+            raise ParamError("mean", f"must be auto or one of {', '.join(nm.MEAN_MECHANISMS)}")
+        if not 0 <= mean_share <= 1:
+            raise ParamError("mean_share", f"must be in [0, 1] (got {mean_share})")
+        self.eps_in = eps
+        self.mean_spec = mean
+        self.mean_share = float(mean_share)
+        self.mean_grid = int(mean_grid)
+        self.mean_mechs = [nm.choose_mean(e, self.mean_grid) if mean == "auto" else mean
+                           for e in eps]
+        self.buckets = [int(buckets) if buckets else sw_buckets(e) for e in eps]
+
+    # --- channels -------------------------------------------------------------------------------
+    def mean_part(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """(P_mean (G × Km), outputs on [−1, 1]'s scale) of attribute j."""
+        return self._mean_parts[j]
+
+    @cached_property
+    def _mean_parts(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [nm.mean_channel(mm, e, nm.grid_t(G), self.mean_grid)
+                for mm, e, G in zip(self.mean_mechs, self.eps_in, self.domain.shape)]
+
+    @cached_property
+    def _sw_parts(self) -> list[np.ndarray]:
+        return [nm.sw_channel(e, nm.grid_v(G), k)
+                for e, G, k in zip(self.eps_in, self.domain.shape, self.buckets)]
+
+    def sw_part(self, j: int) -> np.ndarray:
+        """P_sw (G × buckets) of attribute j."""
+        return self._sw_parts[j]
+
+    def mean_cells(self, j: int) -> int:
+        return int(self._mean_parts[j][1].size)
+
+    def channel(self, j: int) -> np.ndarray:
+        """The channel attribute j's reports go through: [s·P_mean, (1−s)·P_sw]."""
+        return np.concatenate([self.mean_share * self.mean_part(j)[0],
+                               (1 - self.mean_share) * self.sw_part(j)], axis=1)
+
+    @cached_property
+    def epsilons(self) -> list[float]:
+        """ε of every attribute, computed from its channel."""
+        return [nm.epsilon(self.channel(j)) for j in range(len(self.domain))]
+
+    @property
+    def epsilon(self) -> float:
+        return float(sum(self.epsilons))
+
+    def epsilon_per_attribute(self) -> float:
+        return float(max(self.epsilons))
+
+    # --- device side ----------------------------------------------------------------------------
+    @property
+    def report_width(self) -> int:
+        return len(self.domain)
+
+    def report_bounds(self) -> np.ndarray:
+        return np.array([self.mean_cells(j) + k for j, k in enumerate(self.buckets)],
+                        dtype=np.int64)
+
+    def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Per attribute: the mean task with probability ``mean_share`` (its mechanism's cell),
+        else SW's bucket shifted past the mean cells; the direct samplers of the channels."""
+        records = np.asarray(records)
+        if records.ndim != 2 or records.shape[1] != len(self.domain):
+            raise ValueError(f"records must be (n, {len(self.domain)}), got {records.shape}")
+        out = np.empty(records.shape, dtype=np.uint16)
+        for j, (G, e) in enumerate(zip(self.domain.shape, self.eps_in)):
+            x = records[:, j].astype(np.int64)
+            if len(x) and (x.min() < 0 or x.max() >= G):
+                raise ValueError(f"attribute {self.domain.attrs[j]!r}: grid index outside 0…{G - 1}")
+            task = rng.random(len(x)) < self.mean_share
+            cell = np.empty(len(x), dtype=np.int64)
+            cell[task] = nm.sample_mean(self.mean_mechs[j], e, nm.grid_t(G)[x[task]],
+                                        self.mean_grid, rng)
+            cell[~task] = self.mean_cells(j) + nm.sample_sw(e, nm.grid_v(G)[x[~task]],
+                                                            self.buckets[j], rng)
+            out[:, j] = cell
+        return out
+
+    def encode(self, values: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+        """Raw values ``(n, m)`` (domain order) → grid indices, and how many were clipped per
+        attribute."""
+        values = np.asarray(values, dtype=float)
+        out = np.empty(values.shape, dtype=np.int64)
+        clipped = {}
+        for j, a in enumerate(self.domain.attrs):
+            out[:, j], clipped[a] = nm.quantize(values[:, j], *self.ranges[a], self.domain.shape[j])
+        return out, clipped
+
+    # --- server side ----------------------------------------------------------------------------
+    def tensors(self, marginals: Sequence[Sequence[str]]) -> list[TensorSpec]:
+        out, seen = [], set()
+        bounds = self.report_bounds()
+        for attrs in marginals:
+            (a,) = tuple(attrs)
+            if a in seen:
+                continue
+            seen.add(a)
+            j = self.domain.axes((a,))[0]
+            out.append(TensorSpec(marginal_key((a,)), (a,), (int(bounds[j]),), (j,)))
+        return out
+
+    def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
+        why = super().check_marginal(attrs, method)
+        if why is None and len(attrs) != 1:
+            return f"numeric estimates one attribute at a time (got {list(attrs)})"
+        return why
+
+    def _split(self, counts: Mapping[str, np.ndarray], attr: str) -> tuple[int, np.ndarray,
+                                                                           np.ndarray]:
+        j = self.domain.axes((attr,))[0]
+        c = np.asarray(counts[marginal_key((attr,))], dtype=np.int64)
+        k = self.mean_cells(j)
+        return j, c[:k], c[k:]
+
+    def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str], method: str,
+                 **options: Any) -> Estimate:
+        """``mean`` or ``distribution`` of the one attribute in ``attrs`` (values in its own
+        units). Options of ``distribution``: ``bins`` (default :func:`~.numeric.auto_bins`),
+        ``ranges`` (list of (a, b): masses of [a, b] with intervals), ``draws``."""
+        why = self.check_marginal(attrs, method)
+        if why:
+            raise ValueError(why)
+        (a,) = tuple(attrs)
+        lo, hi = self.ranges[a]
+        j, cm, cs = self._split(counts, a)
+        if method == "mean":
+            return self._mean(a, j, cm, lo, hi)
+        return self._distribution(a, j, cs, lo, hi, options)
+
+    def _mean(self, a: str, j: int, cm: np.ndarray, lo: float, hi: float) -> Estimate:
+        r = nm.mean_estimate(cm, self.mean_part(j)[1], LEVEL)
+        unit = lambda t: lo + (t + 1) / 2 * (hi - lo)  # noqa: E731
+        w = float(np.clip((r.mean + 1) / 2, 0, 1))
+        dom = Domain((a,), (2,), ((repr(lo), repr(hi)),))
+        extra = {"mean": unit(r.mean), "mean_low": unit(r.low), "mean_high": unit(r.high),
+                 "stderr": r.stderr * (hi - lo) / 2, "level": LEVEL, "reports": r.n,
+                 "mechanism": self.mean_mechs[j], "min": lo, "max": hi}
+        return Estimate(Factor(dom, np.array([1 - w, w])), "mean", r.n, self.epsilon,
+                        extra=extra)
+
+    def _distribution(self, a: str, j: int, cs: np.ndarray, lo: float, hi: float,
+                      options: Mapping[str, Any]) -> Estimate:
+        n = int(cs.sum())
+        if n < 1:
+            raise ValueError(f"no distribution reports counted for {a!r}")
+        d = int(options.get("bins") or nm.auto_bins(self.eps_in[j], n))
+        M = nm.binned_channel(self.sw_part(j), d)
+        x, iters = nm.ems(cs, M)
+        draws = int(options.get("draws", DRAWS))
+        rng = stream(SEED, cs)
+        boot = rng.multinomial(n, np.clip(x @ M, 0, None) / max((x @ M).sum(), 1e-300),
+                               size=draws)
+        xs, _ = nm.ems(boot, M, init=np.repeat(x[None], draws, axis=0))
+        span = hi - lo
+        lvl = (1 - LEVEL) / 2
+        q = nm.quantile(x, QUANTILES)
+        qb = nm.quantile(xs, QUANTILES)
+        # the basic bootstrap interval: the estimate minus the draws' deviations from it
+        q_lo = np.clip(2 * q - np.quantile(qb, 1 - lvl, axis=0), 0, 1)
+        q_hi = np.clip(2 * q - np.quantile(qb, lvl, axis=0), 0, 1)
+        edges = np.linspace(0, 1, d + 1)
+        F, Fb = nm.cdf_at(x, edges), nm.cdf_at(xs, edges)
+        w1 = float(np.quantile(nm.w1_hist(xs, x), LEVEL)) * span
+        extra: dict[str, Any] = {
+            "bins": d, "reports": n, "iterations": iters, "min": lo, "max": hi,
+            "edges": (lo + edges * span).tolist(),
+            "cdf": F.tolist(),
+            "cdf_low": np.clip(2 * F - np.quantile(Fb, 1 - lvl, axis=0), 0, 1).tolist(),
+            "cdf_high": np.clip(2 * F - np.quantile(Fb, lvl, axis=0), 0, 1).tolist(),
+            "quantiles": {f"{p:g}": [lo + v * span, lo + lw * span, lo + hg * span]
+                          for p, v, lw, hg in zip(QUANTILES, q, q_lo, q_hi)},
+            "mean": lo + float(x @ (edges[:-1] + edges[1:]) / 2) * span,
+            "w1_bound": w1, "level": LEVEL}
+        if options.get("ranges"):
+            extra["ranges"] = [self._range_mass(x, xs, lo, hi, ra, rb)
+                               for ra, rb in options["ranges"]]
+        labels = tuple(f"{lo + edges[i] * span:g}..{lo + edges[i + 1] * span:g}"
+                       for i in range(d))
+        return Estimate(Factor(Domain((a,), (d,), (labels,)), x), "distribution", n,
+                        self.epsilon, error_bound=None, iterations=iters, extra=extra)
+
+    @staticmethod
+    def _range_mass(x: np.ndarray, xs: np.ndarray, lo: float, hi: float, ra: float,
+                    rb: float) -> list[float]:
+        """[a, b, mass, low, high]: the estimated mass of [a, b] and its basic bootstrap
+        interval."""
+        pts = (np.clip([ra, rb], lo, hi) - lo) / (hi - lo)
+        m = float(np.diff(nm.cdf_at(x, pts))[0])
+        mb = np.diff(nm.cdf_at(xs, pts), axis=1)[:, 0]
+        lvl = (1 - LEVEL) / 2
+        return [ra, rb, m, float(np.clip(2 * m - np.quantile(mb, 1 - lvl), 0, 1)),
+                float(np.clip(2 * m - np.quantile(mb, lvl), 0, 1))]
+
+    # --- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute",
+                    version: int = 0) -> "Numeric":
+        """``params``: ``ranges`` ({attribute: {min, max}}, required), ``mean`` (auto, hm, pm,
+        duchi), ``mean_share`` (0.5), ``buckets`` (SW cells; default from ε), ``mean_grid``
+        (PM output points, 129)."""
+        pr = Params(cls.name, params)
+        raw = pr.value("ranges")
+        mean = pr.choice("mean", "auto", ("auto",) + nm.MEAN_MECHANISMS)
+        share = pr.number("mean_share", 0.5, ge=0.0, le=1.0)
+        buckets = pr.integer("buckets", None, ge=8, le=4096)
+        grid = pr.integer("mean_grid", MEAN_GRID, ge=3, le=4097)
+        pr.done()
+        if not isinstance(raw, Mapping):
+            raise ParamError("ranges", "required: {attribute: {min: a, max: b}} for every "
+                                       f"attribute of {list(domain.attrs)}")
+        unknown = [a for a in raw if a not in domain.attrs]
+        if unknown:
+            raise ParamError(f"ranges.{unknown[0]}", f"not an attribute of {list(domain.attrs)}")
+        ranges = {a: _range(a, raw[a]) for a in raw}
+        return cls(domain, ranges, attribute_budget(epsilon, epsilon_scope, len(domain)),
+                   mean=str(mean), mean_share=0.5 if share is None else share,
+                   buckets=buckets, mean_grid=MEAN_GRID if grid is None else grid,
+                   version=version)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "Numeric":
+        return cls(Domain.from_dict(state["domain"]),
+                   {a: (float(r[0]), float(r[1])) for a, r in state["ranges"].items()},
+                   state["epsilons"], mean=state["mean"], mean_share=float(state["mean_share"]),
+                   buckets=None, mean_grid=int(state["mean_grid"]),
+                   version=int(state.get("version", 0))).with_buckets(state["buckets"])
+
+    def with_buckets(self, buckets: Sequence[int]) -> "Numeric":
+        """This state with the SW bucket count of every attribute set."""
+        self.buckets = [int(b) for b in buckets]
+        self.__dict__.pop("_sw_parts", None)
+        self.__dict__.pop("epsilons", None)
+        return self
+
+    def state(self) -> dict[str, Any]:
+        return {"mechanism": self.name, "version": self.version,
+                "domain": self.domain.to_dict(), "epsilons": list(self.eps_in),
+                "ranges": {a: list(r) for a, r in self.ranges.items()},
+                "mean": self.mean_spec, "mean_share": self.mean_share,
+                "mean_grid": self.mean_grid, "buckets": list(self.buckets)}
+
+
+def numeric_domain(attrs: Sequence[str], grid: int = INPUT_GRID) -> Domain:
+    """The domain of numeric attributes on ``grid``-point input grids (labels: grid indices)."""
+    return Domain(tuple(attrs), (int(grid),) * len(attrs))

@@ -28,7 +28,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ldpstream.estimators.kernels import numeric as nm
-from ldpstream.estimators.kernels.bounds import LEVEL, stream
+from scipy.stats import norm
+
+from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, stream
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.mechanism import (
     Estimate,
@@ -41,14 +43,16 @@ from ldpstream.estimators.mechanism import (
     register,
 )
 
-__all__ = ["Numeric", "sw_buckets", "QUANTILES", "DRAWS", "SEED"]
+__all__ = ["Numeric", "sw_buckets", "band_bins", "numeric_domain", "QUANTILES", "SEED"]
 
 #: the quantiles every distribution estimate serves (with intervals)
 QUANTILES = (0.5, 0.9, 0.99)
-#: parametric bootstrap draws of a distribution estimate's bounds
-DRAWS = 100
-#: the bootstrap's seed (bounds are a function of the counts: bounds.stream)
+#: normal draws of the W1 bound's noise term
+W1_DRAWS = 400
+#: the W1 draws' seed (bounds are a function of the counts: bounds.stream)
 SEED = 31_337
+#: most bins of the unbiased CDF the bounds come from
+BAND_BINS = 64
 #: default points of the PM output grid and of the input grid
 MEAN_GRID, INPUT_GRID = 129, 1025
 
@@ -59,6 +63,12 @@ def sw_buckets(eps: float) -> int:
     b = nm.sw_b(eps)
     need = 4 * (1 + 2 * b) / (2 * b)
     return int(min(1024, max(128, 2 ** math.ceil(math.log2(need)))))
+
+
+def band_bins(d: int, buckets: int) -> int:
+    """Bins of the unbiased CDF behind the bounds: at most :data:`BAND_BINS`, the estimate's
+    d, and half the SW buckets (so the least squares is overdetermined)."""
+    return int(min(BAND_BINS, d, buckets // 2))
 
 
 def _range(attr: str, raw: Any) -> tuple[float, float]:
@@ -250,52 +260,44 @@ class Numeric(Mechanism):
         if n < 1:
             raise ValueError(f"no distribution reports counted for {a!r}")
         d = int(options.get("bins") or nm.auto_bins(self.eps_in[j], n))
-        M = nm.binned_channel(self.sw_part(j), d)
-        x, iters = nm.ems(cs, M)
-        draws = int(options.get("draws", DRAWS))
-        rng = stream(SEED, cs)
-        boot = rng.multinomial(n, np.clip(x @ M, 0, None) / max((x @ M).sum(), 1e-300),
-                               size=draws)
-        xs, _ = nm.ems(boot, M, init=np.repeat(x[None], draws, axis=0))
+        x, iters = nm.ems(cs, nm.binned_channel(self.sw_part(j), d))
+        band = nm.unbiased_cdf(cs, nm.binned_channel(self.sw_part(j), band_bins(d, len(cs))))
+        z = float(norm.ppf(0.5 + LEVEL / 2))
         span = hi - lo
-        lvl = (1 - LEVEL) / 2
-        q = nm.quantile(x, QUANTILES)
-        qb = nm.quantile(xs, QUANTILES)
-        # the basic bootstrap interval: the estimate minus the draws' deviations from it
-        q_lo = np.clip(2 * q - np.quantile(qb, 1 - lvl, axis=0), 0, 1)
-        q_hi = np.clip(2 * q - np.quantile(qb, lvl, axis=0), 0, 1)
-        edges = np.linspace(0, 1, d + 1)
-        F, Fb = nm.cdf_at(x, edges), nm.cdf_at(xs, edges)
-        w1 = float(np.quantile(nm.w1_hist(xs, x), LEVEL)) * span
+        unit = lambda v: lo + float(v) * span  # noqa: E731
+        e = band.edges
+        F = nm.cdf_at(x, e)
+        quantiles = {}
+        for p, qv in zip(QUANTILES, nm.quantile(x, QUANTILES)):
+            ql, qh = band.quantile_interval(p, z)
+            quantiles[f"{p:g}"] = [unit(qv), unit(min(ql, qv)), unit(max(qh, qv))]
+        # W1 ≤ W1(EMS, unbiased CDF) + W1(unbiased CDF, truth) (the second: its noise's quantile)
+        gap = float(np.trapezoid(np.abs(F - band.F), e))
+        w1 = (gap + band.w1_noise(LEVEL, W1_DRAWS, stream(SEED, cs))) * span
         extra: dict[str, Any] = {
             "bins": d, "reports": n, "iterations": iters, "min": lo, "max": hi,
-            "edges": (lo + edges * span).tolist(),
-            "cdf": F.tolist(),
-            "cdf_low": np.clip(2 * F - np.quantile(Fb, 1 - lvl, axis=0), 0, 1).tolist(),
-            "cdf_high": np.clip(2 * F - np.quantile(Fb, lvl, axis=0), 0, 1).tolist(),
-            "quantiles": {f"{p:g}": [lo + v * span, lo + lw * span, lo + hg * span]
-                          for p, v, lw, hg in zip(QUANTILES, q, q_lo, q_hi)},
-            "mean": lo + float(x @ (edges[:-1] + edges[1:]) / 2) * span,
-            "w1_bound": w1, "level": LEVEL}
+            "mean": unit(x @ nm.grid_mid(d)), "quantiles": quantiles,
+            "cdf_at": [unit(v) for v in e], "cdf": F.tolist(),
+            "cdf_low": np.clip(band.F - z * band.se, 0, 1).tolist(),
+            "cdf_high": np.clip(band.F + z * band.se, 0, 1).tolist(),
+            "w1_bound": w1, "w1_coverage": AT_LEAST, "level": LEVEL}
         if options.get("ranges"):
-            extra["ranges"] = [self._range_mass(x, xs, lo, hi, ra, rb)
+            extra["ranges"] = [self._range_mass(x, band, lo, hi, ra, rb, z)
                                for ra, rb in options["ranges"]]
-        labels = tuple(f"{lo + edges[i] * span:g}..{lo + edges[i + 1] * span:g}"
-                       for i in range(d))
+        labels = tuple(f"{unit(i / d):g}..{unit((i + 1) / d):g}" for i in range(d))
         return Estimate(Factor(Domain((a,), (d,), (labels,)), x), "distribution", n,
                         self.epsilon, error_bound=None, iterations=iters, extra=extra)
 
     @staticmethod
-    def _range_mass(x: np.ndarray, xs: np.ndarray, lo: float, hi: float, ra: float,
-                    rb: float) -> list[float]:
-        """[a, b, mass, low, high]: the estimated mass of [a, b] and its basic bootstrap
-        interval."""
-        pts = (np.clip([ra, rb], lo, hi) - lo) / (hi - lo)
-        m = float(np.diff(nm.cdf_at(x, pts))[0])
-        mb = np.diff(nm.cdf_at(xs, pts), axis=1)[:, 0]
-        lvl = (1 - LEVEL) / 2
-        return [ra, rb, m, float(np.clip(2 * m - np.quantile(mb, 1 - lvl), 0, 1)),
-                float(np.clip(2 * m - np.quantile(mb, lvl), 0, 1))]
+    def _range_mass(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, ra: float,
+                    rb: float, z: float) -> list[float]:
+        """[a, b, mass, low, high]: the EMS mass of [a, b] and the interval of the unbiased
+        CDF's difference."""
+        pa, pb = (np.clip([ra, rb], lo, hi) - lo) / (hi - lo)
+        m = float(np.diff(nm.cdf_at(x, np.array([pa, pb])))[0])
+        mu, half = band.interval(band.weights(pb) - band.weights(pa), z)
+        return [ra, rb, m, float(np.clip(min(mu - half, m), 0, 1)),
+                float(np.clip(max(mu + half, m), 0, 1))]
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod

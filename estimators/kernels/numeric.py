@@ -34,8 +34,9 @@ from ldpstream.estimators.kernels.channels import epsilon
 __all__ = ["grid_t", "grid_v", "quantize", "duchi_channel", "pm_channel", "hm_channel",
            "hm_alpha", "sw_b", "sw_channel", "closed_form_variance", "worst_variance",
            "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
-           "auto_bins", "binned_channel", "cdf_at", "quantile", "w1_hist", "w1_samples",
-           "sample_duchi", "sample_pm", "sample_sw", "round_to_grid", "epsilon"]
+           "auto_bins", "grid_mid", "binned_channel", "cdf_at", "quantile", "w1_hist", "w1_samples",
+           "sample_duchi", "sample_pm", "sample_sw", "round_to_grid", "epsilon", "CdfBand",
+           "unbiased_cdf"]
 
 #: the mean mechanisms, in the order :func:`choose_mean` prefers on a tie
 MEAN_MECHANISMS = ("hm", "pm", "duchi")
@@ -159,10 +160,12 @@ def worst_variance(P: np.ndarray, outputs: np.ndarray, t: np.ndarray) -> float:
 
 def choose_mean(eps: float, K: int, G: int = 65) -> str:
     """The mean mechanism with the smallest worst-case variance at ε, from the channels as
-    applied (HM wins but for ties; docs/numeric.md "Which mean mechanism")."""
+    applied; on a tie the one with fewer cells (below ε* HM is Duchi: Duchi is chosen)
+    (docs/numeric.md "Which mean mechanism")."""
     t = grid_t(G)
     wv = {m: worst_variance(*mean_channel(m, eps, t, K), t) for m in MEAN_MECHANISMS}
-    return min(MEAN_MECHANISMS, key=lambda m: (round(wv[m], 12), MEAN_MECHANISMS.index(m)))
+    cells = {m: mean_channel(m, eps, t[:2], K)[1].size for m in MEAN_MECHANISMS}
+    return min(MEAN_MECHANISMS, key=lambda m: (round(wv[m], 12), cells[m]))
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,11 @@ def sw_channel(eps: float, v: np.ndarray, buckets: int) -> np.ndarray:
     return P / P.sum(axis=1, keepdims=True)
 
 
+def grid_mid(d: int) -> np.ndarray:
+    """The midpoints of d equal bins of [0, 1]."""
+    return (np.arange(d) + 0.5) / d
+
+
 def binned_channel(P_fine: np.ndarray, d: int) -> np.ndarray:
     """The channel of d equal input bins from the fine grid's rows (the value uniform over the
     grid points of its bin); G − 1 must be a multiple of d (bins of G points sharing ends are
@@ -269,6 +277,75 @@ def auto_bins(eps: float, n: int, *, lo: int = 16, hi: int = 1024) -> int:
     (W1 over bin counts on Beta(5, 2), docs/numeric.md). Clipped to [lo, hi]."""
     d = 3 * max(n, 1) ** (1 / 3) * _duchi_c(eps)
     return int(min(hi, max(lo, 2 ** round(math.log2(d)))))
+
+
+@dataclass(frozen=True)
+class CdfBand:
+    """The unbiased CDF at the edges of d equal bins of [0, 1] (least squares through the
+    binned channel, :func:`unbiased_cdf`) with its covariance: the bounds of every
+    distribution estimate (docs/numeric.md "Bounds")."""
+
+    edges: np.ndarray
+    F: np.ndarray
+    cov: np.ndarray
+
+    @property
+    def se(self) -> np.ndarray:
+        return np.sqrt(np.clip(np.diag(self.cov), 0, None))
+
+    def weights(self, x: float) -> np.ndarray:
+        """Linear interpolation weights of the point x ∈ [0, 1] on the edges."""
+        d = len(self.edges) - 1
+        pos = float(np.clip(x, 0, 1)) * d
+        k = min(int(pos), d - 1)
+        w = np.zeros(d + 1)
+        w[k], w[k + 1] = 1 - (pos - k), pos - k
+        return w
+
+    def interval(self, w: np.ndarray, z: float) -> tuple[float, float]:
+        """(estimate, half-width) of the linear functional w·F (a CDF value, a range mass)."""
+        return float(w @ self.F), z * math.sqrt(max(float(w @ self.cov @ w), 0.0))
+
+    def quantile_interval(self, p: float, z: float) -> tuple[float, float]:
+        """The quantile's interval from the pointwise band: the first points where F + z·se and
+        F − z·se reach p (1 when never), linearly interpolated between edges."""
+        return (_first_crossing(self.edges, self.F + z * self.se, p),
+                _first_crossing(self.edges, self.F - z * self.se, p))
+
+    def w1_noise(self, z_level: float, draws: int, rng: np.random.Generator) -> float:
+        """The ``z_level`` quantile of ∫|F_u − F| under the normal approximation of the
+        unbiased CDF's noise."""
+        vals, vecs = np.linalg.eigh(self.cov)
+        root = vecs * np.sqrt(np.clip(vals, 0, None))
+        noise = rng.standard_normal((draws, len(self.F))) @ root.T
+        return float(np.quantile(np.trapezoid(np.abs(noise), self.edges, axis=1), z_level))
+
+
+def _first_crossing(x: np.ndarray, y: np.ndarray, p: float) -> float:
+    """The smallest x where the piecewise-linear y(x) reaches p (x[-1] when it never does)."""
+    k = int(np.argmax(y >= p)) if np.any(y >= p) else -1
+    if k < 0:
+        return float(x[-1])
+    if k == 0:
+        return float(x[0])
+    y0, y1 = y[k - 1], y[k]
+    return float(x[k - 1] + (x[k] - x[k - 1]) * (p - y0) / (y1 - y0)) if y1 > y0 else float(x[k])
+
+
+def unbiased_cdf(counts: np.ndarray, M: np.ndarray) -> CdfBand:
+    """F at the edges of the d bins of ``M`` (d × buckets): the least-squares inverse of the
+    bucket frequencies, f = pinv(Mᵀ)·c/n, summed; its covariance by the delta method with the
+    multinomial covariance of c/n (plug-in frequencies). Unbiased when the value is uniform
+    within each bin (the binned channel's model)."""
+    c = np.asarray(counts, dtype=float)
+    n = c.sum()
+    lam = c / n
+    A = np.linalg.pinv(M.T)
+    J = np.concatenate([np.zeros((1, M.shape[1])), np.cumsum(A, axis=0)])
+    F = J @ lam
+    Jl = J @ lam
+    cov = ((J * lam) @ J.T - np.outer(Jl, Jl)) / n
+    return CdfBand(np.linspace(0, 1, M.shape[0] + 1), F, cov)
 
 
 # --- distributions on bins: CDF, quantiles, W1 ---------------------------------------------------

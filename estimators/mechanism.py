@@ -471,7 +471,7 @@ PROVIDERS: dict[str, str] = {
     "rs-rfd": "families.multi_baselines",
     "lopub": "families.lopub",
     "partitioned": "families.partitioned",
-    "numeric": "families.numeric",
+    "sw-hm": "families.numeric",
 }
 
 #: the mechanism of a collection (or ``simulate`` run) that names none

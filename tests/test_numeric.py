@@ -213,10 +213,11 @@ def test_auto_bins_grow_with_n_and_noise() -> None:
 
 
 def test_params_errors_name_the_field() -> None:
-    cls = mechanism_class("numeric")
+    cls = mechanism_class("sw-hm")
     dom = numeric_domain(["age"], 33)
-    with pytest.raises(ParamError, match="^ranges: required"):
-        cls.from_config(dom, {}, epsilon=1.0)
+    with pytest.raises(ParamError, match="^ranges: must be"):
+        cls.from_config(dom, {"ranges": [0, 1]}, epsilon=1.0)
+    assert cls.from_config(dom, {}, epsilon=1.0).ranges == {"age": (0.0, 32.0)}
     with pytest.raises(ParamError, match=r"^ranges\.age\.max: must be a finite number"):
         cls.from_config(dom, {"ranges": {"age": {"min": 0, "max": "x"}}}, epsilon=1.0)
     with pytest.raises(ParamError, match=r"^ranges\.age: min must be below max"):
@@ -230,7 +231,7 @@ def test_params_errors_name_the_field() -> None:
 
 
 def test_state_round_trip_randomizes_alike() -> None:
-    mech = mechanism_class("numeric").from_config(
+    mech = mechanism_class("sw-hm").from_config(
         numeric_domain(["a", "b"], 65), {"ranges": {"a": [0, 1], "b": {"min": 10, "max": 20}},
                                         "mean": "pm", "buckets": 64}, epsilon=2.0)
     back = from_state(mech.state())

@@ -26,10 +26,9 @@ from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-
-from ldpstream.estimators.kernels import numeric as nm
 from scipy.stats import norm
 
+from ldpstream.estimators.kernels import numeric as nm
 from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, stream
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.mechanism import (
@@ -95,7 +94,7 @@ def _range(attr: str, raw: Any) -> tuple[float, float]:
 class Numeric(Mechanism):
     """Means (Duchi/PM/HM) and distributions (SW + EMS) of numeric attributes."""
 
-    name = "numeric"
+    name = "sw-hm"
     estimators = ("distribution", "mean")
     default_estimators = ("distribution", "mean")
 
@@ -207,12 +206,13 @@ class Numeric(Mechanism):
         out, seen = [], set()
         bounds = self.report_bounds()
         for attrs in marginals:
-            (a,) = tuple(attrs)
-            if a in seen:
+            attrs = tuple(attrs)
+            key = marginal_key(attrs)
+            if key in seen:
                 continue
-            seen.add(a)
-            j = self.domain.axes((a,))[0]
-            out.append(TensorSpec(marginal_key((a,)), (a,), (int(bounds[j]),), (j,)))
+            seen.add(key)
+            cols = self.domain.axes(attrs)
+            out.append(TensorSpec(key, attrs, tuple(int(bounds[j]) for j in cols), cols))
         return out
 
     def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
@@ -224,7 +224,7 @@ class Numeric(Mechanism):
     def _split(self, counts: Mapping[str, np.ndarray], attr: str) -> tuple[int, np.ndarray,
                                                                            np.ndarray]:
         j = self.domain.axes((attr,))[0]
-        c = np.asarray(counts[marginal_key((attr,))], dtype=np.int64)
+        c = np.asarray(one_way(counts, attr), dtype=np.int64)
         k = self.mean_cells(j)
         return j, c[:k], c[k:]
 
@@ -247,11 +247,13 @@ class Numeric(Mechanism):
         r = nm.mean_estimate(cm, self.mean_part(j)[1], LEVEL)
         unit = lambda t: lo + (t + 1) / 2 * (hi - lo)  # noqa: E731
         w = float(np.clip((r.mean + 1) / 2, 0, 1))
-        dom = Domain((a,), (2,), ((repr(lo), repr(hi)),))
+        dom = self.domain.project((a,))
+        ends = np.zeros(dom.shape[0])
+        ends[0], ends[-1] = 1 - w, w   # the distribution on the range's ends with this mean
         extra = {"mean": unit(r.mean), "mean_low": unit(r.low), "mean_high": unit(r.high),
                  "stderr": r.stderr * (hi - lo) / 2, "level": LEVEL, "reports": r.n,
                  "mechanism": self.mean_mechs[j], "min": lo, "max": hi}
-        return Estimate(Factor(dom, np.array([1 - w, w])), "mean", r.n, self.epsilon,
+        return Estimate(Factor(dom, ends), "mean", r.n, self.epsilon,
                         extra=extra)
 
     def _distribution(self, a: str, j: int, cs: np.ndarray, lo: float, hi: float,
@@ -259,7 +261,8 @@ class Numeric(Mechanism):
         n = int(cs.sum())
         if n < 1:
             raise ValueError(f"no distribution reports counted for {a!r}")
-        d = int(options.get("bins") or nm.auto_bins(self.eps_in[j], n))
+        G = self.domain.shape[j]
+        d = min(G, int(options.get("bins") or nm.auto_bins(self.eps_in[j], n)))
         x, iters = nm.ems(cs, nm.binned_channel(self.sw_part(j), d))
         band = nm.unbiased_cdf(cs, nm.binned_channel(self.sw_part(j), band_bins(d, len(cs))))
         z = float(norm.ppf(0.5 + LEVEL / 2))
@@ -284,8 +287,11 @@ class Numeric(Mechanism):
         if options.get("ranges"):
             extra["ranges"] = [self._range_mass(x, band, lo, hi, ra, rb, z)
                                for ra, rb in options["ranges"]]
-        labels = tuple(f"{unit(i / d):g}..{unit((i + 1) / d):g}" for i in range(d))
-        return Estimate(Factor(Domain((a,), (d,), (labels,)), x), "distribution", n,
+        extra["histogram"] = x.tolist()
+        # on the attribute's grid: each bin's mass spread over its grid points
+        which = nm.bin_of_grid(G, d)
+        grid = x[which] / np.bincount(which, minlength=d)[which]
+        return Estimate(Factor(self.domain.project((a,)), grid), "distribution", n,
                         self.epsilon, error_bound=None, iterations=iters, extra=extra)
 
     @staticmethod
@@ -304,7 +310,8 @@ class Numeric(Mechanism):
     def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
                     epsilon: float | None, epsilon_scope: str = "attribute",
                     version: int = 0) -> "Numeric":
-        """``params``: ``ranges`` ({attribute: {min, max}}, required), ``mean`` (auto, hm, pm,
+        """``params``: ``ranges`` ({attribute: {min, max}}; an attribute without one is read as
+        its grid index 0…G−1, as a categorical attribute's category index), ``mean`` (auto, hm, pm,
         duchi), ``mean_share`` (0.5), ``buckets`` (SW cells; default from ε), ``mean_grid``
         (PM output points, 129)."""
         pr = Params(cls.name, params)
@@ -314,13 +321,15 @@ class Numeric(Mechanism):
         buckets = pr.integer("buckets", None, ge=8, le=4096)
         grid = pr.integer("mean_grid", MEAN_GRID, ge=3, le=4097)
         pr.done()
-        if not isinstance(raw, Mapping):
-            raise ParamError("ranges", "required: {attribute: {min: a, max: b}} for every "
-                                       f"attribute of {list(domain.attrs)}")
+        if raw is not None and not isinstance(raw, Mapping):
+            raise ParamError("ranges", f"must be {{attribute: {{min: a, max: b}}}} (got {raw!r})")
+        raw = raw or {}
         unknown = [a for a in raw if a not in domain.attrs]
         if unknown:
             raise ParamError(f"ranges.{unknown[0]}", f"not an attribute of {list(domain.attrs)}")
-        ranges = {a: _range(a, raw[a]) for a in raw}
+        # an attribute without a range is read as its grid (category) index
+        ranges = {a: _range(a, raw[a]) if a in raw else (0.0, float(d - 1))
+                  for a, d in zip(domain.attrs, domain.shape)}
         return cls(domain, ranges, attribute_budget(epsilon, epsilon_scope, len(domain)),
                    mean=str(mean), mean_share=0.5 if share is None else share,
                    buckets=buckets, mean_grid=MEAN_GRID if grid is None else grid,
@@ -347,6 +356,20 @@ class Numeric(Mechanism):
                 "ranges": {a: list(r) for a, r in self.ranges.items()},
                 "mean": self.mean_spec, "mean_share": self.mean_share,
                 "mean_grid": self.mean_grid, "buckets": list(self.buckets)}
+
+
+def one_way(counts: Mapping[str, np.ndarray], attr: str) -> np.ndarray:
+    """The cells of ``attr``'s reports: its own tensor, else a joint tensor holding it summed
+    over the other axes."""
+    key = marginal_key((attr,))
+    if key in counts:
+        return np.asarray(counts[key])
+    for k, t in counts.items():
+        axes = k[2:].split("|") if k.startswith("m:") else []
+        if attr in axes:
+            t = np.asarray(t)
+            return t.sum(axis=tuple(i for i in range(t.ndim) if axes[i] != attr))
+    raise KeyError(f"no count tensor holds {attr!r}; tensors: {sorted(counts)}")
 
 
 def numeric_domain(attrs: Sequence[str], grid: int = INPUT_GRID) -> Domain:

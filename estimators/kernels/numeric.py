@@ -34,7 +34,7 @@ from ldpstream.estimators.kernels.channels import epsilon
 __all__ = ["grid_t", "grid_v", "quantize", "duchi_channel", "pm_channel", "hm_channel",
            "hm_alpha", "sw_b", "sw_channel", "closed_form_variance", "worst_variance",
            "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
-           "auto_bins", "grid_mid", "binned_channel", "cdf_at", "quantile", "w1_hist", "w1_samples",
+           "auto_bins", "grid_mid", "bin_of_grid", "binned_channel", "cdf_at", "quantile", "w1_hist", "w1_samples",
            "sample_duchi", "sample_pm", "sample_sw", "round_to_grid", "epsilon", "CdfBand",
            "unbiased_cdf"]
 
@@ -226,12 +226,17 @@ def grid_mid(d: int) -> np.ndarray:
     return (np.arange(d) + 0.5) / d
 
 
+def bin_of_grid(G: int, d: int) -> np.ndarray:
+    """The bin (of d equal bins of [0, 1]) holding each of the G grid points, the top end in
+    the last bin; every bin holds at least one point when d ≤ G."""
+    return np.minimum((np.arange(G) * d) // G, d - 1)
+
+
 def binned_channel(P_fine: np.ndarray, d: int) -> np.ndarray:
     """The channel of d equal input bins from the fine grid's rows (the value uniform over the
-    grid points of its bin); G − 1 must be a multiple of d (bins of G points sharing ends are
-    avoided by assigning each point to the bin holding it, the top end to the last bin)."""
+    grid points of its bin, :func:`bin_of_grid`); d ≤ G."""
     G = P_fine.shape[0]
-    which = np.minimum((np.arange(G) * d) // G, d - 1)
+    which = bin_of_grid(G, d)
     out = np.zeros((d, P_fine.shape[1]))
     np.add.at(out, which, P_fine)
     return out / np.bincount(which, minlength=d)[:, None]

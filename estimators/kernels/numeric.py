@@ -262,7 +262,8 @@ def ems(counts: np.ndarray, M: np.ndarray, *, tol: float = 1e-8, max_iter: int =
     x = x / x.sum(axis=1, keepdims=True)
     ll_old = np.full(c.shape[0], -np.inf)
     it = 0
-    for it in range(1, max_iter + 1):
+    while it < max_iter:
+        it += 1
         lam = np.maximum(x @ M, 1e-300)
         x = x * ((c / lam) @ M.T) / n
         if smooth:

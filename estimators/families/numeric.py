@@ -52,8 +52,8 @@ W1_DRAWS = 400
 SEED = 31_337
 #: most bins of the unbiased CDF the bounds come from
 BAND_BINS = 64
-#: default points of the PM output grid and of the input grid
-MEAN_GRID, INPUT_GRID = 129, 1025
+#: default points of the PM output grid
+MEAN_GRID = 129
 
 
 def sw_buckets(eps: float) -> int:
@@ -95,6 +95,7 @@ class Numeric(Mechanism):
     """Means (Duchi/PM/HM) and distributions (SW + EMS) of numeric attributes."""
 
     name = "sw-hm"
+    numeric = True
     estimators = ("distribution", "mean")
     default_estimators = ("distribution", "mean")
 
@@ -310,8 +311,9 @@ class Numeric(Mechanism):
     def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
                     epsilon: float | None, epsilon_scope: str = "attribute",
                     version: int = 0) -> "Numeric":
-        """``params``: ``ranges`` ({attribute: {min, max}}; an attribute without one is read as
-        its grid index 0…G−1, as a categorical attribute's category index), ``mean`` (auto, hm, pm,
+        """``params``: ``ranges`` ({attribute: {min, max}}; default: the schema's range of a
+        numeric attribute, else the grid index 0…G−1, e.g. a categorical attribute's category
+        index read as a number), ``mean`` (auto, hm, pm,
         duchi), ``mean_share`` (0.5), ``buckets`` (SW cells; default from ε), ``mean_grid``
         (PM output points, 129)."""
         pr = Params(cls.name, params)
@@ -327,9 +329,9 @@ class Numeric(Mechanism):
         unknown = [a for a in raw if a not in domain.attrs]
         if unknown:
             raise ParamError(f"ranges.{unknown[0]}", f"not an attribute of {list(domain.attrs)}")
-        # an attribute without a range is read as its grid (category) index
-        ranges = {a: _range(a, raw[a]) if a in raw else (0.0, float(d - 1))
-                  for a, d in zip(domain.attrs, domain.shape)}
+        # a range given here, else the schema's, else the grid (category) index
+        ranges = {a: _range(a, raw[a]) if a in raw else domain.numeric_range(a) or (
+            0.0, float(d - 1)) for a, d in zip(domain.attrs, domain.shape)}
         return cls(domain, ranges, attribute_budget(epsilon, epsilon_scope, len(domain)),
                    mean=str(mean), mean_share=0.5 if share is None else share,
                    buckets=buckets, mean_grid=MEAN_GRID if grid is None else grid,
@@ -372,6 +374,11 @@ def one_way(counts: Mapping[str, np.ndarray], attr: str) -> np.ndarray:
     raise KeyError(f"no count tensor holds {attr!r}; tensors: {sorted(counts)}")
 
 
-def numeric_domain(attrs: Sequence[str], grid: int = INPUT_GRID) -> Domain:
-    """The domain of numeric attributes on ``grid``-point input grids (labels: grid indices)."""
-    return Domain(tuple(attrs), (int(grid),) * len(attrs))
+def numeric_domain(attrs: Sequence[str], grid: int = nm.DEFAULT_GRID,
+                   ranges: Mapping[str, tuple[float, float]] | None = None) -> Domain:
+    """A domain of numeric attributes on ``grid``-point input grids over their ``ranges``
+    (default [0, 1])."""
+    rs = tuple((float(ranges[a][0]), float(ranges[a][1])) if ranges and a in ranges
+               else (0.0, 1.0) for a in attrs)
+    return Domain(tuple(attrs), (int(grid),) * len(attrs),
+                  tuple(nm.numeric_labels(lo, hi, grid) for lo, hi in rs), rs)

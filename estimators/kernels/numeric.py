@@ -31,7 +31,8 @@ import numpy as np
 
 from ldpstream.estimators.kernels.channels import epsilon
 
-__all__ = ["grid_t", "grid_v", "quantize", "duchi_channel", "pm_channel", "hm_channel",
+__all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "duchi_channel",
+           "pm_channel", "hm_channel",
            "hm_alpha", "sw_b", "sw_channel", "closed_form_variance", "worst_variance",
            "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
            "auto_bins", "grid_mid", "bin_of_grid", "binned_channel", "cdf_at", "quantile", "w1_hist", "w1_samples",
@@ -63,6 +64,15 @@ def quantize(values: np.ndarray, lo: float, hi: float, G: int) -> tuple[np.ndarr
     clipped = int(np.count_nonzero((x < lo) | (x > hi)))
     v = (np.clip(x, lo, hi) - lo) / (hi - lo)
     return np.rint(v * (G - 1)).astype(np.int64), clipped
+
+
+#: input grid points of a numeric attribute unless its config says otherwise
+DEFAULT_GRID = 1025
+
+
+def numeric_labels(lo: float, hi: float, G: int) -> tuple[str, ...]:
+    """The labels of a numeric attribute's grid points (their values)."""
+    return tuple(f"{v:.12g}" for v in np.linspace(lo, hi, int(G)))
 
 
 # --- the mean mechanisms ------------------------------------------------------------------------

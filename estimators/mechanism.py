@@ -479,6 +479,8 @@ PROVIDERS: dict[str, str] = {
 
 #: the mechanism of a collection (or ``simulate`` run) that names none
 DEFAULT_MECHANISM = "rr-ind"
+#: the mechanism of a ``simulate --numeric`` run that names none (docs/numeric.md)
+DEFAULT_NUMERIC_MECHANISM = "sw-hm"
 
 #: the classes imported so far (filled by :func:`register`); use :func:`mechanism_class`
 MECHANISMS: dict[str, type[Mechanism]] = {}

@@ -51,7 +51,7 @@ W1_DRAWS = 400
 #: the W1 draws' seed (bounds are a function of the counts: bounds.stream)
 SEED = 31_337
 #: most bins of the unbiased CDF the bounds come from
-BAND_BINS = 64
+BAND_BINS = 32
 #: default points of the PM output grid
 MEAN_GRID = 129
 

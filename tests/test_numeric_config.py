@@ -76,3 +76,29 @@ def test_clipping_is_counted_and_bad_numbers_named(tmp_path: Path):
         load_csv(f, ["temp", "fw"], numeric={"temp": None})
     with pytest.raises(DatasetError, match="numeric column 'tmp' is not among the columns"):
         load_csv(f, ["temp", "fw"], numeric={"tmp": None})
+
+
+def test_simulate_numeric_reads_adult_columns_as_they_are(capsys):
+    from ldpstream import cli
+    rc = cli.main(["simulate", "--numeric", "age,hours-per-week=0:100", "--epsilon", "2",
+                   "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    import json
+    doc = json.loads(out)
+    assert doc["mechanism"] == "sw-hm" and doc["n"] == 32_561
+    assert doc["epsilon_per_record"] == pytest.approx(4.0, rel=1e-9)
+    age, hours = doc["attributes"]["age"], doc["attributes"]["hours-per-week"]
+    assert age["range"] == [17.0, 90.0] and hours["range"] == [0.0, 100.0]
+    assert age["true"]["mean"] == pytest.approx(38.58, abs=0.01)
+    # n = 16,000 mean reports at ε = 2: the standard error of the mean is about 0.3 years
+    assert age["mean_error"] < 1.5 and age["w1_range"] < 0.02
+    assert set(age["quantile_error"]) == {"q0.5", "q0.9", "q0.99"}
+
+
+def test_simulate_numeric_errors(capsys):
+    from ldpstream import cli
+    assert cli.main(["simulate", "--numeric", "age", "--mechanism", "rr-ind"]) == 2
+    assert "rr-ind randomizes categories" in capsys.readouterr().err
+    assert cli.main(["simulate", "--numeric", "age=90:17"]) == 2
+    assert "MIN < MAX" in capsys.readouterr().err

@@ -1,10 +1,11 @@
-/* Matrix rows (matrix, copy and keep steps) and the steps const, copy and keep of a
-   description (docs/device-protocol.md, "Randomization description"). */
+/* Matrix rows (matrix, copy and keep steps) and the steps const, copy, keep and bloom of a
+   description, parse layer (docs/device-protocol.md, "Randomization description"); run_rows.c
+   runs the four steps. */
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "parse.h"
 
 /* cumulative sums of n_rows rows of one length (n_rows 0: as many as the row length) */
 int ldp_parse_rows(parser *ps, json_t *rows, const char *field, uint64_t n_rows, ldp_step *s) {

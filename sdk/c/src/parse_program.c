@@ -1,24 +1,16 @@
-/* The randomization description: parse, epsilon, labels -> indices, randomize
-   (docs/device-protocol.md, "Randomization description"). */
+/* The randomization description, parse layer: JSON -> ldp_program, each step's epsilon
+   (docs/device-protocol.md, "Randomization description"); the partition step is parsed in
+   parse_partition.c, rows and the const, copy, keep and bloom steps in parse_rows.c, the memoize
+   object in parse_memo.c. run_program.c runs the result. */
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <sodium.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-
-void ldp_errf(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
+#include "parse.h"
 
 static int put_text(parser *ps, const char *s, uint32_t *at) {
   size_t n = strlen(s) + 1;

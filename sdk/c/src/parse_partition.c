@@ -1,18 +1,12 @@
-/* The partition step of a description: parse its tables (docs/device-protocol.md,
-   "Randomization description"); run.c applies it. */
+/* The partition step of a description, parse layer: its tables (docs/device-protocol.md,
+   "Randomization description"); run_partition.c runs it. */
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-
-double ldp_grr_epsilon(double p, uint64_t k) {
-  double q = (1.0 - p) / (double)(k - 1);
-  double lo = p < q ? p : q, hi = p < q ? q : p;
-  return lo <= 0.0 ? INFINITY : log(hi / lo);
-}
+#include "parse.h"
 
 static int parse_table(parser *ps, json_t *d, const char *field, ldp_table *t) {
   char f[200];

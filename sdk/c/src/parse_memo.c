@@ -1,7 +1,9 @@
 /* The memoized part of a description (docs/device-protocol.md, "Memoized descriptions"), parse
-   layer: parse it and compute its fingerprint (run_memo.c runs it). Kinds: attribute (one permanent step per attribute), cluster (one per
-   cluster of attributes) and partition (one partition step, the first table fixed per
-   (device, period), the oracle code memoized, an optional instantaneous GRR per table). */
+   layer: parse it and compute its fingerprint (run_memo.c runs it). Kinds: attribute (one
+   permanent step per attribute), cluster (one per cluster of attributes), partition (one
+   partition step, the first table fixed per (device, period), the oracle code memoized, an
+   optional instantaneous GRR per table) and select (one select step, the branch fixed per
+   (device, period)). */
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -26,8 +28,8 @@ static void hash_step(crypto_generichash_state *h, const ldp_step *s, json_t *d)
   buf[0] = s->op;
   ldp_le(buf + 1, s->cells, 4);
   crypto_generichash_update(h, buf, 5);
-  for (uint64_t i = 0; i < (s->op == 1 ? 1 : s->cells * s->cells); i++)
-    hash_f64(h, s->op == 1 ? s->p
+  for (uint64_t i = 0; i < (s->op == LDP_OP_GRR ? 1 : s->cells * s->cells); i++)
+    hash_f64(h, s->op == LDP_OP_GRR ? s->p
                            : json_number_value(json_array_get(json_array_get(rows,
                                                               i / s->cells), i % s->cells)));
 }
@@ -41,7 +43,7 @@ static void fingerprint(ldp_program *p, json_t *perm) {
   crypto_generichash_init(&h, NULL, 0, sizeof p->fingerprint);
   for (uint32_t j = 0; j < p->n_units; j++) {
     const ldp_step *s = &p->steps[p->n_top + j];
-    if (s->op == 3) {
+    if (s->op == LDP_OP_SELECT) {
       buf[0] = 4;
       crypto_generichash_update(&h, buf, 1);
       for (uint16_t b = 0; b < s->count; b++)
@@ -50,7 +52,7 @@ static void fingerprint(ldp_program *p, json_t *perm) {
                                                                 "branches"), b), 0));
       continue;
     }
-    if (s->op == 4) {
+    if (s->op == LDP_OP_PARTITION) {
       for (uint16_t k = 0; k < s->count; k++) {
         const ldp_table *t = &p->tables[s->first + k];
         buf[0] = 3;
@@ -90,7 +92,7 @@ static int parse_inst(parser *ps, json_t *inst, uint16_t n) {
 
 static int parse_partition_memo(parser *ps, json_t *memo, uint16_t first, uint16_t count) {
   const ldp_step *s = &ps->p->steps[first];
-  if (count != 1 || s->op != 4)
+  if (count != 1 || s->op != LDP_OP_PARTITION)
     return bad(ps, "device.memoize.permanent", "kind partition: one partition step");
   return parse_inst(ps, json_object_get(memo, "instantaneous_p"), s->count);
 }
@@ -99,11 +101,11 @@ static int parse_partition_memo(parser *ps, json_t *memo, uint16_t first, uint16
 static int parse_select_memo(parser *ps, json_t *memo, uint16_t first, uint16_t count) {
   ldp_program *p = ps->p;
   const ldp_step *s = &p->steps[first];
-  int ok = count == 1 && s->op == 3 && s->n_out == 1;
+  int ok = count == 1 && s->op == LDP_OP_SELECT && s->n_out == 1;
   for (uint16_t b = 0; ok && b < s->count; b++) {
     uint16_t at = p->branch_start[s->first + b];
-    ok = p->branch_start[s->first + b + 1] == at + 1 && (p->steps[at].op == 1 ||
-                                                          p->steps[at].op == 2);
+    ok = p->branch_start[s->first + b + 1] == at + 1 && (p->steps[at].op == LDP_OP_GRR ||
+                                                          p->steps[at].op == LDP_OP_MATRIX);
   }
   if (!ok)
     return bad(ps, "device.memoize.permanent", "kind select: one select step with a reported "
@@ -128,25 +130,28 @@ int ldp_parse_memo(parser *ps, json_t *memo) {
   if (!k || (strcmp(k, "attribute") && strcmp(k, "cluster") && strcmp(k, "partition") &&
              strcmp(k, "select")))
     return bad(ps, "device.memoize.kind", "must be attribute, cluster, partition or select");
-  p->memo_kind = strcmp(k, "attribute") == 0 ? 0 : strcmp(k, "cluster") == 0 ? 1
-                 : strcmp(k, "partition") == 0 ? 2 : 3;
+  p->memo_kind = strcmp(k, "attribute") == 0 ? LDP_MEMO_ATTRIBUTE
+                 : strcmp(k, "cluster") == 0   ? LDP_MEMO_CLUSTER
+                 : strcmp(k, "partition") == 0 ? LDP_MEMO_PARTITION
+                                               : LDP_MEMO_SELECT;
   if (rot && !json_is_null(rot) && !(json_is_number(rot) && json_number_value(rot) > 0 &&
                                      isfinite(json_number_value(rot))))
     return bad(ps, "device.memoize.rotation_s", "must be a number > 0 or null");
   p->rotation_s = rot && !json_is_null(rot) ? json_number_value(rot) : 0.0;
-  if (ldp_parse_steps(ps, perm, "device.memoize.permanent", p->memo_kind >= 2 ? 0 : 1, &first,
-                      &count))
+  if (ldp_parse_steps(ps, perm, "device.memoize.permanent",
+                      p->memo_kind >= LDP_MEMO_PARTITION ? 0 : 1, &first, &count))
     return -1;
   p->n_units = count;
-  if (p->memo_kind == 2) {
+  if (p->memo_kind == LDP_MEMO_PARTITION) {
     if (parse_partition_memo(ps, memo, first, count)) return -1;
-  } else if (p->memo_kind == 3) {
+  } else if (p->memo_kind == LDP_MEMO_SELECT) {
     if (parse_select_memo(ps, memo, first, count)) return -1;
   } else {
     uint32_t covered = 0, ok = p->width == p->n_attrs;
     for (uint32_t j = 0; ok && j < count; j++) {
       const ldp_step *s = &p->steps[first + j];
-      ok = (s->op == 1 || s->op == 2) && (p->memo_kind == 1 || (s->n_in == 1 && s->in[0] == j));
+      ok = (s->op == LDP_OP_GRR || s->op == LDP_OP_MATRIX) &&
+           (p->memo_kind == LDP_MEMO_CLUSTER || (s->n_in == 1 && s->in[0] == j));
       for (uint8_t i = 0; ok && i < s->n_in; i++) {
         ok = s->out[i] == s->in[i] && !(covered & (1u << s->in[i]));
         covered |= 1u << s->in[i];

@@ -79,7 +79,7 @@ int ldp_parse_partition(parser *ps, json_t *d, const char *field, ldp_step *s) {
     ldp_errf(ps->err, ps->errlen, "%s.out: more slots than tables", field);
     return -1;
   }
-  s->op = 4;
+  s->op = LDP_OP_PARTITION;
   s->seed = ldp_mix64((uint64_t)sv);
   s->first = (uint16_t)p->n_tables;
   s->count = (uint16_t)n;

@@ -12,13 +12,13 @@ static const ldp_step *branch(const ldp_program *p, uint32_t b) {
 
 uint32_t ldp_memo_keys(const ldp_program *p, const uint32_t *x, uint64_t device_id,
                        int64_t period, uint32_t *unit, uint32_t *cell) {
-  if (p->memo_kind == 3) {
+  if (p->memo_kind == LDP_MEMO_SELECT) {
     unit[0] = (uint32_t)(ldp_mix64(ldp_mix64(device_id ^ p->memo_seed) ^ (uint64_t)period) %
                          p->steps[p->n_top].count);
     cell[0] = (uint32_t)ldp_ravel(p, branch(p, unit[0])->in, branch(p, unit[0])->n_in, x);
     return 1;
   }
-  if (p->memo_kind != 2) {
+  if (p->memo_kind != LDP_MEMO_PARTITION) {
     for (uint32_t u = 0; u < p->n_units; u++) {
       const ldp_step *s = &p->steps[p->n_top + u];
       unit[u] = u;
@@ -37,23 +37,24 @@ uint32_t ldp_memo_keys(const ldp_program *p, const uint32_t *x, uint64_t device_
 }
 
 double ldp_memo_unit_eps(const ldp_program *p, uint32_t unit) {
-  if (p->memo_kind == 3) return branch(p, unit)->eps;
-  if (p->memo_kind != 2) return p->steps[p->n_top + unit].eps;
+  if (p->memo_kind == LDP_MEMO_SELECT) return branch(p, unit)->eps;
+  if (p->memo_kind != LDP_MEMO_PARTITION) return p->steps[p->n_top + unit].eps;
   const ldp_table *t = &p->tables[p->steps[p->n_top].first + unit];
   return ldp_grr_epsilon(t->p, t->g ? t->g : t->cells);
 }
 
 uint32_t ldp_memo_draw(const ldp_program *p, uint32_t unit, uint32_t cell, ldp_rng *rng) {
-  if (p->memo_kind == 3)
+  if (p->memo_kind == LDP_MEMO_SELECT)
     return (uint32_t)ldp_step_apply(p, p->branch_start[p->steps[p->n_top].first + unit], cell,
                                     rng);
-  if (p->memo_kind != 2) return (uint32_t)ldp_step_apply(p, p->n_top + unit, cell, rng);
+  if (p->memo_kind != LDP_MEMO_PARTITION)
+    return (uint32_t)ldp_step_apply(p, p->n_top + unit, cell, rng);
   return (uint32_t)ldp_table_code(&p->tables[p->steps[p->n_top].first + unit], cell, rng);
 }
 
 void ldp_memo_emit(const ldp_program *p, const uint32_t *unit, const uint32_t *resp, uint32_t n,
                    ldp_rng *rng, uint32_t *report) {
-  if (p->memo_kind == 2) {
+  if (p->memo_kind == LDP_MEMO_PARTITION) {
     const ldp_step *s = &p->steps[p->n_top];
     memset(report, 0, sizeof(uint32_t) * p->width);
     for (uint32_t i = 0; i < n; i++) {
@@ -66,7 +67,7 @@ void ldp_memo_emit(const ldp_program *p, const uint32_t *unit, const uint32_t *r
     }
     return;
   }
-  if (p->memo_kind == 3) {  /* the index, then the branch's output cell */
+  if (p->memo_kind == LDP_MEMO_SELECT) {  /* the index, then the branch's output cell */
     const ldp_step *b = branch(p, unit[0]);
     uint64_t c = p->has_inst ? ldp_grr_cell(resp[0], b->cells, p->inst_p[unit[0]], rng) : resp[0];
     memset(report, 0, sizeof(uint32_t) * p->width);

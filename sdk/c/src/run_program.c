@@ -43,8 +43,8 @@ uint64_t ldp_grr_cell(uint64_t cell, uint64_t k, double p, ldp_rng *rng) {
 
 uint64_t ldp_step_apply(const ldp_program *p, uint32_t step, uint64_t cell, ldp_rng *rng) {
   const ldp_step *s = &p->steps[step];
-  if (s->op == 1) return ldp_grr_cell(cell, s->cells, s->p, rng);
-  if (s->op == 5) return ldp_uniform(rng, s->cells);
+  if (s->op == LDP_OP_GRR) return ldp_grr_cell(cell, s->cells, s->p, rng);
+  if (s->op == LDP_OP_UNIFORM) return ldp_uniform(rng, s->cells);
   return ldp_categorical(rng, p->cum + s->cum + cell * s->cells, (uint32_t)s->cells);
 }
 
@@ -64,15 +64,15 @@ void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t 
   memset(report, 0, prog->width * sizeof *report);
   for (uint32_t i = 0; i < prog->n_top; i = ldp_after(prog, i)) {
     const ldp_step *s = &prog->steps[i];
-    if (s->op == 4) {
+    if (s->op == LDP_OP_PARTITION) {
       ldp_run_partition(prog, s, x, device_id, rng, report);
       continue;
     }
-    if (s->op >= 6) {
+    if (s->op >= LDP_OP_CONST) {
       ldp_run_post(prog, s, x, rng, report);
       continue;
     }
-    if (s->op != 3) {
+    if (s->op != LDP_OP_SELECT) {
       run(prog, i, x, rng, report);
       continue;
     }
@@ -80,7 +80,7 @@ void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t 
     if (s->n_out) report[s->out[0]] = b;
     for (uint32_t t = prog->branch_start[s->first + b]; t < prog->branch_start[s->first + b + 1];
          t++)
-      if (prog->steps[t].op >= 6) ldp_run_post(prog, &prog->steps[t], x, rng, report);
+      if (prog->steps[t].op >= LDP_OP_CONST) ldp_run_post(prog, &prog->steps[t], x, rng, report);
       else run(prog, t, x, rng, report);
   }
 }

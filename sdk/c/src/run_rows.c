@@ -8,11 +8,11 @@
    the flat cell of in kept with p, else drawn from the fake distribution */
 void ldp_run_post(const ldp_program *p, const ldp_step *s, const uint32_t *x, ldp_rng *rng,
                   uint32_t *report) {
-  if (s->op == 6) {
+  if (s->op == LDP_OP_CONST) {
     report[s->out[0]] = s->value;
     return;
   }
-  if (s->op == 9) {
+  if (s->op == LDP_OP_BLOOM) {
     const double *pool = p->cum + s->cum;
     uint32_t dv = (uint32_t)s->cells, start = s->out[0], x0 = x[s->in[0]];
     memset(report + start, 0, s->value * sizeof *report);
@@ -25,7 +25,7 @@ void ldp_run_post(const ldp_program *p, const ldp_step *s, const uint32_t *x, ld
     }
     return;
   }
-  if (s->op == 8) {
+  if (s->op == LDP_OP_KEEP) {
     uint64_t cell = 0;
     for (uint8_t i = 0; i < s->n_in; i++) cell = cell * p->size[s->in[i]] + x[s->in[i]];
     report[s->out[0]] = (uint32_t)(ldp_bernoulli(rng, s->p)

@@ -1,15 +1,13 @@
 /* The types the parse layer (parse_*.c: JSON -> ldp_program) and the run layer (run_*.c:
    ldp_program -> randomized report) share, and the only header both include (not installed).
    The program structs and the limits are public (include/ldp.h: callers hold them); this adds
-   the step ops and memo kinds by name, the description version and the small pure helpers both
-   layers use. The two layers never call each other (tests/check_layers.sh). */
+   the step ops and memo kinds by name, the description version, the small pure helpers both
+   layers use and ldp_errf (src/errf.c). The two layers never call each other (tests/check_layers.sh). */
 #ifndef LDP_PROGRAM_TYPES_H
 #define LDP_PROGRAM_TYPES_H
 #include <math.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "ldp.h"
 
@@ -36,16 +34,10 @@ enum ldp_memo_kind {
   LDP_MEMO_SELECT = 3
 };
 
-/* snprintf into err (nothing when err is NULL or errlen 0) */
-static inline void ldp_errf(char *err, size_t errlen, const char *fmt, ...)
+/* snprintf into err (nothing when err is NULL or errlen 0); errf.c, the one function under
+   both layers */
+void ldp_errf(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static inline void ldp_errf(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
 /* v as `bytes` little-endian bytes at p; returns p + bytes */
 static inline uint8_t *ldp_le(uint8_t *p, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));

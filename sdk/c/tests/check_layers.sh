@@ -1,13 +1,14 @@
 #!/bin/sh
 # The C SDK's two layers never call each other: the parse layer (JSON -> ldp_program) and the run
 # layer (ldp_program -> randomized report) share only src/program_types.h; the files above them
-# (state, device, ledger, batch) may call both, and neither layer calls up into them.
+# (state, device, ledger, batch) may call both, and neither layer calls up into them. Both may
+# call the base (error messages), which calls none of the others.
 #
-#   check_layers.sh [--src DIR] parse OBJ... run OBJ... above OBJ...
+#   check_layers.sh [--src DIR] parse OBJ... run OBJ... above OBJ... base OBJ...
 #
 # (an OBJ argument may also be a ;-separated list of objects).
 # Fails when an object of one layer has an undefined symbol that an object of the other layer (or
-# of the files above) defines, and, with --src, when a parse_*.c file includes run.h or a run_*.c
+# of the files above) defines, when a base object uses a symbol any other group defines, and, with --src, when a parse_*.c file includes run.h or a run_*.c
 # file includes parse.h.
 set -eu
 
@@ -21,16 +22,17 @@ trap 'rm -rf "$tmp"' EXIT
 : >"$tmp/parse"
 : >"$tmp/run"
 : >"$tmp/above"
+: >"$tmp/base"
 group=
 for arg in "$@"; do
   # an argument may be a ;-separated list (ctest passes $<TARGET_OBJECTS:...> so)
   printf '%s\n' "$arg" | tr ';' '\n' >"$tmp/args"
   while IFS= read -r a; do
     case $a in
-      parse | run | above) group=$a ;;
+      parse | run | above | base) group=$a ;;
       '') ;;
       *)
-        [ -n "$group" ] || { echo "check_layers: name a group (parse, run, above) first" >&2; exit 2; }
+        [ -n "$group" ] || { echo "check_layers: name a group (parse, run, above, base) first" >&2; exit 2; }
         [ -f "$a" ] || { echo "check_layers: no object $a" >&2; exit 2; }
         echo "$a" >>"$tmp/$group"
         ;;
@@ -67,6 +69,7 @@ check() {
 }
 check parse run above
 check run parse above
+check base parse run above
 
 if [ -n "$src" ]; then
   for f in "$src"/parse_*.c; do

@@ -1,0 +1,170 @@
+/* The memoized part of a description (docs/device-protocol.md, "Memoized descriptions"), parse
+   layer: parse it and compute its fingerprint (run_memo.c runs it). Kinds: attribute (one
+   permanent step per attribute), cluster (one per cluster of attributes), partition (one
+   partition step, the first table fixed per (device, period), the oracle code memoized, an
+   optional instantaneous GRR per table) and select (one select step, the branch fixed per
+   (device, period)). */
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parse.h"
+
+static void hash_f64(crypto_generichash_state *h, double x) {
+  uint8_t buf[8];
+  uint64_t bits;
+  memcpy(&bits, &x, 8);
+  ldp_le(buf, bits, 8);
+  crypto_generichash_update(h, buf, 8);
+}
+
+/* op byte, cells u32 LE, p or the matrix entries (from its JSON d) as f64 LE */
+static void hash_step(crypto_generichash_state *h, const ldp_step *s, json_t *d) {
+  uint8_t buf[5];
+  json_t *rows = json_object_get(d, "rows");
+  buf[0] = s->op;
+  ldp_le(buf + 1, s->cells, 4);
+  crypto_generichash_update(h, buf, 5);
+  for (uint64_t i = 0; i < (s->op == LDP_OP_GRR ? 1 : s->cells * s->cells); i++)
+    hash_f64(h, s->op == LDP_OP_GRR ? s->p
+                           : json_number_value(json_array_get(json_array_get(rows,
+                                                              i / s->cells), i % s->cells)));
+}
+
+/* BLAKE2b-64 over each permanent step (hash_step); a partition step: per table op byte 3,
+   oracle byte (0 grr, 1 olh), cells u32, g u32, p f64; a select step: byte 4, then its
+   branches' steps */
+static void fingerprint(ldp_program *p, json_t *perm) {
+  crypto_generichash_state h;
+  uint8_t buf[10];
+  crypto_generichash_init(&h, NULL, 0, sizeof p->fingerprint);
+  for (uint32_t j = 0; j < p->n_units; j++) {
+    const ldp_step *s = &p->steps[p->n_top + j];
+    if (s->op == LDP_OP_SELECT) {
+      buf[0] = 4;
+      crypto_generichash_update(&h, buf, 1);
+      for (uint16_t b = 0; b < s->count; b++)
+        hash_step(&h, &p->steps[p->branch_start[s->first + b]],
+                  json_array_get(json_array_get(json_object_get(json_array_get(perm, j),
+                                                                "branches"), b), 0));
+      continue;
+    }
+    if (s->op == LDP_OP_PARTITION) {
+      for (uint16_t k = 0; k < s->count; k++) {
+        const ldp_table *t = &p->tables[s->first + k];
+        buf[0] = 3;
+        buf[1] = t->g != 0;
+        ldp_le(ldp_le(buf + 2, t->cells, 4), t->g, 4);
+        crypto_generichash_update(&h, buf, 10);
+        hash_f64(&h, t->p);
+      }
+      continue;
+    }
+    hash_step(&h, s, json_array_get(perm, j));
+  }
+  crypto_generichash_final(&h, p->fingerprint, sizeof p->fingerprint);
+}
+
+static int bad(parser *ps, const char *field, const char *msg) {
+  ldp_errf(ps->err, ps->errlen, "%s: %s", field, msg);
+  return -1;
+}
+
+/* instantaneous_p: null or n keep probabilities (partition: per table; select: per branch) */
+static int parse_inst(parser *ps, json_t *inst, uint16_t n) {
+  ldp_program *p = ps->p;
+  p->has_inst = inst && !json_is_null(inst);
+  if (p->has_inst && (!json_is_array(inst) || json_array_size(inst) != n))
+    return bad(ps, "device.memoize.instantaneous_p", "must be null or one number in [0, 1] "
+               "per table or branch");
+  for (uint16_t k = 0; p->has_inst && k < n; k++) {
+    json_t *v = json_array_get(inst, k);
+    p->inst_p[k] = json_number_value(v);
+    if (!json_is_number(v) || !(p->inst_p[k] >= 0.0 && p->inst_p[k] <= 1.0))
+      return bad(ps, "device.memoize.instantaneous_p", "must be null or one number in [0, 1] "
+                 "per table or branch");
+  }
+  return 0;
+}
+
+static int parse_partition_memo(parser *ps, json_t *memo, uint16_t first, uint16_t count) {
+  const ldp_step *s = &ps->p->steps[first];
+  if (count != 1 || s->op != LDP_OP_PARTITION)
+    return bad(ps, "device.memoize.permanent", "kind partition: one partition step");
+  return parse_inst(ps, json_object_get(memo, "instantaneous_p"), s->count);
+}
+
+/* select (smp): one select step with a reported index, each branch one grr or matrix step */
+static int parse_select_memo(parser *ps, json_t *memo, uint16_t first, uint16_t count) {
+  ldp_program *p = ps->p;
+  const ldp_step *s = &p->steps[first];
+  int ok = count == 1 && s->op == LDP_OP_SELECT && s->n_out == 1;
+  for (uint16_t b = 0; ok && b < s->count; b++) {
+    uint16_t at = p->branch_start[s->first + b];
+    ok = p->branch_start[s->first + b + 1] == at + 1 && (p->steps[at].op == LDP_OP_GRR ||
+                                                          p->steps[at].op == LDP_OP_MATRIX);
+  }
+  if (!ok)
+    return bad(ps, "device.memoize.permanent", "kind select: one select step with a reported "
+               "index, each branch one grr or matrix step");
+  const char *seed = json_string_value(json_object_get(memo, "seed"));
+  char *end = NULL;
+  unsigned long long sv = seed && *seed >= '0' && *seed <= '9' ? strtoull(seed, &end, 10) : 0;
+  if (!seed || !end || *end || strlen(seed) > 20 || (sv == ULLONG_MAX && strcmp(seed,
+      "18446744073709551615") != 0))
+    return bad(ps, "device.memoize.seed", "must be a u64 as a decimal string");
+  p->memo_seed = ldp_mix64((uint64_t)sv);
+  return parse_inst(ps, json_object_get(memo, "instantaneous_p"), s->count);
+}
+
+int ldp_parse_memo(parser *ps, json_t *memo) {
+  ldp_program *p = ps->p;
+  uint16_t first, count;
+  if (!json_is_object(memo)) return bad(ps, "device.memoize", "must be an object");
+  json_t *rot = json_object_get(memo, "rotation_s"), *perm = json_object_get(memo, "permanent");
+  json_t *kind = json_object_get(memo, "kind");
+  const char *k = kind ? json_string_value(kind) : "attribute";
+  if (!k || (strcmp(k, "attribute") && strcmp(k, "cluster") && strcmp(k, "partition") &&
+             strcmp(k, "select")))
+    return bad(ps, "device.memoize.kind", "must be attribute, cluster, partition or select");
+  p->memo_kind = strcmp(k, "attribute") == 0 ? LDP_MEMO_ATTRIBUTE
+                 : strcmp(k, "cluster") == 0   ? LDP_MEMO_CLUSTER
+                 : strcmp(k, "partition") == 0 ? LDP_MEMO_PARTITION
+                                               : LDP_MEMO_SELECT;
+  if (rot && !json_is_null(rot) && !(json_is_number(rot) && json_number_value(rot) > 0 &&
+                                     isfinite(json_number_value(rot))))
+    return bad(ps, "device.memoize.rotation_s", "must be a number > 0 or null");
+  p->rotation_s = rot && !json_is_null(rot) ? json_number_value(rot) : 0.0;
+  if (ldp_parse_steps(ps, perm, "device.memoize.permanent",
+                      p->memo_kind >= LDP_MEMO_PARTITION ? 0 : 1, &first, &count))
+    return -1;
+  p->n_units = count;
+  if (p->memo_kind == LDP_MEMO_PARTITION) {
+    if (parse_partition_memo(ps, memo, first, count)) return -1;
+  } else if (p->memo_kind == LDP_MEMO_SELECT) {
+    if (parse_select_memo(ps, memo, first, count)) return -1;
+  } else {
+    uint32_t covered = 0, ok = p->width == p->n_attrs;
+    for (uint32_t j = 0; ok && j < count; j++) {
+      const ldp_step *s = &p->steps[first + j];
+      ok = (s->op == LDP_OP_GRR || s->op == LDP_OP_MATRIX) &&
+           (p->memo_kind == LDP_MEMO_CLUSTER || (s->n_in == 1 && s->in[0] == j));
+      for (uint8_t i = 0; ok && i < s->n_in; i++) {
+        ok = s->out[i] == s->in[i] && !(covered & (1u << s->in[i]));
+        covered |= 1u << s->in[i];
+      }
+    }
+    if (!ok || covered != (p->n_attrs == 32 ? 0xFFFFFFFFu : (1u << p->n_attrs) - 1))
+      return bad(ps, "device.memoize.permanent", "must hold one grr or matrix step per "
+                 "attribute j, in and out [j], in order (kind cluster: per cluster, the "
+                 "clusters covering every attribute once; width must be the attribute count)");
+  }
+  p->memoized = 1;
+  p->epsilon = 0.0;
+  for (uint32_t j = 0; j < count; j++) p->epsilon += p->steps[first + j].eps;
+  fingerprint(p, perm);
+  return 0;
+}

@@ -15,6 +15,7 @@ from tolerance import assert_close
 
 from ldpstream.estimators.families.numeric import Numeric, numeric_domain, sw_buckets
 from ldpstream.estimators.kernels import numeric as nm
+from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.mechanism import ParamError, from_state, mechanism_class
 
 pytestmark = pytest.mark.core
@@ -217,7 +218,7 @@ def test_params_errors_name_the_field() -> None:
     dom = numeric_domain(["age"], 33)
     with pytest.raises(ParamError, match="^ranges: must be"):
         cls.from_config(dom, {"ranges": [0, 1]}, epsilon=1.0)
-    assert cls.from_config(dom, {}, epsilon=1.0).ranges == {"age": (0.0, 32.0)}
+    assert cls.from_config(dom, {}, epsilon=1.0).ranges == {"age": (0.0, 1.0)}
     with pytest.raises(ParamError, match=r"^ranges\.age\.max: must be a finite number"):
         cls.from_config(dom, {"ranges": {"age": {"min": 0, "max": "x"}}}, epsilon=1.0)
     with pytest.raises(ParamError, match=r"^ranges\.age: min must be below max"):
@@ -240,3 +241,47 @@ def test_state_round_trip_randomizes_alike() -> None:
     assert np.array_equal(mech.randomize(recs, np.random.default_rng(5)),
                           back.randomize(recs, np.random.default_rng(5)))
     assert mech.check_marginal(("a", "b"), "mean") is not None
+
+
+def _by_category_data(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    cat = rng.choice(3, size=n, p=[0.5, 0.3, 0.2])
+    a = np.array([2.0, 5.0, 8.0])[cat]
+    return cat, rng.beta(a, 10 - a)          # means 0.2, 0.5, 0.8 by category
+
+
+def test_by_category_mean_intervals_cover_and_budget_counts_once() -> None:
+    """A numeric attribute per category of a categorical one (GRR on the category): over 60 runs
+    (n = 30,000, ε = 2 each) every category's 95 % interval covers its true mean in at least
+    88 % of runs (the coverage's standard error at 60 runs is 2.8 %); the record costs the two
+    channels' ε, computed from them."""
+    rng = np.random.default_rng(21)
+    dom = Domain(("fw", "x"), (3, 257), None, (None, (0.0, 1.0)))
+    mech = Numeric(dom, {"x": (0.0, 1.0)}, 2.0, mean_share=0.5)
+    assert abs(mech.epsilon - 4.0) < 1e-8 and mech.epsilons[0] == pytest.approx(2.0, rel=1e-12)
+    hits = np.zeros(3)
+    for _ in range(60):
+        cat, x = _by_category_data(30_000, rng)
+        idx, _ = mech.encode(np.stack([cat, x], axis=1))
+        counts = mech.count(mech.randomize(idx, rng), mech.tensors([("fw", "x")]))
+        est = mech.estimate(counts, ("fw", "x"), "mean")
+        truth = [nm.grid_v(257)[idx[cat == c, 1]].mean() for c in range(3)]
+        for c, row in enumerate(est.extra["categories"]):
+            hits[c] += row["mean_low"] <= truth[c] <= row["mean_high"]
+        assert_close(est.factor.values.sum(), 1.0, 1e-9)
+    assert np.all(hits / 60 >= 0.88), hits / 60
+    dist = mech.estimate(counts, ("x", "fw"), "distribution")
+    assert dist.factor.values.shape == (257, 3)
+    med = [float(r["quantiles"]["0.5"]) for r in dist.extra["categories"]]
+    assert_close(med, [np.median(x[cat == c]) for c in range(3)], 0.1)
+    shares = [r["share"] for r in dist.extra["categories"]]
+    assert_close(shares, [0.5, 0.3, 0.2], 0.05)
+
+
+def test_marginals_the_family_serves() -> None:
+    dom = Domain(("fw", "os", "x"), (3, 2, 33), None, (None, None, (0.0, 1.0)))
+    mech = Numeric(dom, {"x": (0.0, 1.0)}, 1.0)
+    assert mech.check_marginal(("fw",), "distribution") is None
+    assert "categorical" in (mech.check_marginal(("fw",), "mean") or "")
+    assert mech.check_marginal(("x", "fw"), "mean") is None
+    assert "per category" in (mech.check_marginal(("fw", "os"), "mean") or "")
+    assert mech.channel(0).shape == (3, 3) and abs(nm.epsilon(mech.channel(0)) - 1.0) < 1e-12

@@ -28,9 +28,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy.stats import norm
 
+from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels import numeric as nm
 from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, stream
 from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.mechanism import (
     Estimate,
     Mechanism,
@@ -97,7 +99,7 @@ class Numeric(Mechanism):
     name = "sw-hm"
     numeric = True
     estimators = ("distribution", "mean")
-    default_estimators = ("distribution", "mean")
+    default_estimators = ("distribution",)
 
     def __init__(self, domain: Domain, ranges: Mapping[str, tuple[float, float]],
                  epsilon: float | Sequence[float], *, mean: str = "auto", mean_share: float = 0.5,
@@ -108,10 +110,12 @@ class Numeric(Mechanism):
         eps = [float(epsilon)] * m if np.isscalar(epsilon) else [float(e) for e in epsilon]  # type: ignore[arg-type]  # a sequence here
         if len(eps) != m or any(not np.isfinite(e) or e <= 0 for e in eps):
             raise ValueError(f"numeric: need {m} finite epsilons > 0 (got {eps})")
-        missing = [a for a in domain.attrs if a not in ranges]
-        if missing:
-            raise ParamError("ranges", f"no range for attribute {missing[0]!r}")
-        self.ranges = {a: (float(ranges[a][0]), float(ranges[a][1])) for a in domain.attrs}
+        unknown = [a for a in ranges if a not in domain.attrs]
+        if unknown:
+            raise ParamError(f"ranges.{unknown[0]}", f"not an attribute of {list(domain.attrs)}")
+        #: the numeric attributes' ranges (an attribute without one is categorical: GRR)
+        self.ranges = {a: (float(ranges[a][0]), float(ranges[a][1])) for a in domain.attrs
+                       if a in ranges}
         if mean != "auto" and mean not in nm.MEAN_MECHANISMS:
             raise ParamError("mean", f"must be auto or one of {', '.join(nm.MEAN_MECHANISMS)}")
         if not 0 <= mean_share <= 1:
@@ -125,19 +129,24 @@ class Numeric(Mechanism):
         self.buckets = [int(buckets) if buckets else sw_buckets(e) for e in eps]
 
     # --- channels -------------------------------------------------------------------------------
+    def is_numeric(self, j: int) -> bool:
+        return self.domain.attrs[j] in self.ranges
+
     def mean_part(self, j: int) -> tuple[np.ndarray, np.ndarray]:
         """(P_mean (G × Km), outputs on [−1, 1]'s scale) of attribute j."""
         return self._mean_parts[j]
 
     @cached_property
-    def _mean_parts(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        return [nm.mean_channel(mm, e, nm.grid_t(G), self.mean_grid)
-                for mm, e, G in zip(self.mean_mechs, self.eps_in, self.domain.shape)]
+    def _mean_parts(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        return {j: nm.mean_channel(mm, e, nm.grid_t(G), self.mean_grid)
+                for j, (mm, e, G) in enumerate(zip(self.mean_mechs, self.eps_in,
+                                                   self.domain.shape)) if self.is_numeric(j)}
 
     @cached_property
-    def _sw_parts(self) -> list[np.ndarray]:
-        return [nm.sw_channel(e, nm.grid_v(G), k)
-                for e, G, k in zip(self.eps_in, self.domain.shape, self.buckets)]
+    def _sw_parts(self) -> dict[int, np.ndarray]:
+        return {j: nm.sw_channel(e, nm.grid_v(G), k)
+                for j, (e, G, k) in enumerate(zip(self.eps_in, self.domain.shape, self.buckets))
+                if self.is_numeric(j)}
 
     def sw_part(self, j: int) -> np.ndarray:
         """P_sw (G × buckets) of attribute j."""
@@ -147,7 +156,10 @@ class Numeric(Mechanism):
         return int(self._mean_parts[j][1].size)
 
     def channel(self, j: int) -> np.ndarray:
-        """The channel attribute j's reports go through: [s·P_mean, (1−s)·P_sw]."""
+        """The channel attribute j's reports go through: [s·P_mean, (1−s)·P_sw] (numeric),
+        GRR(ε) (categorical)."""
+        if not self.is_numeric(j):
+            return ch.grr(self.eps_in[j], self.domain.shape[j])
         return np.concatenate([self.mean_share * self.mean_part(j)[0],
                                (1 - self.mean_share) * self.sw_part(j)], axis=1)
 
@@ -169,8 +181,8 @@ class Numeric(Mechanism):
         return len(self.domain)
 
     def report_bounds(self) -> np.ndarray:
-        return np.array([self.mean_cells(j) + k for j, k in enumerate(self.buckets)],
-                        dtype=np.int64)
+        return np.array([self.mean_cells(j) + k if self.is_numeric(j) else self.domain.shape[j]
+                         for j, k in enumerate(self.buckets)], dtype=np.int64)
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Per attribute: the mean task with probability ``mean_share`` (its mechanism's cell),
@@ -183,6 +195,9 @@ class Numeric(Mechanism):
             x = records[:, j].astype(np.int64)
             if len(x) and (x.min() < 0 or x.max() >= G):
                 raise ValueError(f"attribute {self.domain.attrs[j]!r}: grid index outside 0…{G - 1}")
+            if not self.is_numeric(j):
+                out[:, j] = ch.randomize(x, self.channel(j), rng)
+                continue
             task = rng.random(len(x)) < self.mean_share
             cell = np.empty(len(x), dtype=np.int64)
             cell[task] = nm.sample_mean(self.mean_mechs[j], e, nm.grid_t(G)[x[task]],
@@ -199,7 +214,11 @@ class Numeric(Mechanism):
         out = np.empty(values.shape, dtype=np.int64)
         clipped = {}
         for j, a in enumerate(self.domain.attrs):
-            out[:, j], clipped[a] = nm.quantize(values[:, j], *self.ranges[a], self.domain.shape[j])
+            if a in self.ranges:
+                out[:, j], clipped[a] = nm.quantize(values[:, j], *self.ranges[a],
+                                                    self.domain.shape[j])
+            else:
+                out[:, j] = values[:, j].astype(np.int64)
         return out, clipped
 
     # --- server side ----------------------------------------------------------------------------
@@ -217,10 +236,18 @@ class Numeric(Mechanism):
         return out
 
     def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
+        """One numeric attribute (mean, distribution), one categorical (distribution), or a
+        categorical and a numeric one (both, per category)."""
         why = super().check_marginal(attrs, method)
-        if why is None and len(attrs) != 1:
-            return f"numeric estimates one attribute at a time (got {list(attrs)})"
-        return why
+        if why is not None:
+            return why
+        num = [a for a in attrs if a in self.ranges]
+        if len(attrs) == 1 and not num and method == "mean":
+            return f"{attrs[0]!r} is categorical: it has a distribution, not a mean"
+        if len(attrs) == 2 and len(num) == 1 or len(attrs) == 1:
+            return None
+        return (f"{self.name} estimates one attribute, or a numeric one per category of a "
+                f"categorical one (got {list(attrs)})")
 
     def _split(self, counts: Mapping[str, np.ndarray], attr: str) -> tuple[int, np.ndarray,
                                                                            np.ndarray]:
@@ -237,7 +264,11 @@ class Numeric(Mechanism):
         why = self.check_marginal(attrs, method)
         if why:
             raise ValueError(why)
+        if len(attrs) == 2:
+            return self._by_category(counts, tuple(attrs), method)
         (a,) = tuple(attrs)
+        if a not in self.ranges:
+            return self._categorical(counts, a)
         lo, hi = self.ranges[a]
         j, cm, cs = self._split(counts, a)
         if method == "mean":
@@ -295,6 +326,78 @@ class Numeric(Mechanism):
         return Estimate(Factor(self.domain.project((a,)), grid), "distribution", n,
                         self.epsilon, error_bound=None, iterations=iters, extra=extra)
 
+    def _categorical(self, counts: Mapping[str, np.ndarray], a: str) -> Estimate:
+        """A categorical attribute's distribution: the GRR inverse, projected on the simplex."""
+        j = self.domain.axes((a,))[0]
+        c = np.asarray(one_way(counts, a), dtype=float)
+        n = float(c.sum())
+        if n <= 0:
+            raise ValueError(f"no reports counted for {a!r}")
+        raw = np.linalg.solve(self.channel(j).T, c / n)
+        return Estimate(Factor(self.domain.project((a,)), project_simplex(raw)), "distribution",
+                        int(n), self.epsilon, extra={"unbiased": raw.tolist()})
+
+    def _by_category(self, counts: Mapping[str, np.ndarray], attrs: tuple[str, str],
+                     method: str) -> Estimate:
+        """The numeric attribute per category of the categorical one: the joint counts of their
+        cells, the categorical axis inverted through its GRR (unbiased per-category cell counts,
+        signed), then per category the mean (a ratio, its interval by the delta method) or EMS
+        on the clipped SW counts (docs/numeric.md "By category")."""
+        c_attr, x_attr = attrs if attrs[1] in self.ranges else attrs[::-1]
+        jc, jx = self.domain.axes((c_attr, x_attr))
+        T = np.asarray(joint(counts, (c_attr, x_attr)), dtype=float)   # (categories, cells)
+        n = int(T.sum())
+        if n <= 0:
+            raise ValueError(f"no reports counted for {list(attrs)}")
+        A = np.linalg.inv(self.channel(jc).T)
+        Mc = A @ T                                  # unbiased counts per true category
+        share = project_simplex(Mc.sum(axis=1) / n)
+        lo, hi = self.ranges[x_attr]
+        k = self.mean_cells(jx)
+        z = float(norm.ppf(0.5 + LEVEL / 2))
+        labels = self.domain.categories(c_attr)
+        G = self.domain.shape[jx]
+        rows: list[dict[str, Any]] = []
+        grid = np.zeros((len(labels), G))
+        if method == "mean":
+            y = self.mean_part(jx)[1]
+            S, D = Mc[:, :k] @ y, Mc[:, :k].sum(axis=1)
+            for i, lab in enumerate(labels):
+                r = S[i] / D[i] if D[i] > 0 else 0.0
+                g = A[i][:, None] * (y[None, :] - r)            # the ratio's linearization
+                se = math.sqrt(float((g ** 2 * T[:, :k]).sum())) / D[i] if D[i] > 0 else math.inf
+                unit = lambda t: lo + (t + 1) / 2 * (hi - lo)  # noqa: E731
+                w = float(np.clip((r + 1) / 2, 0, 1))
+                grid[i, 0], grid[i, -1] = 1 - w, w
+                rows.append({"category": lab, "share": float(share[i]), "mean": unit(r),
+                             "mean_low": unit(r - z * se), "mean_high": unit(r + z * se),
+                             "reports": float(D[i])})
+        else:
+            sw = np.clip(Mc[:, k:], 0, None)
+            for i, lab in enumerate(labels):
+                tot = float(sw[i].sum())
+                row: dict[str, Any] = {"category": lab, "share": float(share[i]),
+                                       "reports": tot}
+                if tot >= 1:
+                    d = min(G, nm.auto_bins(self.eps_in[jx], int(tot)))
+                    x, _ = nm.ems(sw[i], nm.binned_channel(self.sw_part(jx), d))
+                    which = nm.bin_of_grid(G, d)
+                    grid[i] = x[which] / np.bincount(which, minlength=d)[which]
+                    row.update(bins=d, histogram=x.tolist(),
+                               mean=lo + float(x @ nm.grid_mid(d)) * (hi - lo),
+                               quantiles={f"{p:g}": lo + float(v) * (hi - lo) for p, v in
+                                          zip(QUANTILES, nm.quantile(x, QUANTILES))})
+                else:
+                    grid[i] = 1.0 / G
+                rows.append(row)
+        joint_values = share[:, None] * grid
+        if attrs[0] != c_attr:
+            joint_values = joint_values.T
+        extra = {"by": c_attr, "of": x_attr, "categories": rows, "level": LEVEL,
+                 "min": lo, "max": hi}
+        return Estimate(Factor(self.domain.project(attrs), joint_values), method, n,
+                        self.epsilon, extra=extra)
+
     @staticmethod
     def _range_mass(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, ra: float,
                     rb: float, z: float) -> list[float]:
@@ -312,8 +415,7 @@ class Numeric(Mechanism):
                     epsilon: float | None, epsilon_scope: str = "attribute",
                     version: int = 0) -> "Numeric":
         """``params``: ``ranges`` ({attribute: {min, max}}; default: the schema's range of a
-        numeric attribute, else the grid index 0…G−1, e.g. a categorical attribute's category
-        index read as a number), ``mean`` (auto, hm, pm,
+        numeric attribute; an attribute with none is categorical, through GRR), ``mean`` (auto, hm, pm,
         duchi), ``mean_share`` (0.5), ``buckets`` (SW cells; default from ε), ``mean_grid``
         (PM output points, 129)."""
         pr = Params(cls.name, params)
@@ -329,9 +431,10 @@ class Numeric(Mechanism):
         unknown = [a for a in raw if a not in domain.attrs]
         if unknown:
             raise ParamError(f"ranges.{unknown[0]}", f"not an attribute of {list(domain.attrs)}")
-        # a range given here, else the schema's, else the grid (category) index
-        ranges = {a: _range(a, raw[a]) if a in raw else domain.numeric_range(a) or (
-            0.0, float(d - 1)) for a, d in zip(domain.attrs, domain.shape)}
+        # a range given here, else the schema's; an attribute with neither is categorical
+        ranges = {a: _range(a, raw[a]) if a in raw else domain.numeric_range(a)
+                  for a in domain.attrs}
+        ranges = {a: r for a, r in ranges.items() if r is not None}
         return cls(domain, ranges, attribute_budget(epsilon, epsilon_scope, len(domain)),
                    mean=str(mean), mean_share=0.5 if share is None else share,
                    buckets=buckets, mean_grid=MEAN_GRID if grid is None else grid,
@@ -358,6 +461,15 @@ class Numeric(Mechanism):
                 "ranges": {a: list(r) for a, r in self.ranges.items()},
                 "mean": self.mean_spec, "mean_share": self.mean_share,
                 "mean_grid": self.mean_grid, "buckets": list(self.buckets)}
+
+
+def joint(counts: Mapping[str, np.ndarray], attrs: tuple[str, str]) -> np.ndarray:
+    """The joint cells of two attributes (axes in that order) from the tensor of that pair."""
+    for key, order in ((marginal_key(attrs), False), (marginal_key(attrs[::-1]), True)):
+        if key in counts:
+            t = np.asarray(counts[key])
+            return t.T if order else t
+    raise KeyError(f"no count tensor holds {list(attrs)}; tensors: {sorted(counts)}")
 
 
 def one_way(counts: Mapping[str, np.ndarray], attr: str) -> np.ndarray:

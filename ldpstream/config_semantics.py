@@ -124,7 +124,8 @@ def _attributes_domain(attributes: Mapping[str, Any]) -> Domain:
                 problems((p, "a numeric attribute is {numeric: {min: a, max: b}} (got keys "
                              f"{', '.join(map(str, values))})"))
             lo, hi, g = numeric_spec(f"{p}.numeric", values["numeric"])
-            cats[name], _ = numeric_labels(lo, hi, g), ranges.append((lo, hi))
+            cats[name] = numeric_labels(lo, hi, g)
+            ranges.append((lo, hi))
             continue
         if not isinstance(values, list):
             problems((p, f"must be a list of categories or {{numeric: {{min: a, max: b}}}} (got "

@@ -111,7 +111,8 @@ def load_csv(path: str | Path | None = None, columns: Sequence[str] | None = Non
         raise DatasetError(f"{path}: no records")
     table = np.array(rows, dtype=object)[:, idx].astype(str)
     table = np.char.strip(table)
-    cats, codes, ranges = [], [], []
+    cats, codes = [], []
+    ranges: list[tuple[float, float] | None] = []
     values, clipped = {}, {}
     numeric = dict(numeric or {})
     unknown = [c for c in numeric if c not in columns]

@@ -1,9 +1,10 @@
-"""``numeric``: numeric attributes (docs/numeric.md), each reported through one channel whose
+"""``sw-hm``: numeric attributes (docs/numeric.md), each reported through one channel whose
 outputs are cells, so reports are counted like any other family's.
 
-Every attribute of the domain is numeric: its domain size G is the number of points of its input
-grid on [min, max] (the ``ranges`` parameter), a record holds the grid index of each value
-(:func:`~.numeric.quantize`). Per attribute a report is one cell of
+An attribute with a range (the schema's, or the ``ranges`` parameter) is numeric: its domain
+size G is the number of points of its input grid on [min, max], a record holds the grid index of
+each value (:func:`~.numeric.quantize`); any other attribute is categorical and goes through
+GRR(ε). Per numeric attribute a report is one cell of
 
 * the mean task (probability ``mean_share``): Duchi, PM or HM [Wang et al., ICDE 2019] on
   t ∈ [−1, 1], PM rounded without bias to ``mean_grid`` points; ``mean: auto`` takes the one
@@ -17,7 +18,8 @@ is the attribute's ε (each task at full ε, a device does one of them). Estimat
 * ``mean`` — the unbiased mean with a normal interval from the reports' own variance;
 * ``distribution`` — EMS on the SW cells at a granularity chosen from ε and n
   (:func:`~.numeric.auto_bins`), with quantiles, the CDF, range masses and their 95 % intervals
-  and a bound on the W1 error from a parametric bootstrap through the channel.
+  and a bound on the W1 error, from the unbiased least-squares CDF (:func:`~.numeric.unbiased_cdf`);
+* either, of a (categorical, numeric) pair: per category (docs/numeric.md "By category").
 """
 from __future__ import annotations
 
@@ -260,7 +262,7 @@ class Numeric(Mechanism):
                  **options: Any) -> Estimate:
         """``mean`` or ``distribution`` of the one attribute in ``attrs`` (values in its own
         units). Options of ``distribution``: ``bins`` (default :func:`~.numeric.auto_bins`),
-        ``ranges`` (list of (a, b): masses of [a, b] with intervals), ``draws``."""
+        ``ranges`` (list of (a, b): masses of [a, b] with intervals)."""
         why = self.check_marginal(attrs, method)
         if why:
             raise ValueError(why)

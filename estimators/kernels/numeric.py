@@ -387,7 +387,7 @@ def quantile(hist: np.ndarray, qs: Sequence[float] | np.ndarray) -> np.ndarray:
     F = np.cumsum(h, axis=1)
     qs = np.asarray(qs, dtype=float)
     out = np.empty((h.shape[0], len(qs)))
-    for r in range(h.shape[0]):   # B rows (bootstrap draws), each a searchsorted of len(qs)
+    for r in range(h.shape[0]):   # one searchsorted per histogram (row), not per report
         k = np.minimum(np.searchsorted(F[r], qs, side="left"), d - 1)
         below = np.where(k > 0, F[r][k - 1], 0.0)
         frac = np.where(h[r, k] > 0, (qs - below) / np.maximum(h[r, k], 1e-300), 0.5)

@@ -52,7 +52,8 @@ def test_a_numeric_column_with_many_values_is_refused_with_a_hint():
     with pytest.raises(DatasetError) as exc:
         load_csv(None, ["age", "sex"])  # 73 distinct ages in the bundled Adult
     msg = str(exc.value)
-    assert "'age'" in msg and "73 distinct values" in msg and "Bin it" in msg
+    assert "'age'" in msg and "73 distinct values" in msg and "bin it" in msg
+    assert "Declare it numeric" in msg and "simulate --numeric age" in msg
     # a few numeric values are categories like any other; so are many non-numeric ones
     assert load_csv(None, ["education-num", "sex"]).domain.shape == (16, 2)
     assert load_csv(None, ["native-country"]).domain.shape[0] == 42

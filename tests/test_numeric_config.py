@@ -1,4 +1,4 @@
-"""Numeric attributes in the config and in CSVs (docs/numeric.md "Configuration"): the schema
+"""Numeric attributes in the config and in CSVs (docs/numeric.md "Declaring a numeric attribute"): the schema
 forms, errors naming the offending field, clipping counted, and a family without the numeric
 capability refused."""
 from __future__ import annotations

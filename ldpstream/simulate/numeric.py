@@ -1,4 +1,4 @@
-"""``ldpstream simulate --numeric COLS`` (docs/numeric.md "Offline"): numeric CSV columns as they
+"""``ldpstream simulate --numeric COLS`` (docs/numeric.md "Offline: simulate"): numeric CSV columns as they
 are (no binning) through a numeric family (default :data:`DEFAULT_NUMERIC_MECHANISM`), every
 record one device's report; per attribute the estimated mean (with its interval), distribution,
 median, p90 and p99 (with intervals) against the true data's, and the Wasserstein-1 distance

@@ -68,7 +68,8 @@ def test_a_config_over_a_numeric_column_names_the_field(tmp_path):
                     "    epsilon: 1\n    marginals: [[hours-per-week, sex]]\n")
     with pytest.raises(ConfigError) as exc:
         load_config(path)
-    assert str(exc.value).startswith("collections[0].schema.csv.") and "Bin it" in str(exc.value)
+    assert str(exc.value).startswith("collections[0].schema.csv.") and "bin it" in str(exc.value) \
+        and "schema.csv.numeric" in str(exc.value)
 
 
 def test_corr_family_refuses_ways_with_a_reason(capsys):

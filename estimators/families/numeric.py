@@ -32,7 +32,7 @@ from scipy.stats import norm
 
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels import numeric as nm
-from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, stream
+from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, product_channel_bound, stream, unbounded
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.mechanism import (
@@ -287,8 +287,9 @@ class Numeric(Mechanism):
         extra = {"mean": unit(r.mean), "mean_low": unit(r.low), "mean_high": unit(r.high),
                  "stderr": r.stderr * (hi - lo) / 2, "level": LEVEL, "reports": r.n,
                  "mechanism": self.mean_mechs[j], "min": lo, "max": hi}
-        return Estimate(Factor(dom, ends), "mean", r.n, self.epsilon,
-                        extra=extra)
+        b = unbounded(ends)
+        return Estimate(Factor(dom, ends), "mean", r.n, self.epsilon, error_bound=b.tvd,
+                        bound=b, extra=extra)
 
     def _distribution(self, a: str, j: int, cs: np.ndarray, lo: float, hi: float,
                       options: Mapping[str, Any]) -> Estimate:
@@ -325,8 +326,9 @@ class Numeric(Mechanism):
         # on the attribute's grid: each bin's mass spread over its grid points
         which = nm.bin_of_grid(G, d)
         grid = x[which] / np.bincount(which, minlength=d)[which]
+        b = unbounded(grid)   # on the grid only W1 is bounded (extra["w1_bound"])
         return Estimate(Factor(self.domain.project((a,)), grid), "distribution", n,
-                        self.epsilon, error_bound=None, iterations=iters, extra=extra)
+                        self.epsilon, error_bound=b.tvd, bound=b, iterations=iters, extra=extra)
 
     def _categorical(self, counts: Mapping[str, np.ndarray], a: str) -> Estimate:
         """A categorical attribute's distribution: the GRR inverse, projected on the simplex."""
@@ -336,8 +338,10 @@ class Numeric(Mechanism):
         if n <= 0:
             raise ValueError(f"no reports counted for {a!r}")
         raw = np.linalg.solve(self.channel(j).T, c / n)
-        return Estimate(Factor(self.domain.project((a,)), project_simplex(raw)), "distribution",
-                        int(n), self.epsilon, extra={"unbiased": raw.tolist()})
+        b = product_channel_bound(c, [self.channel(j)])
+        dom = self.domain.project((a,))
+        return Estimate(Factor(dom, raw), "distribution", int(n), self.epsilon,
+                        error_bound=b.tvd, bound=b, projected=Factor(dom, project_simplex(raw)))
 
     def _by_category(self, counts: Mapping[str, np.ndarray], attrs: tuple[str, str],
                      method: str) -> Estimate:
@@ -397,8 +401,9 @@ class Numeric(Mechanism):
             joint_values = joint_values.T
         extra = {"by": c_attr, "of": x_attr, "categories": rows, "level": LEVEL,
                  "min": lo, "max": hi}
+        b = unbounded(joint_values)  # per-category intervals are in extra
         return Estimate(Factor(self.domain.project(attrs), joint_values), method, n,
-                        self.epsilon, extra=extra)
+                        self.epsilon, error_bound=b.tvd, bound=b, extra=extra)
 
     @staticmethod
     def _range_mass(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, ra: float,

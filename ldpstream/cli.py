@@ -15,7 +15,14 @@ from typing import Any
 
 from ldpstream.errors import CliError
 from ldpstream.estimators.mechanism import DEFAULT_MECHANISM
-from ldpstream.names import DEFAULT_BIND, DEFAULT_GATEWAY_PORT, DEFAULT_WEB_PORT, ENV_CONFIG, MAX_MESSAGE_BYTES
+from ldpstream.names import (
+    DEFAULT_BIND,
+    DEFAULT_GATEWAY_PORT,
+    DEFAULT_WEB_PORT,
+    ENV_CONFIG,
+    MAX_MESSAGE_BYTES,
+    UP_DEVICES,
+)
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -107,8 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "collection's schema CSV; a collection without one gets 'generator')")
     p.add_argument("--rate", type=float, default=2000.0,
                    help="fleet reports per second, per collection (default 2000)")
-    p.add_argument("--devices", type=int, default=1000,
-                   help="simulated devices per collection (default 1000)")
+    p.add_argument("--devices", type=int, default=UP_DEVICES,
+                   help=f"simulated devices per collection (default {UP_DEVICES:,}: a memoized "
+                        "collection counts devices, not reports)")
     _web_port_arg(p)
     p.add_argument("--no-fleet", action="store_true",
                    help="start no fleet (send reports yourself, e.g. with the device SDK)")

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ldpstream.names import DEFAULT_BIND, ENV_KAFKA_IDEMPOTENCE
@@ -223,6 +224,31 @@ def _start_mqtt(env: dict[str, str], key: Any) -> Any:
         raise CliError(str(exc)) from None
 
 
+def _dev_identity() -> tuple[Any, tuple[Path, Path]]:
+    """The signing key of ``up`` without ``LDP_CONFIG_SIGNING_KEY(_FILE)``: created once in the
+    state directory (:func:`~ldpstream.endpoint.state_dir`), reused by every later ``up``, so a
+    device that pinned its public key keeps accepting the states (docs/devices.md, "The dev
+    identity"). Returns the key and (private, public) paths."""
+    from ldpstream.cli import CliError
+    from ldpstream.endpoint import state_dir
+    from ldpstream.producers.signing import SigningKey, keygen
+
+    try:
+        priv, pub = keygen(state_dir(), if_missing=True)
+        return SigningKey.from_text(priv.read_text().strip()), (priv, pub)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"the dev signing key in {state_dir()}: {exc} (set LDP_STATE_DIR to a "
+                       f"writable directory)") from None
+
+
+def _identity_lines(key: Any, identity: tuple[Path, Path] | None) -> str:
+    """What a device operator pins: the public key, and where the key pair is kept."""
+    where = (f"kept in {identity[0].parent} ({identity[1].name}; LDP_STATE_DIR moves it)"
+             if identity else "from LDP_CONFIG_SIGNING_KEY(_FILE)")
+    return (f"signing: devices pin the public key {key.verify_key.to_text()}\n"
+            f"         fingerprint {key.verify_key.fingerprint}, {where}")
+
+
 def main(args: Any) -> int:
     from ldpstream.cli import CliError
     from ldpstream.config import load_config
@@ -233,7 +259,7 @@ def main(args: Any) -> int:
     from ldpstream.kafka_admin import create_ldp_topics
     from ldpstream.privacy import epsilon_fields
     from ldpstream.producers.fleet import check_source, default_data
-    from ldpstream.producers.signing import ENV_SIGNING_KEY, ENV_SIGNING_KEY_FILE, SigningKey, load_signing_key
+    from ldpstream.producers.signing import ENV_SIGNING_KEY, ENV_SIGNING_KEY_FILE, load_signing_key
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -276,10 +302,11 @@ def main(args: Any) -> int:
         except ValueError as exc:
             raise CliError(str(exc)) from None
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url)
-        if key is None:  # an ephemeral key pair: the worker signs, this process's fleet verifies
-            key = SigningKey.generate()
-            env[ENV_SIGNING_KEY] = key.to_text()
-            env.pop(ENV_SIGNING_KEY_FILE, None)
+        identity = None
+        if key is None:  # the dev identity: one key pair kept in the state directory
+            key, identity = _dev_identity()
+            env[ENV_SIGNING_KEY_FILE] = str(identity[0])
+            env.pop(ENV_SIGNING_KEY, None)
         env["LDP_WEB_BIND"] = web_bind
         if broker is not None:
             # this process's fleets: Tansu refuses an idempotent producer (docs/pipeline.md
@@ -297,6 +324,7 @@ def main(args: Any) -> int:
               f"http://{host}:{web_port}/estimates/{cids[0]}", flush=True)
         print(f"metrics: http://{host}:{web_port}/metrics   health: http://{host}:{web_port}/healthz",
               flush=True)
+        print(_identity_lines(key, identity), flush=True)
         if args.mqtt:  # Mosquitto + bridge, for devices that speak MQTT (docs/devices.md)
             mqtt = _start_mqtt(env, key)
             print(mqtt.how_to_connect(cids[0]), flush=True)

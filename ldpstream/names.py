@@ -12,6 +12,7 @@ __all__ = [
     "DEFAULT_CONTROLLER_INTERVAL_S", "DEFAULT_BUCKET_S", "DEFAULT_WINDOWS",
     "DEFAULT_DRIFT_ALPHA", "DEFAULT_QUOTA_WINDOW_S", "DEFAULT_BATCH_REPORTS",
     "DEFAULT_BATCH_SECONDS", "MAX_MESSAGE_BYTES", "DEFAULT_DEVICE_STATE_MAX", "BUDGET_FIELD",
+    "UP_DEVICES", "ENV_STATE_DIR",
 ]
 
 # --- Kafka topics (docs/pipeline.md, "What runs") ---------------------------------------------------
@@ -59,6 +60,11 @@ DEFAULT_WEB_PORT = 6066
 DEFAULT_BIND = "127.0.0.1"
 #: the HTTP report gateway (``ldpstream gateway``)
 DEFAULT_GATEWAY_PORT = 8080
+#: simulated devices per collection of ``ldpstream up``: the demo is memoized, so its estimates
+#: count devices (docs/privacy-over-time.md) and need a fleet of many
+UP_DEVICES = 100_000
+#: where ``ldpstream up`` keeps its dev identity (signing key) across restarts (docs/devices.md)
+ENV_STATE_DIR = "LDP_STATE_DIR"
 
 # --- collection defaults (docs/configuration.md) ----------------------------------------------------
 

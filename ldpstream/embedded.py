@@ -42,6 +42,23 @@ except (OSError, AttributeError):  # pragma: no cover
     _PRCTL = None
 
 
+class ExpectedKafkaNoise(logging.Filter):
+    """Drops aiokafka's "Unable connect to ..." while ``quiet``: expected while the stack
+    starts (clients retry until the broker answers) and while it stops (the broker goes before
+    the last client has closed); while the stack runs it is a real error and is shown
+    (docs/devices.md, "What `up` prints")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quiet = True
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.quiet and record.getMessage().startswith("Unable connect"))
+
+
+KAFKA_NOISE = ExpectedKafkaNoise()
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     if _PRCTL is not None:
         _PRCTL(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
@@ -165,6 +182,7 @@ async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: W
                 rate = (n - prev[0]) / (now - prev[1]) if prev and now > prev[1] else 0.0
                 last[coll.id] = (n, now)
                 parts.append(f"{coll.id}: {rate:8,.0f} reports/s   n = {n:>10}")
+            KAFKA_NOISE.quiet = False  # running: a lost broker is news
             refreshed = await _last_refresh(store, colls[0])
             line = "   ".join(parts) + f"   last refresh {_fmt_age(refreshed)}"
             if tty:
@@ -174,6 +192,7 @@ async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: W
                 next_plain = now + 5.0
     finally:
         stop.set()
+        KAFKA_NOISE.quiet = True
         if tty:
             print()
         for cid, task in fleets.items():
@@ -263,6 +282,7 @@ def main(args: Any) -> int:
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").addFilter(KAFKA_NOISE)
     config = load_config(args.config)  # ConfigError is a CliError: one line, exit 2
     if args.duration is not None and args.duration <= 0:
         raise CliError(f"--duration: must be > 0 seconds (got {args.duration})")
@@ -311,7 +331,9 @@ def main(args: Any) -> int:
         if broker is not None:
             # this process's fleets: Tansu refuses an idempotent producer (docs/pipeline.md
             # "Failover"), so none is asked for
+            # and the children's (worker, bridge): no refused InitProducerId, no failover warning
             os.environ.setdefault(ENV_KAFKA_IDEMPOTENCE, "off")
+            env.setdefault(ENV_KAFKA_IDEMPOTENCE, os.environ[ENV_KAFKA_IDEMPOTENCE])
             env.setdefault("LDP_SESSION_TIMEOUT_S", str(EMBEDDED_SESSION_TIMEOUT_S))
         worker = WorkerChild(args.config, web_port, env)
         host = "127.0.0.1" if env["LDP_WEB_BIND"] in ("0.0.0.0", "127.0.0.1") else env["LDP_WEB_BIND"]

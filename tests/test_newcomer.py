@@ -221,8 +221,8 @@ def test_estimates_lists_collections_untruncated_in_80_columns(monkeypatch, caps
     assert "…" not in out, out
     assert all(len(line) <= 80 for line in out.splitlines()), out
     flat = " ".join(out.split())
-    for word in ("mechanism", "rr-ind", "123,456", "relationship×marital-status×sex",
-                 "hybrid-auto", "no cap"):
+    for word in ("mechanism", "partitioned", "123,456", "relationship×marital-status×sex",
+                 "norm-sub", "4"):
         assert word in flat, (word, out)
 
 

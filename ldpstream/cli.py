@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mqtt", action="store_true",
                    help="also start an embedded Mosquitto and the MQTT bridge, and print how a "
                         "device connects (docs/devices.md, \"MQTT\")")
+    p.add_argument("--obs", action="store_true",
+                   help="also start Prometheus and Alertmanager (Debian packages) with the "
+                        "project's alert rules; the page shows firing alerts "
+                        "(docs/dashboards.md, \"Alerts without Docker\")")
 
     p = sub.add_parser("worker", help="run a worker (needs KAFKA_BOOTSTRAP_SERVERS, REDIS_URL)")
     _config_arg(p)

@@ -352,12 +352,29 @@ function renderHealth() {
   return failed.length ? `This worker is ${hl.status}: ${failed.join("; ")}` : null;
 }
 
+// the firing alerts of the Prometheus `up --obs` started (GET /ui/alerts; docs/dashboards.md)
+function renderAlerts(ans) {
+  const box = $("alerts"), list = $("alert-list");
+  const alerts = (ans && ans.alerts) || [];
+  box.hidden = !(ans && (ans.prometheus || ans.error));
+  box.dataset.firing = String(alerts.length);
+  list.replaceChildren(...(ans && ans.error ? [h("li", { class: "message failure", text: ans.error })]
+    : alerts.length ? alerts.map((a) => h("li", { class: `alert ${a.severity || ""}`, "data-alert": a.name }, [
+      h("strong", { text: `${a.name}` }), ` (${a.severity || "no severity"}): ${a.summary || ""}`,
+      a.since ? ` — since ${new Date(a.since).toLocaleTimeString([], { hour12: false })}` : "",
+      a.runbook ? h("div", { class: "runbook", text: `Runbook: ${a.runbook}` }) : ""]))
+      : [h("li", { class: "message empty", text: `No alert firing (Prometheus ${ans.prometheus}).` })]));
+}
+
 async function poll() {
   clearTimeout(state.timer);
   let trouble = null;
   try {
     if (state.polls % HEALTH_EVERY === 0) {
       try { state.health = await api.health(); } catch (exc) { state.health = { status: "unreachable", checks: {} }; }
+    }
+    if (state.polls % HEALTH_EVERY === 0) {
+      try { renderAlerts(await api.alerts()); } catch (exc) { renderAlerts({ prometheus: null, error: exc.message }); }
     }
     trouble = renderHealth();
     state.collections = (await api.collections()).collections;

@@ -61,4 +61,7 @@ if [ ! -d sdk/ts/node_modules ] || [ sdk/ts/package-lock.json -nt sdk/ts/node_mo
   (cd sdk/ts && npm ci --no-audit --no-fund --loglevel=error)
 fi
 # the Apache Kafka jars the tests' second broker runs from (ldpstream/dev/kafka.py; cached once)
+if ! .venv/bin/python -c "from ldpstream.dev.kafka import kafka_jars_dir, KAFKA_VERSION; import sys; sys.exit(not (kafka_jars_dir() / f'kafka_2.13-{KAFKA_VERSION}.jar').is_file())"; then
+  say "fetching Apache Kafka's jars with Maven (once, into ~/.cache/ldpstream; a minute or two, quiet while it downloads)"
+fi
 .venv/bin/python -c "from ldpstream.dev.kafka import ensure_kafka_jars; ensure_kafka_jars()"

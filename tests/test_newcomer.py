@@ -243,3 +243,27 @@ def test_a_worker_on_a_busy_port_is_told_a_free_one(clean_env, capsys):
     free = int(re.search(r"port (\d+) is free: `ldpstream worker --web-port \1` or "
                          r"`LDP_WEB_PORT=\1`", err).group(1))
     assert free > port, err
+
+
+def test_a_mistyped_estimator_gets_the_nearest_one(capsys):
+    """`simulate --estimator castel`: the valid ones, and the nearest (docs/simulate.md)."""
+    assert main(["simulate", "--mechanism", "rr-ind", "--estimator", "castel", "--epsilon",
+                 "2"]) == 2
+    err = capsys.readouterr().err
+    assert "'castel' does not apply" in err and err.rstrip().endswith("did you mean 'castell'?")
+
+
+def test_the_status_rate_is_steady_at_a_steady_rate():
+    """up's status line: reports/s over 5 s, so counts that land in lumps (a 1 s difference
+    swings between 0 and twice the rate) read close to the rate."""
+    from collections import deque
+
+    from ldpstream.embedded import _rate
+
+    points: deque = deque()
+    n, rates = 0, []
+    for t in range(40):
+        if t % 2 == 0:  # 4,000 counted every other second: 2,000/s
+            n += 4000
+        rates.append(_rate(points, float(t), n))
+    assert all(1500 <= r <= 2500 for r in rates[6:]), rates

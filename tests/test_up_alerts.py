@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -80,6 +81,13 @@ def test_up_obs_shows_a_firing_alert(tmp_path):
                 assert time.monotonic() < deadline, log.read_text()
                 time.sleep(1)
         assert first == {"prometheus": prometheus, "alerts": []}
+        # Prometheus has seen the counter at 0, so the forgery is an increase it can tell
+        query = (f"{prometheus}/api/v1/query?query=" +
+                 urllib.parse.quote('ldp_config_records_refused_total{reason="unsigned"}'))
+        deadline = time.monotonic() + 60
+        while not _json(query)["data"]["result"]:
+            assert time.monotonic() < deadline, "Prometheus never scraped the worker"
+            time.sleep(1)
         _forge(bootstrap)
         deadline = time.monotonic() + 120
         firing: list = []

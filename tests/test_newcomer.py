@@ -267,3 +267,23 @@ def test_the_status_rate_is_steady_at_a_steady_rate():
             n += 4000
         rates.append(_rate(points, float(t), n))
     assert all(1500 <= r <= 2500 for r in rates[6:]), rates
+
+
+def test_the_cli_states_the_drift_test_as_the_page_does(capsys):
+    """`ldpstream estimates c --attrs ...`: drift statistic, its threshold and the alarm, not only
+    the TVD change (docs/windows.md)."""
+    from ldpstream.query import print_estimate
+
+    est = {"collection": "c", "attrs": ["a"], "method": "castell", "window": "5m",
+           "labels": [["x", "y"]], "cells": [0.25, 0.75], "n": 10, "error_bound": 0.1,
+           "error_bound_quantile": 0.95, "error_bound_coverage": "calibrated",
+           "drift_tvd": 0.12, "drift_statistic": 31.5, "drift_threshold": 10.8,
+           "drift_alarm": True, "updated_at": None}
+    print_estimate(est)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "drift: ALARM, statistic 31.50 against threshold 10.80 (TVD change 0.120)" in out, out
+    print_estimate(dict(est, drift_alarm=False, drift_statistic=2.0))
+    assert "drift: no alarm, statistic 2.00 against threshold 10.80" in \
+        " ".join(capsys.readouterr().out.split())
+    print_estimate(dict(est, drift_statistic=None, drift_threshold=None, drift_tvd=None))
+    assert "drift: not measured" in " ".join(capsys.readouterr().out.split())

@@ -252,20 +252,23 @@ def test_the_page_shows_the_api_live_and_marks_drift(tmp_path, kafka_broker, red
         assert len(browser.find_elements("css selector", "#history-chart path.band")) == 3
         # charts without artefacts: the threshold drawn at the API's value, shares on [0, 1],
         # no x label twice, the right-hand labels apart
-        threshold = browser.find_element("css selector", "#drift-chart path.threshold")
-        assert float(threshold.get_attribute("data-threshold")) == \
-            pytest.approx(drift["drift_threshold"], rel=0.05)
-        for chart in ("#history-chart", "#drift-chart"):
-            xs = [t.get_attribute("textContent") for t in
-                  browser.find_elements("css selector", f"{chart} text.xtick")]
-            assert xs and len(xs) == len(set(xs)), (chart, xs)
-        ticks = [float(t.get_attribute("textContent")) for t in browser.find_elements(
-            "css selector", "#history-chart text.tick") if t.get_attribute("textContent")
-            .replace(".", "", 1).lstrip("-").isdigit()]
-        assert ticks and min(ticks) >= 0 and max(ticks) <= 1, ticks
-        ys = sorted(float(t.get_attribute("y")) for t in
-                    browser.find_elements("css selector", "#history-chart text.legend"))
-        assert all(b - a >= 12 for a, b in zip(ys, ys[1:])), ys
+        # (read in one script: every poll redraws the charts)
+        charts = browser.execute_script("""
+            const texts = (sel) => [...document.querySelectorAll(sel)].map((t) => t.textContent);
+            const th = document.querySelector("#drift-chart path.threshold");
+            return {threshold: th && th.getAttribute("data-threshold"),
+                    historyX: texts("#history-chart text.xtick"), driftX: texts("#drift-chart text.xtick"),
+                    ticks: [...document.querySelectorAll("#history-chart text.tick")]
+                      .filter((t) => !t.classList.contains("xtick")).map((t) => t.textContent),
+                    legends: [...document.querySelectorAll("#history-chart text.legend")]
+                      .map((t) => Number(t.getAttribute("y")))};""")
+        assert float(charts["threshold"]) == pytest.approx(drift["drift_threshold"], rel=0.05)
+        for xs in (charts["historyX"], charts["driftX"]):
+            assert xs and len(xs) == len(set(xs)), charts
+        ticks = [float(t) for t in charts["ticks"] if t.replace(".", "", 1).lstrip("-").isdigit()]
+        assert ticks and min(ticks) >= 0 and max(ticks) <= 1, charts
+        ys = sorted(charts["legends"])
+        assert len(ys) == 3 and all(b - a >= 12 for a, b in zip(ys, ys[1:])), ys
         shot(browser, "3-drift-alarm")
 
         # 5. three attributes: small multiples, one heatmap per sex

@@ -144,6 +144,14 @@ def test_printed_device_commands_work_as_printed(tmp_path):
     finally:
         _stop(proc)
     assert proc.returncode == 0, log.read_text(errors="replace")
+    # a healthy start and stop is quiet (docs/devices.md "What `up` prints"): here and in the
+    # worker's log, none of the lines that used to frighten on the embedded stack
+    worker_log = Path(re.search(r"worker: pid \d+, log (\S+)", text).group(1))
+    for name, body in (("up", log.read_text(errors="replace")),
+                       ("worker", worker_log.read_text(errors="replace"))):
+        for noise in ("Unable connect", "InitProducerIdRequest", "leader failover", "ERROR",
+                      "Traceback"):
+            assert noise not in body, (name, noise, body[-3000:])
     # a restart keeps the identity and the fleet password: the printed commands stay valid
     proc, log2 = _start_up(tmp_path, state, "up2", "--mqtt")
     try:

@@ -1,8 +1,8 @@
 """Alerts without Docker (docs/dashboards.md "Alerts without Docker"): ``ldpstream up --obs``
 starts Prometheus and Alertmanager (Debian packages) as children with the project's rules; a
 forged record on ldp.config makes the real worker count it, the real Prometheus evaluate
-ConfigForgery and send it to the real Alertmanager, and the worker's ``/ui/alerts`` (what the page
-shows) and ``ldpstream estimates`` name it; Ctrl-C stops them all."""
+ConfigForgery and send it to the real Alertmanager, and the worker's ``/ui/alerts``, the live page
+(headless Chromium) and ``ldpstream estimates`` name it; Ctrl-C stops them all."""
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +17,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
+from test_page_browser import browser, field, shot, wait  # noqa: F401 - browser: a fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow,
               pytest.mark.skipif(not (shutil.which("prometheus")
@@ -46,7 +47,7 @@ def _forge(bootstrap: str) -> None:
     asyncio.run(run())
 
 
-def test_up_obs_shows_a_firing_alert(tmp_path):
+def test_up_obs_shows_a_firing_alert(tmp_path, browser):  # noqa: F811 - the fixture
     from ldpstream.dev.process import free_port
 
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")}
@@ -106,6 +107,14 @@ def test_up_obs_shows_a_firing_alert(tmp_path):
                     if a["labels"].get("alertname") == "ConfigForgery"]
             time.sleep(1)
         assert held
+        # the live page lists it at the top, with its runbook
+        browser.get(f"{web}/?poll=400")
+        wait(lambda: browser.find_elements("css selector", '#alerts li[data-alert="ConfigForgery"]'),
+             30, "the firing alert on the page")
+        assert browser.find_element("id", "alerts").is_displayed()
+        shown = field(browser, '#alerts li[data-alert="ConfigForgery"]')
+        assert "critical" in shown and "forged mechanism state" in shown and "Runbook" in shown
+        shot(browser, "7-firing-alert")
         cli = subprocess.run([sys.executable, "-m", "ldpstream.cli", "estimates", "--url", web],
                              capture_output=True, text=True, timeout=60)
         assert cli.returncode == 0, cli.stderr

@@ -11,7 +11,10 @@ seconds: fleets first (their messages flushed), then the worker (SIGTERM, clean 
 bounded), then the broker and Redis. Bad ``--data`` and a busy ``--web-port`` are refused before
 anything starts; a fleet or worker that fails stops everything with exit status 1. If ``up``
 itself is killed, every child gets a signal from the kernel (``PR_SET_PDEATHSIG``). ``--mqtt``
-also starts an embedded Mosquitto and ``ldpstream mqtt-bridge`` and prints how a device connects.
+also starts an embedded Mosquitto and ``ldpstream mqtt-bridge`` and prints a device command per
+SDK; ``--obs`` starts Prometheus and Alertmanager with the alert rules. Without a configured key
+the states are signed by the dev identity kept in the state directory (docs/devices.md, "On
+`make up`").
 """
 from __future__ import annotations
 

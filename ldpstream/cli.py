@@ -20,8 +20,8 @@ from ldpstream.names import (
     DEFAULT_GATEWAY_PORT,
     DEFAULT_WEB_PORT,
     ENV_CONFIG,
+    FLEET_DEVICES,
     MAX_MESSAGE_BYTES,
-    UP_DEVICES,
 )
 
 __all__ = ["CliError", "build_parser", "main"]
@@ -114,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "collection's schema CSV; a collection without one gets 'generator')")
     p.add_argument("--rate", type=float, default=2000.0,
                    help="fleet reports per second, per collection (default 2000)")
-    p.add_argument("--devices", type=int, default=UP_DEVICES,
-                   help=f"simulated devices per collection (default {UP_DEVICES:,}: a memoized "
+    p.add_argument("--devices", type=int, default=FLEET_DEVICES,
+                   help=f"simulated devices per collection (default {FLEET_DEVICES:,}: a memoized "
                         "collection counts devices, not reports)")
     _web_port_arg(p)
     p.add_argument("--no-fleet", action="store_true",
@@ -141,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None,
                    help="CSV of true records or 'generator[:skewed]' (default: the collection's "
                         "schema CSV, else 'generator')")
-    p.add_argument("--devices", type=int, default=1000,
-                   help="number of simulated devices (default 1000)")
+    p.add_argument("--devices", type=int, default=FLEET_DEVICES,
+                   help=f"number of simulated devices (default {FLEET_DEVICES:,})")
     p.add_argument("--rate", type=float, default=2000.0,
                    help="reports per second (default 2000; 0 = as fast as possible)")
     p.add_argument("--batch", type=int, default=None, help="reports per Kafka message (default 500)")

@@ -12,7 +12,7 @@ __all__ = [
     "DEFAULT_CONTROLLER_INTERVAL_S", "DEFAULT_BUCKET_S", "DEFAULT_WINDOWS",
     "DEFAULT_DRIFT_ALPHA", "DEFAULT_QUOTA_WINDOW_S", "DEFAULT_BATCH_REPORTS",
     "DEFAULT_BATCH_SECONDS", "MAX_MESSAGE_BYTES", "DEFAULT_DEVICE_STATE_MAX", "BUDGET_FIELD",
-    "UP_DEVICES", "ENV_STATE_DIR", "ENV_MQTT_PASSWORD", "ENV_PROMETHEUS_URL",
+    "FLEET_DEVICES", "ENV_STATE_DIR", "ENV_MQTT_PASSWORD", "ENV_PROMETHEUS_URL",
 ]
 
 # --- Kafka topics (docs/pipeline.md, "What runs") ---------------------------------------------------
@@ -60,9 +60,9 @@ DEFAULT_WEB_PORT = 6066
 DEFAULT_BIND = "127.0.0.1"
 #: the HTTP report gateway (``ldpstream gateway``)
 DEFAULT_GATEWAY_PORT = 8080
-#: simulated devices per collection of ``ldpstream up``: the demo is memoized, so its estimates
-#: count devices (docs/privacy-over-time.md) and need a fleet of many
-UP_DEVICES = 100_000
+#: simulated devices per collection (``ldpstream up``, ``ldpstream fleet``, compose's fleet): the
+#: demo is memoized, so its estimates count devices (docs/privacy-over-time.md) and need many
+FLEET_DEVICES = 100_000
 #: the Prometheus whose firing alerts the page and the CLI show (``up --obs`` sets it)
 ENV_PROMETHEUS_URL = "LDP_PROMETHEUS_URL"
 #: where ``ldpstream up`` keeps its dev identity (signing key) across restarts (docs/devices.md)

@@ -287,3 +287,21 @@ def test_the_cli_states_the_drift_test_as_the_page_does(capsys):
         " ".join(capsys.readouterr().out.split())
     print_estimate(dict(est, drift_statistic=None, drift_threshold=None, drift_tvd=None))
     assert "drift: not measured" in " ".join(capsys.readouterr().out.split())
+
+
+def test_up_keeps_its_dev_identity_in_the_state_directory(clean_env, tmp_path):
+    """Without a configured key, `up` signs with a key pair created once in $LDP_STATE_DIR (else
+    $XDG_STATE_HOME/ldpstream) and reused; the banner names the key and where it is."""
+    from ldpstream.embedded import _dev_identity, _identity_lines
+
+    clean_env.delenv("LDP_STATE_DIR", raising=False)
+    clean_env.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert endpoint.state_dir() == tmp_path / "xdg" / "ldpstream"
+    clean_env.setenv("LDP_STATE_DIR", str(tmp_path / "state"))
+    key, (priv, pub) = _dev_identity()
+    again, _ = _dev_identity()
+    assert again.verify_key.to_text() == key.verify_key.to_text()  # the same across restarts
+    assert priv.parent == tmp_path / "state" and oct(priv.stat().st_mode & 0o777) == "0o600"
+    assert pub.read_text().strip() == key.verify_key.to_text()
+    banner = _identity_lines(key, (priv, pub))
+    assert key.verify_key.to_text() in banner and f"kept in {tmp_path / 'state'}" in banner

@@ -356,21 +356,29 @@ class Gateway:
     """Batch many devices' reports into report-batch messages of ``batch`` reports.
 
     Reports of one message share the mechanism version; :meth:`add` flushes first when the version
-    changes.
+    changes. With ``partitions`` (the topic's partition count), a device's reports always go to
+    partition ``device_id % partitions``, each partition with its own buffer, so a device is one
+    device to the worker: a memoized collection counts it once, not once per partition it
+    happened to land in (docs/privacy-over-time.md, "Memoized collections count devices").
     """
 
     def __init__(self, collection: str, publisher: Publisher, *, batch: int = 500,
-                 topic: str | None = None, with_device_ids: bool = True) -> None:
+                 topic: str | None = None, with_device_ids: bool = True,
+                 partitions: int | None = None) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
+        if partitions is not None and partitions < 1:
+            raise ValueError("partitions must be >= 1")
         self.collection = collection
         self.publisher = publisher
         self.batch = int(batch)
         self.topic = topic or reports_topic(collection)
         self.with_device_ids = with_device_ids
-        self._reports: list[np.ndarray] = []
-        self._ids: list[np.ndarray] = []
-        self._buffered = 0
+        self.partitions = partitions
+        #: per destination partition (None: the producer's choice): buffered reports and ids
+        self._reports: dict[int | None, list[np.ndarray]] = {}
+        self._ids: dict[int | None, list[np.ndarray]] = {}
+        self._buffered: dict[int | None, int] = {}
         self._version: int | None = None
         self.sent_reports = 0
         self.sent_messages = 0
@@ -378,40 +386,57 @@ class Gateway:
     async def add(self, reports: np.ndarray, version: int,
                   device_ids: np.ndarray | None = None) -> None:
         """Buffer ``reports`` (``(n, width)``) stamped with ``version``; send every full batch."""
-        if self._version is not None and version != self._version and self._buffered:
+        if self._version is not None and version != self._version and any(self._buffered.values()):
             await self.flush()
         self._version = int(version)
         n = len(reports)
         if n == 0:
             return
-        if device_ids is None:
-            device_ids = np.zeros(n, dtype=np.uint64)
-        self._reports.append(np.asarray(reports))
-        self._ids.append(np.asarray(device_ids, dtype=np.uint64))
-        self._buffered += n
-        if self._buffered >= self.batch:
-            reports_all = np.concatenate(self._reports)
-            ids_all = np.concatenate(self._ids)
-            full = (self._buffered // self.batch) * self.batch
-            for start in range(0, full, self.batch):
-                await self._send(reports_all[start:start + self.batch], ids_all[start:start + self.batch])
-            self._reports = [reports_all[full:]] if full < self._buffered else []
-            self._ids = [ids_all[full:]] if full < self._buffered else []
-            self._buffered -= full
+        reports = np.asarray(reports)
+        ids = (np.zeros(n, dtype=np.uint64) if device_ids is None
+               else np.asarray(device_ids, dtype=np.uint64))
+        if self.partitions is None:
+            await self._buffer(None, reports, ids)
+            return
+        part = (ids % np.uint64(self.partitions)).astype(np.int64)
+        order = np.argsort(part, kind="stable")
+        bounds = np.searchsorted(part[order], np.arange(self.partitions + 1))
+        for p in range(self.partitions):  # one slice per partition, no loop over reports
+            rows = order[bounds[p]:bounds[p + 1]]
+            if len(rows):
+                await self._buffer(p, reports[rows], ids[rows])
 
-    async def _send(self, reports: np.ndarray, ids: np.ndarray) -> None:
+    async def _buffer(self, part: int | None, reports: np.ndarray, ids: np.ndarray) -> None:
+        self._reports.setdefault(part, []).append(reports)
+        self._ids.setdefault(part, []).append(ids)
+        buffered = self._buffered.get(part, 0) + len(reports)
+        if buffered >= self.batch:
+            reports_all = np.concatenate(self._reports[part])
+            ids_all = np.concatenate(self._ids[part])
+            full = (buffered // self.batch) * self.batch
+            for start in range(0, full, self.batch):
+                await self._send(reports_all[start:start + self.batch],
+                                 ids_all[start:start + self.batch], part)
+            self._reports[part] = [reports_all[full:]] if full < buffered else []
+            self._ids[part] = [ids_all[full:]] if full < buffered else []
+            buffered -= full
+        self._buffered[part] = buffered
+
+    async def _send(self, reports: np.ndarray, ids: np.ndarray, part: int | None) -> None:
         assert self._version is not None
         payload = encode_batch(self.collection, self._version, reports,
                                device_ids=ids if self.with_device_ids else None, sent_at=time.time())
-        await self.publisher.send(self.topic, payload)
+        await self.publisher.send(self.topic, payload, partition=part)
         self.sent_reports += len(reports)
         self.sent_messages += 1
 
     async def flush(self) -> None:
-        """Send what is buffered (a short batch) and wait for every acknowledgement."""
-        if self._buffered:
-            await self._send(np.concatenate(self._reports), np.concatenate(self._ids))
-            self._reports, self._ids, self._buffered = [], [], 0
+        """Send what is buffered (short batches) and wait for every acknowledgement."""
+        for part, count in list(self._buffered.items()):
+            if count:
+                await self._send(np.concatenate(self._reports[part]),
+                                 np.concatenate(self._ids[part]), part)
+        self._reports, self._ids, self._buffered = {}, {}, {}
         await self.publisher.flush()
 
 

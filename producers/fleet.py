@@ -191,7 +191,8 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
     if publisher is None:
         publisher = await Publisher(bootstrap).start()
     stats.idempotent = publisher.idempotent
-    gateway = Gateway(collection.id, publisher, batch=batch, topic=collection.topic)
+    gateway = Gateway(collection.id, publisher, batch=batch, topic=collection.topic,
+                      partitions=int(collection.partitions))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     t0 = loop.time()

@@ -238,7 +238,7 @@ class Partitioned(Mechanism):
 
     name = "partitioned"
     estimators = ("consistent", "calm", "norm-sub", "unbiased", "global")
-    default_estimators = ("consistent", "calm")
+    default_estimators = ("global", "consistent")
 
     def __init__(self, domain: Domain, epsilon: float, marginals: Sequence[Sequence[str]] | None
                  = None, ways: int | str = 2, oracles: Sequence[str] = fo.COMPACT,
@@ -582,7 +582,7 @@ class Partitioned(Mechanism):
 
         table, info = choose_fit(self.domain, ys, [nz.var for nz in noise],
                                  [t.values for t in self.consistent_tables(counts, True)[0]],
-                                 consistent, noise)
+                                 consistent, noise, direct=var)
         out = (None if table is None else Factor(self.domain, table), info)
         with self._memo_lock:
             while len(self._global_memo) >= 8:

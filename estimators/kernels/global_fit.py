@@ -44,7 +44,7 @@ import numpy as np
 from ldpstream.estimators.kernels.domain import Domain, Factor
 
 __all__ = ["GlobalFit", "Noise", "global_fit", "choose_fit", "sure", "query_sure", "query_sets", "probes",
-           "MAX_CELLS", "MAX_ITER", "PATIENCE", "PROBE_STEP", "PROBE_SEED", "PROBES", "GROWTH",
+           "MAX_CELLS", "MAX_ITER", "PATIENCE", "DIRECT_PATIENCE", "PROBE_STEP", "PROBE_SEED", "PROBES", "GROWTH",
            "QUERY_WAYS"]
 
 #: largest domain (cells of the full table) fitted; larger ones keep the consistent tables
@@ -53,6 +53,9 @@ MAX_CELLS = 400_000
 MAX_ITER = 300
 #: iterations without a new smallest SURE after which the descent stops
 PATIENCE = 10
+#: the same for the fit to the measurements themselves (:func:`choose_fit`'s ``direct``): it
+#: converges more slowly where the data are near-deterministic, and its SURE is flatter
+DIRECT_PATIENCE = 30
 #: the probe's size in units of each cell's standard deviation
 PROBE_STEP = 1e-3
 #: probes averaged in the divergence's Monte Carlo estimate
@@ -290,17 +293,23 @@ def query_sure(tables: Sequence[Factor], noise: Sequence[Noise | Variance],
 def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance],
                smoothed: Sequence[np.ndarray],
                smoother: Callable[[list[Factor]], list[np.ndarray]],
-               noise: Sequence[Noise | Variance] | None = None
+               noise: Sequence[Noise | Variance] | None = None,
+               direct: Sequence[Variance] | None = None
                ) -> tuple[np.ndarray | None, dict[str, Any]]:
-    """A smoothing estimator's tables (``smoothed`` = ``smoother(tables)``) or the global fit
-    to them (its iterate chosen likewise), whichever has the smaller :func:`query_sure` on the
-    2- and 3-way marginals the tables hold (the same :data:`PROBES` probes for both), under the
-    noise variances ``noise`` (default: ``variances``, the loss's): (the global fit's table, or
-    None for the smoothed tables; ``{"chosen": "global" | "consistent", "sure_global",
-    "sure_consistent", "iterations"}`` or, above :data:`MAX_CELLS` cells, ``{"chosen":
-    "consistent", "reason"}``). The risk is that of the small marginals, not of the measured
-    tables' cells: where the tables are large (4 to 6 attributes at large ε), the iterate of
-    smallest SURE on their cells smooths the many high-order cells and loses on the pairs."""
+    """A smoothing estimator's tables (``smoothed`` = ``smoother(tables)``), the global fit
+    to them (its iterate chosen likewise) or, with ``direct`` (one loss variance per table,
+    Private-PGM's weights), the global fit to the measurements themselves, whichever has the
+    smallest :func:`query_sure` on the 2- and 3-way marginals the tables hold (the same
+    :data:`PROBES` probes for all), under the noise ``noise`` (default: ``variances``, the
+    loss's): (the chosen fit's table, or None for the smoothed tables; ``{"chosen": "global" |
+    "measurements" | "consistent", "sure_global", "sure_measurements", "sure_consistent",
+    "iterations"}`` or, above :data:`MAX_CELLS` cells, ``{"chosen": "consistent",
+    "reason"}``). The risk is that of the small marginals, not of the measured tables' cells:
+    where the tables are large (4 to 6 attributes at large ε), the iterate of smallest SURE on
+    their cells smooths the many high-order cells and loses on the pairs. The fit to the
+    measurements keeps the dependence that the marginal polytope (p ≥ 0 over the whole domain)
+    reveals in skewed data, where the smoothed tables shrink it toward independence
+    (docs/partitioned.md "Global fit")."""
     info: dict[str, Any] = {"chosen": "consistent"}
     if domain.size() > MAX_CELLS:
         info["reason"] = (f"the domain has {domain.size():,} cells, more than the global "
@@ -315,14 +324,21 @@ def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
                               for t, v, bb in zip(tables, noise, b)]))
         bs.append(b)
     sets = query_sets(tables)
-    fit = global_fit(domain, tables, variances, smoothed=runs, noise=noise)
-    fitted = [[Factor(domain, p).project(t.domain.attrs).values for t in tables]
-              for p in fit.runs]
-    risk = query_sure(tables, noise, runs, bs, sets)
-    g_risk = query_sure(tables, noise, fitted, bs, sets)
-    info.update(sure_global=float(g_risk), sure_consistent=float(risk),
-                iterations=fit.iterations)
-    if g_risk < risk:
-        info["chosen"] = "global"
-        return fit.table, info
-    return None, info
+    fits = {"global": global_fit(domain, tables, variances, smoothed=runs, noise=noise)}
+    if direct is not None:
+        fits["measurements"] = global_fit(domain, tables, direct, noise=noise,
+                                          patience=DIRECT_PATIENCE)
+    risks = {"consistent": query_sure(tables, noise, runs, bs, sets)}
+    for name, fit in fits.items():
+        fitted = [[Factor(domain, p).project(t.domain.attrs).values for t in tables]
+                  for p in fit.runs]
+        risks[name] = query_sure(tables, noise, fitted, bs, sets)
+        info[f"iterations_{name}"] = fit.iterations
+    info.update({f"sure_{k}": float(v) for k, v in risks.items()})
+    info["iterations"] = fits["global"].iterations
+    best = min(risks, key=lambda k: risks[k])
+    info["chosen"] = best
+    if best == "consistent":
+        return None, info
+    info["iterations"] = fits[best].iterations
+    return fits[best].table, info

@@ -1,9 +1,9 @@
 """The faust worker (``ldpstream worker``): ingest, refresh timers, HTTP views, metrics.
 
 :func:`create_app` builds the faust :class:`faust.App` and its :class:`~.context.Context`. Faust
-runs the worker lifecycle, the web server (agents/web.py) and the refresh timers
-(agents/refresh.py); reports are consumed by :class:`~.ingest.IngestService`, an aiokafka consumer
-owned by a mode service that the app starts and stops with itself (agents/ingest.py explains why
+runs the worker lifecycle, the web server (agents/serve/web.py) and the refresh timers
+(agents/refresh/refresher.py); reports are consumed by :class:`~.ingest.IngestService`, an aiokafka consumer
+owned by a mode service that the app starts and stops with itself (agents/ingest/service.py explains why
 not a faust agent: exactly-once needs our own offsets in Redis to drive the consumer position).
 :func:`build_ingest` wires the ingest service's parts (docs/pipeline.md "The worker's parts").
 
@@ -24,23 +24,29 @@ import tempfile
 import threading
 from typing import Any
 
-from ldpstream.agents import faults
-from ldpstream.agents.applier import Applier
-from ldpstream.agents.breaker import Breaker
-from ldpstream.agents.budget import DAILY_BUDGET
-from ldpstream.agents.clients import Clients, RedisGate
 from ldpstream.agents.context import Context
-from ldpstream.agents.dedupe_gate import DedupeGate
-from ldpstream.agents.dlq_writer import DlqWriter
-from ldpstream.agents.ingest import IngestService
-from ldpstream.agents.ingest_stats import IngestStats
-from ldpstream.agents.intake import Intake
-from ldpstream.agents.log_check import LogCheck
-from ldpstream.agents.memo_gate import MemoGate
-from ldpstream.agents.partition import Partitions
-from ldpstream.agents.quota_gate import DEVICE_QUOTA, QuotaGate
-from ldpstream.agents.rebalance import Rebalancer, Seeker
-from ldpstream.agents.store import CountStore
+from ldpstream.agents.control.controller import Controller
+from ldpstream.agents.control.controller import install as controller_timers
+from ldpstream.agents.ingest import faults
+from ldpstream.agents.ingest.applier import Applier
+from ldpstream.agents.ingest.breaker import Breaker
+from ldpstream.agents.ingest.budget import DAILY_BUDGET
+from ldpstream.agents.ingest.clients import Clients, RedisGate
+from ldpstream.agents.ingest.dedupe_gate import DedupeGate
+from ldpstream.agents.ingest.dlq_writer import DlqWriter
+from ldpstream.agents.ingest.intake import Intake
+from ldpstream.agents.ingest.log_check import LogCheck
+from ldpstream.agents.ingest.memo_gate import MemoGate
+from ldpstream.agents.ingest.partition import Partitions
+from ldpstream.agents.ingest.quota_gate import DEVICE_QUOTA, QuotaGate
+from ldpstream.agents.ingest.rebalance import Rebalancer, Seeker
+from ldpstream.agents.ingest.service import IngestService
+from ldpstream.agents.ingest.stats import IngestStats
+from ldpstream.agents.refresh.refresher import Refresher
+from ldpstream.agents.refresh.refresher import install as refresh_timers
+from ldpstream.agents.serve import ui, web
+from ldpstream.agents.store.count_store import CountStore
+from ldpstream.agents.worker import Worker
 from ldpstream.config import AppConfig, ConfigError
 from ldpstream.names import DEFAULT_BIND, DEFAULT_WEB_PORT, ENV_KAFKA_BOOTSTRAP
 from ldpstream.producers import bounded_fetch
@@ -84,8 +90,6 @@ def make_store(redis_url: str) -> CountStore:
 def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int) -> IngestService:
     """The ingest service and its parts, each with one job (docs/pipeline.md "The worker's
     parts"), wired here and nowhere else."""
-    from ldpstream.agents.controller import controller_for
-
     collections = dict(ctx.config.collections)
     cid_of = {c.topic: cid for cid, c in collections.items()}
     clients = Clients()
@@ -114,7 +118,6 @@ def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int) -> Ing
         stats=stats, bootstrap=ctx.kafka_bootstrap, kafka_security=ctx.kafka_security,
         signing_key=ctx.signing_key, group_id=group_id, session_timeout_ms=session_timeout_ms,
         max_records=max_records)
-    service.follow_all = lambda: controller_for(ctx).follow_all()
     return service
 
 
@@ -130,7 +133,7 @@ def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str,
     """
     import faust
 
-    from ldpstream.agents import http_guard
+    from ldpstream.agents.serve import http_guard
 
     app_id = app_id or os.environ.get("LDP_APP_ID", "ldpstream")
     if session_timeout_s is None:
@@ -175,19 +178,21 @@ def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str,
         log.warning("no %s configured: signing ldp.config with an ephemeral key; devices must "
                     "pin %s=%s", ENV_SIGNING_KEY, ENV_PUBLIC_KEY,
                     ctx.signing_key.verify_key.to_text())
+    service = None
     if ingest:
         service = build_ingest(ctx, group_id=f"{app_id}-ingest",
                                session_timeout_ms=int(float(session_timeout_s) * 1000))
-        ctx.ingest = service
         app.add_dependency(service)
-
+    controller = Controller(ctx, service.publish_config if service is not None else None)
+    if service is not None:
+        service.follow_all = controller.follow_all
+    worker = Worker(ctx=ctx, ingest=service, refresher=Refresher(ctx), controller=controller)
     if install_refresh:
-        from ldpstream.agents import controller, refresh
-        refresh.install(app, ctx)
-        controller.install(app, ctx)
+        refresh_timers(app, worker.refresher)
+        controller_timers(app, worker.controller)
     if install_web:
-        from ldpstream.agents import web
-        web.install(app, ctx)
+        web.install(app, worker)
+        ui.install(app, worker)  # the live page (GET /, /ui/...): it reads the views' API
     return app, ctx
 
 
@@ -239,8 +244,8 @@ def _prompt_worker_class() -> type:
 
 def main(args) -> int:
     """``ldpstream worker [--config F] [--web-port P]``."""
-    from ldpstream.cli import CliError
     from ldpstream.config import load_config
+    from ldpstream.errors import CliError
 
     config = load_config(getattr(args, "config", None))  # ConfigError is a CliError: one line
     bootstrap = config.kafka_bootstrap or os.environ.get(ENV_KAFKA_BOOTSTRAP)

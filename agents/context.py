@@ -1,10 +1,10 @@
 """The worker's shared context: configuration, connections and the mechanisms in force.
 
-One :class:`Context` per worker process; the faust app, the ingest service (agents/ingest.py), the
+One :class:`Context` per worker process; the faust app, the ingest service (agents/ingest/service.py), the
 refresh timers, the controller and the HTTP views all read it. Nothing in it is the state of
-record: counts and offsets live in Redis (agents/store.py), the mechanism state is published to
+record: counts and offsets live in Redis (agents/store/count_store.py), the mechanism state is published to
 ``ldp.config``; the mechanism in force of each collection has one owner,
-``collections[cid]`` (agents/collection_state.py).
+``collections[cid]`` (agents/control/collection_state.py).
 """
 from __future__ import annotations
 
@@ -12,15 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ldpstream.agents.collection_state import CollectionStates
-from ldpstream.agents.store import CountStore
+from ldpstream.agents.control.collection_state import CollectionStates
+from ldpstream.agents.store.count_store import CountStore
 from ldpstream.producers.kafka_security import KafkaSecurity
 from ldpstream.producers.signing import SigningKey
 
 if TYPE_CHECKING:
-    from ldpstream.agents.controller import Controller
-    from ldpstream.agents.ingest import IngestService
-    from ldpstream.agents.refresh import Refresher
     from ldpstream.config import AppConfig
 
 
@@ -41,12 +38,6 @@ class Context:
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
     #: faust's data directory (removed when the worker exits)
     datadir: str | None = None
-    #: the ingest service (agents/ingest.py) once the app has built it
-    ingest: IngestService | None = None
-    #: the estimate refresher (agents/refresh.py) and adaptive controller (agents/controller.py),
-    #: created on first use
-    refresher: Refresher | None = None
-    controller: Controller | None = None
 
     def __post_init__(self) -> None:
         self.collections = CollectionStates(self.config.collections)

@@ -35,7 +35,7 @@ REPORTS_CLAMPED = Counter(
     ["collection", "reason"], registry=REGISTRY)
 MEMO_DEVICES = Gauge(
     "ldp_memo_devices",
-    "Memoized collections: devices whose latest report a partition keeps (agents/device_memo.py); "
+    "Memoized collections: devices whose latest report a partition keeps (agents/store/device_memo.py); "
     "reports of new devices beyond device_state_max go to ldp.dlq as device_state_full.",
     ["collection", "partition"], registry=REGISTRY)
 REPORTS_SUPERSEDED = Counter(
@@ -45,12 +45,12 @@ REPORTS_SUPERSEDED = Counter(
     ["collection"], registry=REGISTRY)
 DUPLICATE_BATCHES = Counter(
     "ldp_duplicate_batches_total",
-    "Keyed report batches delivered again (same sender and sequence, agents/dedupe.py): not "
+    "Keyed report batches delivered again (same sender and sequence, agents/store/dedupe.py): not "
     "counted a second time.",
     ["collection"], registry=REGISTRY)
 CONFIG_REPUBLISHED = Counter(
     "ldp_config_republished_total",
-    "Times this worker republished every signed state on ldp.config (agents/control_topic.py): "
+    "Times this worker republished every signed state on ldp.config (agents/control/control_topic.py): "
     "recreated, empty, shrank (broker log loss), flood, expiry (every 6 h).",
     ["why"], registry=REGISTRY)
 CONTROL_CHECK_FAILED = Counter(
@@ -78,13 +78,13 @@ CONFIG_REFUSED = Counter(
 LOG_RESETS = Counter(
     "ldp_log_resets_total",
     "Partitions whose Kafka log was found recreated, truncated or with a retention gap "
-    "(agents/log_identity.py); the stored offset was re-based and the event is in /healthz.",
+    "(agents/ingest/log_identity.py); the stored offset was re-based and the event is in /healthz.",
     ["collection", "kind"], registry=REGISTRY)
 COLLECTION_REPORTS = Gauge(
     "ldp_collection_reports", "Reports counted for the collection (n in Redis).",
     ["collection"], registry=REGISTRY)
 
-# --- refresh (written by agents/refresh.py) ----------------------------------------------------
+# --- refresh (written by agents/refresh/refresher.py) ----------------------------------------------------
 REFRESH_SECONDS = Histogram(
     "ldp_estimate_refresh_seconds",
     "Seconds to read a collection's tensors and run every configured estimator.",
@@ -135,7 +135,7 @@ ESTIMATE_FAILING = Gauge(
     _EST, registry=REGISTRY)
 MECHANISM_VERSION = Gauge(
     "ldp_mechanism_version", "Version of the collection's mechanism state in force on this worker "
-    "(adaptive mechanisms publish new versions: agents/controller.py).",
+    "(adaptive mechanisms publish new versions: agents/control/controller.py).",
     ["collection"], registry=REGISTRY)
 MECHANISM_VERSION_CHANGES = Counter(
     "ldp_mechanism_version_changes_total", "Mechanism versions this worker adopted.",

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ldpstream.bench.pipeline import _ingest_rate, _raw_consume, _start_worker, _stop_worker
+from ldpstream.bench.ingest_run import ingest_rate, raw_consume, start_worker, stop_worker
 
 BATCH = 500
 COLUMNS = ["sex", "race", "relationship", "Salary"]
@@ -45,7 +45,7 @@ def _collection(cid: str, **extra: Any) -> dict[str, Any]:
 
 async def _versions_rate(bootstrap: str, store: Any, cfg_path: Path, config: Any, env: dict,
                          total: int, work: Path, say) -> dict[str, Any]:
-    from ldpstream.agents.controller import origin_of, store_state
+    from ldpstream.agents.control.controller import origin_of, store_state
     from ldpstream.dev.process import free_port
     from ldpstream.producers.fleet import run_fleet
 
@@ -65,8 +65,8 @@ async def _versions_rate(bootstrap: str, store: Any, cfg_path: Path, config: Any
     s2b = await run_fleet(bootstrap, two, rate=0, total=total - total // 2, batch=BATCH, seed=3,
                           mechanism=v1)
     say("raw consumption ...")
-    raw1, _ = await _raw_consume(bootstrap, one, s1.sent_messages)
-    raw2, _ = await _raw_consume(bootstrap, two, s2a.sent_messages + s2b.sent_messages)
+    raw1, _ = await raw_consume(bootstrap, one, s1.sent_messages)
+    raw2, _ = await raw_consume(bootstrap, two, s2a.sent_messages + s2b.sent_messages)
     out: dict[str, Any] = {"reports": total, "reports_per_message": BATCH}
     for name, coll, raw in (("one_version", one, raw1), ("two_versions", two, raw2)):
         port = free_port()
@@ -75,11 +75,11 @@ async def _versions_rate(bootstrap: str, store: Any, cfg_path: Path, config: Any
         cfg["collections"] = [c for c in cfg["collections"] if c["id"] == coll.id]
         path = work / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        worker = _start_worker(path, env, port, work / f"worker-{name}.log")
+        worker = start_worker(path, env, port, work / f"worker-{name}.log")
         try:
-            rate = await _ingest_rate(store, coll.id, coll.partitions, total, port)
+            rate = await ingest_rate(store, coll.id, coll.partitions, total, port)
         finally:
-            _stop_worker(worker)
+            stop_worker(worker)
         out[name] = {"ingest_rate": rate, "raw_consume_rate": raw, "ratio": rate / raw}
     out["ratio_two_over_one"] = out["two_versions"]["ratio"] / out["one_version"]["ratio"]
     out["ingest_two_over_one"] = (out["two_versions"]["ingest_rate"]
@@ -159,13 +159,13 @@ async def run(quick: bool = False, progress=None) -> dict[str, Any]:
         lat_path = work / "latency.yaml"
         lat_path.write_text(yaml.safe_dump(lat_cfg))
         port = free_port()
-        worker = _start_worker(lat_path, env, port, work / "worker-latency.log")
+        worker = start_worker(lat_path, env, port, work / "worker-latency.log")
         await _wait_ready(port)
         result["controller_latency"] = await _latency(bootstrap, config, lat_ids, key, say)
         await store.close()
     finally:
         if worker is not None:
-            _stop_worker(worker)
+            stop_worker(worker)
         broker.stop()
         redis.stop()
     return result

@@ -104,8 +104,8 @@ async def _load(port: int, requests: int, size: int, seed: int, tls: ssl.SSLCont
 
 
 async def run(quick: bool = False) -> dict[str, Any]:
+    from ldpstream.credentials.x509 import write_pki
     from ldpstream.dev.broker import EmbeddedBroker
-    from ldpstream.dev.kafka_tls import write_test_pki
     from ldpstream.dev.process import free_port
     from ldpstream.estimators.families.rr import RRIndependent
     from ldpstream.estimators.kernels.domain import Domain
@@ -123,7 +123,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
     proc = None
     tmp = tempfile.TemporaryDirectory(prefix="ldpstream-bench-gateway-")
     try:
-        ca, chain = write_test_pki(Path(tmp.name))
+        ca, chain = write_pki(Path(tmp.name))
         key = SigningKey.generate()
         mech = RRIndependent(Domain(("a", "b", "c", "d"), (2, 2, 2, 2)), epsilon=1.0)
         await create_topics(bootstrap, {CONFIG_TOPIC: 1, reports_topic(CID): 4},

@@ -12,7 +12,7 @@ On the embedded broker (Tansu) and Redis, in one run:
    applied delta). Steps 2 and 3 run as a pair, three times (``--quick``: once), the counts
    reset between pairs; ``ratio`` is the median pair's ingest / raw (``ratios``: every pair;
    ``ingest_timings_s``: where the median pair's worker spent its time);
-4. a memoized copy of the collection (counted per device: agents/device_memo.py) fed by
+4. a memoized copy of the collection (counted per device: agents/store/device_memo.py) fed by
    100,000 devices: ``memo_ratio`` (its ingest / raw), ``memo_vs_plain`` (its ingest / the
    median pair's plain ingest), ``memo_redis_bytes_per_device`` (its device state in Redis);
    then the same as 3 with one report per message (``single_report_rate``) on a second
@@ -42,7 +42,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +51,8 @@ from typing import Any
 
 import yaml
 
-BATCH = 500
+from ldpstream.bench.ingest_run import BATCH, ingest_rate, prefill, raw_consume, start_worker, stop_worker
+
 #: the memoized collection of step 4 and its fleet: devices reporting again and again
 MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 4.0}
 MEMO_DEVICES = 100_000
@@ -67,89 +67,17 @@ def _write_config(path: Path, refresh_interval_s: float | None = None) -> None:
     if refresh_interval_s is not None:
         base["refresh_interval_s"] = refresh_interval_s
     single = dict(base, id=base["id"] + "1")
-    # memoized: counted per device (agents/device_memo.py), its cost measured in step 4
+    # memoized: counted per device (agents/store/device_memo.py), its cost measured in step 4
     memo = dict(base, id=base["id"] + "m", params={"memoize": MEMOIZE})
     doc["collections"] = [base, single, memo]
     path.write_text(yaml.safe_dump(doc))
 
 
-async def _prefill(bootstrap: str, coll: Any, total: int, batch: int,
-                   devices: int = 1000) -> Any:
-    from ldpstream.producers.fleet import run_fleet
-
-    return await run_fleet(bootstrap, coll, rate=0, total=total, batch=batch, seed=1,
-                           mechanism=coll.mechanism(), devices=devices)
-
-
-async def _raw_consume(bootstrap: str, coll: Any, messages: int) -> tuple[float, int]:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    from ldpstream.producers.codec import decode_batch
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                                enable_auto_commit=False, max_partition_fetch_bytes=4 << 20,
-                                fetch_max_bytes=64 << 20)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(coll.topic, p) for p in range(int(coll.partitions))]
-        consumer.assign(tps)
-        t0 = time.perf_counter()
-        await consumer.seek_to_beginning(*tps)
-        got = reports = 0
-        while got < messages:
-            data = await consumer.getmany(timeout_ms=1000, max_records=10_000)
-            for msgs in data.values():
-                for m in msgs:
-                    reports += decode_batch(m.value).n
-                got += len(msgs)
-        return reports / (time.perf_counter() - t0), reports
-    finally:
-        await consumer.stop()
-
-
-def _start_worker(config: Path, env: dict, port: int, log: Path) -> subprocess.Popen:
-    fh = open(log, "ab")
-    return subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "worker", "--config",
-                             str(config), "--web-port", str(port)], env=env, stdout=fh,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-
-
-def _stop_worker(proc: subprocess.Popen) -> None:
-    import signal
-
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
-async def _ingest_rate(store: Any, cid: str, partitions: int, total: int, port: int,
-                       timeout: float = 300.0) -> tuple[float, dict[str, float]]:
-    """Reports/s into Redis as the worker times it: from the end of its partition assignment
-    (seeks done, like the raw consumer's clock) to its last applied delta (``/healthz``), and
-    the worker's cumulative ingest timings (seconds polling, decoding, counting, applying)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await store.n(cid, partitions) >= total:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
-                ing = json.loads(resp.read())["checks"]["ingest"]
-            if ing.get("assigned_at") is None or ing.get("last_apply_at") is None:
-                raise RuntimeError(f"worker status without timings: {ing}")
-            return (ing["applied_reports"] / (ing["last_apply_at"] - ing["assigned_at"]),
-                    dict(ing.get("timings_s") or {}))
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"{cid}: only {await store.n(cid, partitions)} of {total} reports ingested")
-
-
 async def _memo_bytes(store: Any, coll: Any) -> float | None:
     """Redis bytes per device of the memoized collection's device state (MEMORY USAGE of its
     ``memo:<layout>:<epoch>`` logs over the devices they hold)."""
-    from ldpstream.agents import keys
-    from ldpstream.agents.device_memo import PREFIX, parse_log
+    from ldpstream.agents.store import keys
+    from ldpstream.agents.store.device_memo import PREFIX, parse_log
 
     used = devices = 0
     for p in range(int(coll.partitions)):
@@ -164,7 +92,7 @@ async def _redis_bytes(store: Any, coll: Any) -> dict[str, Any]:
     """Redis memory of a collection's counts (``MEMORY USAGE`` of every key), split by level,
     and what it costs at steady state: one fine key per partition and bucket retained, one
     coarse key per partition and coarse bucket retained, the all-time keys, the estimates."""
-    from ldpstream.agents import keys as K
+    from ldpstream.agents.store import keys as K
 
     by: dict[str, list[int]] = {"f": [], "h": [], "a": [], "est": [], "other": []}
     fine_buckets: set[str] = set()
@@ -252,12 +180,12 @@ async def _cluster_ingest(cfg_path: Path, env: dict, coll: Any, total: int, raw:
         url = cluster.start()
         store = make_store(url)
         port = free_port()
-        worker = _start_worker(cfg_path, dict(env, REDIS_URL=url), port, work / "worker-c.log")
-        rate, _ = await _ingest_rate(store, coll.id, coll.partitions, total, port)
+        worker = start_worker(cfg_path, dict(env, REDIS_URL=url), port, work / "worker-c.log")
+        rate, _ = await ingest_rate(store, coll.id, coll.partitions, total, port)
         await store.close()
     finally:
         if worker is not None:
-            _stop_worker(worker)
+            stop_worker(worker)
         cluster.stop()
     return {"cluster_ingest_rate": rate, "cluster_ratio": rate / raw, "cluster_masters": 3}
 
@@ -274,9 +202,9 @@ async def _apply_rate(url: str, coll: Any, *, applies: int, partitions: int = 12
     from redis.asyncio.cluster import RedisCluster
 
     from ldpstream.agents.app import make_store
-    from ldpstream.agents.apply_delta import PartitionDelta
-    from ldpstream.agents.intake import count_reports
-    from ldpstream.agents.layout import Layout
+    from ldpstream.agents.ingest.intake import count_reports
+    from ldpstream.agents.store.apply_delta import PartitionDelta
+    from ldpstream.agents.store.layout import Layout
 
     store = make_store(url)
     r = store.redis
@@ -372,20 +300,20 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
         port = free_port()
 
         say(f"prefill {total:,} reports, {BATCH} per message ...")
-        stats = await _prefill(bootstrap, batched, total, BATCH)
+        stats = await prefill(bootstrap, batched, total, BATCH)
         raws, ingests, timings = [], [], []
         for rep in range(repeats):
             # one pair per repeat, back to back, so a busy moment of the machine hits one pair
             # (the median of the pairs' ratios is the result)
             say(f"[{rep + 1}/{repeats}] raw aiokafka consumption + decode ...")
-            raw, raw_reports = await _raw_consume(bootstrap, batched, stats.sent_messages)
+            raw, raw_reports = await raw_consume(bootstrap, batched, stats.sent_messages)
             assert raw_reports == total, (raw_reports, total)
             say(f"[{rep + 1}/{repeats}] ingest (worker) ...")
             await store.reset(batched.id)   # fresh offsets: the worker reads the topic again
-            worker = _start_worker(cfg_path, env, port, work / f"worker-1-{rep}.log")
-            ingest, spent = await _ingest_rate(store, batched.id, batched.partitions, total,
+            worker = start_worker(cfg_path, env, port, work / f"worker-1-{rep}.log")
+            ingest, spent = await ingest_rate(store, batched.id, batched.partitions, total,
                                                port)
-            _stop_worker(worker)
+            stop_worker(worker)
             raws.append(raw)
             ingests.append(ingest)
             timings.append(spent)
@@ -398,12 +326,12 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
                       ingest_timings_per_pair=timings)
 
         say(f"prefill {memo_total:,} reports of {MEMO_DEVICES:,} devices, memoized ...")
-        stats_m = await _prefill(bootstrap, memo, memo_total, BATCH, MEMO_DEVICES)
-        raw_m, _ = await _raw_consume(bootstrap, memo, stats_m.sent_messages)
+        stats_m = await prefill(bootstrap, memo, memo_total, BATCH, MEMO_DEVICES)
+        raw_m, _ = await raw_consume(bootstrap, memo, stats_m.sent_messages)
         say("ingest of the memoized collection (counted per device) ...")
-        worker = _start_worker(cfg_path, env, port, work / "worker-m.log")
-        rate_m, spent_m = await _ingest_rate(store, memo.id, memo.partitions, memo_total, port)
-        _stop_worker(worker)
+        worker = start_worker(cfg_path, env, port, work / "worker-m.log")
+        rate_m, spent_m = await ingest_rate(store, memo.id, memo.partitions, memo_total, port)
+        stop_worker(worker)
         result.update(memo_ingest_rate=rate_m, memo_raw_consume_rate=raw_m,
                       memo_ratio=rate_m / raw_m, memo_vs_plain=rate_m / ingests[mid],
                       memo_reports=memo_total, memo_devices=MEMO_DEVICES,
@@ -411,11 +339,11 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
                       memo_redis_bytes_per_device=await _memo_bytes(store, memo))
 
         say(f"prefill {single_total:,} single-report messages ...")
-        stats1 = await _prefill(bootstrap, single, single_total, 1)
-        raw1, _ = await _raw_consume(bootstrap, single, stats1.sent_messages)
+        stats1 = await prefill(bootstrap, single, single_total, 1)
+        raw1, _ = await raw_consume(bootstrap, single, stats1.sent_messages)
         say("ingest of single-report messages ...")
-        worker = _start_worker(cfg_path, env, port, work / "worker-2.log")
-        rate1, _ = await _ingest_rate(store, single.id, single.partitions, single_total, port)
+        worker = start_worker(cfg_path, env, port, work / "worker-2.log")
+        rate1, _ = await ingest_rate(store, single.id, single.partitions, single_total, port)
         result.update(single_report_rate=rate1, single_raw_consume_rate=raw1,
                       single_reports=single_total)
 
@@ -434,14 +362,14 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
         result.update(await _redis_bytes(store, batched))  # counts and estimates
         await store.close()
         if redis_cluster:
-            _stop_worker(worker)
+            stop_worker(worker)
             worker = None
             say("ingest (worker) into a Redis Cluster of 3 masters + 3 replicas ...")
             result.update(await _cluster_ingest(cfg_path, env, batched, total, raw, work))
             result.update(await _apply_rates(batched, 20 if quick else 150, say))
     finally:
         if worker is not None:
-            _stop_worker(worker)
+            stop_worker(worker)
         tansu.stop()
         redis.stop()
     if broker == "kafka":

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from ldpstream.bench.pipeline import BATCH, _ingest_rate, _prefill, _raw_consume, _start_worker, _stop_worker
+from ldpstream.bench.ingest_run import BATCH, ingest_rate, prefill, raw_consume, start_worker, stop_worker
 
 
 async def kafka_pairs(cfg_path: Path, env: dict[str, str], coll: Any, total: int, repeats: int,
@@ -31,25 +31,25 @@ async def kafka_pairs(cfg_path: Path, env: dict[str, str], coll: Any, total: int
         bootstrap, url = kafka.start(), redis.start()
         await create_ldp_topics(bootstrap, (coll,))
         kenv = dict(env, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=url)
-        stats = await _prefill(bootstrap, coll, total, BATCH)
+        stats = await prefill(bootstrap, coll, total, BATCH)
         store = make_store(url)
         port = free_port()
         raws, ingests = [], []
         for rep in range(repeats):
             say(f"Apache Kafka [{rep + 1}/{repeats}] raw consumption, then ingest ...")
-            raw, got = await _raw_consume(bootstrap, coll, stats.sent_messages)
+            raw, got = await raw_consume(bootstrap, coll, stats.sent_messages)
             assert got == total, (got, total)
             await store.reset(coll.id)
-            worker = _start_worker(cfg_path, kenv, port, work / f"worker-kafka-{rep}.log")
-            ingest, _ = await _ingest_rate(store, coll.id, coll.partitions, total, port)
-            _stop_worker(worker)
+            worker = start_worker(cfg_path, kenv, port, work / f"worker-kafka-{rep}.log")
+            ingest, _ = await ingest_rate(store, coll.id, coll.partitions, total, port)
+            stop_worker(worker)
             worker = None
             raws.append(raw)
             ingests.append(ingest)
         await store.close()
     finally:
         if worker is not None:
-            _stop_worker(worker)
+            stop_worker(worker)
         kafka.stop()
         redis.stop()
     ratios = [i / r for i, r in zip(ingests, raws)]

@@ -257,10 +257,10 @@ class Mechanism(ABC):
     report_estimators: ClassVar[tuple[str, ...]] = ()
     #: what ``simulate`` runs when no estimator is named (default: the first estimator)
     default_estimators: ClassVar[tuple[str, ...]] = ()
-    #: the family overrides :meth:`adapt` (a worker runs its controller: agents/controller.py)
+    #: the family overrides :meth:`adapt` (a worker runs its controller: agents/control/controller.py)
     adaptive: ClassVar[bool] = False
     #: capability: the family overrides :meth:`count` (set for it by ``__init_subclass__``); the
-    #: worker's fast histogram count (agents/intake.py) is used only when False
+    #: worker's fast histogram count (agents/ingest/intake.py) is used only when False
     custom_count: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

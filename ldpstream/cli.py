@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--force", action="store_true", help="replace an existing key")
     g.add_argument("--if-missing", action="store_true", help="keep an existing key (exit 0)")
 
-    from ldpstream.edge_certs import DEFAULT_DAYS, DEFAULT_HOSTS
+    from ldpstream.credentials.edge_certs import DEFAULT_DAYS, DEFAULT_HOSTS
 
     p = sub.add_parser("edge-certs", help="a CA and server certificate for Mosquitto and the "
                        "gateway (docs/security.md)")
@@ -338,10 +338,10 @@ _COMMANDS = {
     "estimates": "ldpstream.query",
     "keygen": "ldpstream.producers.signing",
     "gateway": "ldpstream.producers.gateway",
-    "edge-certs": "ldpstream.edge_certs",
+    "edge-certs": "ldpstream.credentials.edge_certs",
     "mqtt-bridge": "ldpstream.producers.mqtt_bridge_cli",
     "config-reference": "ldpstream.config_docs",
-    "kafka-certs": "ldpstream.dev.kafka_tls",
+    "kafka-certs": "ldpstream.credentials.kafka_certs",
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import tempfile
 from pathlib import Path
 
@@ -79,10 +80,20 @@ def api_url_default() -> str:
             or f"http://127.0.0.1:{web_port_default()}")
 
 
+def port_free(host: str, port: int) -> bool:
+    """True when a server could listen on ``host:port`` now (bound the way aiohttp binds:
+    ``SO_REUSEADDR``, so a port in TIME_WAIT counts as free and a listening one does not)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, int(port)))
+        except OSError:
+            return False
+    return True
+
+
 def suggest_free_port(host: str, busy: int) -> int | None:
     """The first port after ``busy`` that is free on ``host`` now, or None."""
-    from ldpstream.dev.process import port_free
-
     for port in range(busy + 1, min(65536, busy + 1 + SUGGEST_SPAN)):
         if port_free(host, port):
             return port
@@ -91,8 +102,6 @@ def suggest_free_port(host: str, busy: int) -> int | None:
 
 def require_free_port(host: str, port: int, command: str) -> None:
     """A CliError when ``host:port`` is taken, naming a free port and how to pass it."""
-    from ldpstream.dev.process import port_free
-
     if port_free(host, port):
         return
     free = suggest_free_port(host, port)

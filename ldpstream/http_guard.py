@@ -1,4 +1,4 @@
-"""HTTP hardening shared by the worker's API (agents/http_guard.py) and the ingest gateway
+"""HTTP hardening shared by the worker's API (agents/serve/http_guard.py) and the ingest gateway
 (producers/gateway.py): a connection cap with eviction, a header deadline, body limits and JSON
 errors (docs/security.md "The HTTP port").
 

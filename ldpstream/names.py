@@ -1,6 +1,6 @@
 """The one place for ldpstream's names and defaults: Kafka topics, environment variables, default
 ports and intervals (docs/pipeline.md, "What runs"; docs/configuration.md). Redis keys have their own
-single module, agents/keys.py. Every other module imports these; none repeats a literal."""
+single module, agents/store/keys.py. Every other module imports these; none repeats a literal."""
 from __future__ import annotations
 
 __all__ = [
@@ -72,7 +72,7 @@ DEFAULT_BUCKET_S = 60.0
 DEFAULT_WINDOWS = ("5m", "1h", "24h", "all")
 DEFAULT_DRIFT_ALPHA = 1e-3
 DEFAULT_QUOTA_WINDOW_S = 86_400.0
-#: memoized collections: devices whose latest report one partition keeps (agents/device_memo.py)
+#: memoized collections: devices whose latest report one partition keeps (agents/store/device_memo.py)
 DEFAULT_DEVICE_STATE_MAX = 1_000_000
 
 # --- ingest defaults ---------------------------------------------------------------------------------

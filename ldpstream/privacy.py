@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ldpstream.config import Collection
 from ldpstream.estimators.mechanism import Mechanism
+from ldpstream.privacy_windows import window_fields
 
 #: above this ε per record one report says much about its device's record; flagged everywhere
 WEAK_EPSILON = 4.0
@@ -44,7 +46,7 @@ def privacy_note(epsilon_per_record: float | None,
             f"little about a device's record stays hidden)")
 
 
-def epsilon_fields(collection: Any, mechanism: Mechanism,
+def epsilon_fields(collection: Collection, mechanism: Mechanism,
                    per_record: float | None = None) -> dict[str, Any]:
     """The ε fields of a collection's description and of every estimate of it (``per_record``:
     what the estimate's reports cost, when known; else the mechanism's)."""
@@ -68,3 +70,23 @@ def epsilon_fields(collection: Any, mechanism: Mechanism,
         "epsilon_per_day": per_day,
         "privacy_note": privacy_note(per_record, per_day),
     }
+
+
+def over_time(coll: Collection, mechanism: Mechanism,
+              device_state_full: int = 0) -> dict[str, Any]:
+    """The ``over_time`` field of a collection's description: what its estimates count
+    (``device`` when the mechanism memoizes: agents/store/device_memo.py, else ``report``), the
+    window fields above and, when this worker refused reports of new devices for want of room
+    (``device_state_full``), a warning."""
+    memoized = mechanism.memoization() is not None
+    out = {"counted_by": "device" if memoized else "report",
+           **window_fields(coll.reports_per_day, coll.max_epsilon_per_day,
+                           [(w.name, w.seconds) for w in coll.windows], mechanism),
+           "device_state_max": coll.device_state_max if memoized else None,
+           "warning": None}
+    if device_state_full:
+        out["warning"] = (f"{device_state_full} report(s) of new devices refused "
+                          f"(device_state_full): a partition keeps at most device_state_max = "
+                          f"{coll.device_state_max} devices; their devices are not in the "
+                          f"estimates")
+    return out

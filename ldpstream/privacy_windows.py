@@ -12,15 +12,12 @@ than ``k × ε_report`` (each report is ``ε_report``-LDP on its own).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ldpstream.estimators.mechanism import Mechanism
 from ldpstream.estimators.stream.longitudinal import Guarantee, periods_per_window
 
-if TYPE_CHECKING:
-    from ldpstream.config import Collection
-
-__all__ = ["over_time", "DAY_S", "budget_day", "reports_in", "epsilon_in", "daily_report_limit", "budget_problem",
+__all__ = ["DAY_S", "budget_day", "reports_in", "epsilon_in", "daily_report_limit", "budget_problem",
            "window_fields"]
 
 DAY_S = 86_400.0
@@ -30,7 +27,7 @@ _RTOL = 1e-9   # a computed ε equal to the budget up to rounding is within it
 def budget_day(t: float) -> int:
     """The budget day of unix time ``t``: its UTC calendar day, ``floor(t / 86,400)``. The one
     day of ``max_epsilon_per_day``: the device ledger sums the spend of it, the worker counts the
-    reports of it (its quota window of one day, agents/quota.py) (docs/privacy-over-time.md)."""
+    reports of it (its quota window of one day, agents/store/quota.py) (docs/privacy-over-time.md)."""
     return int(math.floor(float(t) / DAY_S))
 
 
@@ -108,23 +105,3 @@ def window_fields(reports_per_day: float | None, max_epsilon_per_day: float | No
             "epsilon_per_device_day": None if g is None else
             epsilon_in(g, DAY_S, reports_per_day),
             "daily_report_limit": daily_report_limit(max_epsilon_per_day, reports_per_day, g)}
-
-
-def over_time(coll: "Collection", mechanism: Mechanism,
-              device_state_full: int = 0) -> dict[str, Any]:
-    """The ``over_time`` field of a collection's description: what its estimates count
-    (``device`` when the mechanism memoizes: agents/device_memo.py, else ``report``), the
-    window fields above and, when this worker refused reports of new devices for want of room
-    (``device_state_full``), a warning."""
-    memoized = mechanism.memoization() is not None
-    out = {"counted_by": "device" if memoized else "report",
-           **window_fields(coll.reports_per_day, coll.max_epsilon_per_day,
-                           [(w.name, w.seconds) for w in coll.windows], mechanism),
-           "device_state_max": coll.device_state_max if memoized else None,
-           "warning": None}
-    if device_state_full:
-        out["warning"] = (f"{device_state_full} report(s) of new devices refused "
-                          f"(device_state_full): a partition keeps at most device_state_max = "
-                          f"{coll.device_state_max} devices; their devices are not in the "
-                          f"estimates")
-    return out

@@ -11,7 +11,7 @@
 Every client has short socket timeouts, so a dead server surfaces as an error that the ingest
 service retries (:data:`TRANSIENT_ERRORS`) instead of a hang. On a cluster, a multi-key command,
 a Lua script or a MULTI/EXEC must keep to the keys of one hash slot: the key scheme puts each
-shard's keys under one hash tag (agents/keys.py).
+shard's keys under one hash tag (agents/store/keys.py).
 """
 from __future__ import annotations
 

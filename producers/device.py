@@ -198,7 +198,7 @@ class ConfigWatcher:
         ``collections`` reads the newest :data:`TAIL_RECORDS` records first and goes further
         back (4 times as far each time) only while one of its collections has no state yet, so
         a flood of junk before the newest valid states costs nothing (the worker republishes
-        after a flood, agents/control_topic.py); one that follows every collection reads all."""
+        after a flood, agents/control/control_topic.py); one that follows every collection reads all."""
         assert self._consumer is not None
         begins = await self._consumer.beginning_offsets(tps)
         ends = await self._consumer.end_offsets(tps)

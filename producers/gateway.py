@@ -32,7 +32,7 @@ keyed by the stamped id (one message per device of the batch, split to stay unde
 message limit), so a device's reports go to one partition. The gateway answers 200 once Kafka has
 acknowledged every message: ``{"accepted": n, "messages": k, "version": v}``. A batch with a
 batch key goes whole as one message with the key ``(stamped sender, sequence)``, so a retried
-request is counted once (agents/dedupe.py).
+request is counted once (agents/store/dedupe.py).
 
 TLS: ``--tls-cert FILE`` (PEM chain) and ``--tls-key FILE`` serve HTTPS (docs/security.md).
 
@@ -95,7 +95,7 @@ _HEADER_ROOM = 512
 BROKER_CHECK_S = 1.0    # a broker metadata check waits this long (/healthz, before producing)
 BROKER_CACHE_S = 1.5    # and its answer is reused this long
 PRODUCE_TIMEOUT_S = 10.0  # a batch not acknowledged by then is answered 503 (a keyed retry
-#                           is counted once: agents/dedupe.py)
+#                           is counted once: agents/store/dedupe.py)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 REQUESTS = Counter("ldp_gateway_requests_total", "HTTP report requests by answer status.",
@@ -346,7 +346,7 @@ class IngestGateway:
         """One message per device (split to fit ``max_message_bytes``), keyed by its stamped id;
         returns the number of messages once Kafka acknowledged all of them. A batch with a batch
         key (stamped sender, sequence) goes whole as one message keyed by its sender, so that
-        the worker counts it once however often it is retried (agents/dedupe.py)."""
+        the worker counts it once however often it is retried (agents/store/dedupe.py)."""
         if key is not None:
             payload = encode_batch(batch.collection, batch.version, batch.reports,
                                    device_ids=stamped, sent_at=batch.sent_at, key=key)

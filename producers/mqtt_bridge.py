@@ -8,7 +8,7 @@ type ``application/json``, or a payload starting with ``{``), checked and produc
 own code (producers/gateway.py: :func:`~.gateway.validate_batch`, device ids stamped per fleet,
 keyed batches whole): the MQTT message is acknowledged only once Kafka acknowledged what it
 produced, so a crash in between makes the broker deliver it again, and the batch key makes the
-worker count it once (agents/dedupe.py). A refused message goes to ``ldp.dlq`` with its reason
+worker count it once (agents/store/dedupe.py). A refused message goes to ``ldp.dlq`` with its reason
 (acknowledged once the DLQ has it) and counts in ``ldp_mqtt_rejected_total{fleet,reason}``.
 While Kafka is unreachable the message stays unacknowledged and is retried.
 

@@ -5,7 +5,7 @@ retained on ``ldp/<fleet>/<collection>/config`` and verifies them exactly as
 :class:`~.device.ConfigWatcher` does (pinned key, replay and ε-ceiling checks).
 
 Batches over MQTT must carry a batch key: a QoS 1 message is delivered at least once, and only
-the key (device id, sequence) lets the worker count a redelivered batch once (agents/dedupe.py).
+the key (device id, sequence) lets the worker count a redelivered batch once (agents/store/dedupe.py).
 :class:`~.sdk.DeviceClient` always sends keyed batches; :meth:`MqttTransport.send` refuses an
 unkeyed one.
 """

@@ -5,8 +5,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ldpstream.agents.layout import Layout
-from ldpstream.agents.store import CountStore
+from ldpstream.agents.store.count_store import CountStore
+from ldpstream.agents.store.layout import Layout
 from ldpstream.estimators.mechanism import TensorSpec
 
 #: tests use partitions 0..P-1 of a collection

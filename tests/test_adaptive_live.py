@@ -16,10 +16,10 @@ import pytest
 import yaml
 from tolerance import assert_close
 
-from ldpstream.agents import keys
 from ldpstream.agents.app import make_store
-from ldpstream.agents.controller import STATE
-from ldpstream.agents.layout import Layout
+from ldpstream.agents.control.controller import STATE
+from ldpstream.agents.store import keys
+from ldpstream.agents.store.layout import Layout
 from ldpstream.config import load_config
 from ldpstream.estimators.kernels import metrics as M
 from ldpstream.estimators.mechanism import from_state, histogram, mechanism_class

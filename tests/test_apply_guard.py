@@ -1,5 +1,5 @@
 """No single message breaks the exactly-once apply (docs/security.md): the values a message can
-influence are clamped in Python (agents/apply_guard.py), the Lua script checks all its arguments
+influence are clamped in Python (agents/store/apply_guard.py), the Lua script checks all its arguments
 and keys before its first write, a failed apply leaves the partition to the poison-pill breaker,
 a far-future record timestamp on a quota collection is dead-lettered with counts exact and the
 worker alive, and quota windows follow the worker's clock (backdated record
@@ -18,12 +18,18 @@ from conftest import write_config
 from kafka_helpers import read_dlq
 from store_helpers import read_all
 
-from ldpstream.agents import keys
-from ldpstream.agents.apply_delta import PartitionDelta, SideCounter
-from ldpstream.agents.apply_guard import MAX_EXPIRE_MS, MAX_TIMESTAMP_MS, expire_ms, split_bad_timestamps, timestamp_ok
-from ldpstream.agents.layout import Layout
-from ldpstream.agents.store import CountStore
-from ldpstream.agents.store_scripts import APPLY_LUA
+from ldpstream.agents.store import keys
+from ldpstream.agents.store.apply_delta import PartitionDelta, SideCounter
+from ldpstream.agents.store.apply_guard import (
+    MAX_EXPIRE_MS,
+    MAX_TIMESTAMP_MS,
+    expire_ms,
+    split_bad_timestamps,
+    timestamp_ok,
+)
+from ldpstream.agents.store.count_store import CountStore
+from ldpstream.agents.store.layout import Layout
+from ldpstream.agents.store.scripts import APPLY_LUA
 from ldpstream.estimators.mechanism import TensorSpec
 from ldpstream.redis_client import connect
 

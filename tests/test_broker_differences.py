@@ -13,7 +13,7 @@ kafka_broker = over_both_brokers()
 
 def test_end_offset_after_a_batch_of_records(kafka_broker, unique_name):
     """Apache Kafka's ListOffsets(latest) is the offset after the last record; Tansu answers the
-    base offset of the last record batch + 1 (why agents/ingest.py reads the log's last records
+    base offset of the last record batch + 1 (why agents/ingest/service.py reads the log's last records
     before trusting an end offset)."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 

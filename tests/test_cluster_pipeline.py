@@ -28,8 +28,8 @@ import pytest
 from conftest import wait_for_n, write_config
 from store_helpers import read_collection
 
-from ldpstream.agents import keys
 from ldpstream.agents.app import make_store
+from ldpstream.agents.store import keys
 from ldpstream.config import load_config
 from ldpstream.producers.fleet import run_fleet
 from ldpstream.redis_client import TRANSIENT_ERRORS

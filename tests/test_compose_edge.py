@@ -180,7 +180,7 @@ def test_compose_fleets_file_names_valid_mosquitto_users():
 def test_edge_certs_name_the_hosts_and_are_written_once(tmp_path):
     from cryptography import x509
 
-    from ldpstream.edge_certs import write_edge_certs
+    from ldpstream.credentials.edge_certs import write_edge_certs
     from ldpstream.errors import CliError
 
     hosts = ("localhost", "mosquitto", "gateway", "127.0.0.1")

@@ -1,5 +1,5 @@
 """A flood of ``ldp.config`` costs a bounded time (producers/device.py ``TAIL_RECORDS``,
-agents/control_topic.py): 300,000 junk records under a collection's key (with the pinned key's id
+agents/control/control_topic.py): 300,000 junk records under a collection's key (with the pinned key's id
 and a bad signature, so each would need a signature check), then a worker restart and a fresh
 device watcher. Before, the restarted worker exited after 35.8 s ("cannot read ldp.config ... in
 time") and a fresh watcher took 16.9 s; now both read from the end, where the newest valid state

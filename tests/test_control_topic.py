@@ -1,4 +1,4 @@
-"""The control topic survives broker log loss (agents/control_topic.py, docs/security.md "The
+"""The control topic survives broker log loss (agents/control/control_topic.py, docs/security.md "The
 control topic"): an in-memory broker restarted empty gets ``ldp.config`` republished and
 ``ldp.dlq`` (and the report topics) recreated by the worker without help, a rejected message is
 then filed in the DLQ, and a captured older signed state produced afterwards is refused."""

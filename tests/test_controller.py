@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from ldpstream.agents import keys
 from ldpstream.agents.app import make_store
-from ldpstream.agents.apply_delta import PartitionDelta
 from ldpstream.agents.context import Context
-from ldpstream.agents.controller import STATE, Controller
+from ldpstream.agents.control.controller import STATE, Controller
 from ldpstream.agents.metrics import REGISTRY
+from ldpstream.agents.store import keys
+from ldpstream.agents.store.apply_delta import PartitionDelta
 from ldpstream.config import parse_config
 from ldpstream.producers.codec import decode_batch, encode_batch, explain_batch
 

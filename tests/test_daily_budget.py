@@ -75,8 +75,8 @@ def test_ledger_refuses_beyond_the_collection_budget(tmp_path):
 
 def test_ledger_and_worker_share_the_utc_budget_day(tmp_path):
     """One budget day for both: the ledger's spend resets at 00:00 UTC (not 24 h after a spend),
-    the worker's one-day quota window (agents/quota.py) is the same day."""
-    from ldpstream.agents.quota import window_of
+    the worker's one-day quota window (agents/store/quota.py) is the same day."""
+    from ldpstream.agents.store.quota import window_of
     from ldpstream.privacy_windows import budget_day
 
     midnight = 20_000 * DAY_S
@@ -101,7 +101,7 @@ def test_simulate_states_epsilon_per_window():
 
 
 def test_collections_listing_states_what_a_device_spends(capsys):
-    from ldpstream.agents.web import collection_info
+    from ldpstream.agents.serve.web import collection_info
     from ldpstream.query import print_collections
 
     memo = {"memoize": {"rotation_s": 86400, "instantaneous_epsilon": 2.0}}

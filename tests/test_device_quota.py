@@ -12,7 +12,7 @@ from conftest import write_config
 from kafka_helpers import read_dlq
 from store_helpers import read_collection
 
-from ldpstream.agents.quota import split_by_quota
+from ldpstream.agents.store.quota import split_by_quota
 from ldpstream.estimators.kernels.poisoning import inverse_map, poisoning_bound
 
 pytestmark = pytest.mark.pipeline

@@ -34,7 +34,7 @@ DOM = Domain.from_categories({"os": ["android", "ios", "other"], "plan": ["free"
 
 
 def test_tls_options_fail_at_start_naming_the_option(tmp_path):
-    from ldpstream.dev.kafka_tls import write_test_pki
+    from ldpstream.credentials.x509 import write_pki
 
     assert server_tls_context(None, None) is None
     with pytest.raises(CliError, match="--tls-key needs --tls-cert"):
@@ -44,7 +44,7 @@ def test_tls_options_fail_at_start_naming_the_option(tmp_path):
     (tmp_path / "junk.pem").write_text("not a certificate")
     with pytest.raises(CliError, match="cannot load"):
         server_tls_context(str(tmp_path / "junk.pem"), None)
-    _, chain = write_test_pki(tmp_path / "pki")
+    _, chain = write_pki(tmp_path / "pki")
     ctx = server_tls_context(str(chain), None)
     assert ctx is not None and ctx.minimum_version == ssl.TLSVersion.TLSv1_2
 
@@ -80,14 +80,14 @@ def test_gateway_over_tls_serves_the_key_and_refuses_wrong_hosts(
         tmp_path, kafka_broker, unique_name, c_sdk, ts_sdk):  # noqa: F811
     import aiohttp
 
-    from ldpstream.dev.kafka_tls import write_test_pki
+    from ldpstream.credentials.x509 import write_pki
     from ldpstream.dev.process import free_port
     from ldpstream.kafka_admin import create_topics
     from ldpstream.producers.publisher import Publisher
 
     cid, cfg = unique_name, f"cfg.{unique_name}"
-    ca, chain = write_test_pki(tmp_path / "pki", hosts=("localhost",))
-    other_ca, _ = write_test_pki(tmp_path / "other", hosts=("localhost", "127.0.0.1"))
+    ca, chain = write_pki(tmp_path / "pki", hosts=("localhost",))
+    other_ca, _ = write_pki(tmp_path / "other", hosts=("localhost", "127.0.0.1"))
     mech = RRIndependent(DOM, epsilon=1.0, version=1)
     trusted = ssl.create_default_context(cafile=str(ca))
 
@@ -178,13 +178,13 @@ def test_gateway_command_serves_https(tmp_path, kafka_broker):
     import time
     import urllib.request
 
-    from ldpstream.dev.kafka_tls import write_test_pki
+    from ldpstream.credentials.x509 import write_pki
     from ldpstream.dev.process import free_port
     from ldpstream.kafka_admin import create_topics
     from ldpstream.names import CONFIG_TOPIC
 
     asyncio.run(create_topics(kafka_broker.bootstrap, {CONFIG_TOPIC: 1}, compacted={CONFIG_TOPIC}))
-    ca, chain = write_test_pki(tmp_path / "pki")
+    ca, chain = write_pki(tmp_path / "pki")
     port = free_port()
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_broker.bootstrap,
                LDP_GATEWAY_TOKENS=json.dumps(fleets_doc("c")))

@@ -102,7 +102,7 @@ def test_zstd_bomb_is_refused_without_spending_memory():
 
 
 def test_sent_at_is_clamped_and_deep_json_is_malformed():
-    from ldpstream.agents.intake import SENT_AT_TOLERANCE_S, clamp_sent_at
+    from ldpstream.agents.ingest.intake import SENT_AT_TOLERANCE_S, clamp_sent_at
 
     now = 1_700_000_000.0
     assert clamp_sent_at(1e300, now - 5, now) == now - 5 + SENT_AT_TOLERANCE_S

@@ -208,7 +208,7 @@ def test_unhandled_error_is_json_500_without_traceback():
     from aiohttp import ClientSession, web
     from aiohttp.test_utils import TestServer
 
-    from ldpstream.agents.http_guard import json_errors
+    from ldpstream.agents.serve.http_guard import json_errors
 
     async def boom(request):
         raise RuntimeError("secret internals")

@@ -1,4 +1,4 @@
-"""Idempotent batches (agents/dedupe.py, docs/security.md "Idempotent batches"): a keyed batch
+"""Idempotent batches (agents/store/dedupe.py, docs/security.md "Idempotent batches"): a keyed batch
 (sender, sequence) is counted once per partition however often it arrives: produced twice
 straight to Kafka, with a worker kill between the two deliveries, and retried through the HTTP
 gateway after an answer the device never saw; the SDK keys every batch and persists its sequence
@@ -12,7 +12,7 @@ import pytest
 from conftest import wait_for_n, write_config
 from kafka_helpers import read_dlq
 
-from ldpstream.agents.dedupe import DUPLICATE, NEW, STALE, DedupeBook, admit
+from ldpstream.agents.store.dedupe import DUPLICATE, NEW, STALE, DedupeBook, admit
 from ldpstream.producers.ledger import Ledger
 
 pytestmark = pytest.mark.pipeline

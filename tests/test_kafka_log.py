@@ -1,4 +1,4 @@
-"""The log-incarnation rule (agents/log_identity.py) and the compacted ``ldp.config`` against Apache
+"""The log-incarnation rule (agents/ingest/log_identity.py) and the compacted ``ldp.config`` against Apache
 Kafka's own log management: a report topic deleted and recreated is counted again from its start
 ("recreated"); retention deleting segments the worker had not read yet shows as "retention_gap"
 (the consumer runs with ``auto_offset_reset="none"``) and what is left is counted once; the log

@@ -51,13 +51,13 @@ def test_bad_settings_name_the_variable(env, needle):
 def test_tls_settings_reach_publisher_watcher_and_admin(tmp_path, monkeypatch):
     """Each client, given TLS settings, completes a TLS handshake with a loopback TLS server
     (verifying its certificate against the CA file) and sends a Kafka request inside it."""
-    from ldpstream.dev.kafka_tls import write_test_pki
+    from ldpstream.credentials.x509 import write_pki
     from ldpstream.errors import ServiceError
     from ldpstream.kafka_admin import create_topics
     from ldpstream.producers.device import ConfigWatcher
     from ldpstream.producers.publisher import Publisher, PublishError
 
-    ca, server_pem = write_test_pki(tmp_path)
+    ca, server_pem = write_pki(tmp_path)
     env = {"LDP_KAFKA_SECURITY_PROTOCOL": "SSL", "LDP_KAFKA_SSL_CAFILE": str(ca)}
     tls = kafka_security(env)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -1,6 +1,8 @@
-"""The import arrows of docs/architecture.md: no module-level import cycle inside ldpstream, and
-the lower layers never import the upper ones (estimators/ is pure numpy; config and producers
-know nothing of the worker; only the shell starts the embedded dev services)."""
+"""The import arrows of docs/architecture.md: no import cycle inside ldpstream, counting every
+import (module level, inside functions and under ``TYPE_CHECKING``: a cycle through a type is
+still two modules that must be read together), and the lower layers never import the upper ones
+(estimators/ is pure numpy; config and producers know nothing of the worker; the worker's stages
+import downwards; only ``ldpstream up`` and the benchmarks start the dev services)."""
 from __future__ import annotations
 
 import ast
@@ -35,16 +37,14 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(name: str, path: Path, top_level: bool, mods: set[str]) -> set[str]:
-    """Modules imported by ``name`` (only at module level when ``top_level``): for
-    ``from pkg import x`` the submodule ``pkg.x`` when it is one, else ``pkg``."""
+def _imports(name: str, path: Path, mods: set[str]) -> set[str]:
+    """Modules imported anywhere in ``name`` (module level, in functions, under
+    ``TYPE_CHECKING``): for ``from pkg import x`` the submodule ``pkg.x`` when it is one, else
+    ``pkg``."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    nodes = tree.body if top_level else list(ast.walk(tree))
     is_pkg = path.name == "__init__.py"
     out: set[str] = set()
-    for node in nodes:
-        if isinstance(node, ast.If):  # TYPE_CHECKING blocks do not run
-            continue
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -57,22 +57,32 @@ def _imports(name: str, path: Path, top_level: bool, mods: set[str]) -> set[str]
     return out
 
 
-def _graph(top_level: bool) -> nx.DiGraph:
+def _graph() -> nx.DiGraph:
     mods = _modules()
     g = nx.DiGraph()
     for name, path in mods.items():
         g.add_node(name)
-        for target in _imports(name, path, top_level, set(mods)):
+        for target in _imports(name, path, set(mods)):
             # a package's __init__ runs before its submodules anyway: not an arrow
             if target in mods and target != name and not name.startswith(target + "."):
                 g.add_edge(name, target)
     return g
 
 
-def test_no_module_level_import_cycle():
-    g = _graph(top_level=True)
-    cycles = [c for c in nx.simple_cycles(g) if not all(m.startswith("ldpstream.bench") for m in c)]
+def test_no_import_cycle_even_through_types_or_functions():
+    cycles = [sorted(c) for c in nx.strongly_connected_components(_graph()) if len(c) > 1]
     assert not cycles, f"import cycles: {cycles[:5]}"
+
+
+def test_the_cycle_check_sees_type_only_and_function_level_imports(tmp_path):
+    """The check above must fail on a cycle that only a ``TYPE_CHECKING`` block or a function
+    closes (the kind it used to miss)."""
+    (tmp_path / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                   "    from pkg import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from pkg import a\n")
+    mods = {"pkg.a": tmp_path / "a.py", "pkg.b": tmp_path / "b.py"}
+    assert _imports("pkg.a", mods["pkg.a"], set(mods)) == {"typing", "pkg.b"}
+    assert _imports("pkg.b", mods["pkg.b"], set(mods)) == {"pkg.a"}
 
 
 RULES = [
@@ -83,13 +93,40 @@ RULES = [
     ("ldpstream.config", ("ldpstream.agents.", "ldpstream.producers", "ldpstream.dev")),
     ("ldpstream.names", ("ldpstream.",)),
     ("ldpstream.producers", ("ldpstream.agents", "ldpstream.dev")),
-    ("ldpstream.agents", ("ldpstream.dev", "ldpstream.simulate", "ldpstream.bench")),
+    ("ldpstream.agents", ("ldpstream.dev", "ldpstream.simulate", "ldpstream.bench",
+                          "ldpstream.embedded", "ldpstream.cli")),
+    ("ldpstream.credentials", ("ldpstream.agents", "ldpstream.producers", "ldpstream.dev")),
+    # the worker's stages (docs/architecture.md): the store and the control state know nothing
+    # of who feeds or reads them; ingest never reads estimates; refresh never touches Kafka
+    ("ldpstream.agents.store", ("ldpstream.agents.ingest", "ldpstream.agents.refresh",
+                                "ldpstream.agents.control", "ldpstream.agents.serve",
+                                "ldpstream.agents.context", "ldpstream.agents.worker",
+                                "ldpstream.agents.app")),
+    ("ldpstream.agents.control.collection_state", ("ldpstream.agents.ingest",
+                                                   "ldpstream.agents.refresh",
+                                                   "ldpstream.agents.serve")),
+    ("ldpstream.agents.ingest", ("ldpstream.agents.refresh", "ldpstream.agents.serve",
+                                 "ldpstream.agents.worker", "ldpstream.agents.app",
+                                 "ldpstream.agents.control.controller")),
+    ("ldpstream.agents.refresh", ("ldpstream.agents.ingest", "ldpstream.agents.serve",
+                                  "ldpstream.agents.worker", "ldpstream.agents.app")),
+    ("ldpstream.agents.serve", ("ldpstream.agents.app",)),
 ]
+
+#: the modules that may start the dev services of ldpstream/dev/: ``ldpstream up`` and the
+#: benchmarks (tests import them directly); everything else is runtime code
+DEV_USERS = ("ldpstream.dev", "ldpstream.embedded", "ldpstream.bench")
+
+
+def test_runtime_code_never_imports_the_dev_harness():
+    bad = [(a, b) for a, b in _graph().edges
+           if b.startswith("ldpstream.dev") and not a.startswith(DEV_USERS)]
+    assert not bad, f"runtime modules import ldpstream/dev/: {bad}"
 
 
 @pytest.mark.parametrize("importer,forbidden", RULES)
 def test_layers_import_downwards(importer, forbidden):
-    g = _graph(top_level=False)
+    g = _graph()
     bad = [(a, b) for a, b in g.edges
            if (a == importer or a.startswith((importer + ".", importer + "_")))
            and any(b.startswith(f) or b == f.rstrip(".") for f in forbidden)]

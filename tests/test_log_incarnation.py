@@ -1,5 +1,5 @@
 """A broker that loses its log (in-memory broker restarted: every topic recreated empty) is
-detected and handled by the stated rule (agents/log_identity.py): the new log is counted from its
+detected and handled by the stated rule (agents/ingest/log_identity.py): the new log is counted from its
 start, nothing is skipped silently, and the reset shows in /healthz and ldp_log_resets_total."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from conftest import write_config
 from store_helpers import read_collection
 
-from ldpstream.agents.log_identity import LogMark, judge
+from ldpstream.agents.ingest.log_identity import LogMark, judge
 
 pytestmark = pytest.mark.pipeline
 

@@ -265,7 +265,7 @@ def test_docs_example_collection_states_its_guarantee():
 
 
 def test_collections_api_states_the_guarantee():
-    from ldpstream.agents.web import collection_info
+    from ldpstream.agents.serve.web import collection_info
 
     coll = parse_config(_config(params={"memoize": {"rotation_s": 3600,
                                                     "instantaneous_epsilon": 1}})

@@ -89,7 +89,7 @@ def test_non_convergence_is_a_warning_in_the_answer():
 
 def test_non_convergence_sets_the_gauge():
     from ldpstream.agents import metrics
-    from ldpstream.agents.refresh import Refresher
+    from ldpstream.agents.refresh.refresher import Refresher
 
     base = {"attrs": ["a", "b"], "method": "consistent", "window": "all",
             "cells": [[0.5, 0.5]], "labels": [["x"], ["u", "v"]], "error_bound": None}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tolerance import assert_close
 
-from ldpstream.agents.intake import count_reports
+from ldpstream.agents.ingest.intake import count_reports
 from ldpstream.estimators.families.rr import RRIndependent, marginal_counts
 from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.mechanism import DEFAULT_MECHANISM, PROVIDERS, Mechanism, mechanism_class

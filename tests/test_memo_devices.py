@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 from tolerance import assert_close
 
-from ldpstream.agents.device_memo import COMPACT_MIN, DeviceTable, LogWrite, encode_log, latest_per_device, parse_log
+from ldpstream.agents.store.device_memo import (
+    COMPACT_MIN,
+    DeviceTable,
+    LogWrite,
+    encode_log,
+    latest_per_device,
+    parse_log,
+)
 
 DEVICES = 2000
 CHATTY = 1000       # reports of the one chatty device
@@ -74,7 +81,7 @@ def test_a_device_silent_past_two_epochs_is_not_counted_twice_all_time():
     """Epoch tables roll: a device whose only entry is in a table leaving the (previous, current)
     pair is carried as all-time only, so when it comes back its old report is subtracted from the
     all-time tensor (not counted twice there); a device also in a newer table is not carried."""
-    from ldpstream.agents.memo_gate import MemoGate
+    from ldpstream.agents.ingest.memo_gate import MemoGate
 
     old = _table({1: (0, 40, [1, 0]), 2: (0, 41, [0, 1])})
     cur = _table({2: (0, 90, [1, 1])})
@@ -179,10 +186,10 @@ def test_drift_counts_devices_so_a_chatty_device_is_no_alarm():
 def test_drift_of_a_fleet_reporting_in_both_windows():
     """Seeded: 2,000 devices report in every 5-minute window. Counted at their latest report, the
     range before the current window holds none of them; the snapshot of the window one window
-    length ago (agents/window_snapshots.py) holds each once, so drift gets a value: an alarm in
+    length ago (agents/refresh/window_snapshots.py) holds each once, so drift gets a value: an alarm in
     every one of 10 pairs when the population shifts, in at most one when it does not."""
-    from ldpstream.agents.bucket_reader import WindowCounts
-    from ldpstream.agents.window_snapshots import PER_WINDOW, WindowSnapshots
+    from ldpstream.agents.refresh.bucket_reader import WindowCounts
+    from ldpstream.agents.refresh.window_snapshots import PER_WINDOW, WindowSnapshots
     from ldpstream.estimators.families.rr import RRIndependent
     from ldpstream.estimators.kernels.domain import Domain
     from ldpstream.estimators.stream.longitudinal import Memoize

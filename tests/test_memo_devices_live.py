@@ -17,7 +17,7 @@ from kafka_helpers import read_dlq
 from store_helpers import read_collection, read_fine_buckets
 from tolerance import assert_close
 
-from ldpstream.agents.device_memo import latest_per_device
+from ldpstream.agents.store.device_memo import latest_per_device
 from ldpstream.estimators.kernels.bounds import product_channel_bounds
 
 DEVICES = 2000

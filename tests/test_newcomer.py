@@ -211,7 +211,7 @@ def test_values_in_messages_are_shown_as_written_not_as_numpy_reprs(tmp_path):
 def test_estimates_lists_collections_untruncated_in_80_columns(monkeypatch, capsys):
     """`ldpstream estimates` on an 80-column terminal: no header or name cut to "mechan…"."""
     from ldpstream import query
-    from ldpstream.agents.web import collection_info
+    from ldpstream.agents.serve.web import collection_info
     from ldpstream.config import load_config
 
     monkeypatch.setenv("COLUMNS", "80")

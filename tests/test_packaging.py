@@ -26,7 +26,7 @@ def test_wheel_builds_without_warnings_and_ships_the_data(tmp_path):
         assert f"ldpstream/data/{f}" in names, f
     assert "ldpstream/agents/app.py" in names and "ldpstream/estimators/kernels/castell.py" in names
     assert "ldpstream/dev/broker.py" in names and "ldpstream/kafka_admin.py" in names
-    # the live page's assets, served by every worker (agents/ui.py ASSETS)
-    from ldpstream.agents.ui import ASSETS
+    # the live page's assets, served by every worker (agents/serve/ui.py ASSETS)
+    from ldpstream.agents.serve.ui import ASSETS
     for f in ASSETS:
-        assert f"ldpstream/agents/static/{f}" in names, f
+        assert f"ldpstream/agents/serve/static/{f}" in names, f

@@ -1,4 +1,4 @@
-"""The live page (agents/ui.py, agents/static/) in a real browser: Debian's headless Chromium
+"""The live page (agents/serve/ui.py, agents/serve/static/) in a real browser: Debian's headless Chromium
 driven by Selenium, against a real worker with the embedded broker and Redis.
 
 Before any report the page says there is no estimate yet; once a population reports, the numbers

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tolerance import assert_close, close
 
-from ldpstream.agents.intake import count_reports
+from ldpstream.agents.ingest.intake import count_reports
 from ldpstream.bn import read_bif, survey_path
 from ldpstream.estimators.families.partitioned import (
     Partitioned,

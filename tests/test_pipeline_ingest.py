@@ -78,7 +78,7 @@ def test_fleet_and_device_reports_counted_exactly(tmp_path, kafka_broker, redis_
 def test_worker_decodes_with_the_codec_fast_path():
     """One definition of the wire layout: the worker's many-messages decode is the codec's
     (tests/test_codec.py checks it against decode_batch), not a second copy of the header."""
-    from ldpstream.agents import intake
+    from ldpstream.agents.ingest import intake
     from ldpstream.producers import codec
 
     assert intake.decode_uniform is codec.decode_uniform
@@ -86,7 +86,7 @@ def test_worker_decodes_with_the_codec_fast_path():
 
 
 def test_fast_count_equals_mechanism_count():
-    from ldpstream.agents.intake import count_reports
+    from ldpstream.agents.ingest.intake import count_reports
     from ldpstream.config import load_config
 
     coll = load_config().collections["adult"]
@@ -106,7 +106,7 @@ def test_fast_count_equals_mechanism_count():
 
 def test_fast_count_of_a_tensor_past_uint16():
     """A tensor of more than 65,536 cells: the cell index is built in uint32."""
-    from ldpstream.agents.intake import count_reports
+    from ldpstream.agents.ingest.intake import count_reports
     from ldpstream.estimators.families.rr import RRIndependent
     from ldpstream.estimators.kernels.domain import Domain
 

@@ -1,4 +1,4 @@
-"""Reset is atomic per shard (agents/store.py ``CountStore.reset``): resetting a collection while
+"""Reset is atomic per shard (agents/store/count_store.py ``CountStore.reset``): resetting a collection while
 applies keep landing leaves every partition with ``n`` equal to the reports in its all-time
 tensor. Before, keys were deleted one by one while applies continued, and a partition could keep
 counts without their ``n`` (or ``n`` without its counts) for good."""
@@ -9,10 +9,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from ldpstream.agents import keys
-from ldpstream.agents.apply_delta import PartitionDelta, SideCounter
-from ldpstream.agents.layout import Layout
-from ldpstream.agents.store import CountStore
+from ldpstream.agents.store import keys
+from ldpstream.agents.store.apply_delta import PartitionDelta, SideCounter
+from ldpstream.agents.store.count_store import CountStore
+from ldpstream.agents.store.layout import Layout
 from ldpstream.estimators.mechanism import TensorSpec
 from ldpstream.redis_client import TRANSIENT_ERRORS, connect
 from ldpstream.windows import BucketPolicy, parse_window

@@ -11,10 +11,10 @@ import pytest
 import redis.asyncio as aioredis
 from store_helpers import P, cells, read, read_all
 
-from ldpstream.agents import keys
-from ldpstream.agents.apply_delta import PartitionDelta, SideCounter, SideLog, expand_levels
-from ldpstream.agents.layout import Layout
-from ldpstream.agents.store import CountStore
+from ldpstream.agents.store import keys
+from ldpstream.agents.store.apply_delta import PartitionDelta, SideCounter, SideLog, expand_levels
+from ldpstream.agents.store.count_store import CountStore
+from ldpstream.agents.store.layout import Layout
 from ldpstream.dev.redis import EmbeddedRedis
 from ldpstream.estimators.mechanism import TensorSpec
 from ldpstream.redis_client import connect
@@ -244,7 +244,7 @@ def test_side_counters_apply_with_the_counts(redis_url):
 
 
 def test_side_logs_append_replace_and_refuse_torn_words(redis_url):
-    """A side log (agents/device_memo.py) is appended to, or replaced, with the counts; bytes
+    """A side log (agents/store/device_memo.py) is appended to, or replaced, with the counts; bytes
     that are not whole int64 words are refused before anything is written."""
     async def body(store: CountStore):
         await store.reset("slog")

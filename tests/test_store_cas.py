@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from store_helpers import P, cells, on_masters, read
 
-from ldpstream.agents.apply_delta import ApplyStatus, PartitionDelta
-from ldpstream.agents.layout import Layout
-from ldpstream.agents.store import CountStore
+from ldpstream.agents.store.apply_delta import ApplyStatus, PartitionDelta
+from ldpstream.agents.store.count_store import CountStore
+from ldpstream.agents.store.layout import Layout
 from ldpstream.estimators.mechanism import TensorSpec
 from ldpstream.redis_client import connect
 

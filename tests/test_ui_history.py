@@ -1,12 +1,12 @@
-"""The page's estimate history (agents/ui.py): one point per refresh, bounded, and answered for
+"""The page's estimate history (agents/serve/ui.py): one point per refresh, bounded, and answered for
 any order or subset of a stored marginal exactly as ``GET /estimates`` answers it."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ldpstream.agents.ui import ASSETS, History, history_answer, read_asset
-from ldpstream.agents.web import marginalize_payload, transpose_payload
+from ldpstream.agents.serve.ui import ASSETS, History, history_answer, read_asset
+from ldpstream.agents.serve.web import marginalize_payload, transpose_payload
 
 pytestmark = pytest.mark.core
 

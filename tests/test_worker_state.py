@@ -1,15 +1,15 @@
 """The worker's state objects without Kafka or Redis: a partition's state is reset in one place
-and a delta taken before a reset or revocation is stale (agents/partition.py); one owner of the
-mechanism in force per collection (agents/collection_state.py); the fault hook wraps the intake
-only when asked (agents/faults.py)."""
+and a delta taken before a reset or revocation is stale (agents/ingest/partition.py); one owner of the
+mechanism in force per collection (agents/control/collection_state.py); the fault hook wraps the intake
+only when asked (agents/ingest/faults.py)."""
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from ldpstream.agents import faults
-from ldpstream.agents.collection_state import CollectionStates
-from ldpstream.agents.log_identity import LogMark
-from ldpstream.agents.partition import Partitions
+from ldpstream.agents.control.collection_state import CollectionStates
+from ldpstream.agents.ingest import faults
+from ldpstream.agents.ingest.log_identity import LogMark
+from ldpstream.agents.ingest.partition import Partitions
 from ldpstream.config import load_config
 
 pytestmark = pytest.mark.core

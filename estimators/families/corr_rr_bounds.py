@@ -12,19 +12,17 @@ given its output the copies are independent). Each draw goes through the same K1
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from ldpstream.estimators.families.corr_rr_model import Combined, PhaseModel
 from ldpstream.estimators.kernels.bounds import DRAWS, LEVEL, SEED, Bound, bootstrap_bound, reference, stream
-
-if TYPE_CHECKING:
-    from ldpstream.estimators.families.corr_rr import Combined, PhaseModel
 
 __all__ = ["unbiased_bounds"]
 
 
-def unbiased_bounds(pm: "PhaseModel", cb: "Combined", counts: Sequence[np.ndarray], *,
+def unbiased_bounds(pm: PhaseModel, cb: Combined, counts: Sequence[np.ndarray], *,
                     level: float = LEVEL, draws: int = DRAWS, seed: int = SEED) -> list[Bound]:
     """The bound of U's marginal of every attribute (``counts``: the column counts, for the
     bootstrap's seed)."""

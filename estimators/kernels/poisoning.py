@@ -1,7 +1,7 @@
 """How far crafted reports can move an unbiased marginal estimate (docs/security.md).
 
 Under local differential privacy a crafted report is indistinguishable from an honest one, so
-poisoning cannot be prevented, only bounded: per-device quotas (agents/quota.py) cap the reports
+poisoning cannot be prevented, only bounded: per-device quotas (agents/store/quota.py) cap the reports
 ``m`` that ``k`` devices get counted (``m <= k * q`` per quota window, ``k * q * P`` when their
 messages spread over ``P`` partitions).
 

@@ -249,10 +249,10 @@ class ApacheKafka:
         return props
 
     def _write_tls(self) -> None:
-        from ldpstream.dev.kafka_tls import write_test_pki
+        from ldpstream.credentials.x509 import write_pki
 
         assert self.root is not None
-        self.ca_file, _ = write_test_pki(self.root)
+        self.ca_file, _ = write_pki(self.root)
 
     # --- lifecycle --------------------------------------------------------------------------
     def start(self) -> str:

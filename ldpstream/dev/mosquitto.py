@@ -10,7 +10,7 @@ bridge, producers/mqtt_broker_log.py). Persistence is on (a data directory, auto
 few seconds and at shutdown), so :meth:`MosquittoService.restart` keeps persistent sessions
 and their queued QoS 1 messages.
 With ``tls=True`` the listener speaks TLS only, its certificate signed by the throw-away CA of
-:func:`ldpstream.dev.kafka_tls.write_test_pki` for the names in ``tls_hosts``.
+:func:`ldpstream.credentials.x509.write_pki` for the names in ``tls_hosts``.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from ldpstream.dev.kafka_tls import write_test_pki
+from ldpstream.credentials.x509 import write_pki
 from ldpstream.dev.process import LOOPBACK, _Child
 from ldpstream.errors import ServiceError
 from ldpstream.names import (
@@ -160,7 +160,7 @@ class MosquittoService(_Child):
                  "connection_messages true", f"listener {self.port} {LOOPBACK}"]
         if self.tls:
             if self.ca_path is None:
-                self.ca_path, self._server_pem = write_test_pki(self.dir / "pki", hosts=self.tls_hosts)
+                self.ca_path, self._server_pem = write_pki(self.dir / "pki", hosts=self.tls_hosts)
             assert self._server_pem is not None
             lines += [f"cafile {self.ca_path}", f"certfile {self._server_pem}",
                       f"keyfile {self._server_pem}", "tls_version tlsv1.2"]

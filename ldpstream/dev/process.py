@@ -24,6 +24,7 @@ import weakref
 from pathlib import Path
 from typing import BinaryIO, Self
 
+from ldpstream.endpoint import port_free
 from ldpstream.errors import ServiceError
 
 __all__ = ["LOOPBACK", "free_port", "port_free", "find_redis_server", "find_tansu"]
@@ -36,18 +37,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
-
-
-def port_free(host: str, port: int) -> bool:
-    """True when a server could listen on ``host:port`` now (bound the way aiohttp binds:
-    ``SO_REUSEADDR``, so a port in TIME_WAIT counts as free and a listening one does not)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, int(port)))
-        except OSError:
-            return False
-    return True
 
 
 def _executable(path: str | os.PathLike[str] | None) -> bool:

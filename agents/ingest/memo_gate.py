@@ -1,0 +1,149 @@
+"""Memoized collections in the ingest worker: each partition's devices' latest reports, loaded
+from their logs at the stored offset, and the moves of each run of reports (the rule is
+agents/store/device_memo.py; docs/privacy-over-time.md, "Estimates that count devices")."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+from aiokafka.structs import ConsumerRecord
+
+from ldpstream.agents import metrics
+from ldpstream.agents.ingest.clients import RedisGate
+from ldpstream.agents.ingest.partition import PartitionState, Pending
+from ldpstream.agents.store import device_memo
+from ldpstream.agents.store.apply_delta import SideLog
+from ldpstream.agents.store.count_store import CountStore
+from ldpstream.agents.store.layout import Layout
+from ldpstream.config import Collection
+from ldpstream.producers.codec import ReportBatch, encode_batch
+
+#: the DLQ reason of reports of new devices beyond ``device_state_max``
+DEVICE_STATE_FULL = "device_state_full"
+
+
+class MemoGate:
+    """The latest report of every device of the assigned partitions of memoized collections."""
+
+    def __init__(self, collections: dict[str, Collection], gate: RedisGate,
+                 store: CountStore) -> None:
+        self.collections = collections
+        self.gate = gate
+        self.store = store
+        # the switch is the mechanism protocol's: any family whose devices memoize
+        self._memoized = {cid: c.mechanism().memoization() is not None
+                          for cid, c in collections.items()}
+        self._layout = {cid: Layout.of(c.version, c.tensors()).id
+                        for cid, c in collections.items() if self._memoized[cid]}
+
+    def applies(self, cid: str) -> bool:
+        return self._memoized.get(cid, False)
+
+    async def load(self, state: PartitionState) -> None:
+        """Read the tables of this epoch and the one before (worker's clock) if not in memory;
+        tables older than that are dropped from memory (they have expired in Redis too)."""
+        policy = self.collections[state.collection].policy
+        epoch = device_memo.epoch_of(time.time(), policy)
+        if state.memo is not None:
+            if state.memo_epoch != epoch:
+                state.memo, state.memo_epoch = self._roll(state.memo, epoch), epoch
+            return
+        have: dict[int, device_memo.DeviceTable] = {}
+        for e in (epoch - 2, epoch - 1, epoch):
+            name = device_memo.side_name(e, self._layout[state.collection])
+            raw = await self.gate.retry(
+                lambda: self.store.read_side_bytes(state.collection, state.tp.partition, name),
+                what=f"read the devices' latest reports of {state.collection}"
+                     f"[{state.tp.partition}]")
+            if state.memo is not None:  # loaded meanwhile
+                return
+            have[e] = device_memo.parse_log(raw)
+        state.memo, state.memo_epoch = self._roll(have, epoch), epoch
+
+    @staticmethod
+    def _roll(memo: dict[int, device_memo.DeviceTable], epoch: int
+              ) -> dict[int, device_memo.DeviceTable]:
+        """The tables of ``epoch - 1`` and ``epoch``, the devices of older ones carried into
+        the former as all-time only (agents/store/device_memo.py ``carry``)."""
+        into = memo.get(epoch - 1, device_memo.DeviceTable())
+        cur = memo.get(epoch, device_memo.DeviceTable())
+        device_memo.carry([memo[e] for e in sorted(memo, reverse=True) if e < epoch - 1],
+                          into, cur)
+        return {epoch - 1: into, epoch: cur}
+
+    @staticmethod
+    def entries(state: PartitionState) -> int:
+        """The entries the partition keeps (a device that reported in the previous and the
+        current epoch holds one in each until the older log expires: what Redis holds)."""
+        assert state.memo is not None
+        return sum(len(t) for t in state.memo.values())
+
+    def has_room(self, state: PartitionState, reports: int) -> bool:
+        """Whether ``reports`` reports fit under ``device_state_max`` even if each is a new
+        device."""
+        return self.entries(state) + reports <= \
+            self.collections[state.collection].device_state_max
+
+    def admit(self, state: PartitionState, pend: Pending, m: ConsumerRecord,
+              b: ReportBatch) -> ReportBatch | None:
+        """The reports of ``b`` the worker can count by device: a batch without device ids is
+        refused whole (``missing_device_ids``); reports of devices beyond the collection's
+        ``device_state_max`` per partition go to the DLQ as ``device_state_full``."""
+        cid = state.collection
+        if b.device_ids is None:
+            pend.reject("missing_device_ids", f"collection {cid!r} is memoized (counted per "
+                        f"device): every report needs a device id", m.value, m.offset, b.n)
+            return None
+        assert state.memo is not None
+        if self.has_room(state, b.n):
+            return b   # room for every report's device even if all are new: nothing to check
+        room = self.collections[cid].device_state_max - self.entries(state)
+        ids = np.asarray(b.device_ids, dtype=np.uint64)
+        cur = state.memo.get(state.memo_epoch) if state.memo_epoch is not None else None
+        new = ~cur.find(ids)[0] if cur is not None else np.ones(ids.size, dtype=bool)
+        uniq_new = np.unique(ids[new])
+        if uniq_new.size <= room:
+            return b
+        refused = np.isin(ids, uniq_new[max(room, 0):])
+        pend.reject(DEVICE_STATE_FULL,
+                    f"{int(refused.sum())} report(s) of {int(uniq_new.size - max(room, 0))} new "
+                    f"device(s): partition {state.tp.partition} of {cid!r} already keeps the "
+                    f"latest report of device_state_max = "
+                    f"{self.collections[cid].device_state_max} devices",
+                    encode_batch(b.collection, b.version, b.reports[refused],
+                                 device_ids=b.device_ids[refused], sent_at=b.sent_at),
+                    m.offset, int(refused.sum()))
+        if refused.all():
+            return None
+        keep = ~refused
+        return dataclasses.replace(b, reports=b.reports[keep], device_ids=b.device_ids[keep])
+
+    def moves(self, state: PartitionState, pend: Pending, device_ids: np.ndarray,
+              reports: np.ndarray, buckets: np.ndarray, version: int) -> device_memo.Moves:
+        """The moves of one run of reports of ``version`` (in order), recorded in the partition's
+        tables and its pending delta."""
+        memo, epoch = state.memo, state.memo_epoch
+        assert memo is not None and epoch is not None
+        cur = memo.setdefault(epoch, device_memo.DeviceTable())
+        prev = memo.setdefault(epoch - 1, device_memo.DeviceTable())
+        mv = device_memo.latest_per_device(device_ids, reports, buckets, version, (cur, prev))
+        cur.upsert(mv.ids, mv.rows)
+        span = device_memo.epoch_length(self.collections[state.collection].policy)
+        layout = self._layout[state.collection]
+        while prev.unlogged:   # devices carried at the roll: into the previous epoch's log
+            ids, rows = prev.unlogged.pop(0)
+            pend.memo.setdefault(device_memo.side_name(epoch - 1, layout),
+                                 device_memo.LogWrite((epoch + 2) * span)).record(prev, ids, rows)
+        write = pend.memo.setdefault(device_memo.side_name(epoch, layout),
+                                     device_memo.LogWrite((epoch + 3) * span))
+        write.record(cur, mv.ids, mv.rows)
+        metrics.MEMO_DEVICES.labels(state.collection, str(state.tp.partition)).set(
+            self.entries(state))
+        return mv
+
+    @staticmethod
+    def side(pend: Pending) -> dict[str, SideLog]:
+        """The rows a delta logs, each epoch's log expiring three epochs after it."""
+        return {name: SideLog(w.payload(), replace=w.replace, expire_at=w.expire_at)
+                for name, w in pend.memo.items() if w.chunks}

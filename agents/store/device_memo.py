@@ -1,0 +1,249 @@
+"""Estimates that count devices, not reports, for memoized collections (docs/privacy-over-time.md,
+"Memoized collections count devices").
+
+A device that memoizes [RAPPOR §3] sends the same permanent response again and again: its
+thousandth report adds no information about its record. So for a collection whose mechanism
+memoizes (``Mechanism.memoization() is not None``) the worker counts each device once, at its
+*latest* report: a new report of a device *moves* its contribution, subtracting its previous
+report from the bucket it was counted in (fine, coarse and all-time tensors) and adding the new
+one. Every window that ends now then holds each device that reported in it exactly once, and
+the count tables, their totals, the error bounds and the drift variances all count devices.
+
+The state of one partition in the worker's clock epoch ``e = floor(now / L)`` (``L`` = the
+collection's bucket retention, 2 × the longest window + one bucket; one day when only ``all`` is
+kept) is a :class:`DeviceTable`: the devices' ids, sorted, and one int64 row each (version,
+fine bucket + 1 (0: all-time only), report width, report values). Every step is an array
+operation: the latest report of each device of a run is found by ``np.unique``, its previous
+row by ``np.searchsorted``. In Redis the table is a binary log, the string
+``memo:<layout>:<e>`` of the shard: each apply appends the rows it changes (little-endian: a
+header (width, rows), the devices' ids (u64), their rows (u32)), in the same Lua apply
+that adds the counts and moves the offset, so exactly-once holds for it too. When the log holds
+more than 1.5 times the table's rows (plus :data:`COMPACT_MIN`), the apply replaces it by the
+table.
+An entry is looked up in the epochs ``e`` and ``e - 1``; when an epoch's table leaves that pair,
+the devices it alone holds are carried into the previous epoch's table as all-time only
+(:func:`carry`), so the all-time tensor counts each device once however long it is silent. A
+log expires three epochs after its own (a worker started after a roll still reads the table it
+carries from). The state therefore holds every device ever seen by the partition, bounded by
+``device_state_max``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ldpstream.windows import BucketPolicy
+
+__all__ = ["PREFIX", "side_name", "epoch_length", "epoch_of", "DeviceTable", "Moves",
+           "LogWrite", "latest_per_device", "last_of", "encode_log", "parse_log", "META",
+           "COMPACT_MIN"]
+
+PREFIX = "memo:"
+DAY_S = 86_400.0
+#: int64 columns of a row before its report values: version, fine bucket + 1, report width
+META = 3
+#: #: superseded rows a log may hold beyond half its table's before an apply rewrites it
+COMPACT_MIN = 1024
+_I8, _U8, _U4 = np.dtype("<i8"), np.dtype("<u8"), np.dtype("<u4")
+
+
+def side_name(epoch: int, layout_id: str) -> str:
+    """The side key of the devices' latest reports written in epoch ``epoch`` under the count
+    layout ``layout_id`` (agents/store/layout.py): a config whose marginals change counts into new
+    keys, and its devices start afresh there too."""
+    return f"{PREFIX}{layout_id}:{int(epoch)}"
+
+
+def epoch_length(policy: BucketPolicy) -> float:
+    """How long a device's entry is kept at least: the buckets' retention (one day if none)."""
+    return policy.retention_s() if policy.bucketed else DAY_S
+
+
+def epoch_of(now: float, policy: BucketPolicy) -> int:
+    return int(math.floor(now / epoch_length(policy)))
+
+
+def last_of(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``ids`` (sorted) and the index of each one's last occurrence."""
+    u, rev = np.unique(ids[::-1], return_index=True)
+    return u, ids.size - 1 - rev
+
+
+def _pad(rows: np.ndarray, cols: int) -> np.ndarray:
+    """``rows`` with zero columns appended up to ``cols`` columns."""
+    if rows.shape[1] >= cols:
+        return rows
+    return np.pad(rows, ((0, 0), (0, cols - rows.shape[1])))
+
+
+def _stack(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Rows of several widths as one array (narrower ones padded); (0, META) if none."""
+    if not parts:
+        return np.empty((0, META), dtype=np.int64)
+    cols = max(p.shape[1] for p in parts)
+    return np.concatenate([_pad(p, cols) for p in parts])
+
+
+@dataclass
+class DeviceTable:
+    """The latest report of each device of one partition in one epoch: ``ids`` sorted (uint64),
+    ``rows[i]`` = (version, fine bucket + 1, report width, report values padded with 0);
+    ``logged``: rows of its log in Redis, superseded ones included."""
+
+    ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
+    rows: np.ndarray = field(default_factory=lambda: np.empty((0, META), dtype=np.int64))
+    logged: int = 0
+    #: rows set by :func:`carry` that its log does not hold yet (written with the next delta)
+    unlogged: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each of ``ids``: whether the table holds it, and its row index (if so)."""
+        if not len(self):
+            return np.zeros(ids.size, dtype=bool), np.zeros(ids.size, dtype=np.intp)
+        idx = np.minimum(np.searchsorted(self.ids, ids), len(self) - 1)
+        return self.ids[idx] == ids, idx
+
+    def upsert(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Set the rows of the sorted distinct ``ids`` (new devices inserted in order)."""
+        cols = max(rows.shape[1], self.rows.shape[1])
+        self.rows, rows = _pad(self.rows, cols), _pad(rows, cols)
+        found, idx = self.find(ids)
+        self.rows[idx[found]] = rows[found]
+        new = ~found
+        if new.any():
+            pos = np.searchsorted(self.ids, ids[new])
+            self.ids = np.insert(self.ids, pos, ids[new])
+            self.rows = np.insert(self.rows, pos, rows[new], axis=0)
+
+
+def carry(old: Sequence[DeviceTable], into: DeviceTable, newer: DeviceTable) -> None:
+    """Keep the devices of expiring tables (``old``, newest first) that neither ``into`` nor
+    ``newer`` holds: their rows move into ``into`` as all-time only (bucket + 1 = 0; their fine
+    and coarse buckets have expired), so a device back after a long silence replaces its report
+    in the all-time tensor instead of being counted twice there."""
+    for t in old:
+        keep = ~into.find(t.ids)[0] & ~newer.find(t.ids)[0]
+        if not keep.any():
+            continue
+        ids, rows = t.ids[keep], t.rows[keep].copy()
+        rows[:, 1] = 0
+        into.upsert(ids, rows)
+        into.unlogged.append((ids, rows))
+
+
+def encode_log(ids: np.ndarray, rows: np.ndarray) -> bytes:
+    """One log chunk: a header (report width, rows) of two int64 words, the devices' ids (u64),
+    then their rows (u32; codec values, versions and buckets fit), padded to whole words."""
+    body = np.ascontiguousarray(rows, dtype=_U4).tobytes()
+    head = np.array([rows.shape[1] - META, ids.size], dtype=_I8).tobytes()
+    return head + ids.astype(_U8).tobytes() + body + b"\0" * (-len(body) % 8)
+
+
+def parse_log(data: bytes | None) -> DeviceTable:
+    """The table a log holds (each device's last row); ValueError when it is not a log."""
+    if not data:
+        return DeviceTable()
+    if len(data) % 8:
+        raise ValueError(f"device state of {len(data)} bytes is not a log of int64 words")
+    ids, rows, pos = [], [], 0
+    while pos < len(data):   # one step per apply that wrote it, not per device
+        if pos + 16 > len(data):
+            raise ValueError("device state log ends inside a chunk header")
+        width, n = np.frombuffer(data, dtype=_I8, count=2, offset=pos).tolist()
+        cells = n * (META + width) if width >= 0 and n >= 0 else -1
+        end = pos + 16 + 8 * n + 4 * cells + (4 * cells) % 8
+        if cells < 0 or end > len(data):
+            raise ValueError(f"corrupt device state log chunk (width {width}, rows {n})")
+        ids.append(np.frombuffer(data, dtype=_U8, count=n, offset=pos + 16).astype(np.uint64))
+        rows.append(np.frombuffer(data, dtype=_U4, count=cells, offset=pos + 16 + 8 * n)
+                    .astype(np.int64).reshape(n, META + width))
+        pos = end
+    all_ids, all_rows = np.concatenate(ids), _stack(rows)
+    u, keep = last_of(all_ids)
+    return DeviceTable(u, all_rows[keep], logged=int(all_ids.size))
+
+
+@dataclass
+class LogWrite:
+    """What one delta writes to an epoch's log: appended chunks, or (``replace``) the whole
+    table followed by later chunks; the key expires at ``expire_at`` (unix s)."""
+
+    expire_at: float
+    replace: bool = False
+    chunks: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    def record(self, table: DeviceTable, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Log the rows just set in ``table``; rewrite the log when it holds too many
+        superseded rows (more than half the table's, plus COMPACT_MIN)."""
+        table.logged += int(ids.size)
+        if table.logged > len(table) + len(table) // 2 + COMPACT_MIN:
+            self.replace, self.chunks = True, [(table.ids.copy(), table.rows.copy())]
+            table.logged = len(table)
+        else:
+            self.chunks.append((ids, rows))
+
+    def payload(self) -> bytes:
+        """The chunks as one log chunk (a device set twice: its last row)."""
+        if len(self.chunks) == 1:
+            ids, rows = self.chunks[0]
+        else:
+            all_ids = np.concatenate([c[0] for c in self.chunks])
+            ids, keep = last_of(all_ids)
+            rows = _stack([c[1] for c in self.chunks])[keep]
+        return encode_log(ids, rows)
+
+
+@dataclass
+class Moves:
+    """What one run of reports (one version) changes: ``keep`` indexes the reports counted (the
+    latest of each device, in device order), ``ids`` those devices (sorted) and ``rows`` their
+    new rows, ``old`` the rows of the previous reports they supersede."""
+
+    keep: np.ndarray
+    ids: np.ndarray
+    rows: np.ndarray
+    old: np.ndarray
+
+    def removed_rows(self) -> dict[tuple[int, int], np.ndarray]:
+        """The superseded reports per (version, fine bucket or -1) as ``(k, width)`` arrays:
+        one group per distinct pair, not per device."""
+        if not self.old.shape[0]:
+            return {}
+        span = int(self.old[:, 1].max()) + 1    # (version, bucket + 1) as one int64 key
+        groups, inv = np.unique(self.old[:, 0] * span + self.old[:, 1], return_inverse=True)
+        out: dict[tuple[int, int], np.ndarray] = {}
+        for g, key in enumerate(groups.tolist()):
+            sel = self.old[inv == g]
+            out[(key // span, key % span - 1)] = sel[:, META:META + int(sel[0, 2])]
+        return out
+
+
+def latest_per_device(device_ids: np.ndarray, reports: np.ndarray, buckets: np.ndarray,
+                      version: int, tables: Sequence[DeviceTable]) -> Moves:
+    """The latest report of each device among ``reports`` (in order) and the previous row it
+    supersedes, looked up in ``tables`` (the first that holds the device: this epoch's, then
+    the one before). Array operations only: no Python step per report or device."""
+    ids = np.asarray(device_ids, dtype=np.uint64)
+    u, keep = last_of(ids)
+    width = int(reports.shape[1])
+    rows = np.empty((u.size, META + width), dtype=np.int64)
+    rows[:, 0] = int(version)
+    rows[:, 1] = np.broadcast_to(buckets, ids.shape)[keep] + 1
+    rows[:, 2] = width
+    rows[:, META:] = reports[keep]
+    todo = np.ones(u.size, dtype=bool)
+    old = []
+    for t in tables:
+        if not len(t) or not todo.any():
+            continue
+        found, idx = t.find(u)
+        hit = found & todo
+        old.append(t.rows[idx[hit]])
+        todo &= ~hit
+    return Moves(keep, u, rows, _stack(old))

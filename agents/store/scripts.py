@@ -1,0 +1,187 @@
+"""The Redis scripts of :class:`~ldpstream.agents.store.count_store.CountStore`: each one's keys, arguments
+and answer (docs/pipeline.md "Exactly-once counting"). Every script checks all it reads before
+its first write, so an error leaves nothing half-written (Redis does not roll a script back)."""
+from __future__ import annotations
+
+__all__ = ["APPLY_LUA", "REBASE_LUA", "NOTE_START_LUA", "RESET_SHARD_LUA", "RESET_HOLD_S"]
+
+# KEYS: offsets hash, sent_at_max, then the chunk keys, then the side-counter keys.
+# ARGV: ops per BITFIELD call, expected ('' = unchecked: apply when offset > stored), offset,
+#       n_reports, sent_at ('' = none), number of chunk keys C, number of side keys S; then for each
+#       chunk key: PEXPIREAT ms ('' = none) and a text blob "#<cell> <delta> #<cell> <delta> ..."
+#       (one blob per key keeps redis-py's argument packing off the hot path, and string.gmatch
+#       hands the script ready-made arguments); then for each side key: PEXPIREAT ms ('' = none)
+#       and "<field> <increment> ..." (HINCRBY) or "=<field> <value> ..." (HSET: fields and values
+#       of digits and ':') or "+<bytes>" (APPEND to a string: int64 words) or "!<bytes>" (SET).
+# Returns {status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none)}.
+APPLY_LUA = """
+local maxargs = 4 * tonumber(ARGV[1])
+local offset = tonumber(ARGV[3])
+local nchunks = tonumber(ARGV[6])
+local nside = tonumber(ARGV[7])
+local raw = redis.call('HGET', KEYS[1], 'offset')
+local stored = -1
+if raw then stored = tonumber(raw) end
+local hold = redis.call('HGET', KEYS[1], 'reset_until')
+if hold then  -- a reset of the shard is under way (CountStore.reset): refused like a conflict
+  local t = redis.call('TIME')
+  if tonumber(hold) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+    return {-1, stored}
+  end
+end
+local status
+if ARGV[2] == '' then
+  if stored < offset then status = 1 else status = 0 end
+elseif stored == tonumber(ARGV[2]) then status = 1
+elseif stored >= offset then status = 0
+else status = -1 end
+if status ~= 1 then return {status, stored} end
+-- every check before the first write: Redis does not roll a script back (agents/store/apply_guard.py)
+if #ARGV ~= 7 + 2 * (nchunks + nside) or not string.match(ARGV[3], '^%d+$')
+    or not string.match(ARGV[4], '^%d+$') or (ARGV[5] ~= '' and not tonumber(ARGV[5])) then
+  return redis.error_reply('ldp-apply: malformed arguments')
+end
+local function is_int(v) return (not v) or string.match(v, '^%-?%d+$') ~= nil end
+local function typed(key, want)
+  local t = redis.call('TYPE', key)['ok']
+  return t == 'none' or t == want
+end
+if not typed(KEYS[2], 'string') or not is_int(redis.call('HGET', KEYS[1], 'n')) then
+  return redis.error_reply('ldp-apply: corrupt sent_at or n of ' .. KEYS[1])
+end
+local function is_log(j)
+  local c = string.sub(ARGV[7 + 2 * j], 1, 1)
+  return j > nchunks and (c == '+' or c == '!')
+end
+for j = 1, nchunks + nside do
+  if not typed(KEYS[2 + j], (j <= nchunks or is_log(j)) and 'string' or 'hash') then
+    return redis.error_reply('ldp-apply: wrong type of ' .. KEYS[2 + j])
+  end
+end
+for j = 1, nchunks + nside do
+  local e = ARGV[6 + 2 * j]
+  if e ~= '' and not (string.match(e, '^%d+$') and #e <= 15) then
+    return redis.error_reply('ldp-apply: expiry out of range: ' .. e)
+  end
+  local blob = ARGV[7 + 2 * j]
+  if j <= nchunks then
+    if string.find(blob, '[^#%d %-]') then
+      return redis.error_reply('ldp-apply: malformed increments')
+    end
+  elseif is_log(j) then  -- a log of int64 words (agents/store/device_memo.py)
+    if (#blob - 1) % 8 ~= 0 then
+      return redis.error_reply('ldp-apply: malformed side log')
+    end
+  elseif string.sub(blob, 1, 1) == '=' then  -- values set: digits and ':' only, one scan
+    if string.find(blob, '[^%d: ]', 2) then
+      return redis.error_reply('ldp-apply: malformed side values')
+    end
+  else
+    for f, v in string.gmatch(blob, '(%S+) (%S+)') do
+      if #v > 18 or not string.match(v, '^%-?%d+$')
+          or not is_int(redis.call('HGET', KEYS[2 + j], f)) then
+        return redis.error_reply('ldp-apply: malformed side values')
+      end
+    end
+  end
+end
+for j = 1, nchunks do
+  local key = KEYS[2 + j]
+  local args = {}
+  local a = 0
+  for cell, delta in string.gmatch(ARGV[7 + 2 * j], '(%S+) (%S+)') do
+    args[a + 1] = 'INCRBY'; args[a + 2] = 'i64'; args[a + 3] = cell; args[a + 4] = delta
+    a = a + 4
+    if a >= maxargs then
+      redis.call('BITFIELD', key, unpack(args, 1, a))
+      a = 0
+    end
+  end
+  if a > 0 then redis.call('BITFIELD', key, unpack(args, 1, a)) end
+  if ARGV[6 + 2 * j] ~= '' then redis.call('PEXPIREAT', key, ARGV[6 + 2 * j]) end
+end
+local base = 7 + 2 * nchunks
+for j = 1, nside do
+  local key = KEYS[2 + nchunks + j]
+  local blob = ARGV[base + 2 * j]
+  local kind = string.sub(blob, 1, 1)
+  if kind == '+' then
+    redis.call('APPEND', key, string.sub(blob, 2))
+  elseif kind == '!' then
+    redis.call('SET', key, string.sub(blob, 2))
+  elseif kind == '=' then  -- one HSET per maxargs fields and values
+    local args, a = {}, 0
+    for f, v in string.gmatch(string.sub(blob, 2), '(%S+) (%S+)') do
+      args[a + 1] = f; args[a + 2] = v
+      a = a + 2
+      if a >= maxargs then
+        redis.call('HSET', key, unpack(args, 1, a))
+        a = 0
+      end
+    end
+    if a > 0 then redis.call('HSET', key, unpack(args, 1, a)) end
+  else
+    for f, delta in string.gmatch(blob, '(%S+) (%S+)') do redis.call('HINCRBY', key, f, delta) end
+  end
+  if ARGV[base + 2 * j - 1] ~= '' then redis.call('PEXPIREAT', key, ARGV[base + 2 * j - 1]) end
+end
+redis.call('HSET', KEYS[1], 'offset', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'n', ARGV[4])
+if ARGV[5] ~= '' then
+  local cur = tonumber(redis.call('GET', KEYS[2]))
+  if (not cur) or cur < tonumber(ARGV[5]) then redis.call('SET', KEYS[2], ARGV[5]) end
+end
+return {1, offset}
+"""
+
+
+# Re-base a partition's stored offset onto a new log (agents/ingest/log_identity.py): a compare-and-set
+# on the stored offset. KEYS: offsets hash. ARGV: expected stored offset (-1: none), new offset
+# (-1: none: count the new log from its start), the event (JSON).
+# Returns {1 rebased | 0 the stored offset moved meanwhile, stored offset (-1: none)}.
+REBASE_LUA = """
+local raw = redis.call('HGET', KEYS[1], 'offset')
+local stored = -1
+if raw then stored = tonumber(raw) end
+if stored ~= tonumber(ARGV[1]) then return {0, stored} end
+if tonumber(ARGV[2]) < 0 then redis.call('HDEL', KEYS[1], 'offset')
+else redis.call('HSET', KEYS[1], 'offset', ARGV[2]) end
+redis.call('HDEL', KEYS[1], 'log')
+redis.call('HINCRBY', KEYS[1], 'log_resets', 1)
+redis.call('HSET', KEYS[1], 'log_reset', ARGV[3])
+return {1, tonumber(ARGV[2])}
+"""
+
+
+# The poison-pill breaker (agents/ingest/breaker.py): KEYS: the shard's breaker hash. ARGV: the offset a
+# worker starts the partition after (-1: none). Returns {1 if the previous owner died holding the
+# partition (it never released it), the chunk it was processing carefully from this same offset
+# ('' if none)}; the new owner holds it from now on.
+NOTE_START_LUA = """
+local live = redis.call('HGET', KEYS[1], 'live')
+local chunk = redis.call('HGET', KEYS[1], 'chunk')
+if redis.call('HGET', KEYS[1], 'at') ~= ARGV[1] then chunk = false end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'at', ARGV[1], 'live', 1)
+local died = 0
+if live == '1' then died = 1 end
+return {died, chunk or ''}
+"""
+
+
+# Reset one shard at once, while its applies are held off (field reset_until of the offsets hash,
+# set before its keys were listed: the apply script refuses a delta as a CONFLICT until then, so no
+# key appears after the listing). KEYS: the offsets hash, then the shard's keys as listed. ARGV:
+# '1' to keep the offsets hash (its n deleted). Lifts the hold; returns the keys deleted.
+RESET_SHARD_LUA = """
+local deleted = 0
+for i = 2, #KEYS do
+  if KEYS[i] == KEYS[1] and ARGV[1] == '1' then redis.call('HDEL', KEYS[1], 'n')
+  else deleted = deleted + redis.call('DEL', KEYS[i]) end
+end
+redis.call('HDEL', KEYS[1], 'reset_until')
+return deleted
+"""
+
+#: longest a shard's applies are held off by a reset (a reset that dies midway holds no longer)
+RESET_HOLD_S = 60.0

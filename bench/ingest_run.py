@@ -1,0 +1,90 @@
+"""The steps the pipeline benchmarks share (bench/pipeline.py on the embedded broker,
+bench/pipeline_kafka.py on Apache Kafka): prefill a topic with a fleet's batches, time a raw
+consumer reading them, start and stop a worker process, and read the worker's own ingest rate and
+timings from ``/healthz``."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+#: reports per Kafka message of the prefill
+BATCH = 500
+
+
+async def prefill(bootstrap: str, coll: Any, total: int, batch: int,
+                   devices: int = 1000) -> Any:
+    from ldpstream.producers.fleet import run_fleet
+
+    return await run_fleet(bootstrap, coll, rate=0, total=total, batch=batch, seed=1,
+                           mechanism=coll.mechanism(), devices=devices)
+
+
+async def raw_consume(bootstrap: str, coll: Any, messages: int) -> tuple[float, int]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from ldpstream.producers.codec import decode_batch
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                enable_auto_commit=False, max_partition_fetch_bytes=4 << 20,
+                                fetch_max_bytes=64 << 20)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(coll.topic, p) for p in range(int(coll.partitions))]
+        consumer.assign(tps)
+        t0 = time.perf_counter()
+        await consumer.seek_to_beginning(*tps)
+        got = reports = 0
+        while got < messages:
+            data = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            for msgs in data.values():
+                for m in msgs:
+                    reports += decode_batch(m.value).n
+                got += len(msgs)
+        return reports / (time.perf_counter() - t0), reports
+    finally:
+        await consumer.stop()
+
+
+def start_worker(config: Path, env: dict, port: int, log: Path) -> subprocess.Popen:
+    fh = open(log, "ab")
+    return subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "worker", "--config",
+                             str(config), "--web-port", str(port)], env=env, stdout=fh,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+async def ingest_rate(store: Any, cid: str, partitions: int, total: int, port: int,
+                       timeout: float = 300.0) -> tuple[float, dict[str, float]]:
+    """Reports/s into Redis as the worker times it: from the end of its partition assignment
+    (seeks done, like the raw consumer's clock) to its last applied delta (``/healthz``), and
+    the worker's cumulative ingest timings (seconds polling, decoding, counting, applying)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await store.n(cid, partitions) >= total:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+                ing = json.loads(resp.read())["checks"]["ingest"]
+            if ing.get("assigned_at") is None or ing.get("last_apply_at") is None:
+                raise RuntimeError(f"worker status without timings: {ing}")
+            return (ing["applied_reports"] / (ing["last_apply_at"] - ing["assigned_at"]),
+                    dict(ing.get("timings_s") or {}))
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{cid}: only {await store.n(cid, partitions)} of {total} reports ingested")

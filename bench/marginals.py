@@ -28,6 +28,13 @@ same records (the sampling floor: no mechanism does better on average). ``pgm`` 
 auto column's collection (one distribution fitted to every measured marginal, stopped by SURE,
 or the consistent tables where their SURE is smaller; estimators/kernels/global_fit.py), with
 its own ratios to split, the sampling floor and Private-PGM.
+
+Held-out runs (bench/heldout.py; docs/benchmarks.md "Held-out accuracy"): ``--data CSV``
+(``--columns``), ``--bif FILE`` or ``--generate K --seed S`` (K fresh random networks with
+skewed, near-deterministic and dense conditional tables) measure the default estimator against
+Private-PGM on the same counts, every choice frozen from the shape before the data is seen
+(``ways: auto`` from n, the attribute sizes and ε), with its cost per refresh over
+``consistent``'s; ``--epsilons`` and ``--runs`` set the grid.
 """
 from __future__ import annotations
 

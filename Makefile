@@ -1,12 +1,13 @@
 # The two commands of the README: `make up` (install, then run the embedded stack) and `make test`.
-# `make up ARGS="--web-port 6067 --rate 500"` passes options to `ldpstream up`.
+# `make up ARGS="--web-port 6067 --rate 500"` passes options to `ldpstream up`; MQTT=1 adds
+# Mosquitto and the bridge, OBS=1 Prometheus and Alertmanager with the alert rules.
 .PHONY: install up check test test-fast test-pipeline test-sdk test-kafka bench
 
 install:
 	./scripts/bootstrap.sh
 
 up: install
-	.venv/bin/ldpstream up$(if $(MQTT), --mqtt) $(ARGS)
+	.venv/bin/ldpstream up$(if $(MQTT), --mqtt)$(if $(OBS), --obs) $(ARGS)
 
 # lint and import order (ruff, rules in pyproject.toml), then types (mypy over agents/,
 # producers/ and ldpstream/ as the package ldpstream.*, scripts/typecheck.sh)

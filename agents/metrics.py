@@ -102,7 +102,8 @@ ESTIMATE_CELL = Gauge(
     "ldp_estimate_cell", "Estimated probability of one cell of a configured marginal in a window.",
     ["collection", "marginal", "method", "window", "cell"], registry=REGISTRY)
 ESTIMATE_ERROR_BOUND = Gauge(
-    "ldp_estimate_error_bound", "Error bound the estimator reports for the marginal (NaN if none).",
+    "ldp_estimate_error_bound", "error_bound of the marginal: the 95 % upper quantile of its TVD "
+    "(docs/api.md; NaN if none).",
     _EST, registry=REGISTRY)
 ESTIMATE_DRIFT = Gauge(
     "ldp_estimate_drift_tvd",

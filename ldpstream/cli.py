@@ -15,7 +15,14 @@ from typing import Any
 
 from ldpstream.errors import CliError
 from ldpstream.estimators.mechanism import DEFAULT_MECHANISM
-from ldpstream.names import DEFAULT_BIND, DEFAULT_GATEWAY_PORT, DEFAULT_WEB_PORT, ENV_CONFIG, MAX_MESSAGE_BYTES
+from ldpstream.names import (
+    DEFAULT_BIND,
+    DEFAULT_GATEWAY_PORT,
+    DEFAULT_WEB_PORT,
+    ENV_CONFIG,
+    FLEET_DEVICES,
+    MAX_MESSAGE_BYTES,
+)
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -107,8 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "collection's schema CSV; a collection without one gets 'generator')")
     p.add_argument("--rate", type=float, default=2000.0,
                    help="fleet reports per second, per collection (default 2000)")
-    p.add_argument("--devices", type=int, default=1000,
-                   help="simulated devices per collection (default 1000)")
+    p.add_argument("--devices", type=int, default=FLEET_DEVICES,
+                   help=f"simulated devices per collection (default {FLEET_DEVICES:,}: a memoized "
+                        "collection counts devices, not reports)")
     _web_port_arg(p)
     p.add_argument("--no-fleet", action="store_true",
                    help="start no fleet (send reports yourself, e.g. with the device SDK)")
@@ -117,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mqtt", action="store_true",
                    help="also start an embedded Mosquitto and the MQTT bridge, and print how a "
                         "device connects (docs/devices.md, \"MQTT\")")
+    p.add_argument("--obs", action="store_true",
+                   help="also start Prometheus and Alertmanager (Debian packages) with the "
+                        "project's alert rules; the page shows firing alerts "
+                        "(docs/dashboards.md, \"Alerts without Docker\")")
 
     p = sub.add_parser("worker", help="run a worker (needs KAFKA_BOOTSTRAP_SERVERS, REDIS_URL)")
     _config_arg(p)
@@ -129,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None,
                    help="CSV of true records or 'generator[:skewed]' (default: the collection's "
                         "schema CSV, else 'generator')")
-    p.add_argument("--devices", type=int, default=1000,
-                   help="number of simulated devices (default 1000)")
+    p.add_argument("--devices", type=int, default=FLEET_DEVICES,
+                   help=f"number of simulated devices (default {FLEET_DEVICES:,})")
     p.add_argument("--rate", type=float, default=2000.0,
                    help="reports per second (default 2000; 0 = as fast as possible)")
     p.add_argument("--batch", type=int, default=None, help="reports per Kafka message (default 500)")

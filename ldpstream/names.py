@@ -12,6 +12,7 @@ __all__ = [
     "DEFAULT_CONTROLLER_INTERVAL_S", "DEFAULT_BUCKET_S", "DEFAULT_WINDOWS",
     "DEFAULT_DRIFT_ALPHA", "DEFAULT_QUOTA_WINDOW_S", "DEFAULT_BATCH_REPORTS",
     "DEFAULT_BATCH_SECONDS", "MAX_MESSAGE_BYTES", "DEFAULT_DEVICE_STATE_MAX", "BUDGET_FIELD",
+    "FLEET_DEVICES", "ENV_STATE_DIR", "ENV_MQTT_PASSWORD", "ENV_PROMETHEUS_URL",
 ]
 
 # --- Kafka topics (docs/pipeline.md, "What runs") ---------------------------------------------------
@@ -59,6 +60,13 @@ DEFAULT_WEB_PORT = 6066
 DEFAULT_BIND = "127.0.0.1"
 #: the HTTP report gateway (``ldpstream gateway``)
 DEFAULT_GATEWAY_PORT = 8080
+#: simulated devices per collection (``ldpstream up``, ``ldpstream fleet``, compose's fleet): the
+#: demo is memoized, so its estimates count devices (docs/privacy-over-time.md) and need many
+FLEET_DEVICES = 100_000
+#: the Prometheus whose firing alerts the page and the CLI show (``up --obs`` sets it)
+ENV_PROMETHEUS_URL = "LDP_PROMETHEUS_URL"
+#: where ``ldpstream up`` keeps its dev identity (signing key) across restarts (docs/devices.md)
+ENV_STATE_DIR = "LDP_STATE_DIR"
 
 # --- collection defaults (docs/configuration.md) ----------------------------------------------------
 
@@ -96,6 +104,8 @@ MQTT_CONFIG_TOPIC = "ldp/{fleet}/{collection}/config"
 #: the shared-subscription group of ``ldpstream mqtt-bridge`` (bridges in it split the messages)
 MQTT_SHARE_GROUP = "ldp-bridge"
 ENV_MQTT_URL = "LDP_MQTT_URL"
+#: the example device programs' MQTT password (C, TypeScript, Python: kept out of the process list)
+ENV_MQTT_PASSWORD = "LDP_MQTT_PASSWORD"
 ENV_MQTT_CA = "LDP_MQTT_CA"
 ENV_MQTT_FLEETS_FILE = "LDP_MQTT_FLEETS_FILE"
 ENV_MQTT_CLIENT_ID = "LDP_MQTT_CLIENT_ID"

@@ -87,9 +87,10 @@ def test_worker_decodes_with_the_codec_fast_path():
 
 def test_fast_count_equals_mechanism_count():
     from ldpstream.agents.ingest.intake import count_reports
-    from ldpstream.config import load_config
+    from ldpstream.config import default_config_path, load_config
 
-    coll = load_config().collections["adult"]
+    # the rr-ind variant of the demo: one channel per attribute, every marginal counted
+    coll = load_config(default_config_path().with_name("adult-fast.yaml")).collections["adult"]
     mech = coll.mechanism()
     rng = np.random.default_rng(2)
     reports = mech.randomize(rng.integers(0, np.array(coll.domain.shape), (5000, 8)), rng)

@@ -9,6 +9,7 @@ estimates stored in Redis once per refresh interval (:class:`History`, in memory
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from importlib import resources
@@ -28,6 +29,7 @@ from ldpstream.agents.serve.selection import (
     transpose_payload,
 )
 from ldpstream.agents.worker import Worker
+from ldpstream.alerts import firing_alerts, prometheus_url
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,22 @@ def install(app: Any, worker: Worker) -> History:
             return self.bytes(read_asset("index.html"),
                               headers={"Content-Type": "text/html; charset=utf-8",
                                        "Cache-Control": "no-cache"})
+
+    @app.page("/ui/alerts", name="ldp_page_alerts")
+    class AlertsView(web.View):
+        """The firing alerts of ``$LDP_PROMETHEUS_URL`` (``up --obs``; docs/dashboards.md);
+        registered before ``/ui/{name}``, which would take the path."""
+
+        async def get(self, request: web.Request) -> web.Response:
+            url = prometheus_url()
+            if url is None:
+                return self.json({"prometheus": None, "alerts": []})
+            try:
+                alerts = await asyncio.to_thread(firing_alerts, url, 2.0)
+            except (OSError, ValueError, KeyError) as exc:
+                return self.error(503, f"Prometheus at {url} does not answer: {exc}",
+                                  prometheus=url)
+            return self.json({"prometheus": url, "alerts": alerts})
 
     @app.page("/ui/{name}", name="ldp_page_asset")
     class Asset(web.View):

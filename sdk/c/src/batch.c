@@ -2,7 +2,7 @@
    format"). */
 #include <string.h>
 
-#include "internal.h"
+#include "program_types.h"
 
 static int code_of(uint32_t max_value) {
   return max_value < 0x100u ? 1 : max_value < 0x10000u ? 2 : 4;

@@ -1,7 +1,7 @@
 /* One device reporting to one collection: randomize, charge, buffer, encode. */
 #include <string.h>
 
-#include "internal.h"
+#include "run.h"
 
 /* which limit refused a report costing cost: the window budget, or the collection's
    max_epsilon_per_day in the budget day (docs/privacy-over-time.md) */

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "run.h"
 
 #define LEDGER_KEY "ledger"
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "parse.h"
 
 static const char DOMAIN_TAG[] = "ldpstream/config-state/v1\n";
 #define CEILING_RTOL 1e-9

@@ -1,10 +1,11 @@
-/* Matrix rows (matrix, copy and keep steps) and the steps const, copy and keep of a
-   description (docs/device-protocol.md, "Randomization description"). */
+/* Matrix rows (matrix, copy and keep steps) and the steps const, copy, keep and bloom of a
+   description, parse layer (docs/device-protocol.md, "Randomization description"); run_rows.c
+   runs the four steps. */
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "parse.h"
 
 /* cumulative sums of n_rows rows of one length (n_rows 0: as many as the row length) */
 int ldp_parse_rows(parser *ps, json_t *rows, const char *field, uint64_t n_rows, ldp_step *s) {
@@ -92,7 +93,7 @@ static int parse_bloom(parser *ps, json_t *d, const char *field, ldp_step *s) {
     return -1;
   }
   pool[dv] = (double)at;
-  s->op = 9;
+  s->op = LDP_OP_BLOOM;
   s->cells = dv;
   s->cum = ps->cum_used;
   s->out[0] = (uint16_t)json_integer_value(start);
@@ -155,7 +156,7 @@ int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const 
     for (size_t i = 0; i < json_array_size(fake); i++)
       if (json_number_value(json_array_get(fake, i)) < lo)
         lo = json_number_value(json_array_get(fake, i));
-    s->op = 8;
+    s->op = LDP_OP_KEEP;
     s->eps = s->p == 0.0 ? 0.0 : (s->p >= 1.0 || lo <= 0.0) ? INFINITY
                                  : log1p(s->p / ((1.0 - s->p) * lo));
   } else if (strcmp(op, "const") == 0) {
@@ -165,7 +166,7 @@ int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const 
       ldp_errf(ps->err, ps->errlen, "%s.value: must be an integer in [0, 4294967296)", field);
       return -1;
     }
-    s->op = 6;
+    s->op = LDP_OP_CONST;
     s->value = (uint32_t)json_integer_value(v);
   } else {
     json_t *from = json_object_get(d, "from"), *rows = json_object_get(d, "rows");
@@ -175,7 +176,7 @@ int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const 
                ps->p->width);
       return -1;
     }
-    s->op = 7;
+    s->op = LDP_OP_COPY;
     s->in[0] = (uint16_t)json_integer_value(from);
     s->cells = json_is_array(rows) ? json_array_size(rows) : 0;
     if (s->cells < 1 || ldp_parse_rows(ps, rows, field, s->cells, s)) {

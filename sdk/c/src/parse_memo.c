@@ -1,8 +1,9 @@
-/* The memoized part of a description (docs/device-protocol.md, "Memoized descriptions"):
-   parse it and compute its fingerprint; the memo units a record needs, their draws and the
-   report made from them. Kinds: attribute (one permanent step per attribute), cluster (one per
-   cluster of attributes) and partition (one partition step, the first table fixed per
-   (device, period), the oracle code memoized, an optional instantaneous GRR per table). */
+/* The memoized part of a description (docs/device-protocol.md, "Memoized descriptions"), parse
+   layer: parse it and compute its fingerprint (run_memo.c runs it). Kinds: attribute (one
+   permanent step per attribute), cluster (one per cluster of attributes), partition (one
+   partition step, the first table fixed per (device, period), the oracle code memoized, an
+   optional instantaneous GRR per table) and select (one select step, the branch fixed per
+   (device, period)). */
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -10,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "parse.h"
 
 static void hash_f64(crypto_generichash_state *h, double x) {
   uint8_t buf[8];
@@ -27,8 +28,8 @@ static void hash_step(crypto_generichash_state *h, const ldp_step *s, json_t *d)
   buf[0] = s->op;
   ldp_le(buf + 1, s->cells, 4);
   crypto_generichash_update(h, buf, 5);
-  for (uint64_t i = 0; i < (s->op == 1 ? 1 : s->cells * s->cells); i++)
-    hash_f64(h, s->op == 1 ? s->p
+  for (uint64_t i = 0; i < (s->op == LDP_OP_GRR ? 1 : s->cells * s->cells); i++)
+    hash_f64(h, s->op == LDP_OP_GRR ? s->p
                            : json_number_value(json_array_get(json_array_get(rows,
                                                               i / s->cells), i % s->cells)));
 }
@@ -42,7 +43,7 @@ static void fingerprint(ldp_program *p, json_t *perm) {
   crypto_generichash_init(&h, NULL, 0, sizeof p->fingerprint);
   for (uint32_t j = 0; j < p->n_units; j++) {
     const ldp_step *s = &p->steps[p->n_top + j];
-    if (s->op == 3) {
+    if (s->op == LDP_OP_SELECT) {
       buf[0] = 4;
       crypto_generichash_update(&h, buf, 1);
       for (uint16_t b = 0; b < s->count; b++)
@@ -51,7 +52,7 @@ static void fingerprint(ldp_program *p, json_t *perm) {
                                                                 "branches"), b), 0));
       continue;
     }
-    if (s->op == 4) {
+    if (s->op == LDP_OP_PARTITION) {
       for (uint16_t k = 0; k < s->count; k++) {
         const ldp_table *t = &p->tables[s->first + k];
         buf[0] = 3;
@@ -91,7 +92,7 @@ static int parse_inst(parser *ps, json_t *inst, uint16_t n) {
 
 static int parse_partition_memo(parser *ps, json_t *memo, uint16_t first, uint16_t count) {
   const ldp_step *s = &ps->p->steps[first];
-  if (count != 1 || s->op != 4)
+  if (count != 1 || s->op != LDP_OP_PARTITION)
     return bad(ps, "device.memoize.permanent", "kind partition: one partition step");
   return parse_inst(ps, json_object_get(memo, "instantaneous_p"), s->count);
 }
@@ -100,11 +101,11 @@ static int parse_partition_memo(parser *ps, json_t *memo, uint16_t first, uint16
 static int parse_select_memo(parser *ps, json_t *memo, uint16_t first, uint16_t count) {
   ldp_program *p = ps->p;
   const ldp_step *s = &p->steps[first];
-  int ok = count == 1 && s->op == 3 && s->n_out == 1;
+  int ok = count == 1 && s->op == LDP_OP_SELECT && s->n_out == 1;
   for (uint16_t b = 0; ok && b < s->count; b++) {
     uint16_t at = p->branch_start[s->first + b];
-    ok = p->branch_start[s->first + b + 1] == at + 1 && (p->steps[at].op == 1 ||
-                                                          p->steps[at].op == 2);
+    ok = p->branch_start[s->first + b + 1] == at + 1 && (p->steps[at].op == LDP_OP_GRR ||
+                                                          p->steps[at].op == LDP_OP_MATRIX);
   }
   if (!ok)
     return bad(ps, "device.memoize.permanent", "kind select: one select step with a reported "
@@ -129,25 +130,28 @@ int ldp_parse_memo(parser *ps, json_t *memo) {
   if (!k || (strcmp(k, "attribute") && strcmp(k, "cluster") && strcmp(k, "partition") &&
              strcmp(k, "select")))
     return bad(ps, "device.memoize.kind", "must be attribute, cluster, partition or select");
-  p->memo_kind = strcmp(k, "attribute") == 0 ? 0 : strcmp(k, "cluster") == 0 ? 1
-                 : strcmp(k, "partition") == 0 ? 2 : 3;
+  p->memo_kind = strcmp(k, "attribute") == 0 ? LDP_MEMO_ATTRIBUTE
+                 : strcmp(k, "cluster") == 0   ? LDP_MEMO_CLUSTER
+                 : strcmp(k, "partition") == 0 ? LDP_MEMO_PARTITION
+                                               : LDP_MEMO_SELECT;
   if (rot && !json_is_null(rot) && !(json_is_number(rot) && json_number_value(rot) > 0 &&
                                      isfinite(json_number_value(rot))))
     return bad(ps, "device.memoize.rotation_s", "must be a number > 0 or null");
   p->rotation_s = rot && !json_is_null(rot) ? json_number_value(rot) : 0.0;
-  if (ldp_parse_steps(ps, perm, "device.memoize.permanent", p->memo_kind >= 2 ? 0 : 1, &first,
-                      &count))
+  if (ldp_parse_steps(ps, perm, "device.memoize.permanent",
+                      p->memo_kind >= LDP_MEMO_PARTITION ? 0 : 1, &first, &count))
     return -1;
   p->n_units = count;
-  if (p->memo_kind == 2) {
+  if (p->memo_kind == LDP_MEMO_PARTITION) {
     if (parse_partition_memo(ps, memo, first, count)) return -1;
-  } else if (p->memo_kind == 3) {
+  } else if (p->memo_kind == LDP_MEMO_SELECT) {
     if (parse_select_memo(ps, memo, first, count)) return -1;
   } else {
     uint32_t covered = 0, ok = p->width == p->n_attrs;
     for (uint32_t j = 0; ok && j < count; j++) {
       const ldp_step *s = &p->steps[first + j];
-      ok = (s->op == 1 || s->op == 2) && (p->memo_kind == 1 || (s->n_in == 1 && s->in[0] == j));
+      ok = (s->op == LDP_OP_GRR || s->op == LDP_OP_MATRIX) &&
+           (p->memo_kind == LDP_MEMO_CLUSTER || (s->n_in == 1 && s->in[0] == j));
       for (uint8_t i = 0; ok && i < s->n_in; i++) {
         ok = s->out[i] == s->in[i] && !(covered & (1u << s->in[i]));
         covered |= 1u << s->in[i];
@@ -163,89 +167,4 @@ int ldp_parse_memo(parser *ps, json_t *memo) {
   for (uint32_t j = 0; j < count; j++) p->epsilon += p->steps[first + j].eps;
   fingerprint(p, perm);
   return 0;
-}
-
-/* select: the step of branch b */
-static const ldp_step *branch(const ldp_program *p, uint32_t b) {
-  return &p->steps[p->branch_start[p->steps[p->n_top].first + b]];
-}
-
-uint32_t ldp_memo_keys(const ldp_program *p, const uint32_t *x, uint64_t device_id,
-                       int64_t period, uint32_t *unit, uint32_t *cell) {
-  if (p->memo_kind == 3) {
-    unit[0] = (uint32_t)(ldp_mix64(ldp_mix64(device_id ^ p->memo_seed) ^ (uint64_t)period) %
-                         p->steps[p->n_top].count);
-    cell[0] = (uint32_t)ldp_ravel(p, branch(p, unit[0])->in, branch(p, unit[0])->n_in, x);
-    return 1;
-  }
-  if (p->memo_kind != 2) {
-    for (uint32_t u = 0; u < p->n_units; u++) {
-      const ldp_step *s = &p->steps[p->n_top + u];
-      unit[u] = u;
-      cell[u] = (uint32_t)ldp_ravel(p, s->in, s->n_in, x);
-    }
-    return p->n_units;
-  }
-  const ldp_step *s = &p->steps[p->n_top];
-  uint64_t first = ldp_mix64(ldp_mix64(device_id ^ s->seed) ^ (uint64_t)period) % s->count;
-  for (uint8_t i = 0; i < s->n_out; i++) {
-    unit[i] = (uint32_t)((first + i) % s->count);
-    const ldp_table *t = &p->tables[s->first + unit[i]];
-    cell[i] = (uint32_t)ldp_ravel(p, t->in, t->n_in, x);
-  }
-  return s->n_out;
-}
-
-double ldp_memo_unit_eps(const ldp_program *p, uint32_t unit) {
-  if (p->memo_kind == 3) return branch(p, unit)->eps;
-  if (p->memo_kind != 2) return p->steps[p->n_top + unit].eps;
-  const ldp_table *t = &p->tables[p->steps[p->n_top].first + unit];
-  return ldp_grr_epsilon(t->p, t->g ? t->g : t->cells);
-}
-
-uint32_t ldp_memo_draw(const ldp_program *p, uint32_t unit, uint32_t cell, ldp_rng *rng) {
-  if (p->memo_kind == 3)
-    return (uint32_t)ldp_step_apply(p, p->branch_start[p->steps[p->n_top].first + unit], cell,
-                                    rng);
-  if (p->memo_kind != 2) return (uint32_t)ldp_step_apply(p, p->n_top + unit, cell, rng);
-  return (uint32_t)ldp_table_code(&p->tables[p->steps[p->n_top].first + unit], cell, rng);
-}
-
-void ldp_memo_emit(const ldp_program *p, const uint32_t *unit, const uint32_t *resp, uint32_t n,
-                   ldp_rng *rng, uint32_t *report) {
-  if (p->memo_kind == 2) {
-    const ldp_step *s = &p->steps[p->n_top];
-    memset(report, 0, sizeof(uint32_t) * p->width);
-    for (uint32_t i = 0; i < n; i++) {
-      const ldp_table *t = &p->tables[s->first + unit[i]];
-      uint64_t code = resp[i];
-      if (p->has_inst && t->g == 0) code = ldp_grr_cell(code, t->cells, p->inst_p[unit[i]], rng);
-      else if (p->has_inst)
-        code = code / t->g * t->g + ldp_grr_cell(code % t->g, t->g, p->inst_p[unit[i]], rng);
-      report[s->out[i]] = (uint32_t)(t->offset + code);
-    }
-    return;
-  }
-  if (p->memo_kind == 3) {  /* the index, then the branch's output cell */
-    const ldp_step *b = branch(p, unit[0]);
-    uint64_t c = p->has_inst ? ldp_grr_cell(resp[0], b->cells, p->inst_p[unit[0]], rng) : resp[0];
-    memset(report, 0, sizeof(uint32_t) * p->width);
-    report[p->steps[p->n_top].out[0]] = unit[0];
-    for (int i = b->n_in - 1; i >= 0; i--) {
-      report[b->out[i]] = (uint32_t)(c % p->size[b->in[i]]);
-      c /= p->size[b->in[i]];
-    }
-    return;
-  }
-  uint32_t y[LDP_MAX_ATTRS];
-  for (uint32_t u = 0; u < n; u++) {
-    const ldp_step *s = &p->steps[p->n_top + unit[u]];
-    uint64_t c = resp[u];
-    for (int i = s->n_in - 1; i >= 0; i--) {
-      y[s->out[i]] = (uint32_t)(c % p->size[s->in[i]]);
-      c /= p->size[s->in[i]];
-    }
-  }
-  if (p->n_top) ldp_program_randomize(p, y, 0, rng, report);
-  else memcpy(report, y, sizeof(uint32_t) * p->n_attrs);
 }

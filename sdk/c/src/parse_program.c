@@ -1,24 +1,16 @@
-/* The randomization description: parse, epsilon, labels -> indices, randomize
-   (docs/device-protocol.md, "Randomization description"). */
+/* The randomization description, parse layer: JSON -> ldp_program, each step's epsilon
+   (docs/device-protocol.md, "Randomization description"); the partition step is parsed in
+   parse_partition.c, rows and the const, copy, keep and bloom steps in parse_rows.c, the memoize
+   object in parse_memo.c. run_program.c runs the result. */
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <sodium.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-
-void ldp_errf(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
+#include "parse.h"
 
 static int put_text(parser *ps, const char *s, uint32_t *at) {
   size_t n = strlen(s) + 1;
@@ -95,7 +87,7 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
                field);
       return -1;
     }
-    s->op = 3;
+    s->op = LDP_OP_SELECT;
     s->n_out = hidden ? 0 : 1;
     s->out[0] = hidden ? 0 : (uint16_t)json_integer_value(out);
     s->first = (uint16_t)ps->branches_used;
@@ -148,7 +140,7 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     }
   }
   if (strcmp(op, "uniform") == 0) {
-    s->op = 5;
+    s->op = LDP_OP_UNIFORM;
     s->eps = 0.0;
   } else if (strcmp(op, "grr") == 0) {
     json_t *pv = json_object_get(d, "p");
@@ -157,13 +149,13 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
       ldp_errf(ps->err, ps->errlen, "%s.p: must be a number in [0, 1]", field);
       return -1;
     }
-    s->op = 1;
+    s->op = LDP_OP_GRR;
     s->p = pr;
     s->eps = ldp_grr_epsilon(pr, s->cells);
   } else {
     json_t *rows = json_object_get(d, "rows");
     uint64_t k = s->cells;
-    s->op = 2;
+    s->op = LDP_OP_MATRIX;
     if (ldp_parse_rows(ps, rows, field, k, s)) return -1;
     if (s->value != k) {
       ldp_errf(ps->err, ps->errlen, "%s.rows: must be %llux%llu (at most %d matrix entries in "

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <sys/random.h>
 
-#include "internal.h"
+#include "run.h"
 
 uint64_t ldp_splitmix64_next(void *state) {
   uint64_t *s = (uint64_t *)state;

@@ -1,18 +1,12 @@
-/* The partition step of a description: parse its tables (docs/device-protocol.md,
-   "Randomization description"); run.c applies it. */
+/* The partition step of a description, parse layer: its tables (docs/device-protocol.md,
+   "Randomization description"); run_partition.c runs it. */
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-
-double ldp_grr_epsilon(double p, uint64_t k) {
-  double q = (1.0 - p) / (double)(k - 1);
-  double lo = p < q ? p : q, hi = p < q ? q : p;
-  return lo <= 0.0 ? INFINITY : log(hi / lo);
-}
+#include "parse.h"
 
 static int parse_table(parser *ps, json_t *d, const char *field, ldp_table *t) {
   char f[200];
@@ -85,7 +79,7 @@ int ldp_parse_partition(parser *ps, json_t *d, const char *field, ldp_step *s) {
     ldp_errf(ps->err, ps->errlen, "%s.out: more slots than tables", field);
     return -1;
   }
-  s->op = 4;
+  s->op = LDP_OP_PARTITION;
   s->seed = ldp_mix64((uint64_t)sv);
   s->first = (uint16_t)p->n_tables;
   s->count = (uint16_t)n;

@@ -1,0 +1,35 @@
+/* The parse layer (parse_*.c): a description's JSON -> ldp_program (docs/device-protocol.md,
+   "Randomization description", "Memoized descriptions"). Never calls the run layer. */
+#ifndef LDP_PARSE_H
+#define LDP_PARSE_H
+#include <jansson.h>
+
+#include "program_types.h"
+
+/* the state of parsing one description */
+typedef struct parser {
+  ldp_program *p;
+  uint32_t text_used, labels_used, cum_used, branches_used;
+  char *err;
+  size_t errlen;
+} parser;
+
+/* the whole description (json: a jansson json_t *); state.c parses a state's "device" with it
+   (parse_program.c) */
+int ldp_program_from_json(ldp_program *prog, void *json, char *err, size_t errlen);
+/* a list of steps at depth (0: top level) into steps[*first .. *first + *count)
+   (parse_program.c) */
+int ldp_parse_steps(parser *ps, json_t *arr, const char *field, int depth, uint16_t *first,
+                    uint16_t *count);
+/* -1 with ps->err set on a bad list (parse_program.c) */
+int ldp_int_list(parser *ps, json_t *json, const char *field, uint32_t below, uint16_t *out,
+                 uint8_t *n);
+/* the memoize object, its fingerprint (parse_memo.c) */
+int ldp_parse_memo(parser *ps, json_t *memo);
+/* a partition step and its tables (parse_partition.c) */
+int ldp_parse_partition(parser *ps, json_t *json, const char *field, ldp_step *s);
+/* cumulative sums of n_rows rows of one length into s (n_rows 0: square) (parse_rows.c) */
+int ldp_parse_rows(parser *ps, json_t *rows, const char *field, uint64_t n_rows, ldp_step *s);
+/* const, copy, keep and bloom steps (parse_rows.c) */
+int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const char *op);
+#endif

@@ -1,0 +1,25 @@
+/* The run layer (run_*.c): ldp_program -> randomized report (docs/device-protocol.md,
+   "Randomization description", "Draws", "Memoized descriptions"). No allocation, no JSON;
+   never calls the parse layer. The public part (ldp_program_randomize, ldp_step_apply, ...) is
+   declared in ldp.h. */
+#ifndef LDP_RUN_H
+#define LDP_RUN_H
+#include "program_types.h"
+
+/* a partition step: slot i gets table (first + i) mod K, first = mix64(device id ^ seed) mod K,
+   its oracle code plus the table's offset (run_partition.c) */
+void ldp_run_partition(const ldp_program *p, const ldp_step *s, const uint32_t *x,
+                       uint64_t device_id, ldp_rng *rng, uint32_t *report);
+/* a const, copy, keep or bloom step (run_rows.c) */
+void ldp_run_post(const ldp_program *p, const ldp_step *s, const uint32_t *x, ldp_rng *rng,
+                  uint32_t *report);
+/* the memo units a record needs (run_memo.c): unit[i] (attribute, cluster, table or branch) and
+   the cell of its attributes; returns how many */
+uint32_t ldp_memo_keys(const ldp_program *p, const uint32_t *x, uint64_t device_id,
+                       int64_t period, uint32_t *unit, uint32_t *cell);
+double ldp_memo_unit_eps(const ldp_program *p, uint32_t unit);
+uint32_t ldp_memo_draw(const ldp_program *p, uint32_t unit, uint32_t cell, ldp_rng *rng);
+/* the report from the units' memoized responses */
+void ldp_memo_emit(const ldp_program *p, const uint32_t *unit, const uint32_t *resp, uint32_t n,
+                   ldp_rng *rng, uint32_t *report);
+#endif

@@ -251,6 +251,27 @@ def _bench_parsers(sub: Any) -> None:
             b.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
                            help="kafka: also run the raw/ingest pairs on Apache Kafka (JVM, "
                                 "ldpstream/dev/kafka.py), next to the embedded broker's")
+        if "--generate" in EXTRA_OPTIONS.get(name, ()):
+            _heldout_options(b)
+
+
+def _heldout_options(b: Any) -> None:
+    """``bench marginals``'s held-out runs (bench/heldout.py): any CSV, BIF or fresh networks."""
+    b.add_argument("--data", action="append", default=[], metavar="CSV",
+                   help="held-out run on this CSV (its records are the population; repeatable)")
+    b.add_argument("--columns", default=None,
+                   help="comma-separated columns of --data (default: every column)")
+    b.add_argument("--bif", action="append", default=[], metavar="FILE",
+                   help="held-out run on records sampled from this BIF network (repeatable)")
+    b.add_argument("--generate", type=int, default=0, metavar="K",
+                   help="held-out run on K fresh random networks (skewed, near-deterministic, "
+                        "dense CPTs in turn), network i from seed --seed + i")
+    b.add_argument("--seed", type=int, default=0,
+                   help="first seed of the generated networks and of the samples (default 0)")
+    b.add_argument("--epsilons", default="0.5,1,2,4,8",
+                   help="ε per record of the held-out runs (default 0.5,1,2,4,8)")
+    b.add_argument("--runs", type=int, default=3,
+                   help="randomizations per dataset and ε in the held-out runs (default 3)")
 
 
 def _mqtt_bridge_parser(sub: Any) -> None:

@@ -34,6 +34,7 @@ from ldpstream.agents.ingest.budget import DAILY_BUDGET
 from ldpstream.agents.ingest.clients import Clients, RedisGate
 from ldpstream.agents.ingest.dedupe_gate import DedupeGate
 from ldpstream.agents.ingest.dlq_writer import DlqWriter
+from ldpstream.agents.ingest.identity_gate import IdentityGate
 from ldpstream.agents.ingest.intake import Intake
 from ldpstream.agents.ingest.log_check import LogCheck
 from ldpstream.agents.ingest.memo_gate import MemoGate
@@ -48,6 +49,7 @@ from ldpstream.agents.serve import ui, web
 from ldpstream.agents.store.count_store import CountStore
 from ldpstream.agents.worker import Worker
 from ldpstream.config import AppConfig, ConfigError
+from ldpstream.credentials.device_keys import load_fleet_secrets
 from ldpstream.names import DEFAULT_BIND, DEFAULT_WEB_PORT, ENV_KAFKA_BOOTSTRAP
 from ldpstream.producers import bounded_fetch
 from ldpstream.producers.kafka_security import KafkaSecurityError, kafka_security
@@ -97,9 +99,10 @@ def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int) -> Ing
     stats = IngestStats()
     gate = RedisGate(clients, partitions)
     quota = QuotaGate(collections, gate, ctx.store, (DEVICE_QUOTA, DAILY_BUDGET))
+    identity = IdentityGate(load_fleet_secrets())
     intake = Intake(collections, ctx.collections, partitions, quota, DedupeGate(gate, ctx.store),
                     stats, ctx.config.ingest.max_message_bytes,
-                    MemoGate(collections, gate, ctx.store))
+                    MemoGate(collections, gate, ctx.store, identity.fleets), identity)
     take = faults.injected(intake.take)  # tests only: a fault object around the intake
     seeker = Seeker(clients, partitions)
     applier = Applier(collections, clients, gate, partitions, ctx.store, quota,

@@ -43,6 +43,12 @@ REPORTS_SUPERSEDED = Counter(
     "Memoized collections: reports whose device's contribution moved to a newer report (each "
     "device is counted once, at its latest report).",
     ["collection"], registry=REGISTRY)
+DEVICE_BATCHES = Counter(
+    "ldp_device_batches_total",
+    "Report batches whose device MAC verified (agents/ingest/identity_gate.py), by fleet; "
+    "refused ones count in ldp_reports_rejected_total (unauthenticated, unknown_fleet, bad_mac, "
+    "sender_mismatch).",
+    ["collection", "fleet"], registry=REGISTRY)
 DUPLICATE_BATCHES = Counter(
     "ldp_duplicate_batches_total",
     "Keyed report batches delivered again (same sender and sequence, agents/store/dedupe.py): not "

@@ -138,3 +138,18 @@ MQTT_PUBLIC_KEY_TOPIC = "ldp/{fleet}/public-key"
 def mqtt_public_key_topic(fleet: str) -> str:
     """The MQTT topic carrying the verifying key's document (retained) for one fleet."""
     return MQTT_PUBLIC_KEY_TOPIC.format(fleet=fleet)
+
+
+# --- per-device identity (docs/security.md, "Per-device identity"; docs/credentials.md) -----------
+__all__ += ["ENV_DEVICE_SECRETS", "ENV_DEVICE_SECRETS_FILE", "DEVICE_KEY_LABEL",
+            "AUTH_REASONS"]
+#: the fleets' secrets the worker derives device keys from: a YAML/JSON file, or its JSON inline
+ENV_DEVICE_SECRETS_FILE = "LDP_DEVICE_SECRETS_FILE"
+ENV_DEVICE_SECRETS = "LDP_DEVICE_SECRETS"
+#: domain separation of a device key: HMAC-SHA256(fleet secret, label ‖ u8 len ‖ fleet ‖ u64 id)
+DEVICE_KEY_LABEL = b"ldpstream/device-key/v1\n"
+#: the ldp.dlq reasons of a batch the worker does not count as an authenticated device's
+AUTH_REASONS = ("unauthenticated", "unknown_fleet", "bad_mac", "sender_mismatch")
+__all__ += ["ENV_REQUIRE_DEVICE_AUTH"]
+#: ``1``: the gateway and the MQTT bridge refuse batches without a device MAC
+ENV_REQUIRE_DEVICE_AUTH = "LDP_REQUIRE_DEVICE_AUTH"

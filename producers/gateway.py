@@ -73,6 +73,7 @@ from ldpstream.errors import CliError
 from ldpstream.estimators.mechanism import Mechanism
 from ldpstream.http_guard import GATEWAY_ENV, ConnectionGuard, HardenedSite
 from ldpstream.names import CONFIG_TOPIC, ENV_KAFKA_BOOTSTRAP, reports_topic
+from ldpstream.producers.ack_ledger import AckLedger, AckMetrics
 from ldpstream.producers.codec import (
     MAX_MESSAGE_BYTES,
     DecodeError,
@@ -107,6 +108,7 @@ REQUESTS = Counter("ldp_gateway_requests_total", "HTTP report requests by answer
                    ["collection", "status"], registry=REGISTRY)
 REPORTS = Counter("ldp_gateway_reports_total", "Reports accepted and acknowledged by Kafka.",
                   ["collection"], registry=REGISTRY)
+ACK_METRICS = AckMetrics(REGISTRY)
 SECONDS = Histogram("ldp_gateway_request_seconds", "Seconds to answer a report request.",
                     registry=REGISTRY, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                 0.25, 0.5, 1.0, 2.5))
@@ -260,7 +262,8 @@ class IngestGateway:
                  max_body_bytes: int = DEFAULT_MAX_BODY,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
                  config_topic: str | None = None,
-                 require_device_auth: bool = False) -> None:
+                 require_device_auth: bool = False, via: str = "gateway",
+                 ack_metrics: AckMetrics | None = None) -> None:
         self.bootstrap = bootstrap
         #: refuse batches without a device MAC (401 ``unauthenticated``) instead of relaying
         #: what a worker with fleet secrets would dead-letter (docs/security.md)
@@ -277,6 +280,8 @@ class IngestGateway:
                                      on_change=self._on_state, max_epsilon=None,
                                      collections=follow)
         self.publisher = Publisher(bootstrap, client_id="ldpstream-gateway")
+        #: acknowledged reports per fleet and collection, for the workers' reconciliation
+        self.acks = AckLedger(self.publisher, via, ack_metrics or ACK_METRICS)
         #: collection → version → mechanism, for every version the newest state accepts
         self.known: dict[str, dict[int, Mechanism]] = {}
         #: the last Kafka failure (shown by /healthz until a batch is acknowledged again)
@@ -294,9 +299,14 @@ class IngestGateway:
     async def start(self, timeout_s: float = 30.0) -> "IngestGateway":
         await self.publisher.start(timeout_s)
         await self.watcher.start(timeout_s)
+        self.acks.start()
         return self
 
     async def stop(self) -> None:
+        try:
+            await asyncio.wait_for(self.acks.stop(), PRODUCE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.warning("gateway: the acknowledged counts were not flushed")
         await self.watcher.stop()
         try:  # with the broker gone, what is unacknowledged was answered 503 already
             await asyncio.wait_for(self.publisher.stop(), PRODUCE_TIMEOUT_S)
@@ -325,6 +335,7 @@ class IngestGateway:
                                                 f"of {self.max_message_bytes} bytes")
             await self._send_all([(body, device_key(server_id(fleet.name, batch.key[0])))],
                                  reports_topic(collection))
+            self.acks.add(fleet.name, collection, batch.n)
             return {"collection": collection, "version": batch.version, "accepted": batch.n,
                     "messages": 1}
         if self.require_device_auth:

@@ -48,6 +48,7 @@ from ldpstream.names import (
     mqtt_public_key_topic,
     mqtt_reports_topic,
 )
+from ldpstream.producers.ack_ledger import AckMetrics
 from ldpstream.producers.codec import MAX_MESSAGE_BYTES, dlq_record
 from ldpstream.producers.gateway import (
     PRODUCE_TIMEOUT_S,
@@ -73,6 +74,7 @@ REPORTS = Counter("ldp_mqtt_reports_total", "Reports produced to Kafka from MQTT
 REJECTED = Counter("ldp_mqtt_rejected_total", "MQTT messages refused (sent to ldp.dlq).",
                    ["fleet", "reason"], registry=REGISTRY)
 BROKER_REFUSED = refused_counter(REGISTRY)
+ACK_METRICS = AckMetrics(REGISTRY)
 BROKER_LOG = Gauge("ldp_mqtt_broker_log_subscribed", "1 while the bridge reads the broker's log "
                    "(the refusals it counts).", registry=REGISTRY)
 RETRIES = Counter("ldp_mqtt_kafka_retries_total", "Produce attempts retried while Kafka was "
@@ -143,7 +145,7 @@ class MqttBridge:
         self.fleets = {f.name: f for f in fleets}
         self.max_body_bytes = int(max_body_bytes)
         self.gateway = _RelayingGateway(bootstrap, fleets, max_body_bytes=max_body_bytes,
-                                        relay=self._relay)
+                                        relay=self._relay, via="mqtt", ack_metrics=ACK_METRICS)
         self.client = make_client(endpoint, self.session_id, ca=ca, manual_ack=True)
         self.client.on_message = self._on_message
         self.refusals = BrokerRefusals(self.fleets, BROKER_REFUSED, BROKER_LOG, broker_log_file)

@@ -109,10 +109,8 @@ def test_identity_conformance_vectors():
     """sdk/conformance/identity.json, which the C and TypeScript SDKs run too: the Python
     derivation, credential and authenticated batch bytes (a DeviceClient holding the credential
     sends the same bytes)."""
-    import asyncio
     from pathlib import Path
 
-    from ldpstream.producers.sdk import DeviceClient, RecordingTransport
 
     v = json.loads((Path(__file__).parents[1] / "sdk" / "conformance" / "identity.json")
                    .read_text(encoding="utf-8"))

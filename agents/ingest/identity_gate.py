@@ -15,6 +15,7 @@ import numpy as np
 from aiokafka.structs import ConsumerRecord
 
 from ldpstream.agents import metrics
+from ldpstream.agents.ingest.acks import AckReconciler
 from ldpstream.credentials.device_keys import MAC_BYTES, FleetSecrets, batch_mac, server_id
 from ldpstream.producers.codec import ReportBatch
 
@@ -30,8 +31,10 @@ class Unauthentic(Exception):
 class IdentityGate:
     """Verify batches against the fleets' secrets (``None``: off, batches count as they say)."""
 
-    def __init__(self, fleets: FleetSecrets | None) -> None:
+    def __init__(self, fleets: FleetSecrets | None, acks: AckReconciler | None = None) -> None:
         self.fleets = fleets
+        #: told of every verified batch's reports (acknowledged equals counted)
+        self.acks = acks
 
     @property
     def enforced(self) -> bool:
@@ -59,5 +62,7 @@ class IdentityGate:
                               f"sender {sender} of fleet {b.fleet!r}")
         sid = server_id(b.fleet, sender)
         metrics.DEVICE_BATCHES.labels(cid, b.fleet).inc()
+        if self.acks is not None:
+            self.acks.took(cid, b.fleet, b.n)
         return dataclasses.replace(b, key=(sid, b.key[1]),
                                    device_ids=np.full(b.n, sid, dtype=np.uint64))

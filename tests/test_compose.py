@@ -268,6 +268,9 @@ def test_acls_devices_write_only_reports_and_only_workers_write_config():
     for a in acls:
         if a["principal"] == "User:bridge" and a["topic"] == "ldp.dlq":  # dead letters
             assert a["ops"] == {"Write", "Describe"} and not a["prefixed"], a
+        elif a["topic"] == "ldp.acks":  # acknowledged counts: the gateway and bridge write them
+            want = {"Read", "Describe"} if a["principal"] == "User:worker" else {"Write", "Describe"}
+            assert a["ops"] == want and not a["prefixed"], a
         elif a["principal"] in ("User:device", "User:bridge"):
             assert a["group"] is None, "devices need no consumer group"
             if a["ops"] & {"Write", "All", "Create", "Alter", "Delete"}:

@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=2000.0,
                    help="reports per second (default 2000; 0 = as fast as possible)")
     p.add_argument("--batch", type=int, default=None, help="reports per Kafka message (default 500)")
+    p.add_argument("--device-fleet", default=None,
+                   help="sign each simulated device's batch as a device of this fleet, with "
+                        "keys derived from LDP_DEVICE_SECRETS_FILE (docs/security.md)")
     p.add_argument("--total", type=int, default=None, help="stop after this many reports")
     p.add_argument("--drift-at", type=float, default=None,
                    help="switch the population this many seconds after the start")

@@ -23,6 +23,7 @@ from typing import Any, Callable, Collection, Mapping, Protocol
 
 import numpy as np
 
+from ldpstream.credentials.device_keys import DeviceSigner
 from ldpstream.estimators.mechanism import Mechanism, from_state
 from ldpstream.names import BUDGET_FIELD, CONFIG_TOPIC, reports_topic
 from ldpstream.producers import bounded_fetch
@@ -360,7 +361,8 @@ class Gateway:
     """
 
     def __init__(self, collection: str, publisher: Publisher, *, batch: int = 500,
-                 topic: str | None = None, with_device_ids: bool = True) -> None:
+                 topic: str | None = None, with_device_ids: bool = True,
+                 signer: DeviceSigner | None = None) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
         self.collection = collection
@@ -368,6 +370,8 @@ class Gateway:
         self.batch = int(batch)
         self.topic = topic or reports_topic(collection)
         self.with_device_ids = with_device_ids
+        #: with a signer, every device's reports leave as its own authenticated batch
+        self.signer = signer
         self._reports: list[np.ndarray] = []
         self._ids: list[np.ndarray] = []
         self._buffered = 0
@@ -401,11 +405,30 @@ class Gateway:
 
     async def _send(self, reports: np.ndarray, ids: np.ndarray) -> None:
         assert self._version is not None
+        if self.signer is not None:
+            await self._send_signed(reports, ids)
+            return
         payload = encode_batch(self.collection, self._version, reports,
                                device_ids=ids if self.with_device_ids else None, sent_at=time.time())
         await self.publisher.send(self.topic, payload)
         self.sent_reports += len(reports)
         self.sent_messages += 1
+
+    async def _send_signed(self, reports: np.ndarray, ids: np.ndarray) -> None:
+        """One authenticated batch per device of the batch (one HMAC each)."""
+        assert self._version is not None and self.signer is not None
+        order = np.argsort(ids, kind="stable")
+        ids, reports = ids[order], reports[order]
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+        now = time.time()
+        for s, e in zip(starts, np.r_[starts[1:], len(ids)]):
+            dev, seq, key = self.signer.next(int(ids[s]))
+            payload = encode_batch(self.collection, self._version, reports[s:e], sent_at=now,
+                                   device_ids=np.full(e - s, dev, np.uint64), key=(dev, seq),
+                                   auth=(self.signer.fleet, key))
+            await self.publisher.send(self.topic, payload, key=dev.to_bytes(8, "big"))
+            self.sent_messages += 1
+        self.sent_reports += len(reports)
 
     async def flush(self) -> None:
         """Send what is buffered (a short batch) and wait for every acknowledgement."""

@@ -206,3 +206,38 @@ def test_one_fleet_cannot_take_another_fleets_device_state(tmp_path, kafka_broke
     assert sum(r["reason"] == "device_state_full" for r in dlq) == 100
     assert all("fleet 'phones'" in r["detail"] for r in dlq if r["reason"] == "device_state_full")
     assert worker.proc.poll() is None, worker.log_tail()
+
+
+def test_the_simulated_fleet_signs_each_device(tmp_path, kafka_broker, redis_server,
+                                               spawn_worker, service_env, unique_name):
+    """The simulated fleet as a trusted aggregator (``ldpstream fleet --device-fleet``): it holds
+    the fleet's secret and sends each device's reports as that device's authenticated batch; a
+    worker with the secrets counts all 3,000 and dead-letters nothing."""
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
+    from ldpstream.credentials.device_keys import DeviceSigner, parse_fleet_secrets
+    from ldpstream.producers.fleet import run_fleet
+
+    cid = unique_name
+    path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=2,
+                        marginals=[("sex", "Salary")])
+    coll = load_config(path).collections[cid]
+    worker = spawn_worker(path, env=_env(service_env))
+    worker.wait_ready(60)
+    fleets = parse_fleet_secrets({"fleets": {f: {"secret": s} for f, s in SECRETS.items()}}, "t")
+
+    async def run() -> int:
+        stats = await run_fleet(kafka_broker.bootstrap, coll, devices=200, rate=0, total=3000,
+                                seed=4, signer=DeviceSigner(fleets, "sensors"))
+        assert stats.sent_reports == 3000
+        store = make_store(redis_server.url)
+        try:
+            await wait_for_n(store, cid, 3000, 60)
+            await asyncio.sleep(1.5)
+            return await store.n(cid, 2)
+        finally:
+            await store.close()
+
+    assert asyncio.run(run()) == 3000
+    assert read_dlq(kafka_broker.bootstrap, topic=coll.topic) == []
+    assert f'ldp_device_batches_total{{collection="{cid}",fleet="sensors"}}' in worker.get("/metrics")

@@ -34,7 +34,8 @@ import yaml
 from ldpstream.errors import CliError
 from ldpstream.names import DEVICE_KEY_LABEL, ENV_DEVICE_SECRETS, ENV_DEVICE_SECRETS_FILE
 
-__all__ = ["MAC_BYTES", "SECRET_BYTES", "DeviceCredential", "FleetSecrets", "derive_device_key",
+__all__ = ["MAC_BYTES", "SECRET_BYTES", "DeviceCredential", "DeviceSigner", "FleetSecrets",
+           "derive_device_key",
            "batch_mac", "fleet_tag", "server_id", "load_fleet_secrets", "parse_fleet_secrets"]
 
 MAC_BYTES = 32
@@ -124,6 +125,31 @@ class FleetSecrets:
     def key(self, fleet: str, device_id: int) -> bytes | None:
         secret = self.secrets.get(fleet)
         return None if secret is None else derive_device_key(secret, fleet, device_id)
+
+
+class DeviceSigner:
+    """A trusted aggregator's signing (the simulated fleet, docs/security.md "Per-device
+    identity"): it holds its fleet's secret and sends each device's reports as that device's own
+    authenticated batch. Its devices are ``(run << 32) | id`` with a random 31-bit ``run`` per
+    process, so a restarted simulator starts new devices at sequence 0 instead of reusing
+    sequences; each device's sequence grows by one per batch."""
+
+    def __init__(self, fleets: FleetSecrets, fleet: str) -> None:
+        if fleet not in fleets.secrets:
+            raise CliError(f"fleet {fleet!r} has no secret (known: "
+                           f"{', '.join(sorted(fleets.secrets))})")
+        self.fleets, self.fleet = fleets, fleet
+        self.run = secrets.randbits(31) << 32
+        self.sequences: dict[int, int] = {}
+
+    def next(self, device: int) -> tuple[int, int, bytes]:
+        """(device id, sequence, key) of ``device``'s next batch."""
+        dev = self.run | (int(device) & 0xFFFFFFFF)
+        seq = self.sequences.get(dev, 0)
+        self.sequences[dev] = seq + 1
+        key = self.fleets.key(self.fleet, dev)
+        assert key is not None
+        return dev, seq, key
 
 
 def parse_fleet_secrets(doc: Any, source: str) -> FleetSecrets:

@@ -199,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("device-credentials", help="a new fleet secret, or a device's own key "
                        "derived from it (docs/credentials.md)")
     p.add_argument("--new-secret", action="store_true", help="print a new random fleet secret")
+    p.add_argument("--init", default=None, metavar="FILE",
+                   help="write (or extend) the fleets' secrets file with a new secret for each "
+                        "of --fleets it lacks (the compose one-shot)")
+    p.add_argument("--fleets", default=None, help="with --init: fleet names (comma-separated)")
     p.add_argument("--fleet", default=None, help="the device's fleet")
     p.add_argument("--device-id", type=int, default=None, help="the device's id (u64)")
     p.add_argument("--count", type=int, default=None,

@@ -90,7 +90,8 @@ def _needs(svc: str) -> set:
 
 
 def test_healthchecks_and_depends_on_conditions():
-    assert set(ONE_SHOT) == {"kafka-acls", "kafka-certs", "keygen", "edge-certs", "mqtt-passwords"}
+    assert set(ONE_SHOT) == {"kafka-acls", "kafka-certs", "keygen", "edge-certs", "mqtt-passwords",
+                             "device-secrets"}
     for name in ["kafka", "redis", "prometheus", "alertmanager", "grafana", *WORKERS]:
         hc = SERVICES[name].get("healthcheck")
         assert hc and hc["test"], f"{name} needs a healthcheck"
@@ -105,7 +106,7 @@ def test_healthchecks_and_depends_on_conditions():
             assert cond["condition"] == "service_healthy", (name, target)
             assert SERVICES[target].get("healthcheck"), f"{target} has no healthcheck to wait for"
     for w in WORKERS:
-        assert _needs(w) >= {"kafka", "redis", "kafka-acls", "kafka-certs", "keygen"}
+        assert _needs(w) >= {"kafka", "redis", "kafka-acls", "kafka-certs", "keygen", "device-secrets"}
     assert "/healthz" in " ".join(SERVICES[WORKERS[0]]["healthcheck"]["test"])
 
 

@@ -127,3 +127,18 @@ def test_identity_conformance_vectors():
                             device_ids=np.full(len(rows), dev, np.uint64),
                             key=(dev, int(b["sequence"])),
                             auth=(b["fleet"], bytes.fromhex(b["key"]))).hex() == b["hex"]
+
+
+def test_init_writes_secrets_once_and_keeps_them(tmp_path):
+    from ldpstream.cli import main
+    from ldpstream.credentials.device_keys import load_fleet_secrets
+
+    path = tmp_path / "secrets" / "fleets.yaml"
+    assert main(["device-credentials", "--init", str(path), "--fleets", "demo"]) == 0
+    first = load_fleet_secrets({"LDP_DEVICE_SECRETS_FILE": str(path)})
+    assert first is not None and list(first.secrets) == ["demo"]
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert main(["device-credentials", "--init", str(path), "--fleets", "demo,cars"]) == 0
+    again = load_fleet_secrets({"LDP_DEVICE_SECRETS_FILE": str(path)})
+    assert again is not None and again.secrets["demo"] == first.secrets["demo"]
+    assert sorted(again.secrets) == ["cars", "demo"]

@@ -222,12 +222,35 @@ def load_fleet_secrets(environ: Mapping[str, str] | None = None) -> FleetSecrets
     return None
 
 
+def init_secrets(path: Path, fleets: str | None) -> int:
+    """``--init FILE --fleets a,b``: a secrets file with a new secret for every fleet it lacks
+    (existing secrets are kept: the compose one-shot runs at every start), mode 0600."""
+    names = [f.strip() for f in (fleets or "").replace(" ", ",").split(",") if f.strip()]
+    if not names:
+        raise CliError("--init: give the fleets (--fleets a,b)")
+    doc: dict[str, Any] = {"fleets": {}}
+    if path.is_file():
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or doc
+        parse_fleet_secrets(doc, str(path))   # refuse to extend a broken file
+    for name in names:
+        doc["fleets"].setdefault(name, {"secret": secrets.token_hex(SECRET_BYTES)})
+    parse_fleet_secrets(doc, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(doc, sort_keys=True), encoding="utf-8")
+    tmp.chmod(0o600)
+    tmp.replace(path)
+    return 0
+
+
 def main(args: Any) -> int:
     """``ldpstream device-credentials --new-secret`` | ``--fleet F --device-id N [--secrets
     FILE]``: a new fleet secret (hex), or a device's credential as JSON on stdout."""
     if args.new_secret:
         print(secrets.token_hex(SECRET_BYTES))
         return 0
+    if args.init is not None:
+        return init_secrets(Path(args.init), args.fleets)
     if args.fleet is None or args.device_id is None:
         raise CliError("give --new-secret, or --fleet NAME and --device-id N")
     env = dict(os.environ)

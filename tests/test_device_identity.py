@@ -29,6 +29,18 @@ def _env(service_env: dict) -> dict:
         {"fleets": {f: {"secret": s} for f, s in SECRETS.items()}})}
 
 
+def _worker(tmp_path, cid: str, spawn_worker, service_env: dict, partitions: int,
+            extra: dict | None = None):
+    """A worker with the fleets' secrets for a (sex, Salary) collection; (collection, worker)."""
+    from ldpstream.config import load_config
+
+    path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"),
+                        partitions=partitions, marginals=[("sex", "Salary")], extra=extra)
+    worker = spawn_worker(path, env=_env(service_env))
+    worker.wait_ready(60)
+    return load_config(path).collections[cid], worker
+
+
 def _key(fleet: str, device: int) -> bytes:
     return derive_device_key(bytes.fromhex(SECRETS[fleet]), fleet, device)
 
@@ -62,7 +74,6 @@ def test_forged_batch_keys_cannot_silence_a_device(tmp_path, kafka_broker, redis
     import aiohttp
 
     from ldpstream.agents.app import make_store
-    from ldpstream.config import load_config
     from ldpstream.credentials.device_keys import DeviceCredential
     from ldpstream.dev.process import free_port
     from ldpstream.producers.codec import encode_batch
@@ -72,11 +83,7 @@ def test_forged_batch_keys_cannot_silence_a_device(tmp_path, kafka_broker, redis
     from ldpstream.producers.sdk import DeviceClient, HttpTransport, device_key
 
     cid = unique_name
-    path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=1,
-                        marginals=[("sex", "Salary")])
-    coll = load_config(path).collections[cid]
-    worker = spawn_worker(path, env=_env(service_env))
-    worker.wait_ready(60)
+    coll, worker = _worker(tmp_path, cid, spawn_worker, service_env, 1)
     own = _key("phones", ATTACKER)
     forged = []
     for seq in (2**64 - 1, 2**63 - 1, 1000):
@@ -148,7 +155,6 @@ def test_one_fleet_cannot_take_another_fleets_device_state(tmp_path, kafka_broke
     import aiohttp
 
     from ldpstream.agents.app import make_store
-    from ldpstream.config import load_config
     from ldpstream.dev.process import free_port
     from ldpstream.producers.codec import encode_batch
     from ldpstream.producers.gateway import IngestGateway, serve
@@ -156,13 +162,9 @@ def test_one_fleet_cannot_take_another_fleets_device_state(tmp_path, kafka_broke
     from ldpstream.producers.sdk import device_key
 
     cid = unique_name
-    path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=1,
-                        marginals=[("sex", "Salary")],
-                        extra={"params": {"memoize": {"rotation_s": 86400}},
-                               "device_state_max": 1000})
-    coll = load_config(path).collections[cid]
-    worker = spawn_worker(path, env=_env(service_env))
-    worker.wait_ready(60)
+    coll, worker = _worker(tmp_path, cid, spawn_worker, service_env, 1,
+                           {"params": {"memoize": {"rotation_s": 86400}},
+                            "device_state_max": 1000})
     invented = np.arange(10**6, 10**6 + 2500, dtype=np.uint64)
     flood = encode_batch(cid, coll.version, _rows(2500), device_ids=invented)
 
@@ -214,16 +216,11 @@ def test_the_simulated_fleet_signs_each_device(tmp_path, kafka_broker, redis_ser
     the fleet's secret and sends each device's reports as that device's authenticated batch; a
     worker with the secrets counts all 3,000 and dead-letters nothing."""
     from ldpstream.agents.app import make_store
-    from ldpstream.config import load_config
     from ldpstream.credentials.device_keys import DeviceSigner, parse_fleet_secrets
     from ldpstream.producers.fleet import run_fleet
 
     cid = unique_name
-    path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=2,
-                        marginals=[("sex", "Salary")])
-    coll = load_config(path).collections[cid]
-    worker = spawn_worker(path, env=_env(service_env))
-    worker.wait_ready(60)
+    coll, worker = _worker(tmp_path, cid, spawn_worker, service_env, 2)
     fleets = parse_fleet_secrets({"fleets": {f: {"secret": s} for f, s in SECRETS.items()}}, "t")
 
     async def run() -> int:

@@ -295,6 +295,15 @@ static void hex_of(const uint8_t *b, size_t n, char *out) {
   out[2 * n] = 0;
 }
 
+/* a batch case's credential: its fleet, device id and hex key */
+static void credential_of(json_t *c, ldp_credential *out) {
+  size_t len = 0;
+  const char *kh = json_string_value(json_object_get(c, "key"));
+  snprintf(out->fleet, sizeof out->fleet, "%s", json_string_value(json_object_get(c, "fleet")));
+  out->device_id = u64(json_object_get(c, "device_id"));
+  sodium_hex2bin(out->key, sizeof out->key, kh, strlen(kh), NULL, &len, NULL);
+}
+
 /* identity.json: device keys, the provisioned credential, authenticated batches (through a
    device with that credential) */
 static void identity_vectors(json_t *v) {
@@ -328,11 +337,7 @@ static void identity_vectors(json_t *v) {
   json_array_foreach(json_object_get(v, "batches"), i, c) {
     const char *name = json_string_value(json_object_get(c, "name"));
     ldp_credential bc;
-    size_t kl = 0;
-    const char *kh = json_string_value(json_object_get(c, "key"));
-    snprintf(bc.fleet, sizeof bc.fleet, "%s", json_string_value(json_object_get(c, "fleet")));
-    bc.device_id = u64(json_object_get(c, "device_id"));
-    sodium_hex2bin(bc.key, sizeof bc.key, kh, strlen(kh), NULL, &kl, NULL);
+    credential_of(c, &bc);
     json_t *rows = json_object_get(c, "reports"), *row;
     uint32_t n = (uint32_t)json_array_size(rows), width = 0;
     uint32_t reports[64];
@@ -359,11 +364,7 @@ static void identity_vectors(json_t *v) {
   /* through a device holding the credential: the first batch's bytes */
   c = json_array_get(json_object_get(v, "batches"), 0);
   ldp_credential dc;
-  size_t kl = 0;
-  const char *kh = json_string_value(json_object_get(c, "key"));
-  snprintf(dc.fleet, sizeof dc.fleet, "%s", json_string_value(json_object_get(c, "fleet")));
-  dc.device_id = u64(json_object_get(c, "device_id"));
-  sodium_hex2bin(dc.key, sizeof dc.key, kh, strlen(kh), NULL, &kl, NULL);
+  credential_of(c, &dc);
   static ldp_state st;
   ldp_ledger ledger;
   uint32_t reports[LDP_MAX_WIDTH];

@@ -134,7 +134,8 @@ class MqttBridge:
     def __init__(self, bootstrap: str, fleets: Sequence[Fleet], endpoint: MqttEndpoint, *,
                  client_id: str, ca: str | None = None, shared: bool = True,
                  max_body_bytes: int = MAX_MESSAGE_BYTES,
-                 broker_log_file: str | None = None) -> None:
+                 broker_log_file: str | None = None,
+                 require_device_auth: bool = False) -> None:
         self.endpoint = endpoint
         self.shared = shared
         self.client_id = client_id
@@ -145,7 +146,8 @@ class MqttBridge:
         self.fleets = {f.name: f for f in fleets}
         self.max_body_bytes = int(max_body_bytes)
         self.gateway = _RelayingGateway(bootstrap, fleets, max_body_bytes=max_body_bytes,
-                                        relay=self._relay, via="mqtt", ack_metrics=ACK_METRICS)
+                                        relay=self._relay, via="mqtt", ack_metrics=ACK_METRICS,
+                                        require_device_auth=require_device_auth)
         self.client = make_client(endpoint, self.session_id, ca=ca, manual_ack=True)
         self.client.on_message = self._on_message
         self.refusals = BrokerRefusals(self.fleets, BROKER_REFUSED, BROKER_LOG, broker_log_file)

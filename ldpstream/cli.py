@@ -20,6 +20,7 @@ from ldpstream.names import (
     DEFAULT_GATEWAY_PORT,
     DEFAULT_WEB_PORT,
     ENV_CONFIG,
+    ENV_REQUIRE_DEVICE_AUTH,
     FLEET_DEVICES,
     MAX_MESSAGE_BYTES,
 )
@@ -146,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=2000.0,
                    help="reports per second (default 2000; 0 = as fast as possible)")
     p.add_argument("--batch", type=int, default=None, help="reports per Kafka message (default 500)")
+    p.add_argument("--device-fleet", default=None,
+                   help="sign each simulated device's batch as a device of this fleet, with "
+                        "keys derived from LDP_DEVICE_SECRETS_FILE (docs/security.md)")
     p.add_argument("--total", type=int, default=None, help="stop after this many reports")
     p.add_argument("--drift-at", type=float, default=None,
                    help="switch the population this many seconds after the start")
@@ -172,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve HTTPS with this PEM certificate chain (docs/security.md)")
     p.add_argument("--tls-key", default=None,
                    help="the private key of --tls-cert, PEM (default: inside --tls-cert)")
+    p.add_argument("--require-device-auth", action="store_true",
+                   default=os.environ.get(ENV_REQUIRE_DEVICE_AUTH, "") in ("1", "true"),
+                   help="refuse batches without a device MAC (401 unauthenticated; "
+                        f"{ENV_REQUIRE_DEVICE_AUTH}=1; docs/security.md)")
 
     _mqtt_bridge_parser(sub)
 
@@ -193,6 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=DEFAULT_DAYS,
                    help=f"validity in days (default {DEFAULT_DAYS})")
     p.add_argument("--if-missing", action="store_true", help="keep existing files (exit 0)")
+
+    p = sub.add_parser("device-credentials", help="a new fleet secret, or a device's own key "
+                       "derived from it (docs/credentials.md)")
+    p.add_argument("--new-secret", action="store_true", help="print a new random fleet secret")
+    p.add_argument("--init", default=None, metavar="FILE",
+                   help="write (or extend) the fleets' secrets file with a new secret for each "
+                        "of --fleets it lacks (the compose one-shot)")
+    p.add_argument("--fleets", default=None, help="with --init: fleet names (comma-separated)")
+    p.add_argument("--fleet", default=None, help="the device's fleet")
+    p.add_argument("--device-id", type=int, default=None, help="the device's id (u64)")
+    p.add_argument("--count", type=int, default=None,
+                   help="print the credentials of COUNT devices from --device-id on, one a line")
+    p.add_argument("--secrets", default=None,
+                   help="the fleets' secrets file (default: LDP_DEVICE_SECRETS_FILE, "
+                        "LDP_DEVICE_SECRETS)")
 
     p = sub.add_parser("kafka-certs", help="write a CA and the Kafka broker's TLS certificate "
                                            "(docker-compose.yml; docs/security.md)")
@@ -354,6 +377,7 @@ _COMMANDS = {
     "mqtt-bridge": "ldpstream.producers.mqtt_bridge_cli",
     "config-reference": "ldpstream.config_docs",
     "kafka-certs": "ldpstream.credentials.kafka_certs",
+    "device-credentials": "ldpstream.credentials.device_keys",
 }
 
 

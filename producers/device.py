@@ -23,6 +23,7 @@ from typing import Any, Callable, Collection, Mapping, Protocol
 
 import numpy as np
 
+from ldpstream.credentials.device_keys import DeviceSigner
 from ldpstream.estimators.mechanism import Mechanism, from_state
 from ldpstream.names import BUDGET_FIELD, CONFIG_TOPIC, reports_topic
 from ldpstream.producers import bounded_fetch
@@ -364,7 +365,8 @@ class Gateway:
 
     def __init__(self, collection: str, publisher: Publisher, *, batch: int = 500,
                  topic: str | None = None, with_device_ids: bool = True,
-                 partitions: int | None = None) -> None:
+                 partitions: int | None = None,
+                 signer: DeviceSigner | None = None) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
         if partitions is not None and partitions < 1:
@@ -379,6 +381,8 @@ class Gateway:
         self._reports: dict[int | None, list[np.ndarray]] = {}
         self._ids: dict[int | None, list[np.ndarray]] = {}
         self._buffered: dict[int | None, int] = {}
+        #: with a signer, every device's reports leave as its own authenticated batch
+        self.signer = signer
         self._version: int | None = None
         self.sent_reports = 0
         self.sent_messages = 0
@@ -424,11 +428,30 @@ class Gateway:
 
     async def _send(self, reports: np.ndarray, ids: np.ndarray, part: int | None) -> None:
         assert self._version is not None
+        if self.signer is not None:
+            await self._send_signed(reports, ids)
+            return
         payload = encode_batch(self.collection, self._version, reports,
                                device_ids=ids if self.with_device_ids else None, sent_at=time.time())
         await self.publisher.send(self.topic, payload, partition=part)
         self.sent_reports += len(reports)
         self.sent_messages += 1
+
+    async def _send_signed(self, reports: np.ndarray, ids: np.ndarray) -> None:
+        """One authenticated batch per device of the batch (one HMAC each)."""
+        assert self._version is not None and self.signer is not None
+        order = np.argsort(ids, kind="stable")
+        ids, reports = ids[order], reports[order]
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+        now = time.time()
+        for s, e in zip(starts, np.r_[starts[1:], len(ids)]):
+            dev, seq, key = self.signer.next(int(ids[s]))
+            payload = encode_batch(self.collection, self._version, reports[s:e], sent_at=now,
+                                   device_ids=np.full(e - s, dev, np.uint64), key=(dev, seq),
+                                   auth=(self.signer.fleet, key))
+            await self.publisher.send(self.topic, payload, key=dev.to_bytes(8, "big"))
+            self.sent_messages += 1
+        self.sent_reports += len(reports)
 
     async def flush(self) -> None:
         """Send what is buffered (short batches) and wait for every acknowledgement."""

@@ -1,6 +1,7 @@
 """``ldpstream mqtt-bridge``: MQTT ingress for device fleets (docs/devices.md, "MQTT").
 
-The bridge subscribes to ``$share/ldp-bridge/ldp/+/+/reports`` (bridges with distinct client ids
+The bridge subscribes to ``$share/ldp-bridge-<tag>/ldp/+/+/reports`` (:func:`bridge_names`: the
+group and the client id carry a tag of the bridge's password; bridges with distinct client ids
 split the messages; ``--subscription exclusive``: ``ldp/+/+/reports``, one bridge, see
 :attr:`MqttBridge.subscription`) with a persistent session and manual QoS 1 acknowledgements. Each message on
 ``ldp/<fleet>/<collection>/reports`` is one report batch, binary or its JSON form (MQTT 5 content
@@ -23,6 +24,8 @@ broker answers metadata and ``ldp.config`` is being read; ``/metrics`` has the `
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -45,6 +48,7 @@ from ldpstream.names import (
     mqtt_public_key_topic,
     mqtt_reports_topic,
 )
+from ldpstream.producers.ack_ledger import AckMetrics
 from ldpstream.producers.codec import MAX_MESSAGE_BYTES, dlq_record
 from ldpstream.producers.gateway import (
     PRODUCE_TIMEOUT_S,
@@ -70,6 +74,7 @@ REPORTS = Counter("ldp_mqtt_reports_total", "Reports produced to Kafka from MQTT
 REJECTED = Counter("ldp_mqtt_rejected_total", "MQTT messages refused (sent to ldp.dlq).",
                    ["fleet", "reason"], registry=REGISTRY)
 BROKER_REFUSED = refused_counter(REGISTRY)
+ACK_METRICS = AckMetrics(REGISTRY)
 BROKER_LOG = Gauge("ldp_mqtt_broker_log_subscribed", "1 while the bridge reads the broker's log "
                    "(the refusals it counts).", registry=REGISTRY)
 RETRIES = Counter("ldp_mqtt_kafka_retries_total", "Produce attempts retried while Kafka was "
@@ -81,6 +86,24 @@ CONNECTED = Gauge("ldp_mqtt_connected", "1 while the bridge's MQTT session is up
 SECONDS = Histogram("ldp_mqtt_message_seconds", "Seconds from receiving an MQTT message to its "
                     "acknowledgement.", registry=REGISTRY,
                     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+
+
+def bridge_names(client_id: str, password: str | None) -> tuple[str, str]:
+    """The bridge's MQTT client id and shared-subscription group as the broker sees them: the
+    given ``client_id`` and ``ldp-bridge``, each suffixed with 16 hex digits of
+    HMAC-SHA256(bridge password, ...). Mosquitto 2.0 grants any SUBSCRIBE (its ACL filters only
+    what is delivered) and lets any authenticated client take over a session by its client id,
+    so names a fleet's device cannot guess keep it out of the bridges' group and their sessions;
+    bridges sharing the password share the group (docs/security.md). Without a password: the
+    plain names."""
+    if not password:
+        return client_id, MQTT_SHARE_GROUP
+
+    def tag(what: str) -> str:
+        return hmac.new(password.encode("utf-8"), f"ldpstream/mqtt-bridge/{what}".encode("utf-8"),
+                        hashlib.sha256).hexdigest()[:16]
+
+    return f"{client_id}-{tag('client-id/' + client_id)}", f"{MQTT_SHARE_GROUP}-{tag('group')}"
 
 
 def load_mqtt_fleets(path: str | None, environ: Any = None) -> list[Fleet]:
@@ -111,16 +134,21 @@ class MqttBridge:
     def __init__(self, bootstrap: str, fleets: Sequence[Fleet], endpoint: MqttEndpoint, *,
                  client_id: str, ca: str | None = None, shared: bool = True,
                  max_body_bytes: int = MAX_MESSAGE_BYTES,
-                 broker_log_file: str | None = None) -> None:
+                 broker_log_file: str | None = None,
+                 require_device_auth: bool = False) -> None:
         self.endpoint = endpoint
         self.shared = shared
         self.client_id = client_id
+        #: the names the broker sees: a device of any fleet can neither join the bridges' group
+        #: nor take over a bridge's session (docs/security.md "MQTT: who may take what")
+        self.session_id, self.share_group = bridge_names(client_id, endpoint.password)
         self.ca = ca
         self.fleets = {f.name: f for f in fleets}
         self.max_body_bytes = int(max_body_bytes)
         self.gateway = _RelayingGateway(bootstrap, fleets, max_body_bytes=max_body_bytes,
-                                        relay=self._relay)
-        self.client = make_client(endpoint, client_id, ca=ca, manual_ack=True)
+                                        relay=self._relay, via="mqtt", ack_metrics=ACK_METRICS,
+                                        require_device_auth=require_device_auth)
+        self.client = make_client(endpoint, self.session_id, ca=ca, manual_ack=True)
         self.client.on_message = self._on_message
         self.refusals = BrokerRefusals(self.fleets, BROKER_REFUSED, BROKER_LOG, broker_log_file)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -140,7 +168,7 @@ class MqttBridge:
         persistence, so what devices publish between a broker restart and the bridge's
         reconnect reaches no one; a plain subscription of a persistent session is restored."""
         plain = mqtt_reports_topic("+", "+")
-        return f"$share/{MQTT_SHARE_GROUP}/{plain}" if self.shared else plain
+        return f"$share/{self.share_group}/{plain}" if self.shared else plain
 
     # --- MQTT thread -> loop ------------------------------------------------------------------
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:

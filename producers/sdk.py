@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
 
 import numpy as np
 
+from ldpstream.credentials.device_keys import DeviceCredential
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.mechanism import Mechanism
 from ldpstream.names import BUDGET_FIELD, reports_topic
@@ -237,7 +238,9 @@ class DeviceClient:
     since the epoch (rotation periods, budget windows). Whatever the watcher accepted, the client
     refuses (:class:`~.signing.StateRejected`) a state above ``max_epsilon`` per report (default
     :data:`~.device.DEFAULT_MAX_EPSILON`), an identity channel, and one older than the newest it
-    adopted before (kept in the ledger: ``replayed``).
+    adopted before (kept in the ledger: ``replayed``). With a ``credential`` (this device's own
+    key, ``ldpstream device-credentials``; docs/credentials.md) every batch carries its fleet and
+    MAC, and the device id is the credential's (docs/security.md "Per-device identity").
     """
 
     def __init__(self, collection: str, *, watcher: ConfigWatcher, transport: Transport,
@@ -246,9 +249,16 @@ class DeviceClient:
                  rng: np.random.Generator | DrawSource | None = None,
                  clock: Callable[[], float] = time.time,
                  max_epsilon: float = DEFAULT_MAX_EPSILON,
-                 sequence: BatchSequence | None = None) -> None:
+                 sequence: BatchSequence | None = None,
+                 credential: DeviceCredential | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        if credential is not None and device_id not in (0, credential.device_id):
+            raise ValueError(f"device_id {device_id} is not the credential's "
+                             f"{credential.device_id}")
+        self.credential = credential
+        if credential is not None:
+            device_id = credential.device_id
         self.max_epsilon = float(max_epsilon)
         self._adopted: tuple[int, float] | None = None  # the state last checked (and recorded)
         self.collection = collection
@@ -450,7 +460,9 @@ class DeviceClient:
                 key = (self.device_id, seq)
                 self._outgoing = (encode_batch(
                     self.collection, self._version, reports, sent_at=self.clock(), key=key,
-                    device_ids=np.full(len(reports), self.device_id, dtype=np.uint64)),
+                    device_ids=np.full(len(reports), self.device_id, dtype=np.uint64),
+                    auth=None if self.credential is None else
+                    (self.credential.fleet, self.credential.key)),
                     len(reports))
                 self._buffer = []
             payload, n = self._outgoing

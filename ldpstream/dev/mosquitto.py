@@ -28,7 +28,6 @@ from ldpstream.dev.process import LOOPBACK, _Child
 from ldpstream.errors import ServiceError
 from ldpstream.names import (
     MQTT_BROKER_LOG_ACL,
-    MQTT_SHARE_GROUP,
     mqtt_config_topic,
     mqtt_public_key_topic,
     mqtt_reports_topic,
@@ -134,7 +133,8 @@ class MosquittoService(_Child):
                                    f"{done.stderr.strip() or done.stdout.strip()}")
         acl = [f"user {self.bridge.username}",
                f"topic read {mqtt_reports_topic('+', '+')}",
-               f"topic read $share/{MQTT_SHARE_GROUP}/{mqtt_reports_topic('+', '+')}",
+               # the bridges' group is ldp-bridge-<tag of their password> (mqtt_bridge.py)
+               f"topic read $share/+/{mqtt_reports_topic('+', '+')}",
                f"topic readwrite {mqtt_config_topic('+', '+')}",
                f"topic readwrite {mqtt_public_key_topic('+')}",
                f"topic read {MQTT_BROKER_LOG_ACL}", ""]

@@ -1,6 +1,7 @@
 """Write the conformance vectors every device SDK runs (docs/device-protocol.md,
 "Conformance suite"): ``rng.json``, ``randomize.json``, ``states.json``, ``ledger.json`` (with
-the daily ε budget across a UTC midnight) and ``memo.json`` in this directory, from the Python implementation.
+the daily ε budget across a UTC midnight), ``memo.json`` and ``identity.json`` (device keys,
+credentials, authenticated batches) in this directory, from the Python implementation.
 
     .venv/bin/python sdk/conformance/generate.py          # rewrite the files
     .venv/bin/python sdk/conformance/generate.py --check  # exit 1 if a file would change
@@ -354,8 +355,47 @@ def memo_vectors() -> dict[str, Any]:
                       "events": _replay(state, dom, daily, 1, 82, (100.0, 60.0), None, 3.0)}}
 
 
+def identity_vectors() -> dict[str, Any]:
+    """Per-device identity (docs/security.md "Per-device identity"): device keys derived from
+    fleet secrets, the credential the provisioning command prints, and authenticated batches
+    (flag bit 2: fleet and HMAC-SHA256 under the device key)."""
+    import numpy as np
+
+    from ldpstream.credentials.device_keys import derive_device_key
+    from ldpstream.producers.codec import encode_batch
+
+    secrets = [bytes(range(32)), bytes.fromhex("a5" * 16), "é".encode() * 40]
+    derive = [{"fleet_secret": sec.hex(), "fleet": fleet, "device_id": str(dev),
+               "key": derive_device_key(sec, fleet, dev).hex()}
+              for sec in secrets for fleet, dev in (("phones", 7), ("phones", 2**64 - 1),
+                                                    ("flotte-é", 0), ("x" * 255, 12345))]
+    batches = []
+    for name, fleet, dev, seq, reports, sent_at in (
+            ("one report", "phones", 7, 0, [[1, 0, 2]], 1714550400.25),
+            ("u16 values, a large sequence", "phones", 2**64 - 1, 2**63, [[300, 1], [0, 65535]],
+             1.5),
+            ("a UTF-8 fleet", "flotte-é", 42, 9, [[0]] * 5, 0.0)):
+        key = derive_device_key(secrets[0], fleet, dev)
+        rows = np.asarray(reports)
+        batches.append({"name": name, "collection": "app", "version": 3, "sent_at": sent_at,
+                        "reports": reports, "device_id": str(dev), "sequence": str(seq),
+                        "fleet": fleet, "key": key.hex(),
+                        "hex": encode_batch("app", 3, rows, sent_at=sent_at,
+                                            device_ids=np.full(len(rows), dev, np.uint64),
+                                            key=(dev, seq), auth=(fleet, key)).hex()})
+    cred = derive[0]
+    return {"derive": derive,
+            "credential": {"json": json.dumps({"device_id": int(cred["device_id"]),
+                                               "fleet": cred["fleet"], "key": cred["key"]},
+                                              sort_keys=True),
+                           "fleet": cred["fleet"], "device_id": cred["device_id"],
+                           "key": cred["key"]},
+            "batches": batches}
+
+
 FILES = {"rng.json": rng_vectors, "randomize.json": randomize_vectors,
-         "states.json": state_vectors, "ledger.json": ledger_vectors, "memo.json": memo_vectors}
+         "states.json": state_vectors, "ledger.json": ledger_vectors, "memo.json": memo_vectors,
+         "identity.json": identity_vectors}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -216,6 +216,24 @@ size_t ldp_batch_encode(uint8_t *buf, size_t cap, const char *collection, uint32
 size_t ldp_batch_size(size_t collection_len, uint32_t n, uint16_t width, uint32_t max_value,
                       int device_ids, int key);
 
+/* --- per-device identity (docs/security.md "Per-device identity") --------------------------- */
+/* what one device holds: its fleet, its id and its key (never the fleet's secret) */
+typedef struct ldp_credential {
+  char fleet[256];
+  uint64_t device_id;
+  uint8_t key[32];
+} ldp_credential;
+/* key = HMAC-SHA256(fleet secret, "ldpstream/device-key/v1\n" || u8 len || fleet || u64 LE id):
+   provisioning tools; a device loads what `ldpstream device-credentials` printed instead */
+int ldp_credential_derive(ldp_credential *c, const uint8_t *secret, size_t secret_len,
+                          const char *fleet, uint64_t device_id);
+/* parse {"device_id": N, "fleet": "...", "key": "<64 hex>"}: LDP_OK or LDP_MALFORMED */
+int ldp_credential_parse(ldp_credential *c, const char *json, char *err, size_t errlen);
+/* authenticate a keyed batch of len bytes in buf: flag bit 2, the fleet and HMAC-SHA256 of every
+   byte before it appended; returns the new length (len + 1 + strlen(fleet) + 32), 0 when cap is
+   too small, the batch has no key or is authenticated already */
+size_t ldp_batch_authenticate(uint8_t *buf, size_t len, size_t cap, const ldp_credential *c);
+
 /* --- a device ------------------------------------------------------------------------------- */
 typedef struct ldp_device {
   ldp_state *state;
@@ -234,6 +252,10 @@ int ldp_device_report(ldp_device *d, const char *const *names, const char *const
 /* encode the buffered reports as one batch with the batch key (device id, next sequence) into
    out; returns bytes (0: nothing buffered or error, see *result) and empties the buffer */
 size_t ldp_device_flush(ldp_device *d, double now, uint8_t *out, size_t cap, int *result);
+/* the same, authenticated with the device's credential (whose device_id must be d->device_id;
+   docs/security.md "Per-device identity") */
+size_t ldp_device_flush_auth(ldp_device *d, const ldp_credential *c, double now, uint8_t *out,
+                             size_t cap, int *result);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,7 @@
    memo decisions as Python. */
 #include <jansson.h>
 #include <math.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -289,6 +290,107 @@ static void memo_vectors(json_t *v) {
   memo_replay(json_object_get(v, "daily"), "memoized across midnight");
 }
 
+static void hex_of(const uint8_t *b, size_t n, char *out) {
+  for (size_t k = 0; k < n; k++) snprintf(out + 2 * k, 3, "%02x", b[k]);
+  out[2 * n] = 0;
+}
+
+/* a batch case's credential: its fleet, device id and hex key */
+static void credential_of(json_t *c, ldp_credential *out) {
+  size_t len = 0;
+  const char *kh = json_string_value(json_object_get(c, "key"));
+  snprintf(out->fleet, sizeof out->fleet, "%s", json_string_value(json_object_get(c, "fleet")));
+  out->device_id = u64(json_object_get(c, "device_id"));
+  sodium_hex2bin(out->key, sizeof out->key, kh, strlen(kh), NULL, &len, NULL);
+}
+
+/* identity.json: device keys, the provisioned credential, authenticated batches (through a
+   device with that credential) */
+static void identity_vectors(json_t *v) {
+  size_t i;
+  json_t *c;
+  char hex[2 * 4096 + 1], err[256];
+  json_array_foreach(json_object_get(v, "derive"), i, c) {
+    uint8_t secret[256];
+    size_t len = 0;
+    const char *sh = json_string_value(json_object_get(c, "fleet_secret"));
+    sodium_hex2bin(secret, sizeof secret, sh, strlen(sh), NULL, &len, NULL);
+    ldp_credential cred;
+    int r = ldp_credential_derive(&cred, secret, len,
+                                  json_string_value(json_object_get(c, "fleet")),
+                                  u64(json_object_get(c, "device_id")));
+    hex_of(cred.key, 32, hex);
+    CHECK(r == LDP_OK && strcmp(hex, json_string_value(json_object_get(c, "key"))) == 0,
+          "derive %zu: key differs", i);
+  }
+  json_t *cj = json_object_get(v, "credential");
+  ldp_credential cred;
+  int r = ldp_credential_parse(&cred, json_string_value(json_object_get(cj, "json")), err,
+                               sizeof err);
+  hex_of(cred.key, 32, hex);
+  CHECK(r == LDP_OK && cred.device_id == u64(json_object_get(cj, "device_id")) &&
+            strcmp(cred.fleet, json_string_value(json_object_get(cj, "fleet"))) == 0 &&
+            strcmp(hex, json_string_value(json_object_get(cj, "key"))) == 0,
+        "credential: %s", err);
+  CHECK(ldp_credential_parse(&cred, "{\"fleet\": \"f\", \"device_id\": 1, \"key\": \"00\"}",
+                             err, sizeof err) == LDP_MALFORMED, "credential: short key accepted");
+  json_array_foreach(json_object_get(v, "batches"), i, c) {
+    const char *name = json_string_value(json_object_get(c, "name"));
+    ldp_credential bc;
+    credential_of(c, &bc);
+    json_t *rows = json_object_get(c, "reports"), *row;
+    uint32_t n = (uint32_t)json_array_size(rows), width = 0;
+    uint32_t reports[64];
+    uint64_t ids[16], key[2] = {bc.device_id, u64(json_object_get(c, "sequence"))};
+    size_t j;
+    json_array_foreach(rows, j, row) {
+      width = (uint32_t)json_array_size(row);
+      for (uint32_t k = 0; k < width; k++)
+        reports[j * width + k] = (uint32_t)json_integer_value(json_array_get(row, k));
+      ids[j] = bc.device_id;
+    }
+    uint8_t out[4096];
+    size_t len = ldp_batch_encode(out, sizeof out, json_string_value(json_object_get(c,
+                                  "collection")), (uint32_t)json_integer_value(json_object_get(
+                                  c, "version")), json_number_value(json_object_get(c,
+                                  "sent_at")), reports, n, (uint16_t)width, ids, key);
+    len = ldp_batch_authenticate(out, len, sizeof out, &bc);
+    hex_of(out, len, hex);
+    CHECK(len && strcmp(hex, json_string_value(json_object_get(c, "hex"))) == 0,
+          "%s: authenticated batch bytes differ", name);
+    CHECK(ldp_batch_authenticate(out, len, sizeof out, &bc) == 0, "%s: authenticated twice",
+          name);
+  }
+  /* through a device holding the credential: the first batch's bytes */
+  c = json_array_get(json_object_get(v, "batches"), 0);
+  ldp_credential dc;
+  credential_of(c, &dc);
+  static ldp_state st;
+  ldp_ledger ledger;
+  uint32_t reports[LDP_MAX_WIDTH];
+  uint64_t ids[1], seed = 0;
+  memset(&st, 0, sizeof st);
+  st.present = 1;
+  snprintf(st.collection, sizeof st.collection, "app");
+  ldp_ledger_open(&ledger, 0.0, 0.0, NULL);
+  ledger.next_sequence = u64(json_object_get(c, "sequence"));
+  ldp_device d = {&st, &ledger, {ldp_splitmix64_next, &seed}, dc.device_id, reports, ids, 1, 0,
+                  0, 0, 0.0};
+  json_t *row = json_array_get(json_object_get(c, "reports"), 0);
+  d.width = (uint32_t)json_array_size(row);
+  d.version = (uint32_t)json_integer_value(json_object_get(c, "version"));
+  for (uint32_t k = 0; k < d.width; k++)
+    reports[k] = (uint32_t)json_integer_value(json_array_get(row, k));
+  ids[0] = dc.device_id;
+  d.n = 1;
+  uint8_t out[512];
+  size_t len = ldp_device_flush_auth(&d, &dc, json_number_value(json_object_get(c, "sent_at")),
+                                     out, sizeof out, &r);
+  hex_of(out, len, hex);
+  CHECK(r == LDP_OK && strcmp(hex, json_string_value(json_object_get(c, "hex"))) == 0,
+        "device flush: authenticated batch bytes differ");
+}
+
 int main(int argc, char **argv) {
   const char *dir = argc > 1 ? argv[1] : "../conformance";
   json_t *v;
@@ -302,6 +404,8 @@ int main(int argc, char **argv) {
   ledger_vectors(json_object_get(v, "daily"), "daily ledger");
   json_decref(v);
   memo_vectors(v = load(dir, "memo.json"));
+  json_decref(v);
+  identity_vectors(v = load(dir, "identity.json"));
   json_decref(v);
   if (failures) fprintf(stderr, "%d conformance checks failed\n", failures);
   else printf("conformance: all vectors pass\n");

@@ -6,7 +6,8 @@ import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
 import { Device, Ledger, Program, SchemaError, SplitMix64, State, StateRejected, Trust,
-         Transport, acceptState, bernoulli, categorical, uniform } from "../src/index.js";
+         Transport, acceptState, authenticateBatch, bernoulli, categorical, deriveCredential,
+         encodeBatch, parseCredential, uniform } from "../src/index.js";
 
 const DIR = new URL("../../../conformance/", import.meta.url);
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -179,4 +180,44 @@ test("mangled signed records get a decision, never a crash", () => {
       }
     }
   }
+});
+
+test("identity: device keys, the credential, authenticated batches", async () => {
+  const v = load("identity.json");
+  const unhex = (s: string) => Uint8Array.from(Buffer.from(s, "hex"));
+  for (const c of v.derive) {
+    const cred = deriveCredential(unhex(c.fleet_secret), c.fleet, BigInt(c.device_id));
+    assert.equal(hex(cred.key), c.key, `${c.fleet} ${c.device_id}`);
+  }
+  const cred = parseCredential(v.credential.json);
+  assert.equal(cred.fleet, v.credential.fleet);
+  assert.equal(cred.deviceId, BigInt(v.credential.device_id));
+  assert.equal(hex(cred.key), v.credential.key);
+  assert.throws(() => parseCredential('{"fleet": "f", "device_id": 1, "key": "00"}'));
+  for (const b of v.batches) {
+    const c = { fleet: b.fleet, deviceId: BigInt(b.device_id), key: unhex(b.key) };
+    const plain = encodeBatch({ collection: b.collection, version: b.version, sentAt: b.sent_at,
+                                reports: b.reports,
+                                deviceIds: b.reports.map(() => c.deviceId),
+                                key: { sender: c.deviceId, sequence: BigInt(b.sequence) } });
+    const signed = authenticateBatch(plain, c);
+    assert.equal(hex(signed), b.hex, b.name);
+    assert.throws(() => authenticateBatch(signed, c));
+  }
+  // a device holding a credential sends its batches authenticated: the first randomize case
+  const r = load("randomize.json").cases[0];
+  const b = r.batch;
+  const dc = { fleet: "phones", deviceId: BigInt(b.device_id), key: unhex(v.batches[0].key) };
+  const ledger = await Ledger.open(0, 0);
+  await ledger.resumeSequenceAt(BigInt(b.sequence));
+  const sent = new Recording();
+  const device = new Device({ collection: b.collection, deviceId: dc.deviceId,
+                              trust: new Trust(load("states.json").public_key), ledger,
+                              transport: sent, batchSize: 1000, credential: dc,
+                              rng: new SplitMix64(BigInt(r.seed)), clock: () => b.sent_at });
+  device.state = { collection: b.collection, version: r.version, issuedAt: 0,
+                   expiresAt: Infinity, mechanism: r.family, program: new Program(r.device) };
+  for (const rec of r.records) await device.report(rec);
+  await device.flush();
+  assert.equal(hex(sent.batches[0]), hex(authenticateBatch(unhex(b.hex), dc)));
 });

@@ -11,7 +11,36 @@
 
 static const char DOMAIN_TAG[] = "ldpstream/config-state/v1\n";
 #define CEILING_RTOL 1e-9
-#define MAX_RECORD_BYTES (4 * 1024 * 1024)
+
+int ldp_abi_check(size_t state_size, size_t ledger_size) {
+  return state_size == sizeof(ldp_state) && ledger_size == sizeof(ldp_ledger) ? LDP_OK
+                                                                              : LDP_E_ARG;
+}
+
+#if LDP_PARSE_ARENA > 0
+/* No heap while a state is accepted: jansson's values come from a static arena, released as a
+   whole when ldp_state_accept returns (so accepting is not reentrant; the allocator in force
+   before is restored). A record whose JSON does not fit is malformed ("too large"). */
+static _Alignas(16) unsigned char arena[LDP_PARSE_ARENA];
+static size_t arena_used, arena_peak;
+static int arena_full;
+
+static void *arena_malloc(size_t n) {
+  n = (n + 15) & ~(size_t)15;
+  if (n > sizeof arena - arena_used) {
+    arena_full = 1;
+    return NULL;
+  }
+  void *p = arena + arena_used;
+  arena_used += n;
+  if (arena_used > arena_peak) arena_peak = arena_used;
+  return p;
+}
+static void arena_free(void *p) { (void)p; }
+size_t ldp_parse_arena_peak(void) { return arena_peak; }
+#else
+size_t ldp_parse_arena_peak(void) { return 0; }
+#endif
 
 const char *ldp_reason(int r) {
   static const char *const names[] = {
@@ -100,12 +129,12 @@ static int open_payload(ldp_state *cand, const ldp_trust *t, const char *collect
   return LDP_OK;
 }
 
-int ldp_state_accept(ldp_state *state, ldp_state *cand, const ldp_trust *t,
-                     const char *collection, const char *record, size_t len, double now,
-                     char *detail, size_t dlen) {
+static int accept(ldp_state *state, ldp_state *cand, const ldp_trust *t,
+                  const char *collection, const char *record, size_t len, double now,
+                  char *detail, size_t dlen) {
   json_error_t je;
   int r;
-  if (len > MAX_RECORD_BYTES) return fail(LDP_MALFORMED, detail, dlen, "record too large");
+  if (len > LDP_MAX_RECORD) return fail(LDP_MALFORMED, detail, dlen, "record too large");
   json_t *doc = json_loadb(record, len, 0, &je), *state_doc = NULL;
   if (!doc || !json_is_object(doc)) {
     r = fail(LDP_MALFORMED, detail, dlen, "not a JSON object");
@@ -179,4 +208,25 @@ out:
   if (state_doc) json_decref(state_doc);
   if (doc) json_decref(doc);
   return r;
+}
+
+int ldp_state_accept(ldp_state *state, ldp_state *cand, const ldp_trust *t,
+                     const char *collection, const char *record, size_t len, double now,
+                     char *detail, size_t dlen) {
+#if LDP_PARSE_ARENA > 0
+  json_malloc_t was_malloc;
+  json_free_t was_free;
+  json_get_alloc_funcs(&was_malloc, &was_free);
+  json_set_alloc_funcs(arena_malloc, arena_free);
+  arena_used = 0;
+  arena_full = 0;
+  int r = accept(state, cand, t, collection, record, len, now, detail, dlen);
+  json_set_alloc_funcs(was_malloc, was_free);
+  if (arena_full && r == LDP_MALFORMED)
+    ldp_errf(detail, dlen, "malformed: record too large for the parse arena (%d bytes, "
+             "LDP_PARSE_ARENA)", LDP_PARSE_ARENA);
+  return r;
+#else
+  return accept(state, cand, t, collection, record, len, now, detail, dlen);
+#endif
 }

@@ -105,6 +105,26 @@ def test_malformed_descriptions_name_the_field():
         assert exc.value.field == field
 
 
+def test_limits_refused_and_linear():
+    """limits.json (docs/device-protocol.md, "Limits"): every description beyond a limit is
+    refused naming the field, in the same order as the C and TypeScript SDKs; those at the
+    limits parse to their ε within ``max_parse_s`` (a pairwise Bloom distance in Python sets took
+    seconds)."""
+    import time
+
+    v = _load("limits.json")
+    for case in v["cases"]:
+        t0 = time.perf_counter()
+        if case["expect"] == "accept":
+            eps = Program(case["device"]).epsilon
+            assert eps == pytest.approx(case["epsilon"], rel=1e-12), case["name"]
+        else:
+            with pytest.raises(ProgramError) as exc:
+                Program(case["device"])
+            assert exc.value.field.startswith(case["field"]), (case["name"], str(exc.value))
+        assert time.perf_counter() - t0 <= v["max_parse_s"], case["name"]
+
+
 def _watcher(ceiling: float) -> ConfigWatcher:
     v = _load("states.json")
     return ConfigWatcher("unused:0", verify_key=VerifyKey.from_text(v["public_key"]),

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
-import { Device, Ledger, Program, SchemaError, SplitMix64, State, StateRejected, Trust,
+import { Device, Ledger, Program, ProgramError, SchemaError, SplitMix64, State, StateRejected, Trust,
          Transport, acceptState, bernoulli, categorical, uniform } from "../src/index.js";
 
 const DIR = new URL("../../../conformance/", import.meta.url);
@@ -177,6 +177,28 @@ test("mangled signed records get a decision, never a crash", () => {
       } catch (e) {
         assert.ok(e instanceof StateRejected, `flipped record: ${String(e)}`);
       }
+    }
+  }
+});
+
+test("descriptions beyond the limits are refused, those at them parse in time", () => {
+  const v = load("limits.json");
+  for (const c of v.cases) {
+    const t0 = performance.now();
+    let err: unknown = null, prog: Program | null = null;
+    try {
+      prog = new Program(c.device);
+    } catch (e) {
+      err = e;
+    }
+    const took = (performance.now() - t0) / 1000;
+    assert.ok(took <= v.max_parse_s, `${c.name}: parsed in ${took.toFixed(3)} s`);
+    if (c.expect === "accept") {
+      assert.ok(prog !== null, `${c.name}: refused: ${String(err)}`);
+      assert.ok(Math.abs(prog.epsilon - c.epsilon) <= 1e-12 * c.epsilon, c.name);
+    } else {
+      assert.ok(err instanceof ProgramError, `${c.name}: not refused`);
+      assert.ok(err.field.startsWith(c.field), `${c.name}: ${err.field} is not ${c.field}`);
     }
   }
 });

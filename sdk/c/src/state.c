@@ -38,8 +38,12 @@ static void *arena_malloc(size_t n) {
 }
 static void arena_free(void *p) { (void)p; }
 size_t ldp_parse_arena_peak(void) { return arena_peak; }
+#define scratch_malloc arena_malloc /* the signed message too */
+#define scratch_free arena_free
 #else
 size_t ldp_parse_arena_peak(void) { return 0; }
+#define scratch_malloc malloc
+#define scratch_free free
 #endif
 
 const char *ldp_reason(int r) {
@@ -79,12 +83,12 @@ static int check_signature(const ldp_trust *t, const char *payload, size_t plen,
                         sodium_base64_VARIANT_ORIGINAL) != 0 || n != sizeof sig)
     return -1;
   size_t mlen = sizeof DOMAIN_TAG - 1 + plen;
-  uint8_t *msg = malloc(mlen);
+  uint8_t *msg = scratch_malloc(mlen);
   if (!msg) return -1;
   memcpy(msg, DOMAIN_TAG, sizeof DOMAIN_TAG - 1);
   memcpy(msg + sizeof DOMAIN_TAG - 1, payload, plen);
   int r = t->verify(t->verify_ctx, sig, msg, mlen, t->pub);
-  free(msg);
+  scratch_free(msg);
   return r;
 }
 

@@ -25,7 +25,7 @@
 #define LDP_DEF_LEDGER 32
 #define LDP_DEF_MEMO 16
 #define LDP_DEF_RECORD (16 * 1024)
-#define LDP_DEF_RNG_WORDS 8
+#define LDP_DEF_RNG_WORDS 128
 #define LDP_DEF_ARENA (24 * 1024)
 #else
 #define LDP_DEF_ATTRS 32

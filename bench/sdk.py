@@ -3,18 +3,19 @@ C, TypeScript (Node) and Python device SDKs in one run, on the conformance cases
 (sdk/conformance/randomize.json: rr-ind, a user matrix, a 300-value attribute, rr-joint,
 rr-clusters, spl, smp), each with its production generator (getrandom, crypto.getRandomValues,
 ``secrets``), the C library in its default and its firmware profile side by side (the report
-path's speed in both, best of two interleaved runs); and per C profile (default and firmware on
-this host, firmware for 32 bits with ``-m32``) the flash (text + data of the ``-Os`` static
-library, without libsodium and jansson) and the RAM a device keeps: ``ldp_state`` twice (the
-second is scratch while a state is verified), ``ldp_ledger``, ``ldp_trust``, ``ldp_os_rng`` and
-the library's static data and bss, the parse arena apart (docs/device-protocol.md, "Firmware
-profile").
+path's speed in both, case by case alternating, with the geometric mean of their ratio); and
+per C profile (default and firmware on this host, firmware for 32 bits with ``-m32``) the
+flash (text + data of the ``-Os`` static library, without libsodium and jansson) and the RAM
+a device keeps: ``ldp_state`` twice (the second is scratch while a state is verified),
+``ldp_ledger``, ``ldp_trust``, ``ldp_os_rng`` and the library's static data and bss, the
+parse arena apart (docs/device-protocol.md, "Firmware profile").
 
 Needs a source checkout (sdk/), cmake and a C compiler, Node with ``npm ci`` done in sdk/ts.
 """
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -98,14 +99,19 @@ def _c_size(build: Path) -> dict[str, int]:
     return totals
 
 
-def _c_speed(builds: dict[str, Path], vectors: Path, seconds: float) -> dict[str, dict]:
-    """Reports per second of each C profile, two runs interleaved, the best of each case."""
+def _c_speed(builds: dict[str, Path], vectors: dict, tmp: Path, seconds: float,
+             rounds: int = 2) -> dict[str, dict[str, float]]:
+    """Reports per second of each C profile: case by case, the profiles alternating ``rounds``
+    times (so that the machine's load drifts alike for both), the best of each."""
     best: dict[str, dict[str, float]] = {name: {} for name in builds}
-    for _ in range(2):
-        for name, build in builds.items():
-            got = _lines(_run([str(build / "ldp_sample"), "bench", str(vectors), str(seconds)]))
-            for case, rate in got.items():
-                best[name][case] = max(rate, best[name].get(case, 0.0))
+    for case in vectors["cases"]:
+        path = tmp / "case.json"
+        path.write_text(json.dumps({"cases": [case]}))
+        for _ in range(rounds):
+            for name, build in builds.items():
+                for got, rate in _lines(_run([str(build / "ldp_sample"), "bench", str(path),
+                                              str(seconds / rounds)])).items():
+                    best[name][got] = max(rate, best[name].get(got, 0.0))
     return best
 
 
@@ -117,7 +123,7 @@ def main(args) -> int:
     vectors = json.loads(vectors_path.read_text())
     with tempfile.TemporaryDirectory(prefix="ldp-bench-sdk-") as tmp:
         speed = _c_speed({name: _c_build(Path(tmp) / f"c-{name}", "Release", opts, "ldp_sample")
-                          for name, opts in PROFILES[:2]}, vectors_path, seconds)
+                          for name, opts in PROFILES[:2]}, vectors, Path(tmp), seconds)
         c, c_fw = speed["default"], speed["firmware"]
         sizes = {name: _c_size(_c_build(Path(tmp) / f"os-{name}", "MinSizeRel", opts, "ldp"))
                  for name, opts in PROFILES}
@@ -138,6 +144,9 @@ def main(args) -> int:
         fw = r["c_firmware"]
         fw_text = f"{fw:>13,.0f}{fw / r['c']:>12.2f}" if fw else f"{'-':>13}{'-':>12}"
         print(f"{r['case']:<15}{r['c']:>13,.0f}{fw_text}{r['ts']:>13,.0f}{r['python']:>13,.0f}")
+    ratios = [r["c_firmware"] / r["c"] for r in rows if r["c_firmware"]]
+    print(f"firmware/C geometric mean over {len(ratios)} cases: "
+          f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}")
     print("C -Os static library per profile (flash: text + data, without libsodium and jansson; "
           "RAM a device keeps: two ldp_state, ldp_ledger, ldp_trust, ldp_os_rng, static data "
           "and bss; the parse arena apart)")

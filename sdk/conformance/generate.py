@@ -1,6 +1,7 @@
 """Write the conformance vectors every device SDK runs (docs/device-protocol.md,
 "Conformance suite"): ``rng.json``, ``randomize.json``, ``states.json``, ``ledger.json`` (with
-the daily ε budget across a UTC midnight), ``memo.json`` and ``limits.json`` in this directory, from the Python implementation.
+the daily ε budget across a UTC midnight), ``memo.json`` and ``limits.json`` in this directory,
+from the Python implementation.
 
     .venv/bin/python sdk/conformance/generate.py          # rewrite the files
     .venv/bin/python sdk/conformance/generate.py --check  # exit 1 if a file would change

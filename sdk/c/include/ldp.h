@@ -150,7 +150,12 @@ int ldp_state_accept(ldp_state *state, ldp_state *scratch, const ldp_trust *t,
                      const char *collection, const char *record, size_t len, double now,
                      char *detail, size_t detail_len);
 
-/* LDP_PARSE_ARENA > 0: the most arena bytes one ldp_state_accept has used (sizing) */
+/* Accepting a state without the heap: ldp_state_accept parses in an arena, the static one of
+   LDP_PARSE_ARENA bytes (ldp_limits.h; the firmware profile's default) or len bytes at buf lent
+   here (memory idle while a state is verified, a receive buffer say; NULL: back to the static
+   arena, or to the heap when LDP_PARSE_ARENA is 0). LDP_E_ARG: under 64 bytes. */
+int ldp_parse_arena_lend(void *buf, size_t len);
+/* the most arena bytes one ldp_state_accept has used since the arena was set (sizing) */
 size_t ldp_parse_arena_peak(void);
 
 /* --- storage, ledger, sequence -------------------------------------------------------------- */

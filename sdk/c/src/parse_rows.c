@@ -108,12 +108,13 @@ static int parse_bloom(parser *ps, json_t *d, const char *field, ldp_step *s) {
   s->value = (uint32_t)json_integer_value(bits);
   ps->cum_used += (uint32_t)need;
   /* the largest Hamming distance between two values' filters, |A| + |B| - 2 |A & B| with the
-     filter of u marked: O(values x positions), never values^2 x bits */
+     filter of u marked: O(values^2 + values x positions), never values^2 x bits x positions */
   uint32_t ham = 0;
   const double *posn = pool + dv + 1;
   for (uint32_t u = 0; u + 1 < dv; u++) {
     size_t u0 = (size_t)pool[u], u1 = (size_t)pool[u + 1];
-    for (size_t i = u0; i < u1; i++) mark[(uint32_t)posn[i] / 8] |= (uint8_t)(1u << ((uint32_t)posn[i] % 8));
+    for (size_t i = u0; i < u1; i++)
+      mark[(uint32_t)posn[i] / 8] |= (uint8_t)(1u << ((uint32_t)posn[i] % 8));
     for (uint32_t v = u + 1; v < dv; v++) {
       size_t v0 = (size_t)pool[v], v1 = (size_t)pool[v + 1], both = 0;
       for (size_t i = v0; i < v1; i++)

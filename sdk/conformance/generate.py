@@ -206,6 +206,9 @@ def state_vectors() -> dict[str, Any]:
          envelope(dict(v2, version=5, **{BUDGET_FIELD: -1.0}), "app", 500.0), "malformed"),
         ("with max_epsilon_per_day", "app",
          envelope(dict(v2, version=5, **{BUDGET_FIELD: 2.5}), "app", 500.0), "accept"),
+        ("a partition table of 4^32 cells (limits.json)", "app",
+         envelope(dict(v2, version=6, device=limits_vectors()["cases"][0]["device"]), "app",
+                  600.0), "unusable"),
     ]
     return {"public_key": TEST_KEY.verify_key.to_text(), "ceiling": CEILING, "now": NOW,
             "steps": [{"name": n, "collection": c, "record": r, "expect": e}

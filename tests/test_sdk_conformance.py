@@ -232,6 +232,29 @@ def test_device_client_randomizes_from_the_signed_description():
     assert sent.batches[0].key is not None and sent.batches[0].key[0] == 3
 
 
+def test_device_client_refuses_a_description_beyond_the_limits():
+    """A signed state whose description has a partition table of 4³² cells (the C SDK once
+    wrapped it to 0 and ran it at ε 44.36): the Python SDK refuses to report with it,
+    ``unusable`` naming the field, as the C and TypeScript SDKs refuse the state."""
+    from ldpstream.estimators.families.rr import RRIndependent
+    from ldpstream.producers.signing import StateRejected
+
+    gen = _gen()
+    w = _watcher(8.0)
+    state = RRIndependent(gen.DOM, epsilon=1.0, version=1).device_state()
+    bad = dict(state, device=_load("limits.json")["cases"][0]["device"])
+    w._take(b"rr-ind", gen.envelope(bad, "rr-ind", 1.0).encode())  # noqa: SLF001
+
+    async def run():
+        client = DeviceClient("rr-ind", watcher=w, transport=RecordingTransport(),
+                              ledger=Ledger(":memory:"), device_id=3, rng=SplitMix64(1))
+        return await client.report({"os": "ios", "plan": "free", "region": "eu"})
+
+    with pytest.raises(StateRejected) as exc:
+        asyncio.run(run())
+    assert exc.value.reason == "unusable" and "device.steps[0].tables[0].in" in exc.value.detail
+
+
 def test_batch_sequence_survives_a_restart(tmp_path):
     from ldpstream.producers.sequence import BatchSequence
 

@@ -36,7 +36,16 @@ from ldpstream.names import BUDGET_FIELD, reports_topic
 from ldpstream.producers.codec import ReportBatch, decode_batch, encode_batch
 from ldpstream.producers.device import DEFAULT_MAX_EPSILON, ConfigWatcher, check_ceiling
 from ldpstream.producers.ledger import Ledger, channel_fingerprint
-from ldpstream.producers.program import DrawSource, Memo, NumpyDraws, OsRandom, PartitionMemo, Program, SelectMemo
+from ldpstream.producers.program import (
+    DrawSource,
+    Memo,
+    NumpyDraws,
+    OsRandom,
+    PartitionMemo,
+    Program,
+    ProgramError,
+    SelectMemo,
+)
 from ldpstream.producers.publisher import Publisher
 from ldpstream.producers.sequence import BatchSequence
 from ldpstream.producers.signing import StateRejected
@@ -336,14 +345,21 @@ class DeviceClient:
         return out
 
     def program(self) -> Program | None:
-        """The randomization description of the state in force (None: the family has none)."""
+        """The randomization description of the state in force (None: the family has none); a
+        description beyond the limits every SDK enforces is refused (:class:`StateRejected`
+        ``unusable``, as the C and TypeScript SDKs refuse the state; docs/device-protocol.md,
+        "Limits")."""
         signed = self.watcher.states.get(self.collection)
         if signed is None:
             return None
         key = (self.collection, signed.version)
         if key not in self._programs:
             raw = signed.state.get("device")
-            self._programs = {key: None if raw is None else Program(raw)}
+            try:
+                prog = None if raw is None else Program(raw)
+            except ProgramError as exc:
+                raise StateRejected("unusable", f"version {signed.version}: {exc}") from None
+            self._programs = {key: prog}
         return self._programs[key]
 
     def _randomize(self, mech: Mechanism, x: np.ndarray, now: float) -> ReportResult:

@@ -19,7 +19,17 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || missing="$missing promethe
 command -v cmake >/dev/null 2>&1 || missing="$missing cmake"
 command -v cc >/dev/null 2>&1 || missing="$missing gcc"
 command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
+# (native architecture named: with the i386 copies below installed, a bare name is ambiguous)
+arch=$(dpkg --print-architecture)
 for dev in libsodium-dev libjansson-dev libcurl4-openssl-dev; do
+  dpkg -s "$dev:$arch" >/dev/null 2>&1 || missing="$missing $dev"
+done
+# the C SDK's fuzz target (clang with libFuzzer) and its 32-bit firmware build (gcc-multilib,
+# the i386 libsodium and jansson: the i386 architecture is added to dpkg when missing)
+command -v clang >/dev/null 2>&1 || missing="$missing clang"
+dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || missing="$missing libclang-rt-14-dev"
+dpkg -s gcc-multilib >/dev/null 2>&1 || missing="$missing gcc-multilib"
+for dev in libsodium-dev:i386 libjansson-dev:i386; do
   dpkg -s "$dev" >/dev/null 2>&1 || missing="$missing $dev"
 done
 # the C SDK's MQTT example (sdk/c/examples/mqtt.c)
@@ -35,6 +45,9 @@ if [ -n "$missing" ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
   say "Debian packages:$missing (apt-get update + install, about a minute)"
+  case "$missing" in
+    *:i386*) dpkg --print-foreign-architectures | grep -qx i386 || $SUDO dpkg --add-architecture i386 ;;
+  esac
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends $missing
   # the Debian packages start system services; ldpstream starts its own on free ports

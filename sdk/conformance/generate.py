@@ -1,7 +1,8 @@
 """Write the conformance vectors every device SDK runs (docs/device-protocol.md,
 "Conformance suite"): ``rng.json``, ``randomize.json``, ``states.json``, ``ledger.json`` (with
-the daily ε budget across a UTC midnight), ``memo.json`` and ``identity.json`` (device keys,
-credentials, authenticated batches) in this directory, from the Python implementation.
+the daily ε budget across a UTC midnight), ``memo.json``, ``identity.json`` (device keys,
+credentials, authenticated batches) and ``limits.json`` in this directory, from the Python
+implementation.
 
     .venv/bin/python sdk/conformance/generate.py          # rewrite the files
     .venv/bin/python sdk/conformance/generate.py --check  # exit 1 if a file would change
@@ -206,6 +207,9 @@ def state_vectors() -> dict[str, Any]:
          envelope(dict(v2, version=5, **{BUDGET_FIELD: -1.0}), "app", 500.0), "malformed"),
         ("with max_epsilon_per_day", "app",
          envelope(dict(v2, version=5, **{BUDGET_FIELD: 2.5}), "app", 500.0), "accept"),
+        ("a partition table of 4^32 cells (limits.json)", "app",
+         envelope(dict(v2, version=6, device=limits_vectors()["cases"][0]["device"]), "app",
+                  600.0), "unusable"),
     ]
     return {"public_key": TEST_KEY.verify_key.to_text(), "ceiling": CEILING, "now": NOW,
             "steps": [{"name": n, "collection": c, "record": r, "expect": e}
@@ -392,10 +396,74 @@ def identity_vectors() -> dict[str, Any]:
                            "key": cred["key"]},
             "batches": batches}
 
+def _desc(labels: list[list[str]], steps: list[dict[str, Any]], width: int = 1,
+          attrs: list[str] | None = None) -> dict[str, Any]:
+    return {"v": 1, "family": "limits", "attrs": attrs or [f"a{j}" for j in range(len(labels))],
+            "labels": labels, "width": width, "steps": steps}
+
+
+def limits_vectors() -> dict[str, Any]:
+    """Descriptions at and beyond the limits of docs/device-protocol.md ("Limits"): every SDK
+    refuses each ``unusable`` one naming (a prefix of) ``field``, and parses each ``accept`` one
+    to ``epsilon`` within a second (the parse is linear in the description's size)."""
+    four = [["0", "1", "2", "3"]]
+    grr_table = {"oracle": "grr", "in": [0], "offset": 0, "p": 0.5}
+    bloom_labels = [[f"v{i:03d}" for i in range(1000)]]
+    bloom = {"op": "bloom", "in": [0], "out": 0, "bits": 1024, "f": 0.5,
+             "filters": [sorted({(7 * i + 341 * k) % 1024 for k in range(3)})
+                         for i in range(1000)]}
+    refused = [
+        ("partition table of 4^32 cells (wraps to 0 in 64 bits)", _desc(four, [
+            {"op": "partition", "seed": "1", "out": [0],
+             "tables": [dict(grr_table, **{"in": [0] * 32})]}]),
+         "device.steps[0].tables[0].in"),
+        ("keep step of 4^32 cells", _desc(four, [
+            {"op": "keep", "in": [0] * 32, "out": 0, "p": 0.5, "fake": []}]),
+         "device.steps[0].in"),
+        ("grr step of 4^17 cells", _desc(four, [
+            {"op": "grr", "in": [0] * 17, "out": [0] * 17, "p": 0.5}]), "device.steps[0].in"),
+        ("olh table of 4^17 cells", _desc(four, [
+            {"op": "partition", "seed": "1", "out": [0],
+             "tables": [dict(grr_table, oracle="olh", g=2, r=32, **{"in": [0] * 17})]}]),
+         "device.steps[0].tables[0].in"),
+        ("1,025 labels in all", _desc([[f"x{i}" for i in range(513)],
+                                       [f"y{i}" for i in range(512)]],
+                                      [{"op": "uniform", "in": [0], "out": [0]}]),
+         "device.labels[1]"),
+        ("labels over 16 KiB", _desc([[f"{i:020d}" for i in range(800)]],
+                                     [{"op": "uniform", "in": [0], "out": [0]}]),
+         "device.labels[0]"),
+        ("labels over 16 KiB in UTF-8, not in characters",
+         _desc([[f"{i:03d}" + "é" * 10 for i in range(700)]],
+               [{"op": "uniform", "in": [0], "out": [0]}]), "device.labels[0]"),
+        ("attribute names over 16 KiB", _desc([["a", "b"], ["c", "d"]],
+                                              [{"op": "uniform", "in": [0], "out": [0]}],
+                                              attrs=["n" * 16384, "m"]), "device.attrs"),
+        ("65 partition tables in all", _desc(four, [
+            {"op": "partition", "seed": "1", "out": [0], "tables": [grr_table] * 33},
+            {"op": "partition", "seed": "2", "out": [0], "tables": [grr_table] * 32}]),
+         "device.steps[1].tables"),
+        ("bloom over 5,000 values (refused by the label cap)",
+         _desc([[f"{i}" for i in range(5000)]],
+               [dict(bloom, bits=1, f=0.5, filters=[[] for _ in range(5000)])]),
+         "device.labels[0]"),
+    ]
+    accepted = [
+        ("bloom, 1,000 values x 1,024 bits (4,001 entries)", _desc(bloom_labels, [bloom],
+                                                                  width=1024)),
+        ("bloom filter listing a position twice", _desc(
+            [["a", "b"]], [dict(bloom, bits=3, filters=[[1, 1, 2], [2]])], width=3)),
+    ]
+    return {"max_parse_s": 1.0,
+            "cases": [{"name": n, "device": d, "expect": "unusable", "field": f}
+                      for n, d, f in refused]
+            + [{"name": n, "device": d, "expect": "accept", "epsilon": Program(d).epsilon}
+               for n, d in accepted]}
+
 
 FILES = {"rng.json": rng_vectors, "randomize.json": randomize_vectors,
          "states.json": state_vectors, "ledger.json": ledger_vectors, "memo.json": memo_vectors,
-         "identity.json": identity_vectors}
+         "identity.json": identity_vectors, "limits.json": limits_vectors}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,15 @@
 /* The C side of the conformance suite (the JSON files of sdk/conformance,
    docs/device-protocol.md): the same draws, reports, batch bytes, state decisions, budget and
    memo decisions as Python. */
+#define _POSIX_C_SOURCE 200809L
 #include <jansson.h>
 #include <math.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <time.h>
 
 #include "ldp.h"
 
@@ -34,6 +37,32 @@ static json_t *load(const char *dir, const char *name) {
 }
 
 static uint64_t u64(json_t *s) { return strtoull(json_string_value(s), NULL, 10); }
+
+/* A build with limits below the protocol's (ldp_limits.h, the firmware profile) refuses, as
+   unusable, the descriptions beyond them: such a case is skipped, said so, unless it is one of
+   the typical programs every build must run (rr-ind, partitioned, memoized). */
+static int beyond_limits(const char *name, int r, const char *err) {
+#ifdef LDP_PROFILE_FIRMWARE
+  static const char *const typical[] = {"rr-ind", "partitioned-olh", "partitioned-2", "memo",
+                                        "memoized partition", "memoized partition (olh)",
+                                        "memoized cluster", "memoized select",
+                                        "memoized across midnight"};
+  if (r != LDP_UNUSABLE) return 0;
+  for (size_t i = 0; i < sizeof typical / sizeof typical[0]; i++)
+    if (strcmp(name, typical[i]) == 0) return 0;
+  printf("skipped %s: beyond this build's limits (%s)\n", name, err);
+  return 1;
+#else
+  (void)name, (void)r, (void)err;
+  return 0;
+#endif
+}
+
+static double seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static void rng_vectors(json_t *v) {
   size_t i, j;
@@ -98,6 +127,7 @@ static void randomize_case(json_t *c) {
   memset(&state, 0, sizeof state);
   int r = ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err);
   free(dev);
+  if (beyond_limits(name, r, err)) return;
   CHECK(r == LDP_OK, "%s: %s", name, err);
   if (r != LDP_OK) return;
   double eps = json_number_value(json_object_get(c, "epsilon"));
@@ -241,6 +271,7 @@ static void memo_replay(json_t *v, const char *what) {
   memset(&state, 0, sizeof state);
   int r = ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err);
   free(dev);
+  if (beyond_limits(what, r, err)) return;
   CHECK(r == LDP_OK && state.program.memoized, "%s description: %s", what, err);
   char fp[17];
   for (int i = 0; i < 8; i++) snprintf(fp + 2 * i, 3, "%02x", state.program.fingerprint[i]);
@@ -391,6 +422,40 @@ static void identity_vectors(json_t *v) {
         "device flush: authenticated batch bytes differ");
 }
 
+/* limits.json: descriptions beyond the limits refused (unusable, naming the field), those at
+   them parsed to their epsilon, each within max_parse_s */
+static void limits_vectors(json_t *v) {
+  double budget = json_number_value(json_object_get(v, "max_parse_s"));
+  size_t i;
+  json_t *c;
+  json_array_foreach(json_object_get(v, "cases"), i, c) {
+    const char *name = json_string_value(json_object_get(c, "name"));
+    const char *expect = json_string_value(json_object_get(c, "expect"));
+    char err[256] = "", *dev = json_dumps(json_object_get(c, "device"), JSON_COMPACT);
+    double t0 = seconds();
+    int r = ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err);
+    double took = seconds() - t0;
+    free(dev);
+    CHECK(took <= budget, "%s: parsed in %.3f s (> %g s)", name, took, budget);
+    if (strcmp(expect, "accept") == 0) {
+      if (beyond_limits(name, r, err)) continue;
+      double eps = json_number_value(json_object_get(c, "epsilon"));
+      CHECK(r == LDP_OK, "%s: refused: %s", name, err);
+      CHECK(r != LDP_OK || fabs(state.program.epsilon - eps) <= 1e-12 * eps,
+            "%s: epsilon %.17g != %.17g", name, state.program.epsilon, eps);
+      continue;
+    }
+    const char *field = json_string_value(json_object_get(c, "field"));
+    CHECK(r == LDP_UNUSABLE, "%s: %s, not unusable", name, ldp_reason(r));
+#ifndef LDP_PROFILE_FIRMWARE /* smaller limits may refuse a case earlier, at another field */
+    CHECK(strncmp(err, field, strlen(field)) == 0, "%s: '%s' does not name %s", name, err,
+          field);
+#else
+    (void)field;
+#endif
+  }
+}
+
 int main(int argc, char **argv) {
   const char *dir = argc > 1 ? argv[1] : "../conformance";
   json_t *v;
@@ -406,6 +471,8 @@ int main(int argc, char **argv) {
   memo_vectors(v = load(dir, "memo.json"));
   json_decref(v);
   identity_vectors(v = load(dir, "identity.json"));
+  json_decref(v);
+  limits_vectors(v = load(dir, "limits.json"));
   json_decref(v);
   if (failures) fprintf(stderr, "%d conformance checks failed\n", failures);
   else printf("conformance: all vectors pass\n");

@@ -5,9 +5,9 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
-import { Device, Ledger, Program, SchemaError, SplitMix64, State, StateRejected, Trust,
-         Transport, acceptState, authenticateBatch, bernoulli, categorical, deriveCredential,
-         encodeBatch, parseCredential, uniform } from "../src/index.js";
+import { Device, Ledger, Program, ProgramError, SchemaError, SplitMix64, State, StateRejected,
+         Trust, Transport, acceptState, authenticateBatch, bernoulli, categorical,
+         deriveCredential, encodeBatch, parseCredential, uniform } from "../src/index.js";
 
 const DIR = new URL("../../../conformance/", import.meta.url);
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -220,4 +220,25 @@ test("identity: device keys, the credential, authenticated batches", async () =>
   for (const rec of r.records) await device.report(rec);
   await device.flush();
   assert.equal(hex(sent.batches[0]), hex(authenticateBatch(unhex(b.hex), dc)));
+
+test("descriptions beyond the limits are refused, those at them parse in time", () => {
+  const v = load("limits.json");
+  for (const c of v.cases) {
+    const t0 = performance.now();
+    let err: unknown = null, prog: Program | null = null;
+    try {
+      prog = new Program(c.device);
+    } catch (e) {
+      err = e;
+    }
+    const took = (performance.now() - t0) / 1000;
+    assert.ok(took <= v.max_parse_s, `${c.name}: parsed in ${took.toFixed(3)} s`);
+    if (c.expect === "accept") {
+      assert.ok(prog !== null, `${c.name}: refused: ${String(err)}`);
+      assert.ok(Math.abs(prog.epsilon - c.epsilon) <= 1e-12 * c.epsilon, c.name);
+    } else {
+      assert.ok(err instanceof ProgramError, `${c.name}: not refused`);
+      assert.ok(err.field.startsWith(c.field), `${c.name}: ${err.field} is not ${c.field}`);
+    }
+  }
 });

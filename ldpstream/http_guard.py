@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import resource
 import ssl
@@ -291,8 +292,9 @@ class TlsGate(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
         waiter.add_done_callback(self._handshake_done)
+        # (the guard's sweep closes the connection at the deadline itself; whole seconds here)
         tls = sslproto.SSLProtocol(loop, handler, self.context, waiter, server_side=True,
-                                   ssl_handshake_timeout=handler.guard.header_timeout_s)
+                                   ssl_handshake_timeout=math.ceil(handler.guard.header_timeout_s))
         transport.set_protocol(tls)
         tls.connection_made(transport)
 

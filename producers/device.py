@@ -202,7 +202,7 @@ class ConfigWatcher:
             self._consumer = None
             raise
         self._stopping = False
-        self._task = asyncio.create_task(self._run(consumer), name="ldp-config-watcher")
+        self._task = asyncio.create_task(self._follow(consumer), name="ldp-config-watcher")
         self._task.add_done_callback(self._ended)
         return self
 
@@ -279,7 +279,7 @@ class ConfigWatcher:
                 start = time.perf_counter()
         await asyncio.sleep(0)  # getmany returns prefetched records without yielding
 
-    async def _run(self, consumer: Any) -> None:
+    async def _follow(self, consumer: Any) -> None:
         """Follow the topic with ``consumer`` (its own reference: :meth:`stop` may drop the
         watcher's while this task ends) until :meth:`stop`."""
         from aiokafka.errors import KafkaError

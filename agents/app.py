@@ -207,6 +207,9 @@ def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str,
     if install_refresh:
         refresh_timers(app, worker.refresher)
         controller_timers(app, worker.controller)
+    crash = faults.crash_timer()  # tests only: a timer that crashes the app
+    if crash is not None:
+        app.timer(crash[0], name="ldp-fault-crash")(crash[1])
     if install_web:
         web.install(app, worker)
         ui.install(app, worker)  # the live page (GET /, /ui/...): it reads the views' API
@@ -227,13 +230,14 @@ def _cleanup(ctx: Context) -> None:
         shutil.rmtree(datadir, ignore_errors=True)
 
 
-def _exit_after(grace_s: float) -> None:
-    """Arm a watchdog: the process exits ``grace_s`` from now if a graceful stop has not ended it
-    by then (faust's stop waits for a broker that may be gone, for a minute or more). Exiting
-    early loses nothing counted: a batch's counts and its Kafka offsets are applied to Redis
-    together, so what was not applied is consumed again from the stored offsets."""
+def _exit_after(grace_s: float, after: str = "the stop signal") -> None:
+    """Arm a watchdog: the process exits (status 1) ``grace_s`` from now if a graceful stop has
+    not ended it by then (faust's stop waits for a broker that may be gone, for a minute or
+    more). Exiting early loses nothing counted: a batch's counts and its Kafka offsets are
+    applied to Redis together, so what was not applied is consumed again from the stored
+    offsets."""
     def expire() -> None:
-        print(f"ldpstream worker: not stopped {grace_s:g}s after the stop signal (broker or Redis "
+        print(f"ldpstream worker: not stopped {grace_s:g}s after {after} (broker or Redis "
               "unreachable?); exiting now", file=sys.stderr, flush=True)
         os._exit(1)
 
@@ -255,6 +259,17 @@ def _prompt_worker_class() -> type:
         def _on_sigint(self) -> None:
             _exit_after(STOP_GRACE_S)
             super()._on_sigint()
+
+        def _crash(self, reason: BaseException) -> None:
+            """Any part of the app crashed (mode marks every node of the tree, this worker
+            too): stop, and exit non-zero within :data:`STOP_GRACE_S` whatever the stop waits
+            for, so that a supervisor restarts the worker (a crashed app stayed alive in
+            ``Producer: Stopping...`` with its HTTP port closed)."""
+            if not self.crashed:
+                print(f"ldpstream worker: crashed ({reason!r}); stopping, exiting with status 1",
+                      file=sys.stderr, flush=True)
+                _exit_after(STOP_GRACE_S, "the crash")
+            super()._crash(reason)
 
     return PromptWorker
 

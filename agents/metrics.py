@@ -115,6 +115,11 @@ REFRESH_ERRORS = Counter(
     "ldp_refresh_errors",
     "Refreshes of a collection that failed as a whole (e.g. Redis unreachable).",
     ["collection"], registry=REGISTRY)
+PAGE_SAMPLE_ERRORS = Counter(
+    "ldp_page_samples_failed",
+    "Samples of the live page's history that failed (Redis unreachable, or any other error: "
+    "logged, never fatal to the worker).",
+    ["collection"], registry=REGISTRY)
 LAST_REFRESH = Gauge(
     "ldp_estimate_last_refresh_timestamp_seconds", "Unix time of the last completed refresh.",
     ["collection"], registry=REGISTRY)

@@ -17,9 +17,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
-from typing import Any, Callable, Collection, Mapping, Protocol
+from collections import OrderedDict
+from typing import Any, Callable, Collection, Iterable, Mapping, Protocol
 
 import numpy as np
 
@@ -51,6 +53,15 @@ CEILING_RTOL = 1e-9
 DEFAULT_MAX_EPSILON = 8.0
 #: records a watcher of given collections reads back from the end of ldp.config at first
 TAIL_RECORDS = 2000
+#: the longest the watcher verifies records before yielding to the event loop (docs/security.md
+#: "A flood of ldp.config costs a bounded time")
+SLICE_S = 0.01
+#: a refused record is logged at most once per this many seconds (with a count of the others)
+REFUSAL_LOG_S = 10.0
+#: refused records remembered (by a hash of key and value) so that the same bytes again are
+#: refused without a second signature check; every refusal stays one for a watcher (its key is
+#: fixed, the newest adopted state only moves forward, an expiry does not come back)
+REFUSED_REMEMBERED = 4096
 
 
 class StateFloor(Protocol):
@@ -141,7 +152,12 @@ class ConfigWatcher:
         self.refusals: list[StateRejected] = []
         self._consumer = None
         self._task: asyncio.Task | None = None
+        self._stopping = False
         self._changed = asyncio.Event()
+        self._refused: OrderedDict[bytes, StateRejected] = OrderedDict()
+        #: refusals not logged yet (logged at most once per REFUSAL_LOG_S: a flood is one line)
+        self._unlogged = 0
+        self._logged_at = -REFUSAL_LOG_S
         if self.verify_key is None:
             log.warning("no public key pinned (LDP_CONFIG_PUBLIC_KEY): every %s state will be "
                         "refused", topic)
@@ -186,8 +202,17 @@ class ConfigWatcher:
             await consumer.stop()
             self._consumer = None
             raise
-        self._task = asyncio.create_task(self._run(), name="ldp-config-watcher")
+        self._stopping = False
+        self._task = asyncio.create_task(self._follow(consumer), name="ldp-config-watcher")
+        self._task.add_done_callback(self._ended)
         return self
+
+    def _ended(self, task: asyncio.Task) -> None:
+        """The following task's end: a crash is logged (and :attr:`running` turns False), never
+        left unretrieved."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s watcher stopped: %r", self.topic, task.exception(),
+                      exc_info=task.exception())
 
     @property
     def running(self) -> bool:
@@ -238,26 +263,36 @@ class ConfigWatcher:
                 raise ConnectionError(f"cannot read {self.topic} at {self.bootstrap} up to its "
                                       f"end offsets {dict(upto)} in time")
             batches = await consumer.getmany(*behind, timeout_ms=200, max_records=1000)
-            for tp, msgs in batches.items():
-                for msg in msgs:
-                    if (newest or msg.offset < upto[tp]) and (msg.key or b"").decode(
-                            "utf-8", "replace") not in have:
-                        self._take(msg.key, msg.value)
+            await self._take_all(
+                msg for tp, msgs in batches.items() for msg in msgs
+                if (newest or msg.offset < upto[tp])
+                and (msg.key or b"").decode("utf-8", "replace") not in have)
 
-    async def _run(self) -> None:
+    async def _take_all(self, msgs: Iterable[Any]) -> None:
+        """Take records in slices of at most :data:`SLICE_S` of verification each, yielding to
+        the event loop between slices: a flood of records to verify delays the process's other
+        work (HTTP, timers, Kafka heartbeats) by one slice at a time, never by the flood."""
+        start = time.perf_counter()
+        for i, msg in enumerate(msgs):
+            self._take(msg.key, msg.value)
+            if i % 16 == 15 and time.perf_counter() - start > SLICE_S:
+                await asyncio.sleep(0)
+                start = time.perf_counter()
+        await asyncio.sleep(0)  # getmany returns prefetched records without yielding
+
+    async def _follow(self, consumer: Any) -> None:
+        """Follow the topic with ``consumer`` (its own reference: :meth:`stop` may drop the
+        watcher's while this task ends) until :meth:`stop`."""
         from aiokafka.errors import KafkaError
 
-        assert self._consumer is not None
-        while True:
+        while not self._stopping:
             try:
-                batches = await self._consumer.getmany(timeout_ms=500, max_records=1000)
+                batches = await consumer.getmany(timeout_ms=500, max_records=1000)
             except KafkaError as exc:  # the broker is away: keep the states, keep trying
                 log.warning("cannot read %s (%s); retrying", self.topic, exc)
                 await asyncio.sleep(1.0)
                 continue
-            for msgs in batches.values():
-                for msg in msgs:
-                    self._take(msg.key, msg.value)
+            await self._take_all(msg for msgs in batches.values() for msg in msgs)
 
     def refusal_summary(self) -> str:
         """The refusals in words, each reason with its count and its latest detail (which names
@@ -272,12 +307,23 @@ class ConfigWatcher:
         if self.collections is not None and (key or b"").decode("utf-8", "replace") \
                 not in self.collections:
             return  # another collection's state (a record whose key lies is refused below)
+        h = hashlib.blake2b(len(key or b"").to_bytes(4, "big"), digest_size=16)
+        h.update(key or b"")
+        h.update(value)
+        digest = h.digest()
         try:
+            known = self._refused.get(digest)
+            if known is not None:
+                self._refused.move_to_end(digest)
+                raise known
             signed, mech = self._verify(key, value)
         except StateRejected as exc:
+            self._refused[digest] = exc
+            if len(self._refused) > REFUSED_REMEMBERED:
+                self._refused.popitem(last=False)
             self.rejected[exc.reason] = self.rejected.get(exc.reason, 0) + 1
             self.refusals = (self.refusals + [exc])[-100:]
-            log.warning("refusing a %s record (key %r): %s", self.topic, key, exc)
+            self._log_refusal(key, exc)
             if self.on_refused is not None:
                 self.on_refused(exc)
             return
@@ -289,6 +335,19 @@ class ConfigWatcher:
         self._changed.set()
         if self.on_change is not None:
             self.on_change(signed.collection, signed)
+
+    def _log_refusal(self, key: bytes | None, exc: StateRejected) -> None:
+        """Log a refused record, at most once per :data:`REFUSAL_LOG_S` (with how many were
+        refused meanwhile): a flood of junk is counted in full (:attr:`rejected`), logged in a
+        few lines."""
+        now = time.monotonic()
+        if now - self._logged_at < REFUSAL_LOG_S:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more refused in the last {REFUSAL_LOG_S:g} s)" \
+            if self._unlogged else ""
+        log.warning("refusing a %s record (key %r): %s%s", self.topic, key, exc, more)
+        self._logged_at, self._unlogged = now, 0
 
     def _verify(self, key: bytes | None, value: bytes) -> tuple[SignedState, Mechanism]:
         if self.verify_key is None:
@@ -330,12 +389,14 @@ class ConfigWatcher:
         return self.states[collection]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        """Stop following and close the consumer. The following task has ended when this
+        returns (its crash, if any, was logged by :meth:`_ended`); a cancellation of the caller
+        is passed on, never swallowed (call again to finish)."""
+        self._stopping = True
+        task = self._task
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
             self._task = None
         consumer, self._consumer = self._consumer, None
         if consumer is not None:

@@ -29,6 +29,7 @@ import hmac
 import json
 import logging
 import os
+import threading
 import time
 from typing import Any, Sequence
 
@@ -64,6 +65,12 @@ log = logging.getLogger(__name__)
 
 #: the bridge takes this many messages at once off its queue and produces them together
 DRAIN = 256
+#: received and not yet acknowledged messages the bridge holds at most, whatever the broker
+#: sends (Mosquitto 2.0.11 sends a client more than its Receive Maximum): past either bound the
+#: MQTT thread stops reading until messages are acknowledged, and the broker queues the rest
+#: under its own limits (ldpstream/dev/mosquitto.py)
+MAX_PENDING_MESSAGES = MQTT_RECEIVE_MAXIMUM
+MAX_PENDING_BYTES = 64 * 1_048_576
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -81,6 +88,12 @@ RETRIES = Counter("ldp_mqtt_kafka_retries_total", "Produce attempts retried whil
                   "unreachable (the MQTT message stays unacknowledged).", registry=REGISTRY)
 RELAYED = Counter("ldp_mqtt_configs_relayed_total", "Signed states published retained on MQTT.",
                   ["fleet"], registry=REGISTRY)
+PENDING = Gauge("ldp_mqtt_pending_messages", "MQTT messages received and not acknowledged yet "
+                "(at most MAX_PENDING_MESSAGES).", registry=REGISTRY)
+PENDING_BYTES = Gauge("ldp_mqtt_pending_bytes", "Payload bytes of the messages received and not "
+                      "acknowledged yet (at most MAX_PENDING_BYTES).", registry=REGISTRY)
+HELD_BACK = Counter("ldp_mqtt_held_back_total", "Times the bridge stopped reading from the "
+                    "broker because its pending messages reached a bound.", registry=REGISTRY)
 CONNECTED = Gauge("ldp_mqtt_connected", "1 while the bridge's MQTT session is up.",
                   registry=REGISTRY)
 SECONDS = Histogram("ldp_mqtt_message_seconds", "Seconds from receiving an MQTT message to its "
@@ -157,6 +170,12 @@ class MqttBridge:
         self._stopping = False
         #: messages received and not acknowledged yet, and when the last one arrived
         self._open = 0
+        #: the same, held under MAX_PENDING_*: counted by the MQTT thread as it takes a message
+        #: (it waits on this condition while a bound is reached), released after the ack
+        self._room = threading.Condition()
+        self._held = 0
+        self._held_bytes = 0
+        self.peak_pending = (0, 0)
         self._last_message = time.monotonic()
         #: the last MQTT disconnect's reason (None while connected)
         self.mqtt_detail = "not connected yet"
@@ -176,8 +195,40 @@ class MqttBridge:
             self.refusals.topic.feed(bytes(msg.payload).decode("utf-8", "replace"))
             return
         loop = self._loop
-        if loop is not None:
+        if loop is not None and self._hold(len(msg.payload)):
             loop.call_soon_threadsafe(self._take, (time.perf_counter(), msg))
+
+    def _hold(self, size: int) -> bool:
+        """Count a received message as pending, first waiting (in the MQTT thread, so nothing
+        more is read from the broker) while a bound is reached; False when the bridge stops
+        meanwhile (the message stays unacknowledged: the broker delivers it again)."""
+        with self._room:
+            waited = False
+            while self._held and (self._held >= MAX_PENDING_MESSAGES
+                                  or self._held_bytes + size > MAX_PENDING_BYTES):
+                if self._stopping:
+                    return False
+                if not waited:
+                    HELD_BACK.inc()
+                    waited = True
+                self._room.wait(0.5)
+            self._held += 1
+            self._held_bytes += size
+            self.peak_pending = (max(self.peak_pending[0], self._held),
+                                 max(self.peak_pending[1], self._held_bytes))
+            PENDING.set(self._held)
+            PENDING_BYTES.set(self._held_bytes)
+        return True
+
+    def _release(self, msg: Any) -> None:
+        """One pending message acknowledged (or left to the broker): room for the next."""
+        self._open -= 1
+        with self._room:
+            self._held -= 1
+            self._held_bytes -= len(msg.payload)
+            PENDING.set(self._held)
+            PENDING_BYTES.set(self._held_bytes)
+            self._room.notify()
 
     def _take(self, item: tuple[float, Any]) -> None:
         self._open += 1
@@ -241,6 +292,8 @@ class MqttBridge:
     async def stop(self) -> None:
         """Disconnect (unacknowledged messages stay with the broker's session), then stop."""
         self._stopping = True
+        with self._room:
+            self._room.notify_all()  # an MQTT thread waiting for room gives up the message
         self.client.disconnect()
         self.client.loop_stop()
         CONNECTED.set(0)
@@ -301,12 +354,12 @@ class MqttBridge:
                 if await self._dead_letter(msg, Refused(500, "internal", f"{exc.__class__.__name__}: {exc}")):
                     break
             if self._stopping:
-                self._open -= 1
+                self._release(msg)
                 return  # not acknowledged: the broker delivers it again
             RETRIES.inc()
             await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
         self.client.ack(msg.mid, msg.qos)
-        self._open -= 1
+        self._release(msg)
         SECONDS.observe(time.perf_counter() - t0)
 
     def _route(self, topic: str) -> tuple[Fleet, str]:
@@ -373,6 +426,12 @@ class MqttBridge:
                     "ingest_running": running,
                     "last_kafka_error": self.gateway.last_error,
                     "pending_messages": self._queue.qsize(),
+                    # received, not acknowledged: now, the most at once, the bounds
+                    "unacknowledged": {"messages": self._held, "bytes": self._held_bytes,
+                                       "peak_messages": self.peak_pending[0],
+                                       "peak_bytes": self.peak_pending[1],
+                                       "max_messages": MAX_PENDING_MESSAGES,
+                                       "max_bytes": MAX_PENDING_BYTES},
                     "collections": {c: sorted(v) for c, v in self.gateway.known.items()}}
 
     def app(self) -> Any:

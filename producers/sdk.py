@@ -389,7 +389,7 @@ class DeviceClient:
             return ReportResult("refused", 0.0, mech.version,
                                 f"{mech.name} memoizes per {memo.unit}: its state carries no "
                                 f"device description to run")
-        period = memo.rule.period(now)
+        period = self._period(memo.rule.period(now))
         fp = channel_fingerprint(memo.permanent)
         record = f"{fp}:" + ",".join(str(int(v)) for v in x)
         last = self.ledger.last_sent(self.collection, period, record)
@@ -411,16 +411,20 @@ class DeviceClient:
                            record=record)
         return ReportResult("queued", cost, mech.version, report=report)
 
+    def _period(self, period: int) -> int:
+        """The rotation period to memoize in: the clock's, or the newest one a memoized report
+        was committed in when the clock stepped back (docs/device-protocol.md, "Ledger"), so
+        the permanent responses of an older period are never drawn again."""
+        newest = self.ledger.newest_period(self.collection)
+        return period if newest is None or period >= newest else newest
+
     def _memoized(self, prog: Program, memo: Memo | PartitionMemo | SelectMemo, version: int,
                   x: np.ndarray, now: float) -> ReportResult:
         """A memoized description (docs/device-protocol.md, "Ledger"): permanent responses drawn
         once per rotation period (a clock stepped back keeps the newest period), a record sent
         once per period unless ``resend_every_s`` passed, only new draws charged (one per memo
         unit: attribute, cluster, or assigned marginal)."""
-        period = memo.period(now)
-        newest = self.ledger.newest_period(self.collection)
-        if newest is not None and period < newest:
-            period = newest
+        period = self._period(memo.period(now))
         record = f"{memo.fingerprint}:" + ",".join(str(int(v)) for v in x)
         last = self.ledger.last_sent(self.collection, period, record)
         resend = self.resend_every_s

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 from faust import web
 
+from ldpstream.agents import metrics
 from ldpstream.agents.ingest.clients import REDIS_ERRORS
 from ldpstream.agents.refresh.payloads import attr_labels, json_cells, none_to_nan
 from ldpstream.agents.refresh.refresher import Refresher
@@ -197,7 +198,11 @@ def _sampler(refresher: Refresher, history: History, cid: str):
         try:
             history.record(await refresher.stored_payloads(cid))
         except REDIS_ERRORS as exc:  # Redis down: /healthz and the page's other reads show it
+            metrics.PAGE_SAMPLE_ERRORS.labels(cid).inc()
             log.warning("page history of %s not sampled: %s: %s", cid,
                         exc.__class__.__name__, exc)
+        except Exception:  # noqa: BLE001 - a faust timer that raises crashes the whole app
+            metrics.PAGE_SAMPLE_ERRORS.labels(cid).inc()
+            log.exception("page history of %s not sampled", cid)
     _sample.__name__ = _sample.__qualname__ = f"page_history_{cid}"
     return _sample

@@ -1,12 +1,13 @@
 # The two commands of the README: `make up` (install, then run the embedded stack) and `make test`.
-# `make up ARGS="--web-port 6067 --rate 500"` passes options to `ldpstream up`.
+# `make up ARGS="--web-port 6067 --rate 500"` passes options to `ldpstream up`; MQTT=1 adds
+# Mosquitto and the bridge, OBS=1 Prometheus and Alertmanager with the alert rules.
 .PHONY: install up check test test-fast test-pipeline test-sdk test-kafka bench
 
 install:
 	./scripts/bootstrap.sh
 
 up: install
-	.venv/bin/ldpstream up$(if $(MQTT), --mqtt) $(ARGS)
+	.venv/bin/ldpstream up$(if $(MQTT), --mqtt)$(if $(OBS), --obs) $(ARGS)
 
 # lint and import order (ruff, rules in pyproject.toml), then types (mypy over agents/,
 # producers/ and ldpstream/ as the package ldpstream.*, scripts/typecheck.sh)
@@ -25,8 +26,11 @@ test: install
 
 # the device SDKs (docs/device-protocol.md): the C library with warnings as errors and
 # -fsanitize=address,undefined (unit tests and the conformance suite under ctest), a Release
-# build that counts allocations on the report path (none allowed), then the TypeScript package
-# (tsc, node --test on the same conformance files)
+# build that counts allocations on the report path (none allowed), the firmware profile built
+# for a 32-bit target (-m32: layers, unit, conformance, no heap on the report path nor while a
+# state is accepted), the parser's libFuzzer target (clang, ASan + UBSan) for FUZZ_SECONDS, then
+# the TypeScript package (tsc, node --test on the same conformance files)
+FUZZ_SECONDS ?= 25
 test-sdk: install
 	cmake -S sdk/c -B sdk/c/build -DLDP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 	cmake --build sdk/c/build -j2
@@ -34,6 +38,14 @@ test-sdk: install
 	cmake -S sdk/c -B sdk/c/build-release -DCMAKE_BUILD_TYPE=Release >/dev/null
 	cmake --build sdk/c/build-release -j2 --target test_noheap
 	cd sdk/c/build-release && ctest --output-on-failure -R no_heap
+	cmake -S sdk/c -B sdk/c/build-fw32 -DCMAKE_BUILD_TYPE=Release -DLDP_FIRMWARE=ON \
+	  -DLDP_M32=ON -DLDP_EXAMPLES=OFF >/dev/null
+	cmake --build sdk/c/build-fw32 -j2
+	cd sdk/c/build-fw32 && ctest --output-on-failure
+	cmake -S sdk/c -B sdk/c/build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
+	  -DLDP_SANITIZE=ON -DLDP_FUZZ=ON -DLDP_EXAMPLES=OFF -DLDP_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
+	cmake --build sdk/c/build-fuzz -j2 --target fuzz_parse
+	cd sdk/c/build-fuzz && ctest --output-on-failure -R fuzz_parse
 	cd sdk/ts && npm test
 
 # the pure core (estimators, codec, config, CLI), no services: under a minute

@@ -28,12 +28,14 @@ from ldpstream.agents.context import Context
 from ldpstream.agents.control.controller import Controller
 from ldpstream.agents.control.controller import install as controller_timers
 from ldpstream.agents.ingest import faults
+from ldpstream.agents.ingest.acks import AckReconciler
 from ldpstream.agents.ingest.applier import Applier
 from ldpstream.agents.ingest.breaker import Breaker
 from ldpstream.agents.ingest.budget import DAILY_BUDGET
 from ldpstream.agents.ingest.clients import Clients, RedisGate
 from ldpstream.agents.ingest.dedupe_gate import DedupeGate
 from ldpstream.agents.ingest.dlq_writer import DlqWriter
+from ldpstream.agents.ingest.identity_gate import IdentityGate
 from ldpstream.agents.ingest.intake import Intake
 from ldpstream.agents.ingest.log_check import LogCheck
 from ldpstream.agents.ingest.memo_gate import MemoGate
@@ -48,7 +50,8 @@ from ldpstream.agents.serve import ui, web
 from ldpstream.agents.store.count_store import CountStore
 from ldpstream.agents.worker import Worker
 from ldpstream.config import AppConfig, ConfigError
-from ldpstream.names import DEFAULT_BIND, DEFAULT_WEB_PORT, ENV_KAFKA_BOOTSTRAP
+from ldpstream.credentials.device_keys import load_fleet_secrets
+from ldpstream.names import ACK_CHECK_S, DEFAULT_BIND, DEFAULT_WEB_PORT, ENV_KAFKA_BOOTSTRAP
 from ldpstream.producers import bounded_fetch
 from ldpstream.producers.kafka_security import KafkaSecurityError, kafka_security
 from ldpstream.producers.signing import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, load_signing_key
@@ -87,9 +90,11 @@ def make_store(redis_url: str) -> CountStore:
     return CountStore(connect(redis_url))
 
 
-def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int) -> IngestService:
+def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int
+                 ) -> tuple[IngestService, AckReconciler | None]:
     """The ingest service and its parts, each with one job (docs/pipeline.md "The worker's
-    parts"), wired here and nowhere else."""
+    parts"), wired here and nowhere else; with fleet secrets, the reconciler of acknowledged
+    and taken reports too (agents/ingest/acks.py)."""
     collections = dict(ctx.config.collections)
     cid_of = {c.topic: cid for cid, c in collections.items()}
     clients = Clients()
@@ -97,9 +102,14 @@ def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int) -> Ing
     stats = IngestStats()
     gate = RedisGate(clients, partitions)
     quota = QuotaGate(collections, gate, ctx.store, (DEVICE_QUOTA, DAILY_BUDGET))
-    intake = Intake(collections, ctx.collections, partitions, quota, DedupeGate(gate, ctx.store),
+    fleets = load_fleet_secrets()
+    acks = None if fleets is None else AckReconciler(ctx.store, ctx.kafka_bootstrap,
+                                                     ctx.kafka_security.client_kwargs())
+    identity = IdentityGate(fleets, acks)
+    intake = Intake(collections, ctx.collections, partitions, quota,
+                    DedupeGate(gate, ctx.store, acks),
                     stats, ctx.config.ingest.max_message_bytes,
-                    MemoGate(collections, gate, ctx.store))
+                    MemoGate(collections, gate, ctx.store, identity.fleets), identity)
     take = faults.injected(intake.take)  # tests only: a fault object around the intake
     seeker = Seeker(clients, partitions)
     applier = Applier(collections, clients, gate, partitions, ctx.store, quota,
@@ -118,7 +128,7 @@ def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int) -> Ing
         stats=stats, bootstrap=ctx.kafka_bootstrap, kafka_security=ctx.kafka_security,
         signing_key=ctx.signing_key, group_id=group_id, session_timeout_ms=session_timeout_ms,
         max_records=max_records)
-    return service
+    return service, acks
 
 
 def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str,
@@ -178,18 +188,28 @@ def create_app(config: AppConfig, kafka_bootstrap: str, redis_url: str,
         log.warning("no %s configured: signing ldp.config with an ephemeral key; devices must "
                     "pin %s=%s", ENV_SIGNING_KEY, ENV_PUBLIC_KEY,
                     ctx.signing_key.verify_key.to_text())
-    service = None
+    service = acks = None
     if ingest:
-        service = build_ingest(ctx, group_id=f"{app_id}-ingest",
-                               session_timeout_ms=int(float(session_timeout_s) * 1000))
+        service, acks = build_ingest(ctx, group_id=f"{app_id}-ingest",
+                                     session_timeout_ms=int(float(session_timeout_s) * 1000))
         app.add_dependency(service)
+        if acks is not None:
+            reconciler = acks
+
+            async def reconcile() -> None:
+                await reconciler.tick()
+            app.timer(ACK_CHECK_S, name="ldp-acks")(reconcile)
     controller = Controller(ctx, service.publish_config if service is not None else None)
     if service is not None:
         service.follow_all = controller.follow_all
-    worker = Worker(ctx=ctx, ingest=service, refresher=Refresher(ctx), controller=controller)
+    worker = Worker(ctx=ctx, ingest=service, refresher=Refresher(ctx), controller=controller,
+                    acks=acks)
     if install_refresh:
         refresh_timers(app, worker.refresher)
         controller_timers(app, worker.controller)
+    crash = faults.crash_timer()  # tests only: a timer that crashes the app
+    if crash is not None:
+        app.timer(crash[0], name="ldp-fault-crash")(crash[1])
     if install_web:
         web.install(app, worker)
         ui.install(app, worker)  # the live page (GET /, /ui/...): it reads the views' API
@@ -210,13 +230,14 @@ def _cleanup(ctx: Context) -> None:
         shutil.rmtree(datadir, ignore_errors=True)
 
 
-def _exit_after(grace_s: float) -> None:
-    """Arm a watchdog: the process exits ``grace_s`` from now if a graceful stop has not ended it
-    by then (faust's stop waits for a broker that may be gone, for a minute or more). Exiting
-    early loses nothing counted: a batch's counts and its Kafka offsets are applied to Redis
-    together, so what was not applied is consumed again from the stored offsets."""
+def _exit_after(grace_s: float, after: str = "the stop signal") -> None:
+    """Arm a watchdog: the process exits (status 1) ``grace_s`` from now if a graceful stop has
+    not ended it by then (faust's stop waits for a broker that may be gone, for a minute or
+    more). Exiting early loses nothing counted: a batch's counts and its Kafka offsets are
+    applied to Redis together, so what was not applied is consumed again from the stored
+    offsets."""
     def expire() -> None:
-        print(f"ldpstream worker: not stopped {grace_s:g}s after the stop signal (broker or Redis "
+        print(f"ldpstream worker: not stopped {grace_s:g}s after {after} (broker or Redis "
               "unreachable?); exiting now", file=sys.stderr, flush=True)
         os._exit(1)
 
@@ -238,6 +259,17 @@ def _prompt_worker_class() -> type:
         def _on_sigint(self) -> None:
             _exit_after(STOP_GRACE_S)
             super()._on_sigint()
+
+        def _crash(self, reason: BaseException) -> None:
+            """Any part of the app crashed (mode marks every node of the tree, this worker
+            too): stop, and exit non-zero within :data:`STOP_GRACE_S` whatever the stop waits
+            for, so that a supervisor restarts the worker (a crashed app stayed alive in
+            ``Producer: Stopping...`` with its HTTP port closed)."""
+            if not self.crashed:
+                print(f"ldpstream worker: crashed ({reason!r}); stopping, exiting with status 1",
+                      file=sys.stderr, flush=True)
+                _exit_after(STOP_GRACE_S, "the crash")
+            super()._crash(reason)
 
     return PromptWorker
 

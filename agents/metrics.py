@@ -43,6 +43,27 @@ REPORTS_SUPERSEDED = Counter(
     "Memoized collections: reports whose device's contribution moved to a newer report (each "
     "device is counted once, at its latest report).",
     ["collection"], registry=REGISTRY)
+DEVICE_BATCHES = Counter(
+    "ldp_device_batches_total",
+    "Report batches whose device MAC verified (agents/ingest/identity_gate.py), by fleet; "
+    "refused ones count in ldp_reports_rejected_total (unauthenticated, unknown_fleet, bad_mac, "
+    "sender_mismatch).",
+    ["collection", "fleet"], registry=REGISTRY)
+ACK_GAP = Gauge(
+    "ldp_ack_gap_reports",
+    "Reports of device-authenticated batches a gateway or MQTT bridge acknowledged more than "
+    "30 s ago that no worker took (counted or dead-lettered): agents/ingest/acks.py.",
+    ["collection", "fleet"], registry=REGISTRY)
+BATCHES_MISSING = Counter(
+    "ldp_batches_missing_total",
+    "Sequences a device-authenticated sender skipped: batches acknowledged to the device (its "
+    "next batch proves it) that no worker received (agents/ingest/acks.py).",
+    ["collection", "fleet"], registry=REGISTRY)
+BATCHES_LATE = Counter(
+    "ldp_batches_late_total",
+    "Skipped sequences that arrived later (out of order): subtract from "
+    "ldp_batches_missing_total.",
+    ["collection", "fleet"], registry=REGISTRY)
 DUPLICATE_BATCHES = Counter(
     "ldp_duplicate_batches_total",
     "Keyed report batches delivered again (same sender and sequence, agents/store/dedupe.py): not "
@@ -94,6 +115,11 @@ REFRESH_ERRORS = Counter(
     "ldp_refresh_errors",
     "Refreshes of a collection that failed as a whole (e.g. Redis unreachable).",
     ["collection"], registry=REGISTRY)
+PAGE_SAMPLE_ERRORS = Counter(
+    "ldp_page_samples_failed",
+    "Samples of the live page's history that failed (Redis unreachable, or any other error: "
+    "logged, never fatal to the worker).",
+    ["collection"], registry=REGISTRY)
 LAST_REFRESH = Gauge(
     "ldp_estimate_last_refresh_timestamp_seconds", "Unix time of the last completed refresh.",
     ["collection"], registry=REGISTRY)
@@ -102,7 +128,8 @@ ESTIMATE_CELL = Gauge(
     "ldp_estimate_cell", "Estimated probability of one cell of a configured marginal in a window.",
     ["collection", "marginal", "method", "window", "cell"], registry=REGISTRY)
 ESTIMATE_ERROR_BOUND = Gauge(
-    "ldp_estimate_error_bound", "Error bound the estimator reports for the marginal (NaN if none).",
+    "ldp_estimate_error_bound", "error_bound of the marginal: the 95 % upper quantile of its TVD "
+    "(docs/api.md; NaN if none).",
     _EST, registry=REGISTRY)
 ESTIMATE_DRIFT = Gauge(
     "ldp_estimate_drift_tvd",

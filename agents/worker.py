@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ldpstream.agents.context import Context
 from ldpstream.agents.control.controller import Controller
+from ldpstream.agents.ingest.acks import AckReconciler
 from ldpstream.agents.ingest.service import IngestService
 from ldpstream.agents.refresh.refresher import Refresher
 
@@ -21,3 +22,5 @@ class Worker:
     refresher: Refresher
     #: runs the adaptive steps and publishes their states (agents/control/controller.py)
     controller: Controller
+    #: acknowledged equals counted (agents/ingest/acks.py); None without fleet secrets
+    acks: AckReconciler | None = None

@@ -13,7 +13,9 @@ BENCHES = ("castell", "adult", "pipeline", "mechanisms", "gateway", "refresh", "
 #: bench name → module of this package, where they differ
 MODULES = {"refresh": "refresh_scale", "fetch": "fetch_guard"}
 #: benchmarks with options beyond --json and --quick
-EXTRA_OPTIONS = {"pipeline": ("--redis-cluster", "--broker")}
+EXTRA_OPTIONS = {"pipeline": ("--redis-cluster", "--broker"),
+                 "marginals": ("--data", "--columns", "--bif", "--generate", "--seed",
+                               "--epsilons", "--runs")}
 
 
 def describe(name: str) -> tuple[str, str]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ldpstream.bn import BayesNet
 
-__all__ = ["random_network", "STRUCTURES", "SHAPES", "shape_network"]
+__all__ = ["random_network", "STRUCTURES", "SHAPES", "HELDOUT_KINDS", "shape_network"]
 
 STRUCTURES = ("chain", "tree", "dag")
 
@@ -66,7 +66,15 @@ SHAPES = {
     "tree-mixed": ("tree", (2, 6), 1, (0.2, 2.0)),
     "dag-dense": ("dag", (2, 6), 3, (0.3, 1.0)),
     "dag-weak": ("dag", (3, 6), 2, (1.0, 5.0)),
+    # the held-out kinds (bench marginals --generate): skewed rows, near-deterministic rows
+    # (most of a row's mass on one value), dense CPTs (three parents, flatter rows)
+    "skewed": ("dag", (2, 5), 2, (0.05, 0.3)),
+    "near-deterministic": ("dag", (2, 5), 2, (0.01, 0.1)),
+    "dense": ("dag", (3, 5), 3, (0.5, 3.0)),
 }
+#: the shapes ``bench marginals --generate`` cycles through (docs/benchmarks.md "Held-out
+#: accuracy")
+HELDOUT_KINDS = ("skewed", "near-deterministic", "dense")
 
 
 def shape_network(name: str, m: int, seed: int) -> BayesNet:

@@ -15,7 +15,15 @@ from typing import Any
 
 from ldpstream.errors import CliError
 from ldpstream.estimators.mechanism import DEFAULT_MECHANISM, DEFAULT_NUMERIC_MECHANISM
-from ldpstream.names import DEFAULT_BIND, DEFAULT_GATEWAY_PORT, DEFAULT_WEB_PORT, ENV_CONFIG, MAX_MESSAGE_BYTES
+from ldpstream.names import (
+    DEFAULT_BIND,
+    DEFAULT_GATEWAY_PORT,
+    DEFAULT_WEB_PORT,
+    ENV_CONFIG,
+    ENV_REQUIRE_DEVICE_AUTH,
+    FLEET_DEVICES,
+    MAX_MESSAGE_BYTES,
+)
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -112,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "collection's schema CSV; a collection without one gets 'generator')")
     p.add_argument("--rate", type=float, default=2000.0,
                    help="fleet reports per second, per collection (default 2000)")
-    p.add_argument("--devices", type=int, default=1000,
-                   help="simulated devices per collection (default 1000)")
+    p.add_argument("--devices", type=int, default=FLEET_DEVICES,
+                   help=f"simulated devices per collection (default {FLEET_DEVICES:,}: a memoized "
+                        "collection counts devices, not reports)")
     _web_port_arg(p)
     p.add_argument("--no-fleet", action="store_true",
                    help="start no fleet (send reports yourself, e.g. with the device SDK)")
@@ -122,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mqtt", action="store_true",
                    help="also start an embedded Mosquitto and the MQTT bridge, and print how a "
                         "device connects (docs/devices.md, \"MQTT\")")
+    p.add_argument("--obs", action="store_true",
+                   help="also start Prometheus and Alertmanager (Debian packages) with the "
+                        "project's alert rules; the page shows firing alerts "
+                        "(docs/dashboards.md, \"Alerts without Docker\")")
 
     p = sub.add_parser("worker", help="run a worker (needs KAFKA_BOOTSTRAP_SERVERS, REDIS_URL)")
     _config_arg(p)
@@ -134,11 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None,
                    help="CSV of true records or 'generator[:skewed]' (default: the collection's "
                         "schema CSV, else 'generator')")
-    p.add_argument("--devices", type=int, default=1000,
-                   help="number of simulated devices (default 1000)")
+    p.add_argument("--devices", type=int, default=FLEET_DEVICES,
+                   help=f"number of simulated devices (default {FLEET_DEVICES:,})")
     p.add_argument("--rate", type=float, default=2000.0,
                    help="reports per second (default 2000; 0 = as fast as possible)")
     p.add_argument("--batch", type=int, default=None, help="reports per Kafka message (default 500)")
+    p.add_argument("--device-fleet", default=None,
+                   help="sign each simulated device's batch as a device of this fleet, with "
+                        "keys derived from LDP_DEVICE_SECRETS_FILE (docs/security.md)")
     p.add_argument("--total", type=int, default=None, help="stop after this many reports")
     p.add_argument("--drift-at", type=float, default=None,
                    help="switch the population this many seconds after the start")
@@ -165,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve HTTPS with this PEM certificate chain (docs/security.md)")
     p.add_argument("--tls-key", default=None,
                    help="the private key of --tls-cert, PEM (default: inside --tls-cert)")
+    p.add_argument("--require-device-auth", action="store_true",
+                   default=os.environ.get(ENV_REQUIRE_DEVICE_AUTH, "") in ("1", "true"),
+                   help="refuse batches without a device MAC (401 unauthenticated; "
+                        f"{ENV_REQUIRE_DEVICE_AUTH}=1; docs/security.md)")
 
     _mqtt_bridge_parser(sub)
 
@@ -186,6 +206,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=DEFAULT_DAYS,
                    help=f"validity in days (default {DEFAULT_DAYS})")
     p.add_argument("--if-missing", action="store_true", help="keep existing files (exit 0)")
+
+    p = sub.add_parser("device-credentials", help="a new fleet secret, or a device's own key "
+                       "derived from it (docs/credentials.md)")
+    p.add_argument("--new-secret", action="store_true", help="print a new random fleet secret")
+    p.add_argument("--init", default=None, metavar="FILE",
+                   help="write (or extend) the fleets' secrets file with a new secret for each "
+                        "of --fleets it lacks (the compose one-shot)")
+    p.add_argument("--fleets", default=None, help="with --init: fleet names (comma-separated)")
+    p.add_argument("--fleet", default=None, help="the device's fleet")
+    p.add_argument("--device-id", type=int, default=None, help="the device's id (u64)")
+    p.add_argument("--count", type=int, default=None,
+                   help="print the credentials of COUNT devices from --device-id on, one a line")
+    p.add_argument("--secrets", default=None,
+                   help="the fleets' secrets file (default: LDP_DEVICE_SECRETS_FILE, "
+                        "LDP_DEVICE_SECRETS)")
 
     p = sub.add_parser("kafka-certs", help="write a CA and the Kafka broker's TLS certificate "
                                            "(docker-compose.yml; docs/security.md)")
@@ -244,6 +279,27 @@ def _bench_parsers(sub: Any) -> None:
             b.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
                            help="kafka: also run the raw/ingest pairs on Apache Kafka (JVM, "
                                 "ldpstream/dev/kafka.py), next to the embedded broker's")
+        if "--generate" in EXTRA_OPTIONS.get(name, ()):
+            _heldout_options(b)
+
+
+def _heldout_options(b: Any) -> None:
+    """``bench marginals``'s held-out runs (bench/heldout.py): any CSV, BIF or fresh networks."""
+    b.add_argument("--data", action="append", default=[], metavar="CSV",
+                   help="held-out run on this CSV (its records are the population; repeatable)")
+    b.add_argument("--columns", default=None,
+                   help="comma-separated columns of --data (default: every column)")
+    b.add_argument("--bif", action="append", default=[], metavar="FILE",
+                   help="held-out run on records sampled from this BIF network (repeatable)")
+    b.add_argument("--generate", type=int, default=0, metavar="K",
+                   help="held-out run on K fresh random networks (skewed, near-deterministic, "
+                        "dense CPTs in turn), network i from seed --seed + i")
+    b.add_argument("--seed", type=int, default=0,
+                   help="first seed of the generated networks and of the samples (default 0)")
+    b.add_argument("--epsilons", default="0.5,1,2,4,8",
+                   help="ε per record of the held-out runs (default 0.5,1,2,4,8)")
+    b.add_argument("--runs", type=int, default=3,
+                   help="randomizations per dataset and ε in the held-out runs (default 3)")
 
 
 def _mqtt_bridge_parser(sub: Any) -> None:
@@ -326,6 +382,7 @@ _COMMANDS = {
     "mqtt-bridge": "ldpstream.producers.mqtt_bridge_cli",
     "config-reference": "ldpstream.config_docs",
     "kafka-certs": "ldpstream.credentials.kafka_certs",
+    "device-credentials": "ldpstream.credentials.device_keys",
 }
 
 

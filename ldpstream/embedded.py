@@ -11,7 +11,10 @@ seconds: fleets first (their messages flushed), then the worker (SIGTERM, clean 
 bounded), then the broker and Redis. Bad ``--data`` and a busy ``--web-port`` are refused before
 anything starts; a fleet or worker that fails stops everything with exit status 1. If ``up``
 itself is killed, every child gets a signal from the kernel (``PR_SET_PDEATHSIG``). ``--mqtt``
-also starts an embedded Mosquitto and ``ldpstream mqtt-bridge`` and prints how a device connects.
+also starts an embedded Mosquitto and ``ldpstream mqtt-bridge`` and prints a device command per
+SDK; ``--obs`` starts Prometheus and Alertmanager with the alert rules. Without a configured key
+the states are signed by the dev identity kept in the state directory (docs/devices.md, "On
+`make up`").
 """
 from __future__ import annotations
 
@@ -24,9 +27,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ldpstream.names import DEFAULT_BIND, ENV_KAFKA_IDEMPOTENCE
+from ldpstream.names import DEFAULT_BIND, ENV_KAFKA_IDEMPOTENCE, ENV_PROMETHEUS_URL
 
 if TYPE_CHECKING:  # pragma: no cover
     from ldpstream.producers.signing import VerifyKey
@@ -39,6 +44,23 @@ try:
     _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 except (OSError, AttributeError):  # pragma: no cover
     _PRCTL = None
+
+
+class ExpectedKafkaNoise(logging.Filter):
+    """Drops aiokafka's "Unable connect to ..." while ``quiet``: expected while the stack
+    starts (clients retry until the broker answers) and while it stops (the broker goes before
+    the last client has closed); while the stack runs it is a real error and is shown
+    (docs/devices.md, "What `up` prints")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quiet = True
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.quiet and record.getMessage().startswith("Unable connect"))
+
+
+KAFKA_NOISE = ExpectedKafkaNoise()
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -89,6 +111,20 @@ class WorkerChild:
         return self.proc.returncode
 
 
+#: the status line's reports/s is taken over this many seconds: Kafka messages of 500 reports
+#: and 0.5 s ingest batches make a 1 s difference jump around a steady rate
+RATE_SPAN_S = 5.0
+
+
+def _rate(points: deque[tuple[float, int]], now: float, n: int) -> float:
+    """Reports/s over the last :data:`RATE_SPAN_S` seconds of ``points`` (appended to)."""
+    points.append((now, n))
+    while len(points) > 2 and now - points[1][0] >= RATE_SPAN_S:
+        points.popleft()
+    t0, n0 = points[0]
+    return (n - n0) / (now - t0) if now > t0 else 0.0
+
+
 def _fmt_age(ts: float | None) -> str:
     if ts is None:
         return "never"
@@ -127,7 +163,7 @@ async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: W
     ok = True
     tty = sys.stdout.isatty()
     t_start = time.monotonic()
-    last: dict[str, tuple[int, float]] = {}
+    seen: dict[str, deque[tuple[float, int]]] = {}  # (time, n) of the last RATE_SPAN_S
     next_plain = 0.0
     try:
         while not stop.is_set():
@@ -160,10 +196,9 @@ async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: W
                 except Exception:  # noqa: BLE001 - Redis not answering right now
                     parts.append(f"{coll.id}: n = ?")
                     continue
-                prev = last.get(coll.id)
-                rate = (n - prev[0]) / (now - prev[1]) if prev and now > prev[1] else 0.0
-                last[coll.id] = (n, now)
+                rate = _rate(seen.setdefault(coll.id, deque()), now, n)
                 parts.append(f"{coll.id}: {rate:8,.0f} reports/s   n = {n:>10}")
+            KAFKA_NOISE.quiet = False  # running: a lost broker is news
             refreshed = await _last_refresh(store, colls[0])
             line = "   ".join(parts) + f"   last refresh {_fmt_age(refreshed)}"
             if tty:
@@ -173,6 +208,7 @@ async def _run(args: Any, config: Any, bootstrap: str, redis_url: str, worker: W
                 next_plain = now + 5.0
     finally:
         stop.set()
+        KAFKA_NOISE.quiet = True
         if tty:
             print()
         for cid, task in fleets.items():
@@ -210,17 +246,95 @@ async def _warn_stale_offsets(config: Any, redis_url: str) -> None:
 
 
 def _start_mqtt(env: dict[str, str], key: Any) -> Any:
-    """``up --mqtt``: an embedded Mosquitto and ``ldpstream mqtt-bridge`` (ldpstream/dev/mqtt_stack.py)."""
+    """``up --mqtt``: an embedded Mosquitto and ``ldpstream mqtt-bridge`` (ldpstream/dev/mqtt_stack.py);
+    the fleet's password is kept in the state directory, so printed device commands keep working
+    across restarts."""
     from ldpstream.cli import CliError
     from ldpstream.dev.mqtt_stack import MqttStack
     from ldpstream.errors import ServiceError
     from ldpstream.producers.signing import ENV_PUBLIC_KEY
 
-    stack = MqttStack(dict(env, **{ENV_PUBLIC_KEY: key.verify_key.to_text()}))
+    stack = MqttStack(dict(env, **{ENV_PUBLIC_KEY: key.verify_key.to_text()}),
+                      password=_kept_secret("mqtt-devices.password"))
     try:
         return stack.start()
     except ServiceError as exc:
         raise CliError(str(exc)) from None
+
+
+def _start_obs(web_port: int) -> Any:
+    """``up --obs``: Alertmanager and Prometheus scraping the worker, with the project's rules
+    (ldpstream/dev/observability.py)."""
+    from ldpstream.cli import CliError
+    from ldpstream.dev.observability import ObsStack
+    from ldpstream.errors import ServiceError
+
+    try:
+        return ObsStack([f"127.0.0.1:{web_port}"]).start()
+    except ServiceError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _kept_secret(name: str) -> str:
+    """A random secret created once in the state directory (0600) and read back afterwards."""
+    import secrets
+
+    from ldpstream.endpoint import state_dir
+
+    path = state_dir() / name
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        value = secrets.token_urlsafe(12)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(value + "\n")
+        return value
+
+
+def _device_commands(mqtt: Any, coll: Any, data: str | None, key: Any) -> str:
+    """The C, TypeScript and Python commands that report one record of ``coll`` (a row of the
+    fleet's data) through ``mqtt`` (ldpstream/dev/device_commands.py)."""
+    import numpy as np
+
+    from ldpstream.dev.device_commands import DeviceCommands
+    from ldpstream.endpoint import state_dir
+    from ldpstream.producers.fleet import make_source
+
+    dom = coll.domain
+    source, _ = make_source(data, dom, seed=0)
+    row = source(1, np.random.default_rng(0))[0]
+    record = {a: dom.labels[j][int(row[j])] for j, a in enumerate(dom.attrs)} if dom.labels \
+        else {a: str(int(row[j])) for j, a in enumerate(dom.attrs)}
+    url = mqtt.mosquitto.url.replace("://", f"://{mqtt.fleet}@", 1)
+    return DeviceCommands(url, mqtt.device.password, mqtt.fleet, coll.id,
+                          key.verify_key.to_text(), record, state_dir() / "devices").lines()
+
+
+def _dev_identity() -> tuple[Any, tuple[Path, Path]]:
+    """The signing key of ``up`` without ``LDP_CONFIG_SIGNING_KEY(_FILE)``: created once in the
+    state directory (:func:`~ldpstream.endpoint.state_dir`), reused by every later ``up``, so a
+    device that pinned its public key keeps accepting the states (docs/devices.md, "The dev
+    identity"). Returns the key and (private, public) paths."""
+    from ldpstream.cli import CliError
+    from ldpstream.endpoint import state_dir
+    from ldpstream.producers.signing import SigningKey, keygen
+
+    try:
+        priv, pub = keygen(state_dir(), if_missing=True)
+        return SigningKey.from_text(priv.read_text().strip()), (priv, pub)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"the dev signing key in {state_dir()}: {exc} (set LDP_STATE_DIR to a "
+                       f"writable directory)") from None
+
+
+def _identity_lines(key: Any, identity: tuple[Path, Path] | None) -> str:
+    """What a device operator pins: the public key, and where the key pair is kept."""
+    where = (f"kept in {identity[0].parent} ({identity[1].name}; LDP_STATE_DIR moves it)"
+             if identity else "from LDP_CONFIG_SIGNING_KEY(_FILE)")
+    return (f"signing: devices pin the public key {key.verify_key.to_text()}\n"
+            f"         fingerprint {key.verify_key.fingerprint}, {where}")
 
 
 def main(args: Any) -> int:
@@ -233,10 +347,11 @@ def main(args: Any) -> int:
     from ldpstream.kafka_admin import create_ldp_topics
     from ldpstream.privacy import epsilon_fields
     from ldpstream.producers.fleet import check_source, default_data
-    from ldpstream.producers.signing import ENV_SIGNING_KEY, ENV_SIGNING_KEY_FILE, SigningKey, load_signing_key
+    from ldpstream.producers.signing import ENV_SIGNING_KEY, ENV_SIGNING_KEY_FILE, load_signing_key
 
     logging.basicConfig(level=os.environ.get("LDP_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").addFilter(KAFKA_NOISE)
     config = load_config(args.config)  # ConfigError is a CliError: one line, exit 2
     if args.duration is not None and args.duration <= 0:
         raise CliError(f"--duration: must be > 0 seconds (got {args.duration})")
@@ -254,7 +369,7 @@ def main(args: Any) -> int:
     require_free_port(web_bind, web_port, "up")
     bootstrap = config.kafka_bootstrap
     redis_url = config.redis_url
-    broker = redis = worker = mqtt = None
+    broker = redis = worker = mqtt = obs = None
     ok = True
     try:
         try:
@@ -276,16 +391,22 @@ def main(args: Any) -> int:
         except ValueError as exc:
             raise CliError(str(exc)) from None
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url)
-        if key is None:  # an ephemeral key pair: the worker signs, this process's fleet verifies
-            key = SigningKey.generate()
-            env[ENV_SIGNING_KEY] = key.to_text()
-            env.pop(ENV_SIGNING_KEY_FILE, None)
+        identity = None
+        if key is None:  # the dev identity: one key pair kept in the state directory
+            key, identity = _dev_identity()
+            env[ENV_SIGNING_KEY_FILE] = str(identity[0])
+            env.pop(ENV_SIGNING_KEY, None)
         env["LDP_WEB_BIND"] = web_bind
         if broker is not None:
             # this process's fleets: Tansu refuses an idempotent producer (docs/pipeline.md
             # "Failover"), so none is asked for
+            # and the children's (worker, bridge): no refused InitProducerId, no failover warning
             os.environ.setdefault(ENV_KAFKA_IDEMPOTENCE, "off")
+            env.setdefault(ENV_KAFKA_IDEMPOTENCE, os.environ[ENV_KAFKA_IDEMPOTENCE])
             env.setdefault("LDP_SESSION_TIMEOUT_S", str(EMBEDDED_SESSION_TIMEOUT_S))
+        if args.obs:  # Prometheus + Alertmanager first: the worker's page asks Prometheus
+            obs = _start_obs(web_port)
+            env[ENV_PROMETHEUS_URL] = obs.prometheus.url
         worker = WorkerChild(args.config, web_port, env)
         host = "127.0.0.1" if env["LDP_WEB_BIND"] in ("0.0.0.0", "127.0.0.1") else env["LDP_WEB_BIND"]
         cids = list(config.collections)
@@ -297,9 +418,17 @@ def main(args: Any) -> int:
               f"http://{host}:{web_port}/estimates/{cids[0]}", flush=True)
         print(f"metrics: http://{host}:{web_port}/metrics   health: http://{host}:{web_port}/healthz",
               flush=True)
+        print(_identity_lines(key, identity), flush=True)
+        if obs is not None:
+            print(f"alerts:  Prometheus {obs.prometheus.url}/alerts   Alertmanager "
+                  f"{obs.alertmanager.url}   (rules: dashboards/prometheus/rules; firing ones on "
+                  f"the page)", flush=True)
         if args.mqtt:  # Mosquitto + bridge, for devices that speak MQTT (docs/devices.md)
             mqtt = _start_mqtt(env, key)
             print(mqtt.how_to_connect(cids[0]), flush=True)
+            first = config.collections[cids[0]]
+            print(_device_commands(mqtt, first, data.get(first.id) or args.data
+                                   or default_data(first), key), flush=True)
         for coll in config.collections.values():
             note = epsilon_fields(coll, coll.mechanism())["privacy_note"]
             if note:
@@ -327,6 +456,8 @@ def main(args: Any) -> int:
             if mqtt is not None:
                 mqtt.stop()
             code = worker.stop() if worker is not None else None
+            if obs is not None:
+                obs.stop()
             if code not in (None, 0):
                 print(f"worker exited with code {code}", file=sys.stderr)
             if broker is not None:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from ldpstream.errors import CliError
-from ldpstream.names import DEFAULT_WEB_PORT, ENV_API_URL, ENV_WEB_PORT
+from ldpstream.names import DEFAULT_WEB_PORT, ENV_API_URL, ENV_STATE_DIR, ENV_WEB_PORT
 
 #: ports tried after a busy one before giving up on a suggestion
 SUGGEST_SPAN = 100
@@ -32,6 +32,17 @@ def up_record_path() -> Path:
     """The file where a running ``ldpstream up`` records its API URL (per user)."""
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     return Path(base) / f"ldpstream-{os.getuid()}" / "up.json"
+
+
+def state_dir() -> Path:
+    """Where ``ldpstream up`` keeps what must survive a restart, its dev signing key
+    (docs/devices.md, "The dev identity"): ``$LDP_STATE_DIR``, else
+    ``$XDG_STATE_HOME/ldpstream``, else ``~/.local/state/ldpstream``."""
+    explicit = os.environ.get(ENV_STATE_DIR, "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME", "").strip()
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "ldpstream"
 
 
 def record_up(url: str) -> Path:

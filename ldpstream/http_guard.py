@@ -12,6 +12,13 @@ aiohttp app with
 * a **connection cap** (``max_connections``): a new connection beyond it evicts the connection
   idle the longest; when every connection has a request in progress the new one is answered
   ``503`` (JSON) and closed. So idle connections can never starve the server;
+* **one TLS policy** (over TLS): a connection counts against the cap and the header deadline
+  from the moment it is accepted, while its TLS handshake is still under way, and a handshake
+  longer than ``header_timeout_s`` is aborted (:class:`TlsGate`; asyncio's own TLS server
+  counted a connection only once its handshake was done, and gave the handshake 60 s: 1,100
+  connections that never sent a ClientHello filled 1,024 descriptors for a minute);
+* **descriptors**: :func:`raise_fd_limit` lifts the soft ``RLIMIT_NOFILE`` to the hard one at
+  start, and a cap above what the limit leaves is lowered to fit (logged);
 * **JSON errors** for what aiohttp answers before routing: request line or headers too long
   (414/431) or malformed (400); :func:`json_errors` (the worker's middleware) turns unknown
   routes (404), wrong methods (405, ``Allow`` kept), bodies too large (413) and unhandled
@@ -26,8 +33,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
+import resource
+import ssl
 import time
+from asyncio import sslproto
 from typing import Any
 
 from aiohttp import web
@@ -37,8 +48,8 @@ from aiohttp.web_runner import BaseSite, TCPSite
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ConnectionGuard", "HardenedSite", "json_errors", "error_body", "MAX_BODY_BYTES",
-           "WORKER_ENV", "GATEWAY_ENV"]
+__all__ = ["ConnectionGuard", "HardenedSite", "TlsGate", "json_errors", "error_body",
+           "MAX_BODY_BYTES", "WORKER_ENV", "GATEWAY_ENV", "raise_fd_limit"]
 
 WORKER_ENV = "LDP_WEB"        # LDP_WEB_MAX_CONNECTIONS, LDP_WEB_HEADER_TIMEOUT_S
 GATEWAY_ENV = "LDP_GATEWAY"   # LDP_GATEWAY_MAX_CONNECTIONS, LDP_GATEWAY_HEADER_TIMEOUT_S
@@ -49,6 +60,23 @@ MAX_LINE_BYTES = 8190
 MAX_FIELD_BYTES = 8190
 MAX_BODY_BYTES = 64 * 1024
 SWEEP_S = 0.5
+#: descriptors kept free of HTTP connections (Kafka and Redis clients, log files, the listener)
+RESERVED_FDS = 64
+
+
+def raise_fd_limit() -> int:
+    """Lift this process's soft ``RLIMIT_NOFILE`` to its hard limit; returns the soft limit now
+    in force (unchanged when it cannot be raised)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY:
+        return soft if soft != resource.RLIM_INFINITY else 1 << 20
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, exc)
+    return soft
 
 
 def error_body(status: int, message: str, **extra: Any) -> bytes:
@@ -133,10 +161,20 @@ class ConnectionGuard:
     def discard(self, handler: "GuardedHandler") -> None:
         self.idle_since.pop(handler, None)
 
+    def fit(self, fd_limit: int) -> None:
+        """Lower the cap to what ``fd_limit`` open files leave for connections (logged)."""
+        room = max(1, fd_limit - RESERVED_FDS)
+        if self.max_connections > room:
+            log.warning("connection cap %d lowered to %d: the open-file limit is %d",
+                        self.max_connections, room, fd_limit)
+            self.max_connections = room
+
     def _refresh(self) -> None:
         now = time.monotonic()
         for h, since in list(self.idle_since.items()):
-            if h.busy:
+            if h.closed:
+                self.idle_since.pop(h, None)
+            elif h.busy:
                 self.idle_since[h] = None
             elif since is None:
                 self.idle_since[h] = now
@@ -146,6 +184,8 @@ class ConnectionGuard:
         handler.force_close()
         if handler.transport is not None:
             handler.transport.abort()
+        if handler.raw_transport is not None:  # still in its TLS handshake, or TLS under it
+            handler.raw_transport.abort()
 
     def _sweep(self) -> None:
         self._sweeper = None
@@ -166,6 +206,8 @@ class GuardedHandler(RequestHandler):
         super().__init__(manager, **kwargs)
         self.guard = guard
         self.admitted = False
+        #: the TCP transport under TLS (set from accept by :class:`TlsGate`), else None
+        self.raw_transport: asyncio.Transport | None = None
         #: length of the first request line seen (to tell 414 from 431)
         self.line_bytes = 0
         self.line_ended = False
@@ -182,7 +224,16 @@ class GuardedHandler(RequestHandler):
         """A request of this connection is being handled (its headers are in)."""
         return self._current_request is not None
 
+    @property
+    def closed(self) -> bool:
+        """A TLS connection that went away before its handshake ended."""
+        return (self.transport is None and self.raw_transport is not None
+                and self.raw_transport.is_closing())
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.admitted:  # over TLS: admitted at accept (TlsGate), the handshake is done
+            super().connection_made(transport)
+            return
         if not self.guard.admit(self):
             assert isinstance(transport, asyncio.WriteTransport)
             body = error_body(503, "too many connections; try again",
@@ -219,6 +270,45 @@ class GuardedHandler(RequestHandler):
         return resp
 
 
+class TlsGate(asyncio.Protocol):
+    """The protocol of an accepted TCP connection of a TLS site: admits the connection under
+    the guard at once (so it counts against the cap and the header deadline during its
+    handshake), then runs the TLS server side (asyncio's own :class:`asyncio.sslproto.SSLProtocol`,
+    the one ``loop.create_server(ssl=...)`` uses) with a handshake timeout of the header
+    deadline; the request handler sees the connection once the handshake is done."""
+
+    def __init__(self, handler: GuardedHandler, context: ssl.SSLContext) -> None:
+        self.handler = handler
+        self.context = context
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        handler = self.handler
+        handler.raw_transport = transport
+        if not handler.guard.admit(handler):
+            transport.abort()  # no plain-text 503 can reach a client expecting TLS
+            return
+        handler.admitted = True
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        waiter.add_done_callback(self._handshake_done)
+        # (the guard's sweep closes the connection at the deadline itself; whole seconds here)
+        tls = sslproto.SSLProtocol(loop, handler, self.context, waiter, server_side=True,
+                                   ssl_handshake_timeout=math.ceil(handler.guard.header_timeout_s))
+        transport.set_protocol(tls)
+        tls.connection_made(transport)
+
+    def _handshake_done(self, waiter: asyncio.Future) -> None:
+        failed = waiter.cancelled() or waiter.exception() is not None  # refused, timed out
+        if failed or self.handler.transport is None:  # ... or the client went away
+            self.handler.guard.discard(self.handler)
+            if self.handler.raw_transport is not None:
+                self.handler.raw_transport.abort()
+
+    def data_received(self, data: bytes) -> None:  # never: the TLS protocol takes over at once
+        raise AssertionError("TlsGate received data")
+
+
 class HardenedSite(TCPSite):
     """A TCP site whose connections are :class:`GuardedHandler` s under one guard."""
 
@@ -233,11 +323,18 @@ class HardenedSite(TCPSite):
         server = self._runner.server
         assert server is not None
 
-        def factory() -> GuardedHandler:
+        self.guard.fit(raise_fd_limit())
+        tls = self._ssl_context
+
+        def handler() -> GuardedHandler:
             return GuardedHandler(server, loop=loop, guard=self.guard, access_log=None,
                                   keepalive_timeout=KEEPALIVE_TIMEOUT_S,
                                   max_line_size=MAX_LINE_BYTES, max_field_size=MAX_FIELD_BYTES)
 
+        def factory() -> asyncio.Protocol:
+            return handler() if tls is None else TlsGate(handler(), tls)
+
+        # TLS is run by TlsGate, not by create_server: a connection counts from its accept
         self._server = await loop.create_server(factory, self._host, self._port,
-                                                ssl=self._ssl_context, backlog=self._backlog)
+                                                backlog=self._backlog)
         self._bound_port = self._server.sockets[0].getsockname()[1]

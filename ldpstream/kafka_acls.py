@@ -6,13 +6,14 @@ one place: the secure test broker (ldpstream/dev/kafka.py) creates exactly these
 A worker may read the report topics, create its topics, read and write ``ldp.config``, write
 ``ldp.dlq`` and use topics and groups prefixed ``ldpstream``; a device may only write the report
 topics and read ``ldp.config``; the MQTT bridge (producers/mqtt_bridge.py), its own principal,
-may do what a device does and also write ``ldp.dlq`` (it files the messages it refuses there).
+may do what a device does and also write ``ldp.dlq`` (it files the messages it refuses there);
+gateways and bridges write their acknowledged counts to ``ldp.acks``, which the workers read.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ldpstream.names import CONFIG_TOPIC, DLQ_TOPIC, REPORTS_TOPIC_PREFIX
+from ldpstream.names import ACKS_TOPIC, CONFIG_TOPIC, DLQ_TOPIC, REPORTS_TOPIC_PREFIX
 
 __all__ = ["Acl", "ACLS", "WORKER", "DEVICE", "BRIDGE", "APP_PREFIX"]
 
@@ -54,4 +55,9 @@ ACLS: tuple[Acl, ...] = (
     Acl(BRIDGE, ("Write", "Describe"), "topic", REPORTS_TOPIC_PREFIX, prefixed=True),
     Acl(BRIDGE, ("Read", "Describe"), "topic", CONFIG_TOPIC),
     Acl(BRIDGE, ("Write", "Describe"), "topic", DLQ_TOPIC),
+    # acknowledged counts (docs/security.md "Acknowledged equals counted"): the gateway writes
+    # them as the device principal, the bridge as its own, the workers read them
+    Acl(DEVICE, ("Write", "Describe"), "topic", ACKS_TOPIC),
+    Acl(BRIDGE, ("Write", "Describe"), "topic", ACKS_TOPIC),
+    Acl(WORKER, ("Read", "Describe"), "topic", ACKS_TOPIC),
 )

@@ -12,6 +12,7 @@ __all__ = [
     "DEFAULT_CONTROLLER_INTERVAL_S", "DEFAULT_BUCKET_S", "DEFAULT_WINDOWS",
     "DEFAULT_DRIFT_ALPHA", "DEFAULT_QUOTA_WINDOW_S", "DEFAULT_BATCH_REPORTS",
     "DEFAULT_BATCH_SECONDS", "MAX_MESSAGE_BYTES", "DEFAULT_DEVICE_STATE_MAX", "BUDGET_FIELD",
+    "FLEET_DEVICES", "ENV_STATE_DIR", "ENV_MQTT_PASSWORD", "ENV_PROMETHEUS_URL",
 ]
 
 # --- Kafka topics (docs/pipeline.md, "What runs") ---------------------------------------------------
@@ -22,10 +23,13 @@ REPORTS_TOPIC_PREFIX = "ldp.reports."
 DLQ_TOPIC = "ldp.dlq"
 #: signed mechanism states, compacted, keyed by collection id (docs/security.md)
 CONFIG_TOPIC = "ldp.config"
+#: what the gateways and MQTT bridges acknowledged, per instance, fleet and collection
+#: (cumulative, compacted; docs/security.md "Acknowledged equals counted")
+ACKS_TOPIC = "ldp.acks"
 #: the topics besides the collections' own, with their partition counts
-SERVICE_TOPICS: dict[str, int] = {DLQ_TOPIC: 1, CONFIG_TOPIC: 1}
+SERVICE_TOPICS: dict[str, int] = {DLQ_TOPIC: 1, CONFIG_TOPIC: 1, ACKS_TOPIC: 1}
 #: topics created with ``cleanup.policy=compact``
-COMPACTED_TOPICS = frozenset({CONFIG_TOPIC})
+COMPACTED_TOPICS = frozenset({CONFIG_TOPIC, ACKS_TOPIC})
 
 
 #: the field of a signed ``ldp.config`` state carrying the collection's ``max_epsilon_per_day``,
@@ -59,6 +63,13 @@ DEFAULT_WEB_PORT = 6066
 DEFAULT_BIND = "127.0.0.1"
 #: the HTTP report gateway (``ldpstream gateway``)
 DEFAULT_GATEWAY_PORT = 8080
+#: simulated devices per collection (``ldpstream up``, ``ldpstream fleet``, compose's fleet): the
+#: demo is memoized, so its estimates count devices (docs/privacy-over-time.md) and need many
+FLEET_DEVICES = 100_000
+#: the Prometheus whose firing alerts the page and the CLI show (``up --obs`` sets it)
+ENV_PROMETHEUS_URL = "LDP_PROMETHEUS_URL"
+#: where ``ldpstream up`` keeps its dev identity (signing key) across restarts (docs/devices.md)
+ENV_STATE_DIR = "LDP_STATE_DIR"
 
 # --- collection defaults (docs/configuration.md) ----------------------------------------------------
 
@@ -96,6 +107,8 @@ MQTT_CONFIG_TOPIC = "ldp/{fleet}/{collection}/config"
 #: the shared-subscription group of ``ldpstream mqtt-bridge`` (bridges in it split the messages)
 MQTT_SHARE_GROUP = "ldp-bridge"
 ENV_MQTT_URL = "LDP_MQTT_URL"
+#: the example device programs' MQTT password (C, TypeScript, Python: kept out of the process list)
+ENV_MQTT_PASSWORD = "LDP_MQTT_PASSWORD"
 ENV_MQTT_CA = "LDP_MQTT_CA"
 ENV_MQTT_FLEETS_FILE = "LDP_MQTT_FLEETS_FILE"
 ENV_MQTT_CLIENT_ID = "LDP_MQTT_CLIENT_ID"
@@ -138,3 +151,25 @@ MQTT_PUBLIC_KEY_TOPIC = "ldp/{fleet}/public-key"
 def mqtt_public_key_topic(fleet: str) -> str:
     """The MQTT topic carrying the verifying key's document (retained) for one fleet."""
     return MQTT_PUBLIC_KEY_TOPIC.format(fleet=fleet)
+
+
+# --- per-device identity (docs/security.md, "Per-device identity"; docs/credentials.md) -----------
+__all__ += ["ENV_DEVICE_SECRETS", "ENV_DEVICE_SECRETS_FILE", "DEVICE_KEY_LABEL",
+            "AUTH_REASONS"]
+#: the fleets' secrets the worker derives device keys from: a YAML/JSON file, or its JSON inline
+ENV_DEVICE_SECRETS_FILE = "LDP_DEVICE_SECRETS_FILE"
+ENV_DEVICE_SECRETS = "LDP_DEVICE_SECRETS"
+#: domain separation of a device key: HMAC-SHA256(fleet secret, label ‖ u8 len ‖ fleet ‖ u64 id)
+DEVICE_KEY_LABEL = b"ldpstream/device-key/v1\n"
+#: the ldp.dlq reasons of a batch the worker does not count as an authenticated device's
+AUTH_REASONS = ("unauthenticated", "unknown_fleet", "bad_mac", "sender_mismatch")
+__all__ += ["ENV_REQUIRE_DEVICE_AUTH"]
+#: ``1``: the gateway and the MQTT bridge refuse batches without a device MAC
+ENV_REQUIRE_DEVICE_AUTH = "LDP_REQUIRE_DEVICE_AUTH"
+__all__ += ["ACKS_TOPIC", "ACK_FLUSH_S", "ACK_SETTLE_S", "ACK_CHECK_S"]
+#: a gateway or bridge publishes its acknowledged counts this often (when they changed)
+ACK_FLUSH_S = 2.0
+#: a report acknowledged this long ago must have reached a worker (counted or dead-lettered)
+ACK_SETTLE_S = 30.0
+#: workers reconcile acknowledged and taken reports this often
+ACK_CHECK_S = 5.0

@@ -139,6 +139,17 @@ def cell_rows(est: dict[str, Any]) -> list[tuple[tuple[str, ...], Any]]:
     return rows
 
 
+def drift_text(est: dict[str, Any]) -> str:
+    """The drift test in one phrase, as the page says it (docs/windows.md): statistic against
+    threshold, the alarm, and the total-variation change."""
+    if est.get("drift_statistic") is None:
+        return "drift: not measured (needs this window and the one before it)" \
+            if est.get("window") != "all" else "drift: none on the all-time window"
+    verdict = "ALARM" if est.get("drift_alarm") else "no alarm"
+    return (f"drift: {verdict}, statistic {_fmt(est.get('drift_statistic'), 2)} against threshold "
+            f"{_fmt(est.get('drift_threshold'), 2)} (TVD change {_fmt(est.get('drift_tvd'), 3)})")
+
+
 def print_estimate(est: dict[str, Any]) -> None:
     from rich.table import Table
     attrs = est["attrs"]
@@ -153,7 +164,7 @@ def print_estimate(est: dict[str, Any]) -> None:
             + (f" (TVD q{100 * est['error_bound_quantile']:g}"
                + (f", {est['error_bound_coverage']}" if est.get("error_bound_coverage") else "")
                + ")" if est.get("error_bound_quantile") else "")
-            + f"  drift TVD={_fmt(est.get('drift_tvd'))}  updated {_age(est.get('updated_at'))}")
+            + f"  {drift_text(est)}  updated {_age(est.get('updated_at'))}")
     if est.get("iterations") is not None:
         info += f"  iterations={est['iterations']} converged={est.get('converged')}"
     if len(attrs) == 2:
@@ -175,6 +186,23 @@ def print_estimate(est: dict[str, Any]) -> None:
         print(est["privacy_note"])
 
 
+def print_alerts(url: str) -> None:
+    """The worker's firing alerts (``GET /ui/alerts``: its Prometheus, ``up --obs``), one line
+    each; nothing when it has no Prometheus."""
+    try:
+        ans = fetch(url, "/ui/alerts")
+    except CliError as exc:  # an older worker, or its Prometheus not answering
+        print(f"alerts: {exc}")
+        return
+    if not ans.get("prometheus"):
+        return
+    alerts = ans.get("alerts") or []
+    if not alerts:
+        print(f"alerts: none firing (Prometheus {ans['prometheus']})")
+    for a in alerts:
+        print(f"alert firing: {a.get('name')} ({a.get('severity') or '-'}): {a.get('summary') or ''}")
+
+
 def main(args: Any) -> int:
     url = args.url
     if not args.collection:
@@ -182,6 +210,8 @@ def main(args: Any) -> int:
             raise CliError("collection: name a collection to use --attrs/--method/--window")
         data = fetch(url, "/collections")
         print(json.dumps(data, indent=2)) if args.json else print_collections(data)
+        if not args.json:
+            print_alerts(url)
         return 0
     cid = urllib.parse.quote(args.collection, safe="")
     params: dict[str, str] = {}

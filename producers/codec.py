@@ -7,7 +7,8 @@ little-endian::
     offset  size  field
     0       4     magic b"LDPB"
     4       1     format version (1)
-    5       1     flags (bit 0: device ids present; bit 1: batch key present; others must be 0)
+    5       1     flags (bit 0: device ids present; bit 1: batch key present; bit 2:
+                  authenticated by the sender device, needs bit 1; others must be 0)
     6       1     L = length of the collection id
     7       L     collection id, UTF-8 (1..255 bytes)
     7+L     4     config version, u32
@@ -18,6 +19,9 @@ little-endian::
     26+L    16    batch key (only when flags bit 1): sender device id u64, sequence u64
     ...     8n    device ids, u64 (only when flags bit 0)
     ...     n*width*code  values, row-major
+    ...     1+F   fleet name: u8 length F (1..255) + UTF-8 (only when flags bit 2)
+    ...     32    MAC: HMAC-SHA256 under the sender's device key of every byte before it
+                  (only when flags bit 2; ldpstream/credentials/device_keys.py)
 
 The *batch key* makes a batch idempotent: a device numbers its batches (sequence strictly
 increasing per sender id), and a batch that arrives twice (a retry after a lost answer, an MQTT
@@ -41,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from ldpstream.credentials.device_keys import MAC_BYTES, batch_mac
 from ldpstream.producers.bounded_fetch import GUARD_MARKER
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,7 +61,8 @@ MAGIC = b"LDPB"
 FORMAT_VERSION = 1
 FLAG_DEVICE_IDS = 0x01
 FLAG_BATCH_KEY = 0x02
-_KNOWN_FLAGS = FLAG_DEVICE_IDS | FLAG_BATCH_KEY
+FLAG_AUTH = 0x04
+_KNOWN_FLAGS = FLAG_DEVICE_IDS | FLAG_BATCH_KEY | FLAG_AUTH
 DLQ_PAYLOAD_LIMIT = 64 * 1024
 DECODE_REASONS = frozenset({"oversized", "bad_magic", "truncated", "malformed",
                             "decompression_bomb", "legacy_compressed"})
@@ -85,7 +91,9 @@ class DecodeError(ValueError):
 @dataclass(frozen=True, eq=False)
 class ReportBatch:
     """A decoded batch: ``reports`` is ``(n, width)`` unsigned ints (native byte order),
-    ``device_ids`` ``(n,)`` uint64 or None, ``key`` the batch key ``(sender, sequence)`` or None."""
+    ``device_ids`` ``(n,)`` uint64 or None, ``key`` the batch key ``(sender, sequence)`` or None;
+    an authenticated batch names its sender's ``fleet`` and carries its ``mac`` (verified by the
+    worker, agents/ingest/identity_gate.py)."""
 
     collection: str
     version: int
@@ -93,6 +101,8 @@ class ReportBatch:
     device_ids: np.ndarray | None = None
     sent_at: float = 0.0
     key: tuple[int, int] | None = None
+    fleet: str | None = None
+    mac: bytes | None = None
 
     @property
     def n(self) -> int:
@@ -110,6 +120,7 @@ class ReportBatch:
             and np.array_equal(self.device_ids, other.device_ids))
         return (self.collection == other.collection and self.version == other.version
                 and self.sent_at == other.sent_at and self.key == other.key
+                and self.fleet == other.fleet and self.mac == other.mac
                 and self.reports.shape == other.reports.shape
                 and np.array_equal(self.reports, other.reports) and ids_eq)
 
@@ -133,10 +144,12 @@ def _as_reports(reports: Any) -> np.ndarray:
 
 
 def encode_batch(collection: str, version: int, reports: Any, *, device_ids: Any = None,
-                 sent_at: float | None = None, key: tuple[int, int] | None = None) -> bytes:
+                 sent_at: float | None = None, key: tuple[int, int] | None = None,
+                 auth: tuple[str, bytes] | None = None) -> bytes:
     """Pack ``reports`` (``(n, width)`` non-negative ints; a 1-D array is one report) into the
     wire format. The value dtype is the smallest of u8/u16/u32 that holds the largest value;
-    ``key`` is the batch key ``(sender device id, sequence)``, both u64."""
+    ``key`` is the batch key ``(sender device id, sequence)``, both u64; ``auth`` = (fleet,
+    the sender's device key) appends the fleet and the MAC (needs ``key``)."""
     cid = collection.encode("utf-8")
     if not 1 <= len(cid) <= 255:
         raise ValueError(f"collection id must be 1..255 UTF-8 bytes, got {len(cid)}")
@@ -172,9 +185,19 @@ def encode_batch(collection: str, version: int, reports: Any, *, device_ids: Any
             raise ValueError(f"device_ids must have shape ({n},), got {ids.shape}")
         flags |= FLAG_DEVICE_IDS
         ids_bytes = ids.astype("<u8").tobytes()
-    return b"".join((_HEAD0.pack(MAGIC, FORMAT_VERSION, flags, len(cid)), cid,
+    fleet_bytes = b""
+    if auth is not None:
+        if key is None:
+            raise ValueError("an authenticated batch needs a batch key (its sender)")
+        name = auth[0].encode("utf-8")
+        if not 1 <= len(name) <= 255 or len(auth[1]) != MAC_BYTES:
+            raise ValueError("auth must be (fleet of 1..255 UTF-8 bytes, 32-byte device key)")
+        flags |= FLAG_AUTH
+        fleet_bytes = bytes([len(name)]) + name
+    body = b"".join((_HEAD0.pack(MAGIC, FORMAT_VERSION, flags, len(cid)), cid,
                      _HEAD1.pack(int(version), sent, n, width, code), key_bytes, ids_bytes,
-                     np.ascontiguousarray(arr, dtype=_DTYPES[code]).tobytes()))
+                     np.ascontiguousarray(arr, dtype=_DTYPES[code]).tobytes(), fleet_bytes))
+    return body if auth is None else body + batch_mac(auth[1], body)
 
 
 def decode_batch(data: bytes | bytearray | memoryview, *,
@@ -217,6 +240,23 @@ def decode_batch(data: bytes | bytearray | memoryview, *,
     key_len = _KEY.size if flags & FLAG_BATCH_KEY else 0
     ids_len = 8 * n if flags & FLAG_DEVICE_IDS else 0
     need = pos + key_len + ids_len + n * width * code
+    fleet = None
+    if flags & FLAG_AUTH:
+        if not key_len:
+            raise DecodeError("malformed", "an authenticated batch without a batch key",
+                              collection)
+        if size < need + 1:
+            raise DecodeError("truncated", f"{size} bytes, the fleet name starts at {need}",
+                              collection)
+        flen = data[need]
+        if flen == 0:
+            raise DecodeError("malformed", "empty fleet name", collection)
+        if size >= need + 1 + flen:
+            try:
+                fleet = data[need + 1:need + 1 + flen].decode("utf-8")
+            except UnicodeDecodeError:
+                raise DecodeError("malformed", "fleet name is not UTF-8", collection) from None
+        need += 1 + flen + MAC_BYTES
     if size < need:
         raise DecodeError("truncated", f"{size} bytes, n={n} width={width} dtype={code} needs {need}",
                           collection)
@@ -236,7 +276,8 @@ def decode_batch(data: bytes | bytearray | memoryview, *,
     reports = np.frombuffer(data, dtype=dt, count=n * width, offset=pos).reshape(n, width)
     reports = reports.astype(dt.newbyteorder("="), copy=False)
     return ReportBatch(collection, int(version), reports, device_ids, float(sent_at),
-                       None if key is None else (int(key[0]), int(key[1])))
+                       None if key is None else (int(key[0]), int(key[1])), fleet,
+                       data[-MAC_BYTES:] if fleet is not None else None)
 
 
 def _refused_batch(data: bytes) -> DecodeError:

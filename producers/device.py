@@ -17,12 +17,15 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
-from typing import Any, Callable, Collection, Mapping, Protocol
+from collections import OrderedDict
+from typing import Any, Callable, Collection, Iterable, Mapping, Protocol
 
 import numpy as np
 
+from ldpstream.credentials.device_keys import DeviceSigner
 from ldpstream.estimators.mechanism import Mechanism, from_state
 from ldpstream.names import BUDGET_FIELD, CONFIG_TOPIC, reports_topic
 from ldpstream.producers import bounded_fetch
@@ -50,6 +53,15 @@ CEILING_RTOL = 1e-9
 DEFAULT_MAX_EPSILON = 8.0
 #: records a watcher of given collections reads back from the end of ldp.config at first
 TAIL_RECORDS = 2000
+#: the longest the watcher verifies records before yielding to the event loop (docs/security.md
+#: "A flood of ldp.config costs a bounded time")
+SLICE_S = 0.01
+#: a refused record is logged at most once per this many seconds (with a count of the others)
+REFUSAL_LOG_S = 10.0
+#: refused records remembered (by a hash of key and value) so that the same bytes again are
+#: refused without a second signature check; every refusal stays one for a watcher (its key is
+#: fixed, the newest adopted state only moves forward, an expiry does not come back)
+REFUSED_REMEMBERED = 4096
 
 
 class StateFloor(Protocol):
@@ -140,7 +152,12 @@ class ConfigWatcher:
         self.refusals: list[StateRejected] = []
         self._consumer = None
         self._task: asyncio.Task | None = None
+        self._stopping = False
         self._changed = asyncio.Event()
+        self._refused: OrderedDict[bytes, StateRejected] = OrderedDict()
+        #: refusals not logged yet (logged at most once per REFUSAL_LOG_S: a flood is one line)
+        self._unlogged = 0
+        self._logged_at = -REFUSAL_LOG_S
         if self.verify_key is None:
             log.warning("no public key pinned (LDP_CONFIG_PUBLIC_KEY): every %s state will be "
                         "refused", topic)
@@ -185,8 +202,17 @@ class ConfigWatcher:
             await consumer.stop()
             self._consumer = None
             raise
-        self._task = asyncio.create_task(self._run(), name="ldp-config-watcher")
+        self._stopping = False
+        self._task = asyncio.create_task(self._follow(consumer), name="ldp-config-watcher")
+        self._task.add_done_callback(self._ended)
         return self
+
+    def _ended(self, task: asyncio.Task) -> None:
+        """The following task's end: a crash is logged (and :attr:`running` turns False), never
+        left unretrieved."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s watcher stopped: %r", self.topic, task.exception(),
+                      exc_info=task.exception())
 
     @property
     def running(self) -> bool:
@@ -237,26 +263,36 @@ class ConfigWatcher:
                 raise ConnectionError(f"cannot read {self.topic} at {self.bootstrap} up to its "
                                       f"end offsets {dict(upto)} in time")
             batches = await consumer.getmany(*behind, timeout_ms=200, max_records=1000)
-            for tp, msgs in batches.items():
-                for msg in msgs:
-                    if (newest or msg.offset < upto[tp]) and (msg.key or b"").decode(
-                            "utf-8", "replace") not in have:
-                        self._take(msg.key, msg.value)
+            await self._take_all(
+                msg for tp, msgs in batches.items() for msg in msgs
+                if (newest or msg.offset < upto[tp])
+                and (msg.key or b"").decode("utf-8", "replace") not in have)
 
-    async def _run(self) -> None:
+    async def _take_all(self, msgs: Iterable[Any]) -> None:
+        """Take records in slices of at most :data:`SLICE_S` of verification each, yielding to
+        the event loop between slices: a flood of records to verify delays the process's other
+        work (HTTP, timers, Kafka heartbeats) by one slice at a time, never by the flood."""
+        start = time.perf_counter()
+        for i, msg in enumerate(msgs):
+            self._take(msg.key, msg.value)
+            if i % 16 == 15 and time.perf_counter() - start > SLICE_S:
+                await asyncio.sleep(0)
+                start = time.perf_counter()
+        await asyncio.sleep(0)  # getmany returns prefetched records without yielding
+
+    async def _follow(self, consumer: Any) -> None:
+        """Follow the topic with ``consumer`` (its own reference: :meth:`stop` may drop the
+        watcher's while this task ends) until :meth:`stop`."""
         from aiokafka.errors import KafkaError
 
-        assert self._consumer is not None
-        while True:
+        while not self._stopping:
             try:
-                batches = await self._consumer.getmany(timeout_ms=500, max_records=1000)
+                batches = await consumer.getmany(timeout_ms=500, max_records=1000)
             except KafkaError as exc:  # the broker is away: keep the states, keep trying
                 log.warning("cannot read %s (%s); retrying", self.topic, exc)
                 await asyncio.sleep(1.0)
                 continue
-            for msgs in batches.values():
-                for msg in msgs:
-                    self._take(msg.key, msg.value)
+            await self._take_all(msg for msgs in batches.values() for msg in msgs)
 
     def refusal_summary(self) -> str:
         """The refusals in words, each reason with its count and its latest detail (which names
@@ -271,12 +307,23 @@ class ConfigWatcher:
         if self.collections is not None and (key or b"").decode("utf-8", "replace") \
                 not in self.collections:
             return  # another collection's state (a record whose key lies is refused below)
+        h = hashlib.blake2b(len(key or b"").to_bytes(4, "big"), digest_size=16)
+        h.update(key or b"")
+        h.update(value)
+        digest = h.digest()
         try:
+            known = self._refused.get(digest)
+            if known is not None:
+                self._refused.move_to_end(digest)
+                raise known
             signed, mech = self._verify(key, value)
         except StateRejected as exc:
+            self._refused[digest] = exc
+            if len(self._refused) > REFUSED_REMEMBERED:
+                self._refused.popitem(last=False)
             self.rejected[exc.reason] = self.rejected.get(exc.reason, 0) + 1
             self.refusals = (self.refusals + [exc])[-100:]
-            log.warning("refusing a %s record (key %r): %s", self.topic, key, exc)
+            self._log_refusal(key, exc)
             if self.on_refused is not None:
                 self.on_refused(exc)
             return
@@ -288,6 +335,19 @@ class ConfigWatcher:
         self._changed.set()
         if self.on_change is not None:
             self.on_change(signed.collection, signed)
+
+    def _log_refusal(self, key: bytes | None, exc: StateRejected) -> None:
+        """Log a refused record, at most once per :data:`REFUSAL_LOG_S` (with how many were
+        refused meanwhile): a flood of junk is counted in full (:attr:`rejected`), logged in a
+        few lines."""
+        now = time.monotonic()
+        if now - self._logged_at < REFUSAL_LOG_S:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more refused in the last {REFUSAL_LOG_S:g} s)" \
+            if self._unlogged else ""
+        log.warning("refusing a %s record (key %r): %s%s", self.topic, key, exc, more)
+        self._logged_at, self._unlogged = now, 0
 
     def _verify(self, key: bytes | None, value: bytes) -> tuple[SignedState, Mechanism]:
         if self.verify_key is None:
@@ -329,12 +389,14 @@ class ConfigWatcher:
         return self.states[collection]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        """Stop following and close the consumer. The following task has ended when this
+        returns (its crash, if any, was logged by :meth:`_ended`); a cancellation of the caller
+        is passed on, never swallowed (call again to finish)."""
+        self._stopping = True
+        task = self._task
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
             self._task = None
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
@@ -356,21 +418,32 @@ class Gateway:
     """Batch many devices' reports into report-batch messages of ``batch`` reports.
 
     Reports of one message share the mechanism version; :meth:`add` flushes first when the version
-    changes.
+    changes. With ``partitions`` (the topic's partition count), a device's reports always go to
+    partition ``device_id % partitions``, each partition with its own buffer, so a device is one
+    device to the worker: a memoized collection counts it once, not once per partition it
+    happened to land in (docs/privacy-over-time.md, "Memoized collections count devices").
     """
 
     def __init__(self, collection: str, publisher: Publisher, *, batch: int = 500,
-                 topic: str | None = None, with_device_ids: bool = True) -> None:
+                 topic: str | None = None, with_device_ids: bool = True,
+                 partitions: int | None = None,
+                 signer: DeviceSigner | None = None) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
+        if partitions is not None and partitions < 1:
+            raise ValueError("partitions must be >= 1")
         self.collection = collection
         self.publisher = publisher
         self.batch = int(batch)
         self.topic = topic or reports_topic(collection)
         self.with_device_ids = with_device_ids
-        self._reports: list[np.ndarray] = []
-        self._ids: list[np.ndarray] = []
-        self._buffered = 0
+        self.partitions = partitions
+        #: per destination partition (None: the producer's choice): buffered reports and ids
+        self._reports: dict[int | None, list[np.ndarray]] = {}
+        self._ids: dict[int | None, list[np.ndarray]] = {}
+        self._buffered: dict[int | None, int] = {}
+        #: with a signer, every device's reports leave as its own authenticated batch
+        self.signer = signer
         self._version: int | None = None
         self.sent_reports = 0
         self.sent_messages = 0
@@ -378,40 +451,76 @@ class Gateway:
     async def add(self, reports: np.ndarray, version: int,
                   device_ids: np.ndarray | None = None) -> None:
         """Buffer ``reports`` (``(n, width)``) stamped with ``version``; send every full batch."""
-        if self._version is not None and version != self._version and self._buffered:
+        if self._version is not None and version != self._version and any(self._buffered.values()):
             await self.flush()
         self._version = int(version)
         n = len(reports)
         if n == 0:
             return
-        if device_ids is None:
-            device_ids = np.zeros(n, dtype=np.uint64)
-        self._reports.append(np.asarray(reports))
-        self._ids.append(np.asarray(device_ids, dtype=np.uint64))
-        self._buffered += n
-        if self._buffered >= self.batch:
-            reports_all = np.concatenate(self._reports)
-            ids_all = np.concatenate(self._ids)
-            full = (self._buffered // self.batch) * self.batch
-            for start in range(0, full, self.batch):
-                await self._send(reports_all[start:start + self.batch], ids_all[start:start + self.batch])
-            self._reports = [reports_all[full:]] if full < self._buffered else []
-            self._ids = [ids_all[full:]] if full < self._buffered else []
-            self._buffered -= full
+        reports = np.asarray(reports)
+        ids = (np.zeros(n, dtype=np.uint64) if device_ids is None
+               else np.asarray(device_ids, dtype=np.uint64))
+        if self.partitions is None:
+            await self._buffer(None, reports, ids)
+            return
+        part = (ids % np.uint64(self.partitions)).astype(np.int64)
+        order = np.argsort(part, kind="stable")
+        bounds = np.searchsorted(part[order], np.arange(self.partitions + 1))
+        for p in range(self.partitions):  # one slice per partition, no loop over reports
+            rows = order[bounds[p]:bounds[p + 1]]
+            if len(rows):
+                await self._buffer(p, reports[rows], ids[rows])
 
-    async def _send(self, reports: np.ndarray, ids: np.ndarray) -> None:
+    async def _buffer(self, part: int | None, reports: np.ndarray, ids: np.ndarray) -> None:
+        self._reports.setdefault(part, []).append(reports)
+        self._ids.setdefault(part, []).append(ids)
+        buffered = self._buffered.get(part, 0) + len(reports)
+        if buffered >= self.batch:
+            reports_all = np.concatenate(self._reports[part])
+            ids_all = np.concatenate(self._ids[part])
+            full = (buffered // self.batch) * self.batch
+            for start in range(0, full, self.batch):
+                await self._send(reports_all[start:start + self.batch],
+                                 ids_all[start:start + self.batch], part)
+            self._reports[part] = [reports_all[full:]] if full < buffered else []
+            self._ids[part] = [ids_all[full:]] if full < buffered else []
+            buffered -= full
+        self._buffered[part] = buffered
+
+    async def _send(self, reports: np.ndarray, ids: np.ndarray, part: int | None) -> None:
         assert self._version is not None
+        if self.signer is not None:
+            await self._send_signed(reports, ids)
+            return
         payload = encode_batch(self.collection, self._version, reports,
                                device_ids=ids if self.with_device_ids else None, sent_at=time.time())
-        await self.publisher.send(self.topic, payload)
+        await self.publisher.send(self.topic, payload, partition=part)
         self.sent_reports += len(reports)
         self.sent_messages += 1
 
+    async def _send_signed(self, reports: np.ndarray, ids: np.ndarray) -> None:
+        """One authenticated batch per device of the batch (one HMAC each)."""
+        assert self._version is not None and self.signer is not None
+        order = np.argsort(ids, kind="stable")
+        ids, reports = ids[order], reports[order]
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+        now = time.time()
+        for s, e in zip(starts, np.r_[starts[1:], len(ids)]):
+            dev, seq, key = self.signer.next(int(ids[s]))
+            payload = encode_batch(self.collection, self._version, reports[s:e], sent_at=now,
+                                   device_ids=np.full(e - s, dev, np.uint64), key=(dev, seq),
+                                   auth=(self.signer.fleet, key))
+            await self.publisher.send(self.topic, payload, key=dev.to_bytes(8, "big"))
+            self.sent_messages += 1
+        self.sent_reports += len(reports)
+
     async def flush(self) -> None:
-        """Send what is buffered (a short batch) and wait for every acknowledgement."""
-        if self._buffered:
-            await self._send(np.concatenate(self._reports), np.concatenate(self._ids))
-            self._reports, self._ids, self._buffered = [], [], 0
+        """Send what is buffered (short batches) and wait for every acknowledgement."""
+        for part, count in list(self._buffered.items()):
+            if count:
+                await self._send(np.concatenate(self._reports[part]),
+                                 np.concatenate(self._ids[part]), part)
+        self._reports, self._ids, self._buffered = {}, {}, {}
         await self.publisher.flush()
 
 

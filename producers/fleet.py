@@ -22,8 +22,9 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
+from ldpstream.credentials.device_keys import DeviceSigner, load_fleet_secrets
 from ldpstream.estimators.mechanism import Mechanism, histogram
-from ldpstream.names import ENV_KAFKA_BOOTSTRAP
+from ldpstream.names import ENV_DEVICE_SECRETS_FILE, ENV_KAFKA_BOOTSTRAP
 from ldpstream.producers.device import ConfigWatcher, Gateway
 from ldpstream.producers.generator import is_generator_spec, parse_spec
 from ldpstream.producers.publisher import Publisher
@@ -154,7 +155,8 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
                     verify_key: VerifyKey | None = None, max_epsilon: float | None = None,
                     stop: asyncio.Event | None = None,
                     progress: Callable[[FleetStats], None] | None = None,
-                    progress_every_s: float = 2.0) -> FleetStats:
+                    progress_every_s: float = 2.0,
+                    signer: DeviceSigner | None = None) -> FleetStats:
     """Run the simulated fleet until ``total`` reports, ``duration`` seconds or ``stop`` is set;
     every message is acknowledged before it returns. ``keep_counts`` tallies the exact count
     tensors of the reports sent (``collection.tensors()``) and ``keep_truth`` the histogram of the
@@ -191,7 +193,8 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
     if publisher is None:
         publisher = await Publisher(bootstrap).start()
     stats.idempotent = publisher.idempotent
-    gateway = Gateway(collection.id, publisher, batch=batch, topic=collection.topic)
+    gateway = Gateway(collection.id, publisher, batch=batch, topic=collection.topic,
+                      partitions=int(collection.partitions), signer=signer)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -329,6 +332,12 @@ def main(args) -> int:
     if args.drift_to is not None and args.drift_at is None:
         raise CliError("--drift-to needs --drift-at SECONDS")
     data = args.data or default_data(collection)
+    signer = None
+    if args.device_fleet is not None:  # a trusted aggregator: each device's batch signed
+        fleets = load_fleet_secrets()
+        if fleets is None:
+            raise CliError(f"--device-fleet: set {ENV_DEVICE_SECRETS_FILE} (the fleets' secrets)")
+        signer = DeviceSigner(fleets, args.device_fleet)
     check_source("--data", data, collection)
     if args.drift_at is not None:  # the drift target matters only when a drift is asked for
         check_source("--drift-to", args.drift_to or DEFAULT_DRIFT_TO, collection)
@@ -342,7 +351,7 @@ def main(args) -> int:
         return await run_fleet(bootstrap, collection, data=data, devices=args.devices,
                                rate=args.rate, batch=batch, total=args.total,
                                drift_at=args.drift_at, drift_to=args.drift_to, seed=args.seed,
-                               max_epsilon=args.max_epsilon,
+                               max_epsilon=args.max_epsilon, signer=signer,
                                stop=stop, progress=None if quiet else _print_progress)
 
     t = time.monotonic()

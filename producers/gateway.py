@@ -16,7 +16,8 @@ a refused request produces nothing:
 
 * 401 ``unauthorized``: no ``Authorization: Bearer`` header, or a token of no fleet (every
   fleet's token is compared with :func:`hmac.compare_digest`, all of them, every time);
-* 403 ``forbidden``: the fleet's token is not allowed for that collection;
+* 403 ``forbidden``: the fleet's token is not allowed for that collection; 403 ``wrong_fleet``: a
+  batch authenticated for another fleet than the token's;
 * 404 ``unknown_collection``: no verified mechanism state for it on ``ldp.config``;
 * 413 ``too_large``: a body above ``--max-body-bytes`` (checked on Content-Length and while
   reading);
@@ -25,7 +26,10 @@ a refused request produces nothing:
   ``no_device_id``) and a detail naming the problem;
 * 503 ``unavailable`` when Kafka did not acknowledge.
 
-Accepted reports are produced to ``ldp.reports.<id>`` with device ids stamped by the gateway:
+A batch authenticated by its device (producers/codec.py flag bit 2: its fleet and MAC) is
+produced byte for byte, keyed by its sender's server id, once the token's fleet is the batch's
+(403 ``wrong_fleet`` otherwise); the worker verifies the MAC (docs/security.md "Per-device
+identity"). Other accepted reports are produced to ``ldp.reports.<id>`` with device ids stamped by the gateway:
 ``stamp(fleet, device id)`` (8 bytes of BLAKE2b), so a device cannot report under another fleet's
 ids. The device's own id is the batch's ``device_ids`` or the ``X-Device-Id`` header. Messages are
 keyed by the stamped id (one message per device of the batch, split to stay under the worker's
@@ -64,10 +68,12 @@ import numpy as np
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from ldpstream.credentials.device_keys import server_id
 from ldpstream.errors import CliError
 from ldpstream.estimators.mechanism import Mechanism
 from ldpstream.http_guard import GATEWAY_ENV, ConnectionGuard, HardenedSite
 from ldpstream.names import CONFIG_TOPIC, ENV_KAFKA_BOOTSTRAP, reports_topic
+from ldpstream.producers.ack_ledger import AckLedger, AckMetrics
 from ldpstream.producers.codec import (
     MAX_MESSAGE_BYTES,
     DecodeError,
@@ -102,6 +108,7 @@ REQUESTS = Counter("ldp_gateway_requests_total", "HTTP report requests by answer
                    ["collection", "status"], registry=REGISTRY)
 REPORTS = Counter("ldp_gateway_reports_total", "Reports accepted and acknowledged by Kafka.",
                   ["collection"], registry=REGISTRY)
+ACK_METRICS = AckMetrics(REGISTRY)
 SECONDS = Histogram("ldp_gateway_request_seconds", "Seconds to answer a report request.",
                     registry=REGISTRY, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                 0.25, 0.5, 1.0, 2.5))
@@ -254,8 +261,13 @@ class IngestGateway:
     def __init__(self, bootstrap: str, fleets: Sequence[Fleet], *,
                  max_body_bytes: int = DEFAULT_MAX_BODY,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 config_topic: str | None = None) -> None:
+                 config_topic: str | None = None,
+                 require_device_auth: bool = False, via: str = "gateway",
+                 ack_metrics: AckMetrics | None = None) -> None:
         self.bootstrap = bootstrap
+        #: refuse batches without a device MAC (401 ``unauthenticated``) instead of relaying
+        #: what a worker with fleet secrets would dead-letter (docs/security.md)
+        self.require_device_auth = bool(require_device_auth)
         self.fleets = list(fleets)
         self.max_body_bytes = int(max_body_bytes)
         self.max_message_bytes = int(max_message_bytes)
@@ -268,6 +280,8 @@ class IngestGateway:
                                      on_change=self._on_state, max_epsilon=None,
                                      collections=follow)
         self.publisher = Publisher(bootstrap, client_id="ldpstream-gateway")
+        #: acknowledged reports per fleet and collection, for the workers' reconciliation
+        self.acks = AckLedger(self.publisher, via, ack_metrics or ACK_METRICS)
         #: collection → version → mechanism, for every version the newest state accepts
         self.known: dict[str, dict[int, Mechanism]] = {}
         #: the last Kafka failure (shown by /healthz until a batch is acknowledged again)
@@ -285,9 +299,14 @@ class IngestGateway:
     async def start(self, timeout_s: float = 30.0) -> "IngestGateway":
         await self.publisher.start(timeout_s)
         await self.watcher.start(timeout_s)
+        self.acks.start()
         return self
 
     async def stop(self) -> None:
+        try:
+            await asyncio.wait_for(self.acks.stop(), PRODUCE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.warning("gateway: the acknowledged counts were not flushed")
         await self.watcher.stop()
         try:  # with the broker gone, what is unacknowledged was answered 503 already
             await asyncio.wait_for(self.publisher.stop(), PRODUCE_TIMEOUT_S)
@@ -304,6 +323,25 @@ class IngestGateway:
         broker, detail = await self.broker_ok()
         if not broker:  # answered at once instead of waiting for the producer's timeout
             raise Refused(503, "unavailable", f"Kafka is not reachable: {detail}")
+        if batch.fleet is not None and batch.key is not None:
+            # authenticated by its device (flag bit 2): relayed byte for byte, the worker
+            # verifies the MAC (agents/ingest/identity_gate.py); a token of another fleet is refused
+            if batch.fleet != fleet.name:
+                raise Refused(403, "wrong_fleet", f"the batch is authenticated for fleet "
+                                                  f"{batch.fleet!r}, the token is fleet "
+                                                  f"{fleet.name!r}'s")
+            if len(body) > self.max_message_bytes:
+                raise Refused(413, "too_large", f"an authenticated batch must fit one message "
+                                                f"of {self.max_message_bytes} bytes")
+            await self._send_all([(body, device_key(server_id(fleet.name, batch.key[0])))],
+                                 reports_topic(collection))
+            self.acks.add(fleet.name, collection, batch.n)
+            return {"collection": collection, "version": batch.version, "accepted": batch.n,
+                    "messages": 1}
+        if self.require_device_auth:
+            raise Refused(401, "unauthenticated", "this gateway relays only batches "
+                                                  "authenticated by their device (a device "
+                                                  "credential: docs/credentials.md)")
         ids = self.device_ids(batch, headers.get("X-Device-Id"))
         key = None if batch.key is None else (  # the sender is stamped like the device ids
             int(stamp(fleet.name, np.array([batch.key[0]], dtype=np.uint64))[0]), batch.key[1])
@@ -541,7 +579,8 @@ def main(args: Any) -> int:
         raise CliError(f"no public key pinned: set {ENV_PUBLIC_KEY} or {ENV_PUBLIC_KEY_FILE} (the "
                        f"gateway accepts only mechanism states signed by that key)")
     tls = server_tls_context(args.tls_cert, args.tls_key)
-    gateway = IngestGateway(bootstrap, fleets, max_body_bytes=args.max_body_bytes)
+    gateway = IngestGateway(bootstrap, fleets, max_body_bytes=args.max_body_bytes,
+                            require_device_auth=args.require_device_auth)
 
     from ldpstream.producers.fleet import unless_stopped
 

@@ -1,6 +1,7 @@
 """``ldpstream mqtt-bridge``: MQTT ingress for device fleets (docs/devices.md, "MQTT").
 
-The bridge subscribes to ``$share/ldp-bridge/ldp/+/+/reports`` (bridges with distinct client ids
+The bridge subscribes to ``$share/ldp-bridge-<tag>/ldp/+/+/reports`` (:func:`bridge_names`: the
+group and the client id carry a tag of the bridge's password; bridges with distinct client ids
 split the messages; ``--subscription exclusive``: ``ldp/+/+/reports``, one bridge, see
 :attr:`MqttBridge.subscription`) with a persistent session and manual QoS 1 acknowledgements. Each message on
 ``ldp/<fleet>/<collection>/reports`` is one report batch, binary or its JSON form (MQTT 5 content
@@ -23,9 +24,12 @@ broker answers metadata and ``ldp.config`` is being read; ``/metrics`` has the `
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import os
+import threading
 import time
 from typing import Any, Sequence
 
@@ -45,6 +49,7 @@ from ldpstream.names import (
     mqtt_public_key_topic,
     mqtt_reports_topic,
 )
+from ldpstream.producers.ack_ledger import AckMetrics
 from ldpstream.producers.codec import MAX_MESSAGE_BYTES, dlq_record
 from ldpstream.producers.gateway import (
     PRODUCE_TIMEOUT_S,
@@ -60,6 +65,12 @@ log = logging.getLogger(__name__)
 
 #: the bridge takes this many messages at once off its queue and produces them together
 DRAIN = 256
+#: received and not yet acknowledged messages the bridge holds at most, whatever the broker
+#: sends (Mosquitto 2.0.11 sends a client more than its Receive Maximum): past either bound the
+#: MQTT thread stops reading until messages are acknowledged, and the broker queues the rest
+#: under its own limits (ldpstream/dev/mosquitto.py)
+MAX_PENDING_MESSAGES = MQTT_RECEIVE_MAXIMUM
+MAX_PENDING_BYTES = 64 * 1_048_576
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -70,17 +81,42 @@ REPORTS = Counter("ldp_mqtt_reports_total", "Reports produced to Kafka from MQTT
 REJECTED = Counter("ldp_mqtt_rejected_total", "MQTT messages refused (sent to ldp.dlq).",
                    ["fleet", "reason"], registry=REGISTRY)
 BROKER_REFUSED = refused_counter(REGISTRY)
+ACK_METRICS = AckMetrics(REGISTRY)
 BROKER_LOG = Gauge("ldp_mqtt_broker_log_subscribed", "1 while the bridge reads the broker's log "
                    "(the refusals it counts).", registry=REGISTRY)
 RETRIES = Counter("ldp_mqtt_kafka_retries_total", "Produce attempts retried while Kafka was "
                   "unreachable (the MQTT message stays unacknowledged).", registry=REGISTRY)
 RELAYED = Counter("ldp_mqtt_configs_relayed_total", "Signed states published retained on MQTT.",
                   ["fleet"], registry=REGISTRY)
+PENDING = Gauge("ldp_mqtt_pending_messages", "MQTT messages received and not acknowledged yet "
+                "(at most MAX_PENDING_MESSAGES).", registry=REGISTRY)
+PENDING_BYTES = Gauge("ldp_mqtt_pending_bytes", "Payload bytes of the messages received and not "
+                      "acknowledged yet (at most MAX_PENDING_BYTES).", registry=REGISTRY)
+HELD_BACK = Counter("ldp_mqtt_held_back_total", "Times the bridge stopped reading from the "
+                    "broker because its pending messages reached a bound.", registry=REGISTRY)
 CONNECTED = Gauge("ldp_mqtt_connected", "1 while the bridge's MQTT session is up.",
                   registry=REGISTRY)
 SECONDS = Histogram("ldp_mqtt_message_seconds", "Seconds from receiving an MQTT message to its "
                     "acknowledgement.", registry=REGISTRY,
                     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+
+
+def bridge_names(client_id: str, password: str | None) -> tuple[str, str]:
+    """The bridge's MQTT client id and shared-subscription group as the broker sees them: the
+    given ``client_id`` and ``ldp-bridge``, each suffixed with 16 hex digits of
+    HMAC-SHA256(bridge password, ...). Mosquitto 2.0 grants any SUBSCRIBE (its ACL filters only
+    what is delivered) and lets any authenticated client take over a session by its client id,
+    so names a fleet's device cannot guess keep it out of the bridges' group and their sessions;
+    bridges sharing the password share the group (docs/security.md). Without a password: the
+    plain names."""
+    if not password:
+        return client_id, MQTT_SHARE_GROUP
+
+    def tag(what: str) -> str:
+        return hmac.new(password.encode("utf-8"), f"ldpstream/mqtt-bridge/{what}".encode("utf-8"),
+                        hashlib.sha256).hexdigest()[:16]
+
+    return f"{client_id}-{tag('client-id/' + client_id)}", f"{MQTT_SHARE_GROUP}-{tag('group')}"
 
 
 def load_mqtt_fleets(path: str | None, environ: Any = None) -> list[Fleet]:
@@ -111,16 +147,21 @@ class MqttBridge:
     def __init__(self, bootstrap: str, fleets: Sequence[Fleet], endpoint: MqttEndpoint, *,
                  client_id: str, ca: str | None = None, shared: bool = True,
                  max_body_bytes: int = MAX_MESSAGE_BYTES,
-                 broker_log_file: str | None = None) -> None:
+                 broker_log_file: str | None = None,
+                 require_device_auth: bool = False) -> None:
         self.endpoint = endpoint
         self.shared = shared
         self.client_id = client_id
+        #: the names the broker sees: a device of any fleet can neither join the bridges' group
+        #: nor take over a bridge's session (docs/security.md "MQTT: who may take what")
+        self.session_id, self.share_group = bridge_names(client_id, endpoint.password)
         self.ca = ca
         self.fleets = {f.name: f for f in fleets}
         self.max_body_bytes = int(max_body_bytes)
         self.gateway = _RelayingGateway(bootstrap, fleets, max_body_bytes=max_body_bytes,
-                                        relay=self._relay)
-        self.client = make_client(endpoint, client_id, ca=ca, manual_ack=True)
+                                        relay=self._relay, via="mqtt", ack_metrics=ACK_METRICS,
+                                        require_device_auth=require_device_auth)
+        self.client = make_client(endpoint, self.session_id, ca=ca, manual_ack=True)
         self.client.on_message = self._on_message
         self.refusals = BrokerRefusals(self.fleets, BROKER_REFUSED, BROKER_LOG, broker_log_file)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -129,6 +170,12 @@ class MqttBridge:
         self._stopping = False
         #: messages received and not acknowledged yet, and when the last one arrived
         self._open = 0
+        #: the same, held under MAX_PENDING_*: counted by the MQTT thread as it takes a message
+        #: (it waits on this condition while a bound is reached), released after the ack
+        self._room = threading.Condition()
+        self._held = 0
+        self._held_bytes = 0
+        self.peak_pending = (0, 0)
         self._last_message = time.monotonic()
         #: the last MQTT disconnect's reason (None while connected)
         self.mqtt_detail = "not connected yet"
@@ -140,7 +187,7 @@ class MqttBridge:
         persistence, so what devices publish between a broker restart and the bridge's
         reconnect reaches no one; a plain subscription of a persistent session is restored."""
         plain = mqtt_reports_topic("+", "+")
-        return f"$share/{MQTT_SHARE_GROUP}/{plain}" if self.shared else plain
+        return f"$share/{self.share_group}/{plain}" if self.shared else plain
 
     # --- MQTT thread -> loop ------------------------------------------------------------------
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
@@ -148,8 +195,40 @@ class MqttBridge:
             self.refusals.topic.feed(bytes(msg.payload).decode("utf-8", "replace"))
             return
         loop = self._loop
-        if loop is not None:
+        if loop is not None and self._hold(len(msg.payload)):
             loop.call_soon_threadsafe(self._take, (time.perf_counter(), msg))
+
+    def _hold(self, size: int) -> bool:
+        """Count a received message as pending, first waiting (in the MQTT thread, so nothing
+        more is read from the broker) while a bound is reached; False when the bridge stops
+        meanwhile (the message stays unacknowledged: the broker delivers it again)."""
+        with self._room:
+            waited = False
+            while self._held and (self._held >= MAX_PENDING_MESSAGES
+                                  or self._held_bytes + size > MAX_PENDING_BYTES):
+                if self._stopping:
+                    return False
+                if not waited:
+                    HELD_BACK.inc()
+                    waited = True
+                self._room.wait(0.5)
+            self._held += 1
+            self._held_bytes += size
+            self.peak_pending = (max(self.peak_pending[0], self._held),
+                                 max(self.peak_pending[1], self._held_bytes))
+            PENDING.set(self._held)
+            PENDING_BYTES.set(self._held_bytes)
+        return True
+
+    def _release(self, msg: Any) -> None:
+        """One pending message acknowledged (or left to the broker): room for the next."""
+        self._open -= 1
+        with self._room:
+            self._held -= 1
+            self._held_bytes -= len(msg.payload)
+            PENDING.set(self._held)
+            PENDING_BYTES.set(self._held_bytes)
+            self._room.notify()
 
     def _take(self, item: tuple[float, Any]) -> None:
         self._open += 1
@@ -213,6 +292,8 @@ class MqttBridge:
     async def stop(self) -> None:
         """Disconnect (unacknowledged messages stay with the broker's session), then stop."""
         self._stopping = True
+        with self._room:
+            self._room.notify_all()  # an MQTT thread waiting for room gives up the message
         self.client.disconnect()
         self.client.loop_stop()
         CONNECTED.set(0)
@@ -273,12 +354,12 @@ class MqttBridge:
                 if await self._dead_letter(msg, Refused(500, "internal", f"{exc.__class__.__name__}: {exc}")):
                     break
             if self._stopping:
-                self._open -= 1
+                self._release(msg)
                 return  # not acknowledged: the broker delivers it again
             RETRIES.inc()
             await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
         self.client.ack(msg.mid, msg.qos)
-        self._open -= 1
+        self._release(msg)
         SECONDS.observe(time.perf_counter() - t0)
 
     def _route(self, topic: str) -> tuple[Fleet, str]:
@@ -345,6 +426,12 @@ class MqttBridge:
                     "ingest_running": running,
                     "last_kafka_error": self.gateway.last_error,
                     "pending_messages": self._queue.qsize(),
+                    # received, not acknowledged: now, the most at once, the bounds
+                    "unacknowledged": {"messages": self._held, "bytes": self._held_bytes,
+                                       "peak_messages": self.peak_pending[0],
+                                       "peak_bytes": self.peak_pending[1],
+                                       "max_messages": MAX_PENDING_MESSAGES,
+                                       "max_bytes": MAX_PENDING_BYTES},
                     "collections": {c: sorted(v) for c, v in self.gateway.known.items()}}
 
     def app(self) -> Any:

@@ -23,6 +23,7 @@ from ldpstream.names import (
     ENV_MQTT_CLIENT_ID,
     ENV_MQTT_SUBSCRIPTION,
     ENV_MQTT_URL,
+    ENV_REQUIRE_DEVICE_AUTH,
     ENV_WEB_BIND,
     ENV_WEB_PORT,
     MQTT_SHARE_GROUP,
@@ -73,7 +74,9 @@ def main(args: Any) -> int:
             loop.add_signal_handler(sig, stop.set)
         bridge = MqttBridge(bootstrap, fleets, endpoint, client_id=client_id, ca=ca,
                             shared=subscription == "shared", max_body_bytes=args.max_body_bytes,
-                            broker_log_file=broker_log)
+                            broker_log_file=broker_log,
+                            require_device_auth=os.environ.get(ENV_REQUIRE_DEVICE_AUTH, "")
+                            in ("1", "true"))
         try:  # a stop signal while connecting stops cleanly too
             started = await unless_stopped(bridge.start(), stop)
         except (ConnectionError, PublishError, MqttError) as exc:

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ldpstream.estimators.kernels.device_program import PROGRAM_VERSION, program_epsilon
+from ldpstream.estimators.kernels.device_program import (
+    MAX_LABEL_BYTES,
+    MAX_LABELS,
+    PROGRAM_VERSION,
+    program_epsilon,
+)
 from ldpstream.estimators.kernels.domain import SchemaError
 from ldpstream.producers.draws import DrawSource, NumpyDraws, OsRandom, SplitMix64, bernoulli, categorical, uniform
 from ldpstream.producers.program_memo import Memo, PartitionMemo, SelectMemo, parse_memo
 from ldpstream.producers.program_steps import (
     MAX_ATTRS,
-    MAX_MATRIX_ENTRIES,
-    MAX_STEPS,
     MAX_WIDTH,
     ProgramError,
+    new_budget,
     parse_steps,
     run_partition,
     run_step,
@@ -28,6 +32,25 @@ __all__ = ["DrawSource", "SplitMix64", "OsRandom", "NumpyDraws", "uniform", "ber
            "categorical", "Program", "ProgramError", "Memo", "PartitionMemo", "SelectMemo", "MAX_WIDTH",
            "MAX_ATTRS"]
 
+
+
+def _check_text(attrs: Sequence[str], labels: Sequence[Sequence[str]]) -> None:
+    """The label caps, in the order the C SDK fills its buffers (each name, then its labels):
+    at most MAX_LABELS labels and MAX_LABEL_BYTES UTF-8 bytes of names and labels, one more
+    per string (docs/device-protocol.md, "Limits")."""
+    n_labels = n_bytes = 0
+    for j, (name, labs) in enumerate(zip(attrs, labels)):
+        n_bytes += len(name.encode("utf-8", "surrogatepass")) + 1
+        if n_bytes > MAX_LABEL_BYTES:
+            raise ProgramError("device.attrs", f"at most {MAX_LABEL_BYTES} bytes of names and "
+                                              "labels")
+        n_labels += len(labs)
+        if n_labels > MAX_LABELS:
+            raise ProgramError(f"device.labels[{j}]", f"at most {MAX_LABELS} labels in all")
+        n_bytes += sum(len(lab.encode("utf-8", "surrogatepass")) + 1 for lab in labs)
+        if n_bytes > MAX_LABEL_BYTES:
+            raise ProgramError(f"device.labels[{j}]", f"at most {MAX_LABEL_BYTES} bytes of "
+                                                      "names and labels")
 
 
 class Program:
@@ -50,11 +73,12 @@ class Program:
             raise ProgramError("device.labels", "must hold ≥ 2 string labels per attribute")
         if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH:
             raise ProgramError("device.width", f"must be an integer in [1, {MAX_WIDTH}]")
+        _check_text(attrs, labels)
         self.attrs: tuple[str, ...] = tuple(attrs)
         self.labels: tuple[tuple[str, ...], ...] = tuple(tuple(lab) for lab in labels)
         self.shape = tuple(len(lab) for lab in self.labels)
         self.width = width
-        budget = [MAX_MATRIX_ENTRIES, MAX_STEPS]
+        budget = new_budget()
         self.memo = None if d.get("memoize") is None else parse_memo(d["memoize"], self.shape,
                                                                      width, budget)
         self.steps = () if self.memo is not None and d.get("steps") == [] else parse_steps(

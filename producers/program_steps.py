@@ -12,13 +12,14 @@ from ldpstream.estimators.kernels.device_program import (
     MAX_CELLS,
     MAX_MATRIX_ENTRIES,
     MAX_STEPS,
+    MAX_TABLES,
     MAX_WIDTH,
 )
 from ldpstream.producers.draws import M64, TWO53, DrawSource, bernoulli, categorical, mix64, uniform
 
 __all__ = ["Step", "ProgramError", "parse_steps", "run_step", "run_partition", "olh_code",
            "grr_cell", "ravel", "unravel", "MAX_ATTRS",
-           "MAX_WIDTH", "MAX_CELLS", "MAX_MATRIX_ENTRIES", "MAX_STEPS"]
+           "MAX_WIDTH", "MAX_CELLS", "MAX_MATRIX_ENTRIES", "MAX_STEPS", "MAX_TABLES", "new_budget"]
 
 
 
@@ -62,14 +63,29 @@ def _number(v: Any, field: str, lo: float, hi: float) -> float:
     return float(v)
 
 
-def _partition(d: dict, field: str, shape: Sequence[int], width: int) -> Step:
+def new_budget() -> list[int]:
+    """What a description may still use, in all: matrix entries, steps, partition tables."""
+    return [MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_TABLES]
+
+
+def _cells(sub: Sequence[int], field: str) -> int:
+    k = math.prod(sub)
+    if k > MAX_CELLS:
+        raise ProgramError(field, f"{k} cells > {MAX_CELLS}")
+    return k
+
+
+def _partition(d: dict, field: str, shape: Sequence[int], width: int,
+               budget: list[int]) -> Step:
     seed = d.get("seed")
     if not isinstance(seed, str) or not seed.isdigit() or int(seed) > M64:
         raise ProgramError(f"{field}.seed", "must be a u64 as a decimal string")
     out = _ints(d.get("out"), f"{field}.out", width)
     tabs = d.get("tables")
-    if not isinstance(tabs, list) or not 1 <= len(tabs) <= MAX_STEPS:
-        raise ProgramError(f"{field}.tables", f"must be a list of 1..{MAX_STEPS} tables")
+    budget[2] -= len(tabs) if isinstance(tabs, list) else 0
+    if not isinstance(tabs, list) or not tabs or budget[2] < 0:
+        raise ProgramError(f"{field}.tables", f"must be a list of 1..{MAX_TABLES} tables (in "
+                                              "all)")
     if len(out) > len(tabs):
         raise ProgramError(f"{field}.out", "more slots than tables")
     tables = []
@@ -79,6 +95,7 @@ def _partition(d: dict, field: str, shape: Sequence[int], width: int) -> Step:
             raise ProgramError(f"{f}.oracle", "must be grr or olh")
         cols = _ints(t.get("in"), f"{f}.in", len(shape))
         sub = tuple(int(shape[c]) for c in cols)
+        _cells(sub, f"{f}.in")
         off = t.get("offset")
         if isinstance(off, bool) or not isinstance(off, int) or not 0 <= off < MAX_CELLS:
             raise ProgramError(f"{f}.offset", f"must be an integer in [0, {MAX_CELLS})")
@@ -126,7 +143,7 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
             parse_steps(b, f"{field}.branches[{i}]", shape, width, depth + 1, budget)
             for i, b in enumerate(br)))
     if op == "partition" and depth == 0:
-        return _partition(d, field, shape, width)
+        return _partition(d, field, shape, width, budget)
     if op == "const":
         v = d.get("value")
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < MAX_CELLS:
@@ -146,9 +163,7 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
     if len(out) != len(cols):
         raise ProgramError(f"{field}.out", "must have as many columns as in")
     sub = tuple(int(shape[c]) for c in cols)
-    k = math.prod(sub)
-    if k > MAX_CELLS:
-        raise ProgramError(f"{field}.in", f"{k} cells > {MAX_CELLS}")
+    k = _cells(sub, f"{field}.in")
     if op == "uniform":
         return Step("uniform", cols, sub, out)
     if op == "grr":
@@ -165,7 +180,8 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
 
 def parse_steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int,
            budget: list[int]) -> tuple[Step, ...]:
-    """The steps of a list; ``budget``: matrix entries and steps still allowed (in all)."""
+    """The steps of a list; ``budget``: matrix entries, steps and tables still allowed (in
+    all, :func:`new_budget`)."""
     if not isinstance(v, list) or not 1 <= len(v) <= MAX_STEPS:
         raise ProgramError(field, f"must be a list of 1..{MAX_STEPS} steps")
     return tuple(_step(s, f"{field}[{i}]", shape, width, depth, budget)
@@ -204,10 +220,11 @@ def _keep(d: dict, field: str, shape: Sequence[int], width: int, budget: list[in
     cols = _ints(d.get("in"), f"{field}.in", len(shape))
     out = _ints([d.get("out")], f"{field}.out", width)
     sub = tuple(int(shape[c]) for c in cols)
+    k = _cells(sub, f"{field}.in")
     p = _number(d.get("p"), f"{field}.p", 0.0, 1.0)
     fake = d.get("fake")
-    if not isinstance(fake, list) or len(fake) != math.prod(sub):
-        raise ProgramError(f"{field}.fake", f"must hold {math.prod(sub)} probabilities")
+    if not isinstance(fake, list) or len(fake) != k:
+        raise ProgramError(f"{field}.fake", f"must hold {k} probabilities")
     return Step("keep", cols, sub, out, p=p,
                  cum=_cumulative([fake], f"{field}.fake", 1, budget))
 

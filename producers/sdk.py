@@ -29,13 +29,23 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
 
 import numpy as np
 
+from ldpstream.credentials.device_keys import DeviceCredential
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.mechanism import Mechanism
 from ldpstream.names import BUDGET_FIELD, reports_topic
 from ldpstream.producers.codec import ReportBatch, decode_batch, encode_batch
 from ldpstream.producers.device import DEFAULT_MAX_EPSILON, ConfigWatcher, check_ceiling
 from ldpstream.producers.ledger import Ledger, channel_fingerprint
-from ldpstream.producers.program import DrawSource, Memo, NumpyDraws, OsRandom, PartitionMemo, Program, SelectMemo
+from ldpstream.producers.program import (
+    DrawSource,
+    Memo,
+    NumpyDraws,
+    OsRandom,
+    PartitionMemo,
+    Program,
+    ProgramError,
+    SelectMemo,
+)
 from ldpstream.producers.publisher import Publisher
 from ldpstream.producers.sequence import BatchSequence
 from ldpstream.producers.signing import StateRejected
@@ -237,7 +247,9 @@ class DeviceClient:
     since the epoch (rotation periods, budget windows). Whatever the watcher accepted, the client
     refuses (:class:`~.signing.StateRejected`) a state above ``max_epsilon`` per report (default
     :data:`~.device.DEFAULT_MAX_EPSILON`), an identity channel, and one older than the newest it
-    adopted before (kept in the ledger: ``replayed``).
+    adopted before (kept in the ledger: ``replayed``). With a ``credential`` (this device's own
+    key, ``ldpstream device-credentials``; docs/credentials.md) every batch carries its fleet and
+    MAC, and the device id is the credential's (docs/security.md "Per-device identity").
     """
 
     def __init__(self, collection: str, *, watcher: ConfigWatcher, transport: Transport,
@@ -246,9 +258,16 @@ class DeviceClient:
                  rng: np.random.Generator | DrawSource | None = None,
                  clock: Callable[[], float] = time.time,
                  max_epsilon: float = DEFAULT_MAX_EPSILON,
-                 sequence: BatchSequence | None = None) -> None:
+                 sequence: BatchSequence | None = None,
+                 credential: DeviceCredential | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        if credential is not None and device_id not in (0, credential.device_id):
+            raise ValueError(f"device_id {device_id} is not the credential's "
+                             f"{credential.device_id}")
+        self.credential = credential
+        if credential is not None:
+            device_id = credential.device_id
         self.max_epsilon = float(max_epsilon)
         self._adopted: tuple[int, float] | None = None  # the state last checked (and recorded)
         self.collection = collection
@@ -326,14 +345,21 @@ class DeviceClient:
         return out
 
     def program(self) -> Program | None:
-        """The randomization description of the state in force (None: the family has none)."""
+        """The randomization description of the state in force (None: the family has none); a
+        description beyond the limits every SDK enforces is refused (:class:`StateRejected`
+        ``unusable``, as the C and TypeScript SDKs refuse the state; docs/device-protocol.md,
+        "Limits")."""
         signed = self.watcher.states.get(self.collection)
         if signed is None:
             return None
         key = (self.collection, signed.version)
         if key not in self._programs:
             raw = signed.state.get("device")
-            self._programs = {key: None if raw is None else Program(raw)}
+            try:
+                prog = None if raw is None else Program(raw)
+            except ProgramError as exc:
+                raise StateRejected("unusable", f"version {signed.version}: {exc}") from None
+            self._programs = {key: prog}
         return self._programs[key]
 
     def _randomize(self, mech: Mechanism, x: np.ndarray, now: float) -> ReportResult:
@@ -363,7 +389,7 @@ class DeviceClient:
             return ReportResult("refused", 0.0, mech.version,
                                 f"{mech.name} memoizes per {memo.unit}: its state carries no "
                                 f"device description to run")
-        period = memo.rule.period(now)
+        period = self._period(memo.rule.period(now))
         fp = channel_fingerprint(memo.permanent)
         record = f"{fp}:" + ",".join(str(int(v)) for v in x)
         last = self.ledger.last_sent(self.collection, period, record)
@@ -385,16 +411,20 @@ class DeviceClient:
                            record=record)
         return ReportResult("queued", cost, mech.version, report=report)
 
+    def _period(self, period: int) -> int:
+        """The rotation period to memoize in: the clock's, or the newest one a memoized report
+        was committed in when the clock stepped back (docs/device-protocol.md, "Ledger"), so
+        the permanent responses of an older period are never drawn again."""
+        newest = self.ledger.newest_period(self.collection)
+        return period if newest is None or period >= newest else newest
+
     def _memoized(self, prog: Program, memo: Memo | PartitionMemo | SelectMemo, version: int,
                   x: np.ndarray, now: float) -> ReportResult:
         """A memoized description (docs/device-protocol.md, "Ledger"): permanent responses drawn
         once per rotation period (a clock stepped back keeps the newest period), a record sent
         once per period unless ``resend_every_s`` passed, only new draws charged (one per memo
         unit: attribute, cluster, or assigned marginal)."""
-        period = memo.period(now)
-        newest = self.ledger.newest_period(self.collection)
-        if newest is not None and period < newest:
-            period = newest
+        period = self._period(memo.period(now))
         record = f"{memo.fingerprint}:" + ",".join(str(int(v)) for v in x)
         last = self.ledger.last_sent(self.collection, period, record)
         resend = self.resend_every_s
@@ -450,7 +480,9 @@ class DeviceClient:
                 key = (self.device_id, seq)
                 self._outgoing = (encode_batch(
                     self.collection, self._version, reports, sent_at=self.clock(), key=key,
-                    device_ids=np.full(len(reports), self.device_id, dtype=np.uint64)),
+                    device_ids=np.full(len(reports), self.device_id, dtype=np.uint64),
+                    auth=None if self.credential is None else
+                    (self.credential.fleet, self.credential.key)),
                     len(reports))
                 self._buffer = []
             payload, n = self._outgoing

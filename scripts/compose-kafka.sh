@@ -44,6 +44,8 @@ case "${1:-}" in
       "inter.broker.listener.name=$KAFKA_INTER_BROKER_LISTENER_NAME" \
       "sasl.enabled.mechanisms=$KAFKA_SASL_ENABLED_MECHANISMS" \
       "sasl.mechanism.inter.broker.protocol=$KAFKA_SASL_MECHANISM_INTER_BROKER_PROTOCOL" \
+      "sasl.mechanism.controller.protocol=$KAFKA_SASL_MECHANISM_CONTROLLER_PROTOCOL" \
+      "listener.name.controller.sasl.enabled.mechanisms=$KAFKA_LISTENER_NAME_CONTROLLER_SASL_ENABLED_MECHANISMS" \
       "log.dirs=$KAFKA_LOG_DIRS" > "${TMPDIR:-/tmp}/format.properties"
     "$kafka_home/bin/kafka-storage.sh" format --ignore-formatted --cluster-id="$CLUSTER_ID" \
       -c "${TMPDIR:-/tmp}/format.properties" \

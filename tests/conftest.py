@@ -18,6 +18,7 @@ installs them; a skipped pipeline test would be a green CI that proves nothing.
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 
 import pytest
@@ -26,8 +27,11 @@ import pytest
 def pytest_configure(config) -> None:
     """One ldp.config signing key pair for the session (like one deployment): workers started by
     the tests sign with it, devices and fleets in the tests pin its public key."""
+    from ldpstream.names import ENV_STATE_DIR
     from ldpstream.producers.signing import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, SigningKey
 
+    # what `ldpstream up` keeps across restarts goes to a throw-away directory, not the user's
+    os.environ.setdefault(ENV_STATE_DIR, tempfile.mkdtemp(prefix="ldpstream-test-state-"))
     if not os.environ.get(ENV_SIGNING_KEY):
         key = SigningKey.generate()
         os.environ[ENV_SIGNING_KEY] = key.to_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -24,15 +25,18 @@ class GatewayProcess:
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
 
-    def wait_for(self, cid: str, timeout: float = 60.0) -> None:
+    def wait_for(self, cid: str, timeout: float = 60.0,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """Wait until /healthz names ``cid`` (over HTTPS with the client context ``tls``)."""
+        scheme = "http" if tls is None else "https"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited {self.proc.returncode}: "
                                    f"{open(self.log_path).read()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz",
-                                            timeout=2) as r:
+                with urllib.request.urlopen(f"{scheme}://127.0.0.1:{self.port}/healthz",
+                                            timeout=2, context=tls) as r:
                     if cid in json.loads(r.read())["collections"]:
                         return
             except (urllib.error.URLError, OSError, ValueError):

@@ -90,7 +90,8 @@ def _needs(svc: str) -> set:
 
 
 def test_healthchecks_and_depends_on_conditions():
-    assert set(ONE_SHOT) == {"kafka-acls", "kafka-certs", "keygen", "edge-certs", "mqtt-passwords"}
+    assert set(ONE_SHOT) == {"kafka-acls", "kafka-certs", "keygen", "edge-certs", "mqtt-passwords",
+                             "device-secrets"}
     for name in ["kafka", "redis", "prometheus", "alertmanager", "grafana", *WORKERS]:
         hc = SERVICES[name].get("healthcheck")
         assert hc and hc["test"], f"{name} needs a healthcheck"
@@ -105,7 +106,7 @@ def test_healthchecks_and_depends_on_conditions():
             assert cond["condition"] == "service_healthy", (name, target)
             assert SERVICES[target].get("healthcheck"), f"{target} has no healthcheck to wait for"
     for w in WORKERS:
-        assert _needs(w) >= {"kafka", "redis", "kafka-acls", "kafka-certs", "keygen"}
+        assert _needs(w) >= {"kafka", "redis", "kafka-acls", "kafka-certs", "keygen", "device-secrets"}
     assert "/healthz" in " ".join(SERVICES[WORKERS[0]]["healthcheck"]["test"])
 
 
@@ -268,6 +269,9 @@ def test_acls_devices_write_only_reports_and_only_workers_write_config():
     for a in acls:
         if a["principal"] == "User:bridge" and a["topic"] == "ldp.dlq":  # dead letters
             assert a["ops"] == {"Write", "Describe"} and not a["prefixed"], a
+        elif a["topic"] == "ldp.acks":  # acknowledged counts: the gateway and bridge write them
+            want = {"Read", "Describe"} if a["principal"] == "User:worker" else {"Write", "Describe"}
+            assert a["ops"] == want and not a["prefixed"], a
         elif a["principal"] in ("User:device", "User:bridge"):
             assert a["group"] is None, "devices need no consumer group"
             if a["ops"] & {"Write", "All", "Create", "Alter", "Delete"}:

@@ -162,7 +162,8 @@ def test_compose_broker_agrees_with_the_embedded_one(tmp_path):
     assert "topic" in fixture["log_dest"] and "topic" in compose["log_dest"]
     users = [BRIDGE.username, *(c.username for c in FLEETS.values())]
     topics = [f"ldp/{f}/c1/{kind}" for f in [*FLEETS, "other"] for kind in ("reports", "config")]
-    topics += ["$share/ldp-bridge/ldp/+/+/reports", "ldp/phones/c1/other", "elsewhere",
+    topics += ["$share/ldp-bridge/ldp/+/+/reports", "$share/ldp-bridge-0123456789abcdef/ldp/+/+/reports",
+               "ldp/phones/c1/other", "elsewhere",
                "$SYS/broker/log/N", "ldp/phones/public-key", "ldp/other/public-key"]
     for user in users:
         for topic in topics:

@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.pipeline, pytest.mark.kafka]
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "compose-kafka.sh"
 PASSWORDS = {"KAFKA_ADMIN_PASSWORD": "adm-1x", "KAFKA_WORKER_PASSWORD": "wrk-2y",
-             "KAFKA_DEVICE_PASSWORD": "dev-3z", "KAFKA_BRIDGE_PASSWORD": "brg-4w"}
+             "KAFKA_DEVICE_PASSWORD": "dev-3z", "KAFKA_BRIDGE_PASSWORD": "brg-4w",
+             "KAFKA_CONTROLLER_PASSWORD": "ctl-5v"}
 
 
 LOG4J2_YAML = """Configuration:
@@ -48,7 +49,8 @@ def _shim(path: Path, body: str) -> Path:
 
 @pytest.fixture
 def compose_kafka(tmp_path):
-    """The compose Kafka service on loopback; yields (bootstrap, ca file, services)."""
+    """The compose Kafka service on loopback; yields (bootstrap, ca file, services, the
+    controller listener's address)."""
     from ldpstream.cli import main as cli
     from ldpstream.dev.kafka import LOG4J_FILE, _jvm, ensure_kafka_jars
     from ldpstream.dev.process import free_port
@@ -103,7 +105,8 @@ def compose_kafka(tmp_path):
         done = subprocess.run(["bash", "-ec", acls], env=child_env, capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        yield f"localhost:{ports['9092']}", certs / "ca.pem", services
+        yield f"localhost:{ports['9092']}", certs / "ca.pem", services, \
+            f"localhost:{ports['9093']}"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
@@ -129,7 +132,7 @@ def test_compose_kafka_starts_and_takes_its_clients_over_sasl_ssl(compose_kafka,
     from ldpstream.producers.kafka_security import kafka_security
     from ldpstream.producers.publisher import Publisher, PublishError
 
-    bootstrap, ca, services = compose_kafka
+    bootstrap, ca, services, _ = compose_kafka
     for k, v in _client_env(services, "worker-1", ca).items():   # the topic admin: as a worker
         monkeypatch.setenv(k, v)
     device = kafka_security(_client_env(services, "fleet", ca))
@@ -147,3 +150,19 @@ def test_compose_kafka_starts_and_takes_its_clients_over_sasl_ssl(compose_kafka,
             await Publisher(bootstrap, security=wrong).start(timeout_s=5)
 
     asyncio.run(run())
+
+
+def test_compose_controller_listener_refuses_clients(compose_kafka, tmp_path):
+    """Compose's KRaft controller listener takes only the brokers' SASL PLAIN user: Kafka's
+    ``AclCommand --bootstrap-controller`` without credentials, or with a device's SCRAM ones,
+    neither lists nor adds ACLs (tests/test_kafka_controller.py does the same on the fixture)."""
+    from test_kafka_controller import TIMEOUTS, assert_refused
+
+    _, ca, services, controller = compose_kafka
+    assert_refused(controller, tmp_path, "anonymous", dict(TIMEOUTS))
+    device = _resolve(str(services["fleet"]["environment"]["LDP_KAFKA_SASL_PASSWORD"]))
+    assert_refused(controller, tmp_path, "device", dict(TIMEOUTS, **{
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+        "ssl.truststore.type": "PEM", "ssl.truststore.location": ca,
+        "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule "
+                            f'required username="device" password="{device}";'}))

@@ -48,26 +48,47 @@ def with_(path: str, value, base=BASE):
 
 
 def test_demo_config_loads():
+    """The demo is what we would recommend (docs/devices.md "The demo collection"): partitioned at
+    ε = 2 per report, memoized for a day, at most ε = 4 per device per day: under every SDK's
+    default ceiling of 8 per report and with no weak-privacy note."""
+    from ldpstream.privacy import epsilon_fields
+    from ldpstream.producers.device import DEFAULT_MAX_EPSILON
+
     cfg = load_config(env={})
     assert isinstance(cfg, AppConfig) and list(cfg.collections) == ["adult"]
     c = cfg.collections["adult"]
     assert c.domain.attrs == ADULT_COLUMNS
     assert c.topic == "ldp.reports.adult" and c.partitions == 4 and c.version == 0
-    assert c.mechanism_name == "rr-ind" and c.epsilon_scope == "attribute"
-    assert c.estimators == ["castell", "truncated", "ibu", "hybrid-auto", "rr-independent"]
+    assert c.mechanism_name == "partitioned" and c.epsilon_scope == "record"
+    assert c.estimators == ["consistent", "unbiased", "norm-sub", "calm"]
     assert ("relationship", "marital-status", "sex") in c.marginals
     assert (c.refresh_interval_s, c.bucket_s, c.drift_alpha, c.expect_traffic) == \
         (5.0, 10.0, 0.001, True)
     assert [w.name for w in c.windows] == ["5m", "1h", "all"]
     assert [w.seconds for w in c.windows] == [300.0, 3600.0, None]
     mech = c.mechanism()
-    assert mech.name == "rr-ind" and mech.version == 0
-    assert math.isclose(mech.epsilon, 2.0 * len(ADULT_COLUMNS))  # computed from the channels
+    assert mech.name == "partitioned" and mech.version == 0
+    assert mech.memoization() is not None
+    assert math.isclose(mech.epsilon, 2.0)  # computed from the channels
+    assert mech.epsilon <= DEFAULT_MAX_EPSILON
+    f = epsilon_fields(c, mech)
+    assert math.isclose(f["epsilon_per_day"], 4.0) and f["privacy_note"] is None
+    assert c.max_epsilon_per_day == 4.0 and c.reports_per_day == 1440
     specs = c.tensors()
-    assert [s.key for s in specs] == ["m:" + "|".join(m) for m in c.marginals]
+    assert specs and all(s.key for s in specs)
     assert cfg.ingest.batch_reports == 20000 and cfg.ingest.max_message_bytes == 1 << 20
     assert cfg.api_token is None and cfg.kafka_bootstrap is None and cfg.redis_url is None
     assert load_config(default_config_path(), env={}).collections["adult"].domain == c.domain
+
+
+def test_fast_demo_variant_is_the_weak_one():
+    """adult-fast.yaml beside the demo: rr-ind at ε = 16 per record, flagged."""
+    from ldpstream.privacy import epsilon_fields
+
+    c = load_config(default_config_path().with_name("adult-fast.yaml"), env={}).collections["adult"]
+    mech = c.mechanism()
+    assert mech.name == "rr-ind" and math.isclose(mech.epsilon, 2.0 * len(ADULT_COLUMNS))
+    assert "weak privacy" in epsilon_fields(c, mech)["privacy_note"]
 
 
 def test_environment_supplies_secrets_and_endpoints():
@@ -107,7 +128,7 @@ columns = ["workclass", "education", "marital-status", "occupation", "relationsh
            "sex", "Salary"]
 ''')
     a = load_config(toml, env={})
-    b = load_config(env={})
+    b = load_config(default_config_path().with_name("adult-fast.yaml"), env={})
     assert a.collections == b.collections and a.ingest == b.ingest
 
 
@@ -117,7 +138,7 @@ def test_all_ways_expansion():
     assert len(m) == 6 + 4  # C(4,2) + C(4,3)
     assert m[0] == ("a", "b") and m[-1] == ("b", "c", "d")  # schema order
     assert all(list(t) == sorted(t, key="abcd".index) for t in m)
-    demo = yaml.safe_load(default_config_path().read_text())
+    demo = yaml.safe_load(default_config_path().with_name("adult-fast.yaml").read_text())
     demo["collections"][0]["marginals"] = {"all_ways_up_to": 4}
     cfg = parse_config(demo, env={}, base_dir=default_config_path().parent)
     assert len(cfg.collections["adult"].marginals) == 28 + 56 + 70

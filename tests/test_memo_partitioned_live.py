@@ -24,7 +24,7 @@ ROT = 3600.0
 def test_memoized_partitioned_live_equals_offline(tmp_path, kafka_broker, redis_server,
                                                   spawn_worker, unique_name):
     from ldpstream.agents.app import make_store
-    from ldpstream.agents.refresh.refresher import estimate_payload
+    from ldpstream.agents.refresh.payloads import estimate_payload
     from ldpstream.config import load_config
     from ldpstream.producers.device import ConfigWatcher
     from ldpstream.producers.ledger import Ledger

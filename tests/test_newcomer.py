@@ -221,8 +221,8 @@ def test_estimates_lists_collections_untruncated_in_80_columns(monkeypatch, caps
     assert "…" not in out, out
     assert all(len(line) <= 80 for line in out.splitlines()), out
     flat = " ".join(out.split())
-    for word in ("mechanism", "rr-ind", "123,456", "relationship×marital-status×sex",
-                 "hybrid-auto", "no cap"):
+    for word in ("mechanism", "partitioned", "123,456", "relationship×marital-status×sex",
+                 "norm-sub", "4"):
         assert word in flat, (word, out)
 
 
@@ -243,3 +243,65 @@ def test_a_worker_on_a_busy_port_is_told_a_free_one(clean_env, capsys):
     free = int(re.search(r"port (\d+) is free: `ldpstream worker --web-port \1` or "
                          r"`LDP_WEB_PORT=\1`", err).group(1))
     assert free > port, err
+
+
+def test_a_mistyped_estimator_gets_the_nearest_one(capsys):
+    """`simulate --estimator castel`: the valid ones, and the nearest (docs/simulate.md)."""
+    assert main(["simulate", "--mechanism", "rr-ind", "--estimator", "castel", "--epsilon",
+                 "2"]) == 2
+    err = capsys.readouterr().err
+    assert "'castel' does not apply" in err and err.rstrip().endswith("did you mean 'castell'?")
+
+
+def test_the_status_rate_is_steady_at_a_steady_rate():
+    """up's status line: reports/s over 5 s, so counts that land in lumps (a 1 s difference
+    swings between 0 and twice the rate) read close to the rate."""
+    from collections import deque
+
+    from ldpstream.embedded import _rate
+
+    points: deque = deque()
+    n, rates = 0, []
+    for t in range(40):
+        if t % 2 == 0:  # 4,000 counted every other second: 2,000/s
+            n += 4000
+        rates.append(_rate(points, float(t), n))
+    assert all(1500 <= r <= 2500 for r in rates[6:]), rates
+
+
+def test_the_cli_states_the_drift_test_as_the_page_does(capsys):
+    """`ldpstream estimates c --attrs ...`: drift statistic, its threshold and the alarm, not only
+    the TVD change (docs/windows.md)."""
+    from ldpstream.query import print_estimate
+
+    est = {"collection": "c", "attrs": ["a"], "method": "castell", "window": "5m",
+           "labels": [["x", "y"]], "cells": [0.25, 0.75], "n": 10, "error_bound": 0.1,
+           "error_bound_quantile": 0.95, "error_bound_coverage": "calibrated",
+           "drift_tvd": 0.12, "drift_statistic": 31.5, "drift_threshold": 10.8,
+           "drift_alarm": True, "updated_at": None}
+    print_estimate(est)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "drift: ALARM, statistic 31.50 against threshold 10.80 (TVD change 0.120)" in out, out
+    print_estimate(dict(est, drift_alarm=False, drift_statistic=2.0))
+    assert "drift: no alarm, statistic 2.00 against threshold 10.80" in \
+        " ".join(capsys.readouterr().out.split())
+    print_estimate(dict(est, drift_statistic=None, drift_threshold=None, drift_tvd=None))
+    assert "drift: not measured" in " ".join(capsys.readouterr().out.split())
+
+
+def test_up_keeps_its_dev_identity_in_the_state_directory(clean_env, tmp_path):
+    """Without a configured key, `up` signs with a key pair created once in $LDP_STATE_DIR (else
+    $XDG_STATE_HOME/ldpstream) and reused; the banner names the key and where it is."""
+    from ldpstream.embedded import _dev_identity, _identity_lines
+
+    clean_env.delenv("LDP_STATE_DIR", raising=False)
+    clean_env.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert endpoint.state_dir() == tmp_path / "xdg" / "ldpstream"
+    clean_env.setenv("LDP_STATE_DIR", str(tmp_path / "state"))
+    key, (priv, pub) = _dev_identity()
+    again, _ = _dev_identity()
+    assert again.verify_key.to_text() == key.verify_key.to_text()  # the same across restarts
+    assert priv.parent == tmp_path / "state" and oct(priv.stat().st_mode & 0o777) == "0o600"
+    assert pub.read_text().strip() == key.verify_key.to_text()
+    banner = _identity_lines(key, (priv, pub))
+    assert key.verify_key.to_text() in banner and f"kept in {tmp_path / 'state'}" in banner

@@ -3,7 +3,9 @@ driven by Selenium, against a real worker with the embedded broker and Redis.
 
 Before any report the page says there is no estimate yet; once a population reports, the numbers
 on the page equal the API's (exactly: the table's data-value and the 4-digit text); more reports
-show up without a reload; a changed population raises a drift alarm that the page marks. Every
+show up without a reload; a changed population raises a drift alarm that the page marks, with
+its threshold drawn; every cell carries the API's 95 % interval, and error_bound is named as the
+API names it; the history's axis stays on [0, 1] with no repeated time label. Every
 step leaves a screenshot in ``test-artifacts/page/`` (or ``$LDP_TEST_ARTIFACTS``)."""
 from __future__ import annotations
 
@@ -186,6 +188,25 @@ def test_the_page_shows_the_api_live_and_marks_drift(tmp_path, kafka_broker, red
         assert heat == flat
         shown_bound = field(browser, '#summary dd[data-field="error_bound"]')
         assert shown_bound == f"{est['error_bound']:.4f}", (shown_bound, est["error_bound"])
+        # per-cell 95 % intervals, the API's own, in the chart and the table; one meaning for
+        # error_bound (the API's: an upper 95 % quantile of the TVD), never "expected"
+        lows = fresh(lambda: {g.get_attribute("data-cell"): (float(g.get_attribute("data-low")),
+                                                             float(g.get_attribute("data-high")))
+                              for g in browser.find_elements("css selector",
+                                                             "#estimate-chart g.hcell")})
+        want = {f"{a}|{b}": (est["cells_low"][i][j], est["cells_high"][i][j])
+                for i, a in enumerate(est["labels"][0]) for j, b in enumerate(est["labels"][1])}
+        assert lows == want
+        assert len({hi - lo for lo, hi in want.values()}) > 1  # not one ± on every cell
+        interval_text = fresh(lambda: [r.find_elements("css selector", "td.num")[1]
+                                       .get_attribute("textContent") for r in
+                                       browser.find_elements("css selector",
+                                                             "#estimate-table tbody tr")])
+        assert all(" to " in t for t in interval_text), interval_text
+        caption = field(browser, "#estimate-caption")
+        assert "95 % interval" in caption and "95 % upper quantile" in caption, caption
+        page_text = browser.find_element("tag name", "body").get_attribute("textContent")
+        assert "expected total-variation" not in page_text and "expected TVD" not in page_text
         row = f'tr[data-collection="{cid}"]'
         assert float(field(browser, f'{row} td[data-field="epsilon_per_record"]')) == \
             pytest.approx(info["epsilon_per_record"], rel=1e-2)
@@ -229,6 +250,25 @@ def test_the_page_shows_the_api_live_and_marks_drift(tmp_path, kafka_broker, red
         # the history follows the three largest cells, with their bands
         assert len(browser.find_elements("css selector", "#history-chart path.line")) == 3
         assert len(browser.find_elements("css selector", "#history-chart path.band")) == 3
+        # charts without artefacts: the threshold drawn at the API's value, shares on [0, 1],
+        # no x label twice, the right-hand labels apart
+        # (read in one script: every poll redraws the charts)
+        charts = browser.execute_script("""
+            const texts = (sel) => [...document.querySelectorAll(sel)].map((t) => t.textContent);
+            const th = document.querySelector("#drift-chart path.threshold");
+            return {threshold: th && th.getAttribute("data-threshold"),
+                    historyX: texts("#history-chart text.xtick"), driftX: texts("#drift-chart text.xtick"),
+                    ticks: [...document.querySelectorAll("#history-chart text.tick")]
+                      .filter((t) => !t.classList.contains("xtick")).map((t) => t.textContent),
+                    legends: [...document.querySelectorAll("#history-chart text.legend")]
+                      .map((t) => Number(t.getAttribute("y")))};""")
+        assert float(charts["threshold"]) == pytest.approx(drift["drift_threshold"], rel=0.05)
+        for xs in (charts["historyX"], charts["driftX"]):
+            assert xs and len(xs) == len(set(xs)), charts
+        ticks = [float(t) for t in charts["ticks"] if t.replace(".", "", 1).lstrip("-").isdigit()]
+        assert ticks and min(ticks) >= 0 and max(ticks) <= 1, charts
+        ys = sorted(charts["legends"])
+        assert len(ys) == 3 and all(b - a >= 12 for a, b in zip(ys, ys[1:])), ys
         shot(browser, "3-drift-alarm")
 
         # 5. three attributes: small multiples, one heatmap per sex

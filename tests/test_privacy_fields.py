@@ -23,13 +23,13 @@ def test_weak_privacy_note_threshold():
     assert note.startswith("weak privacy: ε = 16 per record, so one report") and "8.89e+06" in note
 
 
-def test_demo_fields_are_computed_and_flagged():
+def test_demo_fields_are_computed_and_not_flagged():
     coll = load_config().collections["adult"]
     f = epsilon_fields(coll, coll.mechanism())
-    assert f["epsilon"] == 2.0 and f["epsilon_scope"] == "attribute"
-    assert f["epsilon_per_record"] == pytest.approx(16.0)
-    assert f["epsilon_per_attribute"] == pytest.approx(2.0)
-    assert "weak privacy" in f["privacy_note"]
+    assert f["epsilon"] == 2.0 and f["epsilon_scope"] == "record"
+    assert f["epsilon_per_record"] == pytest.approx(2.0)
+    assert f["epsilon_per_attribute"] is None
+    assert f["epsilon_per_day"] == pytest.approx(4.0) and f["privacy_note"] is None
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
@@ -85,7 +85,9 @@ def test_memoized_collection_states_rotation_and_day_and_judges_the_day(tmp_path
 
 
 def test_fresh_collections_have_no_per_day_cap():
-    coll = load_config().collections["adult"]
+    from ldpstream.config import default_config_path
+
+    coll = load_config(default_config_path().with_name("adult-fast.yaml")).collections["adult"]
     f = epsilon_fields(coll, coll.mechanism())
     assert f["epsilon_per_rotation"] is None and f["epsilon_per_day"] is None
 

@@ -15,19 +15,12 @@ from tolerance import assert_close
 from ldpstream.agents import metrics
 from ldpstream.agents.context import Context
 from ldpstream.agents.refresh.bucket_reader import WindowCounts
-from ldpstream.agents.refresh.refresher import (
-    LEASE,
-    LOCK,
-    PREVIOUS,
-    Refresher,
-    acquire,
-    refresh_payloads,
-    release,
-    tick_safe,
-)
+from ldpstream.agents.refresh.payloads import PREVIOUS, refresh_payloads
+from ldpstream.agents.refresh.refresher import LEASE, LOCK, Refresher, tick_safe
 from ldpstream.agents.store import keys
 from ldpstream.agents.store.apply_delta import PartitionDelta
 from ldpstream.agents.store.count_store import CountStore
+from ldpstream.agents.store.lease import acquire, release
 from ldpstream.config import AppConfig, parse_config
 from ldpstream.estimators.kernels.metrics import tvd
 from ldpstream.estimators.stream.drift import drift_test, null_variances

@@ -188,7 +188,10 @@ def test_the_audit_catches_a_wrong_bloom_f():
 
 def test_bench_sdk_quick_runs(capsys):
     """``ldpstream bench sdk --quick --json``: every case measured in C, TypeScript and Python,
-    the -Os library's size read. No timing is asserted."""
+    the typical ones (rr-ind, partitioned) in the C firmware profile too, the -Os library's
+    size read per profile; the firmware profile keeps at most 16 KiB of RAM per device, the
+    scratch state included (docs/device-protocol.md, "Firmware profile"). No timing is
+    asserted."""
     from ldpstream.cli import main
 
     assert main(["bench", "sdk", "--quick", "--json"]) == 0
@@ -196,7 +199,13 @@ def test_bench_sdk_quick_runs(capsys):
     cases = [c["name"] for c in json.loads(VECTORS.read_text())["cases"]]
     assert [r["case"] for r in out["reports_per_s"]] == cases
     assert all(r["c"] > 0 and r["ts"] > 0 and r["python"] > 0 for r in out["reports_per_s"])
-    assert out["c_size"]["text"] > 0 and out["c_size"]["ldp_state"] > 0
+    rows = {r["case"]: r for r in out["reports_per_s"]}
+    assert all(rows[c]["c_firmware"] > 0 for c in ("rr-ind", "partitioned-olh", "partitioned-2"))
+    sizes = out["c_size"]
+    assert set(sizes) == {"default", "firmware", "firmware-m32"}
+    assert all(z["text"] > 0 and z["ldp_state"] > 0 for z in sizes.values())
+    assert sizes["firmware"]["ram"] <= 16384 and sizes["firmware-m32"]["ram"] <= 16384
+    assert sizes["default"]["ram"] > 16384  # the protocol's limits do not fit
 
 
 def test_python_sdk_channels_match_their_declaration():

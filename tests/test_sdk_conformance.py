@@ -105,6 +105,26 @@ def test_malformed_descriptions_name_the_field():
         assert exc.value.field == field
 
 
+def test_limits_refused_and_linear():
+    """limits.json (docs/device-protocol.md, "Limits"): every description beyond a limit is
+    refused naming the field, in the same order as the C and TypeScript SDKs; those at the
+    limits parse to their ε within ``max_parse_s`` (a pairwise Bloom distance in Python sets took
+    seconds)."""
+    import time
+
+    v = _load("limits.json")
+    for case in v["cases"]:
+        t0 = time.perf_counter()
+        if case["expect"] == "accept":
+            eps = Program(case["device"]).epsilon
+            assert eps == pytest.approx(case["epsilon"], rel=1e-12), case["name"]
+        else:
+            with pytest.raises(ProgramError) as exc:
+                Program(case["device"])
+            assert exc.value.field.startswith(case["field"]), (case["name"], str(exc.value))
+        assert time.perf_counter() - t0 <= v["max_parse_s"], case["name"]
+
+
 def _watcher(ceiling: float) -> ConfigWatcher:
     v = _load("states.json")
     return ConfigWatcher("unused:0", verify_key=VerifyKey.from_text(v["public_key"]),
@@ -210,6 +230,29 @@ def test_device_client_randomizes_from_the_signed_description():
     sent = asyncio.run(run())
     assert sent.reports().tolist() == case["reports"]
     assert sent.batches[0].key is not None and sent.batches[0].key[0] == 3
+
+
+def test_device_client_refuses_a_description_beyond_the_limits():
+    """A signed state whose description has a partition table of 4³² cells (the C SDK once
+    wrapped it to 0 and ran it at ε 44.36): the Python SDK refuses to report with it,
+    ``unusable`` naming the field, as the C and TypeScript SDKs refuse the state."""
+    from ldpstream.estimators.families.rr import RRIndependent
+    from ldpstream.producers.signing import StateRejected
+
+    gen = _gen()
+    w = _watcher(8.0)
+    state = RRIndependent(gen.DOM, epsilon=1.0, version=1).device_state()
+    bad = dict(state, device=_load("limits.json")["cases"][0]["device"])
+    w._take(b"rr-ind", gen.envelope(bad, "rr-ind", 1.0).encode())  # noqa: SLF001
+
+    async def run():
+        client = DeviceClient("rr-ind", watcher=w, transport=RecordingTransport(),
+                              ledger=Ledger(":memory:"), device_id=3, rng=SplitMix64(1))
+        return await client.report({"os": "ios", "plan": "free", "region": "eu"})
+
+    with pytest.raises(StateRejected) as exc:
+        asyncio.run(run())
+    assert exc.value.reason == "unusable" and "device.steps[0].tables[0].in" in exc.value.detail
 
 
 def test_batch_sequence_survives_a_restart(tmp_path):

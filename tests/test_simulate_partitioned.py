@@ -25,7 +25,7 @@ def test_simulate_partitioned_common_json(capsys):
     assert doc["mechanism"] == "partitioned"
     assert doc["epsilon_per_record"] == pytest.approx(2.0, rel=1e-9)
     assert {(r["estimator"], r["w"]) for r in doc["results"]} == {
-        ("consistent", 2), ("consistent", 3), ("calm", 2), ("calm", 3)}
+        ("global", 2), ("global", 3), ("consistent", 2), ("consistent", 3)}
     for r in doc["results"]:
         assert 0 <= r["metrics"]["tvd"] < 0.5
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ldpstream.agents.serve.selection import marginalize_payload, transpose_payload
 from ldpstream.agents.serve.ui import ASSETS, History, history_answer, read_asset
-from ldpstream.agents.serve.web import marginalize_payload, transpose_payload
 
 pytestmark = pytest.mark.core
 

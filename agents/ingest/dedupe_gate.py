@@ -8,6 +8,7 @@ import time
 
 from aiokafka.structs import ConsumerRecord
 
+from ldpstream.agents.ingest.acks import AckReconciler
 from ldpstream.agents.ingest.clients import RedisGate
 from ldpstream.agents.ingest.partition import PartitionState, Pending
 from ldpstream.agents.store import dedupe
@@ -19,9 +20,12 @@ from ldpstream.producers.codec import ReportBatch
 class DedupeGate:
     """The batch-dedupe state of the assigned partitions."""
 
-    def __init__(self, gate: RedisGate, store: CountStore) -> None:
+    def __init__(self, gate: RedisGate, store: CountStore,
+                 acks: AckReconciler | None = None) -> None:
         self.gate = gate
         self.store = store
+        #: told of the sequences an authenticated device skipped (acknowledged, never here)
+        self.acks = acks
 
     async def load(self, state: PartitionState) -> None:
         """Read the senders' state of the current and previous window of the worker's clock,
@@ -39,8 +43,7 @@ class DedupeGate:
                 return await self.load(state)
             book.load(missing, raw)
 
-    @staticmethod
-    def first_delivery(state: PartitionState, pend: Pending, m: ConsumerRecord,
+    def first_delivery(self, state: PartitionState, pend: Pending, m: ConsumerRecord,
                        b: ReportBatch) -> bool:
         """Whether keyed batch ``b`` is counted: a duplicate is skipped (and counted as one), a
         sequence too far below its sender's highest goes to the DLQ."""
@@ -48,7 +51,12 @@ class DedupeGate:
         if book is None or window is None or book.epoch != pend.epoch or b.key is None:
             raise RuntimeError(f"batch-dedupe state of {state.tp} not loaded for this epoch")
         sender, seq = b.key
+        before = book.state_of(window, sender) if self.acks is not None and b.fleet else None
         verdict = book.decide(window, sender, seq, pend.dedupe)
+        if self.acks is not None and before is not None and b.fleet is not None \
+                and verdict == dedupe.NEW:
+            self.acks.sequence(state.collection, b.fleet, seq - before[0] - 1 if seq > before[0]
+                               else -1)
         if verdict == dedupe.DUPLICATE:
             pend.duplicates += 1
         elif verdict == dedupe.STALE:

@@ -14,6 +14,7 @@ from aiokafka.structs import ConsumerRecord
 from ldpstream.agents import metrics
 from ldpstream.agents.control.collection_state import CollectionStates
 from ldpstream.agents.ingest.dedupe_gate import DedupeGate
+from ldpstream.agents.ingest.identity_gate import IdentityGate, Unauthentic
 from ldpstream.agents.ingest.log_identity import mark_of
 from ldpstream.agents.ingest.memo_gate import MemoGate
 from ldpstream.agents.ingest.partition import Partitions, PartitionState, Pending
@@ -35,7 +36,8 @@ class Intake:
 
     def __init__(self, collections: dict[str, Collection], states: CollectionStates,
                  partitions: Partitions, quota: QuotaGate, dedupe: DedupeGate,
-                 stats: IngestStats, max_message_bytes: int, memo: MemoGate) -> None:
+                 stats: IngestStats, max_message_bytes: int, memo: MemoGate,
+                 identity: IdentityGate | None = None) -> None:
         self.collections = collections
         self.states = states
         self.partitions = partitions
@@ -44,6 +46,7 @@ class Intake:
         self.stats = stats
         self.max_message_bytes = max_message_bytes
         self.memo = memo
+        self.identity = identity or IdentityGate(None)
 
     async def load(self, state: PartitionState) -> None:
         """Read from Redis what :meth:`take` needs for this poll: the device quota's counters
@@ -83,7 +86,8 @@ class Intake:
                         m.value or b"", m.offset, 1)
         if not msgs:
             return
-        if len(msgs) >= 16 and not (quota or memo):  # the fast path drops device ids
+        if len(msgs) >= 16 and not (quota or memo or self.identity.enforced):
+            # the fast path drops device ids (and takes only unkeyed, so unauthenticated, ones)
             fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
             if fast is not None and fast.collection == cid and explain_batch(fast, known) is None:
                 per = fast.n // len(msgs)
@@ -95,8 +99,11 @@ class Intake:
         good: list[tuple[ConsumerRecord, ReportBatch]] = []
         for m in msgs:
             try:
-                good.append((m, decode_batch(m.value if m.value is not None else b"",
-                                             max_bytes=self.max_message_bytes)))
+                b = decode_batch(m.value if m.value is not None else b"",
+                                 max_bytes=self.max_message_bytes)
+                good.append((m, self.identity.verify(cid, m, b)))
+            except Unauthentic as exc:
+                pend.reject(exc.reason, exc.detail, m.value or b"", m.offset, b.n)
             except DecodeError as exc:
                 # the topic names the collection even when the bytes cannot: count and file
                 # the reject under it (the DLQ record's topic/offset locate the message)
@@ -111,7 +118,7 @@ class Intake:
             for m, b in sorted(valid, key=lambda mb: mb[0].offset):
                 kept: ReportBatch | None = self.quota.within(state, pend, m, b) if quota else b
                 if kept is not None and memo:
-                    if not self.memo.has_room(state, held + kept.n):
+                    if not self.memo.has_room(state, held + kept.n, kept.fleet):
                         # near device_state_max: count what is held so the cap sees its devices
                         self._accept_devices(state, pend, runs)
                         runs, held = [], 0

@@ -17,6 +17,7 @@ from ldpstream.agents.store.apply_delta import SideLog
 from ldpstream.agents.store.count_store import CountStore
 from ldpstream.agents.store.layout import Layout
 from ldpstream.config import Collection
+from ldpstream.credentials.device_keys import FleetSecrets, tag_range
 from ldpstream.producers.codec import ReportBatch, encode_batch
 
 #: the DLQ reason of reports of new devices beyond ``device_state_max``
@@ -27,8 +28,10 @@ class MemoGate:
     """The latest report of every device of the assigned partitions of memoized collections."""
 
     def __init__(self, collections: dict[str, Collection], gate: RedisGate,
-                 store: CountStore) -> None:
+                 store: CountStore, fleets: FleetSecrets | None = None) -> None:
         self.collections = collections
+        #: with per-device identity: each fleet's share of device_state_max (docs/security.md)
+        self.fleets = fleets
         self.gate = gate
         self.store = store
         # the switch is the mechanism protocol's: any family whose devices memoize
@@ -79,11 +82,51 @@ class MemoGate:
         assert state.memo is not None
         return sum(len(t) for t in state.memo.values())
 
-    def has_room(self, state: PartitionState, reports: int) -> bool:
-        """Whether ``reports`` reports fit under ``device_state_max`` even if each is a new
-        device."""
+    def has_room(self, state: PartitionState, reports: int, fleet: str | None = None) -> bool:
+        """Whether ``reports`` reports fit under ``device_state_max`` (and under ``fleet``'s
+        share of it) even if each is a new device."""
+        if fleet is not None and self.fleet_entries(state, fleet) + reports > \
+                self.fleet_cap(state.collection, fleet):
+            return False
         return self.entries(state) + reports <= \
             self.collections[state.collection].device_state_max
+
+    def fleet_cap(self, cid: str, fleet: str) -> int:
+        """The entries ``fleet``'s devices may hold per partition: its share of
+        ``device_state_max`` (all of it without per-device identity)."""
+        cap = self.collections[cid].device_state_max
+        if self.fleets is None:
+            return cap
+        return int(self.fleets.shares.get(fleet, 0.0) * cap)
+
+    @staticmethod
+    def fleet_entries(state: PartitionState, fleet: str) -> int:
+        """The entries of ``fleet``'s devices: their server ids share the fleet's tag, a range
+        of the sorted table (two binary searches per table)."""
+        assert state.memo is not None
+        lo, hi = tag_range(fleet)
+        bounds = np.array([lo, hi], dtype=np.uint64)
+        return sum(int(np.diff(np.searchsorted(t.ids, bounds))[0]) for t in state.memo.values())
+
+    def _over_share(self, state: PartitionState, pend: Pending, m: ConsumerRecord,
+                    b: ReportBatch) -> bool:
+        """An authenticated batch (one device) of a new device whose fleet holds its share:
+        refused whole as ``device_state_full``."""
+        if self.fleets is None or b.fleet is None or b.device_ids is None:
+            return False
+        cid = state.collection
+        cap = self.fleet_cap(cid, b.fleet)
+        if self.fleet_entries(state, b.fleet) < cap:
+            return False
+        cur = state.memo.get(state.memo_epoch) if state.memo and state.memo_epoch is not None \
+            else None
+        if cur is not None and cur.find(b.device_ids[:1])[0][0]:
+            return False
+        pend.reject(DEVICE_STATE_FULL, f"a new device of fleet {b.fleet!r}, whose devices hold "
+                    f"its share of partition {state.tp.partition} of {cid!r}: {cap} of "
+                    f"device_state_max = {self.collections[cid].device_state_max}",
+                    m.value or b"", m.offset, b.n)
+        return True
 
     def admit(self, state: PartitionState, pend: Pending, m: ConsumerRecord,
               b: ReportBatch) -> ReportBatch | None:
@@ -96,6 +139,8 @@ class MemoGate:
                         f"device): every report needs a device id", m.value, m.offset, b.n)
             return None
         assert state.memo is not None
+        if self._over_share(state, pend, m, b):
+            return None
         if self.has_room(state, b.n):
             return b   # room for every report's device even if all are new: nothing to check
         room = self.collections[cid].device_state_max - self.entries(state)

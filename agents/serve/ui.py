@@ -9,6 +9,7 @@ estimates stored in Redis once per refresh interval (:class:`History`, in memory
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from importlib import resources
@@ -17,6 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 from faust import web
 
+from ldpstream.agents import metrics
 from ldpstream.agents.ingest.clients import REDIS_ERRORS
 from ldpstream.agents.refresh.payloads import attr_labels, json_cells, none_to_nan
 from ldpstream.agents.refresh.refresher import Refresher
@@ -28,6 +30,7 @@ from ldpstream.agents.serve.selection import (
     transpose_payload,
 )
 from ldpstream.agents.worker import Worker
+from ldpstream.alerts import firing_alerts, prometheus_url
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +122,22 @@ def install(app: Any, worker: Worker) -> History:
                               headers={"Content-Type": "text/html; charset=utf-8",
                                        "Cache-Control": "no-cache"})
 
+    @app.page("/ui/alerts", name="ldp_page_alerts")
+    class AlertsView(web.View):
+        """The firing alerts of ``$LDP_PROMETHEUS_URL`` (``up --obs``; docs/dashboards.md);
+        registered before ``/ui/{name}``, which would take the path."""
+
+        async def get(self, request: web.Request) -> web.Response:
+            url = prometheus_url()
+            if url is None:
+                return self.json({"prometheus": None, "alerts": []})
+            try:
+                alerts = await asyncio.to_thread(firing_alerts, url, 2.0)
+            except (OSError, ValueError, KeyError) as exc:
+                return self.error(503, f"Prometheus at {url} does not answer: {exc}",
+                                  prometheus=url)
+            return self.json({"prometheus": url, "alerts": alerts})
+
     @app.page("/ui/{name}", name="ldp_page_asset")
     class Asset(web.View):
         async def get(self, request: web.Request, name: str) -> web.Response:
@@ -179,7 +198,11 @@ def _sampler(refresher: Refresher, history: History, cid: str):
         try:
             history.record(await refresher.stored_payloads(cid))
         except REDIS_ERRORS as exc:  # Redis down: /healthz and the page's other reads show it
+            metrics.PAGE_SAMPLE_ERRORS.labels(cid).inc()
             log.warning("page history of %s not sampled: %s: %s", cid,
                         exc.__class__.__name__, exc)
+        except Exception:  # noqa: BLE001 - a faust timer that raises crashes the whole app
+            metrics.PAGE_SAMPLE_ERRORS.labels(cid).inc()
+            log.exception("page history of %s not sampled", cid)
     _sample.__name__ = _sample.__qualname__ = f"page_history_{cid}"
     return _sample

@@ -295,7 +295,13 @@ def install(app: Any, worker: Worker) -> None:
             # memoized collections: devices refused for want of state (docs/privacy-over-time.md)
             full = checks["ingest"].get("device_state_full") or {}
             checks["devices"] = {"ok": not full, "device_state_full": full}
-            status = ("ok" if not (resets or full) else "degraded") if healthy else "unavailable"
+            # acknowledged to devices and never taken by a worker (docs/security.md)
+            gap = False
+            if worker.acks is not None:
+                checks["acks"] = worker.acks.status()
+                gap = bool(checks["acks"]["gaps"])
+            status = ("ok" if not (resets or full or gap) else "degraded") if healthy \
+                else "unavailable"
             return self.json({"status": status, "checks": checks,
                               "uptime_s": round(time.time() - ctx.started_at, 3)},
                              status=200 if healthy else 503)

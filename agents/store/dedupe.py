@@ -101,6 +101,11 @@ class DedupeBook:
         for w in [w for w in self.windows if w < window - 1]:
             del self.windows[w]   # expired in Redis too: forgotten here
 
+    def state_of(self, window: int, sender: int) -> State | None:
+        """The sender's state a decision in ``window`` starts from (None: not seen)."""
+        state = self.windows[window].get(sender)
+        return self.windows[window - 1].get(sender) if state is None else state
+
     def decide(self, window: int, sender: int, seq: int,
                pending: dict[int, dict[int, str]]) -> str:
         """The verdict on ``(sender, seq)`` in ``window`` (both it and the previous one loaded);

@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import Sequence
 
 __all__ = ["LEVEL_FINE", "LEVEL_COARSE", "LEVEL_ALL", "LEVELS", "shard_prefix", "offsets_key",
-           "sent_at_key", "counts_key", "side_key", "collection_key", "estimate_key",
+           "sent_at_key", "counts_key", "side_key", "collection_key", "acks_taken_key",
+           "estimate_key",
            "collection_patterns", "glob_escape"]
 
 LEVEL_FINE = "f"      # one bucket of ``bucket_s`` seconds
@@ -62,6 +63,11 @@ def side_key(collection: str, partition: int, name: str) -> str:
 def collection_key(collection: str, what: str) -> str:
     """A collection-wide key (``refresh_lease``, ``refresh_lock``, controller state ...)."""
     return "ldp:{%s}:%s" % (collection, what)
+
+
+def acks_taken_key(collection: str) -> str:
+    """Hash fleet → reports of device-authenticated batches the workers took (agents/ingest/acks.py)."""
+    return collection_key(collection, "acks:taken")
 
 
 def estimate_key(collection: str, window: str, method: str, attrs: Sequence[str]) -> str:

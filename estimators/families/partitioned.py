@@ -35,7 +35,7 @@ Estimators (:attr:`Partitioned.estimators`):
   :func:`~.consistency.postprocess`); a marginal inside a collected one is its projection, any
   other (e.g. a 3-way from pairs) the maximum-entropy table with the collected sub-marginals
   (:func:`~.consistency.max_entropy`).
-* ``consistent`` (the default) — ``calm`` with one more step after the first consistency:
+* ``consistent`` — ``calm`` with one more step after the first consistency:
   hierarchical positive-part James–Stein shrinkage with each table's known cell variance
   (oracle noise plus the sampling of which users report it: the target is the population's
   marginal) (:func:`~.consistency.shrink_hierarchical`): every pair toward the product of its
@@ -44,9 +44,11 @@ Estimators (:attr:`Partitioned.estimators`):
   marginals. With pairs collected it is the per-table shrinkage toward independence
   (:func:`~.consistency.shrink_to_independence`; binary-by-small pairs pooled). Measured in
   docs/partitioned.md.
-* ``global`` — one distribution over the whole domain fitted to the ``consistent`` tables by
-  mirror descent, kept at the iterate of smallest SURE, or the ``consistent`` tables where
-  their SURE is smaller (:meth:`Partitioned.global_table`, :mod:`~.kernels.global_fit`).
+* ``global`` (the default) — one distribution over the whole domain fitted by mirror descent
+  to the ``consistent`` tables, or to the unbiased tables themselves (Private-PGM's loss and
+  weights), each kept at the iterate of smallest SURE, or the ``consistent`` tables: whichever
+  has the smallest estimated risk on the pairs and triples (:meth:`Partitioned.global_table`,
+  :mod:`~.kernels.global_fit`; held-out against Private-PGM in docs/benchmarks.md).
 
 ``error_bound``: the upper 95 % quantile of the TVD of the unbiased estimate to the population's
 marginal, with per-cell intervals (:func:`~.bounds.oracle_bound`, ``Estimate.bound``); the
@@ -238,7 +240,7 @@ class Partitioned(Mechanism):
 
     name = "partitioned"
     estimators = ("consistent", "calm", "norm-sub", "unbiased", "global")
-    default_estimators = ("consistent", "calm")
+    default_estimators = ("global", "consistent")
 
     def __init__(self, domain: Domain, epsilon: float, marginals: Sequence[Sequence[str]] | None
                  = None, ways: int | str = 2, oracles: Sequence[str] = fo.COMPACT,
@@ -565,8 +567,9 @@ class Partitioned(Mechanism):
     def global_table(self, counts: Mapping[str, np.ndarray]
                      ) -> tuple[Factor | None, dict[str, Any]]:
         """The ``global`` estimator's choice (docs/partitioned.md "Global fit";
-        :func:`~.global_fit.choose_fit` on the unbiased tables, their per-cell variances and
-        the consistent tables): (the whole domain's table, or None for the consistent tables;
+        :func:`~.global_fit.choose_fit` on the unbiased tables, their per-cell variances, the
+        consistent tables and, for the fit to the measurements, one variance per table):
+        (the whole domain's table, or None for the consistent tables;
         what was chosen and why). Memoized on the counts' content."""
         key = self._digest(counts)
         with self._memo_lock:
@@ -582,7 +585,7 @@ class Partitioned(Mechanism):
 
         table, info = choose_fit(self.domain, ys, [nz.var for nz in noise],
                                  [t.values for t in self.consistent_tables(counts, True)[0]],
-                                 consistent, noise)
+                                 consistent, noise, direct=var)
         out = (None if table is None else Factor(self.domain, table), info)
         with self._memo_lock:
             while len(self._global_memo) >= 8:

@@ -28,6 +28,7 @@ Tables are :class:`~.domain.Factor` objects (axes named by attribute).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Sequence
@@ -104,6 +105,14 @@ def _plan(axes: Sequence[tuple[str, ...]], shapes: Sequence[tuple[int, ...]]) ->
     return steps
 
 
+@functools.lru_cache(maxsize=64)
+def _cached_plan(axes: tuple[tuple[str, ...], ...], shapes: tuple[tuple[int, ...], ...]
+                 ) -> tuple[_Step, ...]:
+    """:func:`_plan`, memoized: a refresh plans the same tables once per probe run and level
+    of the shrinkage (the ``global`` estimator's risk probes), and the steps are immutable."""
+    return tuple(_plan(axes, shapes))
+
+
 class Consistency:
     """CALM's consistency step for a fixed set of tables (attribute tuples and shapes), planned
     once: afterwards every two tables agree on the marginal of every attribute set they share
@@ -115,7 +124,7 @@ class Consistency:
     def __init__(self, axes: Sequence[tuple[str, ...]], shapes: Sequence[tuple[int, ...]]) -> None:
         self.axes = [tuple(a) for a in axes]
         self.shapes = [tuple(int(d) for d in s) for s in shapes]
-        self.steps = _plan(self.axes, self.shapes)
+        self.steps = _cached_plan(tuple(self.axes), tuple(self.shapes))
 
     def apply(self, values: Sequence[np.ndarray], cell_variance: Sequence[float]
               ) -> list[np.ndarray]:

@@ -50,15 +50,23 @@ from ldpstream.estimators.kernels.domain import Domain
 __all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step",
            "copy_step", "const_step", "keep_step", "bloom_step", "program", "program_epsilon",
            "memo_fingerprint", "is_grr", "MAX_ATTRS", "MAX_WIDTH", "MAX_CELLS",
-           "MAX_MATRIX_ENTRIES", "MAX_STEPS"]
+           "MAX_MATRIX_ENTRIES", "MAX_STEPS", "MAX_TABLES", "MAX_LABELS", "MAX_LABEL_BYTES",
+           "bloom_hamming"]
 
-#: limits every SDK enforces (the C library's static buffers; producers/program_steps.py checks
-#: a description against them)
+#: limits every SDK enforces (docs/device-protocol.md, "Limits": the C library's static
+#: buffers, sdk/c/include/ldp_limits.h, and sdk/ts/src/steps.ts hold the same values;
+#: producers/program.py and producers/program_steps.py check a description against them)
 MAX_ATTRS = 32
 MAX_WIDTH = 1024
 MAX_CELLS = 1 << 32
 MAX_MATRIX_ENTRIES = 4096
 MAX_STEPS = 64
+#: partition tables in all
+MAX_TABLES = 64
+#: category labels in all
+MAX_LABELS = 1024
+#: UTF-8 bytes of the attribute names and labels, one more per string
+MAX_LABEL_BYTES = 16384
 
 #: the version ``v`` of the description format
 PROGRAM_VERSION = 1
@@ -164,8 +172,7 @@ def step_epsilon(step: Mapping[str, Any], shape: Sequence[int]) -> float:
     if op in ("uniform", "copy", "const"):
         return 0.0
     if op == "bloom":
-        f, sets = float(step["f"]), [set(s) for s in step["filters"]]
-        ham = max((len(a ^ b) for i, a in enumerate(sets) for b in sets[i + 1:]), default=0)
+        f, ham = float(step["f"]), bloom_hamming(step["filters"], int(step["bits"]))
         return 0.0 if ham == 0 else math.inf if f <= 0.0 else math.log((2.0 - f) / f) * ham
     if op == "keep":
         p, lo = float(step["p"]), min(float(f) for f in step["fake"])
@@ -177,6 +184,19 @@ def step_epsilon(step: Mapping[str, Any], shape: Sequence[int]) -> float:
                                                    == "olh" else _cells(shape, t["in"]))
                                       for t in step["tables"])
     raise ValueError(f"unknown step op {op!r}")
+
+
+def bloom_hamming(filters: Sequence[Sequence[int]], bits: int) -> int:
+    """The largest Hamming distance between two values' filters (lists of set bit positions
+    below ``bits``): |A| + |B| − 2 |A ∩ B| for every pair in one product of the values × bits
+    indicator matrix, not a loop over pairs of sets."""
+    if len(filters) < 2:
+        return 0
+    ind = np.zeros((len(filters), bits), dtype=np.float32)
+    for v, pos in enumerate(filters):
+        ind[v, list(pos)] = 1.0
+    size = ind.sum(axis=1)
+    return int((size[:, None] + size[None, :] - 2.0 * (ind @ ind.T)).max())
 
 
 def program_epsilon(prog: Mapping[str, Any]) -> float:

@@ -44,7 +44,7 @@ import numpy as np
 from ldpstream.estimators.kernels.domain import Domain, Factor
 
 __all__ = ["GlobalFit", "Noise", "global_fit", "choose_fit", "sure", "query_sure", "query_sets", "probes",
-           "MAX_CELLS", "MAX_ITER", "PATIENCE", "PROBE_STEP", "PROBE_SEED", "PROBES", "GROWTH",
+           "MAX_CELLS", "MAX_ITER", "PATIENCE", "DIRECT_PATIENCE", "PROBE_STEP", "PROBE_SEED", "PROBES", "GROWTH",
            "QUERY_WAYS"]
 
 #: largest domain (cells of the full table) fitted; larger ones keep the consistent tables
@@ -53,6 +53,9 @@ MAX_CELLS = 400_000
 MAX_ITER = 300
 #: iterations without a new smallest SURE after which the descent stops
 PATIENCE = 10
+#: the same for the fit to the measurements themselves (:func:`choose_fit`'s ``direct``): it
+#: converges more slowly where the data are near-deterministic, and its SURE is flatter
+DIRECT_PATIENCE = 30
 #: the probe's size in units of each cell's standard deviation
 PROBE_STEP = 1e-3
 #: probes averaged in the divergence's Monte Carlo estimate
@@ -167,21 +170,70 @@ def sure(tables: Sequence[Factor], variances: Sequence[Variance], fitted: Sequen
     return res - n + 2.0 * div
 
 
-def _loss_grad(p: np.ndarray, targets: Sequence[_Target], shift: Sequence[np.ndarray]
+@dataclass(frozen=True)
+class _Tree:
+    """How every target's marginal is summed from the full table, sharing partial sums: node 0
+    is the full table; node i > 0 is node ``parent[i]`` summed over its axis ``axis[i]`` (a
+    position among the parent's kept domain axes); ``node[k]`` is target k's node. Each target
+    drops the largest absent domain axis first, so the targets' chains share their prefixes
+    and at most one full-size sum per first dropped axis is computed (not one per target);
+    the gradient's broadcasts are accumulated back along the same tree."""
+
+    parent: tuple[int, ...]
+    axis: tuple[int, ...]
+    node: tuple[int, ...]
+
+
+def _tree(ndim: int, targets: Sequence[_Target]) -> _Tree:
+    index = {tuple(range(ndim)): 0}
+    parent, axis, node = [-1], [-1], []
+    for t in targets:
+        kept = list(range(ndim))
+        cur = 0
+        for a in sorted(t.drop, reverse=True):
+            pos = kept.index(a)
+            kept.pop(pos)
+            key = tuple(kept)
+            if key not in index:
+                index[key] = len(parent)
+                parent.append(cur)
+                axis.append(pos)
+            cur = index[key]
+        node.append(cur)
+    return _Tree(tuple(parent), tuple(axis), tuple(node))
+
+
+def _loss_grad(p: np.ndarray, targets: Sequence[_Target], shift: Sequence[np.ndarray],
+               tree: _Tree | None = None
                ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Loss, gradient and fitted marginals of a stack of tables ``p`` (leading axis: the
     run at the measurements, then one per probe; ``shift[k]``: the measurements' offset per
-    run, shape (runs, …))."""
+    run, shape (runs, …)); the marginals summed along ``tree`` (:class:`_Tree`; built here
+    if not given)."""
+    if tree is None:
+        tree = _tree(p.ndim - 1, targets)
+    vals = [p]
+    for par, ax in zip(tree.parent[1:], tree.axis[1:]):
+        vals.append(vals[par].sum(axis=ax + 1))
     loss = np.zeros(len(p))
-    grad = np.zeros(p.shape)
+    acc: list[np.ndarray | None] = [None] * len(vals)
     fitted = []
     for k, t in enumerate(targets):
-        mu = p.sum(axis=tuple(d + 1 for d in t.drop)) if t.drop else p
+        mu = vals[tree.node[k]]
         r = (mu - (t.y + shift[k])) / t.sd ** 2
         loss += 0.5 * (r * r * t.sd ** 2).reshape(len(p), -1).sum(axis=1)
-        grad = grad + r.reshape((len(p),) + t.shape)
+        i = tree.node[k]
+        acc[i] = r if acc[i] is None else acc[i] + r
         fitted.append(mu)
-    return loss, grad, fitted
+    for i in range(len(vals) - 1, 0, -1):   # children after their parents: push back up
+        a = acc[i]
+        if a is None:
+            continue
+        up = np.expand_dims(a, tree.axis[i] + 1)
+        j = tree.parent[i]
+        acc[j] = up if acc[j] is None else acc[j] + up
+    grad = np.broadcast_to(acc[0], p.shape) if acc[0] is not None else np.zeros(p.shape)
+    return loss, np.array(grad), fitted
 
 
 def _step(p: np.ndarray, grad: np.ndarray, eta: float) -> np.ndarray:
@@ -220,14 +272,15 @@ def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
         shift = [np.stack([np.transpose(np.asarray(run[k], dtype=float), t.perm) for run in
                            smoothed]) - t.y for k, t in enumerate(targets)]
     p = np.full((runs,) + tuple(domain.shape), 1.0 / domain.size())
-    loss, grad, fit = _loss_grad(p, targets, shift)
+    tree = _tree(len(domain), targets)
+    loss, grad, fit = _loss_grad(p, targets, shift, tree)
     eta = min(float(t.sd.min()) for t in targets) ** 2
     best = (np.inf, 0, p)
     it = 0
     for it in range(1, max_iter + 1):
         while True:   # backtracking on the run at the measurements (mirror-descent bound)
             q = _step(p, grad, eta)
-            lq, gq, fq = _loss_grad(q, targets, shift)
+            lq, gq, fq = _loss_grad(q, targets, shift, tree)
             bound = loss[0] + float((grad[0] * (q[0] - p[0])).sum()) + float(
                 np.abs(q[0] - p[0]).sum()) ** 2 / (2 * eta)
             if lq[0] <= bound or eta < 1e-300:
@@ -290,17 +343,23 @@ def query_sure(tables: Sequence[Factor], noise: Sequence[Noise | Variance],
 def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance],
                smoothed: Sequence[np.ndarray],
                smoother: Callable[[list[Factor]], list[np.ndarray]],
-               noise: Sequence[Noise | Variance] | None = None
+               noise: Sequence[Noise | Variance] | None = None,
+               direct: Sequence[Variance] | None = None
                ) -> tuple[np.ndarray | None, dict[str, Any]]:
-    """A smoothing estimator's tables (``smoothed`` = ``smoother(tables)``) or the global fit
-    to them (its iterate chosen likewise), whichever has the smaller :func:`query_sure` on the
-    2- and 3-way marginals the tables hold (the same :data:`PROBES` probes for both), under the
-    noise variances ``noise`` (default: ``variances``, the loss's): (the global fit's table, or
-    None for the smoothed tables; ``{"chosen": "global" | "consistent", "sure_global",
-    "sure_consistent", "iterations"}`` or, above :data:`MAX_CELLS` cells, ``{"chosen":
-    "consistent", "reason"}``). The risk is that of the small marginals, not of the measured
-    tables' cells: where the tables are large (4 to 6 attributes at large ε), the iterate of
-    smallest SURE on their cells smooths the many high-order cells and loses on the pairs."""
+    """A smoothing estimator's tables (``smoothed`` = ``smoother(tables)``), the global fit
+    to them (its iterate chosen likewise) or, with ``direct`` (one loss variance per table,
+    Private-PGM's weights), the global fit to the measurements themselves, whichever has the
+    smallest :func:`query_sure` on the 2- and 3-way marginals the tables hold (the same
+    :data:`PROBES` probes for all), under the noise ``noise`` (default: ``variances``, the
+    loss's): (the chosen fit's table, or None for the smoothed tables; ``{"chosen": "global" |
+    "measurements" | "consistent", "sure_global", "sure_measurements", "sure_consistent",
+    "iterations"}`` or, above :data:`MAX_CELLS` cells, ``{"chosen": "consistent",
+    "reason"}``). The risk is that of the small marginals, not of the measured tables' cells:
+    where the tables are large (4 to 6 attributes at large ε), the iterate of smallest SURE on
+    their cells smooths the many high-order cells and loses on the pairs. The fit to the
+    measurements keeps the dependence that the marginal polytope (p ≥ 0 over the whole domain)
+    reveals in skewed data, where the smoothed tables shrink it toward independence
+    (docs/partitioned.md "Global fit")."""
     info: dict[str, Any] = {"chosen": "consistent"}
     if domain.size() > MAX_CELLS:
         info["reason"] = (f"the domain has {domain.size():,} cells, more than the global "
@@ -315,14 +374,21 @@ def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
                               for t, v, bb in zip(tables, noise, b)]))
         bs.append(b)
     sets = query_sets(tables)
-    fit = global_fit(domain, tables, variances, smoothed=runs, noise=noise)
-    fitted = [[Factor(domain, p).project(t.domain.attrs).values for t in tables]
-              for p in fit.runs]
-    risk = query_sure(tables, noise, runs, bs, sets)
-    g_risk = query_sure(tables, noise, fitted, bs, sets)
-    info.update(sure_global=float(g_risk), sure_consistent=float(risk),
-                iterations=fit.iterations)
-    if g_risk < risk:
-        info["chosen"] = "global"
-        return fit.table, info
-    return None, info
+    fits = {"global": global_fit(domain, tables, variances, smoothed=runs, noise=noise)}
+    if direct is not None:
+        fits["measurements"] = global_fit(domain, tables, direct, noise=noise,
+                                          patience=DIRECT_PATIENCE)
+    risks = {"consistent": query_sure(tables, noise, runs, bs, sets)}
+    for name, fit in fits.items():
+        fitted = [[Factor(domain, p).project(t.domain.attrs).values for t in tables]
+                  for p in fit.runs]
+        risks[name] = query_sure(tables, noise, fitted, bs, sets)
+        info[f"iterations_{name}"] = fit.iterations
+    info.update({f"sure_{k}": float(v) for k, v in risks.items()})
+    info["iterations"] = fits["global"].iterations
+    best = min(risks, key=lambda k: risks[k])
+    info["chosen"] = best
+    if best == "consistent":
+        return None, info
+    info["iterations"] = fits[best].iterations
+    return fits[best].table, info

@@ -8,7 +8,8 @@ scripts/bootstrap.sh into :func:`kafka_jars_dir`), each with its storage formatt
 ``ldpstream/data/kafka-broker.properties`` (the file the compose files agree with). With
 ``secure=True`` the client listener is SASL_SSL (SCRAM-SHA-512, a test CA made with
 ``cryptography``, certificates for 127.0.0.1/localhost) and the StandardAuthorizer is on; the
-principals ``admin`` (super user), ``worker`` and ``device`` exist from the start. Kafka's CLI tools
+principals ``admin`` (super user), ``worker`` and ``device`` exist from the start, and the KRaft
+controller listener takes only the nodes' own SASL PLAIN user (:func:`controller_listener`). Kafka's CLI tools
 (topics, ACLs, configs) run through their main classes (:meth:`ApacheKafka.cli`).
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ldpstream.dev.process import LOOPBACK, _Child, free_port
 from ldpstream.errors import ServiceError
 
 __all__ = ["KAFKA_VERSION", "ApacheKafka", "KafkaNode", "broker_defences", "kafka_jars_dir",
-           "ensure_kafka_jars", "Principal"]
+           "ensure_kafka_jars", "Principal", "controller_listener"]
 
 KAFKA_VERSION = "4.1.1"
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +116,21 @@ class Principal:
     password: str
 
 
+def controller_listener(who: Principal) -> dict[str, str]:
+    """The settings that close the KRaft controller listener ``CONTROLLER`` to clients: SASL_SSL
+    with the PLAIN mechanism (KRaft controllers cannot use SCRAM, whose users live in the
+    metadata log they serve), one user, ``who``, whose password only the nodes' configuration
+    holds. docker-compose.yml sets the same (docs/security.md "Kafka: TLS, SASL and ACLs")."""
+    return {
+        "sasl.mechanism.controller.protocol": "PLAIN",
+        "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.controller.plain.sasl.jaas.config":
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{who.name}" password="{who.password}" '
+            f'user_{who.name}="{who.password}";',
+    }
+
+
 class KafkaNode(_Child):
     """One combined broker+controller JVM (``kafka.Kafka server.properties``)."""
 
@@ -175,6 +191,9 @@ class ApacheKafka:
         self.admin = Principal("admin", "admin-" + uuid.uuid4().hex[:12])
         self.worker = Principal("worker", "worker-" + uuid.uuid4().hex[:12])
         self.device = Principal("device", "device-" + uuid.uuid4().hex[:12])
+        #: what the nodes authenticate as on the controller listener (SASL PLAIN, known only to
+        #: the nodes' own configuration: no client principal, not in the metadata log)
+        self.controller = Principal("controller", "controller-" + uuid.uuid4().hex[:16])
         self.ca_file: Path | None = None
         self.nodes_ports: list[tuple[int, int]] = []
 
@@ -222,20 +241,21 @@ class ApacheKafka:
             props.update({
                 "listeners": f"SASL_SSL://{LOOPBACK}:{port},CONTROLLER://{LOOPBACK}:{ctl}",
                 "advertised.listeners": f"SASL_SSL://{LOOPBACK}:{port}",
-                "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+                "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SASL_SSL",
                 "inter.broker.listener.name": "SASL_SSL",
                 "sasl.enabled.mechanisms": SCRAM, "sasl.mechanism.inter.broker.protocol": SCRAM,
                 "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
                     "org.apache.kafka.common.security.scram.ScramLoginModule required "
                     f'username="{self.admin.name}" password="{self.admin.password}";',
+                **controller_listener(self.controller),
                 "ssl.keystore.type": "PEM", "ssl.keystore.location": self.root / "broker.pem",
                 "ssl.truststore.type": "PEM", "ssl.truststore.location": self.ca_file,
                 "ssl.endpoint.identification.algorithm": "https",
                 "authorizer.class.name":
                     "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-                # the controller listener is loopback-only and PLAINTEXT: its ANONYMOUS principal
-                # (the brokers registering) is a super user, as in docker-compose.yml
-                "super.users": f"User:{self.admin.name};User:ANONYMOUS",
+                # the nodes' own principal on the controller listener is the only other super
+                # user: a client without the controllers' password is refused there
+                "super.users": f"User:{self.admin.name};User:{self.controller.name}",
                 "allow.everyone.if.no.acl.found": "false",
             })
         else:

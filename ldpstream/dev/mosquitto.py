@@ -28,7 +28,6 @@ from ldpstream.dev.process import LOOPBACK, _Child
 from ldpstream.errors import ServiceError
 from ldpstream.names import (
     MQTT_BROKER_LOG_ACL,
-    MQTT_SHARE_GROUP,
     mqtt_config_topic,
     mqtt_public_key_topic,
     mqtt_reports_topic,
@@ -37,7 +36,33 @@ from ldpstream.names import (
     MQTT_RECEIVE_MAXIMUM as RECEIVE_MAXIMUM,
 )
 
-__all__ = ["FleetCreds", "MosquittoService", "find_mosquitto"]
+__all__ = ["FleetCreds", "MosquittoService", "find_mosquitto", "limit_lines"]
+
+# --- broker limits (memory and backlog; docs/security.md "MQTT: TLS, per-fleet credentials and
+# ACLs", "Limits"). deploy/mosquitto/mosquitto.conf sets the same values (tests/test_compose_edge.py)
+#: the largest MQTT packet: a report batch of the bridge's limit (names.MAX_MESSAGE_BYTES) with
+#: room for its topic and properties; a larger one closes the connection
+MAX_PACKET_BYTES = 1_048_576 + 65_536
+#: per client session, the messages and bytes queued beyond those in flight (the bridge's backlog
+#: while it is slow or restarting); beyond either, the broker drops what arrives for that client
+MAX_QUEUED_MESSAGES = 200_000
+MAX_QUEUED_BYTES = 128 * 1_048_576
+#: per client, unacknowledged QoS 1 messages sent to it (the bridge acknowledges after Kafka)
+MAX_INFLIGHT_BYTES = 32 * 1_048_576
+#: the whole broker's heap: past it the broker refuses what it would have to allocate
+MEMORY_LIMIT_BYTES = 512 * 1_048_576
+
+
+def limit_lines(max_packet_size: int = MAX_PACKET_BYTES,
+                max_queued_messages: int = MAX_QUEUED_MESSAGES) -> list[str]:
+    """The broker's limit settings, one ``mosquitto.conf`` line each."""
+    return [f"max_packet_size {max_packet_size}",
+            f"max_queued_messages {max_queued_messages}",
+            f"max_queued_bytes {MAX_QUEUED_BYTES}",
+            f"max_inflight_messages {RECEIVE_MAXIMUM}",
+            f"max_inflight_bytes {MAX_INFLIGHT_BYTES}",
+            f"memory_limit {MEMORY_LIMIT_BYTES}"]
+# --- end of broker limits
 
 
 @dataclass(frozen=True)
@@ -66,7 +91,8 @@ class MosquittoService(_Child):
     ``tmp_dir`` holds the config, password, ACL, persistence and (with TLS) PKI files; it survives
     :meth:`restart` and :meth:`stop` (the caller owns it). ``max_packet_size`` bounds every MQTT
     packet in bytes: a larger one makes the broker drop the connection; ``max_queued_messages``
-    bounds the QoS 1 messages kept per offline session (the bridge's while it restarts).
+    bounds the QoS 1 messages queued per session (the bridge's while it restarts); the other
+    limits are :func:`limit_lines`'.
     ``debug_log`` adds ``log_type debug``: :attr:`log_path` then has ``Denied PUBLISH`` lines
     (the bridge's ``--broker-log``; several lines per message, so off by default).
     """
@@ -75,7 +101,8 @@ class MosquittoService(_Child):
 
     def __init__(self, tmp_dir: str | os.PathLike[str], *, tls: bool = False,
                  fleets: dict[str, FleetCreds], bridge: FleetCreds,
-                 max_packet_size: int = 2 * 1024 * 1024, max_queued_messages: int = 1_000_000,
+                 max_packet_size: int = MAX_PACKET_BYTES,
+                 max_queued_messages: int = MAX_QUEUED_MESSAGES,
                  port: int | None = None,
                  tls_hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
                  startup_timeout: float = 20.0, debug_log: bool = False) -> None:
@@ -134,7 +161,8 @@ class MosquittoService(_Child):
                                    f"{done.stderr.strip() or done.stdout.strip()}")
         acl = [f"user {self.bridge.username}",
                f"topic read {mqtt_reports_topic('+', '+')}",
-               f"topic read $share/{MQTT_SHARE_GROUP}/{mqtt_reports_topic('+', '+')}",
+               # the bridges' group is ldp-bridge-<tag of their password> (mqtt_bridge.py)
+               f"topic read $share/+/{mqtt_reports_topic('+', '+')}",
                f"topic readwrite {mqtt_config_topic('+', '+')}",
                f"topic readwrite {mqtt_public_key_topic('+')}",
                f"topic read {MQTT_BROKER_LOG_ACL}", ""]
@@ -146,12 +174,12 @@ class MosquittoService(_Child):
         lines = [f"user {getpass.getuser()}", "per_listener_settings false",
                  "allow_anonymous false", f"password_file {pw_file}", f"acl_file {acl_file}",
                  "persistence true", f"persistence_location {data}/", "autosave_interval 2",
-                 f"max_packet_size {self.max_packet_size}",
                  # a bridge's session may be offline for a while (restart, crash): keep what
-                 # arrives meanwhile (the default 1000 would drop the rest), and let a bridge
-                 # have many unacknowledged messages in flight (it acknowledges after Kafka)
-                 f"max_queued_messages {self.max_queued_messages}",
-                 f"max_inflight_messages {RECEIVE_MAXIMUM}", "log_dest stderr",
+                 # arrives meanwhile (the default 1000 messages would drop the rest), bounded in
+                 # bytes too, and let a bridge have many unacknowledged messages in flight (it
+                 # acknowledges after Kafka)
+                 *limit_lines(self.max_packet_size, self.max_queued_messages),
+                 "log_dest stderr",
                  # the notice-level lines on $SYS/broker/log/N: the refusals the bridge counts
                  "log_dest topic",
                  "log_type error", "log_type warning", "log_type notice", "log_type information",

@@ -85,13 +85,15 @@ class BridgeChild(_Child):
 
 class MqttStack:
     """Mosquitto and one bridge. ``env``: the bridge's environment (Kafka bootstrap, pinned
-    public key); ``collections``: those the fleet may report to (None: all)."""
+    public key); ``collections``: those the fleet may report to (None: all); ``password``: the
+    fleet's (default: a random one)."""
 
     def __init__(self, env: dict[str, str], *, fleet: str = "devices",
-                 collections: list[str] | None = None, tls: bool = False) -> None:
+                 collections: list[str] | None = None, tls: bool = False,
+                 password: str | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="ldpstream-mqtt-"))
         self.fleet = fleet
-        self.device = FleetCreds(fleet, secrets.token_urlsafe(12))
+        self.device = FleetCreds(fleet, password or secrets.token_urlsafe(12))
         self.mosquitto = MosquittoService(self.dir / "mosquitto", tls=tls,
                                           fleets={fleet: self.device},
                                           bridge=FleetCreds(MQTT_SHARE_GROUP,

@@ -60,6 +60,7 @@ from ldpstream.estimators.mechanism import (
 )
 from ldpstream.names import DEFAULT_WINDOWS
 from ldpstream.privacy_windows import window_fields
+from ldpstream.suggest import did_you_mean
 from ldpstream.windows import parse_window
 
 __all__ = ["Plan", "Run", "drive", "run_of_reports", "estimate_run", "simulate", "build",
@@ -382,7 +383,7 @@ def plan_from_args(args: Any) -> Plan:
     for e in ests:
         if e not in allowed:
             raise CliError(f"--estimator: {e!r} does not apply to --mechanism {args.mechanism} "
-                           f"(choose from {', '.join(allowed)})")
+                           f"(choose from {', '.join(allowed)}){did_you_mean(e, allowed)}")
     params = {name: getattr(args, flag) for flag, name in PARAM_FLAGS.items()
               if flag != "block_size" and getattr(args, flag, None) is not None}
     for text in getattr(args, "param", None) or ():

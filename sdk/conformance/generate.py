@@ -1,6 +1,8 @@
 """Write the conformance vectors every device SDK runs (docs/device-protocol.md,
 "Conformance suite"): ``rng.json``, ``randomize.json``, ``states.json``, ``ledger.json`` (with
-the daily ε budget across a UTC midnight) and ``memo.json`` in this directory, from the Python implementation.
+the daily ε budget across a UTC midnight), ``memo.json``, ``identity.json`` (device keys,
+credentials, authenticated batches) and ``limits.json`` in this directory, from the Python
+implementation.
 
     .venv/bin/python sdk/conformance/generate.py          # rewrite the files
     .venv/bin/python sdk/conformance/generate.py --check  # exit 1 if a file would change
@@ -205,6 +207,9 @@ def state_vectors() -> dict[str, Any]:
          envelope(dict(v2, version=5, **{BUDGET_FIELD: -1.0}), "app", 500.0), "malformed"),
         ("with max_epsilon_per_day", "app",
          envelope(dict(v2, version=5, **{BUDGET_FIELD: 2.5}), "app", 500.0), "accept"),
+        ("a partition table of 4^32 cells (limits.json)", "app",
+         envelope(dict(v2, version=6, device=limits_vectors()["cases"][0]["device"]), "app",
+                  600.0), "unusable"),
     ]
     return {"public_key": TEST_KEY.verify_key.to_text(), "ceiling": CEILING, "now": NOW,
             "steps": [{"name": n, "collection": c, "record": r, "expect": e}
@@ -354,8 +359,111 @@ def memo_vectors() -> dict[str, Any]:
                       "events": _replay(state, dom, daily, 1, 82, (100.0, 60.0), None, 3.0)}}
 
 
+def identity_vectors() -> dict[str, Any]:
+    """Per-device identity (docs/security.md "Per-device identity"): device keys derived from
+    fleet secrets, the credential the provisioning command prints, and authenticated batches
+    (flag bit 2: fleet and HMAC-SHA256 under the device key)."""
+    import numpy as np
+
+    from ldpstream.credentials.device_keys import derive_device_key
+    from ldpstream.producers.codec import encode_batch
+
+    secrets = [bytes(range(32)), bytes.fromhex("a5" * 16), "é".encode() * 40]
+    derive = [{"fleet_secret": sec.hex(), "fleet": fleet, "device_id": str(dev),
+               "key": derive_device_key(sec, fleet, dev).hex()}
+              for sec in secrets for fleet, dev in (("phones", 7), ("phones", 2**64 - 1),
+                                                    ("flotte-é", 0), ("x" * 255, 12345))]
+    batches = []
+    for name, fleet, dev, seq, reports, sent_at in (
+            ("one report", "phones", 7, 0, [[1, 0, 2]], 1714550400.25),
+            ("u16 values, a large sequence", "phones", 2**64 - 1, 2**63, [[300, 1], [0, 65535]],
+             1.5),
+            ("a UTF-8 fleet", "flotte-é", 42, 9, [[0]] * 5, 0.0)):
+        key = derive_device_key(secrets[0], fleet, dev)
+        rows = np.asarray(reports)
+        batches.append({"name": name, "collection": "app", "version": 3, "sent_at": sent_at,
+                        "reports": reports, "device_id": str(dev), "sequence": str(seq),
+                        "fleet": fleet, "key": key.hex(),
+                        "hex": encode_batch("app", 3, rows, sent_at=sent_at,
+                                            device_ids=np.full(len(rows), dev, np.uint64),
+                                            key=(dev, seq), auth=(fleet, key)).hex()})
+    cred = derive[0]
+    return {"derive": derive,
+            "credential": {"json": json.dumps({"device_id": int(cred["device_id"]),
+                                               "fleet": cred["fleet"], "key": cred["key"]},
+                                              sort_keys=True),
+                           "fleet": cred["fleet"], "device_id": cred["device_id"],
+                           "key": cred["key"]},
+            "batches": batches}
+
+def _desc(labels: list[list[str]], steps: list[dict[str, Any]], width: int = 1,
+          attrs: list[str] | None = None) -> dict[str, Any]:
+    return {"v": 1, "family": "limits", "attrs": attrs or [f"a{j}" for j in range(len(labels))],
+            "labels": labels, "width": width, "steps": steps}
+
+
+def limits_vectors() -> dict[str, Any]:
+    """Descriptions at and beyond the limits of docs/device-protocol.md ("Limits"): every SDK
+    refuses each ``unusable`` one naming (a prefix of) ``field``, and parses each ``accept`` one
+    to ``epsilon`` within a second (the parse is linear in the description's size)."""
+    four = [["0", "1", "2", "3"]]
+    grr_table = {"oracle": "grr", "in": [0], "offset": 0, "p": 0.5}
+    bloom_labels = [[f"v{i:03d}" for i in range(1000)]]
+    bloom = {"op": "bloom", "in": [0], "out": 0, "bits": 1024, "f": 0.5,
+             "filters": [sorted({(7 * i + 341 * k) % 1024 for k in range(3)})
+                         for i in range(1000)]}
+    refused = [
+        ("partition table of 4^32 cells (wraps to 0 in 64 bits)", _desc(four, [
+            {"op": "partition", "seed": "1", "out": [0],
+             "tables": [dict(grr_table, **{"in": [0] * 32})]}]),
+         "device.steps[0].tables[0].in"),
+        ("keep step of 4^32 cells", _desc(four, [
+            {"op": "keep", "in": [0] * 32, "out": 0, "p": 0.5, "fake": []}]),
+         "device.steps[0].in"),
+        ("grr step of 4^17 cells", _desc(four, [
+            {"op": "grr", "in": [0] * 17, "out": [0] * 17, "p": 0.5}]), "device.steps[0].in"),
+        ("olh table of 4^17 cells", _desc(four, [
+            {"op": "partition", "seed": "1", "out": [0],
+             "tables": [dict(grr_table, oracle="olh", g=2, r=32, **{"in": [0] * 17})]}]),
+         "device.steps[0].tables[0].in"),
+        ("1,025 labels in all", _desc([[f"x{i}" for i in range(513)],
+                                       [f"y{i}" for i in range(512)]],
+                                      [{"op": "uniform", "in": [0], "out": [0]}]),
+         "device.labels[1]"),
+        ("labels over 16 KiB", _desc([[f"{i:020d}" for i in range(800)]],
+                                     [{"op": "uniform", "in": [0], "out": [0]}]),
+         "device.labels[0]"),
+        ("labels over 16 KiB in UTF-8, not in characters",
+         _desc([[f"{i:03d}" + "é" * 10 for i in range(700)]],
+               [{"op": "uniform", "in": [0], "out": [0]}]), "device.labels[0]"),
+        ("attribute names over 16 KiB", _desc([["a", "b"], ["c", "d"]],
+                                              [{"op": "uniform", "in": [0], "out": [0]}],
+                                              attrs=["n" * 16384, "m"]), "device.attrs"),
+        ("65 partition tables in all", _desc(four, [
+            {"op": "partition", "seed": "1", "out": [0], "tables": [grr_table] * 33},
+            {"op": "partition", "seed": "2", "out": [0], "tables": [grr_table] * 32}]),
+         "device.steps[1].tables"),
+        ("bloom over 5,000 values (refused by the label cap)",
+         _desc([[f"{i}" for i in range(5000)]],
+               [dict(bloom, bits=1, f=0.5, filters=[[] for _ in range(5000)])]),
+         "device.labels[0]"),
+    ]
+    accepted = [
+        ("bloom, 1,000 values x 1,024 bits (4,001 entries)", _desc(bloom_labels, [bloom],
+                                                                  width=1024)),
+        ("bloom filter listing a position twice", _desc(
+            [["a", "b"]], [dict(bloom, bits=3, filters=[[1, 1, 2], [2]])], width=3)),
+    ]
+    return {"max_parse_s": 1.0,
+            "cases": [{"name": n, "device": d, "expect": "unusable", "field": f}
+                      for n, d, f in refused]
+            + [{"name": n, "device": d, "expect": "accept", "epsilon": Program(d).epsilon}
+               for n, d in accepted]}
+
+
 FILES = {"rng.json": rng_vectors, "randomize.json": randomize_vectors,
-         "states.json": state_vectors, "ledger.json": ledger_vectors, "memo.json": memo_vectors}
+         "states.json": state_vectors, "ledger.json": ledger_vectors, "memo.json": memo_vectors,
+         "identity.json": identity_vectors, "limits.json": limits_vectors}
 
 
 def main(argv: list[str] | None = None) -> int:

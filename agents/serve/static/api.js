@@ -36,6 +36,7 @@ export const api = {
   index: (cid) => getJson(`/estimates/${encodeURIComponent(cid)}`),
   estimate: (cid, p) => getJson(`/estimates/${encodeURIComponent(cid)}?${query(p)}`),
   history: (cid, p) => getJson(`/ui/history/${encodeURIComponent(cid)}?${query(p)}`),
+  alerts: () => getJson("/ui/alerts"),
   health: async () => {
     try {
       return await getJson("/healthz");

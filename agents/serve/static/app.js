@@ -142,36 +142,52 @@ function flatten(cells, labels) {
   return out;
 }
 
+// [lo, hi] per cell from the API's per-cell 95 % intervals (cells_low, cells_high), nested like cells
+const zipCells = (lo, hi) => (Array.isArray(lo) ? lo.map((x, i) => zipCells(x, hi[i])) : [lo, hi]);
+
+// what error_bound is, in the API's words (docs/api.md "Estimates")
+function boundMeaning(est) {
+  const q = est.error_bound_quantile ? `${Math.round(100 * est.error_bound_quantile)} %` : "95 %";
+  const how = est.error_bound_coverage === "calibrated" ? "calibrated" : "covering at least that";
+  return `the ${q} upper quantile of the total-variation error of the whole estimate (${how})`;
+}
+
 function drawEstimate(est) {
   const box = $("estimate-chart"), band = est.error_bound;
+  const iv = est.cells_low && est.cells_high ? zipCells(est.cells_low, est.cells_high) : null;
   const name = `${est.attrs.join(" × ")} (${est.method}, window ${est.window})`;
   let chart;
   if (est.attrs.length === 1) {
-    chart = bars(est.labels[0], est.cells, band, `Estimated distribution of ${name}`);
+    chart = bars(est.labels[0], est.cells, iv, `Estimated distribution of ${name}`);
   } else if (est.attrs.length === 2) {
-    chart = heatmap(est.labels[0], est.labels[1], est.cells, band, `Estimated joint distribution of ${name}`);
+    chart = heatmap(est.labels[0], est.labels[1], est.cells, iv, `Estimated joint distribution of ${name}`);
   } else {
     const rest = est.attrs.slice(2), vmax = Math.max(1e-9, ...flatten(est.cells, est.labels).map((c) => c.v));
+    const table = (cells, i) => {
+      const sub = flatten(cells[i], est.labels.slice(1)), cols = sub.length / est.labels[1].length;
+      return est.labels[1].map((_, r) => sub.slice(r * cols, (r + 1) * cols).map((c) => c.v));
+    };
     chart = h("div", { class: "multiples" }, est.labels[0].map((lab, i) => {
-      const sub = flatten(est.cells[i], est.labels.slice(1));
       const cols = flatten(est.cells[i][0], est.labels.slice(2)).map((c) => c.key);
-      const matrix = est.labels[1].map((_, r) => sub.slice(r * cols.length, (r + 1) * cols.length).map((c) => c.v));
       return h("div", { class: "panel" }, [h("h3", { text: `${est.attrs[0]} = ${lab}` }),
-        heatmap(est.labels[1], cols, matrix, band, `${est.attrs[1]} × ${rest.join(" × ")} where ${est.attrs[0]} = ${lab}`, vmax)]);
+        heatmap(est.labels[1], cols, table(est.cells, i), iv ? table(iv, i) : null,
+          `${est.attrs[1]} × ${rest.join(" × ")} where ${est.attrs[0]} = ${lab}`, vmax)]);
     }));
   }
   box.replaceChildren(chart);
-  const how = est.attrs.length === 1 ? "The whiskers span" : "Each cell shows";
-  $("estimate-caption").textContent = band == null
-    ? `${name}: this estimator states no error bound.`
-    : `${name}. ${how} ± the expected total-variation error of the whole estimate (${fmt(band)}); no cell is off by more than the total-variation distance.`;
-  const rows = flatten(est.cells, est.labels);
+  const how = est.attrs.length === 1 ? "The whiskers span" : "Each cell shows under its value";
+  $("estimate-caption").textContent = (iv
+    ? `${name}. ${how} the cell's 95 % interval (cells_low to cells_high). `
+    : `${name}: this estimate states no per-cell intervals. `) + (band == null
+    ? "This estimator states no error bound."
+    : `Error bound ${fmt(band)}: ${boundMeaning(est)}.`);
+  const rows = flatten(est.cells, est.labels), ivs = iv ? flatten(iv, est.labels) : null;
   $("estimate-table").replaceChildren(
     h("thead", {}, h("tr", {}, [...est.attrs.map((a) => h("th", { scope: "col", text: a })),
-      h("th", { scope: "col", text: "estimate" }), h("th", { scope: "col", text: "±" })])),
-    h("tbody", {}, rows.map((r) => h("tr", { "data-cell": r.key, "data-value": String(r.v) },
+      h("th", { scope: "col", text: "estimate" }), h("th", { scope: "col", text: "95 % interval" })])),
+    h("tbody", {}, rows.map((r, k) => h("tr", { "data-cell": r.key, "data-value": String(r.v) },
       [...r.parts.map((p) => h("td", { text: p })), h("td", { class: "num", text: fmt(r.v) }),
-        h("td", { class: "num", text: fmt(band) })]))));
+        h("td", { class: "num", text: ivs ? `${fmt(ivs[k].v[0])} to ${fmt(ivs[k].v[1])}` : "–" })]))));
 }
 
 // ε one device spends in the estimate's window at the declared rate (docs/privacy-over-time.md)
@@ -187,7 +203,7 @@ function summary(est) {
   const items = [[byDevice ? "Devices in window" : "Reports in window", est.n.toLocaleString("en"), "n"],
     ["Updated", `${new Date(est.updated_at * 1000).toLocaleTimeString([], { hour12: false })} (${ago(est.updated_at)})`, "updated_at"],
     [est.error_bound_quantile ? `Error bound (TVD q${100 * est.error_bound_quantile}, ${est.error_bound_coverage})`
-      : "Error bound (expected TVD)", fmt(est.error_bound), "error_bound"],
+      : "Error bound (TVD q95)", fmt(est.error_bound), "error_bound"],
     ["ε per report", eps(est.epsilon_per_record), "epsilon_per_record"],
     ["ε per device per day", est.epsilon_per_day == null ? "no cap" : eps(est.epsilon_per_day), "epsilon_per_day"],
     ["ε per device in this window", perWindow(ot, est.window), "epsilon_per_window"],
@@ -265,13 +281,14 @@ function drawHistory(hist) {
   const failures = pts.filter((p) => p.error != null).map((p) => ({ t: p.updated_at, text: p.error }));
   const series = [...state.cells].filter((k) => keys.includes(k)).map((k) => ({ name: k, points: pts.filter((p) => p.cells).map((p) => {
     const v = flatten(p.cells, hist.labels).find((c) => c.key === k).v, b = p.error_bound;
+    // no cell is off by more than the TVD: ± error_bound holds every cell at once (≥ 95 %)
     return { t: p.updated_at, v, lo: b == null ? null : v - b, hi: b == null ? null : v + b };
   }) }));
   const box = $("history-chart");
   if (!pts.length) {
     box.replaceChildren(h("p", { class: "message empty", text: "No history yet: this worker records each refresh of the estimate from the moment it starts." }));
   } else {
-    box.replaceChildren(timeSeries({ series, versions, failures, label: `History of the chosen cells of ${hist.attrs.join(" × ")}`, yLabel: "share" }));
+    box.replaceChildren(timeSeries({ series, versions, failures, label: `History of the chosen cells of ${hist.attrs.join(" × ")}`, yLabel: "share", unit: true }));
   }
   drawDrift(hist, versions, failures);
 }
@@ -335,12 +352,29 @@ function renderHealth() {
   return failed.length ? `This worker is ${hl.status}: ${failed.join("; ")}` : null;
 }
 
+// the firing alerts of the Prometheus `up --obs` started (GET /ui/alerts; docs/dashboards.md)
+function renderAlerts(ans) {
+  const box = $("alerts"), list = $("alert-list");
+  const alerts = (ans && ans.alerts) || [];
+  box.hidden = !(ans && (ans.prometheus || ans.error));
+  box.dataset.firing = String(alerts.length);
+  list.replaceChildren(...(ans && ans.error ? [h("li", { class: "message failure", text: ans.error })]
+    : alerts.length ? alerts.map((a) => h("li", { class: `alert ${a.severity || ""}`, "data-alert": a.name }, [
+      h("strong", { text: `${a.name}` }), ` (${a.severity || "no severity"}): ${a.summary || ""}`,
+      a.since ? ` — since ${new Date(a.since).toLocaleTimeString([], { hour12: false })}` : "",
+      a.runbook ? h("div", { class: "runbook", text: `Runbook: ${a.runbook}` }) : ""]))
+      : [h("li", { class: "message empty", text: `No alert firing (Prometheus ${ans.prometheus}).` })]));
+}
+
 async function poll() {
   clearTimeout(state.timer);
   let trouble = null;
   try {
     if (state.polls % HEALTH_EVERY === 0) {
       try { state.health = await api.health(); } catch (exc) { state.health = { status: "unreachable", checks: {} }; }
+    }
+    if (state.polls % HEALTH_EVERY === 0) {
+      try { renderAlerts(await api.alerts()); } catch (exc) { renderAlerts({ prometheus: null, error: exc.message }); }
     }
     trouble = renderHealth();
     state.collections = (await api.collections()).collections;

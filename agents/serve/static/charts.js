@@ -29,13 +29,17 @@ function niceMax(v) {
   return 10 * p;
 }
 
-/** Horizontal bars with ± band whiskers: one row per category. */
-export function bars(labels, values, band, label) {
+const span = (iv) => (iv ? `, 95 % interval ${fmt(iv[0])} to ${fmt(iv[1])}` : "");
+
+/** Horizontal bars with whiskers over each cell's 95 % interval (``intervals[i] = [lo, hi]``,
+ * or null when the estimate states none). */
+export function bars(labels, values, intervals, label) {
   const rowH = 26, left = Math.min(220, 16 + 7.5 * Math.max(...labels.map((l) => l.length))),
     width = 1000, right = 90, top = 8;
   const height = top + rowH * labels.length + 28;
-  const lo = Math.min(0, ...values.map((v, i) => v - (band || 0)));
-  const hi = niceMax(Math.max(...values.map((v) => v + (band || 0)), 1e-9));
+  const ivs = labels.map((_, i) => (intervals ? intervals[i] : null));
+  const lo = Math.min(0, ...values.map((v, i) => (ivs[i] ? Math.min(v, ivs[i][0]) : v)));
+  const hi = niceMax(Math.max(...values.map((v, i) => (ivs[i] ? Math.max(v, ivs[i][1]) : v)), 1e-9));
   const x = (v) => left + ((v - lo) / (hi - lo)) * (width - left - right);
   const g = root(width, height, label);
   for (let t = 0; t <= 4; t++) {
@@ -44,14 +48,15 @@ export function bars(labels, values, band, label) {
       svg("text", { x: x(v), y: height - 6, class: "tick", "text-anchor": "middle" }, [fmt(v, 2)]));
   }
   labels.forEach((lab, i) => {
-    const y = top + i * rowH, v = values[i];
-    const cell = svg("g", { class: "bar", "data-cell": lab, "data-value": v });
-    cell.append(title(`${lab}: ${fmt(v)}${band != null ? ` ± ${fmt(band)}` : ""}`),
+    const y = top + i * rowH, v = values[i], iv = ivs[i];
+    const cell = svg("g", { class: "bar", "data-cell": lab, "data-value": v,
+      "data-low": iv ? iv[0] : null, "data-high": iv ? iv[1] : null });
+    cell.append(title(`${lab}: ${fmt(v)}${span(iv)}`),
       svg("text", { x: left - 8, y: y + rowH / 2 + 4, "text-anchor": "end", class: "label" }, [lab]),
       svg("rect", { x: Math.min(x(0), x(v)), y: y + 4, width: Math.abs(x(v) - x(0)),
         height: rowH - 8, rx: 3, class: v < 0 ? "neg" : "pos" }));
-    if (band != null) {
-      const a = x(v - band), b = x(v + band), cy = y + rowH / 2;
+    if (iv) {
+      const a = x(iv[0]), b = x(iv[1]), cy = y + rowH / 2;
       cell.append(svg("path", { d: `M${a},${cy - 5}v10M${a},${cy}H${b}M${b},${cy - 5}v10`,
         class: "whisker" }));
     }
@@ -61,31 +66,36 @@ export function bars(labels, values, band, label) {
   return g;
 }
 
-/** A heatmap of a 2-D table (rows × columns) with the value in every cell. */
-export function heatmap(rowLabels, colLabels, matrix, band, label, vmax) {
-  const cw = Math.max(64, Math.min(150, 760 / colLabels.length)), ch = colLabels.length > 6 ? 30 : 44;
-  const twoLines = ch >= 44 && band != null;  // room for the ± under the value
+/** A heatmap of a 2-D table (rows × columns) with the value in every cell and, when the estimate
+ * states them (``intervals[i][j] = [lo, hi]``), the cell's 95 % interval under it. */
+export function heatmap(rowLabels, colLabels, matrix, intervals, label, vmax) {
+  const twoLines = intervals != null && colLabels.length <= 6;  // room for the interval
+  const cw = Math.max(twoLines ? 84 : 64, Math.min(150, 760 / colLabels.length));
+  const ch = twoLines ? 44 : 30;
   const left = Math.min(200, 14 + 7.2 * Math.max(...rowLabels.map((l) => l.length)));
   const top = 30, width = left + cw * colLabels.length + 8, height = top + ch * rowLabels.length + 6;
   const max = vmax || Math.max(1e-9, ...matrix.flat());
   const g = root(width, height, label);
+  const fit = Math.max(4, Math.floor((cw - 6) / 7));  // characters of a column label that fit
   colLabels.forEach((c, j) => g.append(svg("text", { x: left + cw * j + cw / 2, y: top - 10,
-    "text-anchor": "middle", class: "label" }, [c.length > 12 ? c.slice(0, 11) + "…" : c])));
+    "text-anchor": "middle", class: "label" }, [c.length > fit ? c.slice(0, fit - 1) + "…" : c, title(c)])));
   rowLabels.forEach((r, i) => {
     g.append(svg("text", { x: left - 8, y: top + ch * i + ch / 2 + 4, "text-anchor": "end",
       class: "label" }, [r]));
     colLabels.forEach((c, j) => {
       const v = matrix[i][j], share = Math.max(0, Math.min(1, v / max));
-      const cell = svg("g", { class: "hcell", "data-cell": `${r}|${c}`, "data-value": v });
+      const iv = intervals ? intervals[i][j] : null;
+      const cell = svg("g", { class: "hcell", "data-cell": `${r}|${c}`, "data-value": v,
+        "data-low": iv ? iv[0] : null, "data-high": iv ? iv[1] : null });
       const cx = left + cw * j + cw / 2, cy = top + ch * i + ch / 2, light = share > 0.55;
-      cell.append(title(`${r}, ${c}: ${fmt(v)}${band != null ? ` ± ${fmt(band)}` : ""}`),
+      cell.append(title(`${r}, ${c}: ${fmt(v)}${span(iv)}`),
         svg("rect", { x: left + cw * j + 1, y: top + ch * i + 1, width: cw - 2, height: ch - 2,
           rx: 3, fill: `hsl(217 80% ${96 - 58 * share}%)`, class: v < 0 ? "negcell" : null }),
         svg("text", { x: cx, y: cy + (twoLines ? -1 : 4), "text-anchor": "middle",
           class: light ? "value light" : "value" }, [fmt(v, 3)]));
-      if (twoLines) {
+      if (twoLines && iv) {
         cell.append(svg("text", { x: cx, y: cy + 13, "text-anchor": "middle",
-          class: light ? "band-text light" : "band-text" }, [`± ${fmt(band, 3)}`]));
+          class: light ? "band-text light" : "band-text" }, [`${fmt(iv[0], 3)}–${fmt(iv[1], 3)}`]));
       }
       g.append(cell);
     });
@@ -93,9 +103,10 @@ export function heatmap(rowLabels, colLabels, matrix, band, label, vmax) {
   return g;
 }
 
-/** Time series: lines with bands, optional threshold line, version marks, failures, alarms. */
+/** Time series: lines with bands, optional threshold line, version marks, failures, alarms.
+ * ``unit``: the values are shares, so the axis (and every band) is clamped to [0, 1]. */
 export function timeSeries({ series, threshold, versions = [], failures = [], alarms = [], label,
-  yLabel }) {
+  yLabel, unit = false }) {
   const width = 1000, height = 260, left = 56, right = 170, top = 12, bottom = 30;
   const ts = series.flatMap((s) => s.points.map((p) => p.t)).concat(
     threshold ? threshold.map((p) => p.t) : [], failures.map((f) => f.t));
@@ -105,18 +116,23 @@ export function timeSeries({ series, threshold, versions = [], failures = [], al
   if (t1 - t0 < 2) { t0 -= 1; t1 += 1; }
   const ys = series.flatMap((s) => s.points.flatMap((p) => [p.lo ?? p.v, p.hi ?? p.v]))
     .concat(threshold ? threshold.map((p) => p.v) : []).filter((v) => Number.isFinite(v));
-  let y0 = Math.min(0, ...ys), y1 = niceMax(Math.max(1e-9, ...ys));
+  const y0 = unit ? 0 : Math.min(0, ...ys), y1 = unit ? Math.min(1, niceMax(Math.max(1e-9, ...ys)))
+    : niceMax(Math.max(1e-9, ...ys));
+  const clampY = (v) => Math.max(y0, Math.min(y1, v));
   const x = (t) => left + ((t - t0) / (t1 - t0)) * (width - left - right);
-  const y = (v) => top + (1 - (v - y0) / (y1 - y0)) * (height - top - bottom);
+  const y = (v) => top + (1 - (clampY(v) - y0) / (y1 - y0)) * (height - top - bottom);
   for (let k = 0; k <= 4; k++) {
     const v = y0 + ((y1 - y0) * k) / 4;
     g.append(svg("line", { x1: left, x2: width - right, y1: y(v), y2: y(v), class: "grid" }),
       svg("text", { x: left - 6, y: y(v) + 4, "text-anchor": "end", class: "tick" }, [fmt(v, 2)]));
   }
+  let shown = null;  // a label only where the clock reads differently from the one before
   for (let k = 0; k <= 3; k++) {
-    const t = t0 + ((t1 - t0) * k) / 3;
-    g.append(svg("text", { x: x(t), y: height - 8, "text-anchor": "middle", class: "tick" },
-      [clock(t)]));
+    const t = t0 + ((t1 - t0) * k) / 3, text = clock(t);
+    if (text === shown) continue;
+    shown = text;
+    g.append(svg("text", { x: x(t), y: height - 8, "text-anchor": "middle", class: "tick xtick" },
+      [text]));
   }
   if (yLabel) {
     g.append(svg("text", { x: 12, y: (top + height - bottom) / 2, class: "tick", "text-anchor": "middle",
@@ -128,8 +144,14 @@ export function timeSeries({ series, threshold, versions = [], failures = [], al
       [title(v.text)]), svg("text", { x: x(v.t) + 3, y: top + 10, class: "tick version-text" }, [v.short]));
   }
   if (threshold && threshold.length) {
-    g.append(svg("path", { d: path(threshold, (p) => p.v), class: "threshold" }, [title("threshold")]));
+    // held from the first point to the right edge, so even one point draws a line
+    const last = threshold[threshold.length - 1];
+    const d = `M${left},${y(threshold[0].v).toFixed(1)}` + threshold.map((p) =>
+      `H${x(p.t).toFixed(1)}V${y(p.v).toFixed(1)}`).join("") + `H${width - right}`;
+    g.append(svg("path", { d, class: "threshold", "data-threshold": last.v }, [title(`threshold ${fmt(last.v, 2)}`)]),
+      svg("text", { x: width - right + 6, y: y(last.v) - 4, class: "tick threshold-text" }, ["threshold"]));
   }
+  const legends = [];
   series.forEach((s, i) => {
     const pts = s.points.filter((p) => Number.isFinite(p.v));
     if (!pts.length) return;
@@ -141,10 +163,16 @@ export function timeSeries({ series, threshold, versions = [], failures = [], al
     }
     g.append(svg("path", { d: path(pts, (p) => p.v), class: `line c${i % 6}` }, [title(s.name)]));
     if (pts.length === 1) g.append(svg("circle", { cx: x(pts[0].t), cy: y(pts[0].v), r: 3, class: `dot c${i % 6}` }));
-    const last = pts[pts.length - 1];
-    g.append(svg("text", { x: width - right + 6, y: y(last.v) + 4, class: `legend c${i % 6}` },
-      [s.name.length > 22 ? s.name.slice(0, 21) + "…" : s.name]));
+    legends.push({ i, y: y(pts[pts.length - 1].v) + 4, name: s.name });
   });
+  // the labels at the right edge, in the order of their lines, at least one line of text apart
+  legends.sort((a, b) => a.y - b.y);
+  legends.forEach((l, k) => { if (k) l.y = Math.max(l.y, legends[k - 1].y + 13); });
+  const overflow = legends.length ? legends[legends.length - 1].y - (height - bottom) : 0;
+  for (const l of legends) {
+    g.append(svg("text", { x: width - right + 6, y: l.y - Math.max(0, overflow), class: `legend c${l.i % 6}` },
+      [l.name.length > 24 ? l.name.slice(0, 23) + "…" : l.name, title(l.name)]));
+  }
   for (const a of alarms) {
     g.append(svg("circle", { cx: x(a.t), cy: y(a.v), r: 5, class: "alarm", "data-alarm": a.t },
       [title(`alarm at ${clock(a.t)}: ${fmt(a.v, 2)}`)]));

@@ -135,12 +135,27 @@ static void close_conn(void) {
   mosquitto_lib_cleanup();
 }
 
+static const char usage[] =
+    "usage: LDP_MQTT_PASSWORD=... ldp_mqtt MQTT_URL CA_FILE FLEET COLLECTION PUBLIC_KEY_B64 "
+    "DEVICE_ID STATE_DIR [BATCH] < records\n"
+    "\n"
+    "  MQTT_URL        mqtts://USER@HOST:PORT (TLS, the broker's certificate checked against\n"
+    "                  CA_FILE and HOST) or mqtt://USER@HOST:PORT (loopback only, make up MQTT=1)\n"
+    "  CA_FILE         the broker's CA certificate (PEM); ignored for mqtt:// (pass -)\n"
+    "  FLEET           the fleet the user belongs to (topics ldp/FLEET/COLLECTION/...)\n"
+    "  COLLECTION      the collection id, e.g. adult\n"
+    "  PUBLIC_KEY_B64  the pinned public key that signs the collection's state\n"
+    "  DEVICE_ID       this device's id, a whole number (client id FLEET-DEVICE_ID)\n"
+    "  STATE_DIR       directory of the device's ledger (an existing directory)\n"
+    "  BATCH           reports per batch, 1 to 1000 (default 100)\n"
+    "\n"
+    "The password comes from LDP_MQTT_PASSWORD. Reads one record per line from stdin,\n"
+    "attr=label,attr=label (e.g. os=ios,plan=pro), and prints {\"sent\":n,\"batches\":b}.\n";
+
 int main(int argc, char **argv) {
-  if (argc < 8) {
-    fprintf(stderr, "usage: ldp_mqtt MQTT_URL CA_FILE FLEET COLLECTION PUBLIC_KEY_B64 "
-            "DEVICE_ID STATE_DIR [BATCH] < records (password: $LDP_MQTT_PASSWORD)\n");
-    return 2;
-  }
+  if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))
+    return fputs(usage, stdout), 0;
+  if (argc < 8) return fputs(usage, stderr), 2;
   const char *ca = argv[2], *fleet = argv[3], *cid = argv[4];
   char *user, *host;
   int tls, port;

@@ -79,12 +79,31 @@ static int post(void *ctx, ldp_device *d) {
   return 1;
 }
 
+static const char usage[] =
+    "usage: ldp_post URL TOKEN COLLECTION PUBLIC_KEY_B64 DEVICE_ID STATE_DIR [BATCH] < records\n"
+    "\n"
+    "  URL             the gateway, e.g. http://127.0.0.1:8080 (https: $LDP_CA_FILE or the system CAs)\n"
+    "  TOKEN           the fleet's bearer token (LDP_GATEWAY_TOKENS of the gateway)\n"
+    "  COLLECTION      the collection id, e.g. adult\n"
+    "  PUBLIC_KEY_B64  the pinned public key that signs the collection's state\n"
+    "  DEVICE_ID       this device's id, a whole number\n"
+    "  STATE_DIR       directory of the device's ledger (an existing directory)\n"
+    "  BATCH           reports per batch, 1 to 1000 (default 100)\n"
+    "\n"
+    "Reads one record per line from stdin, attr=label,attr=label (e.g. os=ios,plan=pro), and\n"
+    "prints {\"sent\":n,\"batches\":b} at the end.\n";
+
+static CURL *conn;  /* cleaned up at exit, on every path */
+
+static void close_conn(void) {
+  if (conn) curl_easy_cleanup(conn);
+  curl_global_cleanup();
+}
+
 int main(int argc, char **argv) {
-  if (argc < 7) {
-    fprintf(stderr, "usage: ldp_post URL TOKEN COLLECTION PUBLIC_KEY_B64 DEVICE_ID STATE_DIR "
-            "[BATCH] < records\n");
-    return 2;
-  }
+  if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))
+    return fputs(usage, stdout), 0;
+  if (argc < 7) return fputs(usage, stderr), 2;
   const char *base = argv[1], *token = argv[2], *cid = argv[3];
   uint32_t cap = argc > 7 ? (uint32_t)atoi(argv[7]) : 100;
   char url[2048], detail[512];
@@ -92,19 +111,22 @@ int main(int argc, char **argv) {
   if (cap < 1 || cap > 1000 || ldp_trust_init(&trust, argv[4]) != LDP_OK)
     return fprintf(stderr, "bad batch size or public key\n"), 2;
   curl_global_init(CURL_GLOBAL_DEFAULT);
-  CURL *c = curl_easy_init();
+  atexit(close_conn);
+  CURL *c = conn = curl_easy_init();
+  if (!c) return fprintf(stderr, "curl_easy_init failed\n"), 1;
   body cfg = {NULL, 0};
   snprintf(url, sizeof url, "%s/v1/collections/%s/config", base, cid);
   long status = request(c, url, token, NULL, 0, &cfg);
-  if (status != 200) return fprintf(stderr, "GET %s: %ld\n", url, status), 1;
+  if (status != 200) {
+    fprintf(stderr, "GET %s: %ld %s\n", url, status, cfg.data ? cfg.data : "");
+    free(cfg.data);
+    return 1;
+  }
   int r = ldp_state_accept(&state, &scratch, &trust, cid, cfg.data, cfg.len, ldp_wall(), detail,
                            sizeof detail);
   free(cfg.data);
   if (r != LDP_OK) return fprintf(stderr, "state refused: %s\n", detail), 1;
   snprintf(url, sizeof url, "%s/v1/collections/%s/reports", base, cid);
   target t = {c, url, token};
-  if (ldp_run_records(&state, argv[6], argv[5], cap, post, &t)) return 1;
-  curl_easy_cleanup(c);
-  curl_global_cleanup();
-  return 0;
+  return ldp_run_records(&state, argv[6], argv[5], cap, post, &t) ? 1 : 0;
 }

@@ -1,6 +1,7 @@
-/* What the examples share (docs/device-protocol.md): one record per line of stdin
- * ("attr=label,attr=label") randomized by a device whose ledger lives in a directory, its
- * batches handed to a sender, {"sent":..,"batches":..} printed at the end. */
+/* What the examples share (docs/device-protocol.md "Example programs"): one record per line of
+ * stdin ("attr=label,attr=label", the TypeScript tools' format too) randomized by a device whose
+ * ledger lives in a directory, its batches handed to a sender, {"sent":..,"batches":..} printed
+ * at the end (with "duplicates":.. when a memoized record was already reported this period). */
 #ifndef LDP_EXAMPLES_RECORDS_H
 #define LDP_EXAMPLES_RECORDS_H
 #include <stdio.h>
@@ -50,7 +51,7 @@ static inline int ldp_run_records(ldp_state *state, const char *state_dir, const
   ldp_os_rng os = {{0}, 0};
   ldp_device d = {state, &ledger, {ldp_os_rng_next, &os}, strtoull(device_id, NULL, 10),
                   ldp_run_reports, ldp_run_ids, cap, 0, 0, 0, 0.0};
-  long sent = 0, batches = 0;
+  long sent = 0, batches = 0, duplicates = 0;
   int r;
   while (fgets(line, sizeof line, stdin)) {
     const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
@@ -63,11 +64,18 @@ static inline int ldp_run_records(ldp_state *state, const char *state_dir, const
       batches += r;
       r = ldp_device_report(&d, names, labels, n, ldp_wall(), &cost, err, sizeof err);
     }
-    if (r != LDP_OK) return fprintf(stderr, "record %ld: %s\n", sent, err), 1;
+    if (r == LDP_DUPLICATE) {  /* memoized: nothing sent, nothing spent */
+      duplicates++;
+      continue;
+    }
+    if (r != LDP_OK) return fprintf(stderr, "record %ld: %s\n", sent + duplicates, err), 1;
     sent++;
   }
   if ((r = send(ctx, &d)) < 0) return 1;
-  printf("{\"sent\":%ld,\"batches\":%ld}\n", sent, batches + r);
+  if (duplicates)
+    printf("{\"sent\":%ld,\"batches\":%ld,\"duplicates\":%ld}\n", sent, batches + r, duplicates);
+  else
+    printf("{\"sent\":%ld,\"batches\":%ld}\n", sent, batches + r);
   return 0;
 }
 #endif

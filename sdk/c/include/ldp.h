@@ -17,24 +17,8 @@
 extern "C" {
 #endif
 
-/* limits (the same in every SDK) */
-#define LDP_MAX_ATTRS 32
-#define LDP_MAX_WIDTH 1024
-#define LDP_MAX_STEPS 64           /* steps in all, branches of select included */
-#define LDP_MAX_MATRIX 4096        /* matrix entries in all */
-#ifndef LDP_MAX_LABELS
-#define LDP_MAX_LABELS 1024        /* category labels in all */
-#endif
-#ifndef LDP_LABEL_BYTES
-#define LDP_LABEL_BYTES 16384      /* bytes of attribute names and labels (NUL-terminated) */
-#endif
-#ifndef LDP_LEDGER_CAP
-#define LDP_LEDGER_CAP 256         /* spends kept in the ledger window */
-#define LDP_DAY_S 86400.0          /* a budget day: one UTC calendar day */
-#endif
-#ifndef LDP_MEMO_CAP
-#define LDP_MEMO_CAP 256           /* memoized responses and sent records per rotation period */
-#endif
+/* limits: the protocol's by default, smaller when the integrator defines them (ldp_limits.h) */
+#include "ldp_limits.h"
 #define LDP_DEFAULT_CEILING 8.0    /* epsilon per report a device accepts by default */
 
 /* results; the state-refusal reasons are named by ldp_reason() */
@@ -46,6 +30,10 @@ enum ldp_result {
   LDP_DUPLICATE   /* memoized record already reported in this rotation period */
 };
 const char *ldp_reason(int result);
+/* 0 when the caller was compiled with the library's limits (ldp_limits.h): the sizes of
+   ldp_state and ldp_ledger agree; LDP_E_ARG otherwise */
+#define LDP_ABI_CHECK() ldp_abi_check(sizeof(ldp_state), sizeof(ldp_ledger))
+int ldp_abi_check(size_t state_size, size_t ledger_size);
 
 /* --- random words --------------------------------------------------------------------------- */
 typedef struct ldp_rng {
@@ -54,7 +42,7 @@ typedef struct ldp_rng {
 } ldp_rng;
 
 uint64_t ldp_splitmix64_next(void *state);      /* ctx: a uint64_t state (the seed) */
-typedef struct ldp_os_rng { uint64_t buf[128]; unsigned pos; } ldp_os_rng;
+typedef struct ldp_os_rng { uint64_t buf[LDP_OS_RNG_WORDS]; unsigned pos; } ldp_os_rng;
 uint64_t ldp_os_rng_next(void *ctx);            /* ctx: ldp_os_rng (zeroed); getrandom(2) */
 
 uint64_t ldp_uniform(ldp_rng *rng, uint64_t k); /* [0, k), 1 <= k <= 2^32 */
@@ -99,7 +87,7 @@ typedef struct ldp_program {
   uint32_t n_units;                    /* permanent steps (attribute, cluster) or 1 */
   uint64_t memo_seed;                  /* select: mix64(seed) */
   int has_inst;                        /* partition, select: inst_p per table or branch */
-  double inst_p[LDP_MAX_STEPS];
+  double inst_p[LDP_MAX_TABLES > LDP_MAX_STEPS ? LDP_MAX_TABLES : LDP_MAX_STEPS];
   double rotation_s;                   /* <= 0: never rotated */
   uint8_t fingerprint[8];              /* BLAKE2b-64 of the permanent steps */
   uint32_t size[LDP_MAX_ATTRS];
@@ -110,7 +98,7 @@ typedef struct ldp_program {
   ldp_step steps[LDP_MAX_STEPS];
   uint16_t branch_start[LDP_MAX_STEPS + 1];
   double cum[LDP_MAX_MATRIX];
-  ldp_table tables[LDP_MAX_STEPS];
+  ldp_table tables[LDP_MAX_TABLES];
   uint32_t n_tables;
   double epsilon;
 } ldp_program;
@@ -161,6 +149,14 @@ typedef struct ldp_state {
 int ldp_state_accept(ldp_state *state, ldp_state *scratch, const ldp_trust *t,
                      const char *collection, const char *record, size_t len, double now,
                      char *detail, size_t detail_len);
+
+/* Accepting a state without the heap: ldp_state_accept parses in an arena, the static one of
+   LDP_PARSE_ARENA bytes (ldp_limits.h; the firmware profile's default) or len bytes at buf lent
+   here (memory idle while a state is verified, a receive buffer say; NULL: back to the static
+   arena, or to the heap when LDP_PARSE_ARENA is 0). LDP_E_ARG: under 64 bytes. */
+int ldp_parse_arena_lend(void *buf, size_t len);
+/* the most arena bytes one ldp_state_accept has used since the arena was set (sizing) */
+size_t ldp_parse_arena_peak(void);
 
 /* --- storage, ledger, sequence -------------------------------------------------------------- */
 typedef struct ldp_storage {
@@ -216,6 +212,24 @@ size_t ldp_batch_encode(uint8_t *buf, size_t cap, const char *collection, uint32
 size_t ldp_batch_size(size_t collection_len, uint32_t n, uint16_t width, uint32_t max_value,
                       int device_ids, int key);
 
+/* --- per-device identity (docs/security.md "Per-device identity") --------------------------- */
+/* what one device holds: its fleet, its id and its key (never the fleet's secret) */
+typedef struct ldp_credential {
+  char fleet[256];
+  uint64_t device_id;
+  uint8_t key[32];
+} ldp_credential;
+/* key = HMAC-SHA256(fleet secret, "ldpstream/device-key/v1\n" || u8 len || fleet || u64 LE id):
+   provisioning tools; a device loads what `ldpstream device-credentials` printed instead */
+int ldp_credential_derive(ldp_credential *c, const uint8_t *secret, size_t secret_len,
+                          const char *fleet, uint64_t device_id);
+/* parse {"device_id": N, "fleet": "...", "key": "<64 hex>"}: LDP_OK or LDP_MALFORMED */
+int ldp_credential_parse(ldp_credential *c, const char *json, char *err, size_t errlen);
+/* authenticate a keyed batch of len bytes in buf: flag bit 2, the fleet and HMAC-SHA256 of every
+   byte before it appended; returns the new length (len + 1 + strlen(fleet) + 32), 0 when cap is
+   too small, the batch has no key or is authenticated already */
+size_t ldp_batch_authenticate(uint8_t *buf, size_t len, size_t cap, const ldp_credential *c);
+
 /* --- a device ------------------------------------------------------------------------------- */
 typedef struct ldp_device {
   ldp_state *state;
@@ -234,6 +248,10 @@ int ldp_device_report(ldp_device *d, const char *const *names, const char *const
 /* encode the buffered reports as one batch with the batch key (device id, next sequence) into
    out; returns bytes (0: nothing buffered or error, see *result) and empties the buffer */
 size_t ldp_device_flush(ldp_device *d, double now, uint8_t *out, size_t cap, int *result);
+/* the same, authenticated with the device's credential (whose device_id must be d->device_id;
+   docs/security.md "Per-device identity") */
+size_t ldp_device_flush_auth(ldp_device *d, const ldp_credential *c, double now, uint8_t *out,
+                             size_t cap, int *result);
 
 #ifdef __cplusplus
 }

@@ -24,6 +24,9 @@ int ldp_parse_steps(parser *ps, json_t *arr, const char *field, int depth, uint1
 /* -1 with ps->err set on a bad list (parse_program.c) */
 int ldp_int_list(parser *ps, json_t *json, const char *field, uint32_t below, uint16_t *out,
                  uint8_t *n);
+/* the product of the sizes of the attributes in[0..n) into *cells; -1 with ps->err naming
+   field when it exceeds 2^32 (checked after every factor: it never wraps) (parse_program.c) */
+int ldp_cells(parser *ps, const uint16_t *in, uint8_t n, const char *field, uint64_t *cells);
 /* the memoize object, its fingerprint (parse_memo.c) */
 int ldp_parse_memo(parser *ps, json_t *memo);
 /* a partition step and its tables (parse_partition.c) */

@@ -19,8 +19,7 @@ static int parse_table(parser *ps, json_t *d, const char *field, ldp_table *t) {
   }
   ldp_errf(f, sizeof f, "%s.in", field);
   if (ldp_int_list(ps, json_object_get(d, "in"), f, ps->p->n_attrs, t->in, &t->n_in)) return -1;
-  t->cells = 1;
-  for (uint8_t i = 0; i < t->n_in; i++) t->cells *= ps->p->size[t->in[i]];
+  if (ldp_cells(ps, t->in, t->n_in, f, &t->cells)) return -1;
   if (!json_is_integer(off) || json_integer_value(off) < 0 ||
       json_integer_value(off) >= ((json_int_t)1 << 32)) {
     ldp_errf(ps->err, ps->errlen, "%s.offset: must be an integer in [0, 4294967296)", field);
@@ -70,9 +69,9 @@ int ldp_parse_partition(parser *ps, json_t *d, const char *field, ldp_step *s) {
   ldp_errf(f, sizeof f, "%s.out", field);
   if (ldp_int_list(ps, json_object_get(d, "out"), f, p->width, s->out, &s->n_out)) return -1;
   size_t n = json_is_array(tabs) ? json_array_size(tabs) : 0;
-  if (n < 1 || p->n_tables + n > LDP_MAX_STEPS) {
-    ldp_errf(ps->err, ps->errlen, "%s.tables: must be a list of 1..%d tables", field,
-             LDP_MAX_STEPS);
+  if (n < 1 || p->n_tables + n > LDP_MAX_TABLES) {
+    ldp_errf(ps->err, ps->errlen, "%s.tables: must be a list of 1..%d tables (in all)", field,
+             LDP_MAX_TABLES);
     return -1;
   }
   if (s->n_out > n) {

@@ -40,6 +40,19 @@ bad:
   return -1;
 }
 
+int ldp_cells(parser *ps, const uint16_t *in, uint8_t n, const char *field, uint64_t *cells) {
+  uint64_t k = 1;
+  for (uint8_t i = 0; i < n; i++) { /* each size <= LDP_MAX_LABELS: k * size never wraps */
+    k *= ps->p->size[in[i]];
+    if (k > LDP_MAX_CELLS) {
+      ldp_errf(ps->err, ps->errlen, "%s: more than 2^32 cells", field);
+      return -1;
+    }
+  }
+  *cells = k;
+  return 0;
+}
+
 /* max over columns of ln(max/min) of the column (inf: a zero beside a positive entry) */
 static double matrix_epsilon(json_t *rows, uint64_t k) {
   double best = 0.0;
@@ -131,14 +144,8 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     ldp_errf(ps->err, ps->errlen, "%s.out: must have as many columns as in", field);
     return -1;
   }
-  s->cells = 1;
-  for (uint8_t i = 0; i < s->n_in; i++) {
-    s->cells *= p->size[s->in[i]];
-    if (s->cells > ((uint64_t)1 << 32)) {
-      ldp_errf(ps->err, ps->errlen, "%s.in: more than 2^32 cells", field);
-      return -1;
-    }
-  }
+  ldp_errf(f, sizeof f, "%s.in", field);
+  if (ldp_cells(ps, s->in, s->n_in, f, &s->cells)) return -1;
   if (strcmp(op, "uniform") == 0) {
     s->op = LDP_OP_UNIFORM;
     s->eps = 0.0;

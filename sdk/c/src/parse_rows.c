@@ -74,17 +74,25 @@ static int parse_bloom(parser *ps, json_t *d, const char *field, ldp_step *s) {
   int ok = s->n_in == 1 && json_is_array(filters) && json_array_size(filters) == dv &&
            ps->cum_used + need <= LDP_MAX_MATRIX;
   double *pool = ps->p->cum + ps->cum_used;
+  uint8_t mark[(LDP_MAX_WIDTH + 7) / 8]; /* the bits of one filter (bits <= width) */
   size_t at = 0;
+  memset(mark, 0, sizeof mark);
   for (uint32_t v = 0; ok && v < dv; v++) {
     json_t *pos = json_array_get(filters, v);
+    size_t from = at;
     pool[v] = (double)at;
     ok = json_is_array(pos);
     for (size_t i = 0; ok && i < json_array_size(pos); i++) {
       json_t *b = json_array_get(pos, i);
       ok = json_is_integer(b) && json_integer_value(b) >= 0 &&
            json_integer_value(b) < json_integer_value(bits);
-      if (ok) pool[dv + 1 + at++] = (double)json_integer_value(b);
+      if (!ok) break;
+      uint32_t bit = (uint32_t)json_integer_value(b);
+      if (mark[bit / 8] & (1u << (bit % 8))) continue; /* a position listed twice: once */
+      mark[bit / 8] |= (uint8_t)(1u << (bit % 8));
+      pool[dv + 1 + at++] = (double)bit;
     }
+    for (size_t i = from; i < at; i++) mark[(uint32_t)pool[dv + 1 + i] / 8] = 0;
   }
   if (!ok) {
     ldp_errf(ps->err, ps->errlen, "%s.filters: must list, per value of one attribute, bit "
@@ -99,18 +107,23 @@ static int parse_bloom(parser *ps, json_t *d, const char *field, ldp_step *s) {
   s->out[0] = (uint16_t)json_integer_value(start);
   s->value = (uint32_t)json_integer_value(bits);
   ps->cum_used += (uint32_t)need;
-  uint32_t ham = 0; /* the largest Hamming distance between two values' filters */
-  for (uint32_t u = 0; u < dv; u++)
+  /* the largest Hamming distance between two values' filters, |A| + |B| - 2 |A & B| with the
+     filter of u marked: O(values^2 + values x positions), never values^2 x bits x positions */
+  uint32_t ham = 0;
+  const double *posn = pool + dv + 1;
+  for (uint32_t u = 0; u + 1 < dv; u++) {
+    size_t u0 = (size_t)pool[u], u1 = (size_t)pool[u + 1];
+    for (size_t i = u0; i < u1; i++)
+      mark[(uint32_t)posn[i] / 8] |= (uint8_t)(1u << ((uint32_t)posn[i] % 8));
     for (uint32_t v = u + 1; v < dv; v++) {
-      uint32_t h = 0;
-      for (uint32_t b = 0; b < s->value; b++) {
-        int iu = 0, iv = 0;
-        for (size_t i = (size_t)pool[u]; i < (size_t)pool[u + 1]; i++) iu |= pool[dv + 1 + i] == b;
-        for (size_t i = (size_t)pool[v]; i < (size_t)pool[v + 1]; i++) iv |= pool[dv + 1 + i] == b;
-        h += iu != iv;
-      }
+      size_t v0 = (size_t)pool[v], v1 = (size_t)pool[v + 1], both = 0;
+      for (size_t i = v0; i < v1; i++)
+        both += (mark[(uint32_t)posn[i] / 8] >> ((uint32_t)posn[i] % 8)) & 1u;
+      uint32_t h = (uint32_t)((u1 - u0) + (v1 - v0) - 2 * both);
       if (h > ham) ham = h;
     }
+    for (size_t i = u0; i < u1; i++) mark[(uint32_t)posn[i] / 8] = 0;
+  }
   s->eps = ham == 0 ? 0.0 : s->p <= 0.0 ? INFINITY : log((2.0 - s->p) / s->p) * ham;
   ps->p->n_steps++;
   return 0;
@@ -134,8 +147,7 @@ int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const 
     ldp_errf(f, sizeof f, "%s.in", field);
     if (ldp_int_list(ps, json_object_get(d, "in"), f, ps->p->n_attrs, s->in, &s->n_in))
       return -1;
-    s->cells = 1;
-    for (uint8_t i = 0; i < s->n_in; i++) s->cells *= ps->p->size[s->in[i]];
+    if (ldp_cells(ps, s->in, s->n_in, f, &s->cells)) return -1;
     s->p = json_number_value(pv);
     if (!json_is_number(pv) || !(s->p >= 0.0 && s->p <= 1.0)) {
       ldp_errf(ps->err, ps->errlen, "%s.p: must be a number in [0, 1]", field);

@@ -11,7 +11,89 @@
 
 static const char DOMAIN_TAG[] = "ldpstream/config-state/v1\n";
 #define CEILING_RTOL 1e-9
-#define MAX_RECORD_BYTES (4 * 1024 * 1024)
+
+int ldp_abi_check(size_t state_size, size_t ledger_size) {
+  return state_size == sizeof(ldp_state) && ledger_size == sizeof(ldp_ledger) ? LDP_OK
+                                                                              : LDP_E_ARG;
+}
+
+/* No heap while a state is accepted: jansson's values and the signed message come from an
+   arena (the static one of LDP_PARSE_ARENA bytes, or memory the caller lends), released as a whole when ldp_state_accept returns (so accepting is not reentrant; the
+   allocator in force before is restored). A block freed on the way (jansson's growing token
+   buffer and hash tables) goes back to the end of the arena when it is the last one, else to a
+   free list that later allocations take the smallest fitting block from. A record whose JSON
+   does not fit is malformed ("too large"). */
+typedef struct arena_block {
+  size_t size;                 /* bytes after the header */
+  struct arena_block *next;    /* on the free list */
+} arena_block;
+#define ARENA_ALIGN 8
+#if LDP_PARSE_ARENA > 0
+static _Alignas(16) unsigned char arena_static[LDP_PARSE_ARENA];
+static unsigned char *arena = arena_static;
+static size_t arena_cap = LDP_PARSE_ARENA;
+#else
+static unsigned char *arena;
+static size_t arena_cap;
+#endif
+static size_t arena_used, arena_peak;
+static arena_block *arena_free_list;
+static int arena_full;
+
+static void *arena_malloc(size_t n) {
+  n = (n + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+  if (n < sizeof(arena_block *)) n = sizeof(arena_block *);
+  arena_block **best = NULL;
+  for (arena_block **b = &arena_free_list; *b; b = &(*b)->next)
+    if ((*b)->size >= n && (!best || (*b)->size < (*best)->size)) best = b;
+  if (best) {
+    arena_block *blk = *best;
+    *best = blk->next;
+    return &blk->next;
+  }
+  size_t need = offsetof(arena_block, next) + n;
+  if (need > arena_cap - arena_used) {
+    arena_full = 1;
+    return NULL;
+  }
+  arena_block *blk = (arena_block *)(void *)(arena + arena_used);
+  blk->size = n;
+  arena_used += need;
+  if (arena_used > arena_peak) arena_peak = arena_used;
+  return &blk->next;
+}
+static void arena_free(void *p) {
+  if (!p) return;
+  arena_block *blk = (arena_block *)(void *)((unsigned char *)p - offsetof(arena_block, next));
+  if ((unsigned char *)p + blk->size == arena + arena_used) {
+    arena_used -= offsetof(arena_block, next) + blk->size; /* the last block: give it back */
+    return;
+  }
+  blk->next = arena_free_list;
+  arena_free_list = blk;
+}
+size_t ldp_parse_arena_peak(void) { return arena_peak; }
+
+int ldp_parse_arena_lend(void *buf, size_t len) {
+  unsigned char *at = (unsigned char *)(((uintptr_t)buf + 15) & ~(uintptr_t)15);
+  if (!buf || len < (size_t)(at - (unsigned char *)buf) + 64) {
+#if LDP_PARSE_ARENA > 0
+    arena = arena_static, arena_cap = LDP_PARSE_ARENA;
+#else
+    arena = NULL, arena_cap = 0;
+#endif
+    return buf ? LDP_E_ARG : LDP_OK;
+  }
+  arena = at;
+  arena_cap = len - (size_t)(at - (unsigned char *)buf);
+  arena_peak = 0;
+  return LDP_OK;
+}
+static void *scratch_malloc(size_t n) { return arena_cap ? arena_malloc(n) : malloc(n); }
+static void scratch_free(void *p) {
+  if (arena_cap) arena_free(p);
+  else free(p);
+}
 
 const char *ldp_reason(int r) {
   static const char *const names[] = {
@@ -50,12 +132,12 @@ static int check_signature(const ldp_trust *t, const char *payload, size_t plen,
                         sodium_base64_VARIANT_ORIGINAL) != 0 || n != sizeof sig)
     return -1;
   size_t mlen = sizeof DOMAIN_TAG - 1 + plen;
-  uint8_t *msg = malloc(mlen);
+  uint8_t *msg = scratch_malloc(mlen);
   if (!msg) return -1;
   memcpy(msg, DOMAIN_TAG, sizeof DOMAIN_TAG - 1);
   memcpy(msg + sizeof DOMAIN_TAG - 1, payload, plen);
   int r = t->verify(t->verify_ctx, sig, msg, mlen, t->pub);
-  free(msg);
+  scratch_free(msg);
   return r;
 }
 
@@ -100,12 +182,12 @@ static int open_payload(ldp_state *cand, const ldp_trust *t, const char *collect
   return LDP_OK;
 }
 
-int ldp_state_accept(ldp_state *state, ldp_state *cand, const ldp_trust *t,
-                     const char *collection, const char *record, size_t len, double now,
-                     char *detail, size_t dlen) {
+static int accept(ldp_state *state, ldp_state *cand, const ldp_trust *t,
+                  const char *collection, const char *record, size_t len, double now,
+                  char *detail, size_t dlen) {
   json_error_t je;
   int r;
-  if (len > MAX_RECORD_BYTES) return fail(LDP_MALFORMED, detail, dlen, "record too large");
+  if (len > LDP_MAX_RECORD) return fail(LDP_MALFORMED, detail, dlen, "record too large");
   json_t *doc = json_loadb(record, len, 0, &je), *state_doc = NULL;
   if (!doc || !json_is_object(doc)) {
     r = fail(LDP_MALFORMED, detail, dlen, "not a JSON object");
@@ -178,5 +260,24 @@ int ldp_state_accept(ldp_state *state, ldp_state *cand, const ldp_trust *t,
 out:
   if (state_doc) json_decref(state_doc);
   if (doc) json_decref(doc);
+  return r;
+}
+
+int ldp_state_accept(ldp_state *state, ldp_state *cand, const ldp_trust *t,
+                     const char *collection, const char *record, size_t len, double now,
+                     char *detail, size_t dlen) {
+  if (!arena_cap) return accept(state, cand, t, collection, record, len, now, detail, dlen);
+  json_malloc_t was_malloc;
+  json_free_t was_free;
+  json_get_alloc_funcs(&was_malloc, &was_free);
+  json_set_alloc_funcs(arena_malloc, arena_free);
+  arena_used = 0;
+  arena_free_list = NULL;
+  arena_full = 0;
+  int r = accept(state, cand, t, collection, record, len, now, detail, dlen);
+  json_set_alloc_funcs(was_malloc, was_free);
+  if (arena_full && r == LDP_MALFORMED)
+    ldp_errf(detail, dlen, "malformed: record too large for the parse arena (%zu bytes)",
+             arena_cap);
   return r;
 }

@@ -1,11 +1,15 @@
 /* The C side of the conformance suite (the JSON files of sdk/conformance,
    docs/device-protocol.md): the same draws, reports, batch bytes, state decisions, budget and
    memo decisions as Python. */
+#define _POSIX_C_SOURCE 200809L
 #include <jansson.h>
 #include <math.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <time.h>
 
 #include "ldp.h"
 
@@ -33,6 +37,32 @@ static json_t *load(const char *dir, const char *name) {
 }
 
 static uint64_t u64(json_t *s) { return strtoull(json_string_value(s), NULL, 10); }
+
+/* A build with limits below the protocol's (ldp_limits.h, the firmware profile) refuses, as
+   unusable, the descriptions beyond them: such a case is skipped, said so, unless it is one of
+   the typical programs every build must run (rr-ind, partitioned, memoized). */
+static int beyond_limits(const char *name, int r, const char *err) {
+#ifdef LDP_PROFILE_FIRMWARE
+  static const char *const typical[] = {"rr-ind", "partitioned-olh", "partitioned-2", "memo",
+                                        "memoized partition", "memoized partition (olh)",
+                                        "memoized cluster", "memoized select",
+                                        "memoized across midnight"};
+  if (r != LDP_UNUSABLE) return 0;
+  for (size_t i = 0; i < sizeof typical / sizeof typical[0]; i++)
+    if (strcmp(name, typical[i]) == 0) return 0;
+  printf("skipped %s: beyond this build's limits (%s)\n", name, err);
+  return 1;
+#else
+  (void)name, (void)r, (void)err;
+  return 0;
+#endif
+}
+
+static double seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static void rng_vectors(json_t *v) {
   size_t i, j;
@@ -97,6 +127,7 @@ static void randomize_case(json_t *c) {
   memset(&state, 0, sizeof state);
   int r = ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err);
   free(dev);
+  if (beyond_limits(name, r, err)) return;
   CHECK(r == LDP_OK, "%s: %s", name, err);
   if (r != LDP_OK) return;
   double eps = json_number_value(json_object_get(c, "epsilon"));
@@ -240,6 +271,7 @@ static void memo_replay(json_t *v, const char *what) {
   memset(&state, 0, sizeof state);
   int r = ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err);
   free(dev);
+  if (beyond_limits(what, r, err)) return;
   CHECK(r == LDP_OK && state.program.memoized, "%s description: %s", what, err);
   char fp[17];
   for (int i = 0; i < 8; i++) snprintf(fp + 2 * i, 3, "%02x", state.program.fingerprint[i]);
@@ -289,6 +321,141 @@ static void memo_vectors(json_t *v) {
   memo_replay(json_object_get(v, "daily"), "memoized across midnight");
 }
 
+static void hex_of(const uint8_t *b, size_t n, char *out) {
+  for (size_t k = 0; k < n; k++) snprintf(out + 2 * k, 3, "%02x", b[k]);
+  out[2 * n] = 0;
+}
+
+/* a batch case's credential: its fleet, device id and hex key */
+static void credential_of(json_t *c, ldp_credential *out) {
+  size_t len = 0;
+  const char *kh = json_string_value(json_object_get(c, "key"));
+  snprintf(out->fleet, sizeof out->fleet, "%s", json_string_value(json_object_get(c, "fleet")));
+  out->device_id = u64(json_object_get(c, "device_id"));
+  sodium_hex2bin(out->key, sizeof out->key, kh, strlen(kh), NULL, &len, NULL);
+}
+
+/* identity.json: device keys, the provisioned credential, authenticated batches (through a
+   device with that credential) */
+static void identity_vectors(json_t *v) {
+  size_t i;
+  json_t *c;
+  char hex[2 * 4096 + 1], err[256];
+  json_array_foreach(json_object_get(v, "derive"), i, c) {
+    uint8_t secret[256];
+    size_t len = 0;
+    const char *sh = json_string_value(json_object_get(c, "fleet_secret"));
+    sodium_hex2bin(secret, sizeof secret, sh, strlen(sh), NULL, &len, NULL);
+    ldp_credential cred;
+    int r = ldp_credential_derive(&cred, secret, len,
+                                  json_string_value(json_object_get(c, "fleet")),
+                                  u64(json_object_get(c, "device_id")));
+    hex_of(cred.key, 32, hex);
+    CHECK(r == LDP_OK && strcmp(hex, json_string_value(json_object_get(c, "key"))) == 0,
+          "derive %zu: key differs", i);
+  }
+  json_t *cj = json_object_get(v, "credential");
+  ldp_credential cred;
+  int r = ldp_credential_parse(&cred, json_string_value(json_object_get(cj, "json")), err,
+                               sizeof err);
+  hex_of(cred.key, 32, hex);
+  CHECK(r == LDP_OK && cred.device_id == u64(json_object_get(cj, "device_id")) &&
+            strcmp(cred.fleet, json_string_value(json_object_get(cj, "fleet"))) == 0 &&
+            strcmp(hex, json_string_value(json_object_get(cj, "key"))) == 0,
+        "credential: %s", err);
+  CHECK(ldp_credential_parse(&cred, "{\"fleet\": \"f\", \"device_id\": 1, \"key\": \"00\"}",
+                             err, sizeof err) == LDP_MALFORMED, "credential: short key accepted");
+  json_array_foreach(json_object_get(v, "batches"), i, c) {
+    const char *name = json_string_value(json_object_get(c, "name"));
+    ldp_credential bc;
+    credential_of(c, &bc);
+    json_t *rows = json_object_get(c, "reports"), *row;
+    uint32_t n = (uint32_t)json_array_size(rows), width = 0;
+    uint32_t reports[64];
+    uint64_t ids[16], key[2] = {bc.device_id, u64(json_object_get(c, "sequence"))};
+    size_t j;
+    json_array_foreach(rows, j, row) {
+      width = (uint32_t)json_array_size(row);
+      for (uint32_t k = 0; k < width; k++)
+        reports[j * width + k] = (uint32_t)json_integer_value(json_array_get(row, k));
+      ids[j] = bc.device_id;
+    }
+    uint8_t out[4096];
+    size_t len = ldp_batch_encode(out, sizeof out, json_string_value(json_object_get(c,
+                                  "collection")), (uint32_t)json_integer_value(json_object_get(
+                                  c, "version")), json_number_value(json_object_get(c,
+                                  "sent_at")), reports, n, (uint16_t)width, ids, key);
+    len = ldp_batch_authenticate(out, len, sizeof out, &bc);
+    hex_of(out, len, hex);
+    CHECK(len && strcmp(hex, json_string_value(json_object_get(c, "hex"))) == 0,
+          "%s: authenticated batch bytes differ", name);
+    CHECK(ldp_batch_authenticate(out, len, sizeof out, &bc) == 0, "%s: authenticated twice",
+          name);
+  }
+  /* through a device holding the credential: the first batch's bytes */
+  c = json_array_get(json_object_get(v, "batches"), 0);
+  ldp_credential dc;
+  credential_of(c, &dc);
+  static ldp_state st;
+  ldp_ledger ledger;
+  uint32_t reports[LDP_MAX_WIDTH];
+  uint64_t ids[1], seed = 0;
+  memset(&st, 0, sizeof st);
+  st.present = 1;
+  snprintf(st.collection, sizeof st.collection, "app");
+  ldp_ledger_open(&ledger, 0.0, 0.0, NULL);
+  ledger.next_sequence = u64(json_object_get(c, "sequence"));
+  ldp_device d = {&st, &ledger, {ldp_splitmix64_next, &seed}, dc.device_id, reports, ids, 1, 0,
+                  0, 0, 0.0};
+  json_t *row = json_array_get(json_object_get(c, "reports"), 0);
+  d.width = (uint32_t)json_array_size(row);
+  d.version = (uint32_t)json_integer_value(json_object_get(c, "version"));
+  for (uint32_t k = 0; k < d.width; k++)
+    reports[k] = (uint32_t)json_integer_value(json_array_get(row, k));
+  ids[0] = dc.device_id;
+  d.n = 1;
+  uint8_t out[512];
+  size_t len = ldp_device_flush_auth(&d, &dc, json_number_value(json_object_get(c, "sent_at")),
+                                     out, sizeof out, &r);
+  hex_of(out, len, hex);
+  CHECK(r == LDP_OK && strcmp(hex, json_string_value(json_object_get(c, "hex"))) == 0,
+        "device flush: authenticated batch bytes differ");
+}
+
+/* limits.json: descriptions beyond the limits refused (unusable, naming the field), those at
+   them parsed to their epsilon, each within max_parse_s */
+static void limits_vectors(json_t *v) {
+  double budget = json_number_value(json_object_get(v, "max_parse_s"));
+  size_t i;
+  json_t *c;
+  json_array_foreach(json_object_get(v, "cases"), i, c) {
+    const char *name = json_string_value(json_object_get(c, "name"));
+    const char *expect = json_string_value(json_object_get(c, "expect"));
+    char err[256] = "", *dev = json_dumps(json_object_get(c, "device"), JSON_COMPACT);
+    double t0 = seconds();
+    int r = ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err);
+    double took = seconds() - t0;
+    free(dev);
+    CHECK(took <= budget, "%s: parsed in %.3f s (> %g s)", name, took, budget);
+    if (strcmp(expect, "accept") == 0) {
+      if (beyond_limits(name, r, err)) continue;
+      double eps = json_number_value(json_object_get(c, "epsilon"));
+      CHECK(r == LDP_OK, "%s: refused: %s", name, err);
+      CHECK(r != LDP_OK || fabs(state.program.epsilon - eps) <= 1e-12 * eps,
+            "%s: epsilon %.17g != %.17g", name, state.program.epsilon, eps);
+      continue;
+    }
+    const char *field = json_string_value(json_object_get(c, "field"));
+    CHECK(r == LDP_UNUSABLE, "%s: %s, not unusable", name, ldp_reason(r));
+#ifndef LDP_PROFILE_FIRMWARE /* smaller limits may refuse a case earlier, at another field */
+    CHECK(strncmp(err, field, strlen(field)) == 0, "%s: '%s' does not name %s", name, err,
+          field);
+#else
+    (void)field;
+#endif
+  }
+}
+
 int main(int argc, char **argv) {
   const char *dir = argc > 1 ? argv[1] : "../conformance";
   json_t *v;
@@ -302,6 +469,10 @@ int main(int argc, char **argv) {
   ledger_vectors(json_object_get(v, "daily"), "daily ledger");
   json_decref(v);
   memo_vectors(v = load(dir, "memo.json"));
+  json_decref(v);
+  identity_vectors(v = load(dir, "identity.json"));
+  json_decref(v);
+  limits_vectors(v = load(dir, "limits.json"));
   json_decref(v);
   if (failures) fprintf(stderr, "%d conformance checks failed\n", failures);
   else printf("conformance: all vectors pass\n");

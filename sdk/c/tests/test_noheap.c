@@ -1,7 +1,10 @@
 #define _POSIX_C_SOURCE 200809L
 /* The report path allocates nothing: malloc and friends are counted (glibc's __libc_* behind
    them) while every conformance case and the memoized one report and flush through a device
-   whose ledger is saved to files. Built without sanitizers (they replace the allocator). */
+   whose ledger is saved to files. Accepting the signed states of states.json allocates nothing
+   either: in the firmware profile (LDP_PROFILE_FIRMWARE) from its static parse arena, in the
+   default one from an arena lent with ldp_parse_arena_lend. The firmware profile skips the
+   cases beyond its limits. Built without sanitizers (they replace the allocator). */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,8 +45,12 @@ static int run(json_t *device, json_t *records, ldp_storage *st) {
   size_t n[64], i, count = json_array_size(records) < 64 ? json_array_size(records) : 64;
   json_t *rec;
   memset(&state, 0, sizeof state);
-  if (ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err) != LDP_OK) return 1;
+  int parsed = ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err);
   free(dev);
+#ifdef LDP_PROFILE_FIRMWARE
+  if (parsed == LDP_UNUSABLE) return 0; /* beyond the profile's limits */
+#endif
+  if (parsed != LDP_OK) return 1;
   state.present = 1;
   strcpy(state.collection, "c");
   json_array_foreach(records, i, rec) {
@@ -71,6 +78,42 @@ static int run(json_t *device, json_t *records, ldp_storage *st) {
   return r != LDP_OK || (len == 0 && d.n != 0);
 }
 
+static ldp_state scratch;
+#ifndef LDP_PROFILE_FIRMWARE
+static unsigned char lent[32768];
+#endif
+
+/* every signed record of states.json through ldp_state_accept, allocations counted */
+static int accept_states(const char *dir) {
+  char path[1024], detail[256];
+  json_error_t je;
+  snprintf(path, sizeof path, "%s/states.json", dir);
+  json_t *v = json_load_file(path, 0, &je), *step;
+  size_t i;
+  ldp_trust t;
+  if (!v || ldp_trust_init(&t, json_string_value(json_object_get(v, "public_key"))) != LDP_OK)
+    return 1;
+  memset(&state, 0, sizeof state);
+#ifndef LDP_PROFILE_FIRMWARE
+  if (ldp_parse_arena_lend(lent, sizeof lent) != LDP_OK) return 1;
+#endif
+  int accepted = 0;
+  double now = json_number_value(json_object_get(v, "now"));
+  counting = 1;
+  json_array_foreach(json_object_get(v, "steps"), i, step) {
+    const char *rec = json_string_value(json_object_get(step, "record"));
+    accepted += ldp_state_accept(&state, &scratch, &t,
+                                 json_string_value(json_object_get(step, "collection")), rec,
+                                 strlen(rec), now, detail, sizeof detail) == LDP_OK;
+  }
+  counting = 0;
+  json_decref(v);
+  printf("state acceptance: %d states accepted, %ld allocations, parse arena peak %zu bytes\n",
+         accepted, allocations, ldp_parse_arena_peak());
+  ldp_parse_arena_lend(NULL, 0);
+  return accepted == 0;
+}
+
 int main(int argc, char **argv) {
   const char *dir = argc > 1 ? argv[1] : "../conformance";
   char path[1024], tmp[] = "/tmp/ldp-noheap-XXXXXX";
@@ -89,6 +132,7 @@ int main(int argc, char **argv) {
   snprintf(path, sizeof path, "%s/memo.json", dir);
   v = json_load_file(path, 0, &je);
   if (!v) return 2;
+  failed |= accept_states(dir);
   json_t *records = json_array();
   json_array_foreach(json_object_get(v, "events"), i, c)
     json_array_append(records, json_object_get(c, "record"));

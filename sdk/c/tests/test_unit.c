@@ -168,7 +168,15 @@ static void daily_cap_beyond_ledger_cap(void) {
   }
 }
 
+/* the caller's structs are the library's (ldp_limits.h); other sizes are told apart */
+static void abi_check(void) {
+  CHECK(LDP_ABI_CHECK() == LDP_OK, "LDP_ABI_CHECK with the library's limits");
+  CHECK(ldp_abi_check(sizeof(ldp_state) + 8, sizeof(ldp_ledger)) == LDP_E_ARG,
+        "an ldp_state of another size");
+}
+
 int main(void) {
+  abi_check();
   parse_errors();
   restart_keeps_ledger_and_sequence();
   restart_keeps_memos();

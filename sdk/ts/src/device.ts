@@ -1,6 +1,7 @@
 /** One device reporting to one collection: signed states, randomization, ledger, batches, and
  * a fetch transport to the HTTP gateway (ldpstream gateway). */
 import { encodeBatch } from "./batch.js";
+import { Credential, authenticateBatch } from "./identity.js";
 import { Ledger } from "./ledger.js";
 import { memoDraw, memoEpsilon, memoKeys, memoRecord } from "./memo.js";
 import { DrawSource, OsRandom } from "./rng.js";
@@ -59,6 +60,9 @@ export interface DeviceOptions {
   /** memoized collections: a record already sent in the period is sent again after this many
    * seconds (absent or <= 0: never) */
   resendEveryS?: number;
+  /** this device's own key (`ldpstream device-credentials`): every batch is authenticated;
+   * its deviceId must be `deviceId` (docs/security.md "Per-device identity") */
+  credential?: Credential;
 }
 
 /** A device: `refresh()` adopts the newest signed state, `report()` randomizes and queues a
@@ -78,6 +82,8 @@ export class Device {
     this.rng = opts.rng ?? new OsRandom();
     this.clock = opts.clock ?? (() => Date.now() / 1000);
     this.batchSize = opts.batchSize ?? 100;
+    if (opts.credential && opts.credential.deviceId !== opts.deviceId)
+      throw new Error("deviceId is not the credential's");
   }
 
   /** Offer one ldp.config record; a refused one is kept in `refusals` and thrown. */
@@ -167,10 +173,12 @@ export class Device {
     }
     if (!this.buffer.length) return;
     const sequence = await this.opts.ledger.takeSequence();
-    const batch = encodeBatch({
+    const plain = encodeBatch({
       collection: this.opts.collection, version: this.bufferVersion, sentAt: this.clock(),
       reports: this.buffer, deviceIds: this.buffer.map(() => this.opts.deviceId),
       key: { sender: this.opts.deviceId, sequence } });
+    const cred = this.opts.credential;
+    const batch = cred ? authenticateBatch(plain, cred) : plain;
     this.pending = batch;
     this.buffer = [];
     await this.opts.transport.send(this.opts.collection, batch);

@@ -6,4 +6,5 @@ export { DEFAULT_CEILING, Reason, State, StateRejected, Trust, Verifier, acceptS
 export { FileStorage, IndexedDbStorage, Ledger, LocalStorage, MemoryStorage, Storage } from
   "./ledger.js";
 export { BatchInput, encodeBatch } from "./batch.js";
+export { Credential, authenticateBatch, deriveCredential, parseCredential } from "./identity.js";
 export { Device, DeviceOptions, FetchTransport, ReportResult, Transport } from "./device.js";

@@ -2,14 +2,33 @@
  * (docs/device-protocol.md, "Randomization description"). */
 import { DrawSource, uniform } from "./rng.js";
 import { Memo, makeMemo, memoKind } from "./memo.js";
-import { Leaf, M64, MAX_ATTRS, MAX_CELLS, MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_WIDTH,
+import { Leaf, M64, MAX_ATTRS, MAX_CELLS, MAX_LABEL_BYTES, MAX_LABELS, MAX_MATRIX_ENTRIES,
+         MAX_STEPS, MAX_TABLES, MAX_WIDTH, bloomHamming, cellCount, utf8Length,
          PROGRAM_VERSION, Partition, Post, ProgramError, SchemaError, Select, Step, Table, apply,
          cumulative, grrEpsilon, isInt, isObj, ints, isPost, matrixEpsilon, mix64,
          partition, post, run } from "./steps.js";
 
 export { Memo } from "./memo.js";
-export { MAX_ATTRS, MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_WIDTH, PROGRAM_VERSION, ProgramError,
-         SchemaError, mix64 } from "./steps.js";
+export { MAX_ATTRS, MAX_LABEL_BYTES, MAX_LABELS, MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_TABLES,
+         MAX_WIDTH, PROGRAM_VERSION, ProgramError, SchemaError, mix64 } from "./steps.js";
+
+/** The label caps, in the order the C SDK fills its buffers (each name, then its labels):
+ * MAX_LABELS labels and MAX_LABEL_BYTES UTF-8 bytes, one more per string. */
+function checkText(attrs: string[], labels: string[][]): void {
+  let nLabels = 0, nBytes = 0;
+  attrs.forEach((name, j) => {
+    nBytes += utf8Length(name) + 1;
+    if (nBytes > MAX_LABEL_BYTES)
+      throw new ProgramError("device.attrs", `at most ${MAX_LABEL_BYTES} bytes of names and labels`);
+    nLabels += labels[j].length;
+    if (nLabels > MAX_LABELS)
+      throw new ProgramError(`device.labels[${j}]`, `at most ${MAX_LABELS} labels in all`);
+    for (const lab of labels[j]) nBytes += utf8Length(lab) + 1;
+    if (nBytes > MAX_LABEL_BYTES)
+      throw new ProgramError(`device.labels[${j}]`, `at most ${MAX_LABEL_BYTES} bytes of names ` +
+                             "and labels");
+  });
+}
 
 /** A checked randomization description (state.device). */
 export class Program {
@@ -24,6 +43,7 @@ export class Program {
   private readonly index: Map<string, number>[];
   private nSteps = 0;
   private matrixEntries = 0;
+  private nTables = 0;
 
   constructor(d: unknown) {
     if (!isObj(d)) throw new ProgramError("device", "must be an object");
@@ -43,6 +63,7 @@ export class Program {
     });
     if (!isInt(width) || width < 1 || width > MAX_WIDTH)
       throw new ProgramError("device.width", `must be an integer in [1, ${MAX_WIDTH}]`);
+    checkText(attrs as string[], labels as string[][]);
     this.attrs = attrs as string[];
     this.labels = labels as string[][];
     this.shape = this.labels.map((l) => l.length);
@@ -104,8 +125,7 @@ export class Program {
     if (out.length !== cols.length)
       throw new ProgramError(`${field}.out`, "must have as many columns as in");
     const sizes = cols.map((c) => this.shape[c]);
-    const cells = sizes.reduce((a, b) => a * b, 1);
-    if (cells > MAX_CELLS) throw new ProgramError(`${field}.in`, `${cells} cells > ${MAX_CELLS}`);
+    const cells = cellCount(sizes, `${field}.in`);
     if (d.op === "uniform")
       return { op: "uniform", cols, sizes, out, cells, p: 0, cum: new Float64Array(0), eps: 0 };
     if (d.op === "grr") {
@@ -139,7 +159,7 @@ export class Program {
     if (d.op === "keep") {
       const cols = ints(d.in, `${field}.in`, this.attrs.length);
       const sizes = cols.map((c) => this.shape[c]);
-      const cells = sizes.reduce((a, b) => a * b, 1);
+      const cells = cellCount(sizes, `${field}.in`);
       const p = d.p, fake = d.fake;
       if (typeof p !== "number" || !(p >= 0 && p <= 1))
         throw new ProgramError(`${field}.p`, "must be a number in [0, 1]");
@@ -185,13 +205,7 @@ export class Program {
       throw new ProgramError(`${field}.filters`, "must list, per value of one attribute, bit " +
                              `positions below ${bits} (values + 1 + positions count against ` +
                              `the ${MAX_MATRIX_ENTRIES} matrix entries in all)`);
-    const sets = (filters as number[][]).map((v) => new Set(v));
-    let ham = 0;
-    sets.forEach((a, i) => sets.slice(i + 1).forEach((b) => {
-      let h = 0;
-      for (let k = 0; k < bits; k++) if (a.has(k) !== b.has(k)) h++;
-      ham = Math.max(ham, h);
-    }));
+    const ham = bloomHamming(filters as number[][], bits);
     const eps = ham === 0 ? 0 : f <= 0 ? Infinity : Math.log((2 - f) / f) * ham;
     return { op: "bloom" as const, out, value: 0, cols, p: f, rowLen: bits,
              filters: filters as number[][], cum: new Float64Array(0), eps };
@@ -203,8 +217,9 @@ export class Program {
       throw new ProgramError(`${field}.seed`, "must be a u64 as a decimal string");
     const out = ints(d.out, `${field}.out`, this.width);
     const tabs = d.tables;
-    if (!Array.isArray(tabs) || tabs.length < 1 || tabs.length > MAX_STEPS)
-      throw new ProgramError(`${field}.tables`, `must be a list of 1..${MAX_STEPS} tables`);
+    this.nTables += Array.isArray(tabs) ? tabs.length : 0;
+    if (!Array.isArray(tabs) || tabs.length < 1 || this.nTables > MAX_TABLES)
+      throw new ProgramError(`${field}.tables`, `must be a list of 1..${MAX_TABLES} tables (in all)`);
     if (out.length > tabs.length) throw new ProgramError(`${field}.out`, "more slots than tables");
     const tables = tabs.map((t: unknown, i): Table => {
       const f = `${field}.tables[${i}]`;
@@ -212,7 +227,7 @@ export class Program {
         throw new ProgramError(`${f}.oracle`, "must be grr or olh");
       const cols = ints(t.in, `${f}.in`, this.attrs.length);
       const sizes = cols.map((c) => this.shape[c]);
-      const cells = sizes.reduce((a, b) => a * b, 1);
+      const cells = cellCount(sizes, `${f}.in`);
       const offset = t.offset;
       if (!isInt(offset) || offset < 0 || offset >= MAX_CELLS)
         throw new ProgramError(`${f}.offset`, `must be an integer in [0, ${MAX_CELLS})`);

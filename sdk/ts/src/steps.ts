@@ -4,11 +4,61 @@
 import { DrawSource, bernoulli, categorical, uniform } from "./rng.js";
 
 export const PROGRAM_VERSION = 1;
+/* the limits every SDK enforces (docs/device-protocol.md, "Limits") */
 export const MAX_ATTRS = 32;
 export const MAX_WIDTH = 1024;
 export const MAX_STEPS = 64;
 export const MAX_MATRIX_ENTRIES = 4096;
 export const MAX_CELLS = 2 ** 32;
+/** partition tables in all */
+export const MAX_TABLES = 64;
+/** category labels in all */
+export const MAX_LABELS = 1024;
+/** UTF-8 bytes of attribute names and labels, one more per string */
+export const MAX_LABEL_BYTES = 16384;
+
+/** UTF-8 bytes of a string (a lone surrogate counts as three, as WTF-8) */
+export function utf8Length(s: string): number {
+  let n = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x80) n += 1;
+    else if (c < 0x800) n += 2;
+    else if (c >= 0xd800 && c < 0xdc00 && i + 1 < s.length &&
+             (s.charCodeAt(i + 1) & 0xfc00) === 0xdc00) { n += 4; i++; }
+    else n += 3;
+  }
+  return n;
+}
+
+/** The product of the sizes as a cell count; a ProgramError naming field beyond 2^32. */
+export function cellCount(sizes: number[], field: string): number {
+  const cells = sizes.reduce((a, b) => a * b, 1);
+  if (cells > MAX_CELLS) throw new ProgramError(field, `${cells} cells > ${MAX_CELLS}`);
+  return cells;
+}
+
+/** The largest Hamming distance between two values' filters (sets of bit positions below
+ * bits): |A| + |B| - 2|A & B| with one value's bits marked, O(values x positions). */
+export function bloomHamming(filters: number[][], bits: number): number {
+  const mark = new Uint8Array(bits);
+  const sets = filters.map((v) => {
+    const u = v.filter((b) => mark[b] === 0 && (mark[b] = 1) === 1);
+    for (const b of u) mark[b] = 0;
+    return u;
+  });
+  let ham = 0;
+  for (let u = 0; u + 1 < sets.length; u++) {
+    for (const b of sets[u]) mark[b] = 1;
+    for (let v = u + 1; v < sets.length; v++) {
+      let both = 0;
+      for (const b of sets[v]) both += mark[b];
+      ham = Math.max(ham, sets[u].length + sets[v].length - 2 * both);
+    }
+    for (const b of sets[u]) mark[b] = 0;
+  }
+  return ham;
+}
 
 /** A description the device cannot run; `field` names the offending part. */
 export class ProgramError extends Error {

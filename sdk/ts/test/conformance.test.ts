@@ -5,8 +5,9 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
-import { Device, Ledger, Program, SchemaError, SplitMix64, State, StateRejected, Trust,
-         Transport, acceptState, bernoulli, categorical, uniform } from "../src/index.js";
+import { Device, Ledger, Program, ProgramError, SchemaError, SplitMix64, State, StateRejected,
+         Trust, Transport, acceptState, authenticateBatch, bernoulli, categorical,
+         deriveCredential, encodeBatch, parseCredential, uniform } from "../src/index.js";
 
 const DIR = new URL("../../../conformance/", import.meta.url);
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -177,6 +178,67 @@ test("mangled signed records get a decision, never a crash", () => {
       } catch (e) {
         assert.ok(e instanceof StateRejected, `flipped record: ${String(e)}`);
       }
+    }
+  }
+});
+
+test("identity: device keys, the credential, authenticated batches", async () => {
+  const v = load("identity.json");
+  const unhex = (s: string) => Uint8Array.from(Buffer.from(s, "hex"));
+  for (const c of v.derive) {
+    const cred = deriveCredential(unhex(c.fleet_secret), c.fleet, BigInt(c.device_id));
+    assert.equal(hex(cred.key), c.key, `${c.fleet} ${c.device_id}`);
+  }
+  const cred = parseCredential(v.credential.json);
+  assert.equal(cred.fleet, v.credential.fleet);
+  assert.equal(cred.deviceId, BigInt(v.credential.device_id));
+  assert.equal(hex(cred.key), v.credential.key);
+  assert.throws(() => parseCredential('{"fleet": "f", "device_id": 1, "key": "00"}'));
+  for (const b of v.batches) {
+    const c = { fleet: b.fleet, deviceId: BigInt(b.device_id), key: unhex(b.key) };
+    const plain = encodeBatch({ collection: b.collection, version: b.version, sentAt: b.sent_at,
+                                reports: b.reports,
+                                deviceIds: b.reports.map(() => c.deviceId),
+                                key: { sender: c.deviceId, sequence: BigInt(b.sequence) } });
+    const signed = authenticateBatch(plain, c);
+    assert.equal(hex(signed), b.hex, b.name);
+    assert.throws(() => authenticateBatch(signed, c));
+  }
+  // a device holding a credential sends its batches authenticated: the first randomize case
+  const r = load("randomize.json").cases[0];
+  const b = r.batch;
+  const dc = { fleet: "phones", deviceId: BigInt(b.device_id), key: unhex(v.batches[0].key) };
+  const ledger = await Ledger.open(0, 0);
+  await ledger.resumeSequenceAt(BigInt(b.sequence));
+  const sent = new Recording();
+  const device = new Device({ collection: b.collection, deviceId: dc.deviceId,
+                              trust: new Trust(load("states.json").public_key), ledger,
+                              transport: sent, batchSize: 1000, credential: dc,
+                              rng: new SplitMix64(BigInt(r.seed)), clock: () => b.sent_at });
+  device.state = { collection: b.collection, version: r.version, issuedAt: 0,
+                   expiresAt: Infinity, mechanism: r.family, program: new Program(r.device) };
+  for (const rec of r.records) await device.report(rec);
+  await device.flush();
+  assert.equal(hex(sent.batches[0]), hex(authenticateBatch(unhex(b.hex), dc)));
+
+test("descriptions beyond the limits are refused, those at them parse in time", () => {
+  const v = load("limits.json");
+  for (const c of v.cases) {
+    const t0 = performance.now();
+    let err: unknown = null, prog: Program | null = null;
+    try {
+      prog = new Program(c.device);
+    } catch (e) {
+      err = e;
+    }
+    const took = (performance.now() - t0) / 1000;
+    assert.ok(took <= v.max_parse_s, `${c.name}: parsed in ${took.toFixed(3)} s`);
+    if (c.expect === "accept") {
+      assert.ok(prog !== null, `${c.name}: refused: ${String(err)}`);
+      assert.ok(Math.abs(prog.epsilon - c.epsilon) <= 1e-12 * c.epsilon, c.name);
+    } else {
+      assert.ok(err instanceof ProgramError, `${c.name}: not refused`);
+      assert.ok(err.field.startsWith(c.field), `${c.name}: ${err.field} is not ${c.field}`);
     }
   }
 });

@@ -13,8 +13,20 @@ import { readFileSync } from "node:fs";
 
 import { OsRandom, Program } from "../src/index.js";
 import { memoAudit } from "./memo_audit.js";
+import { argsOrUsage } from "./records.js";
 
-const [mode, file, arg] = process.argv.slice(2);
+const USAGE = `usage: node dist/tools/sample.js MODE CASES_JSON N
+
+  audit randomize.json SAMPLES       counts of every small step, one JSON line each
+  bench randomize.json SECONDS       reports randomized per second on one core, per case
+  memo-audit memo.json SAMPLES       per memoized case and memo unit, counts of (true, reported)
+
+CASES_JSON is a conformance file of sdk/conformance/. Run from sdk/ts after npm run build.`;
+const [mode, file, arg] = argsOrUsage(USAGE, 3);
+if (!["audit", "bench", "memo-audit"].includes(mode) || !(Number(arg) > 0)) {
+  console.error(USAGE);
+  process.exit(2);
+}
 const rng = new OsRandom();
 const doc = JSON.parse(readFileSync(file, "utf8"));
 if (mode === "memo-audit") {

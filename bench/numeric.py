@@ -1,4 +1,4 @@
-"""``ldpstream bench numeric``: the numeric family (sw-hm, docs/numeric.md) against the issue's
+"""``ldpstream bench numeric``: the numeric family (sw-hm, docs/numeric.md) against its
 targets, side by side in one run, at ε ∈ {0.5, 1, 2, 4, 8} per attribute.
 
 1. Mean: the Monte Carlo variance of the PM, HM and Duchi mean estimates (R runs of n values

@@ -9,7 +9,7 @@ from importlib import resources
 
 #: the benchmarks, in the order ``ldpstream bench --help`` lists them
 BENCHES = ("castell", "adult", "pipeline", "mechanisms", "gateway", "refresh", "marginals",
-           "adaptive", "fetch", "sdk", "mqtt")
+           "adaptive", "fetch", "sdk", "mqtt", "numeric")
 #: bench name → module of this package, where they differ
 MODULES = {"refresh": "refresh_scale", "fetch": "fetch_guard"}
 #: benchmarks with options beyond --json and --quick

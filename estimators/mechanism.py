@@ -259,6 +259,9 @@ class Mechanism(ABC):
     default_estimators: ClassVar[tuple[str, ...]] = ()
     #: the family overrides :meth:`adapt` (a worker runs its controller: agents/control/controller.py)
     adaptive: ClassVar[bool] = False
+    #: capability: the family randomizes numeric attributes as numbers (docs/numeric.md); the
+    #: config refuses a numeric attribute for a family without it
+    numeric: ClassVar[bool] = False
     #: capability: the family overrides :meth:`count` (set for it by ``__init_subclass__``); the
     #: worker's fast histogram count (agents/ingest/intake.py) is used only when False
     custom_count: ClassVar[bool] = False
@@ -471,10 +474,13 @@ PROVIDERS: dict[str, str] = {
     "rs-rfd": "families.multi_baselines",
     "lopub": "families.lopub",
     "partitioned": "families.partitioned",
+    "sw-hm": "families.numeric",
 }
 
 #: the mechanism of a collection (or ``simulate`` run) that names none
 DEFAULT_MECHANISM = "rr-ind"
+#: the mechanism of a ``simulate --numeric`` run that names none (docs/numeric.md)
+DEFAULT_NUMERIC_MECHANISM = "sw-hm"
 
 #: the classes imported so far (filled by :func:`register`); use :func:`mechanism_class`
 MECHANISMS: dict[str, type[Mechanism]] = {}

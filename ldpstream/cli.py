@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from ldpstream.errors import CliError
-from ldpstream.estimators.mechanism import DEFAULT_MECHANISM
+from ldpstream.estimators.mechanism import DEFAULT_MECHANISM, DEFAULT_NUMERIC_MECHANISM
 from ldpstream.names import (
     DEFAULT_BIND,
     DEFAULT_GATEWAY_PORT,
@@ -35,8 +35,13 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated column names (default: the 8 Adult attributes)")
     p.add_argument("--generator", default=None,
                    help="synthetic correlated data instead of a CSV, e.g. 'corr:m=4,d=10,rho=0.7,n=20000'")
-    p.add_argument("--mechanism", default=DEFAULT_MECHANISM,
-                   help="any registered mechanism (an unknown name lists them)")
+    p.add_argument("--mechanism", default=None,
+                   help=f"any registered mechanism (an unknown name lists them; default "
+                        f"{DEFAULT_MECHANISM}, with --numeric {DEFAULT_NUMERIC_MECHANISM})")
+    p.add_argument("--numeric", default=None, metavar="COLS",
+                   help="numeric columns as they are, e.g. 'age,hours-per-week' or 'age=17:90' "
+                        "(a range; default the data's min and max): W1, mean and quantile "
+                        "errors per attribute (docs/numeric.md)")
     p.add_argument("--estimator", action="append", default=None,
                    help="repeatable: any estimator of the mechanism (an unknown one lists them)")
     p.add_argument("--ways", default=None,

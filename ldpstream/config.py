@@ -49,6 +49,7 @@ from ldpstream.estimators.mechanism import (
     TensorSpec,
     attribute_budget,
     mechanism_class,
+    mechanism_names,
 )
 from ldpstream.names import (
     DEFAULT_BATCH_REPORTS,
@@ -105,13 +106,19 @@ class CsvSchema(_Strict):
     columns: list[str] | None = Field(None, min_length=1,
                                       description="the columns to use, in order (required with "
                                                   "path; default: the 8 Adult attributes)")
+    numeric: dict[str, dict[str, Any]] | None = Field(
+        None, description="numeric columns: `{column: {min: a, max: b}}` (optional `grid`: "
+                          "points of its input grid, default 1025); values outside are clipped "
+                          "and counted (docs/numeric.md)")
 
 
 class Schema(_Strict):
     """The attributes of a record and their categories: exactly one of ``attributes``, ``csv``."""
 
-    attributes: dict[str, list[Any]] | None = Field(
-        None, min_length=1, description="attribute name → list of its categories (strings)")
+    attributes: dict[str, Any] | None = Field(
+        None, min_length=1, description="attribute name → list of its categories (strings), or "
+                                        "`{numeric: {min: a, max: b}}` for a numeric one "
+                                        "(docs/numeric.md)")
     csv: CsvSchema | None = Field(None, description="read the categories from a CSV file")
 
     @model_validator(mode="after")
@@ -126,7 +133,8 @@ class Schema(_Strict):
 
     def _derive(self, base_dir: Path) -> tuple[Domain, str]:
         csv = None if self.csv is None else (self.csv.path, self.csv.columns)
-        return domain_of(self.attributes, csv, base_dir)
+        return domain_of(self.attributes, csv, base_dir,
+                         None if self.csv is None else self.csv.numeric)
 
     @cached_property
     def domain(self) -> Domain:
@@ -274,6 +282,12 @@ class Collection(_Strict):
     @model_validator(mode="after")
     def _servable(self) -> Collection:
         """The mechanism builds from ``params`` and serves every (marginal, estimator) pair."""
+        numeric = self.domain.numeric_attrs()
+        if numeric and not mechanism_class(self.mechanism_name).numeric:
+            fits = [n for n in mechanism_names() if mechanism_class(n).numeric]
+            problems((".mechanism", f"attribute {numeric[0]!r} is numeric: {self.mechanism_name} "
+                                    f"randomizes categories (for numeric attributes: "
+                                    f"{', '.join(fits)}; docs/numeric.md)"))
         mech = build_mechanism(self, "")
         found = []
         for attrs in self.marginals:

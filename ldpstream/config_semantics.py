@@ -6,11 +6,12 @@ from __future__ import annotations
 import itertools
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ldpstream.config_errors import got, problems
 from ldpstream.datasets import ADULT_COLUMNS, DatasetError, adult_path, load_csv
 from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.estimators.kernels.numeric import DEFAULT_GRID, numeric_labels
 from ldpstream.suggest import did_you_mean
 from ldpstream.windows import BucketPolicy, Window, parse_window
 
@@ -59,9 +60,11 @@ def windows_of(names: Any, bucket_s: float | None) -> tuple[Window, ...]:
     return tuple(out)
 
 
-def domain_of(attributes: Mapping[str, list[Any]] | None,
-              csv: tuple[str | None, list[str] | None] | None, base_dir: Path) -> tuple[Domain, str]:
-    """The domain of a schema (``attributes`` or ``csv`` = (path, columns)) and its source."""
+def domain_of(attributes: Mapping[str, Any] | None,
+              csv: tuple[str | None, list[str] | None] | None, base_dir: Path,
+              numeric: Mapping[str, Any] | None = None) -> tuple[Domain, str]:
+    """The domain of a schema (``attributes`` or ``csv`` = (path, columns), its ``numeric``
+    columns) and its source."""
     if attributes is not None:
         return _attributes_domain(attributes), "attributes"
     assert csv is not None
@@ -74,19 +77,60 @@ def domain_of(attributes: Mapping[str, list[Any]] | None,
         if columns is None:
             problems((".csv.columns", "required when csv.path is given"))
         cols = tuple(columns)
+    specs = {c: numeric_spec(f".csv.numeric.{c}", v) for c, v in (numeric or {}).items()}
+    missing = [c for c in specs if c not in cols]
+    if missing:
+        problems((f".csv.numeric.{missing[0]}", f"not among the columns {', '.join(cols)}"
+                                                f"{did_you_mean(missing[0], cols)}"))
     try:
-        return _load_domain(str(file), cols), f"csv:{file}"
+        dom = _load_domain(str(file), cols, tuple(sorted(specs.items())))
     except DatasetError as exc:
         field_ = "columns" if "unknown column" in str(exc) else "path"
         problems((f".csv.{field_}", str(exc)))
+    return dom, f"csv:{file}"
 
 
-def _attributes_domain(attributes: Mapping[str, list[Any]]) -> Domain:
-    cats: dict[str, list[str]] = {}
+def numeric_spec(path: str, spec: Any) -> tuple[float, float, int]:
+    """``{min: a, max: b, grid: G}`` (grid optional) → (a, b, G); each bad field named."""
+    if not isinstance(spec, Mapping):
+        problems((path, f"must be {{min: a, max: b}} (got {got(spec)})"))
+    extra = [k for k in spec if k not in ("min", "max", "grid")]
+    if extra:
+        problems((f"{path}.{extra[0]}", "unknown field (allowed: min, max, grid)"))
+    found = []
+    for k in ("min", "max"):
+        v = spec.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) == float("inf"):
+            found.append((f"{path}.{k}", f"must be a finite number (got {got(v)})"))
+    g = spec.get("grid", DEFAULT_GRID)
+    if isinstance(g, bool) or not isinstance(g, int) or not 3 <= g <= 65_536:
+        found.append((f"{path}.grid", f"must be an integer in 3..65536 (got {got(g)})"))
+    if found:
+        problems(*found)
+    if not spec["min"] < spec["max"]:
+        problems((path, f"min must be below max (got {spec['min']!r}, {spec['max']!r})"))
+    return float(spec["min"]), float(spec["max"]), int(g)
+
+
+def _attributes_domain(attributes: Mapping[str, Any]) -> Domain:
+    cats: dict[str, Sequence[str]] = {}
+    ranges: list[tuple[float, float] | None] = []
     for name, values in attributes.items():
         p = f".attributes.{name}"
         if not name.strip() or "|" in name:
             problems((p, "attribute names must be non-empty and contain no '|'"))
+        if isinstance(values, Mapping):
+            if set(values) != {"numeric"}:
+                problems((p, "a numeric attribute is {numeric: {min: a, max: b}} (got keys "
+                             f"{', '.join(map(str, values))})"))
+            lo, hi, g = numeric_spec(f"{p}.numeric", values["numeric"])
+            cats[name] = numeric_labels(lo, hi, g)
+            ranges.append((lo, hi))
+            continue
+        if not isinstance(values, list):
+            problems((p, f"must be a list of categories or {{numeric: {{min: a, max: b}}}} (got "
+                         f"{got(values)})"))
+        ranges.append(None)
         out = []
         for k, v in enumerate(values):
             if isinstance(v, bool) or v is None:
@@ -101,20 +145,22 @@ def _attributes_domain(attributes: Mapping[str, list[Any]]) -> Domain:
         if dup is not None:
             problems((p, f"category {dup!r} is listed twice"))
         cats[name] = out
-    return Domain.from_categories(cats)
+    return Domain(tuple(cats), tuple(len(v) for v in cats.values()),
+                  tuple(tuple(v) for v in cats.values()), tuple(ranges))
 
 
-_DOMAIN_CACHE: dict[tuple[str, tuple[str, ...], float], Domain] = {}
+_DOMAIN_CACHE: dict[tuple[Any, ...], Domain] = {}
 
 
-def _load_domain(file: str, columns: tuple[str, ...]) -> Domain:
+def _load_domain(file: str, columns: tuple[str, ...],
+                 numeric: tuple[tuple[str, tuple[float, float, int]], ...] = ()) -> Domain:
     try:
         mtime = os.stat(file).st_mtime
     except OSError:
         mtime = -1.0
-    key = (file, columns, mtime)
+    key = (file, columns, mtime, numeric)
     if key not in _DOMAIN_CACHE:
-        _DOMAIN_CACHE[key] = load_csv(file, columns).domain
+        _DOMAIN_CACHE[key] = load_csv(file, columns, numeric=dict(numeric)).domain
     return _DOMAIN_CACHE[key]
 
 

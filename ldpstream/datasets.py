@@ -7,14 +7,15 @@ the encoding is stable across runs and machines.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.estimators.kernels.numeric import DEFAULT_GRID, numeric_labels, quantize
 from ldpstream.suggest import did_you_mean, plain
 
 #: the eight categorical Adult attributes used by [Castell] Table VI and [MDRR] §6
@@ -40,6 +41,10 @@ class DatasetError(ValueError):
 class Dataset:
     domain: Domain
     records: np.ndarray  # (n, m) category indices, dtype uint8/uint16, column order = domain.attrs
+    #: numeric columns: their values as read (before clipping and the grid)
+    values: Mapping[str, np.ndarray] = field(default_factory=dict)
+    #: numeric columns: how many values were clipped into the range
+    clipped: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -54,11 +59,15 @@ def _smallest_uint(max_value: int) -> type:
 
 
 def load_csv(path: str | Path | None = None, columns: Sequence[str] | None = None,
-             domain: Domain | None = None) -> Dataset:
+             domain: Domain | None = None,
+             numeric: Mapping[str, tuple[float, ...] | None] | None = None) -> Dataset:
     """Read ``columns`` of a CSV (header row; fields stripped of surrounding spaces).
 
     With ``domain`` (which must carry labels) values are encoded against it and a value outside it
     raises :class:`DatasetError`; otherwise the domain is built from the sorted distinct values.
+    A numeric column (``domain`` gives it a range, or ``numeric`` names it: with its (min, max)
+    or (min, max, grid points), or None for the column's own min and max) is read as numbers, clipped into the range
+    (counted in ``clipped``) and put on the nearest of the grid's points (docs/numeric.md).
     ``columns=None``: the domain's attributes, else every column of the header of ``path``, else
     (no path) the bundled Adult file and its eight categorical attributes.
     """
@@ -103,7 +112,31 @@ def load_csv(path: str | Path | None = None, columns: Sequence[str] | None = Non
     table = np.array(rows, dtype=object)[:, idx].astype(str)
     table = np.char.strip(table)
     cats, codes = [], []
+    ranges: list[tuple[float, float] | None] = []
+    values, clipped = {}, {}
+    numeric = dict(numeric or {})
+    unknown = [c for c in numeric if c not in columns]
+    if unknown:
+        raise DatasetError(f"{path}: numeric column {unknown[0]!r} is not among the columns "
+                           f"{', '.join(columns)}{did_you_mean(unknown[0], columns)}")
     for j, name in enumerate(columns):
+        given = domain.numeric_range(name) if domain is not None else None
+        if given is not None or name in numeric:
+            x = _numbers(path, name, table[:, j])
+            spec = given or numeric[name] or (float(x.min()), float(x.max()))
+            lo, hi = float(spec[0]), float(spec[1])
+            if not lo < hi:
+                raise DatasetError(f"{path}: numeric column {name!r} needs min < max (got "
+                                   f"{lo:g}, {hi:g})")
+            G = (domain.shape[domain.axes((name,))[0]] if domain is not None
+                 else int(spec[2]) if len(spec) > 2 else DEFAULT_GRID)
+            code, clipped[name] = quantize(x, lo, hi, G)
+            values[name] = x
+            cats.append(numeric_labels(lo, hi, G))
+            codes.append(code)
+            ranges.append((lo, hi))
+            continue
+        ranges.append(None)
         if domain is not None:
             known = domain.project((name,)).labels
             if known is None:
@@ -127,22 +160,41 @@ def load_csv(path: str | Path | None = None, columns: Sequence[str] | None = Non
             if len(uniq) > MAX_NUMERIC_CATEGORIES and _numeric(uniq):
                 raise DatasetError(
                     f"{path}: column {name!r} looks numeric with {len(uniq):,} distinct values; "
-                    f"every distinct value would be a category. Bin it into at most "
-                    f"{MAX_NUMERIC_CATEGORIES} ranges first (e.g. a column {name}_bin with values "
-                    f"like 20-29, 30-39), or list its categories under schema.attributes")
+                    f"every distinct value would be a category. Declare it numeric (schema.csv."
+                    f"numeric: {{{name}: {{min: ..., max: ...}}}}, or simulate --numeric {name}; "
+                    f"docs/numeric.md), bin it into at most {MAX_NUMERIC_CATEGORIES} ranges first, "
+                    f"or list its categories under schema.attributes")
             cats.append(tuple(uniq.tolist()))
         codes.append(code)
-    dom = Domain(columns, tuple(len(c) for c in cats), tuple(cats))
+    dom = Domain(columns, tuple(len(c) for c in cats), tuple(cats), tuple(ranges))
     dtype = _smallest_uint(max(dom.shape))
-    return Dataset(dom, np.stack(codes, axis=1).astype(dtype))
+    return Dataset(dom, np.stack(codes, axis=1).astype(dtype), values, clipped)
+
+
+def _numbers(path: Path, name: str, column: np.ndarray) -> np.ndarray:
+    """A numeric column's values as floats; a missing or non-numeric one raises naming it."""
+    try:
+        x = column.astype(float)
+    except ValueError:
+        bad = next(i for i, v in enumerate(column.tolist()) if not _is_number(v))
+        raise DatasetError(f"{path}: numeric column {name!r} has value {plain(column[bad])!r} on "
+                           f"line {bad + 2}, not a number") from None
+    if not np.all(np.isfinite(x)):
+        bad = int(np.flatnonzero(~np.isfinite(x))[0])
+        raise DatasetError(f"{path}: numeric column {name!r} has value {plain(column[bad])!r} on "
+                           f"line {bad + 2}, not a finite number")
+    return x
+
+
+def _is_number(v: str) -> bool:
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
 
 
 def _numeric(values: np.ndarray) -> bool:
     """True when every value parses as a number (``?`` and blanks, i.e. missing, are ignored)."""
     present = [v for v in values.tolist() if v not in ("", "?")]
-    try:
-        for v in present:
-            float(v)
-    except ValueError:
-        return False
-    return bool(present)
+    return bool(present) and all(_is_number(v) for v in present)

@@ -52,7 +52,8 @@ def test_a_numeric_column_with_many_values_is_refused_with_a_hint():
     with pytest.raises(DatasetError) as exc:
         load_csv(None, ["age", "sex"])  # 73 distinct ages in the bundled Adult
     msg = str(exc.value)
-    assert "'age'" in msg and "73 distinct values" in msg and "Bin it" in msg
+    assert "'age'" in msg and "73 distinct values" in msg and "bin it" in msg
+    assert "Declare it numeric" in msg and "simulate --numeric age" in msg
     # a few numeric values are categories like any other; so are many non-numeric ones
     assert load_csv(None, ["education-num", "sex"]).domain.shape == (16, 2)
     assert load_csv(None, ["native-country"]).domain.shape[0] == 42
@@ -67,7 +68,8 @@ def test_a_config_over_a_numeric_column_names_the_field(tmp_path):
                     "    epsilon: 1\n    marginals: [[hours-per-week, sex]]\n")
     with pytest.raises(ConfigError) as exc:
         load_config(path)
-    assert str(exc.value).startswith("collections[0].schema.csv.") and "Bin it" in str(exc.value)
+    assert str(exc.value).startswith("collections[0].schema.csv.") and "bin it" in str(exc.value) \
+        and "schema.csv.numeric" in str(exc.value)
 
 
 def test_corr_family_refuses_ways_with_a_reason(capsys):

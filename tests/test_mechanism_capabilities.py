@@ -113,6 +113,8 @@ def test_capability_defaults_and_overrides(name):
     if name in ("rr-ind", "rr-joint", "rr-clusters"):
         np.testing.assert_array_equal(table, marginal_counts(DOM, counts, ("a", "b")))
         assert per_attribute is not None and 0 < per_attribute <= mech.epsilon * (1 + 1e-12)
+    elif name == "sw-hm":   # one channel per attribute, no multinomial table of a marginal
+        assert table is None and per_attribute == pytest.approx(mech.epsilon / 3, rel=1e-9)
     else:
         assert table is None and per_attribute is None
     assert mech.memoization() is None

@@ -43,7 +43,7 @@ def records(n, seed=0):
 def test_one_registry_lists_every_family():
     assert mechanism_names() == tuple(PROVIDERS) == (
         "rr-ind", "rr-joint", "rr-clusters", "rrba", "corr-rr", "corr-rr-paper", "spl", "smp",
-        "rs-fd", "rs-rfd", "lopub", "partitioned")
+        "rs-fd", "rs-rfd", "lopub", "partitioned", "sw-hm")
     with pytest.raises(ValueError) as ei:
         mechanism_class("rr-indd")
     assert str(ei.value) == ("unknown mechanism 'rr-indd' (known: " + ", ".join(PROVIDERS)
@@ -249,7 +249,7 @@ def test_config_rejects_marginals_the_mechanism_cannot_serve(mechanism, marginal
 @pytest.mark.parametrize("name", list(PROVIDERS))
 def test_every_family_is_configurable(name):
     cls = mechanism_class(name)
-    one_way = name in ("corr-rr", "corr-rr-paper", "spl", "smp", "rs-fd", "rs-rfd")
+    one_way = name in ("corr-rr", "corr-rr-paper", "spl", "smp", "rs-fd", "rs-rfd", "sw-hm")
     marginals = [["a"], ["b"]] if one_way else [["a", "b"]]
     est = "lasso" if name == "lopub" else cls.estimators[0]
     app = parse_config(_config(name, marginals, [est], params=PARAMS.get(name, {})), env={})

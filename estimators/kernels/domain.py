@@ -30,11 +30,15 @@ from ldpstream.suggest import did_you_mean, plain
 
 @dataclass(frozen=True)
 class Domain:
-    """Ordered attribute names with their domain sizes (and optional category labels)."""
+    """Ordered attribute names with their domain sizes (and optional category labels).
+
+    ``ranges``: per attribute, None (categorical) or (min, max) of a numeric attribute whose
+    ``shape`` points are an even grid on [min, max] (docs/numeric.md)."""
 
     attrs: tuple[str, ...]
     shape: tuple[int, ...]
     labels: tuple[tuple[str, ...], ...] | None = field(default=None, compare=False)
+    ranges: tuple[tuple[float, float] | None, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attrs", tuple(str(a) for a in self.attrs))
@@ -51,6 +55,14 @@ class Domain:
             if len(labels) != len(self.attrs) or any(len(l) != s for l, s in zip(labels, self.shape)):
                 raise ValueError("domain: labels must list exactly shape[i] categories per attribute")
             object.__setattr__(self, "labels", labels)
+        if self.ranges is not None:
+            if len(self.ranges) != len(self.attrs):
+                raise ValueError("domain: ranges must give one entry (or None) per attribute")
+            rs = tuple(None if r is None else (float(r[0]), float(r[1])) for r in self.ranges)
+            for a, r in zip(self.attrs, rs):
+                if r is not None and not r[0] < r[1]:
+                    raise ValueError(f"domain: attribute {a!r}: min must be below max, got {r}")
+            object.__setattr__(self, "ranges", rs if any(r is not None for r in rs) else None)
 
     @classmethod
     def from_categories(cls, categories: Mapping[str, Sequence[str]]) -> "Domain":
@@ -59,15 +71,31 @@ class Domain:
                    tuple(tuple(v) for v in categories.values()))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serializable form (attrs, shape, labels or None); :meth:`from_dict` inverts it."""
-        return {"attrs": list(self.attrs), "shape": list(self.shape),
-                "labels": None if self.labels is None else [list(lab) for lab in self.labels]}
+        """JSON-serializable form (attrs, shape, labels or None, ranges when an attribute is
+        numeric); :meth:`from_dict` inverts it."""
+        out: dict[str, Any] = {
+            "attrs": list(self.attrs), "shape": list(self.shape),
+            "labels": None if self.labels is None else [list(lab) for lab in self.labels]}
+        if self.ranges is not None:
+            out["ranges"] = [None if r is None else list(r) for r in self.ranges]
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Domain":
         labels = d.get("labels")
+        ranges = d.get("ranges")
         return cls(tuple(d["attrs"]), tuple(d["shape"]),
-                   None if labels is None else tuple(tuple(lab) for lab in labels))
+                   None if labels is None else tuple(tuple(lab) for lab in labels),
+                   None if ranges is None else tuple(None if r is None else (r[0], r[1])
+                                                     for r in ranges))
+
+    def numeric_range(self, attr: str) -> tuple[float, float] | None:
+        """(min, max) of a numeric attribute, None for a categorical one."""
+        return None if self.ranges is None else self.ranges[self.axes((attr,))[0]]
+
+    def numeric_attrs(self) -> tuple[str, ...]:
+        """The numeric attributes, in domain order."""
+        return tuple(a for a in self.attrs if self.numeric_range(a) is not None)
 
     def categories(self, attr: str) -> tuple[str, ...]:
         """The category labels of ``attr`` (``"0"…"d-1"`` when the domain has no labels)."""
@@ -123,7 +151,8 @@ class Domain:
         attrs = tuple(attrs)
         ax = self.axes(attrs)
         labels = None if self.labels is None else tuple(self.labels[i] for i in ax)
-        return Domain(attrs, tuple(self.shape[i] for i in ax), labels)
+        ranges = None if self.ranges is None else tuple(self.ranges[i] for i in ax)
+        return Domain(attrs, tuple(self.shape[i] for i in ax), labels, ranges)
 
     def marginalize(self, attrs: Iterable[str]) -> "Domain":
         """The sub-domain without ``attrs``."""

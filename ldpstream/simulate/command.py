@@ -17,6 +17,9 @@ __all__ = ["main"]
 def main(args: Any) -> int:
     if getattr(args, "epsilon", None) is not None:
         check_epsilon(args.epsilon)
+    if getattr(args, "numeric", None):
+        from ldpstream.simulate.numeric import main as numeric_main
+        return numeric_main(args)
     if getattr(args, "compare", False):
         return compare_main(args)
     if getattr(args, "memoize", False):

@@ -49,6 +49,7 @@ from ldpstream.datasets import ADULT_COLUMNS, Dataset, DatasetError, load_csv
 from ldpstream.estimators.kernels import metrics as M
 from ldpstream.estimators.kernels.proper import clip_rescale
 from ldpstream.estimators.mechanism import (
+    DEFAULT_MECHANISM,
     CountBook,
     Estimate,
     Mechanism,
@@ -366,6 +367,8 @@ def load_dataset(data: str | None, columns: str | None, generator: str | None = 
 
 
 def plan_from_args(args: Any) -> Plan:
+    if args.mechanism is None:
+        args.mechanism = DEFAULT_MECHANISM
     if args.mechanism not in mechanism_names():
         raise CliError(f"--mechanism: unknown mechanism {args.mechanism!r}; choose one of "
                        + ", ".join(mechanism_names()))

@@ -1,0 +1,503 @@
+"""``sw-hm``: numeric attributes (docs/numeric.md), each reported through one channel whose
+outputs are cells, so reports are counted like any other family's.
+
+An attribute with a range (the schema's, or the ``ranges`` parameter) is numeric: its domain
+size G is the number of points of its input grid on [min, max], a record holds the grid index of
+each value (:func:`~.numeric.quantize`); any other attribute is categorical and goes through
+GRR(ε). Per numeric attribute a report is one cell of
+
+* the mean task (probability ``mean_share``): Duchi, PM or HM [Wang et al., ICDE 2019] on
+  t ∈ [−1, 1], PM rounded without bias to ``mean_grid`` points; ``mean: auto`` takes the one
+  with the smallest worst-case variance at ε (:func:`~.numeric.choose_mean`), or
+* the distribution task: Square Wave [Li et al., SIGMOD 2020] bucketed into ``buckets`` cells
+  (default from ε: :func:`sw_buckets`).
+
+The attribute's channel is ``[s·P_mean, (1−s)·P_sw]`` (G × cells): its ε is computed from it and
+is the attribute's ε (each task at full ε, a device does one of them). Estimators:
+
+* ``mean`` — the unbiased mean with a normal interval from the reports' own variance;
+* ``distribution`` — EMS on the SW cells at a granularity chosen from ε and n
+  (:func:`~.numeric.auto_bins`), with quantiles, the CDF, range masses and their 95 % intervals
+  and a bound on the W1 error, from the unbiased least-squares CDF (:func:`~.numeric.unbiased_cdf`);
+* either, of a (categorical, numeric) pair: per category (docs/numeric.md "By category").
+"""
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from scipy.stats import norm
+
+from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.kernels import numeric as nm
+from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, product_channel_bound, stream, unbounded
+from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.kernels.proper import project_simplex
+from ldpstream.estimators.mechanism import (
+    Estimate,
+    Mechanism,
+    ParamError,
+    Params,
+    TensorSpec,
+    attribute_budget,
+    marginal_key,
+    register,
+)
+
+__all__ = ["Numeric", "sw_buckets", "band_bins", "numeric_domain", "QUANTILES", "SEED"]
+
+#: the quantiles every distribution estimate serves (with intervals)
+QUANTILES = (0.5, 0.9, 0.99)
+#: normal draws of the W1 bound's noise term
+W1_DRAWS = 400
+#: the W1 draws' seed (bounds are a function of the counts: bounds.stream)
+SEED = 31_337
+#: most bins of the unbiased CDF the bounds come from
+BAND_BINS = 32
+#: default points of the PM output grid
+MEAN_GRID = 129
+
+
+def sw_buckets(eps: float) -> int:
+    """SW output buckets: the power of two giving at least four buckets per window 2b (so a
+    bucket can lie wholly inside the window and ε is attained), between 128 and 1024."""
+    b = nm.sw_b(eps)
+    need = 4 * (1 + 2 * b) / (2 * b)
+    return int(min(1024, max(128, 2 ** math.ceil(math.log2(need)))))
+
+
+def band_bins(d: int, buckets: int) -> int:
+    """Bins of the unbiased CDF behind the bounds: at most :data:`BAND_BINS`, the estimate's
+    d, and half the SW buckets (so the least squares is overdetermined)."""
+    return int(min(BAND_BINS, d, buckets // 2))
+
+
+def _range(attr: str, raw: Any) -> tuple[float, float]:
+    """``{min: a, max: b}`` or ``[a, b]`` → (a, b) with a < b, both finite."""
+    if isinstance(raw, Mapping):
+        unknown = [k for k in raw if k not in ("min", "max")]
+        if unknown:
+            raise ParamError(f"ranges.{attr}", f"unknown key {unknown[0]!r} (allowed: min, max)")
+        lo, hi = raw.get("min"), raw.get("max")
+    elif isinstance(raw, (list, tuple)) and len(raw) == 2:
+        lo, hi = raw
+    else:
+        raise ParamError(f"ranges.{attr}", f"must be {{min: a, max: b}} (got {raw!r})")
+    for k, v in (("min", lo), ("max", hi)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+            raise ParamError(f"ranges.{attr}.{k}", f"must be a finite number (got {v!r})")
+    assert isinstance(lo, (int, float)) and isinstance(hi, (int, float))
+    if not lo < hi:
+        raise ParamError(f"ranges.{attr}", f"min must be below max (got {lo!r}, {hi!r})")
+    return float(lo), float(hi)
+
+
+@register
+class Numeric(Mechanism):
+    """Means (Duchi/PM/HM) and distributions (SW + EMS) of numeric attributes."""
+
+    name = "sw-hm"
+    numeric = True
+    estimators = ("distribution", "mean")
+    default_estimators = ("distribution",)
+
+    def __init__(self, domain: Domain, ranges: Mapping[str, tuple[float, float]],
+                 epsilon: float | Sequence[float], *, mean: str = "auto", mean_share: float = 0.5,
+                 buckets: int | None = None, mean_grid: int = MEAN_GRID,
+                 version: int = 0) -> None:
+        super().__init__(domain, version)
+        m = len(domain)
+        eps = [float(epsilon)] * m if np.isscalar(epsilon) else [float(e) for e in epsilon]  # type: ignore[arg-type]  # a sequence here
+        if len(eps) != m or any(not np.isfinite(e) or e <= 0 for e in eps):
+            raise ValueError(f"numeric: need {m} finite epsilons > 0 (got {eps})")
+        unknown = [a for a in ranges if a not in domain.attrs]
+        if unknown:
+            raise ParamError(f"ranges.{unknown[0]}", f"not an attribute of {list(domain.attrs)}")
+        #: the numeric attributes' ranges (an attribute without one is categorical: GRR)
+        self.ranges = {a: (float(ranges[a][0]), float(ranges[a][1])) for a in domain.attrs
+                       if a in ranges}
+        if mean != "auto" and mean not in nm.MEAN_MECHANISMS:
+            raise ParamError("mean", f"must be auto or one of {', '.join(nm.MEAN_MECHANISMS)}")
+        if not 0 <= mean_share <= 1:
+            raise ParamError("mean_share", f"must be in [0, 1] (got {mean_share})")
+        self.eps_in = eps
+        self.mean_spec = mean
+        self.mean_share = float(mean_share)
+        self.mean_grid = int(mean_grid)
+        self.mean_mechs = [nm.choose_mean(e, self.mean_grid) if mean == "auto" else mean
+                           for e in eps]
+        self.buckets = [int(buckets) if buckets else sw_buckets(e) for e in eps]
+
+    # --- channels -------------------------------------------------------------------------------
+    def is_numeric(self, j: int) -> bool:
+        return self.domain.attrs[j] in self.ranges
+
+    def mean_part(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """(P_mean (G × Km), outputs on [−1, 1]'s scale) of attribute j."""
+        return self._mean_parts[j]
+
+    @cached_property
+    def _mean_parts(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        return {j: nm.mean_channel(mm, e, nm.grid_t(G), self.mean_grid)
+                for j, (mm, e, G) in enumerate(zip(self.mean_mechs, self.eps_in,
+                                                   self.domain.shape)) if self.is_numeric(j)}
+
+    @cached_property
+    def _sw_parts(self) -> dict[int, np.ndarray]:
+        return {j: nm.sw_channel(e, nm.grid_v(G), k)
+                for j, (e, G, k) in enumerate(zip(self.eps_in, self.domain.shape, self.buckets))
+                if self.is_numeric(j)}
+
+    def sw_part(self, j: int) -> np.ndarray:
+        """P_sw (G × buckets) of attribute j."""
+        return self._sw_parts[j]
+
+    def mean_cells(self, j: int) -> int:
+        return int(self._mean_parts[j][1].size)
+
+    def channel(self, j: int) -> np.ndarray:
+        """The channel attribute j's reports go through: [s·P_mean, (1−s)·P_sw] (numeric),
+        GRR(ε) (categorical)."""
+        if not self.is_numeric(j):
+            return ch.grr(self.eps_in[j], self.domain.shape[j])
+        return np.concatenate([self.mean_share * self.mean_part(j)[0],
+                               (1 - self.mean_share) * self.sw_part(j)], axis=1)
+
+    @cached_property
+    def epsilons(self) -> list[float]:
+        """ε of every attribute, computed from its channel."""
+        return [nm.epsilon(self.channel(j)) for j in range(len(self.domain))]
+
+    @property
+    def epsilon(self) -> float:
+        return float(sum(self.epsilons))
+
+    def epsilon_per_attribute(self) -> float:
+        return float(max(self.epsilons))
+
+    # --- device side ----------------------------------------------------------------------------
+    @property
+    def report_width(self) -> int:
+        return len(self.domain)
+
+    def report_bounds(self) -> np.ndarray:
+        return np.array([self.mean_cells(j) + k if self.is_numeric(j) else self.domain.shape[j]
+                         for j, k in enumerate(self.buckets)], dtype=np.int64)
+
+    def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Per attribute: the mean task with probability ``mean_share`` (its mechanism's cell),
+        else SW's bucket shifted past the mean cells; the direct samplers of the channels."""
+        records = np.asarray(records)
+        if records.ndim != 2 or records.shape[1] != len(self.domain):
+            raise ValueError(f"records must be (n, {len(self.domain)}), got {records.shape}")
+        out = np.empty(records.shape, dtype=np.uint16)
+        for j, (G, e) in enumerate(zip(self.domain.shape, self.eps_in)):
+            x = records[:, j].astype(np.int64)
+            if len(x) and (x.min() < 0 or x.max() >= G):
+                raise ValueError(f"attribute {self.domain.attrs[j]!r}: grid index outside 0…{G - 1}")
+            if not self.is_numeric(j):
+                out[:, j] = ch.randomize(x, self.channel(j), rng)
+                continue
+            task = rng.random(len(x)) < self.mean_share
+            cell = np.empty(len(x), dtype=np.int64)
+            cell[task] = nm.sample_mean(self.mean_mechs[j], e, nm.grid_t(G)[x[task]],
+                                        self.mean_grid, rng)
+            cell[~task] = self.mean_cells(j) + nm.sample_sw(e, nm.grid_v(G)[x[~task]],
+                                                            self.buckets[j], rng)
+            out[:, j] = cell
+        return out
+
+    def encode(self, values: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+        """Raw values ``(n, m)`` (domain order) → grid indices, and how many were clipped per
+        attribute."""
+        values = np.asarray(values, dtype=float)
+        out = np.empty(values.shape, dtype=np.int64)
+        clipped = {}
+        for j, a in enumerate(self.domain.attrs):
+            if a in self.ranges:
+                out[:, j], clipped[a] = nm.quantize(values[:, j], *self.ranges[a],
+                                                    self.domain.shape[j])
+            else:
+                out[:, j] = values[:, j].astype(np.int64)
+        return out, clipped
+
+    # --- server side ----------------------------------------------------------------------------
+    def tensors(self, marginals: Sequence[Sequence[str]]) -> list[TensorSpec]:
+        out, seen = [], set()
+        bounds = self.report_bounds()
+        for attrs in marginals:
+            attrs = tuple(attrs)
+            key = marginal_key(attrs)
+            if key in seen:
+                continue
+            seen.add(key)
+            cols = self.domain.axes(attrs)
+            out.append(TensorSpec(key, attrs, tuple(int(bounds[j]) for j in cols), cols))
+        return out
+
+    def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
+        """One numeric attribute (mean, distribution), one categorical (distribution), or a
+        categorical and a numeric one (both, per category)."""
+        why = super().check_marginal(attrs, method)
+        if why is not None:
+            return why
+        num = [a for a in attrs if a in self.ranges]
+        if len(attrs) == 1 and not num and method == "mean":
+            return f"{attrs[0]!r} is categorical: it has a distribution, not a mean"
+        if len(attrs) == 2 and len(num) == 1 or len(attrs) == 1:
+            return None
+        return (f"{self.name} estimates one attribute, or a numeric one per category of a "
+                f"categorical one (got {list(attrs)})")
+
+    def _split(self, counts: Mapping[str, np.ndarray], attr: str) -> tuple[int, np.ndarray,
+                                                                           np.ndarray]:
+        j = self.domain.axes((attr,))[0]
+        c = np.asarray(one_way(counts, attr), dtype=np.int64)
+        k = self.mean_cells(j)
+        return j, c[:k], c[k:]
+
+    def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str], method: str,
+                 **options: Any) -> Estimate:
+        """``mean`` or ``distribution`` of the one attribute in ``attrs`` (values in its own
+        units). Options of ``distribution``: ``bins`` (default :func:`~.numeric.auto_bins`),
+        ``ranges`` (list of (a, b): masses of [a, b] with intervals)."""
+        why = self.check_marginal(attrs, method)
+        if why:
+            raise ValueError(why)
+        if len(attrs) == 2:
+            return self._by_category(counts, tuple(attrs), method)
+        (a,) = tuple(attrs)
+        if a not in self.ranges:
+            return self._categorical(counts, a)
+        lo, hi = self.ranges[a]
+        j, cm, cs = self._split(counts, a)
+        if method == "mean":
+            return self._mean(a, j, cm, lo, hi)
+        return self._distribution(a, j, cs, lo, hi, options)
+
+    def _mean(self, a: str, j: int, cm: np.ndarray, lo: float, hi: float) -> Estimate:
+        r = nm.mean_estimate(cm, self.mean_part(j)[1], LEVEL)
+        unit = lambda t: lo + (t + 1) / 2 * (hi - lo)  # noqa: E731
+        w = float(np.clip((r.mean + 1) / 2, 0, 1))
+        dom = self.domain.project((a,))
+        ends = np.zeros(dom.shape[0])
+        ends[0], ends[-1] = 1 - w, w   # the distribution on the range's ends with this mean
+        extra = {"mean": unit(r.mean), "mean_low": unit(r.low), "mean_high": unit(r.high),
+                 "stderr": r.stderr * (hi - lo) / 2, "level": LEVEL, "reports": r.n,
+                 "mechanism": self.mean_mechs[j], "min": lo, "max": hi}
+        b = unbounded(ends)
+        return Estimate(Factor(dom, ends), "mean", r.n, self.epsilon, error_bound=b.tvd,
+                        bound=b, extra=extra)
+
+    def _distribution(self, a: str, j: int, cs: np.ndarray, lo: float, hi: float,
+                      options: Mapping[str, Any]) -> Estimate:
+        n = int(cs.sum())
+        if n < 1:
+            raise ValueError(f"no distribution reports counted for {a!r}")
+        G = self.domain.shape[j]
+        d = min(G, int(options.get("bins") or nm.auto_bins(self.eps_in[j], n)))
+        x, iters = nm.ems(cs, nm.binned_channel(self.sw_part(j), d))
+        band = nm.unbiased_cdf(cs, nm.binned_channel(self.sw_part(j), band_bins(d, len(cs))))
+        z = float(norm.ppf(0.5 + LEVEL / 2))
+        span = hi - lo
+        unit = lambda v: lo + float(v) * span  # noqa: E731
+        e = band.edges
+        F = nm.cdf_at(x, e)
+        quantiles = {}
+        for p, qv in zip(QUANTILES, nm.quantile(x, QUANTILES)):
+            ql, qh = band.quantile_interval(p, z)
+            quantiles[f"{p:g}"] = [unit(qv), unit(min(ql, qv)), unit(max(qh, qv))]
+        # W1 ≤ W1(EMS, unbiased CDF) + W1(unbiased CDF, truth) (the second: its noise's quantile)
+        gap = float(np.trapezoid(np.abs(F - band.F), e))
+        w1 = (gap + band.w1_noise(LEVEL, W1_DRAWS, stream(SEED, cs))) * span
+        extra: dict[str, Any] = {
+            "bins": d, "reports": n, "iterations": iters, "min": lo, "max": hi,
+            "mean": unit(x @ nm.grid_mid(d)), "quantiles": quantiles,
+            "cdf_at": [unit(v) for v in e], "cdf": F.tolist(),
+            "cdf_low": np.clip(band.F - z * band.se, 0, 1).tolist(),
+            "cdf_high": np.clip(band.F + z * band.se, 0, 1).tolist(),
+            "w1_bound": w1, "w1_coverage": AT_LEAST, "level": LEVEL}
+        if options.get("ranges"):
+            extra["ranges"] = [self._range_mass(x, band, lo, hi, ra, rb, z)
+                               for ra, rb in options["ranges"]]
+        extra["histogram"] = x.tolist()
+        # on the attribute's grid: each bin's mass spread over its grid points
+        which = nm.bin_of_grid(G, d)
+        grid = x[which] / np.bincount(which, minlength=d)[which]
+        b = unbounded(grid)   # on the grid only W1 is bounded (extra["w1_bound"])
+        return Estimate(Factor(self.domain.project((a,)), grid), "distribution", n,
+                        self.epsilon, error_bound=b.tvd, bound=b, iterations=iters, extra=extra)
+
+    def _categorical(self, counts: Mapping[str, np.ndarray], a: str) -> Estimate:
+        """A categorical attribute's distribution: the GRR inverse, projected on the simplex."""
+        j = self.domain.axes((a,))[0]
+        c = np.asarray(one_way(counts, a), dtype=float)
+        n = float(c.sum())
+        if n <= 0:
+            raise ValueError(f"no reports counted for {a!r}")
+        raw = np.linalg.solve(self.channel(j).T, c / n)
+        b = product_channel_bound(c, [self.channel(j)])
+        dom = self.domain.project((a,))
+        return Estimate(Factor(dom, raw), "distribution", int(n), self.epsilon,
+                        error_bound=b.tvd, bound=b, projected=Factor(dom, project_simplex(raw)))
+
+    def _by_category(self, counts: Mapping[str, np.ndarray], attrs: tuple[str, str],
+                     method: str) -> Estimate:
+        """The numeric attribute per category of the categorical one: the joint counts of their
+        cells, the categorical axis inverted through its GRR (unbiased per-category cell counts,
+        signed), then per category the mean (a ratio, its interval by the delta method) or EMS
+        on the clipped SW counts (docs/numeric.md "By category")."""
+        c_attr, x_attr = attrs if attrs[1] in self.ranges else attrs[::-1]
+        jc, jx = self.domain.axes((c_attr, x_attr))
+        T = np.asarray(joint(counts, (c_attr, x_attr)), dtype=float)   # (categories, cells)
+        n = int(T.sum())
+        if n <= 0:
+            raise ValueError(f"no reports counted for {list(attrs)}")
+        A = np.linalg.inv(self.channel(jc).T)
+        Mc = A @ T                                  # unbiased counts per true category
+        share = project_simplex(Mc.sum(axis=1) / n)
+        lo, hi = self.ranges[x_attr]
+        k = self.mean_cells(jx)
+        z = float(norm.ppf(0.5 + LEVEL / 2))
+        labels = self.domain.categories(c_attr)
+        G = self.domain.shape[jx]
+        rows: list[dict[str, Any]] = []
+        grid = np.zeros((len(labels), G))
+        if method == "mean":
+            y = self.mean_part(jx)[1]
+            S, D = Mc[:, :k] @ y, Mc[:, :k].sum(axis=1)
+            for i, lab in enumerate(labels):
+                r = S[i] / D[i] if D[i] > 0 else 0.0
+                g = A[i][:, None] * (y[None, :] - r)            # the ratio's linearization
+                se = math.sqrt(float((g ** 2 * T[:, :k]).sum())) / D[i] if D[i] > 0 else math.inf
+                unit = lambda t: lo + (t + 1) / 2 * (hi - lo)  # noqa: E731
+                w = float(np.clip((r + 1) / 2, 0, 1))
+                grid[i, 0], grid[i, -1] = 1 - w, w
+                rows.append({"category": lab, "share": float(share[i]), "mean": unit(r),
+                             "mean_low": unit(r - z * se), "mean_high": unit(r + z * se),
+                             "reports": float(D[i])})
+        else:
+            sw = np.clip(Mc[:, k:], 0, None)
+            for i, lab in enumerate(labels):
+                tot = float(sw[i].sum())
+                row: dict[str, Any] = {"category": lab, "share": float(share[i]),
+                                       "reports": tot}
+                if tot >= 1:
+                    d = min(G, nm.auto_bins(self.eps_in[jx], int(tot)))
+                    x, _ = nm.ems(sw[i], nm.binned_channel(self.sw_part(jx), d))
+                    which = nm.bin_of_grid(G, d)
+                    grid[i] = x[which] / np.bincount(which, minlength=d)[which]
+                    row.update(bins=d, histogram=x.tolist(),
+                               mean=lo + float(x @ nm.grid_mid(d)) * (hi - lo),
+                               quantiles={f"{p:g}": lo + float(v) * (hi - lo) for p, v in
+                                          zip(QUANTILES, nm.quantile(x, QUANTILES))})
+                else:
+                    grid[i] = 1.0 / G
+                rows.append(row)
+        joint_values = share[:, None] * grid
+        if attrs[0] != c_attr:
+            joint_values = joint_values.T
+        extra = {"by": c_attr, "of": x_attr, "categories": rows, "level": LEVEL,
+                 "min": lo, "max": hi}
+        b = unbounded(joint_values)  # per-category intervals are in extra
+        return Estimate(Factor(self.domain.project(attrs), joint_values), method, n,
+                        self.epsilon, error_bound=b.tvd, bound=b, extra=extra)
+
+    @staticmethod
+    def _range_mass(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, ra: float,
+                    rb: float, z: float) -> list[float]:
+        """[a, b, mass, low, high]: the EMS mass of [a, b] and the interval of the unbiased
+        CDF's difference."""
+        pa, pb = (np.clip([ra, rb], lo, hi) - lo) / (hi - lo)
+        m = float(np.diff(nm.cdf_at(x, np.array([pa, pb])))[0])
+        mu, half = band.interval(band.weights(pb) - band.weights(pa), z)
+        return [ra, rb, m, float(np.clip(min(mu - half, m), 0, 1)),
+                float(np.clip(max(mu + half, m), 0, 1))]
+
+    # --- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *,
+                    epsilon: float | None, epsilon_scope: str = "attribute",
+                    version: int = 0) -> "Numeric":
+        """``params``: ``ranges`` ({attribute: {min, max}}; default: the schema's range of a
+        numeric attribute; an attribute with none is categorical, through GRR), ``mean`` (auto, hm, pm,
+        duchi), ``mean_share`` (0.5), ``buckets`` (SW cells; default from ε), ``mean_grid``
+        (PM output points, 129)."""
+        pr = Params(cls.name, params)
+        raw = pr.value("ranges")
+        mean = pr.choice("mean", "auto", ("auto",) + nm.MEAN_MECHANISMS)
+        share = pr.number("mean_share", 0.5, ge=0.0, le=1.0)
+        buckets = pr.integer("buckets", None, ge=8, le=4096)
+        grid = pr.integer("mean_grid", MEAN_GRID, ge=3, le=4097)
+        pr.done()
+        if raw is not None and not isinstance(raw, Mapping):
+            raise ParamError("ranges", f"must be {{attribute: {{min: a, max: b}}}} (got {raw!r})")
+        raw = raw or {}
+        unknown = [a for a in raw if a not in domain.attrs]
+        if unknown:
+            raise ParamError(f"ranges.{unknown[0]}", f"not an attribute of {list(domain.attrs)}")
+        # a range given here, else the schema's; an attribute with neither is categorical
+        ranges = {a: _range(a, raw[a]) if a in raw else domain.numeric_range(a)
+                  for a in domain.attrs}
+        ranges = {a: r for a, r in ranges.items() if r is not None}
+        return cls(domain, ranges, attribute_budget(epsilon, epsilon_scope, len(domain)),
+                   mean=str(mean), mean_share=0.5 if share is None else share,
+                   buckets=buckets, mean_grid=MEAN_GRID if grid is None else grid,
+                   version=version)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "Numeric":
+        return cls(Domain.from_dict(state["domain"]),
+                   {a: (float(r[0]), float(r[1])) for a, r in state["ranges"].items()},
+                   state["epsilons"], mean=state["mean"], mean_share=float(state["mean_share"]),
+                   buckets=None, mean_grid=int(state["mean_grid"]),
+                   version=int(state.get("version", 0))).with_buckets(state["buckets"])
+
+    def with_buckets(self, buckets: Sequence[int]) -> "Numeric":
+        """This state with the SW bucket count of every attribute set."""
+        self.buckets = [int(b) for b in buckets]
+        self.__dict__.pop("_sw_parts", None)
+        self.__dict__.pop("epsilons", None)
+        return self
+
+    def state(self) -> dict[str, Any]:
+        return {"mechanism": self.name, "version": self.version,
+                "domain": self.domain.to_dict(), "epsilons": list(self.eps_in),
+                "ranges": {a: list(r) for a, r in self.ranges.items()},
+                "mean": self.mean_spec, "mean_share": self.mean_share,
+                "mean_grid": self.mean_grid, "buckets": list(self.buckets)}
+
+
+def joint(counts: Mapping[str, np.ndarray], attrs: tuple[str, str]) -> np.ndarray:
+    """The joint cells of two attributes (axes in that order) from the tensor of that pair."""
+    for key, order in ((marginal_key(attrs), False), (marginal_key(attrs[::-1]), True)):
+        if key in counts:
+            t = np.asarray(counts[key])
+            return t.T if order else t
+    raise KeyError(f"no count tensor holds {list(attrs)}; tensors: {sorted(counts)}")
+
+
+def one_way(counts: Mapping[str, np.ndarray], attr: str) -> np.ndarray:
+    """The cells of ``attr``'s reports: its own tensor, else a joint tensor holding it summed
+    over the other axes."""
+    key = marginal_key((attr,))
+    if key in counts:
+        return np.asarray(counts[key])
+    for k, t in counts.items():
+        axes = k[2:].split("|") if k.startswith("m:") else []
+        if attr in axes:
+            t = np.asarray(t)
+            return t.sum(axis=tuple(i for i in range(t.ndim) if axes[i] != attr))
+    raise KeyError(f"no count tensor holds {attr!r}; tensors: {sorted(counts)}")
+
+
+def numeric_domain(attrs: Sequence[str], grid: int = nm.DEFAULT_GRID,
+                   ranges: Mapping[str, tuple[float, float]] | None = None) -> Domain:
+    """A domain of numeric attributes on ``grid``-point input grids over their ``ranges``
+    (default [0, 1])."""
+    rs = tuple((float(ranges[a][0]), float(ranges[a][1])) if ranges and a in ranges
+               else (0.0, 1.0) for a in attrs)
+    return Domain(tuple(attrs), (int(grid),) * len(attrs),
+                  tuple(nm.numeric_labels(lo, hi, grid) for lo, hi in rs), rs)

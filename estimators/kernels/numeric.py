@@ -1,0 +1,479 @@
+"""Numeric readings under local DP as channels over a grid (docs/numeric.md).
+
+A numeric value x in [lo, hi] is first put on an input grid of G points (the nearest one,
+:func:`quantize`; clipped values counted), then randomized by a channel whose outputs are cells,
+so that reports are counted like any other (the count-tensor model):
+
+* Duchi et al.'s mechanism (two cells ±C) and the Piecewise mechanism (PM), its output rounded
+  without bias to a grid of K points, and the Hybrid mechanism (HM, PM with probability α else
+  Duchi) estimate the mean [Wang et al., "Collecting and Analyzing Multidimensional Data with
+  Local Differential Privacy", ICDE 2019, §III-A/B/C]; on t = 2(x−lo)/(hi−lo) − 1 ∈ [−1, 1].
+* The Square Wave mechanism (SW), its output bucketed, estimates the distribution with EMS
+  (EM with a binomial smoothing step) [Li et al., "Estimating Numerical Distributions under
+  Local Differential Privacy", SIGMOD 2020, §4–5]; on v = (x−lo)/(hi−lo) ∈ [0, 1].
+
+Every channel is an explicit matrix ``P[i, k] = Pr(cell k | grid point i)``: ε is computed from
+it (:func:`~.channels.epsilon`), the estimators invert it, and the direct samplers
+(:func:`sample_pm`, :func:`sample_sw`, ...) draw from exactly it (tests/test_numeric.py checks
+both). Pure numpy, no I/O.
+
+>>> P, y = pm_channel(1.0, grid_t(5), 33)
+>>> bool(abs(epsilon(P) - 1.0) < 1e-9), bool(np.allclose(P @ y, grid_t(5)))
+(True, True)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ldpstream.estimators.kernels.channels import epsilon
+
+__all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "duchi_channel",
+           "pm_channel", "hm_channel",
+           "hm_alpha", "sw_b", "sw_channel", "closed_form_variance", "worst_variance",
+           "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
+           "auto_bins", "grid_mid", "bin_of_grid", "binned_channel", "cdf_at", "quantile", "w1_hist", "w1_samples",
+           "sample_duchi", "sample_pm", "sample_sw", "round_to_grid", "epsilon", "CdfBand",
+           "unbiased_cdf"]
+
+#: the mean mechanisms, in the order :func:`choose_mean` prefers on a tie
+MEAN_MECHANISMS = ("hm", "pm", "duchi")
+#: ε below which HM is Duchi alone (α = 0) [Wang et al. §III-C, ε* ≈ 0.61]
+HM_EPS_STAR = 0.61
+
+
+def grid_t(G: int) -> np.ndarray:
+    """The G input grid points on [−1, 1] (mean mechanisms)."""
+    return np.linspace(-1.0, 1.0, int(G))
+
+
+def grid_v(G: int) -> np.ndarray:
+    """The G input grid points on [0, 1] (Square Wave)."""
+    return np.linspace(0.0, 1.0, int(G))
+
+
+def quantize(values: np.ndarray, lo: float, hi: float, G: int) -> tuple[np.ndarray, int]:
+    """Values → nearest of G grid points on [lo, hi] (indices, int64) and how many were clipped
+    into the range; NaN raises."""
+    x = np.asarray(values, dtype=float)
+    if np.isnan(x).any():
+        raise ValueError("numeric values must not be NaN")
+    clipped = int(np.count_nonzero((x < lo) | (x > hi)))
+    v = (np.clip(x, lo, hi) - lo) / (hi - lo)
+    return np.rint(v * (G - 1)).astype(np.int64), clipped
+
+
+#: input grid points of a numeric attribute unless its config says otherwise
+DEFAULT_GRID = 1025
+
+
+def numeric_labels(lo: float, hi: float, G: int) -> tuple[str, ...]:
+    """The labels of a numeric attribute's grid points (their values)."""
+    return tuple(f"{v:.12g}" for v in np.linspace(lo, hi, int(G)))
+
+
+# --- the mean mechanisms ------------------------------------------------------------------------
+
+def _duchi_c(eps: float) -> float:
+    return (math.exp(eps) + 1) / (math.exp(eps) - 1)
+
+
+def duchi_channel(eps: float, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Duchi et al.'s one-dimensional mechanism: ±C with Pr[+C] = ½ + t/(2C),
+    C = (e^ε+1)/(e^ε−1) [Wang et al. Alg. 1]. Returns (P (len(t), 2), outputs)."""
+    C = _duchi_c(eps)
+    up = 0.5 + np.asarray(t, dtype=float) / (2 * C)
+    return np.stack([1 - up, up], axis=1), np.array([-C, C])
+
+
+def _hat_integral(u: np.ndarray) -> np.ndarray:
+    """∫_{−∞}^{u} max(0, 1 − |s|) ds."""
+    u = np.clip(u, -1.0, 1.0)
+    return np.where(u <= 0, (1 + u) ** 2 / 2, 1 - (1 - u) ** 2 / 2)
+
+
+def _pm_params(eps: float) -> tuple[float, float, float]:
+    """(C, p, q) of PM: density p on [l(t), r(t)], q = p/e^ε elsewhere on [−C, C]."""
+    e2 = math.exp(eps / 2)
+    C = (e2 + 1) / (e2 - 1)
+    p = (math.exp(eps) - e2) / (2 * e2 + 2)
+    return C, p, p / math.exp(eps)
+
+
+def pm_channel(eps: float, t: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """The Piecewise mechanism [Wang et al. Alg. 2] followed by rounding its output y to the two
+    neighbouring points of a K-point grid on [−C, C] with weights linear in the distance (so
+    E[rounded] = y): ``P[i, k] = ∫ f(y | t_i) · hat_k(y) dy`` in closed form."""
+    C, p, q = _pm_params(eps)
+    t = np.asarray(t, dtype=float)
+    y = np.linspace(-C, C, int(K))
+    h = y[1] - y[0]
+    lft = (C + 1) / 2 * t - (C - 1) / 2
+    rgt = lft + C - 1
+
+    def mass(a: np.ndarray, b: np.ndarray) -> np.ndarray:   # ∫_a^b hat_k, (len(a), K)
+        return h * (_hat_integral((b[:, None] - y) / h) - _hat_integral((a[:, None] - y) / h))
+
+    whole = mass(np.array([-C]), np.array([C]))
+    P = q * whole + (p - q) * mass(lft, rgt)
+    return P / P.sum(axis=1, keepdims=True), y
+
+
+def hm_alpha(eps: float) -> float:
+    """HM's probability of PM: 1 − e^{−ε/2} above ε*, else 0 [Wang et al. §III-C]."""
+    return 1 - math.exp(-eps / 2) if eps > HM_EPS_STAR else 0.0
+
+
+def hm_channel(eps: float, t: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """The Hybrid mechanism: PM (rounded to K points) with probability α, else Duchi; the
+    outputs of both, PM's first."""
+    a = hm_alpha(eps)
+    Pp, yp = pm_channel(eps, t, K)
+    Pd, yd = duchi_channel(eps, t)
+    return np.concatenate([a * Pp, (1 - a) * Pd], axis=1), np.concatenate([yp, yd])
+
+
+def mean_channel(name: str, eps: float, t: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """The channel and output values of mean mechanism ``name`` (one of MEAN_MECHANISMS)."""
+    if name == "duchi":
+        return duchi_channel(eps, t)
+    if name == "pm":
+        return pm_channel(eps, t, K)
+    if name == "hm":
+        return hm_channel(eps, t, K)
+    raise ValueError(f"unknown mean mechanism {name!r} (known: {', '.join(MEAN_MECHANISMS)})")
+
+
+def closed_form_variance(name: str, eps: float, t: np.ndarray | float) -> np.ndarray:
+    """Var[y | t] of one report, the papers' closed forms (continuous PM, no rounding):
+    Duchi C² − t²; PM t²/(e^{ε/2}−1) + (e^{ε/2}+3)/(3(e^{ε/2}−1)²); HM their α-mixture
+    [Wang et al. Lemmas 1, 3, §III-C]."""
+    t = np.asarray(t, dtype=float)
+    duchi = _duchi_c(eps) ** 2 - t ** 2
+    e2 = math.exp(eps / 2)
+    pm = t ** 2 / (e2 - 1) + (e2 + 3) / (3 * (e2 - 1) ** 2)
+    if name == "duchi":
+        return duchi
+    if name == "pm":
+        return pm
+    a = hm_alpha(eps)
+    return a * pm + (1 - a) * duchi
+
+
+def worst_variance(P: np.ndarray, outputs: np.ndarray, t: np.ndarray) -> float:
+    """max over grid points of Var[y | t] computed from the channel itself (rounding included)."""
+    return float(np.max(P @ outputs ** 2 - (P @ outputs) ** 2))
+
+
+def choose_mean(eps: float, K: int, G: int = 65) -> str:
+    """The mean mechanism with the smallest worst-case variance at ε, from the channels as
+    applied; on a tie the one with fewer cells (below ε* HM is Duchi: Duchi is chosen)
+    (docs/numeric.md "Which mean mechanism")."""
+    t = grid_t(G)
+    wv = {m: worst_variance(*mean_channel(m, eps, t, K), t) for m in MEAN_MECHANISMS}
+    cells = {m: mean_channel(m, eps, t[:2], K)[1].size for m in MEAN_MECHANISMS}
+    return min(MEAN_MECHANISMS, key=lambda m: (round(wv[m], 12), cells[m]))
+
+
+@dataclass(frozen=True)
+class MeanEstimate:
+    """The unbiased mean of t (on [−1, 1]), its standard error and a two-sided interval at
+    ``level`` (normal, with the reports' own sample variance), from ``n`` reports."""
+
+    mean: float
+    stderr: float
+    low: float
+    high: float
+    n: int
+    level: float
+
+
+def mean_estimate(counts: np.ndarray, outputs: np.ndarray, level: float = 0.95) -> MeanEstimate:
+    """Σ counts·y / n; the standard error s/√n from the outputs' sample variance (each report is
+    an independent draw given its device's value, so it covers sampling and randomization)."""
+    from scipy.stats import norm
+    c = np.asarray(counts, dtype=float)
+    n = float(c.sum())
+    if n < 2:
+        raise ValueError(f"a mean needs at least 2 reports (have {int(n)})")
+    mu = float(c @ outputs / n)
+    var = float(c @ (outputs - mu) ** 2 / (n - 1))
+    se = math.sqrt(var / n)
+    z = float(norm.ppf(0.5 + level / 2))
+    return MeanEstimate(mu, se, mu - z * se, mu + z * se, int(n), level)
+
+
+# --- Square Wave and EMS ------------------------------------------------------------------------
+
+def sw_b(eps: float) -> float:
+    """SW's half-width b = (εe^ε − e^ε + 1) / (2e^ε(e^ε − 1 − ε)) [Li et al. §4.2]."""
+    e = math.exp(eps)
+    return (eps * e - e + 1) / (2 * e * (e - 1 - eps))
+
+
+def _sw_pq(eps: float) -> tuple[float, float, float]:
+    b = sw_b(eps)
+    e = math.exp(eps)
+    return b, e / (2 * b * e + 1), 1 / (2 * b * e + 1)
+
+
+def sw_channel(eps: float, v: np.ndarray, buckets: int) -> np.ndarray:
+    """SW [Li et al. Alg. 1]: output density p on [v−b, v+b], q = p/e^ε elsewhere on
+    [−b, 1+b], bucketed into ``buckets`` equal cells; ``P[i, j]`` exactly."""
+    b, p, q = _sw_pq(eps)
+    edges = np.linspace(-b, 1 + b, int(buckets) + 1)
+    v = np.asarray(v, dtype=float)[:, None]
+    inside = np.clip(np.minimum(edges[1:], v + b) - np.maximum(edges[:-1], v - b), 0, None)
+    P = q * np.diff(edges)[None, :] + (p - q) * inside
+    return P / P.sum(axis=1, keepdims=True)
+
+
+def grid_mid(d: int) -> np.ndarray:
+    """The midpoints of d equal bins of [0, 1]."""
+    return (np.arange(d) + 0.5) / d
+
+
+def bin_of_grid(G: int, d: int) -> np.ndarray:
+    """The bin (of d equal bins of [0, 1]) holding each of the G grid points, the top end in
+    the last bin; every bin holds at least one point when d ≤ G."""
+    return np.minimum((np.arange(G) * d) // G, d - 1)
+
+
+def binned_channel(P_fine: np.ndarray, d: int) -> np.ndarray:
+    """The channel of d equal input bins from the fine grid's rows (the value uniform over the
+    grid points of its bin, :func:`bin_of_grid`); d ≤ G."""
+    G = P_fine.shape[0]
+    which = bin_of_grid(G, d)
+    out = np.zeros((d, P_fine.shape[1]))
+    np.add.at(out, which, P_fine)
+    return out / np.bincount(which, minlength=d)[:, None]
+
+
+def _smooth(x: np.ndarray) -> np.ndarray:
+    """The binomial smoothing step [1, 2, 1]/4 along the last axis, mass kept at the ends."""
+    pad = np.concatenate([x[..., :1], x, x[..., -1:]], axis=-1)
+    s = (pad[..., :-2] + 2 * pad[..., 1:-1] + pad[..., 2:]) / 4
+    return s / s.sum(axis=-1, keepdims=True)
+
+
+def ems(counts: np.ndarray, M: np.ndarray, *, tol: float = 1e-8, max_iter: int = 10_000,
+        init: np.ndarray | None = None, smooth: bool = True) -> tuple[np.ndarray, int]:
+    """EMS [Li et al. §5]: EM on the channel ``M`` (d × buckets) with a smoothing step after
+    every M-step, until the log-likelihood per report changes by less than ``tol``.
+    ``counts``: (buckets,) or (B, buckets) (B fits at once). Returns (x (d,) or (B, d),
+    iterations)."""
+    c = np.atleast_2d(np.asarray(counts, dtype=float))
+    n = c.sum(axis=1, keepdims=True)
+    d = M.shape[0]
+    x = np.full((c.shape[0], d), 1.0 / d) if init is None else np.atleast_2d(init).astype(float)
+    x = x / x.sum(axis=1, keepdims=True)
+    ll_old = np.full(c.shape[0], -np.inf)
+    it = 0
+    while it < max_iter:
+        it += 1
+        lam = np.maximum(x @ M, 1e-300)
+        x = x * ((c / lam) @ M.T) / n
+        if smooth:
+            x = _smooth(x)
+        ll = (c * np.log(np.maximum(x @ M, 1e-300))).sum(axis=1) / n[:, 0]
+        if np.all(np.abs(ll - ll_old) < tol):
+            break
+        ll_old = ll
+    return (x[0] if np.ndim(counts) == 1 else x), it
+
+
+def auto_bins(eps: float, n: int, *, lo: int = 16, hi: int = 1024) -> int:
+    """The estimate's number of bins from ε and n (docs/numeric.md "Granularity"): the power of
+    two nearest 3·n^{1/3}·C_ε, C_ε = (e^ε+1)/(e^ε−1) the noise scale of one report. EMS smooths
+    over a fixed number of neighbouring bins, so the bin count sets how much it smooths: the
+    classic histogram rate n^{1/3}, widened as the noise grows; the constant 3 is measured
+    (W1 over bin counts on Beta(5, 2), docs/numeric.md). Clipped to [lo, hi]."""
+    d = 3 * max(n, 1) ** (1 / 3) * _duchi_c(eps)
+    return int(min(hi, max(lo, 2 ** round(math.log2(d)))))
+
+
+@dataclass(frozen=True)
+class CdfBand:
+    """The unbiased CDF at the edges of d equal bins of [0, 1] (least squares through the
+    binned channel, :func:`unbiased_cdf`) with its covariance: the bounds of every
+    distribution estimate (docs/numeric.md "Bounds")."""
+
+    edges: np.ndarray
+    F: np.ndarray
+    cov: np.ndarray
+
+    @property
+    def se(self) -> np.ndarray:
+        return np.sqrt(np.clip(np.diag(self.cov), 0, None))
+
+    def weights(self, x: float) -> np.ndarray:
+        """Linear interpolation weights of the point x ∈ [0, 1] on the edges."""
+        d = len(self.edges) - 1
+        pos = float(np.clip(x, 0, 1)) * d
+        k = min(int(pos), d - 1)
+        w = np.zeros(d + 1)
+        w[k], w[k + 1] = 1 - (pos - k), pos - k
+        return w
+
+    def interval(self, w: np.ndarray, z: float) -> tuple[float, float]:
+        """(estimate, half-width) of the linear functional w·F (a CDF value, a range mass)."""
+        return float(w @ self.F), z * math.sqrt(max(float(w @ self.cov @ w), 0.0))
+
+    def quantile_interval(self, p: float, z: float) -> tuple[float, float]:
+        """The quantile's interval from the pointwise band: the first points where F + z·se and
+        F − z·se reach p (1 when never), linearly interpolated between edges."""
+        return (_first_crossing(self.edges, self.F + z * self.se, p),
+                _first_crossing(self.edges, self.F - z * self.se, p))
+
+    def w1_noise(self, z_level: float, draws: int, rng: np.random.Generator) -> float:
+        """The ``z_level`` quantile of ∫|F_u − F| under the normal approximation of the
+        unbiased CDF's noise."""
+        vals, vecs = np.linalg.eigh(self.cov)
+        root = vecs * np.sqrt(np.clip(vals, 0, None))
+        noise = rng.standard_normal((draws, len(self.F))) @ root.T
+        return float(np.quantile(np.trapezoid(np.abs(noise), self.edges, axis=1), z_level))
+
+
+def _first_crossing(x: np.ndarray, y: np.ndarray, p: float) -> float:
+    """The smallest x where the piecewise-linear y(x) reaches p (x[-1] when it never does)."""
+    k = int(np.argmax(y >= p)) if np.any(y >= p) else -1
+    if k < 0:
+        return float(x[-1])
+    if k == 0:
+        return float(x[0])
+    y0, y1 = y[k - 1], y[k]
+    return float(x[k - 1] + (x[k] - x[k - 1]) * (p - y0) / (y1 - y0)) if y1 > y0 else float(x[k])
+
+
+def unbiased_cdf(counts: np.ndarray, M: np.ndarray) -> CdfBand:
+    """F at the edges of the d bins of ``M`` (d × buckets): the least-squares inverse of the
+    bucket frequencies, f = pinv(Mᵀ)·c/n, summed; its covariance by the delta method with the
+    multinomial covariance of c/n (plug-in frequencies). Unbiased when the value is uniform
+    within each bin (the binned channel's model)."""
+    c = np.asarray(counts, dtype=float)
+    n = c.sum()
+    lam = c / n
+    A = np.linalg.pinv(M.T)
+    J = np.concatenate([np.zeros((1, M.shape[1])), np.cumsum(A, axis=0)])
+    F = J @ lam
+    Jl = J @ lam
+    cov = ((J * lam) @ J.T - np.outer(Jl, Jl)) / n
+    return CdfBand(np.linspace(0, 1, M.shape[0] + 1), F, cov)
+
+
+# --- distributions on bins: CDF, quantiles, W1 ---------------------------------------------------
+
+def cdf_at(hist: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The CDF at x ∈ [0, 1] of a histogram on equal bins of [0, 1], uniform inside each bin.
+    ``hist``: (d,) or (B, d) → (len(x),) or (B, len(x))."""
+    h = np.atleast_2d(np.asarray(hist, dtype=float))
+    d = h.shape[1]
+    F = np.concatenate([np.zeros((h.shape[0], 1)), np.cumsum(h, axis=1)], axis=1)
+    pos = np.clip(np.asarray(x, dtype=float), 0, 1) * d
+    k = np.minimum(pos.astype(np.int64), d - 1)
+    out = F[:, k] + h[:, k] * (pos - k)
+    return out[0] if np.ndim(hist) == 1 else out
+
+
+def quantile(hist: np.ndarray, qs: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Quantiles in [0, 1] of a histogram on equal bins of [0, 1] (uniform inside bins).
+    ``hist``: (d,) or (B, d) → (len(qs),) or (B, len(qs))."""
+    h = np.atleast_2d(np.asarray(hist, dtype=float))
+    h = h / h.sum(axis=1, keepdims=True)
+    d = h.shape[1]
+    F = np.cumsum(h, axis=1)
+    qs = np.asarray(qs, dtype=float)
+    out = np.empty((h.shape[0], len(qs)))
+    for r in range(h.shape[0]):   # one searchsorted per histogram (row), not per report
+        k = np.minimum(np.searchsorted(F[r], qs, side="left"), d - 1)
+        below = np.where(k > 0, F[r][k - 1], 0.0)
+        frac = np.where(h[r, k] > 0, (qs - below) / np.maximum(h[r, k], 1e-300), 0.5)
+        out[r] = (k + np.clip(frac, 0, 1)) / d
+    return out[0] if np.ndim(hist) == 1 else out
+
+
+#: points of the grid the W1 integrals are evaluated on
+W1_POINTS = 4097
+
+
+def w1_hist(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """W1 = ∫|F_a − F_b| on [0, 1] between histograms on equal bins (any two bin counts;
+    ``a`` may be (B, d) for many at once)."""
+    x = np.linspace(0, 1, W1_POINTS)
+    return np.trapezoid(np.abs(cdf_at(a, x) - cdf_at(b, x)), x, axis=-1)
+
+
+def w1_samples(hist: np.ndarray, values01: np.ndarray) -> float:
+    """W1 on [0, 1] between a histogram (uniform inside bins) and the empirical distribution of
+    ``values01``."""
+    x = np.linspace(0, 1, W1_POINTS)
+    emp = np.searchsorted(np.sort(np.asarray(values01, dtype=float)), x, side="right")
+    return float(np.trapezoid(np.abs(cdf_at(hist, x) - emp / len(values01)), x))
+
+
+# --- the direct samplers (what a device runs; they draw from the channels above) ---------------
+
+def round_to_grid(y: np.ndarray, lo: float, hi: float, K: int,
+                  rng: np.random.Generator) -> np.ndarray:
+    """y ∈ [lo, hi] → the index of one of its two neighbours on a K-point grid, the upper one
+    with probability equal to the fractional position (unbiased)."""
+    pos = (np.asarray(y, dtype=float) - lo) / (hi - lo) * (K - 1)
+    k = np.minimum(np.floor(pos).astype(np.int64), K - 2)
+    return k + (rng.random(k.shape) < pos - k)
+
+
+def sample_duchi(eps: float, t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Duchi's cell (0: −C, 1: +C) of every t."""
+    return (rng.random(np.shape(t)) < 0.5 + np.asarray(t) / (2 * _duchi_c(eps))).astype(np.int64)
+
+
+def _two_sided(u: np.ndarray, a: np.ndarray, b: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """u ∈ [0, 1) → uniform point of [lo, a) ∪ (b, hi]."""
+    left = a - lo
+    s = u * (left + hi - b)
+    return np.where(s < left, lo + s, b + (s - left))
+
+
+def sample_pm(eps: float, t: np.ndarray, K: int, rng: np.random.Generator) -> np.ndarray:
+    """PM's rounded cell (0…K−1) of every t: uniform on [l, r] with probability
+    e^{ε/2}/(e^{ε/2}+1), else uniform on the rest of [−C, C]; then :func:`round_to_grid`."""
+    C, _, _ = _pm_params(eps)
+    t = np.asarray(t, dtype=float)
+    lft = (C + 1) / 2 * t - (C - 1) / 2
+    rgt = lft + C - 1
+    e2 = math.exp(eps / 2)
+    u = rng.random(t.shape)
+    inner = rng.random(t.shape) < e2 / (e2 + 1)
+    y = np.where(inner, lft + u * (C - 1), _two_sided(u, lft, rgt, -C, C))
+    return round_to_grid(y, -C, C, K, rng)
+
+
+def sample_hm(eps: float, t: np.ndarray, K: int, rng: np.random.Generator) -> np.ndarray:
+    """HM's cell: PM's (0…K−1) with probability α, else Duchi's shifted to K, K+1."""
+    pm = rng.random(np.shape(t)) < hm_alpha(eps)
+    return np.where(pm, sample_pm(eps, t, K, rng), K + sample_duchi(eps, t, rng))
+
+
+def sample_mean(name: str, eps: float, t: np.ndarray, K: int,
+                rng: np.random.Generator) -> np.ndarray:
+    """The cell of mean mechanism ``name`` for every t (the columns of :func:`mean_channel`)."""
+    if name == "duchi":
+        return sample_duchi(eps, t, rng)
+    if name == "pm":
+        return sample_pm(eps, t, K, rng)
+    return sample_hm(eps, t, K, rng)
+
+
+def sample_sw(eps: float, v: np.ndarray, buckets: int, rng: np.random.Generator) -> np.ndarray:
+    """SW's bucket of every v ∈ [0, 1]: uniform on [v−b, v+b] with probability 2bp, else
+    uniform on the rest of [−b, 1+b]; then the bucket holding it."""
+    b, p, _ = _sw_pq(eps)
+    v = np.asarray(v, dtype=float)
+    u = rng.random(v.shape)
+    inner = rng.random(v.shape) < 2 * b * p
+    y = np.where(inner, v - b + u * 2 * b, _two_sided(u, v - b, v + b, -b, 1 + b))
+    j = np.floor((y + b) / (1 + 2 * b) * buckets).astype(np.int64)
+    return np.clip(j, 0, buckets - 1)

@@ -220,6 +220,7 @@ test("identity: device keys, the credential, authenticated batches", async () =>
   for (const rec of r.records) await device.report(rec);
   await device.flush();
   assert.equal(hex(sent.batches[0]), hex(authenticateBatch(unhex(b.hex), dc)));
+});
 
 test("descriptions beyond the limits are refused, those at them parse in time", () => {
   const v = load("limits.json");

@@ -239,6 +239,10 @@ def _bench_parsers(sub: Any) -> None:
             b.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
                            help="kafka: also run the raw/ingest pairs on Apache Kafka (JVM, "
                                 "ldpstream/dev/kafka.py), next to the embedded broker's")
+        if "--steps" in EXTRA_OPTIONS.get(name, ()):
+            b.add_argument("--steps", default=None,
+                           help="comma-separated device counts to grow to (default "
+                                "1000000,3000000,10000000)")
 
 
 def _mqtt_bridge_parser(sub: Any) -> None:

@@ -22,10 +22,15 @@ more than 1.5 times the table's rows (plus :data:`COMPACT_MIN`), the apply repla
 table.
 An entry is looked up in the epochs ``e`` and ``e - 1``; when an epoch's table leaves that pair,
 the devices it alone holds are carried into the previous epoch's table as all-time only
-(:func:`carry`), so the all-time tensor counts each device once however long it is silent. A
-log expires three epochs after its own (a worker started after a roll still reads the table it
-carries from). The state therefore holds every device ever seen by the partition, bounded by
-``device_state_max``.
+(:func:`carry`; the row's bucket column then holds ``-(epoch of its last report)``), so the
+all-time tensor counts each device once however long it is silent, **within the collection's
+retention**: a device whose last report is ``device_retention_s`` or more old at a roll is
+*evicted* instead (its row subtracted from the all-time tensor and dropped). The rows carried,
+the evictions and the emptying of the expired tables' logs go into Redis with the partition's
+next apply, all in one Lua call, so a worker that dies before it re-derives the same roll from
+the logs, and one that dies after it finds the old logs empty. A log expires three epochs after
+its own. The state therefore holds the devices active within the retention (plus up to one
+epoch), bounded by ``device_state_max`` as a guard.
 """
 from __future__ import annotations
 
@@ -39,10 +44,9 @@ from ldpstream.windows import BucketPolicy
 
 __all__ = ["PREFIX", "side_name", "epoch_length", "epoch_of", "DeviceTable", "Moves",
            "LogWrite", "latest_per_device", "last_of", "encode_log", "parse_log", "META",
-           "COMPACT_MIN"]
+           "COMPACT_MIN", "carry", "roll", "stack_rows", "retention_epochs", "group_rows"]
 
 PREFIX = "memo:"
-DAY_S = 86_400.0
 #: int64 columns of a row before its report values: version, fine bucket + 1, report width
 META = 3
 #: #: superseded rows a log may hold beyond half its table's before an apply rewrites it
@@ -59,7 +63,14 @@ def side_name(epoch: int, layout_id: str) -> str:
 
 def epoch_length(policy: BucketPolicy) -> float:
     """How long a device's entry is kept at least: the buckets' retention (one day if none)."""
-    return policy.retention_s() if policy.bucketed else DAY_S
+    return policy.state_epoch_s()
+
+
+def retention_epochs(retention_s: float, policy: BucketPolicy) -> int:
+    """``K``: at the roll into epoch ``e`` a device last seen in an epoch below ``e - K`` has
+    been silent at least ``retention_s`` and is evicted (so it leaves between ``retention_s``
+    and ``retention_s`` + 2 epochs after its last report)."""
+    return max(1, math.ceil(retention_s / epoch_length(policy) - 1e-9))
 
 
 def epoch_of(now: float, policy: BucketPolicy) -> int:
@@ -79,7 +90,7 @@ def _pad(rows: np.ndarray, cols: int) -> np.ndarray:
     return np.pad(rows, ((0, 0), (0, cols - rows.shape[1])))
 
 
-def _stack(parts: Sequence[np.ndarray]) -> np.ndarray:
+def stack_rows(parts: Sequence[np.ndarray]) -> np.ndarray:
     """Rows of several widths as one array (narrower ones padded); (0, META) if none."""
     if not parts:
         return np.empty((0, META), dtype=np.int64)
@@ -98,6 +109,10 @@ class DeviceTable:
     logged: int = 0
     #: rows set by :func:`carry` that its log does not hold yet (written with the next delta)
     unlogged: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    #: rows of devices :func:`carry` evicted: subtracted from the all-time counts by the next delta
+    evicted: list[np.ndarray] = field(default_factory=list)
+    #: epochs whose logs the next delta empties (their devices carried here or evicted)
+    cleared: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.ids.size)
@@ -122,19 +137,52 @@ class DeviceTable:
             self.rows = np.insert(self.rows, pos, rows[new], axis=0)
 
 
-def carry(old: Sequence[DeviceTable], into: DeviceTable, newer: DeviceTable) -> None:
-    """Keep the devices of expiring tables (``old``, newest first) that neither ``into`` nor
-    ``newer`` holds: their rows move into ``into`` as all-time only (bucket + 1 = 0; their fine
-    and coarse buckets have expired), so a device back after a long silence replaces its report
-    in the all-time tensor instead of being counted twice there."""
-    for t in old:
-        keep = ~into.find(t.ids)[0] & ~newer.find(t.ids)[0]
+def last_seen(rows: np.ndarray, epoch: int) -> np.ndarray:
+    """The epoch of each row's last report, for rows of the table of ``epoch``: a carried row
+    holds it as ``-bucket column``, any other row was reported in ``epoch``."""
+    col = rows[:, 1]
+    return np.where(col < 0, -col, int(epoch))
+
+
+def carry(old: Sequence[tuple[int, DeviceTable]], into: DeviceTable, newer: DeviceTable,
+          keep_from: int) -> None:
+    """Keep the devices of expiring tables (``old``: (epoch, table), newest first) that neither
+    ``into`` nor ``newer`` holds and whose last report is in epoch ``keep_from`` or later: their
+    rows move into ``into`` as all-time only (bucket column ``-last epoch``; their fine and
+    coarse buckets have expired), so a device back after a silence replaces its report in the
+    all-time tensor instead of being counted twice there. The others are evicted: their rows
+    wait in ``into.evicted`` for the next delta, which subtracts them from the all-time counts
+    and empties the expired tables' logs (``into.cleared``)."""
+    seen = np.empty(0, dtype=np.uint64)
+    for epoch, t in old:
+        if t.logged or len(t):
+            into.cleared.append(int(epoch))
+        into.evicted += t.evicted        # left by an earlier roll without a delta since
+        into.cleared += t.cleared
+        fresh = ~np.isin(t.ids, seen, assume_unique=True) if seen.size else \
+            np.ones(len(t), dtype=bool)   # a device in two expiring tables: the newer one's row
+        seen = np.union1d(seen, t.ids)
+        keep = fresh & ~into.find(t.ids)[0] & ~newer.find(t.ids)[0]
         if not keep.any():
             continue
         ids, rows = t.ids[keep], t.rows[keep].copy()
-        rows[:, 1] = 0
-        into.upsert(ids, rows)
-        into.unlogged.append((ids, rows))
+        ls = last_seen(rows, epoch)
+        rows[:, 1] = -ls          # all-time only from now on (its buckets have expired)
+        gone = ls < keep_from
+        if gone.any():
+            into.evicted.append(rows[gone])
+        ids, rows = ids[~gone], rows[~gone]
+        if ids.size:
+            into.upsert(ids, rows)
+            into.unlogged.append((ids, rows))
+def roll(memo: dict[int, DeviceTable], epoch: int, keep_from: int) -> dict[int, DeviceTable]:
+    """The tables of ``epoch - 1`` and ``epoch``, the devices of older ones carried into the
+    former as all-time only, those last seen before epoch ``keep_from`` evicted (:func:`carry`)."""
+    into = memo.get(epoch - 1, DeviceTable())
+    cur = memo.get(epoch, DeviceTable())
+    carry([(e, memo[e]) for e in sorted(memo, reverse=True) if e < epoch - 1], into, cur,
+          keep_from)
+    return {epoch - 1: into, epoch: cur}
 
 
 def encode_log(ids: np.ndarray, rows: np.ndarray) -> bytes:
@@ -164,7 +212,9 @@ def parse_log(data: bytes | None) -> DeviceTable:
         rows.append(np.frombuffer(data, dtype=_U4, count=cells, offset=pos + 16 + 8 * n)
                     .astype(np.int64).reshape(n, META + width))
         pos = end
-    all_ids, all_rows = np.concatenate(ids), _stack(rows)
+    all_ids, all_rows = np.concatenate(ids), stack_rows(rows)
+    col = all_rows[:, 1]
+    col[col >= 2**31] -= 2**32   # the bucket column is signed (a carried row: -last epoch)
     u, keep = last_of(all_ids)
     return DeviceTable(u, all_rows[keep], logged=int(all_ids.size))
 
@@ -172,11 +222,19 @@ def parse_log(data: bytes | None) -> DeviceTable:
 @dataclass
 class LogWrite:
     """What one delta writes to an epoch's log: appended chunks, or (``replace``) the whole
-    table followed by later chunks; the key expires at ``expire_at`` (unix s)."""
+    table followed by later chunks (none: the log is emptied); the key expires at
+    ``expire_at`` (unix s)."""
 
     expire_at: float
     replace: bool = False
     chunks: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    def clear(self) -> None:
+        """Empty the log (its devices were carried into a newer one or evicted)."""
+        self.replace, self.chunks = True, []
+
+    def writes(self) -> bool:
+        return bool(self.chunks) or self.replace
 
     def record(self, table: DeviceTable, ids: np.ndarray, rows: np.ndarray) -> None:
         """Log the rows just set in ``table``; rewrite the log when it holds too many
@@ -190,12 +248,14 @@ class LogWrite:
 
     def payload(self) -> bytes:
         """The chunks as one log chunk (a device set twice: its last row)."""
+        if not self.chunks:
+            return b""
         if len(self.chunks) == 1:
             ids, rows = self.chunks[0]
         else:
             all_ids = np.concatenate([c[0] for c in self.chunks])
             ids, keep = last_of(all_ids)
-            rows = _stack([c[1] for c in self.chunks])[keep]
+            rows = stack_rows([c[1] for c in self.chunks])[keep]
         return encode_log(ids, rows)
 
 
@@ -203,25 +263,33 @@ class LogWrite:
 class Moves:
     """What one run of reports (one version) changes: ``keep`` indexes the reports counted (the
     latest of each device, in device order), ``ids`` those devices (sorted) and ``rows`` their
-    new rows, ``old`` the rows of the previous reports they supersede."""
+    new rows, ``old`` the rows of the previous reports they supersede, ``evicted`` the rows of
+    devices silent beyond the retention the same delta subtracts (:func:`carry`)."""
 
     keep: np.ndarray
     ids: np.ndarray
     rows: np.ndarray
     old: np.ndarray
+    evicted: np.ndarray = field(default_factory=lambda: np.empty((0, META), dtype=np.int64))
 
     def removed_rows(self) -> dict[tuple[int, int], np.ndarray]:
-        """The superseded reports per (version, fine bucket or -1) as ``(k, width)`` arrays:
-        one group per distinct pair, not per device."""
-        if not self.old.shape[0]:
-            return {}
-        span = int(self.old[:, 1].max()) + 1    # (version, bucket + 1) as one int64 key
-        groups, inv = np.unique(self.old[:, 0] * span + self.old[:, 1], return_inverse=True)
-        out: dict[tuple[int, int], np.ndarray] = {}
-        for g, key in enumerate(groups.tolist()):
-            sel = self.old[inv == g]
-            out[(key // span, key % span - 1)] = sel[:, META:META + int(sel[0, 2])]
-        return out
+        """The superseded reports per (version, fine bucket or -1) (:func:`group_rows`)."""
+        return group_rows(self.old)
+
+
+def group_rows(rows: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """Rows as their reports per (version, fine bucket or -1 for all-time only) as ``(k, width)``
+    arrays: one group per distinct pair, not per device."""
+    if not rows.shape[0]:
+        return {}
+    b1 = np.maximum(rows[:, 1], 0)          # carried rows (negative) count in all-time only
+    span = int(b1.max()) + 1                # (version, bucket + 1) as one int64 key
+    groups, inv = np.unique(rows[:, 0] * span + b1, return_inverse=True)
+    out: dict[tuple[int, int], np.ndarray] = {}
+    for g, key in enumerate(groups.tolist()):
+        sel = rows[inv == g]
+        out[(key // span, key % span - 1)] = sel[:, META:META + int(sel[0, 2])]
+    return out
 
 
 def latest_per_device(device_ids: np.ndarray, reports: np.ndarray, buckets: np.ndarray,
@@ -246,4 +314,4 @@ def latest_per_device(device_ids: np.ndarray, reports: np.ndarray, buckets: np.n
         hit = found & todo
         old.append(t.rows[idx[hit]])
         todo &= ~hit
-    return Moves(keep, u, rows, _stack(old))
+    return Moves(keep, u, rows, stack_rows(old))

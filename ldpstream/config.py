@@ -222,8 +222,8 @@ class Collection(_Strict):
     device_retention_s: float | None = Field(
         None, gt=0.0, le=100 * 365 * 86_400.0,
         description="memoized collections: a device silent this long (seconds) leaves the "
-                    "estimates, the all-time window included, and its state is freed (it leaves "
-                    "within one state epoch after that); at least one state epoch (2 × the "
+                    "estimates, the all-time window included, and its state is freed (at the "
+                    "latest two state epochs later); at least one state epoch (2 × the "
                     "longest window + one bucket; one day when only `all` is kept); default: 90 "
                     "days, or one epoch if longer (docs/privacy-over-time.md)")
 

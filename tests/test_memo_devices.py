@@ -267,3 +267,30 @@ def test_drift_of_a_fleet_reporting_in_both_windows():
     same, moved = [0.4, 0.1, 0.2, 0.3], [0.1, 0.4, 0.4, 0.1]
     assert sum(alarm(same, same) for _ in range(10)) <= 1
     assert sum(alarm(same, moved) for _ in range(10)) == 10
+
+
+def test_config_retention_is_at_least_one_state_epoch():
+    """``device_retention_s`` below one state epoch (2 × the longest window + one bucket) is a
+    config error naming the field; the default is 90 days, or one epoch if longer; ``/collections``
+    says what the all-time window then holds."""
+    from ldpstream.config import ConfigError, parse_config
+    from ldpstream.privacy import over_time
+
+    def coll(**extra) -> dict:
+        return {"collections": [{"id": "c", "schema": {"attributes": {"os": ["a", "b"],
+                                                                      "plan": ["f", "p"]}},
+                                 "epsilon": 1.0, "marginals": [["os", "plan"]],
+                                 "params": {"memoize": {"rotation_s": 86400,
+                                                        "instantaneous_epsilon": 2.0}},
+                                 **extra}]}
+
+    with pytest.raises(ConfigError, match=r"^collections\[0\]\.device_retention_s: 3600 s is "
+                                          r"shorter than one device state epoch \(172860 s"):
+        parse_config(coll(device_retention_s=3600))
+    c = parse_config(coll()).collections["c"]
+    assert c.device_retention() == 90 * 86_400.0
+    assert parse_config(coll(windows=["60d"])).collections["c"].device_retention() == \
+        2 * 60 * 86_400.0 + 60.0
+    ot = over_time(c, c.mechanism())
+    assert ot["device_retention_s"] == 90 * 86_400.0
+    assert ot["all_window"].startswith("devices active within the last 90 days")

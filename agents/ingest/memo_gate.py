@@ -98,7 +98,7 @@ class MemoGate:
         room = self.collections[cid].device_state_max - self.entries(state)
         ids = np.asarray(b.device_ids, dtype=np.uint64)
         cur = state.memo.get(state.memo_epoch) if state.memo_epoch is not None else None
-        new = ~cur.find(ids)[0] if cur is not None else np.ones(ids.size, dtype=bool)
+        new = ~cur.holds(ids) if cur is not None else np.ones(ids.size, dtype=bool)
         uniq_new = np.unique(ids[new])
         if uniq_new.size <= room:
             return b

@@ -11,12 +11,12 @@ the count tables, their totals, the error bounds and the drift variances all cou
 
 The state of one partition in the worker's clock epoch ``e = floor(now / L)`` (``L`` = the
 collection's bucket retention, 2 × the longest window + one bucket; one day when only ``all`` is
-kept) is a :class:`DeviceTable`: the devices' ids, sorted, and one int64 row each (version,
+kept) is a :class:`DeviceTable`: the devices' ids, sorted, and one int32 row each (version,
 fine bucket + 1 (0: all-time only), report width, report values). Every step is an array
 operation: the latest report of each device of a run is found by ``np.unique``, its previous
 row by ``np.searchsorted``. In Redis the table is a binary log, the string
 ``memo:<layout>:<e>`` of the shard: each apply appends the rows it changes (little-endian: a
-header (width, rows), the devices' ids (u64), their rows (u32)), in the same Lua apply
+header (width, rows), the devices' ids (u64), their rows (i32)), in the same Lua apply
 that adds the counts and moves the offset, so exactly-once holds for it too. When the log holds
 more than 1.5 times the table's rows (plus :data:`COMPACT_MIN`), the apply replaces it by the
 table.
@@ -47,11 +47,16 @@ __all__ = ["PREFIX", "side_name", "epoch_length", "epoch_of", "DeviceTable", "Mo
            "COMPACT_MIN", "carry", "roll", "stack_rows", "retention_epochs", "group_rows"]
 
 PREFIX = "memo:"
-#: int64 columns of a row before its report values: version, fine bucket + 1, report width
+#: columns of a row before its report values: version, fine bucket + 1, report width
 META = 3
-#: #: superseded rows a log may hold beyond half its table's before an apply rewrites it
+#: superseded rows a log may hold beyond half its table's before an apply rewrites it
 COMPACT_MIN = 1024
-_I8, _U8, _U4 = np.dtype("<i8"), np.dtype("<u8"), np.dtype("<u4")
+#: new devices a table keeps aside before merging them into its sorted main arrays
+MERGE_MIN = 1 << 16
+_I8, _U8, _I4 = np.dtype("<i8"), np.dtype("<u8"), np.dtype("<i4")
+#: a table's rows in memory: 4 bytes a cell, as in the log (a version above 2**31 - 1 wraps:
+#: :func:`group_rows` reads it back unsigned)
+ROW = np.int32
 
 
 def side_name(epoch: int, layout_id: str) -> str:
@@ -98,43 +103,96 @@ def stack_rows(parts: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate([_pad(p, cols) for p in parts])
 
 
-@dataclass
 class DeviceTable:
     """The latest report of each device of one partition in one epoch: ``ids`` sorted (uint64),
     ``rows[i]`` = (version, fine bucket + 1, report width, report values padded with 0);
-    ``logged``: rows of its log in Redis, superseded ones included."""
+    ``logged``: rows of its log in Redis, superseded ones included.
 
-    ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
-    rows: np.ndarray = field(default_factory=lambda: np.empty((0, META), dtype=np.int64))
-    logged: int = 0
-    #: rows set by :func:`carry` that its log does not hold yet (written with the next delta)
-    unlogged: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
-    #: rows of devices :func:`carry` evicted: subtracted from the all-time counts by the next delta
-    evicted: list[np.ndarray] = field(default_factory=list)
-    #: epochs whose logs the next delta empties (their devices carried here or evicted)
-    cleared: list[int] = field(default_factory=list)
+    New devices go to a small sorted side table, merged into the main one once it holds more
+    than an eighth of it (:data:`MERGE_MIN` at least): a poll's new devices cost a copy of the
+    side table, not of the whole table (amortized: 8 row copies per new device)."""
+
+    def __init__(self, ids: np.ndarray | None = None, rows: np.ndarray | None = None,
+                 logged: int = 0) -> None:
+        self._ids = np.empty(0, dtype=np.uint64) if ids is None else ids
+        self._rows = np.empty((0, META), dtype=ROW) if rows is None else rows.astype(ROW)
+        self._new_ids = np.empty(0, dtype=np.uint64)
+        self._new_rows = np.empty((0, self._rows.shape[1]), dtype=ROW)
+        self.logged = logged
+        #: rows set by :func:`carry` that its log does not hold yet (written with the next delta)
+        self.unlogged: list[tuple[np.ndarray, np.ndarray]] = []
+        #: rows of devices :func:`carry` evicted: the next delta subtracts them from all-time
+        self.evicted: list[np.ndarray] = []
+        #: epochs whose logs the next delta empties (their devices carried here or evicted)
+        self.cleared: list[int] = []
+
+    @property
+    def ids(self) -> np.ndarray:
+        self._merge()
+        return self._ids
+
+    @property
+    def rows(self) -> np.ndarray:
+        self._merge()
+        return self._rows
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its arrays (the worker's memory per device: docs/privacy-over-time.md)."""
+        return int(self._ids.nbytes + self._rows.nbytes + self._new_ids.nbytes
+                   + self._new_rows.nbytes)
 
     def __len__(self) -> int:
-        return int(self.ids.size)
+        return int(self._ids.size + self._new_ids.size)
 
-    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For each of ``ids``: whether the table holds it, and its row index (if so)."""
-        if not len(self):
+    @staticmethod
+    def _search(table: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not table.size:
             return np.zeros(ids.size, dtype=bool), np.zeros(ids.size, dtype=np.intp)
-        idx = np.minimum(np.searchsorted(self.ids, ids), len(self) - 1)
-        return self.ids[idx] == ids, idx
+        idx = np.minimum(np.searchsorted(table, ids), table.size - 1)
+        return table[idx] == ids, idx
+
+    def holds(self, ids: np.ndarray) -> np.ndarray:
+        """Whether the table holds each of ``ids``."""
+        return self._search(self._ids, ids)[0] | self._search(self._new_ids, ids)[0]
+
+    def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Whether the table holds each of ``ids``, and the rows of those it holds (in order)."""
+        fm, im = self._search(self._ids, ids)
+        fd, idd = self._search(self._new_ids, ids)
+        cols = max(self._rows.shape[1], self._new_rows.shape[1])
+        out = np.zeros((ids.size, cols), dtype=ROW)
+        out[fm, :self._rows.shape[1]] = self._rows[im[fm]]
+        out[fd, :self._new_rows.shape[1]] = self._new_rows[idd[fd]]
+        found = fm | fd
+        return found, out[found]
 
     def upsert(self, ids: np.ndarray, rows: np.ndarray) -> None:
         """Set the rows of the sorted distinct ``ids`` (new devices inserted in order)."""
-        cols = max(rows.shape[1], self.rows.shape[1])
-        self.rows, rows = _pad(self.rows, cols), _pad(rows, cols)
-        found, idx = self.find(ids)
-        self.rows[idx[found]] = rows[found]
-        new = ~found
-        if new.any():
-            pos = np.searchsorted(self.ids, ids[new])
-            self.ids = np.insert(self.ids, pos, ids[new])
-            self.rows = np.insert(self.rows, pos, rows[new], axis=0)
+        cols = max(rows.shape[1], self._rows.shape[1], self._new_rows.shape[1])
+        self._rows, self._new_rows = _pad(self._rows, cols), _pad(self._new_rows, cols)
+        rows = _pad(rows, cols)
+        fm, im = self._search(self._ids, ids)
+        self._rows[im[fm]] = rows[fm]
+        rest = np.flatnonzero(~fm)
+        fd, idd = self._search(self._new_ids, ids[rest])
+        self._new_rows[idd[fd]] = rows[rest[fd]]
+        new = rest[~fd]
+        if new.size:
+            pos = np.searchsorted(self._new_ids, ids[new])
+            self._new_ids = np.insert(self._new_ids, pos, ids[new])
+            self._new_rows = np.insert(self._new_rows, pos, rows[new], axis=0)
+            if self._new_ids.size > max(MERGE_MIN, self._ids.size // 8):
+                self._merge()
+
+    def _merge(self) -> None:
+        if not self._new_ids.size:
+            return
+        pos = np.searchsorted(self._ids, self._new_ids)
+        self._ids = np.insert(self._ids, pos, self._new_ids)
+        self._rows = np.insert(self._rows, pos, self._new_rows, axis=0)
+        self._new_ids = np.empty(0, dtype=np.uint64)
+        self._new_rows = np.empty((0, self._rows.shape[1]), dtype=ROW)
 
 
 def last_seen(rows: np.ndarray, epoch: int) -> np.ndarray:
@@ -162,7 +220,7 @@ def carry(old: Sequence[tuple[int, DeviceTable]], into: DeviceTable, newer: Devi
         fresh = ~np.isin(t.ids, seen, assume_unique=True) if seen.size else \
             np.ones(len(t), dtype=bool)   # a device in two expiring tables: the newer one's row
         seen = np.union1d(seen, t.ids)
-        keep = fresh & ~into.find(t.ids)[0] & ~newer.find(t.ids)[0]
+        keep = fresh & ~into.holds(t.ids) & ~newer.holds(t.ids)
         if not keep.any():
             continue
         ids, rows = t.ids[keep], t.rows[keep].copy()
@@ -187,8 +245,8 @@ def roll(memo: dict[int, DeviceTable], epoch: int, keep_from: int) -> dict[int, 
 
 def encode_log(ids: np.ndarray, rows: np.ndarray) -> bytes:
     """One log chunk: a header (report width, rows) of two int64 words, the devices' ids (u64),
-    then their rows (u32; codec values, versions and buckets fit), padded to whole words."""
-    body = np.ascontiguousarray(rows, dtype=_U4).tobytes()
+    then their rows (i32; codec values, versions and buckets fit), padded to whole words."""
+    body = np.ascontiguousarray(rows, dtype=_I4).tobytes()
     head = np.array([rows.shape[1] - META, ids.size], dtype=_I8).tobytes()
     return head + ids.astype(_U8).tobytes() + body + b"\0" * (-len(body) % 8)
 
@@ -209,12 +267,10 @@ def parse_log(data: bytes | None) -> DeviceTable:
         if cells < 0 or end > len(data):
             raise ValueError(f"corrupt device state log chunk (width {width}, rows {n})")
         ids.append(np.frombuffer(data, dtype=_U8, count=n, offset=pos + 16).astype(np.uint64))
-        rows.append(np.frombuffer(data, dtype=_U4, count=cells, offset=pos + 16 + 8 * n)
-                    .astype(np.int64).reshape(n, META + width))
+        rows.append(np.frombuffer(data, dtype=_I4, count=cells, offset=pos + 16 + 8 * n)
+                    .astype(ROW).reshape(n, META + width))
         pos = end
     all_ids, all_rows = np.concatenate(ids), stack_rows(rows)
-    col = all_rows[:, 1]
-    col[col >= 2**31] -= 2**32   # the bucket column is signed (a carried row: -last epoch)
     u, keep = last_of(all_ids)
     return DeviceTable(u, all_rows[keep], logged=int(all_ids.size))
 
@@ -282,9 +338,10 @@ def group_rows(rows: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
     arrays: one group per distinct pair, not per device."""
     if not rows.shape[0]:
         return {}
-    b1 = np.maximum(rows[:, 1], 0)          # carried rows (negative) count in all-time only
+    b1 = np.maximum(rows[:, 1].astype(np.int64), 0)   # carried rows (< 0): all-time only
     span = int(b1.max()) + 1                # (version, bucket + 1) as one int64 key
-    groups, inv = np.unique(rows[:, 0] * span + b1, return_inverse=True)
+    version = rows[:, 0].astype(np.int64) & 0xFFFFFFFF
+    groups, inv = np.unique(version * span + b1, return_inverse=True)
     out: dict[tuple[int, int], np.ndarray] = {}
     for g, key in enumerate(groups.tolist()):
         sel = rows[inv == g]
@@ -310,8 +367,8 @@ def latest_per_device(device_ids: np.ndarray, reports: np.ndarray, buckets: np.n
     for t in tables:
         if not len(t) or not todo.any():
             continue
-        found, idx = t.find(u)
-        hit = found & todo
-        old.append(t.rows[idx[hit]])
-        todo &= ~hit
+        ask = np.flatnonzero(todo)
+        found, prev = t.lookup(u[ask])
+        old.append(prev)
+        todo[ask[found]] = False
     return Moves(keep, u, rows, stack_rows(old))

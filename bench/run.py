@@ -9,11 +9,11 @@ from importlib import resources
 
 #: the benchmarks, in the order ``ldpstream bench --help`` lists them
 BENCHES = ("castell", "adult", "pipeline", "mechanisms", "gateway", "refresh", "marginals",
-           "adaptive", "fetch", "sdk", "mqtt")
+           "adaptive", "fetch", "sdk", "mqtt", "devices")
 #: bench name → module of this package, where they differ
 MODULES = {"refresh": "refresh_scale", "fetch": "fetch_guard"}
 #: benchmarks with options beyond --json and --quick
-EXTRA_OPTIONS = {"pipeline": ("--redis-cluster", "--broker")}
+EXTRA_OPTIONS = {"pipeline": ("--redis-cluster", "--broker"), "devices": ("--steps",)}
 
 
 def describe(name: str) -> tuple[str, str]:

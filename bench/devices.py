@@ -49,6 +49,7 @@ import numpy as np
 import yaml
 
 from ldpstream.bench.ingest_run import BATCH, start_worker, stop_worker
+from ldpstream.bench.pipeline import _metric_mean
 
 STEPS = (1_000_000, 3_000_000, 10_000_000)
 QUICK_STEPS = (20_000, 40_000)
@@ -284,7 +285,7 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False,
             sample = ids[:max(0, min(ids.size, SIDE_SAMPLE))]
             await _produce(bootstrap, [side], sample, reports[:sample.size], 1, keyed=True)
             row: dict[str, Any] = {"devices": devices}
-            for coll, key in ((plain, "plain"), (memo, "memo"), (side, "side")):
+            for coll in (plain, memo, side):
                 say(f"{devices:,} devices: worker on {coll.id} ...")
                 port = free_port()
                 start = await store.n(coll.id, coll.partitions)   # rebalance probes included
@@ -330,18 +331,6 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False,
     say("churn run (36 simulated months) ...")
     result["churn"] = churn(fleet=20_000 if quick else 1_000_000)
     return result
-
-
-def _metric_mean(text: str, name: str, cid: str) -> float | None:
-    total = count = None
-    for line in text.splitlines():
-        if f'collection="{cid}"' not in line:
-            continue
-        if line.startswith(name + "_sum"):
-            total = float(line.rsplit(" ", 1)[1])
-        elif line.startswith(name + "_count"):
-            count = float(line.rsplit(" ", 1)[1])
-    return total / count if total is not None and count else None
 
 
 def main(args: Any) -> int:

@@ -20,7 +20,7 @@ For each step (a number of distinct devices) the bench
 5. Redis bytes per device: ``memo_bytes``: ``MEMORY USAGE`` of the device state logs over the
    devices they hold; ``dedupe_bytes`` and ``quota_bytes``: of the batch-dedupe and quota side
    hashes of a third collection ``devq`` (plain, ``device_quota``, every device sending its own
-   keyed one-report batch) fed up to 100,000 of the step's new devices (their encoding does not
+   keyed one-report batch) fed up to 30,000 of the step's new devices (their encoding does not
    depend on the fleet size once a hash holds more than 128 fields).
 
 Then the **churn run** (``churn``): the retention rule itself (agents/store/device_memo.py
@@ -30,7 +30,13 @@ each month, every active device reporting once per state epoch (48 h with the de
 the entries the partition holds each month with the default retention (90 days) and without
 any (``device_retention_s`` infinite, the code before), against ``device_state_max``.
 
-``--quick`` (smoke tests): steps of 20,000 and 40,000 devices, a churn run of 20,000 devices.
+``--restart-at N[,N...]``: a fourth collection ``devl`` whose device state (``N`` devices, one
+row each) is written straight to Redis with the worker's own log encoding, then a worker started
+on it: ``restart_at``: seconds to its first applied delta and its resident memory, the state
+loaded (how a 10-million-device restart is measured without feeding 10 million reports).
+
+``--quick`` (smoke tests): steps of 20,000 and 40,000 devices, a restart at 50,000, a churn run
+of 20,000 devices.
 """
 from __future__ import annotations
 
@@ -56,7 +62,7 @@ QUICK_STEPS = (20_000, 40_000)
 PARTITIONS = 4
 MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 4.0}
 #: devices of a step that feed the dedupe and quota collection
-SIDE_SAMPLE = 100_000
+SIDE_SAMPLE = 30_000
 
 
 def _write_config(path: Path, devices_max: int, refresh_interval_s: float) -> None:
@@ -70,10 +76,11 @@ def _write_config(path: Path, devices_max: int, refresh_interval_s: float) -> No
     memo = dict(base, id="devm", params={"memoize": MEMOIZE},
                 device_state_max=2 * devices_max // PARTITIONS + 1024)
     side = dict(base, id="devq", device_quota={"reports": 100, "window_s": 86400})
-    for coll in (plain, memo, side):
+    loaded = dict(memo, id="devl")
+    for coll in (plain, memo, side, loaded):
         one = dict(doc, collections=[coll])
         (path.parent / f"{coll['id']}.yaml").write_text(yaml.safe_dump(one))
-    doc["collections"] = [plain, memo, side]
+    doc["collections"] = [plain, memo, side, loaded]
     path.write_text(yaml.safe_dump(doc))
 
 
@@ -195,6 +202,40 @@ async def _rebalance(store: Any, coll: Any, cfg: Path, env: dict, port: int, wor
         stop_worker(second)
 
 
+async def _restart_at(store: Any, coll: Any, devices: int, cfg: Path, env: dict, work: Path,
+                      bootstrap: str, reports: np.ndarray) -> dict[str, Any]:
+    """A worker restarted with ``devices`` devices in state: their memo logs written straight to
+    Redis (the worker's own encoding, agents/store/device_memo.py ``encode_log``; this epoch,
+    one row per device), then the seconds from its start to its first applied delta (one report
+    on each partition) and its resident memory then."""
+    from ldpstream.agents.store import device_memo, keys
+    from ldpstream.agents.store.layout import Layout
+    from ldpstream.dev.process import free_port
+
+    layout = Layout.of(coll.version, coll.tensors()).id
+    name = device_memo.side_name(device_memo.epoch_of(time.time(), coll.policy), layout)
+    width = len(coll.domain)
+    for p in range(PARTITIONS):
+        ids = np.arange(p, devices, PARTITIONS, dtype=np.uint64) + 10 * devices
+        rows = np.zeros((ids.size, device_memo.META + width), dtype=np.int64)
+        rows[:, 2] = width
+        rows[:, device_memo.META:] = np.resize(reports, (ids.size, width))
+        await store.redis.set(keys.side_key(coll.id, p, name), device_memo.encode_log(ids, rows))
+        del rows
+    port = free_port()
+    start = await store.n(coll.id, coll.partitions)
+    t0 = time.perf_counter()
+    worker = start_worker(cfg, env, port, work / "worker-devl.log")
+    try:
+        probe = np.arange(PARTITIONS, dtype=np.uint64) + 10 * devices   # known devices
+        await _produce(bootstrap, [coll], probe, reports[:PARTITIONS], 1)
+        ready, _ = await _count_run(store, coll, start, start + PARTITIONS, t0)
+        return {"devices": devices, "restart_to_ready_s": ready,
+                "worker_rss_mb": _rss_mb(worker.pid)}
+    finally:
+        stop_worker(worker)
+
+
 def churn(fleet: int = 1_000_000, months: int = 36, monthly: float = 0.10,
           retention_s: float | None = None) -> dict[str, Any]:
     """The state of one of 4 partitions of a churning fleet, month by month, under the worker's
@@ -247,8 +288,8 @@ def churn(fleet: int = 1_000_000, months: int = 36, monthly: float = 0.10,
     return out
 
 
-async def run(steps: tuple[int, ...] = STEPS, quick: bool = False,
-              progress: Any = None) -> dict[str, Any]:
+async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any = None,
+              load_steps: tuple[int, ...] = ()) -> dict[str, Any]:
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.dev.broker import EmbeddedBroker
@@ -261,7 +302,7 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False,
     cfg = work / "bench.yaml"
     _write_config(cfg, max(steps), 1.0 if quick else 5.0)
     colls = load_config(cfg, env={}).collections
-    plain, memo, side = colls["devp"], colls["devm"], colls["devq"]
+    plain, memo, side, loaded = colls["devp"], colls["devm"], colls["devq"], colls["devl"]
     tansu, redis = EmbeddedBroker(), EmbeddedRedis()
     rows: list[dict[str, Any]] = []
     result: dict[str, Any] = {"steps": rows, "partitions": PARTITIONS,
@@ -271,7 +312,7 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False,
     mech = plain.mechanism()
     try:
         bootstrap, redis_url = tansu.start(), redis.start()
-        await create_ldp_topics(bootstrap, (plain, memo, side))
+        await create_ldp_topics(bootstrap, (plain, memo, side, loaded))
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
                    LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1")
         store = make_store(redis_url)
@@ -319,6 +360,14 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False,
             row["memo_vs_plain"] = row["memo_rate"] / row["plain_rate"]
             row.update(await _state_bytes(store))
             rows.append(row)
+            say("step " + json.dumps(row))
+        for devices in load_steps:
+            say(f"restart with {devices:,} devices in state ...")
+            result.setdefault("restart_at", []).append(await _restart_at(
+                store, loaded, devices, work / "devl.yaml", env, work, bootstrap,
+                mech.randomize(rng.integers(0, np.array(memo.domain.shape),
+                                            size=(64, len(memo.domain))), rng)))
+            say("restart " + json.dumps(result["restart_at"][-1]))
         await store.close()
     finally:
         tansu.stop()
@@ -337,9 +386,11 @@ def main(args: Any) -> int:
     quick = bool(getattr(args, "quick", False))
     raw = getattr(args, "steps", None)
     steps = tuple(int(s) for s in raw.split(",")) if raw else (QUICK_STEPS if quick else STEPS)
+    load = tuple(int(s) for s in (getattr(args, "restart_at", None) or "").split(",") if s) \
+        or ((50_000,) if quick else ())
     quiet = bool(getattr(args, "json", False))
     res = asyncio.run(run(steps, quick, None if quiet else
-                          (lambda m: print(m, file=sys.stderr, flush=True))))
+                          (lambda m: print(m, file=sys.stderr, flush=True)), load))
     if quiet:
         print(json.dumps(res, indent=2))
         return 0
@@ -353,6 +404,9 @@ def main(args: Any) -> int:
                 f"{r['refresh_s'] or 0:.3f}", f"{r['restart_to_ready_s']:.1f}",
                 f"{r['rebalance_s']:.1f}")
         print(" ".join(f"{v:>11}" for v in vals))
+    for r in res.get("restart_at", []):
+        print(f"restart with {r['devices']:,} devices in state (logs written directly): ready in "
+              f"{r['restart_to_ready_s']:.1f} s, worker RSS {r['worker_rss_mb']:.0f} MB")
     if "rss_growth" in res:
         print(f"worker RSS growth first -> last step: {100 * res['rss_growth']:.1f} % "
               f"({res['rss_bytes_per_added_device']:.1f} bytes per added device)")

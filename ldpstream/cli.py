@@ -243,6 +243,9 @@ def _bench_parsers(sub: Any) -> None:
             b.add_argument("--steps", default=None,
                            help="comma-separated device counts to grow to (default "
                                 "1000000,3000000,10000000)")
+            b.add_argument("--restart-at", default=None,
+                           help="comma-separated device counts whose state is written straight "
+                                "to Redis, then a worker restarted on it (restart time, RSS)")
 
 
 def _mqtt_bridge_parser(sub: Any) -> None:

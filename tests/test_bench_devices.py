@@ -31,6 +31,8 @@ def test_bench_devices_quick_json():
         assert step["memo_vs_plain"] == step["memo_rate"] / step["plain_rate"]
         # a log row is 8 + 4 × (3 + 8) = 52 bytes; a dedupe or quota field holds more than an id
         assert 52 <= step["memo_bytes"] < 400 and 8 < step["dedupe_bytes"] < 400
+    (restart,) = doc["restart_at"]
+    assert restart["devices"] == 50_000 and restart["restart_to_ready_s"] > 0
     churn = doc["churn"]
     kept, grown = churn["with_retention"], churn["without_retention"]
     assert len(kept["entries_by_month"]) == 36 and kept["first_month_over_cap"] is None

@@ -26,7 +26,8 @@ For each step (a number of distinct devices) the bench
 Then the **churn run** (``churn``): the retention rule itself (agents/store/device_memo.py
 ``roll``, ``latest_per_device``: the worker's functions, in this process, no broker) for one of
 4 partitions of a fleet of 1,000,000 devices over 36 simulated months, 10 % of the fleet replaced
-each month, every active device reporting once per state epoch (48 h with the default windows):
+each month, every active device reporting once per state epoch (windows 7d and all: 14 days, so
+the 36 months take 77 epochs):
 the entries the partition holds each month with the default retention (90 days) and without
 any (``device_retention_s`` infinite, the code before), against ``device_state_max``.
 
@@ -247,9 +248,9 @@ def churn(fleet: int = 1_000_000, months: int = 36, monthly: float = 0.10,
     coll = Collection.model_validate({
         "id": "churn", "schema": {"csv": {"columns": ["sex", "race"]}}, "mechanism": "rr-ind",
         "params": {"memoize": MEMOIZE}, "epsilon": 1.0, "marginals": [["sex", "race"]],
+        "windows": ["7d", "all"],
         **({} if retention_s is None else {"device_retention_s": retention_s})})
     span = device_memo.epoch_length(coll.policy)
-    per_month = int(round(30 * 86_400.0 / span))
     k = device_memo.retention_epochs(coll.device_retention(), coll.policy)
     n = fleet // PARTITIONS
     rng = np.random.default_rng(11)
@@ -261,26 +262,27 @@ def churn(fleet: int = 1_000_000, months: int = 36, monthly: float = 0.10,
         next_id = n
         memo: dict[int, device_memo.DeviceTable] = {}
         held, peak_bytes = [], 0
-        for month in range(months):
-            gone = rng.random(active.size) < monthly
-            fresh = (np.arange(next_id, next_id + int(gone.sum()), dtype=np.uint64)
-                     * PARTITIONS)
-            next_id += int(gone.sum())
-            active = np.concatenate([active[~gone], fresh])
-            for step in range(per_month):
-                e = 1000 + month * per_month + step
-                memo = device_memo.roll(memo, e, e - keep if keep else -1)
-                cur, prev = memo[e], memo[e - 1]
-                for t in memo.values():   # what the next delta writes and subtracts
-                    t.unlogged.clear()
-                    t.evicted.clear()
-                    t.cleared.clear()
-                reps = rng.integers(0, 2, size=(active.size, 2))
-                mv = device_memo.latest_per_device(active, reps, np.array([e]), 0, (cur, prev))
-                cur.upsert(mv.ids, mv.rows)
-            entries = sum(len(t) for t in memo.values())
-            held.append(entries)
+        month_s = 30 * 86_400.0
+        for e in range(int(round(months * month_s / span))):
+            month = int(e * span // month_s)
+            if month > len(held):   # a month ended: its entries, then its churn
+                held.append(sum(len(t) for t in memo.values()))
+                gone = rng.random(active.size) < monthly
+                fresh = (np.arange(next_id, next_id + int(gone.sum()), dtype=np.uint64)
+                         * PARTITIONS)
+                next_id += int(gone.sum())
+                active = np.concatenate([active[~gone], fresh])
+            memo = device_memo.roll(memo, e, e - keep if keep else -1)
+            cur, prev = memo[e], memo[e - 1]
+            for t in memo.values():   # what the next delta writes and subtracts
+                t.unlogged.clear()
+                t.evicted.clear()
+                t.cleared.clear()
+            reps = rng.integers(0, 2, size=(active.size, 2))
+            mv = device_memo.latest_per_device(active, reps, np.array([e]), 0, (cur, prev))
+            cur.upsert(mv.ids, mv.rows)
             peak_bytes = max(peak_bytes, sum(t.nbytes for t in memo.values()))
+        held.append(sum(len(t) for t in memo.values()))
         out[name] = {"entries_by_month": held, "max_entries": max(held),
                      "first_month_over_cap": next((m + 1 for m, h in enumerate(held)
                                                    if h > coll.device_state_max), None),
@@ -300,7 +302,7 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
     say = progress or (lambda msg: None)
     work = Path(tempfile.mkdtemp(prefix="ldpstream-bench-devices-"))
     cfg = work / "bench.yaml"
-    _write_config(cfg, max(steps), 1.0 if quick else 5.0)
+    _write_config(cfg, max(steps + load_steps), 1.0 if quick else 5.0)
     colls = load_config(cfg, env={}).collections
     plain, memo, side, loaded = colls["devp"], colls["devm"], colls["devq"], colls["devl"]
     tansu, redis = EmbeddedBroker(), EmbeddedRedis()
@@ -372,6 +374,11 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
     finally:
         tansu.stop()
         redis.stop()
+    loads = result.get("restart_at", [])
+    if len(loads) >= 2:
+        a, b = loads[0], loads[-1]
+        result["restart_rss_bytes_per_added_device"] = (
+            (b["worker_rss_mb"] - a["worker_rss_mb"]) * 2**20 / (b["devices"] - a["devices"]))
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
         result["rss_growth"] = b["worker_rss_mb"] / a["worker_rss_mb"] - 1.0
@@ -385,7 +392,8 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
 def main(args: Any) -> int:
     quick = bool(getattr(args, "quick", False))
     raw = getattr(args, "steps", None)
-    steps = tuple(int(s) for s in raw.split(",")) if raw else (QUICK_STEPS if quick else STEPS)
+    steps = tuple(int(s) for s in raw.split(",") if s) if raw is not None else \
+        (QUICK_STEPS if quick else STEPS)
     load = tuple(int(s) for s in (getattr(args, "restart_at", None) or "").split(",") if s) \
         or ((50_000,) if quick else ())
     quiet = bool(getattr(args, "json", False))

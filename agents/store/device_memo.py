@@ -115,7 +115,8 @@ class DeviceTable:
     def __init__(self, ids: np.ndarray | None = None, rows: np.ndarray | None = None,
                  logged: int = 0) -> None:
         self._ids = np.empty(0, dtype=np.uint64) if ids is None else ids
-        self._rows = np.empty((0, META), dtype=ROW) if rows is None else rows.astype(ROW)
+        self._rows = np.empty((0, META), dtype=ROW) if rows is None else \
+            rows.astype(ROW, copy=False)
         self._new_ids = np.empty(0, dtype=np.uint64)
         self._new_rows = np.empty((0, self._rows.shape[1]), dtype=ROW)
         self.logged = logged
@@ -266,13 +267,16 @@ def parse_log(data: bytes | None) -> DeviceTable:
         end = pos + 16 + 8 * n + 4 * cells + (4 * cells) % 8
         if cells < 0 or end > len(data):
             raise ValueError(f"corrupt device state log chunk (width {width}, rows {n})")
-        ids.append(np.frombuffer(data, dtype=_U8, count=n, offset=pos + 16).astype(np.uint64))
+        ids.append(np.frombuffer(data, dtype=_U8, count=n, offset=pos + 16))
         rows.append(np.frombuffer(data, dtype=_I4, count=cells, offset=pos + 16 + 8 * n)
-                    .astype(ROW).reshape(n, META + width))
+                    .reshape(n, META + width))
         pos = end
+    if len(ids) == 1 and bool((ids[0][1:] > ids[0][:-1]).all()):
+        # one chunk of sorted distinct devices (a rewritten log): one copy, no sort
+        return DeviceTable(ids[0].astype(np.uint64), rows[0].astype(ROW), logged=ids[0].size)
     all_ids, all_rows = np.concatenate(ids), stack_rows(rows)
     u, keep = last_of(all_ids)
-    return DeviceTable(u, all_rows[keep], logged=int(all_ids.size))
+    return DeviceTable(u, all_rows[keep].astype(ROW), logged=int(all_ids.size))
 
 
 @dataclass

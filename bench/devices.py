@@ -9,7 +9,8 @@ For each step (a number of distinct devices) the bench
    device's messages on partition ``id % 4``) to both topics;
 2. starts a worker on ``devp`` alone, then one on ``devm`` alone, each counting the step's
    reports: ``plain_rate`` and ``memo_rate`` (reports/s from the first to the last applied
-   delta, timed by the bench), ``memo_vs_plain``; ``restart_to_ready_s``: from starting the
+   delta, timed by the bench; when one delta holds them all, the worker's own ``/healthz``
+   timing), ``memo_vs_plain``; ``restart_to_ready_s``: from starting the
    ``devm`` worker (holding the devices of the steps before in Redis) to its first applied
    delta, i.e. process start, group join and the device state read (``plain_restart_s`` is the
    same without device state); ``worker_rss_mb``: the ``devm`` worker's resident memory after the
@@ -128,9 +129,11 @@ def _get(port: int, path: str) -> str:
 
 
 async def _count_run(store: Any, coll: Any, start: int, total: int, t_spawn: float,
-                     timeout: float = 3600.0) -> tuple[float, float]:
+                     port: int, timeout: float = 3600.0) -> tuple[float, float]:
     """(seconds from ``t_spawn`` to the first delta applied beyond ``start`` reports, reports/s
-    from that delta to ``total``): polled every 20 ms."""
+    from that delta to ``total``): polled every 20 ms; when one delta counted them all, the
+    worker's own rate (``/healthz``: reports applied over the time from its assignment to its
+    last apply, as ``bench pipeline`` times it)."""
     deadline = time.monotonic() + timeout
     first_at = first_n = None
     while time.monotonic() < deadline:
@@ -140,8 +143,11 @@ async def _count_run(store: Any, coll: Any, start: int, total: int, t_spawn: flo
             first_at, first_n = now, n
         if n >= total:
             assert first_at is not None and first_n is not None
-            rate = (n - first_n) / (now - first_at) if now > first_at else float("nan")
-            return first_at - t_spawn, rate
+            if n > first_n:
+                return first_at - t_spawn, (n - first_n) / (now - first_at)
+            ing = json.loads(_get(port, "/healthz"))["checks"]["ingest"]
+            return first_at - t_spawn, ing["applied_reports"] / (ing["last_apply_at"]
+                                                                 - ing["assigned_at"])
         await asyncio.sleep(0.02)
     raise TimeoutError(f"{coll.id}: {await store.n(coll.id, coll.partitions)} of {total}")
 
@@ -230,7 +236,7 @@ async def _restart_at(store: Any, coll: Any, devices: int, cfg: Path, env: dict,
     try:
         probe = np.arange(PARTITIONS, dtype=np.uint64) + 10 * devices   # known devices
         await _produce(bootstrap, [coll], probe, reports[:PARTITIONS], 1)
-        ready, _ = await _count_run(store, coll, start, start + PARTITIONS, t0)
+        ready, _ = await _count_run(store, coll, start, start + PARTITIONS, t0, port)
         return {"devices": devices, "restart_to_ready_s": ready,
                 "worker_rss_mb": _rss_mb(worker.pid)}
     finally:
@@ -337,7 +343,7 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
                 worker = start_worker(work / f"{coll.id}.yaml", env, port,
                                       work / f"worker-{coll.id}.log")
                 try:
-                    ready, rate = await _count_run(store, coll, start, total, t0)
+                    ready, rate = await _count_run(store, coll, start, total, t0, port)
                     if coll is plain:
                         row.update(plain_rate=rate, plain_restart_s=ready)
                     elif coll is memo:

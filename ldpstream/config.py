@@ -215,7 +215,8 @@ class Collection(_Strict):
     device_state_max: int = Field(
         DEFAULT_DEVICE_STATE_MAX, ge=1,
         description="memoized collections, counted per device: entries (devices' latest "
-                    "reports) one partition keeps, about 80 bytes each in Redis; a device active "
+                    "reports) one partition keeps, about 60 bytes each in Redis and 52 in the "
+                    "worker (8 attributes); a device active "
                     "in two consecutive state epochs holds two until the older expires; reports "
                     "of further devices go to `ldp.dlq` as `device_state_full` "
                     "(docs/privacy-over-time.md)")

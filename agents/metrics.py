@@ -38,6 +38,11 @@ MEMO_DEVICES = Gauge(
     "Memoized collections: devices whose latest report a partition keeps (agents/store/device_memo.py); "
     "reports of new devices beyond device_state_max go to ldp.dlq as device_state_full.",
     ["collection", "partition"], registry=REGISTRY)
+MEMO_DEVICES_EVICTED = Counter(
+    "ldp_memo_devices_evicted_total",
+    "Memoized collections: devices silent beyond device_retention_s that left the estimates "
+    "(the all-time window included) and the state (docs/privacy-over-time.md).",
+    ["collection"], registry=REGISTRY)
 REPORTS_SUPERSEDED = Counter(
     "ldp_reports_superseded_total",
     "Memoized collections: reports whose device's contribution moved to a newer report (each "

@@ -9,13 +9,14 @@ from importlib import resources
 
 #: the benchmarks, in the order ``ldpstream bench --help`` lists them
 BENCHES = ("castell", "adult", "pipeline", "mechanisms", "gateway", "refresh", "marginals",
-           "adaptive", "fetch", "sdk", "mqtt", "numeric")
+           "adaptive", "fetch", "sdk", "mqtt", "numeric", "devices")
 #: bench name → module of this package, where they differ
 MODULES = {"refresh": "refresh_scale", "fetch": "fetch_guard"}
 #: benchmarks with options beyond --json and --quick
 EXTRA_OPTIONS = {"pipeline": ("--redis-cluster", "--broker"),
                  "marginals": ("--data", "--columns", "--bif", "--generate", "--seed",
-                               "--epsilons", "--runs")}
+                               "--epsilons", "--runs"),
+                 "devices": ("--steps",)}
 
 
 def describe(name: str) -> tuple[str, str]:

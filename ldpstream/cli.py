@@ -281,6 +281,13 @@ def _bench_parsers(sub: Any) -> None:
                                 "ldpstream/dev/kafka.py), next to the embedded broker's")
         if "--generate" in EXTRA_OPTIONS.get(name, ()):
             _heldout_options(b)
+        if "--steps" in EXTRA_OPTIONS.get(name, ()):
+            b.add_argument("--steps", default=None,
+                           help="comma-separated device counts to grow to (default "
+                                "1000000,3000000,10000000)")
+            b.add_argument("--restart-at", default=None,
+                           help="comma-separated device counts whose state is written straight "
+                                "to Redis, then a worker restarted on it (restart time, RSS)")
 
 
 def _heldout_options(b: Any) -> None:

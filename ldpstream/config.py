@@ -56,6 +56,7 @@ from ldpstream.names import (
     DEFAULT_BATCH_SECONDS,
     DEFAULT_BUCKET_S,
     DEFAULT_CONTROLLER_INTERVAL_S,
+    DEFAULT_DEVICE_RETENTION_S,
     DEFAULT_DEVICE_STATE_MAX,
     DEFAULT_DRIFT_ALPHA,
     DEFAULT_ESTIMATORS,
@@ -222,10 +223,18 @@ class Collection(_Strict):
     device_state_max: int = Field(
         DEFAULT_DEVICE_STATE_MAX, ge=1,
         description="memoized collections, counted per device: entries (devices' latest "
-                    "reports) one partition keeps, about 80 bytes each in Redis; a device active "
+                    "reports) one partition keeps, about 60 bytes each in Redis and 52 in the "
+                    "worker (8 attributes); a device active "
                     "in two consecutive state epochs holds two until the older expires; reports "
                     "of further devices go to `ldp.dlq` as `device_state_full` "
                     "(docs/privacy-over-time.md)")
+    device_retention_s: float | None = Field(
+        None, gt=0.0, le=100 * 365 * 86_400.0,
+        description="memoized collections: a device silent this long (seconds) leaves the "
+                    "estimates, the all-time window included, and its state is freed (at the "
+                    "latest two state epochs later); at least one state epoch (2 × the "
+                    "longest window + one bucket; one day when only `all` is kept); default: 90 "
+                    "days, or one epoch if longer (docs/privacy-over-time.md)")
 
     # --- semantic checks (each runs when the fields it needs passed their type check) ---------
 
@@ -301,6 +310,13 @@ class Collection(_Strict):
         why = budget_problem(self.max_epsilon_per_day, self.reports_per_day, mech)
         if why is not None:
             problems((".max_epsilon_per_day", why))
+        epoch = self.policy.state_epoch_s()
+        if mech.memoization() is not None and self.device_retention_s is not None \
+                and self.device_retention_s < epoch:
+            problems((".device_retention_s", f"{self.device_retention_s:g} s is shorter than one "
+                                             f"device state epoch ({epoch:g} s: 2 × the longest "
+                                             f"window + one bucket, one day when only `all` is "
+                                             f"kept); a device must outlive its windows"))
         return self
 
     # --- derived ----------------------------------------------------------------------------
@@ -321,6 +337,13 @@ class Collection(_Strict):
     def policy(self) -> BucketPolicy:
         """How reports are bucketed in time and which windows are estimated."""
         return BucketPolicy(self.bucket_s, self.windows)
+
+    def device_retention(self) -> float:
+        """Seconds a silent device stays in a memoized collection's state and estimates:
+        ``device_retention_s``, default 90 days or one state epoch if longer."""
+        if self.device_retention_s is not None:
+            return self.device_retention_s
+        return max(DEFAULT_DEVICE_RETENTION_S, self.policy.state_epoch_s())
 
     def window(self, name: str) -> Window | None:
         return next((w for w in self.windows if w.name == name), None)

@@ -13,6 +13,7 @@ __all__ = [
     "DEFAULT_DRIFT_ALPHA", "DEFAULT_QUOTA_WINDOW_S", "DEFAULT_BATCH_REPORTS",
     "DEFAULT_BATCH_SECONDS", "MAX_MESSAGE_BYTES", "DEFAULT_DEVICE_STATE_MAX", "BUDGET_FIELD",
     "FLEET_DEVICES", "ENV_STATE_DIR", "ENV_MQTT_PASSWORD", "ENV_PROMETHEUS_URL",
+    "DEFAULT_DEVICE_RETENTION_S",
 ]
 
 # --- Kafka topics (docs/pipeline.md, "What runs") ---------------------------------------------------
@@ -85,6 +86,8 @@ DEFAULT_DRIFT_ALPHA = 1e-3
 DEFAULT_QUOTA_WINDOW_S = 86_400.0
 #: memoized collections: devices whose latest report one partition keeps (agents/store/device_memo.py)
 DEFAULT_DEVICE_STATE_MAX = 1_000_000
+#: memoized collections: a device silent this long (s) leaves the estimates and the state
+DEFAULT_DEVICE_RETENTION_S = 90 * 86_400.0
 
 # --- ingest defaults ---------------------------------------------------------------------------------
 

@@ -72,6 +72,16 @@ def epsilon_fields(collection: Collection, mechanism: Mechanism,
     }
 
 
+def all_window(coll: Collection, memoized: bool) -> str:
+    """What the ``all`` window holds: for a collection counted per device, the devices active
+    within its retention (agents/store/device_memo.py); else every report counted."""
+    if not memoized:
+        return "every report counted since the collection started"
+    days = coll.device_retention() / 86_400.0
+    return (f"devices active within the last {days:g} days (device_retention_s), each at its "
+            f"latest report")
+
+
 def over_time(coll: Collection, mechanism: Mechanism,
               device_state_full: int = 0) -> dict[str, Any]:
     """The ``over_time`` field of a collection's description: what its estimates count
@@ -83,6 +93,8 @@ def over_time(coll: Collection, mechanism: Mechanism,
            **window_fields(coll.reports_per_day, coll.max_epsilon_per_day,
                            [(w.name, w.seconds) for w in coll.windows], mechanism),
            "device_state_max": coll.device_state_max if memoized else None,
+           "device_retention_s": coll.device_retention() if memoized else None,
+           "all_window": all_window(coll, memoized),
            "warning": None}
     if device_state_full:
         out["warning"] = (f"{device_state_full} report(s) of new devices refused "

@@ -103,6 +103,11 @@ class BucketPolicy:
         longest = self.longest_s
         return 0.0 if longest is None else 2.0 * longest + self.bucket_s
 
+    def state_epoch_s(self) -> float:
+        """The epoch of a memoized collection's per-device state (docs/privacy-over-time.md,
+        "Memory"): the buckets' retention, one day when only ``all`` is kept."""
+        return self.retention_s() if self.bucketed else 86_400.0
+
     def fine_bucket(self, t: float) -> int:
         return int(math.floor(t / self.bucket_s))
 

@@ -251,7 +251,7 @@ def test_semantic_errors_are_reported_alongside_type_errors():
         "epsilon_scope, partitions, marginals, estimators, refresh_interval_s, "
         "controller_interval_s, bucket_s, windows, drift_alpha, drift_min_effect, "
         "expect_traffic, version, device_quota, reports_per_day, max_epsilon_per_day, "
-        "device_state_max)",
+        "device_state_max, device_retention_s)",
         "collections[0].marginals[0]: unknown attribute 'zz' (attributes: a, b, c, d)",
         "collections[0].marginals[2]: lists an attribute twice (['a', 'a'])",
         "collections[0].estimators[1]: unknown estimator 'magic' for rr-ind (known: castell, "

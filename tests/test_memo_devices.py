@@ -13,9 +13,15 @@ from ldpstream.agents.store.device_memo import (
     DeviceTable,
     LogWrite,
     encode_log,
+    group_rows,
     latest_per_device,
     parse_log,
+    retention_epochs,
+    roll,
+    stack_rows,
 )
+from ldpstream.config_semantics import windows_of
+from ldpstream.windows import BucketPolicy
 
 DEVICES = 2000
 CHATTY = 1000       # reports of the one chatty device
@@ -81,19 +87,44 @@ def test_a_device_silent_past_two_epochs_is_not_counted_twice_all_time():
     """Epoch tables roll: a device whose only entry is in a table leaving the (previous, current)
     pair is carried as all-time only, so when it comes back its old report is subtracted from the
     all-time tensor (not counted twice there); a device also in a newer table is not carried."""
-    from ldpstream.agents.ingest.memo_gate import MemoGate
-
     old = _table({1: (0, 40, [1, 0]), 2: (0, 41, [0, 1])})
     cur = _table({2: (0, 90, [1, 1])})
-    memo = MemoGate._roll({5: old, 6: DeviceTable(), 7: cur}, 7)   # epoch 5 leaves the pair
+    memo = roll({5: old, 6: DeviceTable(), 7: cur}, 7, 0)   # epoch 5 leaves the pair
     assert sorted(memo) == [6, 7] and memo[6].ids.tolist() == [1]
-    assert memo[6].rows.tolist() == [[0, 0, 2, 1, 0]] and len(memo[6].unlogged) == 1
+    # carried: all-time only, its bucket column holds -(epoch of its last report)
+    assert memo[6].rows.tolist() == [[0, -5, 2, 1, 0]] and len(memo[6].unlogged) == 1
+    assert memo[6].cleared == [5] and not memo[6].evicted
     back = latest_per_device(np.array([1], dtype=np.uint64), np.array([[0, 0]]),
                              np.array([95]), 0, (memo[7], memo[6]))
     assert {k: v.tolist() for k, v in back.removed_rows().items()} == {(0, -1): [[1, 0]]}
     # after a restart the worker reads three epochs' logs and carries the same way
-    again = MemoGate._roll({5: parse_log(encode_log(old.ids, old.rows)), 7: cur}, 7)
+    again = roll({5: parse_log(encode_log(old.ids, old.rows)), 7: cur}, 7, 0)
     assert again[6].ids.tolist() == [1]
+
+
+def test_a_device_silent_beyond_the_retention_is_evicted_once():
+    """At a roll a device whose last report is older than the retention (``keep_from``) is not
+    carried: its row waits in ``evicted`` for the next delta (subtracted from all-time), the
+    expired table's log is emptied; a carried row keeps its last epoch across rolls and its log
+    round trip (the signed bucket column), so it leaves exactly when the retention says."""
+    old = _table({1: (0, 40, [1, 0]), 2: (0, 41, [0, 1]), 3: (1, -1, [1, 1])})
+    cur = _table({2: (0, 90, [1, 1])})
+    memo = roll({5: old, 7: cur}, 7, keep_from=6)       # last seen in epoch 5 < 6: evicted
+    assert memo[6].ids.tolist() == [] and memo[6].cleared == [5]
+    gone = stack_rows(memo[6].evicted)
+    assert sorted(gone[:, 3:5].tolist()) == [[1, 0], [1, 1]]   # device 2 is in epoch 7: kept
+    assert {k: v.tolist() for k, v in group_rows(gone).items()} == \
+        {(0, -1): [[1, 0]], (1, -1): [[1, 1]]}              # all-time only, per version
+    kept = roll({5: old, 7: cur}, 7, keep_from=5)        # within the retention: carried
+    assert kept[6].ids.tolist() == [1, 3] and kept[6].rows[:, 1].tolist() == [-5, -5]
+    # the carried rows' log, read back (restart), rolls again: still last seen in epoch 5
+    carried = parse_log(encode_log(kept[6].ids, kept[6].rows))
+    assert carried.rows[:, 1].tolist() == [-5, -5]
+    later = roll({6: carried, 8: DeviceTable()}, 8, keep_from=5)
+    assert later[7].ids.tolist() == [1, 3] and later[7].rows[:, 1].tolist() == [-5, -5]
+    last = roll({7: later[7], 9: DeviceTable()}, 9, keep_from=6)
+    assert len(last[8]) == 0 and stack_rows(last[8].evicted).shape[0] == 2
+    assert retention_epochs(90 * 86_400.0, BucketPolicy(60.0, windows_of(["24h"], 60.0))) == 45
 
 
 def test_latest_report_per_device_is_unbiased_monte_carlo():
@@ -236,3 +267,30 @@ def test_drift_of_a_fleet_reporting_in_both_windows():
     same, moved = [0.4, 0.1, 0.2, 0.3], [0.1, 0.4, 0.4, 0.1]
     assert sum(alarm(same, same) for _ in range(10)) <= 1
     assert sum(alarm(same, moved) for _ in range(10)) == 10
+
+
+def test_config_retention_is_at_least_one_state_epoch():
+    """``device_retention_s`` below one state epoch (2 × the longest window + one bucket) is a
+    config error naming the field; the default is 90 days, or one epoch if longer; ``/collections``
+    says what the all-time window then holds."""
+    from ldpstream.config import ConfigError, parse_config
+    from ldpstream.privacy import over_time
+
+    def coll(**extra) -> dict:
+        return {"collections": [{"id": "c", "schema": {"attributes": {"os": ["a", "b"],
+                                                                      "plan": ["f", "p"]}},
+                                 "epsilon": 1.0, "marginals": [["os", "plan"]],
+                                 "params": {"memoize": {"rotation_s": 86400,
+                                                        "instantaneous_epsilon": 2.0}},
+                                 **extra}]}
+
+    with pytest.raises(ConfigError, match=r"^collections\[0\]\.device_retention_s: 3600 s is "
+                                          r"shorter than one device state epoch \(172860 s"):
+        parse_config(coll(device_retention_s=3600))
+    c = parse_config(coll()).collections["c"]
+    assert c.device_retention() == 90 * 86_400.0
+    assert parse_config(coll(windows=["60d"])).collections["c"].device_retention() == \
+        2 * 60 * 86_400.0 + 60.0
+    ot = over_time(c, c.mechanism())
+    assert ot["device_retention_s"] == 90 * 86_400.0
+    assert ot["all_window"].startswith("devices active within the last 90 days")

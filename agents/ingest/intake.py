@@ -20,6 +20,7 @@ from ldpstream.agents.ingest.memo_gate import MemoGate
 from ldpstream.agents.ingest.partition import Partitions, PartitionState, Pending
 from ldpstream.agents.ingest.quota_gate import QuotaGate
 from ldpstream.agents.ingest.stats import IngestStats
+from ldpstream.agents.store import device_memo
 from ldpstream.agents.store.apply_guard import BAD_TIMESTAMP, split_bad_timestamps
 from ldpstream.config import Collection
 from ldpstream.estimators.mechanism import Mechanism, TensorSpec
@@ -209,6 +210,8 @@ class Intake:
             removed = 0
             for (v, b), rows in mv.removed_rows().items():
                 removed += self._remove(pend, cid, v, b, rows)
+            for (v, _), rows in device_memo.group_rows(mv.evicted).items():
+                metrics.MEMO_DEVICES_EVICTED.labels(cid).inc(self._remove(pend, cid, v, -1, rows))
             superseded = int(reports.shape[0]) - int(mv.keep.size) + removed
             if superseded:
                 metrics.REPORTS_SUPERSEDED.labels(cid).inc(superseded)

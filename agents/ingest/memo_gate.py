@@ -50,7 +50,7 @@ class MemoGate:
         epoch = device_memo.epoch_of(time.time(), policy)
         if state.memo is not None:
             if state.memo_epoch != epoch:
-                state.memo, state.memo_epoch = self._roll(state.memo, epoch), epoch
+                state.memo, state.memo_epoch = self._roll(state, state.memo, epoch), epoch
             return
         have: dict[int, device_memo.DeviceTable] = {}
         for e in (epoch - 2, epoch - 1, epoch):
@@ -62,18 +62,15 @@ class MemoGate:
             if state.memo is not None:  # loaded meanwhile
                 return
             have[e] = device_memo.parse_log(raw)
-        state.memo, state.memo_epoch = self._roll(have, epoch), epoch
+        state.memo, state.memo_epoch = self._roll(state, have, epoch), epoch
 
-    @staticmethod
-    def _roll(memo: dict[int, device_memo.DeviceTable], epoch: int
-              ) -> dict[int, device_memo.DeviceTable]:
-        """The tables of ``epoch - 1`` and ``epoch``, the devices of older ones carried into
-        the former as all-time only (agents/store/device_memo.py ``carry``)."""
-        into = memo.get(epoch - 1, device_memo.DeviceTable())
-        cur = memo.get(epoch, device_memo.DeviceTable())
-        device_memo.carry([memo[e] for e in sorted(memo, reverse=True) if e < epoch - 1],
-                          into, cur)
-        return {epoch - 1: into, epoch: cur}
+    def _roll(self, state: PartitionState, memo: dict[int, device_memo.DeviceTable],
+              epoch: int) -> dict[int, device_memo.DeviceTable]:
+        """The tables of ``epoch - 1`` and ``epoch`` (agents/store/device_memo.py ``roll``),
+        devices silent beyond the collection's retention evicted."""
+        coll = self.collections[state.collection]
+        return device_memo.roll(memo, epoch, epoch - device_memo.retention_epochs(
+            coll.device_retention(), coll.policy))
 
     @staticmethod
     def entries(state: PartitionState) -> int:
@@ -146,7 +143,7 @@ class MemoGate:
         room = self.collections[cid].device_state_max - self.entries(state)
         ids = np.asarray(b.device_ids, dtype=np.uint64)
         cur = state.memo.get(state.memo_epoch) if state.memo_epoch is not None else None
-        new = ~cur.find(ids)[0] if cur is not None else np.ones(ids.size, dtype=bool)
+        new = ~cur.holds(ids) if cur is not None else np.ones(ids.size, dtype=bool)
         uniq_new = np.unique(ids[new])
         if uniq_new.size <= room:
             return b
@@ -176,10 +173,7 @@ class MemoGate:
         cur.upsert(mv.ids, mv.rows)
         span = device_memo.epoch_length(self.collections[state.collection].policy)
         layout = self._layout[state.collection]
-        while prev.unlogged:   # devices carried at the roll: into the previous epoch's log
-            ids, rows = prev.unlogged.pop(0)
-            pend.memo.setdefault(device_memo.side_name(epoch - 1, layout),
-                                 device_memo.LogWrite((epoch + 2) * span)).record(prev, ids, rows)
+        self._drain_roll(pend, mv, prev, epoch, span, layout)
         write = pend.memo.setdefault(device_memo.side_name(epoch, layout),
                                      device_memo.LogWrite((epoch + 3) * span))
         write.record(cur, mv.ids, mv.rows)
@@ -188,7 +182,26 @@ class MemoGate:
         return mv
 
     @staticmethod
+    def _drain_roll(pend: Pending, mv: device_memo.Moves,
+                    prev: device_memo.DeviceTable, epoch: int, span: float, layout: str) -> None:
+        """What the last roll left for the next delta, all in it (one Lua apply): the devices
+        carried into the previous epoch's log, the expired tables' logs emptied and the
+        evicted devices' rows in ``mv.evicted`` (subtracted from the all-time counts)."""
+        while prev.unlogged:
+            ids, rows = prev.unlogged.pop(0)
+            pend.memo.setdefault(device_memo.side_name(epoch - 1, layout),
+                                 device_memo.LogWrite((epoch + 2) * span)).record(prev, ids, rows)
+        while prev.cleared:
+            e = prev.cleared.pop(0)
+            pend.memo.setdefault(device_memo.side_name(e, layout),
+                                 device_memo.LogWrite((e + 3) * span)).clear()
+        if prev.evicted:
+            mv.evicted = device_memo.stack_rows(prev.evicted)
+            prev.evicted.clear()
+
+    @staticmethod
     def side(pend: Pending) -> dict[str, SideLog]:
-        """The rows a delta logs, each epoch's log expiring three epochs after it."""
+        """The rows a delta logs, each epoch's log expiring three epochs after it (an emptied
+        log: set to nothing)."""
         return {name: SideLog(w.payload(), replace=w.replace, expire_at=w.expire_at)
-                for name, w in pend.memo.items() if w.chunks}
+                for name, w in pend.memo.items() if w.writes()}

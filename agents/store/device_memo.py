@@ -11,21 +11,26 @@ the count tables, their totals, the error bounds and the drift variances all cou
 
 The state of one partition in the worker's clock epoch ``e = floor(now / L)`` (``L`` = the
 collection's bucket retention, 2 × the longest window + one bucket; one day when only ``all`` is
-kept) is a :class:`DeviceTable`: the devices' ids, sorted, and one int64 row each (version,
+kept) is a :class:`DeviceTable`: the devices' ids, sorted, and one int32 row each (version,
 fine bucket + 1 (0: all-time only), report width, report values). Every step is an array
 operation: the latest report of each device of a run is found by ``np.unique``, its previous
 row by ``np.searchsorted``. In Redis the table is a binary log, the string
 ``memo:<layout>:<e>`` of the shard: each apply appends the rows it changes (little-endian: a
-header (width, rows), the devices' ids (u64), their rows (u32)), in the same Lua apply
+header (width, rows), the devices' ids (u64), their rows (i32)), in the same Lua apply
 that adds the counts and moves the offset, so exactly-once holds for it too. When the log holds
 more than 1.5 times the table's rows (plus :data:`COMPACT_MIN`), the apply replaces it by the
 table.
 An entry is looked up in the epochs ``e`` and ``e - 1``; when an epoch's table leaves that pair,
 the devices it alone holds are carried into the previous epoch's table as all-time only
-(:func:`carry`), so the all-time tensor counts each device once however long it is silent. A
-log expires three epochs after its own (a worker started after a roll still reads the table it
-carries from). The state therefore holds every device ever seen by the partition, bounded by
-``device_state_max``.
+(:func:`carry`; the row's bucket column then holds ``-(epoch of its last report)``), so the
+all-time tensor counts each device once however long it is silent, **within the collection's
+retention**: a device whose last report is ``device_retention_s`` or more old at a roll is
+*evicted* instead (its row subtracted from the all-time tensor and dropped). The rows carried,
+the evictions and the emptying of the expired tables' logs go into Redis with the partition's
+next apply, all in one Lua call, so a worker that dies before it re-derives the same roll from
+the logs, and one that dies after it finds the old logs empty. A log expires three epochs after
+its own. The state therefore holds the devices active within the retention (plus up to one
+epoch), bounded by ``device_state_max`` as a guard.
 """
 from __future__ import annotations
 
@@ -39,15 +44,19 @@ from ldpstream.windows import BucketPolicy
 
 __all__ = ["PREFIX", "side_name", "epoch_length", "epoch_of", "DeviceTable", "Moves",
            "LogWrite", "latest_per_device", "last_of", "encode_log", "parse_log", "META",
-           "COMPACT_MIN"]
+           "COMPACT_MIN", "carry", "roll", "stack_rows", "retention_epochs", "group_rows"]
 
 PREFIX = "memo:"
-DAY_S = 86_400.0
-#: int64 columns of a row before its report values: version, fine bucket + 1, report width
+#: columns of a row before its report values: version, fine bucket + 1, report width
 META = 3
-#: #: superseded rows a log may hold beyond half its table's before an apply rewrites it
+#: superseded rows a log may hold beyond half its table's before an apply rewrites it
 COMPACT_MIN = 1024
-_I8, _U8, _U4 = np.dtype("<i8"), np.dtype("<u8"), np.dtype("<u4")
+#: new devices a table keeps aside before merging them into its sorted main arrays
+MERGE_MIN = 1 << 16
+_I8, _U8, _I4 = np.dtype("<i8"), np.dtype("<u8"), np.dtype("<i4")
+#: a table's rows in memory: 4 bytes a cell, as in the log (a version above 2**31 - 1 wraps:
+#: :func:`group_rows` reads it back unsigned)
+ROW = np.int32
 
 
 def side_name(epoch: int, layout_id: str) -> str:
@@ -59,7 +68,14 @@ def side_name(epoch: int, layout_id: str) -> str:
 
 def epoch_length(policy: BucketPolicy) -> float:
     """How long a device's entry is kept at least: the buckets' retention (one day if none)."""
-    return policy.retention_s() if policy.bucketed else DAY_S
+    return policy.state_epoch_s()
+
+
+def retention_epochs(retention_s: float, policy: BucketPolicy) -> int:
+    """``K``: at the roll into epoch ``e`` a device last seen in an epoch below ``e - K`` has
+    been silent at least ``retention_s`` and is evicted (so it leaves between ``retention_s``
+    and ``retention_s`` + 2 epochs after its last report)."""
+    return max(1, math.ceil(retention_s / epoch_length(policy) - 1e-9))
 
 
 def epoch_of(now: float, policy: BucketPolicy) -> int:
@@ -79,7 +95,7 @@ def _pad(rows: np.ndarray, cols: int) -> np.ndarray:
     return np.pad(rows, ((0, 0), (0, cols - rows.shape[1])))
 
 
-def _stack(parts: Sequence[np.ndarray]) -> np.ndarray:
+def stack_rows(parts: Sequence[np.ndarray]) -> np.ndarray:
     """Rows of several widths as one array (narrower ones padded); (0, META) if none."""
     if not parts:
         return np.empty((0, META), dtype=np.int64)
@@ -87,60 +103,151 @@ def _stack(parts: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate([_pad(p, cols) for p in parts])
 
 
-@dataclass
 class DeviceTable:
     """The latest report of each device of one partition in one epoch: ``ids`` sorted (uint64),
     ``rows[i]`` = (version, fine bucket + 1, report width, report values padded with 0);
-    ``logged``: rows of its log in Redis, superseded ones included."""
+    ``logged``: rows of its log in Redis, superseded ones included.
 
-    ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
-    rows: np.ndarray = field(default_factory=lambda: np.empty((0, META), dtype=np.int64))
-    logged: int = 0
-    #: rows set by :func:`carry` that its log does not hold yet (written with the next delta)
-    unlogged: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    New devices go to a small sorted side table, merged into the main one once it holds more
+    than an eighth of it (:data:`MERGE_MIN` at least): a poll's new devices cost a copy of the
+    side table, not of the whole table (amortized: 8 row copies per new device)."""
+
+    def __init__(self, ids: np.ndarray | None = None, rows: np.ndarray | None = None,
+                 logged: int = 0) -> None:
+        self._ids = np.empty(0, dtype=np.uint64) if ids is None else ids
+        self._rows = np.empty((0, META), dtype=ROW) if rows is None else \
+            rows.astype(ROW, copy=False)
+        self._new_ids = np.empty(0, dtype=np.uint64)
+        self._new_rows = np.empty((0, self._rows.shape[1]), dtype=ROW)
+        self.logged = logged
+        #: rows set by :func:`carry` that its log does not hold yet (written with the next delta)
+        self.unlogged: list[tuple[np.ndarray, np.ndarray]] = []
+        #: rows of devices :func:`carry` evicted: the next delta subtracts them from all-time
+        self.evicted: list[np.ndarray] = []
+        #: epochs whose logs the next delta empties (their devices carried here or evicted)
+        self.cleared: list[int] = []
+
+    @property
+    def ids(self) -> np.ndarray:
+        self._merge()
+        return self._ids
+
+    @property
+    def rows(self) -> np.ndarray:
+        self._merge()
+        return self._rows
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its arrays (the worker's memory per device: docs/privacy-over-time.md)."""
+        return int(self._ids.nbytes + self._rows.nbytes + self._new_ids.nbytes
+                   + self._new_rows.nbytes)
 
     def __len__(self) -> int:
-        return int(self.ids.size)
+        return int(self._ids.size + self._new_ids.size)
 
-    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For each of ``ids``: whether the table holds it, and its row index (if so)."""
-        if not len(self):
+    @staticmethod
+    def _search(table: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not table.size:
             return np.zeros(ids.size, dtype=bool), np.zeros(ids.size, dtype=np.intp)
-        idx = np.minimum(np.searchsorted(self.ids, ids), len(self) - 1)
-        return self.ids[idx] == ids, idx
+        idx = np.minimum(np.searchsorted(table, ids), table.size - 1)
+        return table[idx] == ids, idx
+
+    def holds(self, ids: np.ndarray) -> np.ndarray:
+        """Whether the table holds each of ``ids``."""
+        return self._search(self._ids, ids)[0] | self._search(self._new_ids, ids)[0]
+
+    def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Whether the table holds each of ``ids``, and the rows of those it holds (in order)."""
+        fm, im = self._search(self._ids, ids)
+        fd, idd = self._search(self._new_ids, ids)
+        cols = max(self._rows.shape[1], self._new_rows.shape[1])
+        out = np.zeros((ids.size, cols), dtype=ROW)
+        out[fm, :self._rows.shape[1]] = self._rows[im[fm]]
+        out[fd, :self._new_rows.shape[1]] = self._new_rows[idd[fd]]
+        found = fm | fd
+        return found, out[found]
 
     def upsert(self, ids: np.ndarray, rows: np.ndarray) -> None:
         """Set the rows of the sorted distinct ``ids`` (new devices inserted in order)."""
-        cols = max(rows.shape[1], self.rows.shape[1])
-        self.rows, rows = _pad(self.rows, cols), _pad(rows, cols)
-        found, idx = self.find(ids)
-        self.rows[idx[found]] = rows[found]
-        new = ~found
-        if new.any():
-            pos = np.searchsorted(self.ids, ids[new])
-            self.ids = np.insert(self.ids, pos, ids[new])
-            self.rows = np.insert(self.rows, pos, rows[new], axis=0)
+        cols = max(rows.shape[1], self._rows.shape[1], self._new_rows.shape[1])
+        self._rows, self._new_rows = _pad(self._rows, cols), _pad(self._new_rows, cols)
+        rows = _pad(rows, cols)
+        fm, im = self._search(self._ids, ids)
+        self._rows[im[fm]] = rows[fm]
+        rest = np.flatnonzero(~fm)
+        fd, idd = self._search(self._new_ids, ids[rest])
+        self._new_rows[idd[fd]] = rows[rest[fd]]
+        new = rest[~fd]
+        if new.size:
+            pos = np.searchsorted(self._new_ids, ids[new])
+            self._new_ids = np.insert(self._new_ids, pos, ids[new])
+            self._new_rows = np.insert(self._new_rows, pos, rows[new], axis=0)
+            if self._new_ids.size > max(MERGE_MIN, self._ids.size // 8):
+                self._merge()
+
+    def _merge(self) -> None:
+        if not self._new_ids.size:
+            return
+        pos = np.searchsorted(self._ids, self._new_ids)
+        self._ids = np.insert(self._ids, pos, self._new_ids)
+        self._rows = np.insert(self._rows, pos, self._new_rows, axis=0)
+        self._new_ids = np.empty(0, dtype=np.uint64)
+        self._new_rows = np.empty((0, self._rows.shape[1]), dtype=ROW)
 
 
-def carry(old: Sequence[DeviceTable], into: DeviceTable, newer: DeviceTable) -> None:
-    """Keep the devices of expiring tables (``old``, newest first) that neither ``into`` nor
-    ``newer`` holds: their rows move into ``into`` as all-time only (bucket + 1 = 0; their fine
-    and coarse buckets have expired), so a device back after a long silence replaces its report
-    in the all-time tensor instead of being counted twice there."""
-    for t in old:
-        keep = ~into.find(t.ids)[0] & ~newer.find(t.ids)[0]
+def last_seen(rows: np.ndarray, epoch: int) -> np.ndarray:
+    """The epoch of each row's last report, for rows of the table of ``epoch``: a carried row
+    holds it as ``-bucket column``, any other row was reported in ``epoch``."""
+    col = rows[:, 1]
+    return np.where(col < 0, -col, int(epoch))
+
+
+def carry(old: Sequence[tuple[int, DeviceTable]], into: DeviceTable, newer: DeviceTable,
+          keep_from: int) -> None:
+    """Keep the devices of expiring tables (``old``: (epoch, table), newest first) that neither
+    ``into`` nor ``newer`` holds and whose last report is in epoch ``keep_from`` or later: their
+    rows move into ``into`` as all-time only (bucket column ``-last epoch``; their fine and
+    coarse buckets have expired), so a device back after a silence replaces its report in the
+    all-time tensor instead of being counted twice there. The others are evicted: their rows
+    wait in ``into.evicted`` for the next delta, which subtracts them from the all-time counts
+    and empties the expired tables' logs (``into.cleared``)."""
+    seen = np.empty(0, dtype=np.uint64)
+    for epoch, t in old:
+        if t.logged or len(t):
+            into.cleared.append(int(epoch))
+        into.evicted += t.evicted        # left by an earlier roll without a delta since
+        into.cleared += t.cleared
+        fresh = ~np.isin(t.ids, seen, assume_unique=True) if seen.size else \
+            np.ones(len(t), dtype=bool)   # a device in two expiring tables: the newer one's row
+        seen = np.union1d(seen, t.ids)
+        keep = fresh & ~into.holds(t.ids) & ~newer.holds(t.ids)
         if not keep.any():
             continue
         ids, rows = t.ids[keep], t.rows[keep].copy()
-        rows[:, 1] = 0
-        into.upsert(ids, rows)
-        into.unlogged.append((ids, rows))
+        ls = last_seen(rows, epoch)
+        rows[:, 1] = -ls          # all-time only from now on (its buckets have expired)
+        gone = ls < keep_from
+        if gone.any():
+            into.evicted.append(rows[gone])
+        ids, rows = ids[~gone], rows[~gone]
+        if ids.size:
+            into.upsert(ids, rows)
+            into.unlogged.append((ids, rows))
+def roll(memo: dict[int, DeviceTable], epoch: int, keep_from: int) -> dict[int, DeviceTable]:
+    """The tables of ``epoch - 1`` and ``epoch``, the devices of older ones carried into the
+    former as all-time only, those last seen before epoch ``keep_from`` evicted (:func:`carry`)."""
+    into = memo.get(epoch - 1, DeviceTable())
+    cur = memo.get(epoch, DeviceTable())
+    carry([(e, memo[e]) for e in sorted(memo, reverse=True) if e < epoch - 1], into, cur,
+          keep_from)
+    return {epoch - 1: into, epoch: cur}
 
 
 def encode_log(ids: np.ndarray, rows: np.ndarray) -> bytes:
     """One log chunk: a header (report width, rows) of two int64 words, the devices' ids (u64),
-    then their rows (u32; codec values, versions and buckets fit), padded to whole words."""
-    body = np.ascontiguousarray(rows, dtype=_U4).tobytes()
+    then their rows (i32; codec values, versions and buckets fit), padded to whole words."""
+    body = np.ascontiguousarray(rows, dtype=_I4).tobytes()
     head = np.array([rows.shape[1] - META, ids.size], dtype=_I8).tobytes()
     return head + ids.astype(_U8).tobytes() + body + b"\0" * (-len(body) % 8)
 
@@ -160,23 +267,34 @@ def parse_log(data: bytes | None) -> DeviceTable:
         end = pos + 16 + 8 * n + 4 * cells + (4 * cells) % 8
         if cells < 0 or end > len(data):
             raise ValueError(f"corrupt device state log chunk (width {width}, rows {n})")
-        ids.append(np.frombuffer(data, dtype=_U8, count=n, offset=pos + 16).astype(np.uint64))
-        rows.append(np.frombuffer(data, dtype=_U4, count=cells, offset=pos + 16 + 8 * n)
-                    .astype(np.int64).reshape(n, META + width))
+        ids.append(np.frombuffer(data, dtype=_U8, count=n, offset=pos + 16))
+        rows.append(np.frombuffer(data, dtype=_I4, count=cells, offset=pos + 16 + 8 * n)
+                    .reshape(n, META + width))
         pos = end
-    all_ids, all_rows = np.concatenate(ids), _stack(rows)
+    if len(ids) == 1 and bool((ids[0][1:] > ids[0][:-1]).all()):
+        # one chunk of sorted distinct devices (a rewritten log): one copy, no sort
+        return DeviceTable(ids[0].astype(np.uint64), rows[0].astype(ROW), logged=ids[0].size)
+    all_ids, all_rows = np.concatenate(ids), stack_rows(rows)
     u, keep = last_of(all_ids)
-    return DeviceTable(u, all_rows[keep], logged=int(all_ids.size))
+    return DeviceTable(u, all_rows[keep].astype(ROW), logged=int(all_ids.size))
 
 
 @dataclass
 class LogWrite:
     """What one delta writes to an epoch's log: appended chunks, or (``replace``) the whole
-    table followed by later chunks; the key expires at ``expire_at`` (unix s)."""
+    table followed by later chunks (none: the log is emptied); the key expires at
+    ``expire_at`` (unix s)."""
 
     expire_at: float
     replace: bool = False
     chunks: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    def clear(self) -> None:
+        """Empty the log (its devices were carried into a newer one or evicted)."""
+        self.replace, self.chunks = True, []
+
+    def writes(self) -> bool:
+        return bool(self.chunks) or self.replace
 
     def record(self, table: DeviceTable, ids: np.ndarray, rows: np.ndarray) -> None:
         """Log the rows just set in ``table``; rewrite the log when it holds too many
@@ -190,12 +308,14 @@ class LogWrite:
 
     def payload(self) -> bytes:
         """The chunks as one log chunk (a device set twice: its last row)."""
+        if not self.chunks:
+            return b""
         if len(self.chunks) == 1:
             ids, rows = self.chunks[0]
         else:
             all_ids = np.concatenate([c[0] for c in self.chunks])
             ids, keep = last_of(all_ids)
-            rows = _stack([c[1] for c in self.chunks])[keep]
+            rows = stack_rows([c[1] for c in self.chunks])[keep]
         return encode_log(ids, rows)
 
 
@@ -203,25 +323,34 @@ class LogWrite:
 class Moves:
     """What one run of reports (one version) changes: ``keep`` indexes the reports counted (the
     latest of each device, in device order), ``ids`` those devices (sorted) and ``rows`` their
-    new rows, ``old`` the rows of the previous reports they supersede."""
+    new rows, ``old`` the rows of the previous reports they supersede, ``evicted`` the rows of
+    devices silent beyond the retention the same delta subtracts (:func:`carry`)."""
 
     keep: np.ndarray
     ids: np.ndarray
     rows: np.ndarray
     old: np.ndarray
+    evicted: np.ndarray = field(default_factory=lambda: np.empty((0, META), dtype=np.int64))
 
     def removed_rows(self) -> dict[tuple[int, int], np.ndarray]:
-        """The superseded reports per (version, fine bucket or -1) as ``(k, width)`` arrays:
-        one group per distinct pair, not per device."""
-        if not self.old.shape[0]:
-            return {}
-        span = int(self.old[:, 1].max()) + 1    # (version, bucket + 1) as one int64 key
-        groups, inv = np.unique(self.old[:, 0] * span + self.old[:, 1], return_inverse=True)
-        out: dict[tuple[int, int], np.ndarray] = {}
-        for g, key in enumerate(groups.tolist()):
-            sel = self.old[inv == g]
-            out[(key // span, key % span - 1)] = sel[:, META:META + int(sel[0, 2])]
-        return out
+        """The superseded reports per (version, fine bucket or -1) (:func:`group_rows`)."""
+        return group_rows(self.old)
+
+
+def group_rows(rows: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """Rows as their reports per (version, fine bucket or -1 for all-time only) as ``(k, width)``
+    arrays: one group per distinct pair, not per device."""
+    if not rows.shape[0]:
+        return {}
+    b1 = np.maximum(rows[:, 1].astype(np.int64), 0)   # carried rows (< 0): all-time only
+    span = int(b1.max()) + 1                # (version, bucket + 1) as one int64 key
+    version = rows[:, 0].astype(np.int64) & 0xFFFFFFFF
+    groups, inv = np.unique(version * span + b1, return_inverse=True)
+    out: dict[tuple[int, int], np.ndarray] = {}
+    for g, key in enumerate(groups.tolist()):
+        sel = rows[inv == g]
+        out[(key // span, key % span - 1)] = sel[:, META:META + int(sel[0, 2])]
+    return out
 
 
 def latest_per_device(device_ids: np.ndarray, reports: np.ndarray, buckets: np.ndarray,
@@ -242,8 +371,8 @@ def latest_per_device(device_ids: np.ndarray, reports: np.ndarray, buckets: np.n
     for t in tables:
         if not len(t) or not todo.any():
             continue
-        found, idx = t.find(u)
-        hit = found & todo
-        old.append(t.rows[idx[hit]])
-        todo &= ~hit
-    return Moves(keep, u, rows, _stack(old))
+        ask = np.flatnonzero(todo)
+        found, prev = t.lookup(u[ask])
+        old.append(prev)
+        todo[ask[found]] = False
+    return Moves(keep, u, rows, stack_rows(old))

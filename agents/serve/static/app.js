@@ -70,8 +70,15 @@ function syncControls() {
   if (!c) return;
   s.marginal = fillSelect($("marginal"), marginalChoices(c), s.marginal);
   s.method = fillSelect($("method"), c.estimators.map((e) => ({ value: e, text: e })), s.method);
-  s.window = fillSelect($("window"), c.windows.map((w) => ({ value: w, text: w === "all" ? "all time" : `last ${w}` })), s.window);
+  s.window = fillSelect($("window"), c.windows.map((w) => ({ value: w, text: w === "all" ? allLabel(c) : `last ${w}` })), s.window);
   writeHash();
+}
+
+function allLabel(c) {
+  // a collection counted per device holds, in "all", the devices active within its retention
+  const ot = c.over_time;
+  if (!ot || ot.counted_by !== "device" || !ot.device_retention_s) return "all time";
+  return `devices active in the last ${+(ot.device_retention_s / 86400).toFixed(2)} d`;
 }
 
 // --- collections table ---------------------------------------------------------------------------

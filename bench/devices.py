@@ -1,0 +1,434 @@
+"""``ldpstream bench devices [--json] [--quick] [--steps 1000000,3000000]``: per-device state at
+fleet scale: a device-counted (memoized) collection grown to 1, 3 and 10 million distinct devices.
+
+On the embedded broker (Tansu) and Redis, two collections of the same 8 Adult attributes and 4
+partitions: ``devm`` memoized (counted per device: agents/store/device_memo.py) and ``devp`` not.
+For each step (a number of distinct devices) the bench
+
+1. produces the step's new devices' reports (one each, 500 per message, keyed by device: a
+   device's messages on partition ``id % 4``) to both topics;
+2. starts a worker on ``devp`` alone, then one on ``devm`` alone, each counting the step's
+   reports: ``plain_rate`` and ``memo_rate`` (reports/s from the first to the last applied
+   delta, timed by the bench; when one delta holds them all, the worker's own ``/healthz``
+   timing), ``memo_vs_plain``; ``restart_to_ready_s``: from starting the
+   ``devm`` worker (holding the devices of the steps before in Redis) to its first applied
+   delta, i.e. process start, group join and the device state read (``plain_restart_s`` is the
+   same without device state); ``worker_rss_mb``: the ``devm`` worker's resident memory after the
+   step (``/proc/<pid>/status``);
+3. ``refresh_s``: the mean ``ldp_estimate_refresh_seconds`` of ``devm``;
+4. ``rebalance_s``: a second worker joins; from its start until a report sent to each of the 4
+   partitions after it holds partitions is counted (the new owner read its partitions' state);
+5. Redis bytes per device: ``memo_bytes``: ``MEMORY USAGE`` of the device state logs over the
+   devices they hold; ``dedupe_bytes`` and ``quota_bytes``: of the batch-dedupe and quota side
+   hashes of a third collection ``devq`` (plain, ``device_quota``, every device sending its own
+   keyed one-report batch) fed up to 30,000 of the step's new devices (their encoding does not
+   depend on the fleet size once a hash holds more than 128 fields).
+
+Then the **churn run** (``churn``): the retention rule itself (agents/store/device_memo.py
+``roll``, ``latest_per_device``: the worker's functions, in this process, no broker) for one of
+4 partitions of a fleet of 1,000,000 devices over 36 simulated months, 10 % of the fleet replaced
+each month, every active device reporting once per state epoch (windows 7d and all: 14 days, so
+the 36 months take 77 epochs):
+the entries the partition holds each month with the default retention (90 days) and without
+any (``device_retention_s`` infinite, the code before), against ``device_state_max``.
+
+``--restart-at N[,N...]``: a fourth collection ``devl`` whose device state (``N`` devices, one
+row each) is written straight to Redis with the worker's own log encoding, then a worker started
+on it: ``restart_at``: seconds to its first applied delta and its resident memory, the state
+loaded (how a 10-million-device restart is measured without feeding 10 million reports).
+
+``--quick`` (smoke tests): steps of 20,000 and 40,000 devices, a restart at 50,000, a churn run
+of 20,000 devices.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ldpstream.bench.ingest_run import BATCH, start_worker, stop_worker
+from ldpstream.bench.pipeline import _metric_mean
+
+STEPS = (1_000_000, 3_000_000, 10_000_000)
+QUICK_STEPS = (20_000, 40_000)
+PARTITIONS = 4
+MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 4.0}
+#: devices of a step that feed the dedupe and quota collection
+SIDE_SAMPLE = 30_000
+
+
+def _write_config(path: Path, devices_max: int, refresh_interval_s: float) -> None:
+    from ldpstream.config import default_config_path
+
+    doc = yaml.safe_load(default_config_path().read_text())
+    base = doc["collections"][0]
+    base.setdefault("schema", {}).setdefault("csv", {}).pop("path", None)
+    base.update(partitions=PARTITIONS, refresh_interval_s=refresh_interval_s)
+    plain = dict(base, id="devp")
+    memo = dict(base, id="devm", params={"memoize": MEMOIZE},
+                device_state_max=2 * devices_max // PARTITIONS + 1024)
+    side = dict(base, id="devq", device_quota={"reports": 100, "window_s": 86400})
+    loaded = dict(memo, id="devl")
+    for coll in (plain, memo, side, loaded):
+        one = dict(doc, collections=[coll])
+        (path.parent / f"{coll['id']}.yaml").write_text(yaml.safe_dump(one))
+    doc["collections"] = [plain, memo, side, loaded]
+    path.write_text(yaml.safe_dump(doc))
+
+
+async def _produce(bootstrap: str, colls: list[Any], ids: np.ndarray, reports: np.ndarray,
+                   batch: int, keyed: bool = False) -> None:
+    """``reports[i]`` of device ``ids[i]`` to every collection of ``colls``, ``batch`` per
+    message, a device's messages on partition ``id % PARTITIONS`` (keyed: one sequence-1 batch key
+    per message, its first device the sender)."""
+    from aiokafka import AIOKafkaProducer
+
+    from ldpstream.producers.codec import encode_batch
+
+    pub = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20,
+                           max_request_size=8 << 20, acks=1)
+    await pub.start()
+    try:
+        for p in range(PARTITIONS):
+            on = ids % PARTITIONS == p
+            pid, prep = ids[on], reports[on]
+            futs = []
+            for s in range(0, pid.size, batch):
+                sl = slice(s, s + batch)
+                for coll in colls:
+                    key = (int(pid[s]), 1) if keyed else None
+                    msg = encode_batch(coll.id, coll.version, prep[sl], device_ids=pid[sl],
+                                       key=key)
+                    futs.append(await pub.send(coll.topic, msg, partition=p))
+                if len(futs) >= 2000:
+                    await asyncio.gather(*futs)
+                    futs = []
+            await asyncio.gather(*futs)
+    finally:
+        await pub.stop()
+
+
+def _rss_mb(pid: int) -> float:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024.0  # type: ignore[union-attr]
+
+
+def _get(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+        return resp.read().decode()
+
+
+async def _count_run(store: Any, coll: Any, start: int, total: int, t_spawn: float,
+                     port: int, timeout: float = 3600.0) -> tuple[float, float]:
+    """(seconds from ``t_spawn`` to the first delta applied beyond ``start`` reports, reports/s
+    from that delta to ``total``): polled every 20 ms; when one delta counted them all, the
+    worker's own rate (``/healthz``: reports applied over the time from its assignment to its
+    last apply, as ``bench pipeline`` times it)."""
+    deadline = time.monotonic() + timeout
+    first_at = first_n = None
+    while time.monotonic() < deadline:
+        n = await store.n(coll.id, coll.partitions)
+        now = time.perf_counter()
+        if first_at is None and n > start:
+            first_at, first_n = now, n
+        if n >= total:
+            assert first_at is not None and first_n is not None
+            if n > first_n:
+                return first_at - t_spawn, (n - first_n) / (now - first_at)
+            ing = json.loads(_get(port, "/healthz"))["checks"]["ingest"]
+            return first_at - t_spawn, ing["applied_reports"] / (ing["last_apply_at"]
+                                                                 - ing["assigned_at"])
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"{coll.id}: {await store.n(coll.id, coll.partitions)} of {total}")
+
+
+async def _bytes_per(store: Any, cid: str, prefix: str, entries: Any) -> float | None:
+    """MEMORY USAGE of ``cid``'s side keys named ``prefix...`` over the entries they hold
+    (``entries``: async key -> count)."""
+    from ldpstream.agents.store import keys
+
+    used = held = 0
+    for p in range(PARTITIONS):
+        pattern = keys.glob_escape(keys.side_key(cid, p, prefix)) + "*"
+        async for key in store.redis.scan_iter(match=pattern):
+            used += int(await store.redis.memory_usage(key, samples=0) or 0)
+            held += await entries(key)
+    return used / held if held else None
+
+
+async def _state_bytes(store: Any) -> dict[str, float | None]:
+    from ldpstream.agents.store import dedupe, device_memo, quota
+
+    async def logged(key: Any) -> int:
+        return len(device_memo.parse_log(await store.redis.get(key)))
+
+    async def fields(key: Any) -> int:
+        return int(await store.redis.hlen(key))
+
+    return {"memo_bytes": await _bytes_per(store, "devm", device_memo.PREFIX, logged),
+            "dedupe_bytes": await _bytes_per(store, "devq", dedupe.PREFIX, fields),
+            "quota_bytes": await _bytes_per(store, "devq", quota.WINDOW_PREFIX, fields)}
+
+
+async def _rebalance(store: Any, coll: Any, cfg: Path, env: dict, port: int, work: Path,
+                     bootstrap: str, probe_ids: np.ndarray, reports: np.ndarray) -> float:
+    """Seconds from a second worker's start until a report sent to every partition after it
+    holds partitions is counted."""
+    from ldpstream.dev.process import free_port
+
+    port2 = free_port()
+    t0 = time.perf_counter()
+    second = start_worker(cfg, env, port2, work / "worker-rebalance.log")
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                if json.loads(_get(port2, "/healthz"))["checks"]["ingest"].get("assigned"):
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            await asyncio.sleep(0.1)
+        before = await store.n(coll.id, coll.partitions)
+        await _produce(bootstrap, [coll], probe_ids, reports, 1)
+        while await store.n(coll.id, coll.partitions) < before + probe_ids.size:
+            if time.monotonic() > deadline:
+                raise TimeoutError("rebalance: probes not counted")
+            await asyncio.sleep(0.02)
+        return time.perf_counter() - t0
+    finally:
+        stop_worker(second)
+
+
+async def _restart_at(store: Any, coll: Any, devices: int, cfg: Path, env: dict, work: Path,
+                      bootstrap: str, reports: np.ndarray) -> dict[str, Any]:
+    """A worker restarted with ``devices`` devices in state: their memo logs written straight to
+    Redis (the worker's own encoding, agents/store/device_memo.py ``encode_log``; this epoch,
+    one row per device), then the seconds from its start to its first applied delta (one report
+    on each partition) and its resident memory then."""
+    from ldpstream.agents.store import device_memo, keys
+    from ldpstream.agents.store.layout import Layout
+    from ldpstream.dev.process import free_port
+
+    layout = Layout.of(coll.version, coll.tensors()).id
+    name = device_memo.side_name(device_memo.epoch_of(time.time(), coll.policy), layout)
+    width = len(coll.domain)
+    for p in range(PARTITIONS):
+        ids = np.arange(p, devices, PARTITIONS, dtype=np.uint64) + 10 * devices
+        rows = np.zeros((ids.size, device_memo.META + width), dtype=np.int64)
+        rows[:, 2] = width
+        rows[:, device_memo.META:] = np.resize(reports, (ids.size, width))
+        await store.redis.set(keys.side_key(coll.id, p, name), device_memo.encode_log(ids, rows))
+        del rows
+    port = free_port()
+    start = await store.n(coll.id, coll.partitions)
+    t0 = time.perf_counter()
+    worker = start_worker(cfg, env, port, work / "worker-devl.log")
+    try:
+        probe = np.arange(PARTITIONS, dtype=np.uint64) + 10 * devices   # known devices
+        await _produce(bootstrap, [coll], probe, reports[:PARTITIONS], 1)
+        ready, _ = await _count_run(store, coll, start, start + PARTITIONS, t0, port)
+        return {"devices": devices, "restart_to_ready_s": ready,
+                "worker_rss_mb": _rss_mb(worker.pid)}
+    finally:
+        stop_worker(worker)
+
+
+def churn(fleet: int = 1_000_000, months: int = 36, monthly: float = 0.10,
+          retention_s: float | None = None) -> dict[str, Any]:
+    """The state of one of 4 partitions of a churning fleet, month by month, under the worker's
+    own roll and lookup (agents/store/device_memo.py): entries held, with the default retention
+    and without any; ``retention_s`` None: the collection default (90 days)."""
+    from ldpstream.agents.store import device_memo
+    from ldpstream.config import Collection
+
+    coll = Collection.model_validate({
+        "id": "churn", "schema": {"csv": {"columns": ["sex", "race"]}}, "mechanism": "rr-ind",
+        "params": {"memoize": MEMOIZE}, "epsilon": 1.0, "marginals": [["sex", "race"]],
+        "windows": ["7d", "all"],
+        **({} if retention_s is None else {"device_retention_s": retention_s})})
+    span = device_memo.epoch_length(coll.policy)
+    k = device_memo.retention_epochs(coll.device_retention(), coll.policy)
+    n = fleet // PARTITIONS
+    rng = np.random.default_rng(11)
+    out: dict[str, Any] = {"fleet": fleet, "months": months, "monthly_churn": monthly,
+                           "epoch_s": span, "device_retention_s": coll.device_retention(),
+                           "device_state_max": coll.device_state_max}
+    for name, keep in (("with_retention", k), ("without_retention", None)):
+        active = np.arange(n, dtype=np.uint64) * PARTITIONS
+        next_id = n
+        memo: dict[int, device_memo.DeviceTable] = {}
+        held, peak_bytes = [], 0
+        month_s = 30 * 86_400.0
+        for e in range(int(round(months * month_s / span))):
+            month = int(e * span // month_s)
+            if month > len(held):   # a month ended: its entries, then its churn
+                held.append(sum(len(t) for t in memo.values()))
+                gone = rng.random(active.size) < monthly
+                fresh = (np.arange(next_id, next_id + int(gone.sum()), dtype=np.uint64)
+                         * PARTITIONS)
+                next_id += int(gone.sum())
+                active = np.concatenate([active[~gone], fresh])
+            memo = device_memo.roll(memo, e, e - keep if keep else -1)
+            cur, prev = memo[e], memo[e - 1]
+            for t in memo.values():   # what the next delta writes and subtracts
+                t.unlogged.clear()
+                t.evicted.clear()
+                t.cleared.clear()
+            reps = rng.integers(0, 2, size=(active.size, 2))
+            mv = device_memo.latest_per_device(active, reps, np.array([e]), 0, (cur, prev))
+            cur.upsert(mv.ids, mv.rows)
+            peak_bytes = max(peak_bytes, sum(t.nbytes for t in memo.values()))
+        held.append(sum(len(t) for t in memo.values()))
+        out[name] = {"entries_by_month": held, "max_entries": max(held),
+                     "first_month_over_cap": next((m + 1 for m, h in enumerate(held)
+                                                   if h > coll.device_state_max), None),
+                     "peak_table_bytes": peak_bytes}
+    return out
+
+
+async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any = None,
+              load_steps: tuple[int, ...] = ()) -> dict[str, Any]:
+    from ldpstream.agents.app import make_store
+    from ldpstream.config import load_config
+    from ldpstream.dev.broker import EmbeddedBroker
+    from ldpstream.dev.process import free_port
+    from ldpstream.dev.redis import EmbeddedRedis
+    from ldpstream.kafka_admin import create_ldp_topics
+
+    say = progress or (lambda msg: None)
+    work = Path(tempfile.mkdtemp(prefix="ldpstream-bench-devices-"))
+    cfg = work / "bench.yaml"
+    _write_config(cfg, max(steps + load_steps), 1.0 if quick else 5.0)
+    colls = load_config(cfg, env={}).collections
+    plain, memo, side, loaded = colls["devp"], colls["devm"], colls["devq"], colls["devl"]
+    tansu, redis = EmbeddedBroker(), EmbeddedRedis()
+    rows: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"steps": rows, "partitions": PARTITIONS,
+                              "reports_per_message": BATCH,
+                              "attributes": len(memo.domain)}
+    rng = np.random.default_rng(5)
+    mech = plain.mechanism()
+    try:
+        bootstrap, redis_url = tansu.start(), redis.start()
+        await create_ldp_topics(bootstrap, (plain, memo, side, loaded))
+        env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
+                   LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1")
+        store = make_store(redis_url)
+        have = 0
+        for devices in steps:
+            ids = np.arange(have, devices, dtype=np.uint64) + 1
+            recs = rng.integers(0, np.array(memo.domain.shape), size=(ids.size, len(memo.domain)))
+            reports = mech.randomize(recs, rng)
+            say(f"{devices:,} devices: produce {ids.size:,} reports to devp and devm ...")
+            await _produce(bootstrap, [plain, memo], ids, reports, BATCH)
+            sample = ids[:max(0, min(ids.size, SIDE_SAMPLE))]
+            await _produce(bootstrap, [side], sample, reports[:sample.size], 1, keyed=True)
+            row: dict[str, Any] = {"devices": devices}
+            for coll in (plain, memo, side):
+                say(f"{devices:,} devices: worker on {coll.id} ...")
+                port = free_port()
+                start = await store.n(coll.id, coll.partitions)   # rebalance probes included
+                total = start + (sample.size if coll is side else ids.size)
+                t0 = time.perf_counter()
+                worker = start_worker(work / f"{coll.id}.yaml", env, port,
+                                      work / f"worker-{coll.id}.log")
+                try:
+                    ready, rate = await _count_run(store, coll, start, total, t0, port)
+                    if coll is plain:
+                        row.update(plain_rate=rate, plain_restart_s=ready)
+                    elif coll is memo:
+                        row.update(memo_rate=rate, restart_to_ready_s=ready,
+                                   worker_rss_mb=_rss_mb(worker.pid))
+                        deadline = time.monotonic() + 120
+                        refresh = None
+                        while refresh is None and time.monotonic() < deadline:
+                            await asyncio.sleep(1.0)
+                            refresh = _metric_mean(_get(port, "/metrics"),
+                                                   "ldp_estimate_refresh_seconds", memo.id)
+                        row["refresh_s"] = refresh
+                        say(f"{devices:,} devices: rebalance ...")
+                        probe = ids[:PARTITIONS]   # known devices, one per partition
+                        row["rebalance_s"] = await _rebalance(
+                            store, memo, work / "devm.yaml", env, port, work, bootstrap, probe,
+                            reports[:PARTITIONS])
+                        row["worker_rss_mb_after_rebalance"] = _rss_mb(worker.pid)
+                finally:
+                    stop_worker(worker)
+            have = devices
+            row["memo_vs_plain"] = row["memo_rate"] / row["plain_rate"]
+            row.update(await _state_bytes(store))
+            rows.append(row)
+            say("step " + json.dumps(row))
+        for devices in load_steps:
+            say(f"restart with {devices:,} devices in state ...")
+            result.setdefault("restart_at", []).append(await _restart_at(
+                store, loaded, devices, work / "devl.yaml", env, work, bootstrap,
+                mech.randomize(rng.integers(0, np.array(memo.domain.shape),
+                                            size=(64, len(memo.domain))), rng)))
+            say("restart " + json.dumps(result["restart_at"][-1]))
+        await store.close()
+    finally:
+        tansu.stop()
+        redis.stop()
+    loads = result.get("restart_at", [])
+    if len(loads) >= 2:
+        a, b = loads[0], loads[-1]
+        result["restart_rss_bytes_per_added_device"] = (
+            (b["worker_rss_mb"] - a["worker_rss_mb"]) * 2**20 / (b["devices"] - a["devices"]))
+    if len(rows) >= 2:
+        a, b = rows[0], rows[-1]
+        result["rss_growth"] = b["worker_rss_mb"] / a["worker_rss_mb"] - 1.0
+        result["rss_bytes_per_added_device"] = ((b["worker_rss_mb"] - a["worker_rss_mb"])
+                                                * 2**20 / (b["devices"] - a["devices"]))
+    say("churn run (36 simulated months) ...")
+    result["churn"] = churn(fleet=20_000 if quick else 1_000_000)
+    return result
+
+
+def main(args: Any) -> int:
+    quick = bool(getattr(args, "quick", False))
+    raw = getattr(args, "steps", None)
+    steps = tuple(int(s) for s in raw.split(",") if s) if raw is not None else \
+        (QUICK_STEPS if quick else STEPS)
+    load = tuple(int(s) for s in (getattr(args, "restart_at", None) or "").split(",") if s) \
+        or ((50_000,) if quick else ())
+    quiet = bool(getattr(args, "json", False))
+    res = asyncio.run(run(steps, quick, None if quiet else
+                          (lambda m: print(m, file=sys.stderr, flush=True)), load))
+    if quiet:
+        print(json.dumps(res, indent=2))
+        return 0
+    head = ("devices", "memo B", "dedupe B", "quota B", "RSS MB", "memo r/s", "plain r/s",
+            "ratio", "refresh s", "restart s", "rebal. s")
+    print(" ".join(f"{h:>11}" for h in head))
+    for r in res["steps"]:
+        vals = (f"{r['devices']:,}", f"{r['memo_bytes'] or 0:.1f}", f"{r['dedupe_bytes'] or 0:.1f}",
+                f"{r['quota_bytes'] or 0:.1f}", f"{r['worker_rss_mb']:.0f}",
+                f"{r['memo_rate']:,.0f}", f"{r['plain_rate']:,.0f}", f"{r['memo_vs_plain']:.2f}",
+                f"{r['refresh_s'] or 0:.3f}", f"{r['restart_to_ready_s']:.1f}",
+                f"{r['rebalance_s']:.1f}")
+        print(" ".join(f"{v:>11}" for v in vals))
+    for r in res.get("restart_at", []):
+        print(f"restart with {r['devices']:,} devices in state (logs written directly): ready in "
+              f"{r['restart_to_ready_s']:.1f} s, worker RSS {r['worker_rss_mb']:.0f} MB")
+    if "rss_growth" in res:
+        print(f"worker RSS growth first -> last step: {100 * res['rss_growth']:.1f} % "
+              f"({res['rss_bytes_per_added_device']:.1f} bytes per added device)")
+    c = res["churn"]
+    for name in ("with_retention", "without_retention"):
+        s = c[name]
+        print(f"churn {name.replace('_', ' ')}: max {s['max_entries']:,} entries per partition "
+              f"(cap {c['device_state_max']:,}; over the cap in month "
+              f"{s['first_month_over_cap'] or '-'}), peak table {s['peak_table_bytes'] / 2**20:.0f}"
+              f" MB")
+    return 0

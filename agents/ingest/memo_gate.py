@@ -102,8 +102,7 @@ class MemoGate:
         of the sorted table (two binary searches per table)."""
         assert state.memo is not None
         lo, hi = tag_range(fleet)
-        bounds = np.array([lo, hi], dtype=np.uint64)
-        return sum(int(np.diff(np.searchsorted(t.ids, bounds))[0]) for t in state.memo.values())
+        return sum(t.count_between(lo, hi) for t in state.memo.values())
 
     def _over_share(self, state: PartitionState, pend: Pending, m: ConsumerRecord,
                     b: ReportBatch) -> bool:
@@ -117,7 +116,7 @@ class MemoGate:
             return False
         cur = state.memo.get(state.memo_epoch) if state.memo and state.memo_epoch is not None \
             else None
-        if cur is not None and cur.find(b.device_ids[:1])[0][0]:
+        if cur is not None and bool(cur.holds(b.device_ids[:1])[0]):
             return False
         pend.reject(DEVICE_STATE_FULL, f"a new device of fleet {b.fleet!r}, whose devices hold "
                     f"its share of partition {state.tp.partition} of {cid!r}: {cap} of "

@@ -153,6 +153,17 @@ class DeviceTable:
         idx = np.minimum(np.searchsorted(table, ids), table.size - 1)
         return table[idx] == ids, idx
 
+    def count_between(self, lo: int, hi: int) -> int:
+        """How many devices of the table have an id in ``[lo, hi)`` (two binary searches per
+        sorted part; no merge)."""
+        out = 0
+        for t in (self._ids, self._new_ids):
+            start = int(np.searchsorted(t, np.uint64(lo)))
+            # hi may be 2**64 (the last fleet tag): everything from lo on
+            end = t.size if hi > np.iinfo(np.uint64).max else int(np.searchsorted(t, np.uint64(hi)))
+            out += end - start
+        return out
+
     def holds(self, ids: np.ndarray) -> np.ndarray:
         """Whether the table holds each of ``ids``."""
         return self._search(self._ids, ids)[0] | self._search(self._new_ids, ids)[0]

@@ -425,6 +425,9 @@ def main(args: Any) -> int:
                   f"the page)", flush=True)
         if args.mqtt:  # Mosquitto + bridge, for devices that speak MQTT (docs/devices.md)
             mqtt = _start_mqtt(env, key)
+            if obs is not None and obs.prometheus is not None and mqtt.bridge is not None:
+                # the bridge's refusal and backlog metrics (MqttBrokerRefusals) are scraped too
+                obs.prometheus.set_bridges([mqtt.bridge.url.split("//", 1)[1]])
             print(mqtt.how_to_connect(cids[0]), flush=True)
             first = config.collections[cids[0]]
             print(_device_commands(mqtt, first, data.get(first.id) or args.data

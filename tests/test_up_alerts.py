@@ -1,5 +1,6 @@
 """Alerts without Docker (docs/dashboards.md "Alerts without Docker"): ``ldpstream up --obs``
-starts Prometheus and Alertmanager (Debian packages) as children with the project's rules; a
+starts Prometheus and Alertmanager (Debian packages) as children with the project's rules
+(scraping the worker and, with ``--mqtt``, the MQTT bridge); a
 forged record on ldp.config makes the real worker count it, the real Prometheus evaluate
 ConfigForgery and send it to the real Alertmanager, and the worker's ``/ui/alerts``, the live page
 (headless Chromium) and ``ldpstream estimates`` name it; Ctrl-C stops them all."""
@@ -52,7 +53,7 @@ def test_up_obs_shows_a_firing_alert(tmp_path, browser):  # noqa: F811 - the fix
 
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")}
     log = tmp_path / "up.log"
-    proc = subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "up", "--obs", "--no-fleet",
+    proc = subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "up", "--obs", "--mqtt", "--no-fleet",
                              "--duration", "300", "--web-port", str(free_port())], env=env,
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
@@ -89,6 +90,14 @@ def test_up_obs_shows_a_firing_alert(tmp_path, browser):  # noqa: F811 - the fix
         while not _json(query)["data"]["result"]:
             assert time.monotonic() < deadline, "Prometheus never scraped the worker"
             time.sleep(1)
+        # with --mqtt the bridge is scraped too (its refusal and backlog metrics)
+        deadline = time.monotonic() + 60
+        bridge: list = []
+        while time.monotonic() < deadline and not bridge:
+            bridge = [t for t in _json(f"{prometheus}/api/v1/targets")["data"]["activeTargets"]
+                      if t["labels"]["job"] == "ldpstream-mqtt-bridge" and t["health"] == "up"]
+            time.sleep(1)
+        assert bridge, _json(f"{prometheus}/api/v1/targets")
         _forge(bootstrap)
         deadline = time.monotonic() + 120
         firing: list = []

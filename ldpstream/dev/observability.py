@@ -45,8 +45,9 @@ def _get_json(url: str, timeout: float = 3.0) -> Any:
 
 
 class PrometheusChild(_Child):
-    """``prometheus`` with a generated config: scrape ``targets`` (job ``ldpstream-workers``, and
-    ``ldpstream-mqtt-bridge`` for ``bridge_targets``), evaluate ``rule_files``, send to
+    """``prometheus`` with a generated config: scrape ``targets`` (job ``ldpstream-workers``) and
+    the MQTT bridges listed in ``bridges.json`` (job ``ldpstream-mqtt-bridge``, file discovery:
+    :meth:`set_bridges` adds them while it runs), evaluate ``rule_files``, send to
     ``alertmanager`` (host:port)."""
 
     name = "prometheus"
@@ -56,10 +57,11 @@ class PrometheusChild(_Child):
         super().__init__(None)
         self.workdir = workdir
         self.binary = _binary(["prometheus"], "prometheus")
-        jobs = [{"job_name": "ldpstream-workers", "static_configs": [{"targets": list(targets)}]}]
-        if bridge_targets:
-            jobs.append({"job_name": "ldpstream-mqtt-bridge",
-                         "static_configs": [{"targets": list(bridge_targets)}]})
+        self.bridges = workdir / "bridges.json"
+        self.set_bridges(bridge_targets)
+        jobs = [{"job_name": "ldpstream-workers", "static_configs": [{"targets": list(targets)}]},
+                {"job_name": "ldpstream-mqtt-bridge",
+                 "file_sd_configs": [{"files": [str(self.bridges)], "refresh_interval": INTERVAL}]}]
         doc: dict[str, Any] = {
             "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
             "rule_files": [str(p) for p in rule_files], "scrape_configs": jobs}
@@ -67,6 +69,12 @@ class PrometheusChild(_Child):
             doc["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
         self.config = workdir / "prometheus.yml"
         self.config.write_text(yaml.safe_dump(doc))
+
+    def set_bridges(self, targets: Sequence[str]) -> None:
+        """The bridges to scrape (host:port), picked up within one scrape interval."""
+        tmp = self.bridges.with_suffix(".tmp")
+        tmp.write_text(json.dumps([{"targets": list(targets)}] if targets else []))
+        tmp.replace(self.bridges)
 
     @property
     def url(self) -> str:

@@ -1,9 +1,11 @@
 """The example device programs with a device credential (docs/device-protocol.md "Example
 programs", docs/security.md "Per-device identity"), on the real stack: Mosquitto → ``ldpstream
-mqtt-bridge`` → Kafka → one worker with the fleet's secret (``LDP_DEVICE_SECRETS_FILE``, written
-by ``ldpstream device-credentials --init``) → Redis. For each of the C (AddressSanitizer),
-TypeScript and Python programs, a run with ``--credential`` (what ``ldpstream device-credentials``
-printed) is counted, and the same program without it is dead-lettered as ``unauthenticated``."""
+mqtt-bridge`` and ``ldpstream gateway`` → Kafka → one worker with the fleet's secret
+(``LDP_DEVICE_SECRETS_FILE``, written by ``ldpstream device-credentials --init``) → Redis. For
+each of the five programs (C ``ldp_mqtt`` and ``ldp_post`` under AddressSanitizer, TypeScript
+``mqtt.js`` and ``post.js``, Python ``mqtt_device``), a run with ``--credential`` (what ``ldpstream
+device-credentials`` printed) is counted, the same program without it is dead-lettered as
+``unauthenticated``, and a credential of another device id is refused before anything is sent."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -19,8 +22,9 @@ import yaml
 from conftest import wait_for_n
 from kafka_helpers import read_dlq
 from mqtt_helpers import DOM, FLEETS, bridge
-from sdk_helpers import TS_DIR, ts_sdk  # noqa: F401
-from test_sdk_mqtt import SANITIZED, c_asan  # noqa: F401
+from sdk_helpers import C_DIR, TS_DIR, ts_sdk  # noqa: F401
+from test_gateway import TOKEN_A, GatewayProcess, fleets_doc
+from test_sdk_mqtt import SANITIZED
 
 from ldpstream.producers.signing import ENV_PUBLIC_KEY
 
@@ -37,20 +41,32 @@ def _ldpstream(*args: str) -> str:
     return done.stdout
 
 
+@pytest.fixture(scope="module")
+def c_examples(tmp_path_factory) -> Path:
+    """ldp_mqtt and ldp_post built as ``make test-sdk`` builds them (-fsanitize=address,undefined)."""
+    build = tmp_path_factory.mktemp("sdk-c-asan") / "build"
+    subprocess.run(["cmake", "-S", str(C_DIR), "-B", str(build), "-DCMAKE_BUILD_TYPE=Debug",
+                    "-DLDP_SANITIZE=ON"], check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build), "-j2", "--target", "ldp_mqtt", "ldp_post"],
+                   check=True, capture_output=True)
+    return build
+
+
 def _program(kind: str, c_build: Path, ts_dist: Path) -> tuple[list[str], dict, Path | None]:
     """argv prefix, extra environment and working directory of one example program."""
-    if kind == "c":
-        return [str(c_build / "ldp_mqtt")], dict(SANITIZED), None
-    if kind == "ts":
-        return ["node", str(ts_dist / "tools" / "mqtt.js")], {}, TS_DIR
+    if kind.startswith("c-"):
+        return [str(c_build / f"ldp_{kind[2:]}")], dict(SANITIZED), None
+    if kind.startswith("ts-"):
+        return ["node", str(ts_dist / "tools" / f"{kind[3:]}.js")], {}, TS_DIR
     return [sys.executable, "-m", "ldpstream.producers.mqtt_device"], {}, None
 
 
 def test_example_programs_with_and_without_a_credential(
         tmp_path, mosquitto, kafka_broker, redis_server, spawn_worker, service_env, unique_name,
-        c_asan, ts_sdk):  # noqa: F811
+        c_examples, ts_sdk):  # noqa: F811
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
+    from ldpstream.dev.process import free_port
 
     cid = unique_name
     secrets = tmp_path / "fleets-secrets.yaml"
@@ -66,13 +82,22 @@ def test_example_programs_with_and_without_a_credential(
     worker.wait_ready(60)
     fleets = tmp_path / "mqtt-fleets.yaml"
     fleets.write_text(yaml.safe_dump({"fleets": {"phones": {"collections": [cid]}}}))
-    proc = bridge(dict(service_env, LDP_MQTT_URL=mosquitto.bridge_url,
-                       LDP_MQTT_FLEETS_FILE=str(fleets), LDP_MQTT_CLIENT_ID=f"bridge-{cid}",
-                       LDP_MQTT_CA=""), tmp_path, cid)
-    url = f"mqtt://phones@127.0.0.1:{mosquitto.port}"
-    try:
-        for base, kind in ((10, "c"), (20, "ts"), (30, "py")):
-            argv, extra, cwd = _program(kind, c_asan, ts_sdk)
+    programs = ((10, "c-mqtt"), (20, "ts-mqtt"), (30, "py-mqtt"), (40, "c-post"), (50, "ts-post"))
+    with ExitStack() as running:
+        gateway = GatewayProcess(dict(service_env,
+                                      LDP_GATEWAY_TOKENS=json.dumps(fleets_doc(cid))),
+                                 free_port(), str(tmp_path / "gateway.log"))
+        running.callback(lambda: gateway.stop() == 0 or pytest.fail("the gateway failed"))
+        proc = bridge(dict(service_env, LDP_MQTT_URL=mosquitto.bridge_url,
+                           LDP_MQTT_FLEETS_FILE=str(fleets), LDP_MQTT_CLIENT_ID=f"bridge-{cid}",
+                           LDP_MQTT_CA=""), tmp_path, cid)
+        running.callback(lambda: proc.stop() == 0 or pytest.fail("the bridge failed"))
+        gateway.wait_for(cid)
+        where = {"mqtt": [f"mqtt://phones@127.0.0.1:{mosquitto.port}", "-", "phones", cid],
+                 "post": [f"http://127.0.0.1:{gateway.port}", TOKEN_A, cid]}
+        for base, kind in programs:
+            argv, extra, cwd = _program(kind, c_examples, ts_sdk)
+            head = where[kind.rsplit("-", 1)[1]]
             env = dict(os.environ, LDP_MQTT_PASSWORD=FLEETS["phones"].password, **extra)
             for dev, signed in ((base + 1, True), (base + 2, False)):
                 state = tmp_path / f"{kind}-{dev}"
@@ -84,15 +109,15 @@ def test_example_programs_with_and_without_a_credential(
                                                "--fleet", "phones", "--device-id", str(dev)))
                     opts = ["--credential", str(cred)]
                 done = subprocess.run(
-                    [*argv, *opts, url, "-", "phones", cid, os.environ[ENV_PUBLIC_KEY], str(dev),
-                     str(state), str(BATCH)], input=RECORDS, capture_output=True, text=True,
-                    timeout=120, env=env, cwd=cwd)
+                    [*argv, *opts, *head, os.environ[ENV_PUBLIC_KEY], str(dev), str(state),
+                     str(BATCH)], input=RECORDS, capture_output=True, text=True, timeout=120,
+                    env=env, cwd=cwd)
                 assert done.returncode == 0, (kind, signed, done.stderr)
                 assert json.loads(done.stdout) == {"sent": N, "batches": 2}, (kind, done.stdout)
                 assert "Sanitizer" not in done.stderr, done.stderr
             # a credential for another device than DEVICE_ID is refused before anything is sent
             other = tmp_path / f"{kind}-{base + 1}.json"
-            wrong = subprocess.run([*argv, "--credential", str(other), url, "-", "phones", cid,
+            wrong = subprocess.run([*argv, "--credential", str(other), *head,
                                     os.environ[ENV_PUBLIC_KEY], str(base + 2),
                                     str(tmp_path / f"{kind}-{base + 2}"), str(BATCH)],
                                    input=RECORDS, capture_output=True, text=True, timeout=60,
@@ -104,18 +129,16 @@ def test_example_programs_with_and_without_a_credential(
         async def counted() -> int:
             store = make_store(redis_server.url)
             try:
-                return await wait_for_n(store, cid, 3 * N, timeout=60)
+                return await wait_for_n(store, cid, len(programs) * N, timeout=60)
             finally:
                 await store.close()
 
-        assert asyncio.run(counted()) == 3 * N  # the three credentialed runs
+        assert asyncio.run(counted()) == len(programs) * N  # the credentialed runs
         deadline = time.monotonic() + 30
         dlq: list[dict] = []
-        while time.monotonic() < deadline and len(dlq) < 6:
+        while time.monotonic() < deadline and len(dlq) < 2 * len(programs):
             dlq = read_dlq(kafka_broker.bootstrap, topic=coll.topic)
             time.sleep(0.5)
-        # the three runs without a credential: 2 batches each
-        assert sorted(r["reason"] for r in dlq) == ["unauthenticated"] * 6, dlq
-        assert asyncio.run(counted()) == 3 * N  # and nothing more was counted
-    finally:
-        assert proc.stop() == 0
+        # the runs without a credential: 2 batches each
+        assert sorted(r["reason"] for r in dlq) == ["unauthenticated"] * 2 * len(programs), dlq
+        assert asyncio.run(counted()) == len(programs) * N  # and nothing more was counted

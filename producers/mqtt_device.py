@@ -2,8 +2,11 @@
 (``sdk/c/examples/mqtt.c``, ``sdk/ts/tools/mqtt.ts``; docs/device-protocol.md "Example
 programs"): same arguments, same record lines, same summary line::
 
-    LDP_MQTT_PASSWORD=... python -m ldpstream.producers.mqtt_device MQTT_URL CA_FILE FLEET \\
-        COLLECTION PUBLIC_KEY_B64 DEVICE_ID STATE_DIR [BATCH] < records
+    LDP_MQTT_PASSWORD=... python -m ldpstream.producers.mqtt_device [--credential FILE] \\
+        MQTT_URL CA_FILE FLEET COLLECTION PUBLIC_KEY_B64 DEVICE_ID STATE_DIR [BATCH] < records
+
+With ``--credential`` (the JSON ``ldpstream device-credentials`` printed) every batch carries the
+device's MAC (docs/security.md "Per-device identity").
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence, TextIO
 
+from ldpstream.credentials.device_keys import DeviceCredential
 from ldpstream.names import ENV_MQTT_PASSWORD
 from ldpstream.producers.ledger import Ledger
 from ldpstream.producers.mqtt_transport import MqttConfigWatcher, MqttTransport
@@ -56,11 +60,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("state_dir", metavar="STATE_DIR", help="directory of the device's ledger")
     p.add_argument("batch", metavar="BATCH", type=int, nargs="?", default=100,
                    help="reports per batch, 1 to 1000 (default 100)")
+    p.add_argument("--credential", metavar="FILE",
+                   help="the device's credential, the JSON `ldpstream device-credentials` "
+                   "printed: every batch is authenticated with its key (docs/security.md "
+                   "\"Per-device identity\"); FLEET and DEVICE_ID must be the credential's")
     return p
 
 
-async def run(args: argparse.Namespace, lines: TextIO, env: Mapping[str, str]) -> dict[str, int]:
-    """Report every record of ``lines``; the summary printed at the end."""
+def load_credential(path: str, fleet: str, device_id: int) -> DeviceCredential:
+    """The credential in ``path``, checked against the FLEET and DEVICE_ID arguments."""
+    try:
+        cred = DeviceCredential.from_json(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"credential {path}: {exc}") from None
+    if (cred.fleet, cred.device_id) != (fleet, device_id):
+        raise ValueError(f"FLEET {fleet} and DEVICE_ID {device_id} are not the credential's "
+                         f"{cred.fleet} and {cred.device_id}")
+    return cred
+
+
+async def run(args: argparse.Namespace, lines: TextIO, env: Mapping[str, str],
+              credential: DeviceCredential | None = None) -> dict[str, int]:
+    """Report every record of ``lines`` (each batch authenticated with ``credential`` when
+    given); the summary printed at the end."""
     from urllib.parse import quote
 
     url = args.url
@@ -77,7 +99,7 @@ async def run(args: argparse.Namespace, lines: TextIO, env: Mapping[str, str]) -
                                       verify_key=VerifyKey.from_text(args.public_key),
                                       floor=ledger).start()
     client = DeviceClient(args.collection, watcher=watcher, ledger=ledger,
-                          device_id=args.device_id, batch_size=args.batch,
+                          device_id=args.device_id, batch_size=args.batch, credential=credential,
                           transport=MqttTransport(url, args.fleet, ca=ca,
                                                   client_id=f"{args.fleet}-{args.device_id}"))
     sent = duplicates = 0
@@ -105,8 +127,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"BATCH must be 1 to 1000, got {args.batch}", file=sys.stderr)
         return 2
     try:
-        print(json.dumps(asyncio.run(run(args, sys.stdin, os.environ)), separators=(",", ":")),
-              flush=True)
+        credential = None if args.credential is None else \
+            load_credential(args.credential, args.fleet, args.device_id)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        print(json.dumps(asyncio.run(run(args, sys.stdin, os.environ, credential)),
+                         separators=(",", ":")), flush=True)
     except Exception as exc:  # noqa: BLE001 - one line, no traceback (the C and TS tools alike)
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,7 +1,8 @@
 #define _POSIX_C_SOURCE 200809L
 /* A Linux device publishing over MQTT with libmosquitto (docs/devices.md, "Devices over MQTT").
  *
- *   ldp_mqtt MQTT_URL CA_FILE FLEET COLLECTION PUBLIC_KEY_B64 DEVICE_ID STATE_DIR [BATCH] < records
+ *   ldp_mqtt [--credential FILE] MQTT_URL CA_FILE FLEET COLLECTION PUBLIC_KEY_B64 DEVICE_ID
+ *            STATE_DIR [BATCH] < records
  *
  * MQTT_URL is mqtts://USER@HOST:PORT (TLS, the broker's certificate checked against CA_FILE and
  * HOST) or mqtt://USER@HOST:PORT (loopback tests only); the password comes from the environment
@@ -11,7 +12,8 @@
  * CSPRNG, charges the ledger kept in STATE_DIR and publishes batches of BATCH reports (default
  * 100, each with its batch key) to ldp/FLEET/COLLECTION/reports at QoS 1 (MQTT 5), waiting for
  * each PUBACK: a refused publish (not authorized) stops it with the broker's reason. Prints
- * {"sent":..,"batches":..} at the end.
+ * {"sent":..,"batches":..} at the end. With --credential (what `ldpstream device-credentials`
+ * printed) every batch carries the device's MAC (docs/security.md "Per-device identity").
  */
 #include <mosquitto.h>
 #include <mqtt_protocol.h>
@@ -87,14 +89,19 @@ static int wait_for(struct mosquitto *m, const int *flag, const char *what) {
 
 static uint8_t batch[1 << 20];
 
-typedef struct { struct mosquitto *m; session *s; const char *topic; } target;
+typedef struct {
+  struct mosquitto *m;
+  session *s;
+  const char *topic;
+  const ldp_credential *cred;
+} target;
 
 static int publish(void *ctx, ldp_device *d) {
   target *t = (target *)ctx;
   struct mosquitto *m = t->m;
   session *s = t->s;
   int r;
-  size_t len = ldp_device_flush(d, ldp_wall(), batch, sizeof batch, &r);
+  size_t len = ldp_flush_batch(d, t->cred, batch, sizeof batch, &r);
   if (r != LDP_OK) return fprintf(stderr, "flush: %s\n", ldp_reason(r)), -1;
   if (!len) return 0;
   s->acked = 0;
@@ -136,8 +143,8 @@ static void close_conn(void) {
 }
 
 static const char usage[] =
-    "usage: LDP_MQTT_PASSWORD=... ldp_mqtt MQTT_URL CA_FILE FLEET COLLECTION PUBLIC_KEY_B64 "
-    "DEVICE_ID STATE_DIR [BATCH] < records\n"
+    "usage: LDP_MQTT_PASSWORD=... ldp_mqtt [--credential FILE] MQTT_URL CA_FILE FLEET COLLECTION\n"
+    "                PUBLIC_KEY_B64 DEVICE_ID STATE_DIR [BATCH] < records\n"
     "\n"
     "  MQTT_URL        mqtts://USER@HOST:PORT (TLS, the broker's certificate checked against\n"
     "                  CA_FILE and HOST) or mqtt://USER@HOST:PORT (loopback only, make up MQTT=1)\n"
@@ -148,6 +155,10 @@ static const char usage[] =
     "  DEVICE_ID       this device's id, a whole number (client id FLEET-DEVICE_ID)\n"
     "  STATE_DIR       directory of the device's ledger (an existing directory)\n"
     "  BATCH           reports per batch, 1 to 1000 (default 100)\n"
+    "  --credential FILE\n"
+    "                  the device's credential, the JSON `ldpstream device-credentials` printed:\n"
+    "                  every batch is authenticated with its key (docs/security.md \"Per-device\n"
+    "                  identity\"); FLEET and DEVICE_ID must be the credential's\n"
     "\n"
     "The password comes from LDP_MQTT_PASSWORD. Reads one record per line from stdin,\n"
     "attr=label,attr=label (e.g. os=ios,plan=pro), and prints {\"sent\":n,\"batches\":b}.\n";
@@ -155,7 +166,13 @@ static const char usage[] =
 int main(int argc, char **argv) {
   if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))
     return fputs(usage, stdout), 0;
+  ldp_credential cred;
+  int have_cred;
+  if (ldp_take_credential(&argc, argv, &cred, &have_cred)) return 2;
   if (argc < 8) return fputs(usage, stderr), 2;
+  if (have_cred && (strcmp(argv[3], cred.fleet) || strtoull(argv[6], NULL, 10) != cred.device_id))
+    return fprintf(stderr, "FLEET %s and DEVICE_ID %s are not the credential's %s and %llu\n",
+                   argv[3], argv[6], cred.fleet, (unsigned long long)cred.device_id), 2;
   const char *ca = argv[2], *fleet = argv[3], *cid = argv[4];
   char *user, *host;
   int tls, port;
@@ -199,7 +216,7 @@ int main(int argc, char **argv) {
   if (rc != LDP_OK) return fprintf(stderr, "state refused: %s\n", detail), 1;
   mosquitto_unsubscribe(m, NULL, topic);
   snprintf(topic, sizeof topic, "ldp/%s/%s/reports", fleet, cid);
-  target t = {m, &s, topic};
+  target t = {m, &s, topic, have_cred ? &cred : NULL};
   if (ldp_run_records(&state, argv[7], argv[6], cap, publish, &t)) return 1;
   return 0;
 }

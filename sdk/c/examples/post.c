@@ -1,14 +1,17 @@
 #define _POSIX_C_SOURCE 200809L
 /* A Linux device posting to the HTTP gateway (ldpstream gateway) with libcurl.
  *
- *   ldp_post URL TOKEN COLLECTION PUBLIC_KEY_B64 DEVICE_ID STATE_DIR [BATCH] < records
+ *   ldp_post [--credential FILE] URL TOKEN COLLECTION PUBLIC_KEY_B64 DEVICE_ID STATE_DIR [BATCH]
+ *            < records
  *
  * Fetches the collection's signed state (GET /v1/collections/<id>/config), verifies it against
  * the pinned key, then reads one record per line ("attr=label,attr=label") from stdin,
  * randomizes it with the OS CSPRNG, charges the ledger kept in STATE_DIR and POSTs batches of
  * BATCH reports (default 100) with their batch key. Prints {"sent":..,"batches":..} at the end.
  * An https:// URL is verified against the system's CAs, or the PEM file in $LDP_CA_FILE (a
- * private CA such as compose's, docs/security.md "TLS at the device edge").
+ * private CA such as compose's, docs/security.md "TLS at the device edge"). With --credential
+ * (what `ldpstream device-credentials` printed) every batch carries the device's MAC
+ * (docs/security.md "Per-device identity").
  */
 #include <curl/curl.h>
 #include <stdio.h>
@@ -60,12 +63,12 @@ static long request(CURL *c, const char *url, const char *token, const uint8_t *
 static ldp_state state, scratch;
 static uint8_t batch[1 << 20];
 
-typedef struct { CURL *c; const char *url, *token; } target;
+typedef struct { CURL *c; const char *url, *token; const ldp_credential *cred; } target;
 
 static int post(void *ctx, ldp_device *d) {
   target *t = (target *)ctx;
   int r;
-  size_t len = ldp_device_flush(d, ldp_wall(), batch, sizeof batch, &r);
+  size_t len = ldp_flush_batch(d, t->cred, batch, sizeof batch, &r);
   if (r != LDP_OK) return fprintf(stderr, "flush: %s\n", ldp_reason(r)), -1;
   if (!len) return 0;
   body ans = {NULL, 0};
@@ -80,15 +83,20 @@ static int post(void *ctx, ldp_device *d) {
 }
 
 static const char usage[] =
-    "usage: ldp_post URL TOKEN COLLECTION PUBLIC_KEY_B64 DEVICE_ID STATE_DIR [BATCH] < records\n"
+    "usage: ldp_post [--credential FILE] URL TOKEN COLLECTION PUBLIC_KEY_B64 DEVICE_ID STATE_DIR\n"
+    "                [BATCH] < records\n"
     "\n"
     "  URL             the gateway, e.g. http://127.0.0.1:8080 (https: $LDP_CA_FILE or the system CAs)\n"
     "  TOKEN           the fleet's bearer token (LDP_GATEWAY_TOKENS of the gateway)\n"
     "  COLLECTION      the collection id, e.g. adult\n"
     "  PUBLIC_KEY_B64  the pinned public key that signs the collection's state\n"
-    "  DEVICE_ID       this device's id, a whole number\n"
+    "  DEVICE_ID       this device's id, a whole number (with --credential: the credential's)\n"
     "  STATE_DIR       directory of the device's ledger (an existing directory)\n"
     "  BATCH           reports per batch, 1 to 1000 (default 100)\n"
+    "  --credential FILE\n"
+    "                  the device's credential, the JSON `ldpstream device-credentials` printed:\n"
+    "                  every batch is authenticated with its key (docs/security.md \"Per-device\n"
+    "                  identity\"); without it batches carry no MAC\n"
     "\n"
     "Reads one record per line from stdin, attr=label,attr=label (e.g. os=ios,plan=pro), and\n"
     "prints {\"sent\":n,\"batches\":b} at the end.\n";
@@ -103,7 +111,13 @@ static void close_conn(void) {
 int main(int argc, char **argv) {
   if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))
     return fputs(usage, stdout), 0;
+  ldp_credential cred;
+  int have_cred;
+  if (ldp_take_credential(&argc, argv, &cred, &have_cred)) return 2;
   if (argc < 7) return fputs(usage, stderr), 2;
+  if (have_cred && strtoull(argv[5], NULL, 10) != cred.device_id)
+    return fprintf(stderr, "DEVICE_ID %s is not the credential's %llu\n", argv[5],
+                   (unsigned long long)cred.device_id), 2;
   const char *base = argv[1], *token = argv[2], *cid = argv[3];
   uint32_t cap = argc > 7 ? (uint32_t)atoi(argv[7]) : 100;
   char url[2048], detail[512];
@@ -127,6 +141,6 @@ int main(int argc, char **argv) {
   free(cfg.data);
   if (r != LDP_OK) return fprintf(stderr, "state refused: %s\n", detail), 1;
   snprintf(url, sizeof url, "%s/v1/collections/%s/reports", base, cid);
-  target t = {c, url, token};
+  target t = {c, url, token, have_cred ? &cred : NULL};
   return ldp_run_records(&state, argv[6], argv[5], cap, post, &t) ? 1 : 0;
 }

@@ -32,6 +32,42 @@ static inline int ldp_parse_record(char *line, const char **names, const char **
   return 0;
 }
 
+/* takes "--credential FILE" out of argv (anywhere among the arguments) and loads the JSON that
+ * `ldpstream device-credentials` printed into *c (docs/security.md "Per-device identity");
+ * *have says whether it was given. 0, or -1 after printing why */
+static inline int ldp_take_credential(int *argc, char **argv, ldp_credential *c, int *have) {
+  *have = 0;
+  for (int i = 1; i < *argc; i++) {
+    if (strcmp(argv[i], "--credential")) continue;
+    if (i + 1 >= *argc) return fprintf(stderr, "--credential needs a FILE\n"), -1;
+    const char *path = argv[i + 1];
+    char text[4096], err[256];
+    FILE *f = fopen(path, "r");
+    if (!f) return fprintf(stderr, "cannot read the credential %s\n", path), -1;
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    int too_long = !feof(f);
+    fclose(f);
+    if (too_long) return fprintf(stderr, "credential %s: longer than %zu bytes\n", path,
+                                 sizeof text - 1), -1;
+    text[len] = 0;
+    if (ldp_credential_parse(c, text, err, sizeof err) != LDP_OK)
+      return fprintf(stderr, "%s: %s\n", path, err), -1;
+    for (int j = i; j + 2 <= *argc; j++) argv[j] = argv[j + 2];  /* argv[argc] stays NULL */
+    *argc -= 2;
+    *have = 1;
+    return 0;
+  }
+  return 0;
+}
+
+/* the device's pending batch into out (ldp_device_flush, or ldp_device_flush_auth with a
+ * credential); bytes, 0 when nothing is buffered or on error (see *result) */
+static inline size_t ldp_flush_batch(ldp_device *d, const ldp_credential *c, uint8_t *out,
+                                     size_t cap, int *result) {
+  return c ? ldp_device_flush_auth(d, c, ldp_wall(), out, cap, result)
+           : ldp_device_flush(d, ldp_wall(), out, cap, result);
+}
+
 /* sends the device's pending batch (ldp_device_flush): 1 sent, 0 nothing to send, -1 failed */
 typedef int (*ldp_send_fn)(void *ctx, ldp_device *d);
 

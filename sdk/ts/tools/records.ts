@@ -1,9 +1,11 @@
 // What the Node examples share (docs/device-protocol.md "Example programs"): a device over a
 // transport reads one record per line from stdin, "attr=label,attr=label" as the C examples do
 // (a JSON object {"attr": "label", ...} is read too), and prints {"sent": n, "batches": b}.
+import { readFileSync } from "node:fs";
 import { createInterface } from "node:readline";
 
-import { Device, FileStorage, Ledger, Transport, Trust } from "../src/index.js";
+import { Credential, Device, FileStorage, Ledger, Transport, Trust, parseCredential }
+  from "../src/index.js";
 
 /** A record line: "attr=label,attr=label" (empty fields skipped, like the C examples' strtok),
  * or a JSON object of labels. */
@@ -23,7 +25,10 @@ export function parseRecord(line: string, index: number): Record<string, string>
 /** The program's arguments, or its usage on stderr and exit status 2 when they are missing or
  * -h/--help is given. */
 export function argsOrUsage(usage: string, required: number): string[] {
-  const args = process.argv.slice(2);
+  return checkedArgs(usage, required, process.argv.slice(2));
+}
+
+function checkedArgs(usage: string, required: number, args: string[]): string[] {
   if (args.includes("-h") || args.includes("--help")) {
     console.log(usage);
     process.exit(0);
@@ -33,6 +38,46 @@ export function argsOrUsage(usage: string, required: number): string[] {
     process.exit(2);
   }
   return args;
+}
+
+/** The device programs' arguments: the positional ones as `argsOrUsage` checks them, and the
+ * FILE of an optional `--credential FILE` (anywhere among them). */
+export function deviceArgsOrUsage(usage: string, required: number):
+    { args: string[]; credentialFile?: string } {
+  const args = process.argv.slice(2);
+  const at = args.indexOf("--credential");
+  let credentialFile: string | undefined;
+  if (at >= 0) {
+    credentialFile = args[at + 1];
+    if (credentialFile === undefined) {
+      console.error("--credential needs a FILE");
+      process.exit(2);
+    }
+    args.splice(at, 2);
+  }
+  return { args: checkedArgs(usage, required, args), credentialFile };
+}
+
+/** The credential `ldpstream device-credentials` printed, read from FILE and checked against
+ * the program's DEVICE_ID (and FLEET, over MQTT); one line on stderr and exit status 2 when it
+ * cannot be read or does not match. No FILE: undefined (batches carry no MAC). */
+export function credentialOrExit(file: string | undefined, deviceId: string,
+                                 fleet?: string): Credential | undefined {
+  if (file === undefined) return undefined;
+  try {
+    const cred = parseCredential(readFileSync(file, "utf8"));
+    if (!/^[0-9]+$/.test(deviceId) || cred.deviceId !== BigInt(deviceId) ||
+        (fleet !== undefined && cred.fleet !== fleet)) {
+      const ours = fleet === undefined ? `DEVICE_ID ${deviceId}`
+        : `FLEET ${fleet} and DEVICE_ID ${deviceId}`;
+      const theirs = fleet === undefined ? `${cred.deviceId}` : `${cred.fleet} and ${cred.deviceId}`;
+      throw new Error(`${ours} ${fleet === undefined ? "is" : "are"} not the credential's ${theirs}`);
+    }
+    return cred;
+  } catch (exc) {
+    console.error(`credential ${file}: ${exc instanceof Error ? exc.message : String(exc)}`);
+    process.exit(2);
+  }
 }
 
 /** Runs ``main``; an error is one line on stderr and exit status 1 (no stack trace). */
@@ -47,7 +92,8 @@ export async function runMain(main: () => Promise<void>): Promise<void> {
 
 export async function runRecords(transport: Transport, collection: string, publicKey: string,
                                  deviceId: string, stateDir: string,
-                                 batch: string | undefined): Promise<void> {
+                                 batch: string | undefined,
+                                 credential?: Credential): Promise<void> {
   if (!/^[0-9]+$/.test(deviceId)) throw new Error(`DEVICE_ID must be a whole number, got '${deviceId}'`);
   const batchSize = batch ? Number(batch) : 100;
   if (!Number.isInteger(batchSize) || batchSize < 1 || batchSize > 1000)
@@ -62,7 +108,8 @@ export async function runRecords(transport: Transport, collection: string, publi
   };
   const device = new Device({ collection, deviceId: BigInt(deviceId), trust: new Trust(publicKey),
                               ledger: await Ledger.open(0, 0, new FileStorage(stateDir)),
-                              transport: counting, batchSize });
+                              transport: counting, batchSize,
+                              ...(credential ? { credential } : {}) });
   await device.refresh();
   let sent = 0, duplicates = 0;
   for await (const line of createInterface({ input: process.stdin })) {

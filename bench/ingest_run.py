@@ -12,10 +12,16 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 #: reports per Kafka message of the prefill
 BATCH = 500
+
+#: the quiet stream of the publish → counted probes: one report per this many seconds
+PROBE_INTERVAL_S = 1.0
+#: the adaptive-flush target for a quiet stream, publish → counted (docs/pipeline.md)
+QUIET_P99_TARGET_S = 0.1
 
 
 async def prefill(bootstrap: str, coll: Any, total: int, batch: int,
@@ -88,3 +94,39 @@ async def ingest_rate(store: Any, cid: str, partitions: int, total: int, port: i
                     dict(ing.get("timings_s") or {}))
         await asyncio.sleep(0.05)
     raise TimeoutError(f"{cid}: only {await store.n(cid, partitions)} of {total} reports ingested")
+
+
+async def publish_to_counted(store: Any, cid: str, partitions: int,
+                             send: Callable[[int], Awaitable[None]], probes: int,
+                             interval_s: float = PROBE_INTERVAL_S) -> list[float]:
+    """Seconds from publishing each of ``probes`` single-report messages (``send(i)`` returns
+    once the transport accepted probe ``i``) until ``CountStore.n`` in Redis shows it (read every
+    2 ms), one probe every ``interval_s`` (a quiet stream: nothing else is waiting). Waits first
+    until what was counted before stops moving."""
+    before, still = await store.n(cid, partitions), 0
+    while still < 3:  # a backlog still being counted would be mistaken for a probe
+        await asyncio.sleep(0.2)
+        now = await store.n(cid, partitions)
+        still, before = (still + 1, now) if now == before else (0, now)
+    out: list[float] = []
+    for i in range(probes):
+        t0 = time.perf_counter()
+        await send(i)
+        while await store.n(cid, partitions) < before + i + 1:
+            if time.perf_counter() - t0 > 60:
+                raise RuntimeError(f"probe {i} was not counted within 60 s")
+            await asyncio.sleep(0.002)
+        out.append(time.perf_counter() - t0)
+        await asyncio.sleep(max(0.0, interval_s - (time.perf_counter() - t0)))
+    return out
+
+
+def latency_summary(latencies: list[float]) -> dict[str, Any]:
+    """p50 / p99 / max of publish → counted latencies, and the quiet-stream target's verdict."""
+    import numpy as np
+
+    arr = np.asarray(latencies, dtype=float)
+    p99 = float(np.percentile(arr, 99))
+    return {"probes": int(arr.size), "p50_s": round(float(np.percentile(arr, 50)), 4),
+            "p99_s": round(p99, 4), "max_s": round(float(arr.max()), 4),
+            "target_p99_s": QUIET_P99_TARGET_S, "pass": p99 <= QUIET_P99_TARGET_S}

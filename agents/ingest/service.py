@@ -89,6 +89,13 @@ FORGERY_REASONS = ("unsigned", "wrong_key", "bad_signature", "wrong_collection")
 #: (``ldpstream bench pipeline``, 4M reports of 500 per message: 4.85M vs 4.25M reports/s)
 POLL_DELTAS = 4
 
+#: longest a fetch waits in the broker for new records (aiokafka's default is 500 ms). Apache
+#: Kafka answers a waiting fetch as soon as a record arrives; Tansu answers it on its own
+#: schedule, about 80 ms after the record (measured on loopback), which alone would take most of
+#: a quiet stream's 100 ms from publish to counted (docs/pipeline.md "Adaptive flushing"). Idle,
+#: it costs one fetch request per partition leader every 20 ms.
+FETCH_MAX_WAIT_MS = 20
+
 
 class IngestService(Service):
     """The consumer loop: poll the report topics, hand each partition's records to the intake
@@ -179,7 +186,8 @@ class IngestService(Service):
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
             rebalance_timeout_ms=max(self.session_timeout_ms, 30_000),
             max_partition_fetch_bytes=max(4 * 1_048_576, 2 * self.max_message_bytes),
-            fetch_max_bytes=64 * 1_048_576, client_id="ldpstream-ingest",
+            fetch_max_bytes=64 * 1_048_576, fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            client_id="ldpstream-ingest",
             # a report topic deleted and recreated on Apache Kafka is seen (and its new log
             # judged) at the next metadata refresh: 10 s, not aiokafka's 5 min
             metadata_max_age_ms=10_000, **self.security)
@@ -258,10 +266,11 @@ class IngestService(Service):
                 await asyncio.sleep(0.05)
                 continue
             t0 = time.perf_counter()
+            asked = self._poll_records()
             try:
                 data = await consumer.getmany(
                     timeout_ms=self.poll_ms if not self.partitions.pending_reports
-                    else min(self.poll_ms, 20), max_records=self._poll_records())
+                    else min(self.poll_ms, 20), max_records=asked)
             except asyncio.CancelledError:
                 raise
             except NoOffsetForPartitionError:
@@ -280,6 +289,7 @@ class IngestService(Service):
                 await asyncio.sleep(0.5)
                 continue
             t1 = time.perf_counter()
+            got = 0
             for tp, msgs in data.items():
                 state = self.partitions.get(tp)
                 if state is None:
@@ -290,11 +300,13 @@ class IngestService(Service):
                     await self.breaker.take_carefully(state, msgs)
                 else:
                     self.take(state, msgs)
+                got += len(msgs)
                 self._msgs_seen += len(msgs)
                 self._reports_seen += self.partitions.pending_reports - before
             t2 = time.perf_counter()
             now = time.monotonic()
-            await self._flush_if_due(now)
+            # fewer records than asked: nothing more is buffered, the worker has caught up
+            await self._flush_if_due(now, caught_up=got < asked)
             t3 = time.perf_counter()
             if data:
                 timings = self.stats.timings
@@ -303,16 +315,24 @@ class IngestService(Service):
                 timings["flush_wait"] += t3 - t2
             await self._housekeeping(now)
 
-    async def _flush_if_due(self, now: float) -> None:
+    async def _flush_if_due(self, now: float, caught_up: bool = False) -> None:
         """Every partition with something pending goes when one is due (their applies run
         concurrently: one Redis fsync serves them all); while a flush is in flight the deltas
-        grow instead, up to ``max_pending_reports``, so slow applies mean bigger deltas."""
-        due = any(s.pending is not None and (s.pending.n >= self.batch_reports
-                                             or now - s.pending.since >= self.batch_seconds)
-                  for s in self.partitions)
-        if due and (not self.applier.in_flight()
-                    or self.partitions.pending_reports >= self.max_pending_reports):
-            await self.applier.start_flush(self.partitions.with_pending())
+        grow instead, up to ``max_pending_reports``, so slow applies mean bigger deltas.
+
+        Adaptive (docs/pipeline.md "Adaptive flushing"): a delta is due at ``batch_reports``
+        reports or ``batch_seconds``, or as soon as the worker has ``caught_up`` (its poll
+        returned fewer records than asked) and no flush is in flight: a quiet stream is applied
+        when its poll returns, a busy one (full polls, or a flush still on the wire) batches."""
+        in_flight = self.applier.in_flight()
+        due = (caught_up and not in_flight) or any(
+            s.pending is not None and (s.pending.n >= self.batch_reports
+                                       or now - s.pending.since >= self.batch_seconds)
+            for s in self.partitions)
+        if due and (not in_flight or self.partitions.pending_reports >= self.max_pending_reports):
+            tps = self.partitions.with_pending()
+            if tps:
+                await self.applier.start_flush(tps)
 
     async def _housekeeping(self, now: float) -> None:
         if now - self._last_lag >= 1.0:

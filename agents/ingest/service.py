@@ -56,8 +56,9 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
+from aiokafka.structs import ConsumerRecord
 from mode import Service
 
 from ldpstream.agents import metrics
@@ -266,11 +267,12 @@ class IngestService(Service):
                 await asyncio.sleep(0.05)
                 continue
             t0 = time.perf_counter()
-            asked = self._poll_records()
             try:
+                # drain what the fetcher holds (up to max_records), so that it sends the next
+                # fetch now and the broker serves it while these records are counted
                 data = await consumer.getmany(
                     timeout_ms=self.poll_ms if not self.partitions.pending_reports
-                    else min(self.poll_ms, 20), max_records=asked)
+                    else min(self.poll_ms, 20), max_records=self.max_records)
             except asyncio.CancelledError:
                 raise
             except NoOffsetForPartitionError:
@@ -289,31 +291,51 @@ class IngestService(Service):
                 await asyncio.sleep(0.5)
                 continue
             t1 = time.perf_counter()
-            got = 0
-            for tp, msgs in data.items():
-                state = self.partitions.get(tp)
-                if state is None:
-                    continue  # revoked meanwhile: its records come again to the next owner
-                before = self.partitions.pending_reports
-                await self.load(state)
-                if state.careful is not None:
-                    await self.breaker.take_carefully(state, msgs)
-                else:
-                    self.take(state, msgs)
-                got += len(msgs)
-                self._msgs_seen += len(msgs)
-                self._reports_seen += self.partitions.pending_reports - before
+            got = sum(len(msgs) for msgs in data.values())
+            between = await self._take_all(data)
             t2 = time.perf_counter()
             now = time.monotonic()
             # fewer records than asked: nothing more is buffered, the worker has caught up
-            await self._flush_if_due(now, caught_up=got < asked)
+            await self._flush_if_due(now, caught_up=got < self.max_records)
             t3 = time.perf_counter()
             if data:
                 timings = self.stats.timings
-                timings["poll"] += t1 - t0
-                timings["decode"] += t2 - t1
+                timings["poll"] += t1 - t0 + between
+                timings["decode"] += t2 - t1 - between
                 timings["flush_wait"] += t3 - t2
             await self._housekeeping(now)
+
+    async def _take_all(self, data: Mapping[TopicPartition, list[ConsumerRecord]]) -> float:
+        """Hand each partition's records to the intake (or the breaker) in takes of about
+        :data:`POLL_DELTAS` deltas (:meth:`_poll_records`), so the per-take arrays stay
+        cache-sized. Between takes the event loop runs (the fetcher's next response, a flush
+        that is due); a partition revoked or reset meanwhile keeps none of the rest (it was
+        re-sought: its records come again). Returns the seconds spent between takes."""
+        between = 0.0
+        for tp, msgs in data.items():
+            state = self.partitions.get(tp)
+            if state is None:
+                continue  # revoked meanwhile: its records come again to the next owner
+            epoch = state.epoch
+            step = self._poll_records() if state.careful is None else len(msgs)
+            for at in range(0, len(msgs), step):
+                if at:
+                    t = time.perf_counter()
+                    await self._flush_if_due(time.monotonic())
+                    await asyncio.sleep(0)
+                    between += time.perf_counter() - t
+                chunk = msgs[at:at + step]
+                before = self.partitions.pending_reports
+                await self.load(state)
+                if self.partitions.get(tp) is not state or state.epoch != epoch:
+                    break
+                if state.careful is not None:
+                    await self.breaker.take_carefully(state, chunk)
+                else:
+                    self.take(state, chunk)
+                self._msgs_seen += len(chunk)
+                self._reports_seen += self.partitions.pending_reports - before
+        return between
 
     async def _flush_if_due(self, now: float, caught_up: bool = False) -> None:
         """Every partition with something pending goes when one is due (their applies run
@@ -348,9 +370,9 @@ class IngestService(Service):
             await self._commit()
 
     def _poll_records(self) -> int:
-        """Messages to take per poll: about :data:`POLL_DELTAS` deltas' worth (``batch_reports``
-        each) at the mean reports per message seen so far, so the per-poll arrays stay
-        cache-sized whatever the batch size while the fixed cost of a poll is paid rarely."""
+        """Messages per take: about :data:`POLL_DELTAS` deltas' worth (``batch_reports`` each)
+        at the mean reports per message seen so far, so the per-take arrays stay cache-sized
+        whatever the batch size while the fixed cost of a take is paid rarely."""
         if self._msgs_seen < 100:
             return min(self.max_records, 200)
         per_msg = max(1.0, self._reports_seen / self._msgs_seen)

@@ -260,7 +260,12 @@ class Intake:
         if len(buckets) <= 1:   # _buckets collapsed a single bucket to one element
             parts = [(int(buckets[0]) if len(buckets) else -1, reports)]
         else:
-            parts = [(int(b), reports[buckets == b]) for b in np.unique(buckets)]
+            cuts = np.flatnonzero(buckets[1:] != buckets[:-1]) + 1
+            if len(cuts) <= 8:  # a few runs of one bucket (offset order): slices, no copies
+                edges = [0, *cuts.tolist(), len(buckets)]
+                parts = [(int(buckets[a]), reports[a:z]) for a, z in zip(edges, edges[1:])]
+            else:
+                parts = [(int(b), reports[buckets == b]) for b in np.unique(buckets)]
         for b, rep in parts:
             flat = layout.pack(count_reports(mech, rep, specs), rep.shape[0])
             key = (layout, None if b < 0 else b)

@@ -71,7 +71,8 @@ MEMO_DEVICES = 100_000
 RATIO_TARGETS = {BATCH: 0.8, 10: 0.6, 1: 0.6}
 
 
-def _write_config(path: Path, refresh_interval_s: float | None = None) -> None:
+def _write_config(path: Path, refresh_interval_s: float | None = None,
+                  only: str | None = None) -> None:
     from ldpstream.config import default_config_path
 
     doc = yaml.safe_load(default_config_path().read_text())
@@ -83,7 +84,7 @@ def _write_config(path: Path, refresh_interval_s: float | None = None) -> None:
     # memoized: counted per device (agents/store/device_memo.py), its cost measured in step 4
     memo = dict(base, id=base["id"] + "m", params={"memoize": MEMOIZE})
     ten = dict(base, id=base["id"] + "10")   # 10 reports per message
-    doc["collections"] = [base, single, memo, ten]
+    doc["collections"] = [c for c in (base, single, memo, ten) if only in (None, c["id"])]
     path.write_text(yaml.safe_dump(doc))
 
 
@@ -157,11 +158,14 @@ async def _freshness(bootstrap: str, store: Any, coll: Any, samples: int) -> lis
 
     mech = coll.mechanism()
     method, attrs = coll.estimators[0], coll.marginals[0]
+    # the all-time window: its n is every report counted (a shorter window's n drops what the
+    # earlier steps counted once they are older than the window)
+    window = next((w.name for w in coll.windows if w.name == "all"), coll.windows[-1].name)
     rng = np.random.default_rng(3)
     out = []
     async with Publisher(bootstrap) as pub:
         for i in range(samples):
-            doc = await store.get_estimate(coll.id, coll.windows[0].name, method, attrs)
+            doc = await store.get_estimate(coll.id, window, method, attrs)
             n_before = max(int(doc["n"]) if doc else 0, await store.n(coll.id, coll.partitions))
             recs = rng.integers(0, np.array(coll.domain.shape), size=(BATCH, len(coll.domain)))
             gw = Gateway(coll.id, pub, batch=BATCH, topic=coll.topic)
@@ -170,7 +174,7 @@ async def _freshness(bootstrap: str, store: Any, coll: Any, samples: int) -> lis
             await gw.flush()
             deadline = time.monotonic() + 6 * float(coll.refresh_interval_s) + 30
             while time.monotonic() < deadline:
-                doc = await store.get_estimate(coll.id, coll.windows[0].name, method, attrs)
+                doc = await store.get_estimate(coll.id, window, method, attrs)
                 if doc and int(doc["n"]) >= n_before + BATCH:
                     out.append(time.time() - t0)
                     break
@@ -340,9 +344,15 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
                       single_raw_consume_rate=small["1"]["raw_consume_rate"],
                       single_reports=single_total)
 
+        # the probes' worker reads and refreshes the probed collection only: the others' refresh
+        # (seconds of CPU every 5 s on this machine) is not the quiet stream's path
         say(f"publish -> counted, {probes} single reports one per second ...")
-        worker = start_worker(cfg_path, env, port, work / "worker-2.log")
+        quiet_cfg = work / "quiet.yaml"
+        _write_config(quiet_cfg, refresh_interval_s=1.0 if quick else None, only=single.id)
+        worker = start_worker(quiet_cfg, env, free_port(), work / "worker-quiet.log")
         result["quiet"] = await quiet_probes(bootstrap, store, single, probes)
+        stop_worker(worker)
+        worker = start_worker(cfg_path, env, port, work / "worker-2.log")
 
         say("refresh and freshness ...")
         try:
@@ -372,8 +382,10 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
     if broker == "kafka":
         from ldpstream.bench.pipeline_kafka import kafka_pairs
 
+        quiet_kafka = work / "quiet-kafka.yaml"
+        _write_config(quiet_kafka, refresh_interval_s=1.0 if quick else None, only=batched.id)
         result.update(await kafka_pairs(cfg_path, env, batched, total, repeats, work, say,
-                                        probes=probes))
+                                        probes=probes, quiet_cfg=quiet_kafka))
     result["guard"] = guard(result)
     return result
 

@@ -16,9 +16,11 @@ from ldpstream.bench.ingest_run import BATCH, quiet_probes, ratio_pairs, start_w
 
 
 async def kafka_pairs(cfg_path: Path, env: dict[str, str], coll: Any, total: int, repeats: int,
-                      work: Path, say: Callable[[str], None], probes: int = 0) -> dict[str, Any]:
+                      work: Path, say: Callable[[str], None], probes: int = 0,
+                      quiet_cfg: Path | None = None) -> dict[str, Any]:
     """Raw consumption and worker ingest of ``coll`` on Apache Kafka, ``repeats`` pairs; then
-    ``probes`` single reports, one per second, timed from publish to counted."""
+    ``probes`` single reports, one per second, timed from publish to counted (by a worker of
+    ``quiet_cfg``, default ``cfg_path``)."""
     from ldpstream.agents.app import make_store
     from ldpstream.dev.kafka import KAFKA_VERSION, ApacheKafka
     from ldpstream.dev.process import free_port
@@ -38,7 +40,8 @@ async def kafka_pairs(cfg_path: Path, env: dict[str, str], coll: Any, total: int
         quiet = None
         if probes:
             say(f"Apache Kafka: publish -> counted, {probes} single reports one per second ...")
-            worker = start_worker(cfg_path, kenv, free_port(), work / "worker-kafka-quiet.log")
+            worker = start_worker(quiet_cfg or cfg_path, kenv, free_port(),
+                                  work / "worker-kafka-quiet.log")
             quiet = await quiet_probes(bootstrap, store, coll, probes)
         await store.close()
     finally:

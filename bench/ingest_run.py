@@ -11,11 +11,17 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 #: reports per Kafka message of the prefill
 BATCH = 500
+
+#: the quiet stream of the publish → counted probes: one report per this many seconds
+PROBE_INTERVAL_S = 1.0
+#: the adaptive-flush target for a quiet stream, publish → counted (docs/pipeline.md)
+QUIET_P99_TARGET_S = 0.1
 
 
 async def prefill(bootstrap: str, coll: Any, total: int, batch: int,
@@ -26,7 +32,12 @@ async def prefill(bootstrap: str, coll: Any, total: int, batch: int,
                            mechanism=coll.mechanism(), devices=devices)
 
 
-async def raw_consume(bootstrap: str, coll: Any, messages: int) -> tuple[float, int]:
+async def raw_consume(bootstrap: str, coll: Any, messages: int,
+                      timings: dict[str, float] | None = None) -> tuple[float, int]:
+    """Reports/s of a plain aiokafka consumer (no group) reading ``messages`` messages of
+    ``coll``'s topic from the beginning and decoding each with ``decode_batch``, timed from the
+    seek; ``timings`` (if given) gets its seconds waiting in ``getmany`` (``poll``: fetch,
+    decompression, record parsing) and decoding (``decode``), the worker's first two timings."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from ldpstream.producers.codec import decode_batch
@@ -41,12 +52,19 @@ async def raw_consume(bootstrap: str, coll: Any, messages: int) -> tuple[float, 
         t0 = time.perf_counter()
         await consumer.seek_to_beginning(*tps)
         got = reports = 0
+        poll = decode = 0.0
         while got < messages:
+            t1 = time.perf_counter()
             data = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            t2 = time.perf_counter()
             for msgs in data.values():
                 for m in msgs:
                     reports += decode_batch(m.value).n
                 got += len(msgs)
+            poll += t2 - t1
+            decode += time.perf_counter() - t2
+        if timings is not None:
+            timings.update(poll=round(poll, 4), decode=round(decode, 4))
         return reports / (time.perf_counter() - t0), reports
     finally:
         await consumer.stop()
@@ -88,3 +106,106 @@ async def ingest_rate(store: Any, cid: str, partitions: int, total: int, port: i
                     dict(ing.get("timings_s") or {}))
         await asyncio.sleep(0.05)
     raise TimeoutError(f"{cid}: only {await store.n(cid, partitions)} of {total} reports ingested")
+
+
+async def publish_to_counted(store: Any, cid: str, partitions: int,
+                             send: Callable[[int], Awaitable[None]], probes: int,
+                             interval_s: float = PROBE_INTERVAL_S) -> list[float]:
+    """Seconds from publishing each of ``probes`` single-report messages (``send(i)`` returns
+    once the transport accepted probe ``i``) until ``CountStore.n`` in Redis shows it (read every
+    2 ms), one probe every ``interval_s`` (a quiet stream: nothing else is waiting). A first,
+    untimed probe (``send(-1)``) waits for the worker to be assigned and positioned, then for
+    what was counted before to stop moving."""
+    before = await store.n(cid, partitions)
+    await send(-1)
+    deadline = time.monotonic() + 120
+    while await store.n(cid, partitions) <= before:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the first probe was not counted within 120 s")
+        await asyncio.sleep(0.05)
+    before, still = await store.n(cid, partitions), 0
+    while still < 3:  # a backlog still being counted would be mistaken for a probe
+        await asyncio.sleep(0.2)
+        now = await store.n(cid, partitions)
+        still, before = (still + 1, now) if now == before else (0, now)
+    out: list[float] = []
+    for i in range(probes):
+        t0 = time.perf_counter()
+        await send(i)
+        while await store.n(cid, partitions) < before + i + 1:
+            if time.perf_counter() - t0 > 60:
+                raise RuntimeError(f"probe {i} was not counted within 60 s")
+            await asyncio.sleep(0.002)
+        out.append(time.perf_counter() - t0)
+        await asyncio.sleep(max(0.0, interval_s - (time.perf_counter() - t0)))
+    return out
+
+
+def latency_summary(latencies: list[float]) -> dict[str, Any]:
+    """p50 / p99 / max of publish → counted latencies, and the quiet-stream target's verdict."""
+    import numpy as np
+
+    arr = np.asarray(latencies, dtype=float)
+    p99 = float(np.percentile(arr, 99))
+    return {"probes": int(arr.size), "p50_s": round(float(np.percentile(arr, 50)), 4),
+            "p99_s": round(p99, 4), "max_s": round(float(arr.max()), 4),
+            "target_p99_s": QUIET_P99_TARGET_S, "pass": p99 <= QUIET_P99_TARGET_S}
+
+
+async def ratio_pairs(bootstrap: str, store: Any, cfg_path: Path, env: dict[str, str], coll: Any,
+                      total: int, batch: int, repeats: int, work: Path, tag: str,
+                      say: Callable[[str], None]) -> dict[str, Any]:
+    """Prefill ``coll``'s topic with ``total`` reports of ``batch`` per message, then ``repeats``
+    raw/ingest pairs back to back (a busy moment of the machine hits one pair; the median pair's
+    ratio is the result), the counts reset between pairs. Returns every pair's rates, ratios and
+    both sides' timings, and the median pair's (``mid``)."""
+    from ldpstream.dev.process import free_port
+
+    say(f"{tag}: prefill {total:,} reports, {batch} per message ...")
+    stats = await prefill(bootstrap, coll, total, batch)
+    raws, ingests, timings, raw_timings = [], [], [], []
+    for rep in range(repeats):
+        say(f"{tag} [{rep + 1}/{repeats}] raw aiokafka consumption + decode, then ingest ...")
+        raw_spent: dict[str, float] = {}
+        raw, got = await raw_consume(bootstrap, coll, stats.sent_messages, raw_spent)
+        assert got == total, (got, total)
+        await store.reset(coll.id)   # fresh offsets: the worker reads the topic again
+        port = free_port()
+        name = "".join(c if c.isalnum() else "-" for c in tag)
+        worker = start_worker(cfg_path, env, port, work / f"worker-{name}-{rep}.log")
+        try:
+            ingest, spent = await ingest_rate(store, coll.id, coll.partitions, total, port)
+        finally:
+            stop_worker(worker)
+        raws.append(raw)
+        ingests.append(ingest)
+        timings.append(spent)
+        raw_timings.append(raw_spent)
+    ratios = [i / r for i, r in zip(ingests, raws)]
+    mid = sorted(range(repeats), key=lambda k: ratios[k])[(repeats - 1) // 2]
+    return {"reports_per_message": batch, "reports": total, "ratio": ratios[mid],
+            "ratios": ratios, "ingest_rate": ingests[mid], "raw_consume_rate": raws[mid],
+            "ingest_rates": ingests, "raw_consume_rates": raws, "ingest_timings_s": timings[mid],
+            "raw_timings_s": raw_timings[mid], "ingest_timings_per_pair": timings,
+            "raw_timings_per_pair": raw_timings}
+
+
+async def quiet_probes(bootstrap: str, store: Any, coll: Any, probes: int) -> dict[str, Any]:
+    """Publish → counted of single-report messages sent straight to Kafka, one per
+    :data:`PROBE_INTERVAL_S` (a worker must be consuming ``coll``)."""
+    import numpy as np
+
+    from ldpstream.producers.codec import encode_batch
+    from ldpstream.producers.publisher import Publisher
+
+    mech = coll.mechanism()
+    rng = np.random.default_rng(11)
+    shape = np.array(coll.domain.shape)
+    async with Publisher(bootstrap) as pub:
+        async def send(_: int) -> None:
+            rec = rng.integers(0, shape, size=(1, len(shape)))
+            await pub.send_and_wait(coll.topic, encode_batch(coll.id, mech.version,
+                                                             mech.randomize(rec, rng)))
+
+        return latency_summary(await publish_to_counted(store, coll.id, coll.partitions, send,
+                                                        probes))

@@ -51,14 +51,28 @@ from typing import Any
 
 import yaml
 
-from ldpstream.bench.ingest_run import BATCH, ingest_rate, prefill, raw_consume, start_worker, stop_worker
+from ldpstream.bench.ingest_run import (
+    BATCH,
+    QUIET_P99_TARGET_S,
+    ingest_rate,
+    prefill,
+    quiet_probes,
+    ratio_pairs,
+    raw_consume,
+    start_worker,
+    stop_worker,
+)
 
 #: the memoized collection of step 4 and its fleet: devices reporting again and again
 MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 4.0}
 MEMO_DEVICES = 100_000
+#: the regression guard printed by the bench: ingest / raw consume at least this, per reports per
+#: message (docs/pipeline.md "Measured")
+RATIO_TARGETS = {BATCH: 0.8, 10: 0.6, 1: 0.6}
 
 
-def _write_config(path: Path, refresh_interval_s: float | None = None) -> None:
+def _write_config(path: Path, refresh_interval_s: float | None = None,
+                  only: str | None = None) -> None:
     from ldpstream.config import default_config_path
 
     # the fast rr-ind variant of the demo (ε = 16 per record): the figures docs/ cite
@@ -70,7 +84,8 @@ def _write_config(path: Path, refresh_interval_s: float | None = None) -> None:
     single = dict(base, id=base["id"] + "1")
     # memoized: counted per device (agents/store/device_memo.py), its cost measured in step 4
     memo = dict(base, id=base["id"] + "m", params={"memoize": MEMOIZE})
-    doc["collections"] = [base, single, memo]
+    ten = dict(base, id=base["id"] + "10")   # 10 reports per message
+    doc["collections"] = [c for c in (base, single, memo, ten) if only in (None, c["id"])]
     path.write_text(yaml.safe_dump(doc))
 
 
@@ -144,11 +159,14 @@ async def _freshness(bootstrap: str, store: Any, coll: Any, samples: int) -> lis
 
     mech = coll.mechanism()
     method, attrs = coll.estimators[0], coll.marginals[0]
+    # the all-time window: its n is every report counted (a shorter window's n drops what the
+    # earlier steps counted once they are older than the window)
+    window = next((w.name for w in coll.windows if w.name == "all"), coll.windows[-1].name)
     rng = np.random.default_rng(3)
     out = []
     async with Publisher(bootstrap) as pub:
         for i in range(samples):
-            doc = await store.get_estimate(coll.id, coll.windows[0].name, method, attrs)
+            doc = await store.get_estimate(coll.id, window, method, attrs)
             n_before = max(int(doc["n"]) if doc else 0, await store.n(coll.id, coll.partitions))
             recs = rng.integers(0, np.array(coll.domain.shape), size=(BATCH, len(coll.domain)))
             gw = Gateway(coll.id, pub, batch=BATCH, topic=coll.topic)
@@ -157,7 +175,7 @@ async def _freshness(bootstrap: str, store: Any, coll: Any, samples: int) -> lis
             await gw.flush()
             deadline = time.monotonic() + 6 * float(coll.refresh_interval_s) + 30
             while time.monotonic() < deadline:
-                doc = await store.get_estimate(coll.id, coll.windows[0].name, method, attrs)
+                doc = await store.get_estimate(coll.id, window, method, attrs)
                 if doc and int(doc["n"]) >= n_before + BATCH:
                     out.append(time.time() - t0)
                     break
@@ -281,6 +299,8 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
     # samples take seconds; its rates are not the measured numbers
     total = 200_000 if quick else 4_000_000
     single_total = 20_000 if quick else 150_000
+    ten_total = 20_000 if quick else 1_000_000
+    probes = 3 if quick else 30
     memo_total = 50_000 if quick else 1_000_000
     samples = 2 if quick else 5
     repeats = int(repeats or (1 if quick else 3))
@@ -288,43 +308,21 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
     cfg_path = work / "bench.yaml"
     _write_config(cfg_path, refresh_interval_s=1.0 if quick else None)
     config = load_config(cfg_path, env={})
-    batched, single, memo = list(config.collections.values())
+    batched, single, memo, ten = list(config.collections.values())
     tansu, redis = EmbeddedBroker(), EmbeddedRedis()
     result: dict[str, Any] = {}
     worker = None
     try:
         bootstrap, redis_url = tansu.start(), redis.start()
-        await create_ldp_topics(bootstrap, (batched, single, memo))
+        await create_ldp_topics(bootstrap, (batched, single, memo, ten))
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
                    LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1")
         store = make_store(redis_url)
         port = free_port()
 
-        say(f"prefill {total:,} reports, {BATCH} per message ...")
-        stats = await prefill(bootstrap, batched, total, BATCH)
-        raws, ingests, timings = [], [], []
-        for rep in range(repeats):
-            # one pair per repeat, back to back, so a busy moment of the machine hits one pair
-            # (the median of the pairs' ratios is the result)
-            say(f"[{rep + 1}/{repeats}] raw aiokafka consumption + decode ...")
-            raw, raw_reports = await raw_consume(bootstrap, batched, stats.sent_messages)
-            assert raw_reports == total, (raw_reports, total)
-            say(f"[{rep + 1}/{repeats}] ingest (worker) ...")
-            await store.reset(batched.id)   # fresh offsets: the worker reads the topic again
-            worker = start_worker(cfg_path, env, port, work / f"worker-1-{rep}.log")
-            ingest, spent = await ingest_rate(store, batched.id, batched.partitions, total,
-                                               port)
-            stop_worker(worker)
-            raws.append(raw)
-            ingests.append(ingest)
-            timings.append(spent)
-        ratios = [i / r for i, r in zip(ingests, raws)]
-        mid = sorted(range(repeats), key=lambda k: ratios[k])[(repeats - 1) // 2]
-        raw = raws[mid]   # the median pair (its raw rate is the cluster run's reference too)
-        result.update(ingest_rate=ingests[mid], raw_consume_rate=raw, ratio=ratios[mid],
-                      ratios=ratios, raw_consume_rates=raws, ingest_rates=ingests,
-                      reports_per_message=BATCH, reports=total, ingest_timings_s=timings[mid],
-                      ingest_timings_per_pair=timings)
+        result.update(await ratio_pairs(bootstrap, store, cfg_path, env, batched, total, BATCH,
+                                        repeats, work, f"{BATCH}/msg", say))
+        raw = result["raw_consume_rate"]   # the median pair's: the cluster run's reference too
 
         say(f"prefill {memo_total:,} reports of {MEMO_DEVICES:,} devices, memoized ...")
         stats_m = await prefill(bootstrap, memo, memo_total, BATCH, MEMO_DEVICES)
@@ -334,19 +332,28 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
         rate_m, spent_m = await ingest_rate(store, memo.id, memo.partitions, memo_total, port)
         stop_worker(worker)
         result.update(memo_ingest_rate=rate_m, memo_raw_consume_rate=raw_m,
-                      memo_ratio=rate_m / raw_m, memo_vs_plain=rate_m / ingests[mid],
+                      memo_ratio=rate_m / raw_m, memo_vs_plain=rate_m / result["ingest_rate"],
                       memo_reports=memo_total, memo_devices=MEMO_DEVICES,
                       memo_ingest_timings_s=spent_m,
                       memo_redis_bytes_per_device=await _memo_bytes(store, memo))
 
-        say(f"prefill {single_total:,} single-report messages ...")
-        stats1 = await prefill(bootstrap, single, single_total, 1)
-        raw1, _ = await raw_consume(bootstrap, single, stats1.sent_messages)
-        say("ingest of single-report messages ...")
-        worker = start_worker(cfg_path, env, port, work / "worker-2.log")
-        rate1, _ = await ingest_rate(store, single.id, single.partitions, single_total, port)
-        result.update(single_report_rate=rate1, single_raw_consume_rate=raw1,
+        small = {}
+        for coll_b, size, n in ((ten, 10, ten_total), (single, 1, single_total)):
+            small[str(size)] = await ratio_pairs(bootstrap, store, cfg_path, env, coll_b, n,
+                                                 size, repeats, work, f"{size}/msg", say)
+        result.update(small_batches=small, single_report_rate=small["1"]["ingest_rate"],
+                      single_raw_consume_rate=small["1"]["raw_consume_rate"],
                       single_reports=single_total)
+
+        # the probes' worker reads and refreshes the probed collection only: the others' refresh
+        # (seconds of CPU every 5 s on this machine) is not the quiet stream's path
+        say(f"publish -> counted, {probes} single reports one per second ...")
+        quiet_cfg = work / "quiet.yaml"
+        _write_config(quiet_cfg, refresh_interval_s=1.0 if quick else None, only=single.id)
+        worker = start_worker(quiet_cfg, env, free_port(), work / "worker-quiet.log")
+        result["quiet"] = await quiet_probes(bootstrap, store, single, probes)
+        stop_worker(worker)
+        worker = start_worker(cfg_path, env, port, work / "worker-2.log")
 
         say("refresh and freshness ...")
         try:
@@ -376,8 +383,34 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
     if broker == "kafka":
         from ldpstream.bench.pipeline_kafka import kafka_pairs
 
-        result.update(await kafka_pairs(cfg_path, env, batched, total, repeats, work, say))
+        quiet_kafka = work / "quiet-kafka.yaml"
+        _write_config(quiet_kafka, refresh_interval_s=1.0 if quick else None, only=batched.id)
+        result.update(await kafka_pairs(cfg_path, env, batched, total, repeats, work, say,
+                                        probes=probes, quiet_cfg=quiet_kafka))
+    result["guard"] = guard(result)
     return result
+
+
+def guard(res: dict[str, Any]) -> dict[str, Any]:
+    """The regression guard of the bench output: each measured ratio against
+    :data:`RATIO_TARGETS`, each quiet stream's p99 publish → counted against 100 ms."""
+    checks = [{"check": f"ingest/raw, {BATCH}/msg, Tansu", "value": res["ratio"],
+               "target": RATIO_TARGETS[BATCH]}]
+    if "kafka_ratio" in res:
+        checks.append({"check": f"ingest/raw, {BATCH}/msg, Apache Kafka",
+                       "value": res["kafka_ratio"], "target": RATIO_TARGETS[BATCH]})
+    for size, pairs in res.get("small_batches", {}).items():
+        checks.append({"check": f"ingest/raw, {size}/msg, Tansu", "value": pairs["ratio"],
+                       "target": RATIO_TARGETS[int(size)]})
+    for key, where in (("quiet", "Tansu"), ("kafka_quiet", "Apache Kafka")):
+        if key in res:
+            checks.append({"check": f"p99 publish -> counted (s), quiet, {where}",
+                           "value": res[key]["p99_s"], "target": QUIET_P99_TARGET_S,
+                           "at_most": True})
+    for c in checks:
+        c["pass"] = bool(c["value"] <= c["target"] if c.get("at_most")
+                         else c["value"] >= c["target"])
+    return {"pass": all(c["pass"] for c in checks), "checks": checks}
 
 
 def main(args) -> int:
@@ -393,8 +426,13 @@ def main(args) -> int:
     print(f"{'measure':<44} {'value':>14}")
     print(f"{'raw aiokafka consume + decode (reports/s)':<44} {res['raw_consume_rate']:>14,.0f}")
     print(f"{'ingest into Redis (reports/s)':<44} {res['ingest_rate']:>14,.0f}")
-    print(f"{'ratio (target >= 0.5), median pair':<44} {res['ratio']:>14.2f}   (pairs: "
+    print(f"{'ratio, median pair':<44} {res['ratio']:>14.2f}   (pairs: "
           f"{', '.join(f'{r:.2f}' for r in res['ratios'])})")
+    _print_breakdown(res)
+    for size, pairs in res.get("small_batches", {}).items():
+        print(f"{size + ' per message: raw / ingest (reports/s)':<44} "
+              f"{pairs['raw_consume_rate']:>14,.0f} / {pairs['ingest_rate']:,.0f}   ratio "
+              f"{pairs['ratio']:.2f} (pairs: {', '.join(f'{r:.2f}' for r in pairs['ratios'])})")
     print(f"{'memoized, counted per device: ingest/raw':<44} {res['memo_ratio']:>14.2f}   "
           f"(ingest {res['memo_ingest_rate']:,.0f} reports/s = {res['memo_vs_plain']:.2f} x "
           f"plain; {res['memo_redis_bytes_per_device'] or 0:.0f} Redis bytes per device)")
@@ -405,8 +443,12 @@ def main(args) -> int:
         print(f"{'Apache Kafka: ratio, median pair':<44} {res['kafka_ratio']:>14.2f}   (pairs: "
               f"{', '.join(f'{r:.2f}' for r in res['kafka_ratios'])})")
     print(f"{'reports per message':<44} {res['reports_per_message']:>14d}")
-    print(f"{'single-report messages: raw (reports/s)':<44} {res['single_raw_consume_rate']:>14,.0f}")
-    print(f"{'single-report messages: ingest (reports/s)':<44} {res['single_report_rate']:>14,.0f}")
+    for key, where in (("quiet", "Tansu"), ("kafka_quiet", "Apache Kafka")):
+        if key in res:
+            q = res[key]
+            print(f"{'publish -> counted, 1 report/s, ' + where:<44} "
+                  f"{1000 * q['p99_s']:>11.0f} ms   (p99; p50 {1000 * q['p50_s']:.0f} ms, max "
+                  f"{1000 * q['max_s']:.0f} ms, {q['probes']} probes)")
     if "cluster_ingest_rate" in res:
         print(f"{'ingest into Redis Cluster, 3 masters (rep/s)':<44} "
               f"{res['cluster_ingest_rate']:>14,.0f}")
@@ -425,4 +467,24 @@ def main(args) -> int:
     if res.get("freshness_seconds") is not None:
         print(f"{'freshness, send -> estimate (s)':<44} {res['freshness_seconds']:>14.2f}"
               f"   (refresh every {res['refresh_interval_s']:g}s)")
+    g = res["guard"]
+    print(f"regression guard: {'PASS' if g['pass'] else 'FAIL'}")
+    for c in g["checks"]:
+        print(f"  {'PASS' if c['pass'] else 'FAIL'}  {c['check']}: {c['value']:.3f} "
+              f"({'<=' if c.get('at_most') else '>='} {c['target']:g})")
     return 0
+
+
+def _print_breakdown(res: dict[str, Any]) -> None:
+    """Seconds of the median pair, raw consumer beside the worker: waiting in ``getmany`` (fetch,
+    decompression, record parsing), decoding (the worker: + validating and counting), counting
+    alone, applying to Redis (the worker's background flushes)."""
+    raw, ing = res.get("raw_timings_s") or {}, res.get("ingest_timings_s") or {}
+    print(f"{'  seconds of the median pair':<44} {'raw':>14} {'worker':>10}")
+    for key, what in (("poll", "poll (fetch, decompress, parse)"),
+                      ("decode", "decode (worker: + validate, count)"),
+                      ("count", "of which count"), ("flush_wait", "waiting for a flush"),
+                      ("apply", "apply (in the background)")):
+        r = raw.get(key)
+        print(f"{'    ' + what:<44} {'-' if r is None else f'{r:.3f}':>14} "
+              f"{ing.get(key, 0.0):>10.3f}")

@@ -12,12 +12,15 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from ldpstream.bench.ingest_run import BATCH, ingest_rate, prefill, raw_consume, start_worker, stop_worker
+from ldpstream.bench.ingest_run import BATCH, quiet_probes, ratio_pairs, start_worker, stop_worker
 
 
 async def kafka_pairs(cfg_path: Path, env: dict[str, str], coll: Any, total: int, repeats: int,
-                      work: Path, say: Callable[[str], None]) -> dict[str, Any]:
-    """Raw consumption and worker ingest of ``coll`` on Apache Kafka, ``repeats`` pairs."""
+                      work: Path, say: Callable[[str], None], probes: int = 0,
+                      quiet_cfg: Path | None = None) -> dict[str, Any]:
+    """Raw consumption and worker ingest of ``coll`` on Apache Kafka, ``repeats`` pairs; then
+    ``probes`` single reports, one per second, timed from publish to counted (by a worker of
+    ``quiet_cfg``, default ``cfg_path``)."""
     from ldpstream.agents.app import make_store
     from ldpstream.dev.kafka import KAFKA_VERSION, ApacheKafka
     from ldpstream.dev.process import free_port
@@ -27,34 +30,32 @@ async def kafka_pairs(cfg_path: Path, env: dict[str, str], coll: Any, total: int
     kafka, redis = ApacheKafka(), EmbeddedRedis()
     worker = None
     try:
-        say(f"Apache Kafka {KAFKA_VERSION}: start, prefill {total:,} reports ...")
+        say(f"Apache Kafka {KAFKA_VERSION}: start ...")
         bootstrap, url = kafka.start(), redis.start()
         await create_ldp_topics(bootstrap, (coll,))
         kenv = dict(env, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=url)
-        stats = await prefill(bootstrap, coll, total, BATCH)
         store = make_store(url)
-        port = free_port()
-        raws, ingests = [], []
-        for rep in range(repeats):
-            say(f"Apache Kafka [{rep + 1}/{repeats}] raw consumption, then ingest ...")
-            raw, got = await raw_consume(bootstrap, coll, stats.sent_messages)
-            assert got == total, (got, total)
-            await store.reset(coll.id)
-            worker = start_worker(cfg_path, kenv, port, work / f"worker-kafka-{rep}.log")
-            ingest, _ = await ingest_rate(store, coll.id, coll.partitions, total, port)
-            stop_worker(worker)
-            worker = None
-            raws.append(raw)
-            ingests.append(ingest)
+        pairs = await ratio_pairs(bootstrap, store, cfg_path, kenv, coll, total, BATCH, repeats,
+                                  work, "Apache Kafka", say)
+        quiet = None
+        if probes:
+            say(f"Apache Kafka: publish -> counted, {probes} single reports one per second ...")
+            worker = start_worker(quiet_cfg or cfg_path, kenv, free_port(),
+                                  work / "worker-kafka-quiet.log")
+            quiet = await quiet_probes(bootstrap, store, coll, probes)
         await store.close()
     finally:
         if worker is not None:
             stop_worker(worker)
         kafka.stop()
         redis.stop()
-    ratios = [i / r for i, r in zip(ingests, raws)]
-    mid = sorted(range(repeats), key=lambda k: ratios[k])[(repeats - 1) // 2]
-    return {"kafka_version": KAFKA_VERSION, "kafka_ingest_rate": ingests[mid],
-            "kafka_raw_consume_rate": raws[mid], "kafka_ratio": ratios[mid],
-            "kafka_ratios": ratios, "kafka_raw_consume_rates": raws,
-            "kafka_ingest_rates": ingests, "kafka_heap": os.environ.get("LDP_KAFKA_HEAP", "256m")}
+    out = {"kafka_version": KAFKA_VERSION, "kafka_ingest_rate": pairs["ingest_rate"],
+           "kafka_raw_consume_rate": pairs["raw_consume_rate"], "kafka_ratio": pairs["ratio"],
+           "kafka_ratios": pairs["ratios"], "kafka_raw_consume_rates": pairs["raw_consume_rates"],
+           "kafka_ingest_rates": pairs["ingest_rates"],
+           "kafka_ingest_timings_s": pairs["ingest_timings_s"],
+           "kafka_raw_timings_s": pairs["raw_timings_s"],
+           "kafka_heap": os.environ.get("LDP_KAFKA_HEAP", "256m")}
+    if quiet is not None:
+        out["kafka_quiet"] = quiet
+    return out

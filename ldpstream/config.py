@@ -93,7 +93,9 @@ class IngestConfig(_Strict):
     batch_reports: int = Field(DEFAULT_BATCH_REPORTS, ge=1,
                                description="apply a delta to Redis every this many reports ...")
     batch_seconds: float = Field(DEFAULT_BATCH_SECONDS, gt=0.0,
-                                 description="... or every this many seconds, whichever is first")
+                                 description="... or every this many seconds, whichever is first; a "
+                                             "worker that has caught up applies at once "
+                                             "(docs/pipeline.md \"Adaptive flushing\")")
     max_message_bytes: int = Field(MAX_MESSAGE_BYTES, ge=1024,
                                    description="largest Kafka message (one report batch) "
                                                "accepted; a larger one goes to `ldp.dlq`")

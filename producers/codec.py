@@ -333,6 +333,24 @@ def decode_uniform(values: list, max_bytes: int = MAX_MESSAGE_BYTES) -> ReportBa
                        reports.astype(dt.newbyteorder("="), copy=False), None, float(sent.max()))
 
 
+#: per-column bounds repeated along a row-major report matrix, by (bounds, dtype)
+_TILED: dict[tuple[bytes, str], np.ndarray] = {}
+
+
+def _tiled(row: np.ndarray, size: int) -> np.ndarray:
+    """``row`` repeated to ``size`` elements (a view of a cached array): the reports' bounds
+    check as one long comparison, ten times faster than an ``(n, width)`` against ``(1, width)``
+    broadcast, whose inner loop is one report's ``width`` elements."""
+    key = (row.tobytes(), row.dtype.str)
+    have = _TILED.get(key)
+    if have is None or have.size < size:
+        if len(_TILED) > 64:
+            _TILED.clear()
+        reps = -(-max(size, 2 * (0 if have is None else have.size), 4096) // row.size)
+        have = _TILED[key] = np.tile(row, reps)
+    return have[:size]
+
+
 def explain_batch(batch: ReportBatch,
                   known: Mapping[str, Mapping[int, "Mechanism"]]) -> tuple[str, str] | None:
     """Like :func:`check_batch` but returns ``(reason, detail)``."""
@@ -352,6 +370,10 @@ def explain_batch(batch: ReportBatch,
         # compare in the reports' own dtype (an int64 bound would promote every cell): a value
         # is out of domain iff it exceeds bound − 1, clipped to what the dtype can hold
         top = np.minimum(bounds - 1, np.iinfo(reports.dtype).max).astype(reports.dtype)
+        flat = reports.reshape(-1)
+        if not ((flat > _tiled(top.ravel(), flat.size)).any()
+                or (reports.dtype.kind == "i" and (flat < 0).any())):
+            return None
         bad = reports > top
     else:
         bad = reports >= bounds

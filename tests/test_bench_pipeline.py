@@ -43,6 +43,12 @@ def test_bench_pipeline_quick_json():
     assert doc["memo_reports"] == 50_000 and doc["memo_devices"] == 100_000
     assert doc["memo_vs_plain"] == doc["memo_ingest_rate"] / doc["ingest_rate"]
     assert len(doc["freshness_samples"]) == 2
+    assert set(doc["raw_timings_s"]) == {"poll", "decode"}
+    assert {k: p["reports_per_message"] for k, p in doc["small_batches"].items()} == \
+        {"10": 10, "1": 1}
+    assert doc["quiet"]["probes"] == 3 and 0 < doc["quiet"]["p50_s"] <= doc["quiet"]["p99_s"]
+    checks = doc["guard"]["checks"]
+    assert len(checks) == 4 and doc["guard"]["pass"] == all(c["pass"] for c in checks)
     # Redis memory: every count key is a bucket of some level or the all-time tensor
     assert 0 < doc["redis_bytes_per_bucket"] < doc["redis_bytes_now"]
     assert doc["redis_bytes_all_time"] > 0 and doc["redis_bytes_estimates"] > 0

@@ -319,3 +319,5 @@ def test_bench_gateway_quick_runs(monkeypatch):
         ("http", "kept", 1), ("http", "kept", 100), ("https", "kept", 1), ("https", "kept", 100),
         ("https", "new", 1), ("https", "new", 100)]
     assert all(r["requests"] == 300 and r["p99_s"] >= r["p50_s"] > 0 for r in rows)
+    quiet = res["quiet"]  # publish -> counted through a worker (every probe counted, or it raises)
+    assert quiet["probes"] == 5 and 0 < quiet["p50_s"] <= quiet["p99_s"] <= quiet["max_s"]

@@ -270,7 +270,12 @@ class Intake:
         if len(buckets) <= 1:   # _buckets collapsed a single bucket to one element
             parts = [(int(buckets[0]) if len(buckets) else -1, reports)]
         else:
-            parts = [(int(b), reports[buckets == b]) for b in np.unique(buckets)]
+            cuts = np.flatnonzero(buckets[1:] != buckets[:-1]) + 1
+            if len(cuts) <= 8:  # a few runs of one bucket (offset order): slices, no copies
+                edges = [0, *cuts.tolist(), len(buckets)]
+                parts = [(int(buckets[a]), reports[a:z]) for a, z in zip(edges, edges[1:])]
+            else:
+                parts = [(int(b), reports[buckets == b]) for b in np.unique(buckets)]
         for b, rep in parts:
             flat = layout.pack(count_reports(mech, rep, specs), rep.shape[0])
             key = (layout, None if b < 0 else b)
@@ -303,13 +308,14 @@ def count_reports(mech: Mechanism, reports: np.ndarray, specs: list[TensorSpec]
     if mech.custom_count or any(not s.columns for s in specs):
         return mech.count(reports, specs)
     out = {}
+    cols = np.ascontiguousarray(reports.T)  # each column contiguous: one copy, not one per use
     for s in specs:
         size = s.size
         # the cell index in the narrowest dtype that holds it, built in place
         dt = np.uint16 if size <= 1 << 16 else np.uint32 if size <= 1 << 32 else np.intp
-        flat = reports[:, s.columns[0]].astype(dt)
+        flat = cols[s.columns[0]].astype(dt)
         for c, width in zip(s.columns[1:], s.shape[1:]):
             np.multiply(flat, width, out=flat, casting="unsafe")
-            np.add(flat, reports[:, c], out=flat, casting="unsafe")  # validated: in bounds
+            np.add(flat, cols[c], out=flat, casting="unsafe")  # validated: in bounds
         out[s.key] = np.bincount(flat, minlength=size).astype(np.int64, copy=False).reshape(s.shape)
     return out

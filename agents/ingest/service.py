@@ -56,8 +56,9 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
+from aiokafka.structs import ConsumerRecord
 from mode import Service
 
 from ldpstream.agents import metrics
@@ -88,6 +89,13 @@ FORGERY_REASONS = ("unsigned", "wrong_key", "bad_signature", "wrong_collection")
 #: reports taken per poll, in deltas (``batch_reports``): 4 measured ~14 % more ingest than 1
 #: (``ldpstream bench pipeline``, 4M reports of 500 per message: 4.85M vs 4.25M reports/s)
 POLL_DELTAS = 4
+
+#: longest a fetch waits in the broker for new records (aiokafka's default is 500 ms). Apache
+#: Kafka answers a waiting fetch as soon as a record arrives; Tansu answers it on its own
+#: schedule, about 80 ms after the record (measured on loopback), which alone would take most of
+#: a quiet stream's 100 ms from publish to counted (docs/pipeline.md "Adaptive flushing"). Idle,
+#: it costs one fetch request per partition leader every 20 ms.
+FETCH_MAX_WAIT_MS = 20
 
 
 class IngestService(Service):
@@ -179,7 +187,8 @@ class IngestService(Service):
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
             rebalance_timeout_ms=max(self.session_timeout_ms, 30_000),
             max_partition_fetch_bytes=max(4 * 1_048_576, 2 * self.max_message_bytes),
-            fetch_max_bytes=64 * 1_048_576, client_id="ldpstream-ingest",
+            fetch_max_bytes=64 * 1_048_576, fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            client_id="ldpstream-ingest",
             # a report topic deleted and recreated on Apache Kafka is seen (and its new log
             # judged) at the next metadata refresh: 10 s, not aiokafka's 5 min
             metadata_max_age_ms=10_000, **self.security)
@@ -259,9 +268,11 @@ class IngestService(Service):
                 continue
             t0 = time.perf_counter()
             try:
+                # drain what the fetcher holds (up to max_records), so that it sends the next
+                # fetch now and the broker serves it while these records are counted
                 data = await consumer.getmany(
                     timeout_ms=self.poll_ms if not self.partitions.pending_reports
-                    else min(self.poll_ms, 20), max_records=self._poll_records())
+                    else min(self.poll_ms, 20), max_records=self.max_records)
             except asyncio.CancelledError:
                 raise
             except NoOffsetForPartitionError:
@@ -280,39 +291,70 @@ class IngestService(Service):
                 await asyncio.sleep(0.5)
                 continue
             t1 = time.perf_counter()
-            for tp, msgs in data.items():
-                state = self.partitions.get(tp)
-                if state is None:
-                    continue  # revoked meanwhile: its records come again to the next owner
-                before = self.partitions.pending_reports
-                await self.load(state)
-                if state.careful is not None:
-                    await self.breaker.take_carefully(state, msgs)
-                else:
-                    self.take(state, msgs)
-                self._msgs_seen += len(msgs)
-                self._reports_seen += self.partitions.pending_reports - before
+            got = sum(len(msgs) for msgs in data.values())
+            between = await self._take_all(data)
             t2 = time.perf_counter()
             now = time.monotonic()
-            await self._flush_if_due(now)
+            # fewer records than asked: nothing more is buffered, the worker has caught up
+            await self._flush_if_due(now, caught_up=got < self.max_records)
             t3 = time.perf_counter()
             if data:
                 timings = self.stats.timings
-                timings["poll"] += t1 - t0
-                timings["decode"] += t2 - t1
+                timings["poll"] += t1 - t0 + between
+                timings["decode"] += t2 - t1 - between
                 timings["flush_wait"] += t3 - t2
             await self._housekeeping(now)
 
-    async def _flush_if_due(self, now: float) -> None:
+    async def _take_all(self, data: Mapping[TopicPartition, list[ConsumerRecord]]) -> float:
+        """Hand each partition's records to the intake (or the breaker) in takes of about
+        :data:`POLL_DELTAS` deltas (:meth:`_poll_records`), so the per-take arrays stay
+        cache-sized. Between takes the event loop runs (the fetcher's next response, a flush
+        that is due); a partition revoked or reset meanwhile keeps none of the rest (it was
+        re-sought: its records come again). Returns the seconds spent between takes."""
+        between = 0.0
+        for tp, msgs in data.items():
+            state = self.partitions.get(tp)
+            if state is None:
+                continue  # revoked meanwhile: its records come again to the next owner
+            epoch = state.epoch
+            step = self._poll_records() if state.careful is None else len(msgs)
+            for at in range(0, len(msgs), step):
+                if at:
+                    t = time.perf_counter()
+                    await self._flush_if_due(time.monotonic())
+                    await asyncio.sleep(0)
+                    between += time.perf_counter() - t
+                chunk = msgs[at:at + step]
+                before = self.partitions.pending_reports
+                await self.load(state)
+                if self.partitions.get(tp) is not state or state.epoch != epoch:
+                    break
+                if state.careful is not None:
+                    await self.breaker.take_carefully(state, chunk)
+                else:
+                    self.take(state, chunk)
+                self._msgs_seen += len(chunk)
+                self._reports_seen += self.partitions.pending_reports - before
+        return between
+
+    async def _flush_if_due(self, now: float, caught_up: bool = False) -> None:
         """Every partition with something pending goes when one is due (their applies run
         concurrently: one Redis fsync serves them all); while a flush is in flight the deltas
-        grow instead, up to ``max_pending_reports``, so slow applies mean bigger deltas."""
-        due = any(s.pending is not None and (s.pending.n >= self.batch_reports
-                                             or now - s.pending.since >= self.batch_seconds)
-                  for s in self.partitions)
-        if due and (not self.applier.in_flight()
-                    or self.partitions.pending_reports >= self.max_pending_reports):
-            await self.applier.start_flush(self.partitions.with_pending())
+        grow instead, up to ``max_pending_reports``, so slow applies mean bigger deltas.
+
+        Adaptive (docs/pipeline.md "Adaptive flushing"): a delta is due at ``batch_reports``
+        reports or ``batch_seconds``, or as soon as the worker has ``caught_up`` (its poll
+        returned fewer records than asked) and no flush is in flight: a quiet stream is applied
+        when its poll returns, a busy one (full polls, or a flush still on the wire) batches."""
+        in_flight = self.applier.in_flight()
+        due = (caught_up and not in_flight) or any(
+            s.pending is not None and (s.pending.n >= self.batch_reports
+                                       or now - s.pending.since >= self.batch_seconds)
+            for s in self.partitions)
+        if due and (not in_flight or self.partitions.pending_reports >= self.max_pending_reports):
+            tps = self.partitions.with_pending()
+            if tps:
+                await self.applier.start_flush(tps)
 
     async def _housekeeping(self, now: float) -> None:
         if now - self._last_lag >= 1.0:
@@ -328,9 +370,9 @@ class IngestService(Service):
             await self._commit()
 
     def _poll_records(self) -> int:
-        """Messages to take per poll: about :data:`POLL_DELTAS` deltas' worth (``batch_reports``
-        each) at the mean reports per message seen so far, so the per-poll arrays stay
-        cache-sized whatever the batch size while the fixed cost of a poll is paid rarely."""
+        """Messages per take: about :data:`POLL_DELTAS` deltas' worth (``batch_reports`` each)
+        at the mean reports per message seen so far, so the per-take arrays stay cache-sized
+        whatever the batch size while the fixed cost of a take is paid rarely."""
         if self._msgs_seen < 100:
             return min(self.max_records, 200)
         per_msg = max(1.0, self._reports_seen / self._msgs_seen)

@@ -80,12 +80,23 @@ export function credentialOrExit(file: string | undefined, deviceId: string,
   }
 }
 
-/** Runs ``main``; an error is one line on stderr and exit status 1 (no stack trace). */
+/** An error's message with the chain of its causes ("fetch failed: ... altnames ..."). */
+function describe(exc: unknown): string {
+  const parts: string[] = [];
+  for (let e: unknown = exc, depth = 0; e !== undefined && e !== null && depth < 5; depth++) {
+    parts.push(e instanceof Error ? e.message : String(e));
+    e = e instanceof Error ? (e as Error & { cause?: unknown }).cause : undefined;
+  }
+  return parts.join(": ");
+}
+
+/** Runs ``main``; an error is one line on stderr with its causes (a TLS refusal names the
+ *  certificate's problem) and exit status 1, no stack trace. */
 export async function runMain(main: () => Promise<void>): Promise<void> {
   try {
     await main();
   } catch (exc) {
-    console.error(`error: ${exc instanceof Error ? exc.message : String(exc)}`);
+    console.error(`error: ${describe(exc)}`);
     process.exit(1);
   }
 }

@@ -193,8 +193,11 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
     if publisher is None:
         publisher = await Publisher(bootstrap).start()
     stats.idempotent = publisher.idempotent
+    # a device-counted (memoized) collection must see each device in one partition: its reports
+    # go to device_id % partitions; others keep the producer's spread of whole messages
+    routed = int(collection.partitions) if mechanism.memoization() is not None else None
     gateway = Gateway(collection.id, publisher, batch=batch, topic=collection.topic,
-                      partitions=int(collection.partitions), signer=signer)
+                      partitions=routed, signer=signer)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     t0 = loop.time()

@@ -1,6 +1,7 @@
-"""The simulated fleet sends each device's reports to one partition (``device_id % partitions``),
-so that a memoized collection counts a simulated device once, as it counts a real device that
-keys its batches (docs/privacy-over-time.md, "Memoized collections count devices")."""
+"""For a memoized (device-counted) collection the simulated fleet sends each device's reports to
+one partition (``device_id % partitions``), so that it counts a simulated device once, as it
+counts a real device that keys its batches (docs/privacy-over-time.md, "Memoized collections
+count devices")."""
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +22,9 @@ def test_a_simulated_device_lands_in_one_partition(tmp_path, kafka_broker, uniqu
     from ldpstream.producers.fleet import run_fleet
 
     cid = unique_name
-    coll = load_config(write_config(tmp_path / "c.yaml", cid, partitions=4)).collections[cid]
+    coll = load_config(write_config(tmp_path / "c.yaml", cid, partitions=4, extra={
+        "params": {"memoize": {"rotation_s": 86400}}})).collections[cid]
+    assert coll.mechanism().memoization() is not None
     devices, total = 500, 20_000
 
     async def run() -> dict[int, np.ndarray]:

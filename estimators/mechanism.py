@@ -31,6 +31,7 @@ from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels.bounds import Bound
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize
+from ldpstream.names import DEFAULT_MECHANISM, DEFAULT_NUMERIC_MECHANISM  # noqa: F401 - re-exported
 from ldpstream.suggest import did_you_mean
 
 
@@ -477,10 +478,6 @@ PROVIDERS: dict[str, str] = {
     "sw-hm": "families.numeric",
 }
 
-#: the mechanism of a collection (or ``simulate`` run) that names none
-DEFAULT_MECHANISM = "rr-ind"
-#: the mechanism of a ``simulate --numeric`` run that names none (docs/numeric.md)
-DEFAULT_NUMERIC_MECHANISM = "sw-hm"
 
 #: the classes imported so far (filled by :func:`register`); use :func:`mechanism_class`
 MECHANISMS: dict[str, type[Mechanism]] = {}

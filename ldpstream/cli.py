@@ -14,10 +14,11 @@ import threading
 from typing import Any
 
 from ldpstream.errors import CliError
-from ldpstream.estimators.mechanism import DEFAULT_MECHANISM, DEFAULT_NUMERIC_MECHANISM
 from ldpstream.names import (
     DEFAULT_BIND,
     DEFAULT_GATEWAY_PORT,
+    DEFAULT_MECHANISM,
+    DEFAULT_NUMERIC_MECHANISM,
     DEFAULT_WEB_PORT,
     ENV_CONFIG,
     ENV_REQUIRE_DEVICE_AUTH,

@@ -418,26 +418,27 @@ class Gateway:
     """Batch many devices' reports into report-batch messages of ``batch`` reports.
 
     Reports of one message share the mechanism version; :meth:`add` flushes first when the version
-    changes. With ``partitions`` (the topic's partition count), a device's reports always go to
-    partition ``device_id % partitions``, each partition with its own buffer, so a device is one
-    device to the worker: a memoized collection counts it once, not once per partition it
-    happened to land in (docs/privacy-over-time.md, "Memoized collections count devices").
+    changes. With ``by_device``, a device's reports always go to partition
+    ``device_id % n`` (``n``: the topic's partitions on the broker, read once), each partition
+    with its own buffer, so a device is one device to the worker: a memoized collection counts it
+    once, not once per partition it happened to land in (docs/privacy-over-time.md, "Memoized
+    collections count devices").
     """
 
     def __init__(self, collection: str, publisher: Publisher, *, batch: int = 500,
                  topic: str | None = None, with_device_ids: bool = True,
-                 partitions: int | None = None,
+                 by_device: bool = False,
                  signer: DeviceSigner | None = None) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
-        if partitions is not None and partitions < 1:
-            raise ValueError("partitions must be >= 1")
         self.collection = collection
         self.publisher = publisher
         self.batch = int(batch)
         self.topic = topic or reports_topic(collection)
         self.with_device_ids = with_device_ids
-        self.partitions = partitions
+        self.by_device = by_device
+        #: the topic's partitions (read from the broker before the first routed send)
+        self.partitions: int | None = None
         #: per destination partition (None: the producer's choice): buffered reports and ids
         self._reports: dict[int | None, list[np.ndarray]] = {}
         self._ids: dict[int | None, list[np.ndarray]] = {}
@@ -460,9 +461,11 @@ class Gateway:
         reports = np.asarray(reports)
         ids = (np.zeros(n, dtype=np.uint64) if device_ids is None
                else np.asarray(device_ids, dtype=np.uint64))
-        if self.partitions is None:
+        if not self.by_device:
             await self._buffer(None, reports, ids)
             return
+        if self.partitions is None:
+            self.partitions = await self.publisher.partition_count(self.topic)
         part = (ids % np.uint64(self.partitions)).astype(np.int64)
         order = np.argsort(part, kind="stable")
         bounds = np.searchsorted(part[order], np.arange(self.partitions + 1))

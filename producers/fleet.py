@@ -195,9 +195,8 @@ async def run_fleet(bootstrap: str, collection, *, data: str | None = None, devi
     stats.idempotent = publisher.idempotent
     # a device-counted (memoized) collection must see each device in one partition: its reports
     # go to device_id % partitions; others keep the producer's spread of whole messages
-    routed = int(collection.partitions) if mechanism.memoization() is not None else None
     gateway = Gateway(collection.id, publisher, batch=batch, topic=collection.topic,
-                      partitions=routed, signer=signer)
+                      by_device=mechanism.memoization() is not None, signer=signer)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     t0 = loop.time()

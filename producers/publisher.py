@@ -172,6 +172,12 @@ class Publisher:
         fut.add_done_callback(self._done)
         return fut
 
+    async def partition_count(self, topic: str) -> int:
+        """The partitions ``topic`` has on the broker (waits for its metadata, as a send does)."""
+        if self._producer is None:
+            raise PublishError("publisher not started")
+        return len(await self._producer.partitions_for(topic))
+
     def _done(self, fut: asyncio.Future) -> None:
         self._pending.discard(fut)
         self._sem.release()

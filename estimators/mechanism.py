@@ -31,7 +31,6 @@ from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels.bounds import Bound
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize
-from ldpstream.names import DEFAULT_MECHANISM, DEFAULT_NUMERIC_MECHANISM  # noqa: F401 - re-exported
 from ldpstream.suggest import did_you_mean
 
 
@@ -515,3 +514,9 @@ def mechanism_class(name: str) -> type[Mechanism]:
 def from_state(state: Mapping[str, Any]) -> Mechanism:
     """Rebuild a mechanism from :meth:`Mechanism.state` (dispatches on ``state['mechanism']``)."""
     return mechanism_class(str(state.get("mechanism"))).from_state(state)
+
+
+#: the mechanism of a collection (or ``simulate`` run) that names none
+DEFAULT_MECHANISM = "rr-ind"
+#: the mechanism of a ``simulate --numeric`` run that names none (docs/numeric.md)
+DEFAULT_NUMERIC_MECHANISM = "sw-hm"

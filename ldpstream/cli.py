@@ -17,8 +17,6 @@ from ldpstream.errors import CliError
 from ldpstream.names import (
     DEFAULT_BIND,
     DEFAULT_GATEWAY_PORT,
-    DEFAULT_MECHANISM,
-    DEFAULT_NUMERIC_MECHANISM,
     DEFAULT_WEB_PORT,
     ENV_CONFIG,
     ENV_REQUIRE_DEVICE_AUTH,
@@ -30,6 +28,9 @@ __all__ = ["CliError", "build_parser", "main"]
 
 
 def _simulate_args(p: argparse.ArgumentParser) -> None:
+    # imported here, not at the top: the CLI starts (and takes SIGTERM) before numpy loads
+    from ldpstream.estimators.mechanism import DEFAULT_MECHANISM, DEFAULT_NUMERIC_MECHANISM
+
     p.add_argument("--data", default=None,
                    help="CSV file (default: the bundled UCI Adult); '?' is a category")
     p.add_argument("--columns", default=None,
@@ -403,16 +404,17 @@ def _terminated(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:  # bare `ldpstream`: what it can do, not an error
-        parser.print_help()
-        return 0
     # SIGTERM stops a command cleanly: the long-running ones install their own handler (a clean
-    # stop); until then, and in batch commands (simulate, bench), it unwinds like Ctrl-C does
+    # stop); until then (from the first line, before the parser imports anything heavy), and in
+    # batch commands (simulate, bench), it unwinds like Ctrl-C does
     previous = signal.signal(signal.SIGTERM, _terminated) \
         if threading.current_thread() is threading.main_thread() else None
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:  # bare `ldpstream`: what it can do, not an error
+            parser.print_help()
+            return 0
         _endpoint_defaults(args)
         module = importlib.import_module(_COMMANDS[args.command])
         return int(module.main(args) or 0)

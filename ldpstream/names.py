@@ -4,7 +4,6 @@ single module, agents/store/keys.py. Every other module imports these; none repe
 from __future__ import annotations
 
 __all__ = [
-    "DEFAULT_MECHANISM", "DEFAULT_NUMERIC_MECHANISM",
     "REPORTS_TOPIC_PREFIX", "DLQ_TOPIC", "CONFIG_TOPIC", "SERVICE_TOPICS", "COMPACTED_TOPICS",
     "reports_topic", "ENV_API_TOKEN", "ENV_KAFKA_BOOTSTRAP", "ENV_REDIS_URL", "ENV_CONFIG",
     "ENV_WEB_PORT", "ENV_API_URL", "ENV_KAFKA_IDEMPOTENCE",
@@ -177,9 +176,3 @@ ACK_FLUSH_S = 2.0
 ACK_SETTLE_S = 30.0
 #: workers reconcile acknowledged and taken reports this often
 ACK_CHECK_S = 5.0
-
-
-#: the mechanism of a collection (or ``simulate`` run) that names none
-DEFAULT_MECHANISM = "rr-ind"
-#: the mechanism of a ``simulate --numeric`` run that names none (docs/numeric.md)
-DEFAULT_NUMERIC_MECHANISM = "sw-hm"

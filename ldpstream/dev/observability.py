@@ -44,7 +44,23 @@ def _get_json(url: str, timeout: float = 3.0) -> Any:
         return json.loads(resp.read())
 
 
-class PrometheusChild(_Child):
+class _ServerChild(_Child):
+    """A Prometheus-project server on loopback: ready when ``/-/ready`` answers 200."""
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def _ready(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
+            return bool(resp.status == 200)
+
+    def start(self) -> str:
+        self._spawn(60.0)
+        return self.url
+
+
+class PrometheusChild(_ServerChild):
     """``prometheus`` with a generated config: scrape ``targets`` (job ``ldpstream-workers``) and
     the MQTT bridges listed in ``bridges.json`` (job ``ldpstream-mqtt-bridge``, file discovery:
     :meth:`set_bridges` adds them while it runs), evaluate ``rule_files``, send to
@@ -76,29 +92,17 @@ class PrometheusChild(_Child):
         tmp.write_text(json.dumps([{"targets": list(targets)}] if targets else []))
         tmp.replace(self.bridges)
 
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
     def _argv(self) -> list[str]:
         return [self.binary, f"--config.file={self.config}",
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address={LOOPBACK}:{self.port}", "--log.level=warn"]
-
-    def _ready(self) -> bool:
-        with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
-            return bool(resp.status == 200)
-
-    def start(self) -> str:
-        self._spawn(60.0)
-        return self.url
 
     def alerts(self) -> list[dict[str, Any]]:
         """``/api/v1/alerts``: every pending or firing alert."""
         return list(_get_json(f"{self.url}/api/v1/alerts")["data"]["alerts"])
 
 
-class AlertmanagerChild(_Child):
+class AlertmanagerChild(_ServerChild):
     """``prometheus-alertmanager`` with ``config`` (no cluster: one instance on loopback)."""
 
     name = "alertmanager"
@@ -111,23 +115,11 @@ class AlertmanagerChild(_Child):
         self.config = workdir / "alertmanager.yml"
         shutil.copyfile(config, self.config)
 
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
     def _argv(self) -> list[str]:
         return [self.binary, f"--config.file={self.config}",
                 f"--storage.path={self.workdir / 'am-data'}",
                 f"--web.listen-address={LOOPBACK}:{self.port}", "--cluster.listen-address=",
                 "--log.level=warn"]
-
-    def _ready(self) -> bool:
-        with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
-            return bool(resp.status == 200)
-
-    def start(self) -> str:
-        self._spawn(60.0)
-        return self.url
 
     def alerts(self) -> list[dict[str, Any]]:
         """``/api/v2/alerts``: the alerts Alertmanager holds (active, silenced, inhibited)."""

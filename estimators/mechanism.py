@@ -194,6 +194,22 @@ def marginal_key(attrs: Sequence[str]) -> str:
     return "m:" + "|".join(attrs)
 
 
+def marginal_tensors(domain: Domain, marginals: Sequence[Sequence[str]],
+                     sizes: Sequence[int]) -> list[TensorSpec]:
+    """One count tensor per distinct marginal, over the report columns of its attributes, each
+    axis ``sizes[column]`` cells (the report's alphabet per column)."""
+    out, seen = [], set()
+    for attrs in marginals:
+        attrs = tuple(attrs)
+        key = marginal_key(attrs)
+        if key in seen:
+            continue
+        seen.add(key)
+        cols = domain.axes(attrs)
+        out.append(TensorSpec(key, attrs, tuple(int(sizes[c]) for c in cols), cols))
+    return out
+
+
 class CountBook(dict):
     """:data:`VersionedCounts` that also keeps the running total over every version, so that
     families whose versions share one count layout (RRBA: hundreds of block versions) combine

@@ -43,6 +43,7 @@ from ldpstream.estimators.mechanism import (
     TensorSpec,
     attribute_budget,
     marginal_key,
+    marginal_tensors,
     register,
 )
 
@@ -225,17 +226,7 @@ class Numeric(Mechanism):
 
     # --- server side ----------------------------------------------------------------------------
     def tensors(self, marginals: Sequence[Sequence[str]]) -> list[TensorSpec]:
-        out, seen = [], set()
-        bounds = self.report_bounds()
-        for attrs in marginals:
-            attrs = tuple(attrs)
-            key = marginal_key(attrs)
-            if key in seen:
-                continue
-            seen.add(key)
-            cols = self.domain.axes(attrs)
-            out.append(TensorSpec(key, attrs, tuple(int(bounds[j]) for j in cols), cols))
-        return out
+        return marginal_tensors(self.domain, marginals, self.report_bounds())
 
     def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
         """One numeric attribute (mean, distribution), one categorical (distribution), or a

@@ -59,6 +59,7 @@ from ldpstream.estimators.mechanism import (
     attribute_budget,
     histogram,
     marginal_key,
+    marginal_tensors,
     register,
 )
 from ldpstream.estimators.memo import (
@@ -132,16 +133,7 @@ class _RRBase(Mechanism):
         return np.asarray(self.domain.shape, dtype=np.int64)
 
     def tensors(self, marginals: Sequence[Sequence[str]]) -> list[TensorSpec]:
-        out, seen = [], set()
-        for attrs in marginals:
-            attrs = tuple(attrs)
-            key = marginal_key(attrs)
-            if key in seen:
-                continue
-            seen.add(key)
-            cols = self.domain.axes(attrs)
-            out.append(TensorSpec(key, attrs, tuple(self.domain.shape[c] for c in cols), cols))
-        return out
+        return marginal_tensors(self.domain, marginals, self.domain.shape)
 
     def _check_method(self, method: str) -> None:
         if method not in self.estimators:

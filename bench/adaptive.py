@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ldpstream.bench.ingest_run import ingest_rate, raw_consume, start_worker, stop_worker
+from ldpstream.bench.ingest_run import ingest_rate, raw_consume, start_worker, stop_worker, worker_env
 
 BATCH = 500
 COLUMNS = ["sex", "race", "relationship", "Salary"]
@@ -147,9 +146,7 @@ async def run(quick: bool = False, progress=None) -> dict[str, Any]:
     try:
         bootstrap, redis_url = broker.start(), redis.start()
         await create_ldp_topics(bootstrap, config.collections.values())
-        env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
-                   LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1",
-                   **{ENV_SIGNING_KEY: key.to_text()})
+        env = worker_env(bootstrap, redis_url, **{ENV_SIGNING_KEY: key.to_text()})
         store = make_store(redis_url)
         result["versions"] = await _versions_rate(bootstrap, store, cfg_path, config, env,
                                                   total, work, say)

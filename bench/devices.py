@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import sys
 import tempfile
@@ -56,8 +55,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ldpstream.bench.ingest_run import BATCH, start_worker, stop_worker
-from ldpstream.bench.pipeline import _metric_mean
+from ldpstream.bench.ingest_run import BATCH, metric_mean, start_worker, stop_worker, worker_env
 
 STEPS = (1_000_000, 3_000_000, 10_000_000)
 QUICK_STEPS = (20_000, 40_000)
@@ -322,8 +320,7 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
     try:
         bootstrap, redis_url = tansu.start(), redis.start()
         await create_ldp_topics(bootstrap, (plain, memo, side, loaded))
-        env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
-                   LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1")
+        env = worker_env(bootstrap, redis_url)
         store = make_store(redis_url)
         have = 0
         for devices in steps:
@@ -354,7 +351,7 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
                         refresh = None
                         while refresh is None and time.monotonic() < deadline:
                             await asyncio.sleep(1.0)
-                            refresh = _metric_mean(_get(port, "/metrics"),
+                            refresh = metric_mean(_get(port, "/metrics"),
                                                    "ldp_estimate_refresh_seconds", memo.id)
                         row["refresh_s"] = refresh
                         say(f"{devices:,} devices: rebalance ...")

@@ -209,3 +209,23 @@ async def quiet_probes(bootstrap: str, store: Any, coll: Any, probes: int) -> di
 
         return latency_summary(await publish_to_counted(store, coll.id, coll.partitions, send,
                                                         probes))
+
+
+def worker_env(bootstrap: str, redis_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a benchmark's worker: this process's, the broker and Redis, a short
+    group session and the HTTP API on loopback."""
+    return dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
+                LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1", **extra)
+
+
+def metric_mean(text: str, name: str, cid: str) -> float | None:
+    """The mean of histogram ``name`` of collection ``cid`` in Prometheus text (sum / count)."""
+    total = count = None
+    for line in text.splitlines():
+        if f'collection="{cid}"' not in line:
+            continue
+        if line.startswith(name + "_sum"):
+            total = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(name + "_count"):
+            count = float(line.rsplit(" ", 1)[1])
+    return total / count if total is not None and count else None

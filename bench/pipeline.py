@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -55,12 +54,14 @@ from ldpstream.bench.ingest_run import (
     BATCH,
     QUIET_P99_TARGET_S,
     ingest_rate,
+    metric_mean,
     prefill,
     quiet_probes,
     ratio_pairs,
     raw_consume,
     start_worker,
     stop_worker,
+    worker_env,
 )
 
 #: the memoized collection of step 4 and its fleet: devices reporting again and again
@@ -136,18 +137,6 @@ async def _redis_bytes(store: Any, coll: Any) -> dict[str, Any]:
             "redis_bytes_estimates": sum(by["est"]),
             "redis_bytes_steady_state": steady, "buckets_retained": retained_fine,
             "bucket_s": policy.bucket_s, "windows": [w.name for w in policy.windows]}
-
-
-def _metric_mean(text: str, name: str, cid: str) -> float | None:
-    total = count = None
-    for line in text.splitlines():
-        if f'collection="{cid}"' not in line:
-            continue
-        if line.startswith(name + "_sum"):
-            total = float(line.rsplit(" ", 1)[1])
-        elif line.startswith(name + "_count"):
-            count = float(line.rsplit(" ", 1)[1])
-    return total / count if total is not None and count else None
 
 
 async def _freshness(bootstrap: str, store: Any, coll: Any, samples: int) -> list[float]:
@@ -315,8 +304,7 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
     try:
         bootstrap, redis_url = tansu.start(), redis.start()
         await create_ldp_topics(bootstrap, (batched, single, memo, ten))
-        env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
-                   LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1")
+        env = worker_env(bootstrap, redis_url)
         store = make_store(redis_url)
         port = free_port()
 
@@ -360,7 +348,7 @@ async def run(quick: bool = False, progress=None, redis_cluster: bool = False,
             fresh = await _freshness(bootstrap, store, batched, samples)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
                 text = resp.read().decode()
-            result["refresh_seconds"] = _metric_mean(text, "ldp_estimate_refresh_seconds",
+            result["refresh_seconds"] = metric_mean(text, "ldp_estimate_refresh_seconds",
                                                      batched.id)
             result["freshness_seconds"] = statistics.median(fresh) if fresh else None
             result["freshness_samples"] = fresh

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 
 import numpy as np
@@ -34,8 +36,13 @@ def test_judge_verdicts():
     assert judge(9, m, 5, 30, None).kind is None           # mark aged out, log consistent
 
 
+@pytest.mark.parametrize("frozen", [False, True], ids=["awake", "frozen-across-restart"])
 def test_broker_losing_its_log_is_detected_and_nothing_is_skipped(
-        tmp_path, fresh_redis, spawn_worker, service_env, unique_name):
+        tmp_path, fresh_redis, spawn_worker, service_env, unique_name, frozen):
+    """``frozen``: the worker is stopped (SIGSTOP) while the broker restarts and the new log
+    fills past the stored offsets, so when it wakes its fetch from the stored position succeeds
+    on the new log; the broken connection must make it check the log before taking anything
+    (it counted those records twice, once as the old log's tail and again from the start)."""
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.dev.broker import EmbeddedBroker
@@ -76,11 +83,18 @@ def test_broker_losing_its_log_is_detected_and_nothing_is_skipped(
             stored = await store.offsets(cid, 2)
             assert sum(stored.values()) + 2 == 20  # 20 messages over 2 partitions
             # the broker loses everything (in-memory storage); topics come back empty
-            broker.stop()
-            broker.start()
-            await create_topics(broker.bootstrap, {coll.topic: 2, "ldp.dlq": 1, "ldp.config": 1},
-                                compacted={"ldp.config"})
-            second = await send(2)
+            if frozen:
+                os.kill(worker.proc.pid, signal.SIGSTOP)
+            try:
+                broker.stop()
+                broker.start()
+                await create_topics(broker.bootstrap,
+                                    {coll.topic: 2, "ldp.dlq": 1, "ldp.config": 1},
+                                    compacted={"ldp.config"})
+                second = await send(2)
+            finally:
+                if frozen:
+                    os.kill(worker.proc.pid, signal.SIGCONT)
             got = await wait_n(8000, 90)
             await asyncio.sleep(1.0)
             assert await store.n(cid, 2) == 8000, (got, worker.log_tail())

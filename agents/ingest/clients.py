@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.client import AIOKafkaClient
+from aiokafka.conn import AIOKafkaConnection, CloseReason
 
 from ldpstream.agents.ingest.partition import Partitions
 from ldpstream.redis_client import TRANSIENT_ERRORS
@@ -40,6 +42,28 @@ class Clients:
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.consumer.assignment()) if self.consumer is not None else set()
+
+
+def watch_broken_connections(consumer: AIOKafkaConsumer, on_broken: Callable[[], None]) -> None:
+    """Call ``on_broken()`` whenever one of ``consumer``'s broker connections breaks or times out.
+
+    A broker that restarts may come back with another log under the same partition (an
+    in-memory broker, a topic deleted and recreated): a fetch from the stored position can then
+    succeed on the new log, and its records would be counted as the old log's continuation
+    before any rebalance or out-of-range error makes the worker look. The connection to the old
+    broker always breaks first, so the ingest service marks its partitions suspect there and
+    takes nothing from them until their logs are checked (agents/ingest/log_identity.py).
+    aiokafka has no public hook for this; its client's close callback (bound per connection,
+    when the connection is made) is wrapped here, before the consumer starts."""
+    client: AIOKafkaClient = consumer._client
+    inner = client._on_connection_closed
+
+    def closed(conn: AIOKafkaConnection, reason: CloseReason) -> None:
+        inner(conn, reason)
+        if reason in (CloseReason.CONNECTION_BROKEN, CloseReason.CONNECTION_TIMEOUT):
+            on_broken()
+
+    client._on_connection_closed = closed
 
 
 class RedisGate:

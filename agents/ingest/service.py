@@ -67,7 +67,7 @@ from ldpstream.agents.control.control_topic import CHECK_S as CONTROL_CHECK_S
 from ldpstream.agents.control.control_topic import ControlTopics
 from ldpstream.agents.ingest.applier import OFFSET_AUDIT_S, Applier
 from ldpstream.agents.ingest.breaker import Breaker
-from ldpstream.agents.ingest.clients import Clients, RedisGate
+from ldpstream.agents.ingest.clients import Clients, RedisGate, watch_broken_connections
 from ldpstream.agents.ingest.faults import Load, Take
 from ldpstream.agents.ingest.log_check import LogCheck
 from ldpstream.agents.ingest.log_identity import KINDS as LOG_KINDS
@@ -146,6 +146,7 @@ class IngestService(Service):
         self.follow_all: Callable[[], Awaitable[set[str]]] | None = None
         self._last_commit = 0.0
         self._last_lag = 0.0
+        self._last_check = 0.0
         self._last_audit = 0.0
         for cid in collections:  # series at 0, so that the LogReset alert sees the first one
             for kind in LOG_KINDS:
@@ -193,6 +194,8 @@ class IngestService(Service):
             # judged) at the next metadata refresh: 10 s, not aiokafka's 5 min
             metadata_max_age_ms=10_000, **self.security)
         self.clients.consumer = consumer
+        watch_broken_connections(
+            consumer, lambda: self.rebalancer.suspect(self.clients.assignment()))
         consumer.subscribe(sorted(self.cid_of), listener=Listener(self.rebalancer))
         await consumer.start()
 
@@ -266,6 +269,11 @@ class IngestService(Service):
             if consumer is None:
                 await asyncio.sleep(0.05)
                 continue
+            if self.rebalancer.has_suspects() and time.monotonic() - self._last_check >= 0.5:
+                # a log to check before anything more is taken from it (a broken broker
+                # connection, an out-of-range position): its records wait, re-sought after
+                self._last_check = time.monotonic()
+                await self.rebalancer.check_suspects(self.applier.wait_flushed)
             t0 = time.perf_counter()
             try:
                 # drain what the fetcher holds (up to max_records), so that it sends the next
@@ -316,6 +324,8 @@ class IngestService(Service):
             state = self.partitions.get(tp)
             if state is None:
                 continue  # revoked meanwhile: its records come again to the next owner
+            if state.suspect:
+                continue  # its log is checked first; the check seeks it, the records come again
             epoch = state.epoch
             step = self._poll_records() if state.careful is None else len(msgs)
             for at in range(0, len(msgs), step):
@@ -327,7 +337,7 @@ class IngestService(Service):
                 chunk = msgs[at:at + step]
                 before = self.partitions.pending_reports
                 await self.load(state)
-                if self.partitions.get(tp) is not state or state.epoch != epoch:
+                if self.partitions.get(tp) is not state or state.epoch != epoch or state.suspect:
                     break
                 if state.careful is not None:
                     await self.breaker.take_carefully(state, chunk)

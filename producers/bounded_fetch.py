@@ -270,10 +270,11 @@ class BoundedRecords:
         except Exception as exc:  # noqa: BLE001 - any codec failure: the batch is unreadable
             return _replacement(batch, "decompression_bomb",
                                 f"{name} batch of {len(batch)} bytes does not decompress: {exc}")
-        buf[:_HEADER] = np.frombuffer(batch[:_HEADER], dtype=np.uint8)
-        _LENGTH.pack_into(buf, 8, _HEADER + n - _LOG_OVERHEAD)
-        _ATTRS.pack_into(buf, _ATTR_AT, _ATTRS.unpack_from(buf, _ATTR_AT)[0] & ~0x07)
-        return memoryview(buf)[:_HEADER + n]
+        out = buf.data   # the buffer's bytes (a memoryview)
+        out[:_HEADER] = batch[:_HEADER]
+        _LENGTH.pack_into(out, 8, _HEADER + n - _LOG_OVERHEAD)
+        _ATTRS.pack_into(out, _ATTR_AT, _ATTRS.unpack_from(out, _ATTR_AT)[0] & ~0x07)
+        return out[:_HEADER + n]
 
 
 def install(max_bytes: int) -> None:

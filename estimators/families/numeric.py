@@ -31,6 +31,7 @@ import numpy as np
 from scipy.stats import norm
 
 from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.kernels import device_program as dp
 from ldpstream.estimators.kernels import numeric as nm
 from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, product_channel_bound, stream, unbounded
 from ldpstream.estimators.kernels.domain import Domain, Factor
@@ -155,16 +156,26 @@ class Numeric(Mechanism):
         """P_sw (G × buckets) of attribute j."""
         return self._sw_parts[j]
 
+    def layout(self, j: int) -> tuple[nm.Task, ...]:
+        """The tasks of numeric attribute j's report column and their cells
+        (:func:`~.numeric.layout`: the one definition the channel, the randomizer, the count
+        tensors and the device description share)."""
+        return nm.layout(self.mean_mechs[j], self.eps_in[j], self.mean_share, self.mean_grid,
+                         self.buckets[j])
+
     def mean_cells(self, j: int) -> int:
-        return int(self._mean_parts[j][1].size)
+        """The cells before Square Wave's in attribute j's column (the mean mechanism's)."""
+        return self.layout(j)[-1].offset
 
     def channel(self, j: int) -> np.ndarray:
-        """The channel attribute j's reports go through: [s·P_mean, (1−s)·P_sw] (numeric),
-        GRR(ε) (categorical)."""
+        """The channel attribute j's reports go through: its tasks' channels side by side, each
+        times its weight, i.e. [s·P_mean, (1−s)·P_sw] (numeric), GRR(ε) (categorical)."""
         if not self.is_numeric(j):
             return ch.grr(self.eps_in[j], self.domain.shape[j])
-        return np.concatenate([self.mean_share * self.mean_part(j)[0],
-                               (1 - self.mean_share) * self.sw_part(j)], axis=1)
+        G = self.domain.shape[j]
+        return np.concatenate([t.weight * (self.sw_part(j) if t.kind == "sw" else
+                                           nm.task_channel(t, self.eps_in[j], G))
+                               for t in self.layout(j)], axis=1)
 
     @cached_property
     def epsilons(self) -> list[float]:
@@ -184,8 +195,38 @@ class Numeric(Mechanism):
         return len(self.domain)
 
     def report_bounds(self) -> np.ndarray:
-        return np.array([self.mean_cells(j) + k if self.is_numeric(j) else self.domain.shape[j]
-                         for j, k in enumerate(self.buckets)], dtype=np.int64)
+        return np.array([self.layout(j)[-1].offset + self.layout(j)[-1].cells
+                         if self.is_numeric(j) else self.domain.shape[j]
+                         for j in range(len(self.domain))], dtype=np.int64)
+
+    def device_program(self) -> dict[str, Any] | None:
+        """Per attribute: a categorical one GRR(ε) (``grr``); a numeric one a ``wave`` per task
+        of weight > 0 (:meth:`layout`), under a ``select`` whose ``weights`` are the tasks'
+        when there are several (docs/device-protocol.md). None when a grid exceeds
+        :data:`~.device_program.MAX_GRID`, the steps exceed the limits, or the description's
+        ε (each wave's, computed from its parameters) is not the channels' to 1e-9."""
+        steps: list[dict[str, Any]] = []
+        n_steps = 0
+        for j, (G, e) in enumerate(zip(self.domain.shape, self.eps_in)):
+            if not self.is_numeric(j):
+                steps.append(dp.channel_step([j], self.channel(j)))
+                n_steps += 1
+                continue
+            if G > dp.MAX_GRID:
+                return None
+            tasks = [t for t in self.layout(j) if t.weight > 0]
+            waves = [dp.wave_step(j, j, t.offset, t.cells, **nm.wave(t, e))  # type: ignore[arg-type]
+                     for t in tasks]
+            steps.append(waves[0] if len(waves) == 1 else
+                         dp.select_step(None, [[w] for w in waves], [t.weight for t in tasks]))
+            n_steps += len(waves) + (len(waves) > 1)
+        if n_steps > dp.MAX_STEPS:
+            return None
+        prog = dp.program(self.name, self.domain, self.report_width, steps)
+        eps = [dp.step_epsilon(s, self.domain.shape) for s in steps]
+        if any(abs(a - b) > 1e-9 * max(b, 1.0) for a, b in zip(eps, self.epsilons)):
+            return None
+        return prog
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Per attribute: the mean task with probability ``mean_share`` (its mechanism's cell),
@@ -205,8 +246,8 @@ class Numeric(Mechanism):
             cell = np.empty(len(x), dtype=np.int64)
             cell[task] = nm.sample_mean(self.mean_mechs[j], e, nm.grid_t(G)[x[task]],
                                         self.mean_grid, rng)
-            cell[~task] = self.mean_cells(j) + nm.sample_sw(e, nm.grid_v(G)[x[~task]],
-                                                            self.buckets[j], rng)
+            sw = self.layout(j)[-1]
+            cell[~task] = sw.offset + nm.sample_sw(e, nm.grid_v(G)[x[~task]], sw.cells, rng)
             out[:, j] = cell
         return out
 
@@ -455,7 +496,7 @@ class Numeric(Mechanism):
 
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
-                "domain": self.domain.to_dict(), "epsilons": list(self.eps_in),
+                "domain": self.domain.to_compact_dict(), "epsilons": list(self.eps_in),
                 "ranges": {a: list(r) for a, r in self.ranges.items()},
                 "mean": self.mean_spec, "mean_share": self.mean_share,
                 "mean_grid": self.mean_grid, "buckets": list(self.buckets)}

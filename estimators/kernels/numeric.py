@@ -37,7 +37,7 @@ __all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "du
            "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
            "auto_bins", "grid_mid", "bin_of_grid", "binned_channel", "cdf_at", "quantile", "w1_hist", "w1_samples",
            "sample_duchi", "sample_pm", "sample_sw", "round_to_grid", "epsilon", "CdfBand",
-           "unbiased_cdf"]
+           "unbiased_cdf", "Task", "layout", "task_channel", "wave"]
 
 #: the mean mechanisms, in the order :func:`choose_mean` prefers on a tie
 MEAN_MECHANISMS = ("hm", "pm", "duchi")
@@ -204,6 +204,69 @@ def mean_estimate(counts: np.ndarray, outputs: np.ndarray, level: float = 0.95) 
     se = math.sqrt(var / n)
     z = float(norm.ppf(0.5 + level / 2))
     return MeanEstimate(mu, se, mu - z * se, mu + z * se, int(n), level)
+
+
+# --- one attribute's report: its tasks and their cells ------------------------------------------
+
+@dataclass(frozen=True)
+class Task:
+    """One way a report of a numeric attribute is made: ``kind`` (``pm``, ``duchi``: the mean;
+    ``sw``: the distribution), the probability ``weight`` that a report does it, and its cells
+    ``offset`` … ``offset + cells − 1`` in the attribute's report column."""
+
+    kind: str
+    weight: float
+    offset: int
+    cells: int
+
+
+def layout(mean: str, eps: float, share: float, K: int, buckets: int) -> tuple[Task, ...]:
+    """THE cells of a numeric attribute's report column, in order: the mean mechanism's (PM's K
+    rounded points, Duchi's 2, HM's PM then Duchi), then Square Wave's ``buckets``; a report
+    does the mean task with probability ``share`` (HM: PM with α of it). The family's channel,
+    its randomizer, its count tensors and the device description all come from it (a task of
+    weight 0 keeps its cells)."""
+    if mean == "hm":
+        a = hm_alpha(eps)
+        parts = [("pm", share * a, K), ("duchi", share * (1 - a), 2)]
+    elif mean in ("pm", "duchi"):
+        parts = [(mean, share, K if mean == "pm" else 2)]
+    else:
+        raise ValueError(f"unknown mean mechanism {mean!r} (known: {', '.join(MEAN_MECHANISMS)})")
+    out, off = [], 0
+    for kind, w, k in parts + [("sw", 1 - share, buckets)]:
+        out.append(Task(kind, float(w), off, int(k)))
+        off += int(k)
+    return tuple(out)
+
+
+def task_channel(t: Task, eps: float, G: int) -> np.ndarray:
+    """``P[i, k]`` (G × t.cells) of one task on a G-point input grid."""
+    if t.kind == "pm":
+        return pm_channel(eps, grid_t(G), t.cells)[0]
+    if t.kind == "duchi":
+        return duchi_channel(eps, grid_t(G))[0]
+    return sw_channel(eps, grid_v(G), t.cells)
+
+
+def wave(t: Task, eps: float) -> dict[str, float | bool | tuple[float, float]]:
+    """The parameters of the ``wave`` step (estimators/kernels/device_program.py) that draws
+    from :func:`task_channel` on the grid position z = i/(G − 1): PM's window [l, l + C − 1],
+    l = (C + 1)·z − C, in [−C, C], hit with e^{ε/2}/(e^{ε/2} + 1), rounded to K points; Square
+    Wave's [z − b, z + b] in [−b, 1 + b], hit with 2be^ε/(2be^ε + 1), bucketed; Duchi's point
+    t = 2z − 1 rounded to the two points ±C."""
+    if t.kind == "duchi":
+        C = _duchi_c(eps)
+        return {"lo": -C, "hi": C, "at": (2.0, -1.0), "width": 0.0, "p": 1.0, "rounded": True}
+    if t.kind == "pm":
+        C, _, _ = _pm_params(eps)
+        e2 = math.exp(eps / 2)
+        return {"lo": -C, "hi": C, "at": (C + 1, -C), "width": C - 1, "p": e2 / (e2 + 1),
+                "rounded": True}
+    b = sw_b(eps)
+    e = math.exp(eps)
+    return {"lo": -b, "hi": 1 + b, "at": (1.0, -b), "width": 2 * b,
+            "p": 2 * b * e / (2 * b * e + 1), "rounded": False}
 
 
 # --- Square Wave and EMS ------------------------------------------------------------------------

@@ -151,7 +151,7 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
         br = d.get("branches")
         if depth > 0 or not isinstance(br, list) or not 1 <= len(br) <= MAX_STEPS:
             raise ProgramError(f"{field}.branches", "must be 1..64 lists of steps (not nested)")
-        weights = _weights(d.get("weights"), len(br), f"{field}.weights")
+        weights = _weights(d.get("weights"), len(br), f"{field}.weights", budget)
         return Step("select", (), (), out, branches=tuple(
             parse_steps(b, f"{field}.branches[{i}]", shape, width, depth + 1, budget, numeric)
             for i, b in enumerate(br)), weights=weights)
@@ -169,7 +169,7 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
     if op == "bloom":
         return _bloom(d, field, shape, width, budget)
     if op == "wave":
-        return _wave(d, field, shape, width, numeric)
+        return _wave(d, field, shape, width, numeric, budget)
     if op not in ("grr", "matrix", "uniform"):
         raise ProgramError(f"{field}.op", f"unknown op {op!r} (known: grr, matrix, uniform, "
                                           "copy, const, keep, bloom, wave, select, partition)")
@@ -203,14 +203,15 @@ def parse_steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int
                  for i, s in enumerate(v))
 
 
-def _weights(v: Any, n: int, field: str) -> tuple[float, ...]:
+def _weights(v: Any, n: int, field: str, budget: list[int]) -> tuple[float, ...]:
     """A select's branch weights (None: uniform): n numbers > 0 summing to 1 within 1e-9, as
-    their left-to-right cumulative sums (drawn with ``categorical``)."""
+    their left-to-right cumulative sums (drawn with ``categorical``; one matrix entry each)."""
     if v is None:
         return ()
-    if (not isinstance(v, list) or len(v) != n or not all(
+    if (not isinstance(v, list) or len(v) != n or budget[0] - n < 0 or not all(
             isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 for w in v)):
         raise ProgramError(field, f"must be null or {n} numbers > 0 (one per branch)")
+    budget[0] -= n
     acc, cum = 0.0, []
     for w in v:
         acc += float(w)
@@ -227,8 +228,9 @@ def _finite(v: Any, field: str) -> float:
 
 
 def _wave(d: dict, field: str, shape: Sequence[int], width: int,
-          numeric: Sequence[bool]) -> Step:
-    """A ``wave`` step (docs/device-protocol.md): ``wave`` = (lo, hi, at0, at1, width)."""
+          numeric: Sequence[bool], budget: list[int]) -> Step:
+    """A ``wave`` step (docs/device-protocol.md): ``wave`` = (lo, hi, at0, at1, width), which
+    count as 5 matrix entries."""
     col = d.get("in")
     if (not isinstance(col, list) or len(col) != 1 or isinstance(col[0], bool)
             or not isinstance(col[0], int) or not 0 <= col[0] < len(shape)
@@ -266,6 +268,9 @@ def _wave(d: dict, field: str, shape: Sequence[int], width: int,
         if not (left >= lo - tol and left + w <= hi + tol):
             raise ProgramError(f"{field}.at", f"the window at z = {z:g} must lie inside the "
                                               "range")
+    budget[0] -= 5
+    if budget[0] < 0:
+        raise ProgramError(f"{field}.range", "beyond the matrix entries in all (a wave holds 5)")
     return Step("wave", (col[0],), (int(shape[col[0]]),), out, p=p,
                 wave=(lo, hi, a, b, w), offset=off, cells=cells, rounded=rounded)
 

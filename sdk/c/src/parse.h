@@ -10,6 +10,7 @@
 typedef struct parser {
   ldp_program *p;
   uint32_t text_used, labels_used, cum_used, branches_used;
+  uint32_t selects;      /* select steps so far: each keeps one more branch_start, its end */
   char *err;
   size_t errlen;
 } parser;

@@ -104,7 +104,9 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     s->op = LDP_OP_SELECT;
     s->n_out = hidden ? 0 : 1;
     s->out[0] = hidden ? 0 : (uint16_t)json_integer_value(out);
-    s->first = (uint16_t)ps->branches_used;
+    /* its branches' starts and their end: after those of every select before it (each
+       select and branch is a step, so they fit in branch_start) */
+    s->first = (uint16_t)(ps->branches_used + ps->selects++);
     s->count = (uint16_t)nb;
     ldp_errf(f, sizeof f, "%s.weights", field);
     if (ldp_parse_weights(ps, json_object_get(d, "weights"), nb, f, s)) return -1;
@@ -272,7 +274,7 @@ static int parse_doc(parser *ps, json_t *d) {
 }
 
 int ldp_program_from_json(ldp_program *prog, void *json, char *err, size_t errlen) {
-  parser ps = {prog, 0, 0, 0, 0, err, errlen};
+  parser ps = {.p = prog, .err = err, .errlen = errlen};
   memset(prog, 0, offsetof(ldp_program, text));
   prog->n_steps = 0;
   prog->n_tables = 0;

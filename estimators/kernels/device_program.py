@@ -55,7 +55,8 @@ import numpy as np
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels.domain import Domain
 
-__all__ = ["PROGRAM_VERSION", "MAX_GRID", "grr_step", "wave_step", "wave_epsilon", "numeric_attribute",
+__all__ = ["PROGRAM_VERSION", "MAX_GRID", "grr_step", "wave_step", "wave_epsilon", "wave_channel",
+           "numeric_attribute",
            "attribute_size", "matrix_step", "select_step", "uniform_step",
            "copy_step", "const_step", "keep_step", "bloom_step", "program", "program_epsilon",
            "memo_fingerprint", "is_grr", "MAX_ATTRS", "MAX_WIDTH", "MAX_CELLS",
@@ -195,6 +196,46 @@ def bloom_step(col: int, start: int, B: np.ndarray, f: float) -> dict[str, Any]:
 def const_step(out: int, value: int) -> dict[str, Any]:
     """Column ``out`` set to ``value``."""
     return {"op": "const", "out": int(out), "value": int(value)}
+
+
+def wave_channel(step: Mapping[str, Any], grid: int) -> np.ndarray:
+    """The channel a ``wave`` step applies, ``P[i, k]`` (grid points × cells) from its
+    parameters alone, exactly: the output density p/width on the window of grid point i
+    (z = i/(grid − 1)) and (1 − p)/(rest of the range) elsewhere, integrated over each bucket,
+    or against each rounding grid point's hat (linear weights); a point (width 0) is its hat
+    weights. What the privacy audits compare the SDKs' draws and ε with."""
+    lo, hi = (float(v) for v in step["range"])
+    a, b = (float(v) for v in step["at"])
+    w, p, K = float(step["width"]), float(step["p"]), int(step["cells"])
+    left_edge = a * (np.arange(grid) / (grid - 1)) + b
+    rest = np.maximum(left_edge - lo, 0.0) + np.maximum(hi - (left_edge + w), 0.0)
+    dout = np.divide(1.0 - p, rest, out=np.zeros_like(rest), where=rest > 0)[:, None]
+    if step["round"]:
+        y = np.linspace(lo, hi, K)
+        h = y[1] - y[0]
+
+        def hat(u: np.ndarray) -> np.ndarray:   # ∫_{−∞}^{u} max(0, 1 − |s|) ds
+            u = np.clip(u, -1.0, 1.0)
+            return np.where(u <= 0, (1 + u) ** 2 / 2, 1 - (1 - u) ** 2 / 2)
+
+        def mass(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+            return h * (hat((v[:, None] - y) / h) - hat((u[:, None] - y) / h))
+        if w == 0.0:
+            P = np.clip(1 - np.abs(left_edge[:, None] - y) / h, 0.0, None)
+        else:
+            P = (p / w * mass(left_edge, left_edge + w)
+                 + dout * (mass(np.full(grid, lo), left_edge)
+                           + mass(left_edge + w, np.full(grid, hi))))
+    else:
+        e = np.linspace(lo, hi, K + 1)
+
+        def overlap(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+            return np.clip(np.minimum(e[1:], v[:, None]) - np.maximum(e[:-1], u[:, None]), 0.0,
+                           None)
+        P = (p / w * overlap(left_edge, left_edge + w) if w > 0 else 0.0) + dout * (
+            overlap(np.full(grid, lo), left_edge) + overlap(left_edge + w, np.full(grid, hi)))
+    P = np.asarray(P, dtype=float)
+    return P / P.sum(axis=1, keepdims=True)
 
 
 def program(family: str, domain: Domain, width: int,

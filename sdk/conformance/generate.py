@@ -53,8 +53,8 @@ NUM = Domain(("fw", "battery", "temp"), (3, 101, 33),
              (("v1", "v2", "v3"), tuple(str(i) for i in range(101)),
               tuple(f"{v:g}" for v in np.linspace(-20, 60, 33))),
              (None, (0.0, 100.0), (-20.0, 60.0)))
-#: one numeric attribute on the default grid
-NUM1 = Domain(("x",), (1025,), (tuple(f"{v:.12g}" for v in np.linspace(0, 100, 1025)),),
+#: one numeric attribute on 65 points
+NUM1 = Domain(("x",), (65,), (tuple(f"{v:.12g}" for v in np.linspace(0, 100, 65)),),
               ((0.0, 100.0),))
 #: numeric values as a device reads them (text): signs, exponents, a fraction alone, ties on
 #: the grid, values clipped below and above the range

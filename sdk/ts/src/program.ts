@@ -489,13 +489,17 @@ export class Program {
     return waveCell(this.flatSteps()[step] as Wave, i, rng);
   }
 
+  private flat: Step[] | null = null;
+
   private flatSteps(): Step[] {
-    const flat: Step[] = [];
-    for (const s of this.steps) {
-      flat.push(s);
-      if (s.op === "select") for (const b of s.branches) flat.push(...b);
+    if (this.flat === null) {
+      this.flat = [];
+      for (const s of this.steps) {
+        this.flat.push(s);
+        if (s.op === "select") for (const b of s.branches) this.flat.push(...b);
+      }
     }
-    return flat;
+    return this.flat;
   }
 
   /** One top-level grr/matrix step on an input cell: the output cell. */

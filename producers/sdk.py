@@ -341,6 +341,7 @@ class DeviceClient:
         bad record queues nothing. A transport error propagates: reports already queued stay
         buffered (and charged) and go out with the next :meth:`flush`."""
         mech = self.mechanism
+        rows: list[tuple[Any, tuple[str, ...]]]
         if mech.domain.ranges is None:
             rows = [(x, ()) for x in mech.domain.encode(records)]
         else:

@@ -3,15 +3,17 @@ description"): a small, versioned, language-neutral JSON value published inside 
 mechanism state (key ``device``), so a device SDK needs one generic interpreter instead of a copy
 of every mechanism family.
 
-A description lists the attributes with their category labels, the report width and *steps*
-applied in order to a record of category indices:
+A description lists the attributes with their category labels (a numeric attribute:
+``{min, max, grid}``, its value clipped into the range and put on the grid), the report width
+and *steps* applied in order to a record of category (or grid) indices:
 
 * ``grr``: the cell of the attributes ``in`` (mixed radix, first attribute most significant) is
   kept with probability ``p``, else replaced by one of the other cells uniformly; the result is
   written, in the same mixed radix, to the report columns ``out``.
 * ``matrix``: the cell goes through the row-stochastic matrix ``rows`` (inverse-CDF sampling).
-* ``select``: an index j uniform in ``[0, len(branches))`` is written to column ``out`` (unless
-  ``out`` is null), then the steps of branch j run.
+* ``select``: an index j uniform in ``[0, len(branches))`` (or drawn by ``weights``, one
+  probability > 0 per branch) is written to column ``out`` (unless ``out`` is null), then the
+  steps of branch j run.
 * ``uniform``: a uniform cell of the attributes ``in``, whatever the record (fake data).
 * ``keep``: the cell of ``in`` kept with probability ``p``, else a fake cell from ``fake``; the
   flat cell is written to column ``out``.

@@ -68,6 +68,17 @@ def test_the_description_is_the_family_channel(eps, mean):
     np.testing.assert_allclose(mech.channel(1), full, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_vector_waves_declare_their_channels_epsilon(name):
+    """Every wave of the conformance cases (which the C and TypeScript SDKs parse to the same ε,
+    rel 1e-12): the ε its parameters declare is the ε of the channel it applies, to 1e-9."""
+    dev = CASES[name]["device"]
+    sizes = [dp.attribute_size(lab) for lab in dev["labels"]]
+    for w in _waves(dev):
+        P = dp.wave_channel(w, sizes[w["in"][0]])
+        assert math.isclose(dp.step_epsilon(w, sizes), ch.epsilon(P), rel_tol=1e-9), w
+
+
 def test_hm_layout_is_the_samplers():
     """The family's randomizer puts HM's Duchi cells and Square Wave's where the layout says."""
     mech = Numeric.from_config(_domain(33), {"mean": "hm", "mean_share": 0.5}, epsilon=2.0)

@@ -36,6 +36,7 @@ from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, product_channel
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.mechanism import (
+    DriftTerms,
     Estimate,
     Mechanism,
     ParamError,
@@ -358,17 +359,16 @@ class Numeric(Mechanism):
         grid = np.zeros((len(labels), G))
         if method == "mean":
             y = self.mean_part(jx)[1]
-            S, D = Mc[:, :k] @ y, Mc[:, :k].sum(axis=1)
+            unit = lambda t: lo + (t + 1) / 2 * (hi - lo)  # noqa: E731
             for i, lab in enumerate(labels):
-                r = S[i] / D[i] if D[i] > 0 else 0.0
-                g = A[i][:, None] * (y[None, :] - r)            # the ratio's linearization
-                se = math.sqrt(float((g ** 2 * T[:, :k]).sum())) / D[i] if D[i] > 0 else math.inf
-                unit = lambda t: lo + (t + 1) / 2 * (hi - lo)  # noqa: E731
+                # the ratio of the category's value total to its report count, linearized
+                (r,), (se,), D = nm.ratio_stats(A[i], y, T[:, :k])
+                r = r if D > 0 else 0.0
                 w = float(np.clip((r + 1) / 2, 0, 1))
                 grid[i, 0], grid[i, -1] = 1 - w, w
                 rows.append({"category": lab, "share": float(share[i]), "mean": unit(r),
                              "mean_low": unit(r - z * se), "mean_high": unit(r + z * se),
-                             "reports": float(D[i])})
+                             "reports": D})
         else:
             sw = np.clip(Mc[:, k:], 0, None)
             for i, lab in enumerate(labels):
@@ -380,10 +380,19 @@ class Numeric(Mechanism):
                     x, _ = nm.ems(sw[i], nm.binned_channel(self.sw_part(jx), d))
                     which = nm.bin_of_grid(G, d)
                     grid[i] = x[which] / np.bincount(which, minlength=d)[which]
+                    # the quantiles' intervals: where the category's unbiased CDF (signed
+                    # counts, a ratio per edge) ± z·se reaches p, widened to hold EMS's
+                    J = self.cdf_map(jx, band_bins(d, len(sw[i])))
+                    F, se, _ = nm.ratio_stats(A[i], J, T[:, k:])
+                    e = np.linspace(0, 1, len(J))
+                    qs = {}
+                    for p, qv in zip(QUANTILES, nm.quantile(x, QUANTILES)):
+                        ql = nm.first_crossing(e, F + z * se, p)
+                        qh = nm.first_crossing(e, F - z * se, p)
+                        qs[f"{p:g}"] = [lo + float(v) * (hi - lo)
+                                        for v in (qv, min(ql, qv), max(qh, qv))]
                     row.update(bins=d, histogram=x.tolist(),
-                               mean=lo + float(x @ nm.grid_mid(d)) * (hi - lo),
-                               quantiles={f"{p:g}": lo + float(v) * (hi - lo) for p, v in
-                                          zip(QUANTILES, nm.quantile(x, QUANTILES))})
+                               mean=lo + float(x @ nm.grid_mid(d)) * (hi - lo), quantiles=qs)
                 else:
                     grid[i] = 1.0 / G
                 rows.append(row)
@@ -395,6 +404,129 @@ class Numeric(Mechanism):
         b = unbounded(joint_values)  # per-category intervals are in extra
         return Estimate(Factor(self.domain.project(attrs), joint_values), method, n,
                         self.epsilon, error_bound=b.tvd, bound=b, extra=extra)
+
+    def cdf_map(self, j: int, bins: int) -> np.ndarray:
+        """:func:`~.numeric.cdf_map` of attribute j's SW channel on ``bins`` equal bins
+        (cached: the drift test and the per-category bounds ask for it at every refresh)."""
+        key = (j, int(bins))
+        cache = self.__dict__.setdefault("_cdf_maps", {})
+        if key not in cache:
+            cache[key] = nm.cdf_map(nm.binned_channel(self.sw_part(j), int(bins)))
+        return cache[key]
+
+    def drift_terms(self, cur: Mapping[str, np.ndarray], prev: Mapping[str, np.ndarray],
+                    attrs: Sequence[str], method: str) -> DriftTerms | None:
+        """The mean (``mean``) or the three quantiles (``distribution``) of the numeric
+        attribute of ``attrs``, per category when ``attrs`` has a categorical one
+        (docs/windows.md "Numeric attributes"). A quantile moved when the share of values below
+        the two windows' pooled p-quantile x_p changed: F_cur(x_p) against F_prev(x_p), from the
+        unbiased CDF. Each is a ratio of linear functionals of the counts
+        (:func:`~.numeric.ratio_stats`); its variance under "no change" from the pooled counts,
+        at each window's size. The effect is |Δ mean| ÷ range, or |Δ F(x_p)| (a share of the
+        values: at most the TVD between the windows). A categorical attribute alone: None (the
+        GRR cells are tested)."""
+        why = self.check_marginal(attrs, method)
+        if why:
+            raise ValueError(why)
+        num = [a for a in attrs if a in self.ranges]
+        if not num:
+            return None
+        x_attr = num[0]
+        jx = self.domain.axes((x_attr,))[0]
+        if len(attrs) == 2:
+            c_attr = next(a for a in attrs if a != x_attr)
+            tabs = [np.asarray(joint(c, (c_attr, x_attr)), dtype=float) for c in (cur, prev)]
+            A = np.linalg.inv(self.channel(self.domain.axes((c_attr,))[0]).T)
+            labels: list[str | None] = list(self.domain.categories(c_attr))
+        else:
+            tabs = [np.asarray(one_way(c, x_attr), dtype=float)[None, :] for c in (cur, prev)]
+            A, labels = np.eye(1), [None]
+        n_cur, n_prev = (float(t.sum()) for t in tabs)
+        if n_cur <= 0 or n_prev <= 0:
+            raise ValueError("a window without reports has no drift")
+        k = self.mean_cells(jx)
+        cols = slice(0, k) if method == "mean" else slice(k, None)
+        pool = tabs[0] + tabs[1]
+        N = n_cur + n_prev
+        lo, hi = self.ranges[x_attr]
+        J = None if method == "mean" else self.cdf_map(jx, band_bins(BAND_BINS, self.buckets[jx]))
+        y = self.mean_part(jx)[1]
+        names, rows = [], []
+        for i, lab in enumerate(labels):
+            if method == "mean":
+                U, what, at = y[None, :], ["mean"], [None]
+            else:
+                assert J is not None
+                F, _, D = nm.ratio_stats(A[i], J, pool[:, cols])
+                if D <= 0:
+                    continue
+                xs = [nm.first_crossing(np.linspace(0, 1, len(J)), F, p) for p in QUANTILES]
+                U = np.stack([nm.edge_weights(len(J) - 1, x) @ J for x in xs])
+                what, at = [f"{p:g}" for p in QUANTILES], [lo + x * (hi - lo) for x in xs]
+            _, se_pool, D = nm.ratio_stats(A[i], U, pool[:, cols])
+            (r_cur, _, d_cur), (r_prev, _, d_prev) = (nm.ratio_stats(A[i], U, t[:, cols])
+                                                      for t in tabs)
+            if D <= 0 or d_cur <= 0 or d_prev <= 0:
+                continue   # a category without reports in a window: nothing to compare
+            for q in range(len(U)):
+                v = se_pool[q] ** 2 * N   # ∝ 1/n: from the pooled size to each window's
+                rows.append((r_cur[q], v / n_cur, r_prev[q], v / n_prev))
+                names.append(what[q] if lab is None else f"{lab}/{what[q]}")
+                if method == "mean":
+                    det = {"quantity": "mean", "current": lo + (r_cur[q] + 1) / 2 * (hi - lo),
+                           "previous": lo + (r_prev[q] + 1) / 2 * (hi - lo)}
+                else:
+                    det = {"quantity": what[q], "at": at[q], "current": r_cur[q],
+                           "previous": r_prev[q]}
+                if lab is not None:
+                    det["category"] = lab
+                rows[-1] += (det,)
+        if not rows:
+            raise ValueError(f"no reports of {x_attr!r} in both windows")
+        cur_v, cur_var, prev_v, prev_var = (np.array([r[i] for r in rows], dtype=float)
+                                            for i in range(4))
+        scale = 0.5 if method == "mean" else 1.0   # t on [−1, 1]: a share of the range
+        return DriftTerms(tuple(names), cur_v, cur_var, prev_v, prev_var,
+                          np.abs(cur_v - prev_v) * scale, tuple(r[4] for r in rows))
+
+    def summary_fields(self, est: Estimate) -> dict[str, Any]:
+        """``numeric``: what a numeric estimate serves beside its cells (docs/api.md "Numeric
+        estimates"); nothing for a categorical attribute's distribution."""
+        x = est.extra or {}
+        if "min" not in x:
+            return {}
+        iv = lambda v: {"value": v[0], "low": v[1], "high": v[2]}  # noqa: E731
+        out: dict[str, Any] = {"attribute": x.get("of", est.factor.domain.attrs[0]),
+                               "min": x["min"], "max": x["max"], "level": x["level"]}
+        if "categories" in x:
+            out["by"] = x["by"]
+            rows = []
+            for r in x["categories"]:
+                row = {"category": r["category"], "share": r["share"], "reports": r["reports"]}
+                if est.method == "mean":
+                    row["mean"] = {"value": r["mean"], "low": r["mean_low"],
+                                   "high": r["mean_high"]}
+                elif "bins" in r:
+                    row.update(mean={"value": r["mean"]}, quantiles={
+                        p: iv(v) for p, v in r["quantiles"].items()},
+                        histogram={"bins": r["bins"], "mass": r["histogram"]})
+                rows.append(row)
+            out["categories"] = rows
+        elif est.method == "mean":
+            out["mean"] = {"value": x["mean"], "low": x["mean_low"], "high": x["mean_high"],
+                           "stderr": x["stderr"], "mechanism": x["mechanism"],
+                           "reports": x["reports"]}
+        else:
+            out.update(mean={"value": x["mean"]}, reports=x["reports"],
+                       quantiles={p: iv(v) for p, v in x["quantiles"].items()},
+                       histogram={"bins": x["bins"], "mass": x["histogram"]},
+                       cdf={"at": x["cdf_at"], "value": x["cdf"], "low": x["cdf_low"],
+                            "high": x["cdf_high"]},
+                       w1_bound=x["w1_bound"], w1_bound_coverage=x["w1_coverage"])
+            if "ranges" in x:
+                out["ranges"] = [{"from": a, "to": b, "value": m, "low": lw, "high": h}
+                                 for a, b, m, lw, h in x["ranges"]]
+        return {"numeric": out}
 
     @staticmethod
     def _range_mass(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, ra: float,

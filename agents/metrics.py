@@ -166,7 +166,10 @@ ESTIMATE_FAILING = Gauge(
     "ldp_estimate_failing", "1 while the last attempt to estimate this marginal failed, else 0.",
     _EST, registry=REGISTRY)
 # numeric attributes (docs/numeric.md "Live"): summaries, not the input grid's cells
-_NUM = _EST + ["category"]   # category "": the whole population (a by-category marginal: each)
+_NUM = _EST + ["category"]   # the whole population: ALL_CATEGORIES; a by-category marginal: each
+#: the ``category`` label of a numeric gauge of the whole population (an empty label value would
+#: be no label to Prometheus, and no value of a dashboard variable)
+ALL_CATEGORIES = "(all)"
 NUMERIC_MEAN = Gauge(
     "ldp_numeric_mean", "Estimated mean of a numeric attribute (its units): the mean estimator's, "
     "or the distribution's.", _NUM, registry=REGISTRY)
@@ -258,7 +261,7 @@ def cell_labels(labels: Sequence[Sequence[str]]) -> list[str]:
 def numeric_gauges(labels: Sequence[str], numeric: dict) -> None:
     """Set the numeric gauges of one estimate (``labels``: collection, marginal, method,
     window) from its payload's ``numeric`` block (docs/api.md "Numeric estimates")."""
-    rows = numeric.get("categories") or [{"category": "", **numeric}]
+    rows = numeric.get("categories") or [{**numeric, "category": ALL_CATEGORIES}]
     for row in rows:
         lab = (*labels, str(row["category"]))
         mean = row.get("mean") or {}

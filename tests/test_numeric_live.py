@@ -290,3 +290,74 @@ def test_the_numeric_dashboard_and_the_drift_alert_against_real_prometheus(numer
         assert by_category["category"] == "a"
     finally:
         prom.stop()
+
+
+def test_memoized_numeric_reports_count_each_device_once_with_its_epsilon_per_day(
+        tmp_path, kafka_broker, redis_server):
+    """A memoized numeric collection (α-point rounding to 16 intervals, daily rotation): 3,000
+    devices each send their permanent response 3 times; the worker counts each device once (its
+    latest report), the mean's interval covers the devices' mean, and the ε a device spends per
+    day is stated, computed from the channels: 2 per rotation period (ε = 1 per attribute), 4
+    per day (a day meets two periods)."""
+    from aiokafka import AIOKafkaProducer
+
+    from ldpstream.config import load_config
+    from ldpstream.producers.codec import encode_batch
+
+    cid = f"nummemo-{os.getpid()}"
+    cfg = tmp_path / "memo.yaml"
+    cfg.write_text(yaml.safe_dump({"collections": [{
+        "id": cid, "schema": {"attributes": {
+            "fw": ["a", "b", "c"], "battery": {"numeric": {"min": RANGE[0], "max": RANGE[1]}}}},
+        "mechanism": "sw-hm", "epsilon": 1.0, "partitions": 1,
+        "params": {"memoize": {"rotation_s": 86400}, "alpha_points": 16},
+        "marginals": [["battery"]], "estimators": ["mean"], "windows": ["all"],
+        "refresh_interval_s": 0.5}]}, sort_keys=False))
+    coll = load_config(str(cfg)).collections[cid]
+    mech = coll.mechanism()
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_broker.bootstrap,
+               REDIS_URL=redis_server.url, LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1",
+               LDP_APP_ID=f"ldp-{cid}")
+    worker = WorkerProcess(str(cfg), env, str(tmp_path / "worker.log"))
+    devices = 3_000
+    rng = np.random.default_rng(12)
+    ids = np.arange(1, devices + 1, dtype=np.uint64)
+    idx, _ = mech.encode(population(devices, rng, later=False))
+    perm = mech.memoization().responses(idx, ids, 0, rng)   # each device's permanent response
+
+    async def send() -> None:
+        pub = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all")
+        await pub.start()
+        try:
+            futs = [await pub.send(coll.topic, encode_batch(cid, mech.version, perm[s:s + 500],
+                                                            device_ids=ids[s:s + 500]))
+                    for _ in range(3) for s in range(0, devices, 500)]
+            await asyncio.gather(*futs)
+        finally:
+            await pub.stop()
+    try:
+        worker.wait_ready(90)
+        status, info = api(worker.url, f"/collections/{cid}")
+        assert info["longitudinal"]["memoized"] and info["over_time"]["counted_by"] == "device"
+        assert info["epsilon_per_record"] == pytest.approx(mech.epsilon) == pytest.approx(2.0)
+        assert info["epsilon_per_day"] == pytest.approx(2 * info["epsilon_per_record"])
+        asyncio.run(send())
+        deadline = time.monotonic() + 30
+        while api(worker.url, f"/collections/{cid}")[1]["n"] < 3 * devices:   # reports taken
+            assert time.monotonic() < deadline, worker.log_tail()
+            time.sleep(0.2)
+        taken = time.time()
+        est: dict = {}
+        while time.monotonic() < deadline:   # a refresh after the last report was counted
+            status, est = api(worker.url, f"/estimates/{cid}?attrs=battery&method=mean")
+            if status == 200 and est["updated_at"] > taken:
+                break
+            time.sleep(0.2)
+        # each device once, at its latest report: those whose permanent response is a mean cell
+        assert est["n"] == int((perm[:, 1] < mech.mean_cells(1)).sum()), est["n"]
+        m = est["numeric"]["mean"]
+        truth = on_grid(mech, idx).mean()
+        assert m["low"] < truth < m["high"], (m, truth)
+        assert m["reports"] == est["n"] and est["epsilon_per_day"] == pytest.approx(4.0)
+    finally:
+        worker.stop()

@@ -39,6 +39,7 @@ from ldpstream.estimators.mechanism import (
     DriftTerms,
     Estimate,
     Mechanism,
+    Memoization,
     ParamError,
     Params,
     TensorSpec,
@@ -47,8 +48,11 @@ from ldpstream.estimators.mechanism import (
     marginal_tensors,
     register,
 )
+from ldpstream.estimators.memo import memoize_of, memoize_param, memoize_state
+from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize
 
-__all__ = ["Numeric", "sw_buckets", "band_bins", "numeric_domain", "QUANTILES", "SEED"]
+__all__ = ["Numeric", "sw_buckets", "band_bins", "numeric_domain", "QUANTILES", "SEED",
+           "ALPHA_POINTS", "rounding_points", "rounding_matrix", "device_alpha", "alpha_round"]
 
 #: the quantiles every distribution estimate serves (with intervals)
 QUANTILES = (0.5, 0.9, 0.99)
@@ -60,6 +64,51 @@ SEED = 31_337
 BAND_BINS = 32
 #: default points of the PM output grid
 MEAN_GRID = 129
+
+
+#: intervals of α-point rounding of a memoized collection (docs/numeric.md "Memoization")
+ALPHA_POINTS = 16
+
+
+def rounding_points(G: int, s: int) -> np.ndarray:
+    """The grid indices of the s + 1 evenly spaced points of α-point rounding (the range's ends
+    among them) on a G-point grid."""
+    return np.unique(np.round(np.linspace(0, G - 1, int(s) + 1)).astype(np.int64))
+
+
+def rounding_matrix(G: int, pts: np.ndarray) -> np.ndarray:
+    """R (G × G): grid point x goes to the rounding point above it with probability its
+    distance from the one below over their spacing, else to the one below — α-point rounding
+    with α uniform, as the server sees it over a population (unbiased: E[rounded] = x)."""
+    x = np.arange(G)
+    k = np.clip(np.searchsorted(pts, x, side="right") - 1, 0, len(pts) - 2)
+    up = (x - pts[k]) / (pts[k + 1] - pts[k])
+    R = np.zeros((G, G))
+    R[x, pts[k]] += 1 - up
+    R[x, pts[k + 1]] += up
+    return R
+
+
+def device_alpha(device_ids: np.ndarray, j: int) -> np.ndarray:
+    """Each device's α ∈ [0, 1) for attribute j, fixed for ever (a hash of its id: the same on
+    every report and after a restart; uniform over a fleet)."""
+    z = np.asarray(device_ids, dtype=np.uint64) + np.uint64((int(j) + 1) * 0x9E3779B97F4A7C15
+                                                            % 2 ** 64)
+    with np.errstate(over="ignore"):   # splitmix64's finalizer, modulo 2⁶⁴
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(2 ** 53)
+
+
+def alpha_round(x: np.ndarray, pts: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """α-point rounding [Ding et al., NeurIPS 2017, §3]: grid index x to the rounding point
+    below it, or above it when its fraction of the way there exceeds α. A rounding point stays
+    itself; with α uniform the rounding is unbiased."""
+    x = np.asarray(x, dtype=np.int64)
+    k = np.clip(np.searchsorted(pts, x, side="right") - 1, 0, len(pts) - 2)
+    frac = (x - pts[k]) / (pts[k + 1] - pts[k])
+    return np.where(frac > np.asarray(alpha), pts[k + 1], pts[k])
 
 
 def sw_buckets(eps: float) -> int:
@@ -108,6 +157,7 @@ class Numeric(Mechanism):
     def __init__(self, domain: Domain, ranges: Mapping[str, tuple[float, float]],
                  epsilon: float | Sequence[float], *, mean: str = "auto", mean_share: float = 0.5,
                  buckets: int | None = None, mean_grid: int = MEAN_GRID,
+                 memoize: Memoize | None = None, alpha_points: int = ALPHA_POINTS,
                  version: int = 0) -> None:
         super().__init__(domain, version)
         m = len(domain)
@@ -131,6 +181,16 @@ class Numeric(Mechanism):
         self.mean_mechs = [nm.choose_mean(e, self.mean_grid) if mean == "auto" else mean
                            for e in eps]
         self.buckets = [int(buckets) if buckets else sw_buckets(e) for e in eps]
+        if memoize is not None and memoize.instantaneous_epsilon is not None:
+            raise ParamError("memoize.instantaneous_epsilon", "sw-hm memoizes without an "
+                                                              "instantaneous layer")
+        #: memoized (docs/numeric.md "Memoization"): each numeric value α-point rounded to
+        #: ``alpha_points`` intervals first, its permanent response drawn once per rounded value
+        self.memoize = memoize
+        self.alpha_points = int(alpha_points)
+        self.points = {j: rounding_points(G, self.alpha_points)
+                       for j, G in enumerate(domain.shape) if self.is_numeric(j)} \
+            if memoize is not None else {}
 
     # --- channels -------------------------------------------------------------------------------
     def is_numeric(self, j: int) -> bool:
@@ -140,15 +200,24 @@ class Numeric(Mechanism):
         """(P_mean (G × Km), outputs on [−1, 1]'s scale) of attribute j."""
         return self._mean_parts[j]
 
+    def _rounded(self, j: int, P: np.ndarray) -> np.ndarray:
+        """``P`` (G × cells) behind attribute j's α-point rounding when memoized (R·P)."""
+        if j not in self.points:
+            return P
+        return rounding_matrix(self.domain.shape[j], self.points[j]) @ P
+
     @cached_property
     def _mean_parts(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        return {j: nm.mean_channel(mm, e, nm.grid_t(G), self.mean_grid)
-                for j, (mm, e, G) in enumerate(zip(self.mean_mechs, self.eps_in,
-                                                   self.domain.shape)) if self.is_numeric(j)}
+        out = {}
+        for j, (mm, e, G) in enumerate(zip(self.mean_mechs, self.eps_in, self.domain.shape)):
+            if self.is_numeric(j):
+                P, y = nm.mean_channel(mm, e, nm.grid_t(G), self.mean_grid)
+                out[j] = (self._rounded(j, P), y)
+        return out
 
     @cached_property
     def _sw_parts(self) -> dict[int, np.ndarray]:
-        return {j: nm.sw_channel(e, nm.grid_v(G), k)
+        return {j: self._rounded(j, nm.sw_channel(e, nm.grid_v(G), k))
                 for j, (e, G, k) in enumerate(zip(self.eps_in, self.domain.shape, self.buckets))
                 if self.is_numeric(j)}
 
@@ -179,6 +248,25 @@ class Numeric(Mechanism):
     def epsilon_per_attribute(self) -> float:
         return float(max(self.epsilons))
 
+    def guarantee(self) -> Guarantee:
+        """Fresh: ε per report. Memoized: ε per rounded value and rotation period, the channels'
+        own (computed), so a device whose values stay within their rounding intervals spends
+        the record's ε once per period (docs/numeric.md "Memoization")."""
+        if self.memoize is None:
+            return Guarantee.fresh(self.epsilon)
+        return Guarantee.memoized_channels([self.channel(j) for j in range(len(self.domain))],
+                                           None, self.memoize)
+
+    def memoization(self) -> Memoization | None:
+        """Per attribute and value, the permanent response through the attribute's channel (the
+        value α-point rounded with the device's α first); no instantaneous layer."""
+        if self.memoize is None:
+            return None
+        return Memoization(self.memoize, [self.channel(j) for j in range(len(self.domain))],
+                           lambda permanent, rng: np.asarray(permanent),
+                           draw=lambda records, ids, period, rng: self.randomize_device(
+                               records, ids, rng))
+
     # --- device side ----------------------------------------------------------------------------
     @property
     def report_width(self) -> int:
@@ -190,7 +278,13 @@ class Numeric(Mechanism):
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Per attribute: the mean task with probability ``mean_share`` (its mechanism's cell),
-        else SW's bucket shifted past the mean cells; the direct samplers of the channels."""
+        else SW's bucket shifted past the mean cells; the direct samplers of the channels.
+        Memoized: each numeric value α-point rounded first, with a fresh α
+        (:meth:`randomize_device`: the device's own)."""
+        return self._randomize(records, rng, None)
+
+    def _randomize(self, records: np.ndarray, rng: np.random.Generator,
+                   device_ids: np.ndarray | None) -> np.ndarray:
         records = np.asarray(records)
         if records.ndim != 2 or records.shape[1] != len(self.domain):
             raise ValueError(f"records must be (n, {len(self.domain)}), got {records.shape}")
@@ -202,6 +296,9 @@ class Numeric(Mechanism):
             if not self.is_numeric(j):
                 out[:, j] = ch.randomize(x, self.channel(j), rng)
                 continue
+            if j in self.points:
+                x = alpha_round(x, self.points[j], rng.random(len(x)) if device_ids is None
+                                else device_alpha(device_ids, j))
             task = rng.random(len(x)) < self.mean_share
             cell = np.empty(len(x), dtype=np.int64)
             cell[task] = nm.sample_mean(self.mean_mechs[j], e, nm.grid_t(G)[x[task]],
@@ -209,6 +306,20 @@ class Numeric(Mechanism):
             cell[~task] = self.mean_cells(j) + nm.sample_sw(e, nm.grid_v(G)[x[~task]],
                                                             self.buckets[j], rng)
             out[:, j] = cell
+        return out
+
+    def randomize_device(self, records: np.ndarray, device_ids: np.ndarray,
+                         rng: np.random.Generator) -> np.ndarray:
+        """:meth:`randomize` with each device's own α (memoized; else the ids are unused)."""
+        return self._randomize(records, rng, np.asarray(device_ids, dtype=np.uint64))
+
+    def device_records(self, records: np.ndarray, device_ids: np.ndarray) -> np.ndarray:
+        """Memoized: grid indices ``(n, m)`` α-point rounded with each device's α — what a
+        device memoizes under (a value that stays between its rounding points keeps its
+        permanent response); unchanged when not memoized."""
+        out = np.array(records, dtype=np.int64)
+        for j, pts in self.points.items():
+            out[:, j] = alpha_round(out[:, j], pts, device_alpha(device_ids, j))
         return out
 
     def encode(self, values: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
@@ -554,7 +665,18 @@ class Numeric(Mechanism):
         share = pr.number("mean_share", 0.5, ge=0.0, le=1.0)
         buckets = pr.integer("buckets", None, ge=8, le=4096)
         grid = pr.integer("mean_grid", MEAN_GRID, ge=3, le=4097)
+        raw_memo = pr.value("memoize")
+        points = pr.integer("alpha_points", None, ge=1, le=1024)
         pr.done()
+        if raw_memo is not None and isinstance(raw_memo, Mapping) and raw_memo.get(
+                "instantaneous_epsilon") is not None:
+            raise ParamError("memoize.instantaneous_epsilon",
+                             "sw-hm memoizes without an instantaneous layer (its outputs are "
+                             "hundreds of cells: a GRR over them would drown the report)")
+        memoize = None if raw_memo is None else memoize_param(raw_memo, lambda e: (e,))
+        if points is not None and memoize is None:
+            raise ParamError("alpha_points", "α-point rounding is for memoized collections: "
+                                             "set memoize too")
         if raw is not None and not isinstance(raw, Mapping):
             raise ParamError("ranges", f"must be {{attribute: {{min: a, max: b}}}} (got {raw!r})")
         raw = raw or {}
@@ -568,7 +690,7 @@ class Numeric(Mechanism):
         return cls(domain, ranges, attribute_budget(epsilon, epsilon_scope, len(domain)),
                    mean=str(mean), mean_share=0.5 if share is None else share,
                    buckets=buckets, mean_grid=MEAN_GRID if grid is None else grid,
-                   version=version)
+                   memoize=memoize, alpha_points=points or ALPHA_POINTS, version=version)
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "Numeric":
@@ -576,6 +698,8 @@ class Numeric(Mechanism):
                    {a: (float(r[0]), float(r[1])) for a, r in state["ranges"].items()},
                    state["epsilons"], mean=state["mean"], mean_share=float(state["mean_share"]),
                    buckets=None, mean_grid=int(state["mean_grid"]),
+                   memoize=memoize_of(state),
+                   alpha_points=int(state.get("alpha_points", ALPHA_POINTS)),
                    version=int(state.get("version", 0))).with_buckets(state["buckets"])
 
     def with_buckets(self, buckets: Sequence[int]) -> "Numeric":
@@ -590,7 +714,9 @@ class Numeric(Mechanism):
                 "domain": self.domain.to_dict(), "epsilons": list(self.eps_in),
                 "ranges": {a: list(r) for a, r in self.ranges.items()},
                 "mean": self.mean_spec, "mean_share": self.mean_share,
-                "mean_grid": self.mean_grid, "buckets": list(self.buckets)}
+                "mean_grid": self.mean_grid, "buckets": list(self.buckets),
+                **memoize_state(self.memoize),
+                **({"alpha_points": self.alpha_points} if self.memoize is not None else {})}
 
 
 def joint(counts: Mapping[str, np.ndarray], attrs: tuple[str, str]) -> np.ndarray:

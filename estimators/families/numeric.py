@@ -516,14 +516,17 @@ class Numeric(Mechanism):
         return Estimate(Factor(self.domain.project(attrs), joint_values), method, n,
                         self.epsilon, error_bound=b.tvd, bound=b, extra=extra)
 
+    @cached_property
+    def _cdf_maps(self) -> dict[tuple[int, int], np.ndarray]:
+        return {}
+
     def cdf_map(self, j: int, bins: int) -> np.ndarray:
         """:func:`~.numeric.cdf_map` of attribute j's SW channel on ``bins`` equal bins
         (cached: the drift test and the per-category bounds ask for it at every refresh)."""
         key = (j, int(bins))
-        cache = self.__dict__.setdefault("_cdf_maps", {})
-        if key not in cache:
-            cache[key] = nm.cdf_map(nm.binned_channel(self.sw_part(j), int(bins)))
-        return cache[key]
+        if key not in self._cdf_maps:
+            self._cdf_maps[key] = nm.cdf_map(nm.binned_channel(self.sw_part(j), int(bins)))
+        return self._cdf_maps[key]
 
     def drift_terms(self, cur: Mapping[str, np.ndarray], prev: Mapping[str, np.ndarray],
                     attrs: Sequence[str], method: str) -> DriftTerms | None:
@@ -604,7 +607,7 @@ class Numeric(Mechanism):
         """``numeric``: what a numeric estimate serves beside its cells (docs/api.md "Numeric
         estimates"); nothing for a categorical attribute's distribution."""
         x = est.extra or {}
-        if "min" not in x:
+        if "min" not in x:   # a categorical attribute's GRR distribution: its cells say it all
             return {}
         iv = lambda v: {"value": v[0], "low": v[1], "high": v[2]}  # noqa: E731
         out: dict[str, Any] = {"attribute": x.get("of", est.factor.domain.attrs[0]),
@@ -705,8 +708,8 @@ class Numeric(Mechanism):
     def with_buckets(self, buckets: Sequence[int]) -> "Numeric":
         """This state with the SW bucket count of every attribute set."""
         self.buckets = [int(b) for b in buckets]
-        self.__dict__.pop("_sw_parts", None)
-        self.__dict__.pop("epsilons", None)
+        for cached in ("_sw_parts", "_cdf_maps", "epsilons"):
+            self.__dict__.pop(cached, None)
         return self
 
     def state(self) -> dict[str, Any]:

@@ -191,6 +191,11 @@ def install(app: Any, worker: Worker) -> History:
                                        f"configured marginal of collection {collection!r}, nor "
                                        f"distinct ones of one",
                                   marginals=[",".join(m) for m in coll.marginals])
+            why = ctx.collections[collection].current.check_marginal(attrs, method) if len(
+                stored) > len(attrs) else None
+            if why is not None:   # as /estimates: e.g. the mean of a categorical attribute
+                return self.error(400, f"attrs {','.join(attrs)} with {method!r}: {why}",
+                                  marginals=[",".join(m) for m in coll.marginals])
             try:  # since: only the points after it (the page polls for what is new)
                 since = float(request.query.get("since", "-inf"))
             except ValueError:

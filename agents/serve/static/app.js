@@ -417,16 +417,18 @@ function drawDrift(hist, versions, failures) {
   const last = pts[pts.length - 1];
   const alarms = pts.filter((p) => p.drift_alarm);
   st.setAttribute("data-alarm", String(!!last.drift_alarm));
-  const detail = state.estimate && state.estimate.updated_at === last.updated_at ? state.estimate.drift_detail : null;
-  if (last.drift_alarm && detail) {   // a numeric estimate: which mean or quantile moved
-    const d = unitDigits(state.estimate.numeric.min, state.estimate.numeric.max);
-    const moved = detail.filter((q) => q.z > last.drift_threshold).map((q) => {
+  // a numeric estimate: the answer itself (the newest refresh) says which mean or quantile moved
+  const est = state.estimate && state.estimate.numeric && state.estimate.drift_detail ? state.estimate : null;
+  if (est && est.drift_alarm) {
+    const d = unitDigits(est.numeric.min, est.numeric.max);
+    const moved = est.drift_detail.filter((q) => q.z > est.drift_threshold).map((q) => {
       const who = `${q.category != null ? `${q.category}: ` : ""}${q.quantity === "mean" ? "mean" : qName(q.quantity)}`;
       return q.quantity === "mean" ? `${who} ${fmt(q.previous, d)} → ${fmt(q.current, d)}`
         : `${who} (the share of values below ${fmt(q.at, d)}, the two windows' ${qName(q.quantity)}, went ${fmt(q.previous, 3)} → ${fmt(q.current, 3)})`;
     });
     st.className = "alarm";
-    st.textContent = `Drift alarm: statistic ${fmt(last.drift_statistic, 2)} is above its threshold ${fmt(last.drift_threshold, 2)}; moved: ${moved.join("; ")}.`;
+    st.setAttribute("data-alarm", "true");
+    st.textContent = `Drift alarm: statistic ${fmt(est.drift_statistic, 2)} is above its threshold ${fmt(est.drift_threshold, 2)}; moved: ${moved.join("; ")}.`;
   } else if (last.drift_alarm) {
     st.className = "alarm";
     st.textContent = `Drift alarm: statistic ${fmt(last.drift_statistic, 2)} is above its threshold ${fmt(last.drift_threshold, 2)} (total-variation change ${fmt(last.drift_tvd, 3)}).`;

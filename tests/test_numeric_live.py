@@ -207,7 +207,7 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
 def test_the_page_shows_a_numeric_distribution_and_the_mean_over_time(numeric_stack, browser):  # noqa: F811
     worker, cid = numeric_stack["worker"], numeric_stack["cid"]
     browser.get(f"{worker.url}/?poll=400#c={cid}&m=battery&e=distribution&w=1m")
-    wait(lambda: browser.find_elements("css selector", "#estimate-chart g.quantile"), 20,
+    wait(lambda: browser.find_elements("css selector", "#estimate-chart g.quantile"), 30,
          "the quantile marks of the CDF")
     status, est = api(worker.url, f"/estimates/{cid}?attrs=battery&method=distribution&window=1m")
 
@@ -222,20 +222,21 @@ def test_the_page_shows_a_numeric_distribution_and_the_mean_over_time(numeric_st
                           f"/estimates/{cid}?attrs=battery&method=distribution&window=1m")
         rows = table()
         return all(rows.get(p) == q["value"] for p, q in est["numeric"]["quantiles"].items())
-    wait(same_as_api, 10, "the page's quantiles equal the API's")
+    wait(same_as_api, 30, "the page's quantiles equal the API's")
     assert table()["w1_bound"] == est["numeric"]["w1_bound"]
     assert browser.find_elements("css selector", '#estimate-chart path[data-band="cdf"]')
     assert len(browser.find_elements("css selector", "#estimate-chart g.histogram rect")) == \
         est["numeric"]["histogram"]["bins"]
     assert not browser.find_element("id", "cells").is_displayed()   # no grid cells to follow
-    wait(lambda: "median" in field(browser, "#drift-state"), 10, "the drift alarm naming the median")
+    wait(lambda: "median" in field(browser, "#drift-state"), 30,
+         "the drift alarm naming the median")
     assert "alarm" in (browser.find_element("id", "drift-state").get_attribute("class") or "")
     shot(browser, "numeric-distribution")
 
     browser.get(f"{worker.url}/?poll=400#c={cid}&m=battery&e=mean&w=1m")
     wait(lambda: browser.find_elements("css selector", '#estimate-chart g.interval[data-cell="mean"]'),
-         20, "the mean with its interval")
-    wait(lambda: len(browser.find_elements("css selector", "#history-chart path.band")) >= 1, 20,
+         30, "the mean with its interval")
+    wait(lambda: len(browser.find_elements("css selector", "#history-chart path.band")) >= 1, 30,
          "the mean over time with its interval band (two refreshes)")
     status, est = api(worker.url, f"/estimates/{cid}?attrs=battery&method=mean&window=1m")
     mark = browser.find_element("css selector", '#estimate-chart g.interval[data-cell="mean"]')
@@ -243,7 +244,7 @@ def test_the_page_shows_a_numeric_distribution_and_the_mean_over_time(numeric_st
         <= float(mark.get_attribute("data-high"))
     assert field(browser, '#summary dd[data-field="mean_mechanism"]') == "hm"
     drift = wait(lambda: "mean" in field(browser, "#drift-state") and field(browser, "#drift-state"),
-                 10, "the drift alarm naming the mean")
+                 30, "the drift alarm naming the mean")
     assert drift.startswith("Drift alarm"), drift
     shot(browser, "numeric-mean")
 

@@ -364,38 +364,32 @@ function drawHistory(hist) {
     + "of the window with its 95 % interval (shaded), in the attribute's units; dashed lines mark a change of "
     + "the mechanism version, red crosses a refresh that failed.";
   else if (cap.innerHTML !== cap.dataset.cells) cap.innerHTML = cap.dataset.cells;
-  if (numeric) {
-    const versions = [];
-    pts.forEach((p, i) => {
-      if (i && p.version !== pts[i - 1].version) versions.push({ t: p.updated_at, short: `v${p.version}`, text: `mechanism version ${pts[i - 1].version} → ${p.version}` });
-    });
-    const failures = pts.filter((p) => p.error != null).map((p) => ({ t: p.updated_at, text: p.error }));
-    const box = $("history-chart");
-    if (!pts.length) box.replaceChildren(h("p", { class: "message empty", text: "No history yet: this worker records each refresh of the estimate from the moment it starts." }));
-    else box.replaceChildren(timeSeries({ series: numericSeries(pts), versions, failures,
-      label: `History of ${hist.method === "mean" ? "the mean" : "the quantiles"} of ${hist.attrs.join(" × ")} with their 95 % intervals`,
-      yLabel: (state.estimate && state.estimate.numeric && state.estimate.numeric.attribute) || "value" }));
-    drawDrift(hist, versions, failures);
-    return;
-  }
-  const keys = pts.length && pts[pts.length - 1].cells ? flatten(pts[pts.length - 1].cells, hist.labels).map((c) => c.key)
-    : state.estimate ? flatten(state.estimate.cells, state.estimate.labels).map((c) => c.key) : [];
-  cellChoices(keys);
   const versions = [];
   pts.forEach((p, i) => {
     if (i && p.version !== pts[i - 1].version) versions.push({ t: p.updated_at, short: `v${p.version}`, text: `mechanism version ${pts[i - 1].version} → ${p.version}` });
   });
   const failures = pts.filter((p) => p.error != null).map((p) => ({ t: p.updated_at, text: p.error }));
-  const series = [...state.cells].filter((k) => keys.includes(k)).map((k) => ({ name: k, points: pts.filter((p) => p.cells).map((p) => {
-    const v = flatten(p.cells, hist.labels).find((c) => c.key === k).v, b = p.error_bound;
-    // no cell is off by more than the TVD: ± error_bound holds every cell at once (≥ 95 %)
-    return { t: p.updated_at, v, lo: b == null ? null : v - b, hi: b == null ? null : v + b };
-  }) }));
+  let chart;
+  if (numeric) {   // the mean or the quantiles with their intervals, in the attribute's units
+    chart = () => timeSeries({ series: numericSeries(pts), versions, failures,
+      label: `History of ${hist.method === "mean" ? "the mean" : "the quantiles"} of ${hist.attrs.join(" × ")} with their 95 % intervals`,
+      yLabel: (state.estimate && state.estimate.numeric && state.estimate.numeric.attribute) || "value" });
+  } else {
+    const keys = pts.length && pts[pts.length - 1].cells ? flatten(pts[pts.length - 1].cells, hist.labels).map((c) => c.key)
+      : state.estimate ? flatten(state.estimate.cells, state.estimate.labels).map((c) => c.key) : [];
+    cellChoices(keys);
+    const series = [...state.cells].filter((k) => keys.includes(k)).map((k) => ({ name: k, points: pts.filter((p) => p.cells).map((p) => {
+      const v = flatten(p.cells, hist.labels).find((c) => c.key === k).v, b = p.error_bound;
+      // no cell is off by more than the TVD: ± error_bound holds every cell at once (≥ 95 %)
+      return { t: p.updated_at, v, lo: b == null ? null : v - b, hi: b == null ? null : v + b };
+    }) }));
+    chart = () => timeSeries({ series, versions, failures, label: `History of the chosen cells of ${hist.attrs.join(" × ")}`, yLabel: "share", unit: true });
+  }
   const box = $("history-chart");
   if (!pts.length) {
     box.replaceChildren(h("p", { class: "message empty", text: "No history yet: this worker records each refresh of the estimate from the moment it starts." }));
   } else {
-    box.replaceChildren(timeSeries({ series, versions, failures, label: `History of the chosen cells of ${hist.attrs.join(" × ")}`, yLabel: "share", unit: true }));
+    box.replaceChildren(chart());
   }
   drawDrift(hist, versions, failures);
 }

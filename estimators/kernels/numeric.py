@@ -358,6 +358,33 @@ def auto_bins(eps: float, n: int, *, lo: int = 16, hi: int = 1024) -> int:
     return int(min(hi, max(lo, 2 ** round(math.log2(d)))))
 
 
+def edge_weights(d: int, x: float) -> np.ndarray:
+    """Linear interpolation weights of the point x ∈ [0, 1] on the d + 1 edges of d equal
+    bins."""
+    pos = float(np.clip(x, 0, 1)) * d
+    k = min(int(pos), d - 1)
+    w = np.zeros(d + 1)
+    w[k], w[k + 1] = 1 - (pos - k), pos - k
+    return w
+
+
+def ratio_stats(a: np.ndarray, U: np.ndarray, T: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                       float]:
+    """Per row u of ``U`` (q × cells), the ratio r = u·m / Σm of the unbiased counts m = a·T
+    of one category (``a``: its row of the inverse categorical channel, ``T``: categories ×
+    cells counted; one category: a = [1], T = counts[None]) with its standard error (delta
+    method, Poisson variance of T), and Σm. A mean is u = the outputs; a CDF value u = its
+    row of :func:`cdf_map`. Σm ≤ 0: NaN ratios, infinite errors."""
+    a, U, T = (np.asarray(v, dtype=float) for v in (a, np.atleast_2d(U), T))
+    m = a @ T
+    D = float(m.sum())
+    if D <= 0:
+        return np.full(len(U), np.nan), np.full(len(U), np.inf), D
+    r = U @ m / D
+    g = a[None, :, None] * (U[:, None, :] - r[:, None, None])
+    return r, np.sqrt((g ** 2 * T[None]).sum(axis=(1, 2))) / D, D
+
+
 @dataclass(frozen=True)
 class CdfBand:
     """The unbiased CDF at the edges of d equal bins of [0, 1] (least squares through the
@@ -374,12 +401,7 @@ class CdfBand:
 
     def weights(self, x: float) -> np.ndarray:
         """Linear interpolation weights of the point x ∈ [0, 1] on the edges."""
-        d = len(self.edges) - 1
-        pos = float(np.clip(x, 0, 1)) * d
-        k = min(int(pos), d - 1)
-        w = np.zeros(d + 1)
-        w[k], w[k + 1] = 1 - (pos - k), pos - k
-        return w
+        return edge_weights(len(self.edges) - 1, x)
 
     def interval(self, w: np.ndarray, z: float) -> tuple[float, float]:
         """(estimate, half-width) of the linear functional w·F (a CDF value, a range mass)."""
@@ -388,8 +410,8 @@ class CdfBand:
     def quantile_interval(self, p: float, z: float) -> tuple[float, float]:
         """The quantile's interval from the pointwise band: the first points where F + z·se and
         F − z·se reach p (1 when never), linearly interpolated between edges."""
-        return (_first_crossing(self.edges, self.F + z * self.se, p),
-                _first_crossing(self.edges, self.F - z * self.se, p))
+        return (first_crossing(self.edges, self.F + z * self.se, p),
+                first_crossing(self.edges, self.F - z * self.se, p))
 
     def w1_noise(self, z_level: float, draws: int, rng: np.random.Generator) -> float:
         """The ``z_level`` quantile of ∫|F_u − F| under the normal approximation of the
@@ -400,7 +422,7 @@ class CdfBand:
         return float(np.quantile(np.trapezoid(np.abs(noise), self.edges, axis=1), z_level))
 
 
-def _first_crossing(x: np.ndarray, y: np.ndarray, p: float) -> float:
+def first_crossing(x: np.ndarray, y: np.ndarray, p: float) -> float:
     """The smallest x where the piecewise-linear y(x) reaches p (x[-1] when it never does)."""
     k = int(np.argmax(y >= p)) if np.any(y >= p) else -1
     if k < 0:
@@ -411,6 +433,13 @@ def _first_crossing(x: np.ndarray, y: np.ndarray, p: float) -> float:
     return float(x[k - 1] + (x[k] - x[k - 1]) * (p - y0) / (y1 - y0)) if y1 > y0 else float(x[k])
 
 
+def cdf_map(M: np.ndarray) -> np.ndarray:
+    """J ((d + 1) × buckets): the unbiased CDF at the edges of the d bins of ``M`` is J·c/n,
+    the least-squares inverse of the bucket frequencies (pinv(Mᵀ)) summed."""
+    A = np.linalg.pinv(M.T)
+    return np.concatenate([np.zeros((1, M.shape[1])), np.cumsum(A, axis=0)])
+
+
 def unbiased_cdf(counts: np.ndarray, M: np.ndarray) -> CdfBand:
     """F at the edges of the d bins of ``M`` (d × buckets): the least-squares inverse of the
     bucket frequencies, f = pinv(Mᵀ)·c/n, summed; its covariance by the delta method with the
@@ -419,8 +448,7 @@ def unbiased_cdf(counts: np.ndarray, M: np.ndarray) -> CdfBand:
     c = np.asarray(counts, dtype=float)
     n = c.sum()
     lam = c / n
-    A = np.linalg.pinv(M.T)
-    J = np.concatenate([np.zeros((1, M.shape[1])), np.cumsum(A, axis=0)])
+    J = cdf_map(M)
     F = J @ lam
     Jl = J @ lam
     cov = ((J * lam) @ J.T - np.outer(Jl, Jl)) / n

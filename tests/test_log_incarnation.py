@@ -123,3 +123,39 @@ def test_broker_losing_its_log_is_detected_and_nothing_is_skipped(
         assert lag == 0, lag
     finally:
         broker.stop()
+
+
+def test_every_new_broker_connection_marks_the_partitions_suspect():
+    """The end of a broker restart that cannot be missed: records of a new log arrive only over a
+    connection made after it. A connection dropped without breaking (idle) and made again calls
+    the hook; the first one does too (its partitions are checked on assignment anyway)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.conn import CloseReason
+
+    from ldpstream.agents.ingest.clients import watch_connections
+    from ldpstream.dev.broker import EmbeddedBroker
+
+    async def run(bootstrap: str) -> tuple[int, int, int]:
+        calls = []
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                    enable_auto_commit=False)
+        watch_connections(consumer, lambda: calls.append(1))
+        await consumer.start()
+        try:
+            tp = TopicPartition("probe", 0)
+            await consumer.end_offsets([tp])
+            started = len(calls)
+            await consumer.end_offsets([tp])        # same connections: no call
+            kept = len(calls)
+            client = consumer._client
+            for conn in list(client._conns.values()):
+                conn.close(reason=CloseReason.IDLE_DROP)   # not broken: the close says nothing
+            await consumer.end_offsets([tp])        # a new connection: the hook is called
+            return started, kept, len(calls)
+        finally:
+            await consumer.stop()
+
+    with EmbeddedBroker() as broker:
+        broker.create_topics({"probe": 1})
+        started, kept, after = asyncio.run(run(broker.bootstrap))
+    assert started >= 1 and kept == started and after > kept

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.client import AIOKafkaClient
+from aiokafka.client import AIOKafkaClient, ConnectionGroup
 from aiokafka.conn import AIOKafkaConnection, CloseReason
 
 from ldpstream.agents.ingest.partition import Partitions
@@ -44,26 +44,40 @@ class Clients:
         return set(self.consumer.assignment()) if self.consumer is not None else set()
 
 
-def watch_broken_connections(consumer: AIOKafkaConsumer, on_broken: Callable[[], None]) -> None:
-    """Call ``on_broken()`` whenever one of ``consumer``'s broker connections breaks or times out.
+def watch_connections(consumer: AIOKafkaConsumer, on_change: Callable[[], None]) -> None:
+    """Call ``on_change()`` whenever one of ``consumer``'s broker connections breaks or times
+    out, and whenever a new one is made (a reconnection: the broker behind it may be another).
 
     A broker that restarts may come back with another log under the same partition (an
     in-memory broker, a topic deleted and recreated): a fetch from the stored position can then
     succeed on the new log, and its records would be counted as the old log's continuation
-    before any rebalance or out-of-range error makes the worker look. The connection to the old
-    broker always breaks first, so the ingest service marks its partitions suspect there and
-    takes nothing from them until their logs are checked (agents/ingest/log_identity.py).
-    aiokafka has no public hook for this; its client's close callback (bound per connection,
-    when the connection is made) is wrapped here, before the consumer starts."""
+    before any rebalance or out-of-range error makes the worker look. The ingest service marks
+    its partitions suspect at both ends and takes nothing from them until their logs are
+    checked (agents/ingest/log_identity.py). The new connection is the end that cannot be
+    missed: records of the new log arrive only over a connection made after it, while the
+    break of the old one may come too early (a check can still reach a broker that is shutting
+    down, find its log intact and clear the mark). aiokafka has no public hook for either; its
+    client's close callback (bound per connection when the connection is made) and its
+    connection factory are wrapped here, before the consumer starts."""
     client: AIOKafkaClient = consumer._client
-    inner = client._on_connection_closed
+    inner_closed = client._on_connection_closed
+    inner_get = client._get_conn
 
     def closed(conn: AIOKafkaConnection, reason: CloseReason) -> None:
-        inner(conn, reason)
+        inner_closed(conn, reason)
         if reason in (CloseReason.CONNECTION_BROKEN, CloseReason.CONNECTION_TIMEOUT):
-            on_broken()
+            on_change()
+
+    async def get_conn(node_id: int, *, group: ConnectionGroup = ConnectionGroup.DEFAULT,
+                       no_hint: bool = False) -> AIOKafkaConnection | None:
+        before = client._conns.get((node_id, group))
+        conn = await inner_get(node_id, group=group, no_hint=no_hint)
+        if conn is not None and conn is not before:
+            on_change()
+        return conn
 
     client._on_connection_closed = closed
+    client._get_conn = get_conn
 
 
 class RedisGate:

@@ -67,7 +67,7 @@ from ldpstream.agents.control.control_topic import CHECK_S as CONTROL_CHECK_S
 from ldpstream.agents.control.control_topic import ControlTopics
 from ldpstream.agents.ingest.applier import OFFSET_AUDIT_S, Applier
 from ldpstream.agents.ingest.breaker import Breaker
-from ldpstream.agents.ingest.clients import Clients, RedisGate, watch_broken_connections
+from ldpstream.agents.ingest.clients import Clients, RedisGate, watch_connections
 from ldpstream.agents.ingest.faults import Load, Take
 from ldpstream.agents.ingest.log_check import LogCheck
 from ldpstream.agents.ingest.log_identity import KINDS as LOG_KINDS
@@ -206,7 +206,7 @@ class IngestService(Service):
             # judged) at the next metadata refresh: 10 s, not aiokafka's 5 min
             metadata_max_age_ms=10_000, **self.security)
         self.clients.consumer = consumer
-        watch_broken_connections(
+        watch_connections(
             consumer, lambda: self.rebalancer.suspect(self.clients.assignment()))
         consumer.subscribe(sorted(self.cid_of), listener=Listener(self.rebalancer))
         await consumer.start()

@@ -128,7 +128,7 @@ def _get(port: int, path: str) -> str:
 
 
 async def _count_run(store: Any, coll: Any, start: int, total: int, t_spawn: float,
-                     port: int, timeout: float = 3600.0) -> tuple[float, float]:
+                     port: int, timeout: float) -> tuple[float, float]:
     """(seconds from ``t_spawn`` to the first delta applied beyond ``start`` reports, reports/s
     from that delta to ``total``): polled every 20 ms; when one delta counted them all, the
     worker's own rate (``/healthz``: reports applied over the time from its assignment to its
@@ -235,7 +235,7 @@ async def _restart_at(store: Any, coll: Any, devices: int, cfg: Path, env: dict,
     try:
         probe = np.arange(PARTITIONS, dtype=np.uint64) + 10 * devices   # known devices
         await _produce(bootstrap, [coll], probe, reports[:PARTITIONS], 1)
-        ready, _ = await _count_run(store, coll, start, start + PARTITIONS, t0, port)
+        ready, _ = await _count_run(store, coll, start, start + PARTITIONS, t0, port, 600.0)
         return {"devices": devices, "restart_to_ready_s": ready,
                 "worker_rss_mb": _rss_mb(worker.pid)}
     finally:
@@ -341,7 +341,8 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
                 worker = start_worker(work / f"{coll.id}.yaml", env, port,
                                       work / f"worker-{coll.id}.log")
                 try:
-                    ready, rate = await _count_run(store, coll, start, total, t0, port)
+                    ready, rate = await _count_run(store, coll, start, total, t0, port,
+                                                   240.0 if quick else 3600.0)
                     if coll is plain:
                         row.update(plain_rate=rate, plain_restart_s=ready)
                     elif coll is memo:
@@ -401,8 +402,8 @@ def main(args: Any) -> int:
     load = tuple(int(s) for s in (getattr(args, "restart_at", None) or "").split(",") if s) \
         or ((50_000,) if quick else ())
     quiet = bool(getattr(args, "json", False))
-    res = asyncio.run(run(steps, quick, None if quiet else
-                          (lambda m: print(m, file=sys.stderr, flush=True)), load))
+    # progress on stderr in both forms (--json: the document alone on stdout)
+    res = asyncio.run(run(steps, quick, lambda m: print(m, file=sys.stderr, flush=True), load))
     if quiet:
         print(json.dumps(res, indent=2))
         return 0

@@ -48,7 +48,18 @@ if [ -n "$missing" ]; then
   case "$missing" in
     *:i386*) dpkg --print-foreign-architectures | grep -qx i386 || $SUDO dpkg --add-architecture i386 ;;
   esac
-  $SUDO apt-get update -q
+  # a mirror caught mid-sync fails one index ("File has unexpected size") and apt-get update
+  # exits 100 although the other lists were read: try again, then let the install decide (it
+  # fails, naming the package, only when what it needs is not in the lists it has)
+  for attempt in 1 2 3; do
+    $SUDO apt-get update -q && break
+    if [ "$attempt" -eq 3 ]; then
+      say "apt-get update failed 3 times; installing from the package lists it could read"
+    else
+      say "apt-get update failed (attempt $attempt of 3); trying again in $((attempt * 10)) s"
+      sleep $((attempt * 10))
+    fi
+  done
   $SUDO apt-get install -y -q --no-install-recommends $missing
   # the Debian packages start system services; ldpstream starts its own on free ports
   for svc in redis-server prometheus prometheus-alertmanager prometheus-node-exporter mosquitto; do

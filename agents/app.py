@@ -106,14 +106,16 @@ def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int
     acks = None if fleets is None else AckReconciler(ctx.store, ctx.kafka_bootstrap,
                                                      ctx.kafka_security.client_kwargs())
     identity = IdentityGate(fleets, acks)
+    memo = MemoGate(collections, gate, ctx.store, identity.fleets)
     intake = Intake(collections, ctx.collections, partitions, quota,
                     DedupeGate(gate, ctx.store, acks),
-                    stats, ctx.config.ingest.max_message_bytes,
-                    MemoGate(collections, gate, ctx.store, identity.fleets), identity)
+                    stats, ctx.config.ingest.max_message_bytes, memo, identity)
     take = faults.injected(intake.take)  # tests only: a fault object around the intake
     seeker = Seeker(clients, partitions)
     applier = Applier(collections, clients, gate, partitions, ctx.store, quota,
                       DlqWriter(clients), seeker, stats)
+    applier.settle = intake.settle
+    memo.flush = applier.flush
     max_records = 5000
     breaker = Breaker(gate, partitions, ctx.store, stats, intake.load, take, applier.flush,
                       max_records)
@@ -281,6 +283,25 @@ def _prompt_worker_class() -> type:
     return PromptWorker
 
 
+#: glibc's M_MMAP_THRESHOLD (mallopt)
+_M_MMAP_THRESHOLD = -3
+
+
+def pin_mmap_threshold(size: int = 1 << 20) -> bool:
+    """Allocations of ``size`` bytes or more always mapped, so freed at once. glibc raises its
+    threshold to the largest block freed (up to 32 MB): the worker's transient buffers of a few
+    MB (a delta's device rows on their way to Redis) would then stay in its heap after use,
+    and its resident memory grow with the deltas it has seen. Only on glibc; False elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        name = ctypes.util.find_library("c")
+        return bool(name) and ctypes.CDLL(name).mallopt(_M_MMAP_THRESHOLD, int(size)) == 1
+    except (OSError, AttributeError):
+        return False
+
+
 def main(args) -> int:
     """``ldpstream worker [--config F] [--web-port P]``."""
     from ldpstream.config import load_config
@@ -315,6 +336,7 @@ def main(args) -> int:
           f"(collections: {', '.join(config.collections)})",
           file=sys.stderr, flush=True)
     worker = _PromptWorker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    pin_mmap_threshold()
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:

@@ -211,10 +211,10 @@ async def _rebalance(store: Any, coll: Any, cfg: Path, env: dict, port: int, wor
 async def _restart_at(store: Any, coll: Any, devices: int, cfg: Path, env: dict, work: Path,
                       bootstrap: str, reports: np.ndarray) -> dict[str, Any]:
     """A worker restarted with ``devices`` devices in state: their memo logs written straight to
-    Redis (the worker's own encoding, agents/store/device_memo.py ``encode_log``; this epoch,
+    Redis (the worker's own encoding, agents/store/memo_log.py ``encode_segments``; this epoch,
     one row per device), then the seconds from its start to its first applied delta (one report
     on each partition) and its resident memory then."""
-    from ldpstream.agents.store import device_memo, keys
+    from ldpstream.agents.store import device_memo, keys, memo_log
     from ldpstream.agents.store.layout import Layout
     from ldpstream.dev.process import free_port
 
@@ -226,7 +226,9 @@ async def _restart_at(store: Any, coll: Any, devices: int, cfg: Path, env: dict,
         rows = np.zeros((ids.size, device_memo.META + width), dtype=np.int64)
         rows[:, 2] = width
         rows[:, device_memo.META:] = np.resize(reports, (ids.size, width))
-        await store.redis.set(keys.side_key(coll.id, p, name), device_memo.encode_log(ids, rows))
+        for seg, data in enumerate(memo_log.encode_segments(ids, rows)):
+            await store.redis.set(keys.side_key(coll.id, p, memo_log.segment_name(name, seg)),
+                                  data)
         del rows
     port = free_port()
     start = await store.n(coll.id, coll.partitions)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from ldpstream.windows import BucketPolicy
 
 __all__ = ["PREFIX", "side_name", "epoch_length", "epoch_of", "DeviceTable", "Moves",
            "LogWrite", "latest_per_device", "last_of", "encode_log", "parse_log", "META",
-           "COMPACT_MIN", "carry", "roll", "stack_rows", "retention_epochs", "group_rows"]
+           "COMPACT_MIN", "carry", "log_chunks", "roll", "stack_rows", "retention_epochs", "group_rows"]
 
 PREFIX = "memo:"
 #: columns of a row before its report values: version, fine bucket + 1, report width
@@ -214,7 +214,22 @@ def last_seen(rows: np.ndarray, epoch: int) -> np.ndarray:
     return np.where(col < 0, -col, int(epoch))
 
 
-def carry(old: Sequence[tuple[int, DeviceTable]], into: DeviceTable, newer: DeviceTable,
+class Holder(Protocol):
+    def holds(self, ids: np.ndarray) -> np.ndarray: ...
+
+
+class Receiver(Holder, Protocol):
+    """What :func:`carry` carries into: a :class:`DeviceTable`, or the worker's epoch log
+    (agents/ingest/memo_gate.py)."""
+
+    unlogged: list
+    evicted: list
+    cleared: list
+
+    def upsert(self, ids: np.ndarray, rows: np.ndarray) -> None: ...
+
+
+def carry(old: Sequence[tuple[int, DeviceTable]], into: Receiver, newer: Holder,
           keep_from: int) -> None:
     """Keep the devices of expiring tables (``old``: (epoch, table), newest first) that neither
     ``into`` nor ``newer`` holds and whose last report is in epoch ``keep_from`` or later: their
@@ -263,13 +278,13 @@ def encode_log(ids: np.ndarray, rows: np.ndarray) -> bytes:
     return head + ids.astype(_U8).tobytes() + body + b"\0" * (-len(body) % 8)
 
 
-def parse_log(data: bytes | None) -> DeviceTable:
-    """The table a log holds (each device's last row); ValueError when it is not a log."""
-    if not data:
-        return DeviceTable()
+def log_chunks(data: bytes, with_offsets: bool = False) -> list:
+    """The chunks of a log, in order: (ids, rows) each, or (byte offset, ids, rows) with
+    ``with_offsets``; ValueError when it is not a log."""
     if len(data) % 8:
         raise ValueError(f"device state of {len(data)} bytes is not a log of int64 words")
-    ids, rows, pos = [], [], 0
+    out: list = []
+    pos = 0
     while pos < len(data):   # one step per apply that wrote it, not per device
         if pos + 16 > len(data):
             raise ValueError("device state log ends inside a chunk header")
@@ -278,10 +293,21 @@ def parse_log(data: bytes | None) -> DeviceTable:
         end = pos + 16 + 8 * n + 4 * cells + (4 * cells) % 8
         if cells < 0 or end > len(data):
             raise ValueError(f"corrupt device state log chunk (width {width}, rows {n})")
-        ids.append(np.frombuffer(data, dtype=_U8, count=n, offset=pos + 16))
-        rows.append(np.frombuffer(data, dtype=_I4, count=cells, offset=pos + 16 + 8 * n)
-                    .reshape(n, META + width))
+        ids = np.frombuffer(data, dtype=_U8, count=n, offset=pos + 16)
+        rows = np.frombuffer(data, dtype=_I4, count=cells, offset=pos + 16 + 8 * n).reshape(
+            n, META + width)
+        out.append((pos, ids, rows) if with_offsets else (ids, rows))
         pos = end
+    return out
+
+
+def parse_log(data: bytes | None) -> DeviceTable:
+    """The table a log holds (each device's last row); ValueError when it is not a log."""
+    if not data:
+        return DeviceTable()
+    chunks = log_chunks(data)
+    ids = [c[0] for c in chunks]
+    rows = [c[1] for c in chunks]
     if len(ids) == 1 and bool((ids[0][1:] > ids[0][:-1]).all()):
         # one chunk of sorted distinct devices (a rewritten log): one copy, no sort
         return DeviceTable(ids[0].astype(np.uint64), rows[0].astype(ROW), logged=ids[0].size)

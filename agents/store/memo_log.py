@@ -1,0 +1,477 @@
+"""The device state of a memoized collection with Redis as its state of record: the worker keeps
+an *index* (each device's id and the position of its row in Redis, 12 bytes), never the rows
+(docs/scaling.md "Per-device state"; the rule itself is agents/store/device_memo.py).
+
+An epoch's log (``memo:<layout>:<e>``) is split into **segments**, string keys of at most
+:data:`SEG_MAX` bytes (``memo:<layout>:<e>`` itself, then ``...:s1``, ``...:s2``, ...), each a
+sequence of the chunks of :func:`~ldpstream.agents.store.device_memo.encode_log` whose rows all
+have one width. A row never moves: a new device's row is appended to the last segment (a new
+segment once it holds :data:`SEG_FILL` bytes, so an ``APPEND`` copies at most a few MB, never
+the whole log); a device's next report in the same epoch *overwrites* its row in place
+(``SETRANGE``, with the counts in the same Lua apply). So the log holds one row per device and
+needs no compaction, and ``parse_log`` of its segments in order still gives each device's
+latest row (a row rewritten wider is appended and the older one is never read again).
+
+A position is ``segment << SEG_BITS | word offset`` (uint32). A row to subtract is read back
+from Redis by position when the delta that supersedes it is flushed (:class:`LogPending`
+``fetch``; one read-only script call per segment), except the rows this same delta wrote, which
+it holds in memory until it is applied. Flushes are sequential, so what is read is what the
+deltas before left, and the compare-and-set of the apply makes the read and the write one step
+for exactly-once: a delta whose partition moved on meanwhile is refused and re-read.
+"""
+from __future__ import annotations
+
+import dataclasses
+import struct
+from typing import Sequence
+
+import numpy as np
+
+from ldpstream.agents.store.device_memo import (
+    META,
+    ROW,
+    DeviceTable,
+    last_of,
+    log_chunks,
+    stack_rows,
+)
+
+__all__ = ["SEG_BITS", "SEG_MAX", "SEG_FILL", "STAGE_MIN", "MAX_SEGMENTS", "segment_name", "DeviceIndex",
+           "EpochLog", "LogPending", "index_segments", "table_of_segments", "encode_segments",
+           "patch_blob"]
+
+#: bits of a position's word offset: a segment holds at most 2**SEG_BITS words (4 MiB)
+SEG_BITS = 20
+SEG_MAX = 4 << SEG_BITS
+#: segments of one epoch's log (positions are uint32)
+MAX_SEGMENTS = 1 << (32 - SEG_BITS)
+#: a segment holds at most this many bytes (an APPEND copies at most about this much when Redis
+#: grows the string)
+SEG_FILL = 2 << 20
+#: rows appended by one delta to a segment it starts, from this many bytes on, are not passed
+#: through the Lua apply (which copies every byte of its arguments, ~5 ns a byte) but written to
+#: a staging key beforehand and RENAMEd into place by the apply (agents/store/scripts.py ``<``,
+#: ``>``): so a delta of new devices starts a segment of its own
+STAGE_MIN = 256 << 10
+_U4 = np.dtype("<u4")
+
+
+def segment_name(name: str, seg: int) -> str:
+    """The side key name of segment ``seg`` of the log ``name`` (segment 0: the log's own name,
+    the key a log of one segment always had)."""
+    return name if seg == 0 else f"{name}:s{int(seg)}"
+
+
+def _search(table: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if not table.size:
+        return np.zeros(keys.size, dtype=bool), np.zeros(keys.size, dtype=np.intp)
+    idx = np.minimum(np.searchsorted(table, keys), table.size - 1)
+    return table[idx] == keys, idx
+
+
+def _merge_sorted(a: np.ndarray, ap: np.ndarray, b: np.ndarray,
+                  bp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two sorted disjoint id arrays (with their positions) as one."""
+    at = np.searchsorted(a, b) + np.arange(b.size)
+    ids = np.empty(a.size + b.size, dtype=a.dtype)
+    pos = np.empty(a.size + b.size, dtype=ap.dtype)
+    rest = np.ones(ids.size, dtype=bool)
+    rest[at] = False
+    ids[at], pos[at] = b, bp
+    ids[rest], pos[rest] = a, ap
+    return ids, pos
+
+
+class DeviceIndex:
+    """The devices of one partition's epoch log: ``ids`` sorted (uint64) and the position of
+    each one's row in Redis (uint32): 12 bytes a device. Devices beyond the highest id held are
+    appended in place (the arrays keep spare capacity, never touched so never resident); others
+    go to a small sorted side part, merged into the main one once it holds an eighth of it (as
+    :class:`~ldpstream.agents.store.device_memo.DeviceTable`)."""
+
+    MERGE_MIN = 1 << 16
+
+    def __init__(self, ids: np.ndarray | None = None, pos: np.ndarray | None = None) -> None:
+        self._ids = np.empty(0, dtype=np.uint64) if ids is None else ids.astype(np.uint64,
+                                                                                 copy=False)
+        self._pos = np.empty(0, dtype=np.uint32) if pos is None else pos.astype(np.uint32,
+                                                                                 copy=False)
+        self._n = self._ids.size
+        self._new_ids = np.empty(0, dtype=np.uint64)
+        self._new_pos = np.empty(0, dtype=np.uint32)
+
+    def __len__(self) -> int:
+        return int(self._n + self._new_ids.size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its entries (12 a device; spare capacity is not resident)."""
+        return 12 * len(self)
+
+    @property
+    def ids(self) -> np.ndarray:
+        self._merge()
+        return self._ids[:self._n]
+
+    @property
+    def pos(self) -> np.ndarray:
+        self._merge()
+        return self._pos[:self._n]
+
+    def _max(self) -> int:
+        top = int(self._ids[self._n - 1]) if self._n else -1
+        return max(top, int(self._new_ids[-1])) if self._new_ids.size else top
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Whether the index holds each of ``ids`` and its row's position (0 where not)."""
+        out = np.zeros(ids.size, dtype=np.uint32)
+        if not len(self) or not ids.size or int(ids.min()) > self._max():
+            return np.zeros(ids.size, dtype=bool), out
+        fm, im = _search(self._ids[:self._n], ids)
+        out[fm] = self._pos[im[fm]]
+        if self._new_ids.size:
+            fd, idd = _search(self._new_ids, ids)
+            out[fd] = self._new_pos[idd[fd]]
+            fm |= fd
+        return fm, out
+
+    def holds(self, ids: np.ndarray) -> np.ndarray:
+        return self.find(ids)[0]
+
+    def count_between(self, lo: int, hi: int) -> int:
+        """Devices with an id in ``[lo, hi)`` (``hi`` may be 2**64)."""
+        out = 0
+        for t in (self._ids[:self._n], self._new_ids):
+            start = int(np.searchsorted(t, np.uint64(lo)))
+            end = t.size if hi > np.iinfo(np.uint64).max else int(np.searchsorted(t, np.uint64(hi)))
+            out += end - start
+        return out
+
+    def _append(self, ids: np.ndarray, pos: np.ndarray) -> None:
+        need = self._n + ids.size
+        if need > self._ids.size:
+            cap = max(need, self._ids.size * 3 // 2 + 1024)
+            grown_ids = np.empty(cap, dtype=np.uint64)
+            grown_pos = np.empty(cap, dtype=np.uint32)
+            grown_ids[:self._n] = self._ids[:self._n]
+            grown_pos[:self._n] = self._pos[:self._n]
+            self._ids, self._pos = grown_ids, grown_pos
+        self._ids[self._n:need] = ids
+        self._pos[self._n:need] = pos
+        self._n = need
+
+    def upsert(self, ids: np.ndarray, pos: np.ndarray) -> None:
+        """Set the positions of the sorted distinct ``ids`` (new ones inserted in order)."""
+        pos = pos.astype(np.uint32, copy=False)
+        if not ids.size:
+            return
+        if int(ids[0]) > self._max():   # all new and beyond every id held: appended
+            self._append(ids, pos)
+            return
+        fm, im = _search(self._ids[:self._n], ids)
+        self._pos[im[fm]] = pos[fm]
+        rest = np.flatnonzero(~fm)
+        if not rest.size:
+            return
+        fd, idd = _search(self._new_ids, ids[rest])
+        self._new_pos[idd[fd]] = pos[rest[fd]]
+        new = rest[~fd]
+        if new.size:
+            if not self._n or int(ids[new[0]]) > int(self._ids[self._n - 1]):
+                self._append(ids[new], pos[new])   # beyond the main part: no side entry needed
+                return
+            self._new_ids, self._new_pos = _merge_sorted(self._new_ids, self._new_pos,
+                                                         ids[new], pos[new])
+            if self._new_ids.size > max(self.MERGE_MIN, self._n // 8):
+                self._merge()
+
+    def _merge(self) -> None:
+        if not self._new_ids.size:
+            return
+        self._ids, self._pos = _merge_sorted(self._ids[:self._n], self._pos[:self._n],
+                                             self._new_ids, self._new_pos)
+        self._n = self._ids.size
+        self._new_ids = np.empty(0, dtype=np.uint64)
+        self._new_pos = np.empty(0, dtype=np.uint32)
+
+
+@dataclasses.dataclass
+class Chunk:
+    """Rows appended to a segment by one delta (or a roll): ``rows[i]`` is at position
+    ``first + i * stride``; the rows stay writable until the delta is applied."""
+
+    seg: int
+    first: int
+    stride: int
+    ids: np.ndarray
+    rows: np.ndarray
+
+    def encode(self) -> bytes:
+        buf = bytearray(self.size(*self.rows.shape))
+        self.write(buf, 0)
+        return bytes(buf)
+
+    def write(self, buf: bytearray, at: int) -> int:
+        """Write the chunk into ``buf`` at byte ``at`` (one copy of each array); returns the
+        byte after it."""
+        n, cols = self.rows.shape
+        np.frombuffer(buf, dtype="<i8", count=2, offset=at)[:] = (cols - META, n)
+        np.frombuffer(buf, dtype="<u8", count=n, offset=at + 16)[:] = self.ids
+        np.frombuffer(buf, dtype="<i4", count=n * cols, offset=at + 16 + 8 * n).reshape(
+            n, cols)[:] = self.rows
+        return at + self.size(n, cols)
+
+    @staticmethod
+    def size(n: int, cols: int) -> int:
+        return 16 + 8 * n + 4 * n * cols + (4 * n * cols) % 8
+
+
+@dataclasses.dataclass
+class EpochLog:
+    """One partition's log of one epoch: where its segments end (bytes, pending appends
+    included) and the row width of each (-1: mixed, rows never rewritten in place there), and
+    the index of its devices. ``unlogged``, ``evicted``, ``cleared``: what a roll left for the
+    next delta (rows carried into this log, rows of evicted devices to subtract, the expired
+    logs to delete: (name, segments))."""
+
+    name: str
+    expire_at: float
+    index: DeviceIndex = dataclasses.field(default_factory=DeviceIndex)
+    seg_len: list[int] = dataclasses.field(default_factory=list)
+    seg_width: list[int] = dataclasses.field(default_factory=list)
+    unlogged: list[Chunk] = dataclasses.field(default_factory=list)
+    evicted: list[np.ndarray] = dataclasses.field(default_factory=list)
+    cleared: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def tail(self) -> int:
+        """The position of the next byte appended (every row written so far is below it)."""
+        if not self.seg_len:
+            return 0
+        return ((len(self.seg_len) - 1) << SEG_BITS) | (self.seg_len[-1] >> 2)
+
+    def slot_width(self, pos: np.ndarray) -> np.ndarray:
+        """The width the row at each position was written with (-1: unknown)."""
+        widths = np.asarray(self.seg_width, dtype=np.int64)
+        return widths[(pos >> SEG_BITS).astype(np.intp)]
+
+    def place(self, ids: np.ndarray, rows: np.ndarray,
+              fresh_from: int | None = None) -> tuple[list[Chunk], np.ndarray]:
+        """Append ``rows`` of ``ids`` (one width): the chunks and each row's position (a chunk
+        per at most SEG_FILL bytes; a new segment when the width changes, the last one is full,
+        or a chunk of STAGE_MIN bytes or more would go to a segment that starts before
+        ``fresh_from``, the position where the delta's own rows start)."""
+        n, cols = rows.shape
+        width = cols - META
+        per = max(1, (SEG_FILL - 16) // (8 + 4 * cols))
+        pos = np.empty(n, dtype=np.uint32)
+        chunks = []
+        for start in range(0, n, per):   # one step per chunk of up to SEG_FILL bytes
+            k = min(per, n - start)
+            size = Chunk.size(k, cols)
+            if not self.seg_len or self.seg_width[-1] != width or \
+                    (self.seg_len[-1] and self.seg_len[-1] + size > SEG_FILL) or \
+                    (self.seg_len[-1] and size >= STAGE_MIN and fresh_from is not None
+                     and ((len(self.seg_len) - 1) << SEG_BITS) < fresh_from):
+                if len(self.seg_len) >= MAX_SEGMENTS:
+                    raise ValueError(f"device state log {self.name} would need more than "
+                                     f"{MAX_SEGMENTS} segments")
+                self.seg_len.append(0)
+                self.seg_width.append(width)
+            seg, off = len(self.seg_len) - 1, self.seg_len[-1]
+            first = (seg << SEG_BITS) | ((off + 16 + 8 * k) >> 2)
+            pos[start:start + k] = first + cols * np.arange(k, dtype=np.uint32)
+            chunks.append(Chunk(seg, first, cols, ids[start:start + k],
+                                np.asarray(rows[start:start + k], dtype=ROW)))
+            self.seg_len[-1] = off + size
+        return chunks, pos
+
+
+@dataclasses.dataclass
+class LogPending:
+    """What one delta writes to one epoch's log and reads back from it: rows appended at
+    positions from ``start`` on (``chunks``), rows rewritten in place (``inplace``: a table keyed
+    by position), the positions of applied rows it supersedes (``fetch``, read and subtracted
+    when the delta is flushed; their widths in ``fetch_width`` by segment) and whether the log is
+    deleted (``clear``: its segments)."""
+
+    name: str
+    expire_at: float
+    start: int
+    chunks: list[Chunk] = dataclasses.field(default_factory=list)
+    inplace: DeviceTable = dataclasses.field(default_factory=DeviceTable)
+    fetch: list[np.ndarray] = dataclasses.field(default_factory=list)
+    fetch_width: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: segment -> the width of its rows rewritten in place
+    write_width: dict[int, int] = dataclasses.field(default_factory=dict)
+    clear: int = 0
+
+    def _in_chunks(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        firsts = np.array([c.first for c in self.chunks], dtype=np.int64)
+        ci = np.searchsorted(firsts, pos.astype(np.int64), side="right") - 1
+        return ci, pos.astype(np.int64) - firsts[np.maximum(ci, 0)]
+
+    def rows_at(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which of ``pos`` this delta holds in memory (it wrote them) and their rows."""
+        mem = np.zeros(pos.size, dtype=bool)
+        parts: list[np.ndarray] = []
+        idx: list[np.ndarray] = []
+        app = pos >= self.start
+        if app.any() and self.chunks:
+            at = np.flatnonzero(app)
+            ci, rel = self._in_chunks(pos[at])
+            for c in np.unique(ci).tolist():   # one step per chunk, not per row
+                sel = ci == c
+                ch = self.chunks[c]
+                parts.append(ch.rows[rel[sel] // ch.stride])
+                idx.append(at[sel])
+            mem[at] = True
+        rest = np.flatnonzero(~app)
+        if rest.size and len(self.inplace):
+            found, rows = self.inplace.lookup(pos[rest].astype(np.uint64))
+            if found.any():
+                parts.append(rows)
+                idx.append(rest[found])
+                mem[rest[found]] = True
+        if not parts:
+            return mem, np.empty((0, META), dtype=ROW)
+        order = np.argsort(np.concatenate(idx), kind="stable")
+        return mem, stack_rows(parts)[order]
+
+    def write_at(self, pos: np.ndarray, rows: np.ndarray, widths: np.ndarray) -> None:
+        """Rewrite the rows at ``pos`` (each fits its slot of ``widths[i]`` report values)."""
+        app = pos >= self.start
+        if app.any():
+            at = np.flatnonzero(app)
+            ci, rel = self._in_chunks(pos[at])
+            for c in np.unique(ci).tolist():
+                sel = ci == c
+                ch = self.chunks[c]
+                r = rows[at[sel]]
+                ch.rows[rel[sel] // ch.stride] = 0
+                ch.rows[rel[sel] // ch.stride, :r.shape[1]] = r
+        rest = np.flatnonzero(~app)
+        if rest.size:
+            p = pos[rest].astype(np.uint64)
+            order = np.argsort(p)
+            cols = META + int(widths[rest].max())
+            r = np.zeros((rest.size, max(cols, rows.shape[1])), dtype=ROW)
+            r[:, :rows.shape[1]] = rows[rest]
+            self.inplace.upsert(p[order], r[order])
+
+    def note_widths(self, pos: np.ndarray, widths: np.ndarray) -> None:
+        """The slot widths of rows rewritten at ``pos`` (one per segment)."""
+        if pos.size:
+            segs, first = np.unique(pos >> SEG_BITS, return_index=True)
+            for s, i in zip(segs.tolist(), first.tolist()):
+                self.write_width[int(s)] = int(widths[i])
+
+    def fetch_add(self, pos: np.ndarray, widths: np.ndarray) -> None:
+        if pos.size:
+            self.fetch.append(pos.astype(np.uint32))
+            segs, first = np.unique(pos >> SEG_BITS, return_index=True)
+            for s, i in zip(segs.tolist(), first.tolist()):
+                self.fetch_width[int(s)] = int(widths[i])
+
+    def to_fetch(self) -> dict[int, tuple[int, np.ndarray]]:
+        """Segment -> (bytes a row, byte offsets) of the applied rows to read back."""
+        if not self.fetch:
+            return {}
+        pos = np.unique(np.concatenate(self.fetch))
+        seg = pos >> SEG_BITS
+        out = {}
+        for s in np.unique(seg).tolist():
+            sel = pos[seg == s]
+            off = ((sel & ((1 << SEG_BITS) - 1)).astype(np.uint32) * 4).astype(_U4)
+            out[int(s)] = (4 * (META + self.fetch_width[int(s)]), off)
+        return out
+
+    def fresh(self, seg: int) -> bool:
+        """Whether segment ``seg`` holds nothing but what this delta appends."""
+        return (seg << SEG_BITS) >= self.start
+
+    def patches(self) -> dict[int, tuple[bytearray, int, np.ndarray, np.ndarray]]:
+        """Segment -> (bytes appended, bytes a rewritten row, their byte offsets, their rows):
+        what :func:`patch_blob` encodes for the apply."""
+        out: dict[int, tuple[bytearray, int, np.ndarray, np.ndarray]] = {}
+        by_seg: dict[int, list[Chunk]] = {}
+        for ch in self.chunks:
+            by_seg.setdefault(ch.seg, []).append(ch)
+        appended: dict[int, bytearray] = {}
+        for seg_, chunks in by_seg.items():   # one buffer a segment, each chunk copied once
+            buf = appended[seg_] = bytearray(sum(Chunk.size(*c.rows.shape) for c in chunks))
+            at = 0
+            for c in chunks:
+                at = c.write(buf, at)
+        pos = self.inplace.ids.astype(np.int64) if len(self.inplace) else np.empty(0, np.int64)
+        seg = pos >> SEG_BITS
+        for s in sorted(set(appended) | set(np.unique(seg).tolist())):
+            sel = seg == s
+            cols = META + max(self.write_width.get(s, 0), 0)
+            rows = self.inplace.rows[sel][:, :cols] if sel.any() else \
+                np.empty((0, cols), dtype=ROW)
+            off = ((pos[sel] & ((1 << SEG_BITS) - 1)) * 4).astype(_U4)
+            out[int(s)] = (appended.get(s, bytearray()), 4 * cols, off, rows)
+        return out
+
+
+def patch_blob(appended: bytes | bytearray, row_bytes: int, offsets: np.ndarray,
+               rows: np.ndarray) -> bytes:
+    """The ``~`` side operation of the apply script (agents/store/scripts.py): rows rewritten
+    at byte ``offsets`` (``row_bytes`` each), then ``appended`` appended."""
+    return (b"~" + struct.pack("<II", len(appended), row_bytes) + appended
+            + offsets.astype(_U4).tobytes()
+            + np.ascontiguousarray(rows, dtype="<i4").tobytes())
+
+
+def index_segments(segments: Sequence[bytes | None]) -> tuple[DeviceIndex, list[int], list[int]]:
+    """The index of a log read back (its segments in order): each device at its last row; and
+    each segment's length and row width (-1 if its chunks differ)."""
+    ids: list[np.ndarray] = []
+    pos: list[np.ndarray] = []
+    lens, widths = [], []
+    for s, data in enumerate(segments):
+        data = data or b""
+        if len(data) > SEG_MAX:
+            raise ValueError(f"device state segment {s} holds {len(data)} bytes, more than "
+                             f"{SEG_MAX} (a log written whole by an older worker)")
+        lens.append(len(data))
+        w = None
+        for at, cid, rows in log_chunks(data, with_offsets=True):
+            n, cols = rows.shape
+            w = cols - META if w is None or w == cols - META else -1
+            ids.append(cid)
+            pos.append((s << SEG_BITS) + (at + 16 + 8 * n) // 4
+                       + cols * np.arange(n, dtype=np.int64))
+        widths.append(-1 if w is None else w)
+    if not ids:
+        return DeviceIndex(), lens, widths
+    all_ids = np.concatenate(ids)
+    u, keep = last_of(all_ids)
+    return DeviceIndex(u, np.concatenate(pos)[keep].astype(np.uint32)), lens, widths
+
+
+def table_of_segments(segments: Sequence[bytes | None]) -> DeviceTable:
+    """The full table (each device's last row) of a log read back: at a roll only."""
+    ids, rows = [], []
+    for data in segments:
+        for _, cid, crows in log_chunks(data or b"", with_offsets=True):
+            ids.append(cid)
+            rows.append(crows)
+    if not ids:
+        return DeviceTable()
+    all_ids = np.concatenate(ids)
+    u, keep = last_of(all_ids)
+    return DeviceTable(u, stack_rows(rows)[keep].astype(ROW), logged=int(all_ids.size))
+
+
+def encode_segments(ids: np.ndarray, rows: np.ndarray) -> list[bytes]:
+    """A whole table as the segments a worker writes (bench and tests write state directly)."""
+    log = EpochLog("x", 0.0)
+    chunks, _ = log.place(ids, rows)
+    out: list[list[bytes]] = [[] for _ in log.seg_len]
+    for ch in chunks:
+        out[ch.seg].append(ch.encode())
+    return [b"".join(parts) for parts in out]

@@ -104,7 +104,7 @@ class MemoGate:
 
     async def _read_log(self, state: PartitionState, epoch: int) -> EpochLog:
         log = self._empty(state.collection, epoch)
-        log.index, log.seg_len, log.seg_width = index_segments(
+        log.index, log.seg_len, log.seg_width, log.seg_code = index_segments(
             await self._segments(state, log.name))
         return log
 
@@ -305,14 +305,16 @@ class MemoGate:
         if fc.any():
             at = np.flatnonzero(fc)
             pos = pc[at]
-            slot = cur.slot_width(pos)
+            slot_w, slot_c = cur.slots(pos)
             lp = self._pending(pend, cur)
             mem, mrows = lp.rows_at(pos)
             old.append(mrows)
-            lp.fetch_add(pos[~mem], slot[~mem])
-            fits = slot >= width
-            lp.write_at(pos[fits], rows[at[fits]], slot[fits])
-            lp.note_widths(pos[fits], slot[fits])
+            lp.fetch_add(pos[~mem], slot_w[~mem], slot_c[~mem])
+            # rewritten in place where the row fits its slot: as wide, values in its code
+            rank = device_memo.CODE_RANK[device_memo.value_code(rows[at, device_memo.META:])]
+            fits = (slot_w >= width) & (np.asarray(device_memo.CODE_RANK)[slot_c] >= rank)
+            lp.write_at(pos[fits], rows[at[fits]], slot_w[fits])
+            lp.note_widths(pos[fits], slot_w[fits], slot_c[fits])
             placed[at[fits]] = True
         rest = np.flatnonzero(~fc)
         if rest.size and len(prev):
@@ -322,7 +324,7 @@ class MemoGate:
                 lp = self._pending(pend, prev)
                 mem, mrows = lp.rows_at(pos)
                 old.append(mrows)
-                lp.fetch_add(pos[~mem], prev.slot_width(pos[~mem]))
+                lp.fetch_add(pos[~mem], *prev.slots(pos[~mem]))
         app = np.flatnonzero(~placed)
         if app.size:
             lp = self._pending(pend, cur)
@@ -338,14 +340,16 @@ class MemoGate:
         subtracted with it. Once per delta (the positions are consumed)."""
         parts = []
         for lp in pend.memo.values():
-            for seg, (size, off) in lp.to_fetch().items():
+            for seg, (width, code, size, off) in lp.to_fetch().items():
                 name, blob = segment_name(lp.name, seg), off.tobytes()
                 raw = await self.gate.retry(
                     functools.partial(self.store.read_side_rows, cid, pend.tp.partition, name,
                                       size, blob),
                     what=f"read the superseded reports of {cid}[{pend.tp.partition}]")
-                rows = np.frombuffer(raw, dtype="<i4").reshape(-1, size // 4)
-                parts.append(rows[(rows != 0).any(axis=1)])   # (a row that is not there)
+                raw_rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, size)
+                rows = device_memo.decode_rows(raw_rows[(raw_rows != 0).any(axis=1)], width,
+                                               code)   # (a row that is not there: zeros)
+                parts.append(rows)
             lp.fetch.clear()
         return device_memo.stack_rows(parts)
 

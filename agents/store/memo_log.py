@@ -31,9 +31,13 @@ from ldpstream.agents.store.device_memo import (
     META,
     ROW,
     DeviceTable,
+    chunk_size,
+    encode_rows,
     last_of,
     log_chunks,
+    row_bytes,
     stack_rows,
+    value_code,
 )
 
 __all__ = ["SEG_BITS", "SEG_MAX", "SEG_FILL", "STAGE_MIN", "MAX_SEGMENTS", "segment_name", "DeviceIndex",
@@ -197,17 +201,19 @@ class DeviceIndex:
 
 @dataclasses.dataclass
 class Chunk:
-    """Rows appended to a segment by one delta (or a roll): ``rows[i]`` is at position
-    ``first + i * stride``; the rows stay writable until the delta is applied."""
+    """Rows appended to a segment by one delta (or a roll): ``rows[i]`` (int32 in memory,
+    written with the segment's value ``code``) is at position ``first + i * stride``; the rows
+    stay writable until the delta is applied."""
 
     seg: int
     first: int
     stride: int
     ids: np.ndarray
     rows: np.ndarray
+    code: int = 0
 
     def encode(self) -> bytes:
-        buf = bytearray(self.size(*self.rows.shape))
+        buf = bytearray(chunk_size(self.rows.shape[0], self.rows.shape[1] - META, self.code))
         self.write(buf, 0)
         return bytes(buf)
 
@@ -215,15 +221,13 @@ class Chunk:
         """Write the chunk into ``buf`` at byte ``at`` (one copy of each array); returns the
         byte after it."""
         n, cols = self.rows.shape
-        np.frombuffer(buf, dtype="<i8", count=2, offset=at)[:] = (cols - META, n)
+        width = cols - META
+        size = row_bytes(width, self.code)
+        np.frombuffer(buf, dtype="<i8", count=2, offset=at)[:] = (width | self.code << 32, n)
         np.frombuffer(buf, dtype="<u8", count=n, offset=at + 16)[:] = self.ids
-        np.frombuffer(buf, dtype="<i4", count=n * cols, offset=at + 16 + 8 * n).reshape(
-            n, cols)[:] = self.rows
-        return at + self.size(n, cols)
-
-    @staticmethod
-    def size(n: int, cols: int) -> int:
-        return 16 + 8 * n + 4 * n * cols + (4 * n * cols) % 8
+        encode_rows(self.rows, self.code, np.frombuffer(
+            buf, dtype=np.uint8, count=n * size, offset=at + 16 + 8 * n).reshape(n, size))
+        return at + chunk_size(n, width, self.code)
 
 
 @dataclasses.dataclass
@@ -239,6 +243,8 @@ class EpochLog:
     index: DeviceIndex = dataclasses.field(default_factory=DeviceIndex)
     seg_len: list[int] = dataclasses.field(default_factory=list)
     seg_width: list[int] = dataclasses.field(default_factory=list)
+    #: the value code of each segment's rows (agents/store/device_memo.py ``CODES``)
+    seg_code: list[int] = dataclasses.field(default_factory=list)
     unlogged: list[Chunk] = dataclasses.field(default_factory=list)
     evicted: list[np.ndarray] = dataclasses.field(default_factory=list)
     cleared: list[tuple[str, int]] = dataclasses.field(default_factory=list)
@@ -252,26 +258,30 @@ class EpochLog:
             return 0
         return ((len(self.seg_len) - 1) << SEG_BITS) | (self.seg_len[-1] >> 2)
 
-    def slot_width(self, pos: np.ndarray) -> np.ndarray:
-        """The width the row at each position was written with (-1: unknown)."""
-        widths = np.asarray(self.seg_width, dtype=np.int64)
-        return widths[(pos >> SEG_BITS).astype(np.intp)]
+    def slots(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The width (-1: unknown) and value code the rows at ``pos`` were written with."""
+        seg = (pos >> SEG_BITS).astype(np.intp)
+        return (np.asarray(self.seg_width, dtype=np.int64)[seg],
+                np.asarray(self.seg_code, dtype=np.int64)[seg])
 
     def place(self, ids: np.ndarray, rows: np.ndarray,
               fresh_from: int | None = None) -> tuple[list[Chunk], np.ndarray]:
-        """Append ``rows`` of ``ids`` (one width): the chunks and each row's position (a chunk
-        per at most SEG_FILL bytes; a new segment when the width changes, the last one is full,
-        or a chunk of STAGE_MIN bytes or more would go to a segment that starts before
-        ``fresh_from``, the position where the delta's own rows start)."""
+        """Append ``rows`` of ``ids`` (one width), their values in the narrowest code that holds
+        them: the chunks and each row's position (a chunk per at most SEG_FILL bytes; a new
+        segment when the width or code changes, the last one is full, or a chunk of STAGE_MIN
+        bytes or more would go to a segment that starts before ``fresh_from``, the position
+        where the delta's own rows start)."""
         n, cols = rows.shape
         width = cols - META
-        per = max(1, (SEG_FILL - 16) // (8 + 4 * cols))
+        code = value_code(rows[:, META:])
+        rb = row_bytes(width, code)
+        per = max(1, (SEG_FILL - 16) // (8 + rb))
         pos = np.empty(n, dtype=np.uint32)
         chunks = []
         for start in range(0, n, per):   # one step per chunk of up to SEG_FILL bytes
             k = min(per, n - start)
-            size = Chunk.size(k, cols)
-            if not self.seg_len or self.seg_width[-1] != width or \
+            size = chunk_size(k, width, code)
+            if not self.seg_len or self.seg_width[-1] != width or self.seg_code[-1] != code or \
                     (self.seg_len[-1] and self.seg_len[-1] + size > SEG_FILL) or \
                     (self.seg_len[-1] and size >= STAGE_MIN and fresh_from is not None
                      and ((len(self.seg_len) - 1) << SEG_BITS) < fresh_from):
@@ -280,11 +290,12 @@ class EpochLog:
                                      f"{MAX_SEGMENTS} segments")
                 self.seg_len.append(0)
                 self.seg_width.append(width)
+                self.seg_code.append(code)
             seg, off = len(self.seg_len) - 1, self.seg_len[-1]
             first = (seg << SEG_BITS) | ((off + 16 + 8 * k) >> 2)
-            pos[start:start + k] = first + cols * np.arange(k, dtype=np.uint32)
-            chunks.append(Chunk(seg, first, cols, ids[start:start + k],
-                                np.asarray(rows[start:start + k], dtype=ROW)))
+            pos[start:start + k] = first + (rb // 4) * np.arange(k, dtype=np.uint32)
+            chunks.append(Chunk(seg, first, rb // 4, ids[start:start + k],
+                                np.asarray(rows[start:start + k], dtype=ROW), code))
             self.seg_len[-1] = off + size
         return chunks, pos
 
@@ -303,9 +314,9 @@ class LogPending:
     chunks: list[Chunk] = dataclasses.field(default_factory=list)
     inplace: DeviceTable = dataclasses.field(default_factory=DeviceTable)
     fetch: list[np.ndarray] = dataclasses.field(default_factory=list)
-    fetch_width: dict[int, int] = dataclasses.field(default_factory=dict)
-    #: segment -> the width of its rows rewritten in place
-    write_width: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: segment -> (width, value code) of its rows read back / rewritten in place
+    fetch_width: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    write_width: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
     clear: int = 0
 
     def _in_chunks(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -361,22 +372,26 @@ class LogPending:
             r[:, :rows.shape[1]] = rows[rest]
             self.inplace.upsert(p[order], r[order])
 
-    def note_widths(self, pos: np.ndarray, widths: np.ndarray) -> None:
-        """The slot widths of rows rewritten at ``pos`` (one per segment)."""
+    @staticmethod
+    def _by_seg(pos: np.ndarray, widths: np.ndarray, codes: np.ndarray,
+                into: dict[int, tuple[int, int]]) -> None:
         if pos.size:
             segs, first = np.unique(pos >> SEG_BITS, return_index=True)
             for s, i in zip(segs.tolist(), first.tolist()):
-                self.write_width[int(s)] = int(widths[i])
+                into[int(s)] = (int(widths[i]), int(codes[i]))
 
-    def fetch_add(self, pos: np.ndarray, widths: np.ndarray) -> None:
+    def note_widths(self, pos: np.ndarray, widths: np.ndarray, codes: np.ndarray) -> None:
+        """The slot widths and codes of rows rewritten at ``pos`` (one per segment)."""
+        self._by_seg(pos, widths, codes, self.write_width)
+
+    def fetch_add(self, pos: np.ndarray, widths: np.ndarray, codes: np.ndarray) -> None:
         if pos.size:
             self.fetch.append(pos.astype(np.uint32))
-            segs, first = np.unique(pos >> SEG_BITS, return_index=True)
-            for s, i in zip(segs.tolist(), first.tolist()):
-                self.fetch_width[int(s)] = int(widths[i])
+            self._by_seg(pos, widths, codes, self.fetch_width)
 
-    def to_fetch(self) -> dict[int, tuple[int, np.ndarray]]:
-        """Segment -> (bytes a row, byte offsets) of the applied rows to read back."""
+    def to_fetch(self) -> dict[int, tuple[int, int, int, np.ndarray]]:
+        """Segment -> (width, code, bytes a row, byte offsets) of the applied rows to read
+        back."""
         if not self.fetch:
             return {}
         pos = np.unique(np.concatenate(self.fetch))
@@ -385,7 +400,8 @@ class LogPending:
         for s in np.unique(seg).tolist():
             sel = pos[seg == s]
             off = ((sel & ((1 << SEG_BITS) - 1)).astype(np.uint32) * 4).astype(_U4)
-            out[int(s)] = (4 * (META + self.fetch_width[int(s)]), off)
+            width, code = self.fetch_width[int(s)]
+            out[int(s)] = (width, code, row_bytes(width, code), off)
         return out
 
     def fresh(self, seg: int) -> bool:
@@ -401,7 +417,8 @@ class LogPending:
             by_seg.setdefault(ch.seg, []).append(ch)
         appended: dict[int, bytearray] = {}
         for seg_, chunks in by_seg.items():   # one buffer a segment, each chunk copied once
-            buf = appended[seg_] = bytearray(sum(Chunk.size(*c.rows.shape) for c in chunks))
+            buf = appended[seg_] = bytearray(sum(
+                chunk_size(c.rows.shape[0], c.rows.shape[1] - META, c.code) for c in chunks))
             at = 0
             for c in chunks:
                 at = c.write(buf, at)
@@ -409,55 +426,59 @@ class LogPending:
         seg = pos >> SEG_BITS
         for s in sorted(set(appended) | set(np.unique(seg).tolist())):
             sel = seg == s
-            cols = META + max(self.write_width.get(s, 0), 0)
-            rows = self.inplace.rows[sel][:, :cols] if sel.any() else \
-                np.empty((0, cols), dtype=ROW)
+            width, code = self.write_width.get(s, (0, 0))
+            rows = encode_rows(self.inplace.rows[sel][:, :META + width], code) if sel.any() \
+                else np.empty((0, row_bytes(width, code)), dtype=np.uint8)
             off = ((pos[sel] & ((1 << SEG_BITS) - 1)) * 4).astype(_U4)
-            out[int(s)] = (appended.get(s, bytearray()), 4 * cols, off, rows)
+            out[int(s)] = (appended.get(s, bytearray()), row_bytes(width, code), off, rows)
         return out
 
 
-def patch_blob(appended: bytes | bytearray, row_bytes: int, offsets: np.ndarray,
+def patch_blob(appended: bytes | bytearray, size: int, offsets: np.ndarray,
                rows: np.ndarray) -> bytes:
-    """The ``~`` side operation of the apply script (agents/store/scripts.py): rows rewritten
-    at byte ``offsets`` (``row_bytes`` each), then ``appended`` appended."""
-    return (b"~" + struct.pack("<II", len(appended), row_bytes) + appended
-            + offsets.astype(_U4).tobytes()
-            + np.ascontiguousarray(rows, dtype="<i4").tobytes())
+    """The ``~`` side operation of the apply script (agents/store/scripts.py): rows (encoded:
+    an ``(n, size)`` uint8 matrix) rewritten at byte ``offsets``, then ``appended``
+    appended."""
+    return (b"~" + struct.pack("<II", len(appended), size) + appended
+            + offsets.astype(_U4).tobytes() + np.ascontiguousarray(rows).tobytes())
 
 
-def index_segments(segments: Sequence[bytes | None]) -> tuple[DeviceIndex, list[int], list[int]]:
+def index_segments(segments: Sequence[bytes | None]
+                   ) -> tuple[DeviceIndex, list[int], list[int], list[int]]:
     """The index of a log read back (its segments in order): each device at its last row; and
-    each segment's length and row width (-1 if its chunks differ)."""
+    each segment's length, row width (-1 if its chunks differ) and value code."""
     ids: list[np.ndarray] = []
     pos: list[np.ndarray] = []
-    lens, widths = [], []
+    lens, widths, codes = [], [], []
     for s, data in enumerate(segments):
         data = data or b""
         if len(data) > SEG_MAX:
             raise ValueError(f"device state segment {s} holds {len(data)} bytes, more than "
                              f"{SEG_MAX} (a log written whole by an older worker)")
         lens.append(len(data))
-        w = None
-        for at, cid, rows in log_chunks(data, with_offsets=True):
+        w: int | None = None
+        c = 0
+        for at, cid, rows, code in log_chunks(data, with_offsets=True):
             n, cols = rows.shape
-            w = cols - META if w is None or w == cols - META else -1
+            same = w is None or (w == cols - META and c == code)
+            w, c = (cols - META, code) if same else (-1, code)
             ids.append(cid)
             pos.append((s << SEG_BITS) + (at + 16 + 8 * n) // 4
-                       + cols * np.arange(n, dtype=np.int64))
+                       + row_bytes(cols - META, code) // 4 * np.arange(n, dtype=np.int64))
         widths.append(-1 if w is None else w)
+        codes.append(c)
     if not ids:
-        return DeviceIndex(), lens, widths
+        return DeviceIndex(), lens, widths, codes
     all_ids = np.concatenate(ids)
     u, keep = last_of(all_ids)
-    return DeviceIndex(u, np.concatenate(pos)[keep].astype(np.uint32)), lens, widths
+    return DeviceIndex(u, np.concatenate(pos)[keep].astype(np.uint32)), lens, widths, codes
 
 
 def table_of_segments(segments: Sequence[bytes | None]) -> DeviceTable:
     """The full table (each device's last row) of a log read back: at a roll only."""
     ids, rows = [], []
     for data in segments:
-        for _, cid, crows in log_chunks(data or b"", with_offsets=True):
+        for cid, crows in log_chunks(data or b""):
             ids.append(cid)
             rows.append(crows)
     if not ids:

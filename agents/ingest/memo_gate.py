@@ -294,11 +294,13 @@ class MemoGate:
         width = int(reports.shape[1])
         rows = np.empty((u.size, device_memo.META + width), dtype=device_memo.ROW)
         rows[:, 0] = int(version)
-        rows[:, 1] = int(buckets[0]) + 1 if buckets.size == 1 else \
+        one = buckets.size == 1 or (buckets.ndim == 1 and buckets.strides[0] == 0)
+        rows[:, 1] = int(buckets.flat[0]) + 1 if one else \
             np.broadcast_to(buckets, ids.shape)[keep] + 1
         rows[:, 2] = width
         rows[:, device_memo.META:] = reports if keep.size == ids.size and u is ids else \
             reports[keep]
+        code = device_memo.value_code(reports)   # (contiguous: cheaper than the rows' columns)
         old: list[np.ndarray] = []
         placed = np.zeros(u.size, dtype=bool)
         fc, pc = cur.index.find(u)
@@ -311,7 +313,7 @@ class MemoGate:
             old.append(mrows)
             lp.fetch_add(pos[~mem], slot_w[~mem], slot_c[~mem])
             # rewritten in place where the row fits its slot: as wide, values in its code
-            rank = device_memo.CODE_RANK[device_memo.value_code(rows[at, device_memo.META:])]
+            rank = device_memo.CODE_RANK[code]
             fits = (slot_w >= width) & (np.asarray(device_memo.CODE_RANK)[slot_c] >= rank)
             lp.write_at(pos[fits], rows[at[fits]], slot_w[fits])
             lp.note_widths(pos[fits], slot_w[fits], slot_c[fits])
@@ -329,7 +331,7 @@ class MemoGate:
         if app.size:
             lp = self._pending(pend, cur)
             au, ar = (u, rows) if app.size == u.size else (u[app], rows[app])
-            chunks, pos = cur.place(au, ar, lp.start)
+            chunks, pos = cur.place(au, ar, lp.start, code)
             lp.chunks += chunks
             cur.index.upsert(au, pos)
         metrics.MEMO_DEVICES.labels(cid, str(state.tp.partition)).set(self.entries(state))

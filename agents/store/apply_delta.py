@@ -75,7 +75,7 @@ class SideStaged:
     script: written beforehand to a staging key of its own, RENAMEd into place by the apply
     (a new device state segment, agents/store/memo_log.py); ``expire_at`` unix seconds."""
 
-    data: bytes | bytearray
+    data: bytes | bytearray | memoryview
     expire_at: float | None = None
 
 

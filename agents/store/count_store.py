@@ -159,7 +159,7 @@ class CountStore:
             ck, cargs = self._blobs(collection, p, expand_levels(it.cells, policy))
             sk: list[str] = []
             sargs: list[Any] = []
-            staged: dict[str, bytes | bytearray] = {}
+            staged: dict[str, bytes | bytearray | memoryview] = {}
             for name, sc in it.side.items():
                 blob: str | bytes
                 if isinstance(sc, SideStaged):
@@ -205,7 +205,8 @@ class CountStore:
                                    None if stored < 0 else stored))
         return out
 
-    async def _run_apply(self, staged: Mapping[str, bytes | bytearray], keys_: list[str],
+    async def _run_apply(self, staged: Mapping[str, bytes | bytearray | memoryview],
+                         keys_: list[str],
                          args: list[Any]) -> Any:
         """One apply call, its staged side strings written first (they expire by themselves
         if the call never comes: a crash in between)."""

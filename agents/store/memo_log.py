@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from ldpstream.agents.store.device_memo import (
+    CODES,
     META,
     ROW,
     DeviceTable,
@@ -154,7 +155,7 @@ class DeviceIndex:
     def _append(self, ids: np.ndarray, pos: np.ndarray) -> None:
         need = self._n + ids.size
         if need > self._ids.size:
-            cap = max(need, self._ids.size * 3 // 2 + 1024)
+            cap = max(need, 2 * self._ids.size + 1024)   # spare pages are never touched
             grown_ids = np.empty(cap, dtype=np.uint64)
             grown_pos = np.empty(cap, dtype=np.uint32)
             grown_ids[:self._n] = self._ids[:self._n]
@@ -217,17 +218,23 @@ class Chunk:
         self.write(buf, 0)
         return bytes(buf)
 
-    def write(self, buf: bytearray, at: int) -> int:
-        """Write the chunk into ``buf`` at byte ``at`` (one copy of each array); returns the
-        byte after it."""
+    def write(self, buf: bytearray | np.ndarray, at: int) -> int:
+        """Write the chunk into ``buf`` at byte ``at`` (one copy of each array, every byte
+        written: ``buf`` may be uninitialized); returns the byte after it."""
         n, cols = self.rows.shape
         width = cols - META
         size = row_bytes(width, self.code)
+        end = at + chunk_size(n, width, self.code)
         np.frombuffer(buf, dtype="<i8", count=2, offset=at)[:] = (width | self.code << 32, n)
         np.frombuffer(buf, dtype="<u8", count=n, offset=at + 16)[:] = self.ids
-        encode_rows(self.rows, self.code, np.frombuffer(
-            buf, dtype=np.uint8, count=n * size, offset=at + 16 + 8 * n).reshape(n, size))
-        return at + chunk_size(n, width, self.code)
+        body = at + 16 + 8 * n
+        out = np.frombuffer(buf, dtype=np.uint8, count=n * size, offset=body).reshape(n, size)
+        used = 4 * META + width * CODES[self.code].itemsize
+        if used < size:
+            out[:, used:] = 0
+        encode_rows(self.rows, self.code, out)
+        np.frombuffer(buf, dtype=np.uint8, count=end - body - n * size, offset=body + n * size)[:] = 0
+        return end
 
 
 @dataclasses.dataclass
@@ -264,16 +271,17 @@ class EpochLog:
         return (np.asarray(self.seg_width, dtype=np.int64)[seg],
                 np.asarray(self.seg_code, dtype=np.int64)[seg])
 
-    def place(self, ids: np.ndarray, rows: np.ndarray,
-              fresh_from: int | None = None) -> tuple[list[Chunk], np.ndarray]:
+    def place(self, ids: np.ndarray, rows: np.ndarray, fresh_from: int | None = None,
+              code: int | None = None) -> tuple[list[Chunk], np.ndarray]:
         """Append ``rows`` of ``ids`` (one width), their values in the narrowest code that holds
         them: the chunks and each row's position (a chunk per at most SEG_FILL bytes; a new
         segment when the width or code changes, the last one is full, or a chunk of STAGE_MIN
         bytes or more would go to a segment that starts before ``fresh_from``, the position
-        where the delta's own rows start)."""
+        where the delta's own rows start). ``code``: one known to hold the values."""
         n, cols = rows.shape
         width = cols - META
-        code = value_code(rows[:, META:])
+        if code is None:
+            code = value_code(rows[:, META:])
         rb = row_bytes(width, code)
         per = max(1, (SEG_FILL - 16) // (8 + rb))
         pos = np.empty(n, dtype=np.uint32)
@@ -408,17 +416,19 @@ class LogPending:
         """Whether segment ``seg`` holds nothing but what this delta appends."""
         return (seg << SEG_BITS) >= self.start
 
-    def patches(self) -> dict[int, tuple[bytearray, int, np.ndarray, np.ndarray]]:
+    def patches(self) -> dict[int, tuple[memoryview, int, np.ndarray, np.ndarray]]:
         """Segment -> (bytes appended, bytes a rewritten row, their byte offsets, their rows):
         what :func:`patch_blob` encodes for the apply."""
-        out: dict[int, tuple[bytearray, int, np.ndarray, np.ndarray]] = {}
+        out: dict[int, tuple[memoryview, int, np.ndarray, np.ndarray]] = {}
         by_seg: dict[int, list[Chunk]] = {}
         for ch in self.chunks:
             by_seg.setdefault(ch.seg, []).append(ch)
-        appended: dict[int, bytearray] = {}
+        appended: dict[int, np.ndarray] = {}
         for seg_, chunks in by_seg.items():   # one buffer a segment, each chunk copied once
-            buf = appended[seg_] = bytearray(sum(
-                chunk_size(c.rows.shape[0], c.rows.shape[1] - META, c.code) for c in chunks))
+            # uninitialized (no zero-fill pass): every byte is written, padding included
+            buf = appended[seg_] = np.empty(sum(
+                chunk_size(c.rows.shape[0], c.rows.shape[1] - META, c.code) for c in chunks),
+                dtype=np.uint8)
             at = 0
             for c in chunks:
                 at = c.write(buf, at)
@@ -430,11 +440,13 @@ class LogPending:
             rows = encode_rows(self.inplace.rows[sel][:, :META + width], code) if sel.any() \
                 else np.empty((0, row_bytes(width, code)), dtype=np.uint8)
             off = ((pos[sel] & ((1 << SEG_BITS) - 1)) * 4).astype(_U4)
-            out[int(s)] = (appended.get(s, bytearray()), row_bytes(width, code), off, rows)
+            app = appended.get(s)
+            out[int(s)] = (app.data if app is not None else memoryview(b""),
+                           row_bytes(width, code), off, rows)
         return out
 
 
-def patch_blob(appended: bytes | bytearray, size: int, offsets: np.ndarray,
+def patch_blob(appended: bytes | bytearray | memoryview, size: int, offsets: np.ndarray,
                rows: np.ndarray) -> bytes:
     """The ``~`` side operation of the apply script (agents/store/scripts.py): rows (encoded:
     an ``(n, size)`` uint8 matrix) rewritten at byte ``offsets``, then ``appended``

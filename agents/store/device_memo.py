@@ -333,9 +333,10 @@ def chunk_size(n: int, width: int, code: int) -> int:
     return 16 + 8 * n + body + body % 8
 
 
-def log_chunks(data: bytes, with_offsets: bool = False) -> list:
+def log_chunks(data: bytes, with_offsets: bool = False, rows_too: bool = True) -> list:
     """The chunks of a log, in order: (ids, rows) each, or (byte offset, ids, rows, code) with
-    ``with_offsets`` (rows as int32 whatever their code); ValueError when it is not a log."""
+    ``with_offsets`` (rows as int32 whatever their code; without ``rows_too`` an empty array
+    of the rows' shape: an index needs only the ids); ValueError when it is not a log."""
     if len(data) % 8:
         raise ValueError(f"device state of {len(data)} bytes is not a log of int64 words")
     out: list = []
@@ -352,9 +353,12 @@ def log_chunks(data: bytes, with_offsets: bool = False) -> list:
         if end > len(data):
             raise ValueError(f"corrupt device state log chunk (width {width}, rows {n})")
         ids = np.frombuffer(data, dtype=_U8, count=n, offset=pos + 16)
-        raw = np.frombuffer(data, dtype=np.uint8, count=n * size,
-                            offset=pos + 16 + 8 * n).reshape(n, size)
-        rows = decode_rows(raw, width, code)
+        if rows_too:
+            raw = np.frombuffer(data, dtype=np.uint8, count=n * size,
+                                offset=pos + 16 + 8 * n).reshape(n, size)
+            rows = decode_rows(raw, width, code)
+        else:
+            rows = np.empty((n, META + width), dtype=ROW)   # never touched: not resident
         out.append((pos, ids, rows, code) if with_offsets else (ids, rows))
         pos = end
     return out

@@ -470,7 +470,7 @@ def index_segments(segments: Sequence[bytes | None]
         lens.append(len(data))
         w: int | None = None
         c = 0
-        for at, cid, rows, code in log_chunks(data, with_offsets=True):
+        for at, cid, rows, code in log_chunks(data, with_offsets=True, rows_too=False):
             n, cols = rows.shape
             same = w is None or (w == cols - META and c == code)
             w, c = (cols - META, code) if same else (-1, code)

@@ -277,8 +277,9 @@ def test_side_logs_append_replace_and_refuse_torn_words(redis_url):
 def test_device_segments_rewritten_in_place_staged_and_read_back(redis_url):
     """A device state segment (agents/store/memo_log.py): rows rewritten in place and bytes
     appended with the counts (``~``), a new segment staged beforehand and RENAMEd by the apply
-    (a refused delta deletes its staging key), rows read back by position; a rewrite beyond the
-    segment is refused before anything is written."""
+    (a refused delta deletes its staging key), a finished segment trimmed of APPEND's spare room
+    (``^``), rows read back by position; a rewrite beyond the segment is refused before anything
+    is written."""
     from ldpstream.agents.store.memo_log import patch_blob
 
     async def body(store: CountStore):
@@ -305,12 +306,24 @@ def test_device_segments_rewritten_in_place_staged_and_read_back(redis_url):
         back = await store.read_side_rows("sseg", 0, "memo:x:1", 8,
                                           np.array([8, 36], dtype="<u4").tobytes())
         assert np.frombuffer(back, dtype="<i4").tolist() == [7, 9, 1, 0]   # past the end: zeros
+        grown = np.arange(64 << 10, dtype="<i4").tobytes()   # APPENDed: room kept for growth
+        assert (await store.apply_many("sseg", [delta(2, {"memo:x:1": SidePatch(
+            patch_blob(grown, 8, np.empty(0, np.uint32), np.empty((0, 8), np.uint8)))})]))[
+            0].applied
+        before = await store.redis.memory_usage(key, samples=0)
+        assert (await store.apply_many("sseg", [delta(3, {"memo:x:1": SidePatch(
+            patch_blob(b"", 8, np.empty(0, np.uint32), np.empty((0, 8), np.uint8), True))})]))[
+            0].applied
+        assert await store.redis.get(key) == bytes(np.array(got, "<i4").tobytes()) + grown
+        assert await store.redis.memory_usage(key, samples=0) < before - 100_000
+        assert not await store.redis.keys("*trim*")
+        await store.redis.set(key, np.array(got, "<i4").tobytes())
         res = await store.apply_many("sseg", [delta(5, {"memo:x:2": SideStaged(a)})])
         assert res[0].status.value == "conflict" and not await store.redis.keys("*stage*")
         with pytest.raises(Exception, match="side patch beyond"):
-            await store.apply_many("sseg", [delta(2, {"memo:x:1": SidePatch(
+            await store.apply_many("sseg", [delta(4, {"memo:x:1": SidePatch(
                 patch_blob(b"", 8, np.array([40], np.uint32), rows(1, 1)))})])
-        assert await store.offsets("sseg", P) == {0: 1} and len(await store.redis.get(key)) == 40
+        assert await store.offsets("sseg", P) == {0: 3} and len(await store.redis.get(key)) == 40
     run(body, redis_url)
 
 

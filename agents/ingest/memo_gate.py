@@ -331,7 +331,10 @@ class MemoGate:
         if app.size:
             lp = self._pending(pend, cur)
             au, ar = (u, rows) if app.size == u.size else (u[app], rows[app])
+            segs = len(cur.seg_len)
             chunks, pos = cur.place(au, ar, lp.start, code)
+            if segs and len(cur.seg_len) > segs and not lp.fresh(segs - 1):
+                lp.trim.add(segs - 1)   # finished: its spare room dropped with this apply
             lp.chunks += chunks
             cur.index.upsert(au, pos)
         metrics.MEMO_DEVICES.labels(cid, str(state.tp.partition)).set(self.entries(state))
@@ -366,9 +369,10 @@ class MemoGate:
                     out[segment_name(name, s)] = SideLog(b"", replace=True)
                 continue
             for seg, (app, size, off, rows) in lp.patches().items():
+                trim = seg in lp.trim
                 if lp.fresh(seg) and len(app) >= STAGE_MIN and not off.size:
                     out[segment_name(name, seg)] = SideStaged(app, lp.expire_at)
-                elif app or off.size:
-                    out[segment_name(name, seg)] = SidePatch(patch_blob(app, size, off, rows),
-                                                             lp.expire_at)
+                elif app or off.size or trim:
+                    out[segment_name(name, seg)] = SidePatch(
+                        patch_blob(app, size, off, rows, trim), lp.expire_at)
         return out

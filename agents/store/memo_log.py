@@ -326,6 +326,8 @@ class LogPending:
     fetch_width: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
     write_width: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
     clear: int = 0
+    #: segments finished (a newer one started): trimmed by the apply
+    trim: set[int] = dataclasses.field(default_factory=set)
 
     def _in_chunks(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         firsts = np.array([c.first for c in self.chunks], dtype=np.int64)
@@ -434,7 +436,7 @@ class LogPending:
                 at = c.write(buf, at)
         pos = self.inplace.ids.astype(np.int64) if len(self.inplace) else np.empty(0, np.int64)
         seg = pos >> SEG_BITS
-        for s in sorted(set(appended) | set(np.unique(seg).tolist())):
+        for s in sorted(set(appended) | set(np.unique(seg).tolist()) | self.trim):
             sel = seg == s
             width, code = self.write_width.get(s, (0, 0))
             rows = encode_rows(self.inplace.rows[sel][:, :META + width], code) if sel.any() \
@@ -447,11 +449,11 @@ class LogPending:
 
 
 def patch_blob(appended: bytes | bytearray | memoryview, size: int, offsets: np.ndarray,
-               rows: np.ndarray) -> bytes:
+               rows: np.ndarray, trim: bool = False) -> bytes:
     """The ``~`` side operation of the apply script (agents/store/scripts.py): rows (encoded:
     an ``(n, size)`` uint8 matrix) rewritten at byte ``offsets``, then ``appended``
-    appended."""
-    return (b"~" + struct.pack("<II", len(appended), size) + appended
+    appended (``trim``: then the segment is copied without its spare room: it is finished)."""
+    return ((b"^" if trim else b"~") + struct.pack("<II", len(appended), size) + appended
             + offsets.astype(_U4).tobytes() + np.ascontiguousarray(rows).tobytes())
 
 

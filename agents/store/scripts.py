@@ -16,7 +16,8 @@ __all__ = ["APPLY_LUA", "REBASE_LUA", "NOTE_START_LUA", "RESET_SHARD_LUA", "RESE
 #       of digits and ':') or "+<bytes>" (APPEND to a string: int64 words) or "!<bytes>" (SET;
 #       "!" alone: DEL) or "~<patch>" (a device state segment, agents/store/memo_log.py
 #       patch_blob: u32 appended length A, u32 row length L, A bytes appended, then N u32 byte
-#       offsets and N rows of L bytes each rewritten there with SETRANGE, within the string) or
+#       offsets and N rows of L bytes each rewritten there with SETRANGE, within the string;
+#       "^<patch>" the same, then the string copied to drop the spare room APPEND left) or
 #       "<" (a staging string written before the call, consumed by the next side key) and ">"
 #       (RENAME the previous side key, a "<", to this one: big new bytes never pass through Lua,
 #       which copies its arguments at ~5 ns a byte). A refused delta deletes its staging keys.
@@ -63,7 +64,7 @@ if not typed(KEYS[2], 'string') or not is_int(redis.call('HGET', KEYS[1], 'n')) 
 end
 local function is_log(j)
   local c = string.sub(ARGV[7 + 2 * j], 1, 1)
-  return j > nchunks and (c == '+' or c == '!' or c == '~' or c == '<' or c == '>')
+  return j > nchunks and (c == '+' or c == '!' or c == '~' or c == '^' or c == '<' or c == '>')
 end
 for j = 1, nchunks + nside do
   if not typed(KEYS[2 + j], (j <= nchunks or is_log(j)) and 'string' or 'hash') then
@@ -84,7 +85,7 @@ for j = 1, nchunks + nside do
     if blob == '>' and (ARGV[5 + 2 * j] ~= '<' or redis.call('EXISTS', KEYS[1 + j]) == 0) then
       return redis.error_reply('ldp-apply: staged side string missing for ' .. KEYS[2 + j])
     end
-  elseif is_log(j) and string.sub(blob, 1, 1) == '~' then  -- rows rewritten, then appended
+  elseif is_log(j) and (string.sub(blob, 1, 1) == '~' or string.sub(blob, 1, 1) == '^') then
     if #blob < 9 then return redis.error_reply('ldp-apply: malformed side patch') end
     local alen, L = struct.unpack('<I4I4', blob, 2)
     local rest = #blob - 9 - alen
@@ -140,7 +141,7 @@ for j = 1, nside do
     redis.call('RENAME', KEYS[1 + nchunks + j], key)
   elseif kind == '+' then
     redis.call('APPEND', key, string.sub(blob, 2))
-  elseif kind == '~' then
+  elseif kind == '~' or kind == '^' then  -- rows rewritten, then appended (^: then trimmed)
     local alen, L = struct.unpack('<I4I4', blob, 2)
     local at = 10 + alen
     local n = (#blob - at + 1) / (4 + L)
@@ -150,6 +151,13 @@ for j = 1, nside do
       redis.call('SETRANGE', key, off, string.sub(blob, base + L * i, base + L * (i + 1) - 1))
     end
     if alen > 0 then redis.call('APPEND', key, string.sub(blob, 10, 9 + alen)) end
+    if kind == '^' and redis.call('EXISTS', key) == 1 then
+      -- a finished segment: a copy holds its bytes without the room APPEND kept for growth
+      local tmp = key .. ':trim'
+      redis.call('DEL', tmp)
+      redis.call('COPY', key, tmp)
+      redis.call('RENAME', tmp, key)
+    end
   elseif kind == '!' and #blob == 1 then
     redis.call('DEL', key)
   elseif kind == '!' then

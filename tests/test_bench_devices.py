@@ -29,8 +29,9 @@ def test_bench_devices_quick_json():
             v = step[key]
             assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (key, v)
         assert step["memo_vs_plain"] == step["memo_rate"] / step["plain_rate"]
-        # a log row is 8 + 4 × (3 + 8) = 52 bytes; a dedupe or quota field holds more than an id
-        assert 52 <= step["memo_bytes"] < 400 and 8 < step["dedupe_bytes"] < 400
+        # a log row is 8 + 4 × 3 + 8 = 28 bytes (the 8 values in one byte each); a dedupe or
+        # quota field holds more than an id
+        assert 28 <= step["memo_bytes"] < 400 and 8 < step["dedupe_bytes"] < 400
     (restart,) = doc["restart_at"]
     assert restart["devices"] == 50_000 and restart["restart_to_ready_s"] > 0
     churn = doc["churn"]
@@ -41,3 +42,4 @@ def test_bench_devices_quick_json():
     assert max(late) <= 1.1 * min(late), late
     assert grown["entries_by_month"][-1] > 1.5 * kept["entries_by_month"][-1]
     assert math.isfinite(doc["rss_growth"])
+    assert kept["peak_index_bytes"] == 12 * kept["max_entries"]

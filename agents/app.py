@@ -24,6 +24,7 @@ import tempfile
 import threading
 from typing import Any
 
+from ldpstream.agents import heap
 from ldpstream.agents.context import Context
 from ldpstream.agents.control.controller import Controller
 from ldpstream.agents.control.controller import install as controller_timers
@@ -283,25 +284,6 @@ def _prompt_worker_class() -> type:
     return PromptWorker
 
 
-#: glibc's M_MMAP_THRESHOLD (mallopt)
-_M_MMAP_THRESHOLD = -3
-
-
-def pin_mmap_threshold(size: int = 1 << 20) -> bool:
-    """Allocations of ``size`` bytes or more always mapped, so freed at once. glibc raises its
-    threshold to the largest block freed (up to 32 MB): the worker's transient buffers of a few
-    MB (a delta's device rows on their way to Redis) would then stay in its heap after use,
-    and its resident memory grow with the deltas it has seen. Only on glibc; False elsewhere."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        name = ctypes.util.find_library("c")
-        return bool(name) and ctypes.CDLL(name).mallopt(_M_MMAP_THRESHOLD, int(size)) == 1
-    except (OSError, AttributeError):
-        return False
-
-
 def main(args) -> int:
     """``ldpstream worker [--config F] [--web-port P]``."""
     from ldpstream.config import load_config
@@ -336,7 +318,7 @@ def main(args) -> int:
           f"(collections: {', '.join(config.collections)})",
           file=sys.stderr, flush=True)
     worker = _PromptWorker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
-    pin_mmap_threshold()
+    heap.pin_mmap_threshold()
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:

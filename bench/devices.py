@@ -13,16 +13,20 @@ For each step (a number of distinct devices) the bench
    timing), ``memo_vs_plain``; ``restart_to_ready_s``: from starting the
    ``devm`` worker (holding the devices of the steps before in Redis) to its first applied
    delta, i.e. process start, group join and the device state read (``plain_restart_s`` is the
-   same without device state); ``worker_rss_mb``: the ``devm`` worker's resident memory after the
-   step (``/proc/<pid>/status``);
+   same without device state); ``worker_rss_mb``: the ``devm`` worker's resident memory right
+   after the step's last apply (``/proc/<pid>/status``), ``worker_rss_mb_idle`` the same once it
+   has been idle ``IDLE_S`` seconds (the last polls' buffers handed back, agents/heap.py: what it
+   holds for its devices; ``rss_growth`` and ``rss_bytes_per_added_device`` compare these from
+   the first to the last step, the ``_busy`` ones the former);
 3. ``refresh_s``: the mean ``ldp_estimate_refresh_seconds`` of ``devm``;
 4. ``rebalance_s``: a second worker joins; from its start until a report sent to each of the 4
    partitions after it holds partitions is counted (the new owner read its partitions' state);
-5. Redis bytes per device: ``memo_bytes``: ``MEMORY USAGE`` of the device state logs over the
-   devices they hold; ``dedupe_bytes`` and ``quota_bytes``: of the batch-dedupe and quota side
-   hashes of a third collection ``devq`` (plain, ``device_quota``, every device sending its own
-   keyed one-report batch) fed up to 30,000 of the step's new devices (their encoding does not
-   depend on the fleet size once a hash holds more than 128 fields).
+5. Redis bytes per device: ``memo_bytes``: ``MEMORY USAGE`` of the device state logs'
+   segments over the devices they hold (agents/store/memo_log.py); ``dedupe_bytes`` and
+   ``quota_bytes``: of the batch-dedupe and quota side hashes of a third collection ``devq``
+   (plain, ``device_quota``, every device sending its own keyed one-report batch) fed up to
+   30,000 of the step's new devices (their encoding does not depend on the fleet size once a
+   hash holds more than 128 fields).
 
 Then the **churn run** (``churn``): the retention rule itself (agents/store/device_memo.py
 ``roll``, ``latest_per_device``: the worker's functions, in this process, no broker) for one of
@@ -63,6 +67,8 @@ PARTITIONS = 4
 MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 4.0}
 #: devices of a step that feed the dedupe and quota collection
 SIDE_SAMPLE = 30_000
+#: seconds after its last apply when the worker's resident memory is read again, idle
+IDLE_S = 7.0
 
 
 def _write_config(path: Path, devices_max: int, refresh_interval_s: float) -> None:
@@ -347,6 +353,7 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
                     if coll is plain:
                         row.update(plain_rate=rate, plain_restart_s=ready)
                     elif coll is memo:
+                        counted = time.monotonic()
                         row.update(memo_rate=rate, restart_to_ready_s=ready,
                                    worker_rss_mb=_rss_mb(worker.pid))
                         deadline = time.monotonic() + 120
@@ -356,6 +363,10 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
                             refresh = metric_mean(_get(port, "/metrics"),
                                                    "ldp_estimate_refresh_seconds", memo.id)
                         row["refresh_s"] = refresh
+                        # idle: the last polls' buffers freed and handed back (agents/heap.py,
+                        # every 5 s): what the worker holds for its devices
+                        await asyncio.sleep(max(0.0, IDLE_S - (time.monotonic() - counted)))
+                        row["worker_rss_mb_idle"] = _rss_mb(worker.pid)
                         say(f"{devices:,} devices: rebalance ...")
                         probe = ids[:PARTITIONS]   # known devices, one per partition
                         row["rebalance_s"] = await _rebalance(
@@ -387,9 +398,10 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
             (b["worker_rss_mb"] - a["worker_rss_mb"]) * 2**20 / (b["devices"] - a["devices"]))
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
-        result["rss_growth"] = b["worker_rss_mb"] / a["worker_rss_mb"] - 1.0
-        result["rss_bytes_per_added_device"] = ((b["worker_rss_mb"] - a["worker_rss_mb"])
-                                                * 2**20 / (b["devices"] - a["devices"]))
+        for key, suffix in (("worker_rss_mb_idle", ""), ("worker_rss_mb", "_busy")):
+            result["rss_growth" + suffix] = b[key] / a[key] - 1.0
+            result["rss_bytes_per_added_device" + suffix] = (
+                (b[key] - a[key]) * 2**20 / (b["devices"] - a["devices"]))
     say("churn run (36 simulated months) ...")
     result["churn"] = churn(fleet=20_000 if quick else 1_000_000)
     return result
@@ -408,12 +420,13 @@ def main(args: Any) -> int:
     if quiet:
         print(json.dumps(res, indent=2))
         return 0
-    head = ("devices", "memo B", "dedupe B", "quota B", "RSS MB", "memo r/s", "plain r/s",
-            "ratio", "refresh s", "restart s", "rebal. s")
+    head = ("devices", "memo B", "dedupe B", "quota B", "RSS MB", "idle MB", "memo r/s",
+            "plain r/s", "ratio", "refresh s", "restart s", "rebal. s")
     print(" ".join(f"{h:>11}" for h in head))
     for r in res["steps"]:
         vals = (f"{r['devices']:,}", f"{r['memo_bytes'] or 0:.1f}", f"{r['dedupe_bytes'] or 0:.1f}",
                 f"{r['quota_bytes'] or 0:.1f}", f"{r['worker_rss_mb']:.0f}",
+                f"{r['worker_rss_mb_idle']:.0f}",
                 f"{r['memo_rate']:,.0f}", f"{r['plain_rate']:,.0f}", f"{r['memo_vs_plain']:.2f}",
                 f"{r['refresh_s'] or 0:.3f}", f"{r['restart_to_ready_s']:.1f}",
                 f"{r['rebalance_s']:.1f}")
@@ -422,8 +435,13 @@ def main(args: Any) -> int:
         print(f"restart with {r['devices']:,} devices in state (logs written directly): ready in "
               f"{r['restart_to_ready_s']:.1f} s, worker RSS {r['worker_rss_mb']:.0f} MB")
     if "rss_growth" in res:
-        print(f"worker RSS growth first -> last step: {100 * res['rss_growth']:.1f} % "
-              f"({res['rss_bytes_per_added_device']:.1f} bytes per added device)")
+        print(f"worker RSS growth first -> last step, idle: {100 * res['rss_growth']:.1f} % "
+              f"({res['rss_bytes_per_added_device']:.1f} bytes per added device); right after "
+              f"the last apply: {100 * res['rss_growth_busy']:.1f} % "
+              f"({res['rss_bytes_per_added_device_busy']:.1f} bytes per added device)")
+    if "restart_rss_bytes_per_added_device" in res:
+        print(f"worker RSS with the state loaded: "
+              f"{res['restart_rss_bytes_per_added_device']:.1f} bytes per added device")
     c = res["churn"]
     for name in ("with_retention", "without_retention"):
         s = c[name]

@@ -14,6 +14,7 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STEP_KEYS = {"memo_bytes", "dedupe_bytes", "quota_bytes", "worker_rss_mb", "memo_rate",
+             "worker_rss_mb_idle",
              "plain_rate", "memo_vs_plain", "refresh_s", "restart_to_ready_s", "rebalance_s",
              "plain_restart_s"}
 
@@ -41,5 +42,5 @@ def test_bench_devices_quick_json():
     late = kept["entries_by_month"][6:]
     assert max(late) <= 1.1 * min(late), late
     assert grown["entries_by_month"][-1] > 1.5 * kept["entries_by_month"][-1]
-    assert math.isfinite(doc["rss_growth"])
+    assert math.isfinite(doc["rss_growth"]) and math.isfinite(doc["rss_growth_busy"])
     assert kept["peak_index_bytes"] == 12 * kept["max_entries"]

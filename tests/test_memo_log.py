@@ -68,8 +68,17 @@ def test_rows_take_the_narrowest_code_and_a_new_segment_when_it_changes():
 
 
 def _apply(segs: dict[int, bytearray], lp: LogPending) -> None:
-    """What the apply script does with a delta's patches (scripts.py ``~``): rewrite, append."""
+    """What a flush and the apply script do with a delta: the segments dense with superseded
+    rows read whole and rebuilt (memo_gate ``fetch``, then a staged RENAME), the others patched
+    (scripts.py ``~``): rewrite, append."""
+    for seg, (width, code, _, off) in lp.to_fetch().items():
+        if lp.dense(seg, off.size):
+            lp.rebuild(seg, width, code, off, bytes(segs[seg]))
+    for seg, data in lp.replaced.items():
+        segs[seg] = bytearray(data)
     for seg, (app, size, off, rows) in lp.patches().items():
+        if seg in lp.replaced:
+            continue
         blob = patch_blob(app, size, off, rows)
         alen, L = struct.unpack_from("<II", blob, 1)
         buf = segs.setdefault(seg, bytearray())
@@ -82,11 +91,16 @@ def _apply(segs: dict[int, bytearray], lp: LogPending) -> None:
         buf += blob[9:9 + alen]
 
 
-def test_rewrites_in_place_and_appends_replay_to_the_latest_row_of_each_device():
+@pytest.mark.parametrize("dense", [False, True])
+def test_rewrites_in_place_and_appends_replay_to_the_latest_row_of_each_device(dense, monkeypatch):
     """Three deltas of a model worker against a model Redis: new devices appended (a big one
     in fresh segments), known ones rewritten in place (from Redis or from the delta's own
     rows), a wider report appended anew; reading the segments back gives every device's latest
-    row at the position the index holds."""
+    row at the position the index holds; ``dense``: the segments read whole and rebuilt instead
+    of patched row by row."""
+    from ldpstream.agents.store import memo_log
+
+    monkeypatch.setattr(memo_log, "ROW_NS", 1 << 40 if dense else 0)
     rng = np.random.default_rng(5)
     log, segs, latest = EpochLog("memo:L:5", 0.0), {}, {}
     big = SEG_FILL // 10
@@ -106,6 +120,7 @@ def test_rewrites_in_place_and_appends_replay_to_the_latest_row_of_each_device()
                 at = np.flatnonzero(found)
                 mem, _ = lp.rows_at(pos[at])
                 lp.fetch_add(pos[at][~mem], w[~mem], c[~mem])
+                lp.note_sizes(pos[at][~mem], log.seg_len)
                 ok = w >= width
                 lp.write_at(pos[at][ok], rows[at[ok]], w[ok])
                 lp.note_widths(pos[at][ok], w[ok], c[ok])
@@ -116,6 +131,7 @@ def test_rewrites_in_place_and_appends_replay_to_the_latest_row_of_each_device()
             log.index.upsert(ids[app], p)
             latest.update({int(d): r[:META + r[2]].tolist() for d, r in zip(ids, rows)})
         _apply(segs, lp)
+        assert bool(lp.replaced) == (dense and delta > 0)
         if delta == 0:
             assert len(segs) > 1 and all(lp.fresh(s) for s in segs)
             assert max(len(b) for b in segs.values()) <= SEG_FILL

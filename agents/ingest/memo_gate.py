@@ -312,6 +312,7 @@ class MemoGate:
             mem, mrows = lp.rows_at(pos)
             old.append(mrows)
             lp.fetch_add(pos[~mem], slot_w[~mem], slot_c[~mem])
+            lp.note_sizes(pos[~mem], cur.seg_len)
             # rewritten in place where the row fits its slot: as wide, values in its code
             rank = device_memo.CODE_RANK[code]
             fits = (slot_w >= width) & (np.asarray(device_memo.CODE_RANK)[slot_c] >= rank)
@@ -327,6 +328,7 @@ class MemoGate:
                 mem, mrows = lp.rows_at(pos)
                 old.append(mrows)
                 lp.fetch_add(pos[~mem], *prev.slots(pos[~mem]))
+                lp.note_sizes(pos[~mem], prev.seg_len)
         app = np.flatnonzero(~placed)
         if app.size:
             lp = self._pending(pend, cur)
@@ -344,9 +346,17 @@ class MemoGate:
         """The applied rows ``pend`` supersedes, read back from Redis (one call per segment):
         subtracted with it. Once per delta (the positions are consumed)."""
         parts = []
+        part = pend.tp.partition
         for lp in pend.memo.values():
             for seg, (width, code, size, off) in lp.to_fetch().items():
                 name, blob = segment_name(lp.name, seg), off.tobytes()
+                if lp.dense(seg, off.size):   # many rows of it: the segment moved whole
+                    whole = await self.gate.retry(
+                        functools.partial(self.store.read_side_bytes, cid, part, name),
+                        what=f"read the superseded reports of {cid}[{part}]")
+                    rows = lp.rebuild(seg, width, code, off, whole or b"")
+                    parts.append(rows[(rows != 0).any(axis=1)])
+                    continue
                 raw = await self.gate.retry(
                     functools.partial(self.store.read_side_rows, cid, pend.tp.partition, name,
                                       size, blob),
@@ -368,7 +378,11 @@ class MemoGate:
                 for s in range(lp.clear):
                     out[segment_name(name, s)] = SideLog(b"", replace=True)
                 continue
+            for seg, data in lp.replaced.items():
+                out[segment_name(name, seg)] = SideStaged(data, lp.expire_at)
             for seg, (app, size, off, rows) in lp.patches().items():
+                if seg in lp.replaced:
+                    continue
                 trim = seg in lp.trim
                 if lp.fresh(seg) and len(app) >= STAGE_MIN and not off.size:
                     out[segment_name(name, seg)] = SideStaged(app, lp.expire_at)

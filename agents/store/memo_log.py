@@ -33,6 +33,7 @@ from ldpstream.agents.store.device_memo import (
     ROW,
     DeviceTable,
     chunk_size,
+    decode_rows,
     encode_rows,
     last_of,
     log_chunks,
@@ -53,6 +54,9 @@ MAX_SEGMENTS = 1 << (32 - SEG_BITS)
 #: a segment holds at most this many bytes (an APPEND copies at most about this much when Redis
 #: grows the string)
 SEG_FILL = 2 << 20
+#: the cost of one row read or rewritten in Lua, and of one byte of a segment moved whole (ns;
+#: measured here: :meth:`LogPending.dense`)
+ROW_NS, BYTE_NS = 2500, 4
 #: rows appended by one delta to a segment it starts, from this many bytes on, are not passed
 #: through the Lua apply (which copies every byte of its arguments, ~5 ns a byte) but written to
 #: a staging key beforehand and RENAMEd into place by the apply (agents/store/scripts.py ``<``,
@@ -328,6 +332,10 @@ class LogPending:
     clear: int = 0
     #: segments finished (a newer one started): trimmed by the apply
     trim: set[int] = dataclasses.field(default_factory=set)
+    #: segment -> its bytes when last seen (to weigh reading it whole against row by row)
+    seg_bytes: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: segment -> its whole new content (:meth:`rebuild`): written instead of its patch
+    replaced: dict[int, bytes] = dataclasses.field(default_factory=dict)
 
     def _in_chunks(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         firsts = np.array([c.first for c in self.chunks], dtype=np.int64)
@@ -413,6 +421,38 @@ class LogPending:
             width, code = self.fetch_width[int(s)]
             out[int(s)] = (width, code, row_bytes(width, code), off)
         return out
+
+    def note_sizes(self, pos: np.ndarray, seg_len: Sequence[int]) -> None:
+        for s in np.unique(pos >> SEG_BITS).tolist():
+            self.seg_bytes[int(s)] = int(seg_len[int(s)])
+
+    def dense(self, seg: int, rows: int) -> bool:
+        """Whether ``rows`` rows of segment ``seg`` are cheaper read and rewritten by moving the
+        whole segment (GET, then a staged SET and RENAME: a few ns a byte) than one by one in
+        Lua (GETRANGE and SETRANGE: a few µs a row)."""
+        return rows * ROW_NS >= self.seg_bytes.get(seg, 1 << 62) * BYTE_NS
+
+    def rebuild(self, seg: int, width: int, code: int, off: np.ndarray,
+                raw: bytes) -> np.ndarray:
+        """Segment ``seg`` read whole (``raw``, as applied): the rows at byte ``off`` it
+        supersedes (returned), and its new content with this delta's rows rewritten in place and
+        appended (:attr:`replaced`, written by the apply instead of a patch)."""
+        size = row_bytes(width, code)
+        buf = np.frombuffer(raw, dtype=np.uint8).copy()
+        at = off.astype(np.int64)[:, None] + np.arange(size)
+        old = decode_rows(buf[at], width, code) if off.size else \
+            np.empty((0, META + width), dtype=ROW)
+        pos = self.inplace.ids.astype(np.int64) if len(self.inplace) else np.empty(0, np.int64)
+        sel = (pos >> SEG_BITS) == seg
+        if sel.any():
+            ww, wc = self.write_width[seg]
+            wsize = row_bytes(ww, wc)
+            woff = (pos[sel] & ((1 << SEG_BITS) - 1)) * 4
+            buf[woff[:, None] + np.arange(wsize)] = encode_rows(
+                self.inplace.rows[sel][:, :META + ww], wc)
+        tail = [ch.encode() for ch in self.chunks if ch.seg == seg]
+        self.replaced[seg] = buf.tobytes() + b"".join(tail)
+        return old
 
     def fresh(self, seg: int) -> bool:
         """Whether segment ``seg`` holds nothing but what this delta appends."""

@@ -21,7 +21,10 @@ For each step (a number of distinct devices) the bench
 3. ``refresh_s``: the mean ``ldp_estimate_refresh_seconds`` of ``devm``;
 4. ``rebalance_s``: a second worker joins; from its start until a report sent to each of the 4
    partitions after it holds partitions is counted (the new owner read its partitions' state);
-5. Redis bytes per device: ``memo_bytes``: ``MEMORY USAGE`` of the device state logs'
+5. the step's devices report again (new reports, to both topics) and a worker on each counts
+   them: ``memo_again_rate``, ``plain_again_rate``, ``memo_vs_plain_again`` (each memoized
+   report now reads back and rewrites its device's row: the common case of a fleet);
+6. Redis bytes per device: ``memo_bytes``: ``MEMORY USAGE`` of the device state logs'
    segments over the devices they hold (agents/store/memo_log.py); ``dedupe_bytes`` and
    ``quota_bytes``: of the batch-dedupe and quota side hashes of a third collection ``devq``
    (plain, ``device_quota``, every device sending its own keyed one-report batch) fed up to
@@ -304,7 +307,7 @@ def churn(fleet: int = 1_000_000, months: int = 36, monthly: float = 0.10,
 
 
 async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any = None,
-              load_steps: tuple[int, ...] = ()) -> dict[str, Any]:
+              load_steps: tuple[int, ...] = (), again: bool = True) -> dict[str, Any]:
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.dev.broker import EmbeddedBroker
@@ -378,6 +381,22 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
             have = devices
             row["memo_vs_plain"] = row["memo_rate"] / row["plain_rate"]
             row.update(await _state_bytes(store))
+            if again:
+                # the step's devices report again: each report reads back and rewrites a row
+                say(f"{devices:,} devices: the step's devices again ...")
+                reports = mech.randomize(recs, rng)
+                await _produce(bootstrap, [plain, memo], ids, reports, BATCH)
+                for coll, key in ((plain, "plain_again_rate"), (memo, "memo_again_rate")):
+                    port = free_port()
+                    start = await store.n(coll.id, coll.partitions)
+                    worker = start_worker(work / f"{coll.id}.yaml", env, port,
+                                          work / f"worker-{coll.id}.log")
+                    try:
+                        _, row[key] = await _count_run(store, coll, start, start + ids.size,
+                                                       time.perf_counter(), port)
+                    finally:
+                        stop_worker(worker)
+                row["memo_vs_plain_again"] = row["memo_again_rate"] / row["plain_again_rate"]
             rows.append(row)
             say("step " + json.dumps(row))
         for devices in load_steps:
@@ -431,6 +450,11 @@ def main(args: Any) -> int:
                 f"{r['refresh_s'] or 0:.3f}", f"{r['restart_to_ready_s']:.1f}",
                 f"{r['rebalance_s']:.1f}")
         print(" ".join(f"{v:>11}" for v in vals))
+    for r in res["steps"]:
+        if "memo_again_rate" in r:
+            print(f"{r['devices']:,} devices reporting again: memoized {r['memo_again_rate']:,.0f} "
+                  f"reports/s, plain {r['plain_again_rate']:,.0f}, ratio "
+                  f"{r['memo_vs_plain_again']:.2f}")
     for r in res.get("restart_at", []):
         print(f"restart with {r['devices']:,} devices in state (logs written directly): ready in "
               f"{r['restart_to_ready_s']:.1f} s, worker RSS {r['worker_rss_mb']:.0f} MB")

@@ -14,7 +14,7 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STEP_KEYS = {"memo_bytes", "dedupe_bytes", "quota_bytes", "worker_rss_mb", "memo_rate",
-             "worker_rss_mb_idle",
+             "worker_rss_mb_idle", "memo_again_rate", "plain_again_rate", "memo_vs_plain_again",
              "plain_rate", "memo_vs_plain", "refresh_s", "restart_to_ready_s", "rebalance_s",
              "plain_restart_s"}
 

@@ -16,13 +16,15 @@ check: install
 	./scripts/typecheck.sh
 
 # every test (CI runs this): the checks, the device SDKs, the core tier on two processes (pure
-# CPU), then the pipeline (real Kafka + Redis children) and e2e tiers in one (their timings assume
-# a core to themselves); every step runs, and any failing fails
+# CPU), then the pipeline (real Kafka + Redis children) and e2e tiers on two processes, a module's
+# tests together (its services are started once); no test assumes a time for a start, they wait
+# for the service to say it is ready; every step runs, and any failing fails
 test: install
 	rc=0; $(MAKE) --no-print-directory check || rc=1; \
 	$(MAKE) --no-print-directory test-sdk || rc=1; \
 	.venv/bin/python -m pytest -q -n 2 -m core --durations=10 tests || rc=1; \
-	.venv/bin/python -m pytest -q -m "not core" --durations=30 tests || rc=1; exit $$rc
+	.venv/bin/python -m pytest -q -n 2 --dist loadscope -m "not core" --durations=30 tests \
+	  || rc=1; exit $$rc
 
 # the device SDKs (docs/device-protocol.md): the C library with warnings as errors and
 # -fsanitize=address,undefined (unit tests and the conformance suite under ctest), a Release

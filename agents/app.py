@@ -43,7 +43,7 @@ from ldpstream.agents.ingest.memo_gate import MemoGate
 from ldpstream.agents.ingest.partition import Partitions
 from ldpstream.agents.ingest.quota_gate import DEVICE_QUOTA, QuotaGate
 from ldpstream.agents.ingest.rebalance import Rebalancer, Seeker
-from ldpstream.agents.ingest.service import IngestService
+from ldpstream.agents.ingest.service import POLL_MAX_RECORDS, IngestService
 from ldpstream.agents.ingest.stats import IngestStats
 from ldpstream.agents.refresh.refresher import Refresher
 from ldpstream.agents.refresh.refresher import install as refresh_timers
@@ -117,7 +117,7 @@ def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int
                       DlqWriter(clients), seeker, stats)
     applier.settle = intake.settle
     memo.flush = applier.flush
-    max_records = 5000
+    max_records = POLL_MAX_RECORDS
     breaker = Breaker(gate, partitions, ctx.store, stats, intake.load, take, applier.flush,
                       max_records)
     log_check = LogCheck(clients, gate, partitions, ctx.store, ctx.kafka_bootstrap,

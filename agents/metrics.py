@@ -165,6 +165,44 @@ ESTIMATE_NOT_CONVERGED = Gauge(
 ESTIMATE_FAILING = Gauge(
     "ldp_estimate_failing", "1 while the last attempt to estimate this marginal failed, else 0.",
     _EST, registry=REGISTRY)
+# numeric attributes (docs/numeric.md "Live"): summaries, not the input grid's cells
+_NUM = _EST + ["category"]   # the whole population: ALL_CATEGORIES; a by-category marginal: each
+#: the ``category`` label of a numeric gauge of the whole population (an empty label value would
+#: be no label to Prometheus, and no value of a dashboard variable)
+ALL_CATEGORIES = "(all)"
+NUMERIC_MEAN = Gauge(
+    "ldp_numeric_mean", "Estimated mean of a numeric attribute (its units): the mean estimator's, "
+    "or the distribution's.", _NUM, registry=REGISTRY)
+NUMERIC_MEAN_LOW = Gauge(
+    "ldp_numeric_mean_low", "Lower end of the mean's 95 % interval (mean estimator).",
+    _NUM, registry=REGISTRY)
+NUMERIC_MEAN_HIGH = Gauge(
+    "ldp_numeric_mean_high", "Upper end of the mean's 95 % interval (mean estimator).",
+    _NUM, registry=REGISTRY)
+NUMERIC_QUANTILE = Gauge(
+    "ldp_numeric_quantile", "Estimated quantile (0.5, 0.9, 0.99) of a numeric attribute "
+    "(distribution estimator).", _NUM + ["quantile"], registry=REGISTRY)
+NUMERIC_QUANTILE_LOW = Gauge(
+    "ldp_numeric_quantile_low", "Lower end of the quantile's 95 % interval.",
+    _NUM + ["quantile"], registry=REGISTRY)
+NUMERIC_QUANTILE_HIGH = Gauge(
+    "ldp_numeric_quantile_high", "Upper end of the quantile's 95 % interval.",
+    _NUM + ["quantile"], registry=REGISTRY)
+NUMERIC_W1_BOUND = Gauge(
+    "ldp_numeric_w1_bound", "Bound on the Wasserstein-1 error of the distribution (its units; "
+    "covers at least 95 %).", _EST, registry=REGISTRY)
+NUMERIC_CDF = Gauge(
+    "ldp_numeric_cdf", "The distribution's CDF at the bounds' bin edges (le, in the attribute's "
+    "units).", _EST + ["le"], registry=REGISTRY)
+NUMERIC_CDF_LOW = Gauge(
+    "ldp_numeric_cdf_low", "Lower end of the CDF's pointwise 95 % band.", _EST + ["le"],
+    registry=REGISTRY)
+NUMERIC_CDF_HIGH = Gauge(
+    "ldp_numeric_cdf_high", "Upper end of the CDF's pointwise 95 % band.", _EST + ["le"],
+    registry=REGISTRY)
+NUMERIC_GAUGES = (NUMERIC_MEAN, NUMERIC_MEAN_LOW, NUMERIC_MEAN_HIGH, NUMERIC_QUANTILE,
+                  NUMERIC_QUANTILE_LOW, NUMERIC_QUANTILE_HIGH, NUMERIC_W1_BOUND, NUMERIC_CDF,
+                  NUMERIC_CDF_LOW, NUMERIC_CDF_HIGH)
 MECHANISM_VERSION = Gauge(
     "ldp_mechanism_version", "Version of the collection's mechanism state in force on this worker "
     "(adaptive mechanisms publish new versions: agents/control/controller.py).",
@@ -201,6 +239,9 @@ METRIC_NAMES: tuple[str, ...] = (
     "ldp_estimate_not_converged",
     "ldp_reports_clamped_total", "ldp_epsilon_per_record", "ldp_refresh_interval_seconds",
     "ldp_ingest_expected", "ldp_estimate_freshness_seconds",
+    "ldp_numeric_mean", "ldp_numeric_mean_low", "ldp_numeric_mean_high", "ldp_numeric_quantile",
+    "ldp_numeric_quantile_low", "ldp_numeric_quantile_high", "ldp_numeric_w1_bound",
+    "ldp_numeric_cdf", "ldp_numeric_cdf_low", "ldp_numeric_cdf_high",
 )
 
 
@@ -217,11 +258,38 @@ def cell_labels(labels: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
+def numeric_gauges(labels: Sequence[str], numeric: dict) -> None:
+    """Set the numeric gauges of one estimate (``labels``: collection, marginal, method,
+    window) from its payload's ``numeric`` block (docs/api.md "Numeric estimates")."""
+    rows = numeric.get("categories") or [{**numeric, "category": ALL_CATEGORIES}]
+    for row in rows:
+        lab = (*labels, str(row["category"]))
+        mean = row.get("mean") or {}
+        if mean.get("value") is not None:
+            NUMERIC_MEAN.labels(*lab).set(float(mean["value"]))
+        if mean.get("low") is not None:
+            NUMERIC_MEAN_LOW.labels(*lab).set(float(mean["low"]))
+            NUMERIC_MEAN_HIGH.labels(*lab).set(float(mean["high"]))
+        for q, iv in (row.get("quantiles") or {}).items():
+            NUMERIC_QUANTILE.labels(*lab, q).set(float(iv["value"]))
+            NUMERIC_QUANTILE_LOW.labels(*lab, q).set(float(iv["low"]))
+            NUMERIC_QUANTILE_HIGH.labels(*lab, q).set(float(iv["high"]))
+    if numeric.get("w1_bound") is not None:
+        NUMERIC_W1_BOUND.labels(*labels).set(float(numeric["w1_bound"]))
+    cdf = numeric.get("cdf")
+    if cdf:
+        for at, v, lo, hi in zip(cdf["at"], cdf["value"], cdf["low"], cdf["high"]):
+            le = f"{at:g}"
+            NUMERIC_CDF.labels(*labels, le).set(float(v))
+            NUMERIC_CDF_LOW.labels(*labels, le).set(float(lo))
+            NUMERIC_CDF_HIGH.labels(*labels, le).set(float(hi))
+
+
 def clear_collection(collection: str) -> None:
     """Drop the per-cell/per-marginal estimate series of a collection (after a reset)."""
     for gauge in (ESTIMATE_CELL, ESTIMATE_ERROR_BOUND, ESTIMATE_DRIFT, DRIFT_STATISTIC,
                   DRIFT_STATISTIC_THRESHOLD, DRIFT_ALARM, ESTIMATE_FAILING,
-                  ESTIMATE_NOT_CONVERGED):
+                  ESTIMATE_NOT_CONVERGED, *NUMERIC_GAUGES):
         for labels in list(_label_sets(gauge)):
             if labels and labels[0] == collection:
                 try:

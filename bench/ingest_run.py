@@ -18,6 +18,11 @@ from typing import Any
 #: reports per Kafka message of the prefill
 BATCH = 500
 
+#: the group session of the benchmarks' workers and of the raw consumer beside them (seconds:
+#: Tansu answers a join after half of it)
+SESSION_TIMEOUT_S = 3
+SESSION_TIMEOUT_MS = 1000 * SESSION_TIMEOUT_S
+
 #: the quiet stream of the publish → counted probes: one report per this many seconds
 PROBE_INTERVAL_S = 1.0
 #: the adaptive-flush target for a quiet stream, publish → counted (docs/pipeline.md)
@@ -34,28 +39,52 @@ async def prefill(bootstrap: str, coll: Any, total: int, batch: int,
 
 async def raw_consume(bootstrap: str, coll: Any, messages: int,
                       timings: dict[str, float] | None = None) -> tuple[float, int]:
-    """Reports/s of a plain aiokafka consumer (no group) reading ``messages`` messages of
-    ``coll``'s topic from the beginning and decoding each with ``decode_batch``, timed from the
-    seek; ``timings`` (if given) gets its seconds waiting in ``getmany`` (``poll``: fetch,
-    decompression, record parsing) and decoding (``decode``), the worker's first two timings."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    """Reports/s of a plain aiokafka consumer reading ``messages`` messages of ``coll``'s topic
+    from the beginning and decoding each with ``decode_batch``, timed from the seek. It reads as
+    the worker does: a group member (a group of its own, the worker's session timeout), its
+    partitions paused when assigned until they are sought, the worker's fetch settings
+    (``fetch_settings``: fetch sizes, how long a fetch waits in the broker) and messages per poll
+    (``POLL_MAX_RECORDS``); only what it does with the records differs. ``timings`` (if given)
+    gets its seconds waiting in ``getmany`` (``poll``: fetch, decompression, record parsing) and
+    decoding (``decode``), the worker's first two timings."""
+    import uuid
 
+    from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+
+    from ldpstream.agents.ingest.service import POLL_MAX_RECORDS, fetch_settings
+    from ldpstream.names import MAX_MESSAGE_BYTES
     from ldpstream.producers.codec import decode_batch
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                                enable_auto_commit=False, max_partition_fetch_bytes=4 << 20,
-                                fetch_max_bytes=64 << 20)
+    assigned = asyncio.Event()
+
+    class Paused(ConsumerRebalanceListener):
+        async def on_partitions_revoked(self, revoked: Any) -> None:
+            pass
+
+        async def on_partitions_assigned(self, got: Any) -> None:
+            consumer.pause(*got)
+            assigned.set()
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap,
+                                group_id=f"ldpstream-bench-raw-{uuid.uuid4().hex[:8]}",
+                                enable_auto_commit=False, auto_offset_reset="earliest",
+                                session_timeout_ms=SESSION_TIMEOUT_MS,
+                                heartbeat_interval_ms=SESSION_TIMEOUT_MS // 4,
+                                **fetch_settings(MAX_MESSAGE_BYTES))
     await consumer.start()
     try:
+        consumer.subscribe([coll.topic], listener=Paused())
         tps = [TopicPartition(coll.topic, p) for p in range(int(coll.partitions))]
-        consumer.assign(tps)
+        while not assigned.is_set() or set(consumer.assignment()) != set(tps):
+            await consumer.getmany(timeout_ms=50)   # paused: the group joins, nothing fetched
         t0 = time.perf_counter()
         await consumer.seek_to_beginning(*tps)
+        consumer.resume(*tps)
         got = reports = 0
         poll = decode = 0.0
         while got < messages:
             t1 = time.perf_counter()
-            data = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            data = await consumer.getmany(timeout_ms=1000, max_records=POLL_MAX_RECORDS)
             t2 = time.perf_counter()
             for msgs in data.values():
                 for m in msgs:
@@ -215,7 +244,7 @@ def worker_env(bootstrap: str, redis_url: str, **extra: str) -> dict[str, str]:
     """The environment of a benchmark's worker: this process's, the broker and Redis, a short
     group session and the HTTP API on loopback."""
     return dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
-                LDP_SESSION_TIMEOUT_S="3", LDP_WEB_BIND="127.0.0.1", **extra)
+                LDP_SESSION_TIMEOUT_S=str(SESSION_TIMEOUT_S), LDP_WEB_BIND="127.0.0.1", **extra)
 
 
 def metric_mean(text: str, name: str, cid: str) -> float | None:

@@ -5,8 +5,10 @@ On the embedded broker (Tansu) and Redis, in one run:
 
 1. prefill ``ldp.reports.adult`` (bundled Adult demo collection, 4 partitions) with the fleet's
    default report batches (500 reports per message, lz4/gzip as the fleet sends them);
-2. **raw**: an aiokafka consumer (no group) reads the whole topic and decodes every message with
-   the same codec (``decode_batch``): reports/s from the seek to the last message;
+2. **raw**: an aiokafka consumer reads the whole topic and decodes every message with the same
+   codec (``decode_batch``): reports/s from the seek to the last message. It consumes as the
+   worker does (a group member, the worker's fetch settings and messages per poll:
+   bench/ingest_run.py ``raw_consume``), so the two differ only in what they do with the records;
 3. **ingest**: a ``ldpstream worker`` child process consumes the same topic; reports/s into Redis
    (timed by the worker, ``/healthz``: from the end of its partition assignment to its last
    applied delta). Steps 2 and 3 run as a pair, three times (``--quick``: once), the counts

@@ -73,6 +73,23 @@ class Estimate:
     projected: Factor | None = None
 
 
+@dataclass(frozen=True)
+class DriftTerms:
+    """A family's own drift test of one estimate (:meth:`Mechanism.drift_terms`): per tested
+    quantity (``names``) its value in the current and the previous window, the variance of each
+    under "no change" (both windows sample one population), the size of its change as a share
+    (``effect``, in [0, 1], compared with ``drift_min_effect``) and what the answer says about
+    it (``detail``, JSON-ready, one dict per quantity)."""
+
+    names: tuple[str, ...]
+    cur: np.ndarray
+    cur_var: np.ndarray
+    prev: np.ndarray
+    prev_var: np.ndarray
+    effect: np.ndarray
+    detail: tuple[dict[str, Any], ...] = ()
+
+
 #: mechanism version → tensor key → int64 counts
 VersionedCounts: TypeAlias = Mapping[int, Mapping[str, np.ndarray]]
 
@@ -344,6 +361,21 @@ class Mechanism(ABC):
         its values, where the family has one (the drift test then needs no bootstrap of the
         estimator); None: no closed form (default)."""
         return None
+
+    def drift_terms(self, cur: Mapping[str, np.ndarray], prev: Mapping[str, np.ndarray],
+                    attrs: Sequence[str], method: str) -> DriftTerms | None:
+        """The quantities the drift test of ``method`` on ``attrs`` compares between two
+        windows' counts (:meth:`combined_counts` of each), with their variances under "no
+        change", where the family tests something other than the estimate's cells (numeric:
+        the mean, the quantiles); None: the cells are compared (default;
+        estimators/stream/drift.py)."""
+        return None
+
+    def summary_fields(self, est: Estimate) -> dict[str, Any]:
+        """Payload fields the family serves beside an estimate's cells (docs/api.md
+        "Estimates"; numeric: the mean, quantiles, CDF band and W1 bound under ``numeric``),
+        JSON-ready; default none."""
+        return {}
 
     # --- optional capabilities (default: the family does not have it) ---------------------------
     def product_channels(self, attrs: Sequence[str]) -> list[np.ndarray] | None:

@@ -6,28 +6,40 @@ batch inflating to 1 GiB takes the consumer to gigabytes of memory, or kills it 
 cap at every restart (its offset never moves past the batch).
 
 :func:`install` puts :class:`BoundedRecords` in front of the fetcher (it replaces the name
-``MemoryRecords`` that ``aiokafka.consumer.fetcher`` builds every fetched message set with). Every
-compressed v2 batch is decompressed here, into one preallocated buffer of ``max_bytes`` (the
-codec stops when the buffer is full), and handed on as the equivalent uncompressed batch (CRC
-recomputed), so aiokafka decompresses nothing and nothing is decompressed twice. A batch that
-would inflate beyond the bound, or that a codec cannot decode, is replaced by a batch of ONE
-record at the batch's last offset whose value is :data:`GUARD_MARKER` + a JSON reason: consumers
-see it as one bad message (the worker dead-letters it to ``ldp.dlq`` with reason
-``decompression_bomb``), the offsets of the whole batch are consumed, nothing is allocated.
-Compressed legacy (v0/v1) batches are replaced the same way (reason ``legacy_compressed``): no
-client of this system writes them.
+``MemoryRecords`` that ``aiokafka.consumer.fetcher`` builds every fetched message set with). It
+walks the message set batch by batch as aiokafka's does, when the consumer reaches each batch.
+A compressed v2 batch is checked against its CRC (the ``crc32c`` package: the CPU's CRC
+instruction), decompressed into a buffer of ``max_bytes`` (the codec stops when the buffer is
+full) behind a copy of its header, and handed on as the equivalent uncompressed batch, read in
+place: aiokafka decompresses nothing, nothing is decompressed twice, copied into a batch of its
+own or joined into a new message set, and the CRC aiokafka checks is the one computed here on
+the bytes as fetched (:class:`CheckedBatch`). A batch that would inflate beyond the bound, or
+that a codec cannot decode, is replaced by a batch of ONE record at the batch's last offset whose
+value is :data:`GUARD_MARKER` + a JSON reason: consumers see it as one bad message (the worker
+dead-letters it to ``ldp.dlq`` with reason ``decompression_bomb``), the offsets of the whole batch
+are consumed, nothing is allocated. Compressed legacy (v0/v1) batches are replaced the same way
+(reason ``legacy_compressed``): no client of this system writes them. A batch with a bad CRC is
+handed on as fetched and fails aiokafka's CRC check, as without the guard.
+
+The buffers: one per message set being read (aiokafka reads a batch's records to the end before
+it takes the next batch, so each batch of a set reuses the set's buffer), taken from a small pool
+and given back when the set is read, so the pages of a buffer are mapped once, not per batch.
 """
 from __future__ import annotations
 
 import json
 import struct
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import crc32c
 import numpy as np
+from aiokafka.errors import CorruptRecordException
+from aiokafka.record.default_records import DefaultRecord, DefaultRecordBatch
+from aiokafka.record.legacy_records import LegacyRecordBatch
 
-__all__ = ["GUARD_MARKER", "BoundedRecords", "install", "installed_bound"]
+__all__ = ["GUARD_MARKER", "BoundedRecords", "CheckedBatch", "install", "installed_bound"]
 
 #: value prefix of a record that stands for a refused batch
 GUARD_MARKER = b"LDP!refused-batch:"
@@ -35,12 +47,19 @@ GUARD_MARKER = b"LDP!refused-batch:"
 _LOG_OVERHEAD = 12            # base offset (q) + batch length (i)
 _MAGIC_AT = 16
 _HEADER = 61                  # v2 batch header size
+_LEGACY_MIN = 26              # a v0 message with its log overhead
 _ATTR_AT = 21
 _CRC_AT = 17
 _LAST_DELTA = struct.Struct(">i")
+_LENGTH = struct.Struct(">i")
+_ATTRS = struct.Struct(">h")
+_CRC = struct.Struct(">I")
 _CODEC_NAMES = {1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+#: buffers kept for the next message sets (each holds only the pages its batches touched)
+_POOL_SIZE = 4
 
-_bound: dict[str, Any] = {"max_bytes": None, "buffer": None}
+_bound: dict[str, Any] = {"max_bytes": None}
+_free: list[np.ndarray] = []
 
 
 class _TooLarge(Exception):
@@ -52,21 +71,23 @@ def installed_bound() -> int | None:
     return _bound["max_bytes"]
 
 
-def _out_buffer(cap: int) -> np.ndarray:
-    """One reusable output buffer of ``cap + 1`` bytes (the event loop decodes one batch at a
-    time; pages are touched only as far as real batches fill it)."""
-    buf = _bound["buffer"]
-    if buf is None or len(buf) != cap + 1:
-        buf = _bound["buffer"] = np.empty(cap + 1, dtype=np.uint8)
-    return buf
+def _take_buffer(size: int) -> np.ndarray:
+    while _free:
+        buf = _free.pop()
+        if len(buf) == size:
+            return buf
+    return np.empty(size, dtype=np.uint8)
 
 
-def _cramjam_into(codec: str, data: memoryview, cap: int) -> memoryview:
-    """zstd / lz4 (frame) decompression into the bounded buffer (the view is valid until the
-    next decompression)."""
+def _give_back(buf: np.ndarray) -> None:
+    if len(_free) < _POOL_SIZE:
+        _free.append(buf)
+
+
+def _cramjam_into(codec: str, data: memoryview, out: np.ndarray, cap: int) -> int:
+    """zstd / lz4 (frame) decompression into ``out`` (``cap + 1`` bytes); the size written."""
     import cramjam
 
-    out = _out_buffer(cap)
     try:
         n = int(getattr(cramjam, codec).decompress_into(data, out))
     except cramjam.DecompressionError as exc:
@@ -75,18 +96,23 @@ def _cramjam_into(codec: str, data: memoryview, cap: int) -> memoryview:
         raise
     if n > cap:
         raise _TooLarge()
-    return out.data[:n]
+    return n
 
 
-def _gzip(data: memoryview, cap: int) -> bytes:
+def _copy_into(records: bytes, out: np.ndarray) -> int:
+    out[:len(records)] = np.frombuffer(records, dtype=np.uint8)
+    return len(records)
+
+
+def _gzip(data: memoryview, out: np.ndarray, cap: int) -> int:
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = d.decompress(data, cap + 1)
-    if len(out) > cap or d.unconsumed_tail:
+    records = d.decompress(data, cap + 1)
+    if len(records) > cap or d.unconsumed_tail:
         raise _TooLarge()
-    return out
+    return _copy_into(records, out)
 
 
-def _snappy(data: memoryview, cap: int) -> bytes:
+def _snappy(data: memoryview, out: np.ndarray, cap: int) -> int:
     import cramjam
 
     view = memoryview(data)
@@ -101,17 +127,12 @@ def _snappy(data: memoryview, cap: int) -> bytes:
     total = sum(int(cramjam.snappy.decompress_raw_len(bytes(b))) for b in blocks)
     if total > cap:
         raise _TooLarge()
-    return b"".join(bytes(cramjam.snappy.decompress_raw(bytes(b))) for b in blocks)
+    return _copy_into(b"".join(bytes(cramjam.snappy.decompress_raw(bytes(b))) for b in blocks),
+                      out)
 
 
-_DECODERS = {1: _gzip, 2: _snappy, 3: lambda d, cap: _cramjam_into("lz4", d, cap),
-             4: lambda d, cap: _cramjam_into("zstd", d, cap)}
-
-
-def _crc32c(data: bytes | bytearray | memoryview) -> int:
-    """CRC-32C of a batch (the ``crc32c`` package: the CPU's CRC instruction, about 5× faster
-    than aiokafka's table-driven one, on every fetched byte of the worker's hot path)."""
-    return crc32c.crc32c(data)
+_DECODERS = {1: _gzip, 2: _snappy, 3: lambda d, out, cap: _cramjam_into("lz4", d, out, cap),
+             4: lambda d, out, cap: _cramjam_into("zstd", d, out, cap)}
 
 
 def _replacement(batch: memoryview, reason: str, detail: str) -> bytes:
@@ -133,75 +154,127 @@ def _replacement(batch: memoryview, reason: str, detail: str) -> bytes:
     return bytes(out)
 
 
-def _uncompressed(batch: memoryview, records: bytes | memoryview) -> bytearray:
-    """``batch`` (v2, compressed) rewritten with its decompressed ``records`` (one copy)."""
-    out = bytearray(_HEADER + len(records))
-    out[:_HEADER] = batch[:_HEADER]
-    out[_HEADER:] = records
-    struct.pack_into(">i", out, 8, len(out) - _LOG_OVERHEAD)
-    attrs = struct.unpack_from(">h", out, _ATTR_AT)[0]
-    struct.pack_into(">h", out, _ATTR_AT, attrs & ~0x07)
-    struct.pack_into(">I", out, _CRC_AT, _crc32c(memoryview(out)[_ATTR_AT:]))
-    return out
-
-
-def bound_message_set(raw: bytes, max_bytes: int) -> bytes:
-    """``raw`` (a fetched message set) with every compressed batch decompressed within
-    ``max_bytes`` or replaced (see the module doc). Uncompressed batches, batches with a bad CRC
-    (aiokafka reports those) and a partial trailing batch are passed through unchanged."""
-    view = memoryview(raw)
+def _frames(view: memoryview) -> Iterator[memoryview]:
+    """The complete batches of a fetched message set, in order (a partial trailing batch, cut
+    by the fetch size, is left out: the next fetch starts with it)."""
     pos, size = 0, len(view)
-    parts: list[bytes | bytearray | memoryview] = []
-    changed = False
     while size - pos >= _MAGIC_AT + 1:
-        length = struct.unpack_from(">i", view, pos + 8)[0]
+        length = _LENGTH.unpack_from(view, pos + 8)[0]
         end = pos + _LOG_OVERHEAD + length
         if length < 0 or end > size:
-            break
-        batch = view[pos:end]
-        kept: bytes | bytearray | memoryview = batch
-        magic = batch[_MAGIC_AT]
-        if magic >= 2 and len(batch) >= _HEADER:
-            codec = struct.unpack_from(">h", batch, _ATTR_AT)[0] & 0x07
-            if codec and _crc32c(batch[_ATTR_AT:]) == struct.unpack_from(">I", batch, _CRC_AT)[0]:
-                kept = _decompressed_or_replaced(batch, codec, max_bytes)
-                changed = True
-        elif magic < 2 and len(batch) > 17 and batch[17] & 0x07:  # v0/v1 attributes byte
-            kept = _replacement(batch, "legacy_compressed",
-                                f"a compressed v{magic} message set; only v2 batches accepted")
-            changed = True
-        parts.append(kept)
+            return
+        yield view[pos:end]
         pos = end
-    if not changed:
-        return raw
-    parts.append(view[pos:])
-    return b"".join(parts)
 
 
-def _decompressed_or_replaced(batch: memoryview, codec: int, max_bytes: int) -> bytes | bytearray:
-    name = _CODEC_NAMES.get(codec, str(codec))
-    decoder = _DECODERS.get(codec)
-    if decoder is None:
-        return _replacement(batch, "decompression_bomb", f"unknown compression codec {codec}")
-    try:
-        records = decoder(batch[_HEADER:], max_bytes)
-    except _TooLarge:
-        return _replacement(batch, "decompression_bomb",
-                            f"{name} batch of {len(batch)} bytes inflates beyond the bound of "
-                            f"{max_bytes} bytes")
-    except Exception as exc:  # noqa: BLE001 - any codec failure: the batch is unreadable
-        return _replacement(batch, "decompression_bomb",
-                            f"{name} batch of {len(batch)} bytes does not decompress: {exc}")
-    return _uncompressed(batch, records)
+class CheckedBatch:
+    """A v2 batch whose CRC was checked when it was fetched (its compressed bytes, for a batch
+    decompressed here): what aiokafka's fetcher asks of a batch, read from aiokafka's own
+    ``DefaultRecordBatch`` over the bytes handed on, with :meth:`validate_crc` answering from
+    that check."""
+
+    __slots__ = ("_batch", "_crc_ok")
+
+    def __init__(self, batch: DefaultRecordBatch, crc_ok: bool) -> None:
+        self._batch = batch
+        self._crc_ok = crc_ok
+
+    def validate_crc(self) -> bool:
+        return self._crc_ok
+
+    @property
+    def base_offset(self) -> int:
+        return self._batch.base_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self._batch.next_offset
+
+    @property
+    def producer_id(self) -> int:
+        return self._batch.producer_id
+
+    @property
+    def is_control_batch(self) -> bool:
+        return self._batch.is_control_batch
+
+    @property
+    def is_transactional(self) -> bool:
+        return self._batch.is_transactional
+
+    def __iter__(self) -> DefaultRecordBatch:
+        return iter(self._batch)
+
+    def __next__(self) -> DefaultRecord:
+        return next(self._batch)
 
 
 class BoundedRecords:
-    """Stands in for aiokafka's ``MemoryRecords`` in the fetcher (same interface)."""
+    """Stands in for aiokafka's ``MemoryRecords`` in the fetcher (same interface: ``has_next``,
+    ``next_batch``, ``size_in_bytes``), each batch bounded when it is reached (module doc).
+    ``max_bytes``: the bound (default: the one :func:`install` set)."""
 
-    def __new__(cls, raw: bytes) -> Any:
-        from aiokafka.record.memory_records import MemoryRecords
+    def __init__(self, raw: bytes, max_bytes: int | None = None) -> None:
+        self._size = len(raw)
+        self._cap = int(_bound["max_bytes"] if max_bytes is None else max_bytes)
+        self._frames = _frames(memoryview(raw))
+        self._next = next(self._frames, None)
+        self._buffer: np.ndarray | None = None
 
-        return MemoryRecords(bound_message_set(bytes(raw), int(_bound["max_bytes"])))
+    def size_in_bytes(self) -> int:
+        return self._size
+
+    def has_next(self) -> bool:
+        if self._next is None and self._buffer is not None:
+            _give_back(self._buffer)   # the last batch has been read
+            self._buffer = None
+        return self._next is not None
+
+    def next_batch(self) -> CheckedBatch | LegacyRecordBatch | None:
+        batch = self._next
+        if batch is None:
+            return None
+        self._next = next(self._frames, None)
+        magic = batch[_MAGIC_AT]
+        if len(batch) < (_HEADER if magic >= 2 else _LEGACY_MIN):
+            raise CorruptRecordException(f"a record batch of {len(batch)} bytes is shorter than "
+                                         f"its header")
+        if magic < 2:
+            if len(batch) > 17 and batch[17] & 0x07:  # v0/v1 attributes byte
+                return CheckedBatch(DefaultRecordBatch(_replacement(
+                    batch, "legacy_compressed",
+                    f"a compressed v{magic} message set; only v2 batches accepted")), True)
+            return LegacyRecordBatch(batch, magic)
+        crc_ok = crc32c.crc32c(batch[_ATTR_AT:]) == _CRC.unpack_from(batch, _CRC_AT)[0]
+        codec = _ATTRS.unpack_from(batch, _ATTR_AT)[0] & 0x07
+        if not (codec and crc_ok):
+            return CheckedBatch(DefaultRecordBatch(batch), crc_ok)
+        return CheckedBatch(DefaultRecordBatch(self._decompressed_or_replaced(batch, codec)), True)
+
+    def _decompressed_or_replaced(self, batch: memoryview, codec: int) -> memoryview | bytes:
+        """``batch`` (v2, compressed, CRC checked) decompressed into this set's buffer behind a
+        copy of its header (length and codec rewritten), or its replacement."""
+        name = _CODEC_NAMES.get(codec, str(codec))
+        decoder = _DECODERS.get(codec)
+        if decoder is None:
+            return _replacement(batch, "decompression_bomb", f"unknown compression codec {codec}")
+        if self._buffer is None:
+            self._buffer = _take_buffer(_HEADER + self._cap + 1)
+        buf = self._buffer
+        try:
+            n = decoder(batch[_HEADER:], buf[_HEADER:], self._cap)
+        except _TooLarge:
+            return _replacement(batch, "decompression_bomb",
+                                f"{name} batch of {len(batch)} bytes inflates beyond the bound "
+                                f"of {self._cap} bytes")
+        except Exception as exc:  # noqa: BLE001 - any codec failure: the batch is unreadable
+            return _replacement(batch, "decompression_bomb",
+                                f"{name} batch of {len(batch)} bytes does not decompress: {exc}")
+        out = buf.data   # the buffer's bytes (a memoryview)
+        out[:_HEADER] = batch[:_HEADER]
+        _LENGTH.pack_into(out, 8, _HEADER + n - _LOG_OVERHEAD)
+        _ATTRS.pack_into(out, _ATTR_AT, _ATTRS.unpack_from(out, _ATTR_AT)[0] & ~0x07)
+        return out[:_HEADER + n]
 
 
 def install(max_bytes: int) -> None:

@@ -109,6 +109,9 @@ REQUESTS = Counter("ldp_gateway_requests_total", "HTTP report requests by answer
 REPORTS = Counter("ldp_gateway_reports_total", "Reports accepted and acknowledged by Kafka.",
                   ["collection"], registry=REGISTRY)
 ACK_METRICS = AckMetrics(REGISTRY)
+BROKER_CHECKS = Counter("ldp_gateway_broker_checks_total",
+                        "Metadata checks of the broker made (one at a time; requests meanwhile "
+                        "share its answer).", registry=REGISTRY)
 SECONDS = Histogram("ldp_gateway_request_seconds", "Seconds to answer a report request.",
                     registry=REGISTRY, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                 0.25, 0.5, 1.0, 2.5))
@@ -288,6 +291,8 @@ class IngestGateway:
         self.last_error: str | None = None
         #: (monotonic time, (broker answered, detail)) of the last broker check
         self._broker: tuple[float, tuple[bool, str]] | None = None
+        #: the broker check in progress, which every request arriving meanwhile waits for
+        self._broker_check: asyncio.Future[tuple[bool, str]] | None = None
 
     def _on_state(self, collection: str, signed: Any) -> None:
         newest = self.watcher.mechanisms[collection]
@@ -501,26 +506,38 @@ class IngestGateway:
 
     async def broker_ok(self) -> tuple[bool, str]:
         """Whether the broker answers a metadata request within :data:`BROKER_CHECK_S` (the
-        answer is cached for :data:`BROKER_CACHE_S`)."""
+        answer is cached for :data:`BROKER_CACHE_S`). One check at a time: the requests arriving
+        while it runs share its answer (each opening its own connection made every request of a
+        busy gateway wait for one when the cached answer expired: docs/devices.md "Measured")."""
         now = time.monotonic()
         if self._broker is not None and now - self._broker[0] < BROKER_CACHE_S:
             return self._broker[1]
+        if self._broker_check is None:
+            self._broker_check = asyncio.ensure_future(self._check_broker())
+        # shielded: a request given up (its client gone) does not cancel the others' answer
+        return await asyncio.shield(self._broker_check)
+
+    async def _check_broker(self) -> tuple[bool, str]:
         from aiokafka.client import AIOKafkaClient
 
+        BROKER_CHECKS.inc()
         client = AIOKafkaClient(bootstrap_servers=self.bootstrap,
                                 request_timeout_ms=int(BROKER_CHECK_S * 1000),
                                 **kafka_security().client_kwargs())
         try:
-            await asyncio.wait_for(client.bootstrap(), BROKER_CHECK_S)
-            brokers = len(client.cluster.brokers())
-            verdict = (brokers > 0, f"{brokers} broker(s) answered metadata")
-        except Exception as exc:  # noqa: BLE001 - any failure means: not reachable now
-            verdict = (False, f"no metadata answer in {BROKER_CHECK_S:g} s: "
-                              f"{exc.__class__.__name__}: {exc}")
+            try:
+                await asyncio.wait_for(client.bootstrap(), BROKER_CHECK_S)
+                brokers = len(client.cluster.brokers())
+                verdict = (brokers > 0, f"{brokers} broker(s) answered metadata")
+            except Exception as exc:  # noqa: BLE001 - any failure means: not reachable now
+                verdict = (False, f"no metadata answer in {BROKER_CHECK_S:g} s: "
+                                  f"{exc.__class__.__name__}: {exc}")
+            finally:
+                await client.close()
+            self._broker = (time.monotonic(), verdict)
+            return verdict
         finally:
-            await client.close()
-        self._broker = (time.monotonic(), verdict)
-        return verdict
+            self._broker_check = None   # with the answer cached: the next request uses it
 
     async def _healthz(self, request: Any) -> Any:
         from aiohttp import web

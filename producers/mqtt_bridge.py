@@ -63,8 +63,6 @@ from ldpstream.producers.mqtt_broker_log import BrokerRefusals, refused_counter
 
 log = logging.getLogger(__name__)
 
-#: the bridge takes this many messages at once off its queue and produces them together
-DRAIN = 256
 #: received and not yet acknowledged messages the bridge holds at most, whatever the broker
 #: sends (Mosquitto 2.0.11 sends a client more than its Receive Maximum): past either bound the
 #: MQTT thread stops reading until messages are acknowledged, and the broker queues the rest
@@ -332,11 +330,22 @@ class MqttBridge:
 
     # --- messages ---------------------------------------------------------------------------------
     async def _run(self) -> None:
-        while True:
-            items = [await self._queue.get()]
-            while len(items) < DRAIN and not self._queue.empty():
-                items.append(self._queue.get_nowait())
-            await asyncio.gather(*(self._handle(t0, msg) for t0, msg in items))
+        """Handle every message as it arrives, each in a task of its own, so that one waiting
+        for Kafka's acknowledgement never holds back those behind it (taking the queue in
+        groups and waiting for a whole group made the bridge idle a Kafka round trip per group:
+        docs/benchmarks.md "Benchmark: MQTT ingress"). How many run at once is bounded by
+        ``MAX_PENDING_*`` (the MQTT thread holds the rest back). Cancelled: so are they."""
+        handling: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                t0, msg = await self._queue.get()
+                task = asyncio.create_task(self._handle(t0, msg))
+                handling.add(task)
+                task.add_done_callback(handling.discard)
+        finally:
+            for task in handling:
+                task.cancel()
+            await asyncio.gather(*handling, return_exceptions=True)
 
     async def _handle(self, t0: float, msg: Any) -> None:
         """Produce (or file in the DLQ) one message, retrying while Kafka is unreachable, then

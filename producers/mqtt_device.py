@@ -16,7 +16,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Mapping, Sequence, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 from ldpstream.credentials.device_keys import DeviceCredential
 from ldpstream.names import ENV_MQTT_PASSWORD
@@ -29,7 +29,7 @@ USAGE_TAIL = """\
 The password comes from LDP_MQTT_PASSWORD. Reads the retained signed state, then one record per
 line from stdin, attr=label,attr=label (e.g. os=ios,plan=pro), publishes batches at QoS 1 and
 prints {"sent": n, "batches": b} at the end ("duplicates": d when memoized records were already
-sent this period)."""
+sent this period, "clipped": {attribute: n} when numeric values were clipped into their range)."""
 
 
 def parse_record(line: str, index: int) -> dict[str, str]:
@@ -80,7 +80,7 @@ def load_credential(path: str, fleet: str, device_id: int) -> DeviceCredential:
 
 
 async def run(args: argparse.Namespace, lines: TextIO, env: Mapping[str, str],
-              credential: DeviceCredential | None = None) -> dict[str, int]:
+              credential: DeviceCredential | None = None) -> dict[str, Any]:
     """Report every record of ``lines`` (each batch authenticated with ``credential`` when
     given); the summary printed at the end."""
     from urllib.parse import quote
@@ -117,8 +117,12 @@ async def run(args: argparse.Namespace, lines: TextIO, env: Mapping[str, str],
                     sent += 1
     finally:
         await watcher.stop()
-    out = {"sent": sent, "batches": client.sent_batches}
-    return dict(out, duplicates=duplicates) if duplicates else out
+    out: dict[str, Any] = {"sent": sent, "batches": client.sent_batches}
+    if duplicates:
+        out["duplicates"] = duplicates
+    if client.clipped:   # numeric values clipped into their range, per attribute
+        out["clipped"] = dict(client.clipped)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -200,10 +200,11 @@ def _instantaneous(d: dict, n: int) -> tuple[float, ...] | None:
 def _select_memo(d: dict, rotation: float | None, perm: tuple[Step, ...], raw: list,
                  shape: Sequence[int], width: int) -> SelectMemo:
     if (len(perm) != 1 or perm[0].op != "select" or not isinstance(perm[0].out, int)
+            or perm[0].weights
             or any(len(b) != 1 or b[0].op not in ("grr", "matrix") for b in perm[0].branches)):
         raise ProgramError("device.memoize.permanent", "kind select: one select step with a "
-                                                       "reported index, each branch one grr or "
-                                                       "matrix step")
+                                                       "reported index and no weights, each "
+                                                       "branch one grr or matrix step")
     seed = d.get("seed")
     if not isinstance(seed, str) or not seed.isdigit() or int(seed) > M64:
         raise ProgramError("device.memoize.seed", "must be a u64 as a decimal string")
@@ -214,8 +215,8 @@ def _select_memo(d: dict, rotation: float | None, perm: tuple[Step, ...], raw: l
                       memo_fingerprint(raw, shape))
 
 
-def parse_memo(d: Any, shape: Sequence[int], width: int, budget: list[int]
-               ) -> Memo | PartitionMemo | SelectMemo:
+def parse_memo(d: Any, shape: Sequence[int], width: int, budget: list[int],
+               numeric: Sequence[bool] = ()) -> Memo | PartitionMemo | SelectMemo:
     """The ``memoize`` object of a description (a :class:`ProgramError` names the field)."""
     if not isinstance(d, dict):
         raise ProgramError("device.memoize", "must be an object")
@@ -230,7 +231,7 @@ def parse_memo(d: Any, shape: Sequence[int], width: int, budget: list[int]
                                                   "select")
     depth = 0 if kind in ("partition", "select") else 1
     perm = parse_steps(d.get("permanent"), "device.memoize.permanent", shape, width, depth,
-                       budget)
+                       budget, numeric)
     raw = d["permanent"]
     if kind == "partition":
         return _partition_memo(d, rotation, perm, raw, shape, width)

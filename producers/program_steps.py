@@ -10,15 +10,20 @@ from typing import Any, Mapping, Sequence
 from ldpstream.estimators.kernels.device_program import (
     MAX_ATTRS,
     MAX_CELLS,
+    MAX_GRID,
     MAX_MATRIX_ENTRIES,
     MAX_STEPS,
     MAX_TABLES,
     MAX_WIDTH,
+    wave_epsilon,
 )
 from ldpstream.producers.draws import M64, TWO53, DrawSource, bernoulli, categorical, mix64, uniform
 
+#: 2⁻⁵³: a word's top 53 bits as a fraction in [0, 1)
+_UNIT = 1.0 / TWO53
+
 __all__ = ["Step", "ProgramError", "parse_steps", "run_step", "run_partition", "olh_code",
-           "grr_cell", "ravel", "unravel", "MAX_ATTRS",
+           "grr_cell", "ravel", "unravel", "MAX_ATTRS", "MAX_GRID", "quantize_value",
            "MAX_WIDTH", "MAX_CELLS", "MAX_MATRIX_ENTRIES", "MAX_STEPS", "MAX_TABLES", "new_budget"]
 
 
@@ -43,6 +48,13 @@ class Step:
     #: partition: the mixed seed and the tables
     seed: int = 0
     tables: tuple["Table", ...] = ()
+    #: select: cumulative branch weights (empty: uniform)
+    weights: tuple[float, ...] = ()
+    #: wave: (lo, hi, at0, at1, width), the first cell, the cells, rounded (else bucketed)
+    wave: tuple[float, ...] = ()
+    offset: int = 0
+    cells: int = 0
+    rounded: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,7 +136,7 @@ def _ints(v: Any, field: str, below: int) -> tuple[int, ...]:
 
 
 def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
-          budget: list[int]) -> Step:
+          budget: list[int], numeric: Sequence[bool]) -> Step:
     if not isinstance(d, dict):
         raise ProgramError(field, "must be an object")
     budget[1] -= 1
@@ -139,9 +151,10 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
         br = d.get("branches")
         if depth > 0 or not isinstance(br, list) or not 1 <= len(br) <= MAX_STEPS:
             raise ProgramError(f"{field}.branches", "must be 1..64 lists of steps (not nested)")
+        weights = _weights(d.get("weights"), len(br), f"{field}.weights", budget)
         return Step("select", (), (), out, branches=tuple(
-            parse_steps(b, f"{field}.branches[{i}]", shape, width, depth + 1, budget)
-            for i, b in enumerate(br)))
+            parse_steps(b, f"{field}.branches[{i}]", shape, width, depth + 1, budget, numeric)
+            for i, b in enumerate(br)), weights=weights)
     if op == "partition" and depth == 0:
         return _partition(d, field, shape, width, budget)
     if op == "const":
@@ -155,9 +168,11 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
         return _keep(d, field, shape, width, budget)
     if op == "bloom":
         return _bloom(d, field, shape, width, budget)
+    if op == "wave":
+        return _wave(d, field, shape, width, numeric, budget)
     if op not in ("grr", "matrix", "uniform"):
         raise ProgramError(f"{field}.op", f"unknown op {op!r} (known: grr, matrix, uniform, "
-                                          "copy, const, select, partition)")
+                                          "copy, const, keep, bloom, wave, select, partition)")
     cols = _ints(d.get("in"), f"{field}.in", len(shape))
     out = _ints(d.get("out"), f"{field}.out", width)
     if len(out) != len(cols):
@@ -179,13 +194,107 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
 
 
 def parse_steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int,
-           budget: list[int]) -> tuple[Step, ...]:
+                budget: list[int], numeric: Sequence[bool] = ()) -> tuple[Step, ...]:
     """The steps of a list; ``budget``: matrix entries, steps and tables still allowed (in
-    all, :func:`new_budget`)."""
+    all, :func:`new_budget`); ``numeric[j]``: attribute j is numeric (``wave`` reads it)."""
     if not isinstance(v, list) or not 1 <= len(v) <= MAX_STEPS:
         raise ProgramError(field, f"must be a list of 1..{MAX_STEPS} steps")
-    return tuple(_step(s, f"{field}[{i}]", shape, width, depth, budget)
+    return tuple(_step(s, f"{field}[{i}]", shape, width, depth, budget, numeric)
                  for i, s in enumerate(v))
+
+
+def _weights(v: Any, n: int, field: str, budget: list[int]) -> tuple[float, ...]:
+    """A select's branch weights (None: uniform): n numbers > 0 summing to 1 within 1e-9, as
+    their left-to-right cumulative sums (drawn with ``categorical``; one matrix entry each)."""
+    if v is None:
+        return ()
+    if (not isinstance(v, list) or len(v) != n or budget[0] - n < 0 or not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 for w in v)):
+        raise ProgramError(field, f"must be null or {n} numbers > 0 (one per branch)")
+    budget[0] -= n
+    acc, cum = 0.0, []
+    for w in v:
+        acc += float(w)
+        cum.append(acc)
+    if abs(acc - 1.0) > 1e-9:
+        raise ProgramError(field, f"sums to {acc!r}, not 1")
+    return tuple(cum)
+
+
+def _finite(v: Any, field: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ProgramError(field, "must be a finite number")
+    return float(v)
+
+
+def _wave(d: dict, field: str, shape: Sequence[int], width: int,
+          numeric: Sequence[bool], budget: list[int]) -> Step:
+    """A ``wave`` step (docs/device-protocol.md): ``wave`` = (lo, hi, at0, at1, width), which
+    count as 5 matrix entries."""
+    col = d.get("in")
+    if (not isinstance(col, list) or len(col) != 1 or isinstance(col[0], bool)
+            or not isinstance(col[0], int) or not 0 <= col[0] < len(shape)
+            or not (col[0] < len(numeric) and numeric[col[0]])):
+        raise ProgramError(f"{field}.in", "must be [j], j a numeric attribute")
+    out = _ints([d.get("out")], f"{field}.out", width)
+    rounded = d.get("round")
+    if not isinstance(rounded, bool):
+        raise ProgramError(f"{field}.round", "must be true or false")
+    cells, off = d.get("cells"), d.get("offset")
+    if (isinstance(cells, bool) or not isinstance(cells, int)
+            or not (2 if rounded else 1) <= cells <= MAX_CELLS):
+        raise ProgramError(f"{field}.cells", f"must be an integer in [{2 if rounded else 1}, "
+                                             f"{MAX_CELLS}]")
+    if (isinstance(off, bool) or not isinstance(off, int) or off < 0
+            or off + cells > MAX_CELLS):
+        raise ProgramError(f"{field}.offset", f"must be an integer ≥ 0 with offset + cells ≤ "
+                                              f"{MAX_CELLS}")
+    rng_, at = d.get("range"), d.get("at")
+    if not isinstance(rng_, list) or len(rng_) != 2:
+        raise ProgramError(f"{field}.range", "must be [lo, hi], finite, lo < hi")
+    lo, hi = _finite(rng_[0], f"{field}.range"), _finite(rng_[1], f"{field}.range")
+    if not lo < hi:
+        raise ProgramError(f"{field}.range", "must be [lo, hi], finite, lo < hi")
+    if not isinstance(at, list) or len(at) != 2:
+        raise ProgramError(f"{field}.at", "must be [a, b], finite")
+    a, b = _finite(at[0], f"{field}.at"), _finite(at[1], f"{field}.at")
+    w = _finite(d.get("width"), f"{field}.width")
+    p = _number(d.get("p"), f"{field}.p", 0.0, 1.0)
+    if w < 0 or (w == 0 and p != 1.0):
+        raise ProgramError(f"{field}.width", "must be ≥ 0 (0: a point, with p 1)")
+    tol = 1e-9 * (hi - lo)
+    for z in (0.0, 1.0):
+        left = a * z + b
+        if not (left >= lo - tol and left + w <= hi + tol):
+            raise ProgramError(f"{field}.at", f"the window at z = {z:g} must lie inside the "
+                                              "range")
+    budget[0] -= 5
+    if budget[0] < 0:
+        raise ProgramError(f"{field}.range", "beyond the matrix entries in all (a wave holds 5)")
+    return Step("wave", (col[0],), (int(shape[col[0]]),), out, p=p,
+                wave=(lo, hi, a, b, w), offset=off, cells=cells, rounded=rounded)
+
+
+def wave_step_epsilon(s: Step) -> float:
+    """ε of a parsed ``wave`` step (:func:`~.device_program.wave_epsilon`)."""
+    lo, hi, a, b, w = s.wave
+    return wave_epsilon(lo, hi, (a, b), w, s.p, s.cells, s.rounded)
+
+
+def _round_half_even(v: float) -> int:
+    """The nearest integer, ties to the even one (as numpy's rint)."""
+    f = math.floor(v)
+    d = v - f
+    return int(f + 1 if d > 0.5 or (d == 0.5 and f % 2 == 1) else f)
+
+
+def quantize_value(v: float, lo: float, hi: float, grid: int) -> tuple[int, bool]:
+    """A numeric value → (its grid index, whether it was clipped): clipped into [lo, hi],
+    z = (v − lo)/(hi − lo), the index rint(z·(grid − 1)) (ties to even), as
+    :func:`~.numeric.quantize`; the same operations in every SDK."""
+    clipped = v < lo or v > hi
+    c = lo if v < lo else hi if v > hi else v
+    return _round_half_even((c - lo) / (hi - lo) * (grid - 1)), clipped
 
 
 def _cumulative(rows: Any, field: str, n_rows: int | None, budget: list[int]
@@ -307,8 +416,12 @@ def run_step(s: Step, x: Sequence[int] | Mapping[int, int], rng: DrawSource,
         cell = _ravel(x, s.cols, s.shape)
         report[s.out[0]] = cell if bernoulli(rng, s.p) else categorical(rng, s.cum[0])
         return
+    if s.op == "wave":
+        assert isinstance(s.out, tuple)
+        report[s.out[0]] = s.offset + _wave_cell(s, int(x[s.cols[0]]), rng)
+        return
     if s.op == "select":
-        j = uniform(rng, len(s.branches))
+        j = categorical(rng, s.weights) if s.weights else uniform(rng, len(s.branches))
         if isinstance(s.out, int):
             report[s.out] = j
         for t in s.branches[j]:
@@ -323,6 +436,31 @@ def run_step(s: Step, x: Sequence[int] | Mapping[int, int], rng: DrawSource,
     else:
         cell = categorical(rng, s.cum[cell])
     _unravel(cell, s.out, s.shape, report)
+
+
+def _wave_cell(s: Step, i: int, rng: DrawSource) -> int:
+    """A ``wave`` step's cell (no offset) for grid index i: z = i/(G − 1), l = at0·z + at1;
+    ``inner = bernoulli(p)``, then u = (w >> 11)·2⁻⁵³ of one word: y = l + u·width inside,
+    else the point s = u·(left + right) of the rest ([lo, l) then (l + width, hi]); bucket
+    ``floor((y − lo)/(hi − lo)·cells)``, or round: k = floor of pos = (y − lo)/(hi − lo)·
+    (cells − 1), k + bernoulli(pos − k); clamped to the cells."""
+    lo, hi, a, b, w = s.wave
+    z = i / (s.shape[0] - 1)
+    left_edge = a * z + b
+    inner = bernoulli(rng, s.p)
+    u = float(rng.next_u64() >> 11) * _UNIT
+    if inner:
+        y = left_edge + u * w
+    else:
+        left = max(left_edge - lo, 0.0)
+        right = max(hi - (left_edge + w), 0.0)
+        t = u * (left + right)
+        y = lo + t if t < left else (left_edge + w) + (t - left)
+    if s.rounded:
+        pos = (y - lo) / (hi - lo) * (s.cells - 1)
+        k = min(max(math.floor(pos), 0), s.cells - 2)
+        return k + bernoulli(rng, pos - k)
+    return min(max(math.floor((y - lo) / (hi - lo) * s.cells), 0), s.cells - 1)
 
 
 def _grr(cell: int, k: int, p: float, rng: DrawSource) -> int:

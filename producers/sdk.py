@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
 
 import numpy as np
@@ -45,6 +45,7 @@ from ldpstream.producers.program import (
     Program,
     ProgramError,
     SelectMemo,
+    encode_record,
 )
 from ldpstream.producers.publisher import Publisher
 from ldpstream.producers.sequence import BatchSequence
@@ -233,6 +234,8 @@ class ReportResult:
     version: int
     reason: str = ""
     report: np.ndarray | None = None
+    #: the numeric attributes whose value was clipped into its range (docs/numeric.md)
+    clipped: tuple[str, ...] = ()
 
     @property
     def sent(self) -> bool:
@@ -294,6 +297,9 @@ class DeviceClient:
         self._outgoing: tuple[bytes, int] | None = None
         self.sent_reports = 0
         self.sent_batches = 0
+        #: per numeric attribute, how many reported values were clipped into its range (the
+        #: count the server's quantize keeps: docs/numeric.md)
+        self.clipped: dict[str, int] = {}
 
     async def __aenter__(self) -> "DeviceClient":
         return self
@@ -335,14 +341,45 @@ class DeviceClient:
         bad record queues nothing. A transport error propagates: reports already queued stay
         buffered (and charged) and go out with the next :meth:`flush`."""
         mech = self.mechanism
-        x = mech.domain.encode(records)
+        rows: list[tuple[Any, tuple[str, ...]]]
+        if mech.domain.ranges is None:
+            rows = [(x, ()) for x in mech.domain.encode(records)]
+        else:
+            rows = self._encode_numeric(mech, records)
         out = []
-        for row in x:
-            res = self._randomize(mech, row, self.clock())
+        for row, clipped in rows:
+            res = self._randomize(mech, np.asarray(row, dtype=np.int64), self.clock())
             if res.report is not None:
                 await self._queue(res.report, res.version)
+                if clipped:
+                    res = replace(res, clipped=clipped)
+                    for a in clipped:
+                        self.clipped[a] = self.clipped.get(a, 0) + 1
             out.append(res)
         return out
+
+    def _encode_numeric(self, mech: Mechanism,
+                        records: Iterable[Mapping[str, Any]] | Mapping[str, Any]
+                        ) -> list[tuple[list[int], tuple[str, ...]]]:
+        """Records of a domain with numeric attributes: labels and values → indices (a value
+        clipped into its range and put on its grid, as every SDK does:
+        docs/device-protocol.md), with the attributes clipped."""
+        if isinstance(records, Mapping):
+            cols = {a: list(v) for a, v in records.items()}
+            n = len(next(iter(cols.values()))) if cols else 0
+            rows: list[Mapping[str, Any]] = [{a: v[i] for a, v in cols.items()}
+                                             for i in range(n)]
+        else:
+            rows = list(records)
+        prog = self.program()
+        if prog is not None:
+            return [prog.encode_clipped(r) for r in rows]
+        dom = mech.domain
+        index = [{lab: i for i, lab in enumerate(dom.categories(a))} for a in dom.attrs]
+        ranges = [None if dom.numeric_range(a) is None else
+                  (*dom.numeric_range(a), dom.shape[j])  # type: ignore[misc]
+                  for j, a in enumerate(dom.attrs)]
+        return [encode_record(dom.attrs, index, ranges, r) for r in rows]
 
     def program(self) -> Program | None:
         """The randomization description of the state in force (None: the family has none); a

@@ -172,6 +172,15 @@ def running_kafka(**kwargs):
         kafka.stop()
 
 
+@pytest.fixture(scope="session")
+def secure_kafka():
+    """One SASL_SSL Apache Kafka with the deployment's ACLs (ldpstream/kafka_acls.py), shared by
+    the modules that test the secure listeners (its start is the slow part)."""
+    for kafka in running_kafka(secure=True):
+        kafka.apply_acls()
+        yield kafka
+
+
 BROKERS = ["tansu", pytest.param("kafka", marks=pytest.mark.kafka)]
 
 

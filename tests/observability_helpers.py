@@ -25,7 +25,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "dashboards" / "prometheus" / "rules" / "ldpstream.rules.yml"
-DASHBOARD = ROOT / "dashboards" / "grafana" / "dashboards" / "ldpstream.json"
+GRAFANA_DIR = ROOT / "dashboards" / "grafana" / "dashboards"
+DASHBOARD = GRAFANA_DIR / "ldpstream.json"
 
 #: The one substitution applied to the production rules for the e2e test: every ``for: <dur>``
 #: line becomes ``for: <hold>``. Expressions, labels and annotations stay byte-identical.

@@ -106,9 +106,14 @@ def test_a_shared_subscription_spy_raises_the_gap_alarm(tmp_path, kafka_broker, 
             in metrics
         # the bridge acknowledged what it received, and the workers took exactly that: the
         # reconciliation of ldp.acks agrees once settled (the loss is before the bridge)
-        time.sleep(bound)
-        fleets = json.loads(worker.get("/healthz", any_status=True))["checks"]["acks"]["fleets"]
-        assert fleets[f"{cid}/phones"] == {"acked": 320 - lost, "taken": 320 - lost, "gap": 0}
+        want = {"acked": 320 - lost, "taken": 320 - lost, "gap": 0}
+        fleets: dict = {}
+        while time.monotonic() - done < bound:
+            fleets = json.loads(worker.get("/healthz", any_status=True))["checks"]["acks"]["fleets"]
+            if fleets.get(f"{cid}/phones") == want:
+                break
+            time.sleep(1.0)
+        assert fleets[f"{cid}/phones"] == want, fleets
         print(f"\n[acks] spy swallowed {len(swallowed)} batches ({lost} of {sent} reports "
               f"acknowledged to devices); {holes} missing batches shown {alarm_s:.1f} s after "
               f"the last acknowledgement")

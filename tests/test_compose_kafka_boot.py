@@ -47,10 +47,11 @@ def _shim(path: Path, body: str) -> Path:
     return path
 
 
-@pytest.fixture
-def compose_kafka(tmp_path):
-    """The compose Kafka service on loopback; yields (bootstrap, ca file, services, the
-    controller listener's address)."""
+@pytest.fixture(scope="module")
+def compose_kafka(tmp_path_factory):
+    """The compose Kafka service on loopback, one for the module (its start is the slow part);
+    yields (bootstrap, ca file, services, the controller listener's address)."""
+    tmp_path = tmp_path_factory.mktemp("compose-kafka")
     from ldpstream.cli import main as cli
     from ldpstream.dev.kafka import LOG4J_FILE, _jvm, ensure_kafka_jars
     from ldpstream.dev.process import free_port

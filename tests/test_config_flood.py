@@ -21,7 +21,7 @@ FLOOD = 300_000
 #: the worst /healthz answer time of a running worker while its ldp.config is flooded
 HEALTHZ_WITHIN_S = 3.0
 #: how long the running worker is watched after the flood was produced
-WATCH_AFTER_S = 30.0
+WATCH_AFTER_S = 10.0
 
 
 def _junk(key, cid: str) -> bytes:

@@ -130,3 +130,37 @@ def test_estimate_panels_follow_the_window_variable_and_alerts_are_annotated():
     for a in dash["annotations"]["list"]:
         assert a["datasource"]["uid"] == DS_UID
     assert all('alertstate="firing"' in a["expr"] for a in alerts)
+
+
+def test_numeric_dashboard_shows_the_mean_with_its_interval_and_the_distribution():
+    """dashboards/grafana/dashboards/ldpstream-numeric.json (provisioned beside the main one):
+    valid like it; the mean over time with its interval as a shaded band (fill between low and
+    high), the quantiles with theirs, the CDF and its band, the W1 bound and the drift statistic
+    beside its threshold; every per-window query follows the window variable."""
+    dash = json.loads((GRAFANA / "dashboards" / "ldpstream-numeric.json").read_text())
+    main = json.loads(DASHBOARD.read_text())
+    assert dash["uid"] != main["uid"] and dash["schemaVersion"] >= 36
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    names = [v["name"] for v in dash["templating"]["list"]]
+    assert names == ["collection", "window", "marginal", "category"]
+    for v in dash["templating"]["list"]:
+        assert v["datasource"]["uid"] == DS_UID
+    exprs = []
+    for p in dash["panels"]:
+        assert p["datasource"]["uid"] == DS_UID and p["targets"], p["title"]
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == DS_UID and 'window="$window"' in t["expr"], t
+            exprs.append(t["expr"])
+    for metric in ("ldp_numeric_mean", "ldp_numeric_mean_low", "ldp_numeric_mean_high",
+                   "ldp_numeric_quantile", "ldp_numeric_quantile_low", "ldp_numeric_quantile_high",
+                   "ldp_numeric_cdf", "ldp_numeric_cdf_low", "ldp_numeric_cdf_high",
+                   "ldp_numeric_w1_bound", "ldp_estimate_drift_statistic",
+                   "ldp_estimate_drift_statistic_threshold"):
+        assert any(re.search(rf"\b{metric}\{{", e) for e in exprs), metric
+    mean = next(p for p in dash["panels"] if any("ldp_numeric_mean{" in t["expr"]
+                                                  for t in p["targets"]))
+    fills = [prop["value"] for o in mean["fieldConfig"]["overrides"]
+             for prop in o["properties"] if prop["id"] == "custom.fillBelowTo"]
+    legends = {t["legendFormat"] for t in mean["targets"]}
+    assert mean["type"] == "timeseries" and fills and set(fills) <= legends

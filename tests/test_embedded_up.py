@@ -65,6 +65,9 @@ def test_up_serves_and_exits_cleanly(tmp_path, how):
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")}
+    # where `up` records its URL for `estimates` (per runtime directory): this test's own, so
+    # another `up` running at the same time is not followed
+    env["XDG_RUNTIME_DIR"] = str(tmp_path / "run")
     duration = "25" if how == "duration" else "120"
     out = open(tmp_path / "up.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "up", "--duration", duration,

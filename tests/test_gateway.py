@@ -208,6 +208,30 @@ def test_gateway_refusals_produce_nothing_then_a_batch_is_stamped(kafka_broker, 
     asyncio.run(run())
 
 
+def test_requests_arriving_together_share_one_broker_check(kafka_broker):
+    """The broker check before producing: when its cached answer has expired, the requests
+    arriving together wait for one metadata check, not one connection each (counted by
+    ``ldp_gateway_broker_checks_total``); the next expiry makes one more."""
+    from ldpstream.producers.gateway import BROKER_CACHE_S, REGISTRY
+
+    def checks() -> float:
+        return REGISTRY.get_sample_value("ldp_gateway_broker_checks_total") or 0.0
+
+    async def main() -> None:
+        gw = IngestGateway(kafka_broker.bootstrap, parse_fleets(fleets_doc("c"), "t"))
+        before = checks()
+        answers = await asyncio.gather(*(gw.broker_ok() for _ in range(40)))
+        assert all(ok for ok, _ in answers) and len(set(answers)) == 1, answers[:2]
+        assert checks() - before == 1
+        await gw.broker_ok()   # cached
+        assert checks() - before == 1
+        await asyncio.sleep(BROKER_CACHE_S + 0.1)
+        await asyncio.gather(*(gw.broker_ok() for _ in range(40)))
+        assert checks() - before == 2
+
+    asyncio.run(main())
+
+
 def test_reports_through_the_gateway_are_counted_exactly(tmp_path, kafka_broker, redis_server,
                                                          spawn_worker, service_env, unique_name):
     """SDK devices speaking only HTTP (memoized collection; mechanism states from the gateway,

@@ -63,15 +63,25 @@ def _batch(codec: int, values: list[bytes], base: int = 0) -> bytes:
     return bytes(out)
 
 
-def _records(raw: bytes) -> list[tuple[int, bytes]]:
-    from aiokafka.record.memory_records import MemoryRecords
-
-    m, out = MemoryRecords(raw), []
-    while m.has_next():
-        batch = m.next_batch()
+def _records(records) -> list[tuple[int, bytes]]:
+    """Offsets and values of a message set read as aiokafka's fetcher reads it (every batch's
+    CRC checked), from ``MemoryRecords`` or ``BoundedRecords``."""
+    out = []
+    while records.has_next():
+        batch = records.next_batch()
         assert batch.validate_crc()
         out += [(r.offset, bytes(r.value)) for r in batch]
     return out
+
+
+def _native(raw: bytes) -> list[tuple[int, bytes]]:
+    from aiokafka.record.memory_records import MemoryRecords
+
+    return _records(MemoryRecords(raw))
+
+
+def _bounded(raw: bytes, max_bytes: int) -> list[tuple[int, bytes]]:
+    return _records(bounded_fetch.BoundedRecords(raw, max_bytes))
 
 
 @pytest.mark.parametrize("codec", [1, 2, 3, 4], ids=["gzip", "snappy", "lz4", "zstd"])
@@ -81,21 +91,48 @@ def test_bounded_batches_equal_aiokafka_decoding(codec):
               for _ in range(40)]
     raw = _batch(codec, values, base=100) + _batch(0, values[:3], base=140)
     raw += _batch(codec, values[:2], base=143)[:-7]  # a partial trailing batch, as fetched
-    bounded = bounded_fetch.bound_message_set(raw, 1 << 20)
-    assert _records(bounded) == _records(raw)
+    assert _bounded(raw, 1 << 20) == _native(raw)
     # the same batch over a bound that is too small: one marker record at its last offset
-    refused = _records(bounded_fetch.bound_message_set(_batch(codec, values, base=7), 1000))
+    refused = _bounded(_batch(codec, values, base=7), 1000)
     assert len(refused) == 1 and refused[0][0] == 7 + 39
     with pytest.raises(DecodeError) as exc:
         decode_batch(refused[0][1])
     assert exc.value.reason == "decompression_bomb" and "7..46" in exc.value.detail
 
 
+def test_bounded_batches_are_read_in_place_and_keep_the_crc_verdict():
+    """Each compressed batch is decompressed into its message set's buffer and read there: two
+    sets read in turn (as the fetcher reads partitions) each keep their own records; a batch whose
+    fetched bytes fail their CRC fails aiokafka's check as it would without the guard."""
+    rng = np.random.default_rng(5)
+    sets = [[[rng.integers(0, 9, size=700, dtype=np.uint8).tobytes() for _ in range(30)]
+             for _ in range(3)] for _ in range(2)]
+    readers = [bounded_fetch.BoundedRecords(
+        b"".join(_batch(3, vals, base=30 * i) for i, vals in enumerate(batches)), 1 << 20)
+        for batches in sets]
+    seen: list[list[list[bytes]]] = [[], []]
+    for _ in range(3):
+        its = []
+        for k, reader in enumerate(readers):   # the next batch of each set, then their records
+            assert reader.has_next()
+            batch = reader.next_batch()
+            assert isinstance(batch, bounded_fetch.CheckedBatch) and batch.validate_crc()
+            its.append((k, iter(batch)))
+        for k, it in its:
+            seen[k].append([bytes(r.value) for r in it])
+    assert seen == sets and not any(r.has_next() for r in readers)
+    corrupt = bytearray(_batch(3, sets[0][0]))
+    corrupt[-3] ^= 0xFF     # a flipped bit in the compressed records
+    for codec_batch in (bytes(corrupt), _batch(0, sets[0][0])[:-3] + b"\x00\x00\x00"):
+        bad = bounded_fetch.BoundedRecords(codec_batch, 1 << 20)
+        assert not bad.next_batch().validate_crc()
+
+
 def test_zstd_bomb_is_refused_without_spending_memory():
     bomb = zstd_bomb_batch(1 << 30)
     assert len(bomb) < 64 * 1024
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out = _records(bounded_fetch.bound_message_set(bomb, 16 << 20))
+    out = _bounded(bomb, 16 << 20)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 64 * 1024, grown_kib
     assert len(out) == 1 and out[0][1].startswith(bounded_fetch.GUARD_MARKER)

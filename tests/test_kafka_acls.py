@@ -11,18 +11,11 @@ import ssl
 import uuid
 
 import pytest
-from conftest import running_kafka, write_config
+from conftest import write_config
 from kafka_counts import assert_counted
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.kafka]
 
-
-@pytest.fixture(scope="module")
-def secure_kafka():
-    """One SASL_SSL broker with the deployment's ACLs, for this module."""
-    for kafka in running_kafka(secure=True):
-        kafka.apply_acls()
-        yield kafka
 
 
 def _as(kafka, who, monkeypatch) -> dict:

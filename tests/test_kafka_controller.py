@@ -9,19 +9,12 @@ import subprocess
 import time
 
 import pytest
-from conftest import running_kafka
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.kafka]
 
 #: an unauthenticated attempt gives up within this (the tool retries until its API timeout)
 ATTEMPT_TIMEOUT_S = 60.0
 
-
-@pytest.fixture(scope="module")
-def secure_kafka():
-    for kafka in running_kafka(secure=True):
-        kafka.apply_acls()
-        yield kafka
 
 
 def acl_command(ctl: str, tmp_path, name: str, props: dict, *args: str) -> tuple[int | None, str]:

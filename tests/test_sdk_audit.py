@@ -13,7 +13,10 @@ max_y ln(max_x P̂[x,y] / min_x P̂[x,y]), must lie within 6σ of the declared �
 (the delta-method s.d. of one log ratio; 6σ covers the max over columns). For bloom that is the
 per-bit ε, ln((1 − f/2)/(f/2)); the step's ε in the docs, the per-bit ε × the largest Hamming
 distance between two values' filters, follows from it only because the bits are drawn
-independently, which this audit does not test (it counts each bit's marginal)."""
+independently, which this audit does not test (it counts each bit's marginal). Every wave step
+(numeric attributes) on at most 65 grid points is sampled 10⁶ times (10⁶/G draws per grid
+point) against the channel its parameters define (estimators/kernels/device_program.py
+``wave_channel``), with the same χ² and ε tests."""
 from __future__ import annotations
 
 import json
@@ -24,6 +27,8 @@ import numpy as np
 import pytest
 from scipy.stats import chi2
 from sdk_helpers import VECTORS, c_sdk, ts_sdk  # noqa: F401
+
+from ldpstream.estimators.kernels.device_program import attribute_size, wave_channel
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 
@@ -45,6 +50,8 @@ def _flat_steps(steps: list[dict]) -> list[dict]:
 
 def _declared(step: dict, sizes: list[int]) -> np.ndarray:
     k = math.prod(sizes[c] for c in step["in"])
+    if step["op"] == "wave":  # grid points × cells, from the step's parameters
+        return wave_channel(step, sizes[step["in"][0]])
     if step["op"] == "matrix":
         return np.asarray(step["rows"], dtype=float)
     if step["op"] == "keep":  # the cell with p, else a fake cell: P[x, y] = p·[x = y] + (1−p)·fake[y]
@@ -97,7 +104,7 @@ def _audit(lines: list[str]) -> list[str]:
     for line in lines:
         got = json.loads(line)
         prog = cases[got["case"]]["device"]
-        sizes = [len(lab) for lab in prog["labels"]]
+        sizes = [attribute_size(lab) for lab in prog["labels"]]
         step = _flat_steps(prog["steps"])[got["step"]]
         P = (_partition_channel(step["tables"][got["table"]], sizes) if "table" in got
              else _declared(step, sizes))
@@ -184,6 +191,25 @@ def test_the_audit_catches_a_wrong_bloom_f():
 
     assert _audit([line(step["f"])]) == []
     assert _audit([line(step["f"] - 0.01)]) != []
+
+
+def test_the_audit_catches_a_wrong_wave():
+    """The audit fails a Square Wave sampler whose in-window probability is 2 % low and
+    passes one drawn from the declared channel (the sw-hm case's wave on temp, 33 grid points,
+    32 buckets, 10⁶ draws)."""
+    case = next(c for c in json.loads(VECTORS.read_text())["cases"] if c["name"] == "sw-hm")
+    si, step = next((i, s) for i, s in enumerate(_flat_steps(case["device"]["steps"]))
+                    if s["op"] == "wave" and not s["round"] and s["in"] == [2])
+    G = case["device"]["labels"][2]["grid"]
+    rng = np.random.default_rng(8)
+
+    def line(p: float) -> str:
+        P = wave_channel({**step, "p": p}, G)
+        return json.dumps({"case": "sw-hm", "step": si, "counts": np.stack(
+            [rng.multinomial(SAMPLES // G, row) for row in P]).tolist()})
+
+    assert _audit([line(step["p"])]) == []
+    assert _audit([line(step["p"] * 0.98)]) != []
 
 
 def test_bench_sdk_quick_runs(capsys):

@@ -75,16 +75,20 @@ def test_randomize_and_batch_vectors(case):
     g = SplitMix64(int(case["seed"]))
     b = case["batch"]
     dev = int(b["device_id"])
-    reports = [prog.randomize(prog.encode(r), g, dev) for r in case["records"]]
+    encoded = [prog.encode_clipped(r) for r in case["records"]]
+    reports = [prog.randomize(x, g, dev) for x, _ in encoded]
     assert reports == case["reports"]
+    if "clipped" in case:  # numeric values clipped into their range
+        assert [list(c) for _, c in encoded] == case["clipped"]
     blob = encode_batch(b["collection"], case["version"], np.asarray(reports),
                         device_ids=np.full(len(reports), dev, dtype=np.uint64),
                         sent_at=b["sent_at"], key=(dev, int(b["sequence"])))
     assert blob.hex() == b["hex"]
 
 
-def test_schema_errors_name_the_attribute():
-    v = _load("randomize.json")["schema_errors"]
+@pytest.mark.parametrize("which", ["schema_errors", "numeric_errors"])
+def test_schema_errors_name_the_attribute(which):
+    v = _load("randomize.json")[which]
     prog = Program(v["device"])
     for e in v["errors"]:
         with pytest.raises(SchemaError) as exc:

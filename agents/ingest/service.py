@@ -98,6 +98,19 @@ POLL_DELTAS = 4
 FETCH_MAX_WAIT_MS = 20
 
 
+#: messages one poll takes at most (``getmany(max_records=...)``): the fetcher sends its next fetch
+#: to a broker only once every record it holds from that broker was taken
+POLL_MAX_RECORDS = 5000
+
+
+def fetch_settings(max_message_bytes: int) -> dict[str, int]:
+    """How the report consumer fetches (aiokafka keyword arguments): the worker's, and the raw
+    consumer's of ``ldpstream bench pipeline``, so that both read a topic alike
+    (docs/pipeline.md "Measured")."""
+    return {"max_partition_fetch_bytes": max(4 * 1_048_576, 2 * int(max_message_bytes)),
+            "fetch_max_bytes": 64 * 1_048_576, "fetch_max_wait_ms": FETCH_MAX_WAIT_MS}
+
+
 class IngestService(Service):
     """The consumer loop: poll the report topics, hand each partition's records to the intake
     (or the breaker), start flushes when due; lag, offset audit and Kafka commits on the side.
@@ -110,7 +123,8 @@ class IngestService(Service):
                  stats: IngestStats, bootstrap: str, kafka_security: KafkaSecurity,
                  signing_key: SigningKey, group_id: str = "ldpstream-ingest",
                  session_timeout_ms: int = 10_000, publish_config: bool = True,
-                 create_topics: bool = True, poll_ms: int = 100, max_records: int = 5000,
+                 create_topics: bool = True, poll_ms: int = 100,
+                 max_records: int = POLL_MAX_RECORDS,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.collections = collections
@@ -187,9 +201,7 @@ class IngestService(Service):
             auto_offset_reset="none", session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
             rebalance_timeout_ms=max(self.session_timeout_ms, 30_000),
-            max_partition_fetch_bytes=max(4 * 1_048_576, 2 * self.max_message_bytes),
-            fetch_max_bytes=64 * 1_048_576, fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
-            client_id="ldpstream-ingest",
+            client_id="ldpstream-ingest", **fetch_settings(self.max_message_bytes),
             # a report topic deleted and recreated on Apache Kafka is seen (and its new log
             # judged) at the next metadata refresh: 10 s, not aiokafka's 5 min
             metadata_max_age_ms=10_000, **self.security)

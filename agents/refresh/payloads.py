@@ -70,6 +70,7 @@ def estimate_payload(collection: Any, mechanism: Mechanism, est: Estimate,
         "chosen": None if chosen is None else str(chosen),
         "version": int(mechanism.version),
         "versions": sorted(int(v) for v in versions),
+        **mechanism.summary_fields(est),   # numeric: the mean, quantiles, CDF band, W1 bound
     }
 
 
@@ -81,7 +82,7 @@ def _stub(collection: Any, attrs: Sequence[str], method: str, window: Window,
 
 
 NO_DRIFT = {"drift_tvd": None, "drift_statistic": None, "drift_threshold": None,
-            "drift_alarm": False}
+            "drift_alarm": False, "drift_detail": None}
 #: suffix of the name under which a window's previous range is read and estimated
 PREVIOUS = "/previous"
 
@@ -127,7 +128,8 @@ def refresh_payloads(collection: Any, mechanism: Mechanism, reads: Mapping[str, 
                     res = drift.results.get(key)
                     p.update(NO_DRIFT if res is None else {
                         "drift_tvd": res.tvd, "drift_statistic": res.statistic,
-                        "drift_threshold": res.threshold, "drift_alarm": res.alarm})
+                        "drift_threshold": res.threshold, "drift_alarm": res.alarm,
+                        "drift_detail": list(res.detail) or None})
                     if key in drift.failures:
                         log.warning("refresh %s: drift of %s on %s (%s) not measured: %s",
                                     collection.id, method, attrs, w.name, drift.failures[key])

@@ -215,9 +215,12 @@ class Refresher:
             metrics.ESTIMATE_FAILING.labels(*labels).set(1.0 if failed else 0.0)
             if failed or p.get("cells") is None:
                 continue
-            flat = np.asarray(none_to_nan(p["cells"]), float).ravel()
-            for label, v in zip(metrics.cell_labels(p["labels"]), flat):
-                metrics.ESTIMATE_CELL.labels(*labels, label).set(float(v))
+            if p.get("numeric") is not None:   # summaries, not the input grid's cells
+                metrics.numeric_gauges(labels, p["numeric"])
+            else:
+                flat = np.asarray(none_to_nan(p["cells"]), float).ravel()
+                for label, v in zip(metrics.cell_labels(p["labels"]), flat):
+                    metrics.ESTIMATE_CELL.labels(*labels, label).set(float(v))
             eb = p.get("error_bound")
             metrics.ESTIMATE_ERROR_BOUND.labels(*labels).set(
                 float("nan") if eb is None else float(eb))

@@ -52,6 +52,11 @@ def marginalize_payload(payload: dict[str, Any], attrs: Sequence[str]) -> dict[s
     out["labels"] = [payload["labels"][i] for i in keep]
     out["cells"] = json_cells(cells.sum(axis=drop))
     out["marginalized_from"] = stored
+    if out.pop("numeric", None) is not None:   # per category: not the attribute's own summary
+        out["warnings"] = [*(payload.get("warnings") or []),
+                           f"summed from {','.join(stored)}: the per-category mean, quantiles "
+                           f"and bounds do not carry over; configure the marginal "
+                           f"[{', '.join(out['attrs'])}] for its own"]
     return coarsen_payload(out, drop)
 
 

@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 HISTORY_POINTS = 360
 #: the fields of a stored estimate that a history point keeps (besides its cells; first the time)
 POINT_FIELDS = ("updated_at", "n", "error_bound", "drift_tvd", "drift_statistic",
-                "drift_threshold", "drift_alarm", "version", "versions", "error", "empty")
+                "drift_threshold", "drift_alarm", "version", "versions", "error", "empty",
+                "numeric")
 #: the page's files (agents/serve/static/) and their content types; nothing else is served
 ASSETS = {"index.html": "text/html", "app.js": "text/javascript", "charts.js": "text/javascript",
           "api.js": "text/javascript", "style.css": "text/css"}
@@ -50,7 +51,8 @@ class History:
     """The last ``maxlen`` refreshes of every stored estimate (one point per ``updated_at``).
 
     A point is kept as a tuple of :data:`POINT_FIELDS` and an array of its cells (the demo's
-    60 estimates over 360 refreshes: 15 MB, measured with tracemalloc), handed out as a dict."""
+    60 estimates over 360 refreshes: 15 MB, measured with tracemalloc), handed out as a dict; a
+    numeric estimate's point keeps its summary (:func:`numeric_point`) and no cells."""
 
     def __init__(self, maxlen: int = HISTORY_POINTS) -> None:
         self.maxlen = maxlen
@@ -64,9 +66,11 @@ class History:
             points = self._points.setdefault(key, deque(maxlen=self.maxlen))
             if points and points[-1][0][0] == p.get("updated_at"):  # POINT_FIELDS[0]
                 continue
-            cells = p.get("cells")
-            # exactly the stored floats (a null cell is NaN); None cells (a failure) stay None
-            points.append((tuple(p.get(f) for f in POINT_FIELDS),
+            # exactly the stored floats (a null cell is NaN); None cells (a failure) stay None;
+            # a numeric estimate keeps its summary instead of its input grid's cells
+            fields = {**p, "numeric": numeric_point(p.get("numeric"))}
+            cells = None if fields["numeric"] else p.get("cells")
+            points.append((tuple(fields.get(f) for f in POINT_FIELDS),
                            None if cells is None else np.array(none_to_nan(cells),
                                                                dtype=float)))
             added += 1
@@ -75,6 +79,19 @@ class History:
     def points(self, key: Key) -> list[dict[str, Any]]:
         return [{**dict(zip(POINT_FIELDS, values)), "cells": cells}
                 for values, cells in self._points.get(key, ())]
+
+
+def numeric_point(numeric: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What a history point keeps of a numeric estimate's summary: the means and quantiles with
+    their intervals (per category), not the histogram or the CDF."""
+    if not numeric:
+        return None
+    keep = ("mean", "quantiles", "w1_bound")
+    out: dict[str, Any] = {k: numeric[k] for k in keep if k in numeric}
+    if "categories" in numeric:
+        out["categories"] = [{k: r[k] for k in ("category", "share", *keep) if k in r}
+                             for r in numeric["categories"]]
+    return out
 
 
 def history_answer(points: Sequence[Mapping[str, Any]], stored: Sequence[str],
@@ -91,6 +108,7 @@ def history_answer(points: Sequence[Mapping[str, Any]], stored: Sequence[str],
                     "cells": json_cells(p["cells"])}
             if len(stored) > len(attrs):
                 view = marginalize_payload(view, attrs)
+                point["numeric"] = None   # per category: not the sub-marginal's (as /estimates)
             point["cells"] = transpose_payload(view, attrs)["cells"]
         out.append(point)
     return out
@@ -172,6 +190,11 @@ def install(app: Any, worker: Worker) -> History:
                 return self.error(404, f"attrs {','.join(attrs)}: not the attributes of a "
                                        f"configured marginal of collection {collection!r}, nor "
                                        f"distinct ones of one",
+                                  marginals=[",".join(m) for m in coll.marginals])
+            why = ctx.collections[collection].current.check_marginal(attrs, method) if len(
+                stored) > len(attrs) else None
+            if why is not None:   # as /estimates: e.g. the mean of a categorical attribute
+                return self.error(400, f"attrs {','.join(attrs)} with {method!r}: {why}",
                                   marginals=[",".join(m) for m in coll.marginals])
             try:  # since: only the points after it (the page polls for what is new)
                 since = float(request.query.get("since", "-inf"))

@@ -233,6 +233,11 @@ def install(app: Any, worker: Worker) -> None:
                 return self.error(404, f"marginal {','.join(attrs)} is not configured for "
                                        f"collection {coll.id!r}, nor contained in a configured "
                                        f"one", marginals=[",".join(m) for m in coll.marginals])
+            why = mechanism_of(coll.id).check_marginal(attrs, method) if len(stored) > len(
+                attrs) else None
+            if why is not None:   # e.g. the mean of a categorical attribute (sw-hm)
+                return self.error(400, f"attrs {','.join(attrs)} with {method!r}: {why}",
+                                  marginals=[",".join(m) for m in coll.marginals])
             payload = await ctx.store.get_estimate(coll.id, window, method, stored)
             if payload is None:
                 return self.error(404, f"no estimate yet for {','.join(stored)} with {method!r} "

@@ -31,13 +31,16 @@ import numpy as np
 from scipy.stats import norm
 
 from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.kernels import device_program as dp
 from ldpstream.estimators.kernels import numeric as nm
 from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, product_channel_bound, stream, unbounded
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.mechanism import (
+    DriftTerms,
     Estimate,
     Mechanism,
+    Memoization,
     ParamError,
     Params,
     TensorSpec,
@@ -46,8 +49,11 @@ from ldpstream.estimators.mechanism import (
     marginal_tensors,
     register,
 )
+from ldpstream.estimators.memo import memoize_of, memoize_param, memoize_state
+from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize
 
-__all__ = ["Numeric", "sw_buckets", "band_bins", "numeric_domain", "QUANTILES", "SEED"]
+__all__ = ["Numeric", "sw_buckets", "band_bins", "numeric_domain", "QUANTILES", "SEED",
+           "ALPHA_POINTS", "rounding_points", "rounding_matrix", "device_alpha", "alpha_round"]
 
 #: the quantiles every distribution estimate serves (with intervals)
 QUANTILES = (0.5, 0.9, 0.99)
@@ -59,6 +65,51 @@ SEED = 31_337
 BAND_BINS = 32
 #: default points of the PM output grid
 MEAN_GRID = 129
+
+
+#: intervals of α-point rounding of a memoized collection (docs/numeric.md "Memoization")
+ALPHA_POINTS = 16
+
+
+def rounding_points(G: int, s: int) -> np.ndarray:
+    """The grid indices of the s + 1 evenly spaced points of α-point rounding (the range's ends
+    among them) on a G-point grid."""
+    return np.unique(np.round(np.linspace(0, G - 1, int(s) + 1)).astype(np.int64))
+
+
+def rounding_matrix(G: int, pts: np.ndarray) -> np.ndarray:
+    """R (G × G): grid point x goes to the rounding point above it with probability its
+    distance from the one below over their spacing, else to the one below — α-point rounding
+    with α uniform, as the server sees it over a population (unbiased: E[rounded] = x)."""
+    x = np.arange(G)
+    k = np.clip(np.searchsorted(pts, x, side="right") - 1, 0, len(pts) - 2)
+    up = (x - pts[k]) / (pts[k + 1] - pts[k])
+    R = np.zeros((G, G))
+    R[x, pts[k]] += 1 - up
+    R[x, pts[k + 1]] += up
+    return R
+
+
+def device_alpha(device_ids: np.ndarray, j: int) -> np.ndarray:
+    """Each device's α ∈ [0, 1) for attribute j, fixed for ever (a hash of its id: the same on
+    every report and after a restart; uniform over a fleet)."""
+    z = np.asarray(device_ids, dtype=np.uint64) + np.uint64((int(j) + 1) * 0x9E3779B97F4A7C15
+                                                            % 2 ** 64)
+    with np.errstate(over="ignore"):   # splitmix64's finalizer, modulo 2⁶⁴
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(2 ** 53)
+
+
+def alpha_round(x: np.ndarray, pts: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """α-point rounding [Ding et al., NeurIPS 2017, §3]: grid index x to the rounding point
+    below it, or above it when its fraction of the way there exceeds α. A rounding point stays
+    itself; with α uniform the rounding is unbiased."""
+    x = np.asarray(x, dtype=np.int64)
+    k = np.clip(np.searchsorted(pts, x, side="right") - 1, 0, len(pts) - 2)
+    frac = (x - pts[k]) / (pts[k + 1] - pts[k])
+    return np.where(frac > np.asarray(alpha), pts[k + 1], pts[k])
 
 
 def sw_buckets(eps: float) -> int:
@@ -107,6 +158,7 @@ class Numeric(Mechanism):
     def __init__(self, domain: Domain, ranges: Mapping[str, tuple[float, float]],
                  epsilon: float | Sequence[float], *, mean: str = "auto", mean_share: float = 0.5,
                  buckets: int | None = None, mean_grid: int = MEAN_GRID,
+                 memoize: Memoize | None = None, alpha_points: int = ALPHA_POINTS,
                  version: int = 0) -> None:
         super().__init__(domain, version)
         m = len(domain)
@@ -130,6 +182,16 @@ class Numeric(Mechanism):
         self.mean_mechs = [nm.choose_mean(e, self.mean_grid) if mean == "auto" else mean
                            for e in eps]
         self.buckets = [int(buckets) if buckets else sw_buckets(e) for e in eps]
+        if memoize is not None and memoize.instantaneous_epsilon is not None:
+            raise ParamError("memoize.instantaneous_epsilon", "sw-hm memoizes without an "
+                                                              "instantaneous layer")
+        #: memoized (docs/numeric.md "Memoization"): each numeric value α-point rounded to
+        #: ``alpha_points`` intervals first, its permanent response drawn once per rounded value
+        self.memoize = memoize
+        self.alpha_points = int(alpha_points)
+        self.points = {j: rounding_points(G, self.alpha_points)
+                       for j, G in enumerate(domain.shape) if self.is_numeric(j)} \
+            if memoize is not None else {}
 
     # --- channels -------------------------------------------------------------------------------
     def is_numeric(self, j: int) -> bool:
@@ -139,15 +201,24 @@ class Numeric(Mechanism):
         """(P_mean (G × Km), outputs on [−1, 1]'s scale) of attribute j."""
         return self._mean_parts[j]
 
+    def _rounded(self, j: int, P: np.ndarray) -> np.ndarray:
+        """``P`` (G × cells) behind attribute j's α-point rounding when memoized (R·P)."""
+        if j not in self.points:
+            return P
+        return rounding_matrix(self.domain.shape[j], self.points[j]) @ P
+
     @cached_property
     def _mean_parts(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        return {j: nm.mean_channel(mm, e, nm.grid_t(G), self.mean_grid)
-                for j, (mm, e, G) in enumerate(zip(self.mean_mechs, self.eps_in,
-                                                   self.domain.shape)) if self.is_numeric(j)}
+        out = {}
+        for j, (mm, e, G) in enumerate(zip(self.mean_mechs, self.eps_in, self.domain.shape)):
+            if self.is_numeric(j):
+                P, y = nm.mean_channel(mm, e, nm.grid_t(G), self.mean_grid)
+                out[j] = (self._rounded(j, P), y)
+        return out
 
     @cached_property
     def _sw_parts(self) -> dict[int, np.ndarray]:
-        return {j: nm.sw_channel(e, nm.grid_v(G), k)
+        return {j: self._rounded(j, nm.sw_channel(e, nm.grid_v(G), k))
                 for j, (e, G, k) in enumerate(zip(self.eps_in, self.domain.shape, self.buckets))
                 if self.is_numeric(j)}
 
@@ -155,16 +226,27 @@ class Numeric(Mechanism):
         """P_sw (G × buckets) of attribute j."""
         return self._sw_parts[j]
 
+    def layout(self, j: int) -> tuple[nm.Task, ...]:
+        """The tasks of numeric attribute j's report column and their cells
+        (:func:`~.numeric.layout`: the one definition the channel, the randomizer, the count
+        tensors and the device description share)."""
+        return nm.layout(self.mean_mechs[j], self.eps_in[j], self.mean_share, self.mean_grid,
+                         self.buckets[j])
+
     def mean_cells(self, j: int) -> int:
-        return int(self._mean_parts[j][1].size)
+        """The cells before Square Wave's in attribute j's column (the mean mechanism's)."""
+        return self.layout(j)[-1].offset
 
     def channel(self, j: int) -> np.ndarray:
-        """The channel attribute j's reports go through: [s·P_mean, (1−s)·P_sw] (numeric),
-        GRR(ε) (categorical)."""
+        """The channel attribute j's reports go through: its tasks' channels side by side, each
+        times its weight, i.e. [s·P_mean, (1−s)·P_sw] (numeric; each behind the α-point rounding
+        R when memoized), GRR(ε) (categorical)."""
         if not self.is_numeric(j):
             return ch.grr(self.eps_in[j], self.domain.shape[j])
-        return np.concatenate([self.mean_share * self.mean_part(j)[0],
-                               (1 - self.mean_share) * self.sw_part(j)], axis=1)
+        G = self.domain.shape[j]
+        return np.concatenate([t.weight * (self.sw_part(j) if t.kind == "sw" else
+                                           self._rounded(j, nm.task_channel(t, self.eps_in[j], G)))
+                               for t in self.layout(j)], axis=1)
 
     @cached_property
     def epsilons(self) -> list[float]:
@@ -178,18 +260,73 @@ class Numeric(Mechanism):
     def epsilon_per_attribute(self) -> float:
         return float(max(self.epsilons))
 
+    def guarantee(self) -> Guarantee:
+        """Fresh: ε per report. Memoized: ε per rounded value and rotation period, the channels'
+        own (computed), so a device whose values stay within their rounding intervals spends
+        the record's ε once per period (docs/numeric.md "Memoization")."""
+        if self.memoize is None:
+            return Guarantee.fresh(self.epsilon)
+        return Guarantee.memoized_channels([self.channel(j) for j in range(len(self.domain))],
+                                           None, self.memoize)
+
+    def memoization(self) -> Memoization | None:
+        """Per attribute and value, the permanent response through the attribute's channel (the
+        value α-point rounded with the device's α first); no instantaneous layer."""
+        if self.memoize is None:
+            return None
+        return Memoization(self.memoize, [self.channel(j) for j in range(len(self.domain))],
+                           lambda permanent, rng: np.asarray(permanent),
+                           draw=lambda records, ids, period, rng: self.randomize_device(
+                               records, ids, rng))
+
     # --- device side ----------------------------------------------------------------------------
     @property
     def report_width(self) -> int:
         return len(self.domain)
 
     def report_bounds(self) -> np.ndarray:
-        return np.array([self.mean_cells(j) + k if self.is_numeric(j) else self.domain.shape[j]
-                         for j, k in enumerate(self.buckets)], dtype=np.int64)
+        return np.array([self.layout(j)[-1].offset + self.layout(j)[-1].cells
+                         if self.is_numeric(j) else self.domain.shape[j]
+                         for j in range(len(self.domain))], dtype=np.int64)
+
+    def device_program(self) -> dict[str, Any] | None:
+        """Per attribute: a categorical one GRR(ε) (``grr``); a numeric one a ``wave`` per task
+        of weight > 0 (:meth:`layout`), under a ``select`` whose ``weights`` are the tasks'
+        when there are several (docs/device-protocol.md). None when a grid exceeds
+        :data:`~.device_program.MAX_GRID`, the steps exceed the limits, or the description's
+        ε (each wave's, computed from its parameters) is not the channels' to 1e-9."""
+        steps: list[dict[str, Any]] = []
+        n_steps = 0
+        for j, (G, e) in enumerate(zip(self.domain.shape, self.eps_in)):
+            if not self.is_numeric(j):
+                steps.append(dp.channel_step([j], self.channel(j)))
+                n_steps += 1
+                continue
+            if G > dp.MAX_GRID:
+                return None
+            tasks = [t for t in self.layout(j) if t.weight > 0]
+            waves = [dp.wave_step(j, j, t.offset, t.cells, **nm.wave(t, e))  # type: ignore[arg-type]
+                     for t in tasks]
+            steps.append(waves[0] if len(waves) == 1 else
+                         dp.select_step(None, [[w] for w in waves], [t.weight for t in tasks]))
+            n_steps += len(waves) + (len(waves) > 1)
+        if n_steps > dp.MAX_STEPS:
+            return None
+        prog = dp.program(self.name, self.domain, self.report_width, steps)
+        eps = [dp.step_epsilon(s, self.domain.shape) for s in steps]
+        if any(abs(a - b) > 1e-9 * max(b, 1.0) for a, b in zip(eps, self.epsilons)):
+            return None
+        return prog
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Per attribute: the mean task with probability ``mean_share`` (its mechanism's cell),
-        else SW's bucket shifted past the mean cells; the direct samplers of the channels."""
+        else SW's bucket shifted past the mean cells; the direct samplers of the channels.
+        Memoized: each numeric value α-point rounded first, with a fresh α
+        (:meth:`randomize_device`: the device's own)."""
+        return self._randomize(records, rng, None)
+
+    def _randomize(self, records: np.ndarray, rng: np.random.Generator,
+                   device_ids: np.ndarray | None) -> np.ndarray:
         records = np.asarray(records)
         if records.ndim != 2 or records.shape[1] != len(self.domain):
             raise ValueError(f"records must be (n, {len(self.domain)}), got {records.shape}")
@@ -201,13 +338,30 @@ class Numeric(Mechanism):
             if not self.is_numeric(j):
                 out[:, j] = ch.randomize(x, self.channel(j), rng)
                 continue
+            if j in self.points:
+                x = alpha_round(x, self.points[j], rng.random(len(x)) if device_ids is None
+                                else device_alpha(device_ids, j))
             task = rng.random(len(x)) < self.mean_share
             cell = np.empty(len(x), dtype=np.int64)
             cell[task] = nm.sample_mean(self.mean_mechs[j], e, nm.grid_t(G)[x[task]],
                                         self.mean_grid, rng)
-            cell[~task] = self.mean_cells(j) + nm.sample_sw(e, nm.grid_v(G)[x[~task]],
-                                                            self.buckets[j], rng)
+            sw = self.layout(j)[-1]
+            cell[~task] = sw.offset + nm.sample_sw(e, nm.grid_v(G)[x[~task]], sw.cells, rng)
             out[:, j] = cell
+        return out
+
+    def randomize_device(self, records: np.ndarray, device_ids: np.ndarray,
+                         rng: np.random.Generator) -> np.ndarray:
+        """:meth:`randomize` with each device's own α (memoized; else the ids are unused)."""
+        return self._randomize(records, rng, np.asarray(device_ids, dtype=np.uint64))
+
+    def device_records(self, records: np.ndarray, device_ids: np.ndarray) -> np.ndarray:
+        """Memoized: grid indices ``(n, m)`` α-point rounded with each device's α — what a
+        device memoizes under (a value that stays between its rounding points keeps its
+        permanent response); unchanged when not memoized."""
+        out = np.array(records, dtype=np.int64)
+        for j, pts in self.points.items():
+            out[:, j] = alpha_round(out[:, j], pts, device_alpha(device_ids, j))
         return out
 
     def encode(self, values: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
@@ -358,17 +512,16 @@ class Numeric(Mechanism):
         grid = np.zeros((len(labels), G))
         if method == "mean":
             y = self.mean_part(jx)[1]
-            S, D = Mc[:, :k] @ y, Mc[:, :k].sum(axis=1)
+            unit = lambda t: lo + (t + 1) / 2 * (hi - lo)  # noqa: E731
             for i, lab in enumerate(labels):
-                r = S[i] / D[i] if D[i] > 0 else 0.0
-                g = A[i][:, None] * (y[None, :] - r)            # the ratio's linearization
-                se = math.sqrt(float((g ** 2 * T[:, :k]).sum())) / D[i] if D[i] > 0 else math.inf
-                unit = lambda t: lo + (t + 1) / 2 * (hi - lo)  # noqa: E731
+                # the ratio of the category's value total to its report count, linearized
+                (r,), (se,), D = nm.ratio_stats(A[i], y, T[:, :k])
+                r = r if D > 0 else 0.0
                 w = float(np.clip((r + 1) / 2, 0, 1))
                 grid[i, 0], grid[i, -1] = 1 - w, w
                 rows.append({"category": lab, "share": float(share[i]), "mean": unit(r),
                              "mean_low": unit(r - z * se), "mean_high": unit(r + z * se),
-                             "reports": float(D[i])})
+                             "reports": D})
         else:
             sw = np.clip(Mc[:, k:], 0, None)
             for i, lab in enumerate(labels):
@@ -380,10 +533,19 @@ class Numeric(Mechanism):
                     x, _ = nm.ems(sw[i], nm.binned_channel(self.sw_part(jx), d))
                     which = nm.bin_of_grid(G, d)
                     grid[i] = x[which] / np.bincount(which, minlength=d)[which]
+                    # the quantiles' intervals: where the category's unbiased CDF (signed
+                    # counts, a ratio per edge) ± z·se reaches p, widened to hold EMS's
+                    J = self.cdf_map(jx, band_bins(d, len(sw[i])))
+                    F, se, _ = nm.ratio_stats(A[i], J, T[:, k:])
+                    e = np.linspace(0, 1, len(J))
+                    qs = {}
+                    for p, qv in zip(QUANTILES, nm.quantile(x, QUANTILES)):
+                        ql = nm.first_crossing(e, F + z * se, p)
+                        qh = nm.first_crossing(e, F - z * se, p)
+                        qs[f"{p:g}"] = [lo + float(v) * (hi - lo)
+                                        for v in (qv, min(ql, qv), max(qh, qv))]
                     row.update(bins=d, histogram=x.tolist(),
-                               mean=lo + float(x @ nm.grid_mid(d)) * (hi - lo),
-                               quantiles={f"{p:g}": lo + float(v) * (hi - lo) for p, v in
-                                          zip(QUANTILES, nm.quantile(x, QUANTILES))})
+                               mean=lo + float(x @ nm.grid_mid(d)) * (hi - lo), quantiles=qs)
                 else:
                     grid[i] = 1.0 / G
                 rows.append(row)
@@ -395,6 +557,132 @@ class Numeric(Mechanism):
         b = unbounded(joint_values)  # per-category intervals are in extra
         return Estimate(Factor(self.domain.project(attrs), joint_values), method, n,
                         self.epsilon, error_bound=b.tvd, bound=b, extra=extra)
+
+    @cached_property
+    def _cdf_maps(self) -> dict[tuple[int, int], np.ndarray]:
+        return {}
+
+    def cdf_map(self, j: int, bins: int) -> np.ndarray:
+        """:func:`~.numeric.cdf_map` of attribute j's SW channel on ``bins`` equal bins
+        (cached: the drift test and the per-category bounds ask for it at every refresh)."""
+        key = (j, int(bins))
+        if key not in self._cdf_maps:
+            self._cdf_maps[key] = nm.cdf_map(nm.binned_channel(self.sw_part(j), int(bins)))
+        return self._cdf_maps[key]
+
+    def drift_terms(self, cur: Mapping[str, np.ndarray], prev: Mapping[str, np.ndarray],
+                    attrs: Sequence[str], method: str) -> DriftTerms | None:
+        """The mean (``mean``) or the three quantiles (``distribution``) of the numeric
+        attribute of ``attrs``, per category when ``attrs`` has a categorical one
+        (docs/windows.md "Numeric attributes"). A quantile moved when the share of values below
+        the two windows' pooled p-quantile x_p changed: F_cur(x_p) against F_prev(x_p), from the
+        unbiased CDF. Each is a ratio of linear functionals of the counts
+        (:func:`~.numeric.ratio_stats`); its variance under "no change" from the pooled counts,
+        at each window's size. The effect is |Δ mean| ÷ range, or |Δ F(x_p)| (a share of the
+        values: at most the TVD between the windows). A categorical attribute alone: None (the
+        GRR cells are tested)."""
+        why = self.check_marginal(attrs, method)
+        if why:
+            raise ValueError(why)
+        num = [a for a in attrs if a in self.ranges]
+        if not num:
+            return None
+        x_attr = num[0]
+        jx = self.domain.axes((x_attr,))[0]
+        if len(attrs) == 2:
+            c_attr = next(a for a in attrs if a != x_attr)
+            tabs = [np.asarray(joint(c, (c_attr, x_attr)), dtype=float) for c in (cur, prev)]
+            A = np.linalg.inv(self.channel(self.domain.axes((c_attr,))[0]).T)
+            labels: list[str | None] = list(self.domain.categories(c_attr))
+        else:
+            tabs = [np.asarray(one_way(c, x_attr), dtype=float)[None, :] for c in (cur, prev)]
+            A, labels = np.eye(1), [None]
+        n_cur, n_prev = (float(t.sum()) for t in tabs)
+        if n_cur <= 0 or n_prev <= 0:
+            raise ValueError("a window without reports has no drift")
+        k = self.mean_cells(jx)
+        cols = slice(0, k) if method == "mean" else slice(k, None)
+        pool = tabs[0] + tabs[1]
+        N = n_cur + n_prev
+        lo, hi = self.ranges[x_attr]
+        J = None if method == "mean" else self.cdf_map(jx, band_bins(BAND_BINS, self.buckets[jx]))
+        y = self.mean_part(jx)[1]
+        names, rows = [], []
+        for i, lab in enumerate(labels):
+            if method == "mean":
+                U, what, at = y[None, :], ["mean"], [None]
+            else:
+                assert J is not None
+                F, _, D = nm.ratio_stats(A[i], J, pool[:, cols])
+                if D <= 0:
+                    continue
+                xs = [nm.first_crossing(np.linspace(0, 1, len(J)), F, p) for p in QUANTILES]
+                U = np.stack([nm.edge_weights(len(J) - 1, x) @ J for x in xs])
+                what, at = [f"{p:g}" for p in QUANTILES], [lo + x * (hi - lo) for x in xs]
+            _, se_pool, D = nm.ratio_stats(A[i], U, pool[:, cols])
+            (r_cur, _, d_cur), (r_prev, _, d_prev) = (nm.ratio_stats(A[i], U, t[:, cols])
+                                                      for t in tabs)
+            if D <= 0 or d_cur <= 0 or d_prev <= 0:
+                continue   # a category without reports in a window: nothing to compare
+            for q in range(len(U)):
+                v = se_pool[q] ** 2 * N   # ∝ 1/n: from the pooled size to each window's
+                rows.append((r_cur[q], v / n_cur, r_prev[q], v / n_prev))
+                names.append(what[q] if lab is None else f"{lab}/{what[q]}")
+                if method == "mean":
+                    det = {"quantity": "mean", "current": lo + (r_cur[q] + 1) / 2 * (hi - lo),
+                           "previous": lo + (r_prev[q] + 1) / 2 * (hi - lo)}
+                else:
+                    det = {"quantity": what[q], "at": at[q], "current": r_cur[q],
+                           "previous": r_prev[q]}
+                if lab is not None:
+                    det["category"] = lab
+                rows[-1] += (det,)
+        if not rows:
+            raise ValueError(f"no reports of {x_attr!r} in both windows")
+        cur_v, cur_var, prev_v, prev_var = (np.array([r[i] for r in rows], dtype=float)
+                                            for i in range(4))
+        scale = 0.5 if method == "mean" else 1.0   # t on [−1, 1]: a share of the range
+        return DriftTerms(tuple(names), cur_v, cur_var, prev_v, prev_var,
+                          np.abs(cur_v - prev_v) * scale, tuple(r[4] for r in rows))
+
+    def summary_fields(self, est: Estimate) -> dict[str, Any]:
+        """``numeric``: what a numeric estimate serves beside its cells (docs/api.md "Numeric
+        estimates"); nothing for a categorical attribute's distribution."""
+        x = est.extra or {}
+        if "min" not in x:   # a categorical attribute's GRR distribution: its cells say it all
+            return {}
+        iv = lambda v: {"value": v[0], "low": v[1], "high": v[2]}  # noqa: E731
+        out: dict[str, Any] = {"attribute": x.get("of", est.factor.domain.attrs[0]),
+                               "min": x["min"], "max": x["max"], "level": x["level"]}
+        if "categories" in x:
+            out["by"] = x["by"]
+            rows = []
+            for r in x["categories"]:
+                row = {"category": r["category"], "share": r["share"], "reports": r["reports"]}
+                if est.method == "mean":
+                    row["mean"] = {"value": r["mean"], "low": r["mean_low"],
+                                   "high": r["mean_high"]}
+                elif "bins" in r:
+                    row.update(mean={"value": r["mean"]}, quantiles={
+                        p: iv(v) for p, v in r["quantiles"].items()},
+                        histogram={"bins": r["bins"], "mass": r["histogram"]})
+                rows.append(row)
+            out["categories"] = rows
+        elif est.method == "mean":
+            out["mean"] = {"value": x["mean"], "low": x["mean_low"], "high": x["mean_high"],
+                           "stderr": x["stderr"], "mechanism": x["mechanism"],
+                           "reports": x["reports"]}
+        else:
+            out.update(mean={"value": x["mean"]}, reports=x["reports"],
+                       quantiles={p: iv(v) for p, v in x["quantiles"].items()},
+                       histogram={"bins": x["bins"], "mass": x["histogram"]},
+                       cdf={"at": x["cdf_at"], "value": x["cdf"], "low": x["cdf_low"],
+                            "high": x["cdf_high"]},
+                       w1_bound=x["w1_bound"], w1_bound_coverage=x["w1_coverage"])
+            if "ranges" in x:
+                out["ranges"] = [{"from": a, "to": b, "value": m, "low": lw, "high": h}
+                                 for a, b, m, lw, h in x["ranges"]]
+        return {"numeric": out}
 
     @staticmethod
     def _range_mass(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, ra: float,
@@ -422,7 +710,18 @@ class Numeric(Mechanism):
         share = pr.number("mean_share", 0.5, ge=0.0, le=1.0)
         buckets = pr.integer("buckets", None, ge=8, le=4096)
         grid = pr.integer("mean_grid", MEAN_GRID, ge=3, le=4097)
+        raw_memo = pr.value("memoize")
+        points = pr.integer("alpha_points", None, ge=1, le=1024)
         pr.done()
+        if raw_memo is not None and isinstance(raw_memo, Mapping) and raw_memo.get(
+                "instantaneous_epsilon") is not None:
+            raise ParamError("memoize.instantaneous_epsilon",
+                             "sw-hm memoizes without an instantaneous layer (its outputs are "
+                             "hundreds of cells: a GRR over them would drown the report)")
+        memoize = None if raw_memo is None else memoize_param(raw_memo, lambda e: (e,))
+        if points is not None and memoize is None:
+            raise ParamError("alpha_points", "α-point rounding is for memoized collections: "
+                                             "set memoize too")
         if raw is not None and not isinstance(raw, Mapping):
             raise ParamError("ranges", f"must be {{attribute: {{min: a, max: b}}}} (got {raw!r})")
         raw = raw or {}
@@ -436,7 +735,7 @@ class Numeric(Mechanism):
         return cls(domain, ranges, attribute_budget(epsilon, epsilon_scope, len(domain)),
                    mean=str(mean), mean_share=0.5 if share is None else share,
                    buckets=buckets, mean_grid=MEAN_GRID if grid is None else grid,
-                   version=version)
+                   memoize=memoize, alpha_points=points or ALPHA_POINTS, version=version)
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "Numeric":
@@ -444,21 +743,25 @@ class Numeric(Mechanism):
                    {a: (float(r[0]), float(r[1])) for a, r in state["ranges"].items()},
                    state["epsilons"], mean=state["mean"], mean_share=float(state["mean_share"]),
                    buckets=None, mean_grid=int(state["mean_grid"]),
+                   memoize=memoize_of(state),
+                   alpha_points=int(state.get("alpha_points", ALPHA_POINTS)),
                    version=int(state.get("version", 0))).with_buckets(state["buckets"])
 
     def with_buckets(self, buckets: Sequence[int]) -> "Numeric":
         """This state with the SW bucket count of every attribute set."""
         self.buckets = [int(b) for b in buckets]
-        self.__dict__.pop("_sw_parts", None)
-        self.__dict__.pop("epsilons", None)
+        for cached in ("_sw_parts", "_cdf_maps", "epsilons"):
+            self.__dict__.pop(cached, None)
         return self
 
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
-                "domain": self.domain.to_dict(), "epsilons": list(self.eps_in),
+                "domain": self.domain.to_compact_dict(), "epsilons": list(self.eps_in),
                 "ranges": {a: list(r) for a, r in self.ranges.items()},
                 "mean": self.mean_spec, "mean_share": self.mean_share,
-                "mean_grid": self.mean_grid, "buckets": list(self.buckets)}
+                "mean_grid": self.mean_grid, "buckets": list(self.buckets),
+                **memoize_state(self.memoize),
+                **({"alpha_points": self.alpha_points} if self.memoize is not None else {})}
 
 
 def joint(counts: Mapping[str, np.ndarray], attrs: tuple[str, str]) -> np.ndarray:

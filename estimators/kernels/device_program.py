@@ -3,15 +3,17 @@ description"): a small, versioned, language-neutral JSON value published inside 
 mechanism state (key ``device``), so a device SDK needs one generic interpreter instead of a copy
 of every mechanism family.
 
-A description lists the attributes with their category labels, the report width and *steps*
-applied in order to a record of category indices:
+A description lists the attributes with their category labels (a numeric attribute:
+``{min, max, grid}``, its value clipped into the range and put on the grid), the report width
+and *steps* applied in order to a record of category (or grid) indices:
 
 * ``grr``: the cell of the attributes ``in`` (mixed radix, first attribute most significant) is
   kept with probability ``p``, else replaced by one of the other cells uniformly; the result is
   written, in the same mixed radix, to the report columns ``out``.
 * ``matrix``: the cell goes through the row-stochastic matrix ``rows`` (inverse-CDF sampling).
-* ``select``: an index j uniform in ``[0, len(branches))`` is written to column ``out`` (unless
-  ``out`` is null), then the steps of branch j run.
+* ``select``: an index j uniform in ``[0, len(branches))`` (or drawn by ``weights``, one
+  probability > 0 per branch) is written to column ``out`` (unless ``out`` is null), then the
+  steps of branch j run.
 * ``uniform``: a uniform cell of the attributes ``in``, whatever the record (fake data).
 * ``keep``: the cell of ``in`` kept with probability ``p``, else a fake cell from ``fake``; the
   flat cell is written to column ``out``.
@@ -19,6 +21,14 @@ applied in order to a record of category indices:
   columns from ``out``, every bit then kept with 1 − f, else set to 1 or 0 with f/2 each.
 * ``copy``: column ``out`` drawn from row ``report[from]`` of ``rows`` (post-processing of a
   value already reported); ``const``: column ``out`` set to ``value``.
+
+* ``wave`` (numeric attributes, docs/numeric.md): the grid position z ∈ [0, 1] of attribute
+  ``in``'s value opens the window [l, l + ``width``], l = ``at[0]``·z + ``at[1]``, inside
+  ``range``; the output is uniform in the window with probability ``p``, else uniform on the
+  rest of the range, then bucketed into ``cells`` equal cells (or, ``round``, rounded without
+  bias to a ``cells``-point grid), plus ``offset``, in column ``out``: Square Wave, the
+  Piecewise mechanism and (a window of width 0) Duchi et al.'s are each one ``wave``; a
+  ``select`` with ``weights`` picks the task of a report (:func:`numeric_steps`).
 
 * ``partition``: the device's id picks the first of the ``tables`` (a fixed assignment); each
   report column ``out[s]`` carries table (first + s) mod K through its oracle (GRR, or OLH with
@@ -47,7 +57,9 @@ import numpy as np
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels.domain import Domain
 
-__all__ = ["PROGRAM_VERSION", "grr_step", "matrix_step", "select_step", "uniform_step",
+__all__ = ["PROGRAM_VERSION", "MAX_GRID", "grr_step", "wave_step", "wave_epsilon", "wave_channel",
+           "numeric_attribute",
+           "attribute_size", "matrix_step", "select_step", "uniform_step",
            "copy_step", "const_step", "keep_step", "bloom_step", "program", "program_epsilon",
            "memo_fingerprint", "is_grr", "MAX_ATTRS", "MAX_WIDTH", "MAX_CELLS",
            "MAX_MATRIX_ENTRIES", "MAX_STEPS", "MAX_TABLES", "MAX_LABELS", "MAX_LABEL_BYTES",
@@ -67,6 +79,8 @@ MAX_TABLES = 64
 MAX_LABELS = 1024
 #: UTF-8 bytes of the attribute names and labels, one more per string
 MAX_LABEL_BYTES = 16384
+#: points of a numeric attribute's input grid (``labels[j] = {min, max, grid}``)
+MAX_GRID = 65536
 
 #: the version ``v`` of the description format
 PROGRAM_VERSION = 1
@@ -87,12 +101,57 @@ def matrix_step(cols: Sequence[int], P: np.ndarray,
             "rows": np.asarray(P, dtype=float).tolist()}
 
 
-def select_step(out: int | None, branches: Sequence[Sequence[Mapping[str, Any]]]
-                ) -> dict[str, Any]:
-    """Draw a uniform branch index, report it in column ``out`` (None: not reported), then run
-    that branch."""
-    return {"op": "select", "out": None if out is None else int(out),
-            "branches": [list(b) for b in branches]}
+def select_step(out: int | None, branches: Sequence[Sequence[Mapping[str, Any]]],
+                weights: Sequence[float] | None = None) -> dict[str, Any]:
+    """Draw a branch index (uniform, or by ``weights``: probabilities > 0 summing to 1),
+    report it in column ``out`` (None: not reported), then run that branch."""
+    out_: dict[str, Any] = {"op": "select", "out": None if out is None else int(out),
+                            "branches": [list(b) for b in branches]}
+    if weights is not None:
+        out_["weights"] = [float(w) for w in weights]
+    return out_
+
+
+def numeric_attribute(lo: float, hi: float, grid: int) -> dict[str, Any]:
+    """``labels[j]`` of a numeric attribute: its range and the points of its input grid (a
+    value is clipped into the range and put on the nearest point; docs/numeric.md)."""
+    return {"min": float(lo), "max": float(hi), "grid": int(grid)}
+
+
+def attribute_size(labels: Any) -> int:
+    """Cells of an attribute: its labels, or a numeric attribute's grid points."""
+    return int(labels["grid"]) if isinstance(labels, Mapping) else len(labels)
+
+
+def wave_step(col: int, out: int, offset: int, cells: int, lo: float, hi: float,
+              at: tuple[float, float], width: float, p: float, rounded: bool) -> dict[str, Any]:
+    """A numeric attribute ``col``'s value through a window mechanism (module docstring)."""
+    return {"op": "wave", "in": [int(col)], "out": int(out), "offset": int(offset),
+            "cells": int(cells), "range": [float(lo), float(hi)],
+            "at": [float(at[0]), float(at[1])], "width": float(width), "p": float(p),
+            "round": bool(rounded)}
+
+
+def wave_epsilon(lo: float, hi: float, at: Sequence[float], width: float, p: float,
+                 cells: int, rounded: bool) -> float:
+    """ε of a ``wave`` step: with a window, ln of the ratio of the output densities inside
+    (p / width) and outside ((1 − p) / (range − width)), the bucketing or rounding being
+    post-processing; a point (width 0) rounded to two cells: ln of the largest ratio of a cell's
+    probability between the ends z = 0 and z = 1; anything else ∞. The same operations in every
+    SDK."""
+    if width > 0.0:
+        rest = (hi - lo) - width
+        if not 0.0 < p < 1.0 or rest <= 0.0:
+            return math.inf
+        return abs(math.log((p / width) / ((1.0 - p) / rest)))
+    if not rounded or cells != 2:
+        return math.inf
+    y0, y1 = at[1], at[0] + at[1]
+    if y1 < y0:
+        y0, y1 = y1, y0
+    if y0 <= lo or y1 >= hi:
+        return math.inf
+    return math.log(max((y1 - lo) / (y0 - lo), (hi - y0) / (hi - y1)))
 
 
 def uniform_step(cols: Sequence[int]) -> dict[str, Any]:
@@ -141,11 +200,54 @@ def const_step(out: int, value: int) -> dict[str, Any]:
     return {"op": "const", "out": int(out), "value": int(value)}
 
 
+def wave_channel(step: Mapping[str, Any], grid: int) -> np.ndarray:
+    """The channel a ``wave`` step applies, ``P[i, k]`` (grid points × cells) from its
+    parameters alone, exactly: the output density p/width on the window of grid point i
+    (z = i/(grid − 1)) and (1 − p)/(rest of the range) elsewhere, integrated over each bucket,
+    or against each rounding grid point's hat (linear weights); a point (width 0) is its hat
+    weights. What the privacy audits compare the SDKs' draws and ε with."""
+    lo, hi = (float(v) for v in step["range"])
+    a, b = (float(v) for v in step["at"])
+    w, p, K = float(step["width"]), float(step["p"]), int(step["cells"])
+    left_edge = a * (np.arange(grid) / (grid - 1)) + b
+    rest = np.maximum(left_edge - lo, 0.0) + np.maximum(hi - (left_edge + w), 0.0)
+    dout = np.divide(1.0 - p, rest, out=np.zeros_like(rest), where=rest > 0)[:, None]
+    if step["round"]:
+        y = np.linspace(lo, hi, K)
+        h = y[1] - y[0]
+
+        def hat(u: np.ndarray) -> np.ndarray:   # ∫_{−∞}^{u} max(0, 1 − |s|) ds
+            u = np.clip(u, -1.0, 1.0)
+            return np.where(u <= 0, (1 + u) ** 2 / 2, 1 - (1 - u) ** 2 / 2)
+
+        def mass(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+            return h * (hat((v[:, None] - y) / h) - hat((u[:, None] - y) / h))
+        if w == 0.0:
+            P = np.clip(1 - np.abs(left_edge[:, None] - y) / h, 0.0, None)
+        else:
+            P = (p / w * mass(left_edge, left_edge + w)
+                 + dout * (mass(np.full(grid, lo), left_edge)
+                           + mass(left_edge + w, np.full(grid, hi))))
+    else:
+        e = np.linspace(lo, hi, K + 1)
+
+        def overlap(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+            return np.clip(np.minimum(e[1:], v[:, None]) - np.maximum(e[:-1], u[:, None]), 0.0,
+                           None)
+        P = (p / w * overlap(left_edge, left_edge + w) if w > 0 else 0.0) + dout * (
+            overlap(np.full(grid, lo), left_edge) + overlap(left_edge + w, np.full(grid, hi)))
+    P = np.asarray(P, dtype=float)
+    return P / P.sum(axis=1, keepdims=True)
+
+
 def program(family: str, domain: Domain, width: int,
             steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A version-1 description of ``family`` over ``domain``."""
     return {"v": PROGRAM_VERSION, "family": family, "attrs": list(domain.attrs),
-            "labels": [list(domain.categories(a)) for a in domain.attrs], "width": int(width),
+            "labels": [list(domain.categories(a)) if domain.numeric_range(a) is None else
+                       numeric_attribute(*domain.numeric_range(a),  # type: ignore[misc]
+                                         domain.shape[j])
+                       for j, a in enumerate(domain.attrs)], "width": int(width),
             "steps": [dict(s) for s in steps]}
 
 
@@ -171,6 +273,9 @@ def step_epsilon(step: Mapping[str, Any], shape: Sequence[int]) -> float:
         return ch.epsilon(np.asarray(step["rows"], dtype=float))
     if op in ("uniform", "copy", "const"):
         return 0.0
+    if op == "wave":
+        return wave_epsilon(*step["range"], step["at"], float(step["width"]), float(step["p"]),
+                            int(step["cells"]), bool(step["round"]))
     if op == "bloom":
         f, ham = float(step["f"]), bloom_hamming(step["filters"], int(step["bits"]))
         return 0.0 if ham == 0 else math.inf if f <= 0.0 else math.log((2.0 - f) / f) * ham
@@ -202,7 +307,7 @@ def bloom_hamming(filters: Sequence[Sequence[int]], bits: int) -> int:
 def program_epsilon(prog: Mapping[str, Any]) -> float:
     """ε of one report of the description (sum over its steps); memoized: the sum over the
     permanent steps (what any number of reports of one rotation period cost together)."""
-    shape = [len(lab) for lab in prog["labels"]]
+    shape = [attribute_size(lab) for lab in prog["labels"]]
     steps = prog["memoize"]["permanent"] if prog.get("memoize") else prog["steps"]
     return float(sum(step_epsilon(s, shape) for s in steps))
 

@@ -80,14 +80,28 @@ class Domain:
             out["ranges"] = [None if r is None else list(r) for r in self.ranges]
         return out
 
+    def to_compact_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` with a numeric attribute's labels (its grid points' values) left out
+        (null): what a signed state carries, small enough for the firmware profile's record
+        limit (docs/device-protocol.md); :meth:`from_dict` makes them again."""
+        out = self.to_dict()
+        if out["labels"] is not None and self.ranges is not None:
+            out["labels"] = [None if r is not None else lab
+                             for lab, r in zip(out["labels"], self.ranges)]
+        return out
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Domain":
         labels = d.get("labels")
         ranges = d.get("ranges")
+        rs = None if ranges is None else tuple(None if r is None else (r[0], r[1])
+                                               for r in ranges)
+        if labels is not None and any(lab is None for lab in labels):
+            from ldpstream.estimators.kernels.numeric import numeric_labels
+            labels = [numeric_labels(*rs[j], d["shape"][j]) if lab is None and rs and rs[j]
+                      else lab for j, lab in enumerate(labels)]
         return cls(tuple(d["attrs"]), tuple(d["shape"]),
-                   None if labels is None else tuple(tuple(lab) for lab in labels),
-                   None if ranges is None else tuple(None if r is None else (r[0], r[1])
-                                                     for r in ranges))
+                   None if labels is None else tuple(tuple(lab) for lab in labels), rs)
 
     def numeric_range(self, attr: str) -> tuple[float, float] | None:
         """(min, max) of a numeric attribute, None for a categorical one."""

@@ -37,7 +37,7 @@ __all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "du
            "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
            "auto_bins", "grid_mid", "bin_of_grid", "binned_channel", "cdf_at", "quantile", "w1_hist", "w1_samples",
            "sample_duchi", "sample_pm", "sample_sw", "round_to_grid", "epsilon", "CdfBand",
-           "unbiased_cdf"]
+           "unbiased_cdf", "Task", "layout", "task_channel", "wave"]
 
 #: the mean mechanisms, in the order :func:`choose_mean` prefers on a tie
 MEAN_MECHANISMS = ("hm", "pm", "duchi")
@@ -206,6 +206,69 @@ def mean_estimate(counts: np.ndarray, outputs: np.ndarray, level: float = 0.95) 
     return MeanEstimate(mu, se, mu - z * se, mu + z * se, int(n), level)
 
 
+# --- one attribute's report: its tasks and their cells ------------------------------------------
+
+@dataclass(frozen=True)
+class Task:
+    """One way a report of a numeric attribute is made: ``kind`` (``pm``, ``duchi``: the mean;
+    ``sw``: the distribution), the probability ``weight`` that a report does it, and its cells
+    ``offset`` … ``offset + cells − 1`` in the attribute's report column."""
+
+    kind: str
+    weight: float
+    offset: int
+    cells: int
+
+
+def layout(mean: str, eps: float, share: float, K: int, buckets: int) -> tuple[Task, ...]:
+    """THE cells of a numeric attribute's report column, in order: the mean mechanism's (PM's K
+    rounded points, Duchi's 2, HM's PM then Duchi), then Square Wave's ``buckets``; a report
+    does the mean task with probability ``share`` (HM: PM with α of it). The family's channel,
+    its randomizer, its count tensors and the device description all come from it (a task of
+    weight 0 keeps its cells)."""
+    if mean == "hm":
+        a = hm_alpha(eps)
+        parts = [("pm", share * a, K), ("duchi", share * (1 - a), 2)]
+    elif mean in ("pm", "duchi"):
+        parts = [(mean, share, K if mean == "pm" else 2)]
+    else:
+        raise ValueError(f"unknown mean mechanism {mean!r} (known: {', '.join(MEAN_MECHANISMS)})")
+    out, off = [], 0
+    for kind, w, k in parts + [("sw", 1 - share, buckets)]:
+        out.append(Task(kind, float(w), off, int(k)))
+        off += int(k)
+    return tuple(out)
+
+
+def task_channel(t: Task, eps: float, G: int) -> np.ndarray:
+    """``P[i, k]`` (G × t.cells) of one task on a G-point input grid."""
+    if t.kind == "pm":
+        return pm_channel(eps, grid_t(G), t.cells)[0]
+    if t.kind == "duchi":
+        return duchi_channel(eps, grid_t(G))[0]
+    return sw_channel(eps, grid_v(G), t.cells)
+
+
+def wave(t: Task, eps: float) -> dict[str, float | bool | tuple[float, float]]:
+    """The parameters of the ``wave`` step (estimators/kernels/device_program.py) that draws
+    from :func:`task_channel` on the grid position z = i/(G − 1): PM's window [l, l + C − 1],
+    l = (C + 1)·z − C, in [−C, C], hit with e^{ε/2}/(e^{ε/2} + 1), rounded to K points; Square
+    Wave's [z − b, z + b] in [−b, 1 + b], hit with 2be^ε/(2be^ε + 1), bucketed; Duchi's point
+    t = 2z − 1 rounded to the two points ±C."""
+    if t.kind == "duchi":
+        C = _duchi_c(eps)
+        return {"lo": -C, "hi": C, "at": (2.0, -1.0), "width": 0.0, "p": 1.0, "rounded": True}
+    if t.kind == "pm":
+        C, _, _ = _pm_params(eps)
+        e2 = math.exp(eps / 2)
+        return {"lo": -C, "hi": C, "at": (C + 1, -C), "width": C - 1, "p": e2 / (e2 + 1),
+                "rounded": True}
+    b = sw_b(eps)
+    e = math.exp(eps)
+    return {"lo": -b, "hi": 1 + b, "at": (1.0, -b), "width": 2 * b,
+            "p": 2 * b * e / (2 * b * e + 1), "rounded": False}
+
+
 # --- Square Wave and EMS ------------------------------------------------------------------------
 
 def sw_b(eps: float) -> float:
@@ -295,6 +358,33 @@ def auto_bins(eps: float, n: int, *, lo: int = 16, hi: int = 1024) -> int:
     return int(min(hi, max(lo, 2 ** round(math.log2(d)))))
 
 
+def edge_weights(d: int, x: float) -> np.ndarray:
+    """Linear interpolation weights of the point x ∈ [0, 1] on the d + 1 edges of d equal
+    bins."""
+    pos = float(np.clip(x, 0, 1)) * d
+    k = min(int(pos), d - 1)
+    w = np.zeros(d + 1)
+    w[k], w[k + 1] = 1 - (pos - k), pos - k
+    return w
+
+
+def ratio_stats(a: np.ndarray, U: np.ndarray, T: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                       float]:
+    """Per row u of ``U`` (q × cells), the ratio r = u·m / Σm of the unbiased counts m = a·T
+    of one category (``a``: its row of the inverse categorical channel, ``T``: categories ×
+    cells counted; one category: a = [1], T = counts[None]) with its standard error (delta
+    method, Poisson variance of T), and Σm. A mean is u = the outputs; a CDF value u = its
+    row of :func:`cdf_map`. Σm ≤ 0: NaN ratios, infinite errors."""
+    a, U, T = (np.asarray(v, dtype=float) for v in (a, np.atleast_2d(U), T))
+    m = a @ T
+    D = float(m.sum())
+    if D <= 0:
+        return np.full(len(U), np.nan), np.full(len(U), np.inf), D
+    r = U @ m / D
+    g = a[None, :, None] * (U[:, None, :] - r[:, None, None])
+    return r, np.sqrt((g ** 2 * T[None]).sum(axis=(1, 2))) / D, D
+
+
 @dataclass(frozen=True)
 class CdfBand:
     """The unbiased CDF at the edges of d equal bins of [0, 1] (least squares through the
@@ -311,12 +401,7 @@ class CdfBand:
 
     def weights(self, x: float) -> np.ndarray:
         """Linear interpolation weights of the point x ∈ [0, 1] on the edges."""
-        d = len(self.edges) - 1
-        pos = float(np.clip(x, 0, 1)) * d
-        k = min(int(pos), d - 1)
-        w = np.zeros(d + 1)
-        w[k], w[k + 1] = 1 - (pos - k), pos - k
-        return w
+        return edge_weights(len(self.edges) - 1, x)
 
     def interval(self, w: np.ndarray, z: float) -> tuple[float, float]:
         """(estimate, half-width) of the linear functional w·F (a CDF value, a range mass)."""
@@ -325,8 +410,8 @@ class CdfBand:
     def quantile_interval(self, p: float, z: float) -> tuple[float, float]:
         """The quantile's interval from the pointwise band: the first points where F + z·se and
         F − z·se reach p (1 when never), linearly interpolated between edges."""
-        return (_first_crossing(self.edges, self.F + z * self.se, p),
-                _first_crossing(self.edges, self.F - z * self.se, p))
+        return (first_crossing(self.edges, self.F + z * self.se, p),
+                first_crossing(self.edges, self.F - z * self.se, p))
 
     def w1_noise(self, z_level: float, draws: int, rng: np.random.Generator) -> float:
         """The ``z_level`` quantile of ∫|F_u − F| under the normal approximation of the
@@ -337,7 +422,7 @@ class CdfBand:
         return float(np.quantile(np.trapezoid(np.abs(noise), self.edges, axis=1), z_level))
 
 
-def _first_crossing(x: np.ndarray, y: np.ndarray, p: float) -> float:
+def first_crossing(x: np.ndarray, y: np.ndarray, p: float) -> float:
     """The smallest x where the piecewise-linear y(x) reaches p (x[-1] when it never does)."""
     k = int(np.argmax(y >= p)) if np.any(y >= p) else -1
     if k < 0:
@@ -348,6 +433,13 @@ def _first_crossing(x: np.ndarray, y: np.ndarray, p: float) -> float:
     return float(x[k - 1] + (x[k] - x[k - 1]) * (p - y0) / (y1 - y0)) if y1 > y0 else float(x[k])
 
 
+def cdf_map(M: np.ndarray) -> np.ndarray:
+    """J ((d + 1) × buckets): the unbiased CDF at the edges of the d bins of ``M`` is J·c/n,
+    the least-squares inverse of the bucket frequencies (pinv(Mᵀ)) summed."""
+    A = np.linalg.pinv(M.T)
+    return np.concatenate([np.zeros((1, M.shape[1])), np.cumsum(A, axis=0)])
+
+
 def unbiased_cdf(counts: np.ndarray, M: np.ndarray) -> CdfBand:
     """F at the edges of the d bins of ``M`` (d × buckets): the least-squares inverse of the
     bucket frequencies, f = pinv(Mᵀ)·c/n, summed; its covariance by the delta method with the
@@ -356,8 +448,7 @@ def unbiased_cdf(counts: np.ndarray, M: np.ndarray) -> CdfBand:
     c = np.asarray(counts, dtype=float)
     n = c.sum()
     lam = c / n
-    A = np.linalg.pinv(M.T)
-    J = np.concatenate([np.zeros((1, M.shape[1])), np.cumsum(A, axis=0)])
+    J = cdf_map(M)
     F = J @ lam
     Jl = J @ lam
     cov = ((J * lam) @ J.T - np.outer(Jl, Jl)) / n

@@ -59,9 +59,16 @@ from scipy.special import ndtri
 
 from ldpstream.estimators.kernels import batched
 from ldpstream.estimators.kernels.castell import castell_variance
-from ldpstream.estimators.mechanism import Estimate, Mechanism, VersionedCounts, marginal_key
+from ldpstream.estimators.mechanism import (
+    DriftTerms,
+    Estimate,
+    Mechanism,
+    VersionedCounts,
+    marginal_key,
+)
 
-__all__ = ["DriftResult", "drift_test", "drift_tests", "sidak_threshold", "cell_variance", "null_variances",
+__all__ = ["DriftResult", "drift_test", "drift_tests", "terms_test", "sidak_threshold",
+           "cell_variance", "null_variances",
            "pooled_tables", "replicate_rng", "null_size",
            "table_variances",
            "REPLICATES", "BATCHED_METHODS"]
@@ -84,6 +91,8 @@ class DriftResult:
     statistic: float
     threshold: float
     alarm: bool
+    #: a family's own test (:func:`terms_test`): per quantity what it compared, with its z
+    detail: tuple[dict, ...] = ()
 
 
 def sidak_threshold(cells: int, alpha: float) -> float:
@@ -136,6 +145,29 @@ def drift_tests(cur: np.ndarray, cur_var: np.ndarray, prev: np.ndarray, prev_var
     tvds = 0.5 * diff.sum(axis=1)
     return [DriftResult(float(t), float(st), threshold, bool(st > threshold and t >= min_effect))
             for t, st in zip(tvds, stats)]
+
+
+def terms_test(terms: DriftTerms, *, alpha: float = 1e-3, min_effect: float = 0.0) -> DriftResult:
+    """The drift test of a family's own quantities (``Mechanism.drift_terms``; numeric: a mean,
+    quantiles): max |z| over them against the Šidák threshold, as :func:`drift_tests` does over
+    cells. ``tvd`` is the largest effect (a share, at most the TVD between the windows); the
+    alarm needs one quantity beyond the threshold with an effect of at least ``min_effect``."""
+    cur, prev = _cells("cur", terms.cur), _cells("prev", terms.prev)
+    var = _cells("cur_var", terms.cur_var) + _cells("prev_var", terms.prev_var)
+    effect = _cells("effect", terms.effect)
+    if not (cur.shape == prev.shape == var.shape == effect.shape == (len(terms.names),)):
+        raise ValueError("drift terms: one value, variance and effect per quantity")
+    if np.any(var < 0):
+        raise ValueError("drift test: variances must be ≥ 0")
+    threshold = sidak_threshold(len(cur), float(alpha))
+    diff = np.abs(cur - prev)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(var > 0, diff / np.sqrt(var), np.where(diff > 0, np.inf, 0.0))
+    moved = (z > threshold) & (effect >= float(min_effect))
+    detail = tuple({**(terms.detail[i] if i < len(terms.detail) else {"quantity": name}),
+                    "z": float(z[i]), "effect": float(effect[i])}
+                   for i, name in enumerate(terms.names))
+    return DriftResult(float(effect.max()), float(z.max()), threshold, bool(moved.any()), detail)
 
 
 # --- variances ----------------------------------------------------------------------------------

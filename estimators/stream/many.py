@@ -43,6 +43,7 @@ from ldpstream.estimators.stream.drift import (
     pooled_tables,
     replicate_rng,
     table_variances,
+    terms_test,
 )
 
 __all__ = ["Key", "EstimateBatch", "DriftBatch", "EstimateCache", "estimate_many", "drift_many"]
@@ -309,6 +310,16 @@ def drift_many(mech: Mechanism,
     window_digest: dict[str, bytes] = {}
     for key in singles:
         window, attrs, method = key
+        try:   # a family's own quantities (numeric: a mean, quantiles), in closed form
+            terms = mech.drift_terms(mech.combined_counts(windows[window][0]),
+                                     mech.combined_counts(windows[window][1]), attrs, method)
+            if terms is not None:
+                results[key] = terms_test(terms, alpha=alpha, min_effect=min_effect)
+                computed += 1
+                continue
+        except Exception as exc:  # noqa: BLE001 - reported per key
+            failures[key] = _reason(exc)
+            continue
         if window not in window_digest:
             window_digest[window] = _digest(*(_counts_parts(c) for c in windows[window]))
         fp = _digest(mech.name, mech.version, attrs, method, seed, replicates,

@@ -47,6 +47,20 @@ CITY = Domain(("os", "plan", "city"), (3, 2, 12),
               (("android", "ios", "web"), ("free", "pro"), tuple(f"c{i}" for i in range(12))))
 WIDE = Domain(("zip", "plan"), (300, 2),
               (tuple(f"z{i:03d}" for i in range(300)), ("free", "pro")))
+#: numeric attributes (docs/numeric.md): a categorical one, battery on a 1-point step (ties at
+#: .5 round to even), temp on a 2.5-point step
+NUM = Domain(("fw", "battery", "temp"), (3, 101, 33),
+             (("v1", "v2", "v3"), tuple(str(i) for i in range(101)),
+              tuple(f"{v:g}" for v in np.linspace(-20, 60, 33))),
+             (None, (0.0, 100.0), (-20.0, 60.0)))
+#: one numeric attribute on 65 points
+NUM1 = Domain(("x",), (65,), (tuple(f"{v:.12g}" for v in np.linspace(0, 100, 65)),),
+              ((0.0, 100.0),))
+#: numeric values as a device reads them (text): signs, exponents, a fraction alone, ties on
+#: the grid, values clipped below and above the range
+NUMERIC_TEXTS = ["21.5", "-3", "1e2", ".5", "+7", "100.000", "250", "-1e3", "63.25", "0", "12.5",
+                 "13.5", "1.25", "3.75", "99.9999", "45", "2E1", "0.0001", "59.99", "-20",
+                 "60", "7.", "33.3", "1e-3"]
 
 
 def _mechanisms() -> list[tuple[str, Any]]:
@@ -76,6 +90,10 @@ def _mechanisms() -> list[tuple[str, Any]]:
             CITY, {"assign_seed": 12349}, epsilon=2.0, epsilon_scope="record")),
         ("partitioned-2", mechanism_class("partitioned").from_config(
             DOM, {"per_report": 2, "ways": 1}, epsilon=1.0, version=3)),
+        ("sw-hm", mechanism_class("sw-hm").from_config(
+            NUM, {"buckets": 32, "mean_grid": 17}, epsilon=1.0, version=2)),
+        ("sw-hm-duchi", mechanism_class("sw-hm").from_config(
+            NUM1, {"mean_share": 0.3}, epsilon=0.5, version=1)),
     ]
 
 
@@ -90,7 +108,9 @@ def _rrba() -> Any:
 
 
 def _records(domain: Domain, n: int) -> list[dict[str, str]]:
-    return [{a: domain.categories(a)[(i * (j + 2) + j) % d]
+    """Labels; a numeric attribute's values from NUMERIC_TEXTS (shifted per attribute)."""
+    return [{a: NUMERIC_TEXTS[(i + 5 * j) % len(NUMERIC_TEXTS)]
+             if domain.numeric_range(a) is not None else domain.categories(a)[(i * (j + 2) + j) % d]
              for j, (a, d) in enumerate(zip(domain.attrs, domain.shape))} for i in range(n)]
 
 
@@ -125,13 +145,16 @@ def randomize_vectors() -> dict[str, Any]:
         g = SplitMix64(seed)
         records = _records(mech.domain, 24)
         device_id, sequence, sent_at = DEVICE_ID, 5 + i, NOW + 0.25
-        reports = [prog.randomize(prog.encode(r), g, device_id) for r in records]
+        encoded = [prog.encode_clipped(r) for r in records]
+        reports = [prog.randomize(x, g, device_id) for x, _ in encoded]
         batch = encode_batch(name, mech.version, np.asarray(reports),
                              device_ids=np.full(len(reports), device_id, dtype=np.uint64),
                              sent_at=sent_at, key=(device_id, sequence))
         cases.append({"name": name, "family": mech.name, "version": mech.version,
                       "device": prog_doc, "epsilon": prog.epsilon, "seed": str(seed),
                       "records": records, "reports": reports,
+                      **({"clipped": [list(c) for _, c in encoded]}
+                         if mech.domain.ranges is not None else {}),
                       "batch": {"collection": name, "device_id": str(device_id),
                                 "sequence": str(sequence), "sent_at": sent_at,
                                 "hex": batch.hex()}})
@@ -140,7 +163,12 @@ def randomize_vectors() -> dict[str, Any]:
               {"record": {"os": "ios", "plan": "free", "region": "eu", "age": "3"},
                "attribute": "age"},
               {"record": {"os": "beos", "plan": "free", "region": "eu"}, "attribute": "os"}]
-    return {"cases": cases, "schema_errors": {"device": mech.device_program(), "errors": errors}}
+    num = next(c["device"] for c in cases if c["name"] == "sw-hm")
+    bad = ["abc", "NaN", "nan", "inf", "0x10", "", " 5", "5 ", "1e", "1,5", "--1", "."]
+    numeric = [{"record": {"fw": "v1", "battery": b, "temp": "20"}, "attribute": "battery"}
+               for b in bad] + [{"record": {"fw": "v1", "battery": "20"}, "attribute": "temp"}]
+    return {"cases": cases, "schema_errors": {"device": mech.device_program(), "errors": errors},
+            "numeric_errors": {"device": num, "errors": numeric}}
 
 
 def envelope(state: dict[str, Any], collection: str, issued_at: float, *,
@@ -210,6 +238,8 @@ def state_vectors() -> dict[str, Any]:
         ("a partition table of 4^32 cells (limits.json)", "app",
          envelope(dict(v2, version=6, device=limits_vectors()["cases"][0]["device"]), "app",
                   600.0), "unusable"),
+        ("a numeric collection (sw-hm, battery on 1,025 points by firmware)", "app",
+         envelope(_numeric_state(), "app", 700.0), "accept"),
     ]
     return {"public_key": TEST_KEY.verify_key.to_text(), "ceiling": CEILING, "now": NOW,
             "steps": [{"name": n, "collection": c, "record": r, "expect": e}
@@ -217,6 +247,16 @@ def state_vectors() -> dict[str, Any]:
             "sdk_only_steps": [{"name": n, "collection": c, "record": r, "expect": e,
                                 BUDGET_FIELD: json.loads(json.loads(r)["payload"]).get(
                                     BUDGET_FIELD)} for n, c, r, e in sdk_only]}
+
+
+def _numeric_state() -> dict[str, Any]:
+    """A real sw-hm state with its description (grid points left out of the domain: small
+    enough for the firmware profile's parse arena, 32- and 64-bit)."""
+    from ldpstream.estimators.kernels.numeric import numeric_labels
+
+    dom = Domain(("fw", "battery"), (3, 1025), (("v1", "v2", "v3"), numeric_labels(0, 100, 1025)),
+                 (None, (0.0, 100.0)))
+    return mechanism_class("sw-hm").from_config(dom, None, epsilon=1.0, version=7).device_state()
 
 
 def ledger_vectors() -> dict[str, Any]:
@@ -448,7 +488,31 @@ def limits_vectors() -> dict[str, Any]:
                [dict(bloom, bits=1, f=0.5, filters=[[] for _ in range(5000)])]),
          "device.labels[0]"),
     ]
+    num = {"min": 0, "max": 10, "grid": 11}
+    wave = {"op": "wave", "in": [0], "out": 0, "offset": 0, "cells": 8, "range": [-0.5, 1.5],
+            "at": [1, -0.5], "width": 1.0, "p": 0.75, "round": False}
+    refused += [
+        ("numeric grid of 65,537 points", _desc([dict(num, grid=65537)], [wave]),
+         "device.labels[0]"),
+        ("numeric min not below max", _desc([dict(num, max=0)], [wave]), "device.labels[0]"),
+        ("wave on a categorical attribute", _desc([["a", "b"]], [wave]), "device.steps[0].in"),
+        ("wave window outside its range", _desc([num], [dict(wave, at=[1, 0])]),
+         "device.steps[0].at"),
+        ("wave of width 0 with p below 1", _desc([num], [dict(wave, width=0, p=0.5)]),
+         "device.steps[0].width"),
+        ("wave rounding to 1 cell", _desc([num], [dict(wave, cells=1, round=True)]),
+         "device.steps[0].cells"),
+        ("select weights not summing to 1", _desc([num], [
+            {"op": "select", "out": None, "weights": [0.5, 0.6], "branches": [[wave], [wave]]}]),
+         "device.steps[0].weights"),
+        ("select weight 0", _desc([num], [
+            {"op": "select", "out": None, "weights": [1.0, 0.0], "branches": [[wave], [wave]]}]),
+         "device.steps[0].weights"),
+    ]
     accepted = [
+        ("a wave (Square Wave, ε ln 3 on its window)", _desc([num], [wave])),
+        ("a point rounded to two cells (Duchi's, ε ln 3)", _desc([num], [
+            dict(wave, cells=2, round=True, range=[-2, 2], at=[2, -1], width=0, p=1.0)])),
         ("bloom, 1,000 values x 1,024 bits (4,001 entries)", _desc(bloom_labels, [bloom],
                                                                   width=1024)),
         ("bloom filter listing a position twice", _desc(

@@ -1,6 +1,6 @@
 // The live page: collections, one estimate with its band, its history, drift. Polls the API.
 import { api } from "./api.js";
-import { bars, fmt, heatmap, timeSeries } from "./charts.js";
+import { bars, cdfChart, fmt, heatmap, intervals, timeSeries, unitDigits } from "./charts.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -159,7 +159,54 @@ function boundMeaning(est) {
   return `the ${q} upper quantile of the total-variation error of the whole estimate (${how})`;
 }
 
+// --- numeric attributes (docs/numeric.md "Live"): summaries, not the input grid's cells -------------
+const qName = (p) => (p === "0.5" ? "median" : `p${Math.round(100 * Number(p))}`);
+
+/** The rows a numeric estimate shows (table, chart): per category when it has them. */
+function numericRows(num) {
+  const rows = [];
+  const add = (prefix, r) => {
+    if (r.mean && r.mean.value != null) rows.push({ key: `${prefix}mean`, label: `${prefix}mean`, v: r.mean.value, low: r.mean.low ?? null, high: r.mean.high ?? null });
+    for (const [p, q] of Object.entries(r.quantiles || {})) {
+      rows.push({ key: `${prefix}${p}`, label: `${prefix}${qName(p)}`, v: q.value, low: q.low ?? null, high: q.high ?? null });
+    }
+  };
+  if (num.categories) for (const c of num.categories) add(`${c.category}|`, c); else add("", num);
+  if (num.w1_bound != null) rows.push({ key: "w1_bound", label: "W1 error bound", v: num.w1_bound, low: null, high: null });
+  return rows;
+}
+
+function drawNumeric(est) {
+  const num = est.numeric, lo = num.min, hi = num.max, digits = unitDigits(lo, hi);
+  const name = `${num.attribute}${num.by ? ` by ${num.by}` : ""} (${est.method}, window ${est.window})`;
+  const rows = numericRows(num);
+  let chart, caption;
+  if (num.cdf) {
+    chart = cdfChart({ cdf: num.cdf, hist: num.histogram, quantiles: num.quantiles, lo, hi,
+      label: `Estimated distribution of ${name}` });
+    caption = `${name}: the CDF with its 95 % pointwise band (shaded), the estimated histogram `
+      + `(${num.histogram.bins} bins, grey) and the median, p90 and p99 with their 95 % intervals. `
+      + `W1 error bound ${fmt(num.w1_bound, digits)} (${num.w1_bound_coverage}): the Wasserstein-1 `
+      + `distance to the true distribution, in ${num.attribute}'s units.`;
+  } else {
+    chart = intervals(rows.filter((r) => r.key !== "w1_bound"), lo, hi,
+      `Estimated ${est.method === "mean" ? "mean" : "quantiles"} of ${name}`);
+    caption = `${name} on its range ${fmt(lo, digits)} to ${fmt(hi, digits)}: each value with its 95 % interval`
+      + (num.mean && num.mean.mechanism ? ` (mean mechanism: ${num.mean.mechanism})` : "")
+      + (num.categories ? `; per category of ${num.by}.` : ".");
+  }
+  $("estimate-chart").replaceChildren(chart);
+  $("estimate-caption").textContent = caption;
+  $("estimate-table").replaceChildren(
+    h("thead", {}, h("tr", {}, [h("th", { scope: "col", text: "quantity" }),
+      h("th", { scope: "col", text: "estimate" }), h("th", { scope: "col", text: "95 % interval" })])),
+    h("tbody", {}, rows.map((r) => h("tr", { "data-cell": r.key, "data-value": String(r.v) },
+      [h("td", { text: r.label }), h("td", { class: "num", text: fmt(r.v, digits) }),
+        h("td", { class: "num", text: r.low != null ? `${fmt(r.low, digits)} to ${fmt(r.high, digits)}` : "–" })]))));
+}
+
 function drawEstimate(est) {
+  if (est.numeric) { drawNumeric(est); return; }
   const box = $("estimate-chart"), band = est.error_bound;
   const iv = est.cells_low && est.cells_high ? zipCells(est.cells_low, est.cells_high) : null;
   const name = `${est.attrs.join(" × ")} (${est.method}, window ${est.window})`;
@@ -204,18 +251,28 @@ function perWindow(ot, window) {
   return ot && ot.counted_by === "device" ? "ε per rotation period × periods" : "unbounded (no declared rate)";
 }
 
+// a numeric estimate's error: the mean's interval, or the W1 bound of the distribution
+function numericBound(num) {
+  const d = unitDigits(num.min, num.max);
+  if (num.w1_bound != null) return [`W1 error bound (${num.w1_bound_coverage} 95 %)`, fmt(num.w1_bound, d), "w1_bound"];
+  if (num.mean && num.mean.low != null) return ["Mean (95 % interval)", `${fmt(num.mean.value, d)} (${fmt(num.mean.low, d)} to ${fmt(num.mean.high, d)})`, "mean"];
+  return ["Per category", `${num.categories.length} categories of ${num.by}`, "by"];
+}
+
 function summary(est) {
   const ot = (current() || {}).over_time;
   const byDevice = ot && ot.counted_by === "device";
   const items = [[byDevice ? "Devices in window" : "Reports in window", est.n.toLocaleString("en"), "n"],
     ["Updated", `${new Date(est.updated_at * 1000).toLocaleTimeString([], { hour12: false })} (${ago(est.updated_at)})`, "updated_at"],
-    [est.error_bound_quantile ? `Error bound (TVD q${100 * est.error_bound_quantile}, ${est.error_bound_coverage})`
-      : "Error bound (TVD q95)", fmt(est.error_bound), "error_bound"],
+    est.numeric ? numericBound(est.numeric)
+      : [est.error_bound_quantile ? `Error bound (TVD q${100 * est.error_bound_quantile}, ${est.error_bound_coverage})`
+        : "Error bound (TVD q95)", fmt(est.error_bound), "error_bound"],
     ["ε per report", eps(est.epsilon_per_record), "epsilon_per_record"],
     ["ε per device per day", est.epsilon_per_day == null ? "no cap" : eps(est.epsilon_per_day), "epsilon_per_day"],
     ["ε per device in this window", perWindow(ot, est.window), "epsilon_per_window"],
     ["Mechanism versions", (est.versions || [est.version]).join(", "), "versions"]];
   if (est.chosen) items.push(["Estimator chosen", est.chosen, "chosen"]);
+  if (est.numeric && est.numeric.mean && est.numeric.mean.mechanism) items.push(["Mean mechanism", est.numeric.mean.mechanism, "mean_mechanism"]);
   if (est.marginalized_from) items.push(["Summed from", est.marginalized_from.join(" × "), "marginalized_from"]);
   $("summary").replaceChildren(...items.map(([k, v, f]) => h("div", {}, [h("dt", { text: k }), h("dd", { "data-field": f, text: v })])));
 }
@@ -276,26 +333,63 @@ function cellChoices(keys) {
   }));
 }
 
+/** Over time, a numeric estimate: its mean (mean estimator) or quantiles (distribution), with
+ * their 95 % intervals, per category when it has them. */
+function numericSeries(pts) {
+  const series = new Map();
+  const add = (name, t, q) => {
+    if (!q || q.value == null) return;
+    if (!series.has(name)) series.set(name, []);
+    series.get(name).push({ t, v: q.value, lo: q.low ?? null, hi: q.high ?? null });
+  };
+  for (const p of pts) {
+    if (!p.numeric) continue;
+    const rows = p.numeric.categories || [{ category: null, ...p.numeric }];
+    for (const r of rows) {
+      const pre = r.category == null ? "" : `${r.category}: `;
+      if (r.quantiles) for (const [q, iv] of Object.entries(r.quantiles)) add(`${pre}${qName(q)}`, p.updated_at, iv);
+      else add(`${pre}mean`, p.updated_at, r.mean);
+    }
+  }
+  return [...series].map(([name, points]) => ({ name, points }));
+}
+
 function drawHistory(hist) {
   const pts = hist.points;
-  const keys = pts.length && pts[pts.length - 1].cells ? flatten(pts[pts.length - 1].cells, hist.labels).map((c) => c.key)
-    : state.estimate ? flatten(state.estimate.cells, state.estimate.labels).map((c) => c.key) : [];
-  cellChoices(keys);
+  const numeric = !!(state.estimate && state.estimate.numeric) || pts.some((p) => p.numeric);
+  $("cells").hidden = numeric;
+  const cap = $("history-caption");
+  if (cap.dataset.cells == null) cap.dataset.cells = cap.innerHTML;
+  if (numeric) cap.textContent = `Each refresh's ${hist.method === "mean" ? "mean" : "median, p90 and p99"} `
+    + "of the window with its 95 % interval (shaded), in the attribute's units; dashed lines mark a change of "
+    + "the mechanism version, red crosses a refresh that failed.";
+  else if (cap.innerHTML !== cap.dataset.cells) cap.innerHTML = cap.dataset.cells;
   const versions = [];
   pts.forEach((p, i) => {
     if (i && p.version !== pts[i - 1].version) versions.push({ t: p.updated_at, short: `v${p.version}`, text: `mechanism version ${pts[i - 1].version} → ${p.version}` });
   });
   const failures = pts.filter((p) => p.error != null).map((p) => ({ t: p.updated_at, text: p.error }));
-  const series = [...state.cells].filter((k) => keys.includes(k)).map((k) => ({ name: k, points: pts.filter((p) => p.cells).map((p) => {
-    const v = flatten(p.cells, hist.labels).find((c) => c.key === k).v, b = p.error_bound;
-    // no cell is off by more than the TVD: ± error_bound holds every cell at once (≥ 95 %)
-    return { t: p.updated_at, v, lo: b == null ? null : v - b, hi: b == null ? null : v + b };
-  }) }));
+  let chart;
+  if (numeric) {   // the mean or the quantiles with their intervals, in the attribute's units
+    chart = () => timeSeries({ series: numericSeries(pts), versions, failures,
+      label: `History of ${hist.method === "mean" ? "the mean" : "the quantiles"} of ${hist.attrs.join(" × ")} with their 95 % intervals`,
+      yLabel: (state.estimate && state.estimate.numeric && state.estimate.numeric.attribute) || "value" });
+  } else {
+    const keys = pts.length && pts[pts.length - 1].cells ? flatten(pts[pts.length - 1].cells, hist.labels).map((c) => c.key)
+      : state.estimate ? flatten(state.estimate.cells, state.estimate.labels).map((c) => c.key) : [];
+    cellChoices(keys);
+    const series = [...state.cells].filter((k) => keys.includes(k)).map((k) => ({ name: k, points: pts.filter((p) => p.cells).map((p) => {
+      const v = flatten(p.cells, hist.labels).find((c) => c.key === k).v, b = p.error_bound;
+      // no cell is off by more than the TVD: ± error_bound holds every cell at once (≥ 95 %)
+      return { t: p.updated_at, v, lo: b == null ? null : v - b, hi: b == null ? null : v + b };
+    }) }));
+    chart = () => timeSeries({ series, versions, failures, label: `History of the chosen cells of ${hist.attrs.join(" × ")}`, yLabel: "share", unit: true });
+  }
   const box = $("history-chart");
   if (!pts.length) {
     box.replaceChildren(h("p", { class: "message empty", text: "No history yet: this worker records each refresh of the estimate from the moment it starts." }));
   } else {
-    box.replaceChildren(timeSeries({ series, versions, failures, label: `History of the chosen cells of ${hist.attrs.join(" × ")}`, yLabel: "share", unit: true }));
+    box.replaceChildren(chart());
   }
   drawDrift(hist, versions, failures);
 }
@@ -317,7 +411,19 @@ function drawDrift(hist, versions, failures) {
   const last = pts[pts.length - 1];
   const alarms = pts.filter((p) => p.drift_alarm);
   st.setAttribute("data-alarm", String(!!last.drift_alarm));
-  if (last.drift_alarm) {
+  // a numeric estimate: the answer itself (the newest refresh) says which mean or quantile moved
+  const est = state.estimate && state.estimate.numeric && state.estimate.drift_detail ? state.estimate : null;
+  if (est && est.drift_alarm) {
+    const d = unitDigits(est.numeric.min, est.numeric.max);
+    const moved = est.drift_detail.filter((q) => q.z > est.drift_threshold).map((q) => {
+      const who = `${q.category != null ? `${q.category}: ` : ""}${q.quantity === "mean" ? "mean" : qName(q.quantity)}`;
+      return q.quantity === "mean" ? `${who} ${fmt(q.previous, d)} → ${fmt(q.current, d)}`
+        : `${who} (the share of values below ${fmt(q.at, d)}, the two windows' ${qName(q.quantity)}, went ${fmt(q.previous, 3)} → ${fmt(q.current, 3)})`;
+    });
+    st.className = "alarm";
+    st.setAttribute("data-alarm", "true");
+    st.textContent = `Drift alarm: statistic ${fmt(est.drift_statistic, 2)} is above its threshold ${fmt(est.drift_threshold, 2)}; moved: ${moved.join("; ")}.`;
+  } else if (last.drift_alarm) {
     st.className = "alarm";
     st.textContent = `Drift alarm: statistic ${fmt(last.drift_statistic, 2)} is above its threshold ${fmt(last.drift_threshold, 2)} (total-variation change ${fmt(last.drift_tvd, 3)}).`;
   } else {

@@ -184,3 +184,85 @@ export function timeSeries({ series, threshold, versions = [], failures = [], al
   }
   return g;
 }
+
+/** Digits that show a value of a numeric attribute to about 1/10,000 of its range. */
+export const unitDigits = (lo, hi) => Math.max(0, Math.min(6, 4 - Math.ceil(Math.log10(Math.max(1e-12, hi - lo)))));
+
+function unitAxis(g, x, lo, hi, y0, y1, digits) {
+  for (let t = 0; t <= 4; t++) {
+    const v = lo + ((hi - lo) * t) / 4;
+    g.append(svg("line", { x1: x(v), x2: x(v), y1: y0, y2: y1, class: "grid" }),
+      svg("text", { x: x(v), y: y1 + 16, class: "tick", "text-anchor": "middle" }, [fmt(v, Math.min(digits, 2))]));
+  }
+}
+
+/** Rows of a value with its 95 % interval on the attribute's own axis [lo, hi] (a mean, a
+ * quantile, one per category): ``rows[i] = {label, v, low, high}`` (low/high may be null). */
+export function intervals(rows, lo, hi, label) {
+  const rowH = 28, width = 1000, right = 120, top = 8;
+  const left = Math.min(240, 16 + 7.5 * Math.max(...rows.map((r) => r.label.length)));
+  const height = top + rowH * rows.length + 28, digits = unitDigits(lo, hi);
+  const x = (v) => left + ((Math.max(lo, Math.min(hi, v)) - lo) / (hi - lo)) * (width - left - right);
+  const g = root(width, height, label);
+  unitAxis(g, x, lo, hi, top, height - 22, digits);
+  rows.forEach((r, i) => {
+    const y = top + i * rowH, cy = y + rowH / 2, has = r.low != null && r.high != null;
+    const row = svg("g", { class: "interval", "data-cell": r.label, "data-value": r.v,
+      "data-low": has ? r.low : null, "data-high": has ? r.high : null });
+    row.append(title(`${r.label}: ${fmt(r.v, digits)}${has ? `, 95 % interval ${fmt(r.low, digits)} to ${fmt(r.high, digits)}` : ""}`),
+      svg("text", { x: left - 8, y: cy + 4, "text-anchor": "end", class: "label" }, [r.label]));
+    if (has) {
+      const a = x(r.low), b = x(r.high);
+      row.append(svg("rect", { x: a, y: cy - 6, width: Math.max(1, b - a), height: 12, rx: 3, class: "band c0" }),
+        svg("path", { d: `M${a},${cy - 7}v14M${b},${cy - 7}v14`, class: "whisker" }));
+    }
+    row.append(svg("circle", { cx: x(r.v), cy, r: 5, class: "dot c0" }),
+      svg("text", { x: width - right + 8, y: cy + 4, class: "value" }, [fmt(r.v, digits)]));
+    g.append(row);
+  });
+  return g;
+}
+
+/** The distribution of a numeric attribute: its CDF with the 95 % pointwise band, the EMS
+ * histogram behind it (bars, scaled to the tallest) and the quantiles marked with their
+ * intervals. ``cdf = {at, value, low, high}``, ``hist = {bins, mass}``, ``quantiles[p] =
+ * {value, low, high}``. */
+export function cdfChart({ cdf, hist, quantiles, lo, hi, label }) {
+  const width = 1000, height = 300, left = 56, right = 120, top = 14, bottom = 34;
+  const digits = unitDigits(lo, hi);
+  const x = (v) => left + ((Math.max(lo, Math.min(hi, v)) - lo) / (hi - lo)) * (width - left - right);
+  const y = (p) => top + (1 - Math.max(0, Math.min(1, p))) * (height - top - bottom);
+  const g = root(width, height, label);
+  unitAxis(g, x, lo, hi, top, height - bottom, digits);
+  for (const p of [0, 0.5, 1]) {
+    g.append(svg("text", { x: left - 6, y: y(p) + 4, "text-anchor": "end", class: "tick" }, [fmt(p, 1)]));
+  }
+  if (hist && hist.mass && hist.mass.length) {
+    const top_ = Math.max(1e-12, ...hist.mass), w = (hi - lo) / hist.mass.length;
+    const bars = svg("g", { class: "histogram", "data-bins": hist.mass.length });
+    hist.mass.forEach((m, i) => {
+      const a = x(lo + i * w), b = x(lo + (i + 1) * w), hgt = (m / top_) * 0.6 * (height - top - bottom);
+      bars.append(svg("rect", { x: a, y: height - bottom - hgt, width: Math.max(0.5, b - a), height: hgt, class: "hist" }));
+    });
+    g.append(bars);
+  }
+  const pts = cdf.at.map((a, i) => [x(a), cdf.value[i], cdf.low[i], cdf.high[i]]);
+  const band = pts.map(([px, , , h], i) => `${i ? "L" : "M"}${px.toFixed(1)},${y(h).toFixed(1)}`).join("")
+    + pts.slice().reverse().map(([px, , l]) => `L${px.toFixed(1)},${y(l).toFixed(1)}`).join("") + "Z";
+  g.append(svg("path", { d: band, class: "band c0", "data-band": "cdf" }, [title("95 % pointwise band of the CDF")]),
+    svg("path", { d: pts.map(([px, v], i) => `${i ? "L" : "M"}${px.toFixed(1)},${y(v).toFixed(1)}`).join(""),
+      class: "line c0", "data-line": "cdf" }, [title("CDF")]));
+  Object.entries(quantiles || {}).forEach(([p, q], k) => {
+    const name = p === "0.5" ? "median" : `p${Math.round(100 * Number(p))}`;
+    const qx = x(q.value), py = y(Number(p));
+    const mark = svg("g", { class: "quantile", "data-quantile": p, "data-value": q.value,
+      "data-low": q.low, "data-high": q.high });
+    mark.append(title(`${name}: ${fmt(q.value, digits)}, 95 % interval ${fmt(q.low, digits)} to ${fmt(q.high, digits)}`),
+      svg("path", { d: `M${x(q.low)},${py}H${x(q.high)}M${x(q.low)},${py - 5}v10M${x(q.high)},${py - 5}v10`, class: "whisker" }),
+      svg("line", { x1: qx, x2: qx, y1: py, y2: height - bottom, class: "qline" }),
+      svg("circle", { cx: qx, cy: py, r: 4, class: "dot c1" }),
+      svg("text", { x: width - right + 8, y: top + 14 + 14 * k, class: "legend c1" }, [`${name} ${fmt(q.value, digits)}`]));
+    g.append(mark);
+  });
+  return g;
+}

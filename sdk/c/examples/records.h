@@ -1,7 +1,8 @@
 /* What the examples share (docs/device-protocol.md "Example programs"): one record per line of
  * stdin ("attr=label,attr=label", the TypeScript tools' format too) randomized by a device whose
  * ledger lives in a directory, its batches handed to a sender, {"sent":..,"batches":..} printed
- * at the end (with "duplicates":.. when a memoized record was already reported this period). */
+ * at the end (with "duplicates":.. when a memoized record was already reported this period, and
+ * "clipped":{"attribute":n} when numeric values were clipped into their range). */
 #ifndef LDP_EXAMPLES_RECORDS_H
 #define LDP_EXAMPLES_RECORDS_H
 #include <stdio.h>
@@ -87,19 +88,25 @@ static inline int ldp_run_records(ldp_state *state, const char *state_dir, const
   ldp_os_rng os = {{0}, 0};
   ldp_device d = {state, &ledger, {ldp_os_rng_next, &os}, strtoull(device_id, NULL, 10),
                   ldp_run_reports, ldp_run_ids, cap, 0, 0, 0, 0.0};
-  long sent = 0, batches = 0, duplicates = 0;
+  long sent = 0, batches = 0, duplicates = 0, clipped[LDP_MAX_ATTRS] = {0}, any_clipped = 0;
+  uint8_t clip[LDP_MAX_ATTRS];
   int r;
   while (fgets(line, sizeof line, stdin)) {
     const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
     size_t n;
     if (ldp_parse_record(line, names, labels, &n)) return 1;
     double cost;
-    r = ldp_device_report(&d, names, labels, n, ldp_wall(), &cost, err, sizeof err);
+    r = ldp_device_report_clip(&d, names, labels, n, ldp_wall(), &cost, clip, err, sizeof err);
     if (r == LDP_E_FULL) {
       if ((r = send(ctx, &d)) < 0) return 1;
       batches += r;
-      r = ldp_device_report(&d, names, labels, n, ldp_wall(), &cost, err, sizeof err);
+      r = ldp_device_report_clip(&d, names, labels, n, ldp_wall(), &cost, clip, err, sizeof err);
     }
+    if (r == LDP_OK)  /* numeric values clipped into their range, per attribute */
+      for (uint32_t j = 0; j < state->program.n_attrs; j++) {
+        clipped[j] += clip[j];
+        any_clipped += clip[j];
+      }
     if (r == LDP_DUPLICATE) {  /* memoized: nothing sent, nothing spent */
       duplicates++;
       continue;
@@ -108,10 +115,22 @@ static inline int ldp_run_records(ldp_state *state, const char *state_dir, const
     sent++;
   }
   if ((r = send(ctx, &d)) < 0) return 1;
-  if (duplicates)
-    printf("{\"sent\":%ld,\"batches\":%ld,\"duplicates\":%ld}\n", sent, batches + r, duplicates);
-  else
-    printf("{\"sent\":%ld,\"batches\":%ld}\n", sent, batches + r);
+  printf("{\"sent\":%ld,\"batches\":%ld", sent, batches + r);
+  if (duplicates) printf(",\"duplicates\":%ld", duplicates);
+  if (any_clipped) {  /* {"clipped":{"attribute":n,...}}: the numeric attributes clipped */
+    const char *sep = "";
+    printf(",\"clipped\":{");
+    for (uint32_t j = 0; j < state->program.n_attrs; j++)
+      if (clipped[j]) {
+        printf("%s\"", sep);
+        for (const char *c = state->program.text + state->program.name_at[j]; *c; c++)
+          printf(*c == '"' || *c == '\\' ? "\\%c" : "%c", *c);
+        printf("\":%ld", clipped[j]);
+        sep = ",";
+      }
+    printf("}");
+  }
+  printf("}\n");
   return 0;
 }
 #endif

@@ -61,14 +61,19 @@ typedef struct ldp_table {           /* one table of a partition step */
 typedef struct ldp_step {
   uint8_t op;                          /* 1 grr, 2 matrix, 3 select, 4 partition, 5 uniform,
                                           6 const, 7 copy (in[0]: the source column),
-                                          8 keep (cum: the fake distribution), 9 bloom */
+                                          8 keep (cum: the fake distribution), 9 bloom,
+                                          10 wave (in[0] a numeric attribute; cum: lo, hi,
+                                          at0, at1, width; cells, value: the offset, count:
+                                          1 rounded, 0 bucketed; docs/numeric.md) */
   uint8_t n_in;
   uint16_t in[LDP_MAX_ATTRS];
   uint16_t out[LDP_MAX_ATTRS];         /* select: out[0] is the index column */
   uint64_t cells;                      /* product of the input attributes' sizes */
   double p;                            /* grr */
   double eps;                          /* epsilon of the step (select: dearest branch) */
-  uint32_t cum;                        /* matrix: offset of cells*cells cumulative sums */
+  uint32_t cum;                        /* matrix: offset of cells*cells cumulative sums;
+                                          select with weights (value 1): the cumulative
+                                          weights of its branches */
   uint16_t first, count;               /* select: branches; first step of branch b is
                                           branch_start[first + b], ends at the next one;
                                           partition: tables[first .. first + count) */
@@ -90,7 +95,9 @@ typedef struct ldp_program {
   double inst_p[LDP_MAX_TABLES > LDP_MAX_STEPS ? LDP_MAX_TABLES : LDP_MAX_STEPS];
   double rotation_s;                   /* <= 0: never rotated */
   uint8_t fingerprint[8];              /* BLAKE2b-64 of the permanent steps */
-  uint32_t size[LDP_MAX_ATTRS];
+  uint32_t size[LDP_MAX_ATTRS];        /* labels, or a numeric attribute's grid points */
+  uint8_t numeric[LDP_MAX_ATTRS];      /* 1: a numeric attribute, its range in range[j] */
+  double range[LDP_MAX_ATTRS][2];      /* min, max of a numeric attribute */
   uint32_t name_at[LDP_MAX_ATTRS];     /* offset of the attribute name in text */
   uint32_t label0[LDP_MAX_ATTRS];      /* first label index of each attribute */
   uint32_t label_at[LDP_MAX_LABELS];   /* offsets of labels in text */
@@ -109,11 +116,21 @@ int ldp_program_parse(ldp_program *prog, const char *json, size_t len, char *err
 int ldp_program_encode(const ldp_program *prog, const char *const *names,
                        const char *const *labels, size_t n, uint32_t *x, char *err,
                        size_t errlen);
+/* the same, a numeric attribute's value given as its decimal text ("21.5", "-3", "1e3"):
+   clipped into its range and put on its grid; clipped[j] (n_attrs entries, or NULL) is 1 when
+   attribute j's value was clipped (docs/device-protocol.md, "Numeric attributes") */
+int ldp_program_encode_clip(const ldp_program *prog, const char *const *names,
+                            const char *const *labels, size_t n, uint32_t *x, uint8_t *clipped,
+                            char *err, size_t errlen);
+/* a numeric value -> its grid index on attribute j; returns 1 when it was clipped */
+int ldp_numeric_index(const ldp_program *prog, uint32_t j, double v, uint32_t *index);
 void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t device_id,
                            ldp_rng *rng, uint32_t *report);
 /* one grr, matrix or uniform step on an input cell (mixed radix of its attributes): the output cell
    (privacy audits sample a channel through it) */
 uint64_t ldp_step_apply(const ldp_program *prog, uint32_t step, uint64_t cell, ldp_rng *rng);
+/* a wave step's cell (no offset) for grid index i of its attribute (privacy audits) */
+uint64_t ldp_wave_cell(const ldp_program *prog, uint32_t step, uint32_t i, ldp_rng *rng);
 /* a partition table's oracle code of a cell (no offset) */
 uint64_t ldp_table_code(const ldp_table *t, uint64_t cell, ldp_rng *rng);
 /* GRR over k cells with keep p */
@@ -245,6 +262,12 @@ typedef struct ldp_device {
 /* randomize one record (n name/label pairs) into the buffer, charged to the ledger */
 int ldp_device_report(ldp_device *d, const char *const *names, const char *const *labels,
                       size_t n, double now, double *cost, char *err, size_t errlen);
+/* the same; on LDP_OK clipped[j] (one per attribute) is 1 when numeric attribute j's value was
+   clipped into its range: the caller counts them (docs/device-protocol.md, "Numeric
+   attributes") */
+int ldp_device_report_clip(ldp_device *d, const char *const *names, const char *const *labels,
+                           size_t n, double now, double *cost, uint8_t *clipped, char *err,
+                           size_t errlen);
 /* encode the buffered reports as one batch with the batch key (device id, next sequence) into
    out; returns bytes (0: nothing buffered or error, see *result) and empties the buffer */
 size_t ldp_device_flush(ldp_device *d, double now, uint8_t *out, size_t cap, int *result);

@@ -20,6 +20,12 @@ static void budget_error(const ldp_device *d, double cost, double now, char *err
 
 int ldp_device_report(ldp_device *d, const char *const *names, const char *const *labels,
                       size_t n, double now, double *cost, char *err, size_t errlen) {
+  return ldp_device_report_clip(d, names, labels, n, now, cost, NULL, err, errlen);
+}
+
+int ldp_device_report_clip(ldp_device *d, const char *const *names, const char *const *labels,
+                           size_t n, double now, double *cost, uint8_t *clipped, char *err,
+                           size_t errlen) {
   uint32_t x[LDP_MAX_ATTRS];
   *cost = 0.0;
   if (!d->state || !d->state->present) {
@@ -31,7 +37,7 @@ int ldp_device_report(ldp_device *d, const char *const *names, const char *const
     ldp_errf(err, errlen, "flush first (buffer full or a new state version)");
     return LDP_E_FULL;
   }
-  int r = ldp_program_encode(p, names, labels, n, x, err, errlen);
+  int r = ldp_program_encode_clip(p, names, labels, n, x, clipped, err, errlen);
   if (r != LDP_OK) return r;
   uint32_t *report = d->reports + (size_t)d->n * p->width;
   double charged = p->epsilon;

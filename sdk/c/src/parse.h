@@ -10,6 +10,7 @@
 typedef struct parser {
   ldp_program *p;
   uint32_t text_used, labels_used, cum_used, branches_used;
+  uint32_t selects;      /* select steps so far: each keeps one more branch_start, its end */
   char *err;
   size_t errlen;
 } parser;
@@ -35,4 +36,10 @@ int ldp_parse_partition(parser *ps, json_t *json, const char *field, ldp_step *s
 int ldp_parse_rows(parser *ps, json_t *rows, const char *field, uint64_t n_rows, ldp_step *s);
 /* const, copy, keep and bloom steps (parse_rows.c) */
 int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const char *op);
+/* a numeric attribute's {min, max, grid} as attribute j (parse_numeric.c) */
+int ldp_parse_numeric_attr(parser *ps, json_t *d, size_t j);
+/* a wave step (parse_numeric.c) */
+int ldp_parse_wave(parser *ps, json_t *d, const char *field, ldp_step *s);
+/* a select's weights (null: uniform) into the cumulative pool, s->value = 1 (parse_numeric.c) */
+int ldp_parse_weights(parser *ps, json_t *w, size_t n, const char *field, ldp_step *s);
 #endif

@@ -101,7 +101,7 @@ static int parse_partition_memo(parser *ps, json_t *memo, uint16_t first, uint16
 static int parse_select_memo(parser *ps, json_t *memo, uint16_t first, uint16_t count) {
   ldp_program *p = ps->p;
   const ldp_step *s = &p->steps[first];
-  int ok = count == 1 && s->op == LDP_OP_SELECT && s->n_out == 1;
+  int ok = count == 1 && s->op == LDP_OP_SELECT && s->n_out == 1 && s->value == 0;
   for (uint16_t b = 0; ok && b < s->count; b++) {
     uint16_t at = p->branch_start[s->first + b];
     ok = p->branch_start[s->first + b + 1] == at + 1 && (p->steps[at].op == LDP_OP_GRR ||
@@ -109,7 +109,7 @@ static int parse_select_memo(parser *ps, json_t *memo, uint16_t first, uint16_t 
   }
   if (!ok)
     return bad(ps, "device.memoize.permanent", "kind select: one select step with a reported "
-               "index, each branch one grr or matrix step");
+               "index and no weights, each branch one grr or matrix step");
   const char *seed = json_string_value(json_object_get(memo, "seed"));
   char *end = NULL;
   unsigned long long sv = seed && *seed >= '0' && *seed <= '9' ? strtoull(seed, &end, 10) : 0;

@@ -42,7 +42,8 @@ bad:
 
 int ldp_cells(parser *ps, const uint16_t *in, uint8_t n, const char *field, uint64_t *cells) {
   uint64_t k = 1;
-  for (uint8_t i = 0; i < n; i++) { /* each size <= LDP_MAX_LABELS: k * size never wraps */
+  for (uint8_t i = 0; i < n; i++) { /* each size <= 2^16 (labels, a numeric grid) and k <=
+                                        2^32: k * size never wraps */
     k *= ps->p->size[in[i]];
     if (k > LDP_MAX_CELLS) {
       ldp_errf(ps->err, ps->errlen, "%s: more than 2^32 cells", field);
@@ -103,8 +104,12 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
     s->op = LDP_OP_SELECT;
     s->n_out = hidden ? 0 : 1;
     s->out[0] = hidden ? 0 : (uint16_t)json_integer_value(out);
-    s->first = (uint16_t)ps->branches_used;
+    /* its branches' starts and their end: after those of every select before it (each
+       select and branch is a step, so they fit in branch_start) */
+    s->first = (uint16_t)(ps->branches_used + ps->selects++);
     s->count = (uint16_t)nb;
+    ldp_errf(f, sizeof f, "%s.weights", field);
+    if (ldp_parse_weights(ps, json_object_get(d, "weights"), nb, f, s)) return -1;
     if (ps->branches_used + nb > LDP_MAX_STEPS) {
       ldp_errf(ps->err, ps->errlen, "%s.branches: more than %d branches in all", field,
                LDP_MAX_STEPS);
@@ -130,9 +135,10 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
   if (op && (strcmp(op, "const") == 0 || strcmp(op, "copy") == 0 || strcmp(op, "keep") == 0 ||
              strcmp(op, "bloom") == 0))
     return ldp_parse_post(ps, d, field, s, op);
+  if (op && strcmp(op, "wave") == 0) return ldp_parse_wave(ps, d, field, s);
   if (!op || (strcmp(op, "grr") && strcmp(op, "matrix") && strcmp(op, "uniform"))) {
-    ldp_errf(ps->err, ps->errlen, "%s.op: unknown op '%s' (known: grr, matrix, uniform, select, "
-             "partition)", field, op ? op : "");
+    ldp_errf(ps->err, ps->errlen, "%s.op: unknown op '%s' (known: grr, matrix, uniform, copy, "
+             "const, keep, bloom, wave, select, partition)", field, op ? op : "");
     return -1;
   }
   uint8_t n_out;
@@ -234,6 +240,10 @@ static int parse_doc(parser *ps, json_t *d) {
                "bytes of text)", LDP_MAX_ATTRS, LDP_LABEL_BYTES);
       return -1;
     }
+    if (json_is_object(labs)) { /* a numeric attribute: {min, max, grid} */
+      if (ldp_parse_numeric_attr(ps, labs, j)) return -1;
+      continue;
+    }
     if (d_j < 2 || ps->labels_used + d_j > LDP_MAX_LABELS) {
       ldp_errf(ps->err, ps->errlen, "device.labels[%zu]: must hold >= 2 string labels (at most "
                "%d in all)", j, LDP_MAX_LABELS);
@@ -264,7 +274,7 @@ static int parse_doc(parser *ps, json_t *d) {
 }
 
 int ldp_program_from_json(ldp_program *prog, void *json, char *err, size_t errlen) {
-  parser ps = {prog, 0, 0, 0, 0, err, errlen};
+  parser ps = {.p = prog, .err = err, .errlen = errlen};
   memset(prog, 0, offsetof(ldp_program, text));
   prog->n_steps = 0;
   prog->n_tables = 0;

@@ -23,8 +23,12 @@ enum ldp_op {
   LDP_OP_CONST = 6, /* const and the ops after it write report columns directly */
   LDP_OP_COPY = 7,
   LDP_OP_KEEP = 8,
-  LDP_OP_BLOOM = 9
+  LDP_OP_BLOOM = 9,
+  LDP_OP_WAVE = 10
 };
+
+/* points of a numeric attribute's grid, at most */
+#define LDP_MAX_GRID 65536u
 
 /* ldp_program.memo_kind */
 enum ldp_memo_kind {

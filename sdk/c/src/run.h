@@ -10,7 +10,12 @@
    its oracle code plus the table's offset (run_partition.c) */
 void ldp_run_partition(const ldp_program *p, const ldp_step *s, const uint32_t *x,
                        uint64_t device_id, ldp_rng *rng, uint32_t *report);
-/* a const, copy, keep or bloom step (run_rows.c) */
+/* 1 when s is a number's text (docs/device-protocol.md, "Numeric attributes"; run_numeric.c) */
+int ldp_number_text(const char *s);
+/* a wave step: report[out[0]] = offset + its cell (run_numeric.c) */
+void ldp_run_wave(const ldp_program *p, const ldp_step *s, const uint32_t *x, ldp_rng *rng,
+                  uint32_t *report);
+/* a const, copy, keep, bloom or wave step (run_rows.c) */
 void ldp_run_post(const ldp_program *p, const ldp_step *s, const uint32_t *x, ldp_rng *rng,
                   uint32_t *report);
 /* the memo units a record needs (run_memo.c): unit[i] (attribute, cluster, table or branch) and

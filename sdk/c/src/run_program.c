@@ -1,6 +1,7 @@
 /* The randomization description at report time, run layer: labels -> indices, randomize
    (docs/device-protocol.md, "Randomization description" and "Draws"); the partition step is in
    run_partition.c, const, copy, keep and bloom in run_rows.c. No allocation. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "run.h"
@@ -10,13 +11,32 @@ static const char *attr_name(const ldp_program *p, uint32_t j) { return p->text 
 int ldp_program_encode(const ldp_program *prog, const char *const *names,
                        const char *const *labels, size_t n, uint32_t *x, char *err,
                        size_t errlen) {
+  return ldp_program_encode_clip(prog, names, labels, n, x, NULL, err, errlen);
+}
+
+int ldp_program_encode_clip(const ldp_program *prog, const char *const *names,
+                            const char *const *labels, size_t n, uint32_t *x, uint8_t *clipped,
+                            char *err, size_t errlen) {
   uint32_t seen = 0; /* bit j: attribute j given */
+  if (clipped) memset(clipped, 0, prog->n_attrs);
   for (size_t i = 0; i < n; i++) {
     uint32_t j = 0;
     while (j < prog->n_attrs && strcmp(names[i], attr_name(prog, j)) != 0) j++;
     if (j == prog->n_attrs) {
       ldp_errf(err, errlen, "unknown attribute '%s'", names[i]);
       return LDP_E_SCHEMA;
+    }
+    if (prog->numeric[j]) {
+      char *end = NULL;
+      double v = ldp_number_text(labels[i]) ? strtod(labels[i], &end) : 0.0;
+      if (!end || *end) { /* not a number's text (or a locale whose decimal point is not '.') */
+        ldp_errf(err, errlen, "attribute '%s': '%s' is not a number", names[i], labels[i]);
+        return LDP_E_SCHEMA;
+      }
+      int c = ldp_numeric_index(prog, j, v, &x[j]);
+      if (clipped) clipped[j] = (uint8_t)c;
+      seen |= 1u << j;
+      continue;
     }
     uint32_t k = 0, d = prog->size[j];
     while (k < d && strcmp(labels[i], prog->text + prog->label_at[prog->label0[j] + k]) != 0) k++;
@@ -76,7 +96,8 @@ void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t 
       run(prog, i, x, rng, report);
       continue;
     }
-    uint32_t b = (uint32_t)ldp_uniform(rng, s->count);
+    uint32_t b = s->value ? ldp_categorical(rng, prog->cum + s->cum, s->count)
+                          : (uint32_t)ldp_uniform(rng, s->count);
     if (s->n_out) report[s->out[0]] = b;
     for (uint32_t t = prog->branch_start[s->first + b]; t < prog->branch_start[s->first + b + 1];
          t++)

@@ -1,4 +1,4 @@
-/* The steps const, copy, keep and bloom of a description, run layer (docs/device-protocol.md,
+/* The steps const, copy, keep and bloom of a description (and the dispatch of wave, run_numeric.c), run layer (docs/device-protocol.md,
    "Randomization description"; parse_rows.c parses them and the matrix rows they draw from). */
 #include <string.h>
 
@@ -10,6 +10,10 @@ void ldp_run_post(const ldp_program *p, const ldp_step *s, const uint32_t *x, ld
                   uint32_t *report) {
   if (s->op == LDP_OP_CONST) {
     report[s->out[0]] = s->value;
+    return;
+  }
+  if (s->op == LDP_OP_WAVE) {
+    ldp_run_wave(p, s, x, rng, report);
     return;
   }
   if (s->op == LDP_OP_BLOOM) {

@@ -29,6 +29,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if ((s->op == 1 || s->op == 2 || s->op == 5 || s->op == 8) &&
         (s->cells < 1 || s->cells > LDP_MAX_CELLS))
       abort();
+    /* a wave's cells and offset stay within 2^32, on a numeric attribute of >= 2 points */
+    if (s->op == 10 && (s->cells < 1 || s->value + s->cells > LDP_MAX_CELLS ||
+                        !prog.numeric[s->in[0]] || prog.size[s->in[0]] < 2))
+      abort();
   }
   for (uint32_t t = 0; t < prog.n_tables; t++)
     if (prog.tables[t].cells < 1 || prog.tables[t].cells > LDP_MAX_CELLS) abort();

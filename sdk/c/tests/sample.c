@@ -5,7 +5,8 @@
  *   ldp_sample audit randomize.json SAMPLES   one JSON line per grr/matrix/keep step with at
  *       most 32 cells: the k x k counts (row: true cell, SAMPLES/k draws each); per bloom step
  *       the 1s of every (value, bit) over SAMPLES/values draws per value; the first slot of
- *       every small partition table; tests/test_sdk_audit.py
+ *       every small partition table; per wave step on at most 65 grid points, the G x cells
+ *       counts (SAMPLES/G draws per grid point); tests/test_sdk_audit.py
  *   ldp_sample bench randomize.json SECONDS   one JSON line per case: reports randomized per
  *       second on one core; ldpstream bench sdk
  *   ldp_sample memo-audit memo.json SAMPLES    per memoized case and memo unit (attribute,
@@ -139,10 +140,32 @@ static void audit_post(const char *name, uint32_t si, long samples, ldp_rng *rng
   free(ones);
 }
 
+/* a wave (10) on a grid of at most 65 points and at most 1,024 cells, wherever it sits: the
+   G x cells counts of ldp_wave_cell, SAMPLES/G draws per grid point */
+static void audit_wave(const char *name, uint32_t si, long samples, ldp_rng *rng) {
+  static uint64_t wc[65 * 1024];
+  const ldp_step *s = &prog.steps[si];
+  uint32_t g = prog.size[s->in[0]];
+  uint64_t k = s->cells;
+  if (g > 65 || k > 1024) return;
+  memset(wc, 0, sizeof wc);
+  for (uint32_t i = 0; i < g; i++)
+    for (long t = 0; t < samples / (long)g; t++) wc[i * k + ldp_wave_cell(&prog, si, i, rng)]++;
+  printf("{\"case\":\"%s\",\"step\":%u,\"counts\":[", name, si);
+  for (uint32_t i = 0; i < g; i++) {
+    printf("%s[", i ? "," : "");
+    for (uint64_t y = 0; y < k; y++)
+      printf("%s%llu", y ? "," : "", (unsigned long long)wc[i * k + y]);
+    printf("]");
+  }
+  printf("]}\n");
+}
+
 static void audit(const char *name, long samples, ldp_rng *rng) {
   for (uint32_t s = 0; s < prog.n_steps; s++) {
     uint64_t k = prog.steps[s].cells;
     if (prog.steps[s].op == 4) audit_partition(name, s, samples, rng);
+    if (prog.steps[s].op == 10) audit_wave(name, s, samples, rng);
     if (prog.steps[s].op == 8 || prog.steps[s].op == 9) audit_post(name, s, samples, rng);
     if (prog.steps[s].op >= 3 || k > 32) continue;
     memset(counts, 0, sizeof counts);

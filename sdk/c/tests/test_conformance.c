@@ -43,7 +43,8 @@ static uint64_t u64(json_t *s) { return strtoull(json_string_value(s), NULL, 10)
    the typical programs every build must run (rr-ind, partitioned, memoized). */
 static int beyond_limits(const char *name, int r, const char *err) {
 #ifdef LDP_PROFILE_FIRMWARE
-  static const char *const typical[] = {"rr-ind", "partitioned-olh", "partitioned-2", "memo",
+  static const char *const typical[] = {"rr-ind", "partitioned-olh", "partitioned-2", "sw-hm",
+                                        "sw-hm-duchi", "memo",
                                         "memoized partition", "memoized partition (olh)",
                                         "memoized cluster", "memoized select",
                                         "memoized across midnight"};
@@ -151,8 +152,22 @@ static void randomize_case(json_t *c) {
     const char *names[LDP_MAX_ATTRS], *labels[LDP_MAX_ATTRS];
     int n = record_pairs(rec, names, labels);
     double cost;
-    r = ldp_device_report(&d, names, labels, (size_t)n, 0.0, &cost, err, sizeof err);
+    uint8_t clipped[LDP_MAX_ATTRS];
+    r = ldp_device_report_clip(&d, names, labels, (size_t)n, 0.0, &cost, clipped, err,
+                               sizeof err);
     CHECK(r == LDP_OK, "%s record %zu: %s", name, i, err);
+    json_t *clip = json_array_get(json_object_get(c, "clipped"), i), *a;
+    size_t k, n_clip = 0;
+    for (uint32_t j = 0; j < state.program.n_attrs; j++) n_clip += clipped[j];
+    CHECK(n_clip == json_array_size(clip), "%s record %zu: %zu values clipped", name, i, n_clip);
+    json_array_foreach(clip, k, a) {  /* the attributes clipped, by name */
+      uint32_t j = 0;
+      while (j < state.program.n_attrs &&
+             strcmp(state.program.text + state.program.name_at[j], json_string_value(a)))
+        j++;
+      CHECK(j < state.program.n_attrs && clipped[j], "%s record %zu: %s not clipped", name, i,
+            json_string_value(a));
+    }
     json_t *want = json_array_get(json_object_get(c, "reports"), i);
     for (uint32_t j = 0; j < state.program.width; j++)
       CHECK(buf_reports[i * state.program.width + j] ==
@@ -168,11 +183,10 @@ static void randomize_case(json_t *c) {
   CHECK(ledger.next_sequence == u64(json_object_get(b, "sequence")) + 1, "%s: sequence", name);
 }
 
-static void randomize_vectors(json_t *v) {
+/* records that must raise a schema error naming the attribute (numeric: not a number's text) */
+static void schema_errors(json_t *se) {
   size_t i;
-  json_t *c, *e;
-  json_array_foreach(json_object_get(v, "cases"), i, c) randomize_case(c);
-  json_t *se = json_object_get(v, "schema_errors");
+  json_t *e;
   char *dev = json_dumps(json_object_get(se, "device"), JSON_COMPACT), err[256];
   CHECK(ldp_program_parse(&state.program, dev, strlen(dev), err, sizeof err) == LDP_OK, "%s", err);
   free(dev);
@@ -186,6 +200,14 @@ static void randomize_vectors(json_t *v) {
     CHECK(ldp_program_encode(&state.program, names, labels, (size_t)n, x, err, sizeof err) ==
               LDP_E_SCHEMA && strstr(err, quoted), "schema error %zu: %s", i, err);
   }
+}
+
+static void randomize_vectors(json_t *v) {
+  size_t i;
+  json_t *c;
+  json_array_foreach(json_object_get(v, "cases"), i, c) randomize_case(c);
+  schema_errors(json_object_get(v, "schema_errors"));
+  schema_errors(json_object_get(v, "numeric_errors"));
 }
 
 static void state_steps(json_t *steps, const ldp_trust *t, double now) {

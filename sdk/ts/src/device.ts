@@ -4,11 +4,14 @@ import { encodeBatch } from "./batch.js";
 import { Credential, authenticateBatch } from "./identity.js";
 import { Ledger } from "./ledger.js";
 import { memoDraw, memoEpsilon, memoKeys, memoRecord } from "./memo.js";
+import { RecordValues } from "./program.js";
 import { DrawSource, OsRandom } from "./rng.js";
 import { State, StateRejected, Trust, acceptState } from "./state.js";
 
 export type ReportResult =
-  | { status: "queued"; epsilon: number; version: number; report: number[] }
+  | { status: "queued"; epsilon: number; version: number; report: number[];
+      /** the numeric attributes whose value was clipped into its range */
+      clipped: string[] }
   | { status: "refused" | "duplicate"; epsilon: 0; version: number; reason: string };
 
 /** Where batches go. */
@@ -70,6 +73,9 @@ export interface DeviceOptions {
 export class Device {
   state: State | null = null;
   readonly refusals: StateRejected[] = [];
+  /** per numeric attribute, how many reported values were clipped into its range (the count
+   * the server keeps: docs/numeric.md) */
+  readonly clipped = new Map<string, number>();
   private buffer: number[][] = [];
   /** an encoded batch whose sending failed: retried first, with the same batch key */
   private pending: Uint8Array<ArrayBuffer> | null = null;
@@ -102,10 +108,10 @@ export class Device {
     return this.offer(await this.opts.transport.fetchState(this.opts.collection));
   }
 
-  async report(record: Record<string, string>): Promise<ReportResult> {
+  async report(record: RecordValues): Promise<ReportResult> {
     const st = this.state;
     if (!st) throw new Error(`collection '${this.opts.collection}' has no accepted state`);
-    const x = st.program.encode(record);
+    const { x, clipped } = st.program.encodeClipped(record);
     const now = this.clock();
     const drawn = st.program.memo ? await this.memoized(st, x, now)
       : await this.fresh(st, x, now);
@@ -114,8 +120,9 @@ export class Device {
     if (this.buffer.length && this.bufferVersion !== st.version) await this.flush();
     this.buffer.push(report);
     this.bufferVersion = st.version;
+    for (const a of clipped) this.clipped.set(a, (this.clipped.get(a) ?? 0) + 1);
     if (this.buffer.length >= this.batchSize) await this.flush();
-    return { status: "queued", epsilon: cost, version: st.version, report };
+    return { status: "queued", epsilon: cost, version: st.version, report, clipped };
   }
 
   private async fresh(st: State, x: number[], now: number

@@ -1,6 +1,6 @@
 /** ldpstream device SDK for browsers, Node and React Native (docs/device-protocol.md). */
 export { DrawSource, OsRandom, SplitMix64, bernoulli, categorical, uniform } from "./rng.js";
-export { Program, ProgramError, SchemaError, PROGRAM_VERSION } from "./program.js";
+export { Program, ProgramError, RecordValues, SchemaError, PROGRAM_VERSION } from "./program.js";
 export { DEFAULT_CEILING, Reason, State, StateRejected, Trust, Verifier, acceptState,
          nobleVerify } from "./state.js";
 export { FileStorage, IndexedDbStorage, Ledger, LocalStorage, MemoryStorage, Storage } from

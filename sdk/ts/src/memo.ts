@@ -94,10 +94,10 @@ export function makeMemo(m: Record<string, unknown>, kind: MemoKind, rotationS: 
   }
   if (kind === "select") {
     const s = perm[0];
-    if (perm.length !== 1 || s.op !== "select" || s.out === null ||
+    if (perm.length !== 1 || s.op !== "select" || s.out === null || s.weights !== null ||
         !s.branches.every((b) => b.length === 1 && (b[0].op === "grr" || b[0].op === "matrix")))
       throw new ProgramError("device.memoize.permanent", "kind select: one select step with a " +
-                             "reported index, each branch one grr or matrix step");
+                             "reported index and no weights, each branch one grr or matrix step");
     const seed = m.seed;
     if (typeof seed !== "string" || !/^[0-9]{1,20}$/.test(seed) || BigInt(seed) > M64)
       throw new ProgramError("device.memoize.seed", "must be a u64 as a decimal string");

@@ -1,16 +1,20 @@
 /** The randomization description: parse, epsilon, labels -> indices, randomize
  * (docs/device-protocol.md, "Randomization description"). */
-import { DrawSource, uniform } from "./rng.js";
+import { DrawSource, categorical, uniform } from "./rng.js";
 import { Memo, makeMemo, memoKind } from "./memo.js";
-import { Leaf, M64, MAX_ATTRS, MAX_CELLS, MAX_LABEL_BYTES, MAX_LABELS, MAX_MATRIX_ENTRIES,
-         MAX_STEPS, MAX_TABLES, MAX_WIDTH, bloomHamming, cellCount, utf8Length,
-         PROGRAM_VERSION, Partition, Post, ProgramError, SchemaError, Select, Step, Table, apply,
-         cumulative, grrEpsilon, isInt, isObj, ints, isPost, matrixEpsilon, mix64,
-         partition, post, run } from "./steps.js";
+import { Leaf, M64, MAX_ATTRS, MAX_CELLS, MAX_GRID, MAX_LABEL_BYTES, MAX_LABELS,
+         MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_TABLES, MAX_WIDTH, NUMBER_TEXT, bloomHamming,
+         cellCount, utf8Length, PROGRAM_VERSION, Partition, Post, ProgramError, SchemaError,
+         Select, Step, Table, Wave, apply, cumulative, grrEpsilon, isInt, isObj, ints, isPost,
+         matrixEpsilon, mix64, partition, post, quantizeValue, run, wave, waveCell,
+         waveEpsilon } from "./steps.js";
 
 export { Memo } from "./memo.js";
-export { MAX_ATTRS, MAX_LABEL_BYTES, MAX_LABELS, MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_TABLES,
-         MAX_WIDTH, PROGRAM_VERSION, ProgramError, SchemaError, mix64 } from "./steps.js";
+export { MAX_ATTRS, MAX_GRID, MAX_LABEL_BYTES, MAX_LABELS, MAX_MATRIX_ENTRIES, MAX_STEPS,
+         MAX_TABLES, MAX_WIDTH, PROGRAM_VERSION, ProgramError, SchemaError, mix64 } from "./steps.js";
+
+/** A record: labels, and numbers (or their text) for numeric attributes. */
+export type RecordValues = Record<string, string | number>;
 
 /** The label caps, in the order the C SDK fills its buffers (each name, then its labels):
  * MAX_LABELS labels and MAX_LABEL_BYTES UTF-8 bytes, one more per string. */
@@ -30,12 +34,24 @@ function checkText(attrs: string[], labels: string[][]): void {
   });
 }
 
+/** A numeric attribute's {min, max, grid}: finite min < max, grid an integer in [2, MAX_GRID]. */
+function numericAttr(d: Record<string, unknown>, j: number): [number, number, number] {
+  const lo = d.min, hi = d.max, g = d.grid;
+  if (typeof lo !== "number" || typeof hi !== "number" || !Number.isFinite(lo) ||
+      !Number.isFinite(hi) || !(lo < hi) || !isInt(g) || g < 2 || g > MAX_GRID)
+    throw new ProgramError(`device.labels[${j}]`, "a numeric attribute is {min, max, grid}: " +
+                           `finite min < max, grid an integer in [2, ${MAX_GRID}]`);
+  return [lo, hi, g];
+}
+
 /** A checked randomization description (state.device). */
 export class Program {
   readonly family: string;
   readonly attrs: string[];
   readonly labels: string[][];
   readonly shape: number[];
+  /** per attribute: [min, max, grid] of a numeric one, null for a categorical one */
+  readonly ranges: ([number, number, number] | null)[];
   readonly width: number;
   readonly epsilon: number;
   readonly memo: Memo | null;
@@ -58,15 +74,19 @@ export class Program {
     if (!Array.isArray(labels) || labels.length !== attrs.length)
       throw new ProgramError("device.labels", "must hold >= 2 string labels per attribute");
     labels.forEach((lab, j) => {
-      if (!Array.isArray(lab) || lab.length < 2 || !lab.every((s) => typeof s === "string"))
-        throw new ProgramError(`device.labels[${j}]`, "must hold >= 2 string labels");
+      if (!isObj(lab) &&
+          (!Array.isArray(lab) || lab.length < 2 || !lab.every((s) => typeof s === "string")))
+        throw new ProgramError(`device.labels[${j}]`, "must hold >= 2 string labels (a numeric " +
+                               "attribute: {min, max, grid})");
     });
     if (!isInt(width) || width < 1 || width > MAX_WIDTH)
       throw new ProgramError("device.width", `must be an integer in [1, ${MAX_WIDTH}]`);
-    checkText(attrs as string[], labels as string[][]);
+    this.ranges = labels.map((lab, j) => (isObj(lab) ? numericAttr(lab, j) : null));
+    const text = labels.map((lab) => (isObj(lab) ? [] : lab)) as string[][];
+    checkText(attrs as string[], text);
     this.attrs = attrs as string[];
-    this.labels = labels as string[][];
-    this.shape = this.labels.map((l) => l.length);
+    this.labels = text;
+    this.shape = this.labels.map((l, j) => this.ranges[j]?.[2] ?? l.length);
     this.width = width;
     const memo = d.memoize ?? null;
     this.steps = memo !== null && Array.isArray(d.steps) && d.steps.length === 0 ? []
@@ -109,17 +129,19 @@ export class Program {
       const br = d.branches;
       if (depth > 0 || !Array.isArray(br) || br.length < 1 || br.length > MAX_STEPS)
         throw new ProgramError(`${field}.branches`, "must be 1..64 lists of steps (not nested)");
+      const weights = this.parseWeights(d.weights, br.length, `${field}.weights`);
       const branches = br.map((b, i) =>
-        this.parseSteps(b, `${field}.branches[${i}]`, depth + 1) as (Leaf | Post)[]);
+        this.parseSteps(b, `${field}.branches[${i}]`, depth + 1) as (Leaf | Post | Wave)[]);
       const eps = Math.max(0, ...branches.map((b) => b.reduce((e, s) => e + s.eps, 0)));
-      return { op: "select", out, branches, eps };
+      return { op: "select", out, branches, weights, eps };
     }
+    if (d.op === "wave") return this.parseWave(d, field);
     if (d.op === "partition" && depth === 0) return this.parsePartition(d, field);
     if (d.op === "const" || d.op === "copy" || d.op === "keep" || d.op === "bloom")
       return this.parsePost(d, field);
     if (d.op !== "grr" && d.op !== "matrix" && d.op !== "uniform")
       throw new ProgramError(`${field}.op`, `unknown op ${JSON.stringify(d.op)} (known: grr, ` +
-                             "matrix, uniform, select, partition)");
+                             "matrix, uniform, copy, const, keep, bloom, wave, select, partition)");
     const cols = ints(d.in, `${field}.in`, this.attrs.length);
     const out = ints(d.out, `${field}.out`, this.width);
     if (out.length !== cols.length)
@@ -143,6 +165,71 @@ export class Program {
                              `${MAX_MATRIX_ENTRIES} matrix entries in all)`);
     return { op: "matrix", cols, sizes, out, cells, p: 0, cum: cumulative(rows, field),
              eps: matrixEpsilon(rows) };
+  }
+
+  /** A select's weights (absent or null: uniform): one number > 0 per branch summing to 1
+   * within 1e-9, as cumulative sums (one matrix entry each). */
+  private parseWeights(w: unknown, n: number, field: string): Float64Array | null {
+    if (w === undefined || w === null) return null;
+    if (!Array.isArray(w) || w.length !== n || this.matrixEntries + n > MAX_MATRIX_ENTRIES ||
+        !w.every((x) => typeof x === "number" && x > 0))
+      throw new ProgramError(field, `must be null or ${n} numbers > 0 (one per branch)`);
+    this.matrixEntries += n;
+    const cum = new Float64Array(n);
+    let acc = 0;
+    w.forEach((x, i) => { acc += x as number; cum[i] = acc; });
+    if (!(Math.abs(acc - 1) <= 1e-9)) throw new ProgramError(field, `sums to ${acc}, not 1`);
+    return cum;
+  }
+
+  /** A wave step (docs/device-protocol.md, "Numeric attributes"); its 5 numbers count as
+   * matrix entries. */
+  private parseWave(d: Record<string, unknown>, field: string): Wave {
+    const fin = (v: unknown, f: string): number => {
+      if (typeof v !== "number" || !Number.isFinite(v))
+        throw new ProgramError(f, "must be a finite number");
+      return v;
+    };
+    const cin = d.in;
+    if (!Array.isArray(cin) || cin.length !== 1 || !isInt(cin[0]) || cin[0] < 0 ||
+        cin[0] >= this.attrs.length || this.ranges[cin[0]] === null)
+      throw new ProgramError(`${field}.in`, "must be [j], j a numeric attribute");
+    const col = cin[0] as number;
+    const out = d.out;
+    if (!isInt(out) || out < 0 || out >= this.width)
+      throw new ProgramError(`${field}.out`, `must be a non-empty list of integers in [0, ${this.width})`);
+    if (typeof d.round !== "boolean") throw new ProgramError(`${field}.round`, "must be true or false");
+    const rounded = d.round, cells = d.cells, offset = d.offset;
+    if (!isInt(cells) || cells < (rounded ? 2 : 1) || cells > MAX_CELLS)
+      throw new ProgramError(`${field}.cells`, `must be an integer in [${rounded ? 2 : 1}, ${MAX_CELLS}]`);
+    if (!isInt(offset) || offset < 0 || offset + cells > MAX_CELLS)
+      throw new ProgramError(`${field}.offset`, `must be an integer >= 0 with offset + cells <= ${MAX_CELLS}`);
+    const range = d.range, at = d.at;
+    if (!Array.isArray(range) || range.length !== 2)
+      throw new ProgramError(`${field}.range`, "must be [lo, hi], finite, lo < hi");
+    const lo = fin(range[0], `${field}.range`), hi = fin(range[1], `${field}.range`);
+    if (!(lo < hi)) throw new ProgramError(`${field}.range`, "must be [lo, hi], finite, lo < hi");
+    if (!Array.isArray(at) || at.length !== 2)
+      throw new ProgramError(`${field}.at`, "must be [a, b], finite");
+    const a = fin(at[0], `${field}.at`), b = fin(at[1], `${field}.at`);
+    const width = fin(d.width, `${field}.width`);
+    const p = d.p;
+    if (typeof p !== "number" || !(p >= 0 && p <= 1))
+      throw new ProgramError(`${field}.p`, "must be a number in [0, 1]");
+    if (width < 0 || (width === 0 && p !== 1))
+      throw new ProgramError(`${field}.width`, "must be >= 0 (0: a point, with p 1)");
+    const tol = 1e-9 * (hi - lo);
+    for (const z of [0, 1]) {
+      const left = a * z + b;
+      if (!(left >= lo - tol && left + width <= hi + tol))
+        throw new ProgramError(`${field}.at`, `the window at z = ${z} must lie inside the range`);
+    }
+    this.matrixEntries += 5;
+    if (this.matrixEntries > MAX_MATRIX_ENTRIES)
+      throw new ProgramError(`${field}.range`, "beyond the matrix entries in all (a wave holds 5)");
+    const w = [lo, hi, a, b, width];
+    return { op: "wave", col, grid: this.shape[col], out, offset, cells, wave: w, p, rounded,
+             eps: waveEpsilon(w, p, cells, rounded) };
   }
 
   private parsePost(d: Record<string, unknown>, field: string): Post {
@@ -250,19 +337,38 @@ export class Program {
     return { op: "partition", seed: mix64(BigInt(seed)), out, tables, eps: out.length * worst };
   }
 
-  /** Labels -> indices; a SchemaError names a missing or unknown attribute or category. */
-  encode(record: Record<string, string>): number[] {
+  /** Labels (and numeric values) -> indices; a SchemaError names a missing or unknown
+   * attribute or category, or a numeric attribute's value that is not a number. */
+  encode(record: RecordValues): number[] {
+    return this.encodeClipped(record).x;
+  }
+
+  /** encode, and the numeric attributes whose value was clipped into its range. */
+  encodeClipped(record: RecordValues): { x: number[]; clipped: string[] } {
     for (const a of Object.keys(record))
       if (!this.attrs.includes(a))
         throw new SchemaError(a, `unknown attribute '${a}' (known: ${this.attrs.join(", ")})`);
-    return this.attrs.map((a, j) => {
+    const clipped: string[] = [];
+    const x = this.attrs.map((a, j) => {
       if (!(a in record)) throw new SchemaError(a, `missing attribute '${a}'`);
+      const r = this.ranges[j];
+      if (r !== null) {
+        const v = record[a];
+        const num = typeof v === "number" ? v : typeof v === "string" && NUMBER_TEXT.test(v)
+          ? Number(v) : NaN;
+        if (Number.isNaN(num))
+          throw new SchemaError(a, `attribute '${a}': ${JSON.stringify(v)} is not a number`);
+        const [k, was] = quantizeValue(num, r[0], r[1], r[2]);
+        if (was) clipped.push(a);
+        return k;
+      }
       const i = this.index[j].get(String(record[a]));
       if (i === undefined)
         throw new SchemaError(a, `attribute '${a}': unknown category '${record[a]}' (allowed: ` +
                               `${this.labels[j].join(", ")})`);
       return i;
     });
+    return { x, clipped };
   }
 
   /** One report of the record of indices x (into `report` when given). */
@@ -272,11 +378,13 @@ export class Program {
     for (const s of this.steps) {
       if (s.op === "partition") { partition(s, x, rng, report, deviceId); continue; }
       if (isPost(s)) { post(s, x, rng, report); continue; }
+      if (s.op === "wave") { wave(s, x, rng, report); continue; }
       if (s.op !== "select") { run(s, x, rng, report); continue; }
-      const b = uniform(rng, s.branches.length);
+      const b = s.weights ? categorical(rng, s.weights) : uniform(rng, s.branches.length);
       if (s.out !== null) report[s.out] = b;
       for (const t of s.branches[b])
         if (isPost(t)) post(t, x, rng, report);
+        else if (t.op === "wave") wave(t, x, rng, report);
         else run(t, x, rng, report);
     }
     return report;
@@ -367,6 +475,31 @@ export class Program {
       }
     });
     return out;
+  }
+
+  /** The wave steps, at the top level or in a select's branch (`step` indexes the steps with
+   * every select followed by its branches' steps, as auditPosts), with their grid points. */
+  waveSteps(): { step: number; grid: number; cells: number; offset: number }[] {
+    return this.flatSteps().flatMap((s, step) => s.op !== "wave" ? []
+      : [{ step, grid: s.grid, cells: s.cells, offset: s.offset }]);
+  }
+
+  /** A wave step's cell (no offset) for grid index i (privacy audits). */
+  waveCell(step: number, i: number, rng: DrawSource): number {
+    return waveCell(this.flatSteps()[step] as Wave, i, rng);
+  }
+
+  private flat: Step[] | null = null;
+
+  private flatSteps(): Step[] {
+    if (this.flat === null) {
+      this.flat = [];
+      for (const s of this.steps) {
+        this.flat.push(s);
+        if (s.op === "select") for (const b of s.branches) this.flat.push(...b);
+      }
+    }
+    return this.flat;
   }
 
   /** One top-level grr/matrix step on an input cell: the output cell. */

@@ -106,8 +106,86 @@ export interface Post {
 export interface Select {
   op: "select";
   out: number | null;
-  branches: (Leaf | Post)[][];
+  branches: (Leaf | Post | Wave)[][];
+  /** cumulative branch weights (null: uniform) */
+  weights: Float64Array | null;
   eps: number;
+}
+
+/** A numeric attribute's value through a window (docs/device-protocol.md, "Numeric
+ * attributes"): wave = [lo, hi, at0, at1, width]. */
+export interface Wave {
+  op: "wave";
+  col: number;
+  grid: number;
+  out: number;
+  offset: number;
+  cells: number;
+  wave: number[];
+  p: number;
+  rounded: boolean;
+  eps: number;
+}
+
+/** points of a numeric attribute's grid, at most */
+export const MAX_GRID = 65536;
+
+/** The text of a numeric value: [+-] (digits [. digits] | . digits) [exponent]. */
+export const NUMBER_TEXT = /^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$/;
+
+/** The nearest integer, ties to the even one. */
+function roundHalfEven(v: number): number {
+  const f = Math.floor(v), d = v - f;
+  return d > 0.5 || (d === 0.5 && f % 2 !== 0) ? f + 1 : f;
+}
+
+/** A numeric value -> [its grid index, whether it was clipped into [lo, hi]]. */
+export function quantizeValue(v: number, lo: number, hi: number, grid: number): [number, boolean] {
+  const clipped = v < lo || v > hi;
+  const c = v < lo ? lo : v > hi ? hi : v;
+  return [roundHalfEven((c - lo) / (hi - lo) * (grid - 1)), clipped];
+}
+
+/** epsilon of a wave (estimators/kernels/device_program.py wave_epsilon, the same operations) */
+export function waveEpsilon(w: number[], p: number, cells: number, rounded: boolean): number {
+  const [lo, hi, a, b, width] = w;
+  if (width > 0) {
+    const rest = (hi - lo) - width;
+    if (!(p > 0 && p < 1) || rest <= 0) return Infinity;
+    return Math.abs(Math.log((p / width) / ((1 - p) / rest)));
+  }
+  if (!rounded || cells !== 2) return Infinity;
+  let y0 = b, y1 = a + b;
+  if (y1 < y0) [y0, y1] = [y1, y0];
+  if (y0 <= lo || y1 >= hi) return Infinity;
+  return Math.log(Math.max((y1 - lo) / (y0 - lo), (hi - y0) / (hi - y1)));
+}
+
+/** A wave's cell (no offset) for grid index i: inner = bernoulli(p), u from one word, the
+ * point in the window or on the rest of the range, bucketed or rounded without bias. */
+export function waveCell(s: Wave, i: number, rng: DrawSource): number {
+  const [lo, hi, a, b, width] = s.wave;
+  const z = i / (s.grid - 1);
+  const leftEdge = a * z + b;
+  const inner = bernoulli(rng, s.p);
+  const u = Number(rng.nextU64() >> 11n) * 2 ** -53;
+  let y: number;
+  if (inner) y = leftEdge + u * width;
+  else {
+    const left = Math.max(leftEdge - lo, 0), right = Math.max(hi - (leftEdge + width), 0);
+    const t = u * (left + right);
+    y = t < left ? lo + t : (leftEdge + width) + (t - left);
+  }
+  if (s.rounded) {
+    const pos = (y - lo) / (hi - lo) * (s.cells - 1);
+    const k = Math.min(Math.max(Math.floor(pos), 0), s.cells - 2);
+    return k + (bernoulli(rng, pos - k) ? 1 : 0);
+  }
+  return Math.min(Math.max(Math.floor((y - lo) / (hi - lo) * s.cells), 0), s.cells - 1);
+}
+
+export function wave(s: Wave, x: ArrayLike<number>, rng: DrawSource, report: number[]): void {
+  report[s.out] = s.offset + waveCell(s, x[s.col], rng);
 }
 
 export interface Table {
@@ -128,7 +206,7 @@ export interface Partition {
   eps: number;
 }
 
-export type Step = Leaf | Select | Partition | Post;
+export type Step = Leaf | Select | Partition | Post | Wave;
 
 export const M64 = (1n << 64n) - 1n;
 /** The SplitMix64 finalizer: the partition assignment's hash. */

@@ -62,28 +62,37 @@ for (const c of load("randomize.json").cases) {
     const state: State = { collection: b.collection, version: c.version, issuedAt: 0,
                            expiresAt: Infinity, mechanism: c.family, program };
     device.state = state;
-    const reports = [];
+    const reports = [], clipped = [];
     for (const r of c.records) {
       const res = await device.report(r);
       assert.equal(res.status, "queued");
       reports.push(res.status === "queued" ? [...res.report] : []);
+      clipped.push(res.status === "queued" ? res.clipped : []);
     }
     assert.deepEqual(reports, c.reports);
+    if (c.clipped) {  // numeric values clipped into their range, per record and in all
+      assert.deepEqual(clipped, c.clipped);
+      const total = new Map<string, number>();
+      for (const names of c.clipped as string[][])
+        for (const a of names) total.set(a, (total.get(a) ?? 0) + 1);
+      assert.deepEqual(device.clipped, total);
+    }
     await device.flush();
     assert.equal(sent.batches.length, 1);
     assert.equal(hex(sent.batches[0]), b.hex);
   });
 }
 
-test("schema errors name the attribute", () => {
-  const v = load("randomize.json").schema_errors;
-  const program = new Program(v.device);
-  for (const e of v.errors) {
-    assert.throws(() => program.encode(e.record), (err: unknown) =>
-      err instanceof SchemaError && err.attribute === e.attribute &&
-      err.message.includes(`'${e.attribute}'`));
-  }
-});
+for (const which of ["schema_errors", "numeric_errors"])
+  test(`schema errors name the attribute (${which})`, () => {
+    const v = load("randomize.json")[which];
+    const program = new Program(v.device);
+    for (const e of v.errors) {
+      assert.throws(() => program.encode(e.record), (err: unknown) =>
+        err instanceof SchemaError && err.attribute === e.attribute &&
+        err.message.includes(`'${e.attribute}'`), JSON.stringify(e.record));
+    }
+  });
 
 test("state decisions", () => {
   const v = load("states.json");

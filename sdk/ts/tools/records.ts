@@ -4,14 +4,15 @@
 import { readFileSync } from "node:fs";
 import { createInterface } from "node:readline";
 
-import { Credential, Device, FileStorage, Ledger, Transport, Trust, parseCredential }
-  from "../src/index.js";
+import { Credential, Device, FileStorage, Ledger, RecordValues, Transport, Trust,
+         parseCredential } from "../src/index.js";
 
-/** A record line: "attr=label,attr=label" (empty fields skipped, like the C examples' strtok),
- * or a JSON object of labels. */
-export function parseRecord(line: string, index: number): Record<string, string> {
+/** A record line: "attr=label,attr=label" (empty fields skipped, like the C examples' strtok;
+ * a numeric attribute's value as its text, "temp=21.5"), or a JSON object of labels (and
+ * numbers). */
+export function parseRecord(line: string, index: number): RecordValues {
   const text = line.replace(/[\r\n]+$/, "");
-  if (text.trimStart().startsWith("{")) return JSON.parse(text) as Record<string, string>;
+  if (text.trimStart().startsWith("{")) return JSON.parse(text) as RecordValues;
   const record: Record<string, string> = {};
   for (const field of text.split(",")) {
     if (!field) continue;
@@ -134,5 +135,6 @@ export async function runRecords(transport: Transport, collection: string, publi
     sent++;
   }
   await device.flush();
-  console.log(JSON.stringify(duplicates ? { sent, batches, duplicates } : { sent, batches }));
+  console.log(JSON.stringify({ sent, batches, ...(duplicates ? { duplicates } : {}),
+                               ...(device.clipped.size ? { clipped: Object.fromEntries(device.clipped) } : {}) }));
 }

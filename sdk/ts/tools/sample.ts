@@ -2,7 +2,8 @@
 // (crypto.getRandomValues):
 //   node dist/tools/sample.js audit randomize.json SAMPLES   k x k counts of every grr/matrix/
 //       keep step with at most 32 cells, the 1s per (value, bit) of every bloom step, the first
-//       slot of every small partition table, one JSON line each (tests/test_sdk_audit.py)
+//       slot of every small partition table, the G x cells counts of every wave on at most 65
+//       grid points, one JSON line each (tests/test_sdk_audit.py)
 //   node dist/tools/sample.js bench randomize.json SECONDS   reports randomized per second on
 //       one core, one JSON line per case (ldpstream bench sdk)
 //   node dist/tools/sample.js memo-audit memo.json SAMPLES   per memoized case and memo unit
@@ -45,6 +46,13 @@ for (const c of mode === "memo-audit" ? [] : doc.cases) {
       console.log(JSON.stringify({ case: c.name, ...line }));
     for (const line of program.auditPosts(samples, rng))
       console.log(JSON.stringify({ case: c.name, ...line }));
+    for (const { step, grid, cells } of program.waveSteps()) {  // G x cells of each small wave
+      if (grid > 65 || cells > 1024) continue;
+      const counts = Array.from({ length: grid }, () => new Array<number>(cells).fill(0));
+      for (let i = 0; i < grid; i++)
+        for (let t = 0; t < Math.floor(samples / grid); t++) counts[i][program.waveCell(step, i, rng)]++;
+      console.log(JSON.stringify({ case: c.name, step, counts }));
+    }
     for (const { index, cells } of program.leafSteps()) {
       if (cells > 32) continue;
       const counts = Array.from({ length: cells }, () => new Array<number>(cells).fill(0));

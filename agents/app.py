@@ -24,6 +24,7 @@ import tempfile
 import threading
 from typing import Any
 
+from ldpstream.agents import heap
 from ldpstream.agents.context import Context
 from ldpstream.agents.control.controller import Controller
 from ldpstream.agents.control.controller import install as controller_timers
@@ -106,14 +107,16 @@ def build_ingest(ctx: Context, *, group_id: str, session_timeout_ms: int
     acks = None if fleets is None else AckReconciler(ctx.store, ctx.kafka_bootstrap,
                                                      ctx.kafka_security.client_kwargs())
     identity = IdentityGate(fleets, acks)
+    memo = MemoGate(collections, gate, ctx.store, identity.fleets)
     intake = Intake(collections, ctx.collections, partitions, quota,
                     DedupeGate(gate, ctx.store, acks),
-                    stats, ctx.config.ingest.max_message_bytes,
-                    MemoGate(collections, gate, ctx.store, identity.fleets), identity)
+                    stats, ctx.config.ingest.max_message_bytes, memo, identity)
     take = faults.injected(intake.take)  # tests only: a fault object around the intake
     seeker = Seeker(clients, partitions)
     applier = Applier(collections, clients, gate, partitions, ctx.store, quota,
                       DlqWriter(clients), seeker, stats)
+    applier.settle = intake.settle
+    memo.flush = applier.flush
     max_records = POLL_MAX_RECORDS
     breaker = Breaker(gate, partitions, ctx.store, stats, intake.load, take, applier.flush,
                       max_records)
@@ -315,6 +318,7 @@ def main(args) -> int:
           f"(collections: {', '.join(config.collections)})",
           file=sys.stderr, flush=True)
     worker = _PromptWorker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    heap.pin_mmap_threshold()
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:

@@ -13,16 +13,23 @@ For each step (a number of distinct devices) the bench
    timing), ``memo_vs_plain``; ``restart_to_ready_s``: from starting the
    ``devm`` worker (holding the devices of the steps before in Redis) to its first applied
    delta, i.e. process start, group join and the device state read (``plain_restart_s`` is the
-   same without device state); ``worker_rss_mb``: the ``devm`` worker's resident memory after the
-   step (``/proc/<pid>/status``);
+   same without device state); ``worker_rss_mb``: the ``devm`` worker's resident memory right
+   after the step's last apply (``/proc/<pid>/status``), ``worker_rss_mb_idle`` the same once it
+   has been idle ``IDLE_S`` seconds (the last polls' buffers handed back, agents/heap.py: what it
+   holds for its devices; ``rss_growth`` and ``rss_bytes_per_added_device`` compare these from
+   the first to the last step, the ``_busy`` ones the former);
 3. ``refresh_s``: the mean ``ldp_estimate_refresh_seconds`` of ``devm``;
 4. ``rebalance_s``: a second worker joins; from its start until a report sent to each of the 4
    partitions after it holds partitions is counted (the new owner read its partitions' state);
-5. Redis bytes per device: ``memo_bytes``: ``MEMORY USAGE`` of the device state logs over the
-   devices they hold; ``dedupe_bytes`` and ``quota_bytes``: of the batch-dedupe and quota side
-   hashes of a third collection ``devq`` (plain, ``device_quota``, every device sending its own
-   keyed one-report batch) fed up to 30,000 of the step's new devices (their encoding does not
-   depend on the fleet size once a hash holds more than 128 fields).
+5. the step's devices report again (new reports, to both topics) and a worker on each counts
+   them: ``memo_again_rate``, ``plain_again_rate``, ``memo_vs_plain_again`` (each memoized
+   report now reads back and rewrites its device's row: the common case of a fleet);
+6. Redis bytes per device: ``memo_bytes``: ``MEMORY USAGE`` of the device state logs'
+   segments over the devices they hold (agents/store/memo_log.py); ``dedupe_bytes`` and
+   ``quota_bytes``: of the batch-dedupe and quota side hashes of a third collection ``devq``
+   (plain, ``device_quota``, every device sending its own keyed one-report batch) fed up to
+   30,000 of the step's new devices (their encoding does not depend on the fleet size once a
+   hash holds more than 128 fields).
 
 Then the **churn run** (``churn``): the retention rule itself (agents/store/device_memo.py
 ``roll``, ``latest_per_device``: the worker's functions, in this process, no broker) for one of
@@ -63,6 +70,8 @@ PARTITIONS = 4
 MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 4.0}
 #: devices of a step that feed the dedupe and quota collection
 SIDE_SAMPLE = 30_000
+#: seconds after its last apply when the worker's resident memory is read again, idle
+IDLE_S = 7.0
 
 
 def _write_config(path: Path, devices_max: int, refresh_interval_s: float) -> None:
@@ -211,10 +220,10 @@ async def _rebalance(store: Any, coll: Any, cfg: Path, env: dict, port: int, wor
 async def _restart_at(store: Any, coll: Any, devices: int, cfg: Path, env: dict, work: Path,
                       bootstrap: str, reports: np.ndarray) -> dict[str, Any]:
     """A worker restarted with ``devices`` devices in state: their memo logs written straight to
-    Redis (the worker's own encoding, agents/store/device_memo.py ``encode_log``; this epoch,
+    Redis (the worker's own encoding, agents/store/memo_log.py ``encode_segments``; this epoch,
     one row per device), then the seconds from its start to its first applied delta (one report
     on each partition) and its resident memory then."""
-    from ldpstream.agents.store import device_memo, keys
+    from ldpstream.agents.store import device_memo, keys, memo_log
     from ldpstream.agents.store.layout import Layout
     from ldpstream.dev.process import free_port
 
@@ -226,7 +235,9 @@ async def _restart_at(store: Any, coll: Any, devices: int, cfg: Path, env: dict,
         rows = np.zeros((ids.size, device_memo.META + width), dtype=np.int64)
         rows[:, 2] = width
         rows[:, device_memo.META:] = np.resize(reports, (ids.size, width))
-        await store.redis.set(keys.side_key(coll.id, p, name), device_memo.encode_log(ids, rows))
+        for seg, data in enumerate(memo_log.encode_segments(ids, rows)):
+            await store.redis.set(keys.side_key(coll.id, p, memo_log.segment_name(name, seg)),
+                                  data)
         del rows
     port = free_port()
     start = await store.n(coll.id, coll.partitions)
@@ -266,7 +277,7 @@ def churn(fleet: int = 1_000_000, months: int = 36, monthly: float = 0.10,
         active = np.arange(n, dtype=np.uint64) * PARTITIONS
         next_id = n
         memo: dict[int, device_memo.DeviceTable] = {}
-        held, peak_bytes = [], 0
+        held = []
         month_s = 30 * 86_400.0
         for e in range(int(round(months * month_s / span))):
             month = int(e * span // month_s)
@@ -286,17 +297,17 @@ def churn(fleet: int = 1_000_000, months: int = 36, monthly: float = 0.10,
             reps = rng.integers(0, 2, size=(active.size, 2))
             mv = device_memo.latest_per_device(active, reps, np.array([e]), 0, (cur, prev))
             cur.upsert(mv.ids, mv.rows)
-            peak_bytes = max(peak_bytes, sum(t.nbytes for t in memo.values()))
         held.append(sum(len(t) for t in memo.values()))
         out[name] = {"entries_by_month": held, "max_entries": max(held),
                      "first_month_over_cap": next((m + 1 for m, h in enumerate(held)
                                                    if h > coll.device_state_max), None),
-                     "peak_table_bytes": peak_bytes}
+                     # the worker's index: 12 bytes an entry (agents/store/memo_log.py)
+                     "peak_index_bytes": 12 * max(held)}
     return out
 
 
 async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any = None,
-              load_steps: tuple[int, ...] = ()) -> dict[str, Any]:
+              load_steps: tuple[int, ...] = (), again: bool = True) -> dict[str, Any]:
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.dev.broker import EmbeddedBroker
@@ -346,6 +357,7 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
                     if coll is plain:
                         row.update(plain_rate=rate, plain_restart_s=ready)
                     elif coll is memo:
+                        counted = time.monotonic()
                         row.update(memo_rate=rate, restart_to_ready_s=ready,
                                    worker_rss_mb=_rss_mb(worker.pid))
                         deadline = time.monotonic() + 120
@@ -355,6 +367,10 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
                             refresh = metric_mean(_get(port, "/metrics"),
                                                    "ldp_estimate_refresh_seconds", memo.id)
                         row["refresh_s"] = refresh
+                        # idle: the last polls' buffers freed and handed back (agents/heap.py,
+                        # every 5 s): what the worker holds for its devices
+                        await asyncio.sleep(max(0.0, IDLE_S - (time.monotonic() - counted)))
+                        row["worker_rss_mb_idle"] = _rss_mb(worker.pid)
                         say(f"{devices:,} devices: rebalance ...")
                         probe = ids[:PARTITIONS]   # known devices, one per partition
                         row["rebalance_s"] = await _rebalance(
@@ -366,6 +382,22 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
             have = devices
             row["memo_vs_plain"] = row["memo_rate"] / row["plain_rate"]
             row.update(await _state_bytes(store))
+            if again:
+                # the step's devices report again: each report reads back and rewrites a row
+                say(f"{devices:,} devices: the step's devices again ...")
+                reports = mech.randomize(recs, rng)
+                await _produce(bootstrap, [plain, memo], ids, reports, BATCH)
+                for coll, key in ((plain, "plain_again_rate"), (memo, "memo_again_rate")):
+                    port = free_port()
+                    start = await store.n(coll.id, coll.partitions)
+                    worker = start_worker(work / f"{coll.id}.yaml", env, port,
+                                          work / f"worker-{coll.id}.log")
+                    try:
+                        _, row[key] = await _count_run(store, coll, start, start + ids.size,
+                                                       time.perf_counter(), port)
+                    finally:
+                        stop_worker(worker)
+                row["memo_vs_plain_again"] = row["memo_again_rate"] / row["plain_again_rate"]
             rows.append(row)
             say("step " + json.dumps(row))
         for devices in load_steps:
@@ -386,9 +418,10 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
             (b["worker_rss_mb"] - a["worker_rss_mb"]) * 2**20 / (b["devices"] - a["devices"]))
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
-        result["rss_growth"] = b["worker_rss_mb"] / a["worker_rss_mb"] - 1.0
-        result["rss_bytes_per_added_device"] = ((b["worker_rss_mb"] - a["worker_rss_mb"])
-                                                * 2**20 / (b["devices"] - a["devices"]))
+        for key, suffix in (("worker_rss_mb_idle", ""), ("worker_rss_mb", "_busy")):
+            result["rss_growth" + suffix] = b[key] / a[key] - 1.0
+            result["rss_bytes_per_added_device" + suffix] = (
+                (b[key] - a[key]) * 2**20 / (b["devices"] - a["devices"]))
     say("churn run (36 simulated months) ...")
     result["churn"] = churn(fleet=20_000 if quick else 1_000_000)
     return result
@@ -407,27 +440,38 @@ def main(args: Any) -> int:
     if quiet:
         print(json.dumps(res, indent=2))
         return 0
-    head = ("devices", "memo B", "dedupe B", "quota B", "RSS MB", "memo r/s", "plain r/s",
-            "ratio", "refresh s", "restart s", "rebal. s")
+    head = ("devices", "memo B", "dedupe B", "quota B", "RSS MB", "idle MB", "memo r/s",
+            "plain r/s", "ratio", "refresh s", "restart s", "rebal. s")
     print(" ".join(f"{h:>11}" for h in head))
     for r in res["steps"]:
         vals = (f"{r['devices']:,}", f"{r['memo_bytes'] or 0:.1f}", f"{r['dedupe_bytes'] or 0:.1f}",
                 f"{r['quota_bytes'] or 0:.1f}", f"{r['worker_rss_mb']:.0f}",
+                f"{r['worker_rss_mb_idle']:.0f}",
                 f"{r['memo_rate']:,.0f}", f"{r['plain_rate']:,.0f}", f"{r['memo_vs_plain']:.2f}",
                 f"{r['refresh_s'] or 0:.3f}", f"{r['restart_to_ready_s']:.1f}",
                 f"{r['rebalance_s']:.1f}")
         print(" ".join(f"{v:>11}" for v in vals))
+    for r in res["steps"]:
+        if "memo_again_rate" in r:
+            print(f"{r['devices']:,} devices reporting again: memoized {r['memo_again_rate']:,.0f} "
+                  f"reports/s, plain {r['plain_again_rate']:,.0f}, ratio "
+                  f"{r['memo_vs_plain_again']:.2f}")
     for r in res.get("restart_at", []):
         print(f"restart with {r['devices']:,} devices in state (logs written directly): ready in "
               f"{r['restart_to_ready_s']:.1f} s, worker RSS {r['worker_rss_mb']:.0f} MB")
     if "rss_growth" in res:
-        print(f"worker RSS growth first -> last step: {100 * res['rss_growth']:.1f} % "
-              f"({res['rss_bytes_per_added_device']:.1f} bytes per added device)")
+        print(f"worker RSS growth first -> last step, idle: {100 * res['rss_growth']:.1f} % "
+              f"({res['rss_bytes_per_added_device']:.1f} bytes per added device); right after "
+              f"the last apply: {100 * res['rss_growth_busy']:.1f} % "
+              f"({res['rss_bytes_per_added_device_busy']:.1f} bytes per added device)")
+    if "restart_rss_bytes_per_added_device" in res:
+        print(f"worker RSS with the state loaded: "
+              f"{res['restart_rss_bytes_per_added_device']:.1f} bytes per added device")
     c = res["churn"]
     for name in ("with_retention", "without_retention"):
         s = c[name]
         print(f"churn {name.replace('_', ' ')}: max {s['max_entries']:,} entries per partition "
               f"(cap {c['device_state_max']:,}; over the cap in month "
-              f"{s['first_month_over_cap'] or '-'}), peak table {s['peak_table_bytes'] / 2**20:.0f}"
-              f" MB")
+              f"{s['first_month_over_cap'] or '-'}), worker index at most "
+              f"{s['peak_index_bytes'] / 2**20:.1f} MB")
     return 0

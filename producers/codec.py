@@ -292,15 +292,17 @@ def _refused_batch(data: bytes) -> DecodeError:
     return DecodeError(reason if reason in DECODE_REASONS else "decompression_bomb", detail)
 
 
-def decode_uniform(values: list, max_bytes: int = MAX_MESSAGE_BYTES) -> ReportBatch | None:
+def decode_uniform(values: list, max_bytes: int = MAX_MESSAGE_BYTES,
+                   with_ids: bool = False) -> ReportBatch | None:
     """Decode many messages of identical layout at once (the worker's fast path, e.g. a stream of
     single-report messages of one collection): all of the same length, and header bytes equal to
     the first message's except ``sent_at``. The first message is decoded and validated by
     :func:`decode_batch`; the others then have the same structure, so their values are cut out of
     one ``(k, length)`` byte matrix without a per-message Python decode. Returns one batch holding
-    every report (``sent_at`` = the newest, ``device_ids`` dropped), or None when the messages are
-    not uniform or carry batch keys (the caller then decodes them one by one with
-    :func:`decode_batch`, which keeps each key)."""
+    every report (``sent_at`` = the newest, ``device_ids`` dropped unless ``with_ids``: then
+    None when the messages carry none), or None when the messages are not uniform or carry
+    batch keys (the caller then decodes them one by one with :func:`decode_batch`, which keeps
+    each key)."""
     if not values or values[0] is None:
         return None
     first_raw = bytes(values[0])
@@ -320,6 +322,8 @@ def decode_uniform(values: list, max_bytes: int = MAX_MESSAGE_BYTES) -> ReportBa
     sent_at = _HEAD0.size + clen + 4             # sent_at: the f64 after the u32 config version
     head = _HEAD0.size + clen + _HEAD1.size      # end of the header (after the dtype code)
     ids = 8 * first.n if flags & FLAG_DEVICE_IDS else 0
+    if with_ids and not ids:
+        return None
     rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), size)
     if not ((rows[:, :sent_at] == rows[0, :sent_at]).all()
             and (rows[:, sent_at + 8:head] == rows[0, sent_at + 8:head]).all()):
@@ -329,8 +333,11 @@ def decode_uniform(values: list, max_bytes: int = MAX_MESSAGE_BYTES) -> ReportBa
         return None
     dt = _DTYPES[first_raw[head - 1]]
     reports = np.ascontiguousarray(rows[:, head + ids:]).view(dt).reshape(-1, first.width)
+    device_ids = np.ascontiguousarray(rows[:, head:head + ids]).view("<u8").ravel().astype(
+        np.uint64, copy=False) if with_ids else None
     return ReportBatch(first.collection, first.version,
-                       reports.astype(dt.newbyteorder("="), copy=False), None, float(sent.max()))
+                       reports.astype(dt.newbyteorder("="), copy=False), device_ids,
+                       float(sent.max()))
 
 
 #: per-column bounds repeated along a row-major report matrix, by (bounds, dtype)

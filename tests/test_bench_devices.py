@@ -14,6 +14,7 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STEP_KEYS = {"memo_bytes", "dedupe_bytes", "quota_bytes", "worker_rss_mb", "memo_rate",
+             "worker_rss_mb_idle", "memo_again_rate", "plain_again_rate", "memo_vs_plain_again",
              "plain_rate", "memo_vs_plain", "refresh_s", "restart_to_ready_s", "rebalance_s",
              "plain_restart_s"}
 
@@ -33,8 +34,9 @@ def test_bench_devices_quick_json():
             v = step[key]
             assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (key, v)
         assert step["memo_vs_plain"] == step["memo_rate"] / step["plain_rate"]
-        # a log row is 8 + 4 × (3 + 8) = 52 bytes; a dedupe or quota field holds more than an id
-        assert 52 <= step["memo_bytes"] < 400 and 8 < step["dedupe_bytes"] < 400
+        # a log row is 8 + 4 × 3 + 8 = 28 bytes (the 8 values in one byte each); a dedupe or
+        # quota field holds more than an id
+        assert 28 <= step["memo_bytes"] < 400 and 8 < step["dedupe_bytes"] < 400
     (restart,) = doc["restart_at"]
     assert restart["devices"] == 50_000 and restart["restart_to_ready_s"] > 0
     churn = doc["churn"]
@@ -44,4 +46,5 @@ def test_bench_devices_quick_json():
     late = kept["entries_by_month"][6:]
     assert max(late) <= 1.1 * min(late), late
     assert grown["entries_by_month"][-1] > 1.5 * kept["entries_by_month"][-1]
-    assert math.isfinite(doc["rss_growth"])
+    assert math.isfinite(doc["rss_growth"]) and math.isfinite(doc["rss_growth_busy"])
+    assert kept["peak_index_bytes"] == 12 * kept["max_entries"]

@@ -12,7 +12,14 @@ import redis.asyncio as aioredis
 from store_helpers import P, cells, read, read_all
 
 from ldpstream.agents.store import keys
-from ldpstream.agents.store.apply_delta import PartitionDelta, SideCounter, SideLog, expand_levels
+from ldpstream.agents.store.apply_delta import (
+    PartitionDelta,
+    SideCounter,
+    SideLog,
+    SidePatch,
+    SideStaged,
+    expand_levels,
+)
 from ldpstream.agents.store.count_store import CountStore
 from ldpstream.agents.store.layout import Layout
 from ldpstream.dev.redis import EmbeddedRedis
@@ -264,6 +271,59 @@ def test_side_logs_append_replace_and_refuse_torn_words(redis_url):
         with pytest.raises(Exception, match="malformed side log"):
             await store.apply_many("slog", [delta(3, SideLog(b"1234567"))])
         assert await store.redis.get(key) == b and await store.offsets("slog", P) == {0: 2}
+    run(body, redis_url)
+
+
+def test_device_segments_rewritten_in_place_staged_and_read_back(redis_url):
+    """A device state segment (agents/store/memo_log.py): rows rewritten in place and bytes
+    appended with the counts (``~``), a new segment staged beforehand and RENAMEd by the apply
+    (a refused delta deletes its staging key), a finished segment trimmed of APPEND's spare room
+    (``^``), rows read back by position; a rewrite beyond the segment is refused before anything
+    is written."""
+    from ldpstream.agents.store.memo_log import patch_blob
+
+    async def body(store: CountStore):
+        await store.reset("sseg")
+        key = keys.side_key("sseg", 0, "memo:x:1")
+        a = np.arange(4, dtype="<i4").tobytes() * 2
+
+        def delta(offset: int, side: dict) -> PartitionDelta:
+            return PartitionDelta(0, offset, cells(LAY, {}, 1), 1, offset - 1, None, side)
+
+        def rows(*vals: int) -> np.ndarray:
+            return np.array([vals], dtype="<i4").view(np.uint8)
+
+        assert (await store.apply_many("sseg", [delta(0, {"memo:x:1": SideStaged(a, 2e9)})]))[
+            0].applied
+        assert await store.redis.get(key) == a and await store.redis.pexpiretime(key) == 2e12
+        assert not await store.redis.keys("*stage*")
+        patch = patch_blob(np.arange(2, dtype="<i4").tobytes(), 8, np.array([8], np.uint32),
+                           rows(7, 9))
+        assert (await store.apply_many("sseg", [delta(1, {"memo:x:1": SidePatch(patch)})]))[
+            0].applied
+        got = np.frombuffer(await store.redis.get(key), dtype="<i4").tolist()
+        assert got == [0, 1, 7, 9, 0, 1, 2, 3, 0, 1]
+        back = await store.read_side_rows("sseg", 0, "memo:x:1", 8,
+                                          np.array([8, 36], dtype="<u4").tobytes())
+        assert np.frombuffer(back, dtype="<i4").tolist() == [7, 9, 1, 0]   # past the end: zeros
+        grown = np.arange(64 << 10, dtype="<i4").tobytes()   # APPENDed: room kept for growth
+        assert (await store.apply_many("sseg", [delta(2, {"memo:x:1": SidePatch(
+            patch_blob(grown, 8, np.empty(0, np.uint32), np.empty((0, 8), np.uint8)))})]))[
+            0].applied
+        before = await store.redis.memory_usage(key, samples=0)
+        assert (await store.apply_many("sseg", [delta(3, {"memo:x:1": SidePatch(
+            patch_blob(b"", 8, np.empty(0, np.uint32), np.empty((0, 8), np.uint8), True))})]))[
+            0].applied
+        assert await store.redis.get(key) == bytes(np.array(got, "<i4").tobytes()) + grown
+        assert await store.redis.memory_usage(key, samples=0) < before - 100_000
+        assert not await store.redis.keys("*trim*")
+        await store.redis.set(key, np.array(got, "<i4").tobytes())
+        res = await store.apply_many("sseg", [delta(5, {"memo:x:2": SideStaged(a)})])
+        assert res[0].status.value == "conflict" and not await store.redis.keys("*stage*")
+        with pytest.raises(Exception, match="side patch beyond"):
+            await store.apply_many("sseg", [delta(4, {"memo:x:1": SidePatch(
+                patch_blob(b"", 8, np.array([40], np.uint32), rows(1, 1)))})])
+        assert await store.offsets("sseg", P) == {0: 3} and len(await store.redis.get(key)) == 40
     run(body, redis_url)
 
 

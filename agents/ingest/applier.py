@@ -58,6 +58,9 @@ class Applier:
         #: a flush that failed unexpectedly; ``on_failure`` (the ingest service's crash) is told
         self.failed: BaseException | None = None
         self.on_failure: Callable[[BaseException], Awaitable[None]] | None = None
+        #: completes a delta before it is applied (agents/ingest/intake.py ``settle``: the
+        #: device rows a memoized collection's delta supersedes, read back and subtracted)
+        self.settle: Callable[[str, Pending], Awaitable[None]] | None = None
 
     def in_flight(self) -> bool:
         return self._task is not None and not self._task.done()
@@ -130,6 +133,13 @@ class Applier:
         """Apply ``parts`` (partitions of ``cid``), retried while Redis is unreachable (stale
         partitions are left out of every retry), then act on each partition's result."""
         t0 = time.perf_counter()
+        if self.settle is not None:
+            for p in parts:
+                if not self.partitions.is_stale(p):
+                    try:
+                        await self.settle(cid, p)
+                    except Abandoned:
+                        pass   # revoked meanwhile: left out of the apply below
 
         async def attempt() -> list[tuple[Pending, ApplyResult]]:
             live = [p for p in parts if not self.partitions.is_stale(p)]

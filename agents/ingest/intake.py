@@ -97,6 +97,21 @@ class Intake:
                              clamp_sent_at(fast.sent_at, max(m.timestamp for m in msgs) / 1000.0,
                                            time.time()))
                 return
+        if len(msgs) >= 16 and memo and not quota and not self.identity.enforced:
+            # a memoized collection's fast path: the device ids kept, one run, when there is
+            # room for every report's device (else each message is admitted on its own below)
+            fast = decode_uniform([m.value for m in msgs], self.max_message_bytes, with_ids=True)
+            if fast is not None and fast.device_ids is not None and fast.collection == cid \
+                    and explain_batch(fast, known) is None and self.memo.has_room(state, fast.n):
+                per = fast.n // len(msgs)
+                buckets = np.broadcast_to(self._buckets(cid, msgs, np.full(len(msgs), per)),
+                                          (fast.n,))
+                self._accept_device_run(state, pend, fast.version, fast.device_ids,
+                                        fast.reports, buckets,
+                                        clamp_sent_at(fast.sent_at,
+                                                      max(m.timestamp for m in msgs) / 1000.0,
+                                                      time.time()))
+                return
         good: list[tuple[ConsumerRecord, ReportBatch]] = []
         for m in msgs:
             try:
@@ -200,21 +215,44 @@ class Intake:
             sizes = np.array([b.n for _, b in run])
             buckets = np.broadcast_to(self._buckets(cid, [m for m, _ in run], sizes),
                                       (reports.shape[0],))
-            mv = self.memo.moves(state, pend, ids, reports, buckets, version)
             now = time.time()
-            kb = buckets[mv.keep]
-            self._accept(pend, cid, version, reports[mv.keep],
-                         kb[:1] if (kb == kb[0]).all() else kb,
-                         max(clamp_sent_at(b.sent_at, m.timestamp / 1000.0, now) for m, b in run),
-                         received=int(reports.shape[0]))
-            removed = 0
-            for (v, b), rows in mv.removed_rows().items():
-                removed += self._remove(pend, cid, v, b, rows)
-            for (v, _), rows in device_memo.group_rows(mv.evicted).items():
-                metrics.MEMO_DEVICES_EVICTED.labels(cid).inc(self._remove(pend, cid, v, -1, rows))
-            superseded = int(reports.shape[0]) - int(mv.keep.size) + removed
-            if superseded:
-                metrics.REPORTS_SUPERSEDED.labels(cid).inc(superseded)
+            self._accept_device_run(
+                state, pend, version, ids, reports, buckets,
+                max(clamp_sent_at(b.sent_at, m.timestamp / 1000.0, now) for m, b in run))
+
+    def _accept_device_run(self, state: PartitionState, pend: Pending, version: int,
+                           ids: np.ndarray, reports: np.ndarray, buckets: np.ndarray,
+                           sent_at: float) -> None:
+        """One run of reports of one version (in offset order) counted by device: the latest
+        report of each device added, the one it supersedes subtracted."""
+        cid = state.collection
+        mv = self.memo.moves(state, pend, ids, reports, buckets, version)
+        if mv.keep.size == reports.shape[0]:   # no device twice: all of them, in any order
+            kb, kept = buckets, reports
+        else:
+            kb, kept = buckets[mv.keep], reports[mv.keep]
+        self._accept(pend, cid, version, kept, kb[:1] if (kb == kb[0]).all() else kb, sent_at,
+                     received=int(reports.shape[0]))
+        removed = 0
+        for (v, b), rows in mv.removed_rows().items():
+            removed += self._remove(pend, cid, v, b, rows)
+        for (v, _), rows in device_memo.group_rows(mv.evicted).items():
+            metrics.MEMO_DEVICES_EVICTED.labels(cid).inc(self._remove(pend, cid, v, -1, rows))
+        superseded = int(reports.shape[0]) - int(mv.keep.size) + removed
+        if superseded:
+            metrics.REPORTS_SUPERSEDED.labels(cid).inc(superseded)
+
+    async def settle(self, cid: str, pend: Pending) -> None:
+        """Before a memoized collection's delta is applied: the applied rows it supersedes, read
+        back from Redis (agents/ingest/memo_gate.py ``fetch``), subtracted in it."""
+        if not self.memo.applies(cid) or not pend.memo:
+            return
+        rows = await self.memo.fetch(cid, pend)
+        removed = 0
+        for (v, b), r in device_memo.group_rows(rows).items():
+            removed += self._remove(pend, cid, v, b, r)
+        if removed:
+            metrics.REPORTS_SUPERSEDED.labels(cid).inc(removed)
 
     def _remove(self, pend: Pending, cid: str, version: int, bucket: int,
                 rows: np.ndarray) -> int:

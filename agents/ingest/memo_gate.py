@@ -1,10 +1,16 @@
-"""Memoized collections in the ingest worker: each partition's devices' latest reports, loaded
-from their logs at the stored offset, and the moves of each run of reports (the rule is
-agents/store/device_memo.py; docs/privacy-over-time.md, "Estimates that count devices")."""
+"""Memoized collections in the ingest worker: each partition's index of its devices (id and the
+position of the row of its latest report in Redis, 12 bytes a device: agents/store/memo_log.py),
+loaded from the logs at the stored offset, and the moves of each run of reports (the rule is
+agents/store/device_memo.py; docs/privacy-over-time.md, "Estimates that count devices"). The rows
+themselves stay in Redis: those a delta supersedes are read back when it is flushed
+(:meth:`MemoGate.fetch`), so the worker's memory does not hold them."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 from aiokafka.structs import ConsumerRecord
@@ -13,9 +19,18 @@ from ldpstream.agents import metrics
 from ldpstream.agents.ingest.clients import RedisGate
 from ldpstream.agents.ingest.partition import PartitionState, Pending
 from ldpstream.agents.store import device_memo
-from ldpstream.agents.store.apply_delta import SideLog
+from ldpstream.agents.store.apply_delta import SideLog, SidePatch, SideStaged
 from ldpstream.agents.store.count_store import CountStore
 from ldpstream.agents.store.layout import Layout
+from ldpstream.agents.store.memo_log import (
+    STAGE_MIN,
+    EpochLog,
+    LogPending,
+    index_segments,
+    patch_blob,
+    segment_name,
+    table_of_segments,
+)
 from ldpstream.config import Collection
 from ldpstream.credentials.device_keys import FleetSecrets, tag_range
 from ldpstream.producers.codec import ReportBatch, encode_batch
@@ -24,8 +39,27 @@ from ldpstream.producers.codec import ReportBatch, encode_batch
 DEVICE_STATE_FULL = "device_state_full"
 
 
+class _Into:
+    """:func:`device_memo.carry`'s ``into`` for an epoch log: the rows it carries are placed
+    (appended) now and written with the next delta."""
+
+    def __init__(self, log: EpochLog) -> None:
+        self.log = log
+        self.unlogged: list[Any] = []       # carry's own record of them: the chunks say it all
+        self.evicted = log.evicted
+        self.cleared: list[int] = []
+
+    def holds(self, ids: np.ndarray) -> np.ndarray:
+        return self.log.index.holds(ids)
+
+    def upsert(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        chunks, pos = self.log.place(ids, rows)
+        self.log.index.upsert(ids, pos)
+        self.log.unlogged += chunks
+
+
 class MemoGate:
-    """The latest report of every device of the assigned partitions of memoized collections."""
+    """The index of the devices of the assigned partitions of memoized collections."""
 
     def __init__(self, collections: dict[str, Collection], gate: RedisGate,
                  store: CountStore, fleets: FleetSecrets | None = None) -> None:
@@ -39,38 +73,89 @@ class MemoGate:
                           for cid, c in collections.items()}
         self._layout = {cid: Layout.of(c.version, c.tensors()).id
                         for cid, c in collections.items() if self._memoized[cid]}
+        #: applies everything pending and waits (the applier's flush): a roll reads the expiring
+        #: logs as applied (agents/app.py wires it)
+        self.flush: Callable[[], Awaitable[None]] | None = None
 
     def applies(self, cid: str) -> bool:
         return self._memoized.get(cid, False)
 
-    async def load(self, state: PartitionState) -> None:
-        """Read the tables of this epoch and the one before (worker's clock) if not in memory;
-        tables older than that are dropped from memory (they have expired in Redis too)."""
-        policy = self.collections[state.collection].policy
-        epoch = device_memo.epoch_of(time.time(), policy)
-        if state.memo is not None:
-            if state.memo_epoch != epoch:
-                state.memo, state.memo_epoch = self._roll(state, state.memo, epoch), epoch
-            return
-        have: dict[int, device_memo.DeviceTable] = {}
-        for e in (epoch - 2, epoch - 1, epoch):
-            name = device_memo.side_name(e, self._layout[state.collection])
+    def _span(self, cid: str) -> float:
+        return device_memo.epoch_length(self.collections[cid].policy)
+
+    def _empty(self, cid: str, epoch: int) -> EpochLog:
+        return EpochLog(device_memo.side_name(epoch, self._layout[cid]),
+                        (epoch + 3) * self._span(cid))
+
+    async def _segments(self, state: PartitionState, name: str,
+                        count: int | None = None) -> list[bytes | None]:
+        """The segments of log ``name`` (``count`` of them, or until one is missing)."""
+        out: list[bytes | None] = []
+        while count is None or len(out) < count:
+            seg = segment_name(name, len(out))
             raw = await self.gate.retry(
-                lambda: self.store.read_side_bytes(state.collection, state.tp.partition, name),
+                lambda: self.store.read_side_bytes(state.collection, state.tp.partition, seg),
                 what=f"read the devices' latest reports of {state.collection}"
                      f"[{state.tp.partition}]")
+            if raw is None and count is None:
+                break
+            out.append(raw)
+        return out
+
+    async def _read_log(self, state: PartitionState, epoch: int) -> EpochLog:
+        log = self._empty(state.collection, epoch)
+        log.index, log.seg_len, log.seg_width, log.seg_code = index_segments(
+            await self._segments(state, log.name))
+        return log
+
+    async def load(self, state: PartitionState) -> None:
+        """Read the indexes of this epoch and the one before (worker's clock) if not in memory;
+        at a new epoch, roll: the devices of the logs that expire are carried or evicted
+        (:func:`device_memo.carry`, the expiring rows read back from Redis once everything
+        pending is applied)."""
+        epoch = device_memo.epoch_of(time.time(), self.collections[state.collection].policy)
+        if state.memo is not None:
+            if state.memo_epoch == epoch:
+                return
+            if self.flush is not None:
+                await self.flush()
+            if state.memo is not None:   # not reset by the flush
+                state.memo = await self._roll(state, state.memo, epoch)
+                state.memo_epoch = epoch
+                return
+        have: dict[int, EpochLog] = {}
+        for e in (epoch - 2, epoch - 1, epoch):
+            log = await self._read_log(state, e)
             if state.memo is not None:  # loaded meanwhile
                 return
-            have[e] = device_memo.parse_log(raw)
-        state.memo, state.memo_epoch = self._roll(state, have, epoch), epoch
+            have[e] = log
+        memo = await self._roll(state, have, epoch)
+        if state.memo is None:
+            state.memo, state.memo_epoch = memo, epoch
 
-    def _roll(self, state: PartitionState, memo: dict[int, device_memo.DeviceTable],
-              epoch: int) -> dict[int, device_memo.DeviceTable]:
-        """The tables of ``epoch - 1`` and ``epoch`` (agents/store/device_memo.py ``roll``),
-        devices silent beyond the collection's retention evicted."""
-        coll = self.collections[state.collection]
-        return device_memo.roll(memo, epoch, epoch - device_memo.retention_epochs(
-            coll.device_retention(), coll.policy))
+    async def _roll(self, state: PartitionState, memo: dict[int, EpochLog],
+                    epoch: int) -> dict[int, EpochLog]:
+        """The logs of ``epoch - 1`` and ``epoch``, the devices of older ones carried into the
+        former as all-time only or, silent beyond the collection's retention, evicted."""
+        cid = state.collection
+        coll = self.collections[cid]
+        keep_from = epoch - device_memo.retention_epochs(coll.device_retention(), coll.policy)
+        into = memo.get(epoch - 1) or self._empty(cid, epoch - 1)
+        cur = memo.get(epoch) or self._empty(cid, epoch)
+        old = sorted(((e, log) for e, log in memo.items() if e < epoch - 1), reverse=True)
+        if old:
+            adapter = _Into(into)
+            tables = []
+            for e, log in old:
+                if log.seg_len:
+                    into.cleared.append((log.name, len(log.seg_len)))
+                    into.evicted += log.evicted
+                    into.cleared += log.cleared
+                    if len(log):
+                        tables.append((e, table_of_segments(
+                            await self._segments(state, log.name, len(log.seg_len)))))
+            device_memo.carry(tables, adapter, cur.index, keep_from)
+        return {epoch - 1: into, epoch: cur}
 
     @staticmethod
     def entries(state: PartitionState) -> int:
@@ -99,10 +184,16 @@ class MemoGate:
     @staticmethod
     def fleet_entries(state: PartitionState, fleet: str) -> int:
         """The entries of ``fleet``'s devices: their server ids share the fleet's tag, a range
-        of the sorted table (two binary searches per table)."""
+        of the sorted index (two binary searches per index)."""
         assert state.memo is not None
         lo, hi = tag_range(fleet)
-        return sum(t.count_between(lo, hi) for t in state.memo.values())
+        return sum(t.index.count_between(lo, hi) for t in state.memo.values())
+
+    @staticmethod
+    def _current(state: PartitionState) -> EpochLog | None:
+        if state.memo is None or state.memo_epoch is None:
+            return None
+        return state.memo.get(state.memo_epoch)
 
     def _over_share(self, state: PartitionState, pend: Pending, m: ConsumerRecord,
                     b: ReportBatch) -> bool:
@@ -114,9 +205,9 @@ class MemoGate:
         cap = self.fleet_cap(cid, b.fleet)
         if self.fleet_entries(state, b.fleet) < cap:
             return False
-        cur = state.memo.get(state.memo_epoch) if state.memo and state.memo_epoch is not None \
-            else None
-        if cur is not None and bool(cur.holds(b.device_ids[:1])[0]):
+        cur = self._current(state)
+        if cur is not None and bool(cur.index.holds(np.asarray(b.device_ids[:1],
+                                                                dtype=np.uint64))[0]):
             return False
         pend.reject(DEVICE_STATE_FULL, f"a new device of fleet {b.fleet!r}, whose devices hold "
                     f"its share of partition {state.tp.partition} of {cid!r}: {cap} of "
@@ -141,8 +232,8 @@ class MemoGate:
             return b   # room for every report's device even if all are new: nothing to check
         room = self.collections[cid].device_state_max - self.entries(state)
         ids = np.asarray(b.device_ids, dtype=np.uint64)
-        cur = state.memo.get(state.memo_epoch) if state.memo_epoch is not None else None
-        new = ~cur.holds(ids) if cur is not None else np.ones(ids.size, dtype=bool)
+        cur = self._current(state)
+        new = ~cur.index.holds(ids) if cur is not None else np.ones(ids.size, dtype=bool)
         uniq_new = np.unique(ids[new])
         if uniq_new.size <= room:
             return b
@@ -160,47 +251,142 @@ class MemoGate:
         keep = ~refused
         return dataclasses.replace(b, reports=b.reports[keep], device_ids=b.device_ids[keep])
 
+    @staticmethod
+    def _pending(pend: Pending, log: EpochLog) -> LogPending:
+        lp = pend.memo.get(log.name)
+        if lp is None:
+            lp = pend.memo[log.name] = LogPending(log.name, log.expire_at, log.tail())
+        return lp
+
+    def _drain(self, pend: Pending, prev: EpochLog) -> np.ndarray:
+        """What the last roll left, into this delta: the rows carried into the previous epoch's
+        log, the expired logs deleted; returns the evicted devices' rows (to subtract)."""
+        if prev.unlogged:
+            lp = self._pending(pend, prev)
+            lp.start = min(lp.start, min(ch.first for ch in prev.unlogged))
+            lp.chunks += prev.unlogged
+            prev.unlogged = []
+        for name, segs in prev.cleared:
+            lp = pend.memo.setdefault(name, LogPending(name, 0.0, 0))
+            lp.clear = max(lp.clear, segs)
+        prev.cleared = []
+        evicted = device_memo.stack_rows(prev.evicted)
+        prev.evicted.clear()
+        return evicted
+
     def moves(self, state: PartitionState, pend: Pending, device_ids: np.ndarray,
               reports: np.ndarray, buckets: np.ndarray, version: int) -> device_memo.Moves:
-        """The moves of one run of reports of ``version`` (in order), recorded in the partition's
-        tables and its pending delta."""
+        """The moves of one run of reports of ``version`` (in order): each device's latest row
+        rewritten in place (its row in this epoch's log) or appended, its index updated; the
+        rows it supersedes that this delta wrote are returned (``old``), those already applied
+        are read back when the delta is flushed (:meth:`fetch`)."""
         memo, epoch = state.memo, state.memo_epoch
         assert memo is not None and epoch is not None
-        cur = memo.setdefault(epoch, device_memo.DeviceTable())
-        prev = memo.setdefault(epoch - 1, device_memo.DeviceTable())
-        mv = device_memo.latest_per_device(device_ids, reports, buckets, version, (cur, prev))
-        cur.upsert(mv.ids, mv.rows)
-        span = device_memo.epoch_length(self.collections[state.collection].policy)
-        layout = self._layout[state.collection]
-        self._drain_roll(pend, mv, prev, epoch, span, layout)
-        write = pend.memo.setdefault(device_memo.side_name(epoch, layout),
-                                     device_memo.LogWrite((epoch + 3) * span))
-        write.record(cur, mv.ids, mv.rows)
-        metrics.MEMO_DEVICES.labels(state.collection, str(state.tp.partition)).set(
-            self.entries(state))
-        return mv
+        cid = state.collection
+        cur = memo.setdefault(epoch, self._empty(cid, epoch))
+        prev = memo.setdefault(epoch - 1, self._empty(cid, epoch - 1))
+        evicted = self._drain(pend, prev)
+        ids = np.asarray(device_ids, dtype=np.uint64)
+        if ids.size < 2 or bool((ids[1:] > ids[:-1]).all()):
+            u, keep = ids, np.arange(ids.size)   # distinct and in order already: no sort
+        else:
+            u, keep = device_memo.last_of(ids)
+        width = int(reports.shape[1])
+        rows = np.empty((u.size, device_memo.META + width), dtype=device_memo.ROW)
+        rows[:, 0] = int(version)
+        one = buckets.size == 1 or (buckets.ndim == 1 and buckets.strides[0] == 0)
+        rows[:, 1] = int(buckets.flat[0]) + 1 if one else \
+            np.broadcast_to(buckets, ids.shape)[keep] + 1
+        rows[:, 2] = width
+        rows[:, device_memo.META:] = reports if keep.size == ids.size and u is ids else \
+            reports[keep]
+        code = device_memo.value_code(reports)   # (contiguous: cheaper than the rows' columns)
+        old: list[np.ndarray] = []
+        placed = np.zeros(u.size, dtype=bool)
+        fc, pc = cur.index.find(u)
+        if fc.any():
+            at = np.flatnonzero(fc)
+            pos = pc[at]
+            slot_w, slot_c = cur.slots(pos)
+            lp = self._pending(pend, cur)
+            mem, mrows = lp.rows_at(pos)
+            old.append(mrows)
+            lp.fetch_add(pos[~mem], slot_w[~mem], slot_c[~mem])
+            lp.note_sizes(pos[~mem], cur.seg_len)
+            # rewritten in place where the row fits its slot: as wide, values in its code
+            rank = device_memo.CODE_RANK[code]
+            fits = (slot_w >= width) & (np.asarray(device_memo.CODE_RANK)[slot_c] >= rank)
+            lp.write_at(pos[fits], rows[at[fits]], slot_w[fits])
+            lp.note_widths(pos[fits], slot_w[fits], slot_c[fits])
+            placed[at[fits]] = True
+        rest = np.flatnonzero(~fc)
+        if rest.size and len(prev):
+            fp, pp = prev.index.find(u[rest])
+            if fp.any():
+                pos = pp[fp]
+                lp = self._pending(pend, prev)
+                mem, mrows = lp.rows_at(pos)
+                old.append(mrows)
+                lp.fetch_add(pos[~mem], *prev.slots(pos[~mem]))
+                lp.note_sizes(pos[~mem], prev.seg_len)
+        app = np.flatnonzero(~placed)
+        if app.size:
+            lp = self._pending(pend, cur)
+            au, ar = (u, rows) if app.size == u.size else (u[app], rows[app])
+            segs = len(cur.seg_len)
+            chunks, pos = cur.place(au, ar, lp.start, code)
+            if segs and len(cur.seg_len) > segs and not lp.fresh(segs - 1):
+                lp.trim.add(segs - 1)   # finished: its spare room dropped with this apply
+            lp.chunks += chunks
+            cur.index.upsert(au, pos)
+        metrics.MEMO_DEVICES.labels(cid, str(state.tp.partition)).set(self.entries(state))
+        return device_memo.Moves(keep, u, rows, device_memo.stack_rows(old), evicted)
+
+    async def fetch(self, cid: str, pend: Pending) -> np.ndarray:
+        """The applied rows ``pend`` supersedes, read back from Redis (one call per segment):
+        subtracted with it. Once per delta (the positions are consumed)."""
+        parts = []
+        part = pend.tp.partition
+        for lp in pend.memo.values():
+            for seg, (width, code, size, off) in lp.to_fetch().items():
+                name, blob = segment_name(lp.name, seg), off.tobytes()
+                if lp.dense(seg, off.size):   # many rows of it: the segment moved whole
+                    whole = await self.gate.retry(
+                        functools.partial(self.store.read_side_bytes, cid, part, name),
+                        what=f"read the superseded reports of {cid}[{part}]")
+                    rows = lp.rebuild(seg, width, code, off, whole or b"")
+                    parts.append(rows[(rows != 0).any(axis=1)])
+                    continue
+                raw = await self.gate.retry(
+                    functools.partial(self.store.read_side_rows, cid, pend.tp.partition, name,
+                                      size, blob),
+                    what=f"read the superseded reports of {cid}[{pend.tp.partition}]")
+                raw_rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, size)
+                rows = device_memo.decode_rows(raw_rows[(raw_rows != 0).any(axis=1)], width,
+                                               code)   # (a row that is not there: zeros)
+                parts.append(rows)
+            lp.fetch.clear()
+        return device_memo.stack_rows(parts)
 
     @staticmethod
-    def _drain_roll(pend: Pending, mv: device_memo.Moves,
-                    prev: device_memo.DeviceTable, epoch: int, span: float, layout: str) -> None:
-        """What the last roll left for the next delta, all in it (one Lua apply): the devices
-        carried into the previous epoch's log, the expired tables' logs emptied and the
-        evicted devices' rows in ``mv.evicted`` (subtracted from the all-time counts)."""
-        while prev.unlogged:
-            ids, rows = prev.unlogged.pop(0)
-            pend.memo.setdefault(device_memo.side_name(epoch - 1, layout),
-                                 device_memo.LogWrite((epoch + 2) * span)).record(prev, ids, rows)
-        while prev.cleared:
-            e = prev.cleared.pop(0)
-            pend.memo.setdefault(device_memo.side_name(e, layout),
-                                 device_memo.LogWrite((e + 3) * span)).clear()
-        if prev.evicted:
-            mv.evicted = device_memo.stack_rows(prev.evicted)
-            prev.evicted.clear()
-
-    @staticmethod
-    def side(pend: Pending) -> dict[str, SideLog]:
-        """The rows a delta logs, each epoch's log expiring three epochs after it (an emptied
-        log: set to nothing)."""
-        return {name: SideLog(w.payload(), replace=w.replace, expire_at=w.expire_at)
-                for name, w in pend.memo.items() if w.writes()}
+    def side(pend: Pending) -> dict[str, SideLog | SidePatch | SideStaged]:
+        """The segments a delta writes (rows rewritten in place, rows appended), each expiring
+        three epochs after its log's; the segments of an expired log deleted."""
+        out: dict[str, SideLog | SidePatch | SideStaged] = {}
+        for name, lp in pend.memo.items():
+            if lp.clear:
+                for s in range(lp.clear):
+                    out[segment_name(name, s)] = SideLog(b"", replace=True)
+                continue
+            for seg, data in lp.replaced.items():
+                out[segment_name(name, seg)] = SideStaged(data, lp.expire_at)
+            for seg, (app, size, off, rows) in lp.patches().items():
+                if seg in lp.replaced:
+                    continue
+                trim = seg in lp.trim
+                if lp.fresh(seg) and len(app) >= STAGE_MIN and not off.size:
+                    out[segment_name(name, seg)] = SideStaged(app, lp.expire_at)
+                elif app or off.size or trim:
+                    out[segment_name(name, seg)] = SidePatch(
+                        patch_blob(app, size, off, rows, trim), lp.expire_at)
+        return out

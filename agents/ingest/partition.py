@@ -18,8 +18,8 @@ from aiokafka import TopicPartition
 
 from ldpstream.agents.ingest.log_identity import LogMark
 from ldpstream.agents.store.dedupe import DedupeBook
-from ldpstream.agents.store.device_memo import DeviceTable, LogWrite
 from ldpstream.agents.store.layout import Layout
+from ldpstream.agents.store.memo_log import EpochLog, LogPending
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +60,9 @@ class Pending:
     dedupe: dict[int, dict[int, str]] = dataclasses.field(default_factory=dict)
     #: keyed batches not counted: delivered before
     duplicates: int = 0
-    #: memoized collections: the devices' new latest reports (agents/store/device_memo.py): side log
-    #: name -> (its expiry, unix s; device -> entry)
-    memo: dict[str, LogWrite] = dataclasses.field(default_factory=dict)
+    #: memoized collections: what this delta writes to and reads back from each epoch's device
+    #: log (agents/store/memo_log.py), by log name
+    memo: dict[str, LogPending] = dataclasses.field(default_factory=dict)
 
     def covers(self, offset: int) -> None:
         """Extend the delta's range to ``offset`` (one more message taken)."""
@@ -96,9 +96,10 @@ class PartitionState:
     dedupe: DedupeBook | None = None
     #: the dedupe window of this poll, by the worker's clock
     dedupe_window: int | None = None
-    #: memoized collections: epoch -> device -> entry of its latest report counted (applied and
-    #: pending; agents/ingest/memo_gate.py), this epoch and the one before; None: not loaded
-    memo: dict[int, DeviceTable] | None = None
+    #: memoized collections: epoch -> the index of its log (each device's id and the position of
+    #: its latest row in Redis, applied and pending; agents/ingest/memo_gate.py), this epoch and
+    #: the one before; None: not loaded
+    memo: dict[int, EpochLog] | None = None
     #: the epoch of this poll, by the worker's clock
     memo_epoch: int | None = None
     #: poison-pill breaker (agents/ingest/breaker.py): size of the next careful chunk (None: normal)

@@ -61,7 +61,7 @@ from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord
 from mode import Service
 
-from ldpstream.agents import metrics
+from ldpstream.agents import heap, metrics
 from ldpstream.agents.control.collection_state import CollectionStates
 from ldpstream.agents.control.control_topic import CHECK_S as CONTROL_CHECK_S
 from ldpstream.agents.control.control_topic import ControlTopics
@@ -390,6 +390,7 @@ class IngestService(Service):
         if now - self._last_commit >= 5.0:
             self._last_commit = now
             await self._commit()
+            heap.trim()   # freed poll and delta buffers back to the OS (agents/heap.py)
 
     def _poll_records(self) -> int:
         """Messages per take: about :data:`POLL_DELTAS` deltas' worth (``batch_reports`` each)

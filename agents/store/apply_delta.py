@@ -14,7 +14,7 @@ from ldpstream.agents.store.layout import Layout
 from ldpstream.windows import COARSE_FACTOR, BucketPolicy
 
 __all__ = ["ApplyStatus", "ApplyResult", "PartitionDelta", "SideCounter", "SideValues",
-           "SideLog", "CellsKey", "expand_levels"]
+           "SideLog", "SidePatch", "SideStaged", "CellsKey", "expand_levels"]
 
 class ApplyStatus(str, enum.Enum):
     """Outcome of one partition's delta in :meth:`CountStore.apply_many`."""
@@ -61,6 +61,25 @@ class SideLog:
 
 
 @dataclasses.dataclass(frozen=True)
+class SidePatch:
+    """A device state segment (agents/store/memo_log.py): rows rewritten in place, then rows
+    appended, atomically with the counts; ``data`` is ``memo_log.patch_blob``'s."""
+
+    data: bytes
+    expire_at: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SideStaged:
+    """A side string set to ``data`` by the apply without the bytes passing through its Lua
+    script: written beforehand to a staging key of its own, RENAMEd into place by the apply
+    (a new device state segment, agents/store/memo_log.py); ``expire_at`` unix seconds."""
+
+    data: bytes | bytearray | memoryview
+    expire_at: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class PartitionDelta:
     """Counts of the reports at offsets ``(expected, offset]`` of one partition.
 
@@ -75,7 +94,7 @@ class PartitionDelta:
     n_reports: int
     expected: int | None = None
     sent_at_max: float | None = None
-    side: Mapping[str, SideCounter | SideValues | SideLog] = dataclasses.field(
+    side: Mapping[str, SideCounter | SideValues | SideLog | SidePatch | SideStaged] = dataclasses.field(
         default_factory=dict)
 
 

@@ -39,6 +39,7 @@ import functools
 import json
 import math
 import time
+import uuid
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -50,16 +51,28 @@ from ldpstream.agents.store.apply_delta import (
     CellsKey,
     PartitionDelta,
     SideLog,
+    SidePatch,
+    SideStaged,
     SideValues,
     expand_levels,
 )
 from ldpstream.agents.store.apply_guard import expire_ms, finite_or_none
 from ldpstream.agents.store.layout import Layout
-from ldpstream.agents.store.scripts import APPLY_LUA, NOTE_START_LUA, REBASE_LUA, RESET_HOLD_S, RESET_SHARD_LUA
+from ldpstream.agents.store.scripts import (
+    APPLY_LUA,
+    NOTE_START_LUA,
+    REBASE_LUA,
+    RESET_HOLD_S,
+    RESET_SHARD_LUA,
+    ROWS_LUA,
+)
 from ldpstream.redis_client import run_script
 from ldpstream.windows import BucketPolicy
 
-__all__ = ["CountStore", "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS"]
+__all__ = ["CountStore", "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS", "STAGE_TTL_MS"]
+
+#: how long a staging key (:class:`SideStaged`) outlives an apply that never came
+STAGE_TTL_MS = 600_000
 
 #: side-counter name of the poison-pill breaker's state (starts, attempts per message)
 BREAKER = "breaker"
@@ -87,6 +100,7 @@ class CountStore:
         self.ops_per_call = int(ops_per_call)
         self._apply = redis.register_script(APPLY_LUA)
         self._rebase = redis.register_script(REBASE_LUA)
+        self._rows = redis.register_script(ROWS_LUA)
         self._note_start = redis.register_script(NOTE_START_LUA)
         self._reset_shard = redis.register_script(RESET_SHARD_LUA)
 
@@ -143,10 +157,20 @@ class CountStore:
                 raise ValueError(f"partition {it.partition}: offset must be >= 0 (got {offset})")
             p = int(it.partition)
             ck, cargs = self._blobs(collection, p, expand_levels(it.cells, policy))
-            sk, sargs = [], []
+            sk: list[str] = []
+            sargs: list[Any] = []
+            staged: dict[str, bytes | bytearray | memoryview] = {}
             for name, sc in it.side.items():
                 blob: str | bytes
-                if isinstance(sc, SideLog):
+                if isinstance(sc, SideStaged):
+                    stage = keys.side_key(collection, p, f"{name}:stage:{uuid.uuid4().hex}")
+                    staged[stage] = sc.data
+                    sk += [stage, keys.side_key(collection, p, name)]
+                    sargs += ["", "<", expire_ms(sc.expire_at), ">"]
+                    continue
+                if isinstance(sc, SidePatch):
+                    blob = sc.data
+                elif isinstance(sc, SideLog):
                     blob = (b"!" if sc.replace else b"+") + sc.data
                 elif isinstance(sc, SideValues):
                     blob = "=" + " ".join(f"{f} {v}" for f, v in sc.values.items())
@@ -158,7 +182,7 @@ class CountStore:
             sent = finite_or_none(it.sent_at_max)
             sent_s = "" if sent is None else repr(sent)
             calls.append(functools.partial(
-                run_script, self.redis, self._apply,
+                self._run_apply, staged,
                 [keys.offsets_key(collection, p), keys.sent_at_key(collection, p), *ck, *sk],
                 [self.ops_per_call, "" if it.expected is None else int(it.expected), offset,
                  int(it.n_reports), sent_s, len(ck), len(sk), *cargs, *sargs]))
@@ -180,6 +204,16 @@ class CountStore:
             out.append(ApplyResult(int(it.partition), _STATUS[int(status)],
                                    None if stored < 0 else stored))
         return out
+
+    async def _run_apply(self, staged: Mapping[str, bytes | bytearray | memoryview],
+                         keys_: list[str],
+                         args: list[Any]) -> Any:
+        """One apply call, its staged side strings written first (they expire by themselves
+        if the call never comes: a crash in between)."""
+        for key, data in staged.items():
+            await self.redis.set(key, data if isinstance(data, bytes) else memoryview(data),
+                                 px=STAGE_TTL_MS)
+        return await run_script(self.redis, self._apply, keys_, args)
 
     async def apply(self, collection: str, partition: int, offset: int,
                     cells: Mapping[CellsKey, np.ndarray], n_reports: int, *,
@@ -280,6 +314,17 @@ class CountStore:
         """A side string of the shard (a :class:`SideLog`'s; None when absent)."""
         raw = await self.redis.get(keys.side_key(collection, partition, name))
         return None if raw is None else bytes(raw)
+
+    async def read_side_rows(self, collection: str, partition: int, name: str, row_bytes: int,
+                             offsets: bytes) -> bytes:
+        """Rows of ``row_bytes`` at the byte ``offsets`` (u32 little-endian) of a side string,
+        concatenated (agents/store/memo_log.py: a device state segment)."""
+        if not offsets:
+            return b""
+        raw = await run_script(self.redis, self._rows,
+                               [keys.side_key(collection, partition, name)],
+                               [int(row_bytes), offsets])
+        return bytes(raw)
 
     # --- poison-pill breaker (agents/ingest/breaker.py) ------------------------------------------------
     async def hold(self, collection: str, partition: int,

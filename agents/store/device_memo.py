@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -44,7 +44,8 @@ from ldpstream.windows import BucketPolicy
 
 __all__ = ["PREFIX", "side_name", "epoch_length", "epoch_of", "DeviceTable", "Moves",
            "LogWrite", "latest_per_device", "last_of", "encode_log", "parse_log", "META",
-           "COMPACT_MIN", "carry", "roll", "stack_rows", "retention_epochs", "group_rows"]
+           "COMPACT_MIN", "carry", "log_chunks", "CODES", "row_bytes", "value_code", "encode_rows",
+           "decode_rows", "chunk_size", "roll", "stack_rows", "retention_epochs", "group_rows"]
 
 PREFIX = "memo:"
 #: columns of a row before its report values: version, fine bucket + 1, report width
@@ -214,7 +215,22 @@ def last_seen(rows: np.ndarray, epoch: int) -> np.ndarray:
     return np.where(col < 0, -col, int(epoch))
 
 
-def carry(old: Sequence[tuple[int, DeviceTable]], into: DeviceTable, newer: DeviceTable,
+class Holder(Protocol):
+    def holds(self, ids: np.ndarray) -> np.ndarray: ...
+
+
+class Receiver(Holder, Protocol):
+    """What :func:`carry` carries into: a :class:`DeviceTable`, or the worker's epoch log
+    (agents/ingest/memo_gate.py)."""
+
+    unlogged: list
+    evicted: list
+    cleared: list
+
+    def upsert(self, ids: np.ndarray, rows: np.ndarray) -> None: ...
+
+
+def carry(old: Sequence[tuple[int, DeviceTable]], into: Receiver, newer: Holder,
           keep_from: int) -> None:
     """Keep the devices of expiring tables (``old``: (epoch, table), newest first) that neither
     ``into`` nor ``newer`` holds and whose last report is in epoch ``keep_from`` or later: their
@@ -263,25 +279,98 @@ def encode_log(ids: np.ndarray, rows: np.ndarray) -> bytes:
     return head + ids.astype(_U8).tobytes() + body + b"\0" * (-len(body) % 8)
 
 
+#: the report values' encodings of a chunk (the high 32 bits of its header's width word): 0 the
+#: 4-byte integers of the format before, 1 2-byte, 2 1-byte unsigned; the three metadata columns
+#: stay 4-byte, a row is padded to whole 4-byte words
+CODES = (np.dtype("<i4"), np.dtype("<i2"), np.dtype("u1"))
+#: each code's rank by the values it holds (u1 within i2 within i4)
+CODE_RANK = (2, 1, 0)
+
+
+def row_bytes(width: int, code: int) -> int:
+    """Bytes of one row of ``width`` report values encoded as ``code``."""
+    return 4 * META + -(-width * CODES[code].itemsize // 4) * 4
+
+
+def value_code(values: np.ndarray) -> int:
+    """The narrowest code holding every one of ``values``."""
+    if not values.size:
+        return 2
+    lo, hi = int(values.min()), int(values.max())
+    return 2 if lo >= 0 and hi <= 255 else 1 if lo >= -(1 << 15) and hi < (1 << 15) else 0
+
+
+def encode_rows(rows: np.ndarray, code: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Rows (version, bucket + 1, width, values) as an ``(n, row_bytes)`` uint8 matrix (into
+    ``out`` if given); the values must fit ``code``."""
+    n, cols = rows.shape
+    size = row_bytes(cols - META, code)
+    if out is None:
+        out = np.zeros((n, size), dtype=np.uint8)
+    if code == 0:
+        out.view(_I4)[:, :cols] = rows
+        return out
+    out[:, :4 * META].view(_I4)[:] = rows[:, :META]
+    dt = CODES[code]
+    out[:, 4 * META:4 * META + (cols - META) * dt.itemsize].view(dt)[:] = rows[:, META:]
+    return out
+
+
+def decode_rows(raw: np.ndarray, width: int, code: int) -> np.ndarray:
+    """The int32 rows of an ``(n, row_bytes)`` uint8 matrix of ``code``."""
+    if code == 0:
+        return raw.view(_I4)[:, :META + width]
+    rows = np.empty((raw.shape[0], META + width), dtype=ROW)
+    rows[:, :META] = raw[:, :4 * META].view(_I4)
+    dt = CODES[code]
+    rows[:, META:] = raw[:, 4 * META:4 * META + width * dt.itemsize].view(dt)
+    return rows
+
+
+def chunk_size(n: int, width: int, code: int) -> int:
+    """Bytes of a chunk of ``n`` rows: header, ids, rows, padding to whole 8-byte words."""
+    body = n * row_bytes(width, code)
+    return 16 + 8 * n + body + body % 8
+
+
+def log_chunks(data: bytes, with_offsets: bool = False, rows_too: bool = True) -> list:
+    """The chunks of a log, in order: (ids, rows) each, or (byte offset, ids, rows, code) with
+    ``with_offsets`` (rows as int32 whatever their code; without ``rows_too`` an empty array
+    of the rows' shape: an index needs only the ids); ValueError when it is not a log."""
+    if len(data) % 8:
+        raise ValueError(f"device state of {len(data)} bytes is not a log of int64 words")
+    out: list = []
+    pos = 0
+    while pos < len(data):   # one step per apply that wrote it, not per device
+        if pos + 16 > len(data):
+            raise ValueError("device state log ends inside a chunk header")
+        word, n = np.frombuffer(data, dtype=_I8, count=2, offset=pos).tolist()
+        width, code = word & 0xFFFFFFFF, word >> 32
+        if code not in (0, 1, 2) or n < 0:
+            raise ValueError(f"corrupt device state log chunk (header {word}, rows {n})")
+        size = row_bytes(width, code)
+        end = pos + chunk_size(n, width, code)
+        if end > len(data):
+            raise ValueError(f"corrupt device state log chunk (width {width}, rows {n})")
+        ids = np.frombuffer(data, dtype=_U8, count=n, offset=pos + 16)
+        if rows_too:
+            raw = np.frombuffer(data, dtype=np.uint8, count=n * size,
+                                offset=pos + 16 + 8 * n).reshape(n, size)
+            rows = decode_rows(raw, width, code)
+        else:
+            rows = np.empty((n, META + width), dtype=ROW)   # never touched: not resident
+        out.append((pos, ids, rows, code) if with_offsets else (ids, rows))
+        pos = end
+    return out
+
+
 def parse_log(data: bytes | None) -> DeviceTable:
     """The table a log holds (each device's last row); ValueError when it is not a log."""
     if not data:
         return DeviceTable()
-    if len(data) % 8:
-        raise ValueError(f"device state of {len(data)} bytes is not a log of int64 words")
-    ids, rows, pos = [], [], 0
-    while pos < len(data):   # one step per apply that wrote it, not per device
-        if pos + 16 > len(data):
-            raise ValueError("device state log ends inside a chunk header")
-        width, n = np.frombuffer(data, dtype=_I8, count=2, offset=pos).tolist()
-        cells = n * (META + width) if width >= 0 and n >= 0 else -1
-        end = pos + 16 + 8 * n + 4 * cells + (4 * cells) % 8
-        if cells < 0 or end > len(data):
-            raise ValueError(f"corrupt device state log chunk (width {width}, rows {n})")
-        ids.append(np.frombuffer(data, dtype=_U8, count=n, offset=pos + 16))
-        rows.append(np.frombuffer(data, dtype=_I4, count=cells, offset=pos + 16 + 8 * n)
-                    .reshape(n, META + width))
-        pos = end
+    chunks = log_chunks(data)
+    ids = [c[0] for c in chunks]
+    rows = [c[1] for c in chunks]
     if len(ids) == 1 and bool((ids[0][1:] > ids[0][:-1]).all()):
         # one chunk of sorted distinct devices (a rewritten log): one copy, no sort
         return DeviceTable(ids[0].astype(np.uint64), rows[0].astype(ROW), logged=ids[0].size)

@@ -3,7 +3,8 @@ and answer (docs/pipeline.md "Exactly-once counting"). Every script checks all i
 its first write, so an error leaves nothing half-written (Redis does not roll a script back)."""
 from __future__ import annotations
 
-__all__ = ["APPLY_LUA", "REBASE_LUA", "NOTE_START_LUA", "RESET_SHARD_LUA", "RESET_HOLD_S"]
+__all__ = ["APPLY_LUA", "REBASE_LUA", "NOTE_START_LUA", "RESET_SHARD_LUA", "RESET_HOLD_S",
+           "ROWS_LUA"]
 
 # KEYS: offsets hash, sent_at_max, then the chunk keys, then the side-counter keys.
 # ARGV: ops per BITFIELD call, expected ('' = unchecked: apply when offset > stored), offset,
@@ -12,7 +13,14 @@ __all__ = ["APPLY_LUA", "REBASE_LUA", "NOTE_START_LUA", "RESET_SHARD_LUA", "RESE
 #       (one blob per key keeps redis-py's argument packing off the hot path, and string.gmatch
 #       hands the script ready-made arguments); then for each side key: PEXPIREAT ms ('' = none)
 #       and "<field> <increment> ..." (HINCRBY) or "=<field> <value> ..." (HSET: fields and values
-#       of digits and ':') or "+<bytes>" (APPEND to a string: int64 words) or "!<bytes>" (SET).
+#       of digits and ':') or "+<bytes>" (APPEND to a string: int64 words) or "!<bytes>" (SET;
+#       "!" alone: DEL) or "~<patch>" (a device state segment, agents/store/memo_log.py
+#       patch_blob: u32 appended length A, u32 row length L, A bytes appended, then N u32 byte
+#       offsets and N rows of L bytes each rewritten there with SETRANGE, within the string;
+#       "^<patch>" the same, then the string copied to drop the spare room APPEND left) or
+#       "<" (a staging string written before the call, consumed by the next side key) and ">"
+#       (RENAME the previous side key, a "<", to this one: big new bytes never pass through Lua,
+#       which copies its arguments at ~5 ns a byte). A refused delta deletes its staging keys.
 # Returns {status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none)}.
 APPLY_LUA = """
 local maxargs = 4 * tonumber(ARGV[1])
@@ -35,7 +43,12 @@ if ARGV[2] == '' then
 elseif stored == tonumber(ARGV[2]) then status = 1
 elseif stored >= offset then status = 0
 else status = -1 end
-if status ~= 1 then return {status, stored} end
+if status ~= 1 then
+  for j = nchunks + 1, nchunks + nside do
+    if ARGV[7 + 2 * j] == '<' then redis.call('DEL', KEYS[2 + j]) end
+  end
+  return {status, stored}
+end
 -- every check before the first write: Redis does not roll a script back (agents/store/apply_guard.py)
 if #ARGV ~= 7 + 2 * (nchunks + nside) or not string.match(ARGV[3], '^%d+$')
     or not string.match(ARGV[4], '^%d+$') or (ARGV[5] ~= '' and not tonumber(ARGV[5])) then
@@ -51,7 +64,7 @@ if not typed(KEYS[2], 'string') or not is_int(redis.call('HGET', KEYS[1], 'n')) 
 end
 local function is_log(j)
   local c = string.sub(ARGV[7 + 2 * j], 1, 1)
-  return j > nchunks and (c == '+' or c == '!')
+  return j > nchunks and (c == '+' or c == '!' or c == '~' or c == '^' or c == '<' or c == '>')
 end
 for j = 1, nchunks + nside do
   if not typed(KEYS[2 + j], (j <= nchunks or is_log(j)) and 'string' or 'hash') then
@@ -67,6 +80,24 @@ for j = 1, nchunks + nside do
   if j <= nchunks then
     if string.find(blob, '[^#%d %-]') then
       return redis.error_reply('ldp-apply: malformed increments')
+    end
+  elseif is_log(j) and (blob == '<' or blob == '>') then
+    if blob == '>' and (ARGV[5 + 2 * j] ~= '<' or redis.call('EXISTS', KEYS[1 + j]) == 0) then
+      return redis.error_reply('ldp-apply: staged side string missing for ' .. KEYS[2 + j])
+    end
+  elseif is_log(j) and (string.sub(blob, 1, 1) == '~' or string.sub(blob, 1, 1) == '^') then
+    if #blob < 9 then return redis.error_reply('ldp-apply: malformed side patch') end
+    local alen, L = struct.unpack('<I4I4', blob, 2)
+    local rest = #blob - 9 - alen
+    if alen % 8 ~= 0 or rest < 0 or (rest > 0 and (L < 4 or L % 4 ~= 0 or rest % (4 + L) ~= 0)) then
+      return redis.error_reply('ldp-apply: malformed side patch')
+    end
+    local len = redis.call('STRLEN', KEYS[2 + j])
+    for i = 0, rest / (4 + L) - 1 do
+      local off = struct.unpack('<I4', blob, 10 + alen + 4 * i)
+      if off % 4 ~= 0 or off + L > len then
+        return redis.error_reply('ldp-apply: side patch beyond ' .. KEYS[2 + j])
+      end
     end
   elseif is_log(j) then  -- a log of int64 words (agents/store/device_memo.py)
     if (#blob - 1) % 8 ~= 0 then
@@ -105,8 +136,30 @@ for j = 1, nside do
   local key = KEYS[2 + nchunks + j]
   local blob = ARGV[base + 2 * j]
   local kind = string.sub(blob, 1, 1)
-  if kind == '+' then
+  if blob == '<' then  -- renamed by the next one
+  elseif blob == '>' then
+    redis.call('RENAME', KEYS[1 + nchunks + j], key)
+  elseif kind == '+' then
     redis.call('APPEND', key, string.sub(blob, 2))
+  elseif kind == '~' or kind == '^' then  -- rows rewritten, then appended (^: then trimmed)
+    local alen, L = struct.unpack('<I4I4', blob, 2)
+    local at = 10 + alen
+    local n = (#blob - at + 1) / (4 + L)
+    local base = at + 4 * n
+    for i = 0, n - 1 do
+      local off = struct.unpack('<I4', blob, at + 4 * i)
+      redis.call('SETRANGE', key, off, string.sub(blob, base + L * i, base + L * (i + 1) - 1))
+    end
+    if alen > 0 then redis.call('APPEND', key, string.sub(blob, 10, 9 + alen)) end
+    if kind == '^' and redis.call('EXISTS', key) == 1 then
+      -- a finished segment: a copy holds its bytes without the room APPEND kept for growth
+      local tmp = key .. ':trim'
+      redis.call('DEL', tmp)
+      redis.call('COPY', key, tmp)
+      redis.call('RENAME', tmp, key)
+    end
+  elseif kind == '!' and #blob == 1 then
+    redis.call('DEL', key)
   elseif kind == '!' then
     redis.call('SET', key, string.sub(blob, 2))
   elseif kind == '=' then  -- one HSET per maxargs fields and values
@@ -185,3 +238,21 @@ return deleted
 
 #: longest a shard's applies are held off by a reset (a reset that dies midway holds no longer)
 RESET_HOLD_S = 60.0
+
+
+# Rows of a device state segment read back by position (agents/store/memo_log.py): KEYS: the
+# segment. ARGV: bytes a row L, u32 byte offsets (little-endian). Returns the rows concatenated
+# (a row beyond the string's end padded with zero bytes). Read-only.
+ROWS_LUA = """
+local L = tonumber(ARGV[1])
+local b = ARGV[2]
+local out = {}
+local zero = string.rep('\\0', L)
+for i = 0, #b / 4 - 1 do
+  local off = struct.unpack('<I4', b, 1 + 4 * i)
+  local s = redis.call('GETRANGE', KEYS[1], off, off + L - 1)
+  if #s < L then s = s .. string.sub(zero, 1, L - #s) end
+  out[i + 1] = s
+end
+return table.concat(out)
+"""

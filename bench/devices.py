@@ -394,7 +394,8 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
                                           work / f"worker-{coll.id}.log")
                     try:
                         _, row[key] = await _count_run(store, coll, start, start + ids.size,
-                                                       time.perf_counter(), port)
+                                                       time.perf_counter(), port,
+                                                       240.0 if quick else 3600.0)
                     finally:
                         stop_worker(worker)
                 row["memo_vs_plain_again"] = row["memo_again_rate"] / row["plain_again_rate"]

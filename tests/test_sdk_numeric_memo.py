@@ -60,15 +60,17 @@ def test_the_memoized_description_rounds_and_costs_the_channels_epsilon(eps, mea
 
 
 def test_a_description_whose_epsilon_is_not_the_channels_is_not_published():
-    """A Piecewise grid too coarse for ε to be attained: the waves' ε (from their parameters)
-    exceeds the rounded channel's, so neither the fresh nor the memoized description is
-    published (the C and TypeScript SDKs then refuse the state as unusable)."""
-    coarse = {"mean": "pm", "mean_grid": 3}
+    """A Piecewise grid too coarse for ε to be attained (every report on the mean): the wave's
+    ε (from its parameters) exceeds the rounded channel's (0.96), so neither the fresh nor the
+    memoized description is published (the C and TypeScript SDKs then refuse the state as
+    unusable); at 5 points it is attained and both are."""
+    coarse = {"mean": "pm", "mean_grid": 3, "mean_share": 1.0}
     mech = memoized(1.0, **coarse)
-    assert nm.epsilon(mech.channel(1)) < 1.0 - 1e-6
+    assert nm.epsilon(mech.channel(1)) < 1.0 - 1e-3
     assert mech.device_program() is None
     assert mechanism_class("sw-hm").from_config(DOM, coarse, epsilon=1.0).device_program() \
         is None
+    assert memoized(1.0, **dict(coarse, mean_grid=5)).device_program() is not None
 
 
 def test_the_fingerprint_covers_the_task_weights_and_the_waves():

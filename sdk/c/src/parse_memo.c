@@ -96,6 +96,18 @@ static int bad(parser *ps, const char *field, const char *msg) {
   return -1;
 }
 
+/* a u64 as a decimal string into *out; -1 otherwise */
+static int u64_text(json_t *v, uint64_t *out) {
+  const char *seed = json_string_value(v);
+  char *end = NULL;
+  unsigned long long sv = seed && *seed >= '0' && *seed <= '9' ? strtoull(seed, &end, 10) : 0;
+  if (!seed || !end || *end || strlen(seed) > 20 || (sv == ULLONG_MAX && strcmp(seed,
+      "18446744073709551615") != 0))
+    return -1;
+  *out = (uint64_t)sv;
+  return 0;
+}
+
 /* instantaneous_p: null or n keep probabilities (partition: per table; select: per branch) */
 static int parse_inst(parser *ps, json_t *inst, uint16_t n) {
   ldp_program *p = ps->p;
@@ -138,18 +150,6 @@ static int parse_select_memo(parser *ps, json_t *memo, uint16_t first, uint16_t 
     return bad(ps, "device.memoize.seed", "must be a u64 as a decimal string");
   p->memo_seed = ldp_mix64(sv);
   return parse_inst(ps, json_object_get(memo, "instantaneous_p"), s->count);
-}
-
-/* a u64 as a decimal string into *out; -1 otherwise */
-static int u64_text(json_t *v, uint64_t *out) {
-  const char *seed = json_string_value(v);
-  char *end = NULL;
-  unsigned long long sv = seed && *seed >= '0' && *seed <= '9' ? strtoull(seed, &end, 10) : 0;
-  if (!seed || !end || *end || strlen(seed) > 20 || (sv == ULLONG_MAX && strcmp(seed,
-      "18446744073709551615") != 0))
-    return -1;
-  *out = (uint64_t)sv;
-  return 0;
 }
 
 /* round: null, or per attribute null or a numeric one's {points, seed}: grid indices from 0 to

@@ -53,7 +53,8 @@ def test_memoized_numeric_devices_through_the_gateway(tmp_path, kafka_broker, re
         "refresh_interval_s": 1.0}]}))
     coll = load_config(path).collections[cid]
     mech = coll.mechanism()
-    assert mech.device_program()["memoize"]["round"][1] is not None
+    attrs = mech.domain.attrs
+    assert mech.device_program()["memoize"]["round"][attrs.index("battery")] is not None
     worker = spawn_worker(str(path))
     port = free_port()
     gateway = GatewayProcess(dict(service_env, LDP_GATEWAY_TOKENS=json.dumps(fleets_doc(cid))),
@@ -67,8 +68,8 @@ def test_memoized_numeric_devices_through_the_gateway(tmp_path, kafka_broker, re
         total = 0
         for dev, (level, fw) in devices.items():
             recs = _records(level, fw)
-            x, _ = mech.encode(np.array([[("v1", "v2", "v3").index(r["fw"]),
-                                          float(r["battery"])] for r in recs]))
+            x, _ = mech.encode(np.array([[("v1", "v2", "v3").index(r[a]) if a == "fw"
+                                          else float(r[a]) for a in attrs] for r in recs]))
             rounded = mech.device_records(x, np.full(len(x), dev, np.uint64))
             distinct = len({tuple(r) for r in rounded.tolist()})
             assert distinct < len(recs)     # the wander stays inside one rounded point

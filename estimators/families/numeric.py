@@ -32,9 +32,9 @@ from scipy.stats import norm
 
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels import device_program as dp
-from ldpstream.estimators.kernels.device_program import alpha_round, alpha_seed, device_alpha
 from ldpstream.estimators.kernels import numeric as nm
 from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, product_channel_bound, stream, unbounded
+from ldpstream.estimators.kernels.device_program import alpha_round, alpha_seed, device_alpha
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.mechanism import (

@@ -40,9 +40,10 @@ rotation period and kept; ``steps`` then apply to the permanent responses on eve
 [RAPPOR §3]. A numeric attribute's permanent step is its ``wave`` (or the weighted ``select``
 over its waves: the task is part of the permanent response), and ``round`` α-point rounds its
 value first [Ding et al., NeurIPS 2017, §3]: ``points`` on its grid and the ``seed`` of the
-device's α (:func:`round_spec`, :func:`device_alpha`), so a memo is keyed by the rounded value. ``kind: partition`` memoizes one ``partition`` step instead: the first table fixed
-per (device, period), the code of each (table, cell) kept, ``instantaneous_p`` re-randomizing
-its value per report (producers/program_memo.py).
+device's α (:func:`round_spec`, :func:`device_alpha`), so a memo is keyed by the rounded
+value. ``kind: partition`` memoizes one ``partition`` step instead: the first table fixed per
+(device, period), the code of each (table, cell) kept, ``instantaneous_p`` re-randomizing its
+value per report (producers/program_memo.py).
 
 ε of a description is computed from the channels it applies (:func:`program_epsilon`), never
 read from a declared field: steps compose sequentially (sum), ``select`` costs its dearest

@@ -551,6 +551,21 @@ def limits_vectors() -> dict[str, Any]:
             {"op": "select", "out": None, "weights": [1.0, 0.0], "branches": [[wave], [wave]]}]),
          "device.steps[0].weights"),
     ]
+    big = {"min": 0, "max": 1, "grid": 5000}
+    memo_wave = {"rotation_s": None, "permanent": [wave]}
+    refused += [
+        ("α-point rounding of a categorical attribute", dict(
+            _desc([["a", "b"]], []), memoize={"rotation_s": None, "permanent": [
+                {"op": "grr", "in": [0], "out": [0], "p": 0.75}],
+                "round": [{"points": [0, 1], "seed": "1"}]}), "device.memoize.round[0]"),
+        ("α-point rounding points not ending on the grid's last index", dict(
+            _desc([num], []), memoize=dict(memo_wave, round=[{"points": [0, 5], "seed": "1"}])),
+         "device.memoize.round[0].points"),
+        ("4,099 rounding points (beyond the matrix entries in all)", dict(
+            _desc([big], []), memoize=dict(memo_wave, round=[
+                {"points": list(range(4098)) + [4999], "seed": "1"}])),
+         "device.memoize.round[0].points"),
+    ]
     accepted = [
         ("a wave (Square Wave, ε ln 3 on its window)", _desc([num], [wave])),
         ("a point rounded to two cells (Duchi's, ε ln 3)", _desc([num], [

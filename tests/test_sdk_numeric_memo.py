@@ -185,3 +185,23 @@ def test_the_python_sdk_permanent_responses_follow_the_units_channel():
 
     assert pvalue(counts) > 1e-4
     assert pvalue(unrounded) < 1e-4
+
+
+def test_the_vectors_hold_a_wandering_reading_and_its_resend():
+    """memo.json's numeric case, which the C and TypeScript SDKs replay bit for bit: readings
+    other than the first one's text that round to its point are duplicates, and after
+    ``resend_every_s`` the first report is sent again, costing nothing; a reading past the
+    device's α-point is charged the battery's ε alone."""
+    case = json.loads((DIR / "memo.json").read_text(encoding="utf-8"))["numeric"]
+    ev = case["events"]
+    first = ev[0]
+    dups = [e for e in ev if e["status"] == "duplicate"
+            and e["record"]["battery"] != first["record"]["battery"]]
+    assert dups
+    resent = [e for e in ev if e["status"] == "queued" and e["cost"] == 0.0
+              and e["record"] == first["record"]]
+    assert resent and resent[0]["report"] == first["report"]
+    assert resent[0]["now"] - first["now"] >= case["resend_every_s"]
+    battery = Program(case["device"]).memo.epsilons[1]
+    assert any(e["cost"] == battery and e["record"]["fw"] == first["record"]["fw"]
+               and e["now"] - first["now"] < 100 for e in ev[1:])

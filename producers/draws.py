@@ -11,6 +11,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from ldpstream.estimators.kernels.device_program import mix64
+
 __all__ = ["DrawSource", "SplitMix64", "OsRandom", "NumpyDraws", "uniform", "bernoulli",
            "categorical", "mix64", "M64", "TWO53"]
 
@@ -84,10 +86,3 @@ def categorical(rng: DrawSource, cum: Sequence[float]) -> int:
         if u < cum[j] * TWO53:
             return j
     return last
-
-
-def mix64(x: int) -> int:
-    """The SplitMix64 finalizer (no increment): the partition assignment's hash."""
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
-    return x ^ (x >> 31)

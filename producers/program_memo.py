@@ -7,7 +7,10 @@ Three classes, one interface (:meth:`keys`, :meth:`epsilon_of`, :meth:`draw`, :m
 * :class:`Memo` (``kind`` absent, or ``cluster``): one permanent ``grr``/``matrix`` step per
   memo unit, the units' ``in`` columns partitioning the attributes (one attribute each without
   ``kind``); a memo is keyed (step index, flat cell of its ``in``) and holds the step's output
-  cell; the description's ``steps`` then randomize the permanent record on every report.
+  cell; the description's ``steps`` then randomize the permanent record on every report. A
+  numeric attribute's unit is its ``wave`` or the weighted ``select`` over its waves, its value
+  α-point rounded first (``round``: the device's α from its id), the memo keyed by the rounded
+  grid index and holding the column's value.
 * :class:`SelectMemo` (``kind: select``, smp): one ``select`` step whose branches are one
   ``grr``/``matrix`` step each; the branch index is fixed per rotation period from (device id,
   period) as the partition's first table is (``seed``); a memo is keyed (branch, cell of its
@@ -22,10 +25,18 @@ Three classes, one interface (:meth:`keys`, :meth:`epsilon_of`, :meth:`draw`, :m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from ldpstream.estimators.kernels.device_program import memo_fingerprint, step_epsilon
+import numpy as np
+
+from ldpstream.estimators.kernels.device_program import (
+    MAX_MATRIX_ENTRIES,
+    alpha_round,
+    device_alpha,
+    memo_fingerprint,
+    step_epsilon,
+)
 from ldpstream.producers.draws import M64, DrawSource, mix64
 from ldpstream.producers.program_steps import (
     ProgramError,
@@ -61,6 +72,10 @@ class _Rotating:
         """``floor(now / rotation_s)``; 0 when responses never rotate."""
         return 0 if self.rotation_s is None else int(math.floor(now / self.rotation_s))
 
+    def rounded(self, x: Sequence[int], device_id: int) -> list[int]:
+        """The record the memos and the sent records are keyed by (unchanged: no rounding)."""
+        return [int(v) for v in x]
+
 
 @dataclass(frozen=True)
 class Memo(_Rotating):
@@ -69,6 +84,18 @@ class Memo(_Rotating):
     permanent: tuple[Step, ...]
     epsilons: tuple[float, ...]
     fingerprint: str
+    #: per attribute: (rounding points, α seed) of a rounded numeric one, else None
+    rounding: tuple[tuple[np.ndarray, int] | None, ...] = ()
+
+    def rounded(self, x: Sequence[int], device_id: int) -> list[int]:
+        """``x`` with each rounded numeric value α-point rounded with the device's α
+        (docs/device-protocol.md, "Numeric memoization")."""
+        out = [int(v) for v in x]
+        for j, r in enumerate(self.rounding):
+            if r is not None:
+                alpha = device_alpha(np.array([device_id], dtype=np.uint64), r[1])
+                out[j] = int(alpha_round(np.array([out[j]]), r[0], alpha)[0])
+        return out
 
     def keys(self, x: Sequence[int], device_id: int, period: int) -> list[tuple[int, int]]:
         """(unit, cell) of every memo the record ``x`` needs."""
@@ -78,13 +105,24 @@ class Memo(_Rotating):
         return self.epsilons[key[0]]
 
     def draw(self, key: tuple[int, int], rng: DrawSource) -> int:
-        """A new permanent response (output cell) of unit ``key[0]`` for cell ``key[1]``."""
-        return _run_cell(self.permanent[key[0]], key[1], rng)
+        """A new permanent response of unit ``key[0]`` for cell ``key[1]``: its output cell,
+        or a numeric unit's column value (the task and its wave's cell, offset included)."""
+        s = self.permanent[key[0]]
+        if s.op in ("wave", "select"):
+            x = [0] * (s.cols[0] + 1)
+            x[s.cols[0]] = key[1]
+            report = [0] * (s.cols[0] + 1)
+            run_step(s, x, rng, report)
+            return report[s.cols[0]]
+        return _run_cell(s, key[1], rng)
 
     def permanent_record(self, values: Sequence[int]) -> list[int]:
         """The permanent record the instantaneous steps randomize."""
         rec = [0] * sum(len(s.cols) for s in self.permanent)
         for s, v in zip(self.permanent, values):
+            if s.op in ("wave", "select"):
+                rec[s.cols[0]] = int(v)
+                continue
             assert isinstance(s.out, tuple)
             unravel(v, s.out, s.shape, rec)
         return rec
@@ -229,7 +267,10 @@ def parse_memo(d: Any, shape: Sequence[int], width: int, budget: list[int],
     if kind not in ("attribute", "cluster", "partition", "select"):
         raise ProgramError("device.memoize.kind", "must be attribute, cluster, partition or "
                                                   "select")
-    depth = 0 if kind in ("partition", "select") else 1
+    if kind != "attribute" and d.get("round") is not None:
+        raise ProgramError("device.memoize.round", "only with kind attribute")
+    rounding = _rounding(d.get("round"), shape, numeric, budget) if kind == "attribute" else ()
+    depth = 0 if kind in ("partition", "select", "attribute") else 1
     perm = parse_steps(d.get("permanent"), "device.memoize.permanent", shape, width, depth,
                        budget, numeric)
     raw = d["permanent"]
@@ -237,8 +278,11 @@ def parse_memo(d: Any, shape: Sequence[int], width: int, budget: list[int],
         return _partition_memo(d, rotation, perm, raw, shape, width)
     if kind == "select":
         return _select_memo(d, rotation, perm, raw, shape, width)
+    ok = all(s.op in ("grr", "matrix") and s.out == s.cols or _numeric_unit(s)
+             for s in perm) and width == len(shape)
+    perm = tuple(replace(s, cols=s.branches[0][0].cols, shape=s.branches[0][0].shape)
+                 if ok and s.op == "select" else s for s in perm)   # a numeric unit's column
     cols = [c for s in perm for c in s.cols]
-    ok = all(s.op in ("grr", "matrix") and s.out == s.cols for s in perm) and width == len(shape)
     if kind == "attribute":
         ok = ok and len(perm) == len(shape) and all(s.cols == (j,) for j, s in enumerate(perm))
     else:
@@ -246,12 +290,62 @@ def parse_memo(d: Any, shape: Sequence[int], width: int, budget: list[int],
     if not ok:
         raise ProgramError("device.memoize.permanent", "must hold one grr or matrix step per "
                                                        "attribute j, in and out [j], in order "
-                                                       "(kind cluster: per cluster, the "
-                                                       "clusters covering every attribute "
+                                                       "(a numeric one: its wave, or a select "
+                                                       "with out null over one wave per "
+                                                       "branch, in [j] and out j; kind "
+                                                       "cluster: grr or matrix per cluster, "
+                                                       "the clusters covering every attribute "
                                                        "once; width must be the attribute "
                                                        "count)")
     return Memo(rotation, perm, tuple(step_epsilon(s, shape) for s in raw),
-                memo_fingerprint(raw, shape))
+                memo_fingerprint(raw, shape), rounding)
+
+
+def _numeric_unit(s: Step) -> bool:
+    """A numeric attribute's permanent step: a wave writing its own column, or a select whose
+    index is not reported over one such wave per branch (the step's ``cols`` set to them)."""
+    def wave(w: Step) -> bool:
+        return w.op == "wave" and w.out == w.cols
+    if s.op == "wave":
+        return wave(s)
+    if s.op != "select" or s.out is not None or not s.branches:
+        return False
+    col = s.branches[0][0].cols if s.branches[0] else ()
+    return all(len(b) == 1 and wave(b[0]) and b[0].cols == col for b in s.branches)
+
+
+def _rounding(v: Any, shape: Sequence[int], numeric: Sequence[bool], budget: list[int]
+              ) -> tuple[tuple[np.ndarray, int] | None, ...]:
+    """``round``: null, or per attribute null or a numeric one's ``{points, seed}`` — grid
+    indices from 0 to the last, increasing (each counts as a matrix entry), and the α seed, a
+    u64 as a decimal string."""
+    if v is None:
+        return ()
+    if not isinstance(v, list) or len(v) != len(shape):
+        raise ProgramError("device.memoize.round", f"must be null or {len(shape)} entries, one "
+                                                   "per attribute")
+    out: list[tuple[np.ndarray, int] | None] = []
+    for j, r in enumerate(v):
+        f = f"device.memoize.round[{j}]"
+        if r is None:
+            out.append(None)
+            continue
+        pts = r.get("points") if isinstance(r, dict) else None
+        if not (j < len(numeric) and numeric[j]) or not isinstance(pts, list):
+            raise ProgramError(f, "must be null or, for a numeric attribute, {points, seed}")
+        budget[0] -= len(pts)
+        if (budget[0] < 0 or len(pts) < 2 or not all(
+                isinstance(p, int) and not isinstance(p, bool) for p in pts)
+                or pts[0] != 0 or pts[-1] != shape[j] - 1
+                or any(b <= a for a, b in zip(pts, pts[1:]))):
+            raise ProgramError(f"{f}.points", f"must be increasing grid indices from 0 to "
+                                              f"{shape[j] - 1} (each counts against the "
+                                              f"{MAX_MATRIX_ENTRIES} matrix entries in all)")
+        seed = r.get("seed")
+        if not isinstance(seed, str) or not seed.isdigit() or int(seed) > M64:
+            raise ProgramError(f"{f}.seed", "must be a u64 as a decimal string")
+        out.append((np.asarray(pts, dtype=np.int64), int(seed)))
+    return tuple(out)
 
 
 def _partition_memo(d: dict, rotation: float | None, perm: tuple[Step, ...], raw: list,

@@ -462,13 +462,14 @@ class DeviceClient:
         once per period unless ``resend_every_s`` passed, only new draws charged (one per memo
         unit: attribute, cluster, or assigned marginal)."""
         period = self._period(memo.period(now))
-        record = f"{memo.fingerprint}:" + ",".join(str(int(v)) for v in x)
+        xr = memo.rounded([int(v) for v in x], self.device_id)   # what the memos are keyed by
+        record = f"{memo.fingerprint}:" + ",".join(str(v) for v in xr)
         last = self.ledger.last_sent(self.collection, period, record)
         resend = self.resend_every_s
         if last is not None and (resend is None or resend <= 0 or now - last < resend):
             return ReportResult("duplicate", 0.0, version,
                                 "this record was already reported in this rotation period")
-        keys = memo.keys([int(v) for v in x], self.device_id, period)
+        keys = memo.keys(xr, self.device_id, period)
         have = self.ledger.memos(self.collection, memo.fingerprint, period, keys)
         missing = list(dict.fromkeys(k for k in keys if k not in have))
         cost = float(sum(memo.epsilon_of(k) for k in missing))

@@ -15,6 +15,7 @@ from scipy.stats import chisquare
 from ldpstream.estimators.families.numeric import (
     ALPHA_POINTS,
     alpha_round,
+    alpha_seed,
     device_alpha,
     rounding_points,
 )
@@ -77,9 +78,9 @@ def test_a_device_keeps_its_rounded_value_while_its_reading_wanders_and_the_flee
     assert distinct_grid >= 5 and max(per_device) <= 2
     assert np.mean(per_device) < 1.5, np.mean(per_device)
     fleet = np.arange(20_000, dtype=np.uint64)
-    alpha = device_alpha(fleet, 1)
+    alpha = device_alpha(fleet, alpha_seed("battery"))
     assert abs(alpha.mean() - 0.5) < 0.01 and abs(alpha.std() - 12 ** -0.5) < 0.01
-    assert abs(np.corrcoef(alpha, device_alpha(fleet, 0))[0, 1]) < 0.03
+    assert abs(np.corrcoef(alpha, device_alpha(fleet, alpha_seed("fw")))[0, 1]) < 0.03
     x = np.full(len(fleet), 150)                     # between the points 144 and 160
     rounded = alpha_round(x, pts, alpha)
     assert set(rounded.tolist()) == {144, 160}

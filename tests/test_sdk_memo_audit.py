@@ -1,7 +1,8 @@
 """Statistical privacy audit of memoized reports in the C and TypeScript SDKs (docs/device-
 protocol.md, "Memoized descriptions"): for every memoized case of ``memo.json`` (per attribute,
 per cluster, partitioned with GRR and with OLH tables, smp's select, each with an
-instantaneous layer) every
+instantaneous layer, and sw-hm's numeric memo: α-point rounding, then the task and its wave)
+every
 memo unit is sampled 10⁶ times with the SDK's production generator, each report in a new
 rotation period (a new memo), every record of the domain in turn. The sampled channel from a
 unit's true cell to what the report carries must fit the composed channel permanent @
@@ -19,6 +20,12 @@ from sdk_helpers import ROOT, c_sdk, ts_sdk  # noqa: F401
 from test_sdk_audit import SAMPLES, _declared, _partition_channel, check_channel
 
 from ldpstream.estimators.kernels import channels as ch
+from ldpstream.estimators.kernels.device_program import (
+    alpha_round,
+    attribute_size,
+    device_alpha,
+    wave_channel,
+)
 from ldpstream.estimators.memo import composed_grr_pq
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
@@ -36,9 +43,28 @@ def _cases() -> dict[str, dict]:
                                       if isinstance(v, dict) and "device" in v}}
 
 
+def numeric_unit(device: dict, unit: int, device_id: int = 1) -> np.ndarray:
+    """The channel of a numeric memo unit for one device (grid index × column value): the
+    device's α-point rounding (deterministic given its α), then the task drawn by the select's
+    weights and its wave (wave_channel at the wave's offset)."""
+    memo, G = device["memoize"], attribute_size(device["labels"][unit])
+    step = memo["permanent"][unit]
+    waves = [step] if step["op"] == "wave" else [b[0] for b in step["branches"]]
+    weights = [1.0] if step["op"] == "wave" else step.get("weights") or [1 / len(waves)] * len(
+        waves)
+    C = np.zeros((G, max(w["offset"] + w["cells"] for w in waves)))
+    for w, p in zip(waves, weights):
+        C[:, w["offset"]:w["offset"] + w["cells"]] += p * wave_channel(w, G)
+    rnd = (memo.get("round") or [None] * len(device["labels"]))[unit]
+    if rnd is None:
+        return C
+    alpha = device_alpha(np.array([device_id], dtype=np.uint64), int(rnd["seed"]))
+    return C[alpha_round(np.arange(G), np.asarray(rnd["points"]), alpha[0])]
+
+
 def composed(device: dict, unit: int) -> np.ndarray:
     """The channel of one memo unit: permanent step (or partition table) @ instantaneous."""
-    sizes = [len(lab) for lab in device["labels"]]
+    sizes = [attribute_size(lab) for lab in device["labels"]]
     memo = device["memoize"]
     if memo.get("kind") == "partition":
         t = memo["permanent"][0]["tables"][unit]
@@ -54,6 +80,8 @@ def composed(device: dict, unit: int) -> np.ndarray:
         inst = memo.get("instantaneous_p")
         return P if inst is None else P @ _grr(inst[unit], len(P))
     step = memo["permanent"][unit]
+    if step["op"] in ("wave", "select"):
+        return numeric_unit(device, unit)
     P = _declared(step, sizes)
     for s in device["steps"]:   # the instantaneous step over the same columns, if any
         if s["in"] == step["in"]:

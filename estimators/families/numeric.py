@@ -34,6 +34,7 @@ from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels import device_program as dp
 from ldpstream.estimators.kernels import numeric as nm
 from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, product_channel_bound, stream, unbounded
+from ldpstream.estimators.kernels.device_program import alpha_round, alpha_seed, device_alpha
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.mechanism import (
@@ -53,7 +54,8 @@ from ldpstream.estimators.memo import memoize_of, memoize_param, memoize_state
 from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize
 
 __all__ = ["Numeric", "sw_buckets", "band_bins", "numeric_domain", "QUANTILES", "SEED",
-           "ALPHA_POINTS", "rounding_points", "rounding_matrix", "device_alpha", "alpha_round"]
+           "ALPHA_POINTS", "rounding_points", "rounding_matrix", "device_alpha", "alpha_round",
+           "alpha_seed"]
 
 #: the quantiles every distribution estimate serves (with intervals)
 QUANTILES = (0.5, 0.9, 0.99)
@@ -88,28 +90,6 @@ def rounding_matrix(G: int, pts: np.ndarray) -> np.ndarray:
     R[x, pts[k]] += 1 - up
     R[x, pts[k + 1]] += up
     return R
-
-
-def device_alpha(device_ids: np.ndarray, j: int) -> np.ndarray:
-    """Each device's α ∈ [0, 1) for attribute j, fixed for ever (a hash of its id: the same on
-    every report and after a restart; uniform over a fleet)."""
-    z = np.asarray(device_ids, dtype=np.uint64) + np.uint64((int(j) + 1) * 0x9E3779B97F4A7C15
-                                                            % 2 ** 64)
-    with np.errstate(over="ignore"):   # splitmix64's finalizer, modulo 2⁶⁴
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(11)).astype(np.float64) / float(2 ** 53)
-
-
-def alpha_round(x: np.ndarray, pts: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    """α-point rounding [Ding et al., NeurIPS 2017, §3]: grid index x to the rounding point
-    below it, or above it when its fraction of the way there exceeds α. A rounding point stays
-    itself; with α uniform the rounding is unbiased."""
-    x = np.asarray(x, dtype=np.int64)
-    k = np.clip(np.searchsorted(pts, x, side="right") - 1, 0, len(pts) - 2)
-    frac = (x - pts[k]) / (pts[k + 1] - pts[k])
-    return np.where(frac > np.asarray(alpha), pts[k + 1], pts[k])
 
 
 def sw_buckets(eps: float) -> int:
@@ -292,9 +272,12 @@ class Numeric(Mechanism):
     def device_program(self) -> dict[str, Any] | None:
         """Per attribute: a categorical one GRR(ε) (``grr``); a numeric one a ``wave`` per task
         of weight > 0 (:meth:`layout`), under a ``select`` whose ``weights`` are the tasks'
-        when there are several (docs/device-protocol.md). None when a grid exceeds
-        :data:`~.device_program.MAX_GRID`, the steps exceed the limits, or the description's
-        ε (each wave's, computed from its parameters) is not the channels' to 1e-9."""
+        when there are several (docs/device-protocol.md). Memoized: those steps are the
+        permanent ones (the task drawn with the response, once per rounded value), after
+        ``round``: each numeric attribute's rounding points and α seed (docs/numeric.md
+        "Memoization"). None when a grid exceeds :data:`~.device_program.MAX_GRID`, the steps
+        exceed the limits, or the description's ε (each wave's, computed from its parameters)
+        is not the channels' to 1e-9 (memoized: the channels behind the rounding)."""
         steps: list[dict[str, Any]] = []
         n_steps = 0
         for j, (G, e) in enumerate(zip(self.domain.shape, self.eps_in)):
@@ -312,10 +295,20 @@ class Numeric(Mechanism):
             n_steps += len(waves) + (len(waves) > 1)
         if n_steps > dp.MAX_STEPS:
             return None
-        prog = dp.program(self.name, self.domain, self.report_width, steps)
         eps = [dp.step_epsilon(s, self.domain.shape) for s in steps]
         if any(abs(a - b) > 1e-9 * max(b, 1.0) for a, b in zip(eps, self.epsilons)):
             return None
+        if self.memoize is None:
+            return dp.program(self.name, self.domain, self.report_width, steps)
+        rounding = [dp.round_spec(self.points[j], alpha_seed(a)) if j in self.points else None
+                    for j, a in enumerate(self.domain.attrs)]
+        if sum(len(self.points[j]) for j in self.points) + sum(
+                5 * len(s["branches"]) + len(s["weights"]) if s["op"] == "select" else 5
+                for s in steps if s["op"] != "grr") > dp.MAX_MATRIX_ENTRIES:
+            return None
+        prog = dp.program(self.name, self.domain, self.report_width, [])
+        prog["memoize"] = {"rotation_s": self.memoize.rotation_s, "round": rounding,
+                           "permanent": steps}
         return prog
 
     def randomize(self, records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -340,7 +333,7 @@ class Numeric(Mechanism):
                 continue
             if j in self.points:
                 x = alpha_round(x, self.points[j], rng.random(len(x)) if device_ids is None
-                                else device_alpha(device_ids, j))
+                                else device_alpha(device_ids, alpha_seed(self.domain.attrs[j])))
             task = rng.random(len(x)) < self.mean_share
             cell = np.empty(len(x), dtype=np.int64)
             cell[task] = nm.sample_mean(self.mean_mechs[j], e, nm.grid_t(G)[x[task]],
@@ -361,7 +354,8 @@ class Numeric(Mechanism):
         permanent response); unchanged when not memoized."""
         out = np.array(records, dtype=np.int64)
         for j, pts in self.points.items():
-            out[:, j] = alpha_round(out[:, j], pts, device_alpha(device_ids, j))
+            out[:, j] = alpha_round(out[:, j], pts,
+                                    device_alpha(device_ids, alpha_seed(self.domain.attrs[j])))
         return out
 
     def encode(self, values: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:

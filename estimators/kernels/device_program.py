@@ -37,9 +37,13 @@ and *steps* applied in order to a record of category (or grid) indices:
 A memoized description adds ``memoize``: ``rotation_s`` and one ``permanent`` step per
 attribute (``kind: cluster``: per cluster of attributes), whose response is drawn once per
 rotation period and kept; ``steps`` then apply to the permanent responses on every report
-[RAPPOR §3]. ``kind: partition`` memoizes one ``partition`` step instead: the first table fixed
-per (device, period), the code of each (table, cell) kept, ``instantaneous_p`` re-randomizing
-its value per report (producers/program_memo.py).
+[RAPPOR §3]. A numeric attribute's permanent step is its ``wave`` (or the weighted ``select``
+over its waves: the task is part of the permanent response), and ``round`` α-point rounds its
+value first [Ding et al., NeurIPS 2017, §3]: ``points`` on its grid and the ``seed`` of the
+device's α (:func:`round_spec`, :func:`device_alpha`), so a memo is keyed by the rounded
+value. ``kind: partition`` memoizes one ``partition`` step instead: the first table fixed per
+(device, period), the code of each (table, cell) kept, ``instantaneous_p`` re-randomizing its
+value per report (producers/program_memo.py).
 
 ε of a description is computed from the channels it applies (:func:`program_epsilon`), never
 read from a declared field: steps compose sequentially (sum), ``select`` costs its dearest
@@ -57,7 +61,8 @@ import numpy as np
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels.domain import Domain
 
-__all__ = ["PROGRAM_VERSION", "MAX_GRID", "grr_step", "wave_step", "wave_epsilon", "wave_channel",
+__all__ = ["PROGRAM_VERSION", "MAX_GRID", "grr_step", "round_spec", "alpha_seed", "device_alpha",
+           "alpha_round", "mix64", "wave_step", "wave_epsilon", "wave_channel",
            "numeric_attribute",
            "attribute_size", "matrix_step", "select_step", "uniform_step",
            "copy_step", "const_step", "keep_step", "bloom_step", "program", "program_epsilon",
@@ -152,6 +157,56 @@ def wave_epsilon(lo: float, hi: float, at: Sequence[float], width: float, p: flo
     if y0 <= lo or y1 >= hi:
         return math.inf
     return math.log(max((y1 - lo) / (y0 - lo), (hi - y0) / (hi - y1)))
+
+
+#: the domain separation of an attribute's α seed (:func:`alpha_seed`)
+ALPHA_DOMAIN = b"ldpstream/alpha-point/v1\n"
+_M64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """The SplitMix64 finalizer (no increment), on a u64: the hash the partition assignment and
+    α use in every SDK."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def alpha_seed(attr: str) -> int:
+    """The seed of attribute ``attr``'s α: BLAKE2b-64 of :data:`ALPHA_DOMAIN` ‖ its UTF-8 name,
+    read as a little-endian u64 — a function of the name alone, so a device's α for the
+    attribute is the same in every state version (docs/device-protocol.md, "Numeric
+    memoization")."""
+    h = hashlib.blake2b(ALPHA_DOMAIN + attr.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(h, "little")
+
+
+def device_alpha(device_ids: np.ndarray, seed: int) -> np.ndarray:
+    """Each device's α ∈ [0, 1) under ``seed``: (mix64(id XOR mix64(seed)) >> 11)·2⁻⁵³, the
+    same operations in every SDK (fixed for ever; uniform over a fleet)."""
+    z = np.asarray(device_ids, dtype=np.uint64) ^ np.uint64(mix64(int(seed) & _M64))
+    with np.errstate(over="ignore"):   # the finalizer, modulo 2⁶⁴
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(2 ** 53)
+
+
+def alpha_round(x: np.ndarray, pts: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """α-point rounding [Ding et al., NeurIPS 2017, §3]: grid index x to the rounding point
+    below it (the last point ≤ x, at most the second last), or to the next one when its
+    fraction of the way there, (x − a)/(b − a) in doubles, exceeds α. A rounding point stays
+    itself; with α uniform the rounding is unbiased."""
+    x = np.asarray(x, dtype=np.int64)
+    k = np.clip(np.searchsorted(pts, x, side="right") - 1, 0, len(pts) - 2)
+    frac = (x - pts[k]) / (pts[k + 1] - pts[k])
+    return np.where(frac > np.asarray(alpha), pts[k + 1], pts[k])
+
+
+def round_spec(points: Sequence[int], seed: int) -> dict[str, Any]:
+    """``memoize.round[j]`` of a numeric attribute: its rounding points (grid indices, from 0
+    to the last, increasing) and its α seed as a decimal string."""
+    return {"points": [int(p) for p in points], "seed": str(int(seed))}
 
 
 def uniform_step(cols: Sequence[int]) -> dict[str, Any]:
@@ -326,12 +381,19 @@ def memo_fingerprint(permanent: Sequence[Mapping[str, Any]], shape: Sequence[int
     """16 hex digits of BLAKE2b-64 over every permanent step: op byte (1 grr, 2 matrix), cells
     u32 LE, then ``p`` or the matrix entries row by row as f64 LE; a ``partition`` step: per
     table op byte 3, oracle byte (0 grr, 1 olh), cells u32, g u32, p f64 (all LE); a ``select``
-    step: byte 4, then its branches' steps in order. Memoized responses are reused
-    only under the same permanent channels."""
+    step: byte 4 (with ``weights``: byte 6, their count u32 and each f64), then its branches'
+    steps in order; a ``wave``: byte 5, its grid points, offset and cells u32, round u8, then
+    range, at, width and p f64. Memoized responses are reused only under the same permanent
+    channels."""
     h = hashlib.blake2b(digest_size=8)
     for s in _leaves(permanent):
         if s["op"] == "select":   # its branches' steps follow, each hashed as a step
-            h.update(b"\x04")
+            w = s.get("weights")
+            h.update(b"\x04" if w is None else struct.pack(f"<BI{len(w)}d", 6, len(w), *w))
+            continue
+        if s["op"] == "wave":
+            h.update(struct.pack("<BIIIB6d", 5, _cells(shape, s["in"]), s["offset"], s["cells"],
+                                 bool(s["round"]), *s["range"], *s["at"], s["width"], s["p"]))
             continue
         if s["op"] == "partition":
             for t in s["tables"]:   # per table: op 3, oracle (0 grr, 1 olh), cells, g, p

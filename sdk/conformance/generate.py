@@ -324,6 +324,46 @@ PARTITION_EVENTS = [
     (1310.0, ("web", "pro", "apac")), (1410.0, ("android", "free", "latam"))]
 
 
+#: a memoized numeric collection (rotation 100 s, budget 4 per 60 s, resend after 50 s): a
+#: battery reading wandering inside one rounded point (duplicates, then the same report sent
+#: again), crossing the device's α-point (a new memo, its attribute's ε), a new period, a clock
+#: stepped back, a value clipped
+NUMERIC_MEMO_EVENTS = [
+    (1000.0, ("v1", "57")), (1010.0, ("v1", "58.5")), (1020.0, ("v1", "55.9")),
+    (1030.0, ("v1", "53.2")), (1040.0, ("v1", "60.1")), (1061.0, ("v1", "57")),
+    (1070.0, ("v2", "57.5")), (1080.0, ("v2", "61")), (1100.0, ("v1", "57")),
+    (1050.0, ("v1", "90")), (1110.0, ("v3", "91.2")), (1200.0, ("v3", "120")),
+    (1210.0, ("v3", "99.5"))]
+#: its domain: a categorical attribute and a battery on 33 points (8 rounding intervals of
+#: 4 grid steps: small enough for the memo audit)
+NUM_MEMO = Domain(("fw", "battery"), (3, 33),
+                  (("v1", "v2", "v3"), tuple(f"{v:g}" for v in np.linspace(0, 100, 33))),
+                  (None, (0.0, 100.0)))
+
+
+def _numeric_memo() -> dict[str, Any]:
+    """The memoized numeric case: its description, the replayed events, and per device id its
+    α and the rounded value of every battery grid index (docs/device-protocol.md, "Numeric
+    memoization")."""
+    from ldpstream.estimators.kernels.device_program import alpha_round, device_alpha
+
+    st = mechanism_class("sw-hm").from_config(
+        NUM_MEMO, {"buckets": 32, "mean_grid": 17, "alpha_points": 8,
+                   "memoize": {"rotation_s": 100.0}}, epsilon=1.0, version=8).device_state()
+    rnd = st["device"]["memoize"]["round"][1]
+    pts, seed = np.asarray(rnd["points"]), int(rnd["seed"])
+    alphas = []
+    for dev in (DEVICE_ID, 0, 1, 2**64 - 1):
+        a = device_alpha(np.array([dev], dtype=np.uint64), seed)
+        alphas.append({"device_id": str(dev), "attribute": 1, "alpha": float(a[0]),
+                       "rounded": alpha_round(np.arange(33), pts, a[0]).tolist()})
+    return {"device": st["device"], "seed": "83", "device_id": str(DEVICE_ID),
+            "budget": {"epsilon": 4.0, "window_s": 60.0}, "resend_every_s": 50.0,
+            "fingerprint": Program(st["device"]).memo.fingerprint, "alpha": alphas,
+            "events": _replay(st, NUM_MEMO, NUMERIC_MEMO_EVENTS, DEVICE_ID, 83, (4.0, 60.0),
+                              50.0)}
+
+
 def _replay(state: dict[str, Any], domain: Domain, events: list, device_id: int, seed: int,
             budget: tuple[float, float], resend_every_s: float | None,
             max_per_day: float | None = None) -> list[dict[str, Any]]:
@@ -359,7 +399,8 @@ def memo_vectors() -> dict[str, Any]:
     a clock stepped back, budget refusals — with the reports of the test generator. Under
     ``partition``, ``partition_olh``, ``cluster`` and ``select``: memoized partitioned,
     rr-clusters and smp collections (``memoize.kind`` partition, cluster, select) of the
-    device ``DEVICE_ID``."""
+    device ``DEVICE_ID``; under ``numeric``, a memoized sw-hm collection (α-point rounding,
+    the task memoized with its wave) and the rounding of four device ids."""
     from ldpstream.estimators.stream.longitudinal import Memoize
 
     dom = Domain(DOM.attrs[:2], DOM.shape[:2], DOM.labels[:2])
@@ -393,6 +434,7 @@ def memo_vectors() -> dict[str, Any]:
             "events": _replay(state, dom, MEMO_EVENTS, 1, 77, (3.5, 60.0), 50.0),
             "partition": case(part, 78, 8.0), "partition_olh": case(olh, 80, 12.0),
             "cluster": case(clus, 79, 9.0), "select": case(smp, 81, 7.0),
+            "numeric": _numeric_memo(),
             "daily": {"device": state["device"], "seed": "82", "max_epsilon_per_day": 3.0,
                       "budget": {"epsilon": 100.0, "window_s": 60.0}, "resend_every_s": None,
                       "fingerprint": Program(state["device"]).memo.fingerprint,
@@ -508,6 +550,21 @@ def limits_vectors() -> dict[str, Any]:
         ("select weight 0", _desc([num], [
             {"op": "select", "out": None, "weights": [1.0, 0.0], "branches": [[wave], [wave]]}]),
          "device.steps[0].weights"),
+    ]
+    big = {"min": 0, "max": 1, "grid": 5000}
+    memo_wave = {"rotation_s": None, "permanent": [wave]}
+    refused += [
+        ("α-point rounding of a categorical attribute", dict(
+            _desc([["a", "b"]], []), memoize={"rotation_s": None, "permanent": [
+                {"op": "grr", "in": [0], "out": [0], "p": 0.75}],
+                "round": [{"points": [0, 1], "seed": "1"}]}), "device.memoize.round[0]"),
+        ("α-point rounding points not ending on the grid's last index", dict(
+            _desc([num], []), memoize=dict(memo_wave, round=[{"points": [0, 5], "seed": "1"}])),
+         "device.memoize.round[0].points"),
+        ("4,099 rounding points (beyond the matrix entries in all)", dict(
+            _desc([big], []), memoize=dict(memo_wave, round=[
+                {"points": list(range(4098)) + [4999], "seed": "1"}])),
+         "device.memoize.round[0].points"),
     ]
     accepted = [
         ("a wave (Square Wave, ε ln 3 on its window)", _desc([num], [wave])),

@@ -87,7 +87,7 @@ typedef struct ldp_program {
   char family[32];
   uint32_t n_attrs, width, n_steps;
   uint32_t n_top;                      /* steps[0..n_top): the steps list (with branches) */
-  int memoized;                        /* steps[n_top + u]: permanent step of memo unit u */
+  int memoized;                        /* steps[unit_at[u]]: permanent step of memo unit u */
   uint8_t memo_kind;                   /* 0 attribute, 1 cluster, 2 partition, 3 select */
   uint32_t n_units;                    /* permanent steps (attribute, cluster) or 1 */
   uint64_t memo_seed;                  /* select: mix64(seed) */
@@ -98,6 +98,12 @@ typedef struct ldp_program {
   uint32_t size[LDP_MAX_ATTRS];        /* labels, or a numeric attribute's grid points */
   uint8_t numeric[LDP_MAX_ATTRS];      /* 1: a numeric attribute, its range in range[j] */
   double range[LDP_MAX_ATTRS][2];      /* min, max of a numeric attribute */
+  uint32_t round_n[LDP_MAX_ATTRS];     /* memoized: alpha-point rounding points of attribute j
+                                          (0: not rounded), grid indices in cum from
+                                          round_at[j] */
+  uint32_t round_at[LDP_MAX_ATTRS];
+  uint64_t round_seed[LDP_MAX_ATTRS];  /* mix64(its alpha seed) */
+  uint16_t unit_at[LDP_MAX_ATTRS];     /* memoized: the permanent step of memo unit u */
   uint32_t name_at[LDP_MAX_ATTRS];     /* offset of the attribute name in text */
   uint32_t label0[LDP_MAX_ATTRS];      /* first label index of each attribute */
   uint32_t label_at[LDP_MAX_LABELS];   /* offsets of labels in text */
@@ -131,6 +137,14 @@ void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t 
 uint64_t ldp_step_apply(const ldp_program *prog, uint32_t step, uint64_t cell, ldp_rng *rng);
 /* a wave step's cell (no offset) for grid index i of its attribute (privacy audits) */
 uint64_t ldp_wave_cell(const ldp_program *prog, uint32_t step, uint32_t i, ldp_rng *rng);
+/* a device's alpha in [0, 1) for attribute j of a memoized description with rounding:
+   (mix64(device_id ^ mix64(seed)) >> 11) * 2^-53 (docs/device-protocol.md, "Numeric
+   memoization"); 0 when j is not rounded */
+double ldp_alpha(const ldp_program *prog, uint32_t j, uint64_t device_id);
+/* the record a memoized description keys its memos by: x with every rounded attribute's grid
+   index alpha-point rounded with the device's alpha (a copy of x otherwise) */
+void ldp_memo_round(const ldp_program *prog, const uint32_t *x, uint64_t device_id,
+                    uint32_t *rounded);
 /* a partition table's oracle code of a cell (no offset) */
 uint64_t ldp_table_code(const ldp_table *t, uint64_t cell, ldp_rng *rng);
 /* GRR over k cells with keep p */

@@ -57,7 +57,8 @@
 #endif
 #ifndef LDP_MAX_MATRIX
 #define LDP_MAX_MATRIX LDP_DEF_MATRIX        /* matrix entries in all (matrix, copy, keep rows;
-                                                 a bloom: values + 1 + positions) */
+                                                 a bloom: values + 1 + positions; a memoize.round
+                                                 entry: its points) */
 #endif
 #ifndef LDP_MAX_LABELS
 #define LDP_MAX_LABELS LDP_DEF_LABELS        /* category labels in all */

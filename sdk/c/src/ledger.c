@@ -181,8 +181,10 @@ static int find_memo(const ldp_ledger *l, const ldp_program *p, uint32_t j, uint
 int ldp_memo_report(ldp_ledger *l, const ldp_program *p, const uint32_t *x, uint64_t device_id,
                     double now, double resend_every_s, ldp_rng *rng, uint32_t *report,
                     double *cost) {
-  uint32_t unit[LDP_MAX_ATTRS], cell[LDP_MAX_ATTRS], y[LDP_MAX_ATTRS];
+  uint32_t unit[LDP_MAX_ATTRS], cell[LDP_MAX_ATTRS], y[LDP_MAX_ATTRS], xr[LDP_MAX_ATTRS];
   int have[LDP_MAX_ATTRS];
+  ldp_memo_round(p, x, device_id, xr); /* the record the memos are keyed by */
+  x = xr;
   int64_t period = p->rotation_s > 0 ? (int64_t)floor(now / p->rotation_s) : 0;
   *cost = 0.0;
   if (period < l->period) period = l->period; /* a clock stepped back keeps the newest period */

@@ -1,6 +1,6 @@
 /* The memoized part of a description (docs/device-protocol.md, "Memoized descriptions"), run
-   layer: the memo units a record needs, their draws and the report made from them
-   (parse_memo.c parses it). No allocation. */
+   layer: the memo units a record needs, their draws and the report made from them, alpha-point
+   rounding (parse_memo.c parses it). No allocation. */
 #include <string.h>
 
 #include "run.h"
@@ -20,7 +20,7 @@ uint32_t ldp_memo_keys(const ldp_program *p, const uint32_t *x, uint64_t device_
   }
   if (p->memo_kind != LDP_MEMO_PARTITION) {
     for (uint32_t u = 0; u < p->n_units; u++) {
-      const ldp_step *s = &p->steps[p->n_top + u];
+      const ldp_step *s = &p->steps[p->unit_at[u]];
       unit[u] = u;
       cell[u] = (uint32_t)ldp_ravel(p, s->in, s->n_in, x);
     }
@@ -38,7 +38,7 @@ uint32_t ldp_memo_keys(const ldp_program *p, const uint32_t *x, uint64_t device_
 
 double ldp_memo_unit_eps(const ldp_program *p, uint32_t unit) {
   if (p->memo_kind == LDP_MEMO_SELECT) return branch(p, unit)->eps;
-  if (p->memo_kind != LDP_MEMO_PARTITION) return p->steps[p->n_top + unit].eps;
+  if (p->memo_kind != LDP_MEMO_PARTITION) return p->steps[p->unit_at[unit]].eps;
   const ldp_table *t = &p->tables[p->steps[p->n_top].first + unit];
   return ldp_grr_epsilon(t->p, t->g ? t->g : t->cells);
 }
@@ -47,8 +47,18 @@ uint32_t ldp_memo_draw(const ldp_program *p, uint32_t unit, uint32_t cell, ldp_r
   if (p->memo_kind == LDP_MEMO_SELECT)
     return (uint32_t)ldp_step_apply(p, p->branch_start[p->steps[p->n_top].first + unit], cell,
                                     rng);
-  if (p->memo_kind != LDP_MEMO_PARTITION)
-    return (uint32_t)ldp_step_apply(p, p->n_top + unit, cell, rng);
+  if (p->memo_kind != LDP_MEMO_PARTITION) {
+    uint32_t at = p->unit_at[unit];
+    const ldp_step *s = &p->steps[at];
+    if (s->op == LDP_OP_SELECT) { /* a numeric unit: the task, then its wave */
+      uint32_t b = s->value ? ldp_categorical(rng, p->cum + s->cum, s->count)
+                            : (uint32_t)ldp_uniform(rng, s->count);
+      at = p->branch_start[s->first + b];
+    }
+    if (p->steps[at].op == LDP_OP_WAVE) /* the column's value: offset + the wave's cell */
+      return (uint32_t)(p->steps[at].value + ldp_wave_cell(p, at, cell, rng));
+    return (uint32_t)ldp_step_apply(p, at, cell, rng);
+  }
   return (uint32_t)ldp_table_code(&p->tables[p->steps[p->n_top].first + unit], cell, rng);
 }
 
@@ -80,8 +90,12 @@ void ldp_memo_emit(const ldp_program *p, const uint32_t *unit, const uint32_t *r
   }
   uint32_t y[LDP_MAX_ATTRS];
   for (uint32_t u = 0; u < n; u++) {
-    const ldp_step *s = &p->steps[p->n_top + unit[u]];
+    const ldp_step *s = &p->steps[p->unit_at[unit[u]]];
     uint64_t c = resp[u];
+    if (s->op == LDP_OP_WAVE || s->op == LDP_OP_SELECT) { /* a numeric unit: its column */
+      y[s->in[0]] = resp[u];
+      continue;
+    }
     for (int i = s->n_in - 1; i >= 0; i--) {
       y[s->out[i]] = (uint32_t)(c % p->size[s->in[i]]);
       c /= p->size[s->in[i]];
@@ -89,4 +103,27 @@ void ldp_memo_emit(const ldp_program *p, const uint32_t *unit, const uint32_t *r
   }
   if (p->n_top) ldp_program_randomize(p, y, 0, rng, report);
   else memcpy(report, y, sizeof(uint32_t) * p->n_attrs);
+}
+
+double ldp_alpha(const ldp_program *p, uint32_t j, uint64_t device_id) {
+  if (!p->round_n[j]) return 0.0;
+  return (double)(ldp_mix64(device_id ^ p->round_seed[j]) >> 11) * 0x1p-53;
+}
+
+void ldp_memo_round(const ldp_program *p, const uint32_t *x, uint64_t device_id,
+                    uint32_t *rounded) {
+  for (uint32_t j = 0; j < p->n_attrs; j++) {
+    rounded[j] = x[j];
+    if (!p->round_n[j]) continue;
+    /* k: the last point <= x, at most the second last (binary search) */
+    const double *pts = p->cum + p->round_at[j];
+    uint32_t lo = 0, hi = p->round_n[j] - 1;
+    while (hi - lo > 1) {
+      uint32_t mid = lo + (hi - lo) / 2;
+      if (pts[mid] <= (double)x[j]) lo = mid;
+      else hi = mid;
+    }
+    double frac = ((double)x[j] - pts[lo]) / (pts[lo + 1] - pts[lo]);
+    rounded[j] = (uint32_t)(frac > ldp_alpha(p, j, device_id) ? pts[lo + 1] : pts[lo]);
+  }
 }

@@ -10,8 +10,9 @@
  *   ldp_sample bench randomize.json SECONDS   one JSON line per case: reports randomized per
  *       second on one core; ldpstream bench sdk
  *   ldp_sample memo-audit memo.json SAMPLES    per memoized case and memo unit (attribute,
- *       cluster, or partition table of slot 0 with at most 36 cells and 400 codes): the counts
- *       of (true cell, reported cell or code) over SAMPLES reports, each in a new rotation
+ *       cluster, or partition table of slot 0 with at most 36 cells and 400 codes; a numeric
+ *       attribute's grid index and column value): the counts of (true cell, reported cell or
+ *       code) over SAMPLES reports of device 1, each in a new rotation
  *       period (a new memo), every record of the domain in turn; tests/test_sdk_memo_audit.py
  *   ldp_sample sizes                          the bytes of the structures a device keeps
  */
@@ -180,6 +181,19 @@ static void audit(const char *name, long samples, ldp_rng *rng) {
    "Memoized descriptions"); one line per unit: its cells x outputs counts */
 static uint64_t mc[LDP_MAX_STEPS][36 * 400];
 
+/* a numeric memo unit (a wave, or a select over waves): the outputs its column takes (the
+   largest offset + cells), else 0 */
+static uint64_t numeric_codes(const ldp_step *s) {
+  if (s->op == 10) return s->value + s->cells;
+  if (s->op != 3) return 0;
+  uint64_t top = 0;
+  for (uint16_t b = 0; b < s->count; b++) {
+    const ldp_step *w = &prog.steps[prog.branch_start[s->first + b]];
+    if (w->value + w->cells > top) top = w->value + w->cells;
+  }
+  return top;
+}
+
 static int memo_audit(const char *name, long samples, ldp_rng *rng) {
   static ldp_ledger ledger;
   uint32_t x[LDP_MAX_ATTRS] = {0}, report[LDP_MAX_WIDTH], n_rec = 1;
@@ -212,8 +226,13 @@ static int memo_audit(const char *name, long samples, ldp_rng *rng) {
           for (uint8_t i = 0; i < tb->n_in; i++) cell = cell * prog.size[tb->in[i]] + x[tb->in[i]];
           mc[u][cell * codes + (code - tb->offset)]++;
         } else {
-          const ldp_step *s = &prog.steps[sel ? prog.branch_start[ps->first + u] : prog.n_top + u];
-          uint64_t cell = 0, out = 0;
+          const ldp_step *s = &prog.steps[sel ? prog.branch_start[ps->first + u] : prog.unit_at[u]];
+          uint64_t cell = 0, out = 0, codes = sel ? 0 : numeric_codes(s);
+          if (codes) { /* a numeric unit: (grid index, column value) */
+            if (prog.size[s->in[0]] <= 36 && codes <= 400)
+              mc[u][x[s->in[0]] * codes + report[s->in[0]]]++;
+            continue;
+          }
           if (s->cells > 36 || (sel && report[ps->out[0]] != u)) continue;
           for (uint8_t i = 0; i < s->n_in; i++) {
             cell = cell * prog.size[s->in[i]] + x[s->in[i]];
@@ -232,7 +251,10 @@ static int memo_audit(const char *name, long samples, ldp_rng *rng) {
       cols = tb->g ? tb->g : tb->cells;
       for (uint32_t k = 0; tb->g && k < tb->r; k++) cols *= tb->g;
     } else {
-      rows = cols = prog.steps[sel ? prog.branch_start[ps->first + u] : prog.n_top + u].cells;
+      const ldp_step *s = &prog.steps[sel ? prog.branch_start[ps->first + u] : prog.unit_at[u]];
+      cols = sel ? 0 : numeric_codes(s);
+      rows = cols ? prog.size[s->in[0]] : s->cells;
+      if (!cols) cols = s->cells;
     }
     if (rows > 36 || cols > 400) continue;
     printf("{\"case\":\"%s\",\"unit\":%u,\"counts\":[", name, u);

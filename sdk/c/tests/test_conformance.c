@@ -47,7 +47,7 @@ static int beyond_limits(const char *name, int r, const char *err) {
                                         "sw-hm-duchi", "memo",
                                         "memoized partition", "memoized partition (olh)",
                                         "memoized cluster", "memoized select",
-                                        "memoized across midnight"};
+                                        "memoized across midnight", "memoized numeric"};
   if (r != LDP_UNUSABLE) return 0;
   for (size_t i = 0; i < sizeof typical / sizeof typical[0]; i++)
     if (strcmp(name, typical[i]) == 0) return 0;
@@ -334,6 +334,30 @@ static void memo_replay(json_t *v, const char *what) {
   }
 }
 
+/* the memoized numeric case's alpha of each device id and its rounding of every grid index */
+static void alpha_vectors(json_t *v) {
+  char err[256], *dev = json_dumps(json_object_get(v, "device"), JSON_COMPACT);
+  static ldp_program prog;
+  int r = ldp_program_parse(&prog, dev, strlen(dev), err, sizeof err);
+  free(dev);
+  if (beyond_limits("memoized numeric", r, err)) return;
+  size_t i, k;
+  json_t *e, *want;
+  json_array_foreach(json_object_get(v, "alpha"), i, e) {
+    uint64_t id = u64(json_object_get(e, "device_id"));
+    uint32_t j = (uint32_t)json_integer_value(json_object_get(e, "attribute"));
+    double a = ldp_alpha(&prog, j, id);
+    CHECK(a == json_number_value(json_object_get(e, "alpha")), "alpha %zu: %.17g", i, a);
+    json_array_foreach(json_object_get(e, "rounded"), k, want) {
+      uint32_t x[LDP_MAX_ATTRS] = {0}, got[LDP_MAX_ATTRS];
+      x[j] = (uint32_t)k;
+      ldp_memo_round(&prog, x, id, got);
+      CHECK(got[j] == (uint32_t)json_integer_value(want), "alpha %zu: %zu rounds to %u", i, k,
+            got[j]);
+    }
+  }
+}
+
 static void memo_vectors(json_t *v) {
   memo_replay(v, "memo");
   memo_replay(json_object_get(v, "partition"), "memoized partition");
@@ -341,6 +365,8 @@ static void memo_vectors(json_t *v) {
   memo_replay(json_object_get(v, "cluster"), "memoized cluster");
   memo_replay(json_object_get(v, "select"), "memoized select");
   memo_replay(json_object_get(v, "daily"), "memoized across midnight");
+  memo_replay(json_object_get(v, "numeric"), "memoized numeric");
+  alpha_vectors(json_object_get(v, "numeric"));
 }
 
 static void hex_of(const uint8_t *b, size_t n, char *out) {

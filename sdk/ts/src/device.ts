@@ -3,7 +3,7 @@
 import { encodeBatch } from "./batch.js";
 import { Credential, authenticateBatch } from "./identity.js";
 import { Ledger } from "./ledger.js";
-import { memoDraw, memoEpsilon, memoKeys, memoRecord } from "./memo.js";
+import { memoDraw, memoEpsilon, memoKeys, memoRecord, memoRound } from "./memo.js";
 import { RecordValues } from "./program.js";
 import { DrawSource, OsRandom } from "./rng.js";
 import { State, StateRejected, Trust, acceptState } from "./state.js";
@@ -144,13 +144,14 @@ export class Device {
     const period = Math.max(memo.rotationS === null ? 0 : Math.floor(now / memo.rotationS),
                             ledger.period);
     const newer = period > ledger.period;
-    const record = `${memo.fingerprint}:${x.join(",")}`;
+    const xr = memoRound(memo, x, this.opts.deviceId);   // what the memos are keyed by
+    const record = `${memo.fingerprint}:${xr.join(",")}`;
     const last = newer ? undefined : ledger.sent.get(record);
     const resend = this.opts.resendEveryS;
     if (last !== undefined && (resend === undefined || resend <= 0 || now - last < resend))
       return { status: "duplicate", epsilon: 0, version: st.version,
                reason: "this record was already reported in this rotation period" };
-    const units = memoKeys(memo, x, this.opts.deviceId, period);
+    const units = memoKeys(memo, xr, this.opts.deviceId, period);
     const keys = units.map(([u, c]) => `${memo.fingerprint}:${u}:${c}`);
     const have = keys.map((k) => (newer ? undefined : ledger.memos.get(k)));
     let cost = 0;

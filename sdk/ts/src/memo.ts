@@ -3,20 +3,44 @@
  * attribute: one permanent step per attribute; cluster: one per cluster of attributes;
  * partition: one partition step, its first table fixed per (device, period), the oracle code
  * memoized, an optional instantaneous GRR per table; select (smp): one select step, its branch
- * fixed per (device, period), each branch one grr/matrix step memoized per cell. */
+ * fixed per (device, period), each branch one grr/matrix step memoized per cell. Kind attribute
+ * may alpha-point round numeric attributes first (round: points and the alpha seed) and
+ * memoize a numeric one's wave, or the weighted select over its waves (the task drawn with the
+ * response). */
 import { blake2b } from "@noble/hashes/blake2.js";
 
-import { DrawSource } from "./rng.js";
-import { Leaf, M64, Partition, ProgramError, Select, Table, apply, grr, grrEpsilon, mix64,
-         ravel, tableCode } from "./steps.js";
+import { DrawSource, categorical, uniform } from "./rng.js";
+import { Leaf, M64, Partition, ProgramError, Select, Table, Wave, apply, grr, grrEpsilon, mix64,
+         ravel, tableCode, waveCell } from "./steps.js";
 
 export type MemoKind = "attribute" | "cluster" | "partition" | "select";
+
+/** A numeric attribute's memo unit: its wave, or the select over its waves; `cells` its grid
+ * points, `codes` the values its column takes. */
+export interface NumericUnit {
+  op: "numeric";
+  cols: number[];
+  sizes: number[];
+  out: number[];
+  cells: number;
+  codes: number;
+  step: Wave | Select;
+  eps: number;
+}
+
+/** alpha-point rounding of one attribute: its points and mix64 of its alpha seed */
+export interface Rounding {
+  points: number[];
+  seed: bigint;
+}
 
 export interface Memo {
   kind: MemoKind;
   rotationS: number | null;
   /** attribute, cluster: one step per unit; select: one per branch */
-  permanent: Leaf[];
+  permanent: (Leaf | NumericUnit)[];
+  /** attribute: per attribute its rounding (null: none), or null */
+  round: (Rounding | null)[] | null;
   /** select: the index column and mix64(seed) */
   select: { out: number; seed: bigint } | null;
   /** partition: the step; partition, select: the instantaneous keep per table or branch */
@@ -29,13 +53,25 @@ export interface Memo {
 }
 
 /** op byte, cells u32 LE, then p or the matrix entries as f64 LE, for every permanent step; a
- * partition step: per table op byte 3, oracle byte, cells u32, g u32, p f64 (all LE) */
-export function fingerprint(steps: (Leaf | Partition | Select)[], raw: unknown[]): string {
+ * partition step: per table op byte 3, oracle byte, cells u32, g u32, p f64 (all LE); a select
+ * byte 4 (with weights: 6, their count u32 and each f64) then its branches' steps; a wave byte
+ * 5, grid, offset and cells u32, round u8, range, at, width and p f64 */
+export function fingerprint(steps: (Leaf | Partition | Select | Wave)[], raw: unknown[]
+                            ): string {
   const parts: number[] = [];
   const buf = new DataView(new ArrayBuffer(8));
   const push = (n: number) => { for (let i = 0; i < n; i++) parts.push(buf.getUint8(i)); };
   const f64 = (x: number) => { buf.setFloat64(0, x, true); push(8); };
-  const leaf = (s: Leaf, d: unknown) => {
+  const wave = (s: Wave) => {   // byte 5, grid, offset, cells u32, round u8, 6 f64
+    buf.setUint8(0, 5);
+    push(1);
+    for (const v of [s.grid, s.offset, s.cells]) { buf.setUint32(0, v, true); push(4); }
+    buf.setUint8(0, s.rounded ? 1 : 0);
+    push(1);
+    [...s.wave, s.p].forEach(f64);
+  };
+  const leaf = (s: Leaf | Wave, d: unknown) => {
+    if (s.op === "wave") { wave(s); return; }
     buf.setUint8(0, s.op === "grr" ? 1 : 2);
     push(1);
     buf.setUint32(0, s.cells, true);
@@ -44,11 +80,18 @@ export function fingerprint(steps: (Leaf | Partition | Select)[], raw: unknown[]
     values.forEach(f64);
   };
   steps.forEach((s, j) => {
+    if (s.op === "wave") { wave(s); return; }
     if (s.op === "select") {
-      buf.setUint8(0, 4);
+      const w = (raw[j] as { weights?: number[] | null }).weights ?? null;
+      buf.setUint8(0, w === null ? 4 : 6);
       push(1);
+      if (w !== null) {
+        buf.setUint32(0, w.length, true);
+        push(4);
+        w.forEach(f64);
+      }
       const branches = (raw[j] as { branches: unknown[][] }).branches;
-      s.branches.forEach((b, i) => leaf(b[0] as Leaf, branches[i][0]));
+      s.branches.forEach((b, i) => leaf(b[0] as Leaf | Wave, branches[i][0]));
       return;
     }
     if (s.op === "partition") {
@@ -80,15 +123,32 @@ function instantaneous(m: Record<string, unknown>, n: number): number[] | null {
   return inst as number[] | null;
 }
 
+/** A numeric attribute's permanent step as a memo unit: a wave writing its own column, or a
+ * select with out null over one such wave per branch (null: neither). */
+function numericUnit(s: Leaf | Partition | Select | Wave): NumericUnit | null {
+  const own = (w: unknown): w is Wave => (w as Wave).op === "wave" && (w as Wave).out === (w as Wave).col;
+  let waves: Wave[];
+  if (s.op === "wave") waves = [s];
+  else if (s.op === "select" && s.out === null &&
+           s.branches.every((b) => b.length === 1 && own(b[0])))
+    waves = s.branches.map((b) => b[0] as Wave);
+  else return null;
+  if (!waves.every((w) => own(w) && w.col === waves[0].col)) return null;
+  const w = waves[0];
+  return { op: "numeric", cols: [w.col], sizes: [w.grid], out: [w.col], cells: w.grid,
+           codes: Math.max(...waves.map((v) => v.offset + v.cells)), step: s as Wave | Select,
+           eps: s.eps };
+}
+
 export function makeMemo(m: Record<string, unknown>, kind: MemoKind, rotationS: number | null,
-                         perm: (Leaf | Partition | Select)[], nAttrs: number,
-                         width: number): Memo {
+                         perm: (Leaf | Partition | Select | Wave)[], nAttrs: number,
+                         width: number, round: (Rounding | null)[] | null = null): Memo {
   const raw = m.permanent as unknown[];
   if (kind === "partition") {
     const s = perm[0];
     if (perm.length !== 1 || s.op !== "partition")
       throw new ProgramError("device.memoize.permanent", "kind partition: one partition step");
-    return { kind, rotationS, permanent: [], select: null, partition: s,
+    return { kind, rotationS, permanent: [], round: null, select: null, partition: s,
              instantaneous: instantaneous(m, s.tables.length), fingerprint: fingerprint(perm, raw),
              epsilon: s.eps };
   }
@@ -101,24 +161,51 @@ export function makeMemo(m: Record<string, unknown>, kind: MemoKind, rotationS: 
     const seed = m.seed;
     if (typeof seed !== "string" || !/^[0-9]{1,20}$/.test(seed) || BigInt(seed) > M64)
       throw new ProgramError("device.memoize.seed", "must be a u64 as a decimal string");
-    return { kind, rotationS, permanent: s.branches.map((b) => b[0] as Leaf),
+    return { kind, rotationS, permanent: s.branches.map((b) => b[0] as Leaf), round: null,
              select: { out: s.out, seed: mix64(BigInt(seed)) }, partition: null,
              instantaneous: instantaneous(m, s.branches.length),
              fingerprint: fingerprint(perm, raw), epsilon: s.eps };
   }
-  const leaves = perm as Leaf[];
-  const covered = leaves.flatMap((s) => s.cols);
+  const units = perm.map((s) => (s.op === "grr" || s.op === "matrix" ? s
+    : kind === "attribute" ? numericUnit(s) : null));
+  const covered = units.flatMap((s) => s?.cols ?? []);
   const ok = width === nAttrs && covered.length === nAttrs && new Set(covered).size === nAttrs &&
-    leaves.every((s, j) => (s.op === "grr" || s.op === "matrix") &&
-                 s.cols.every((c, i) => s.out[i] === c) &&
+    units.every((s, j) => s !== null && s.cols.every((c, i) => s.out[i] === c) &&
                  (kind === "cluster" || (s.cols.length === 1 && s.cols[0] === j)));
   if (!ok)
     throw new ProgramError("device.memoize.permanent", "must hold one grr or matrix step per " +
-                           "attribute j, in and out [j], in order (kind cluster: per cluster, " +
-                           "the clusters covering every attribute once; width must be the " +
-                           "attribute count)");
-  return { kind, rotationS, permanent: leaves, select: null, partition: null, instantaneous: null,
-           fingerprint: fingerprint(leaves, raw), epsilon: leaves.reduce((e, s) => e + s.eps, 0) };
+                           "attribute j, in and out [j], in order (a numeric one: its wave, or " +
+                           "a select with out null over one wave per branch, in [j] and out j; " +
+                           "kind cluster: grr or matrix per cluster, the clusters covering " +
+                           "every attribute once; width must be the attribute count)");
+  const leaves = units as (Leaf | NumericUnit)[];
+  return { kind, rotationS, permanent: leaves, round, select: null, partition: null,
+           instantaneous: null, fingerprint: fingerprint(perm, raw),
+           epsilon: leaves.reduce((e, s) => e + s.eps, 0) };
+}
+
+/** A device's alpha in [0, 1) under a rounding: (mix64(id ^ mix64(seed)) >> 11) * 2^-53. */
+export function alpha(r: Rounding, deviceId: bigint): number {
+  return Number(mix64(BigInt.asUintN(64, deviceId) ^ r.seed) >> 11n) * 2 ** -53;
+}
+
+/** The record the memos are keyed by: each rounded attribute's grid index alpha-point rounded
+ * with the device's alpha (to the point below it, or the next one when its fraction of the way
+ * there exceeds alpha). */
+export function memoRound(memo: Memo, x: number[], deviceId: bigint): number[] {
+  if (!memo.round) return x;
+  return x.map((v, j) => {
+    const r = memo.round![j];
+    if (!r) return v;
+    const pts = r.points;
+    let lo = 0, hi = pts.length - 1;
+    while (hi - lo > 1) {
+      const mid = lo + Math.floor((hi - lo) / 2);
+      if (pts[mid] <= v) lo = mid;
+      else hi = mid;
+    }
+    return (v - pts[lo]) / (pts[lo + 1] - pts[lo]) > alpha(r, deviceId) ? pts[lo + 1] : pts[lo];
+  });
 }
 
 export function memoKind(m: Record<string, unknown>): MemoKind {
@@ -158,7 +245,14 @@ export function memoEpsilon(memo: Memo, unit: number): number {
 
 /** A new permanent response of a unit for a cell (partition: the oracle code, no offset). */
 export function memoDraw(memo: Memo, unit: number, cell: number, rng: DrawSource): number {
-  if (!memo.partition) return apply(memo.permanent[unit], cell, rng);
+  const u = memo.permanent[unit];
+  if (!memo.partition && u.op === "numeric") {   // the task, then its wave: the column's value
+    const s = u.step;
+    const w = s.op === "wave" ? s : s.branches[s.weights ? categorical(rng, s.weights)
+      : uniform(rng, s.branches.length)][0] as Wave;
+    return w.offset + waveCell(w, cell, rng);
+  }
+  if (!memo.partition) return apply(u as Leaf, cell, rng);
   return tableCode(memo.partition.tables[unit], cell, rng);
 }
 
@@ -182,6 +276,7 @@ export function memoRecord(memo: Memo, keys: [number, number][], values: number[
   keys.forEach(([unit], i) => {
     const p = memo.permanent[unit];
     let cell = values[i];
+    if (p.op === "numeric") { out[p.cols[0]] = cell; return; }
     if (memo.select) {   // the index, then the branch's (re-randomized) output cell
       out[memo.select.out] = unit;
       if (memo.instantaneous) cell = grr(cell, p.cells, memo.instantaneous[unit], rng);

@@ -1,7 +1,7 @@
 /** The randomization description: parse, epsilon, labels -> indices, randomize
  * (docs/device-protocol.md, "Randomization description"). */
 import { DrawSource, categorical, uniform } from "./rng.js";
-import { Memo, makeMemo, memoKind } from "./memo.js";
+import { Memo, Rounding, makeMemo, memoKind } from "./memo.js";
 import { Leaf, M64, MAX_ATTRS, MAX_CELLS, MAX_GRID, MAX_LABEL_BYTES, MAX_LABELS,
          MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_TABLES, MAX_WIDTH, NUMBER_TEXT, bloomHamming,
          cellCount, utf8Length, PROGRAM_VERSION, Partition, Post, ProgramError, SchemaError,
@@ -102,10 +102,40 @@ export class Program {
     const rot = m.rotation_s ?? null;
     if (rot !== null && !(typeof rot === "number" && Number.isFinite(rot) && rot > 0))
       throw new ProgramError("device.memoize.rotation_s", "must be a number > 0 or null");
+    if (kind !== "attribute" && m.round !== undefined && m.round !== null)
+      throw new ProgramError("device.memoize.round", "only with kind attribute");
+    const round = this.parseRound(m.round);
     const perm = this.parseSteps(m.permanent, "device.memoize.permanent",
-                                 kind === "partition" || kind === "select" ? 0 : 1
-                                 ) as (Leaf | Partition | Select)[];
-    return makeMemo(m, kind, rot, perm, this.attrs.length, this.width);
+                                 kind === "cluster" ? 1 : 0) as (Leaf | Partition | Select | Wave)[];
+    return makeMemo(m, kind, rot, perm, this.attrs.length, this.width, round);
+  }
+
+  /** round: null, or per attribute null or a numeric one's {points, seed}: grid indices from 0
+   * to the last, increasing (each a matrix entry), the alpha seed a u64 as a decimal string. */
+  private parseRound(r: unknown): (Rounding | null)[] | null {
+    if (r === undefined || r === null) return null;
+    if (!Array.isArray(r) || r.length !== this.attrs.length)
+      throw new ProgramError("device.memoize.round", `must be null or ${this.attrs.length} ` +
+                             "entries, one per attribute");
+    return r.map((e, j) => {
+      const f = `device.memoize.round[${j}]`;
+      if (e === null) return null;
+      const range = this.ranges[j];
+      if (!isObj(e) || range === null || !Array.isArray(e.points))
+        throw new ProgramError(f, "must be null or, for a numeric attribute, {points, seed}");
+      const pts = e.points;
+      this.matrixEntries += pts.length;
+      if (this.matrixEntries > MAX_MATRIX_ENTRIES || pts.length < 2 ||
+          !pts.every((v, i) => isInt(v) && (i === 0 ? v === 0 : v > pts[i - 1])) ||
+          pts[pts.length - 1] !== range[2] - 1)
+        throw new ProgramError(`${f}.points`, "must be increasing grid indices from 0 to " +
+                               `${range[2] - 1} (each counts against the ${MAX_MATRIX_ENTRIES} ` +
+                               "matrix entries in all)");
+      const seed = e.seed;
+      if (typeof seed !== "string" || !/^[0-9]{1,20}$/.test(seed) || BigInt(seed) > M64)
+        throw new ProgramError(`${f}.seed`, "must be a u64 as a decimal string");
+      return { points: pts as number[], seed: mix64(BigInt(seed)) };
+    });
   }
 
   /** False for a memoized description whose reports are the permanent responses. */

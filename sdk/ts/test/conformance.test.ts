@@ -9,6 +9,8 @@ import { Device, Ledger, Program, ProgramError, SchemaError, SplitMix64, State, 
          Trust, Transport, acceptState, authenticateBatch, bernoulli, categorical,
          deriveCredential, encodeBatch, parseCredential, uniform } from "../src/index.js";
 
+import { alpha, memoRound } from "../src/memo.js";
+
 const DIR = new URL("../../../conformance/", import.meta.url);
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Json = any;
@@ -167,6 +169,21 @@ test("memoized reports", async () => {
   await memoReplay(v.cluster, "rr-clusters");
   await memoReplay(v.select, "smp");
   await memoReplay(v.daily, "rr-ind");
+  await memoReplay(v.numeric, "sw-hm");
+});
+
+test("memoized numeric: each device's alpha and its rounding of every grid index", () => {
+  const v = load("memo.json").numeric;
+  const memo = new Program(v.device).memo!;
+  for (const e of v.alpha) {
+    const id = BigInt(e.device_id);
+    assert.equal(alpha(memo.round![e.attribute]!, id), e.alpha, e.device_id);
+    e.rounded.forEach((want: number, i: number) => {
+      const x = [0, 0];
+      x[e.attribute] = i;
+      assert.equal(memoRound(memo, x, id)[e.attribute], want, `${e.device_id} ${i}`);
+    });
+  }
 });
 
 test("mangled signed records get a decision, never a crash", () => {

@@ -1,8 +1,9 @@
 // Counts of a memoized description's units (select: of the reports carrying that branch) over
-// reports that each start a new rotation period (a new memo): tools/sample.ts memo-audit,
+// reports of device 1 that each start a new rotation period (a new memo; a numeric unit: grid
+// index x column value): tools/sample.ts memo-audit,
 // tests/test_sdk_memo_audit.py.
 import { DrawSource, Program } from "../src/index.js";
-import { memoDraw, memoKeys, memoRecord } from "../src/memo.js";
+import { memoDraw, memoKeys, memoRecord, memoRound } from "../src/memo.js";
 import { ravel } from "../src/steps.js";
 
 export function memoAudit(program: Program, samples: number, rng: DrawSource
@@ -13,7 +14,7 @@ export function memoAudit(program: Program, samples: number, rng: DrawSource
                                                  out: [] as number[], offset: t.offset,
                                                  codes: t.g ? t.g ** (t.r + 1) : t.cells }))
     : memo.permanent.map((s) => ({ cols: s.cols, sizes: s.sizes, rows: s.cells, out: s.out,
-                                   offset: 0, codes: s.cells }));
+                                   offset: 0, codes: s.op === "numeric" ? s.codes : s.cells }));
   const counts = units.map((u) => Array.from({ length: u.rows },
                                              () => new Array<number>(u.codes).fill(0)));
   const nRec = program.shape.reduce((a, b) => a * b, 1);
@@ -26,7 +27,7 @@ export function memoAudit(program: Program, samples: number, rng: DrawSource
       rest = Math.floor(rest / program.shape[j]);
     }
     for (let n = 0; n < Math.floor(samples / nRec); n++) {
-      const keys = memoKeys(memo, x, 1n, period++);
+      const keys = memoKeys(memo, memoRound(memo, x, 1n), 1n, period++);
       const rec = memoRecord(memo, keys, keys.map(([u, c]) => memoDraw(memo, u, c, rng)),
                              program.width, rng);
       const report = part || !program.hasSteps ? rec : program.randomize(rec, rng);
@@ -37,6 +38,8 @@ export function memoAudit(program: Program, samples: number, rng: DrawSource
         if (part) {
           const code = report[part.out[0]] - u.offset;
           if (code >= 0 && code < u.codes) counts[i][cell][code]++;
+        } else if (memo.permanent[i]?.op === "numeric") {   // the column's value
+          counts[i][cell][report[u.cols[0]]]++;
         } else {
           counts[i][cell][ravel(report, u.out, u.sizes)]++;
         }

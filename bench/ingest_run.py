@@ -30,10 +30,12 @@ QUIET_P99_TARGET_S = 0.1
 
 
 async def prefill(bootstrap: str, coll: Any, total: int, batch: int,
-                   devices: int = 1000) -> Any:
+                   devices: int = 1000, data: str | None = None) -> Any:
+    """``total`` reports of ``coll`` sent by the simulated fleet, ``batch`` per message, from
+    ``data`` (a CSV, or a generator spec; None: the bundled Adult)."""
     from ldpstream.producers.fleet import run_fleet
 
-    return await run_fleet(bootstrap, coll, rate=0, total=total, batch=batch, seed=1,
+    return await run_fleet(bootstrap, coll, data=data, rate=0, total=total, batch=batch, seed=1,
                            mechanism=coll.mechanism(), devices=devices)
 
 
@@ -183,7 +185,7 @@ def latency_summary(latencies: list[float]) -> dict[str, Any]:
 
 async def ratio_pairs(bootstrap: str, store: Any, cfg_path: Path, env: dict[str, str], coll: Any,
                       total: int, batch: int, repeats: int, work: Path, tag: str,
-                      say: Callable[[str], None]) -> dict[str, Any]:
+                      say: Callable[[str], None], data: str | None = None) -> dict[str, Any]:
     """Prefill ``coll``'s topic with ``total`` reports of ``batch`` per message, then ``repeats``
     raw/ingest pairs back to back (a busy moment of the machine hits one pair; the median pair's
     ratio is the result), the counts reset between pairs. Returns every pair's rates, ratios and
@@ -191,7 +193,7 @@ async def ratio_pairs(bootstrap: str, store: Any, cfg_path: Path, env: dict[str,
     from ldpstream.dev.process import free_port
 
     say(f"{tag}: prefill {total:,} reports, {batch} per message ...")
-    stats = await prefill(bootstrap, coll, total, batch)
+    stats = await prefill(bootstrap, coll, total, batch, data=data)
     raws, ingests, timings, raw_timings = [], [], [], []
     for rep in range(repeats):
         say(f"{tag} [{rep + 1}/{repeats}] raw aiokafka consumption + decode, then ingest ...")

@@ -219,6 +219,10 @@ def report(out: dict[str, Any]) -> None:
 
 
 def main(args: Any) -> int:
+    if getattr(args, "live", False):   # the live ingest ratio: bench/numeric_live.py
+        from ldpstream.bench import numeric_live
+
+        return numeric_live.main(args)
     out = run(quick=bool(getattr(args, "quick", False)), verbose=not args.json)
     if args.json:
         print(json.dumps(out, indent=2, default=float))

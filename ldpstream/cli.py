@@ -281,6 +281,11 @@ def _bench_parsers(sub: Any) -> None:
             b.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
                            help="kafka: also run the raw/ingest pairs on Apache Kafka (JVM, "
                                 "ldpstream/dev/kafka.py), next to the embedded broker's")
+        if "--live" in EXTRA_OPTIONS.get(name, ()):
+            b.add_argument("--live", action="store_true",
+                           help="instead: ingest of a numeric collection against a categorical "
+                                "one of the same width, worker and broker running "
+                                "(bench/numeric_live.py)")
         if "--generate" in EXTRA_OPTIONS.get(name, ()):
             _heldout_options(b)
         if "--steps" in EXTRA_OPTIONS.get(name, ()):

@@ -37,6 +37,26 @@ async def read_collection(store: CountStore, coll) -> dict[str, np.ndarray]:
     return await read_all(store, coll.id, layout, coll.partitions)
 
 
+async def assert_counted(redis_url: str, coll, expected: Mapping[str, np.ndarray], n: int,
+                         timeout: float) -> dict[str, np.ndarray]:
+    """Wait until ``n`` reports of the configured collection ``coll`` are counted, then assert
+    that every one of its tensors (all time, all partitions) equals ``expected``; returns them."""
+    from conftest import wait_for_n
+
+    from ldpstream.agents.app import make_store
+
+    store = make_store(redis_url)
+    try:
+        await wait_for_n(store, coll.id, n, timeout=timeout)
+        got = await read_collection(store, coll)
+        for s in coll.tensors():
+            np.testing.assert_array_equal(got[s.key], expected[s.key], err_msg=s.key)
+        assert await store.n(coll.id, coll.partitions) == n
+        return got
+    finally:
+        await store.close()
+
+
 async def read_fine_buckets(store: CountStore, coll, seconds: float) -> dict[str, np.ndarray]:
     """The sum of a collection's fine time buckets over the last ``seconds`` (all partitions):
     equal to the all-time counts when every report is that recent and counted once per bucket."""

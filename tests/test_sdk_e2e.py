@@ -16,9 +16,8 @@ import subprocess
 import numpy as np
 import pytest
 import yaml
-from conftest import wait_for_n
 from sdk_helpers import TS_DIR, c_sdk, ts_sdk  # noqa: F401
-from store_helpers import read_collection
+from store_helpers import assert_counted
 from test_gateway import TOKEN_A, GatewayProcess, _topic_messages, fleets_doc
 
 from ldpstream.estimators.kernels.domain import Domain
@@ -40,7 +39,6 @@ def _records(seed: int) -> list[dict[str, str]]:
 def test_c_and_ts_devices_through_the_gateway(tmp_path, kafka_broker, redis_server,
                                               spawn_worker, service_env, unique_name,
                                               c_sdk, ts_sdk):  # noqa: F811
-    from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.dev.process import free_port
 
@@ -83,16 +81,8 @@ def test_c_and_ts_devices_through_the_gateway(tmp_path, kafka_broker, redis_serv
             reports = np.concatenate([b.reports for b in batches])
             assert len(reports) == 2 * N
             mech = coll.mechanism()
-            specs = coll.tensors()
-            expected = mech.count(reports, specs)
-            store = make_store(redis_server.url)
-            try:
-                await wait_for_n(store, cid, 2 * N, timeout=60)
-                got = await read_collection(store, coll)
-                for s in specs:
-                    np.testing.assert_array_equal(got[s.key], expected[s.key], err_msg=s.key)
-            finally:
-                await store.close()
+            expected = mech.count(reports, coll.tensors())
+            await assert_counted(redis_server.url, coll, expected, 2 * N, timeout=60)
             return mech.estimate(expected, ("os", "plan"), "castell")
 
         offline = asyncio.run(run())

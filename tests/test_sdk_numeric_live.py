@@ -19,11 +19,10 @@ from contextlib import ExitStack
 import numpy as np
 import pytest
 import yaml
-from conftest import wait_for_n
 from kafka_helpers import read_dlq
 from mqtt_helpers import FLEETS
 from sdk_helpers import TS_DIR, c_sdk, ts_sdk  # noqa: F401
-from store_helpers import read_collection
+from store_helpers import assert_counted
 from test_gateway import TOKEN_A, GatewayProcess, _topic_messages, fleets_doc
 
 from ldpstream.producers.codec import decode_batch, encode_batch, explain_batch
@@ -48,7 +47,6 @@ def _lines(records: list[dict[str, str]]) -> str:
 def test_numeric_reports_over_the_gateway_mqtt_and_kafka(
         tmp_path, mosquitto, kafka_broker, redis_server, spawn_worker, service_env, unique_name,
         c_sdk, ts_sdk):  # noqa: F811
-    from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.dev.process import free_port
     from ldpstream.producers.device import ConfigWatcher
@@ -134,17 +132,8 @@ def test_numeric_reports_over_the_gateway_mqtt_and_kafka(
             assert len(reports) == 3 * N
             ids = np.concatenate([b.device_ids for b in good])
             np.testing.assert_array_equal(reports[ids == 303], own)  # the Python device's own
-            specs = coll.tensors()
-            expected = mech.count(reports, specs)
-            store = make_store(redis_server.url)
-            try:
-                await wait_for_n(store, cid, 3 * N, timeout=30)
-                got = await read_collection(store, coll)
-                for s in specs:
-                    np.testing.assert_array_equal(got[s.key], expected[s.key], err_msg=s.key)
-                assert await store.n(cid, 16) == 3 * N
-            finally:
-                await store.close()
+            await assert_counted(redis_server.url, coll, mech.count(reports, coll.tensors()),
+                                 3 * N, timeout=30)
 
         asyncio.run(check())
         deadline, dlq = time.monotonic() + 15, []

@@ -16,9 +16,8 @@ import subprocess
 import numpy as np
 import pytest
 import yaml
-from conftest import wait_for_n
 from sdk_helpers import TS_DIR, c_sdk, ts_sdk  # noqa: F401
-from store_helpers import read_collection
+from store_helpers import assert_counted
 from test_gateway import TOKEN_A, GatewayProcess, _topic_messages, fleets_doc
 
 from ldpstream.agents.store.device_memo import last_of
@@ -38,7 +37,6 @@ def _records(level: float, fw: str) -> list[dict[str, str]]:
 def test_memoized_numeric_devices_through_the_gateway(tmp_path, kafka_broker, redis_server,
                                                       spawn_worker, service_env, unique_name,
                                                       c_sdk, ts_sdk):  # noqa: F811
-    from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.dev.process import free_port
 
@@ -95,16 +93,11 @@ def test_memoized_numeric_devices_through_the_gateway(tmp_path, kafka_broker, re
             reports = np.concatenate([b.reports for b in batches])
             assert len(reports) == total and len(set(ids.tolist())) == len(devices)
             _, last = last_of(ids)
-            expected = mech.count(reports[last], coll.tensors())
-            store = make_store(redis_server.url)
-            try:
-                await wait_for_n(store, cid, total, timeout=30)
-                got = await read_collection(store, coll)
-                for s in coll.tensors():
-                    np.testing.assert_array_equal(got[s.key], expected[s.key], err_msg=s.key)
-                    assert got[s.key].sum() == len(devices)   # each device once
-            finally:
-                await store.close()
+            got = await assert_counted(redis_server.url, coll,
+                                       mech.count(reports[last], coll.tensors()), total,
+                                       timeout=30)
+            for key, counts in got.items():
+                assert counts.sum() == len(devices), key   # each device once
 
         asyncio.run(run())
     finally:

@@ -150,6 +150,12 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
         assert c["mean"]["low"] < c["mean"]["value"] < c["mean"]["high"]
         assert abs(c["mean"]["value"] - both[fw == i].mean()) < 2 * half, c
         assert abs(c["share"] - 1 / 3) < 0.05
+    # per category: the distribution's quantiles and W1 bound, also on Prometheus
+    status, est = api(url, f"/estimates/{cid}?attrs=fw,battery&method=distribution&window=all")
+    assert status == 200, est
+    w1 = {c["category"]: c["w1_bound"] for c in est["numeric"]["categories"]}
+    assert all(0 < v < RANGE[1] - RANGE[0] for v in w1.values()), w1
+    assert {c["w1_bound_coverage"] for c in est["numeric"]["categories"]} == {"at least"}
 
     # the 1m window holds the later population; its drift alarm names the mean that moved
     status, est = api(url, f"/estimates/{cid}?attrs=battery&method=mean&window=1m")
@@ -187,6 +193,8 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
                    for line in text.splitlines()), name
     assert any(line.startswith("ldp_numeric_mean_low{") and 'category="b"' in line
                for line in text.splitlines())
+    assert any(line.startswith("ldp_numeric_w1_bound{") and 'category="b"' in line
+               and 'marginal="fw|battery"' in line for line in text.splitlines())
 
     # every error is JSON, naming what is wrong
     for path, code, words in (

@@ -237,6 +237,24 @@ def test_quantile_intervals_cover_at_the_stated_level(eps: float) -> None:
     assert abs(np.mean(hits) - 0.95) <= 3 * sd, np.mean(hits)
 
 
+def test_cv_bins_resolve_a_point_mass() -> None:
+    """``bins="cv"`` (held-out likelihood) on values with a point mass (45 % at one value, the
+    rest Beta(2, 2); like Adult's hours-per-week, 47 % at 40 h): finer bins than the automatic
+    count, and a lower W1 in each of 2 runs (n = 30,000, ε = 2; measured on hours-per-week:
+    0.0109 against 0.0164, docs/numeric.md "Granularity")."""
+    fam = Numeric(numeric_domain(["x"]), {"x": (0.0, 1.0)}, 2.0, mean_share=0.0)
+    for seed in range(2):
+        rng = np.random.default_rng(500 + seed)
+        values = np.where(rng.random(30_000) < 0.45, 0.4, rng.beta(2, 2, size=30_000))
+        idx, _ = fam.encode(values[:, None])
+        counts = fam.count(fam.randomize(idx, rng), fam.tensors([("x",)]))
+        auto = fam.estimate(counts, ("x",), "distribution")
+        cv = fam.estimate(counts, ("x",), "distribution", bins="cv")
+        assert cv.extra["bins"] > auto.extra["bins"]
+        w1 = [nm.w1_samples(np.asarray(e.extra["histogram"]), values) for e in (auto, cv)]
+        assert w1[1] < 0.9 * w1[0], w1
+
+
 def test_auto_bins_grow_with_n_and_noise() -> None:
     assert nm.auto_bins(1.0, 10_000) < nm.auto_bins(1.0, 1_000_000)
     assert nm.auto_bins(8.0, 100_000) < nm.auto_bins(0.5, 100_000)

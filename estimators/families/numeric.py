@@ -415,7 +415,8 @@ class Numeric(Mechanism):
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str], method: str,
                  **options: Any) -> Estimate:
         """``mean`` or ``distribution`` of the one attribute in ``attrs`` (values in its own
-        units). Options of ``distribution``: ``bins`` (default :func:`~.numeric.auto_bins`),
+        units). Options of ``distribution``: ``bins`` (default :func:`~.numeric.auto_bins`;
+        ``"cv"``: chosen by held-out likelihood, :func:`~.numeric.cv_bins`),
         ``ranges`` (list of (a, b): masses of [a, b] with intervals)."""
         why = self.check_marginal(attrs, method)
         if why:
@@ -453,7 +454,15 @@ class Numeric(Mechanism):
         if n < 1:
             raise ValueError(f"no distribution reports counted for {a!r}")
         G = self.domain.shape[j]
-        d = min(G, int(options.get("bins") or nm.auto_bins(self.eps_in[j], n)))
+        bins = options.get("bins")
+        d = nm.auto_bins(self.eps_in[j], n)
+        if bins == "cv":   # held-out likelihood over ½, 1, 2, 4 × the automatic count
+            cands = {min(G, 1024, max(16, d // 2) * 2 ** k) for k in range(4)}
+            d = nm.cv_bins(cs, {c: nm.binned_channel(self.sw_part(j), c) for c in cands},
+                           stream(SEED, cs))
+        elif bins:
+            d = int(bins)
+        d = min(G, d)
         x, iters = nm.ems(cs, nm.binned_channel(self.sw_part(j), d))
         band, _ = self.band(j, bound_bins(self.eps_in[j], d, len(cs)), np.ones(1), cs[None])
         band = band.of_reported(reported)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -35,7 +35,7 @@ __all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "du
            "pm_channel", "hm_channel",
            "hm_alpha", "sw_b", "sw_channel", "closed_form_variance", "worst_variance",
            "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
-           "auto_bins", "edge_segments", "ratio_cov", "grid_mid", "bin_of_grid", "binned_channel",
+           "auto_bins", "cv_bins", "edge_segments", "ratio_cov", "grid_mid", "bin_of_grid", "binned_channel",
            "cdf_at", "quantile", "w1_hist", "w1_samples",
            "sample_duchi", "sample_pm", "sample_sw", "round_to_grid", "epsilon", "CdfBand",
            "unbiased_cdf", "Task", "layout", "task_channel", "wave"]
@@ -357,6 +357,24 @@ def auto_bins(eps: float, n: int, *, lo: int = 16, hi: int = 1024) -> int:
     (W1 over bin counts on Beta(5, 2), docs/numeric.md). Clipped to [lo, hi]."""
     d = 3 * max(n, 1) ** (1 / 3) * _duchi_c(eps)
     return int(min(hi, max(lo, 2 ** round(math.log2(d)))))
+
+
+def cv_bins(counts: np.ndarray, channels: Mapping[int, np.ndarray],
+            rng: np.random.Generator) -> int:
+    """The bin count d (a key of ``channels``: d → the channel of d bins) whose EMS fit of one
+    half of the reports gives the other half the highest likelihood, both ways (the counts
+    split in two by binomial thinning: two independent samples of the same channel output).
+    Held-out likelihood chooses how much EMS smooths from the data (docs/numeric.md
+    "Granularity")."""
+    c = np.asarray(counts, dtype=np.int64)
+    half = rng.binomial(c, 0.5)
+    folds = np.stack([half, c - half]).astype(float)
+    score = {}
+    for d, M in channels.items():
+        x, _ = ems(folds, M)
+        lam = np.maximum(x @ M, 1e-300)
+        score[d] = float(folds[1] @ np.log(lam[0]) + folds[0] @ np.log(lam[1]))
+    return max(score, key=lambda d: (score[d], -d))
 
 
 def edge_segments(d: int, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

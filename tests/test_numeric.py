@@ -213,7 +213,7 @@ def test_quantile_intervals_cover_at_the_stated_level(eps: float) -> None:
     quantile, :meth:`~.numeric.CdfBand.quantile_interval`, about the values reported, as the
     family serves them) cover the true quantiles in 95 % of 150 runs of n = 10,000
     distribution reports of Beta(5, 2), pooled over the three: within 3 binomial standard
-    deviations of 450 intervals (± 3.1 %; measured 96.7 % at ε = 1, 96.9 % at ε = 4). The
+    deviations of 450 intervals (± 3.1 %; measured 95.8 % at ε = 1, 93.1 % at ε = 4). The
     interval this replaced (the first crossings of F ± 1.96·se, se interpolated between edges,
     widened to hold EMS's quantile) covered 99.1 % and 98.7 % of these: over the limit."""
     R, n = 150, 10_000

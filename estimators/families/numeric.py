@@ -63,6 +63,9 @@ W1_DRAWS = 400
 SEED = 31_337
 #: most bins of the unbiased CDF the bounds come from
 BAND_BINS = 32
+#: a category's quantile intervals: runs of accepted points less than this many bins apart
+#: are one (:meth:`~.numeric.CdfBand.quantile_interval`; measured, docs/numeric.md)
+CATEGORY_MERGE_BINS = 1.0
 #: default points of the PM output grid
 MEAN_GRID = 129
 
@@ -552,7 +555,10 @@ class Numeric(Mechanism):
                     band, D = self.band(jx, bound_bins(self.eps_in[jx], d, len(sw[i])), A[i],
                                         T[:, k:])
                     if D > 0:
-                        qs, w1 = _bounds(x, band, lo, hi, z, stream(SEED + i, T[:, k:]))
+                        # runs a bin apart are one here: at half a bin a category's
+                        # quantiles covered 92.5 % (docs/numeric.md "Per-category bounds")
+                        qs, w1 = _bounds(x, band, lo, hi, z, stream(SEED + i, T[:, k:]),
+                                         CATEGORY_MERGE_BINS)
                     else:   # no unbiased count: the bounds that always hold
                         qs = {f"{p:g}": [lo + float(v) * (hi - lo), lo, hi]
                               for p, v in zip(QUANTILES, nm.quantile(x, QUANTILES))}
@@ -789,7 +795,8 @@ class Numeric(Mechanism):
 
 
 def _bounds(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, z: float,
-            rng: np.random.Generator) -> tuple[dict[str, list[float]], float]:
+            rng: np.random.Generator, merge: float = nm.MERGE_BINS
+            ) -> tuple[dict[str, list[float]], float]:
     """The bounds of the EMS histogram ``x`` (bins of [0, 1]) from the unbiased CDF ``band``
     (docs/numeric.md "Bounds"), in the units of [lo, hi]: per quantile of :data:`QUANTILES`
     ``[value, low, high]``, the band's interval nearest EMS's quantile and the value EMS's
@@ -799,7 +806,7 @@ def _bounds(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, z: float,
     span = hi - lo
     quantiles = {}
     for p, qv in zip(QUANTILES, nm.quantile(x, QUANTILES)):
-        ql, qh = band.quantile_interval(p, z, float(qv))
+        ql, qh = band.quantile_interval(p, z, float(qv), merge)
         quantiles[f"{p:g}"] = [lo + float(v) * span for v in (np.clip(qv, ql, qh), ql, qh)]
     gap = float(np.trapezoid(np.abs(nm.cdf_at(x, band.edges) - band.F), band.edges))
     return quantiles, min(gap + band.w1_noise(LEVEL, W1_DRAWS, rng), 1.0) * span

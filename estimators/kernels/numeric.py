@@ -419,6 +419,11 @@ def ratio_stats(a: np.ndarray, U: np.ndarray, T: np.ndarray) -> tuple[np.ndarray
     return r, np.sqrt(np.clip(np.diag(cov), 0, None)), D
 
 
+#: runs of a quantile's accepted points less than this many bins apart are one, by default
+#: (:meth:`CdfBand.quantile_interval`; measured, docs/numeric.md "Bounds")
+MERGE_BINS = 0.5
+
+
 @dataclass(frozen=True)
 class CdfBand:
     """The unbiased CDF at the edges of d equal bins of [0, 1] (least squares through the
@@ -441,12 +446,14 @@ class CdfBand:
         """(estimate, half-width) of the linear functional w·F (a CDF value, a range mass)."""
         return float(w @ self.F), z * math.sqrt(max(float(w @ self.cov @ w), 0.0))
 
-    def quantile_interval(self, p: float, z: float, near: float) -> tuple[float, float]:
+    def quantile_interval(self, p: float, z: float, near: float,
+                          merge: float = MERGE_BINS) -> tuple[float, float]:
         """The quantile's interval: the points x (of :data:`W1_POINTS` on [0, 1]) where the
         band does not reject F(x) = p, |F(x) − p| ≤ z·sd(x), sd(x) the standard error of the
         interpolated CDF at x from the covariance (the interpolated standard errors of the
         edges overstate it between them). These points form runs: sd(x) dips between edges (an
-        artefact of interpolating), so runs less than a bin apart are one; a noisy unbiased CDF
+        artefact of interpolating), so runs less than ``merge`` bins apart are one; a noisy
+        unbiased CDF
         is not monotone, so there can be several: the interval is the run nearest ``near`` (the
         point estimate), not their hull, which over-covers (docs/numeric.md "Bounds"). When no
         point passes, the point where F first reaches p."""
@@ -460,7 +467,7 @@ class CdfBand:
         if not len(ok):
             at = first_crossing(self.edges, self.F, p)
             return at, at
-        cut = np.flatnonzero(np.diff(ok) > (W1_POINTS - 1) // (len(self.edges) - 1))
+        cut = np.flatnonzero(np.diff(ok) > merge * (W1_POINTS - 1) / (len(self.edges) - 1))
         starts, ends = x[np.r_[ok[0], ok[cut + 1]]], x[np.r_[ok[cut], ok[-1]]]
         k = int(np.argmin(np.maximum(starts - near, 0) + np.maximum(near - ends, 0)))
         return float(starts[k]), float(ends[k])

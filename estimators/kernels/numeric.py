@@ -453,10 +453,9 @@ class CdfBand:
         interpolated CDF at x from the covariance (the interpolated standard errors of the
         edges overstate it between them). These points form runs: sd(x) dips between edges (an
         artefact of interpolating), so runs less than ``merge`` bins apart are one; a noisy
-        unbiased CDF
-        is not monotone, so there can be several: the interval is the run nearest ``near`` (the
-        point estimate), not their hull, which over-covers (docs/numeric.md "Bounds"). When no
-        point passes, the point where F first reaches p."""
+        unbiased CDF is not monotone, so there can be several: the interval is the run nearest
+        ``near`` (the point estimate), not their hull, which over-covers (docs/numeric.md
+        "Bounds"). When no point passes, the point where F first reaches p."""
         x = np.linspace(0, 1, W1_POINTS)
         k, t = edge_segments(len(self.edges) - 1, x)
         F = (1 - t) * self.F[k] + t * self.F[k + 1]
@@ -473,11 +472,9 @@ class CdfBand:
         return float(starts[k]), float(ends[k])
 
     def of_reported(self, N: float) -> "CdfBand":
-        """This band about the CDF of the N values reported rather than of the population they
-        were drawn from: the covariance less the values' own sampling covariance
-        (min(F_a, F_b) − F_a·F_b)/N, which the multinomial covariance holds at the size of the
-        counts (the reports of the values the estimate is about, N of them, the counts being a
-        share of them or all)."""
+        """This band about the CDF of the N values reported (the counts: some or all of their
+        reports) rather than of a population they were drawn from: the covariance less the
+        values' own sampling covariance (min(F_a, F_b) − F_a·F_b)/N."""
         Fc = np.clip(self.F, 0, 1)
         return CdfBand(self.edges, self.F,
                        self.cov - (np.minimum.outer(Fc, Fc) - np.outer(Fc, Fc)) / float(N))

@@ -190,7 +190,7 @@ NUMERIC_QUANTILE_HIGH = Gauge(
     _NUM + ["quantile"], registry=REGISTRY)
 NUMERIC_W1_BOUND = Gauge(
     "ldp_numeric_w1_bound", "Bound on the Wasserstein-1 error of the distribution (its units; "
-    "covers at least 95 %).", _EST, registry=REGISTRY)
+    "covers at least 95 %).", _NUM, registry=REGISTRY)
 NUMERIC_CDF = Gauge(
     "ldp_numeric_cdf", "The distribution's CDF at the bounds' bin edges (le, in the attribute's "
     "units).", _EST + ["le"], registry=REGISTRY)
@@ -274,8 +274,8 @@ def numeric_gauges(labels: Sequence[str], numeric: dict) -> None:
             NUMERIC_QUANTILE.labels(*lab, q).set(float(iv["value"]))
             NUMERIC_QUANTILE_LOW.labels(*lab, q).set(float(iv["low"]))
             NUMERIC_QUANTILE_HIGH.labels(*lab, q).set(float(iv["high"]))
-    if numeric.get("w1_bound") is not None:
-        NUMERIC_W1_BOUND.labels(*labels).set(float(numeric["w1_bound"]))
+        if row.get("w1_bound") is not None:
+            NUMERIC_W1_BOUND.labels(*lab).set(float(row["w1_bound"]))
     cdf = numeric.get("cdf")
     if cdf:
         for at, v, lo, hi in zip(cdf["at"], cdf["value"], cdf["low"], cdf["high"]):

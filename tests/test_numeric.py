@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 from sw_oracle import oracle_ems, oracle_randomize
 from tolerance import assert_close
 
-from ldpstream.estimators.families.numeric import Numeric, numeric_domain, sw_buckets
+from ldpstream.estimators.families.numeric import QUANTILES, Numeric, bound_bins, numeric_domain, sw_buckets
 from ldpstream.estimators.kernels import numeric as nm
 from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.mechanism import ParamError, from_state, mechanism_class
@@ -207,6 +207,54 @@ def test_distribution_bounds_cover() -> None:
     assert np.mean(hw) >= 0.95
 
 
+@pytest.mark.parametrize("eps", (1.0, 4.0))
+def test_quantile_intervals_cover_at_the_stated_level(eps: float) -> None:
+    """The median/p90/p99 intervals of a distribution estimate (the band's run nearest EMS's
+    quantile, :meth:`~.numeric.CdfBand.quantile_interval`, about the values reported, as the
+    family serves them) cover the true quantiles in 95 % of 150 runs of n = 10,000
+    distribution reports of Beta(5, 2), pooled over the three: within 3 binomial standard
+    deviations of 450 intervals (± 3.1 %; measured 95.8 % at ε = 1, 93.1 % at ε = 4). The
+    interval this replaced (the first crossings of F ± 1.96·se, se interpolated between edges,
+    widened to hold EMS's quantile) covered 99.1 % and 98.7 % of these: over the limit."""
+    R, n = 150, 10_000
+    rng = np.random.default_rng(42)
+    fam = Numeric(numeric_domain(["x"]), {"x": (0.0, 1.0)}, eps, mean_share=0.0)
+    values = rng.beta(5, 2, size=(R, n))
+    idx, _ = fam.encode(values.reshape(-1, 1))
+    cells = fam.randomize(idx, rng)[:, 0].astype(np.int64).reshape(R, n)
+    k = fam.mean_cells(0)   # the SW cells follow the mean task's (weight 0 here)
+    counts = np.stack([np.bincount(c - k, minlength=fam.buckets[0]) for c in cells])
+    d = nm.auto_bins(eps, n)
+    x, _ = nm.ems(counts, nm.binned_channel(fam.sw_part(0), d), tol=1e-6)   # the points near
+    bins = bound_bins(eps, d, fam.buckets[0])
+    hits = []
+    for r in range(R):
+        band = fam.band(0, bins, np.ones(1), counts[r][None])[0].of_reported(n)
+        for p, qv, t in zip(QUANTILES, nm.quantile(x[r], QUANTILES), np.quantile(values[r], QUANTILES)):
+            lo, hi = band.quantile_interval(p, 1.959964, float(qv))
+            hits.append(lo <= t <= hi)
+    sd = np.sqrt(0.95 * 0.05 / len(hits))
+    assert abs(np.mean(hits) - 0.95) <= 3 * sd, np.mean(hits)
+
+
+def test_cv_bins_resolve_a_point_mass() -> None:
+    """``bins="cv"`` (held-out likelihood) on values with a point mass (45 % at one value, the
+    rest Beta(2, 2); like Adult's hours-per-week, 47 % at 40 h): finer bins than the automatic
+    count, and a lower W1 in each of 2 runs (n = 30,000, ε = 2; measured on hours-per-week:
+    0.0109 against 0.0164, docs/numeric.md "Granularity")."""
+    fam = Numeric(numeric_domain(["x"]), {"x": (0.0, 1.0)}, 2.0, mean_share=0.0)
+    for seed in range(2):
+        rng = np.random.default_rng(500 + seed)
+        values = np.where(rng.random(30_000) < 0.45, 0.4, rng.beta(2, 2, size=30_000))
+        idx, _ = fam.encode(values[:, None])
+        counts = fam.count(fam.randomize(idx, rng), fam.tensors([("x",)]))
+        auto = fam.estimate(counts, ("x",), "distribution")
+        cv = fam.estimate(counts, ("x",), "distribution", bins="cv")
+        assert cv.extra["bins"] > auto.extra["bins"]
+        w1 = [nm.w1_samples(np.asarray(e.extra["histogram"]), values) for e in (auto, cv)]
+        assert w1[1] < 0.9 * w1[0], w1
+
+
 def test_auto_bins_grow_with_n_and_noise() -> None:
     assert nm.auto_bins(1.0, 10_000) < nm.auto_bins(1.0, 1_000_000)
     assert nm.auto_bins(8.0, 100_000) < nm.auto_bins(0.5, 100_000)
@@ -299,3 +347,29 @@ def test_marginals_the_family_serves() -> None:
     assert mech.check_marginal(("x", "fw"), "mean") is None
     assert "per category" in (mech.check_marginal(("fw", "os"), "mean") or "")
     assert mech.channel(0).shape == (3, 3) and abs(nm.epsilon(mech.channel(0)) - 1.0) < 1e-12
+
+
+def test_by_category_w1_bound_covers() -> None:
+    """Each category's distribution has a W1 bound (its own unbiased CDF's, as for one
+    attribute): over 12 runs (n = 30,000, ε = 2, three categories) the 36 bounds cover the W1
+    of each category's estimate from its values on the grid at least 95 % of the time (the bound
+    is conservative: nominal ≥ 95 %); served in the summary beside the quantiles."""
+    rng = np.random.default_rng(33)
+    dom = Domain(("fw", "x"), (3, 257), None, (None, (0.0, 1.0)))
+    mech = Numeric(dom, {"x": (0.0, 1.0)}, 2.0, mean_share=0.5)
+    covered, ratio = [], []
+    for _ in range(12):
+        cat, x = _by_category_data(30_000, rng)
+        idx, _ = mech.encode(np.stack([cat, x], axis=1))
+        counts = mech.count(mech.randomize(idx, rng), mech.tensors([("fw", "x")]))
+        est = mech.estimate(counts, ("fw", "x"), "distribution")
+        for c, row in enumerate(est.extra["categories"]):
+            w1 = nm.w1_samples(np.asarray(row["histogram"]), nm.grid_v(257)[idx[cat == c, 1]])
+            covered.append(w1 <= row["w1_bound"])
+            ratio.append(row["w1_bound"] / w1)
+            assert row["w1_coverage"] == "at least"
+    assert np.mean(covered) >= 0.95, np.mean(covered)
+    assert np.median(ratio) < 20, np.median(ratio)   # a bound, not the whole range
+    rows = mech.summary_fields(est)["numeric"]["categories"]
+    assert [r["w1_bound"] for r in rows] == [r["w1_bound"] for r in est.extra["categories"]]
+    assert {r["w1_bound_coverage"] for r in rows} == {"at least"}

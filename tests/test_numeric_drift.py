@@ -158,6 +158,9 @@ def test_history_and_gauges_keep_the_summary_not_the_grid():
     metrics.numeric_gauges(labels4, numeric)
     assert metrics.NUMERIC_QUANTILE.labels(*labels4, "b", "0.9")._value.get() == \
         numeric["categories"][1]["quantiles"]["0.9"]["value"]
+    assert metrics.NUMERIC_W1_BOUND.labels(*labels4, "c")._value.get() == \
+        numeric["categories"][2]["w1_bound"] > 0
+    assert point["numeric"]["categories"][2]["w1_bound"] == numeric["categories"][2]["w1_bound"]
     single = mech.summary_fields(mech.estimate(counts, ("battery",), "mean"))["numeric"]
     metrics.numeric_gauges(("c-gauges", "battery", "mean", "all"), single)
     assert metrics.NUMERIC_MEAN_LOW.labels("c-gauges", "battery", "mean", "all",

@@ -150,6 +150,12 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
         assert c["mean"]["low"] < c["mean"]["value"] < c["mean"]["high"]
         assert abs(c["mean"]["value"] - both[fw == i].mean()) < 2 * half, c
         assert abs(c["share"] - 1 / 3) < 0.05
+    # per category: the distribution's quantiles and W1 bound, also on Prometheus
+    status, est = api(url, f"/estimates/{cid}?attrs=fw,battery&method=distribution&window=all")
+    assert status == 200, est
+    w1 = {c["category"]: c["w1_bound"] for c in est["numeric"]["categories"]}
+    assert all(0 < v < RANGE[1] - RANGE[0] for v in w1.values()), w1
+    assert {c["w1_bound_coverage"] for c in est["numeric"]["categories"]} == {"at least"}
 
     # the 1m window holds the later population; its drift alarm names the mean that moved
     status, est = api(url, f"/estimates/{cid}?attrs=battery&method=mean&window=1m")
@@ -187,6 +193,8 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
                    for line in text.splitlines()), name
     assert any(line.startswith("ldp_numeric_mean_low{") and 'category="b"' in line
                for line in text.splitlines())
+    assert any(line.startswith("ldp_numeric_w1_bound{") and 'category="b"' in line
+               and 'marginal="fw|battery"' in line for line in text.splitlines())
 
     # every error is JSON, naming what is wrong
     for path, code, words in (
@@ -239,9 +247,12 @@ def test_the_page_shows_a_numeric_distribution_and_the_mean_over_time(numeric_st
     wait(lambda: len(browser.find_elements("css selector", "#history-chart path.band")) >= 1, 30,
          "the mean over time with its interval band (two refreshes)")
     status, est = api(worker.url, f"/estimates/{cid}?attrs=battery&method=mean&window=1m")
-    mark = browser.find_element("css selector", '#estimate-chart g.interval[data-cell="mean"]')
-    assert float(mark.get_attribute("data-low")) <= float(mark.get_attribute("data-value")) \
-        <= float(mark.get_attribute("data-high"))
+    # one script reads the three numbers: the page re-renders every poll (400 ms), so an element
+    # found by one call may be gone by the next
+    low, value, high = browser.execute_script(
+        "const m = document.querySelector('#estimate-chart g.interval[data-cell=\"mean\"]');"
+        "return [m.dataset.low, m.dataset.value, m.dataset.high];")
+    assert float(low) <= float(value) <= float(high)
     assert field(browser, '#summary dd[data-field="mean_mechanism"]') == "hm"
     drift = wait(lambda: "mean" in field(browser, "#drift-state") and field(browser, "#drift-state"),
                  30, "the drift alarm naming the mean")

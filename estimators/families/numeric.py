@@ -53,9 +53,9 @@ from ldpstream.estimators.mechanism import (
 from ldpstream.estimators.memo import memoize_of, memoize_param, memoize_state
 from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize
 
-__all__ = ["Numeric", "sw_buckets", "band_bins", "numeric_domain", "QUANTILES", "SEED",
-           "ALPHA_POINTS", "rounding_points", "rounding_matrix", "device_alpha", "alpha_round",
-           "alpha_seed"]
+__all__ = ["Numeric", "sw_buckets", "band_bins", "bound_bins", "numeric_domain", "QUANTILES",
+           "SEED", "ALPHA_POINTS", "rounding_points", "rounding_matrix", "device_alpha",
+           "alpha_round", "alpha_seed"]
 
 #: the quantiles every distribution estimate serves (with intervals)
 QUANTILES = (0.5, 0.9, 0.99)
@@ -65,6 +65,9 @@ W1_DRAWS = 400
 SEED = 31_337
 #: most bins of the unbiased CDF the bounds come from
 BAND_BINS = 32
+#: a category's quantile intervals: runs of accepted points less than this many bins apart
+#: are one (:meth:`~.numeric.CdfBand.quantile_interval`; measured, docs/numeric.md)
+CATEGORY_MERGE_BINS = 1.0
 #: default points of the PM output grid
 MEAN_GRID = 129
 
@@ -101,9 +104,18 @@ def sw_buckets(eps: float) -> int:
 
 
 def band_bins(d: int, buckets: int) -> int:
-    """Bins of the unbiased CDF behind the bounds: at most :data:`BAND_BINS`, the estimate's
-    d, and half the SW buckets (so the least squares is overdetermined)."""
+    """Bins of the unbiased CDF behind the drift test: at most :data:`BAND_BINS`, ``d``, and
+    half the SW buckets (so the least squares is overdetermined)."""
     return int(min(BAND_BINS, d, buckets // 2))
+
+
+def bound_bins(eps: float, d: int, buckets: int) -> int:
+    """Bins of the unbiased CDF behind a distribution's bounds (docs/numeric.md "Bounds"):
+    :data:`BAND_BINS`, or more when SW's window 2b is narrow — the power of two nearest four
+    bins per window, so that the least squares' model (the value uniform within a bin) is fine
+    next to what the channel resolves; at most the estimate's d and half the SW buckets."""
+    per_window = 2 ** round(math.log2(4 / (2 * nm.sw_b(eps))))
+    return int(min(max(BAND_BINS, per_window), d, buckets // 2))
 
 
 def _range(attr: str, raw: Any) -> tuple[float, float]:
@@ -400,7 +412,8 @@ class Numeric(Mechanism):
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str], method: str,
                  **options: Any) -> Estimate:
         """``mean`` or ``distribution`` of the one attribute in ``attrs`` (values in its own
-        units). Options of ``distribution``: ``bins`` (default :func:`~.numeric.auto_bins`),
+        units). Options of ``distribution``: ``bins`` (default :func:`~.numeric.auto_bins`;
+        ``"cv"``: chosen by held-out likelihood, :func:`~.numeric.cv_bins`),
         ``ranges`` (list of (a, b): masses of [a, b] with intervals)."""
         why = self.check_marginal(attrs, method)
         if why:
@@ -414,7 +427,7 @@ class Numeric(Mechanism):
         j, cm, cs = self._split(counts, a)
         if method == "mean":
             return self._mean(a, j, cm, lo, hi)
-        return self._distribution(a, j, cs, lo, hi, options)
+        return self._distribution(a, j, cs, int(cm.sum()) + int(cs.sum()), lo, hi, options)
 
     def _mean(self, a: str, j: int, cm: np.ndarray, lo: float, hi: float) -> Estimate:
         r = nm.mean_estimate(cm, self.mean_part(j)[1], LEVEL)
@@ -430,27 +443,32 @@ class Numeric(Mechanism):
         return Estimate(Factor(dom, ends), "mean", r.n, self.epsilon, error_bound=b.tvd,
                         bound=b, extra=extra)
 
-    def _distribution(self, a: str, j: int, cs: np.ndarray, lo: float, hi: float,
+    def _distribution(self, a: str, j: int, cs: np.ndarray, reported: int, lo: float, hi: float,
                       options: Mapping[str, Any]) -> Estimate:
+        """EMS on the SW counts ``cs`` with the bounds of its unbiased CDF, about the values of
+        the ``reported`` reports of the attribute (both tasks'; docs/numeric.md "Bounds")."""
         n = int(cs.sum())
         if n < 1:
             raise ValueError(f"no distribution reports counted for {a!r}")
         G = self.domain.shape[j]
-        d = min(G, int(options.get("bins") or nm.auto_bins(self.eps_in[j], n)))
+        bins = options.get("bins")
+        d = nm.auto_bins(self.eps_in[j], n)
+        if bins == "cv":   # held-out likelihood over ½, 1, 2, 4 × the automatic count
+            cands = {min(G, 1024, max(16, d // 2) * 2 ** k) for k in range(4)}
+            d = nm.cv_bins(cs, {c: nm.binned_channel(self.sw_part(j), c) for c in cands},
+                           stream(SEED, cs))
+        elif bins:
+            d = int(bins)
+        d = min(G, d)
         x, iters = nm.ems(cs, nm.binned_channel(self.sw_part(j), d))
-        band = nm.unbiased_cdf(cs, nm.binned_channel(self.sw_part(j), band_bins(d, len(cs))))
+        band, _ = self.band(j, bound_bins(self.eps_in[j], d, len(cs)), np.ones(1), cs[None])
+        band = band.of_reported(reported)
         z = float(norm.ppf(0.5 + LEVEL / 2))
         span = hi - lo
         unit = lambda v: lo + float(v) * span  # noqa: E731
         e = band.edges
         F = nm.cdf_at(x, e)
-        quantiles = {}
-        for p, qv in zip(QUANTILES, nm.quantile(x, QUANTILES)):
-            ql, qh = band.quantile_interval(p, z)
-            quantiles[f"{p:g}"] = [unit(qv), unit(min(ql, qv)), unit(max(qh, qv))]
-        # W1 ≤ W1(EMS, unbiased CDF) + W1(unbiased CDF, truth) (the second: its noise's quantile)
-        gap = float(np.trapezoid(np.abs(F - band.F), e))
-        w1 = (gap + band.w1_noise(LEVEL, W1_DRAWS, stream(SEED, cs))) * span
+        quantiles, w1 = _bounds(x, band, lo, hi, z, stream(SEED, cs))
         extra: dict[str, Any] = {
             "bins": d, "reports": n, "iterations": iters, "min": lo, "max": hi,
             "mean": unit(x @ nm.grid_mid(d)), "quantiles": quantiles,
@@ -527,19 +545,21 @@ class Numeric(Mechanism):
                     x, _ = nm.ems(sw[i], nm.binned_channel(self.sw_part(jx), d))
                     which = nm.bin_of_grid(G, d)
                     grid[i] = x[which] / np.bincount(which, minlength=d)[which]
-                    # the quantiles' intervals: where the category's unbiased CDF (signed
-                    # counts, a ratio per edge) ± z·se reaches p, widened to hold EMS's
-                    J = self.cdf_map(jx, band_bins(d, len(sw[i])))
-                    F, se, _ = nm.ratio_stats(A[i], J, T[:, k:])
-                    e = np.linspace(0, 1, len(J))
-                    qs = {}
-                    for p, qv in zip(QUANTILES, nm.quantile(x, QUANTILES)):
-                        ql = nm.first_crossing(e, F + z * se, p)
-                        qh = nm.first_crossing(e, F - z * se, p)
-                        qs[f"{p:g}"] = [lo + float(v) * (hi - lo)
-                                        for v in (qv, min(ql, qv), max(qh, qv))]
+                    # its bounds from its own unbiased CDF: signed counts, a ratio per edge
+                    band, D = self.band(jx, bound_bins(self.eps_in[jx], d, len(sw[i])), A[i],
+                                        T[:, k:])
+                    if D > 0:
+                        # runs a bin apart are one here: at half a bin a category's
+                        # quantiles covered 92.5 % (docs/numeric.md "Per-category bounds")
+                        qs, w1 = _bounds(x, band, lo, hi, z, stream(SEED + i, T[:, k:]),
+                                         CATEGORY_MERGE_BINS)
+                    else:   # no unbiased count: the bounds that always hold
+                        qs = {f"{p:g}": [lo + float(v) * (hi - lo), lo, hi]
+                              for p, v in zip(QUANTILES, nm.quantile(x, QUANTILES))}
+                        w1 = hi - lo
                     row.update(bins=d, histogram=x.tolist(),
-                               mean=lo + float(x @ nm.grid_mid(d)) * (hi - lo), quantiles=qs)
+                               mean=lo + float(x @ nm.grid_mid(d)) * (hi - lo), quantiles=qs,
+                               w1_bound=w1, w1_coverage=AT_LEAST)
                 else:
                     grid[i] = 1.0 / G
                 rows.append(row)
@@ -563,6 +583,15 @@ class Numeric(Mechanism):
         if key not in self._cdf_maps:
             self._cdf_maps[key] = nm.cdf_map(nm.binned_channel(self.sw_part(j), int(bins)))
         return self._cdf_maps[key]
+
+    def band(self, j: int, bins: int, a: np.ndarray, T: np.ndarray) -> tuple[nm.CdfBand, float]:
+        """The unbiased CDF of attribute j on ``bins`` equal bins with its covariance, of the
+        category whose row of the inverse categorical channel is ``a`` (``T``: categories × SW
+        cells counted; the whole population: a = [1], T = the counts as one row), and its
+        unbiased count (:func:`~.numeric.ratio_cov`: with a = [1] the multinomial covariance)."""
+        J = self.cdf_map(j, bins)
+        F, cov, D = nm.ratio_cov(a, J, T)
+        return nm.CdfBand(np.linspace(0, 1, len(J)), F, cov), D
 
     def drift_terms(self, cur: Mapping[str, np.ndarray], prev: Mapping[str, np.ndarray],
                     attrs: Sequence[str], method: str) -> DriftTerms | None:
@@ -659,7 +688,8 @@ class Numeric(Mechanism):
                 elif "bins" in r:
                     row.update(mean={"value": r["mean"]}, quantiles={
                         p: iv(v) for p, v in r["quantiles"].items()},
-                        histogram={"bins": r["bins"], "mass": r["histogram"]})
+                        histogram={"bins": r["bins"], "mass": r["histogram"]},
+                        w1_bound=r["w1_bound"], w1_bound_coverage=r["w1_coverage"])
                 rows.append(row)
             out["categories"] = rows
         elif est.method == "mean":
@@ -756,6 +786,24 @@ class Numeric(Mechanism):
                 "mean_grid": self.mean_grid, "buckets": list(self.buckets),
                 **memoize_state(self.memoize),
                 **({"alpha_points": self.alpha_points} if self.memoize is not None else {})}
+
+
+def _bounds(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, z: float,
+            rng: np.random.Generator, merge: float = nm.MERGE_BINS
+            ) -> tuple[dict[str, list[float]], float]:
+    """The bounds of the EMS histogram ``x`` (bins of [0, 1]) from the unbiased CDF ``band``
+    (docs/numeric.md "Bounds"), in the units of [lo, hi]: per quantile of :data:`QUANTILES`
+    ``[value, low, high]``, the band's interval nearest EMS's quantile and the value EMS's
+    quantile clamped into it (the band's interval is the one whose coverage is measured; EMS's
+    smoothing bias can put its quantile outside, e.g. p99); and the W1 bound W1(EMS, band) + the
+    ``LEVEL`` quantile of the band's ∫|noise| (triangle inequality)."""
+    span = hi - lo
+    quantiles = {}
+    for p, qv in zip(QUANTILES, nm.quantile(x, QUANTILES)):
+        ql, qh = band.quantile_interval(p, z, float(qv), merge)
+        quantiles[f"{p:g}"] = [lo + float(v) * span for v in (np.clip(qv, ql, qh), ql, qh)]
+    gap = float(np.trapezoid(np.abs(nm.cdf_at(x, band.edges) - band.F), band.edges))
+    return quantiles, min(gap + band.w1_noise(LEVEL, W1_DRAWS, rng), 1.0) * span
 
 
 def joint(counts: Mapping[str, np.ndarray], attrs: tuple[str, str]) -> np.ndarray:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -35,7 +35,8 @@ __all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "du
            "pm_channel", "hm_channel",
            "hm_alpha", "sw_b", "sw_channel", "closed_form_variance", "worst_variance",
            "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
-           "auto_bins", "grid_mid", "bin_of_grid", "binned_channel", "cdf_at", "quantile", "w1_hist", "w1_samples",
+           "auto_bins", "cv_bins", "edge_segments", "ratio_cov", "grid_mid", "bin_of_grid", "binned_channel",
+           "cdf_at", "quantile", "w1_hist", "w1_samples",
            "sample_duchi", "sample_pm", "sample_sw", "round_to_grid", "epsilon", "CdfBand",
            "unbiased_cdf", "Task", "layout", "task_channel", "wave"]
 
@@ -358,31 +359,69 @@ def auto_bins(eps: float, n: int, *, lo: int = 16, hi: int = 1024) -> int:
     return int(min(hi, max(lo, 2 ** round(math.log2(d)))))
 
 
+def cv_bins(counts: np.ndarray, channels: Mapping[int, np.ndarray],
+            rng: np.random.Generator) -> int:
+    """The bin count d (a key of ``channels``: d → the channel of d bins) whose EMS fit of one
+    half of the reports gives the other half the highest likelihood, both ways (the counts
+    split in two by binomial thinning: two independent samples of the same channel output).
+    Held-out likelihood chooses how much EMS smooths from the data (docs/numeric.md
+    "Granularity")."""
+    c = np.asarray(counts, dtype=np.int64)
+    half = rng.binomial(c, 0.5)
+    folds = np.stack([half, c - half]).astype(float)
+    score = {}
+    for d, M in channels.items():
+        x, _ = ems(folds, M)
+        lam = np.maximum(x @ M, 1e-300)
+        score[d] = float(folds[1] @ np.log(lam[0]) + folds[0] @ np.log(lam[1]))
+    return max(score, key=lambda d: (score[d], -d))
+
+
+def edge_segments(d: int, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per point of ``xs`` ∈ [0, 1]: the left edge k of its bin (of d equal bins) and its
+    fraction t of the way to edge k + 1 (linear interpolation weights 1 − t and t)."""
+    pos = np.clip(np.asarray(xs, dtype=float), 0, 1) * d
+    k = np.minimum(pos.astype(np.int64), d - 1)
+    return k, pos - k
+
+
 def edge_weights(d: int, x: float) -> np.ndarray:
     """Linear interpolation weights of the point x ∈ [0, 1] on the d + 1 edges of d equal
     bins."""
-    pos = float(np.clip(x, 0, 1)) * d
-    k = min(int(pos), d - 1)
+    (k,), (t,) = edge_segments(d, np.array([x]))
     w = np.zeros(d + 1)
-    w[k], w[k + 1] = 1 - (pos - k), pos - k
+    w[k], w[k + 1] = 1 - t, t
     return w
 
 
-def ratio_stats(a: np.ndarray, U: np.ndarray, T: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                       float]:
+def ratio_cov(a: np.ndarray, U: np.ndarray, T: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                     float]:
     """Per row u of ``U`` (q × cells), the ratio r = u·m / Σm of the unbiased counts m = a·T
     of one category (``a``: its row of the inverse categorical channel, ``T``: categories ×
-    cells counted; one category: a = [1], T = counts[None]) with its standard error (delta
-    method, Poisson variance of T), and Σm. A mean is u = the outputs; a CDF value u = its
-    row of :func:`cdf_map`. Σm ≤ 0: NaN ratios, infinite errors."""
+    cells counted; one category: a = [1], T = counts[None]), the ratios' covariance (q × q,
+    delta method, Poisson variance of T), and Σm. A mean is u = the outputs; a CDF value u = its
+    row of :func:`cdf_map`. Σm ≤ 0: NaN ratios, infinite variances."""
     a, U, T = (np.asarray(v, dtype=float) for v in (a, np.atleast_2d(U), T))
     m = a @ T
     D = float(m.sum())
     if D <= 0:
-        return np.full(len(U), np.nan), np.full(len(U), np.inf), D
+        return np.full(len(U), np.nan), np.diag(np.full(len(U), np.inf)), D
     r = U @ m / D
-    g = a[None, :, None] * (U[:, None, :] - r[:, None, None])
-    return r, np.sqrt((g ** 2 * T[None]).sum(axis=(1, 2))) / D, D
+    g = a[None, :, None] * (U[:, None, :] - r[:, None, None])     # ∂r/∂T · D, (q, cat, cells)
+    gT = (g * T[None]).reshape(len(U), -1)
+    return r, gT @ g.reshape(len(U), -1).T / D ** 2, D
+
+
+def ratio_stats(a: np.ndarray, U: np.ndarray, T: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                       float]:
+    """:func:`ratio_cov` with the ratios' standard errors instead of their covariance."""
+    r, cov, D = ratio_cov(a, U, T)
+    return r, np.sqrt(np.clip(np.diag(cov), 0, None)), D
+
+
+#: runs of a quantile's accepted points less than this many bins apart are one, by default
+#: (:meth:`CdfBand.quantile_interval`; measured, docs/numeric.md "Bounds")
+MERGE_BINS = 0.5
 
 
 @dataclass(frozen=True)
@@ -407,11 +446,38 @@ class CdfBand:
         """(estimate, half-width) of the linear functional w·F (a CDF value, a range mass)."""
         return float(w @ self.F), z * math.sqrt(max(float(w @ self.cov @ w), 0.0))
 
-    def quantile_interval(self, p: float, z: float) -> tuple[float, float]:
-        """The quantile's interval from the pointwise band: the first points where F + z·se and
-        F − z·se reach p (1 when never), linearly interpolated between edges."""
-        return (first_crossing(self.edges, self.F + z * self.se, p),
-                first_crossing(self.edges, self.F - z * self.se, p))
+    def quantile_interval(self, p: float, z: float, near: float,
+                          merge: float = MERGE_BINS) -> tuple[float, float]:
+        """The quantile's interval: the points x (of :data:`W1_POINTS` on [0, 1]) where the
+        band does not reject F(x) = p, |F(x) − p| ≤ z·sd(x), sd(x) the standard error of the
+        interpolated CDF at x from the covariance (the interpolated standard errors of the
+        edges overstate it between them). These points form runs: sd(x) dips between edges (an
+        artefact of interpolating), so runs less than ``merge`` bins apart are one; a noisy
+        unbiased CDF is not monotone, so there can be several: the interval is the run nearest
+        ``near`` (the point estimate), not their hull, which over-covers (docs/numeric.md
+        "Bounds"). When no point passes, the point where F first reaches p."""
+        x = np.linspace(0, 1, W1_POINTS)
+        k, t = edge_segments(len(self.edges) - 1, x)
+        F = (1 - t) * self.F[k] + t * self.F[k + 1]
+        C = self.cov
+        var = np.clip((1 - t) ** 2 * C[k, k] + 2 * t * (1 - t) * C[k, k + 1]
+                      + t ** 2 * C[k + 1, k + 1], 0, None)
+        ok = np.flatnonzero((F - p) ** 2 <= z * z * var)
+        if not len(ok):
+            at = first_crossing(self.edges, self.F, p)
+            return at, at
+        cut = np.flatnonzero(np.diff(ok) > merge * (W1_POINTS - 1) / (len(self.edges) - 1))
+        starts, ends = x[np.r_[ok[0], ok[cut + 1]]], x[np.r_[ok[cut], ok[-1]]]
+        k = int(np.argmin(np.maximum(starts - near, 0) + np.maximum(near - ends, 0)))
+        return float(starts[k]), float(ends[k])
+
+    def of_reported(self, N: float) -> "CdfBand":
+        """This band about the CDF of the N values reported (the counts: some or all of their
+        reports) rather than of a population they were drawn from: the covariance less the
+        values' own sampling covariance (min(F_a, F_b) − F_a·F_b)/N."""
+        Fc = np.clip(self.F, 0, 1)
+        return CdfBand(self.edges, self.F,
+                       self.cov - (np.minimum.outer(Fc, Fc) - np.outer(Fc, Fc)) / float(N))
 
     def w1_noise(self, z_level: float, draws: int, rng: np.random.Generator) -> float:
         """The ``z_level`` quantile of ∫|F_u − F| under the normal approximation of the
@@ -443,15 +509,10 @@ def cdf_map(M: np.ndarray) -> np.ndarray:
 def unbiased_cdf(counts: np.ndarray, M: np.ndarray) -> CdfBand:
     """F at the edges of the d bins of ``M`` (d × buckets): the least-squares inverse of the
     bucket frequencies, f = pinv(Mᵀ)·c/n, summed; its covariance by the delta method with the
-    multinomial covariance of c/n (plug-in frequencies). Unbiased when the value is uniform
-    within each bin (the binned channel's model)."""
-    c = np.asarray(counts, dtype=float)
-    n = c.sum()
-    lam = c / n
+    multinomial covariance of c/n (plug-in frequencies: :func:`ratio_cov` of one category).
+    Unbiased when the value is uniform within each bin (the binned channel's model)."""
     J = cdf_map(M)
-    F = J @ lam
-    Jl = J @ lam
-    cov = ((J * lam) @ J.T - np.outer(Jl, Jl)) / n
+    F, cov, _ = ratio_cov(np.ones(1), J, np.asarray(counts, dtype=float)[None])
     return CdfBand(np.linspace(0, 1, M.shape[0] + 1), F, cov)
 
 

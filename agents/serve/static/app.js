@@ -170,9 +170,9 @@ function numericRows(num) {
     for (const [p, q] of Object.entries(r.quantiles || {})) {
       rows.push({ key: `${prefix}${p}`, label: `${prefix}${qName(p)}`, v: q.value, low: q.low ?? null, high: q.high ?? null });
     }
+    if (r.w1_bound != null) rows.push({ key: `${prefix}w1_bound`, label: `${prefix}W1 error bound`, v: r.w1_bound, low: null, high: null });
   };
   if (num.categories) for (const c of num.categories) add(`${c.category}|`, c); else add("", num);
-  if (num.w1_bound != null) rows.push({ key: "w1_bound", label: "W1 error bound", v: num.w1_bound, low: null, high: null });
   return rows;
 }
 
@@ -189,7 +189,7 @@ function drawNumeric(est) {
       + `W1 error bound ${fmt(num.w1_bound, digits)} (${num.w1_bound_coverage}): the Wasserstein-1 `
       + `distance to the true distribution, in ${num.attribute}'s units.`;
   } else {
-    chart = intervals(rows.filter((r) => r.key !== "w1_bound"), lo, hi,
+    chart = intervals(rows.filter((r) => !r.key.endsWith("w1_bound")), lo, hi,
       `Estimated ${est.method === "mean" ? "mean" : "quantiles"} of ${name}`);
     caption = `${name} on its range ${fmt(lo, digits)} to ${fmt(hi, digits)}: each value with its 95 % interval`
       + (num.mean && num.mean.mechanism ? ` (mean mechanism: ${num.mean.mechanism})` : "")

@@ -106,6 +106,11 @@ LOG_RESETS = Counter(
     "Partitions whose Kafka log was found recreated, truncated or with a retention gap "
     "(agents/ingest/log_identity.py); the stored offset was re-based and the event is in /healthz.",
     ["collection", "kind"], registry=REGISTRY)
+POSITION_GAPS = Counter(
+    "ldp_position_gaps_total",
+    "First records after a partition was positioned that came later than the position set (the "
+    "records between would have been skipped): the partition is checked and sought again "
+    "(agents/ingest/service.py).", ["collection"], registry=REGISTRY)
 COLLECTION_REPORTS = Gauge(
     "ldp_collection_reports", "Reports counted for the collection (n in Redis).",
     ["collection"], registry=REGISTRY)

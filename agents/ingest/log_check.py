@@ -3,6 +3,7 @@ offset, make sure its log is the one that offset was counted from (agents/ingest
 rules), re-basing the stored offset by compare-and-set and reporting it when not."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -20,6 +21,9 @@ from ldpstream.agents.store.count_store import CountStore
 
 log = logging.getLogger("ldpstream.agents.ingest.service")
 
+#: seconds a check waits for the logs' start offsets (a topic not created yet: no answer)
+START_TIMEOUT_S = 10.0
+
 
 class LogCheck:
     """Stored offsets checked against the logs (on assignment, out-of-range, short logs)."""
@@ -34,27 +38,34 @@ class LogCheck:
         self.client_kwargs = client_kwargs
         #: logs found recreated / truncated / with a retention gap (newest last)
         self.resets: list[dict[str, Any]] = []
+        #: each partition's log start offset at its last check
+        self.starts: dict[TopicPartition, int] = {}
 
     async def positions(self, cid: str, tps: list[TopicPartition],
                         consumer: AIOKafkaConsumer) -> dict[TopicPartition, int | None]:
         """Stored offset of each of ``tps`` after checking that its log is the one it was counted
-        from. Raises :class:`~.clients.Abandoned` when the consumer was replaced meanwhile."""
+        from (and, in :attr:`starts`, the log's start offset as the check saw it). Raises
+        :class:`~.clients.Abandoned` when the consumer was replaced meanwhile."""
         states = await self.gate.retry(
             lambda: self.store.log_states(cid, [tp.partition for tp in tps]),
             what=f"read offsets of {cid}", abandon=lambda: self.clients.replaced(consumer))
         out: dict[TopicPartition, int | None] = {}
         todo = []
         for tp in tps:
+            self.starts.pop(tp, None)
             stored, raw = states[tp.partition]
             self._set_marked(tp, raw is not None)
             out[tp] = stored
             if stored is not None:
                 todo.append((tp, stored, None if raw is None else LogMark.parse(raw)))
-        if not todo:
-            return out
         t0 = time.monotonic()
         try:
-            start = await consumer.beginning_offsets([tp for tp, _, _ in todo])
+            # every partition's start, also those with nothing stored: the first record taken
+            # after positioning them at the beginning must carry it (agents/ingest/intake.py)
+            start = await asyncio.wait_for(consumer.beginning_offsets(tps), START_TIMEOUT_S)
+            self.starts.update(start)
+            if not todo:
+                return out
             end = await consumer.end_offsets([tp for tp, _, _ in todo])
             end.update(await self._read_ends({tp: end[tp] for tp, stored, _ in todo
                                               if end[tp] <= stored}))

@@ -110,6 +110,9 @@ class PartitionState:
     marked: bool = False
     #: its log must be checked (position out of range, log ends below the stored offset)
     suspect: bool = False
+    #: the offset the first record taken after positioning must carry (the stored offset + 1,
+    #: or the log's start when nothing is stored); None: not known, or already met
+    expect: int | None = None
 
     def open_pending(self, first: LogMark | None) -> Pending:
         """The running delta, started (continuing from ``seen``) if there is none; ``first`` is

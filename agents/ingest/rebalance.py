@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 
-from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from ldpstream.agents.ingest.breaker import Breaker
 from ldpstream.agents.ingest.clients import Abandoned, Clients, RedisGate
@@ -91,9 +91,7 @@ class Rebalancer:
             stored = stored_of[s.tp]
             if stored is not None:
                 consumer.seek(s.tp, stored + 1)
-        begin = [s.tp for s in states if stored_of[s.tp] is None]
-        if begin:
-            await consumer.seek_to_beginning(*begin)
+        await self.seek_starts(consumer, [s.tp for s in states if stored_of[s.tp] is None])
         current = self.clients.assignment()
         ready = [s for s in states if s.tp in current and self.partitions.get(s.tp) is s]
         for s in ready:
@@ -101,6 +99,7 @@ class Rebalancer:
         for s in ready:
             stored = s.stored = stored_of[s.tp]
             s.seen = -1 if stored is None else stored
+            s.expect = self.first_offset(s.tp, stored)
         if not self.gate.blocked and ready:
             consumer.resume(*(s.tp for s in ready))
         self.assigned_at = time.time()
@@ -126,6 +125,22 @@ class Rebalancer:
                 await asyncio.wait_for(self.breaker.release(cid, parts), 2.0)
             except Exception as exc:  # noqa: BLE001
                 log.warning("ingest: could not release %s %s: %s", cid, parts, exc)
+
+    async def seek_starts(self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> None:
+        """Position ``tps`` (nothing stored) at the log start their check read, explicitly: the
+        same offset :meth:`first_offset` expects, not a reset answered whenever the broker
+        answers (the beginning, as aiokafka resolves it, where the check could not read it)."""
+        known = [tp for tp in tps if tp in self.log_check.starts]
+        for tp in known:
+            consumer.seek(tp, self.log_check.starts[tp])
+        rest = [tp for tp in tps if tp not in self.log_check.starts]
+        if rest:
+            await consumer.seek_to_beginning(*rest)
+
+    def first_offset(self, tp: TopicPartition, stored: int | None) -> int | None:
+        """The offset the first record taken after positioning at ``stored`` + 1 (at the log's
+        start when None) must carry; None when the check could not read the log's start."""
+        return stored + 1 if stored is not None else self.log_check.starts.get(tp)
 
     def suspect(self, tps: Iterable[TopicPartition]) -> None:
         """Mark partitions whose log must be checked (out of range, ends below the stored
@@ -168,10 +183,11 @@ class Rebalancer:
                     continue
                 state.stored = stored
                 if stored is None:
-                    await consumer.seek_to_beginning(tp)
+                    await self.seek_starts(consumer, [tp])
                 else:
                     consumer.seek(tp, stored + 1)
                 state.seen = -1 if stored is None else stored
+                state.expect = self.first_offset(tp, stored)
         if not self.gate.blocked:
             consumer.resume(*(s.tp for s in states if self.gate.positioned(s.tp)))
 

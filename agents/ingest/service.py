@@ -71,12 +71,13 @@ from ldpstream.agents.ingest.clients import Clients, RedisGate, watch_connection
 from ldpstream.agents.ingest.faults import Load, Take
 from ldpstream.agents.ingest.log_check import LogCheck
 from ldpstream.agents.ingest.log_identity import KINDS as LOG_KINDS
-from ldpstream.agents.ingest.partition import Partitions
+from ldpstream.agents.ingest.partition import Partitions, PartitionState
 from ldpstream.agents.ingest.rebalance import Listener, Rebalancer
 from ldpstream.agents.ingest.stats import IngestStats
 from ldpstream.config import Collection, IngestConfig
 from ldpstream.kafka_admin import create_topics
 from ldpstream.names import BUDGET_FIELD, COMPACTED_TOPICS, CONFIG_TOPIC, SERVICE_TOPICS
+from ldpstream.producers.bounded_fetch import GUARD_MARKER
 from ldpstream.producers.device import ConfigWatcher
 from ldpstream.producers.kafka_security import KafkaSecurity
 from ldpstream.producers.signing import SigningKey
@@ -109,6 +110,26 @@ def fetch_settings(max_message_bytes: int) -> dict[str, int]:
     (docs/pipeline.md "Measured")."""
     return {"max_partition_fetch_bytes": max(4 * 1_048_576, 2 * int(max_message_bytes)),
             "fetch_max_bytes": 64 * 1_048_576, "fetch_max_wait_ms": FETCH_MAX_WAIT_MS}
+
+
+def starts_where_expected(state: PartitionState, msgs: list[ConsumerRecord]) -> bool:
+    """The first record taken after positioning must be the one positioned at
+    (``state.expect``): a later one means the consumer's position is not the one the log check
+    set (the records between would be skipped unseen), so the partition is marked for a check
+    (which seeks it again) and False is returned. A decompression-bomb replacement
+    (producers/bounded_fetch.py) stands at its batch's last offset and is taken. Once met,
+    ``expect`` is cleared."""
+    first = next((m for m in msgs if state.seen is None or m.offset > state.seen), None)
+    if first is None or state.expect is None:
+        return True
+    if first.offset > state.expect and not (first.value or b"").startswith(GUARD_MARKER):
+        log.warning("ingest: %s[%d]: first record at offset %d, expected %d; checking the log "
+                    "again", state.tp.topic, state.tp.partition, first.offset, state.expect)
+        metrics.POSITION_GAPS.labels(state.collection).inc()
+        state.suspect = True
+        return False
+    state.expect = None
+    return True
 
 
 class IngestService(Service):
@@ -338,6 +359,8 @@ class IngestService(Service):
                 continue  # revoked meanwhile: its records come again to the next owner
             if state.suspect:
                 continue  # its log is checked first; the check seeks it, the records come again
+            if state.expect is not None and not starts_where_expected(state, msgs):
+                continue
             epoch = state.epoch
             step = self._poll_records() if state.careful is None else len(msgs)
             for at in range(0, len(msgs), step):

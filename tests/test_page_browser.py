@@ -355,10 +355,11 @@ def test_the_page_marks_a_mechanism_version_change(tmp_path, kafka_broker, redis
         info = wait(lambda: (lambda c: c if c["version"] >= 2 else None)(
             api(worker.url, f"/collections/{cid}")), 30, "version 2 or later")
         wait(lambda: field(browser, row) == str(info["version"]), 30, "the version on the page")
-        marks = wait(lambda: browser.find_elements("css selector", "#history-chart line.version"),
-                     30, "the version changes marked in the history")
-        titles = [m.find_element("css selector", "title").get_attribute("textContent")
-                  for m in marks]
+        # one script reads every mark's title: the page re-renders every poll (400 ms), so a mark
+        # found by one call may be gone by the next
+        titles = wait(lambda: browser.execute_script(
+            "return Array.from(document.querySelectorAll('#history-chart line.version title'),"
+            " t => t.textContent);"), 30, "the version changes marked in the history")
         assert all(t.startswith("mechanism version ") and " → " in t for t in titles), titles
         shot(browser, "6-version-change")
     finally:

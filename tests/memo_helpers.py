@@ -8,7 +8,22 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ldpstream.estimators.mechanism import Mechanism
+from ldpstream.estimators.kernels import numeric as nm
+from ldpstream.estimators.kernels.domain import Domain
+from ldpstream.estimators.mechanism import Mechanism, mechanism_class
+
+#: a (firmware, battery) record: battery numeric on [0, 100], a grid of NUMERIC_GRID points
+NUMERIC_GRID = 257
+NUMERIC_DOMAIN = Domain(("fw", "battery"), (3, NUMERIC_GRID),
+                        (("a", "b", "c"), nm.numeric_labels(0, 100, NUMERIC_GRID)),
+                        (None, (0.0, 100.0)))
+
+
+def memoized_numeric(eps: float = 1.0, version: int = 0, **params) -> Mechanism:
+    """`sw-hm` over :data:`NUMERIC_DOMAIN`, memoized for a day (``params`` added)."""
+    return mechanism_class("sw-hm").from_config(
+        NUMERIC_DOMAIN, {"memoize": {"rotation_s": 86400}, **params}, epsilon=eps,
+        version=version)
 
 
 def memoized_estimates(mech: Mechanism, pop: np.ndarray, reports: int, seeds: int, seed: int,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from memo_helpers import assert_unbiased, memoized_estimates
+from memo_helpers import NUMERIC_DOMAIN, NUMERIC_GRID, assert_unbiased, memoized_estimates, memoized_numeric
 from scipy.stats import chisquare
 
 from ldpstream.estimators.families.numeric import (
@@ -20,20 +20,16 @@ from ldpstream.estimators.families.numeric import (
     rounding_points,
 )
 from ldpstream.estimators.kernels import numeric as nm
-from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.mechanism import ParamError, from_state, mechanism_class
 from ldpstream.estimators.stream.longitudinal import periods_per_window
 
 pytestmark = pytest.mark.core
 
-G = 257
-DOM = Domain(("fw", "battery"), (3, G), (("a", "b", "c"), nm.numeric_labels(0, 100, G)),
-             (None, (0.0, 100.0)))
+G, DOM = NUMERIC_GRID, NUMERIC_DOMAIN
 
 
 def memoized(eps: float = 1.0, **params):
-    return mechanism_class("sw-hm").from_config(
-        DOM, {"memoize": {"rotation_s": 86400}, **params}, epsilon=eps)
+    return memoized_numeric(eps, **params)
 
 
 def test_epsilon_per_report_rotation_and_day_come_from_the_channels():

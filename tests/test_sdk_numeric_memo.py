@@ -13,6 +13,7 @@ import json
 
 import numpy as np
 import pytest
+from memo_helpers import NUMERIC_DOMAIN, NUMERIC_GRID, memoized_numeric
 from scipy.stats import chi2
 from test_sdk_conformance import DIR, _gen, _watcher
 from test_sdk_memo_audit import numeric_unit
@@ -20,21 +21,17 @@ from test_sdk_memo_audit import numeric_unit
 from ldpstream.estimators import mechanism_class
 from ldpstream.estimators.kernels import device_program as dp
 from ldpstream.estimators.kernels import numeric as nm
-from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.producers.ledger import Ledger
 from ldpstream.producers.program import Program, ProgramError, SplitMix64
 from ldpstream.producers.sdk import DeviceClient, RecordingTransport
 
 pytestmark = pytest.mark.core
 
-G = 257
-DOM = Domain(("fw", "battery"), (3, G), (("a", "b", "c"), nm.numeric_labels(0, 100, G)),
-             (None, (0.0, 100.0)))
+G, DOM = NUMERIC_GRID, NUMERIC_DOMAIN
 
 
 def memoized(eps: float = 1.0, **params):
-    return mechanism_class("sw-hm").from_config(
-        DOM, {"memoize": {"rotation_s": 86400.0}, **params}, epsilon=eps, version=3)
+    return memoized_numeric(eps, version=3, **params)
 
 
 @pytest.mark.parametrize("eps", [0.5, 1.0, 4.0])

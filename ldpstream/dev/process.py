@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -32,11 +33,41 @@ __all__ = ["LOOPBACK", "free_port", "port_free", "find_redis_server", "find_tans
 LOOPBACK = "127.0.0.1"
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+_random = random.SystemRandom()
+
+
+def ephemeral_low() -> int:
+    """The lowest port the kernel hands out as an outgoing connection's source port."""
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+    """A TCP port that is free on 127.0.0.1 right now, below the kernel's ephemeral range.
+
+    A port the OS picks with ``bind(0)`` comes from the ephemeral range, which the kernel also
+    hands out as the source port of every outgoing connection: between this call and the child's
+    own bind, any connection on the machine could take it. A random port below that range is only
+    taken by another explicit bind. Ports handed out by this process are not handed out again.
+    """
+    high = min(ephemeral_low(), 65536) - 1
+    for _ in range(200):
+        port = _random.randint(10000, high) if high > 10000 else 0
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            chosen = int(s.getsockname()[1])
+        _handed_out.add(chosen)
+        return chosen
+    raise ServiceError("no free TCP port on 127.0.0.1 below the ephemeral range")
 
 
 def _executable(path: str | os.PathLike[str] | None) -> bool:

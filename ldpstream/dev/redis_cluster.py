@@ -10,7 +10,7 @@ import tempfile
 import time
 from typing import Any
 
-from ldpstream.dev.process import LOOPBACK, find_redis_server
+from ldpstream.dev.process import LOOPBACK, ephemeral_low, find_redis_server
 from ldpstream.dev.redis import EmbeddedRedis
 from ldpstream.errors import ServiceError
 
@@ -36,12 +36,7 @@ def _cluster_ports(n: int) -> list[int]:
     which could take a port between this check and the node binding it."""
     import random
 
-    low = 32768
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
-            low = int(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        pass
+    low = ephemeral_low()
     candidates = list(range(10000, max(10001, low - CLUSTER_BUS_OFFSET)))
     random.shuffle(candidates)
     out: list[int] = []

@@ -51,8 +51,8 @@ from ldpstream.estimators.kernels.proper import clip_rescale
 from ldpstream.estimators.kernels.rr_independent import rr_independent
 from ldpstream.estimators.kernels.truncated import truncated
 
-__all__ = ["IBUResult", "ibu", "amplification", "consistent_support", "SUPPORTS",
-           "MAX_AMPLIFICATION"]
+__all__ = ["IBUResult", "ibu", "amplification", "consistent_support", "restrict",
+           "check_support", "SUPPORTS", "MAX_AMPLIFICATION"]
 
 #: ``support`` rules of :func:`ibu` (module docstring)
 SUPPORTS = ("consistent", "all")
@@ -146,6 +146,21 @@ def consistent_support(counts: np.ndarray, channels: Sequence[np.ndarray]) -> np
     return keep if keep.any() else None
 
 
+def restrict(start: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``start`` set to 0 outside ``keep`` and rescaled to sum 1 along its last axis (uniform over
+    ``keep`` where the start has no mass there); EM then never leaves the support."""
+    out = np.where(keep, start, 0.0)
+    s = out.sum(axis=-1, keepdims=True)
+    uniform = keep / np.maximum(keep.sum(axis=-1, keepdims=True), 1)
+    return np.where(s > 0, out / np.where(s > 0, s, 1.0), uniform)
+
+
+def check_support(support: str) -> None:
+    """A clear error unless ``support`` is one of :data:`SUPPORTS`."""
+    if support not in SUPPORTS:
+        raise ValueError(f"ibu: support must be one of {', '.join(SUPPORTS)}, got {support!r}")
+
+
 def ibu(counts: np.ndarray, channels: Sequence[np.ndarray], *, tol: float = 1e-8,
         max_iter: int = 10000, init: str | np.ndarray = "independent", accelerate: bool = True,
         mix: float = 1e-3, support: str = "consistent") -> IBUResult:
@@ -170,17 +185,12 @@ def ibu(counts: np.ndarray, channels: Sequence[np.ndarray], *, tol: float = 1e-8
     max_iter = int(max_iter)
     if max_iter < 1:
         raise ValueError(f"ibu: max_iter must be ≥ 1, got {max_iter!r}")
-    if support not in SUPPORTS:
-        raise ValueError(f"ibu: support must be one of {', '.join(SUPPORTS)}, got {support!r}")
+    check_support(support)
     F = _EM(counts, channels)
     pi0 = _initial(counts, channels, init, float(mix))
     keep = consistent_support(counts, channels) if support == "consistent" else None
     if keep is not None:
-        mask = keep.reshape(-1)
-        pi0 = np.where(mask, pi0, 0.0)
-        s = pi0.sum()
-        # a start that is zero on the whole support: uniform over it
-        pi0 = pi0 / s if s > 0 else mask / float(mask.sum())
+        pi0 = restrict(pi0, keep.reshape(-1))
     cells = int(np.count_nonzero(pi0))
     trace: list[float] = []
     evals = 0

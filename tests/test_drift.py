@@ -302,15 +302,16 @@ def test_estimate_many_equals_one_at_a_time():
             assert e.error_bound == pytest.approx(one.error_bound, rel=1e-12)
 
 
-def test_batched_ibu_equals_ibu_per_table():
+@pytest.mark.parametrize("support", ["consistent", "all"])
+def test_batched_ibu_equals_ibu_per_table(support):
     rng = np.random.default_rng(11)
     shape = (3, 4)
     mats = [np.stack([grr(e, d) for e in rng.uniform(0.3, 3, size=60)]) for d in shape]
     C = rng.integers(0, 40, size=(60,) + shape).astype(float)
     C[:, 0, 0] += 1
-    r = batched.ibu_batch(C, mats, batched.inverses(mats))
+    r = batched.ibu_batch(C, mats, batched.inverses(mats), support=support)
     for b in range(60):
-        one = ibu(C[b], [m[b] for m in mats])
+        one = ibu(C[b], [m[b] for m in mats], support=support)
         assert (one.iterations, one.converged) == (r.iterations[b], r.converged[b])
         assert_close(r.estimates[b], one.estimate, rel=1e-7)
 

@@ -1,4 +1,5 @@
-"""IBU / EM with SQUAREM: proper output, monotone log-likelihood, convergence to the MLE."""
+"""IBU / EM with SQUAREM: proper output, monotone log-likelihood, convergence to the MLE, the
+consistent support (docs/estimators.md, "IBU over the consistent support")."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,8 +11,15 @@ from tolerance import assert_close
 from ldpstream.datasets import load_csv
 from ldpstream.estimators.kernels.castell import castell, mode_product
 from ldpstream.estimators.kernels.channels import grr, randomize
-from ldpstream.estimators.kernels.ibu import IBUResult, ibu
+from ldpstream.estimators.kernels.ibu import (
+    MAX_AMPLIFICATION,
+    IBUResult,
+    amplification,
+    consistent_support,
+    ibu,
+)
 from ldpstream.estimators.kernels.metrics import tvd
+from ldpstream.estimators.kernels.truncated import truncated
 from ldpstream.estimators.mechanism import histogram
 
 pytestmark = pytest.mark.core
@@ -133,3 +141,54 @@ def test_adult_high_way_marginals_converge():
             if eps == 4.0:  # far better than the clipped inverse at this w
                 c = np.maximum(castell(counts, [chans[i] for i in attrs]), 0)
                 assert tvd(res.estimate, truth) < tvd(c / c.sum(), truth)
+
+
+def sparse_truth_case(seed, shape=(4, 5, 3, 4), n=2000, eps=4.0, k=12):
+    """Reports of a sparse truth (k occupied cells of 240) through GRR(ε) channels, and the
+    truth itself."""
+    rng = np.random.default_rng(seed)
+    chans = [grr(eps, d) for d in shape]
+    support = np.stack([rng.integers(0, d, size=k) for d in shape], axis=1)
+    x = support[rng.choice(k, size=n, p=rng.dirichlet(np.ones(k)))]
+    axes = tuple(range(len(shape)))
+    y = np.stack([randomize(x[:, i], P, rng) for i, P in enumerate(chans)], axis=1)
+    return histogram(y, axes, shape), chans, histogram(x, axes, shape) / n
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_consistent_support_beats_the_plain_mle_on_a_sparse_table(seed):
+    counts, chans, truth = sparse_truth_case(seed)
+    new, plain = ibu(counts, chans), ibu(counts, chans, support="all")
+    assert tvd(new.estimate, truth) < tvd(plain.estimate, truth)
+    # still a distribution, a converged MLE over its support, with an honest trace
+    assert np.all(new.estimate >= 0)
+    assert new.estimate.sum() == pytest.approx(1.0, rel=1e-12)
+    assert new.converged
+    assert_monotone(new.loglik)
+    keep = truncated(counts, chans) > 0
+    assert new.cells == int(keep.sum()) < counts.size == plain.cells
+    assert np.all(new.estimate[~keep] == 0)
+
+
+def test_noisy_channels_leave_every_cell_free():
+    """At ε = 0.5 per attribute the channels amplify noise far beyond the limit: the default is
+    the plain MLE, to the last bit."""
+    counts, chans, _ = sparse_truth_case(0, eps=0.5)
+    assert amplification(chans) > MAX_AMPLIFICATION
+    assert consistent_support(counts, chans) is None
+    new, plain = ibu(counts, chans), ibu(counts, chans, support="all")
+    assert new.cells == plain.cells == counts.size
+    assert np.array_equal(new.estimate, plain.estimate)
+
+
+def test_amplification_of_grr_is_the_product_of_one_over_p_minus_q():
+    eps, ds = (4.0, 1.0, 0.5), (16, 2, 7)
+    expected = np.prod([(np.exp(e) + d - 1) / (np.exp(e) - 1) for e, d in zip(eps, ds)])
+    assert amplification([grr(e, d) for e, d in zip(eps, ds)]) == pytest.approx(expected,
+                                                                                 rel=1e-9)
+
+
+def test_support_errors():
+    counts, chans = sparse_case(seed=7)
+    with pytest.raises(ValueError, match="support must be one of consistent, all, got 'cells'"):
+        ibu(counts, chans, support="cells")

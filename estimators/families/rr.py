@@ -305,7 +305,7 @@ class RRIndependent(_RRBase):
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str], method: str,
                  **options: Any) -> Estimate:
         """Options: ``proper`` ('clip' | 'simplex'), ``tol``/``max_iter`` (ibu, rr-adjustment),
-        ``init``/``accelerate`` (ibu)."""
+        ``init``/``accelerate``/``support`` (ibu)."""
         self._check_method(method)
         attrs = tuple(attrs)
         c = np.asarray(marginal_counts(self.domain, counts, attrs), dtype=float)
@@ -339,7 +339,8 @@ class RRIndependent(_RRBase):
             return self._estimate(est, attrs, method, n, options, error_bound=tb.tvd, bound=tb)
         if method == "ibu":
             from ldpstream.estimators.kernels.ibu import ibu
-            kw = {k: options[k] for k in ("tol", "max_iter", "init", "accelerate") if k in options}
+            kw = {k: options[k] for k in ("tol", "max_iter", "init", "accelerate", "support")
+                  if k in options}
             r = ibu(c, P, **kw)
             return self._estimate(r.estimate, attrs, method, n, options, error_bound=bound,
                                   bound=cb, iterations=int(r.iterations),

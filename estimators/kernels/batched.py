@@ -20,9 +20,10 @@ from typing import Sequence
 import numpy as np
 
 from ldpstream.estimators.kernels.castell import inverses
+from ldpstream.estimators.kernels.ibu import MAX_AMPLIFICATION, check_support, restrict
 
 __all__ = ["batch_modes", "take", "castell_batch", "castell_variance_batch", "truncated_batch",
-           "rr_independent_batch", "ibu_batch", "IBUBatch", "inverses"]
+           "rr_independent_batch", "ibu_batch", "amplification_batch", "IBUBatch", "inverses"]
 
 _FLOOR = 1e-3      # as estimators/kernels/ibu.py
 _MSTEP = 4.0
@@ -150,12 +151,24 @@ class _EMBatch:
         return new, loglik
 
 
+def amplification_batch(mats: Sequence[np.ndarray], B: int) -> np.ndarray:
+    """:func:`~.ibu.amplification` of every table's channels (``(B,)``)."""
+    amp = np.ones(B)
+    for M in mats:
+        smallest = np.linalg.svd(M, compute_uv=False).min(axis=-1)
+        amp = np.where(smallest > 0, amp / np.where(smallest > 0, smallest, 1.0), np.inf)
+    return amp
+
+
 def ibu_batch(C: np.ndarray, mats: Sequence[np.ndarray], invs: Sequence[np.ndarray], *,
-              tol: float = 1e-8, max_iter: int = 10000, mix: float = 1e-3) -> IBUBatch:
-    """:func:`~.ibu.ibu` (SQUAREM-accelerated EM from the RR-Independent start) for every table;
-    ``mats`` are the forward channels, ``invs`` their inverses (for the start)."""
+              tol: float = 1e-8, max_iter: int = 10000, mix: float = 1e-3,
+              support: str = "consistent") -> IBUBatch:
+    """:func:`~.ibu.ibu` (SQUAREM-accelerated EM from the RR-Independent start, over the
+    consistent support where the channels resolve it) for every table; ``mats`` are the forward
+    channels, ``invs`` their inverses (for the start and the support)."""
     C = np.asarray(C, dtype=float)
     _totals(C)
+    check_support(support)
     if not tol > 0:
         raise ValueError(f"ibu: tol must be > 0, got {tol!r}")
     max_iter = int(max_iter)
@@ -166,6 +179,10 @@ def ibu_batch(C: np.ndarray, mats: Sequence[np.ndarray], invs: Sequence[np.ndarr
     F = _EMBatch(C, mats)
     start = _clip_rescale_rows(rr_independent_batch(C, invs).reshape(B, N))
     pi0 = (1.0 - mix) * start + mix / N
+    if support == "consistent":
+        keep = truncated_batch(C, invs).reshape(B, N) > 0
+        use = (amplification_batch(mats, B) <= MAX_AMPLIFICATION) & keep.any(axis=1)
+        pi0[use] = restrict(pi0[use], keep[use])
     evals = np.zeros(B, dtype=np.int64)
     step_max = np.ones(B)
     prev = np.full(B, np.nan)

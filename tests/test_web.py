@@ -84,6 +84,11 @@ def stack(tmp_path_factory, kafka_broker, redis_server):
 
         stats, got = asyncio.run(feed())
         assert got == TOTAL, worker.log_tail()
+        # every estimate stored before any test asks (a test must not rely on an earlier one's
+        # refresh: alone, or on another xdist worker, it would ask before the first timed one)
+        status, refreshed = get_json(worker.url, f"/collections/{cid}/refresh", method="POST",
+                                     token=TOKEN)
+        assert status == 200, refreshed
         yield {"url": worker.url, "cid": cid, "coll": coll, "counts": stats.counts,
                "worker": worker, "path": str(path), "env": env}
     finally:

@@ -1,6 +1,7 @@
 """Packed chunk deltas: the cells of a dense delta sent as one byte string and added inside Redis
 by one read and one write of the count string (``PACKED_ADD_LUA`` in agents/store/scripts.py),
-instead of one ``BITFIELD INCRBY`` per nonzero cell (docs/pipeline.md "Exactly-once counting").
+instead of one ``BITFIELD INCRBY`` per nonzero cell (docs/windows.md "Where the counts live, and
+for how long").
 
 A chunk's delta goes packed when it is dense: at least :data:`PACKED_MIN_CELLS` nonzero cells,
 filling at least :data:`PACKED_FILL` of the span from its first to its last nonzero cell. The span

@@ -60,7 +60,7 @@ end
 #       n_reports, sent_at ('' = none), number of chunk keys C, number of side keys S; then for each
 #       chunk key: PEXPIREAT ms ('' = none) and a text blob "#<cell> <delta> #<cell> <delta> ..."
 #       (one blob per key keeps redis-py's argument packing off the hot path, and string.gmatch
-#       hands the script ready-made arguments) or a packed one "*..." (PACKED_ADD_LUA); then for each side key: PEXPIREAT ms ('' = none)
+#       hands the script ready-made arguments); then for each side key: PEXPIREAT ms ('' = none)
 #       and "<field> <increment> ..." (HINCRBY) or "=<field> <value> ..." (HSET: fields and values
 #       of digits and ':') or "+<bytes>" (APPEND to a string: int64 words) or "!<bytes>" (SET;
 #       "!" alone: DEL) or "~<patch>" (a device state segment, agents/store/memo_log.py
@@ -70,6 +70,7 @@ end
 #       "<" (a staging string written before the call, consumed by the next side key) and ">"
 #       (RENAME the previous side key, a "<", to this one: big new bytes never pass through Lua,
 #       which copies its arguments at ~5 ns a byte). A refused delta deletes its staging keys.
+# A chunk key's blob may instead be a packed delta "*..." (PACKED_ADD_LUA).
 # Returns {status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none)}.
 APPLY_LUA = PACKED_ADD_LUA + """
 local maxargs = 4 * tonumber(ARGV[1])

@@ -383,8 +383,11 @@ def explain_batch(batch: ReportBatch,
         # is out of domain iff it exceeds bound − 1, clipped to what the dtype can hold
         top = np.minimum(bounds - 1, np.iinfo(reports.dtype).max).astype(reports.dtype)
         flat = reports.reshape(-1)
-        if not ((flat > _tiled(top.ravel(), flat.size)).any()
-                or (reports.dtype.kind == "i" and (flat < 0).any())):
+        if top.min() == top.max():   # every field has the same bound: one max, no temporaries
+            over = flat.size > 0 and flat.max() > top[0, 0]
+        else:
+            over = bool((flat > _tiled(top.ravel(), flat.size)).any())
+        if not (over or (reports.dtype.kind == "i" and (flat < 0).any())):
             return None
         bad = reports > top
     else:

@@ -14,20 +14,26 @@ PACKED_MAX_BYTES = 512 * 1024 * 1024
 # A packed (dense) chunk delta "*<u32 first cell, little-endian><int64 big-endian deltas>" added
 # to cells first.. of a count string (agents/store/packed_delta.py): the cells read once
 # (GETRANGE), added, written back once (SETRANGE), instead of one BITFIELD INCRBY each. Lua 5.1
-# numbers are doubles, exact only to 2^53, so each int64 is added as two 32-bit halves (high
-# signed, low unsigned) with the carry, and wraps at 2^63 as BITFIELD's default OVERFLOW WRAP
-# does: the string is the same, byte for byte, as the BITFIELD increments of the nonzero cells
-# would leave it. packed_ok(blob): its shape checked before the apply's first write.
+# numbers are doubles, exact only to 2^53: a block of cells whose counts and deltas are all
+# below 2^52 in magnitude (every real count) is added as int64 words; any other block as two
+# 32-bit halves each (high signed, low unsigned) with the carry, wrapping at 2^63 as BITFIELD's
+# default OVERFLOW WRAP does. Either way the string is the same, byte for byte, as the BITFIELD
+# increments of the nonzero cells would leave it. packed_ok(blob): its shape, checked before the
+# apply's first write.
 PACKED_ADD_LUA = """
 local PACK_FMT = {}
-local function pack_fmt(m)
-  local f = PACK_FMT[m]
-  if not f then f = '>' .. string.rep('i4I4', m); PACK_FMT[m] = f end
+local function pack_fmt(word, m)
+  local f = PACK_FMT[word .. m]
+  if not f then f = '>' .. string.rep(word, m); PACK_FMT[word .. m] = f end
   return f
 end
 local function packed_ok(blob)
   if #blob < 13 or (#blob - 5) % 8 ~= 0 then return false end
   return 8 * struct.unpack('<I4', blob, 2) + #blob - 5 <= @MAX_BYTES@
+end
+local function small(t, m)  -- every value of t[1..m] within +-2^52
+  return math.max(unpack(t, 1, m)) < 4503599627370496
+    and math.min(unpack(t, 1, m)) > -4503599627370496
 end
 local function packed_add(key, blob)
   local from = 8 * struct.unpack('<I4', blob, 2)
@@ -38,17 +44,26 @@ local function packed_add(key, blob)
   local i = 0
   while i < n do
     local m = math.min(@BLOCK@, n - i)
-    local f = pack_fmt(m)
+    local f = pack_fmt('i8', m)
     local c = {struct.unpack(f, cur, 1 + 8 * i)}
     local d = {struct.unpack(f, blob, 6 + 8 * i)}
-    for j = 1, 2 * m, 2 do
-      local lo = c[j + 1] + d[j + 1]
-      local hi = c[j] + d[j]
-      if lo >= 4294967296 then lo = lo - 4294967296; hi = hi + 1 end
-      if hi >= 2147483648 then hi = hi - 4294967296 elseif hi < -2147483648 then hi = hi + 4294967296 end
-      c[j] = hi; c[j + 1] = lo
+    local words = m
+    if small(c, m) and small(d, m) then
+      for j = 1, m do c[j] = c[j] + d[j] end
+    else
+      f = pack_fmt('i4I4', m)
+      c = {struct.unpack(f, cur, 1 + 8 * i)}
+      d = {struct.unpack(f, blob, 6 + 8 * i)}
+      for j = 1, 2 * m, 2 do
+        local lo = c[j + 1] + d[j + 1]
+        local hi = c[j] + d[j]
+        if lo >= 4294967296 then lo = lo - 4294967296; hi = hi + 1 end
+        if hi >= 2147483648 then hi = hi - 4294967296 elseif hi < -2147483648 then hi = hi + 4294967296 end
+        c[j] = hi; c[j + 1] = lo
+      end
+      words = 2 * m
     end
-    out[#out + 1] = struct.pack(f, unpack(c, 1, 2 * m))
+    out[#out + 1] = struct.pack(f, unpack(c, 1, words))
     i = i + m
   end
   redis.call('SETRANGE', key, from, table.concat(out))

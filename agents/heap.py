@@ -10,6 +10,8 @@ from typing import Any
 
 #: glibc's M_MMAP_THRESHOLD (mallopt)
 _M_MMAP_THRESHOLD = -3
+#: allocations of this many bytes or more are mapped (:func:`pin_mmap_threshold`)
+MMAP_THRESHOLD = 1 << 20
 _libc: Any = None
 
 
@@ -26,7 +28,7 @@ def _glibc() -> Any:
     return _libc
 
 
-def pin_mmap_threshold(size: int = 1 << 20) -> bool:
+def pin_mmap_threshold(size: int = MMAP_THRESHOLD) -> bool:
     """Allocations of ``size`` bytes or more always mapped, so unmapped when freed. glibc raises
     its threshold to the largest block freed (up to 32 MB): buffers of a few MB would then stay
     in its heap after use. False where this is not glibc."""

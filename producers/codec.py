@@ -297,8 +297,8 @@ def decode_uniform(values: list, max_bytes: int = MAX_MESSAGE_BYTES,
     """Decode many messages of identical layout at once (the worker's fast path, e.g. a stream of
     single-report messages of one collection): all of the same length, and header bytes equal to
     the first message's except ``sent_at``. The first message is decoded and validated by
-    :func:`decode_batch`; the others then have the same structure, so their values are cut out of
-    one ``(k, length)`` byte matrix without a per-message Python decode. Returns one batch holding
+    :func:`decode_batch`; the others then have the same structure, so their headers and their
+    values are each joined into one array (a slice of each message, no per-message decode). Returns one batch holding
     every report (``sent_at`` = the newest, ``device_ids`` dropped unless ``with_ids``: then
     None when the messages carry none), or None when the messages are not uniform or carry
     batch keys (the caller then decodes them one by one with :func:`decode_batch`, which keeps
@@ -324,16 +324,21 @@ def decode_uniform(values: list, max_bytes: int = MAX_MESSAGE_BYTES,
     ids = 8 * first.n if flags & FLAG_DEVICE_IDS else 0
     if with_ids and not ids:
         return None
-    rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), size)
-    if not ((rows[:, :sent_at] == rows[0, :sent_at]).all()
-            and (rows[:, sent_at + 8:head] == rows[0, sent_at + 8:head]).all()):
+    # each part of every message joined straight from the messages' bytes (one copy of the
+    # reports, not a copy of the whole messages and another of their reports)
+    views = [memoryview(v) for v in values]
+    heads = np.frombuffer(b"".join([v[:head] for v in views]), dtype=np.uint8).reshape(
+        len(values), head)
+    if not ((heads[:, :sent_at] == heads[0, :sent_at]).all()
+            and (heads[:, sent_at + 8:] == heads[0, sent_at + 8:]).all()):
         return None
-    sent = np.ascontiguousarray(rows[:, sent_at:sent_at + 8]).view("<f8").ravel()
+    sent = np.ascontiguousarray(heads[:, sent_at:sent_at + 8]).view("<f8").ravel()
     if not np.isfinite(sent).all():
         return None
     dt = _DTYPES[first_raw[head - 1]]
-    reports = np.ascontiguousarray(rows[:, head + ids:]).view(dt).reshape(-1, first.width)
-    device_ids = np.ascontiguousarray(rows[:, head:head + ids]).view("<u8").ravel().astype(
+    reports = np.frombuffer(b"".join([v[head + ids:] for v in views]), dtype=dt).reshape(
+        -1, first.width)
+    device_ids = np.frombuffer(b"".join([v[head:head + ids] for v in views]), dtype="<u8").astype(
         np.uint64, copy=False) if with_ids else None
     return ReportBatch(first.collection, first.version,
                        reports.astype(dt.newbyteorder("="), copy=False), device_ids,
@@ -378,8 +383,11 @@ def explain_batch(batch: ReportBatch,
         # is out of domain iff it exceeds bound − 1, clipped to what the dtype can hold
         top = np.minimum(bounds - 1, np.iinfo(reports.dtype).max).astype(reports.dtype)
         flat = reports.reshape(-1)
-        if not ((flat > _tiled(top.ravel(), flat.size)).any()
-                or (reports.dtype.kind == "i" and (flat < 0).any())):
+        if top.min() == top.max():   # every field has the same bound: one max, no temporaries
+            over = flat.size > 0 and flat.max() > top[0, 0]
+        else:
+            over = bool((flat > _tiled(top.ravel(), flat.size)).any())
+        if not (over or (reports.dtype.kind == "i" and (flat < 0).any())):
             return None
         bad = reports > top
     else:

@@ -230,6 +230,24 @@ def test_check_batch_in_the_reports_dtype():
     assert explain_batch(ReportBatch("adult", 1, over), known)[0] == "out_of_domain"
 
 
+def test_check_batch_with_one_bound_for_every_field():
+    """Every field with the same bound (checked with one max): the last value in range passes,
+    one past it anywhere is out of domain, in uint8, uint16 and signed reports."""
+    for card, dt in ((16, np.uint8), (259, np.uint16), (259, np.int16)):
+        known = {"c": {1: rr_ind([card] * 4, version=1)}}
+        rep = np.full((50, 4), card - 1, dtype=dt)
+        assert explain_batch(ReportBatch("c", 1, rep), known) is None
+        for r, c in ((0, 0), (49, 3), (17, 2)):
+            bad = rep.copy()
+            bad[r, c] = card
+            reason, detail = explain_batch(ReportBatch("c", 1, bad), known)
+            assert reason == "out_of_domain" and f"report {r} field {c} = {card}" in detail
+        if np.dtype(dt).kind == "i":
+            neg = rep.copy()
+            neg[3, 1] = -1
+            assert explain_batch(ReportBatch("c", 1, neg), known)[0] == "out_of_domain"
+
+
 def test_json_debug_form_errors():
     for text in ["nope", "[1]", '{"collection": 1, "version": 1, "reports": [[1]]}',
                  '{"collection": "c", "version": 1.5, "reports": [[1]]}',

@@ -99,6 +99,13 @@ POLL_DELTAS = 4
 FETCH_MAX_WAIT_MS = 20
 
 
+#: bytes of messages one take holds at most: under the heap's mmap threshold
+#: (agents/heap.py), so that a take's buffers (the joined reports, their columns) come from
+#: the heap, not from fresh mappings paid in page faults each time. Wider reports (a numeric
+#: attribute's uint16 grid points) make for fewer reports a take.
+TAKE_BYTES = 3 * heap.MMAP_THRESHOLD // 4
+
+
 #: messages one poll takes at most (``getmany(max_records=...)``): the fetcher sends its next fetch
 #: to a broker only once every record it holds from that broker was taken
 POLL_MAX_RECORDS = 5000
@@ -171,6 +178,7 @@ class IngestService(Service):
         self.max_pending_reports = 32 * self.batch_reports
         self._msgs_seen = 0
         self._reports_seen = 0
+        self._bytes_seen = 0
         self.cid_of = {c.topic: cid for cid, c in collections.items()}
         self.config_watch: ConfigWatcher | None = None
         #: recreates missing topics and republishes the signed states after broker log loss or
@@ -380,6 +388,7 @@ class IngestService(Service):
                     self.take(state, chunk)
                 self._msgs_seen += len(chunk)
                 self._reports_seen += self.partitions.pending_reports - before
+                self._bytes_seen += sum(len(m.value or b"") for m in chunk)
         return between
 
     async def _flush_if_due(self, now: float, caught_up: bool = False) -> None:
@@ -417,12 +426,15 @@ class IngestService(Service):
 
     def _poll_records(self) -> int:
         """Messages per take: about :data:`POLL_DELTAS` deltas' worth (``batch_reports`` each)
-        at the mean reports per message seen so far, so the per-take arrays stay cache-sized
-        whatever the batch size while the fixed cost of a take is paid rarely."""
+        at the mean reports per message seen so far, and at most :data:`TAKE_BYTES` at the mean
+        message size, so the per-take arrays stay cache-sized and on the heap whatever the batch
+        size and report width, while the fixed cost of a take is paid rarely."""
         if self._msgs_seen < 100:
             return min(self.max_records, 200)
         per_msg = max(1.0, self._reports_seen / self._msgs_seen)
-        return int(max(16, min(self.max_records, POLL_DELTAS * self.batch_reports / per_msg)))
+        by_bytes = TAKE_BYTES * self._msgs_seen / max(1, self._bytes_seen)
+        return int(max(16, min(self.max_records, POLL_DELTAS * self.batch_reports / per_msg,
+                               by_bytes)))
 
     def _update_lag(self) -> None:
         consumer = self.clients.consumer

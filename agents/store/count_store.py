@@ -58,6 +58,7 @@ from ldpstream.agents.store.apply_delta import (
 )
 from ldpstream.agents.store.apply_guard import expire_ms, finite_or_none
 from ldpstream.agents.store.layout import Layout
+from ldpstream.agents.store.packed_delta import PACKED_FILL, packed_blob, wants_packed
 from ldpstream.agents.store.scripts import (
     APPLY_LUA,
     NOTE_START_LUA,
@@ -90,7 +91,10 @@ class CountStore:
     single server or ``RedisCluster``)."""
 
     def __init__(self, redis: Any, *, chunk_cells: int = DEFAULT_CHUNK_CELLS,
-                 ops_per_call: int = BITFIELD_OPS_PER_CALL) -> None:
+                 ops_per_call: int = BITFIELD_OPS_PER_CALL,
+                 packed_fill: float = PACKED_FILL) -> None:
+        """``packed_fill``: the fill from which a chunk delta goes packed
+        (agents/store/packed_delta.py; ``math.inf``: never, 0: whenever it has enough cells)."""
         if chunk_cells < 1:
             raise ValueError("chunk_cells must be >= 1")
         if not 1 <= ops_per_call <= 2000:
@@ -98,6 +102,7 @@ class CountStore:
         self.redis = redis
         self.chunk_cells = int(chunk_cells)
         self.ops_per_call = int(ops_per_call)
+        self.packed_fill = float(packed_fill)
         self._apply = redis.register_script(APPLY_LUA)
         self._rebase = redis.register_script(REBASE_LUA)
         self._rows = redis.register_script(ROWS_LUA)
@@ -119,25 +124,34 @@ class CountStore:
     def _blobs(self, collection: str, partition: int,
                expanded: Mapping[tuple[Layout, str, int], tuple[np.ndarray, float | None]]
                ) -> tuple[list[str], list[Any]]:
-        """Chunk keys and, per key, [PEXPIREAT ms or '', "#<cell> <delta> ..." of its nonzero
-        cells]."""
+        """Chunk keys and, per key, [PEXPIREAT ms or '', its delta]: packed when dense
+        (agents/store/packed_delta.py), else "#<cell> <delta> ..." of its nonzero cells."""
         out_keys: list[str] = []
         args: list[Any] = []
+        cc = self.chunk_cells
         for (layout, level, bucket), (flat, exp) in expanded.items():
             nz = np.flatnonzero(flat)
             if nz.size == 0:
                 continue
-            chunk_of = nz // self.chunk_cells
-            pairs = np.empty(2 * nz.size, dtype=np.int64)
-            pairs[0::2] = nz - chunk_of * self.chunk_cells
-            pairs[1::2] = flat[nz]
+            chunk_of = nz // cc
             cuts = np.flatnonzero(np.diff(chunk_of)) + 1
             exp_ms = expire_ms(exp)
             for s, e in zip(np.concatenate(([0], cuts)).tolist(),
                             np.concatenate((cuts, [nz.size])).tolist()):
+                chunk = int(chunk_of[s])
+                base = chunk * cc
+                lo, hi = int(nz[s]), int(nz[e - 1])
                 out_keys.append(keys.counts_key(collection, partition, layout.id, layout.version,
-                                                level, bucket, int(chunk_of[s])))
-                args += [exp_ms, ("#%d %d " * (e - s)) % tuple(pairs[2 * s:2 * e].tolist())]
+                                                level, bucket, chunk))
+                blob: str | bytes
+                if wants_packed(e - s, hi - lo + 1, self.packed_fill):
+                    blob = packed_blob(flat[lo:hi + 1], lo - base)
+                else:
+                    pairs = np.empty(2 * (e - s), dtype=np.int64)
+                    pairs[0::2] = nz[s:e] - base
+                    pairs[1::2] = flat[nz[s:e]]
+                    blob = ("#%d %d " * (e - s)) % tuple(pairs.tolist())
+                args += [exp_ms, blob]
         return out_keys, args
 
     async def apply_many(self, collection: str, items: Sequence[PartitionDelta],

@@ -4,7 +4,71 @@ its first write, so an error leaves nothing half-written (Redis does not roll a 
 from __future__ import annotations
 
 __all__ = ["APPLY_LUA", "REBASE_LUA", "NOTE_START_LUA", "RESET_SHARD_LUA", "RESET_HOLD_S",
-           "ROWS_LUA"]
+           "ROWS_LUA", "PACKED_ADD_LUA", "PACKED_BLOCK_CELLS", "PACKED_MAX_BYTES"]
+
+#: cells a packed delta's block unpacks at once (2 Lua values each; Lua's C stack holds 8,000)
+PACKED_BLOCK_CELLS = 256
+#: the longest a packed delta may reach into its chunk string, in bytes (Redis' 512 MB string cap)
+PACKED_MAX_BYTES = 512 * 1024 * 1024
+
+# A packed (dense) chunk delta "*<u32 first cell, little-endian><int64 big-endian deltas>" added
+# to cells first.. of a count string (agents/store/packed_delta.py): the cells read once
+# (GETRANGE), added, written back once (SETRANGE), instead of one BITFIELD INCRBY each. Lua 5.1
+# numbers are doubles, exact only to 2^53: a block of cells whose counts and deltas are all
+# below 2^52 in magnitude (every real count) is added as int64 words; any other block as two
+# 32-bit halves each (high signed, low unsigned) with the carry, wrapping at 2^63 as BITFIELD's
+# default OVERFLOW WRAP does. Either way the string is the same, byte for byte, as the BITFIELD
+# increments of the nonzero cells would leave it. packed_ok(blob): its shape, checked before the
+# apply's first write.
+PACKED_ADD_LUA = """
+local PACK_FMT = {}
+local function pack_fmt(word, m)
+  local f = PACK_FMT[word .. m]
+  if not f then f = '>' .. string.rep(word, m); PACK_FMT[word .. m] = f end
+  return f
+end
+local function packed_ok(blob)
+  if #blob < 13 or (#blob - 5) % 8 ~= 0 then return false end
+  return 8 * struct.unpack('<I4', blob, 2) + #blob - 5 <= @MAX_BYTES@
+end
+local function small(t, m)  -- every value of t[1..m] within +-2^52
+  return math.max(unpack(t, 1, m)) < 4503599627370496
+    and math.min(unpack(t, 1, m)) > -4503599627370496
+end
+local function packed_add(key, blob)
+  local from = 8 * struct.unpack('<I4', blob, 2)
+  local n = (#blob - 5) / 8
+  local cur = redis.call('GETRANGE', key, from, from + 8 * n - 1)
+  if #cur < 8 * n then cur = cur .. string.rep('\\0', 8 * n - #cur) end
+  local out = {}
+  local i = 0
+  while i < n do
+    local m = math.min(@BLOCK@, n - i)
+    local f = pack_fmt('i8', m)
+    local c = {struct.unpack(f, cur, 1 + 8 * i)}
+    local d = {struct.unpack(f, blob, 6 + 8 * i)}
+    local words = m
+    if small(c, m) and small(d, m) then
+      for j = 1, m do c[j] = c[j] + d[j] end
+    else
+      f = pack_fmt('i4I4', m)
+      c = {struct.unpack(f, cur, 1 + 8 * i)}
+      d = {struct.unpack(f, blob, 6 + 8 * i)}
+      for j = 1, 2 * m, 2 do
+        local lo = c[j + 1] + d[j + 1]
+        local hi = c[j] + d[j]
+        if lo >= 4294967296 then lo = lo - 4294967296; hi = hi + 1 end
+        if hi >= 2147483648 then hi = hi - 4294967296 elseif hi < -2147483648 then hi = hi + 4294967296 end
+        c[j] = hi; c[j + 1] = lo
+      end
+      words = 2 * m
+    end
+    out[#out + 1] = struct.pack(f, unpack(c, 1, words))
+    i = i + m
+  end
+  redis.call('SETRANGE', key, from, table.concat(out))
+end
+""".replace("@MAX_BYTES@", str(PACKED_MAX_BYTES)).replace("@BLOCK@", str(PACKED_BLOCK_CELLS))
 
 # KEYS: offsets hash, sent_at_max, then the chunk keys, then the side-counter keys.
 # ARGV: ops per BITFIELD call, expected ('' = unchecked: apply when offset > stored), offset,
@@ -21,8 +85,9 @@ __all__ = ["APPLY_LUA", "REBASE_LUA", "NOTE_START_LUA", "RESET_SHARD_LUA", "RESE
 #       "<" (a staging string written before the call, consumed by the next side key) and ">"
 #       (RENAME the previous side key, a "<", to this one: big new bytes never pass through Lua,
 #       which copies its arguments at ~5 ns a byte). A refused delta deletes its staging keys.
+# A chunk key's blob may instead be a packed delta "*..." (PACKED_ADD_LUA).
 # Returns {status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none)}.
-APPLY_LUA = """
+APPLY_LUA = PACKED_ADD_LUA + """
 local maxargs = 4 * tonumber(ARGV[1])
 local offset = tonumber(ARGV[3])
 local nchunks = tonumber(ARGV[6])
@@ -77,7 +142,9 @@ for j = 1, nchunks + nside do
     return redis.error_reply('ldp-apply: expiry out of range: ' .. e)
   end
   local blob = ARGV[7 + 2 * j]
-  if j <= nchunks then
+  if j <= nchunks and string.sub(blob, 1, 1) == '*' then
+    if not packed_ok(blob) then return redis.error_reply('ldp-apply: malformed packed delta') end
+  elseif j <= nchunks then
     if string.find(blob, '[^#%d %-]') then
       return redis.error_reply('ldp-apply: malformed increments')
     end
@@ -120,15 +187,19 @@ for j = 1, nchunks do
   local key = KEYS[2 + j]
   local args = {}
   local a = 0
-  for cell, delta in string.gmatch(ARGV[7 + 2 * j], '(%S+) (%S+)') do
-    args[a + 1] = 'INCRBY'; args[a + 2] = 'i64'; args[a + 3] = cell; args[a + 4] = delta
-    a = a + 4
-    if a >= maxargs then
-      redis.call('BITFIELD', key, unpack(args, 1, a))
-      a = 0
+  if string.sub(ARGV[7 + 2 * j], 1, 1) == '*' then
+    packed_add(key, ARGV[7 + 2 * j])
+  else
+    for cell, delta in string.gmatch(ARGV[7 + 2 * j], '(%S+) (%S+)') do
+      args[a + 1] = 'INCRBY'; args[a + 2] = 'i64'; args[a + 3] = cell; args[a + 4] = delta
+      a = a + 4
+      if a >= maxargs then
+        redis.call('BITFIELD', key, unpack(args, 1, a))
+        a = 0
+      end
     end
+    if a > 0 then redis.call('BITFIELD', key, unpack(args, 1, a)) end
   end
-  if a > 0 then redis.call('BITFIELD', key, unpack(args, 1, a)) end
   if ARGV[6 + 2 * j] ~= '' then redis.call('PEXPIREAT', key, ARGV[6 + 2 * j]) end
 end
 local base = 7 + 2 * nchunks

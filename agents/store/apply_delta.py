@@ -1,6 +1,6 @@
 """What one apply carries and answers (:meth:`~ldpstream.agents.store.count_store.CountStore.apply_many`):
 a partition's delta with the offsets it covers and its side counters, and the outcome
-(docs/pipeline.md "Exactly-once counting")."""
+(docs/pipeline.md "Exactly once")."""
 from __future__ import annotations
 
 import dataclasses

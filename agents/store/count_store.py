@@ -1,5 +1,5 @@
 """Redis count tensors, applied exactly once, per shard and time bucket (docs/windows.md,
-docs/pipeline.md "Exactly-once counting").
+docs/pipeline.md "Exactly once").
 
 A worker counts a batch of reports with numpy and hands the deltas to
 :meth:`CountStore.apply_many` together with the range of Kafka offsets they cover on their

@@ -1,5 +1,5 @@
 """The Redis scripts of :class:`~ldpstream.agents.store.count_store.CountStore`: each one's keys, arguments
-and answer (docs/pipeline.md "Exactly-once counting"). Every script checks all it reads before
+and answer (docs/pipeline.md "Exactly once"). Every script checks all it reads before
 its first write, so an error leaves nothing half-written (Redis does not roll a script back)."""
 from __future__ import annotations
 

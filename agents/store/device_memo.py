@@ -189,6 +189,8 @@ class DeviceTable:
         fm, im = self._search(self._ids, ids)
         fd, idd = self._search(self._new_ids, ids)
         cols = max(self._rows.shape[1], self._new_rows.shape[1])
+        if not (fm.any() or fd.any()):
+            return fm, np.empty((0, cols), dtype=ROW)
         out = np.zeros((ids.size, cols), dtype=ROW)
         out[fm, :self._rows.shape[1]] = self._rows[im[fm]]
         out[fd, :self._new_rows.shape[1]] = self._new_rows[idd[fd]]

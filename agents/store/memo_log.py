@@ -398,12 +398,16 @@ class LogPending:
                 ch.rows[rel[sel] // ch.stride, :r.shape[1]] = r
         rest = np.flatnonzero(~app)
         if rest.size:
-            p = pos[rest].astype(np.uint64)
-            order = np.argsort(p)
-            cols = META + int(widths[rest].max())
-            r = np.zeros((rest.size, max(cols, rows.shape[1])), dtype=ROW)
-            r[:, :rows.shape[1]] = rows[rest]
-            self.inplace.upsert(p[order], r[order])
+            every = rest.size == pos.size
+            p = pos.astype(np.uint64) if every else pos[rest].astype(np.uint64)
+            r = rows if every else rows[rest]
+            cols = META + int(widths.max() if every else widths[rest].max())
+            if cols > r.shape[1]:
+                r = np.pad(r, ((0, 0), (0, cols - r.shape[1])))
+            if p.size > 1 and not bool((p[1:] > p[:-1]).all()):   # in order: no sort
+                order = np.argsort(p)
+                p, r = p[order], r[order]
+            self.inplace.upsert(p, r.astype(ROW, copy=False))
 
     @staticmethod
     def _by_seg(pos: np.ndarray, widths: np.ndarray, codes: np.ndarray,
@@ -469,7 +473,8 @@ class LogPending:
             ww, wc = self.write_width[seg]
             wsize = row_bytes(ww, wc)
             woff = (pos[sel] & ((1 << SEG_BITS) - 1)) * 4
-            enc = encode_rows(self.inplace.rows[sel][:, :META + ww], wc)
+            mine = self.inplace.rows if sel.all() else self.inplace.rows[sel]
+            enc = encode_rows(mine[:, :META + ww], wc)
             _rows_at(words, woff, wsize, enc.view(_U4))
         at = len(raw)
         for ch in tail:

@@ -184,8 +184,19 @@ class DeviceTable:
         """Whether the table holds each of ``ids``."""
         return self._search(self._ids, ids)[0] | self._search(self._new_ids, ids)[0]
 
+    def _outside(self, ids: np.ndarray) -> bool:
+        """Whether every one of ``ids`` lies beyond the range of ids held (nothing to search)."""
+        if not len(self) or not ids.size:
+            return True
+        lo = min(int(t[0]) for t in (self._ids, self._new_ids) if t.size)
+        hi = max(int(t[-1]) for t in (self._ids, self._new_ids) if t.size)
+        return int(ids.min()) > hi or int(ids.max()) < lo
+
     def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Whether the table holds each of ``ids``, and the rows of those it holds (in order)."""
+        if self._outside(ids):   # e.g. positions past every row this delta rewrote so far
+            return (np.zeros(ids.size, dtype=bool),
+                    np.empty((0, max(self._rows.shape[1], self._new_rows.shape[1])), dtype=ROW))
         fm, im = self._search(self._ids, ids)
         fd, idd = self._search(self._new_ids, ids)
         cols = max(self._rows.shape[1], self._new_rows.shape[1])

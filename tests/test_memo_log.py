@@ -115,8 +115,7 @@ def _apply(segs: dict[int, bytearray], lp: LogPending) -> None:
     for seg, data in lp.replaced.items():
         segs[seg] = bytearray(data)
     for seg, (app, size, off, rows) in lp.patches().items():
-        if seg in lp.replaced:
-            continue
+        assert seg not in lp.replaced
         blob = patch_blob(app, size, off, rows)
         alen, L = struct.unpack_from("<II", blob, 1)
         buf = segs.setdefault(seg, bytearray())

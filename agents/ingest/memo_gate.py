@@ -384,8 +384,6 @@ class MemoGate:
             for seg, data in lp.replaced.items():
                 out[segment_name(name, seg)] = SideStaged(data, lp.expire_at)
             for seg, (app, size, off, rows) in lp.patches().items():
-                if seg in lp.replaced:
-                    continue
                 trim = seg in lp.trim
                 if lp.fresh(seg) and len(app) >= STAGE_MIN and not off.size:
                     out[segment_name(name, seg)] = SideStaged(app, lp.expire_at)

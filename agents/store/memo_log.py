@@ -488,11 +488,12 @@ class LogPending:
 
     def patches(self) -> dict[int, tuple[memoryview, int, np.ndarray, np.ndarray]]:
         """Segment -> (bytes appended, bytes a rewritten row, their byte offsets, their rows):
-        what :func:`patch_blob` encodes for the apply."""
+        what :func:`patch_blob` encodes for the apply (segments written whole left out)."""
         out: dict[int, tuple[memoryview, int, np.ndarray, np.ndarray]] = {}
         by_seg: dict[int, list[Chunk]] = {}
         for ch in self.chunks:
-            by_seg.setdefault(ch.seg, []).append(ch)
+            if ch.seg not in self.replaced:
+                by_seg.setdefault(ch.seg, []).append(ch)
         appended: dict[int, np.ndarray] = {}
         for seg_, chunks in by_seg.items():   # one buffer a segment, each chunk copied once
             # uninitialized (no zero-fill pass): every byte is written, padding included
@@ -505,6 +506,8 @@ class LogPending:
         pos = self.inplace.ids.astype(np.int64) if len(self.inplace) else np.empty(0, np.int64)
         seg = pos >> SEG_BITS
         for s in sorted(set(appended) | set(distinct(seg).tolist()) | self.trim):
+            if s in self.replaced:   # written whole (:meth:`rebuild` encoded its rows)
+                continue
             sel = seg == s
             width, code = self.write_width.get(s, (0, 0))
             rows = encode_rows(self.inplace.rows[sel][:, :META + width], code) if sel.any() \

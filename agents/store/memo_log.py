@@ -412,10 +412,12 @@ class LogPending:
     @staticmethod
     def _by_seg(pos: np.ndarray, widths: np.ndarray, codes: np.ndarray,
                 into: dict[int, tuple[int, int]]) -> None:
-        if pos.size:
+        if pos.size:   # one row of each segment (a segment's rows share its width and code)
             seg = pos >> SEG_BITS
-            for s in distinct(seg).tolist():   # a few segments: one scan each
-                i = int(np.argmax(seg == s))
+            order = np.argsort(seg)
+            ss = seg[order]
+            first = order[np.concatenate(([0], np.flatnonzero(ss[1:] != ss[:-1]) + 1))]
+            for s, i in zip(seg[first].tolist(), first.tolist()):
                 into[int(s)] = (int(widths[i]), int(codes[i]))
 
     def note_widths(self, pos: np.ndarray, widths: np.ndarray, codes: np.ndarray) -> None:

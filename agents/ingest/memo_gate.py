@@ -38,6 +38,9 @@ from ldpstream.producers.codec import ReportBatch, encode_batch
 
 #: the DLQ reason of reports of new devices beyond ``device_state_max``
 DEVICE_STATE_FULL = "device_state_full"
+#: segments a flush reads back at once per partition (sent together; bounds the bytes of
+#: segments read whole that it holds beside their rebuilt copies)
+FETCH_AHEAD = 8
 
 
 class _Into:
@@ -344,9 +347,9 @@ class MemoGate:
         return device_memo.Moves(keep, u, rows, device_memo.stack_rows(old), evicted)
 
     async def fetch(self, cid: str, pend: Pending) -> np.ndarray:
-        """The applied rows ``pend`` supersedes, read back from Redis (one call per segment, all
-        of them sent together): subtracted with it. Once per delta (the positions are
-        consumed)."""
+        """The applied rows ``pend`` supersedes, read back from Redis (one call per segment,
+        :data:`FETCH_AHEAD` of them sent together): subtracted with it. Once per delta (the
+        positions are consumed)."""
         part = pend.tp.partition
         reads = []
         for lp in pend.memo.values():
@@ -358,17 +361,20 @@ class MemoGate:
                                            off.tobytes())
                 reads.append((lp, seg, width, code, size, off, dense, call))
             lp.fetch.clear()
-        raws = await asyncio.gather(*(
-            self.gate.retry(call, what=f"read the superseded reports of {cid}[{part}]")
-            for *_, call in reads))
         parts = []
-        for (lp, seg, width, code, size, off, dense, _), raw in zip(reads, raws):
-            if dense:
-                rows = lp.rebuild(seg, width, code, off, raw or b"")
-            else:
-                rows = device_memo.decode_rows(
-                    np.frombuffer(raw or b"", dtype=np.uint8).reshape(-1, size), width, code)
-            parts.append(rows[rows[:, 2] != 0])   # a row that is not there reads as zeros
+        for at in range(0, len(reads), FETCH_AHEAD):
+            group = reads[at:at + FETCH_AHEAD]
+            raws = await asyncio.gather(*(
+                self.gate.retry(call, what=f"read the superseded reports of {cid}[{part}]")
+                for *_, call in group))
+            for (lp, seg, width, code, size, off, dense, _), raw in zip(group, raws):
+                if dense:
+                    rows = lp.rebuild(seg, width, code, off, raw or b"")
+                else:
+                    rows = device_memo.decode_rows(
+                        np.frombuffer(raw or b"", dtype=np.uint8).reshape(-1, size), width,
+                        code)
+                parts.append(rows[rows[:, 2] != 0])   # a row that is not there reads as zeros
         return device_memo.stack_rows(parts)
 
     @staticmethod

@@ -312,7 +312,10 @@ class IngestGateway:
             await asyncio.wait_for(self.acks.stop(), PRODUCE_TIMEOUT_S)
         except asyncio.TimeoutError:
             log.warning("gateway: the acknowledged counts were not flushed")
-        await self.watcher.stop()
+        try:  # every part of the stop is bounded: a SIGTERM must end the process
+            await asyncio.wait_for(self.watcher.stop(), PRODUCE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.warning("gateway: the config watcher did not stop within %gs", PRODUCE_TIMEOUT_S)
         try:  # with the broker gone, what is unacknowledged was answered 503 already
             await asyncio.wait_for(self.publisher.stop(), PRODUCE_TIMEOUT_S)
         except (Exception, asyncio.TimeoutError) as exc:  # noqa: BLE001
@@ -620,7 +623,10 @@ def main(args: Any) -> int:
               f"(fleets: {', '.join(f.name for f in fleets)}; collections: "
               f"{', '.join(sorted(gateway.known)) or 'none yet'})", file=sys.stderr, flush=True)
         await stop.wait()
-        await runner.cleanup()
+        try:
+            await asyncio.wait_for(runner.cleanup(), PRODUCE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.warning("gateway: the HTTP server did not stop within %gs", PRODUCE_TIMEOUT_S)
         await gateway.stop()
 
     asyncio.run(run())

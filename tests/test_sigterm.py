@@ -46,7 +46,11 @@ def run_and_term(argv: list[str], env: dict, after_s: float, tmp_path,
             time.sleep(after_s)
             assert proc.poll() is None, log.read_text(errors="replace")
             proc.send_signal(signal.SIGTERM)
-            code = proc.wait(60)
+            try:
+                code = proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pytest.fail("still running 60 s after SIGTERM; its output:\n"
+                            + log.read_text(errors="replace"))
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -64,27 +64,25 @@ def test_quiet_stream_counted_when_the_poll_returns(tmp_path, kafka_broker, serv
     assert worker.stop() == 0
 
 
-def test_busy_stream_still_batches(tmp_path, kafka_broker, service_env, spawn_worker,
-                                   unique_name):
-    """A backlog of 3,000 single-report messages is counted exactly, in a few applies (full
-    polls are never flushed on their own), not one per poll."""
+def _applies_for_backlog(tmp_path, kafka_broker, service_env, spawn_worker, cid: str,
+                         batch_reports: int, bodies) -> int:
+    """Publish ``bodies`` (one collection, one partition) before a worker with a 30 s batch
+    timer starts; wait until every report is counted, exactly; the worker's applies."""
     from ldpstream.agents.app import make_store
     from ldpstream.config import load_config
     from ldpstream.kafka_admin import create_ldp_topics
+    from ldpstream.producers.codec import decode_batch
     from ldpstream.producers.publisher import Publisher
 
-    cid = unique_name
     path = write_config(tmp_path / "c.yaml", cid, partitions=1, refresh_interval_s=60.0,
-                        ingest={"batch_reports": 1000, "batch_seconds": BATCH_SECONDS})
+                        ingest={"batch_reports": batch_reports, "batch_seconds": BATCH_SECONDS})
     coll = load_config(path).collections[cid]
-    mech = coll.mechanism()
-    rng = np.random.default_rng(8)
-    total = 3000
+    bodies = bodies(coll, coll.mechanism())
+    total = sum(len(decode_batch(b).reports) for b in bodies)
 
     async def backlog() -> None:
         async with Publisher(kafka_broker.bootstrap) as pub:
-            futs = [await pub.send(coll.topic, _single_report(coll, mech, rng))
-                    for _ in range(total)]
+            futs = [await pub.send(coll.topic, body) for body in bodies]
             await asyncio.gather(*futs)
 
     asyncio.run(create_ldp_topics(kafka_broker.bootstrap, (coll,)))
@@ -103,7 +101,38 @@ def test_busy_stream_still_batches(tmp_path, kafka_broker, service_env, spawn_wo
 
     assert asyncio.run(counted()) == total
     ingest = json.loads(worker.get("/healthz", any_status=True))["checks"]["ingest"]
+    assert worker.stop() == 0
+    return int(ingest["applied_batches"])
+
+
+def test_busy_stream_still_batches(tmp_path, kafka_broker, service_env, spawn_worker,
+                                   unique_name):
+    """A backlog of 3,000 single-report messages is counted exactly, in a few applies (full
+    polls are never flushed on their own), not one per poll."""
+    rng = np.random.default_rng(8)
+    applies = _applies_for_backlog(
+        tmp_path, kafka_broker, service_env, spawn_worker, unique_name, 1000,
+        lambda coll, mech: [_single_report(coll, mech, rng) for _ in range(3000)])
     # polls of 200 messages at first, then up to 4 deltas' worth: 3,000 messages take at least
     # 7 polls; batched, 3 deltas of 1,000 reports and what is left when the worker caught up
-    assert 1 <= ingest["applied_batches"] <= 5, ingest
-    assert worker.stop() == 0
+    assert 1 <= applies <= 5
+
+
+def test_a_backlog_beyond_one_fetch_is_not_taken_for_caught_up(tmp_path, kafka_broker,
+                                                                service_env, spawn_worker,
+                                                                unique_name):
+    """A backlog of several fetches (13 MB against the consumer's 4 MiB per partition): every
+    poll but the last comes back short, yet none reaches the log's end, so nothing is flushed
+    before the backlog is taken: one apply (flushing at every short poll applied the first
+    fetch alone, then the rest)."""
+    from ldpstream.producers.codec import encode_batch
+
+    def bodies(coll, mech) -> list[bytes]:
+        rng = np.random.default_rng(9)
+        rec = rng.integers(0, np.array(coll.domain.shape), size=(16_000, len(coll.domain)))
+        body = encode_batch(coll.id, mech.version, mech.randomize(rec, rng))
+        assert len(body) * 200 > 3 * 4 * 1_048_576   # several fetches of the worker's consumer
+        return [body] * 200
+
+    assert _applies_for_backlog(tmp_path, kafka_broker, service_env, spawn_worker, unique_name,
+                                100_000_000, bodies) == 1

@@ -119,6 +119,23 @@ def fetch_settings(max_message_bytes: int) -> dict[str, int]:
             "fetch_max_bytes": 64 * 1_048_576, "fetch_max_wait_ms": FETCH_MAX_WAIT_MS}
 
 
+def caught_up(data: Mapping[TopicPartition, list[ConsumerRecord]],
+              highwater: Callable[[TopicPartition], int | None], short: bool) -> bool:
+    """Whether a poll's records reach the end of their logs (docs/pipeline.md "Adaptive
+    flushing"): the poll came back ``short`` (fewer records than asked) and every partition's
+    last record is the last its log held at the fetch (``highwater``, the log end offset the
+    broker sent with it; unknown counts as reached). A poll is short during a backlog too, when
+    the fetcher holds less than a poll asks (one fetch per partition, a few MiB): only the log
+    end says the worker is not behind."""
+    if not short:
+        return False
+    for tp, msgs in data.items():
+        end = highwater(tp)
+        if msgs and end is not None and msgs[-1].offset + 1 < end:
+            return False
+    return True
+
+
 def starts_where_expected(state: PartitionState, msgs: list[ConsumerRecord]) -> bool:
     """The first record taken after positioning must be the one positioned at
     (``state.expect``): a later one means the consumer's position is not the one the log check
@@ -239,6 +256,7 @@ class IngestService(Service):
             consumer, lambda: self.rebalancer.suspect(self.clients.assignment()))
         consumer.subscribe(sorted(self.cid_of), listener=Listener(self.rebalancer))
         await consumer.start()
+        heap.freeze()   # the start-up's objects out of every later collection (agents/heap.py)
 
     async def on_stop(self) -> None:
         if self.control is not None:
@@ -344,8 +362,8 @@ class IngestService(Service):
             between = await self._take_all(data)
             t2 = time.perf_counter()
             now = time.monotonic()
-            # fewer records than asked: nothing more is buffered, the worker has caught up
-            await self._flush_if_due(now, caught_up=got < self.max_records)
+            await self._flush_if_due(now, caught_up=caught_up(
+                data, consumer.highwater, got < self.max_records))
             t3 = time.perf_counter()
             if data:
                 timings = self.stats.timings

@@ -1,16 +1,32 @@
 """Small helpers for tests of the count store: deltas and reads in the layout of one version."""
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import asyncio
+from typing import Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ldpstream.agents.store.count_store import CountStore
 from ldpstream.agents.store.layout import Layout
 from ldpstream.estimators.mechanism import TensorSpec
+from ldpstream.redis_client import connect
 
 #: tests use partitions 0..P-1 of a collection
 P = 16
+
+
+def with_stores(url: str, body: Callable[..., Awaitable], *store_kws: dict,
+                timeout: float = 120.0):
+    """Run ``body(*stores)``: one :class:`CountStore` on ``url`` per keyword dict, all closed
+    after; bounded by ``timeout`` seconds."""
+    async def main():
+        stores = [CountStore(connect(url), **kw) for kw in store_kws]
+        try:
+            return await body(*stores)
+        finally:
+            for s in stores:
+                await s.close()
+    return asyncio.run(asyncio.wait_for(main(), timeout))
 
 
 def cells(layout: Layout, counts: Mapping[str, np.ndarray], n: int,

@@ -5,18 +5,16 @@ interleaving that double-counted with the old ``offset > stored`` rule, step by 
 random interleaving of several workers following the ingest protocol."""
 from __future__ import annotations
 
-import asyncio
 import random
 
 import numpy as np
 import pytest
-from store_helpers import P, cells, on_masters, read
+from store_helpers import P, cells, on_masters, read, with_stores
 
 from ldpstream.agents.store.apply_delta import ApplyStatus, PartitionDelta
 from ldpstream.agents.store.count_store import CountStore
 from ldpstream.agents.store.layout import Layout
 from ldpstream.estimators.mechanism import TensorSpec
-from ldpstream.redis_client import connect
 
 pytestmark = pytest.mark.pipeline
 
@@ -26,14 +24,7 @@ APPLIED, REPLAYED, CONFLICT = ApplyStatus.APPLIED, ApplyStatus.REPLAYED, ApplySt
 
 
 def run(body, url, **store_kw):
-    async def main():
-        stores = [CountStore(connect(url), **store_kw) for _ in range(3)]
-        try:
-            return await body(*stores)
-        finally:
-            for s in stores:
-                await s.close()
-    return asyncio.run(asyncio.wait_for(main(), 120))
+    return with_stores(url, body, store_kw, store_kw, store_kw)
 
 
 class Log:

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
-from store_helpers import on_masters
+from store_helpers import on_masters, with_stores
 
 from ldpstream.agents.store import keys
 from ldpstream.agents.store.apply_delta import ApplyStatus, PartitionDelta, expand_levels
@@ -36,15 +36,8 @@ EDGES = [2**32 - 1, 2**32, -(2**32), -1, 2**31 - 1, 2**31, -(2**31), I64 - 1, -I
 
 
 def _run(url: str, body, **kw):
-    async def main():
-        stores = [CountStore(connect(url), packed_fill=math.inf, **kw),
-                  CountStore(connect(url), packed_fill=0.0, **kw)]
-        try:
-            return await body(*stores)
-        finally:
-            for s in stores:
-                await s.close()
-    return asyncio.run(asyncio.wait_for(main(), 120))
+    """``body(unpacked, packed)``: two stores, one never packing a delta, one always."""
+    return with_stores(url, body, {"packed_fill": math.inf, **kw}, {"packed_fill": 0.0, **kw})
 
 
 async def _calls(r, command: str) -> int:

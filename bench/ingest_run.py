@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -48,7 +49,7 @@ async def raw_consume(bootstrap: str, coll: Any, messages: int,
     (``fetch_settings``: fetch sizes, how long a fetch waits in the broker) and messages per poll
     (``POLL_MAX_RECORDS``); only what it does with the records differs. ``timings`` (if given)
     gets its seconds waiting in ``getmany`` (``poll``: fetch, decompression, record parsing) and
-    decoding (``decode``), the worker's first two timings."""
+    decoding (``decode``), the worker's first two timings, and its CPU seconds (``cpu``)."""
     import uuid
 
     from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -79,7 +80,7 @@ async def raw_consume(bootstrap: str, coll: Any, messages: int,
         tps = [TopicPartition(coll.topic, p) for p in range(int(coll.partitions))]
         while not assigned.is_set() or set(consumer.assignment()) != set(tps):
             await consumer.getmany(timeout_ms=50)   # paused: the group joins, nothing fetched
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         await consumer.seek_to_beginning(*tps)
         consumer.resume(*tps)
         got = reports = 0
@@ -95,7 +96,8 @@ async def raw_consume(bootstrap: str, coll: Any, messages: int,
             poll += t2 - t1
             decode += time.perf_counter() - t2
         if timings is not None:
-            timings.update(poll=round(poll, 4), decode=round(decode, 4))
+            timings.update(poll=round(poll, 4), decode=round(decode, 4),
+                           cpu=round(time.process_time() - cpu0, 4))
         return reports / (time.perf_counter() - t0), reports
     finally:
         await consumer.stop()
@@ -125,7 +127,8 @@ async def ingest_rate(store: Any, cid: str, partitions: int, total: int, port: i
                        timeout: float = 300.0) -> tuple[float, dict[str, float]]:
     """Reports/s into Redis as the worker times it: from the end of its partition assignment
     (seeks done, like the raw consumer's clock) to its last applied delta (``/healthz``), and
-    the worker's cumulative ingest timings (seconds polling, decoding, counting, applying)."""
+    the worker's cumulative ingest timings (seconds polling, decoding, counting, applying) with
+    its CPU seconds over the same span (``cpu``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if await store.n(cid, partitions) >= total:
@@ -134,7 +137,7 @@ async def ingest_rate(store: Any, cid: str, partitions: int, total: int, port: i
             if ing.get("assigned_at") is None or ing.get("last_apply_at") is None:
                 raise RuntimeError(f"worker status without timings: {ing}")
             return (ing["applied_reports"] / (ing["last_apply_at"] - ing["assigned_at"]),
-                    dict(ing.get("timings_s") or {}))
+                    {**(ing.get("timings_s") or {}), "cpu": ing.get("cpu_s")})
         await asyncio.sleep(0.05)
     raise TimeoutError(f"{cid}: only {await store.n(cid, partitions)} of {total} reports ingested")
 
@@ -189,12 +192,14 @@ async def ratio_pairs(bootstrap: str, store: Any, cfg_path: Path, env: dict[str,
     """Prefill ``coll``'s topic with ``total`` reports of ``batch`` per message, then ``repeats``
     raw/ingest pairs back to back (a busy moment of the machine hits one pair; the median pair's
     ratio is the result), the counts reset between pairs. Returns every pair's rates, ratios and
-    both sides' timings, and the median pair's (``mid``)."""
+    both sides' timings, and the median pair's (``mid``); and, less sensitive to the machine's
+    load than rates, ``cpu_ratios``: the raw consumer's CPU seconds ÷ the worker's and Redis's
+    (``INFO cpu``) over the same reports, per pair, and their median ``cpu_ratio``."""
     from ldpstream.dev.process import free_port
 
     say(f"{tag}: prefill {total:,} reports, {batch} per message ...")
     stats = await prefill(bootstrap, coll, total, batch, data=data)
-    raws, ingests, timings, raw_timings = [], [], [], []
+    raws, ingests, timings, raw_timings, cpu_ratios = [], [], [], [], []
     for rep in range(repeats):
         say(f"{tag} [{rep + 1}/{repeats}] raw aiokafka consumption + decode, then ingest ...")
         raw_spent: dict[str, float] = {}
@@ -203,11 +208,15 @@ async def ratio_pairs(bootstrap: str, store: Any, cfg_path: Path, env: dict[str,
         await store.reset(coll.id)   # fresh offsets: the worker reads the topic again
         port = free_port()
         name = "".join(c if c.isalnum() else "-" for c in tag)
+        redis_cpu = await _redis_cpu(store)
         worker = start_worker(cfg_path, env, port, work / f"worker-{name}-{rep}.log")
         try:
             ingest, spent = await ingest_rate(store, coll.id, coll.partitions, total, port)
         finally:
             stop_worker(worker)
+        spent["redis_cpu"] = round(await _redis_cpu(store) - redis_cpu, 4)
+        if spent.get("cpu") is not None and raw_spent.get("cpu"):
+            cpu_ratios.append(raw_spent["cpu"] / (spent["cpu"] + spent["redis_cpu"]))
         raws.append(raw)
         ingests.append(ingest)
         timings.append(spent)
@@ -218,7 +227,14 @@ async def ratio_pairs(bootstrap: str, store: Any, cfg_path: Path, env: dict[str,
             "ratios": ratios, "ingest_rate": ingests[mid], "raw_consume_rate": raws[mid],
             "ingest_rates": ingests, "raw_consume_rates": raws, "ingest_timings_s": timings[mid],
             "raw_timings_s": raw_timings[mid], "ingest_timings_per_pair": timings,
-            "raw_timings_per_pair": raw_timings}
+            "raw_timings_per_pair": raw_timings, "cpu_ratios": cpu_ratios,
+            "cpu_ratio": statistics.median(cpu_ratios) if cpu_ratios else None}
+
+
+async def _redis_cpu(store: Any) -> float:
+    """Redis's CPU seconds so far (``INFO cpu``: main thread and its children, user + system)."""
+    info = await store.redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 async def quiet_probes(bootstrap: str, store: Any, coll: Any, probes: int) -> dict[str, Any]:

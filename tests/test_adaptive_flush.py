@@ -102,6 +102,10 @@ def _applies_for_backlog(tmp_path, kafka_broker, service_env, spawn_worker, cid:
     assert asyncio.run(counted()) == total
     ingest = json.loads(worker.get("/healthz", any_status=True))["checks"]["ingest"]
     assert worker.stop() == 0
+    # the worker's CPU seconds from its assignment to its last apply (what `bench pipeline`
+    # divides by the reports): counted, and less than the wall time between them by the idle
+    span = ingest["last_apply_at"] - ingest["assigned_at"]
+    assert 0 < ingest["cpu_s"] <= 2 * span + 0.5, ingest
     return int(ingest["applied_batches"])
 
 

@@ -1,6 +1,6 @@
 """Smoke test of ``ldpstream bench numeric --live --quick --json`` (its own embedded broker, Redis
 and worker processes): both collections are counted and the document carries each one's
-ratio and the numeric ÷ categorical quotient against the target. No rate is asserted (the machine
+ratio and the numeric ÷ categorical quotient against the target, by rate and by CPU. No rate is asserted (the machine
 is shared)."""
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ def test_bench_numeric_live_quick_json():
         assert r["ingest_rate"] > 0 and r["raw_consume_rate"] > 0
         assert math.isclose(r["ratio"], r["ingest_rate"] / r["raw_consume_rate"], rel_tol=1e-12)
         assert {"poll", "decode", "count", "apply"} <= set(r["ingest_timings_s"])
+        # by CPU: the raw consumer's seconds ÷ the worker's and Redis's, one per pair
+        assert len(r["cpu_ratios"]) == 1 and r["cpu_ratio"] == r["cpu_ratios"][0] > 0
+        assert r["ingest_timings_s"]["cpu"] > 0 and r["ingest_timings_s"]["redis_cpu"] > 0
     assert math.isclose(doc["numeric_vs_categorical"], doc["num"]["ratio"] / doc["cat"]["ratio"],
                         rel_tol=1e-12)
     assert doc["pass"] == (doc["numeric_vs_categorical"] >= doc["target"])
+    assert math.isclose(doc["numeric_vs_categorical_cpu"],
+                        doc["num"]["cpu_ratio"] / doc["cat"]["cpu_ratio"], rel_tol=1e-12)

@@ -174,6 +174,7 @@ class Applier:
             stats.applied_batches += 1
             stats.applied_reports += pend.n
             stats.last_apply_at = time.time()
+            stats.last_apply_cpu = time.process_time()
             if pend.n:
                 metrics.REPORTS_INGESTED.labels(cid).inc(pend.n)
             if pend.duplicates:

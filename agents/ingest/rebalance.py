@@ -67,6 +67,8 @@ class Rebalancer:
         self.breaker = breaker
         self.applying = applying  # partitions of the apply in flight (agents/ingest/applier.py)
         self.assigned_at: float | None = None
+        #: the process's CPU seconds when ``assigned_at`` was set
+        self.assigned_cpu: float | None = None
 
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         """Position every newly assigned partition at its Redis offset + 1 (the beginning when
@@ -103,6 +105,7 @@ class Rebalancer:
         if not self.gate.blocked and ready:
             consumer.resume(*(s.tp for s in ready))
         self.assigned_at = time.time()
+        self.assigned_cpu = time.process_time()
         log.info("ingest: assigned %s", sorted((s.tp.topic, s.tp.partition, stored_of[s.tp])
                                                for s in states))
 

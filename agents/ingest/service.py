@@ -496,7 +496,12 @@ class IngestService(Service):
                 "applied_batches": s.applied_batches, "skipped_batches": s.skipped_batches,
                 "conflicts": s.conflicts, "lost_rereads": s.lost_rereads,
                 "applied_reports": s.applied_reports, "assigned_at": self.rebalancer.assigned_at,
-                "last_apply_at": s.last_apply_at, "log_resets": self.log_check.resets[-20:],
+                "last_apply_at": s.last_apply_at,
+                # the worker's CPU seconds from the last assignment to the last apply (every
+                # thread: ingest, refreshes, HTTP): what ``bench pipeline`` divides by reports
+                "cpu_s": None if s.last_apply_cpu is None or self.rebalancer.assigned_cpu is None
+                else round(s.last_apply_cpu - self.rebalancer.assigned_cpu, 4),
+                "log_resets": self.log_check.resets[-20:],
                 "poison_pills": s.poison_pills, "device_state_full": dict(s.device_state_full),
                 "config_republished": [] if self.control is None else self.control.republished,
                 "careful": sorted(f"{st.tp.topic}[{st.tp.partition}]" for st in self.partitions

@@ -24,6 +24,8 @@ class IngestStats:
     #: unix time the last assignment was done / the last delta was applied
     assigned_at: float | None = None
     last_apply_at: float | None = None
+    #: the process's CPU seconds (all threads, ``time.process_time``) at the last apply
+    last_apply_cpu: float | None = None
     #: seconds spent (polls that returned data): waiting in getmany, decoding + validating +
     #: counting (count: the counting part), waiting for the previous flush; and applying (per
     #: collection and flush, in the background flush task)

@@ -34,8 +34,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.special import expit, logit
-from scipy.stats import norm
+from scipy.special import expit, logit, ndtri  # ndtri: the normal quantile, without scipy.stats
 
 from ldpstream.estimators.families.rrba_bounds import pooled_bound
 from ldpstream.estimators.families.rrba_consistency import consistent_tables, marginal_of, maxent_table
@@ -162,7 +161,7 @@ def ci_width(v: np.ndarray, n: int, alpha: float = 0.05) -> np.ndarray:
     """δ*: width of the 1−α CI of a Bernoulli proportion v from n trials (§5): Wald
     2·z·√(v(1−v)/n), or the back-transformed log-odds interval where n·v < 5."""
     v = np.asarray(v, dtype=float)
-    z = norm.ppf(1 - alpha / 2)
+    z = ndtri(1 - alpha / 2)
     wald = 2 * z * np.sqrt(np.clip(v * (1 - v), 0, None) / n)
     vv = np.clip(v, 0.5 / n, 1 - 0.5 / n)
     half = z / np.sqrt(n * vv * (1 - vv))

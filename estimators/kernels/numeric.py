@@ -195,7 +195,7 @@ class MeanEstimate:
 def mean_estimate(counts: np.ndarray, outputs: np.ndarray, level: float = 0.95) -> MeanEstimate:
     """Σ counts·y / n; the standard error s/√n from the outputs' sample variance (each report is
     an independent draw given its device's value, so it covers sampling and randomization)."""
-    from scipy.stats import norm
+    from scipy.special import ndtri
     c = np.asarray(counts, dtype=float)
     n = float(c.sum())
     if n < 2:
@@ -203,7 +203,7 @@ def mean_estimate(counts: np.ndarray, outputs: np.ndarray, level: float = 0.95) 
     mu = float(c @ outputs / n)
     var = float(c @ (outputs - mu) ** 2 / (n - 1))
     se = math.sqrt(var / n)
-    z = float(norm.ppf(0.5 + level / 2))
+    z = float(ndtri(0.5 + level / 2))
     return MeanEstimate(mu, se, mu - z * se, mu + z * se, int(n), level)
 
 

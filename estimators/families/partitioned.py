@@ -810,6 +810,10 @@ class Partitioned(Mechanism):
         return pn.numeric_summary(self.cells.project(self.marginals[j]), raw, cov, n,
                                   served, attrs, a, lo, hi, pos, self.oracles[j].name)
 
+    def cell_domain(self) -> Domain:
+        """:attr:`cells`: a numeric attribute's categories are its points."""
+        return self.cells
+
     def summary_fields(self, est: Estimate) -> dict[str, Any]:
         """``numeric`` for a marginal with a numeric attribute (docs/numeric.md "In
         partitioned marginals"; the same fields as sw-hm's)."""

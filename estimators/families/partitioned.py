@@ -801,14 +801,20 @@ class Partitioned(Mechanism):
                                     "alone or by one categorical attribute; these are its "
                                     "cells on its points"}
         a = num[0]
-        t = np.asarray(counts[tensor_key(self.marginals[j])], dtype=np.int64)
-        raw, n = self._raw(counts, j)
-        cov = pn.cell_cov(self.oracles[j], t[:-1], n, raw)
+        # the mean and the CDF band from every collected table holding attrs (one marginal
+        # per report: they are independent)
+        holding = [j] + ([k for k, m in enumerate(self.marginals)
+                          if k != j and set(attrs) <= set(m)] if self.per_report == 1 else [])
+        tables = []
+        for k in holding:
+            t = np.asarray(counts[tensor_key(self.marginals[k])], dtype=np.int64)
+            raw, n = self._raw(counts, k)
+            tables.append(pn.Table(self.cells.project(self.marginals[k]), raw,
+                                   pn.cell_cov(self.oracles[k], t[:-1], n, raw), n))
         jx = self.domain.axes((a,))[0]
         lo, hi = self.domain.ranges[jx]  # type: ignore[index]  # numeric: has a range
         pos = self.binning.points[jx] / (self.domain.shape[jx] - 1)
-        return pn.numeric_summary(self.cells.project(self.marginals[j]), raw, cov, n,
-                                  served, attrs, a, lo, hi, pos, self.oracles[j].name)
+        return pn.numeric_summary(tables, served, attrs, a, lo, hi, pos, self.oracles[j].name)
 
     def cell_domain(self) -> Domain:
         """:attr:`cells`: a numeric attribute's categories are its points."""

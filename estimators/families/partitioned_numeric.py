@@ -40,7 +40,7 @@ from ldpstream.estimators.kernels.proper import clip_rescale
 from ldpstream.estimators.oracles import frequency_oracles as fo
 
 __all__ = ["MAX_BINS", "MIN_BINS", "DEFAULT_REPORTS", "PROVISIONAL_BINS", "RESOLUTION_W1",
-           "RESOLUTION_QUANTILE", "Binning", "choose_bins", "predicted_w1", "numeric_summary",
+           "RESOLUTION_QUANTILE", "Binning", "Table", "choose_bins", "predicted_w1", "numeric_summary",
            "CellCov", "cell_cov"]
 
 #: most points of a numeric attribute inside a marginal (categorical families refuse a column
@@ -167,6 +167,46 @@ def _group(raw: np.ndarray, cov: CellCov, mask: np.ndarray, point: np.ndarray, b
     return D, r, se, nm.CdfBand(np.linspace(0.0, 1.0, b + 1), F, cov.of(Gf))
 
 
+@dataclass(frozen=True)
+class Table:
+    """A collected table's unbiased cells: ``domain`` (its cells' domain), ``raw`` (flat), their
+    covariance ``cov`` and the ``n`` reports they come from."""
+
+    domain: Domain
+    raw: np.ndarray
+    cov: CellCov
+    n: int
+
+    def group(self, numeric: str, positions: np.ndarray, cat: str | None = None,
+              k: int = 0) -> tuple[float, float, float, nm.CdfBand] | None:
+        """:func:`_group` of all cells (``cat`` None) or of category k of ``cat``."""
+        idx = np.indices(self.domain.shape).reshape(len(self.domain.shape), -1)
+        point = idx[self.domain.axes((numeric,))[0]]
+        mask = (np.ones(self.raw.shape) if cat is None
+                else (idx[self.domain.axes((cat,))[0]] == k).astype(float))
+        return _group(self.raw, self.cov, mask, point, self.domain[numeric], positions)
+
+
+def _combined(tables: Sequence[Table], numeric: str, positions: np.ndarray, cat: str | None,
+              k: int) -> tuple[float, float, float, nm.CdfBand] | None:
+    """The group over every table holding it (independent tables: one marginal per report):
+    the mean combined by inverse variance, the unbiased CDF as the average of the tables'
+    weighted by the inverse of their total variance (its covariance Σ w²·cov), the reports of
+    all."""
+    groups = [(t, g) for t in tables
+              if (g := t.group(numeric, positions, cat, k)) is not None and g[2] > 0]
+    if not groups:
+        return None
+    w = np.array([1.0 / g[2] ** 2 for _, g in groups])
+    r = float(np.array([g[1] for _, g in groups]) @ w / w.sum())
+    reports = sum(t.n * g[0] for t, g in groups)
+    v = np.array([1.0 / max(float(np.trace(g[3].cov)), 1e-300) for _, g in groups])
+    v = v / v.sum()
+    band = nm.CdfBand(groups[0][1][3].edges, sum(x * g[3].F for x, (_, g) in zip(v, groups)),
+                      sum(x * x * g[3].cov for x, (_, g) in zip(v, groups)))
+    return reports, r, float(1.0 / np.sqrt(w.sum())), band
+
+
 def _summary(hist: np.ndarray, group: tuple[float, float, float, nm.CdfBand], lo: float,
              hi: float, b: int, reports: float, rng: np.random.Generator) -> dict[str, Any]:
     """sw-hm's fields of one distribution (docs/numeric.md "Bounds") from the served cells
@@ -194,40 +234,38 @@ def _summary(hist: np.ndarray, group: tuple[float, float, float, nm.CdfBand], lo
             "cdf_high": np.clip(band.F + z * band.se, 0, 1).tolist()}
 
 
-def numeric_summary(table: Domain, raw: np.ndarray, cov: CellCov, n: int, served: np.ndarray,
-                    attrs: Sequence[str], numeric: str, lo: float, hi: float,
-                    positions: np.ndarray, oracle: str) -> dict[str, Any]:
+def numeric_summary(tables: Sequence[Table], served: np.ndarray, attrs: Sequence[str],
+                    numeric: str, lo: float, hi: float, positions: np.ndarray,
+                    oracle: str) -> dict[str, Any]:
     """The numeric fields of an estimate of ``attrs`` (``numeric`` alone, or with one
-    categorical attribute) read from a collected table (``table``: its cells' domain, ``raw``
-    its flat unbiased cells from ``n`` reports, ``cov`` their covariance) and the served cells
-    ``served`` (shaped like ``attrs``): the keys sw-hm's :func:`~.families.numeric.summary_of`
-    serves, mean with its interval from the unbiased table, quantiles and W1 bound from the
-    served cells (docs/numeric.md "In partitioned marginals")."""
-    idx = np.indices(table.shape).reshape(len(table.shape), -1)
-    jx = table.axes((numeric,))[0]
-    point, b = idx[jx], table.shape[jx]
-    rng = stream(SEED, np.concatenate([raw, [n]]))
+    categorical attribute): the keys sw-hm's :func:`~.families.numeric.summary_of` serves. The
+    mean with its interval and the CDF band (quantile intervals, W1 bound) from the unbiased
+    tables holding ``attrs`` (``tables``; :func:`_combined`), the quantiles and histogram from
+    the served cells ``served`` (shaped like ``attrs``; docs/numeric.md "In partitioned
+    marginals")."""
+    first = tables[0]
+    b = first.domain[numeric]
+    rng = stream(SEED, np.concatenate([first.raw, [first.n]]))
     out: dict[str, Any] = {"of": numeric, "min": lo, "max": hi, "level": LEVEL,
                            "mechanism": oracle, "resolution": (hi - lo) / (b - 1)}
     served = np.asarray(served, dtype=float)
     if len(attrs) == 1:
-        g = _group(raw, cov, np.ones(raw.shape), point, b, positions)
+        g = _combined(tables, numeric, positions, None, 0)
         if g is not None:
-            out.update(_summary(served, g, lo, hi, b, n * g[0], rng))
+            out.update(_summary(served, g, lo, hi, b, g[0], rng))
         return out
     cat = next(a for a in attrs if a != numeric)
-    jc = table.axes((cat,))[0]
     rows = served if attrs[0] == cat else served.T
     share = np.clip(rows.sum(axis=1), 0, None)
     share = share / share.sum() if share.sum() > 0 else share
     cats = []
-    for k, label in enumerate(table.categories(cat)):
-        g = _group(raw, cov, (idx[jc] == k).astype(float), point, b, positions)
+    for k, label in enumerate(first.domain.categories(cat)):
+        g = _combined(tables, numeric, positions, cat, k)
         row: dict[str, Any] = {"category": label, "share": float(share[k])}
         if g is None or rows[k].sum() <= 0:
             row["reports"] = 0
         else:
-            row.update(_summary(rows[k], g, lo, hi, b, n * g[0], rng))
+            row.update(_summary(rows[k], g, lo, hi, b, g[0], rng))
         cats.append(row)
     out.update(by=cat, categories=cats)
     return out

@@ -19,7 +19,7 @@ from test_windows_e2e import PER_MESSAGE, publish
 
 pytestmark = pytest.mark.pipeline
 
-N = 30_000
+N = 20_000
 BINS = 9
 
 

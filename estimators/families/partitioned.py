@@ -857,7 +857,7 @@ class Partitioned(Mechanism):
     # --- state -----------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
-                "domain": self.domain.to_dict(), "epsilon": self.target_epsilon,
+                "domain": self.domain.to_compact_dict(), "epsilon": self.target_epsilon,
                 "marginals": [list(m) for m in self.marginals],
                 "oracles": list(self.oracle_names), "assign_seed": self.assign_seed,
                 "per_report": self.per_report,

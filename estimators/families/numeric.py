@@ -53,7 +53,8 @@ from ldpstream.estimators.mechanism import (
 from ldpstream.estimators.memo import memoize_of, memoize_param, memoize_state
 from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize
 
-__all__ = ["Numeric", "summary_of", "distribution_bounds", "sw_buckets", "band_bins", "bound_bins", "numeric_domain", "QUANTILES",
+__all__ = ["Numeric", "summary_of", "distribution_bounds", "sw_buckets", "band_bins",
+           "bound_bins", "numeric_domain", "QUANTILES",
            "SEED", "ALPHA_POINTS", "rounding_points", "rounding_matrix", "device_alpha",
            "alpha_round", "alpha_seed"]
 

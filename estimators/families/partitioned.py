@@ -69,6 +69,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ldpstream.estimators.families import partitioned_numeric as pn
+from ldpstream.estimators.families.numeric import summary_of
 from ldpstream.estimators.kernels import device_program as dp
 from ldpstream.estimators.kernels.bounds import (
     Bound,
@@ -80,8 +82,6 @@ from ldpstream.estimators.kernels.bounds import (
 from ldpstream.estimators.kernels.consistency import expand, max_entropy, norm_sub, postprocess
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.global_fit import Noise, choose_fit
-from ldpstream.estimators.families import partitioned_numeric as pn
-from ldpstream.estimators.families.numeric import summary_of
 from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex, repair
 from ldpstream.estimators.mechanism import (
     Estimate,

@@ -97,7 +97,8 @@ from ldpstream.estimators.memo import composed_grr_epsilon, memoize_param
 from ldpstream.estimators.oracles import frequency_oracles as fo
 from ldpstream.estimators.stream.longitudinal import DAY_S, Guarantee, Memoize, periods_per_window
 
-__all__ = ["Partitioned", "tensor_key", "assign_by_device", "choose_ways", "choose_per_report",
+__all__ = ["Partitioned", "tensor_key", "counted_shape", "numeric_bins", "assign_by_device",
+           "choose_ways", "choose_per_report",
            "predicted_pair_error", "auto_candidates", "AUTO_MAX_CELLS", "AUTO_MARGIN", "AUTO_PER_REPORT",
            "AUTO_PER_REPORT_MARGIN"]
 
@@ -112,6 +113,38 @@ def counted_shape(domain: Domain, bins: Mapping[str, int] | None = None) -> tupl
     attribute at its ``bins`` (else :data:`~.partitioned_numeric.PROVISIONAL_BINS`)."""
     return tuple((bins or {}).get(a, pn.PROVISIONAL_BINS) if domain.numeric_range(a) else s
                  for a, s in zip(domain.attrs, domain.shape))
+
+
+def numeric_bins(domain: Domain, given: Mapping[str, int], eps: float, n: int | None,
+                 marginals: Sequence[Sequence[str]] | None, per_report: int = 1,
+                 oracles: Sequence[str] = fo.COMPACT) -> dict[str, int]:
+    """Every numeric attribute's points: ``given``, else
+    :func:`~.partitioned_numeric.choose_bins` for the smallest of ``marginals`` holding it
+    (None: every pair; a numeric partner counted at
+    :data:`~.partitioned_numeric.PROVISIONAL_BINS`), each marginal expecting n × per_report /
+    K reports (n None: :data:`~.partitioned_numeric.DEFAULT_REPORTS`), ε per report ``eps``."""
+    numeric = domain.numeric_attrs()
+    wrong = [a for a in given if a not in numeric]
+    if wrong:
+        raise ValueError(f"bins: {wrong[0]!r} is not a numeric attribute (numeric: "
+                         f"{', '.join(numeric) or 'none'})")
+    if marginals is None:
+        marginals = list(itertools.combinations(domain.attrs, min(2, len(domain))))
+    n_k = (n or pn.DEFAULT_REPORTS) * per_report / len(marginals)
+    out = {}
+    for a in numeric:
+        G = domain[a]
+        if a in given:
+            b = int(given[a])
+            if not pn.MIN_BINS <= b <= min(pn.MAX_BINS, G):
+                raise ValueError(f"bins: {a!r} needs {pn.MIN_BINS}…{min(pn.MAX_BINS, G)} "
+                                 f"points (got {b})")
+            out[a] = b
+            continue
+        partner = min(math.prod(pn.PROVISIONAL_BINS if o in numeric else domain[o]
+                                for o in m if o != a) for m in marginals if a in m)
+        out[a] = min(G, pn.choose_bins(partner, eps / per_report, n_k, oracles))
+    return out
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -287,10 +320,12 @@ class Partitioned(Mechanism):
                                  f"{expected_reports!r})")
             self.expected_reports = int(expected_reports)
         if ways == "auto":
+            r = int(per_report) if isinstance(per_report, (int, np.integer)) else 1
+            # the points for pair tables, fixed before the size is chosen with them
+            bins = numeric_bins(domain, bins or {}, eps, self.expected_reports, None, r,
+                                self.oracle_names)
             ways = choose_ways(counted_shape(domain, bins), self.expected_reports, eps,
-                               self.oracle_names,
-                               int(per_report) if isinstance(per_report, (int, np.integer))
-                               else 1)
+                               self.oracle_names, r)
         if marginals is None:
             if not 1 <= int(ways) <= len(domain):
                 raise ValueError(f"ways must be in 1..{len(domain)}, got {ways!r}")
@@ -301,7 +336,10 @@ class Partitioned(Mechanism):
         self._cols = [domain.axes(m) for m in self.marginals]
         K = len(self.marginals)
         #: per numeric attribute, its points inside the marginals (docs/numeric.md)
-        self.bins = self._bins(bins or {}, eps, K, per_report)
+        self.bins = numeric_bins(domain, bins or {}, eps, self.expected_reports,
+                                 self.marginals,
+                                 int(per_report) if isinstance(per_report, (int, np.integer))
+                                 else 1, self.oracle_names)
         self.binning = pn.Binning.of(domain, self.bins)
         #: the domain the marginals are counted and estimated on (a numeric attribute's
         #: categories are its points; ``domain`` is what devices report: grid indices)
@@ -334,37 +372,6 @@ class Partitioned(Mechanism):
         if self.offsets[-1] >= 2**32:
             raise ValueError("partitioned: the marginals' report codes exceed 32 bits; collect "
                              "fewer or smaller marginals")
-
-    def _bins(self, given: Mapping[str, int], eps: float, K: int, per_report: Any
-              ) -> dict[str, int]:
-        """Every numeric attribute's points: ``given``, else :func:`~.partitioned_numeric.
-        choose_bins` for the smallest declared marginal holding it (a numeric partner
-        counted at :data:`~.partitioned_numeric.PROVISIONAL_BINS`), each marginal expecting
-        ``expected_reports`` × per_report / K reports (default
-        :data:`~.partitioned_numeric.DEFAULT_REPORTS`)."""
-        dom = self.domain
-        numeric = dom.numeric_attrs()
-        wrong = [a for a in given if a not in numeric]
-        if wrong:
-            raise ValueError(f"bins: {wrong[0]!r} is not a numeric attribute (numeric: "
-                             f"{', '.join(numeric) or 'none'})")
-        r = int(per_report) if isinstance(per_report, (int, np.integer)) else 1
-        n_k = (self.expected_reports or pn.DEFAULT_REPORTS) * r / K
-        out = {}
-        for a in numeric:
-            G = dom[a]
-            if a in given:
-                b = int(given[a])
-                if not pn.MIN_BINS <= b <= min(pn.MAX_BINS, G):
-                    raise ValueError(f"bins: {a!r} needs {pn.MIN_BINS}…"
-                                     f"{min(pn.MAX_BINS, G)} points (got {b})")
-                out[a] = b
-                continue
-            holding = [m for m in self.marginals if a in m]
-            partner = min(math.prod(pn.PROVISIONAL_BINS if o in numeric else dom[o]
-                                    for o in m if o != a) for m in holding)
-            out[a] = min(G, pn.choose_bins(partner, eps / r, n_k, self.oracle_names))
-        return out
 
     @staticmethod
     def _composed(o: fo.Oracle, eps_inst: float) -> fo.Oracle:
@@ -925,6 +932,8 @@ class Partitioned(Mechanism):
         given = pr.has("per_report")
         per_report = pr.integer("per_report", 1, ge=1)
         if auto:
+            # the points for pair tables, fixed before the size is chosen with them
+            bins = numeric_bins(domain, bins, eps, expected, None, per_report, oracles)
             shape = counted_shape(domain, bins)
             ways = choose_ways(shape, expected, eps, oracles, per_report)
             if not given and marginals is None:

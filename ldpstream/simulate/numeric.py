@@ -161,6 +161,8 @@ def main(args: Any) -> int:
                                epsilon_scope=args.epsilon_scope)
     except ParamError as exc:
         raise CliError(f"--param {exc}") from None
+    except ValueError as exc:   # a collection the family cannot build (e.g. its report codes)
+        raise CliError(f"--mechanism {name}: {exc}") from None
     attrs = simulate_numeric(dict(ds.values), mech, np.asarray(ds.records, dtype=np.int64),
                              dict(ds.clipped), int(args.runs), int(args.seed), method)
     doc = {"n": ds.n, "mechanism": name, "estimator": method, "epsilon": args.epsilon,

@@ -336,6 +336,7 @@ class Partitioned(Mechanism):
         self._cols = [domain.axes(m) for m in self.marginals]
         K = len(self.marginals)
         #: per numeric attribute, its points inside the marginals (docs/numeric.md)
+        self._given_bins = dict(bins or {})
         self.bins = numeric_bins(domain, bins or {}, eps, self.expected_reports,
                                  self.marginals,
                                  int(per_report) if isinstance(per_report, (int, np.integer))
@@ -822,6 +823,18 @@ class Partitioned(Mechanism):
         lo, hi = self.domain.ranges[jx]  # type: ignore[index]  # numeric: has a range
         pos = self.binning.points[jx] / (self.domain.shape[jx] - 1)
         return pn.numeric_summary(tables, served, attrs, a, lo, hi, pos, self.oracles[j].name)
+
+    def planned_for(self, n: int) -> "Partitioned":
+        """With a numeric attribute whose points are chosen and no ``expected_reports`` stated:
+        the same collection with its points chosen for n reports (``simulate``); else
+        unchanged."""
+        if self.expected_reports is not None or set(self.bins) <= set(self._given_bins):
+            return self
+        return Partitioned(self.domain, self.target_epsilon, marginals=self.marginals,
+                           oracles=self.oracle_names, assign_seed=self.assign_seed,
+                           per_report=self.per_report, version=self.version,
+                           expected_reports=int(n), memoize=self.memoize,
+                           bins=self._given_bins)
 
     def cell_domain(self) -> Domain:
         """:attr:`cells`: a numeric attribute's categories are its points."""

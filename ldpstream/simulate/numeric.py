@@ -154,11 +154,9 @@ def main(args: Any) -> int:
             raise CliError(f"--param: expected NAME=VALUE, got {text!r}")
         import yaml
         params[k.strip()] = yaml.safe_load(v)
-    if name == "partitioned":   # its numeric attributes' points are chosen for the run's n
-        params.setdefault("expected_reports", ds.n)
     try:
         mech = cls.from_config(ds.domain, params, epsilon=args.epsilon,  # None: the default
-                               epsilon_scope=args.epsilon_scope)
+                               epsilon_scope=args.epsilon_scope).planned_for(ds.n)
     except ParamError as exc:
         raise CliError(f"--param {exc}") from None
     except ValueError as exc:   # a collection the family cannot build (e.g. its report codes)

@@ -35,6 +35,7 @@ from ldpstream.estimators.families.numeric import (
 )
 from ldpstream.estimators.kernels import numeric as nm
 from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, stream
+from ldpstream.estimators.kernels.device_program import alpha_round
 from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.kernels.proper import clip_rescale
 from ldpstream.estimators.oracles import frequency_oracles as fo
@@ -96,12 +97,10 @@ class Binning:
 
     def round(self, j: int, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Grid indices of attribute j → point indices, rounded without bias (vectorized):
-        the point above with probability the fraction of the way there."""
+        α-point rounding with a fresh uniform α per value, i.e. the point above with
+        probability the fraction of the way there."""
         pts = self.points[j]
-        x = np.asarray(x, dtype=np.int64)
-        k = np.clip(np.searchsorted(pts, x, side="right") - 1, 0, len(pts) - 2)
-        frac = (x - pts[k]) / (pts[k + 1] - pts[k])
-        return k + (rng.random(len(x)) < frac)
+        return np.searchsorted(pts, alpha_round(x, pts, rng.random(len(x))))
 
 
 def predicted_w1(b: int, partner_cells: int, eps: float, n_k: float,

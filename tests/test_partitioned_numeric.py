@@ -18,6 +18,7 @@ from ldpstream.estimators.families.partitioned import Partitioned
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.kernels.numeric import numeric_labels
+from ldpstream.estimators.kernels.serving import served_fields
 from ldpstream.estimators.mechanism import from_state
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
@@ -158,8 +159,12 @@ def test_summaries_state_and_labels():
     by = mech.summary_fields(mech.estimate(c, ("fw", "battery"), "consistent"))["numeric"]
     assert by["by"] == "fw" and [r["category"] for r in by["categories"]] == ["a", "b", "c"]
     assert all(r["mean"]["low"] < r["mean"]["value"] < r["mean"]["high"] for r in by["categories"])
-    # no summary where it is not meaningful: a categorical marginal has none
+    # no summary where it is not meaningful: a categorical marginal has none; a triple by
+    # maximum entropy has none either, and the answer says so
     assert mech.summary_fields(mech.estimate(c, ("sex", "fw"), "global")) == {}
+    triple = mech.estimate(c, ("sex", "fw", "battery"), "consistent")
+    assert mech.summary_fields(triple) == {}
+    assert any("no numeric summaries" in w for w in served_fields(triple)["warnings"])
     again = from_state(mech.state())
     assert isinstance(again, Partitioned) and again.bins == mech.bins
     assert again.domain == dom and again.cell_domain().shape == (2, 3, 17)

@@ -371,6 +371,12 @@ class Mechanism(ABC):
         estimators/stream/drift.py)."""
         return None
 
+    def cell_domain(self) -> Domain:
+        """The domain the estimates' cells are on (labels of the served cells): the reported
+        domain, except where the family counts an attribute on fewer cells (partitioned: a
+        numeric attribute on its points, docs/numeric.md)."""
+        return self.domain
+
     def summary_fields(self, est: Estimate) -> dict[str, Any]:
         """Payload fields the family serves beside an estimate's cells (docs/api.md
         "Estimates"; numeric: the mean, quantiles, CDF band and W1 bound under ``numeric``),

@@ -85,8 +85,9 @@ def test_every_estimator_serves_a_95_percent_bound_with_its_coverage():
     for name in mechanism_names():
         cls = mechanism_class(name)
         attrs = _attrs_of(name)
-        # sw-hm: "c" numeric (its 4 categories a grid on [0, 3]), by category of "a"
-        params = {"ranges": {"c": [0, 3]}} if cls.numeric else {}
+        # sw-hm: "c" numeric (its 4 categories a grid on [0, 3]), by category of "a" (its
+        # ``ranges`` parameter; partitioned, numeric-capable too, takes ranges from the schema)
+        params = {"ranges": {"c": [0, 3]}} if name == "sw-hm" else {}
         mech, book = _collect(cls.from_config(DOM, params, epsilon=2.0, epsilon_scope="record"),
                               records, attrs, rng)
         reports = mech.randomize(records, rng) if cls.report_estimators or name == "lopub" \

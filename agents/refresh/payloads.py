@@ -36,8 +36,9 @@ def json_cells(values: np.ndarray) -> list:
     return vals.tolist() if np.isfinite(vals).all() else nan_to_none(vals.tolist())
 
 
-def attr_labels(collection: Any, attrs: Sequence[str]) -> list[list[str]]:
-    dom = collection.domain.project(attrs)
+def attr_labels(mechanism: Mechanism, attrs: Sequence[str]) -> list[list[str]]:
+    """The labels of the cells of an estimate of ``attrs`` (:meth:`Mechanism.cell_domain`)."""
+    dom = mechanism.cell_domain().project(attrs)
     if dom.labels is not None:
         return [list(lab) for lab in dom.labels]
     return [[str(i) for i in range(s)] for s in dom.shape]
@@ -60,7 +61,7 @@ def estimate_payload(collection: Any, mechanism: Mechanism, est: Estimate,
         "window": window.name,
         "window_s": window.seconds,
         "cells": json_cells(served.pop("cells")),
-        "labels": attr_labels(collection, attrs),
+        "labels": attr_labels(mechanism, attrs),
         "n": int(est.n),
         **epsilon_fields(collection, mechanism, float(est.epsilon)),
         **served,

@@ -203,7 +203,7 @@ def install(app: Any, worker: Worker) -> History:
                                        f"{request.query.get('since')!r}")
             points = [p for p in history.points((collection, window, method, tuple(stored)))
                       if p["updated_at"] > since]
-            labels = attr_labels(coll, stored)
+            labels = attr_labels(ctx.collections[collection].current, stored)
             out_labels = [labels[list(stored).index(a)] for a in attrs]
             return self.json({"collection": collection, "attrs": list(attrs), "method": method,
                               "window": window, "labels": out_labels,

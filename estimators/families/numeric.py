@@ -53,7 +53,8 @@ from ldpstream.estimators.mechanism import (
 from ldpstream.estimators.memo import memoize_of, memoize_param, memoize_state
 from ldpstream.estimators.stream.longitudinal import Guarantee, Memoize
 
-__all__ = ["Numeric", "sw_buckets", "band_bins", "bound_bins", "numeric_domain", "QUANTILES",
+__all__ = ["Numeric", "summary_of", "distribution_bounds", "sw_buckets", "band_bins",
+           "bound_bins", "numeric_domain", "QUANTILES",
            "SEED", "ALPHA_POINTS", "rounding_points", "rounding_matrix", "device_alpha",
            "alpha_round", "alpha_seed"]
 
@@ -475,7 +476,7 @@ class Numeric(Mechanism):
         unit = lambda v: lo + float(v) * span  # noqa: E731
         e = band.edges
         F = nm.cdf_at(x, e)
-        quantiles, w1 = _bounds(x, band, lo, hi, z, stream(SEED, cs))
+        quantiles, w1 = distribution_bounds(x, band, lo, hi, z, stream(SEED, cs))
         extra: dict[str, Any] = {
             "bins": d, "reports": n, "iterations": iters, "min": lo, "max": hi,
             "mean": unit(x @ nm.grid_mid(d)), "quantiles": quantiles,
@@ -558,7 +559,7 @@ class Numeric(Mechanism):
                     if D > 0:
                         # runs a bin apart are one here: at half a bin a category's
                         # quantiles covered 92.5 % (docs/numeric.md "Per-category bounds")
-                        qs, w1 = _bounds(x, band, lo, hi, z, stream(SEED + i, T[:, k:]),
+                        qs, w1 = distribution_bounds(x, band, lo, hi, z, stream(SEED + i, T[:, k:]),
                                          CATEGORY_MERGE_BINS)
                     else:   # no unbiased count: the bounds that always hold
                         qs = {f"{p:g}": [lo + float(v) * (hi - lo), lo, hi]
@@ -676,44 +677,8 @@ class Numeric(Mechanism):
                           np.abs(cur_v - prev_v) * scale, tuple(r[4] for r in rows))
 
     def summary_fields(self, est: Estimate) -> dict[str, Any]:
-        """``numeric``: what a numeric estimate serves beside its cells (docs/api.md "Numeric
-        estimates"); nothing for a categorical attribute's distribution."""
-        x = est.extra or {}
-        if "min" not in x:   # a categorical attribute's GRR distribution: its cells say it all
-            return {}
-        iv = lambda v: {"value": v[0], "low": v[1], "high": v[2]}  # noqa: E731
-        out: dict[str, Any] = {"attribute": x.get("of", est.factor.domain.attrs[0]),
-                               "min": x["min"], "max": x["max"], "level": x["level"]}
-        if "categories" in x:
-            out["by"] = x["by"]
-            rows = []
-            for r in x["categories"]:
-                row = {"category": r["category"], "share": r["share"], "reports": r["reports"]}
-                if est.method == "mean":
-                    row["mean"] = {"value": r["mean"], "low": r["mean_low"],
-                                   "high": r["mean_high"]}
-                elif "bins" in r:
-                    row.update(mean={"value": r["mean"]}, quantiles={
-                        p: iv(v) for p, v in r["quantiles"].items()},
-                        histogram={"bins": r["bins"], "mass": r["histogram"]},
-                        w1_bound=r["w1_bound"], w1_bound_coverage=r["w1_coverage"])
-                rows.append(row)
-            out["categories"] = rows
-        elif est.method == "mean":
-            out["mean"] = {"value": x["mean"], "low": x["mean_low"], "high": x["mean_high"],
-                           "stderr": x["stderr"], "mechanism": x["mechanism"],
-                           "reports": x["reports"]}
-        else:
-            out.update(mean={"value": x["mean"]}, reports=x["reports"],
-                       quantiles={p: iv(v) for p, v in x["quantiles"].items()},
-                       histogram={"bins": x["bins"], "mass": x["histogram"]},
-                       cdf={"at": x["cdf_at"], "value": x["cdf"], "low": x["cdf_low"],
-                            "high": x["cdf_high"]},
-                       w1_bound=x["w1_bound"], w1_bound_coverage=x["w1_coverage"])
-            if "ranges" in x:
-                out["ranges"] = [{"from": a, "to": b, "value": m, "low": lw, "high": h}
-                                 for a, b, m, lw, h in x["ranges"]]
-        return {"numeric": out}
+        """``numeric``: what a numeric estimate serves beside its cells (:func:`summary_of`)."""
+        return summary_of(est)
 
     @staticmethod
     def _range_mass(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, ra: float,
@@ -795,7 +760,7 @@ class Numeric(Mechanism):
                 **({"alpha_points": self.alpha_points} if self.memoize is not None else {})}
 
 
-def _bounds(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, z: float,
+def distribution_bounds(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, z: float,
             rng: np.random.Generator, merge: float = nm.MERGE_BINS
             ) -> tuple[dict[str, list[float]], float]:
     """The bounds of the EMS histogram ``x`` (bins of [0, 1]) from the unbiased CDF ``band``
@@ -811,6 +776,57 @@ def _bounds(x: np.ndarray, band: nm.CdfBand, lo: float, hi: float, z: float,
         quantiles[f"{p:g}"] = [lo + float(v) * span for v in (np.clip(qv, ql, qh), ql, qh)]
     gap = float(np.trapezoid(np.abs(nm.cdf_at(x, band.edges) - band.F), band.edges))
     return quantiles, min(gap + band.w1_noise(LEVEL, W1_DRAWS, rng), 1.0) * span
+
+
+def summary_of(est: Estimate) -> dict[str, Any]:
+    """``numeric``: what a numeric estimate serves beside its cells (docs/api.md "Numeric
+    estimates"), from its ``extra`` (sw-hm's, or a partitioned marginal's: docs/numeric.md "In
+    partitioned marginals"); nothing for a categorical attribute's distribution. A mean with an
+    interval beside a distribution (partitioned) carries it."""
+    x = est.extra or {}
+    if "min" not in x:   # a categorical attribute's GRR distribution: its cells say it all
+        return {}
+    iv = lambda v: {"value": v[0], "low": v[1], "high": v[2]}  # noqa: E731
+    out: dict[str, Any] = {"attribute": x.get("of", est.factor.domain.attrs[0]),
+                           "min": x["min"], "max": x["max"], "level": x["level"]}
+    if "categories" in x:
+        out["by"] = x["by"]
+        rows = []
+        for r in x["categories"]:
+            row = {"category": r["category"], "share": r["share"], "reports": r["reports"]}
+            if est.method == "mean":
+                row["mean"] = {"value": r["mean"], "low": r["mean_low"],
+                               "high": r["mean_high"]}
+            elif "bins" in r:
+                row.update(mean=_mean_of(r), quantiles={
+                    p: iv(v) for p, v in r["quantiles"].items()},
+                    histogram={"bins": r["bins"], "mass": r["histogram"]},
+                    w1_bound=r["w1_bound"], w1_bound_coverage=r["w1_coverage"])
+            rows.append(row)
+        out["categories"] = rows
+    elif est.method == "mean":
+        out["mean"] = {"value": x["mean"], "low": x["mean_low"], "high": x["mean_high"],
+                       "stderr": x["stderr"], "mechanism": x["mechanism"],
+                       "reports": x["reports"]}
+    else:
+        out.update(mean=_mean_of(x), reports=x["reports"],
+                   quantiles={p: iv(v) for p, v in x["quantiles"].items()},
+                   histogram={"bins": x["bins"], "mass": x["histogram"]},
+                   cdf={"at": x["cdf_at"], "value": x["cdf"], "low": x["cdf_low"],
+                        "high": x["cdf_high"]},
+                   w1_bound=x["w1_bound"], w1_bound_coverage=x["w1_coverage"])
+        if "ranges" in x:
+            out["ranges"] = [{"from": a, "to": b, "value": m, "low": lw, "high": h}
+                             for a, b, m, lw, h in x["ranges"]]
+    if "resolution" in x:
+        out["resolution"] = x["resolution"]
+    return {"numeric": out}
+
+
+def _mean_of(x: Mapping[str, Any]) -> dict[str, Any]:
+    """A distribution's mean: its value, with its interval where it has one."""
+    return ({"value": x["mean"]} if "mean_low" not in x else
+            {"value": x["mean"], "low": x["mean_low"], "high": x["mean_high"]})
 
 
 def joint(counts: Mapping[str, np.ndarray], attrs: tuple[str, str]) -> np.ndarray:

@@ -69,6 +69,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ldpstream.estimators.families import partitioned_numeric as pn
+from ldpstream.estimators.families.numeric import summary_of
 from ldpstream.estimators.kernels import device_program as dp
 from ldpstream.estimators.kernels.bounds import (
     Bound,
@@ -95,7 +97,8 @@ from ldpstream.estimators.memo import composed_grr_epsilon, memoize_param
 from ldpstream.estimators.oracles import frequency_oracles as fo
 from ldpstream.estimators.stream.longitudinal import DAY_S, Guarantee, Memoize, periods_per_window
 
-__all__ = ["Partitioned", "tensor_key", "assign_by_device", "choose_ways", "choose_per_report",
+__all__ = ["Partitioned", "tensor_key", "counted_shape", "numeric_bins", "assign_by_device",
+           "choose_ways", "choose_per_report",
            "predicted_pair_error", "auto_candidates", "AUTO_MAX_CELLS", "AUTO_MARGIN", "AUTO_PER_REPORT",
            "AUTO_PER_REPORT_MARGIN"]
 
@@ -103,6 +106,45 @@ __all__ = ["Partitioned", "tensor_key", "assign_by_device", "choose_ways", "choo
 def tensor_key(attrs: Sequence[str]) -> str:
     """Count tensor of a collected marginal: ``p:`` + attribute names joined by ``|``."""
     return "p:" + "|".join(attrs)
+
+
+def counted_shape(domain: Domain, bins: Mapping[str, int] | None = None) -> tuple[int, ...]:
+    """The attribute sizes the marginals are counted on, for ``ways: auto``: a numeric
+    attribute at its ``bins`` (else :data:`~.partitioned_numeric.PROVISIONAL_BINS`)."""
+    return tuple((bins or {}).get(a, pn.PROVISIONAL_BINS) if domain.numeric_range(a) else s
+                 for a, s in zip(domain.attrs, domain.shape))
+
+
+def numeric_bins(domain: Domain, given: Mapping[str, int], eps: float, n: int | None,
+                 marginals: Sequence[Sequence[str]] | None, per_report: int = 1,
+                 oracles: Sequence[str] = fo.COMPACT) -> dict[str, int]:
+    """Every numeric attribute's points: ``given``, else
+    :func:`~.partitioned_numeric.choose_bins` for the smallest of ``marginals`` holding it
+    (None: every pair; a numeric partner counted at
+    :data:`~.partitioned_numeric.PROVISIONAL_BINS`), each marginal expecting n × per_report /
+    K reports (n None: :data:`~.partitioned_numeric.DEFAULT_REPORTS`), ε per report ``eps``."""
+    numeric = domain.numeric_attrs()
+    wrong = [a for a in given if a not in numeric]
+    if wrong:
+        raise ValueError(f"bins: {wrong[0]!r} is not a numeric attribute (numeric: "
+                         f"{', '.join(numeric) or 'none'})")
+    if marginals is None:
+        marginals = list(itertools.combinations(domain.attrs, min(2, len(domain))))
+    n_k = (n or pn.DEFAULT_REPORTS) * per_report / len(marginals)
+    out = {}
+    for a in numeric:
+        G = domain[a]
+        if a in given:
+            b = int(given[a])
+            if not pn.MIN_BINS <= b <= min(pn.MAX_BINS, G):
+                raise ValueError(f"bins: {a!r} needs {pn.MIN_BINS}…{min(pn.MAX_BINS, G)} "
+                                 f"points (got {b})")
+            out[a] = b
+            continue
+        partner = min(math.prod(pn.PROVISIONAL_BINS if o in numeric else domain[o]
+                                for o in m if o != a) for m in marginals if a in m)
+        out[a] = min(G, pn.choose_bins(partner, eps / per_report, n_k, oracles))
+    return out
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -239,21 +281,29 @@ class Partitioned(Mechanism):
     """One assigned marginal per report with the full ε; CALM-style estimation."""
 
     name = "partitioned"
+    numeric = True
     estimators = ("consistent", "calm", "norm-sub", "unbiased", "global")
     default_estimators = ("global", "consistent")
 
     def __init__(self, domain: Domain, epsilon: float, marginals: Sequence[Sequence[str]] | None
                  = None, ways: int | str = 2, oracles: Sequence[str] = fo.COMPACT,
                  assign_seed: int = 0, per_report: int = 1, version: int = 0,
-                 expected_reports: int | None = None, memoize: Memoize | None = None) -> None:
+                 expected_reports: int | None = None, memoize: Memoize | None = None,
+                 bins: Mapping[str, int] | None = None) -> None:
         """With ``memoize`` the oracles at ε/per_report are the permanent channels (one memo
         per assigned marginal and value, the assignment rotated per period) and
         ``memoize.instantaneous_epsilon`` (one ε per slot) a fresh GRR over each oracle's
-        reported value; the estimators invert the composition (:mod:`~.memo`)."""
+        reported value; the estimators invert the composition (:mod:`~.memo`). A numeric
+        attribute of ``domain`` (one with a range) is rounded without bias to ``bins[attr]``
+        points of its grid (default :func:`~.partitioned_numeric.choose_bins`), then counted as
+        a category (:mod:`~.partitioned_numeric`)."""
         super().__init__(domain, version)
         eps = float(epsilon)
         if not np.isfinite(eps) or eps <= 0:
             raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+        if domain.numeric_attrs() and memoize is not None:
+            raise ValueError("memoize: a partitioned collection with a numeric attribute is "
+                             "not memoized (docs/numeric.md \"In partitioned marginals\")")
         self.target_epsilon = eps
         bad = [o for o in oracles if o not in fo.COMPACT]
         if bad or not oracles:
@@ -270,9 +320,12 @@ class Partitioned(Mechanism):
                                  f"{expected_reports!r})")
             self.expected_reports = int(expected_reports)
         if ways == "auto":
-            ways = choose_ways(domain.shape, self.expected_reports, eps, self.oracle_names,
-                               int(per_report) if isinstance(per_report, (int, np.integer))
-                               else 1)
+            r = int(per_report) if isinstance(per_report, (int, np.integer)) else 1
+            # the points for pair tables, fixed before the size is chosen with them
+            bins = numeric_bins(domain, bins or {}, eps, self.expected_reports, None, r,
+                                self.oracle_names)
+            ways = choose_ways(counted_shape(domain, bins), self.expected_reports, eps,
+                               self.oracle_names, r)
         if marginals is None:
             if not 1 <= int(ways) <= len(domain):
                 raise ValueError(f"ways must be in 1..{len(domain)}, got {ways!r}")
@@ -281,8 +334,18 @@ class Partitioned(Mechanism):
         self.ways = int(ways)
         self.assign_seed = int(assign_seed)
         self._cols = [domain.axes(m) for m in self.marginals]
-        self._shapes = [tuple(domain.shape[c] for c in cols) for cols in self._cols]
         K = len(self.marginals)
+        #: per numeric attribute, its points inside the marginals (docs/numeric.md)
+        self._given_bins = dict(bins or {})
+        self.bins = numeric_bins(domain, bins or {}, eps, self.expected_reports,
+                                 self.marginals,
+                                 int(per_report) if isinstance(per_report, (int, np.integer))
+                                 else 1, self.oracle_names)
+        self.binning = pn.Binning.of(domain, self.bins)
+        #: the domain the marginals are counted and estimated on (a numeric attribute's
+        #: categories are its points; ``domain`` is what devices report: grid indices)
+        self.cells = self.binning.cells()
+        self._shapes = [tuple(self.cells.shape[c] for c in cols) for cols in self._cols]
         if isinstance(per_report, bool) or not isinstance(per_report, (int, np.integer)) \
                 or not 1 <= int(per_report) <= K:
             raise ValueError(f"per_report must be an integer in 1..{K} (the collected "
@@ -429,7 +492,11 @@ class Partitioned(Mechanism):
         """One ``partition`` step: the device's first marginal from its id, each slot's oracle
         (docs/device-protocol.md). Memoized: the step with the permanent oracles under
         ``memoize`` (``kind: partition``, the assignment rotated per period), the
-        instantaneous keep probability of each table beside it."""
+        instantaneous keep probability of each table beside it. None with a numeric attribute:
+        its unbiased rounding is not a step of the description (the C and TypeScript SDKs
+        refuse the state; the Python SDK runs :meth:`randomize_device`)."""
+        if self.bins:
+            return None
         if self.memoize is None:
             return dp.program(self.name, self.domain, self.per_report,
                               [self._partition_step(self.oracles)])
@@ -481,8 +548,9 @@ class Partitioned(Mechanism):
             sel = np.flatnonzero(k == j)
             if not len(sel):
                 continue
-            x = np.ravel_multi_index(tuple(records[sel][:, c].astype(np.intp) for c in cols),
-                                     shape)
+            x = np.ravel_multi_index(tuple(
+                self.binning.round(c, records[sel, c], rng) if c in self.binning.points
+                else records[sel, c].astype(np.intp) for c in cols), shape)
             out[sel] = self.offsets[j] + oracle.randomize(x, rng)
         return out
 
@@ -555,7 +623,7 @@ class Partitioned(Mechanism):
         est, n = self._raw(counts, j)
         f = clip_rescale(est)
         var = float(np.mean(o.variance(n, f, fixed_data=False)))
-        return (Factor(self.domain.project(self.marginals[j]), est.reshape(self._shapes[j])),
+        return (Factor(self.cells.project(self.marginals[j]), est.reshape(self._shapes[j])),
                 var, n)
 
     def _digest(self, counts: Mapping[str, np.ndarray]) -> bytes:
@@ -583,10 +651,10 @@ class Partitioned(Mechanism):
         def consistent(tables: list[Factor]) -> list[np.ndarray]:
             return [t.values for t in postprocess(tables, var, noise_variance=var)[0]]
 
-        table, info = choose_fit(self.domain, ys, [nz.var for nz in noise],
+        table, info = choose_fit(self.cells, ys, [nz.var for nz in noise],
                                  [t.values for t in self.consistent_tables(counts, True)[0]],
                                  consistent, noise, direct=var)
-        out = (None if table is None else Factor(self.domain, table), info)
+        out = (None if table is None else Factor(self.cells, table), info)
         with self._memo_lock:
             while len(self._global_memo) >= 8:
                 self._global_memo.pop(next(iter(self._global_memo)))
@@ -657,13 +725,13 @@ class Partitioned(Mechanism):
         reason = self.check_marginal(attrs, method)
         if reason is not None:
             raise ValueError(f"{self.name}: cannot estimate {attrs} with {method}: {reason}")
-        dom = self.domain.project(attrs)
+        dom = self.cells.project(attrs)
         j = self.collected_for(attrs)
         extra: dict[str, Any] = {}
         bound = None
         if j is not None:
             raw, n = self._raw(counts, j)
-            f = Factor(self.domain.project(self.marginals[j]), raw.reshape(self._shapes[j]))
+            f = Factor(self.cells.project(self.marginals[j]), raw.reshape(self._shapes[j]))
             cb = oracle_bound(self.oracles[j], raw, n)
             sub_raw = f.project(attrs).values
             if f.values.size != dom.size():   # a sub-marginal: the TVD bound carries over
@@ -689,6 +757,8 @@ class Partitioned(Mechanism):
                 extra["norm_sub_passes"] = passes
             projected = (Factor(dom, project_simplex(vals))
                          if method == "unbiased" and not options.get("proper") else None)
+            extra.update(self._numeric_extra(counts, j, attrs,
+                                             vals if projected is None else projected.values))
             return Estimate(Factor(dom, repair(vals, options.get("proper"))), method, n,
                             self.epsilon, error_bound=bound, extra=extra, bound=cb,
                             projected=projected)
@@ -718,10 +788,62 @@ class Partitioned(Mechanism):
         extra.update(norm_sub_passes=passes, fitted_from=["|".join(c.domain.attrs)
                                                           for c in uniq.values()],
                      gap=r.gap)
+        if any(a in self.bins for a in attrs):
+            extra["numeric_note"] = ("no numeric summaries: this marginal is inside no "
+                                     "collected one; these are its cells on the points")
         vals = repair(r.table.values, options.get("proper"))
         ub = unbounded(vals)
         return Estimate(Factor(dom, vals), method, n, self.epsilon, error_bound=ub.tvd, bound=ub,
                         iterations=r.iterations, converged=r.converged, extra=extra)
+
+    def _numeric_extra(self, counts: Mapping[str, np.ndarray], j: int, attrs: tuple[str, ...],
+                       served: np.ndarray) -> dict[str, Any]:
+        """sw-hm's numeric fields of a marginal with a numeric attribute inside collected
+        marginal j: for one numeric attribute, or one numeric and one categorical
+        (:func:`~.partitioned_numeric.numeric_summary`); a note otherwise, none without one."""
+        num = [a for a in attrs if a in self.bins]
+        if not num:
+            return {}
+        if len(attrs) > 2 or len(num) > 1:
+            return {"numeric_note": "numeric summaries are served for a numeric attribute "
+                                    "alone or by one categorical attribute; these are its "
+                                    "cells on its points"}
+        a = num[0]
+        # the mean and the CDF band from every collected table holding attrs (one marginal
+        # per report: they are independent)
+        holding = [j] + ([k for k, m in enumerate(self.marginals)
+                          if k != j and set(attrs) <= set(m)] if self.per_report == 1 else [])
+        tables = []
+        for k in holding:
+            t = np.asarray(counts[tensor_key(self.marginals[k])], dtype=np.int64)
+            raw, n = self._raw(counts, k)
+            tables.append(pn.Table(self.cells.project(self.marginals[k]), raw,
+                                   pn.cell_cov(self.oracles[k], t[:-1], n, raw), n))
+        jx = self.domain.axes((a,))[0]
+        lo, hi = self.domain.ranges[jx]  # type: ignore[index]  # numeric: has a range
+        pos = self.binning.points[jx] / (self.domain.shape[jx] - 1)
+        return pn.numeric_summary(tables, served, attrs, a, lo, hi, pos, self.oracles[j].name)
+
+    def planned_for(self, n: int) -> "Partitioned":
+        """With a numeric attribute whose points are chosen and no ``expected_reports`` stated:
+        the same collection with its points chosen for n reports (``simulate``); else
+        unchanged."""
+        if self.expected_reports is not None or set(self.bins) <= set(self._given_bins):
+            return self
+        return Partitioned(self.domain, self.target_epsilon, marginals=self.marginals,
+                           oracles=self.oracle_names, assign_seed=self.assign_seed,
+                           per_report=self.per_report, version=self.version,
+                           expected_reports=int(n), memoize=self.memoize,
+                           bins=self._given_bins)
+
+    def cell_domain(self) -> Domain:
+        """:attr:`cells`: a numeric attribute's categories are its points."""
+        return self.cells
+
+    def summary_fields(self, est: Estimate) -> dict[str, Any]:
+        """``numeric`` for a marginal with a numeric attribute (docs/numeric.md "In
+        partitioned marginals"; the same fields as sw-hm's)."""
+        return summary_of(est)
 
     def analytic_variance(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                           method: str) -> np.ndarray:
@@ -739,7 +861,7 @@ class Partitioned(Mechanism):
             est, n = self._raw(counts, j)
             f = clip_rescale(est)
             var = o.variance(n, f, fixed_data=False).reshape(self._shapes[j])
-            return Factor(self.domain.project(self.marginals[j]), var).project(attrs).values
+            return Factor(self.cells.project(self.marginals[j]), var).project(attrs).values
         # the global fit's table: through the consistent one (an approximation)
         est = self.estimate(counts, attrs, "consistent" if method == "global" else method)
         p = np.maximum(np.asarray(est.factor.values, dtype=float), 0.0)
@@ -755,7 +877,7 @@ class Partitioned(Mechanism):
     # --- state -----------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         return {"mechanism": self.name, "version": self.version,
-                "domain": self.domain.to_dict(), "epsilon": self.target_epsilon,
+                "domain": self.domain.to_compact_dict(), "epsilon": self.target_epsilon,
                 "marginals": [list(m) for m in self.marginals],
                 "oracles": list(self.oracle_names), "assign_seed": self.assign_seed,
                 "per_report": self.per_report,
@@ -764,7 +886,8 @@ class Partitioned(Mechanism):
                    if self.expected_reports is not None else {}),
                 "chosen": [{"oracle": o.name, "g": o.g if isinstance(o, fo.OLH) else None}
                            for o in self.oracles],
-                **({"memoize": self.memoize.to_dict()} if self.memoize is not None else {})}
+                **({"memoize": self.memoize.to_dict()} if self.memoize is not None else {}),
+                **({"bins": dict(self.bins)} if self.bins else {})}
 
     @classmethod
     def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
@@ -773,7 +896,9 @@ class Partitioned(Mechanism):
         the one marginal reported). ``params``: ``marginals`` (list of attribute lists) or
         ``ways`` (every k-way marginal; default 2; ``auto``: :func:`choose_ways` from
         ``expected_reports``, required then, and ``per_report`` by :func:`choose_per_report`
-        unless given), ``oracles`` (subset of grr, olh), ``assign_seed``, ``per_report``."""
+        unless given), ``oracles`` (subset of grr, olh), ``assign_seed``, ``per_report``;
+        with a numeric attribute, ``bins`` ({attribute: points}, each default
+        :func:`~.partitioned_numeric.choose_bins` from ε and ``expected_reports``)."""
         pr = Params(cls.name, params)
         marginals = pr.value("marginals")
         auto = pr.value("ways") == "auto"
@@ -783,8 +908,11 @@ class Partitioned(Mechanism):
             raise ParamError("expected_reports", "ways: auto needs the number of reports the "
                                                  "collection expects (an integer >= 1): the "
                                                  "marginal size is chosen from it")
-        if expected is not None and not auto:
-            raise ParamError("expected_reports", "is read only with ways: auto")
+        numeric = domain.numeric_attrs()
+        if expected is not None and not auto and not numeric:
+            raise ParamError("expected_reports", "is read only with ways: auto or a numeric "
+                                                 "attribute")
+        bins = _bins_param(pr.value("bins"), domain)
         if marginals is not None and pr.has("ways"):
             raise ParamError("ways", "give marginals or ways, not both")
         if marginals is not None:
@@ -801,6 +929,10 @@ class Partitioned(Mechanism):
                 if len(set(m)) != len(m):
                     raise ParamError("marginals", f"lists an attribute twice in {m}")
         raw_memo = pr.value("memoize")
+        if raw_memo is not None and numeric:
+            raise ParamError("memoize", f"attribute {numeric[0]!r} is numeric: a partitioned "
+                                        f"collection with a numeric attribute is not memoized "
+                                        f"(docs/numeric.md)")
         oracles = pr.value("oracles")
         if oracles is None:
             oracles = list(fo.COMPACT)
@@ -813,9 +945,12 @@ class Partitioned(Mechanism):
         given = pr.has("per_report")
         per_report = pr.integer("per_report", 1, ge=1)
         if auto:
-            ways = choose_ways(domain.shape, expected, eps, oracles, per_report)
+            # the points for pair tables, fixed before the size is chosen with them
+            bins = numeric_bins(domain, bins, eps, expected, None, per_report, oracles)
+            shape = counted_shape(domain, bins)
+            ways = choose_ways(shape, expected, eps, oracles, per_report)
             if not given and marginals is None:
-                per_report = choose_per_report(domain.shape, expected, eps, ways, oracles)
+                per_report = choose_per_report(shape, expected, eps, ways, oracles)
         K = (len({frozenset(m) for m in marginals}) if marginals is not None
              else math.comb(len(domain), ways))
         if per_report > K:
@@ -824,9 +959,14 @@ class Partitioned(Mechanism):
         # the instantaneous ε is a record budget like ε, split over the slots
         memoize = None if raw_memo is None else memoize_param(raw_memo, lambda e: (
             record_budget(e, epsilon_scope, len(domain)) / per_report,) * per_report)
-        return cls(domain, eps, marginals=marginals, ways=ways, oracles=tuple(oracles),
-                   assign_seed=seed, per_report=per_report, version=version,
-                   expected_reports=expected, memoize=memoize)
+        try:
+            return cls(domain, eps, marginals=marginals, ways=ways, oracles=tuple(oracles),
+                       assign_seed=seed, per_report=per_report, version=version,
+                       expected_reports=expected, memoize=memoize, bins=bins)
+        except ValueError as exc:
+            if str(exc).startswith("bins: "):
+                raise ParamError("bins", str(exc)[len("bins: "):]) from None
+            raise
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "Partitioned":
@@ -836,4 +976,25 @@ class Partitioned(Mechanism):
                    per_report=int(state.get("per_report", 1)),
                    version=int(state.get("version", 0)),
                    memoize=None if state.get("memoize") is None
-                   else Memoize.from_dict(state["memoize"]))
+                   else Memoize.from_dict(state["memoize"]),
+                   bins={str(a): int(b) for a, b in state.get("bins", {}).items()})
+
+
+def _bins_param(raw: Any, domain: Domain) -> dict[str, int]:
+    """``params.bins``: {numeric attribute: points, an integer in 2…64 (at most its grid)}."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ParamError("bins", f"must be {{numeric attribute: points}} (got {raw!r})")
+    numeric = domain.numeric_attrs()
+    out = {}
+    for a, b in raw.items():
+        if a not in numeric:
+            raise ParamError(f"bins.{a}", f"not a numeric attribute (numeric: "
+                                          f"{', '.join(numeric) or 'none'})")
+        top = min(pn.MAX_BINS, domain[a])
+        if isinstance(b, bool) or not isinstance(b, int) or not pn.MIN_BINS <= b <= top:
+            raise ParamError(f"bins.{a}", f"must be an integer in {pn.MIN_BINS}…{top} "
+                                          f"(got {b!r})")
+        out[str(a)] = int(b)
+    return out

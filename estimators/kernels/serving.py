@@ -48,11 +48,15 @@ def _finite(x: float | None) -> float | None:
 
 def warnings(est: Estimate) -> list[str]:
     """What the answer must say about ``est`` beyond its numbers: an iterative estimate that
-    stopped before converging (its ``converged`` is False)."""
+    stopped before converging (its ``converged`` is False); a marginal with a numeric
+    attribute served without its summaries, and why (``numeric_note``: docs/numeric.md "In
+    partitioned marginals")."""
+    note = est.extra.get("numeric_note")
+    out = [note] if isinstance(note, str) else []
     if est.converged is not False:
-        return []
+        return out
     gap = est.extra.get("gap")
-    return [f"{est.method} did not converge: stopped after {est.iterations} iterations"
+    return out + [f"{est.method} did not converge: stopped after {est.iterations} iterations"
             + (f" with its marginals up to {gap:.3g} from their targets"
                if isinstance(gap, float) else "")
             + "; the estimate is where it stopped"]

@@ -5,14 +5,18 @@ median, p90 and p99 (with intervals) against the true data's, and the Wasserstei
 between the estimated and the true distribution.
 
 A column is ``NAME`` (its range: the data's own min and max, which an offline run may use; a
-live collection states it) or ``NAME=MIN:MAX``.
+live collection states it) or ``NAME=MIN:MAX``. ``--columns`` adds categorical columns beside
+them, for a family that takes both in one report (``partitioned``: docs/numeric.md "In
+partitioned marginals"; its numeric attributes' points chosen for the run's n unless
+``--param bins=...``; the estimator ``--estimator``, default ``global``).
 
 JSON: ``n``, ``mechanism``, ``epsilon`` (per attribute, as asked), ``epsilon_per_record``
 (from the channels), ``runs`` and ``attributes``: per attribute ``range``, ``clipped``,
 ``mean_mechanism``, ``bins``, ``true`` (mean and quantiles) and the metrics averaged over runs:
 ``mean_error`` (|estimate − truth|, in the attribute's units), ``mean_covered`` (share of runs
 whose interval held the truth), ``w1`` and ``w1_range`` (W1 divided by the range),
-``w1_bound``, ``quantile_error`` (per quantile) and ``quantile_covered``.
+``w1_bound``, ``quantile_error`` (per quantile) and ``quantile_covered``; a family whose
+numeric estimate is binned adds ``resolution`` (the points' spacing).
 """
 from __future__ import annotations
 
@@ -56,11 +60,13 @@ def parse_numeric(text: str) -> dict[str, tuple[float, float] | None]:
 
 
 def simulate_numeric(values: dict[str, np.ndarray], mech: Mechanism, records: np.ndarray,
-                     clipped: dict[str, int], runs: int, seed: int) -> dict[str, Any]:
+                     clipped: dict[str, int], runs: int, seed: int,
+                     method: str = "distribution") -> dict[str, Any]:
     """Randomize every record ``runs`` times (seeded ``[seed, run]``) and score the estimates of
-    every attribute against ``values`` (the columns as read)."""
+    every numeric attribute (``method``; sw-hm's mean by ``mean``) against ``values`` (the
+    columns as read)."""
     from ldpstream.estimators.families.numeric import QUANTILES
-    attrs = mech.domain.attrs
+    attrs = mech.domain.numeric_attrs()
     per: dict[str, dict[str, list[Any]]] = {a: {} for a in attrs}
     info: dict[str, dict[str, Any]] = {}
     for run in range(runs):
@@ -77,9 +83,15 @@ def simulate_numeric(values: dict[str, np.ndarray], mech: Mechanism, records: np
                 got.setdefault("mean_covered", []).append(
                     em.extra["mean_low"] <= x.mean() <= em.extra["mean_high"])
                 info.setdefault(a, {})["mean_mechanism"] = em.extra["mechanism"]
-            ed = mech.estimate(counts, (a,), "distribution")
-            w1 = nm.w1_samples(np.asarray(ed.extra["histogram"]), (np.clip(x, lo, hi) - lo)
-                               / (hi - lo)) * (hi - lo)
+            ed = mech.estimate(counts, (a,), method)
+            if "mean_low" in ed.extra:   # a distribution that carries its mean's interval
+                got.setdefault("mean_error", []).append(abs(ed.extra["mean"] - x.mean()))
+                got.setdefault("mean_covered", []).append(
+                    ed.extra["mean_low"] <= x.mean() <= ed.extra["mean_high"])
+            # the histogram's equal bins span the CDF's points (the range, or wider: binned)
+            a0, a1 = ed.extra["cdf_at"][0], ed.extra["cdf_at"][-1]
+            w1 = nm.w1_samples(np.asarray(ed.extra["histogram"]), (x - a0) / (a1 - a0)) \
+                * (a1 - a0)
             got.setdefault("w1", []).append(w1)
             got.setdefault("w1_bound", []).append(ed.extra["w1_bound"])
             got.setdefault("w1_covered", []).append(w1 <= ed.extra["w1_bound"])
@@ -90,6 +102,7 @@ def simulate_numeric(values: dict[str, np.ndarray], mech: Mechanism, records: np
                 [q[1] <= t <= q[2] for q, t in zip(qs, truth_q)])
             info.setdefault(a, {}).update(
                 bins=ed.extra["bins"], range=[lo, hi], clipped=clipped.get(a, 0),
+                **({"resolution": ed.extra["resolution"]} if "resolution" in ed.extra else {}),
                 true={"mean": float(x.mean()),
                       **{f"q{p:g}": float(t) for p, t in zip(QUANTILES, truth_q)}})
     out = {}
@@ -119,8 +132,19 @@ def main(args: Any) -> int:
     if int(args.runs) < 1:
         raise CliError(f"--runs: must be ≥ 1, got {args.runs}")
     cols = parse_numeric(args.numeric)
+    extra = [c.strip() for c in (args.columns or "").split(",") if c.strip()]
+    if extra and "mean" in cls.estimators:
+        raise CliError(f"--columns: {name} reports numeric columns alone here; categorical "
+                       f"columns beside them need a family that reports them together "
+                       f"(partitioned)")
+    method = "distribution"
+    if "distribution" not in cls.estimators:
+        method = (args.estimator or cls.simulate_estimators())[0]
+        if method not in cls.estimators:
+            raise CliError(f"--estimator: {name} has no estimator {method!r} (known: "
+                           f"{', '.join(cls.estimators)})")
     try:
-        ds = load_csv(args.data or adult_path(), list(cols), numeric=cols)
+        ds = load_csv(args.data or adult_path(), list(cols) + extra, numeric=cols)
     except DatasetError as exc:
         raise CliError(str(exc).replace("\n", " ")) from None
     params: dict[str, Any] = {}
@@ -132,12 +156,14 @@ def main(args: Any) -> int:
         params[k.strip()] = yaml.safe_load(v)
     try:
         mech = cls.from_config(ds.domain, params, epsilon=args.epsilon,  # None: the default
-                               epsilon_scope=args.epsilon_scope)
+                               epsilon_scope=args.epsilon_scope).planned_for(ds.n)
     except ParamError as exc:
         raise CliError(f"--param {exc}") from None
+    except ValueError as exc:   # a collection the family cannot build (e.g. its report codes)
+        raise CliError(f"--mechanism {name}: {exc}") from None
     attrs = simulate_numeric(dict(ds.values), mech, np.asarray(ds.records, dtype=np.int64),
-                             dict(ds.clipped), int(args.runs), int(args.seed))
-    doc = {"n": ds.n, "mechanism": name, "epsilon": args.epsilon,
+                             dict(ds.clipped), int(args.runs), int(args.seed), method)
+    doc = {"n": ds.n, "mechanism": name, "estimator": method, "epsilon": args.epsilon,
            "epsilon_scope": args.epsilon_scope, "epsilon_per_record": mech.epsilon,
            "runs": int(args.runs), "attributes": attrs}
     if args.json:

@@ -240,6 +240,8 @@ def state_vectors() -> dict[str, Any]:
                   600.0), "unusable"),
         ("a numeric collection (sw-hm, battery on 1,025 points by firmware)", "app",
          envelope(_numeric_state(), "app", 700.0), "accept"),
+        ("partitioned with a numeric attribute (no description: its rounding is no step)",
+         "app", envelope(_partitioned_numeric_state(), "app", 800.0), "unusable"),
     ]
     return {"public_key": TEST_KEY.verify_key.to_text(), "ceiling": CEILING, "now": NOW,
             "steps": [{"name": n, "collection": c, "record": r, "expect": e}
@@ -257,6 +259,19 @@ def _numeric_state() -> dict[str, Any]:
     dom = Domain(("fw", "battery"), (3, 1025), (("v1", "v2", "v3"), numeric_labels(0, 100, 1025)),
                  (None, (0.0, 100.0)))
     return mechanism_class("sw-hm").from_config(dom, None, epsilon=1.0, version=7).device_state()
+
+
+def _partitioned_numeric_state() -> dict[str, Any]:
+    """A real partitioned state with a numeric attribute: no ``device`` description (the value's
+    unbiased rounding to its points is not a step; docs/numeric.md "In partitioned
+    marginals")."""
+    from ldpstream.estimators.kernels.numeric import numeric_labels
+
+    dom = Domain(("fw", "battery"), (3, 1025), (("v1", "v2", "v3"), numeric_labels(0, 100, 1025)),
+                 (None, (0.0, 100.0)))
+    return mechanism_class("partitioned").from_config(
+        dom, {"bins": {"battery": 9}}, epsilon=2.0, epsilon_scope="record",
+        version=8).device_state()
 
 
 def ledger_vectors() -> dict[str, Any]:

@@ -112,6 +112,9 @@ class Applier:
             self.failed = exc
             if self.on_failure is not None:
                 await self.on_failure(exc)
+        finally:
+            for p in batch.values():
+                self.partitions.settled(p)
 
     def _cid(self, pend: Pending) -> str:
         state = self.partitions.get(pend.tp)

@@ -101,7 +101,8 @@ class DedupeBook:
         """The windows a lookup in ``window`` needs that are not loaded."""
         return [w for w in (window - 1, window) if w not in self.windows]
 
-    def load(self, window: int, raw: Mapping[int | str | bytes, str | bytes]) -> None:
+    def load(self, window: int,
+             raw: Mapping[int, str | bytes] | Mapping[str | bytes, str | bytes]) -> None:
         """Take the side hash of ``window`` as read from Redis (field → "high:bitmap")."""
         self.windows[window] = {int(k): _parse(v) for k, v in raw.items()}
         for w in [w for w in self.windows if w < window - 1]:

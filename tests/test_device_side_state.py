@@ -63,9 +63,10 @@ end
 """
 
 
-def test_a_poll_reads_its_senders_only_and_sees_its_unapplied_deltas(tmp_path, redis_server,
+def test_a_poll_reads_its_senders_only_and_sees_its_unapplied_deltas(tmp_path, redis_target,
                                                                       unique_name):
-    """In the worker's own parts on a real Redis holding 20,000 senders (old text format): a
+    """In the worker's own parts on a real Redis (one server, then a Redis Cluster: the reads
+    and the apply on the shard's slot) holding 20,000 senders (old text format): a
     poll's book and quota use hold that poll's senders only; a duplicate of a batch whose delta
     is pending, in flight (handed to the flush, not applied) or applied is refused, and the
     quota's counts of an in-flight delta are added once, before and after its apply."""
@@ -97,7 +98,7 @@ def test_a_poll_reads_its_senders_only_and_sees_its_unapplied_deltas(tmp_path, r
                 for v in values]
 
     async def run() -> None:
-        store = make_store(redis_server.url)
+        store = make_store(redis_target.url)
         collections = {cid: coll}
         clients, partitions = Clients(), Partitions()
         gate = RedisGate(clients, partitions)

@@ -44,6 +44,11 @@ row each) is written straight to Redis with the worker's own log encoding, then 
 on it: ``restart_at``: seconds to its first applied delta and its resident memory, the state
 loaded (how a 10-million-device restart is measured without feeding 10 million reports).
 
+``--senders N[,N...]`` (``--compare-python PYTHON``): instead, the side-state run of
+bench/device_side.py: a worker taking idempotent batches of a collection with a device quota
+while the dedupe and quota state of ``N`` senders is in Redis (its memory, rate and the Redis
+bytes per sender), beside an earlier version's worker.
+
 ``--quick`` (smoke tests): steps of 20,000 and 40,000 devices, a restart at 50,000, a churn run
 of 20,000 devices.
 """
@@ -429,6 +434,13 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
 
 
 def main(args: Any) -> int:
+    senders = getattr(args, "senders", None)
+    if senders:   # the side-state run (bench/device_side.py)
+        from ldpstream.bench import device_side
+
+        return device_side.main(tuple(int(s) for s in senders.split(",") if s),
+                                getattr(args, "compare_python", None),
+                                bool(getattr(args, "json", False)))
     quick = bool(getattr(args, "quick", False))
     raw = getattr(args, "steps", None)
     steps = tuple(int(s) for s in raw.split(",") if s) if raw is not None else \

@@ -103,9 +103,11 @@ async def raw_consume(bootstrap: str, coll: Any, messages: int,
         await consumer.stop()
 
 
-def start_worker(config: Path, env: dict, port: int, log: Path) -> subprocess.Popen:
+def start_worker(config: Path, env: dict, port: int, log: Path,
+                 python: str = sys.executable) -> subprocess.Popen:
+    """A worker process on ``config`` (``python``: whose ldpstream install runs it)."""
     fh = open(log, "ab")
-    return subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "worker", "--config",
+    return subprocess.Popen([python, "-m", "ldpstream.cli", "worker", "--config",
                              str(config), "--web-port", str(port)], env=env, stdout=fh,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)

@@ -42,25 +42,10 @@ def _batch(coll, sender: int, seq: int, n: int = 1) -> bytes:
 async def _preload(store, cid: str, partition: int, first: int, count: int, step: int,
                    high: int, used: int) -> None:
     """State as the code before this one wrote it, for senders ``first + step * i``: dedupe
-    ``"<high>:<bitmap>"`` text in the current window's hash, quota counts in the current
-    window's counters (written by a script in Redis: quick for many senders)."""
-    from ldpstream.agents.store import dedupe, keys, quota
+    ``"<high>:<bitmap>"`` text, quota counts, in the current windows."""
+    from ldpstream.bench.device_side import write_side_state
 
-    now = time.time()
-    dkey = keys.side_key(cid, partition, dedupe.side_name(dedupe.window_of(now)))
-    qkey = keys.side_key(cid, partition, quota.side_name(quota.window_of(now * 1000, 86400)))
-    for at in range(0, count, 25_000):
-        await store.redis.eval(PRELOAD_LUA, 2, dkey, qkey, first + step * at,
-                               min(25_000, count - at), step, f"{high}:0", used)
-
-
-PRELOAD_LUA = """
-for i = 0, tonumber(ARGV[2]) - 1 do
-  local d = string.format('%d', tonumber(ARGV[1]) + tonumber(ARGV[3]) * i)
-  redis.call('HSET', KEYS[1], d, ARGV[4])
-  redis.call('HSET', KEYS[2], d, ARGV[5])
-end
-"""
+    await write_side_state(store, cid, partition, first, count, step, high, 0, used, 86400)
 
 
 def test_a_poll_reads_its_senders_only_and_sees_its_unapplied_deltas(tmp_path, redis_target,

@@ -1,6 +1,6 @@
 """The side-state run of ``ldpstream bench devices --senders N[,N...]``: a worker taking
 idempotent (keyed) batches of a collection with a device quota while the batch-dedupe state and
-the quota counters of ``N`` senders are in Redis (docs/privacy-over-time.md "Per-device state").
+the quota counters of ``N`` senders are in Redis (docs/scaling.md "Per-device state").
 
 For each ``N``, a collection of its own (plain, 8 Adult attributes, 4 partitions, ``device_quota``
 100 reports a day) whose state of ``N`` senders is written straight to Redis as the worker writes
@@ -119,8 +119,7 @@ async def _bytes_per_field(store: Any, cid: str, prefix: str) -> float | None:
 async def _one(store: Any, bootstrap: str, env: dict, work: Path, cid: str, senders: int,
                python: str, reports: np.ndarray, say: Any) -> dict[str, Any]:
     from ldpstream.agents.store import dedupe, quota
-    from ldpstream.bench.devices import _count_run, _rss_mb
-    from ldpstream.bench.ingest_run import start_worker, stop_worker
+    from ldpstream.bench.ingest_run import count_run, rss_mb, start_worker, stop_worker
     from ldpstream.config import load_config
     from ldpstream.dev.process import free_port
     from ldpstream.kafka_admin import create_ldp_topics
@@ -145,12 +144,12 @@ async def _one(store: Any, bootstrap: str, env: dict, work: Path, cid: str, send
     t0 = time.perf_counter()
     worker = start_worker(path, env, port, work / f"worker-{cid}.log", python=python)
     try:
-        ready, rate = await _count_run(store, coll, 0, take.size, t0, port, 1800.0)
+        ready, rate = await count_run(store, coll, 0, take.size, t0, port, 1800.0)
         counted = time.monotonic()
         row: dict[str, Any] = {"senders": senders, "python": python, "ready_s": ready,
-                               "rate": rate, "worker_rss_mb": _rss_mb(worker.pid)}
+                               "rate": rate, "worker_rss_mb": rss_mb(worker.pid)}
         await asyncio.sleep(max(0.0, IDLE_S - (time.monotonic() - counted)))
-        row["worker_rss_mb_idle"] = _rss_mb(worker.pid)
+        row["worker_rss_mb_idle"] = rss_mb(worker.pid)
         row["counted"] = await store.n(cid, PARTITIONS)
     finally:
         stop_worker(worker)

@@ -1,4 +1,4 @@
-"""Per-device side state read per poll (docs/privacy-over-time.md "Per-device state"): the worker
+"""Per-device side state read per poll (docs/scaling.md "Per-device state"): the worker
 reads the batch-dedupe state and the device quota's counters of just the senders and devices of
 each poll, with the stored offset, and adds its own deltas not applied yet (pending, and the one
 in flight). So its memory does not grow with the senders in Redis, and a duplicate, a stale

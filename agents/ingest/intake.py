@@ -61,7 +61,7 @@ class Intake:
         collection, its devices' latest reports; and the device quota's counters (if the
         collection has one) and the batch-dedupe state of just this poll's devices and senders,
         read with the stored offset in one atomic call, the partition's own deltas not applied
-        yet added (docs/privacy-over-time.md "Per-device state"). The records are decoded here
+        yet added (docs/scaling.md "Per-device state"). The records are decoded here
         for it, once: :meth:`take` uses them."""
         cid = state.collection
         if self.memo.applies(cid):

@@ -21,7 +21,8 @@ offset (agents/store/count_store.py ``SideValues``): after any crash the hashes 
 was counted. A lookup reads the current window, then the previous one; a hash expires two windows
 after its own, so a sender is remembered for at least one window (24 h) after its last keyed batch
 and memory is one field per sender active in the last two windows. A retry more than that late is
-counted again: the stated window.
+counted again: the stated window. The worker reads the fields of each poll's senders only
+(agents/ingest/intake.py ``Intake.load``), into a :class:`DedupeBook` of that poll.
 """
 from __future__ import annotations
 

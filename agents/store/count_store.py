@@ -317,15 +317,6 @@ class CountStore:
         raw = await pipe.execute()
         return {int(p): int(v) for p, v in zip(partitions, raw) if v is not None}
 
-    async def read_side(self, collection: str, partition: int, name: str) -> dict[str, int]:
-        """A side-counter hash of the shard (field → value; empty when absent)."""
-        raw = await self.redis.hgetall(keys.side_key(collection, partition, name))
-        return {(k.decode() if isinstance(k, bytes) else str(k)): int(v) for k, v in raw.items()}
-
-    async def read_side_raw(self, collection: str, partition: int, name: str) -> dict[Any, Any]:
-        """A side hash of the shard as Redis returns it (field → value; empty when absent)."""
-        return dict(await self.redis.hgetall(keys.side_key(collection, partition, name)))
-
     async def read_side_fields(self, collection: str, partition: int,
                                wanted: Sequence[tuple[str, Sequence[str]]]
                                ) -> tuple[int | None, list[list[bytes | None]]]:

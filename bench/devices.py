@@ -44,6 +44,11 @@ row each) is written straight to Redis with the worker's own log encoding, then 
 on it: ``restart_at``: seconds to its first applied delta and its resident memory, the state
 loaded (how a 10-million-device restart is measured without feeding 10 million reports).
 
+``--senders N[,N...]`` (``--compare-python PYTHON``): instead, the side-state run of
+bench/device_side.py: a worker taking idempotent batches of a collection with a device quota
+while the dedupe and quota state of ``N`` senders is in Redis (its memory, rate and the Redis
+bytes per sender), beside an earlier version's worker.
+
 ``--quick`` (smoke tests): steps of 20,000 and 40,000 devices, a restart at 50,000, a churn run
 of 20,000 devices.
 """
@@ -51,18 +56,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
-from ldpstream.bench.ingest_run import BATCH, metric_mean, start_worker, stop_worker, worker_env
+from ldpstream.bench.ingest_run import (
+    BATCH,
+    count_run,
+    http_get,
+    metric_mean,
+    rss_mb,
+    start_worker,
+    stop_worker,
+    worker_env,
+)
 
 STEPS = (1_000_000, 3_000_000, 10_000_000)
 QUICK_STEPS = (20_000, 40_000)
@@ -126,39 +138,6 @@ async def _produce(bootstrap: str, colls: list[Any], ids: np.ndarray, reports: n
         await pub.stop()
 
 
-def _rss_mb(pid: int) -> float:
-    text = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024.0  # type: ignore[union-attr]
-
-
-def _get(port: int, path: str) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-        return resp.read().decode()
-
-
-async def _count_run(store: Any, coll: Any, start: int, total: int, t_spawn: float,
-                     port: int, timeout: float) -> tuple[float, float]:
-    """(seconds from ``t_spawn`` to the first delta applied beyond ``start`` reports, reports/s
-    from that delta to ``total``): polled every 20 ms; when one delta counted them all, the
-    worker's own rate (``/healthz``: reports applied over the time from its assignment to its
-    last apply, as ``bench pipeline`` times it)."""
-    deadline = time.monotonic() + timeout
-    first_at = first_n = None
-    while time.monotonic() < deadline:
-        n = await store.n(coll.id, coll.partitions)
-        now = time.perf_counter()
-        if first_at is None and n > start:
-            first_at, first_n = now, n
-        if n >= total:
-            assert first_at is not None and first_n is not None
-            if n > first_n:
-                return first_at - t_spawn, (n - first_n) / (now - first_at)
-            ing = json.loads(_get(port, "/healthz"))["checks"]["ingest"]
-            return first_at - t_spawn, ing["applied_reports"] / (ing["last_apply_at"]
-                                                                 - ing["assigned_at"])
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"{coll.id}: {await store.n(coll.id, coll.partitions)} of {total}")
-
 
 async def _bytes_per(store: Any, cid: str, prefix: str, entries: Any) -> float | None:
     """MEMORY USAGE of ``cid``'s side keys named ``prefix...`` over the entries they hold
@@ -201,7 +180,7 @@ async def _rebalance(store: Any, coll: Any, cfg: Path, env: dict, port: int, wor
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             try:
-                if json.loads(_get(port2, "/healthz"))["checks"]["ingest"].get("assigned"):
+                if json.loads(http_get(port2, "/healthz"))["checks"]["ingest"].get("assigned"):
                     break
             except Exception:  # noqa: BLE001 - not up yet
                 pass
@@ -246,9 +225,9 @@ async def _restart_at(store: Any, coll: Any, devices: int, cfg: Path, env: dict,
     try:
         probe = np.arange(PARTITIONS, dtype=np.uint64) + 10 * devices   # known devices
         await _produce(bootstrap, [coll], probe, reports[:PARTITIONS], 1)
-        ready, _ = await _count_run(store, coll, start, start + PARTITIONS, t0, port, 600.0)
+        ready, _ = await count_run(store, coll, start, start + PARTITIONS, t0, port, 600.0)
         return {"devices": devices, "restart_to_ready_s": ready,
-                "worker_rss_mb": _rss_mb(worker.pid)}
+                "worker_rss_mb": rss_mb(worker.pid)}
     finally:
         stop_worker(worker)
 
@@ -352,31 +331,31 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
                 worker = start_worker(work / f"{coll.id}.yaml", env, port,
                                       work / f"worker-{coll.id}.log")
                 try:
-                    ready, rate = await _count_run(store, coll, start, total, t0, port,
+                    ready, rate = await count_run(store, coll, start, total, t0, port,
                                                    240.0 if quick else 3600.0)
                     if coll is plain:
                         row.update(plain_rate=rate, plain_restart_s=ready)
                     elif coll is memo:
                         counted = time.monotonic()
                         row.update(memo_rate=rate, restart_to_ready_s=ready,
-                                   worker_rss_mb=_rss_mb(worker.pid))
+                                   worker_rss_mb=rss_mb(worker.pid))
                         deadline = time.monotonic() + 120
                         refresh = None
                         while refresh is None and time.monotonic() < deadline:
                             await asyncio.sleep(1.0)
-                            refresh = metric_mean(_get(port, "/metrics"),
+                            refresh = metric_mean(http_get(port, "/metrics"),
                                                    "ldp_estimate_refresh_seconds", memo.id)
                         row["refresh_s"] = refresh
                         # idle: the last polls' buffers freed and handed back (agents/heap.py,
                         # every 5 s): what the worker holds for its devices
                         await asyncio.sleep(max(0.0, IDLE_S - (time.monotonic() - counted)))
-                        row["worker_rss_mb_idle"] = _rss_mb(worker.pid)
+                        row["worker_rss_mb_idle"] = rss_mb(worker.pid)
                         say(f"{devices:,} devices: rebalance ...")
                         probe = ids[:PARTITIONS]   # known devices, one per partition
                         row["rebalance_s"] = await _rebalance(
                             store, memo, work / "devm.yaml", env, port, work, bootstrap, probe,
                             reports[:PARTITIONS])
-                        row["worker_rss_mb_after_rebalance"] = _rss_mb(worker.pid)
+                        row["worker_rss_mb_after_rebalance"] = rss_mb(worker.pid)
                 finally:
                     stop_worker(worker)
             have = devices
@@ -393,7 +372,7 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
                     worker = start_worker(work / f"{coll.id}.yaml", env, port,
                                           work / f"worker-{coll.id}.log")
                     try:
-                        _, row[key] = await _count_run(store, coll, start, start + ids.size,
+                        _, row[key] = await count_run(store, coll, start, start + ids.size,
                                                        time.perf_counter(), port,
                                                        240.0 if quick else 3600.0)
                     finally:
@@ -429,6 +408,13 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
 
 
 def main(args: Any) -> int:
+    senders = getattr(args, "senders", None)
+    if senders:   # the side-state run (bench/device_side.py)
+        from ldpstream.bench import device_side
+
+        return device_side.main(tuple(int(s) for s in senders.split(",") if s),
+                                getattr(args, "compare_python", None),
+                                bool(getattr(args, "json", False)))
     quick = bool(getattr(args, "quick", False))
     raw = getattr(args, "steps", None)
     steps = tuple(int(s) for s in raw.split(",") if s) if raw is not None else \

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -103,9 +104,11 @@ async def raw_consume(bootstrap: str, coll: Any, messages: int,
         await consumer.stop()
 
 
-def start_worker(config: Path, env: dict, port: int, log: Path) -> subprocess.Popen:
+def start_worker(config: Path, env: dict, port: int, log: Path,
+                 python: str = sys.executable) -> subprocess.Popen:
+    """A worker process on ``config`` (``python``: whose ldpstream install runs it)."""
     fh = open(log, "ab")
-    return subprocess.Popen([sys.executable, "-m", "ldpstream.cli", "worker", "--config",
+    return subprocess.Popen([python, "-m", "ldpstream.cli", "worker", "--config",
                              str(config), "--web-port", str(port)], env=env, stdout=fh,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
@@ -256,6 +259,42 @@ async def quiet_probes(bootstrap: str, store: Any, coll: Any, probes: int) -> di
 
         return latency_summary(await publish_to_counted(store, coll.id, coll.partitions, send,
                                                         probes))
+
+
+def http_get(port: int, path: str) -> str:
+    """The body of a worker's ``GET path`` on loopback."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory in MiB (``/proc/<pid>/status``)."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024.0  # type: ignore[union-attr]
+
+
+async def count_run(store: Any, coll: Any, start: int, total: int, t_spawn: float,
+                    port: int, timeout: float) -> tuple[float, float]:
+    """(seconds from ``t_spawn`` to the first delta applied beyond ``start`` reports, reports/s
+    from that delta to ``total``): polled every 20 ms; when one delta counted them all, the
+    worker's own rate (``/healthz``: reports applied over the time from its assignment to its
+    last apply, as ``bench pipeline`` times it)."""
+    deadline = time.monotonic() + timeout
+    first_at = first_n = None
+    while time.monotonic() < deadline:
+        n = await store.n(coll.id, coll.partitions)
+        now = time.perf_counter()
+        if first_at is None and n > start:
+            first_at, first_n = now, n
+        if n >= total:
+            assert first_at is not None and first_n is not None
+            if n > first_n:
+                return first_at - t_spawn, (n - first_n) / (now - first_at)
+            ing = json.loads(http_get(port, "/healthz"))["checks"]["ingest"]
+            return first_at - t_spawn, ing["applied_reports"] / (ing["last_apply_at"]
+                                                                 - ing["assigned_at"])
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"{coll.id}: {await store.n(coll.id, coll.partitions)} of {total}")
 
 
 def worker_env(bootstrap: str, redis_url: str, **extra: str) -> dict[str, str]:

@@ -295,6 +295,13 @@ def _bench_parsers(sub: Any) -> None:
             b.add_argument("--restart-at", default=None,
                            help="comma-separated device counts whose state is written straight "
                                 "to Redis, then a worker restarted on it (restart time, RSS)")
+            b.add_argument("--senders", default=None,
+                           help="instead: the side-state run (bench/device_side.py): keyed "
+                                "batches of a collection with a device quota, with the dedupe and "
+                                "quota state of this many senders (comma-separated) in Redis")
+            b.add_argument("--compare-python", default=None, metavar="PYTHON",
+                           help="with --senders: also run the workers of the ldpstream installed "
+                                "for this Python (an earlier version), alternating")
 
 
 def _heldout_options(b: Any) -> None:

@@ -55,7 +55,8 @@ from ldpstream.names import MAX_MESSAGE_BYTES
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "MAX_MESSAGE_BYTES", "DECODE_REASONS",
            "CHECK_REASONS", "DecodeError", "ReportBatch", "encode_batch", "decode_batch",
-           "decode_uniform", "check_batch", "explain_batch", "batch_to_json", "batch_from_json", "dlq_record"]
+           "decode_uniform", "is_keyed", "check_batch", "explain_batch", "batch_to_json",
+           "batch_from_json", "dlq_record"]
 
 MAGIC = b"LDPB"
 FORMAT_VERSION = 1
@@ -198,6 +199,13 @@ def encode_batch(collection: str, version: int, reports: Any, *, device_ids: Any
                      _HEAD1.pack(int(version), sent, n, width, code), key_bytes, ids_bytes,
                      np.ascontiguousarray(arr, dtype=_DTYPES[code]).tobytes(), fleet_bytes))
     return body if auth is None else body + batch_mac(auth[1], body)
+
+
+def is_keyed(value: bytes | None) -> bool:
+    """Whether a message's header sets the batch-key flag, read without decoding it (the worker
+    reads the dedupe state of a poll's senders before it takes the poll)."""
+    return value is not None and len(value) >= _HEAD0.size and value[:4] == MAGIC \
+        and bool(value[5] & FLAG_BATCH_KEY)
 
 
 def decode_batch(data: bytes | bytearray | memoryview, *,

@@ -112,6 +112,9 @@ class Applier:
             self.failed = exc
             if self.on_failure is not None:
                 await self.on_failure(exc)
+        finally:
+            for p in batch.values():
+                self.partitions.settled(p)
 
     def _cid(self, pend: Pending) -> str:
         state = self.partitions.get(pend.tp)
@@ -119,15 +122,21 @@ class Applier:
             return state.collection
         return next(c for c, coll in self.collections.items() if coll.topic == pend.tp.topic)
 
+    def delta(self, cid: str, p: Pending) -> PartitionDelta:
+        """What the apply of ``p`` (of a partition of ``cid``, with messages) carries: its
+        counts, offsets and side state."""
+        assert p.last_offset is not None
+        return PartitionDelta(p.tp.partition, p.last_offset, p.deltas, p.n, expected=p.base,
+                              sent_at_max=p.sent_at_max,
+                              side={**self.quota.side(cid, p), **DedupeGate.side(p),
+                                    **MemoGate.side(p)})
+
     async def _apply(self, cid: str, live: list[Pending]) -> list[ApplyResult]:
         """THE apply call site: these partitions' deltas to ``CountStore.apply_many`` (one
         compare-and-set script call per partition, sent together)."""
-        return await self.store.apply_many(cid, [
-            PartitionDelta(p.tp.partition, p.last_offset, p.deltas, p.n, expected=p.base,
-                           sent_at_max=p.sent_at_max,
-                           side={**self.quota.side(cid, p), **DedupeGate.side(p),
-                                 **MemoGate.side(p)})
-            for p in live if p.last_offset is not None], self.collections[cid].policy)
+        return await self.store.apply_many(
+            cid, [self.delta(cid, p) for p in live if p.last_offset is not None],
+            self.collections[cid].policy)
 
     async def _apply_collection(self, cid: str, parts: list[Pending]) -> None:
         """Apply ``parts`` (partitions of ``cid``), retried while Redis is unreachable (stale

@@ -84,7 +84,7 @@ class Breaker:
                 await self.gate.retry(
                     lambda: self.store.note_chunk(cid, tp.partition, first, len(chunk)),
                     what=f"note a chunk of {cid}[{tp.partition}]")
-                await self.load(state)  # a flush may have re-sought it meanwhile
+                await self.load(state, chunk)  # a flush may have re-sought it meanwhile
                 self.take(state, chunk)
             pos += len(chunk)
             await self.flush()  # applied before the next chunk is tried
@@ -96,7 +96,7 @@ class Breaker:
                 log.warning("ingest: %s[%d] back to normal processing after offset %d", cid,
                             tp.partition, chunk[-1].offset)
                 if pos < len(msgs):
-                    await self.load(state)
+                    await self.load(state, msgs[pos:])
                     self.take(state, msgs[pos:])
                 return
 

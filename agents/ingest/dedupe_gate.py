@@ -1,10 +1,11 @@
-"""Idempotent batches in the ingest worker: each partition's senders' dedupe state (the highest
-sequence and a bitmap below it, agents/store/dedupe.py) loaded from its side hashes at the stored
-offset, the verdict on each keyed batch, and the side values an apply sets with the counts
-(docs/pipeline.md "Wire format", docs/security.md "Idempotent batches")."""
+"""Idempotent batches in the ingest worker: the dedupe state (the highest sequence and a bitmap
+below it, agents/store/dedupe.py) of each poll's senders, read from the partition's side hashes
+with the stored offset, the verdict on each keyed batch, and the side values an apply sets with
+the counts (docs/pipeline.md "Wire format", docs/security.md "Idempotent batches")."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from aiokafka.structs import ConsumerRecord
 
@@ -18,7 +19,8 @@ from ldpstream.producers.codec import ReportBatch
 
 
 class DedupeGate:
-    """The batch-dedupe state of the assigned partitions."""
+    """The batch-dedupe state of the assigned partitions: read per poll for that poll's senders
+    (agents/ingest/intake.py ``Intake.load``), never held for every sender."""
 
     def __init__(self, gate: RedisGate, store: CountStore,
                  acks: AckReconciler | None = None) -> None:
@@ -27,21 +29,31 @@ class DedupeGate:
         #: told of the sequences an authenticated device skipped (acknowledged, never here)
         self.acks = acks
 
-    async def load(self, state: PartitionState) -> None:
-        """Read the senders' state of the current and previous window of the worker's clock,
-        unless already in memory (it is dropped with the partition's pending work on a reset)."""
-        book = state.dedupe
-        if book is None or book.epoch != state.epoch:
-            book = state.dedupe = dedupe.DedupeBook(state.epoch)
+    @staticmethod
+    def wanted(state: PartitionState, senders: Sequence[str]) -> list[tuple[str, Sequence[str]]]:
+        """The side hashes and fields a poll with keyed batches of ``senders`` (decimal ids)
+        reads: the current and previous window of the worker's clock."""
         state.dedupe_window = w = dedupe.window_of(time.time())
-        for missing in book.missing(w):
-            name = dedupe.side_name(missing)
-            raw = await self.gate.retry(
-                lambda: self.store.read_side_raw(state.collection, state.tp.partition, name),
-                what=f"read the batch-dedupe state of {state.collection}[{state.tp.partition}]")
-            if state.dedupe is not book:  # reset meanwhile: read again for the new epoch
-                return await self.load(state)
-            book.load(missing, raw)
+        return [(dedupe.side_name(w - 1), senders), (dedupe.side_name(w), senders)] \
+            if senders else []
+
+    @staticmethod
+    def took(state: PartitionState, senders: Sequence[str], values: Sequence[Sequence[bytes | None]],
+             unapplied: Sequence[Pending]) -> None:
+        """The poll's book from what :meth:`wanted` read (``values``: per window, per sender)
+        and the side values of ``unapplied`` deltas (oldest first; not in Redis yet)."""
+        w = state.dedupe_window
+        assert w is not None
+        ids = [int(s) for s in senders]
+        book = dedupe.DedupeBook(state.epoch, known=frozenset(ids))
+        for window, vals in zip((w - 1, w), values or ([], [])):
+            raw: dict[int, str | bytes] = {d: v for d, v in zip(ids, vals) if v is not None}
+            for pend in unapplied:
+                later = pend.dedupe.get(window)
+                if later:
+                    raw.update({d: later[d] for d in ids if d in later})
+            book.load(window, raw)
+        state.dedupe = book
 
     def first_delivery(self, state: PartitionState, pend: Pending, m: ConsumerRecord,
                        b: ReportBatch) -> bool:

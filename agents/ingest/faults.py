@@ -25,7 +25,7 @@ ENV_BLOCK_LOOP_S = "LDP_FAULT_BLOCK_LOOP_S"
 
 Take = Callable[[PartitionState, list[ConsumerRecord]], None]
 #: reads what a take needs from Redis (agents/ingest/intake.py ``Intake.load``)
-Load = Callable[[PartitionState], Awaitable[None]]
+Load = Callable[[PartitionState, list[ConsumerRecord]], Awaitable[None]]
 
 
 def abort_on(prefix: bytes, take: Take) -> Take:

@@ -17,14 +17,21 @@ from ldpstream.agents.ingest.dedupe_gate import DedupeGate
 from ldpstream.agents.ingest.identity_gate import IdentityGate, Unauthentic
 from ldpstream.agents.ingest.log_identity import mark_of
 from ldpstream.agents.ingest.memo_gate import MemoGate
-from ldpstream.agents.ingest.partition import Partitions, PartitionState, Pending
+from ldpstream.agents.ingest.partition import Decoded, Partitions, PartitionState, Pending
 from ldpstream.agents.ingest.quota_gate import QuotaGate
 from ldpstream.agents.ingest.stats import IngestStats
 from ldpstream.agents.store import device_memo
 from ldpstream.agents.store.apply_guard import BAD_TIMESTAMP, split_bad_timestamps
 from ldpstream.config import Collection
 from ldpstream.estimators.mechanism import Mechanism, TensorSpec
-from ldpstream.producers.codec import DecodeError, ReportBatch, decode_batch, decode_uniform, explain_batch
+from ldpstream.producers.codec import (
+    DecodeError,
+    ReportBatch,
+    decode_batch,
+    decode_uniform,
+    explain_batch,
+    is_keyed,
+)
 
 #: how far a batch's ``sent_at`` may be from its Kafka record timestamp (and ahead of now)
 SENT_AT_TOLERANCE_S = 300.0
@@ -49,15 +56,71 @@ class Intake:
         self.memo = memo
         self.identity = identity or IdentityGate(None)
 
-    async def load(self, state: PartitionState) -> None:
-        """Read from Redis what :meth:`take` needs for this poll: the device quota's counters
-        (if the collection has one), the senders' batch-dedupe state and, for a memoized
-        collection, its devices' latest reports."""
-        if self.quota.applies(state.collection):
-            await self.quota.load(state)
-        if self.memo.applies(state.collection):
+    async def load(self, state: PartitionState, msgs: Records) -> None:
+        """Read from Redis what :meth:`take` needs for the records ``msgs``: for a memoized
+        collection, its devices' latest reports; and the device quota's counters (if the
+        collection has one) and the batch-dedupe state of just this poll's devices and senders,
+        read with the stored offset in one atomic call, the partition's own deltas not applied
+        yet added (docs/scaling.md "Per-device state"). The records are decoded here
+        for it, once: :meth:`take` uses them."""
+        cid = state.collection
+        if self.memo.applies(cid):
             await self.memo.load(state)
-        await self.dedupe.load(state)
+        state.decoded = None
+        seen = state.seen
+        if seen is None:
+            return   # not positioned: the take ignores the records
+        fresh, _ = split_bad_timestamps([m for m in msgs if m.offset > seen])
+        quota = self.quota.applies(cid)
+        if not quota and not any(is_keyed(m.value) for m in fresh):
+            # nothing to read (a keyed batch found all the same is refused loudly by the book)
+            self.dedupe.wanted(state, [])
+            self.dedupe.took(state, [], [], [])
+            return
+        good, refused = self._decode(cid, fresh)
+        decoded = Decoded(state.epoch, tuple(m.offset for m in fresh), good, refused)
+        senders = [str(d) for d in sorted({b.key[0] for _, b in good if b.key is not None})]
+        devices: list[str] = []
+        if quota:
+            ids = [b.device_ids for _, b in good if b.device_ids is not None]
+            devices = [str(d) for d in np.unique(np.concatenate(ids)).tolist()] if ids else []
+        wanted = [*self.dedupe.wanted(state, senders),
+                  *(self.quota.wanted(state, devices) if quota else [])]
+        # captured before the read: whether one was applied meanwhile the offset read tells
+        epoch = state.epoch
+        mine = [d for d in (state.flushing, state.pending) if d is not None and d.epoch == epoch]
+        stored, values = await self.dedupe.gate.retry(
+            lambda: self.dedupe.store.read_side_fields(cid, state.tp.partition, wanted),
+            what=f"read the device state of {cid}[{state.tp.partition}]")
+        if state.epoch != epoch or self.partitions.get(state.tp) is not state:
+            return   # reset meanwhile: re-sought, the records come again
+        unapplied = [d for d in mine
+                     if stored is None or d.last_offset is None or d.last_offset > stored]
+        split = 2 if senders else 0
+        self.dedupe.took(state, senders, values[:split], unapplied)
+        if quota:
+            self.quota.took(state, devices, values[split:], unapplied)
+        state.decoded = decoded
+
+    def _decode(self, cid: str, msgs: Records
+                ) -> tuple[list[tuple[ConsumerRecord, ReportBatch]],
+                           list[tuple[ConsumerRecord, str, str, int]]]:
+        """Decode ``msgs`` (and check their device's MAC): the batches, and for each record
+        refused its reason, detail and reports."""
+        good: list[tuple[ConsumerRecord, ReportBatch]] = []
+        refused: list[tuple[ConsumerRecord, str, str, int]] = []
+        for m in msgs:
+            try:
+                b = decode_batch(m.value if m.value is not None else b"",
+                                 max_bytes=self.max_message_bytes)
+                good.append((m, self.identity.verify(cid, m, b)))
+            except Unauthentic as exc:
+                refused.append((m, exc.reason, exc.detail, b.n))
+            except DecodeError as exc:
+                # the topic names the collection even when the bytes cannot: count and file
+                # the reject under it (the DLQ record's topic/offset locate the message)
+                refused.append((m, exc.reason, exc.detail, 1))
+        return good, refused
 
     def take(self, state: PartitionState, msgs: Records) -> None:
         """Take the records of ``state``'s partition not taken yet into its pending delta."""
@@ -68,7 +131,7 @@ class Intake:
         quota = self.quota.applies(cid)
         memo = self.memo.applies(cid)
         if (quota and state.quota_used is None) or (memo and state.memo is None) \
-                or state.dedupe is None:
+                or state.dedupe is None or state.dedupe.epoch != state.epoch:
             return  # reset while its state was read: re-sought, the records come again
         if msgs[0].offset <= seen:
             msgs = [m for m in msgs if m.offset > seen]
@@ -87,43 +150,18 @@ class Intake:
                         m.value or b"", m.offset, 1)
         if not msgs:
             return
-        if len(msgs) >= 16 and not (quota or memo or self.identity.enforced):
-            # the fast path drops device ids (and takes only unkeyed, so unauthenticated, ones)
-            fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
-            if fast is not None and fast.collection == cid and explain_batch(fast, known) is None:
-                per = fast.n // len(msgs)
-                self._accept(pend, cid, fast.version, fast.reports,
-                             self._buckets(cid, msgs, np.full(len(msgs), per)),
-                             clamp_sent_at(fast.sent_at, max(m.timestamp for m in msgs) / 1000.0,
-                                           time.time()))
+        ahead, state.decoded = state.decoded, None
+        if ahead is not None and ahead.epoch == state.epoch \
+                and ahead.offsets == tuple(m.offset for m in msgs):
+            good, refused = ahead.good, ahead.refused   # decoded by load, for their state
+        elif quota:   # Intake.load decodes every record of a quota's collection
+            raise RuntimeError(f"device quota state of {state.tp} not read for these records")
+        else:
+            if self._fast(state, pend, msgs, known):
                 return
-        if len(msgs) >= 16 and memo and not quota and not self.identity.enforced:
-            # a memoized collection's fast path: the device ids kept, one run, when there is
-            # room for every report's device (else each message is admitted on its own below)
-            fast = decode_uniform([m.value for m in msgs], self.max_message_bytes, with_ids=True)
-            if fast is not None and fast.device_ids is not None and fast.collection == cid \
-                    and explain_batch(fast, known) is None and self.memo.has_room(state, fast.n):
-                per = fast.n // len(msgs)
-                buckets = np.broadcast_to(self._buckets(cid, msgs, np.full(len(msgs), per)),
-                                          (fast.n,))
-                self._accept_device_run(state, pend, fast.version, fast.device_ids,
-                                        fast.reports, buckets,
-                                        clamp_sent_at(fast.sent_at,
-                                                      max(m.timestamp for m in msgs) / 1000.0,
-                                                      time.time()))
-                return
-        good: list[tuple[ConsumerRecord, ReportBatch]] = []
-        for m in msgs:
-            try:
-                b = decode_batch(m.value if m.value is not None else b"",
-                                 max_bytes=self.max_message_bytes)
-                good.append((m, self.identity.verify(cid, m, b)))
-            except Unauthentic as exc:
-                pend.reject(exc.reason, exc.detail, m.value or b"", m.offset, b.n)
-            except DecodeError as exc:
-                # the topic names the collection even when the bytes cannot: count and file
-                # the reject under it (the DLQ record's topic/offset locate the message)
-                pend.reject(exc.reason, exc.detail, m.value or b"", m.offset, 1)
+            good, refused = self._decode(cid, msgs)
+        for m, reason, detail, n in refused:
+            pend.reject(reason, detail, m.value or b"", m.offset, n)
         valid = self._validated(state, pend, good, known)
         if (quota or memo) and valid:
             # the quota and the devices' latest reports decide in offset order (a function of
@@ -148,6 +186,40 @@ class Intake:
             else:
                 for version, accepted in by_version.items():
                     self._accept_batches(pend, cid, version, accepted)
+
+    def _fast(self, state: PartitionState, pend: Pending, msgs: Records,
+              known: Mapping[str, Mapping[int, Mechanism]]) -> bool:
+        """Count ``msgs`` in one run when they are uniform (same header, no batch key): True
+        when done, False when they must be taken message by message."""
+        cid = state.collection
+        quota = self.quota.applies(cid)
+        memo = self.memo.applies(cid)
+        if len(msgs) >= 16 and not (quota or memo or self.identity.enforced):
+            # the fast path drops device ids (and takes only unkeyed, so unauthenticated, ones)
+            fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
+            if fast is not None and fast.collection == cid and explain_batch(fast, known) is None:
+                per = fast.n // len(msgs)
+                self._accept(pend, cid, fast.version, fast.reports,
+                             self._buckets(cid, msgs, np.full(len(msgs), per)),
+                             clamp_sent_at(fast.sent_at, max(m.timestamp for m in msgs) / 1000.0,
+                                           time.time()))
+                return True
+        if len(msgs) >= 16 and memo and not quota and not self.identity.enforced:
+            # a memoized collection's fast path: the device ids kept, one run, when there is
+            # room for every report's device (else each message is admitted on its own below)
+            fast = decode_uniform([m.value for m in msgs], self.max_message_bytes, with_ids=True)
+            if fast is not None and fast.device_ids is not None and fast.collection == cid \
+                    and explain_batch(fast, known) is None and self.memo.has_room(state, fast.n):
+                per = fast.n // len(msgs)
+                buckets = np.broadcast_to(self._buckets(cid, msgs, np.full(len(msgs), per)),
+                                          (fast.n,))
+                self._accept_device_run(state, pend, fast.version, fast.device_ids,
+                                        fast.reports, buckets,
+                                        clamp_sent_at(fast.sent_at,
+                                                      max(m.timestamp for m in msgs) / 1000.0,
+                                                      time.time()))
+                return True
+        return False
 
     def _validated(self, state: PartitionState, pend: Pending,
                    good: list[tuple[ConsumerRecord, ReportBatch]],

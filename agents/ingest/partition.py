@@ -15,11 +15,13 @@ from collections.abc import Iterator
 
 import numpy as np
 from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from ldpstream.agents.ingest.log_identity import LogMark
 from ldpstream.agents.store.dedupe import DedupeBook
 from ldpstream.agents.store.layout import Layout
 from ldpstream.agents.store.memo_log import EpochLog, LogPending
+from ldpstream.producers.codec import ReportBatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,18 @@ class Pending:
         self.rejected_reports[reason] = self.rejected_reports.get(reason, 0) + reports
 
 
+@dataclasses.dataclass(frozen=True)
+class Decoded:
+    """Records of one take decoded (and their device's MAC checked) before their state is read:
+    the batches and, for each record refused, its reason, detail and reports."""
+
+    epoch: int
+    #: the offsets of the records decoded, in order
+    offsets: tuple[int, ...]
+    good: list[tuple[ConsumerRecord, ReportBatch]]
+    refused: list[tuple[ConsumerRecord, str, str, int]]
+
+
 @dataclasses.dataclass(eq=False)
 class PartitionState:
     """One assigned partition: where it stands in Redis and in the log, and what is pending."""
@@ -86,13 +100,13 @@ class PartitionState:
     #: the highest offset taken (pending or applied); None: not positioned yet, records ignored
     seen: int | None = None
     pending: Pending | None = None
-    #: (limit's prefix, window) -> device -> reports counted (applied and pending); None: not
-    #: loaded (agents/ingest/quota_gate.py)
+    #: (limit's prefix, window) -> device -> reports counted (applied and pending), for the
+    #: devices of this poll only (read per poll: agents/ingest/quota_gate.py); None: not read
     quota_used: dict[tuple[str, int], dict[int, int]] | None = None
     #: each limit's window of this poll, by the worker's clock (never the producer's timestamp)
     quota_window: dict[str, int] = dataclasses.field(default_factory=dict)
-    #: the senders' batch-dedupe state (applied and pending; agents/ingest/dedupe_gate.py); None: not
-    #: loaded
+    #: the batch-dedupe state (applied and pending) of this poll's senders only (read per poll:
+    #: agents/ingest/dedupe_gate.py); None: not read
     dedupe: DedupeBook | None = None
     #: the dedupe window of this poll, by the worker's clock
     dedupe_window: int | None = None
@@ -102,6 +116,12 @@ class PartitionState:
     memo: dict[int, EpochLog] | None = None
     #: the epoch of this poll, by the worker's clock
     memo_epoch: int | None = None
+    #: this poll's records decoded ahead of the take, to read their senders' and devices' state
+    #: (agents/ingest/intake.py ``Intake.load``); None: none
+    decoded: Decoded | None = None
+    #: the delta handed to the flush in flight (until it is settled): its side values are not
+    #: in Redis until its apply is (agents/ingest/intake.py ``Intake.load``)
+    flushing: Pending | None = None
     #: poison-pill breaker (agents/ingest/breaker.py): size of the next careful chunk (None: normal)
     careful: int | None = None
     #: poison-pill breaker: offset of a message that killed the worker while processed alone
@@ -169,6 +189,8 @@ class Partitions:
         state.pending = None
         state.quota_used = None
         state.dedupe = None
+        state.decoded = None
+        state.flushing = None
         state.memo = None
         state.seen = seen
         self.recount()
@@ -184,9 +206,16 @@ class Partitions:
         for tp in tps:
             state = self._states.get(tp)
             if state is not None and state.pending is not None:
-                out[tp], state.pending = state.pending, None
+                out[tp] = state.flushing = state.pending
+                state.pending = None
         self.recount()
         return out
+
+    def settled(self, pend: Pending) -> None:
+        """``pend``'s flush is over (applied or not): no longer in flight."""
+        state = self._states.get(pend.tp)
+        if state is not None and state.flushing is pend:
+            state.flushing = None
 
     def with_pending(self) -> list[TopicPartition]:
         return [s.tp for s in self._states.values() if s.pending is not None]

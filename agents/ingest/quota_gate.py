@@ -1,7 +1,8 @@
 """Per-device limits in the ingest worker (the device quota; the daily ε budget of
-agents/ingest/budget.py): the counts used so far per window, loaded from the side counters at the
-stored offset, and the split of each batch into counted reports and the excess (to
-``ldp.dlq``). The counting rule itself is agents/store/quota.py."""
+agents/ingest/budget.py): the counts used so far per window by each poll's devices, read from
+the side counters with the stored offset (agents/ingest/intake.py ``Intake.load``), and the
+split of each batch into counted reports and the excess (to ``ldp.dlq``). The counting rule
+itself is agents/store/quota.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -53,26 +54,37 @@ class QuotaGate:
     def applies(self, cid: str) -> bool:
         return bool(self.rules.get(cid))
 
-    async def load(self, state: PartitionState) -> None:
-        """Read the side counters of this poll's windows if not in memory yet: the windows
-        of the worker's clock, never of the producer's record timestamp (a device could backdate
-        its records into fresh windows)."""
-        if state.quota_used is None:
-            state.quota_used = {}
-        have = state.quota_used
+    def wanted(self, state: PartitionState, devices: Sequence[str]
+               ) -> list[tuple[str, Sequence[str]]]:
+        """The side counters and fields a poll whose batches carry ``devices`` (distinct,
+        decimal ids) reads: each limit's window of the worker's clock, never of the producer's
+        record timestamp (a device could backdate its records into fresh windows)."""
         now_ms = time.time() * 1000.0
+        out: list[tuple[str, Sequence[str]]] = []
         for rule, (_, window_s) in self.rules[state.collection]:
             w = window_of(now_ms, window_s)
             state.quota_window[rule.prefix] = w
-            if (rule.prefix, w) in have:
-                continue
-            name = side_name(w, rule.prefix)
-            raw = await self.gate.retry(
-                lambda: self.store.read_side(state.collection, state.tp.partition, name),
-                what=f"read {rule.what} of {state.collection}[{state.tp.partition}]")
-            if state.quota_used is not have:  # dropped meanwhile (reset): reloaded next time
-                return
-            have[(rule.prefix, w)] = {int(k): v for k, v in raw.items()}
+            out.append((side_name(w, rule.prefix), devices))
+        return out
+
+    def took(self, state: PartitionState, devices: Sequence[str],
+             values: Sequence[Sequence[bytes | None]], unapplied: Sequence[Pending]) -> None:
+        """The poll's use per limit and device from what :meth:`wanted` read (``values``: per
+        limit, per device) plus the increments of ``unapplied`` deltas (not in Redis yet)."""
+        ids = [int(d) for d in devices]
+        used: dict[tuple[str, int], dict[int, int]] = {}
+        for (rule, _), vals in zip(self.rules[state.collection], values):
+            at = (rule.prefix, state.quota_window[rule.prefix])
+            have = {d: int(v) for d, v in zip(ids, vals) if v is not None}
+            for pend in unapplied:
+                more = pend.quota.get(at)
+                if more:
+                    for d in ids:
+                        k = more.get(d)
+                        if k:
+                            have[d] = have.get(d, 0) + k
+            used[at] = have
+        state.quota_used = used
 
     def within(self, state: PartitionState, pend: Pending, m: ConsumerRecord,
                b: ReportBatch) -> ReportBatch | None:

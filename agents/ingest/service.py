@@ -397,7 +397,7 @@ class IngestService(Service):
                     between += time.perf_counter() - t
                 chunk = msgs[at:at + step]
                 before = self.partitions.pending_reports
-                await self.load(state)
+                await self.load(state, chunk)
                 if self.partitions.get(tp) is not state or state.epoch != epoch or state.suspect:
                     break
                 if state.careful is not None:

@@ -61,6 +61,7 @@ from ldpstream.agents.store.layout import Layout
 from ldpstream.agents.store.packed_delta import PACKED_FILL, packed_blob, wants_packed
 from ldpstream.agents.store.scripts import (
     APPLY_LUA,
+    FIELDS_LUA,
     NOTE_START_LUA,
     REBASE_LUA,
     RESET_HOLD_S,
@@ -106,6 +107,7 @@ class CountStore:
         self._apply = redis.register_script(APPLY_LUA)
         self._rebase = redis.register_script(REBASE_LUA)
         self._rows = redis.register_script(ROWS_LUA)
+        self._fields = redis.register_script(FIELDS_LUA)
         self._note_start = redis.register_script(NOTE_START_LUA)
         self._reset_shard = redis.register_script(RESET_SHARD_LUA)
 
@@ -315,14 +317,21 @@ class CountStore:
         raw = await pipe.execute()
         return {int(p): int(v) for p, v in zip(partitions, raw) if v is not None}
 
-    async def read_side(self, collection: str, partition: int, name: str) -> dict[str, int]:
-        """A side-counter hash of the shard (field → value; empty when absent)."""
-        raw = await self.redis.hgetall(keys.side_key(collection, partition, name))
-        return {(k.decode() if isinstance(k, bytes) else str(k)): int(v) for k, v in raw.items()}
-
-    async def read_side_raw(self, collection: str, partition: int, name: str) -> dict[Any, Any]:
-        """A side hash of the shard as Redis returns it (field → value; empty when absent)."""
-        return dict(await self.redis.hgetall(keys.side_key(collection, partition, name)))
+    async def read_side_fields(self, collection: str, partition: int,
+                               wanted: Sequence[tuple[str, Sequence[str]]]
+                               ) -> tuple[int | None, list[list[bytes | None]]]:
+        """The stored offset of a shard and, read in the same atomic step, the values of the
+        ``fields`` of each of its side hashes ``(name, fields)`` in ``wanted`` (None: absent);
+        one script call (agents/store/scripts.py ``FIELDS_LUA``)."""
+        if not wanted:
+            return await self.offset(collection, partition), []
+        raw = await run_script(
+            self.redis, self._fields,
+            [keys.offsets_key(collection, partition),
+             *(keys.side_key(collection, partition, name) for name, _ in wanted)],
+            [" ".join(fields) for _, fields in wanted])
+        stored = None if raw[0] is None else int(raw[0])
+        return stored, [[None if v is None else bytes(v) for v in vals] for vals in raw[1:]]
 
     async def read_side_bytes(self, collection: str, partition: int, name: str) -> bytes | None:
         """A side string of the shard (a :class:`SideLog`'s; None when absent)."""

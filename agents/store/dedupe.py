@@ -21,7 +21,8 @@ offset (agents/store/count_store.py ``SideValues``): after any crash the hashes 
 was counted. A lookup reads the current window, then the previous one; a hash expires two windows
 after its own, so a sender is remembered for at least one window (24 h) after its last keyed batch
 and memory is one field per sender active in the last two windows. A retry more than that late is
-counted again: the stated window.
+counted again: the stated window. The worker reads the fields of each poll's senders only
+(agents/ingest/intake.py ``Intake.load``), into a :class:`DedupeBook` of that poll.
 """
 from __future__ import annotations
 
@@ -84,18 +85,25 @@ def _parse(value: str | bytes) -> State:
 
 @dataclasses.dataclass
 class DedupeBook:
-    """What one partition's senders have had counted (applied and pending), for the windows
+    """What senders of one partition have had counted (applied and pending), for the windows
     loaded; valid for the partition's ``epoch`` only (agents/ingest/service.py drops pending work by
-    bumping it, and the book is then re-read from Redis)."""
+    bumping it, and the book is then re-read from Redis). The worker holds one per poll, of that
+    poll's senders only (``known``; None: every sender of the hashes loaded)."""
 
     epoch: int
     windows: dict[int, dict[int, State]] = dataclasses.field(default_factory=dict)
+    known: frozenset[int] | None = None
+
+    def _check(self, sender: int) -> None:
+        if self.known is not None and sender not in self.known:
+            raise RuntimeError(f"batch-dedupe state of sender {sender} not read for this poll")
 
     def missing(self, window: int) -> list[int]:
         """The windows a lookup in ``window`` needs that are not loaded."""
         return [w for w in (window - 1, window) if w not in self.windows]
 
-    def load(self, window: int, raw: Mapping[str | bytes, str | bytes]) -> None:
+    def load(self, window: int,
+             raw: Mapping[int, str | bytes] | Mapping[str | bytes, str | bytes]) -> None:
         """Take the side hash of ``window`` as read from Redis (field → "high:bitmap")."""
         self.windows[window] = {int(k): _parse(v) for k, v in raw.items()}
         for w in [w for w in self.windows if w < window - 1]:
@@ -103,6 +111,7 @@ class DedupeBook:
 
     def state_of(self, window: int, sender: int) -> State | None:
         """The sender's state a decision in ``window`` starts from (None: not seen)."""
+        self._check(sender)
         state = self.windows[window].get(sender)
         return self.windows[window - 1].get(sender) if state is None else state
 
@@ -111,6 +120,7 @@ class DedupeBook:
         """The verdict on ``(sender, seq)`` in ``window`` (both it and the previous one loaded);
         a NEW one is recorded here and in ``pending`` (window → sender → "high:bitmap", the
         values the apply sets)."""
+        self._check(sender)
         cur = self.windows[window]
         state = cur.get(sender)
         if state is None:

@@ -4,7 +4,7 @@ its first write, so an error leaves nothing half-written (Redis does not roll a 
 from __future__ import annotations
 
 __all__ = ["APPLY_LUA", "REBASE_LUA", "NOTE_START_LUA", "RESET_SHARD_LUA", "RESET_HOLD_S",
-           "ROWS_LUA", "PACKED_ADD_LUA", "PACKED_BLOCK_CELLS", "PACKED_MAX_BYTES"]
+           "ROWS_LUA", "FIELDS_LUA", "PACKED_ADD_LUA", "PACKED_BLOCK_CELLS", "PACKED_MAX_BYTES"]
 
 #: cells a packed delta's block unpacks at once (2 Lua values each; Lua's C stack holds 8,000)
 PACKED_BLOCK_CELLS = 256
@@ -326,4 +326,30 @@ for i = 0, #b / 4 - 1 do
   out[i + 1] = s
 end
 return table.concat(out)
+"""
+
+
+# Fields of side hashes of one shard read together with its stored offset, in one atomic step
+# (agents/ingest/side_state.py: a poll reads its senders' dedupe and quota state, and learns from
+# the offset which of its own unapplied deltas the values already hold). KEYS: the offsets hash,
+# then the side hashes. ARGV: per side hash its fields, space-separated. Returns {stored offset
+# (false: none), then per side hash the values of its fields in order (false: absent)}. Read-only.
+FIELDS_LUA = """
+local out = {redis.call('HGET', KEYS[1], 'offset')}
+for i = 2, #KEYS do
+  local vals, fields, n = {}, {}, 0
+  for f in string.gmatch(ARGV[i - 1], '%S+') do
+    n = n + 1
+    fields[n] = f
+    if n == 1000 then
+      for _, v in ipairs(redis.call('HMGET', KEYS[i], unpack(fields, 1, n))) do vals[#vals + 1] = v end
+      n = 0
+    end
+  end
+  if n > 0 then
+    for _, v in ipairs(redis.call('HMGET', KEYS[i], unpack(fields, 1, n))) do vals[#vals + 1] = v end
+  end
+  out[i] = vals
+end
+return out
 """

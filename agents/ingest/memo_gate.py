@@ -6,6 +6,7 @@ themselves stay in Redis: those a delta supersedes are read back when it is flus
 (:meth:`MemoGate.fetch`), so the worker's memory does not hold them."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import time
@@ -37,6 +38,9 @@ from ldpstream.producers.codec import ReportBatch, encode_batch
 
 #: the DLQ reason of reports of new devices beyond ``device_state_max``
 DEVICE_STATE_FULL = "device_state_full"
+#: segments a flush reads back at once per partition (sent together; bounds the bytes of
+#: segments read whole that it holds beside their rebuilt copies)
+FETCH_AHEAD = 8
 
 
 class _Into:
@@ -343,29 +347,34 @@ class MemoGate:
         return device_memo.Moves(keep, u, rows, device_memo.stack_rows(old), evicted)
 
     async def fetch(self, cid: str, pend: Pending) -> np.ndarray:
-        """The applied rows ``pend`` supersedes, read back from Redis (one call per segment):
-        subtracted with it. Once per delta (the positions are consumed)."""
-        parts = []
+        """The applied rows ``pend`` supersedes, read back from Redis (one call per segment,
+        :data:`FETCH_AHEAD` of them sent together): subtracted with it. Once per delta (the
+        positions are consumed)."""
         part = pend.tp.partition
+        reads = []
         for lp in pend.memo.values():
             for seg, (width, code, size, off) in lp.to_fetch().items():
-                name, blob = segment_name(lp.name, seg), off.tobytes()
-                if lp.dense(seg, off.size):   # many rows of it: the segment moved whole
-                    whole = await self.gate.retry(
-                        functools.partial(self.store.read_side_bytes, cid, part, name),
-                        what=f"read the superseded reports of {cid}[{part}]")
-                    rows = lp.rebuild(seg, width, code, off, whole or b"")
-                    parts.append(rows[(rows != 0).any(axis=1)])
-                    continue
-                raw = await self.gate.retry(
-                    functools.partial(self.store.read_side_rows, cid, pend.tp.partition, name,
-                                      size, blob),
-                    what=f"read the superseded reports of {cid}[{pend.tp.partition}]")
-                raw_rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, size)
-                rows = device_memo.decode_rows(raw_rows[(raw_rows != 0).any(axis=1)], width,
-                                               code)   # (a row that is not there: zeros)
-                parts.append(rows)
+                name = segment_name(lp.name, seg)
+                dense = lp.dense(seg, off.size)   # many rows of it: the segment moved whole
+                call = functools.partial(self.store.read_side_bytes, cid, part, name) if dense \
+                    else functools.partial(self.store.read_side_rows, cid, part, name, size,
+                                           off.tobytes())
+                reads.append((lp, seg, width, code, size, off, dense, call))
             lp.fetch.clear()
+        parts = []
+        for at in range(0, len(reads), FETCH_AHEAD):
+            group = reads[at:at + FETCH_AHEAD]
+            raws = await asyncio.gather(*(
+                self.gate.retry(call, what=f"read the superseded reports of {cid}[{part}]")
+                for *_, call in group))
+            for (lp, seg, width, code, size, off, dense, _), raw in zip(group, raws):
+                if dense:
+                    rows = lp.rebuild(seg, width, code, off, raw or b"")
+                else:
+                    rows = device_memo.decode_rows(
+                        np.frombuffer(raw or b"", dtype=np.uint8).reshape(-1, size), width,
+                        code)
+                parts.append(rows[rows[:, 2] != 0])   # a row that is not there reads as zeros
         return device_memo.stack_rows(parts)
 
     @staticmethod
@@ -381,8 +390,6 @@ class MemoGate:
             for seg, data in lp.replaced.items():
                 out[segment_name(name, seg)] = SideStaged(data, lp.expire_at)
             for seg, (app, size, off, rows) in lp.patches().items():
-                if seg in lp.replaced:
-                    continue
                 trim = seg in lp.trim
                 if lp.fresh(seg) and len(app) >= STAGE_MIN and not off.size:
                     out[segment_name(name, seg)] = SideStaged(app, lp.expire_at)

@@ -34,6 +34,7 @@ from ldpstream.agents.store.device_memo import (
     DeviceTable,
     chunk_size,
     decode_rows,
+    distinct,
     encode_rows,
     last_of,
     log_chunks,
@@ -76,6 +77,20 @@ def _search(table: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray
         return np.zeros(keys.size, dtype=bool), np.zeros(keys.size, dtype=np.intp)
     idx = np.minimum(np.searchsorted(table, keys), table.size - 1)
     return table[idx] == keys, idx
+
+
+def _rows_at(words: np.ndarray, off: np.ndarray, size: int,
+             put: np.ndarray | None = None) -> np.ndarray:
+    """The rows of ``size`` bytes at byte offsets ``off`` (multiples of 4) of a segment viewed as
+    4-byte ``words``: one gather of ``(n, size / 4)`` words through a sliding window (no per-byte
+    index array); with ``put``, those rows are overwritten by ``put`` instead (returned)."""
+    k = size // 4
+    win = np.lib.stride_tricks.sliding_window_view(words, k, writeable=put is not None)
+    at = (off.astype(np.int64) >> 2)
+    if put is None:
+        return win[at]
+    win[at] = put
+    return put
 
 
 def _merge_sorted(a: np.ndarray, ap: np.ndarray, b: np.ndarray,
@@ -335,7 +350,7 @@ class LogPending:
     #: segment -> its bytes when last seen (to weigh reading it whole against row by row)
     seg_bytes: dict[int, int] = dataclasses.field(default_factory=dict)
     #: segment -> its whole new content (:meth:`rebuild`): written instead of its patch
-    replaced: dict[int, bytes] = dataclasses.field(default_factory=dict)
+    replaced: dict[int, memoryview] = dataclasses.field(default_factory=dict)
 
     def _in_chunks(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         firsts = np.array([c.first for c in self.chunks], dtype=np.int64)
@@ -351,7 +366,7 @@ class LogPending:
         if app.any() and self.chunks:
             at = np.flatnonzero(app)
             ci, rel = self._in_chunks(pos[at])
-            for c in np.unique(ci).tolist():   # one step per chunk, not per row
+            for c in distinct(ci).tolist():   # one step per chunk, not per row
                 sel = ci == c
                 ch = self.chunks[c]
                 parts.append(ch.rows[rel[sel] // ch.stride])
@@ -375,7 +390,7 @@ class LogPending:
         if app.any():
             at = np.flatnonzero(app)
             ci, rel = self._in_chunks(pos[at])
-            for c in np.unique(ci).tolist():
+            for c in distinct(ci).tolist():
                 sel = ci == c
                 ch = self.chunks[c]
                 r = rows[at[sel]]
@@ -383,19 +398,26 @@ class LogPending:
                 ch.rows[rel[sel] // ch.stride, :r.shape[1]] = r
         rest = np.flatnonzero(~app)
         if rest.size:
-            p = pos[rest].astype(np.uint64)
-            order = np.argsort(p)
-            cols = META + int(widths[rest].max())
-            r = np.zeros((rest.size, max(cols, rows.shape[1])), dtype=ROW)
-            r[:, :rows.shape[1]] = rows[rest]
-            self.inplace.upsert(p[order], r[order])
+            every = rest.size == pos.size
+            p = pos.astype(np.uint64) if every else pos[rest].astype(np.uint64)
+            r = rows if every else rows[rest]
+            cols = META + int(widths.max() if every else widths[rest].max())
+            if cols > r.shape[1]:
+                r = np.pad(r, ((0, 0), (0, cols - r.shape[1])))
+            if p.size > 1 and not bool((p[1:] > p[:-1]).all()):   # in order: no sort
+                order = np.argsort(p)
+                p, r = p[order], r[order]
+            self.inplace.upsert(p, r.astype(ROW, copy=False))
 
     @staticmethod
     def _by_seg(pos: np.ndarray, widths: np.ndarray, codes: np.ndarray,
                 into: dict[int, tuple[int, int]]) -> None:
-        if pos.size:
-            segs, first = np.unique(pos >> SEG_BITS, return_index=True)
-            for s, i in zip(segs.tolist(), first.tolist()):
+        if pos.size:   # one row of each segment (a segment's rows share its width and code)
+            seg = pos >> SEG_BITS
+            order = np.argsort(seg)
+            ss = seg[order]
+            first = order[np.concatenate(([0], np.flatnonzero(ss[1:] != ss[:-1]) + 1))]
+            for s, i in zip(seg[first].tolist(), first.tolist()):
                 into[int(s)] = (int(widths[i]), int(codes[i]))
 
     def note_widths(self, pos: np.ndarray, widths: np.ndarray, codes: np.ndarray) -> None:
@@ -412,18 +434,19 @@ class LogPending:
         back."""
         if not self.fetch:
             return {}
-        pos = np.unique(np.concatenate(self.fetch))
-        seg = pos >> SEG_BITS
+        pos = distinct(np.concatenate(self.fetch))
+        seg = pos >> SEG_BITS   # sorted: each segment's positions are one run
+        cuts = [0, *(np.flatnonzero(seg[1:] != seg[:-1]) + 1).tolist(), pos.size]
         out = {}
-        for s in np.unique(seg).tolist():
-            sel = pos[seg == s]
+        for a, z in zip(cuts, cuts[1:]):
+            s, sel = int(seg[a]), pos[a:z]
             off = ((sel & ((1 << SEG_BITS) - 1)).astype(np.uint32) * 4).astype(_U4)
             width, code = self.fetch_width[int(s)]
             out[int(s)] = (width, code, row_bytes(width, code), off)
         return out
 
     def note_sizes(self, pos: np.ndarray, seg_len: Sequence[int]) -> None:
-        for s in np.unique(pos >> SEG_BITS).tolist():
+        for s in distinct(pos >> SEG_BITS).tolist():
             self.seg_bytes[int(s)] = int(seg_len[int(s)])
 
     def dense(self, seg: int, rows: int) -> bool:
@@ -438,9 +461,13 @@ class LogPending:
         supersedes (returned), and its new content with this delta's rows rewritten in place and
         appended (:attr:`replaced`, written by the apply instead of a patch)."""
         size = row_bytes(width, code)
-        buf = np.frombuffer(raw, dtype=np.uint8).copy()
-        at = off.astype(np.int64)[:, None] + np.arange(size)
-        old = decode_rows(buf[at], width, code) if off.size else \
+        tail = [ch for ch in self.chunks if ch.seg == seg]
+        buf = np.empty(len(raw) + sum(chunk_size(c.rows.shape[0], c.rows.shape[1] - META, c.code)
+                                      for c in tail), dtype=np.uint8)
+        buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        words = buf[:len(raw)].view(_U4)   # a log is whole 8-byte words; rows start on 4
+        old = _rows_at(words, off, size).view(np.uint8)
+        old = decode_rows(old, width, code) if off.size else \
             np.empty((0, META + width), dtype=ROW)
         pos = self.inplace.ids.astype(np.int64) if len(self.inplace) else np.empty(0, np.int64)
         sel = (pos >> SEG_BITS) == seg
@@ -448,10 +475,13 @@ class LogPending:
             ww, wc = self.write_width[seg]
             wsize = row_bytes(ww, wc)
             woff = (pos[sel] & ((1 << SEG_BITS) - 1)) * 4
-            buf[woff[:, None] + np.arange(wsize)] = encode_rows(
-                self.inplace.rows[sel][:, :META + ww], wc)
-        tail = [ch.encode() for ch in self.chunks if ch.seg == seg]
-        self.replaced[seg] = buf.tobytes() + b"".join(tail)
+            mine = self.inplace.rows if sel.all() else self.inplace.rows[sel]
+            enc = encode_rows(mine[:, :META + ww], wc)
+            _rows_at(words, woff, wsize, enc.view(_U4))
+        at = len(raw)
+        for ch in tail:
+            at = ch.write(buf, at)
+        self.replaced[seg] = buf.data
         return old
 
     def fresh(self, seg: int) -> bool:
@@ -460,11 +490,12 @@ class LogPending:
 
     def patches(self) -> dict[int, tuple[memoryview, int, np.ndarray, np.ndarray]]:
         """Segment -> (bytes appended, bytes a rewritten row, their byte offsets, their rows):
-        what :func:`patch_blob` encodes for the apply."""
+        what :func:`patch_blob` encodes for the apply (segments written whole left out)."""
         out: dict[int, tuple[memoryview, int, np.ndarray, np.ndarray]] = {}
         by_seg: dict[int, list[Chunk]] = {}
         for ch in self.chunks:
-            by_seg.setdefault(ch.seg, []).append(ch)
+            if ch.seg not in self.replaced:
+                by_seg.setdefault(ch.seg, []).append(ch)
         appended: dict[int, np.ndarray] = {}
         for seg_, chunks in by_seg.items():   # one buffer a segment, each chunk copied once
             # uninitialized (no zero-fill pass): every byte is written, padding included
@@ -476,7 +507,9 @@ class LogPending:
                 at = c.write(buf, at)
         pos = self.inplace.ids.astype(np.int64) if len(self.inplace) else np.empty(0, np.int64)
         seg = pos >> SEG_BITS
-        for s in sorted(set(appended) | set(np.unique(seg).tolist()) | self.trim):
+        for s in sorted(set(appended) | set(distinct(seg).tolist()) | self.trim):
+            if s in self.replaced:   # written whole (:meth:`rebuild` encoded its rows)
+                continue
             sel = seg == s
             width, code = self.write_width.get(s, (0, 0))
             rows = encode_rows(self.inplace.rows[sel][:, :META + width], code) if sel.any() \

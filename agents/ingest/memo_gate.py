@@ -87,9 +87,17 @@ class MemoGate:
     def _span(self, cid: str) -> float:
         return device_memo.epoch_length(self.collections[cid].policy)
 
+    def _kept(self, cid: str) -> int:
+        """Epochs a log lives from its own (docs/privacy-over-time.md, "Retention"): until a
+        device last seen in it is due for eviction (``K + 1`` epochs on) and its roll out of the
+        (previous, current) pair, so a partition silent that long still evicts at its next
+        report; a roll deletes the logs it reads, this bounds only a partition nobody consumes."""
+        coll = self.collections[cid]
+        return device_memo.retention_epochs(coll.device_retention(), coll.policy) + 3
+
     def _empty(self, cid: str, epoch: int) -> EpochLog:
         return EpochLog(device_memo.side_name(epoch, self._layout[cid]),
-                        (epoch + 3) * self._span(cid))
+                        (epoch + self._kept(cid)) * self._span(cid))
 
     async def _segments(self, state: PartitionState, name: str,
                         count: int | None = None) -> list[bytes | None]:
@@ -113,8 +121,9 @@ class MemoGate:
         return log
 
     async def load(self, state: PartitionState) -> None:
-        """Read the indexes of this epoch and the one before (worker's clock) if not in memory;
-        at a new epoch, roll: the devices of the logs that expire are carried or evicted
+        """Read the indexes of the logs still kept (this epoch's and the ones before it,
+        worker's clock: :meth:`_kept`) if not in memory; at a new epoch, roll: the devices of
+        the logs that leave the (previous, current) pair are carried or evicted
         (:func:`device_memo.carry`, the expiring rows read back from Redis once everything
         pending is applied)."""
         epoch = device_memo.epoch_of(time.time(), self.collections[state.collection].policy)
@@ -128,7 +137,7 @@ class MemoGate:
                 state.memo_epoch = epoch
                 return
         have: dict[int, EpochLog] = {}
-        for e in (epoch - 2, epoch - 1, epoch):
+        for e in range(epoch - self._kept(state.collection) + 1, epoch + 1):
             log = await self._read_log(state, e)
             if state.memo is not None:  # loaded meanwhile
                 return
@@ -151,10 +160,11 @@ class MemoGate:
             adapter = _Into(into)
             tables = []
             for e, log in old:
+                # what an earlier roll left without a delta since goes on, segments or not
+                into.evicted += log.evicted
+                into.cleared += log.cleared
                 if log.seg_len:
                     into.cleared.append((log.name, len(log.seg_len)))
-                    into.evicted += log.evicted
-                    into.cleared += log.cleared
                     if len(log):
                         tables.append((e, table_of_segments(
                             await self._segments(state, log.name, len(log.seg_len)))))
@@ -380,7 +390,7 @@ class MemoGate:
     @staticmethod
     def side(pend: Pending) -> dict[str, SideLog | SidePatch | SideStaged]:
         """The segments a delta writes (rows rewritten in place, rows appended), each expiring
-        three epochs after its log's; the segments of an expired log deleted."""
+        with its log (:meth:`_kept`); the segments of an expired log deleted."""
         out: dict[str, SideLog | SidePatch | SideStaged] = {}
         for name, lp in pend.memo.items():
             if lp.clear:

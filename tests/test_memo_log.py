@@ -57,7 +57,7 @@ def test_index_matches_a_dict_through_appends_side_inserts_and_merges():
         assert found.sum() == len(model) == len(idx)
         assert dict(zip(ask[found].tolist(), pos[found].tolist())) == model
         assert idx.count_between(100, 2000) == sum(100 <= k < 2000 for k in model)
-        assert idx.ids.tolist() == sorted(model) and idx.nbytes == 12 * len(model)
+        assert idx.ids.tolist() == sorted(model) and idx.nbytes == 16 * len(model)
     finally:
         DeviceIndex.MERGE_MIN = 1 << 16
 

@@ -25,8 +25,10 @@ from ldpstream.agents.store.count_store import CountStore
 from ldpstream.agents.store.layout import Layout
 from ldpstream.agents.store.memo_log import (
     STAGE_MIN,
+    UNKNOWN,
     EpochLog,
     LogPending,
+    RowPacker,
     index_segments,
     patch_blob,
     segment_name,
@@ -41,6 +43,9 @@ DEVICE_STATE_FULL = "device_state_full"
 #: segments a flush reads back at once per partition (sent together; bounds the bytes of
 #: segments read whole that it holds beside their rebuilt copies)
 FETCH_AHEAD = 8
+#: epochs a log lives at most from its own (and so the logs a worker reads when it loads a
+#: partition): :meth:`MemoGate._kept`
+KEPT_MAX = 8
 
 
 class _Into:
@@ -77,6 +82,10 @@ class MemoGate:
                           for cid, c in collections.items()}
         self._layout = {cid: Layout.of(c.version, c.tensors()).id
                         for cid, c in collections.items() if self._memoized[cid]}
+        #: each device's row packed beside its position when it fits (memo_log.RowPacker)
+        self._packer = {cid: RowPacker.of(c.mechanism().report_bounds().tolist(),
+                                          device_memo.epoch_length(c.policy), c.policy.bucket_s)
+                        for cid, c in collections.items() if self._memoized[cid]}
         #: applies everything pending and waits (the applier's flush): a roll reads the expiring
         #: logs as applied (agents/app.py wires it)
         self.flush: Callable[[], Awaitable[None]] | None = None
@@ -90,10 +99,12 @@ class MemoGate:
     def _kept(self, cid: str) -> int:
         """Epochs a log lives from its own (docs/privacy-over-time.md, "Retention"): until a
         device last seen in it is due for eviction (``K + 1`` epochs on) and its roll out of the
-        (previous, current) pair, so a partition silent that long still evicts at its next
-        report; a roll deletes the logs it reads, this bounds only a partition nobody consumes."""
+        (previous, current) pair, at most :data:`KEPT_MAX`, so a partition silent that long
+        still evicts at its next report (a roll carries the rows it keeps into a newer log and
+        deletes the logs it read: this bounds only a partition nobody consumes)."""
         coll = self.collections[cid]
-        return device_memo.retention_epochs(coll.device_retention(), coll.policy) + 3
+        return min(device_memo.retention_epochs(coll.device_retention(), coll.policy) + 3,
+                   KEPT_MAX)
 
     def _empty(self, cid: str, epoch: int) -> EpochLog:
         return EpochLog(device_memo.side_name(epoch, self._layout[cid]),
@@ -292,8 +303,11 @@ class MemoGate:
               reports: np.ndarray, buckets: np.ndarray, version: int) -> device_memo.Moves:
         """The moves of one run of reports of ``version`` (in order): each device's latest row
         rewritten in place (its row in this epoch's log) or appended, its index updated; the
-        rows it supersedes that this delta wrote are returned (``old``), those already applied
-        are read back when the delta is flushed (:meth:`fetch`)."""
+        rows it supersedes that the index holds packed or this delta wrote are returned
+        (``old``), the others are read back when the delta is flushed (:meth:`fetch`). A device
+        whose row is the one the index holds for it this epoch (a memoized report resent in its
+        bucket) moves nothing: not counted, not written, not read (docs/scaling.md "Per-device
+        state")."""
         memo, epoch = state.memo, state.memo_epoch
         assert memo is not None and epoch is not None
         cid = state.collection
@@ -315,34 +329,36 @@ class MemoGate:
         rows[:, device_memo.META:] = reports if keep.size == ids.size and u is ids else \
             reports[keep]
         code = device_memo.value_code(reports)   # (contiguous: cheaper than the rows' columns)
+        packer = self._packer[cid]
+        packed = packer.pack(rows, epoch) if packer is not None else \
+            np.full(u.size, UNKNOWN, dtype=np.uint32)
+        fc, pc, cc = cur.index.find_codes(u)
+        same = fc & (cc == packed) & (packed != UNKNOWN)
+        if same.any():   # resent as held: nothing moves
+            moved = ~same
+            u, keep, rows, packed, fc, pc, cc = (a[moved] for a in (u, keep, rows, packed, fc,
+                                                                    pc, cc))
         old: list[np.ndarray] = []
         placed = np.zeros(u.size, dtype=bool)
-        fc, pc = cur.index.find(u)
         if fc.any():
             at = np.flatnonzero(fc)
             pos = pc[at]
             slot_w, slot_c = cur.slots(pos)
             lp = self._pending(pend, cur)
-            mem, mrows = lp.rows_at(pos)
-            old.append(mrows)
-            lp.fetch_add(pos[~mem], slot_w[~mem], slot_c[~mem])
-            lp.note_sizes(pos[~mem], cur.seg_len)
+            self._superseded(packer, lp, cur, epoch, pos, cc[at], old)
             # rewritten in place where the row fits its slot: as wide, values in its code
             rank = device_memo.CODE_RANK[code]
             fits = (slot_w >= width) & (np.asarray(device_memo.CODE_RANK)[slot_c] >= rank)
             lp.write_at(pos[fits], rows[at[fits]], slot_w[fits])
             lp.note_widths(pos[fits], slot_w[fits], slot_c[fits])
             placed[at[fits]] = True
+            if fits.any():
+                cur.index.upsert(u[at[fits]], pos[fits], packed[at[fits]])
         rest = np.flatnonzero(~fc)
         if rest.size and len(prev):
-            fp, pp = prev.index.find(u[rest])
+            fp, pp, cp = prev.index.find_codes(u[rest])
             if fp.any():
-                pos = pp[fp]
-                lp = self._pending(pend, prev)
-                mem, mrows = lp.rows_at(pos)
-                old.append(mrows)
-                lp.fetch_add(pos[~mem], *prev.slots(pos[~mem]))
-                lp.note_sizes(pos[~mem], prev.seg_len)
+                self._superseded(packer, self._pending(pend, prev), prev, epoch - 1, pp[fp], cp[fp], old)
         app = np.flatnonzero(~placed)
         if app.size:
             lp = self._pending(pend, cur)
@@ -352,9 +368,26 @@ class MemoGate:
             if segs and len(cur.seg_len) > segs and not lp.fresh(segs - 1):
                 lp.trim.add(segs - 1)   # finished: its spare room dropped with this apply
             lp.chunks += chunks
-            cur.index.upsert(au, pos)
+            cur.index.upsert(au, pos, packed if app.size == u.size else packed[app])
         metrics.MEMO_DEVICES.labels(cid, str(state.tp.partition)).set(self.entries(state))
         return device_memo.Moves(keep, u, rows, device_memo.stack_rows(old), evicted)
+
+    @staticmethod
+    def _superseded(packer: RowPacker | None, lp: LogPending, log: EpochLog, epoch: int,
+                    pos: np.ndarray, codes: np.ndarray, old: list[np.ndarray]) -> None:
+        """The rows at ``pos`` of ``log`` (of ``epoch``), superseded: those the index holds
+        packed (``codes``) or this delta wrote go to ``old``, the others are read back when the
+        delta is flushed."""
+        known = codes != UNKNOWN
+        if known.any() and packer is not None:
+            old.append(packer.unpack(codes[known], epoch))
+            pos = pos[~known]
+        if not pos.size:
+            return
+        mem, mrows = lp.rows_at(pos)
+        old.append(mrows)
+        lp.fetch_add(pos[~mem], *log.slots(pos[~mem]))
+        lp.note_sizes(pos[~mem], log.seg_len)
 
     async def fetch(self, cid: str, pend: Pending) -> np.ndarray:
         """The applied rows ``pend`` supersedes, read back from Redis (one call per segment,

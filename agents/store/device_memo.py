@@ -28,8 +28,8 @@ retention**: a device whose last report is ``device_retention_s`` or more old at
 *evicted* instead (its row subtracted from the all-time tensor and dropped). The rows carried,
 the evictions and the emptying of the expired tables' logs go into Redis with the partition's
 next apply, all in one Lua call, so a worker that dies before it re-derives the same roll from
-the logs, and one that dies after it finds the old logs empty. A log expires ``K + 3`` epochs
-after its own (agents/ingest/memo_gate.py ``MemoGate._kept``). The state therefore holds the
+the logs, and one that dies after it finds the old logs empty. A log expires ``min(K + 3, 8)``
+epochs after its own (agents/ingest/memo_gate.py ``MemoGate._kept``). The state therefore holds the
 devices active within the retention (plus up to one epoch), bounded by ``device_state_max`` as a guard.
 """
 from __future__ import annotations

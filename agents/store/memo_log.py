@@ -43,9 +43,9 @@ from ldpstream.agents.store.device_memo import (
     value_code,
 )
 
-__all__ = ["SEG_BITS", "SEG_MAX", "SEG_FILL", "STAGE_MIN", "MAX_SEGMENTS", "segment_name", "DeviceIndex",
-           "EpochLog", "LogPending", "index_segments", "table_of_segments", "encode_segments",
-           "patch_blob"]
+__all__ = ["SEG_BITS", "SEG_MAX", "SEG_FILL", "STAGE_MIN", "MAX_SEGMENTS", "UNKNOWN", "segment_name",
+           "DeviceIndex", "RowPacker", "EpochLog", "LogPending", "index_segments",
+           "table_of_segments", "encode_segments", "patch_blob"]
 
 #: bits of a position's word offset: a segment holds at most 2**SEG_BITS words (4 MiB)
 SEG_BITS = 20
@@ -64,6 +64,72 @@ ROW_NS, BYTE_NS = 2500, 4
 #: ``>``): so a delta of new devices starts a segment of its own
 STAGE_MIN = 256 << 10
 _U4 = np.dtype("<u4")
+#: a row's packed form when the row does not fit 32 bits or is not known (:class:`RowPacker`)
+UNKNOWN = 0xFFFFFFFF
+_LOW = np.uint64(0xFFFFFFFF)
+_HIGH = np.uint64(32)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowPacker:
+    """A row of one epoch's log as one uint32, exactly (mixed radix: version, bucket column
+    relative to the epoch's first bucket, report values), or :data:`UNKNOWN` when it does not fit
+    (docs/scaling.md "Per-device state"): the index keeps it beside each device's position, so a
+    device reporting again is compared with, and its previous row subtracted from, what the worker
+    holds, without reading Redis. ``bounds``: each report value's exclusive bound (the
+    mechanism's ``report_bounds``); ``span``: the epoch's buckets (``epoch_s / bucket_s``)."""
+
+    bounds: tuple[int, ...]
+    span: float
+    #: bucket column slots: 0 (all-time only), then the epoch's fine buckets from 1
+    slots: int
+    #: versions packed (0 .. versions - 1)
+    versions: int
+
+    @classmethod
+    def of(cls, bounds: Sequence[int], epoch_s: float, bucket_s: float) -> "RowPacker | None":
+        """The packer of a collection's rows, None when even one version does not fit."""
+        slots = int(np.ceil(epoch_s / bucket_s)) + 2
+        cells = slots * int(np.prod([int(b) for b in bounds], dtype=object))
+        if cells >= UNKNOWN:
+            return None
+        return cls(tuple(int(b) for b in bounds), epoch_s / bucket_s, slots,
+                   min(UNKNOWN // cells, 1 << 16))
+
+    def _base(self, epoch: int) -> int:
+        return int(np.floor(epoch * self.span))
+
+    def pack(self, rows: np.ndarray, epoch: int) -> np.ndarray:
+        """Each row's code (uint32; :data:`UNKNOWN` where it does not fit)."""
+        n = rows.shape[0]
+        out = np.full(n, UNKNOWN, dtype=np.uint32)
+        if rows.shape[1] != META + len(self.bounds) or not n:
+            return out
+        col = rows[:, 1].astype(np.int64)
+        slot = np.where(col == 0, 0, col - self._base(epoch))
+        version = rows[:, 0].astype(np.int64)
+        ok = (rows[:, 2] == len(self.bounds)) & ((col == 0) | (slot >= 1)) & (slot < self.slots) \
+            & (version >= 0) & (version < self.versions)
+        code = version * self.slots + slot
+        for j, b in enumerate(self.bounds):   # one step per report column
+            v = rows[:, META + j].astype(np.int64)
+            ok &= (v >= 0) & (v < b)
+            code = code * b + v
+        out[ok] = code[ok]
+        return out
+
+    def unpack(self, codes: np.ndarray, epoch: int) -> np.ndarray:
+        """The rows of known ``codes`` (the inverse of :meth:`pack`)."""
+        width = len(self.bounds)
+        rows = np.empty((codes.size, META + width), dtype=ROW)
+        rest = codes.astype(np.int64)
+        for j in range(width - 1, -1, -1):
+            rest, rows[:, META + j] = np.divmod(rest, self.bounds[j])
+        version, slot = np.divmod(rest, self.slots)
+        rows[:, 0] = version
+        rows[:, 1] = np.where(slot == 0, 0, slot + self._base(epoch))
+        rows[:, 2] = width
+        return rows
 
 
 def segment_name(name: str, seg: int) -> str:
@@ -107,30 +173,31 @@ def _merge_sorted(a: np.ndarray, ap: np.ndarray, b: np.ndarray,
 
 
 class DeviceIndex:
-    """The devices of one partition's epoch log: ``ids`` sorted (uint64) and the position of
-    each one's row in Redis (uint32): 12 bytes a device. Devices beyond the highest id held are
-    appended in place (the arrays keep spare capacity, never touched so never resident); others
-    go to a small sorted side part, merged into the main one once it holds an eighth of it (as
-    :class:`~ldpstream.agents.store.device_memo.DeviceTable`)."""
+    """The devices of one partition's epoch log: ``ids`` sorted (uint64) and, in one uint64
+    entry, the position of each one's row in Redis (low 32 bits) and the row packed
+    (:class:`RowPacker`; high 32 bits, :data:`UNKNOWN` if not known): 16 bytes a device. Devices
+    beyond the highest id held are appended in place (the arrays keep spare capacity, never
+    touched so never resident); others go to a small sorted side part, merged into the main one
+    once it holds an eighth of it (as :class:`~ldpstream.agents.store.device_memo.DeviceTable`)."""
 
     MERGE_MIN = 1 << 16
 
     def __init__(self, ids: np.ndarray | None = None, pos: np.ndarray | None = None) -> None:
         self._ids = np.empty(0, dtype=np.uint64) if ids is None else ids.astype(np.uint64,
                                                                                  copy=False)
-        self._pos = np.empty(0, dtype=np.uint32) if pos is None else pos.astype(np.uint32,
-                                                                                 copy=False)
+        self._pos = np.empty(0, dtype=np.uint64) if pos is None else \
+            _entry(pos, np.full(pos.size, UNKNOWN, dtype=np.uint32))
         self._n = self._ids.size
         self._new_ids = np.empty(0, dtype=np.uint64)
-        self._new_pos = np.empty(0, dtype=np.uint32)
+        self._new_pos = np.empty(0, dtype=np.uint64)
 
     def __len__(self) -> int:
         return int(self._n + self._new_ids.size)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of its entries (12 a device; spare capacity is not resident)."""
-        return 12 * len(self)
+        """Bytes of its entries (16 a device; spare capacity is not resident)."""
+        return 16 * len(self)
 
     @property
     def ids(self) -> np.ndarray:
@@ -140,7 +207,7 @@ class DeviceIndex:
     @property
     def pos(self) -> np.ndarray:
         self._merge()
-        return self._pos[:self._n]
+        return (self._pos[:self._n] & _LOW).astype(np.uint32)
 
     def _max(self) -> int:
         top = int(self._ids[self._n - 1]) if self._n else -1
@@ -148,16 +215,22 @@ class DeviceIndex:
 
     def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Whether the index holds each of ``ids`` and its row's position (0 where not)."""
-        out = np.zeros(ids.size, dtype=np.uint32)
+        found, pos, _ = self.find_codes(ids)
+        return found, pos
+
+    def find_codes(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`find`, and each row's code (:class:`RowPacker`; :data:`UNKNOWN` where not)."""
+        out = np.full(ids.size, np.uint64(UNKNOWN) << _HIGH, dtype=np.uint64)
         if not len(self) or not ids.size or int(ids.min()) > self._max():
-            return np.zeros(ids.size, dtype=bool), out
+            return np.zeros(ids.size, dtype=bool), (out & _LOW).astype(np.uint32), \
+                (out >> _HIGH).astype(np.uint32)
         fm, im = _search(self._ids[:self._n], ids)
         out[fm] = self._pos[im[fm]]
         if self._new_ids.size:
             fd, idd = _search(self._new_ids, ids)
             out[fd] = self._new_pos[idd[fd]]
             fm |= fd
-        return fm, out
+        return fm, (out & _LOW).astype(np.uint32), (out >> _HIGH).astype(np.uint32)
 
     def holds(self, ids: np.ndarray) -> np.ndarray:
         return self.find(ids)[0]
@@ -176,7 +249,7 @@ class DeviceIndex:
         if need > self._ids.size:
             cap = max(need, 2 * self._ids.size + 1024)   # spare pages are never touched
             grown_ids = np.empty(cap, dtype=np.uint64)
-            grown_pos = np.empty(cap, dtype=np.uint32)
+            grown_pos = np.empty(cap, dtype=np.uint64)
             grown_ids[:self._n] = self._ids[:self._n]
             grown_pos[:self._n] = self._pos[:self._n]
             self._ids, self._pos = grown_ids, grown_pos
@@ -184,9 +257,11 @@ class DeviceIndex:
         self._pos[self._n:need] = pos
         self._n = need
 
-    def upsert(self, ids: np.ndarray, pos: np.ndarray) -> None:
-        """Set the positions of the sorted distinct ``ids`` (new ones inserted in order)."""
-        pos = pos.astype(np.uint32, copy=False)
+    def upsert(self, ids: np.ndarray, pos: np.ndarray, codes: np.ndarray | None = None) -> None:
+        """Set the positions (and row codes, :data:`UNKNOWN` if None) of the sorted distinct
+        ``ids`` (new ones inserted in order)."""
+        pos = _entry(pos, np.full(pos.size, UNKNOWN, dtype=np.uint32) if codes is None
+                     else codes)
         if not ids.size:
             return
         if int(ids[0]) > self._max():   # all new and beyond every id held: appended
@@ -216,7 +291,12 @@ class DeviceIndex:
                                              self._new_ids, self._new_pos)
         self._n = self._ids.size
         self._new_ids = np.empty(0, dtype=np.uint64)
-        self._new_pos = np.empty(0, dtype=np.uint32)
+        self._new_pos = np.empty(0, dtype=np.uint64)
+
+
+def _entry(pos: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Positions and row codes as :class:`DeviceIndex` entries (uint64)."""
+    return pos.astype(np.uint64) | (codes.astype(np.uint64) << _HIGH)
 
 
 @dataclasses.dataclass

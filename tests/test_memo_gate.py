@@ -154,6 +154,16 @@ def test_packed_rows_are_exact_and_what_does_not_fit_is_unknown():
     bad[4, 2] = bounds.size - 1               # another width
     assert (packer.pack(bad, epoch) == UNKNOWN).all()
     assert (packer.pack(bad[:, :-1], epoch) == UNKNOWN).all()
+    # a worker loading the log finds the same codes beside the positions
+    from ldpstream.agents.store.memo_log import encode_segments, index_segments
+
+    ids = np.arange(1, 2001, dtype=np.uint64) * 7
+    index = index_segments(encode_segments(ids, rows[:ids.size]), packer, epoch)[0]
+    found, _, held = index.find_codes(ids)
+    assert found.all()
+    np.testing.assert_array_equal(held, codes[:ids.size])
+    assert (index_segments(encode_segments(ids, rows[:ids.size]))[0].find_codes(ids)[2]
+            == UNKNOWN).all()
     # a domain too large for 32 bits: nothing packed
     assert RowPacker.of([1 << 16, 1 << 16], 7210.0, 10.0) is None
 

@@ -128,7 +128,7 @@ class MemoGate:
     async def _read_log(self, state: PartitionState, epoch: int) -> EpochLog:
         log = self._empty(state.collection, epoch)
         log.index, log.seg_len, log.seg_width, log.seg_code = index_segments(
-            await self._segments(state, log.name))
+            await self._segments(state, log.name), self._packer[state.collection], epoch)
         return log
 
     async def load(self, state: PartitionState) -> None:

@@ -182,11 +182,12 @@ class DeviceIndex:
 
     MERGE_MIN = 1 << 16
 
-    def __init__(self, ids: np.ndarray | None = None, pos: np.ndarray | None = None) -> None:
+    def __init__(self, ids: np.ndarray | None = None, pos: np.ndarray | None = None,
+                 codes: np.ndarray | None = None) -> None:
         self._ids = np.empty(0, dtype=np.uint64) if ids is None else ids.astype(np.uint64,
                                                                                  copy=False)
         self._pos = np.empty(0, dtype=np.uint64) if pos is None else \
-            _entry(pos, np.full(pos.size, UNKNOWN, dtype=np.uint32))
+            _entry(pos, np.full(pos.size, UNKNOWN, dtype=np.uint32) if codes is None else codes)
         self._n = self._ids.size
         self._new_ids = np.empty(0, dtype=np.uint64)
         self._new_pos = np.empty(0, dtype=np.uint64)
@@ -610,12 +611,14 @@ def patch_blob(appended: bytes | bytearray | memoryview, size: int, offsets: np.
             + offsets.astype(_U4).tobytes() + np.ascontiguousarray(rows).tobytes())
 
 
-def index_segments(segments: Sequence[bytes | None]
-                   ) -> tuple[DeviceIndex, list[int], list[int], list[int]]:
-    """The index of a log read back (its segments in order): each device at its last row; and
-    each segment's length, row width (-1 if its chunks differ) and value code."""
+def index_segments(segments: Sequence[bytes | None], packer: RowPacker | None = None,
+                   epoch: int = 0) -> tuple[DeviceIndex, list[int], list[int], list[int]]:
+    """The index of a log read back (its segments in order): each device at its last row (with
+    ``packer``, the row packed too: the log of ``epoch``); and each segment's length, row width
+    (-1 if its chunks differ) and value code."""
     ids: list[np.ndarray] = []
     pos: list[np.ndarray] = []
+    packed: list[np.ndarray] = []
     lens, widths, codes = [], [], []
     for s, data in enumerate(segments):
         data = data or b""
@@ -625,8 +628,11 @@ def index_segments(segments: Sequence[bytes | None]
         lens.append(len(data))
         w: int | None = None
         c = 0
-        for at, cid, rows, code in log_chunks(data, with_offsets=True, rows_too=False):
+        for at, cid, rows, code in log_chunks(data, with_offsets=True,
+                                              rows_too=packer is not None):
             n, cols = rows.shape
+            if packer is not None:
+                packed.append(packer.pack(rows, epoch))
             same = w is None or (w == cols - META and c == code)
             w, c = (cols - META, code) if same else (-1, code)
             ids.append(cid)
@@ -638,7 +644,8 @@ def index_segments(segments: Sequence[bytes | None]
         return DeviceIndex(), lens, widths, codes
     all_ids = np.concatenate(ids)
     u, keep = last_of(all_ids)
-    return DeviceIndex(u, np.concatenate(pos)[keep].astype(np.uint32)), lens, widths, codes
+    return DeviceIndex(u, np.concatenate(pos)[keep].astype(np.uint32),
+                       np.concatenate(packed)[keep] if packed else None), lens, widths, codes
 
 
 def table_of_segments(segments: Sequence[bytes | None]) -> DeviceTable:

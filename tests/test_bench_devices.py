@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 STEP_KEYS = {"memo_bytes", "dedupe_bytes", "quota_bytes", "worker_rss_mb", "memo_rate",
              "worker_rss_mb_idle", "memo_again_rate", "plain_again_rate", "memo_vs_plain_again",
              "plain_rate", "memo_vs_plain", "refresh_s", "restart_to_ready_s", "rebalance_s",
-             "plain_restart_s"}
+             "plain_restart_s", "memo_resend_rate", "plain_resend_rate", "memo_vs_plain_resend",
+             "memo_moved_rate", "plain_moved_rate", "memo_vs_plain_moved"}
 
 
 def test_bench_devices_quick_json():

@@ -310,8 +310,8 @@ def churn(fleet: int = 1_000_000, months: int = 36, monthly: float = 0.10,
         out[name] = {"entries_by_month": held, "max_entries": max(held),
                      "first_month_over_cap": next((m + 1 for m, h in enumerate(held)
                                                    if h > coll.device_state_max), None),
-                     # the worker's index: 12 bytes an entry (agents/store/memo_log.py)
-                     "peak_index_bytes": 12 * max(held)}
+                     # the worker's index: 16 bytes an entry (agents/store/memo_log.py)
+                     "peak_index_bytes": 16 * max(held)}
     return out
 
 

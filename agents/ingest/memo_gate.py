@@ -1,5 +1,6 @@
 """Memoized collections in the ingest worker: each partition's index of its devices (id and the
-position of the row of its latest report in Redis, 12 bytes a device: agents/store/memo_log.py),
+position of the row of its latest report in Redis and that row packed when it fits, 16 bytes a
+device: agents/store/memo_log.py),
 loaded from the logs at the stored offset, and the moves of each run of reports (the rule is
 agents/store/device_memo.py; docs/privacy-over-time.md, "Estimates that count devices"). The rows
 themselves stay in Redis: those a delta supersedes are read back when it is flushed

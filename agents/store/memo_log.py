@@ -1,6 +1,7 @@
 """The device state of a memoized collection with Redis as its state of record: the worker keeps
-an *index* (each device's id and the position of its row in Redis, 12 bytes), never the rows
-(docs/scaling.md "Per-device state"; the rule itself is agents/store/device_memo.py).
+an *index* (each device's id, the position of its row in Redis and the row packed in 32 bits when
+it fits, 16 bytes), never the rows themselves (docs/scaling.md "Per-device state"; the rule
+itself is agents/store/device_memo.py).
 
 An epoch's log (``memo:<layout>:<e>``) is split into **segments**, string keys of at most
 :data:`SEG_MAX` bytes (``memo:<layout>:<e>`` itself, then ``...:s1``, ``...:s2``, ...), each a
@@ -12,10 +13,11 @@ the whole log); a device's next report in the same epoch *overwrites* its row in
 needs no compaction, and ``parse_log`` of its segments in order still gives each device's
 latest row (a row rewritten wider is appended and the older one is never read again).
 
-A position is ``segment << SEG_BITS | word offset`` (uint32). A row to subtract is read back
-from Redis by position when the delta that supersedes it is flushed (:class:`LogPending`
-``fetch``; one read-only script call per segment), except the rows this same delta wrote, which
-it holds in memory until it is applied. Flushes are sequential, so what is read is what the
+A position is ``segment << SEG_BITS | word offset`` (uint32). A row to subtract is taken from the
+index when it is packed there (:class:`RowPacker`), else read back from Redis by position when
+the delta that supersedes it is flushed (:class:`LogPending` ``fetch``; one read-only script call
+per segment), except the rows this same delta wrote, which it holds in memory until it is
+applied. Flushes are sequential, so what is read is what the
 deltas before left, and the compare-and-set of the apply makes the read and the write one step
 for exactly-once: a delta whose partition moved on meanwhile is refused and re-read.
 """

@@ -379,6 +379,7 @@ class MemoGate:
         """The rows at ``pos`` of ``log`` (of ``epoch``), superseded: those the index holds
         packed (``codes``) or this delta wrote go to ``old``, the others are read back when the
         delta is flushed."""
+        lp.note_sizes(pos, log.seg_len)   # (a segment rewritten densely moves whole)
         known = codes != UNKNOWN
         if known.any() and packer is not None:
             old.append(packer.unpack(codes[known], epoch))
@@ -388,7 +389,6 @@ class MemoGate:
         mem, mrows = lp.rows_at(pos)
         old.append(mrows)
         lp.fetch_add(pos[~mem], *log.slots(pos[~mem]))
-        lp.note_sizes(pos[~mem], log.seg_len)
 
     async def fetch(self, cid: str, pend: Pending) -> np.ndarray:
         """The applied rows ``pend`` supersedes, read back from Redis (one call per segment,
@@ -397,13 +397,21 @@ class MemoGate:
         part = pend.tp.partition
         reads = []
         for lp in pend.memo.values():
-            for seg, (width, code, size, off) in lp.to_fetch().items():
+            rewrites = lp.rewrites()
+            fetch = lp.to_fetch()
+            for seg, (width, code, size, off) in fetch.items():
                 name = segment_name(lp.name, seg)
-                dense = lp.dense(seg, off.size)   # many rows of it: the segment moved whole
+                # many rows of it read or rewritten: the segment moved whole
+                dense = lp.dense(seg, max(off.size, rewrites.get(seg, 0)))
                 call = functools.partial(self.store.read_side_bytes, cid, part, name) if dense \
                     else functools.partial(self.store.read_side_rows, cid, part, name, size,
                                            off.tobytes())
                 reads.append((lp, seg, width, code, size, off, dense, call))
+            for seg, rows in rewrites.items():   # nothing to read back there (rows packed)
+                if seg not in fetch and seg not in lp.replaced and lp.dense(seg, rows):
+                    reads.append((lp, seg, 0, 0, 0, np.empty(0, dtype=np.uint32), True,
+                                  functools.partial(self.store.read_side_bytes, cid, part,
+                                                    segment_name(lp.name, seg))))
             lp.fetch.clear()
         parts = []
         for at in range(0, len(reads), FETCH_AHEAD):

@@ -528,6 +528,13 @@ class LogPending:
             out[int(s)] = (width, code, row_bytes(width, code), off)
         return out
 
+    def rewrites(self) -> dict[int, int]:
+        """Segment -> rows this delta rewrites in place there (applied segments only)."""
+        if not len(self.inplace):
+            return {}
+        per = np.bincount((self.inplace.ids >> np.uint64(SEG_BITS)).astype(np.intp))
+        return {int(s): int(per[s]) for s in np.flatnonzero(per)}
+
     def note_sizes(self, pos: np.ndarray, seg_len: Sequence[int]) -> None:
         for s in distinct(pos >> SEG_BITS).tolist():
             self.seg_bytes[int(s)] = int(seg_len[int(s)])

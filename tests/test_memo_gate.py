@@ -146,8 +146,9 @@ def test_packed_rows_are_exact_and_what_does_not_fit_is_unknown():
     np.testing.assert_array_equal(packer.unpack(codes, epoch), rows)
     distinct_rows = np.unique(rows, axis=0).shape[0]
     assert np.unique(codes).size == distinct_rows
-    bad = np.repeat(rows[:1], 5, axis=0)
+    bad = np.repeat(rows[:1], 6, axis=0)
     bad[0, META] = bounds[0]                  # a value out of its bound
+    bad[5, META + 3] = -1                     # a negative one
     bad[1, 1] = base                          # a bucket of the epoch before
     bad[2, 1] = -3                            # a carried row (all-time only, epoch 3)
     bad[3, 0] = packer.versions               # a version beyond those packed

@@ -331,8 +331,13 @@ class MemoGate:
             reports[keep]
         code = device_memo.value_code(reports)   # (contiguous: cheaper than the rows' columns)
         packer = self._packer[cid]
-        packed = packer.pack(rows, epoch) if packer is not None else \
-            np.full(u.size, UNKNOWN, dtype=np.uint32)
+        if packer is None:
+            packed = np.full(u.size, UNKNOWN, dtype=np.uint32)
+        else:   # from the contiguous reports (cheaper than the rows' columns)
+            packed = packer.pack_values(reports, int(version), buckets + 1 if not one else
+                                        int(buckets.flat[0]) + 1, epoch)
+            packed = packed if keep.size == ids.size and u is ids else \
+                np.broadcast_to(packed, ids.shape)[keep]
         fc, pc, cc = cur.index.find_codes(u)
         same = fc & (cc == packed) & (packed != UNKNOWN)
         if same.any():   # resent as held: nothing moves

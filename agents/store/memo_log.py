@@ -103,22 +103,40 @@ class RowPacker:
 
     def pack(self, rows: np.ndarray, epoch: int) -> np.ndarray:
         """Each row's code (uint32; :data:`UNKNOWN` where it does not fit)."""
-        n = rows.shape[0]
-        out = np.full(n, UNKNOWN, dtype=np.uint32)
-        if rows.shape[1] != META + len(self.bounds) or not n:
-            return out
-        col = rows[:, 1].astype(np.int64)
-        slot = np.where(col == 0, 0, col - self._base(epoch))
-        version = rows[:, 0].astype(np.int64)
-        ok = (rows[:, 2] == len(self.bounds)) & ((col == 0) | (slot >= 1)) & (slot < self.slots) \
-            & (version >= 0) & (version < self.versions)
-        code = version * self.slots + slot
-        for j, b in enumerate(self.bounds):   # one step per report column
-            v = rows[:, META + j].astype(np.int64)
-            ok &= (v >= 0) & (v < b)
-            code = code * b + v
-        out[ok] = code[ok]
+        if rows.shape[1] != META + len(self.bounds) or not rows.shape[0]:
+            return np.full(rows.shape[0], UNKNOWN, dtype=np.uint32)
+        out = self.pack_values(rows[:, META:], rows[:, 0], rows[:, 1], epoch)
+        out[rows[:, 2] != len(self.bounds)] = UNKNOWN
         return out
+
+    def pack_values(self, values: np.ndarray, version: np.ndarray | int,
+                    bucket: np.ndarray | int, epoch: int) -> np.ndarray:
+        """:meth:`pack` of rows given as their report ``values`` (``(n, width)``), ``version``
+        and bucket column (each an array or one value for all): two passes over the values when
+        all fit (a matrix product and a column-wise bound check), a mask only when some do not."""
+        n, width = values.shape
+        if width != len(self.bounds):
+            return np.full(n, UNKNOWN, dtype=np.uint32)
+        col = np.asarray(bucket, dtype=np.int64)
+        slot = np.where(col == 0, 0, col - self._base(epoch))
+        ver = np.asarray(version, dtype=np.int64)
+        ok = ((col == 0) | (slot >= 1)) & (slot < self.slots) & (ver >= 0) & (ver < self.versions)
+        bounds = np.asarray(self.bounds, dtype=np.int64)
+        weights = np.cumprod(np.concatenate(([1], bounds[::-1])))[::-1]   # radix of each field
+        # a float64 product is exact below 2**53 (the codes are below 2**32) and uses BLAS
+        code = (values.astype(np.float64) @ weights[1:].astype(np.float64)).astype(np.int64) \
+            + (ver * self.slots + slot) * weights[0]
+        if values.dtype.kind in "iu":   # negatives viewed unsigned are beyond every bound
+            raw = values.view(np.dtype(f"u{values.dtype.itemsize}"))
+            top = np.array([min(b - 1, int(np.iinfo(raw.dtype).max)) for b in self.bounds],
+                           dtype=raw.dtype)
+            fits = bool((raw <= top).all())
+        else:
+            fits = False
+        if not fits:
+            ok = ok & (values >= 0).all(axis=1) & (values < bounds).all(axis=1)
+        out = np.where(ok, code, UNKNOWN).astype(np.uint32)
+        return np.broadcast_to(out, (n,)).copy() if out.shape != (n,) else out
 
     def unpack(self, codes: np.ndarray, epoch: int) -> np.ndarray:
         """The rows of known ``codes`` (the inverse of :meth:`pack`)."""

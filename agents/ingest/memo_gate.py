@@ -412,8 +412,8 @@ class MemoGate:
                     else functools.partial(self.store.read_side_rows, cid, part, name, size,
                                            off.tobytes())
                 reads.append((lp, seg, width, code, size, off, dense, call))
-            for seg, rows in rewrites.items():   # nothing to read back there (rows packed)
-                if seg not in fetch and seg not in lp.replaced and lp.dense(seg, rows):
+            for seg, many in rewrites.items():   # nothing to read back there (rows packed)
+                if seg not in fetch and seg not in lp.replaced and lp.dense(seg, many):
                     reads.append((lp, seg, 0, 0, 0, np.empty(0, dtype=np.uint32), True,
                                   functools.partial(self.store.read_side_bytes, cid, part,
                                                     segment_name(lp.name, seg))))

@@ -212,3 +212,49 @@ def test_a_resent_row_moves_nothing_and_a_changed_one_needs_no_read(tmp_path, re
     # a later bucket is a change (the device moves to it in the windows): counted again
     later = memo.moves(state, pend, ids[:3], changed[:3], bucket + 1, coll.version)
     assert later.keep.size == 3 and later.old.shape[0] == 3
+
+
+def test_a_segment_rewritten_densely_moves_whole_though_nothing_is_read_back(
+        tmp_path, redis_server, unique_name):
+    """A delta rewriting most rows of an applied segment whose predecessors the index holds
+    packed reads nothing back to subtract, yet writes the segment whole (read, rebuilt, staged)
+    rather than row by row in Lua; the rebuilt segment holds every device's new row."""
+    from ldpstream.agents.store import keys
+    from ldpstream.agents.store.device_memo import META
+    from ldpstream.agents.store.memo_log import segment_name, table_of_segments
+
+    cid = unique_name
+    coll, store, memo, state, _ = _setup(tmp_path, redis_server.url, cid)
+    bounds = coll.mechanism().report_bounds()
+    rng = np.random.default_rng(11)
+    ids = np.arange(1, 301, dtype=np.uint64)
+    reports = rng.integers(0, bounds, (ids.size, bounds.size))
+    changed = (reports + 1) % bounds
+
+    async def run():
+        try:
+            await memo.load(state)
+            state.seen = -1
+            bucket = np.array([-1])
+            first = state.open_pending(None)
+            memo.moves(state, first, ids, reports, bucket, coll.version)
+            (lp,) = first.memo.values()
+            # the first delta applied: its segment in Redis as the apply writes it
+            await store.redis.set(keys.side_key(cid, 0, segment_name(lp.name, 0)),
+                                  b"".join(ch.encode() for ch in lp.chunks))
+            state.pending = None
+            second = state.open_pending(None)
+            moved = memo.moves(state, second, ids, changed, bucket, coll.version)
+            (lp2,) = second.memo.values()
+            back = await memo.fetch(cid, second)
+            return moved, lp2, back
+        finally:
+            await store.close()
+
+    moved, lp2, back = asyncio.run(run())
+    assert moved.old[:, META:].tolist() == reports.tolist()   # from the index
+    assert not back.shape[0]                                   # nothing read back to subtract
+    assert list(lp2.replaced) == [0]
+    table = table_of_segments([bytes(lp2.replaced[0])])
+    assert table.ids.tolist() == ids.tolist()
+    assert table.rows[:, META:].tolist() == changed.tolist()

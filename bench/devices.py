@@ -21,9 +21,16 @@ For each step (a number of distinct devices) the bench
 3. ``refresh_s``: the mean ``ldp_estimate_refresh_seconds`` of ``devm``;
 4. ``rebalance_s``: a second worker joins; from its start until a report sent to each of the 4
    partitions after it holds partitions is counted (the new owner read its partitions' state);
-5. the step's devices report again (new reports, to both topics) and a worker on each counts
-   them: ``memo_again_rate``, ``plain_again_rate``, ``memo_vs_plain_again`` (each memoized
-   report now reads back and rewrites its device's row: the common case of a fleet);
+5. the step's devices report again, three times (a worker on each collection, once ready, its
+   device state loaded, gets them: ``memo_<run>_rate``, ``plain_<run>_rate`` from the first
+   report produced to the last counted, ``memo_vs_plain_<run>``; ``memo_<run>_produce_rate``,
+   ``plain_<run>_produce_rate`` the producer's own rate, the ceiling of these): ``again``, new
+   reports (re-randomized: each memoized report supersedes its device's row, rewritten);
+   ``resend``, 90 % of the devices resend their memoized report unchanged, 10 % a changed
+   value's, with the record timestamps of ``again`` (so in the same fine bucket: a resent row
+   is the row the worker holds, nothing moves); ``moved``, the same with the time of sending
+   (a later bucket: each row moves to it, its predecessor subtracted from the worker's index,
+   not read back);
 6. Redis bytes per device: ``memo_bytes``: ``MEMORY USAGE`` of the device state logs'
    segments over the devices they hold (agents/store/memo_log.py); ``dedupe_bytes`` and
    ``quota_bytes``: of the batch-dedupe and quota side hashes of a third collection ``devq``
@@ -80,6 +87,8 @@ STEPS = (1_000_000, 3_000_000, 10_000_000)
 QUICK_STEPS = (20_000, 40_000)
 PARTITIONS = 4
 MEMOIZE = {"rotation_s": 86400, "instantaneous_epsilon": 4.0}
+#: share of the devices resending their memoized report unchanged in the resend runs
+RESEND_SAME = 0.9
 #: devices of a step that feed the dedupe and quota collection
 SIDE_SAMPLE = 30_000
 #: seconds after its last apply when the worker's resident memory is read again, idle
@@ -107,10 +116,11 @@ def _write_config(path: Path, devices_max: int, refresh_interval_s: float) -> No
 
 
 async def _produce(bootstrap: str, colls: list[Any], ids: np.ndarray, reports: np.ndarray,
-                   batch: int, keyed: bool = False) -> None:
+                   batch: int, keyed: bool = False, at_ms: int | None = None) -> None:
     """``reports[i]`` of device ``ids[i]`` to every collection of ``colls``, ``batch`` per
     message, a device's messages on partition ``id % PARTITIONS`` (keyed: one sequence-1 batch key
-    per message, its first device the sender)."""
+    per message, its first device the sender; ``at_ms``: every record's timestamp, else the
+    time it is sent)."""
     from aiokafka import AIOKafkaProducer
 
     from ldpstream.producers.codec import encode_batch
@@ -129,7 +139,8 @@ async def _produce(bootstrap: str, colls: list[Any], ids: np.ndarray, reports: n
                     key = (int(pid[s]), 1) if keyed else None
                     msg = encode_batch(coll.id, coll.version, prep[sl], device_ids=pid[sl],
                                        key=key)
-                    futs.append(await pub.send(coll.topic, msg, partition=p))
+                    futs.append(await pub.send(coll.topic, msg, partition=p,
+                                               timestamp_ms=at_ms))
                 if len(futs) >= 2000:
                     await asyncio.gather(*futs)
                     futs = []
@@ -165,6 +176,39 @@ async def _state_bytes(store: Any) -> dict[str, float | None]:
     return {"memo_bytes": await _bytes_per(store, "devm", device_memo.PREFIX, logged),
             "dedupe_bytes": await _bytes_per(store, "devq", dedupe.PREFIX, fields),
             "quota_bytes": await _bytes_per(store, "devq", quota.WINDOW_PREFIX, fields)}
+
+
+async def _warm_count(store: Any, coll: Any, cfg: Path, env: dict, work: Path, bootstrap: str,
+                      ids: np.ndarray, reports: np.ndarray, at_ms: int | None,
+                      timeout: float) -> tuple[float, float]:
+    """A worker on ``coll`` started and ready (a report to each partition counted: its device
+    state loaded), then ``reports`` produced to it: (reports/s from the start of producing to
+    the last one counted, the producer's own reports/s)."""
+    from ldpstream.dev.process import free_port
+
+    port = free_port()
+    worker = start_worker(cfg, env, port, work / f"worker-{coll.id}.log")
+    try:
+        deadline = time.monotonic() + timeout
+        before = await store.n(coll.id, coll.partitions)
+        probe = np.array([np.flatnonzero(ids % PARTITIONS == p)[0] for p in range(PARTITIONS)])
+        await _produce(bootstrap, [coll], ids[probe], reports[probe], 1, at_ms=at_ms)
+        start = before + PARTITIONS
+        while await store.n(coll.id, coll.partitions) < start:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{coll.id}: the worker never got ready")
+            await asyncio.sleep(0.02)
+        t0 = time.perf_counter()
+        await _produce(bootstrap, [coll], ids, reports, BATCH, at_ms=at_ms)
+        produced = time.perf_counter() - t0
+        while await store.n(coll.id, coll.partitions) < start + ids.size:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{coll.id}: {await store.n(coll.id, coll.partitions)} of "
+                                   f"{start + ids.size}")
+            await asyncio.sleep(0.02)
+        return ids.size / (time.perf_counter() - t0), ids.size / produced
+    finally:
+        stop_worker(worker)
 
 
 async def _rebalance(store: Any, coll: Any, cfg: Path, env: dict, port: int, work: Path,
@@ -280,8 +324,8 @@ def churn(fleet: int = 1_000_000, months: int = 36, monthly: float = 0.10,
         out[name] = {"entries_by_month": held, "max_entries": max(held),
                      "first_month_over_cap": next((m + 1 for m, h in enumerate(held)
                                                    if h > coll.device_state_max), None),
-                     # the worker's index: 12 bytes an entry (agents/store/memo_log.py)
-                     "peak_index_bytes": 12 * max(held)}
+                     # the worker's index: 16 bytes an entry (agents/store/memo_log.py)
+                     "peak_index_bytes": 16 * max(held)}
     return out
 
 
@@ -362,22 +406,27 @@ async def run(steps: tuple[int, ...] = STEPS, quick: bool = False, progress: Any
             row["memo_vs_plain"] = row["memo_rate"] / row["plain_rate"]
             row.update(await _state_bytes(store))
             if again:
-                # the step's devices report again: each report reads back and rewrites a row
-                say(f"{devices:,} devices: the step's devices again ...")
-                reports = mech.randomize(recs, rng)
-                await _produce(bootstrap, [plain, memo], ids, reports, BATCH)
-                for coll, key in ((plain, "plain_again_rate"), (memo, "memo_again_rate")):
-                    port = free_port()
-                    start = await store.n(coll.id, coll.partitions)
-                    worker = start_worker(work / f"{coll.id}.yaml", env, port,
-                                          work / f"worker-{coll.id}.log")
-                    try:
-                        _, row[key] = await count_run(store, coll, start, start + ids.size,
-                                                       time.perf_counter(), port,
-                                                       240.0 if quick else 3600.0)
-                    finally:
-                        stop_worker(worker)
-                row["memo_vs_plain_again"] = row["memo_again_rate"] / row["plain_again_rate"]
+                # the step's devices report again, three ways (module docstring, point 5)
+                at_ms = int(time.time() * 1000)
+                changed = rng.random(ids.size) < 1.0 - RESEND_SAME
+                for name, label, ts in (("again", "re-randomized", at_ms),
+                                        ("resend", "resend, same bucket", at_ms),
+                                        ("moved", "resend, a later bucket", None)):
+                    if name == "again":
+                        reports = mech.randomize(recs, rng)
+                    else:   # 90 % resend their memoized report, 10 % changed value
+                        reports = reports.copy()
+                        reports[changed] = mech.randomize(rng.integers(
+                            0, np.array(memo.domain.shape),
+                            size=(int(changed.sum()), len(memo.domain))), rng)
+                    say(f"{devices:,} devices: the step's devices again ({label}) ...")
+                    for coll, kind in ((plain, "plain"), (memo, "memo")):
+                        row[f"{kind}_{name}_rate"], row[f"{kind}_{name}_produce_rate"] = \
+                            await _warm_count(store, coll, work / f"{coll.id}.yaml", env, work,
+                                              bootstrap, ids, reports, ts,
+                                              240.0 if quick else 3600.0)
+                    row[f"memo_vs_plain_{name}"] = row[f"memo_{name}_rate"] / \
+                        row[f"plain_{name}_rate"]
             rows.append(row)
             say("step " + json.dumps(row))
         for devices in load_steps:
@@ -439,10 +488,12 @@ def main(args: Any) -> int:
                 f"{r['rebalance_s']:.1f}")
         print(" ".join(f"{v:>11}" for v in vals))
     for r in res["steps"]:
-        if "memo_again_rate" in r:
-            print(f"{r['devices']:,} devices reporting again: memoized {r['memo_again_rate']:,.0f} "
-                  f"reports/s, plain {r['plain_again_rate']:,.0f}, ratio "
-                  f"{r['memo_vs_plain_again']:.2f}")
+        for name, label in (("again", "re-randomized"), ("resend", "90 % resent, same bucket"),
+                            ("moved", "90 % resent, a later bucket")):
+            if f"memo_{name}_rate" in r:
+                print(f"{r['devices']:,} devices reporting again ({label}): memoized "
+                      f"{r[f'memo_{name}_rate']:,.0f} reports/s, plain "
+                      f"{r[f'plain_{name}_rate']:,.0f}, ratio {r[f'memo_vs_plain_{name}']:.2f}")
     for r in res.get("restart_at", []):
         print(f"restart with {r['devices']:,} devices in state (logs written directly): ready in "
               f"{r['restart_to_ready_s']:.1f} s, worker RSS {r['worker_rss_mb']:.0f} MB")

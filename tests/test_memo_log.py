@@ -9,7 +9,14 @@ import struct
 import numpy as np
 import pytest
 
-from ldpstream.agents.store.device_memo import META, decode_rows, row_bytes, value_code
+from ldpstream.agents.store.device_memo import (
+    META,
+    DeviceTable,
+    decode_rows,
+    distinct,
+    row_bytes,
+    value_code,
+)
 from ldpstream.agents.store.memo_log import (
     SEG_BITS,
     SEG_FILL,
@@ -50,9 +57,40 @@ def test_index_matches_a_dict_through_appends_side_inserts_and_merges():
         assert found.sum() == len(model) == len(idx)
         assert dict(zip(ask[found].tolist(), pos[found].tolist())) == model
         assert idx.count_between(100, 2000) == sum(100 <= k < 2000 for k in model)
-        assert idx.ids.tolist() == sorted(model) and idx.nbytes == 12 * len(model)
+        assert idx.ids.tolist() == sorted(model) and idx.nbytes == 16 * len(model)
     finally:
         DeviceIndex.MERGE_MIN = 1 << 16
+
+
+def test_distinct_and_in_order_table_upserts_match_numpy_and_a_dict():
+    """The sort-based ``distinct`` (np.unique is slow on numpy 2.3+) gives np.unique's answer;
+    a device table fed ids in order (appended) and out of order (inserted), with wider int64
+    rows, holds what a dict holds, its rows int32; a lookup outside the ids held finds none."""
+    rng = np.random.default_rng(9)
+    for a in (np.empty(0, np.uint32), np.array([5], np.uint64), np.arange(7, dtype=np.uint32),
+              rng.integers(0, 50, 300).astype(np.uint32),
+              rng.integers(0, 1 << 63, 300, dtype=np.int64).astype(np.uint64)):
+        assert distinct(a).tolist() == np.unique(a).tolist() and distinct(a).dtype == a.dtype
+    t, model = DeviceTable(), {}
+    top = 0
+    for step in range(60):
+        if step % 2:
+            ids = np.arange(top, top + 50, dtype=np.uint64)
+            top += 50
+        else:
+            ids = np.unique(rng.integers(0, top + 1, 30)).astype(np.uint64)
+        width = 2 + step % 3
+        rows = np.zeros((ids.size, META + width), dtype=np.int64)
+        rows[:, 2], rows[:, META:] = width, rng.integers(0, 9, (ids.size, width))
+        t.upsert(ids, rows)
+        model.update({int(i): r[:META + width].tolist() for i, r in zip(ids, rows)})
+        found, got = t.lookup(np.arange(top + 5, dtype=np.uint64))
+        assert found.sum() == len(model) == len(t) and got.dtype == np.int32
+        assert {int(i): r[:META + r[2]].tolist() for i, r in
+                zip(np.flatnonzero(found), got)} == model
+    found, got = t.lookup(np.arange(top + 5, top + 9, dtype=np.uint64))
+    assert not found.any() and got.shape[0] == 0
+    assert t.ids.tolist() == sorted(model) and t.rows.dtype == np.int32
 
 
 def test_rows_take_the_narrowest_code_and_a_new_segment_when_it_changes():
@@ -77,8 +115,7 @@ def _apply(segs: dict[int, bytearray], lp: LogPending) -> None:
     for seg, data in lp.replaced.items():
         segs[seg] = bytearray(data)
     for seg, (app, size, off, rows) in lp.patches().items():
-        if seg in lp.replaced:
-            continue
+        assert seg not in lp.replaced
         blob = patch_blob(app, size, off, rows)
         alen, L = struct.unpack_from("<II", blob, 1)
         buf = segs.setdefault(seg, bytearray())

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from store_helpers import P, cells, read, read_all
 
 from ldpstream.agents.store import keys
@@ -324,6 +325,31 @@ def test_device_segments_rewritten_in_place_staged_and_read_back(redis_url):
             await store.apply_many("sseg", [delta(4, {"memo:x:1": SidePatch(
                 patch_blob(b"", 8, np.array([40], np.uint32), rows(1, 1)))})])
         assert await store.offsets("sseg", P) == {0: 3} and len(await store.redis.get(key)) == 40
+    run(body, redis_url)
+
+
+def test_staged_segment_and_apply_land_when_redis_forgot_the_script(redis_url):
+    """The staged strings and the apply script go in one round trip on one server (one AOF
+    fsync: redis_client.py ``run_script_after_sets``); a server that forgot the script (restart,
+    promoted replica) answers NOSCRIPT after taking the staged string, and the apply runs by
+    EVAL: the segment lands once, the staging key is consumed, the offset moves."""
+    async def body(store: CountStore):
+        await store.reset("snos")
+        key = keys.side_key("snos", 0, "memo:x:1")
+        data = np.arange(1 << 16, dtype="<i4").tobytes()
+        for offset in (0, 1):
+            if isinstance(store.redis, RedisCluster):
+                await store.redis.execute_command("SCRIPT FLUSH",
+                                                  target_nodes=RedisCluster.ALL_NODES)
+            else:
+                await store.redis.script_flush()
+            res = await store.apply_many("snos", [PartitionDelta(
+                0, offset, cells(LAY, {}, 1), 1, offset - 1, None,
+                {"memo:x:1": SideStaged(memoryview(np.frombuffer(data, np.uint8)), 2e9)})])
+            assert res[0].applied
+            assert await store.redis.get(key) == data
+            assert not await store.redis.keys("*stage*")
+        assert await store.offsets("snos", P) == {0: 1} and await store.n("snos", P) == 2
     run(body, redis_url)
 
 

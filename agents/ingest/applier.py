@@ -142,13 +142,16 @@ class Applier:
         """Apply ``parts`` (partitions of ``cid``), retried while Redis is unreachable (stale
         partitions are left out of every retry), then act on each partition's result."""
         t0 = time.perf_counter()
-        if self.settle is not None:
-            for p in parts:
+        settle = self.settle
+        if settle is not None:
+            async def complete(p: Pending) -> None:
                 if not self.partitions.is_stale(p):
                     try:
-                        await self.settle(cid, p)
+                        await settle(cid, p)
                     except Abandoned:
                         pass   # revoked meanwhile: left out of the apply below
+
+            await asyncio.gather(*(complete(p) for p in parts))   # their reads sent together
 
         async def attempt() -> list[tuple[Pending, ApplyResult]]:
             live = [p for p in parts if not self.partitions.is_stale(p)]

@@ -303,7 +303,8 @@ class Intake:
             kb, kept = buckets, reports
         else:
             kb, kept = buckets[mv.keep], reports[mv.keep]
-        self._accept(pend, cid, version, kept, kb[:1] if (kb == kb[0]).all() else kb, sent_at,
+        self._accept(pend, cid, version, kept,
+                     kb[:1] if not kb.size or (kb == kb[0]).all() else kb, sent_at,
                      received=int(reports.shape[0]))
         removed = 0
         for (v, b), rows in mv.removed_rows().items():
@@ -387,6 +388,8 @@ class Intake:
             else:
                 parts = [(int(b), reports[buckets == b]) for b in np.unique(buckets)]
         for b, rep in parts:
+            if not rep.shape[0]:
+                continue   # (every device of a memoized run resent its row: nothing moves)
             flat = layout.pack(count_reports(mech, rep, specs), rep.shape[0])
             key = (layout, None if b < 0 else b)
             cur = pend.deltas.get(key)

@@ -1,11 +1,13 @@
 """Memoized collections in the ingest worker: each partition's index of its devices (id and the
-position of the row of its latest report in Redis, 12 bytes a device: agents/store/memo_log.py),
+position of the row of its latest report in Redis and that row packed when it fits, 16 bytes a
+device: agents/store/memo_log.py),
 loaded from the logs at the stored offset, and the moves of each run of reports (the rule is
 agents/store/device_memo.py; docs/privacy-over-time.md, "Estimates that count devices"). The rows
 themselves stay in Redis: those a delta supersedes are read back when it is flushed
 (:meth:`MemoGate.fetch`), so the worker's memory does not hold them."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import time
@@ -24,8 +26,10 @@ from ldpstream.agents.store.count_store import CountStore
 from ldpstream.agents.store.layout import Layout
 from ldpstream.agents.store.memo_log import (
     STAGE_MIN,
+    UNKNOWN,
     EpochLog,
     LogPending,
+    RowPacker,
     index_segments,
     patch_blob,
     segment_name,
@@ -37,6 +41,12 @@ from ldpstream.producers.codec import ReportBatch, encode_batch
 
 #: the DLQ reason of reports of new devices beyond ``device_state_max``
 DEVICE_STATE_FULL = "device_state_full"
+#: segments a flush reads back at once per partition (sent together; bounds the bytes of
+#: segments read whole that it holds beside their rebuilt copies)
+FETCH_AHEAD = 8
+#: epochs a log lives at most from its own (and so the logs a worker reads when it loads a
+#: partition): :meth:`MemoGate._kept`
+KEPT_MAX = 8
 
 
 class _Into:
@@ -73,6 +83,10 @@ class MemoGate:
                           for cid, c in collections.items()}
         self._layout = {cid: Layout.of(c.version, c.tensors()).id
                         for cid, c in collections.items() if self._memoized[cid]}
+        #: each device's row packed beside its position when it fits (memo_log.RowPacker)
+        self._packer = {cid: RowPacker.of(c.mechanism().report_bounds().tolist(),
+                                          device_memo.epoch_length(c.policy), c.policy.bucket_s)
+                        for cid, c in collections.items() if self._memoized[cid]}
         #: applies everything pending and waits (the applier's flush): a roll reads the expiring
         #: logs as applied (agents/app.py wires it)
         self.flush: Callable[[], Awaitable[None]] | None = None
@@ -83,9 +97,19 @@ class MemoGate:
     def _span(self, cid: str) -> float:
         return device_memo.epoch_length(self.collections[cid].policy)
 
+    def _kept(self, cid: str) -> int:
+        """Epochs a log lives from its own (docs/privacy-over-time.md, "Retention"): until a
+        device last seen in it is due for eviction (``K + 1`` epochs on) and its roll out of the
+        (previous, current) pair, at most :data:`KEPT_MAX`, so a partition silent that long
+        still evicts at its next report (a roll carries the rows it keeps into a newer log and
+        deletes the logs it read: this bounds only a partition nobody consumes)."""
+        coll = self.collections[cid]
+        return min(device_memo.retention_epochs(coll.device_retention(), coll.policy) + 3,
+                   KEPT_MAX)
+
     def _empty(self, cid: str, epoch: int) -> EpochLog:
         return EpochLog(device_memo.side_name(epoch, self._layout[cid]),
-                        (epoch + 3) * self._span(cid))
+                        (epoch + self._kept(cid)) * self._span(cid))
 
     async def _segments(self, state: PartitionState, name: str,
                         count: int | None = None) -> list[bytes | None]:
@@ -105,12 +129,13 @@ class MemoGate:
     async def _read_log(self, state: PartitionState, epoch: int) -> EpochLog:
         log = self._empty(state.collection, epoch)
         log.index, log.seg_len, log.seg_width, log.seg_code = index_segments(
-            await self._segments(state, log.name))
+            await self._segments(state, log.name), self._packer[state.collection], epoch)
         return log
 
     async def load(self, state: PartitionState) -> None:
-        """Read the indexes of this epoch and the one before (worker's clock) if not in memory;
-        at a new epoch, roll: the devices of the logs that expire are carried or evicted
+        """Read the indexes of the logs still kept (this epoch's and the ones before it,
+        worker's clock: :meth:`_kept`) if not in memory; at a new epoch, roll: the devices of
+        the logs that leave the (previous, current) pair are carried or evicted
         (:func:`device_memo.carry`, the expiring rows read back from Redis once everything
         pending is applied)."""
         epoch = device_memo.epoch_of(time.time(), self.collections[state.collection].policy)
@@ -124,7 +149,7 @@ class MemoGate:
                 state.memo_epoch = epoch
                 return
         have: dict[int, EpochLog] = {}
-        for e in (epoch - 2, epoch - 1, epoch):
+        for e in range(epoch - self._kept(state.collection) + 1, epoch + 1):
             log = await self._read_log(state, e)
             if state.memo is not None:  # loaded meanwhile
                 return
@@ -147,10 +172,11 @@ class MemoGate:
             adapter = _Into(into)
             tables = []
             for e, log in old:
+                # what an earlier roll left without a delta since goes on, segments or not
+                into.evicted += log.evicted
+                into.cleared += log.cleared
                 if log.seg_len:
                     into.cleared.append((log.name, len(log.seg_len)))
-                    into.evicted += log.evicted
-                    into.cleared += log.cleared
                     if len(log):
                         tables.append((e, table_of_segments(
                             await self._segments(state, log.name, len(log.seg_len)))))
@@ -278,8 +304,11 @@ class MemoGate:
               reports: np.ndarray, buckets: np.ndarray, version: int) -> device_memo.Moves:
         """The moves of one run of reports of ``version`` (in order): each device's latest row
         rewritten in place (its row in this epoch's log) or appended, its index updated; the
-        rows it supersedes that this delta wrote are returned (``old``), those already applied
-        are read back when the delta is flushed (:meth:`fetch`)."""
+        rows it supersedes that the index holds packed or this delta wrote are returned
+        (``old``), the others are read back when the delta is flushed (:meth:`fetch`). A device
+        whose row is the one the index holds for it this epoch (a memoized report resent in its
+        bucket) moves nothing: not counted, not written, not read (docs/scaling.md "Per-device
+        state")."""
         memo, epoch = state.memo, state.memo_epoch
         assert memo is not None and epoch is not None
         cid = state.collection
@@ -301,34 +330,41 @@ class MemoGate:
         rows[:, device_memo.META:] = reports if keep.size == ids.size and u is ids else \
             reports[keep]
         code = device_memo.value_code(reports)   # (contiguous: cheaper than the rows' columns)
+        packer = self._packer[cid]
+        if packer is None:
+            packed = np.full(u.size, UNKNOWN, dtype=np.uint32)
+        else:   # from the contiguous reports (cheaper than the rows' columns)
+            packed = packer.pack_values(reports, int(version), buckets + 1 if not one else
+                                        int(buckets.flat[0]) + 1, epoch)
+            packed = packed if keep.size == ids.size and u is ids else \
+                np.broadcast_to(packed, ids.shape)[keep]
+        fc, pc, cc = cur.index.find_codes(u)
+        same = fc & (cc == packed) & (packed != UNKNOWN)
+        if same.any():   # resent as held: nothing moves
+            moved = ~same
+            u, keep, rows, packed, fc, pc, cc = (a[moved] for a in (u, keep, rows, packed, fc,
+                                                                    pc, cc))
         old: list[np.ndarray] = []
         placed = np.zeros(u.size, dtype=bool)
-        fc, pc = cur.index.find(u)
         if fc.any():
             at = np.flatnonzero(fc)
             pos = pc[at]
             slot_w, slot_c = cur.slots(pos)
             lp = self._pending(pend, cur)
-            mem, mrows = lp.rows_at(pos)
-            old.append(mrows)
-            lp.fetch_add(pos[~mem], slot_w[~mem], slot_c[~mem])
-            lp.note_sizes(pos[~mem], cur.seg_len)
+            self._superseded(packer, lp, cur, epoch, pos, cc[at], old)
             # rewritten in place where the row fits its slot: as wide, values in its code
             rank = device_memo.CODE_RANK[code]
             fits = (slot_w >= width) & (np.asarray(device_memo.CODE_RANK)[slot_c] >= rank)
             lp.write_at(pos[fits], rows[at[fits]], slot_w[fits])
             lp.note_widths(pos[fits], slot_w[fits], slot_c[fits])
             placed[at[fits]] = True
+            if fits.any():
+                cur.index.upsert(u[at[fits]], pos[fits], packed[at[fits]])
         rest = np.flatnonzero(~fc)
         if rest.size and len(prev):
-            fp, pp = prev.index.find(u[rest])
+            fp, pp, cp = prev.index.find_codes(u[rest])
             if fp.any():
-                pos = pp[fp]
-                lp = self._pending(pend, prev)
-                mem, mrows = lp.rows_at(pos)
-                old.append(mrows)
-                lp.fetch_add(pos[~mem], *prev.slots(pos[~mem]))
-                lp.note_sizes(pos[~mem], prev.seg_len)
+                self._superseded(packer, self._pending(pend, prev), prev, epoch - 1, pp[fp], cp[fp], old)
         app = np.flatnonzero(~placed)
         if app.size:
             lp = self._pending(pend, cur)
@@ -338,40 +374,70 @@ class MemoGate:
             if segs and len(cur.seg_len) > segs and not lp.fresh(segs - 1):
                 lp.trim.add(segs - 1)   # finished: its spare room dropped with this apply
             lp.chunks += chunks
-            cur.index.upsert(au, pos)
+            cur.index.upsert(au, pos, packed if app.size == u.size else packed[app])
         metrics.MEMO_DEVICES.labels(cid, str(state.tp.partition)).set(self.entries(state))
         return device_memo.Moves(keep, u, rows, device_memo.stack_rows(old), evicted)
 
+    @staticmethod
+    def _superseded(packer: RowPacker | None, lp: LogPending, log: EpochLog, epoch: int,
+                    pos: np.ndarray, codes: np.ndarray, old: list[np.ndarray]) -> None:
+        """The rows at ``pos`` of ``log`` (of ``epoch``), superseded: those the index holds
+        packed (``codes``) or this delta wrote go to ``old``, the others are read back when the
+        delta is flushed."""
+        lp.note_sizes(pos, log.seg_len)   # (a segment rewritten densely moves whole)
+        known = codes != UNKNOWN
+        if known.any() and packer is not None:
+            old.append(packer.unpack(codes[known], epoch))
+            pos = pos[~known]
+        if not pos.size:
+            return
+        mem, mrows = lp.rows_at(pos)
+        old.append(mrows)
+        lp.fetch_add(pos[~mem], *log.slots(pos[~mem]))
+
     async def fetch(self, cid: str, pend: Pending) -> np.ndarray:
-        """The applied rows ``pend`` supersedes, read back from Redis (one call per segment):
-        subtracted with it. Once per delta (the positions are consumed)."""
-        parts = []
+        """The applied rows ``pend`` supersedes, read back from Redis (one call per segment,
+        :data:`FETCH_AHEAD` of them sent together): subtracted with it. Once per delta (the
+        positions are consumed)."""
         part = pend.tp.partition
+        reads = []
         for lp in pend.memo.values():
-            for seg, (width, code, size, off) in lp.to_fetch().items():
-                name, blob = segment_name(lp.name, seg), off.tobytes()
-                if lp.dense(seg, off.size):   # many rows of it: the segment moved whole
-                    whole = await self.gate.retry(
-                        functools.partial(self.store.read_side_bytes, cid, part, name),
-                        what=f"read the superseded reports of {cid}[{part}]")
-                    rows = lp.rebuild(seg, width, code, off, whole or b"")
-                    parts.append(rows[(rows != 0).any(axis=1)])
-                    continue
-                raw = await self.gate.retry(
-                    functools.partial(self.store.read_side_rows, cid, pend.tp.partition, name,
-                                      size, blob),
-                    what=f"read the superseded reports of {cid}[{pend.tp.partition}]")
-                raw_rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, size)
-                rows = device_memo.decode_rows(raw_rows[(raw_rows != 0).any(axis=1)], width,
-                                               code)   # (a row that is not there: zeros)
-                parts.append(rows)
+            rewrites = lp.rewrites()
+            fetch = lp.to_fetch()
+            for seg, (width, code, size, off) in fetch.items():
+                name = segment_name(lp.name, seg)
+                # many rows of it read or rewritten: the segment moved whole
+                dense = lp.dense(seg, max(off.size, rewrites.get(seg, 0)))
+                call = functools.partial(self.store.read_side_bytes, cid, part, name) if dense \
+                    else functools.partial(self.store.read_side_rows, cid, part, name, size,
+                                           off.tobytes())
+                reads.append((lp, seg, width, code, size, off, dense, call))
+            for seg, many in rewrites.items():   # nothing to read back there (rows packed)
+                if seg not in fetch and seg not in lp.replaced and lp.dense(seg, many):
+                    reads.append((lp, seg, 0, 0, 0, np.empty(0, dtype=np.uint32), True,
+                                  functools.partial(self.store.read_side_bytes, cid, part,
+                                                    segment_name(lp.name, seg))))
             lp.fetch.clear()
+        parts = []
+        for at in range(0, len(reads), FETCH_AHEAD):
+            group = reads[at:at + FETCH_AHEAD]
+            raws = await asyncio.gather(*(
+                self.gate.retry(call, what=f"read the superseded reports of {cid}[{part}]")
+                for *_, call in group))
+            for (lp, seg, width, code, size, off, dense, _), raw in zip(group, raws):
+                if dense:
+                    rows = lp.rebuild(seg, width, code, off, raw or b"")
+                else:
+                    rows = device_memo.decode_rows(
+                        np.frombuffer(raw or b"", dtype=np.uint8).reshape(-1, size), width,
+                        code)
+                parts.append(rows[rows[:, 2] != 0])   # a row that is not there reads as zeros
         return device_memo.stack_rows(parts)
 
     @staticmethod
     def side(pend: Pending) -> dict[str, SideLog | SidePatch | SideStaged]:
         """The segments a delta writes (rows rewritten in place, rows appended), each expiring
-        three epochs after its log's; the segments of an expired log deleted."""
+        with its log (:meth:`_kept`); the segments of an expired log deleted."""
         out: dict[str, SideLog | SidePatch | SideStaged] = {}
         for name, lp in pend.memo.items():
             if lp.clear:
@@ -381,8 +447,6 @@ class MemoGate:
             for seg, data in lp.replaced.items():
                 out[segment_name(name, seg)] = SideStaged(data, lp.expire_at)
             for seg, (app, size, off, rows) in lp.patches().items():
-                if seg in lp.replaced:
-                    continue
                 trim = seg in lp.trim
                 if lp.fresh(seg) and len(app) >= STAGE_MIN and not off.size:
                     out[segment_name(name, seg)] = SideStaged(app, lp.expire_at)

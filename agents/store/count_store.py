@@ -68,7 +68,7 @@ from ldpstream.agents.store.scripts import (
     RESET_SHARD_LUA,
     ROWS_LUA,
 )
-from ldpstream.redis_client import run_script
+from ldpstream.redis_client import run_script, run_script_after_sets
 from ldpstream.windows import BucketPolicy
 
 __all__ = ["CountStore", "BITFIELD_OPS_PER_CALL", "DEFAULT_CHUNK_CELLS", "STAGE_TTL_MS"]
@@ -226,10 +226,10 @@ class CountStore:
                          args: list[Any]) -> Any:
         """One apply call, its staged side strings written first (they expire by themselves
         if the call never comes: a crash in between)."""
-        for key, data in staged.items():
-            await self.redis.set(key, data if isinstance(data, bytes) else memoryview(data),
-                                 px=STAGE_TTL_MS)
-        return await run_script(self.redis, self._apply, keys_, args)
+        return await run_script_after_sets(
+            self.redis, self._apply, keys_, args,
+            {k: d if isinstance(d, bytes) else memoryview(d) for k, d in staged.items()},
+            STAGE_TTL_MS)
 
     async def apply(self, collection: str, partition: int, offset: int,
                     cells: Mapping[CellsKey, np.ndarray], n_reports: int, *,

@@ -28,9 +28,9 @@ retention**: a device whose last report is ``device_retention_s`` or more old at
 *evicted* instead (its row subtracted from the all-time tensor and dropped). The rows carried,
 the evictions and the emptying of the expired tables' logs go into Redis with the partition's
 next apply, all in one Lua call, so a worker that dies before it re-derives the same roll from
-the logs, and one that dies after it finds the old logs empty. A log expires three epochs after
-its own. The state therefore holds the devices active within the retention (plus up to one
-epoch), bounded by ``device_state_max`` as a guard.
+the logs, and one that dies after it finds the old logs empty. A log expires ``min(K + 3, 8)``
+epochs after its own (agents/ingest/memo_gate.py ``MemoGate._kept``). The state therefore holds the
+devices active within the retention (plus up to one epoch), bounded by ``device_state_max`` as a guard.
 """
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ from ldpstream.windows import BucketPolicy
 __all__ = ["PREFIX", "side_name", "epoch_length", "epoch_of", "DeviceTable", "Moves",
            "LogWrite", "latest_per_device", "last_of", "encode_log", "parse_log", "META",
            "COMPACT_MIN", "carry", "log_chunks", "CODES", "row_bytes", "value_code", "encode_rows",
-           "decode_rows", "chunk_size", "roll", "stack_rows", "retention_epochs", "group_rows"]
+           "decode_rows", "chunk_size", "roll", "stack_rows", "retention_epochs", "group_rows",
+           "distinct"]
 
 PREFIX = "memo:"
 #: columns of a row before its report values: version, fine bucket + 1, report width
@@ -81,6 +82,20 @@ def retention_epochs(retention_s: float, policy: BucketPolicy) -> int:
 
 def epoch_of(now: float, policy: BucketPolicy) -> int:
     return int(math.floor(now / epoch_length(policy)))
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct ``values``, sorted: one sort (none when already sorted) and a mask.
+    ``np.unique`` of numpy 2.3+ takes ~20 times as long for the integer arrays of a poll
+    (docs/scaling.md "Per-device state")."""
+    if values.size > 1 and not bool((values[1:] >= values[:-1]).all()):
+        values = np.sort(values)
+    if values.size < 2:
+        return values.copy()
+    keep = np.empty(values.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
 
 
 def last_of(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -169,11 +184,24 @@ class DeviceTable:
         """Whether the table holds each of ``ids``."""
         return self._search(self._ids, ids)[0] | self._search(self._new_ids, ids)[0]
 
+    def _outside(self, ids: np.ndarray) -> bool:
+        """Whether every one of ``ids`` lies beyond the range of ids held (nothing to search)."""
+        if not len(self) or not ids.size:
+            return True
+        lo = min(int(t[0]) for t in (self._ids, self._new_ids) if t.size)
+        hi = max(int(t[-1]) for t in (self._ids, self._new_ids) if t.size)
+        return int(ids.min()) > hi or int(ids.max()) < lo
+
     def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Whether the table holds each of ``ids``, and the rows of those it holds (in order)."""
+        if self._outside(ids):   # e.g. positions past every row this delta rewrote so far
+            return (np.zeros(ids.size, dtype=bool),
+                    np.empty((0, max(self._rows.shape[1], self._new_rows.shape[1])), dtype=ROW))
         fm, im = self._search(self._ids, ids)
         fd, idd = self._search(self._new_ids, ids)
         cols = max(self._rows.shape[1], self._new_rows.shape[1])
+        if not (fm.any() or fd.any()):
+            return fm, np.empty((0, cols), dtype=ROW)
         out = np.zeros((ids.size, cols), dtype=ROW)
         out[fm, :self._rows.shape[1]] = self._rows[im[fm]]
         out[fd, :self._new_rows.shape[1]] = self._new_rows[idd[fd]]
@@ -192,20 +220,30 @@ class DeviceTable:
         self._new_rows[idd[fd]] = rows[rest[fd]]
         new = rest[~fd]
         if new.size:
-            pos = np.searchsorted(self._new_ids, ids[new])
-            self._new_ids = np.insert(self._new_ids, pos, ids[new])
-            self._new_rows = np.insert(self._new_rows, pos, rows[new], axis=0)
+            self._new_ids, self._new_rows = _insert_sorted(self._new_ids, self._new_rows,
+                                                           ids[new], rows[new])
             if self._new_ids.size > max(MERGE_MIN, self._ids.size // 8):
                 self._merge()
 
     def _merge(self) -> None:
         if not self._new_ids.size:
             return
-        pos = np.searchsorted(self._ids, self._new_ids)
-        self._ids = np.insert(self._ids, pos, self._new_ids)
-        self._rows = np.insert(self._rows, pos, self._new_rows, axis=0)
+        self._ids, self._rows = _insert_sorted(self._ids, self._rows, self._new_ids,
+                                               self._new_rows)
         self._new_ids = np.empty(0, dtype=np.uint64)
         self._new_rows = np.empty((0, self._rows.shape[1]), dtype=ROW)
+
+
+def _insert_sorted(ids: np.ndarray, rows: np.ndarray, new_ids: np.ndarray,
+                   new_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted ``ids`` (and their rows) with the sorted ``new_ids``, none held, put in order:
+    appended when all of them come after the last one (devices, or positions, arriving in
+    order), else inserted."""
+    if not ids.size or int(new_ids[0]) > int(ids[-1]):
+        return (np.concatenate([ids, new_ids.astype(ids.dtype, copy=False)]),
+                np.concatenate([rows, new_rows.astype(rows.dtype, copy=False)]))
+    at = np.searchsorted(ids, new_ids)
+    return np.insert(ids, at, new_ids), np.insert(rows, at, new_rows, axis=0)
 
 
 def last_seen(rows: np.ndarray, epoch: int) -> np.ndarray:
@@ -445,10 +483,11 @@ def group_rows(rows: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
     b1 = np.maximum(rows[:, 1].astype(np.int64), 0)   # carried rows (< 0): all-time only
     span = int(b1.max()) + 1                # (version, bucket + 1) as one int64 key
     version = rows[:, 0].astype(np.int64) & 0xFFFFFFFF
-    groups, inv = np.unique(version * span + b1, return_inverse=True)
+    keys = version * span + b1
+    groups = distinct(keys)   # a few (version, bucket) pairs: one mask each
     out: dict[tuple[int, int], np.ndarray] = {}
-    for g, key in enumerate(groups.tolist()):
-        sel = rows[inv == g]
+    for key in groups.tolist():
+        sel = rows if groups.size == 1 else rows[keys == key]
         out[(key // span, key % span - 1)] = sel[:, META:META + int(sel[0, 2])]
     return out
 

@@ -1,6 +1,7 @@
 """The device state of a memoized collection with Redis as its state of record: the worker keeps
-an *index* (each device's id and the position of its row in Redis, 12 bytes), never the rows
-(docs/scaling.md "Per-device state"; the rule itself is agents/store/device_memo.py).
+an *index* (each device's id, the position of its row in Redis and the row packed in 32 bits when
+it fits, 16 bytes), never the rows themselves (docs/scaling.md "Per-device state"; the rule
+itself is agents/store/device_memo.py).
 
 An epoch's log (``memo:<layout>:<e>``) is split into **segments**, string keys of at most
 :data:`SEG_MAX` bytes (``memo:<layout>:<e>`` itself, then ``...:s1``, ``...:s2``, ...), each a
@@ -12,10 +13,11 @@ the whole log); a device's next report in the same epoch *overwrites* its row in
 needs no compaction, and ``parse_log`` of its segments in order still gives each device's
 latest row (a row rewritten wider is appended and the older one is never read again).
 
-A position is ``segment << SEG_BITS | word offset`` (uint32). A row to subtract is read back
-from Redis by position when the delta that supersedes it is flushed (:class:`LogPending`
-``fetch``; one read-only script call per segment), except the rows this same delta wrote, which
-it holds in memory until it is applied. Flushes are sequential, so what is read is what the
+A position is ``segment << SEG_BITS | word offset`` (uint32). A row to subtract is taken from the
+index when it is packed there (:class:`RowPacker`), else read back from Redis by position when
+the delta that supersedes it is flushed (:class:`LogPending` ``fetch``; one read-only script call
+per segment), except the rows this same delta wrote, which it holds in memory until it is
+applied. Flushes are sequential, so what is read is what the
 deltas before left, and the compare-and-set of the apply makes the read and the write one step
 for exactly-once: a delta whose partition moved on meanwhile is refused and re-read.
 """
@@ -34,6 +36,7 @@ from ldpstream.agents.store.device_memo import (
     DeviceTable,
     chunk_size,
     decode_rows,
+    distinct,
     encode_rows,
     last_of,
     log_chunks,
@@ -42,9 +45,9 @@ from ldpstream.agents.store.device_memo import (
     value_code,
 )
 
-__all__ = ["SEG_BITS", "SEG_MAX", "SEG_FILL", "STAGE_MIN", "MAX_SEGMENTS", "segment_name", "DeviceIndex",
-           "EpochLog", "LogPending", "index_segments", "table_of_segments", "encode_segments",
-           "patch_blob"]
+__all__ = ["SEG_BITS", "SEG_MAX", "SEG_FILL", "STAGE_MIN", "MAX_SEGMENTS", "UNKNOWN", "segment_name",
+           "DeviceIndex", "RowPacker", "EpochLog", "LogPending", "index_segments",
+           "table_of_segments", "encode_segments", "patch_blob"]
 
 #: bits of a position's word offset: a segment holds at most 2**SEG_BITS words (4 MiB)
 SEG_BITS = 20
@@ -63,6 +66,90 @@ ROW_NS, BYTE_NS = 2500, 4
 #: ``>``): so a delta of new devices starts a segment of its own
 STAGE_MIN = 256 << 10
 _U4 = np.dtype("<u4")
+#: a row's packed form when the row does not fit 32 bits or is not known (:class:`RowPacker`)
+UNKNOWN = 0xFFFFFFFF
+_LOW = np.uint64(0xFFFFFFFF)
+_HIGH = np.uint64(32)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowPacker:
+    """A row of one epoch's log as one uint32, exactly (mixed radix: version, bucket column
+    relative to the epoch's first bucket, report values), or :data:`UNKNOWN` when it does not fit
+    (docs/scaling.md "Per-device state"): the index keeps it beside each device's position, so a
+    device reporting again is compared with, and its previous row subtracted from, what the worker
+    holds, without reading Redis. ``bounds``: each report value's exclusive bound (the
+    mechanism's ``report_bounds``); ``span``: the epoch's buckets (``epoch_s / bucket_s``)."""
+
+    bounds: tuple[int, ...]
+    span: float
+    #: bucket column slots: 0 (all-time only), then the epoch's fine buckets from 1
+    slots: int
+    #: versions packed (0 .. versions - 1)
+    versions: int
+
+    @classmethod
+    def of(cls, bounds: Sequence[int], epoch_s: float, bucket_s: float) -> "RowPacker | None":
+        """The packer of a collection's rows, None when even one version does not fit."""
+        slots = int(np.ceil(epoch_s / bucket_s)) + 2
+        cells = slots * int(np.prod([int(b) for b in bounds], dtype=object))
+        if cells >= UNKNOWN:
+            return None
+        return cls(tuple(int(b) for b in bounds), epoch_s / bucket_s, slots,
+                   min(UNKNOWN // cells, 1 << 16))
+
+    def _base(self, epoch: int) -> int:
+        return int(np.floor(epoch * self.span))
+
+    def pack(self, rows: np.ndarray, epoch: int) -> np.ndarray:
+        """Each row's code (uint32; :data:`UNKNOWN` where it does not fit)."""
+        if rows.shape[1] != META + len(self.bounds) or not rows.shape[0]:
+            return np.full(rows.shape[0], UNKNOWN, dtype=np.uint32)
+        out = self.pack_values(rows[:, META:], rows[:, 0], rows[:, 1], epoch)
+        out[rows[:, 2] != len(self.bounds)] = UNKNOWN
+        return out
+
+    def pack_values(self, values: np.ndarray, version: np.ndarray | int,
+                    bucket: np.ndarray | int, epoch: int) -> np.ndarray:
+        """:meth:`pack` of rows given as their report ``values`` (``(n, width)``), ``version``
+        and bucket column (each an array or one value for all): two passes over the values when
+        all fit (a matrix product and a column-wise bound check), a mask only when some do not."""
+        n, width = values.shape
+        if width != len(self.bounds):
+            return np.full(n, UNKNOWN, dtype=np.uint32)
+        col = np.asarray(bucket, dtype=np.int64)
+        slot = np.where(col == 0, 0, col - self._base(epoch))
+        ver = np.asarray(version, dtype=np.int64)
+        ok = ((col == 0) | (slot >= 1)) & (slot < self.slots) & (ver >= 0) & (ver < self.versions)
+        bounds = np.asarray(self.bounds, dtype=np.int64)
+        weights = np.cumprod(np.concatenate(([1], bounds[::-1])))[::-1]   # radix of each field
+        # a float64 product is exact below 2**53 (the codes are below 2**32) and uses BLAS
+        code = (values.astype(np.float64) @ weights[1:].astype(np.float64)).astype(np.int64) \
+            + (ver * self.slots + slot) * weights[0]
+        if values.dtype.kind in "iu":   # negatives viewed unsigned are beyond every bound
+            raw = values.view(np.dtype(f"u{values.dtype.itemsize}"))
+            top = np.array([min(b - 1, int(np.iinfo(raw.dtype).max)) for b in self.bounds],
+                           dtype=raw.dtype)
+            fits = bool((raw <= top).all())
+        else:
+            fits = False
+        if not fits:
+            ok = ok & (values >= 0).all(axis=1) & (values < bounds).all(axis=1)
+        out = np.where(ok, code, UNKNOWN).astype(np.uint32)
+        return np.broadcast_to(out, (n,)).copy() if out.shape != (n,) else out
+
+    def unpack(self, codes: np.ndarray, epoch: int) -> np.ndarray:
+        """The rows of known ``codes`` (the inverse of :meth:`pack`)."""
+        width = len(self.bounds)
+        rows = np.empty((codes.size, META + width), dtype=ROW)
+        rest = codes.astype(np.int64)
+        for j in range(width - 1, -1, -1):
+            rest, rows[:, META + j] = np.divmod(rest, self.bounds[j])
+        version, slot = np.divmod(rest, self.slots)
+        rows[:, 0] = version
+        rows[:, 1] = np.where(slot == 0, 0, slot + self._base(epoch))
+        rows[:, 2] = width
+        return rows
 
 
 def segment_name(name: str, seg: int) -> str:
@@ -76,6 +163,20 @@ def _search(table: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray
         return np.zeros(keys.size, dtype=bool), np.zeros(keys.size, dtype=np.intp)
     idx = np.minimum(np.searchsorted(table, keys), table.size - 1)
     return table[idx] == keys, idx
+
+
+def _rows_at(words: np.ndarray, off: np.ndarray, size: int,
+             put: np.ndarray | None = None) -> np.ndarray:
+    """The rows of ``size`` bytes at byte offsets ``off`` (multiples of 4) of a segment viewed as
+    4-byte ``words``: one gather of ``(n, size / 4)`` words through a sliding window (no per-byte
+    index array); with ``put``, those rows are overwritten by ``put`` instead (returned)."""
+    k = size // 4
+    win = np.lib.stride_tricks.sliding_window_view(words, k, writeable=put is not None)
+    at = (off.astype(np.int64) >> 2)
+    if put is None:
+        return win[at]
+    win[at] = put
+    return put
 
 
 def _merge_sorted(a: np.ndarray, ap: np.ndarray, b: np.ndarray,
@@ -92,30 +193,32 @@ def _merge_sorted(a: np.ndarray, ap: np.ndarray, b: np.ndarray,
 
 
 class DeviceIndex:
-    """The devices of one partition's epoch log: ``ids`` sorted (uint64) and the position of
-    each one's row in Redis (uint32): 12 bytes a device. Devices beyond the highest id held are
-    appended in place (the arrays keep spare capacity, never touched so never resident); others
-    go to a small sorted side part, merged into the main one once it holds an eighth of it (as
-    :class:`~ldpstream.agents.store.device_memo.DeviceTable`)."""
+    """The devices of one partition's epoch log: ``ids`` sorted (uint64) and, in one uint64
+    entry, the position of each one's row in Redis (low 32 bits) and the row packed
+    (:class:`RowPacker`; high 32 bits, :data:`UNKNOWN` if not known): 16 bytes a device. Devices
+    beyond the highest id held are appended in place (the arrays keep spare capacity, never
+    touched so never resident); others go to a small sorted side part, merged into the main one
+    once it holds an eighth of it (as :class:`~ldpstream.agents.store.device_memo.DeviceTable`)."""
 
     MERGE_MIN = 1 << 16
 
-    def __init__(self, ids: np.ndarray | None = None, pos: np.ndarray | None = None) -> None:
+    def __init__(self, ids: np.ndarray | None = None, pos: np.ndarray | None = None,
+                 codes: np.ndarray | None = None) -> None:
         self._ids = np.empty(0, dtype=np.uint64) if ids is None else ids.astype(np.uint64,
                                                                                  copy=False)
-        self._pos = np.empty(0, dtype=np.uint32) if pos is None else pos.astype(np.uint32,
-                                                                                 copy=False)
+        self._pos = np.empty(0, dtype=np.uint64) if pos is None else \
+            _entry(pos, np.full(pos.size, UNKNOWN, dtype=np.uint32) if codes is None else codes)
         self._n = self._ids.size
         self._new_ids = np.empty(0, dtype=np.uint64)
-        self._new_pos = np.empty(0, dtype=np.uint32)
+        self._new_pos = np.empty(0, dtype=np.uint64)
 
     def __len__(self) -> int:
         return int(self._n + self._new_ids.size)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of its entries (12 a device; spare capacity is not resident)."""
-        return 12 * len(self)
+        """Bytes of its entries (16 a device; spare capacity is not resident)."""
+        return 16 * len(self)
 
     @property
     def ids(self) -> np.ndarray:
@@ -125,7 +228,7 @@ class DeviceIndex:
     @property
     def pos(self) -> np.ndarray:
         self._merge()
-        return self._pos[:self._n]
+        return (self._pos[:self._n] & _LOW).astype(np.uint32)
 
     def _max(self) -> int:
         top = int(self._ids[self._n - 1]) if self._n else -1
@@ -133,16 +236,22 @@ class DeviceIndex:
 
     def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Whether the index holds each of ``ids`` and its row's position (0 where not)."""
-        out = np.zeros(ids.size, dtype=np.uint32)
+        found, pos, _ = self.find_codes(ids)
+        return found, pos
+
+    def find_codes(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`find`, and each row's code (:class:`RowPacker`; :data:`UNKNOWN` where not)."""
+        out = np.full(ids.size, np.uint64(UNKNOWN) << _HIGH, dtype=np.uint64)
         if not len(self) or not ids.size or int(ids.min()) > self._max():
-            return np.zeros(ids.size, dtype=bool), out
+            return np.zeros(ids.size, dtype=bool), (out & _LOW).astype(np.uint32), \
+                (out >> _HIGH).astype(np.uint32)
         fm, im = _search(self._ids[:self._n], ids)
         out[fm] = self._pos[im[fm]]
         if self._new_ids.size:
             fd, idd = _search(self._new_ids, ids)
             out[fd] = self._new_pos[idd[fd]]
             fm |= fd
-        return fm, out
+        return fm, (out & _LOW).astype(np.uint32), (out >> _HIGH).astype(np.uint32)
 
     def holds(self, ids: np.ndarray) -> np.ndarray:
         return self.find(ids)[0]
@@ -161,7 +270,7 @@ class DeviceIndex:
         if need > self._ids.size:
             cap = max(need, 2 * self._ids.size + 1024)   # spare pages are never touched
             grown_ids = np.empty(cap, dtype=np.uint64)
-            grown_pos = np.empty(cap, dtype=np.uint32)
+            grown_pos = np.empty(cap, dtype=np.uint64)
             grown_ids[:self._n] = self._ids[:self._n]
             grown_pos[:self._n] = self._pos[:self._n]
             self._ids, self._pos = grown_ids, grown_pos
@@ -169,9 +278,11 @@ class DeviceIndex:
         self._pos[self._n:need] = pos
         self._n = need
 
-    def upsert(self, ids: np.ndarray, pos: np.ndarray) -> None:
-        """Set the positions of the sorted distinct ``ids`` (new ones inserted in order)."""
-        pos = pos.astype(np.uint32, copy=False)
+    def upsert(self, ids: np.ndarray, pos: np.ndarray, codes: np.ndarray | None = None) -> None:
+        """Set the positions (and row codes, :data:`UNKNOWN` if None) of the sorted distinct
+        ``ids`` (new ones inserted in order)."""
+        pos = _entry(pos, np.full(pos.size, UNKNOWN, dtype=np.uint32) if codes is None
+                     else codes)
         if not ids.size:
             return
         if int(ids[0]) > self._max():   # all new and beyond every id held: appended
@@ -201,7 +312,12 @@ class DeviceIndex:
                                              self._new_ids, self._new_pos)
         self._n = self._ids.size
         self._new_ids = np.empty(0, dtype=np.uint64)
-        self._new_pos = np.empty(0, dtype=np.uint32)
+        self._new_pos = np.empty(0, dtype=np.uint64)
+
+
+def _entry(pos: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Positions and row codes as :class:`DeviceIndex` entries (uint64)."""
+    return pos.astype(np.uint64) | (codes.astype(np.uint64) << _HIGH)
 
 
 @dataclasses.dataclass
@@ -335,7 +451,7 @@ class LogPending:
     #: segment -> its bytes when last seen (to weigh reading it whole against row by row)
     seg_bytes: dict[int, int] = dataclasses.field(default_factory=dict)
     #: segment -> its whole new content (:meth:`rebuild`): written instead of its patch
-    replaced: dict[int, bytes] = dataclasses.field(default_factory=dict)
+    replaced: dict[int, memoryview] = dataclasses.field(default_factory=dict)
 
     def _in_chunks(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         firsts = np.array([c.first for c in self.chunks], dtype=np.int64)
@@ -351,7 +467,7 @@ class LogPending:
         if app.any() and self.chunks:
             at = np.flatnonzero(app)
             ci, rel = self._in_chunks(pos[at])
-            for c in np.unique(ci).tolist():   # one step per chunk, not per row
+            for c in distinct(ci).tolist():   # one step per chunk, not per row
                 sel = ci == c
                 ch = self.chunks[c]
                 parts.append(ch.rows[rel[sel] // ch.stride])
@@ -375,7 +491,7 @@ class LogPending:
         if app.any():
             at = np.flatnonzero(app)
             ci, rel = self._in_chunks(pos[at])
-            for c in np.unique(ci).tolist():
+            for c in distinct(ci).tolist():
                 sel = ci == c
                 ch = self.chunks[c]
                 r = rows[at[sel]]
@@ -383,19 +499,26 @@ class LogPending:
                 ch.rows[rel[sel] // ch.stride, :r.shape[1]] = r
         rest = np.flatnonzero(~app)
         if rest.size:
-            p = pos[rest].astype(np.uint64)
-            order = np.argsort(p)
-            cols = META + int(widths[rest].max())
-            r = np.zeros((rest.size, max(cols, rows.shape[1])), dtype=ROW)
-            r[:, :rows.shape[1]] = rows[rest]
-            self.inplace.upsert(p[order], r[order])
+            every = rest.size == pos.size
+            p = pos.astype(np.uint64) if every else pos[rest].astype(np.uint64)
+            r = rows if every else rows[rest]
+            cols = META + int(widths.max() if every else widths[rest].max())
+            if cols > r.shape[1]:
+                r = np.pad(r, ((0, 0), (0, cols - r.shape[1])))
+            if p.size > 1 and not bool((p[1:] > p[:-1]).all()):   # in order: no sort
+                order = np.argsort(p)
+                p, r = p[order], r[order]
+            self.inplace.upsert(p, r.astype(ROW, copy=False))
 
     @staticmethod
     def _by_seg(pos: np.ndarray, widths: np.ndarray, codes: np.ndarray,
                 into: dict[int, tuple[int, int]]) -> None:
-        if pos.size:
-            segs, first = np.unique(pos >> SEG_BITS, return_index=True)
-            for s, i in zip(segs.tolist(), first.tolist()):
+        if pos.size:   # one row of each segment (a segment's rows share its width and code)
+            seg = pos >> SEG_BITS
+            order = np.argsort(seg)
+            ss = seg[order]
+            first = order[np.concatenate(([0], np.flatnonzero(ss[1:] != ss[:-1]) + 1))]
+            for s, i in zip(seg[first].tolist(), first.tolist()):
                 into[int(s)] = (int(widths[i]), int(codes[i]))
 
     def note_widths(self, pos: np.ndarray, widths: np.ndarray, codes: np.ndarray) -> None:
@@ -412,18 +535,26 @@ class LogPending:
         back."""
         if not self.fetch:
             return {}
-        pos = np.unique(np.concatenate(self.fetch))
-        seg = pos >> SEG_BITS
+        pos = distinct(np.concatenate(self.fetch))
+        seg = pos >> SEG_BITS   # sorted: each segment's positions are one run
+        cuts = [0, *(np.flatnonzero(seg[1:] != seg[:-1]) + 1).tolist(), pos.size]
         out = {}
-        for s in np.unique(seg).tolist():
-            sel = pos[seg == s]
+        for a, z in zip(cuts, cuts[1:]):
+            s, sel = int(seg[a]), pos[a:z]
             off = ((sel & ((1 << SEG_BITS) - 1)).astype(np.uint32) * 4).astype(_U4)
             width, code = self.fetch_width[int(s)]
             out[int(s)] = (width, code, row_bytes(width, code), off)
         return out
 
+    def rewrites(self) -> dict[int, int]:
+        """Segment -> rows this delta rewrites in place there (applied segments only)."""
+        if not len(self.inplace):
+            return {}
+        per = np.bincount((self.inplace.ids >> np.uint64(SEG_BITS)).astype(np.intp))
+        return {int(s): int(per[s]) for s in np.flatnonzero(per)}
+
     def note_sizes(self, pos: np.ndarray, seg_len: Sequence[int]) -> None:
-        for s in np.unique(pos >> SEG_BITS).tolist():
+        for s in distinct(pos >> SEG_BITS).tolist():
             self.seg_bytes[int(s)] = int(seg_len[int(s)])
 
     def dense(self, seg: int, rows: int) -> bool:
@@ -438,9 +569,13 @@ class LogPending:
         supersedes (returned), and its new content with this delta's rows rewritten in place and
         appended (:attr:`replaced`, written by the apply instead of a patch)."""
         size = row_bytes(width, code)
-        buf = np.frombuffer(raw, dtype=np.uint8).copy()
-        at = off.astype(np.int64)[:, None] + np.arange(size)
-        old = decode_rows(buf[at], width, code) if off.size else \
+        tail = [ch for ch in self.chunks if ch.seg == seg]
+        buf = np.empty(len(raw) + sum(chunk_size(c.rows.shape[0], c.rows.shape[1] - META, c.code)
+                                      for c in tail), dtype=np.uint8)
+        buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        words = buf[:len(raw)].view(_U4)   # a log is whole 8-byte words; rows start on 4
+        old = _rows_at(words, off, size).view(np.uint8)
+        old = decode_rows(old, width, code) if off.size else \
             np.empty((0, META + width), dtype=ROW)
         pos = self.inplace.ids.astype(np.int64) if len(self.inplace) else np.empty(0, np.int64)
         sel = (pos >> SEG_BITS) == seg
@@ -448,10 +583,13 @@ class LogPending:
             ww, wc = self.write_width[seg]
             wsize = row_bytes(ww, wc)
             woff = (pos[sel] & ((1 << SEG_BITS) - 1)) * 4
-            buf[woff[:, None] + np.arange(wsize)] = encode_rows(
-                self.inplace.rows[sel][:, :META + ww], wc)
-        tail = [ch.encode() for ch in self.chunks if ch.seg == seg]
-        self.replaced[seg] = buf.tobytes() + b"".join(tail)
+            mine = self.inplace.rows if sel.all() else self.inplace.rows[sel]
+            enc = encode_rows(mine[:, :META + ww], wc)
+            _rows_at(words, woff, wsize, enc.view(_U4))
+        at = len(raw)
+        for ch in tail:
+            at = ch.write(buf, at)
+        self.replaced[seg] = buf.data
         return old
 
     def fresh(self, seg: int) -> bool:
@@ -460,11 +598,12 @@ class LogPending:
 
     def patches(self) -> dict[int, tuple[memoryview, int, np.ndarray, np.ndarray]]:
         """Segment -> (bytes appended, bytes a rewritten row, their byte offsets, their rows):
-        what :func:`patch_blob` encodes for the apply."""
+        what :func:`patch_blob` encodes for the apply (segments written whole left out)."""
         out: dict[int, tuple[memoryview, int, np.ndarray, np.ndarray]] = {}
         by_seg: dict[int, list[Chunk]] = {}
         for ch in self.chunks:
-            by_seg.setdefault(ch.seg, []).append(ch)
+            if ch.seg not in self.replaced:
+                by_seg.setdefault(ch.seg, []).append(ch)
         appended: dict[int, np.ndarray] = {}
         for seg_, chunks in by_seg.items():   # one buffer a segment, each chunk copied once
             # uninitialized (no zero-fill pass): every byte is written, padding included
@@ -476,7 +615,9 @@ class LogPending:
                 at = c.write(buf, at)
         pos = self.inplace.ids.astype(np.int64) if len(self.inplace) else np.empty(0, np.int64)
         seg = pos >> SEG_BITS
-        for s in sorted(set(appended) | set(np.unique(seg).tolist()) | self.trim):
+        for s in sorted(set(appended) | set(distinct(seg).tolist()) | self.trim):
+            if s in self.replaced:   # written whole (:meth:`rebuild` encoded its rows)
+                continue
             sel = seg == s
             width, code = self.write_width.get(s, (0, 0))
             rows = encode_rows(self.inplace.rows[sel][:, :META + width], code) if sel.any() \
@@ -497,12 +638,14 @@ def patch_blob(appended: bytes | bytearray | memoryview, size: int, offsets: np.
             + offsets.astype(_U4).tobytes() + np.ascontiguousarray(rows).tobytes())
 
 
-def index_segments(segments: Sequence[bytes | None]
-                   ) -> tuple[DeviceIndex, list[int], list[int], list[int]]:
-    """The index of a log read back (its segments in order): each device at its last row; and
-    each segment's length, row width (-1 if its chunks differ) and value code."""
+def index_segments(segments: Sequence[bytes | None], packer: RowPacker | None = None,
+                   epoch: int = 0) -> tuple[DeviceIndex, list[int], list[int], list[int]]:
+    """The index of a log read back (its segments in order): each device at its last row (with
+    ``packer``, the row packed too: the log of ``epoch``); and each segment's length, row width
+    (-1 if its chunks differ) and value code."""
     ids: list[np.ndarray] = []
     pos: list[np.ndarray] = []
+    packed: list[np.ndarray] = []
     lens, widths, codes = [], [], []
     for s, data in enumerate(segments):
         data = data or b""
@@ -512,8 +655,11 @@ def index_segments(segments: Sequence[bytes | None]
         lens.append(len(data))
         w: int | None = None
         c = 0
-        for at, cid, rows, code in log_chunks(data, with_offsets=True, rows_too=False):
+        for at, cid, rows, code in log_chunks(data, with_offsets=True,
+                                              rows_too=packer is not None):
             n, cols = rows.shape
+            if packer is not None:
+                packed.append(packer.pack(rows, epoch))
             same = w is None or (w == cols - META and c == code)
             w, c = (cols - META, code) if same else (-1, code)
             ids.append(cid)
@@ -525,7 +671,8 @@ def index_segments(segments: Sequence[bytes | None]
         return DeviceIndex(), lens, widths, codes
     all_ids = np.concatenate(ids)
     u, keep = last_of(all_ids)
-    return DeviceIndex(u, np.concatenate(pos)[keep].astype(np.uint32)), lens, widths, codes
+    return DeviceIndex(u, np.concatenate(pos)[keep].astype(np.uint32),
+                       np.concatenate(packed)[keep] if packed else None), lens, widths, codes
 
 
 def table_of_segments(segments: Sequence[bytes | None]) -> DeviceTable:

@@ -43,7 +43,9 @@ def test_bench_pipeline_quick_json():
     assert doc["memo_reports"] == 50_000 and doc["memo_devices"] == 100_000
     assert doc["memo_vs_plain"] == doc["memo_ingest_rate"] / doc["ingest_rate"]
     assert len(doc["freshness_samples"]) == 2
-    assert set(doc["raw_timings_s"]) == {"poll", "decode"}
+    assert set(doc["raw_timings_s"]) == {"poll", "decode", "cpu"}
+    # by CPU: the raw consumer's seconds ÷ the worker's and Redis's over the same reports
+    assert len(doc["cpu_ratios"]) == 1 and doc["cpu_ratio"] == doc["cpu_ratios"][0] > 0
     assert {k: p["reports_per_message"] for k, p in doc["small_batches"].items()} == \
         {"10": 10, "1": 1}
     assert doc["quiet"]["probes"] == 3 and 0 < doc["quiet"]["p50_s"] <= doc["quiet"]["p99_s"]

@@ -70,13 +70,13 @@ class Intake:
         seen = state.seen
         if seen is None:
             return   # not positioned: the take ignores the records
-        fresh, _ = split_bad_timestamps([m for m in msgs if m.offset > seen])
         quota = self.quota.applies(cid)
-        if not quota and not any(is_keyed(m.value) for m in fresh):
+        if not quota and not any(is_keyed(m.value) for m in msgs):
             # nothing to read (a keyed batch found all the same is refused loudly by the book)
             self.dedupe.wanted(state, [])
             self.dedupe.took(state, [], [], [])
             return
+        fresh, _ = split_bad_timestamps([m for m in msgs if m.offset > seen])
         good, refused = self._decode(cid, fresh)
         decoded = Decoded(state.epoch, tuple(m.offset for m in fresh), good, refused)
         senders = [str(d) for d in sorted({b.key[0] for _, b in good if b.key is not None})]
@@ -157,7 +157,7 @@ class Intake:
         elif quota:   # Intake.load decodes every record of a quota's collection
             raise RuntimeError(f"device quota state of {state.tp} not read for these records")
         else:
-            if self._fast(state, pend, msgs, known):
+            if self._fast(state, pend, msgs, known, memo):
                 return
             good, refused = self._decode(cid, msgs)
         for m, reason, detail, n in refused:
@@ -188,13 +188,12 @@ class Intake:
                     self._accept_batches(pend, cid, version, accepted)
 
     def _fast(self, state: PartitionState, pend: Pending, msgs: Records,
-              known: Mapping[str, Mapping[int, Mechanism]]) -> bool:
-        """Count ``msgs`` in one run when they are uniform (same header, no batch key): True
-        when done, False when they must be taken message by message."""
+              known: Mapping[str, Mapping[int, Mechanism]], memo: bool) -> bool:
+        """Count ``msgs`` of a collection without a quota (``memo``: memoized) in one run when
+        they are uniform (same header, no batch key): True when done, False when they must be
+        taken message by message."""
         cid = state.collection
-        quota = self.quota.applies(cid)
-        memo = self.memo.applies(cid)
-        if len(msgs) >= 16 and not (quota or memo or self.identity.enforced):
+        if len(msgs) >= 16 and not (memo or self.identity.enforced):
             # the fast path drops device ids (and takes only unkeyed, so unauthenticated, ones)
             fast = decode_uniform([m.value for m in msgs], self.max_message_bytes)
             if fast is not None and fast.collection == cid and explain_batch(fast, known) is None:
@@ -204,7 +203,7 @@ class Intake:
                              clamp_sent_at(fast.sent_at, max(m.timestamp for m in msgs) / 1000.0,
                                            time.time()))
                 return True
-        if len(msgs) >= 16 and memo and not quota and not self.identity.enforced:
+        if len(msgs) >= 16 and memo and not self.identity.enforced:
             # a memoized collection's fast path: the device ids kept, one run, when there is
             # room for every report's device (else each message is admitted on its own below)
             fast = decode_uniform([m.value for m in msgs], self.max_message_bytes, with_ids=True)

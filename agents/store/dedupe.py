@@ -98,10 +98,6 @@ class DedupeBook:
         if self.known is not None and sender not in self.known:
             raise RuntimeError(f"batch-dedupe state of sender {sender} not read for this poll")
 
-    def missing(self, window: int) -> list[int]:
-        """The windows a lookup in ``window`` needs that are not loaded."""
-        return [w for w in (window - 1, window) if w not in self.windows]
-
     def load(self, window: int,
              raw: Mapping[int, str | bytes] | Mapping[str | bytes, str | bytes]) -> None:
         """Take the side hash of ``window`` as read from Redis (field → "high:bitmap")."""

@@ -218,6 +218,18 @@ def service_env(kafka_broker, redis_server):
 
 # --- worker processes and configs (generic helpers for pipeline tests) ---------------------------
 
+def api_json(url: str, path: str, timeout: float = 10.0) -> tuple[int, dict]:
+    """(status, JSON body) of a GET of ``url + path``; HTTP errors returned, not raised."""
+    import json
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url + path, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
 def write_config(path, collection_id: str, *, columns=("sex", "race", "relationship", "Salary"),
                  partitions: int = 3, marginals=None, version: int = 0, epsilon: float = 1.0,
                  estimators=("castell",), refresh_interval_s: float = 2.0, ingest=None,

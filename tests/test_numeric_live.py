@@ -11,7 +11,6 @@ with its band, the quantiles and the mean over time with its interval, with the 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 import urllib.error
@@ -20,7 +19,7 @@ import urllib.request
 import numpy as np
 import pytest
 import yaml
-from conftest import WorkerProcess
+from conftest import WorkerProcess, api_json
 from test_page_browser import browser, field, fresh, shot, wait  # noqa: F401 - the fixture
 from test_windows_e2e import publish
 
@@ -29,14 +28,6 @@ pytestmark = pytest.mark.e2e
 N = 20_000          # reports per population
 PER_MESSAGE = 5_000
 RANGE = (0.0, 100.0)
-
-
-def api(url: str, path: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url + path, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def population(n: int, rng: np.random.Generator, later: bool) -> np.ndarray:
@@ -79,7 +70,7 @@ def numeric_stack(tmp_path_factory, kafka_broker, redis_server):
             asyncio.run(publish(kafka_broker.bootstrap, coll, idx, stamps, rng))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:   # both populations in the all-time estimates
-            status, est = api(worker.url, f"/estimates/{cid}?attrs=fw,battery&method=mean"
+            status, est = api_json(worker.url, f"/estimates/{cid}?attrs=fw,battery&method=mean"
                                           f"&window=all")
             if status == 200 and est["n"] == 2 * N:
                 break
@@ -104,14 +95,14 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
     late = on_grid(mech, numeric_stack["values"][True][0])
     both = np.concatenate([early, late])
 
-    status, info = api(url, f"/collections/{cid}")
+    status, info = api_json(url, f"/collections/{cid}")
     assert status == 200 and info["mechanism"] == "sw-hm"
     # the ε it cost: computed from the channels (two attributes at ε = 2 each)
     assert info["epsilon_per_record"] == pytest.approx(mech.epsilon, rel=1e-12)
     assert info["epsilon_per_record"] == pytest.approx(4.0, rel=1e-9)
 
     # the mean with its interval and mechanism (all time: both populations)
-    status, est = api(url, f"/estimates/{cid}?attrs=battery&method=mean&window=all")
+    status, est = api_json(url, f"/estimates/{cid}?attrs=battery&method=mean&window=all")
     assert status == 200, est
     m = est["numeric"]["mean"]
     assert est["numeric"]["attribute"] == "battery" and est["numeric"]["level"] == 0.95
@@ -121,7 +112,7 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
     assert est["epsilon_per_record"] == pytest.approx(mech.epsilon, rel=1e-12)
 
     # the distribution: CDF with its band, quantiles with bounds, histogram, W1 bound
-    status, est = api(url, f"/estimates/{cid}?attrs=battery&method=distribution&window=all")
+    status, est = api_json(url, f"/estimates/{cid}?attrs=battery&method=distribution&window=all")
     assert status == 200, est
     num = est["numeric"]
     cdf = num["cdf"]
@@ -140,7 +131,7 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
     assert 0 < num["w1_bound"] < 10 and num["w1_bound_coverage"] == "at least"
 
     # per category: a mean with its interval for each firmware
-    status, est = api(url, f"/estimates/{cid}?attrs=battery,fw&method=mean&window=all")
+    status, est = api_json(url, f"/estimates/{cid}?attrs=battery,fw&method=mean&window=all")
     assert status == 200, est
     cats = est["numeric"]["categories"]
     assert [c["category"] for c in cats] == ["a", "b", "c"] and est["numeric"]["by"] == "fw"
@@ -151,29 +142,29 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
         assert abs(c["mean"]["value"] - both[fw == i].mean()) < 2 * half, c
         assert abs(c["share"] - 1 / 3) < 0.05
     # per category: the distribution's quantiles and W1 bound, also on Prometheus
-    status, est = api(url, f"/estimates/{cid}?attrs=fw,battery&method=distribution&window=all")
+    status, est = api_json(url, f"/estimates/{cid}?attrs=fw,battery&method=distribution&window=all")
     assert status == 200, est
     w1 = {c["category"]: c["w1_bound"] for c in est["numeric"]["categories"]}
     assert all(0 < v < RANGE[1] - RANGE[0] for v in w1.values()), w1
     assert {c["w1_bound_coverage"] for c in est["numeric"]["categories"]} == {"at least"}
 
     # the 1m window holds the later population; its drift alarm names the mean that moved
-    status, est = api(url, f"/estimates/{cid}?attrs=battery&method=mean&window=1m")
+    status, est = api_json(url, f"/estimates/{cid}?attrs=battery&method=mean&window=1m")
     assert status == 200, est
     assert est["numeric"]["mean"]["low"] < late.mean() < est["numeric"]["mean"]["high"]
     assert est["drift_alarm"] and est["drift_statistic"] > est["drift_threshold"]
     (moved,) = est["drift_detail"]
     assert moved["quantity"] == "mean" and abs(moved["previous"] - early.mean()) < 2
     assert abs(moved["current"] - late.mean()) < 2
-    status, est = api(url, f"/estimates/{cid}?attrs=battery&method=distribution&window=1m")
+    status, est = api_json(url, f"/estimates/{cid}?attrs=battery&method=distribution&window=1m")
     assert est["drift_alarm"]
     assert {q["quantity"] for q in est["drift_detail"]} == {"0.5", "0.9", "0.99"}
     assert max(q["z"] for q in est["drift_detail"]) == est["drift_statistic"]
-    status, est = api(url, f"/estimates/{cid}?attrs=fw,battery&method=mean&window=1m")
+    status, est = api_json(url, f"/estimates/{cid}?attrs=fw,battery&method=mean&window=1m")
     assert est["drift_alarm"]
     assert {q["category"] for q in est["drift_detail"] if q["z"] > est["drift_threshold"]} \
         == {"a", "b", "c"}
-    status, est = api(url, f"/estimates/{cid}?attrs=battery&method=mean&window=all")
+    status, est = api_json(url, f"/estimates/{cid}?attrs=battery&method=mean&window=all")
     assert est["drift_statistic"] is None and not est["drift_alarm"]   # nothing before "all"
 
     # Prometheus: the summaries, never the grid's cells
@@ -182,7 +173,7 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
     assert len(text) < 300_000
     cells = [line for line in text.splitlines() if line.startswith("ldp_estimate_cell{")]
     assert not [line for line in cells if f'collection="{cid}"' in line]
-    status, est = api(url, f"/estimates/{cid}?attrs=battery&method=mean&window=all")
+    status, est = api_json(url, f"/estimates/{cid}?attrs=battery&method=mean&window=all")
     mean_line = next(line for line in text.splitlines() if line.startswith("ldp_numeric_mean{")
                      and f'collection="{cid}"' in line and 'marginal="battery"' in line
                      and 'method="mean"' in line and 'window="all"' in line)
@@ -204,10 +195,10 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
             (f"/estimates/{cid}?attrs=temp", 404, "not in the schema"),
             (f"/estimates/{cid}?attrs=battery&raw=2", 400, "raw"),
             (f"/ui/history/{cid}?attrs=fw&method=mean", 400, "categorical")):
-        status, body = api(url, path)
+        status, body = api_json(url, path)
         assert status == code and words in body["error"], (path, status, body)
     # a sub-marginal of a by-category estimate keeps its cells, says why it has no summary
-    status, est = api(url, f"/estimates/{cid}?attrs=fw&method=distribution&window=all")
+    status, est = api_json(url, f"/estimates/{cid}?attrs=fw&method=distribution&window=all")
     assert status == 200 and "numeric" not in est and est["marginalized_from"] == ["fw", "battery"]
     assert any("per-category" in w for w in est["warnings"])
 
@@ -217,7 +208,7 @@ def test_the_page_shows_a_numeric_distribution_and_the_mean_over_time(numeric_st
     browser.get(f"{worker.url}/?poll=400#c={cid}&m=battery&e=distribution&w=1m")
     wait(lambda: browser.find_elements("css selector", "#estimate-chart g.quantile"), 30,
          "the quantile marks of the CDF")
-    status, est = api(worker.url, f"/estimates/{cid}?attrs=battery&method=distribution&window=1m")
+    status, est = api_json(worker.url, f"/estimates/{cid}?attrs=battery&method=distribution&window=1m")
 
     def table() -> dict[str, float]:
         return fresh(lambda: {r.get_attribute("data-cell"): float(r.get_attribute("data-value"))
@@ -226,7 +217,7 @@ def test_the_page_shows_a_numeric_distribution_and_the_mean_over_time(numeric_st
 
     def same_as_api() -> bool:
         nonlocal est
-        status, est = api(worker.url,
+        status, est = api_json(worker.url,
                           f"/estimates/{cid}?attrs=battery&method=distribution&window=1m")
         rows = table()
         return all(rows.get(p) == q["value"] for p, q in est["numeric"]["quantiles"].items())
@@ -246,7 +237,7 @@ def test_the_page_shows_a_numeric_distribution_and_the_mean_over_time(numeric_st
          30, "the mean with its interval")
     wait(lambda: len(browser.find_elements("css selector", "#history-chart path.band")) >= 1, 30,
          "the mean over time with its interval band (two refreshes)")
-    status, est = api(worker.url, f"/estimates/{cid}?attrs=battery&method=mean&window=1m")
+    status, est = api_json(worker.url, f"/estimates/{cid}?attrs=battery&method=mean&window=1m")
     # one script reads the three numbers: the page re-renders every poll (400 ms), so an element
     # found by one call may be gone by the next
     low, value, high = browser.execute_script(
@@ -353,19 +344,19 @@ def test_memoized_numeric_reports_count_each_device_once_with_its_epsilon_per_da
             await pub.stop()
     try:
         worker.wait_ready(90)
-        status, info = api(worker.url, f"/collections/{cid}")
+        status, info = api_json(worker.url, f"/collections/{cid}")
         assert info["longitudinal"]["memoized"] and info["over_time"]["counted_by"] == "device"
         assert info["epsilon_per_record"] == pytest.approx(mech.epsilon) == pytest.approx(2.0)
         assert info["epsilon_per_day"] == pytest.approx(2 * info["epsilon_per_record"])
         asyncio.run(send())
         deadline = time.monotonic() + 30
-        while api(worker.url, f"/collections/{cid}")[1]["n"] < 3 * devices:   # reports taken
+        while api_json(worker.url, f"/collections/{cid}")[1]["n"] < 3 * devices:   # reports taken
             assert time.monotonic() < deadline, worker.log_tail()
             time.sleep(0.2)
         taken = time.time()
         est: dict = {}
         while time.monotonic() < deadline:   # a refresh after the last report was counted
-            status, est = api(worker.url, f"/estimates/{cid}?attrs=battery&method=mean")
+            status, est = api_json(worker.url, f"/estimates/{cid}?attrs=battery&method=mean")
             if status == 200 and est["updated_at"] > taken:
                 break
             time.sleep(0.2)

@@ -7,28 +7,18 @@ family's randomizer (the state carries no description for the C and TypeScript S
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 import yaml
+from conftest import api_json
 from test_windows_e2e import PER_MESSAGE, publish
 
 pytestmark = pytest.mark.pipeline
 
 N = 20_000
 BINS = 9
-
-
-def _api(url: str, path: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url + path, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def _collection(cid: str) -> dict:
@@ -61,7 +51,7 @@ def test_live_estimates_of_a_numeric_attribute(tmp_path, kafka_broker, spawn_wor
     asyncio.run(publish(kafka_broker.bootstrap, coll, idx, stamps, rng))
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline:
-        status, est = _api(worker.url, f"/estimates/{cid}?attrs=battery&method=global")
+        status, est = api_json(worker.url, f"/estimates/{cid}?attrs=battery&method=global")
         if status == 200 and est.get("n") == N:
             break
         time.sleep(0.3)
@@ -80,7 +70,7 @@ def test_live_estimates_of_a_numeric_attribute(tmp_path, kafka_broker, spawn_wor
     assert med["low"] <= np.median(on_grid) <= med["high"]
     assert 12.5 * 0.75 <= num["w1_bound"] <= 100
 
-    status, by = _api(worker.url, f"/estimates/{cid}?attrs=fw,battery&method=unbiased")
+    status, by = api_json(worker.url, f"/estimates/{cid}?attrs=fw,battery&method=unbiased")
     assert status == 200, by
     assert np.shape(by["cells"]) == (3, BINS)
     rows = by["numeric"]["categories"]
@@ -90,7 +80,7 @@ def test_live_estimates_of_a_numeric_attribute(tmp_path, kafka_broker, spawn_wor
         assert abs(r["mean"]["value"] - on_grid[fw == k].mean()) < 2 * half, (k, r["mean"])
     assert rows[0]["mean"]["value"] > rows[2]["mean"]["value"]   # Beta(5, 2) above Beta(5, 4)
 
-    status, bad = _api(worker.url, f"/estimates/{cid}?attrs=battery&method=mean")
+    status, bad = api_json(worker.url, f"/estimates/{cid}?attrs=battery&method=mean")
     assert status in (400, 404) and "error" in bad
     assert worker.stop() == 0
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.pipeline
 OLD = np.arange(1, 41, dtype=np.uint64)
 
 
-def _setup(tmp_path, redis_url: str, cid: str):
+def _setup(tmp_path, redis_url: str, cid: str, retention_epochs: int = 1):
     from ldpstream.agents.app import make_store
     from ldpstream.agents.ingest.clients import Clients, RedisGate
     from ldpstream.agents.ingest.memo_gate import MemoGate
@@ -29,13 +29,13 @@ def _setup(tmp_path, redis_url: str, cid: str):
     from ldpstream.agents.store import device_memo
     from ldpstream.config import load_config
 
-    # one-hour windows: a state epoch of 2 h 1 min, the retention one epoch (K = 1)
+    # one-hour windows: a state epoch of 2 h 1 min, the retention one epoch (K = 1) unless asked
     path = write_config(tmp_path / "c.yaml", cid, columns=("sex", "Salary"), partitions=1,
                         marginals=[("sex", "Salary")],
                         extra={"params": {"memoize": MEMOIZE}, "bucket_s": 60,
-                               "windows": ["1h", "all"], "device_retention_s": 7260})
+                               "windows": ["1h", "all"], "device_retention_s": 7260 * retention_epochs})
     coll = load_config(path).collections[cid]
-    assert device_memo.retention_epochs(coll.device_retention(), coll.policy) == 1
+    assert device_memo.retention_epochs(coll.device_retention(), coll.policy) == retention_epochs
     store = make_store(redis_url)
     parts = Partitions()
     memo = MemoGate({cid: coll}, RedisGate(Clients(), parts), store)
@@ -114,6 +114,46 @@ def test_what_a_roll_left_survives_a_second_roll_before_any_delta(tmp_path, redi
     assert sorted(held) == [epoch - 1, epoch]
     assert stack_rows(held[epoch - 1].evicted).shape[0] == OLD.size
     assert ("an expired log", 2) in held[epoch - 1].cleared
+
+
+@pytest.mark.parametrize("retention_epochs", [1, 3])
+def test_rows_a_roll_carried_survive_a_second_roll_before_any_delta(tmp_path, redis_server,
+                                                                     unique_name,
+                                                                     retention_epochs):
+    """Rows a roll carried into a log, not written yet (no delta came since), are read from
+    memory by the next roll: evicted if silent beyond the retention (K = 1), carried on (K = 3),
+    never dropped (dropped, their devices would stay counted all time for good)."""
+    from ldpstream.agents.store.device_memo import epoch_of, stack_rows
+    from ldpstream.agents.store.memo_log import EpochLog
+
+    cid = unique_name
+    coll, store, memo, state, _ = _setup(tmp_path, redis_server.url, cid, retention_epochs)
+
+    async def run():
+        try:
+            epoch = epoch_of(time.time(), coll.policy)
+            carried = EpochLog("the log a roll carried into", 0.0)
+            rows = _rows(OLD.size)
+            rows[:, 1] = -(epoch - 2)     # all-time only, last seen in epoch - 2
+            chunks, pos = carried.place(OLD, rows)
+            carried.index.upsert(OLD, pos)
+            carried.unlogged += chunks
+            state.memo, state.memo_epoch = {epoch - 2: carried,
+                                            epoch - 1: EpochLog("the current log", 0.0)}, epoch - 1
+            await memo.load(state)   # rolls from epoch - 1 to epoch
+            return epoch, state.memo
+        finally:
+            await store.close()
+
+    epoch, held = asyncio.run(run())
+    into = held[epoch - 1]
+    if retention_epochs == 1:
+        assert stack_rows(into.evicted).shape[0] == OLD.size
+        assert len(into) == 0
+    else:
+        assert not into.evicted and len(into) == OLD.size
+        assert sum(ch.ids.size for ch in into.unlogged) == OLD.size
+    assert ("the log a roll carried into", 1) in into.cleared
 
 
 def _bounds() -> np.ndarray:

@@ -177,9 +177,11 @@ class MemoGate:
                 into.cleared += log.cleared
                 if log.seg_len:
                     into.cleared.append((log.name, len(log.seg_len)))
-                    if len(log):
+                    if len(log):   # its carried rows too, if no delta has written them yet
                         tables.append((e, table_of_segments(
-                            await self._segments(state, log.name, len(log.seg_len)))))
+                            await self._segments(state, log.name, len(log.seg_len)),
+                            log.unlogged)))
+                        log.unlogged = []
             device_memo.carry(tables, adapter, cur.index, keep_from)
         return {epoch - 1: into, epoch: cur}
 

@@ -675,13 +675,19 @@ def index_segments(segments: Sequence[bytes | None], packer: RowPacker | None = 
                        np.concatenate(packed)[keep] if packed else None), lens, widths, codes
 
 
-def table_of_segments(segments: Sequence[bytes | None]) -> DeviceTable:
-    """The full table (each device's last row) of a log read back: at a roll only."""
+def table_of_segments(segments: Sequence[bytes | None],
+                      unlogged: Sequence[Chunk] = ()) -> DeviceTable:
+    """The full table (each device's last row) of a log read back, with the rows an earlier roll
+    placed in it that no delta has written yet (``unlogged``, newer than what is read): at a
+    roll only."""
     ids, rows = [], []
     for data in segments:
         for cid, crows in log_chunks(data or b""):
             ids.append(cid)
             rows.append(crows)
+    for ch in unlogged:
+        ids.append(ch.ids)
+        rows.append(ch.rows)
     if not ids:
         return DeviceTable()
     all_ids = np.concatenate(ids)

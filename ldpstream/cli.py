@@ -13,6 +13,7 @@ import sys
 import threading
 from typing import Any
 
+from ldpstream import termination
 from ldpstream.errors import CliError
 from ldpstream.names import (
     DEFAULT_BIND,
@@ -407,19 +408,11 @@ _COMMANDS = {
 }
 
 
-class Terminated(BaseException):
-    """SIGTERM before the command installed its own stop handler (see :func:`main`)."""
-
-
-def _terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
-
-
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM stops a command cleanly: the long-running ones install their own handler (a clean
     # stop); until then (from the first line, before the parser imports anything heavy), and in
     # batch commands (simulate, bench), it unwinds like Ctrl-C does
-    previous = signal.signal(signal.SIGTERM, _terminated) \
+    previous = signal.signal(signal.SIGTERM, termination.on_sigterm) \
         if threading.current_thread() is threading.main_thread() else None
     try:
         parser = build_parser()
@@ -429,13 +422,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         _endpoint_defaults(args)
         module = importlib.import_module(_COMMANDS[args.command])
+        termination.raise_if_received()   # its exception may be lost in a module's compilation
         return int(module.main(args) or 0)
     except CliError as exc:
         print(f"ldpstream: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    except Terminated:
+    except termination.Terminated:
         print("ldpstream: stopped by SIGTERM", file=sys.stderr)
         return 143
     finally:

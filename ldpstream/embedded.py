@@ -31,6 +31,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ldpstream import termination
 from ldpstream.names import DEFAULT_BIND, ENV_KAFKA_IDEMPOTENCE, ENV_PROMETHEUS_URL
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -442,10 +443,8 @@ def main(args: Any) -> int:
 
         async def runner() -> bool:
             stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
             # SIGHUP (terminal closed) stops everything too, instead of orphaning the children
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                loop.add_signal_handler(sig, stop.set)
+            termination.on_loop(stop.set, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
             return await _run(args, config, bootstrap, redis_url, worker, stop, data,
                               key.verify_key)
 

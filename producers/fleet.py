@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
+from ldpstream import termination
 from ldpstream.credentials.device_keys import DeviceSigner, load_fleet_secrets
 from ldpstream.estimators.mechanism import Mechanism, histogram
 from ldpstream.names import ENV_DEVICE_SECRETS_FILE, ENV_KAFKA_BOOTSTRAP
@@ -293,8 +293,7 @@ def stop_on_signals(stop: asyncio.Event, task: "asyncio.Task[Any]",
         stop.set()
         loop.call_later(grace_s, cancel)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+    termination.on_loop(on_signal)
 
 
 def _print_progress(stats: FleetStats) -> None:

@@ -56,7 +56,6 @@ import hmac
 import json
 import logging
 import os
-import signal
 import ssl
 import sys
 import time
@@ -68,6 +67,7 @@ import numpy as np
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from ldpstream import termination
 from ldpstream.credentials.device_keys import server_id
 from ldpstream.errors import CliError
 from ldpstream.estimators.mechanism import Mechanism
@@ -607,9 +607,7 @@ def main(args: Any) -> int:
     async def run() -> None:
         # the stop signals count from the start: a stop while connecting is clean too
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        termination.on_loop(stop.set)
         try:
             runner = await unless_stopped(serve(gateway, args.bind, args.port,
                                                 ssl_context=tls), stop)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 import sys
 from typing import Any
 
+from ldpstream import termination
 from ldpstream.endpoint import require_free_port
 from ldpstream.errors import CliError
 from ldpstream.http_guard import GATEWAY_ENV, ConnectionGuard, HardenedSite
@@ -69,9 +69,7 @@ def main(args: Any) -> int:
         from aiohttp import web
 
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        termination.on_loop(stop.set)
         bridge = MqttBridge(bootstrap, fleets, endpoint, client_id=client_id, ca=ca,
                             shared=subscription == "shared", max_body_bytes=args.max_body_bytes,
                             broker_log_file=broker_log,

@@ -91,7 +91,8 @@ class IngestConfig(_Strict):
     """How the worker batches its writes to Redis (docs/pipeline.md, "How a message is counted")."""
 
     batch_reports: int = Field(DEFAULT_BATCH_REPORTS, ge=1,
-                               description="apply a delta to Redis every this many reports ...")
+                               description="apply a delta to Redis every this many reports (a delta "
+                                           "of many cells: 64 a cell, up to 8 times this) ...")
     batch_seconds: float = Field(DEFAULT_BATCH_SECONDS, gt=0.0,
                                  description="... or every this many seconds, whichever is first; a "
                                              "worker that has caught up applies at once "

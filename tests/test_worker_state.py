@@ -87,3 +87,26 @@ def test_fault_hook_wraps_take_only_when_asked():
     s.seen = 0
     hooked(s, [record(0, b"BOOM: already taken"), record(1)])   # at or below seen: not taken
     assert taken == [[0, 1]]
+
+
+def test_a_delta_of_many_cells_waits_for_more_reports():
+    """Due by size (agents/ingest/service.py ``due_reports``): ``batch_reports`` for a delta of
+    few cells; REPORTS_PER_CELL a cell for a wide one (a numeric attribute's outputs), at most
+    WIDE_DELTA_MAX times ``batch_reports``. A delta's cells are its arrays' (one per bucket)."""
+    import numpy as np
+
+    from ldpstream.agents.ingest.service import REPORTS_PER_CELL, WIDE_DELTA_MAX, due_reports
+    from ldpstream.agents.store.layout import Layout
+
+    assert due_reports(20_000, 128) == 20_000                  # 8 attributes of 16 categories
+    assert due_reports(20_000, 2_072) == REPORTS_PER_CELL * 2_072 > 20_000   # 8 of 259 outputs
+    assert due_reports(20_000, 10**6) == WIDE_DELTA_MAX * 20_000
+    assert due_reports(1_000, 0) == 1_000
+    s = Partitions().assign(TP, "x")
+    s.seen = 9
+    pend = s.open_pending(None)
+    assert pend.cells() == 0
+    layout = Layout.of(0, load_config().collections["adult"].tensors())
+    pend.deltas[(layout, 3)] = np.zeros(layout.size, dtype=np.int64)
+    pend.deltas[(layout, None)] = np.zeros(layout.size, dtype=np.int64)
+    assert pend.cells() == 2 * layout.size

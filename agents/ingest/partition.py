@@ -66,6 +66,10 @@ class Pending:
     #: log (agents/store/memo_log.py), by log name
     memo: dict[str, LogPending] = dataclasses.field(default_factory=dict)
 
+    def cells(self) -> int:
+        """The count cells this delta adds (each written per level by its apply)."""
+        return sum(int(d.size) for d in self.deltas.values())
+
     def covers(self, offset: int) -> None:
         """Extend the delta's range to ``offset`` (one more message taken)."""
         self.last_offset = offset if self.last_offset is None else max(offset, self.last_offset)

@@ -87,6 +87,13 @@ log = logging.getLogger(__name__)
 #: refusal reasons of an ldp.config record that only a forger produces (producers/signing.py)
 FORGERY_REASONS = ("unsigned", "wrong_key", "bad_signature", "wrong_collection")
 
+#: a delta is due by size at ``batch_reports`` reports or, holding many cells, at this many
+#: reports per cell: its apply costs Redis an operation per cell and level (a numeric
+#: attribute's 259 outputs against a category's 16), the counting a few per report
+REPORTS_PER_CELL = 64
+#: ... at most this many times ``batch_reports`` (what a delta holds per report, memoized rows
+#: and batch-dedupe and quota entries, stays bounded)
+WIDE_DELTA_MAX = 8
 #: reports taken per poll, in deltas (``batch_reports``): 4 measured ~14 % more ingest than 1
 #: (``ldpstream bench pipeline``, 4M reports of 500 per message: 4.85M vs 4.25M reports/s)
 POLL_DELTAS = 4
@@ -117,6 +124,13 @@ def fetch_settings(max_message_bytes: int) -> dict[str, int]:
     (docs/pipeline.md "Measured")."""
     return {"max_partition_fetch_bytes": max(4 * 1_048_576, 2 * int(max_message_bytes)),
             "fetch_max_bytes": 64 * 1_048_576, "fetch_max_wait_ms": FETCH_MAX_WAIT_MS}
+
+
+def due_reports(batch_reports: int, cells: int) -> int:
+    """Reports at which a delta of ``cells`` count cells is due by size: ``batch_reports``, or
+    :data:`REPORTS_PER_CELL` per cell for a wide one, at most :data:`WIDE_DELTA_MAX` times
+    ``batch_reports`` (docs/pipeline.md "Adaptive flushing")."""
+    return min(WIDE_DELTA_MAX * batch_reports, max(batch_reports, REPORTS_PER_CELL * cells))
 
 
 def caught_up(data: Mapping[TopicPartition, list[ConsumerRecord]],
@@ -415,13 +429,16 @@ class IngestService(Service):
         grow instead, up to ``max_pending_reports``, so slow applies mean bigger deltas.
 
         Adaptive (docs/pipeline.md "Adaptive flushing"): a delta is due at ``batch_reports``
-        reports or ``batch_seconds``, or as soon as the worker has ``caught_up`` (its poll
-        returned fewer records than asked) and no flush is in flight: a quiet stream is applied
-        when its poll returns, a busy one (full polls, or a flush still on the wire) batches."""
+        reports (more for one of many cells: :func:`due_reports`) or ``batch_seconds``, or as
+        soon as the worker has ``caught_up`` (its poll returned fewer records than asked) and no
+        flush is in flight: a quiet stream is applied when its poll returns, a busy one (full
+        polls, or a flush still on the wire) batches."""
         in_flight = self.applier.in_flight()
         due = (caught_up and not in_flight) or any(
-            s.pending is not None and (s.pending.n >= self.batch_reports
-                                       or now - s.pending.since >= self.batch_seconds)
+            s.pending is not None and (
+                (s.pending.n >= self.batch_reports
+                 and s.pending.n >= due_reports(self.batch_reports, s.pending.cells()))
+                or now - s.pending.since >= self.batch_seconds)
             for s in self.partitions)
         if due and (not in_flight or self.partitions.pending_reports >= self.max_pending_reports):
             tps = self.partitions.with_pending()

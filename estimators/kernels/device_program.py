@@ -69,7 +69,7 @@ from ldpstream.estimators.kernels.domain import Domain
 
 __all__ = ["PROGRAM_VERSION", "MAX_GRID", "grr_step", "round_spec", "alpha_seed", "device_alpha",
            "alpha_round", "round_index", "round_step", "round_channel", "MAX_ROUND_POINTS",
-           "step_shapes", "mix64", "wave_step", "wave_epsilon", "wave_channel",
+           "step_shapes", "table_channel", "record_table_channel", "mix64", "wave_step", "wave_epsilon", "wave_channel",
            "numeric_attribute",
            "attribute_size", "matrix_step", "select_step", "uniform_step",
            "copy_step", "const_step", "keep_step", "bloom_step", "program", "program_epsilon",
@@ -328,6 +328,40 @@ def wave_channel(step: Mapping[str, Any], grid: int) -> np.ndarray:
             overlap(np.full(grid, lo), left_edge) + overlap(left_edge + w, np.full(grid, hi)))
     P = np.asarray(P, dtype=float)
     return P / P.sum(axis=1, keepdims=True)
+
+
+def table_channel(table: Mapping[str, Any], shape: Sequence[int]) -> np.ndarray:
+    """The channel of one ``partition`` table from its parameters alone (rows: cells of its
+    attributes at sizes ``shape``, columns: codes without the offset): GRR over the cells, or
+    OLH, code a·g + y with a uniform over gʳ and y the GRR over g of the hash
+    h = Σᵢ digitᵢ(a)·digitᵢ(cell) mod g."""
+    cells, p = _cells(shape, table["in"]), float(table["p"])
+    if table["oracle"] == "grr":
+        P = np.full((cells, cells), (1.0 - p) / (cells - 1))
+        np.fill_diagonal(P, p)
+        return P
+    g, r = int(table["g"]), int(table["r"])
+    digits = lambda v: (v[:, None] // g ** np.arange(r)) % g  # noqa: E731
+    h = (digits(np.arange(cells)) @ digits(np.arange(g ** r)).T) % g      # cells × a
+    P = np.full((cells, g ** r, g), (1.0 - p) / (g - 1))
+    np.put_along_axis(P, h[:, :, None], p, axis=2)
+    return P.reshape(cells, -1) / g ** r
+
+
+def record_table_channel(prog: Mapping[str, Any], table: Mapping[str, Any]) -> np.ndarray:
+    """The channel of one table of the description's ``partition`` step from a record's values
+    of its attributes (rows, mixed radix: labels, a numeric attribute's grid indices) to its
+    codes: the ``round`` steps' channels (:func:`round_channel`, the identity for an attribute
+    not rounded) ⊗ over the attributes, then :func:`table_channel`. What the privacy audits
+    compare sampled reports and the declared ε with."""
+    at = next(i for i, s in enumerate(prog["steps"]) if s["op"] == "partition")
+    shape = step_shapes(prog)[at]
+    rounds = {s["in"][0]: s["points"] for s in prog["steps"] if s["op"] == "round"}
+    R = np.ones((1, 1))
+    for c in table["in"]:
+        R = np.kron(R, round_channel(rounds[c], attribute_size(prog["labels"][c]))
+                    if c in rounds else np.eye(shape[c]))
+    return R @ table_channel(table, shape)
 
 
 def program(family: str, domain: Domain, width: int,

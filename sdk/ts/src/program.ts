@@ -479,9 +479,11 @@ export class Program {
       : [{ index, cells: s.cells }]);
   }
 
-  /** Privacy audit of partition steps: per table with at most 36 cells and 400 codes, a
-   * device assigned to it reports `samples`/cells times each cell (other attributes 0); the
-   * cells x codes counts of its first slot. */
+  /** Privacy audit of partition steps: per table with at most 36 cells and 400 codes (and at
+   * most 64,000 input rows x codes), a device assigned to it reports `samples`/rows times each
+   * input row, a record's values of the table's attributes (a numeric one's grid indices, which
+   * the round steps round first; other attributes 0); the rows x codes counts of its first
+   * slot. */
   auditPartition(samples: number, rng: DrawSource
                  ): { step: number; table: number; counts: number[][] }[] {
     const out: { step: number; table: number; counts: number[][] }[] = [];
@@ -489,19 +491,21 @@ export class Program {
       if (s.op !== "partition") return;
       s.tables.forEach((t, table) => {
         const codes = t.g ? t.g ** (t.r + 1) : t.cells;
-        if (codes > 400 || t.cells > 36) return;
+        const inputs = t.cols.map((c) => this.shape[c]);
+        const rows = inputs.reduce((a, b) => a * b, 1);
+        if (codes > 400 || t.cells > 36 || rows * codes > 64000) return;
         let dev = 0n;
         while (mix64(dev ^ s.seed) % BigInt(s.tables.length) !== BigInt(table)) dev++;
-        const counts = Array.from({ length: t.cells }, () => new Array<number>(codes).fill(0));
+        const counts = Array.from({ length: rows }, () => new Array<number>(codes).fill(0));
         const report = new Array<number>(this.width);
-        for (let c = 0; c < t.cells; c++) {
+        for (let c = 0; c < rows; c++) {
           const x = new Array<number>(this.attrs.length).fill(0);
           let rest = c;
           for (let i = t.cols.length - 1; i >= 0; i--) {
-            x[t.cols[i]] = rest % t.sizes[i];
-            rest = Math.floor(rest / t.sizes[i]);
+            x[t.cols[i]] = rest % inputs[i];
+            rest = Math.floor(rest / inputs[i]);
           }
-          for (let n = 0; n < Math.floor(samples / t.cells); n++)
+          for (let n = 0; n < Math.floor(samples / rows); n++)
             counts[c][this.randomize(x, rng, report, dev)[s.out[0]] - t.offset]++;
         }
         out.push({ step, table, counts });

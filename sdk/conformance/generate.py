@@ -592,7 +592,33 @@ def limits_vectors() -> dict[str, Any]:
                 {"points": list(range(4098)) + [4999], "seed": "1"}])),
          "device.memoize.round[0].points"),
     ]
+    rnd = {"op": "round", "in": [0], "points": [0, 5, 10]}
+    part = {"op": "partition", "seed": "1", "out": [0],
+            "tables": [dict(grr_table, **{"in": [0, 1], "p": 0.4})]}
+    refused += [
+        ("round of a categorical attribute", _desc([["a", "b"]], [dict(rnd, points=[0, 1])]),
+         "device.steps[0].in"),
+        ("round points not ending on the grid's last index", _desc(
+            [num], [dict(rnd, points=[0, 5])]), "device.steps[0].points"),
+        ("round points not strictly increasing", _desc(
+            [num], [dict(rnd, points=[0, 5, 5, 10])]), "device.steps[0].points"),
+        ("65 round points", _desc([dict(num, grid=100)], [dict(rnd, points=list(range(64))
+                                                                + [99])]),
+         "device.steps[0].points"),
+        ("an attribute rounded twice", _desc([num], [rnd, dict(rnd, points=[0, 2])]),
+         "device.steps[1].in"),
+        ("round after the partition step", _desc([num, ["a", "b"]], [part, rnd]),
+         "device.steps[1].op"),
+        ("round in a select's branch", _desc([num], [
+            {"op": "select", "out": None, "branches": [[rnd]]}]),
+         "device.steps[0].branches[0][0].op"),
+        ("round in a memoized description", dict(_desc([num], [rnd]), memoize=memo_wave),
+         "device.steps[0].op"),
+        ("wave on a rounded attribute", _desc([num], [rnd, wave]), "device.steps[1].in"),
+    ]
     accepted = [
+        ("a round step, then a partition table over its 3 × 2 cells (ε ln(10/3))",
+         _desc([num, ["a", "b"]], [rnd, part])),
         ("a wave (Square Wave, ε ln 3 on its window)", _desc([num], [wave])),
         ("a point rounded to two cells (Duchi's, ε ln 3)", _desc([num], [
             dict(wave, cells=2, round=True, range=[-2, 2], at=[2, -1], width=0, p=1.0)])),

@@ -481,7 +481,8 @@ class Partitioned(Mechanism):
                          rng: np.random.Generator) -> np.ndarray:
         """As :meth:`randomize` with each report's first marginal fixed by its device id
         (:func:`assign_by_device` with ``assign_seed``): a device always reports the same
-        marginals. The device SDK (``DeviceClient``) calls this with its ``device_id``."""
+        marginals: what a device running :meth:`device_program` reports (the conformance
+        tests compare the two; every SDK runs the description)."""
         ids = np.asarray(device_ids)
         if ids.shape != (len(records),):
             raise ValueError(f"device_ids must have shape ({len(records)},), got {ids.shape}")

@@ -30,6 +30,7 @@ from ldpstream.producers.program_steps import (
     parse_steps,
     quantize_value,
     run_partition,
+    run_round,
     run_step,
 )
 
@@ -149,7 +150,8 @@ class Program:
         self.memo = None if d.get("memoize") is None else parse_memo(d["memoize"], self.shape,
                                                                      width, budget, numeric)
         self.steps = () if self.memo is not None and d.get("steps") == [] else parse_steps(
-            d.get("steps"), "device.steps", self.shape, width, 0, budget, numeric)
+            d.get("steps"), "device.steps", self.shape, width, 0, budget, numeric,
+            rounds=self.memo is None)
         self.epsilon = program_epsilon(d)
         self._index = [{lab: i for i, lab in enumerate(labs)} for labs in self.labels]
 
@@ -168,8 +170,11 @@ class Program:
         """One report of the record of indices ``x`` (memoized: of the permanent responses
         ``x``) by the device ``device_id`` (``partition`` assigns by it)."""
         report = [0] * self.width
+        x = list(x)
         for s in self.steps:
-            if s.op == "partition":
+            if s.op == "round":
+                run_round(s, x, rng)
+            elif s.op == "partition":
                 run_partition(s, x, rng, report, device_id)
             else:
                 run_step(s, x, rng, report)

@@ -7,14 +7,18 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from ldpstream.estimators.kernels.device_program import (
     MAX_ATTRS,
     MAX_CELLS,
     MAX_GRID,
     MAX_MATRIX_ENTRIES,
+    MAX_ROUND_POINTS,
     MAX_STEPS,
     MAX_TABLES,
     MAX_WIDTH,
+    round_index,
     wave_epsilon,
 )
 from ldpstream.producers.draws import M64, TWO53, DrawSource, bernoulli, categorical, mix64, uniform
@@ -22,7 +26,8 @@ from ldpstream.producers.draws import M64, TWO53, DrawSource, bernoulli, categor
 #: 2⁻⁵³: a word's top 53 bits as a fraction in [0, 1)
 _UNIT = 1.0 / TWO53
 
-__all__ = ["Step", "ProgramError", "parse_steps", "run_step", "run_partition", "olh_code",
+__all__ = ["Step", "ProgramError", "parse_steps", "run_step", "run_partition", "run_round",
+           "olh_code",
            "grr_cell", "ravel", "unravel", "MAX_ATTRS", "MAX_GRID", "quantize_value",
            "MAX_WIDTH", "MAX_CELLS", "MAX_MATRIX_ENTRIES", "MAX_STEPS", "MAX_TABLES", "new_budget"]
 
@@ -55,6 +60,8 @@ class Step:
     offset: int = 0
     cells: int = 0
     rounded: bool = False
+    #: round: the points (grid indices) attribute ``cols[0]`` is rounded to
+    points: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -172,7 +179,8 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
         return _wave(d, field, shape, width, numeric, budget)
     if op not in ("grr", "matrix", "uniform"):
         raise ProgramError(f"{field}.op", f"unknown op {op!r} (known: grr, matrix, uniform, "
-                                          "copy, const, keep, bloom, wave, select, partition)")
+                                          "copy, const, keep, bloom, wave, round, select, "
+                                          "partition)")
     cols = _ints(d.get("in"), f"{field}.in", len(shape))
     out = _ints(d.get("out"), f"{field}.out", width)
     if len(out) != len(cols):
@@ -194,13 +202,64 @@ def _step(d: Any, field: str, shape: Sequence[int], width: int, depth: int,
 
 
 def parse_steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int,
-                budget: list[int], numeric: Sequence[bool] = ()) -> tuple[Step, ...]:
+                budget: list[int], numeric: Sequence[bool] = (),
+                rounds: bool = False) -> tuple[Step, ...]:
     """The steps of a list; ``budget``: matrix entries, steps and tables still allowed (in
-    all, :func:`new_budget`); ``numeric[j]``: attribute j is numeric (``wave`` reads it)."""
+    all, :func:`new_budget`); ``numeric[j]``: attribute j is numeric (``wave`` reads it);
+    ``rounds``: the list may start with ``round`` steps (the top level of a description
+    without ``memoize``), after which their attributes have their points' count of cells."""
     if not isinstance(v, list) or not 1 <= len(v) <= MAX_STEPS:
         raise ProgramError(field, f"must be a list of 1..{MAX_STEPS} steps")
-    return tuple(_step(s, f"{field}[{i}]", shape, width, depth, budget, numeric)
-                 for i, s in enumerate(v))
+    sizes, num = list(shape), list(numeric)
+    out: list[Step] = []
+    for i, s in enumerate(v):
+        f = f"{field}[{i}]"
+        if isinstance(s, dict) and s.get("op") == "round":
+            if not rounds or depth > 0 or any(t.op != "round" for t in out):
+                raise ProgramError(f"{f}.op", "round steps come first, at the top level of a "
+                                              "description without memoize")
+            out.append(_round(s, f, sizes, num, budget))
+            continue
+        out.append(_step(s, f, sizes, width, depth, budget, num))
+    return tuple(out)
+
+
+def _round(d: dict, field: str, sizes: list[int], numeric: list[bool],
+           budget: list[int]) -> Step:
+    """A ``round`` step (docs/device-protocol.md): attribute ``in`` numeric and not rounded
+    yet, ``points`` 2..MAX_ROUND_POINTS grid indices strictly increasing from 0 to the grid's
+    last (each a matrix entry); the attribute then has ``len(points)`` cells (``sizes``) and is
+    no longer read as a grid (``numeric``)."""
+    budget[1] -= 1
+    if budget[1] < 0:
+        raise ProgramError(field, f"more than {MAX_STEPS} steps in all")
+    col = d.get("in")
+    if (not isinstance(col, list) or len(col) != 1 or isinstance(col[0], bool)
+            or not isinstance(col[0], int) or not 0 <= col[0] < len(sizes)
+            or not (col[0] < len(numeric) and numeric[col[0]])):
+        raise ProgramError(f"{field}.in", "must be [j], j a numeric attribute not rounded yet")
+    j, grid, pts = col[0], sizes[col[0]], d.get("points")
+    ok = (isinstance(pts, list) and 2 <= len(pts) <= MAX_ROUND_POINTS
+          and all(isinstance(k, int) and not isinstance(k, bool) for k in pts)
+          and pts[0] == 0 and pts[-1] == grid - 1
+          and all(a < b for a, b in zip(pts, pts[1:])))
+    if ok and isinstance(pts, list):
+        budget[0] -= len(pts)
+    if not ok or not isinstance(pts, list) or budget[0] < 0:
+        raise ProgramError(f"{field}.points", f"must be 2..{MAX_ROUND_POINTS} grid indices "
+                                              f"strictly increasing from 0 to {grid - 1} "
+                                              f"(each counts against the {MAX_MATRIX_ENTRIES} "
+                                              "matrix entries in all)")
+    sizes[j], numeric[j] = len(pts), False
+    return Step("round", (j,), (grid,), None, points=tuple(pts))
+
+
+def run_round(s: Step, x: list[int], rng: DrawSource) -> None:
+    """x[j] → the index of the point it rounds to: u from one word, always (``round_index``:
+    the point above when the fraction of the way there exceeds u)."""
+    u = float(rng.next_u64() >> 11) * _UNIT
+    j = s.cols[0]
+    x[j] = int(round_index(np.array([x[j]]), np.asarray(s.points), np.array([u]))[0])
 
 
 def _weights(v: Any, n: int, field: str, budget: list[int]) -> tuple[float, ...]:

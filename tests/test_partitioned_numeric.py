@@ -88,7 +88,6 @@ def test_privacy_audit_of_the_rounded_channel(oracles, eps):
     oracle): its ε is the declared one and the family's, and sampled reports follow it."""
     dom = _domain(9)
     mech = Partitioned(dom, eps, ways=2, oracles=oracles, bins={"battery": 3})
-    assert mech.device_program() is None          # no description step for the rounding
     P = _channel(mech)
     assert_close(P.sum(axis=1), 1.0, rel=1e-12)
     assert ch.epsilon(P) == pytest.approx(eps, rel=1e-9)
@@ -101,6 +100,48 @@ def test_privacy_audit_of_the_rounded_channel(oracles, eps):
         freq = np.bincount(codes, minlength=P.shape[1]) / n
         sd = np.sqrt(P[r] * (1 - P[r]) / n)
         assert np.all(np.abs(freq - P[r]) <= 5 * sd + 1e-12), r
+
+
+@pytest.mark.parametrize("oracles", [("grr",), ("olh",)])
+@pytest.mark.parametrize("eps", [0.7, 3.0])
+def test_the_description_applies_the_family_channel(oracles, eps):
+    """The published description (a ``round`` step, then the partition step): every table's
+    channel from a record's values (battery's grid indices) computed from the description alone
+    (``record_table_channel``) is the family's to 1e-12, its ε, the description's and the
+    declared one are ε to 1e-9, and the Python interpreter's reports of a device assigned to
+    the (fw, battery) table (SplitMix64 seed 5, 2,000 per grid row) pass the audit's χ² test
+    (α = 1e-4) against it."""
+    from test_sdk_audit import check_channel
+
+    from ldpstream.estimators.kernels.device_program import mix64, record_table_channel
+    from ldpstream.producers.program import Program, SplitMix64
+
+    dom = _domain(9)
+    mech = Partitioned(dom, eps, ways=2, oracles=oracles, bins={"battery": 3})
+    doc = mech.device_program()
+    assert [s["op"] for s in doc["steps"]] == ["round", "partition"]
+    assert doc["steps"][0] == {"op": "round", "in": [2], "points": [0, 4, 8]}
+    prog = Program(doc)
+    assert prog.epsilon == pytest.approx(eps, rel=1e-9)
+    P, K = _channel(mech), len(mech.marginals)
+    recs = np.array(list(itertools.product(*[range(d) for d in dom.shape])))
+    tables = doc["steps"][1]["tables"]
+    for j, (cols, t) in enumerate(zip(mech._cols, tables)):
+        D = record_table_channel(doc, t)
+        assert ch.epsilon(D) == pytest.approx(eps, rel=1e-9)
+        rows = np.ravel_multi_index(tuple(recs[:, c] for c in cols), [dom.shape[c] for c in cols])
+        assert_close(D[rows], K * P[:, mech.offsets[j]:mech.offsets[j + 1]], rel=1e-12)
+    j = next(j for j, cols in enumerate(mech._cols) if tuple(cols) == (1, 2))
+    seed = mix64(int(doc["steps"][1]["seed"]))
+    dev = next(d for d in range(1000) if mix64(d ^ seed) % K == j)
+    D = record_table_channel(doc, tables[j])
+    counts = np.zeros_like(D)
+    rng = SplitMix64(5)
+    for r in range(len(D)):
+        fw, battery = divmod(r, 9)
+        for _ in range(2000):
+            counts[r, prog.randomize([0, fw, battery], rng, dev)[0] - mech.offsets[j]] += 1
+    assert check_channel(f"{oracles} ε={eps}", counts, D) == []
 
 
 def test_binned_marginal_and_mean_are_unbiased_by_seeded_monte_carlo():

@@ -3,7 +3,8 @@ marginals"): a real worker counts reports randomized by the family (battery roun
 bias to its points, then the marginal's oracle) and ``GET /estimates`` serves the cells on the
 points with their labels, the mean with its interval, quantiles and the W1 bound, per firmware
 too, and the ε computed from the channel; the Python device SDK reports raw numbers through the
-family's randomizer (the state carries no description for the C and TypeScript SDKs)."""
+state's description (a ``round`` step, then the partition step, as the C and TypeScript SDKs
+run it)."""
 from __future__ import annotations
 
 import asyncio
@@ -86,9 +87,9 @@ def test_live_estimates_of_a_numeric_attribute(tmp_path, kafka_broker, spawn_wor
 
 
 def test_python_sdk_reports_raw_numbers_through_the_family(kafka_broker, unique_name):
-    """The SDK clips and grids a raw number and runs the family's randomizer (the state has no
-    description: the C and TypeScript SDKs refuse it as ``unusable``); every report is a code
-    of the marginal its device id is assigned, at ε = 2."""
+    """The SDK clips and grids a raw number and runs the state's description (the value rounded
+    to its points by a ``round`` step, then the partition step); every report is a code of the
+    marginal its device id is assigned, at ε = 2."""
     from test_device_sdk import watching
 
     from ldpstream.config import parse_config
@@ -97,7 +98,7 @@ def test_python_sdk_reports_raw_numbers_through_the_family(kafka_broker, unique_
     from ldpstream.producers.sdk import DeviceClient, RecordingTransport
 
     mech = parse_config({"collections": [_collection("p")]}).collections["p"].mechanism()
-    assert "device" not in mech.device_state()
+    assert [s["op"] for s in mech.device_state()["device"]["steps"]] == ["round", "partition"]
     topic = f"cfg.{unique_name}"
 
     async def run():

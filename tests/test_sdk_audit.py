@@ -3,7 +3,9 @@ audit"): every grr/matrix channel of the conformance cases with at most 32 cells
 channel with at most 32 cells (wherever it sits, a select's branches too), and the first slot of
 every partition table with at most 36 cells and 400 codes (GRR and OLH), is sampled 10⁶ times
 with the SDK's production generator (getrandom / crypto.getRandomValues), 10⁶/k draws per true
-cell. A keep step's declared channel is P[x, y] = p·[x = y] + (1−p)·fake[y]. Every bloom step
+cell; a table holding a numeric attribute from every grid index of it (10⁶/rows draws per row),
+against the description's ``round`` channel then the oracle (``record_table_channel``). A keep
+step's declared channel is P[x, y] = p·[x = y] + (1−p)·fake[y]. Every bloom step
 is sampled 10⁶ times too (10⁶/values draws per value), its 1s counted per (value, bit): each
 bit is a binary channel, P(1 | set) = 1 − f/2, P(1 | unset) = f/2, one row per (value, bit).
 The empirical channel must fit the declared one (χ² over all rows, significance α = 10⁻⁴ per
@@ -28,7 +30,12 @@ import pytest
 from scipy.stats import chi2
 from sdk_helpers import VECTORS, c_sdk, ts_sdk  # noqa: F401
 
-from ldpstream.estimators.kernels.device_program import attribute_size, wave_channel
+from ldpstream.estimators.kernels.device_program import (
+    attribute_size,
+    record_table_channel,
+    table_channel,
+    wave_channel,
+)
 
 pytestmark = [pytest.mark.core, pytest.mark.slow]
 
@@ -77,26 +84,6 @@ def _bloom_channel(step: dict) -> np.ndarray:
     return np.stack([1 - one, one], axis=1)
 
 
-def _partition_channel(table: dict, sizes: list[int]) -> np.ndarray:
-    """The channel of one partition table's slot: GRR over its cells, or OLH (rows: cells,
-    columns: codes a·g + y)."""
-    cells = math.prod(sizes[c] for c in table["in"])
-    p = table["p"]
-    if table["oracle"] == "grr":
-        return _declared({"op": "grr", "in": table["in"], "p": p}, sizes)
-    g, r = table["g"], table["r"]
-    q = (1 - p) / (g - 1)
-    digits = lambda v: [(v // g ** i) % g for i in range(r)]  # noqa: E731
-    P = np.empty((cells, g ** (r + 1)))
-    for c in range(cells):
-        dc = digits(c)
-        for a in range(g ** r):
-            h = sum(x * y for x, y in zip(digits(a), dc)) % g
-            P[c, a * g:(a + 1) * g] = q
-            P[c, a * g + h] = p
-    return P / g ** r
-
-
 def _audit(lines: list[str]) -> list[str]:
     cases = {c["name"]: c for c in json.loads(VECTORS.read_text())["cases"]}
     problems = []
@@ -106,7 +93,7 @@ def _audit(lines: list[str]) -> list[str]:
         prog = cases[got["case"]]["device"]
         sizes = [attribute_size(lab) for lab in prog["labels"]]
         step = _flat_steps(prog["steps"])[got["step"]]
-        P = (_partition_channel(step["tables"][got["table"]], sizes) if "table" in got
+        P = (record_table_channel(prog, step["tables"][got["table"]]) if "table" in got
              else _declared(step, sizes))
         if "ones" in got:  # bloom: rows (value, bit), columns (0s, 1s) over the value's draws
             assert step["op"] == "bloom", got
@@ -210,6 +197,30 @@ def test_the_audit_catches_a_wrong_wave():
 
     assert _audit([line(step["p"])]) == []
     assert _audit([line(step["p"] * 0.98)]) != []
+
+
+def test_the_audit_catches_a_partition_slot_that_skips_the_rounding():
+    """The audit passes the partitioned-num case's table drawn from the description's channel
+    (rounding, then GRR; 10⁶ draws over its 303 rows: fw × battery's 101 grid indices) and
+    fails one whose sampler rounds to the nearest point instead of without bias."""
+    case = next(c for c in json.loads(VECTORS.read_text())["cases"]
+                if c["name"] == "partitioned-num")
+    prog = case["device"]
+    table = prog["steps"][1]["tables"][0]
+    P = record_table_channel(prog, table)
+    pts = np.asarray(prog["steps"][0]["points"])
+    nearest = np.zeros((101, len(pts)))
+    nearest[np.arange(101), np.abs(np.arange(101)[:, None] - pts).argmin(axis=1)] = 1.0
+    Q = np.kron(np.eye(3), nearest) @ table_channel(table, [3, 2, len(pts)])
+    rng = np.random.default_rng(13)
+
+    def line(M: np.ndarray) -> str:
+        counts = np.stack([rng.multinomial(SAMPLES // len(M), row) for row in M])
+        return json.dumps({"case": "partitioned-num", "step": 1, "table": 0,
+                           "counts": counts.tolist()})
+
+    assert _audit([line(P)]) == []
+    assert _audit([line(Q)]) != []
 
 
 def test_bench_sdk_quick_runs(capsys):

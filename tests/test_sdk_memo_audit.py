@@ -17,13 +17,14 @@ import subprocess
 import numpy as np
 import pytest
 from sdk_helpers import ROOT, c_sdk, ts_sdk  # noqa: F401
-from test_sdk_audit import SAMPLES, _declared, _partition_channel, check_channel
+from test_sdk_audit import SAMPLES, _declared, check_channel
 
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels.device_program import (
     alpha_round,
     attribute_size,
     device_alpha,
+    table_channel,
     wave_channel,
 )
 from ldpstream.estimators.memo import composed_grr_pq
@@ -68,7 +69,7 @@ def composed(device: dict, unit: int) -> np.ndarray:
     memo = device["memoize"]
     if memo.get("kind") == "partition":
         t = memo["permanent"][0]["tables"][unit]
-        P = _partition_channel(t, sizes)
+        P = table_channel(t, sizes)
         inst = memo.get("instantaneous_p")
         if inst is None:
             return P
@@ -140,7 +141,7 @@ def test_the_audit_catches_a_wrong_instantaneous_layer():
     rng = np.random.default_rng(4)
     P = composed(dev, 0)
     t = dev["memoize"]["permanent"][0]["tables"][0]
-    perm = _partition_channel(t, [len(lab) for lab in dev["labels"]])
+    perm = table_channel(t, [len(lab) for lab in dev["labels"]])
     counts = np.stack([rng.multinomial(50_000, row) for row in perm]).astype(float)
     assert check_channel("wrong", counts, P) != []
     good = np.stack([rng.multinomial(50_000, row) for row in P]).astype(float)

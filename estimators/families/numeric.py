@@ -86,13 +86,10 @@ def rounding_points(G: int, s: int) -> np.ndarray:
 def rounding_matrix(G: int, pts: np.ndarray) -> np.ndarray:
     """R (G × G): grid point x goes to the rounding point above it with probability its
     distance from the one below over their spacing, else to the one below — α-point rounding
-    with α uniform, as the server sees it over a population (unbiased: E[rounded] = x)."""
-    x = np.arange(G)
-    k = np.clip(np.searchsorted(pts, x, side="right") - 1, 0, len(pts) - 2)
-    up = (x - pts[k]) / (pts[k + 1] - pts[k])
+    with α uniform, as the server sees it over a population (unbiased: E[rounded] = x): the
+    ``round`` step's channel (:func:`~.device_program.round_channel`) on the points' columns."""
     R = np.zeros((G, G))
-    R[x, pts[k]] += 1 - up
-    R[x, pts[k + 1]] += up
+    R[:, pts] = dp.round_channel(pts, G)
     return R
 
 

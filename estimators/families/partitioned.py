@@ -481,7 +481,8 @@ class Partitioned(Mechanism):
                          rng: np.random.Generator) -> np.ndarray:
         """As :meth:`randomize` with each report's first marginal fixed by its device id
         (:func:`assign_by_device` with ``assign_seed``): a device always reports the same
-        marginals. The device SDK (``DeviceClient``) calls this with its ``device_id``."""
+        marginals: what a device running :meth:`device_program` reports (the conformance
+        tests compare the two; every SDK runs the description)."""
         ids = np.asarray(device_ids)
         if ids.shape != (len(records),):
             raise ValueError(f"device_ids must have shape ({len(records)},), got {ids.shape}")
@@ -490,16 +491,15 @@ class Partitioned(Mechanism):
 
     def device_program(self) -> dict[str, Any]:
         """One ``partition`` step: the device's first marginal from its id, each slot's oracle
-        (docs/device-protocol.md). Memoized: the step with the permanent oracles under
+        (docs/device-protocol.md). With numeric attributes, a ``round`` step per attribute
+        first (its grid index to its point's index, a fresh uniform per report: what
+        :meth:`randomize_assigned` does). Memoized: the step with the permanent oracles under
         ``memoize`` (``kind: partition``, the assignment rotated per period), the
-        instantaneous keep probability of each table beside it. None with a numeric attribute:
-        its unbiased rounding is not a step of the description (the C and TypeScript SDKs
-        refuse the state; the Python SDK runs :meth:`randomize_device`)."""
-        if self.bins:
-            return None
+        instantaneous keep probability of each table beside it."""
         if self.memoize is None:
+            rounds = [dp.round_step(j, pts) for j, pts in sorted(self.binning.points.items())]
             return dp.program(self.name, self.domain, self.per_report,
-                              [self._partition_step(self.oracles)])
+                              [*rounds, self._partition_step(self.oracles)])
         out = dp.program(self.name, self.domain, self.per_report, [])
         inst = None if self.instantaneous_epsilon is None else [
             float(fo.grr_pq(self.instantaneous_epsilon,
@@ -525,32 +525,36 @@ class Partitioned(Mechanism):
                            rng: np.random.Generator,
                            oracles: Sequence[fo.Oracle] | None = None) -> np.ndarray:
         """Reports of ``records`` whose first marginal indices are ``first`` (drawn
-        independently of the records by the caller); slot s reports marginal
-        (first + s) mod K through ``oracles`` (default: the report's)."""
-        out = np.empty((len(records), self.per_report), dtype=self._dtype())
-        for s in range(self.per_report):
-            out[:, s] = self._slot(records, (np.asarray(first) + s) % len(self.marginals), rng,
-                                   self.oracles if oracles is None else oracles)
-        return out
-
-    def _slot(self, records: np.ndarray, k: np.ndarray, rng: np.random.Generator,
-              oracles: Sequence[fo.Oracle]) -> np.ndarray:
-        """One code per record: marginal k's joint value through its oracle."""
+        independently of the records by the caller); each numeric attribute rounded once per
+        record to its point's index (:meth:`~.partitioned_numeric.Binning.round`, the
+        description's ``round`` steps), then slot s reports marginal (first + s) mod K through
+        ``oracles`` (default: the report's)."""
         records = np.asarray(records)
         if records.ndim != 2 or records.shape[1] != len(self.domain):
             raise ValueError(f"records must be (n, {len(self.domain)}), got {records.shape}")
         if len(records) and (records.min() < 0
                              or np.any(records.max(axis=0) >= np.asarray(self.domain.shape))):
             raise ValueError("records hold a value outside the domain")
-        n = len(records)
-        out = np.empty(n, dtype=np.int64)
+        if self.binning.points:
+            records = records.astype(np.intp)   # a copy: the rounded record
+            for c in self.binning.points:
+                records[:, c] = self.binning.round(c, records[:, c], rng)
+        out = np.empty((len(records), self.per_report), dtype=self._dtype())
+        for s in range(self.per_report):
+            out[:, s] = self._slot(records, (np.asarray(first) + s) % len(self.marginals), rng,
+                                   self.oracles if oracles is None else oracles)
+        return out
+
+    def _slot(self, cells: np.ndarray, k: np.ndarray, rng: np.random.Generator,
+              oracles: Sequence[fo.Oracle]) -> np.ndarray:
+        """One code per record of ``cells`` (records on :attr:`cells`' domain: numeric
+        attributes rounded): marginal k's joint value through its oracle."""
+        out = np.empty(len(cells), dtype=np.int64)
         for j, (cols, shape, oracle) in enumerate(zip(self._cols, self._shapes, oracles)):
             sel = np.flatnonzero(k == j)
             if not len(sel):
                 continue
-            x = np.ravel_multi_index(tuple(
-                self.binning.round(c, records[sel, c], rng) if c in self.binning.points
-                else records[sel, c].astype(np.intp) for c in cols), shape)
+            x = np.ravel_multi_index(tuple(cells[sel, c].astype(np.intp) for c in cols), shape)
             out[sel] = self.offsets[j] + oracle.randomize(x, rng)
         return out
 

@@ -5,12 +5,13 @@ A numeric attribute arrives as an index on its input grid of G points (the value
 its range and put on the nearest grid point, as for ``sw-hm``: :func:`~.numeric.quantize`). The
 device then rounds it **without bias** to one of b evenly spaced *points* of that grid (the
 range's ends among them; :func:`~.families.numeric.rounding_points`, the same rounding as sw-hm's
-α-point rounding with a fresh α per report), and the point's index is an ordinary category
-inside the family's joint randomizer (GRR/OLH over the marginal's cells). The channel of one
-marginal is therefore ``(R_1 ⊗ … ⊗ R_m) · P_oracle`` with R the G × b rounding matrix of each
-numeric attribute (the identity for a categorical one); every point is a grid point, so R has a
-unit row per point and ε of the product is exactly the oracle's (the budget is accounted once:
-a numeric attribute is one attribute of the split).
+α-point rounding with a fresh α per report; once per report, the description's ``round``
+step), and the point's index is an ordinary category inside the family's joint randomizer
+(GRR/OLH over the marginal's cells). The channel of one marginal is therefore
+``(R_1 ⊗ … ⊗ R_m) · P_oracle`` with R the G × b rounding matrix of each numeric attribute (the
+identity for a categorical one); every point is a grid point, so R has a unit row per point
+and ε of the product is exactly the oracle's (the budget is accounted once: a numeric
+attribute is one attribute of the split).
 
 b (``bins``) is chosen from ε and the reports a marginal expects (:func:`choose_bins`) unless
 given. What the binned estimate gives: the cells on the points, the mean (unbiased: the
@@ -35,7 +36,7 @@ from ldpstream.estimators.families.numeric import (
 )
 from ldpstream.estimators.kernels import numeric as nm
 from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, stream
-from ldpstream.estimators.kernels.device_program import alpha_round
+from ldpstream.estimators.kernels.device_program import round_index
 from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.kernels.proper import clip_rescale
 from ldpstream.estimators.oracles import frequency_oracles as fo
@@ -99,8 +100,7 @@ class Binning:
         """Grid indices of attribute j → point indices, rounded without bias (vectorized):
         α-point rounding with a fresh uniform α per value, i.e. the point above with
         probability the fraction of the way there."""
-        pts = self.points[j]
-        return np.searchsorted(pts, alpha_round(x, pts, rng.random(len(x))))
+        return round_index(x, self.points[j], rng.random(len(x)))
 
 
 def predicted_w1(b: int, partner_cells: int, eps: float, n_k: float,

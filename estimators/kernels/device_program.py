@@ -30,6 +30,12 @@ and *steps* applied in order to a record of category (or grid) indices:
   Piecewise mechanism and (a window of width 0) Duchi et al.'s are each one ``wave``; a
   ``select`` with ``weights`` picks the task of a report (:func:`numeric_steps`).
 
+* ``round`` (numeric attributes inside ``partitioned``'s marginals, docs/numeric.md): attribute
+  ``in``'s grid index is rounded without bias to one of the grid indices ``points`` (a fresh
+  uniform u per report, :func:`round_index`) and replaced by that point's index, so the
+  attribute has ``len(points)`` cells for every later step; leading top-level steps only, costs
+  nothing (pre-processing of the record: every point is a grid value).
+
 * ``partition``: the device's id picks the first of the ``tables`` (a fixed assignment); each
   report column ``out[s]`` carries table (first + s) mod K through its oracle (GRR, or OLH with
   its hash), offset by the table's ``offset``; ε: ``len(out)`` × the dearest oracle.
@@ -62,7 +68,8 @@ from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels.domain import Domain
 
 __all__ = ["PROGRAM_VERSION", "MAX_GRID", "grr_step", "round_spec", "alpha_seed", "device_alpha",
-           "alpha_round", "mix64", "wave_step", "wave_epsilon", "wave_channel",
+           "alpha_round", "round_index", "round_step", "round_channel", "MAX_ROUND_POINTS",
+           "step_shapes", "table_channel", "record_table_channel", "mix64", "wave_step", "wave_epsilon", "wave_channel",
            "numeric_attribute",
            "attribute_size", "matrix_step", "select_step", "uniform_step",
            "copy_step", "const_step", "keep_step", "bloom_step", "program", "program_epsilon",
@@ -86,6 +93,9 @@ MAX_LABELS = 1024
 MAX_LABEL_BYTES = 16384
 #: points of a numeric attribute's input grid (``labels[j] = {min, max, grid}``)
 MAX_GRID = 65536
+
+#: points of a ``round`` step (a numeric attribute inside a partitioned marginal)
+MAX_ROUND_POINTS = 64
 
 #: the version ``v`` of the description format
 PROGRAM_VERSION = 1
@@ -203,6 +213,31 @@ def alpha_round(x: np.ndarray, pts: np.ndarray, alpha: np.ndarray) -> np.ndarray
     return np.where(frac > np.asarray(alpha), pts[k + 1], pts[k])
 
 
+def round_index(x: np.ndarray, pts: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The index (into ``pts``) of the point grid indices ``x`` round to without bias with the
+    uniforms ``u``: :func:`alpha_round` with a fresh α per value (the ``round`` step)."""
+    return np.searchsorted(pts, alpha_round(x, pts, u))
+
+
+def round_channel(points: Sequence[int], grid: int) -> np.ndarray:
+    """R (grid × points): Pr(point index | grid index) of the ``round`` step, from its points
+    alone: the hat weights of the two points around each grid index (a point: a unit row)."""
+    pts = np.asarray(points, dtype=np.int64)
+    x = np.arange(grid)
+    k = np.clip(np.searchsorted(pts, x, side="right") - 1, 0, len(pts) - 2)
+    frac = (x - pts[k]) / (pts[k + 1] - pts[k])
+    R = np.zeros((grid, len(pts)))
+    R[x, k] = 1.0 - frac
+    R[x, k + 1] += frac
+    return R
+
+
+def round_step(col: int, points: Sequence[int]) -> dict[str, Any]:
+    """Attribute ``col``'s grid index rounded without bias to ``points`` (grid indices from 0
+    to the last, increasing), replaced by the point's index."""
+    return {"op": "round", "in": [int(col)], "points": [int(p) for p in points]}
+
+
 def round_spec(points: Sequence[int], seed: int) -> dict[str, Any]:
     """``memoize.round[j]`` of a numeric attribute: its rounding points (grid indices, from 0
     to the last, increasing) and its α seed as a decimal string."""
@@ -295,6 +330,40 @@ def wave_channel(step: Mapping[str, Any], grid: int) -> np.ndarray:
     return P / P.sum(axis=1, keepdims=True)
 
 
+def table_channel(table: Mapping[str, Any], shape: Sequence[int]) -> np.ndarray:
+    """The channel of one ``partition`` table from its parameters alone (rows: cells of its
+    attributes at sizes ``shape``, columns: codes without the offset): GRR over the cells, or
+    OLH, code a·g + y with a uniform over gʳ and y the GRR over g of the hash
+    h = Σᵢ digitᵢ(a)·digitᵢ(cell) mod g."""
+    cells, p = _cells(shape, table["in"]), float(table["p"])
+    if table["oracle"] == "grr":
+        P = np.full((cells, cells), (1.0 - p) / (cells - 1))
+        np.fill_diagonal(P, p)
+        return P
+    g, r = int(table["g"]), int(table["r"])
+    digits = lambda v: (v[:, None] // g ** np.arange(r)) % g  # noqa: E731
+    h = (digits(np.arange(cells)) @ digits(np.arange(g ** r)).T) % g      # cells × a
+    P = np.full((cells, g ** r, g), (1.0 - p) / (g - 1))
+    np.put_along_axis(P, h[:, :, None], p, axis=2)
+    return P.reshape(cells, -1) / g ** r
+
+
+def record_table_channel(prog: Mapping[str, Any], table: Mapping[str, Any]) -> np.ndarray:
+    """The channel of one table of the description's ``partition`` step from a record's values
+    of its attributes (rows, mixed radix: labels, a numeric attribute's grid indices) to its
+    codes: the ``round`` steps' channels (:func:`round_channel`, the identity for an attribute
+    not rounded) ⊗ over the attributes, then :func:`table_channel`. What the privacy audits
+    compare sampled reports and the declared ε with."""
+    at = next(i for i, s in enumerate(prog["steps"]) if s["op"] == "partition")
+    shape = step_shapes(prog)[at]
+    rounds = {s["in"][0]: s["points"] for s in prog["steps"] if s["op"] == "round"}
+    R = np.ones((1, 1))
+    for c in table["in"]:
+        R = np.kron(R, round_channel(rounds[c], attribute_size(prog["labels"][c]))
+                    if c in rounds else np.eye(shape[c]))
+    return R @ table_channel(table, shape)
+
+
 def program(family: str, domain: Domain, width: int,
             steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A version-1 description of ``family`` over ``domain``."""
@@ -326,7 +395,7 @@ def step_epsilon(step: Mapping[str, Any], shape: Sequence[int]) -> float:
         return _grr_epsilon(float(step["p"]), _cells(shape, step["in"]))
     if op == "matrix":
         return ch.epsilon(np.asarray(step["rows"], dtype=float))
-    if op in ("uniform", "copy", "const"):
+    if op in ("uniform", "copy", "const", "round"):
         return 0.0
     if op == "wave":
         return wave_epsilon(*step["range"], step["at"], float(step["width"]), float(step["p"]),
@@ -359,12 +428,27 @@ def bloom_hamming(filters: Sequence[Sequence[int]], bits: int) -> int:
     return int((size[:, None] + size[None, :] - 2.0 * (ind @ ind.T)).max())
 
 
-def program_epsilon(prog: Mapping[str, Any]) -> float:
-    """ε of one report of the description (sum over its steps); memoized: the sum over the
-    permanent steps (what any number of reports of one rotation period cost together)."""
+def step_shapes(prog: Mapping[str, Any]) -> list[list[int]]:
+    """The attribute sizes each top-level step sees: the labels' (a numeric attribute's grid
+    points), a ``round`` step's attribute its points' count from the next step on."""
     shape = [attribute_size(lab) for lab in prog["labels"]]
-    steps = prog["memoize"]["permanent"] if prog.get("memoize") else prog["steps"]
-    return float(sum(step_epsilon(s, shape) for s in steps))
+    out = []
+    for s in prog["steps"]:
+        out.append(list(shape))
+        if s["op"] == "round":
+            shape[s["in"][0]] = len(s["points"])
+    return out
+
+
+def program_epsilon(prog: Mapping[str, Any]) -> float:
+    """ε of one report of the description (sum over its steps, each on the attribute sizes it
+    sees: :func:`step_shapes`); memoized: the sum over the permanent steps (what any number of
+    reports of one rotation period cost together)."""
+    if prog.get("memoize"):
+        shape = [attribute_size(lab) for lab in prog["labels"]]
+        return float(sum(step_epsilon(s, shape) for s in prog["memoize"]["permanent"]))
+    return float(sum(step_epsilon(s, shape)
+                     for s, shape in zip(prog["steps"], step_shapes(prog))))
 
 
 def _leaves(steps: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

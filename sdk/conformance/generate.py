@@ -56,6 +56,11 @@ NUM = Domain(("fw", "battery", "temp"), (3, 101, 33),
 #: one numeric attribute on 65 points
 NUM1 = Domain(("x",), (65,), (tuple(f"{v:.12g}" for v in np.linspace(0, 100, 65)),),
               ((0.0, 100.0),))
+#: a numeric attribute inside partitioned marginals (docs/numeric.md "In partitioned
+#: marginals"): battery on 101 points, rounded to its points by a ``round`` step
+PNUM = Domain(("fw", "plan", "battery"), (3, 2, 101),
+              (("v1", "v2", "v3"), ("free", "pro"), tuple(str(i) for i in range(101))),
+              (None, None, (0.0, 100.0)))
 #: numeric values as a device reads them (text): signs, exponents, a fraction alone, ties on
 #: the grid, values clipped below and above the range
 NUMERIC_TEXTS = ["21.5", "-3", "1e2", ".5", "+7", "100.000", "250", "-1e3", "63.25", "0", "12.5",
@@ -90,6 +95,12 @@ def _mechanisms() -> list[tuple[str, Any]]:
             CITY, {"assign_seed": 12349}, epsilon=2.0, epsilon_scope="record")),
         ("partitioned-2", mechanism_class("partitioned").from_config(
             DOM, {"per_report": 2, "ways": 1}, epsilon=1.0, version=3)),
+        ("partitioned-num", mechanism_class("partitioned")(
+            PNUM, 2.0, marginals=[["fw", "battery"]], oracles=("grr",), bins={"battery": 9},
+            version=2)),
+        ("partitioned-num-olh", mechanism_class("partitioned")(
+            PNUM, 3.0, marginals=[["fw", "battery"], ["fw", "plan"]], oracles=("olh",),
+            per_report=2, bins={"battery": 5}, version=4)),
         ("sw-hm", mechanism_class("sw-hm").from_config(
             NUM, {"buckets": 32, "mean_grid": 17}, epsilon=1.0, version=2)),
         ("sw-hm-duchi", mechanism_class("sw-hm").from_config(
@@ -240,8 +251,8 @@ def state_vectors() -> dict[str, Any]:
                   600.0), "unusable"),
         ("a numeric collection (sw-hm, battery on 1,025 points by firmware)", "app",
          envelope(_numeric_state(), "app", 700.0), "accept"),
-        ("partitioned with a numeric attribute (no description: its rounding is no step)",
-         "app", envelope(_partitioned_numeric_state(), "app", 800.0), "unusable"),
+        ("partitioned with a numeric attribute (a round step, then the partition step)",
+         "app", envelope(_partitioned_numeric_state(), "app", 800.0), "accept"),
     ]
     return {"public_key": TEST_KEY.verify_key.to_text(), "ceiling": CEILING, "now": NOW,
             "steps": [{"name": n, "collection": c, "record": r, "expect": e}
@@ -262,8 +273,8 @@ def _numeric_state() -> dict[str, Any]:
 
 
 def _partitioned_numeric_state() -> dict[str, Any]:
-    """A real partitioned state with a numeric attribute: no ``device`` description (the value's
-    unbiased rounding to its points is not a step; docs/numeric.md "In partitioned
+    """A real partitioned state with a numeric attribute: its description rounds the value to
+    its points (a ``round`` step), then the partition step (docs/numeric.md "In partitioned
     marginals")."""
     from ldpstream.estimators.kernels.numeric import numeric_labels
 
@@ -581,7 +592,33 @@ def limits_vectors() -> dict[str, Any]:
                 {"points": list(range(4098)) + [4999], "seed": "1"}])),
          "device.memoize.round[0].points"),
     ]
+    rnd = {"op": "round", "in": [0], "points": [0, 5, 10]}
+    part = {"op": "partition", "seed": "1", "out": [0],
+            "tables": [dict(grr_table, **{"in": [0, 1], "p": 0.4})]}
+    refused += [
+        ("round of a categorical attribute", _desc([["a", "b"]], [dict(rnd, points=[0, 1])]),
+         "device.steps[0].in"),
+        ("round points not ending on the grid's last index", _desc(
+            [num], [dict(rnd, points=[0, 5])]), "device.steps[0].points"),
+        ("round points not strictly increasing", _desc(
+            [num], [dict(rnd, points=[0, 5, 5, 10])]), "device.steps[0].points"),
+        ("65 round points", _desc([dict(num, grid=100)], [dict(rnd, points=list(range(64))
+                                                                + [99])]),
+         "device.steps[0].points"),
+        ("an attribute rounded twice", _desc([num], [rnd, dict(rnd, points=[0, 2])]),
+         "device.steps[1].in"),
+        ("round after the partition step", _desc([num, ["a", "b"]], [part, rnd]),
+         "device.steps[1].op"),
+        ("round in a select's branch", _desc([num], [
+            {"op": "select", "out": None, "branches": [[rnd]]}]),
+         "device.steps[0].branches[0][0].op"),
+        ("round in a memoized description", dict(_desc([num], [rnd]), memoize=memo_wave),
+         "device.steps[0].op"),
+        ("wave on a rounded attribute", _desc([num], [rnd, wave]), "device.steps[1].in"),
+    ]
     accepted = [
+        ("a round step, then a partition table over its 3 × 2 cells (ε ln(10/3))",
+         _desc([num, ["a", "b"]], [rnd, part])),
         ("a wave (Square Wave, ε ln 3 on its window)", _desc([num], [wave])),
         ("a point rounded to two cells (Duchi's, ε ln 3)", _desc([num], [
             dict(wave, cells=2, round=True, range=[-2, 2], at=[2, -1], width=0, p=1.0)])),

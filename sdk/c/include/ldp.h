@@ -64,7 +64,9 @@ typedef struct ldp_step {
                                           8 keep (cum: the fake distribution), 9 bloom,
                                           10 wave (in[0] a numeric attribute; cum: lo, hi,
                                           at0, at1, width; cells, value: the offset, count:
-                                          1 rounded, 0 bucketed; docs/numeric.md) */
+                                          1 rounded, 0 bucketed; docs/numeric.md),
+                                          11 round (in[0] a numeric attribute; cum: its
+                                          points as grid indices, cells of them) */
   uint8_t n_in;
   uint16_t in[LDP_MAX_ATTRS];
   uint16_t out[LDP_MAX_ATTRS];         /* select: out[0] is the index column */
@@ -95,7 +97,9 @@ typedef struct ldp_program {
   double inst_p[LDP_MAX_TABLES > LDP_MAX_STEPS ? LDP_MAX_TABLES : LDP_MAX_STEPS];
   double rotation_s;                   /* <= 0: never rotated */
   uint8_t fingerprint[8];              /* BLAKE2b-64 of the permanent steps */
-  uint32_t size[LDP_MAX_ATTRS];        /* labels, or a numeric attribute's grid points */
+  uint32_t size[LDP_MAX_ATTRS];        /* labels, or a numeric attribute's grid points (its
+                                          points after a round step) */
+  uint32_t grid[LDP_MAX_ATTRS];        /* a numeric attribute's grid points */
   uint8_t numeric[LDP_MAX_ATTRS];      /* 1: a numeric attribute, its range in range[j] */
   double range[LDP_MAX_ATTRS][2];      /* min, max of a numeric attribute */
   uint32_t round_n[LDP_MAX_ATTRS];     /* memoized: alpha-point rounding points of attribute j

@@ -11,6 +11,8 @@ typedef struct parser {
   ldp_program *p;
   uint32_t text_used, labels_used, cum_used, branches_used;
   uint32_t selects;      /* select steps so far: each keeps one more branch_start, its end */
+  uint32_t rounded;      /* bit j: attribute j has a round step */
+  int memo;              /* the description is memoized (no round step) */
   char *err;
   size_t errlen;
 } parser;
@@ -40,6 +42,8 @@ int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const 
 int ldp_parse_numeric_attr(parser *ps, json_t *d, size_t j);
 /* a wave step (parse_numeric.c) */
 int ldp_parse_wave(parser *ps, json_t *d, const char *field, ldp_step *s);
+/* a round step at depth (parse_numeric.c) */
+int ldp_parse_round(parser *ps, json_t *d, const char *field, ldp_step *s, int depth);
 /* a select's weights (null: uniform) into the cumulative pool, s->value = 1 (parse_numeric.c) */
 int ldp_parse_weights(parser *ps, json_t *w, size_t n, const char *field, ldp_step *s);
 #endif

@@ -175,12 +175,12 @@ static int parse_round(parser *ps, json_t *r) {
       json_t *v = json_array_get(pts, i);
       json_int_t k = json_is_integer(v) ? json_integer_value(v) : -1;
       ok = k >= 0 && (i == 0 ? k == 0 : (double)k > p->cum[ps->cum_used + i - 1]) &&
-           (i + 1 < n || k == (json_int_t)p->size[j] - 1);
+           (i + 1 < n || k == (json_int_t)p->grid[j] - 1);
       if (ok) p->cum[ps->cum_used + i] = (double)k;
     }
     if (!ok) {
       ldp_errf(ps->err, ps->errlen, "%s.points: must be increasing grid indices from 0 to %u "
-               "(each counts against the %d matrix entries in all)", f, p->size[j] - 1,
+               "(each counts against the %d matrix entries in all)", f, p->grid[j] - 1,
                LDP_MAX_MATRIX);
       return -1;
     }

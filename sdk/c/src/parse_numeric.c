@@ -32,7 +32,7 @@ int ldp_parse_numeric_attr(parser *ps, json_t *d, size_t j) {
   p->numeric[j] = 1;
   p->range[j][0] = lo;
   p->range[j][1] = hi;
-  p->size[j] = (uint32_t)json_integer_value(g);
+  p->size[j] = p->grid[j] = (uint32_t)json_integer_value(g);
   p->label0[j] = ps->labels_used;
   return 0;
 }
@@ -67,9 +67,9 @@ int ldp_parse_wave(parser *ps, json_t *d, const char *field, ldp_step *s) {
   json_t *c0 = json_array_get(in, 0);
   if (!json_is_array(in) || json_array_size(in) != 1 || !json_is_integer(c0) ||
       json_integer_value(c0) < 0 || json_integer_value(c0) >= (json_int_t)p->n_attrs ||
-      !p->numeric[json_integer_value(c0)]) {
+      !p->numeric[json_integer_value(c0)] || (ps->rounded >> json_integer_value(c0) & 1u)) {
     ldp_errf(f, sizeof f, "%s.in", field);
-    return bad(ps, f, "must be [j], j a numeric attribute");
+    return bad(ps, f, "must be [j], j a numeric attribute not rounded by a round step");
   }
   if (!json_is_integer(out) || json_integer_value(out) < 0 ||
       json_integer_value(out) >= (json_int_t)p->width) {
@@ -145,6 +145,52 @@ int ldp_parse_wave(parser *ps, json_t *d, const char *field, ldp_step *s) {
   memcpy(p->cum + ps->cum_used, w, sizeof w);
   ps->cum_used += 5;
   s->eps = wave_epsilon(w, pr, s->cells, rounded);
+  p->n_steps++;
+  return 0;
+}
+
+int ldp_parse_round(parser *ps, json_t *d, const char *field, ldp_step *s, int depth) {
+  ldp_program *p = ps->p;
+  char f[200];
+  int leading = depth == 0 && !ps->memo;
+  for (uint32_t i = 0; leading && i < p->n_steps; i++) leading = p->steps[i].op == LDP_OP_ROUND;
+  if (!leading) {
+    ldp_errf(f, sizeof f, "%s.op", field);
+    return bad(ps, f, "round steps come first, at the top level of a description without "
+               "memoize");
+  }
+  json_t *in = json_object_get(d, "in"), *pts = json_object_get(d, "points");
+  json_t *c0 = json_array_get(in, 0);
+  json_int_t j = json_is_integer(c0) ? json_integer_value(c0) : -1;
+  if (!json_is_array(in) || json_array_size(in) != 1 || j < 0 || j >= (json_int_t)p->n_attrs ||
+      !p->numeric[j] || (ps->rounded >> j & 1u)) {
+    ldp_errf(f, sizeof f, "%s.in", field);
+    return bad(ps, f, "must be [j], j a numeric attribute not rounded yet");
+  }
+  size_t n = json_is_array(pts) ? json_array_size(pts) : 0;
+  int ok = n >= 2 && n <= LDP_MAX_ROUND_POINTS && ps->cum_used + n <= LDP_MAX_MATRIX;
+  for (size_t i = 0; ok && i < n; i++) {
+    json_t *v = json_array_get(pts, i);
+    json_int_t k = json_is_integer(v) ? json_integer_value(v) : -1;
+    ok = k >= 0 && (i == 0 ? k == 0 : (double)k > p->cum[ps->cum_used + i - 1]) &&
+         (i + 1 < n || k == (json_int_t)p->grid[j] - 1);
+    if (ok) p->cum[ps->cum_used + i] = (double)k;
+  }
+  if (!ok) {
+    ldp_errf(ps->err, ps->errlen, "%s.points: must be 2..%u grid indices strictly increasing "
+             "from 0 to %u (each counts against the %d matrix entries in all)", field,
+             LDP_MAX_ROUND_POINTS, p->grid[j] - 1, LDP_MAX_MATRIX);
+    return -1;
+  }
+  s->op = LDP_OP_ROUND;
+  s->n_in = 1;
+  s->in[0] = (uint16_t)j;
+  s->cells = n;
+  s->cum = ps->cum_used;
+  s->eps = 0.0; /* pre-processing: every point is a grid value */
+  ps->cum_used += (uint32_t)n;
+  ps->rounded |= 1u << j;
+  p->size[j] = (uint32_t)n; /* every later step sees the point's index */
   p->n_steps++;
   return 0;
 }

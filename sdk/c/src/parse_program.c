@@ -136,9 +136,10 @@ static int parse_step(parser *ps, json_t *d, const char *field, int depth) {
              strcmp(op, "bloom") == 0))
     return ldp_parse_post(ps, d, field, s, op);
   if (op && strcmp(op, "wave") == 0) return ldp_parse_wave(ps, d, field, s);
+  if (op && strcmp(op, "round") == 0) return ldp_parse_round(ps, d, field, s, depth);
   if (!op || (strcmp(op, "grr") && strcmp(op, "matrix") && strcmp(op, "uniform"))) {
     ldp_errf(ps->err, ps->errlen, "%s.op: unknown op '%s' (known: grr, matrix, uniform, copy, "
-             "const, keep, bloom, wave, select, partition)", field, op ? op : "");
+             "const, keep, bloom, wave, round, select, partition)", field, op ? op : "");
     return -1;
   }
   uint8_t n_out;
@@ -264,6 +265,7 @@ static int parse_doc(parser *ps, json_t *d) {
   uint16_t first, count;
   json_t *memo = json_object_get(d, "memoize"), *steps = json_object_get(d, "steps");
   if (memo && json_is_null(memo)) memo = NULL;
+  ps->memo = memo != NULL;
   if (!(memo && json_is_array(steps) && json_array_size(steps) == 0) &&
       ldp_parse_steps(ps, steps, "device.steps", 0, &first, &count))
     return -1;

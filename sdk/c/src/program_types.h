@@ -24,11 +24,14 @@ enum ldp_op {
   LDP_OP_COPY = 7,
   LDP_OP_KEEP = 8,
   LDP_OP_BLOOM = 9,
-  LDP_OP_WAVE = 10
+  LDP_OP_WAVE = 10,
+  LDP_OP_ROUND = 11 /* a record's value rounded in place: run before any op that reads it */
 };
 
 /* points of a numeric attribute's grid, at most */
 #define LDP_MAX_GRID 65536u
+/* points of a round step, at most */
+#define LDP_MAX_ROUND_POINTS 64u
 
 /* ldp_program.memo_kind */
 enum ldp_memo_kind {

@@ -12,6 +12,12 @@ void ldp_run_partition(const ldp_program *p, const ldp_step *s, const uint32_t *
                        uint64_t device_id, ldp_rng *rng, uint32_t *report);
 /* 1 when s is a number's text (docs/device-protocol.md, "Numeric attributes"; run_numeric.c) */
 int ldp_number_text(const char *s);
+/* the index of the point (of pts[0..n), increasing grid indices) grid index x rounds to with
+   u: k = the last point <= x, at most n - 2, then k + 1 when (x - pts[k]) / (pts[k + 1] -
+   pts[k]) > u, else k (run_numeric.c) */
+uint32_t ldp_round_index(const double *pts, uint32_t n, uint32_t x, double u);
+/* a round step: x[in[0]] = the index of its point, u from one word (run_numeric.c) */
+void ldp_run_round(const ldp_program *p, const ldp_step *s, uint32_t *x, ldp_rng *rng);
 /* a wave step: report[out[0]] = offset + its cell (run_numeric.c) */
 void ldp_run_wave(const ldp_program *p, const ldp_step *s, const uint32_t *x, ldp_rng *rng,
                   uint32_t *report);

@@ -115,15 +115,8 @@ void ldp_memo_round(const ldp_program *p, const uint32_t *x, uint64_t device_id,
   for (uint32_t j = 0; j < p->n_attrs; j++) {
     rounded[j] = x[j];
     if (!p->round_n[j]) continue;
-    /* k: the last point <= x, at most the second last (binary search) */
     const double *pts = p->cum + p->round_at[j];
-    uint32_t lo = 0, hi = p->round_n[j] - 1;
-    while (hi - lo > 1) {
-      uint32_t mid = lo + (hi - lo) / 2;
-      if (pts[mid] <= (double)x[j]) lo = mid;
-      else hi = mid;
-    }
-    double frac = ((double)x[j] - pts[lo]) / (pts[lo + 1] - pts[lo]);
-    rounded[j] = (uint32_t)(frac > ldp_alpha(p, j, device_id) ? pts[lo + 1] : pts[lo]);
+    rounded[j] = (uint32_t)pts[ldp_round_index(pts, p->round_n[j], x[j], ldp_alpha(p, j,
+                                                                                   device_id))];
   }
 }

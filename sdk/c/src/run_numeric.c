@@ -37,7 +37,7 @@ int ldp_numeric_index(const ldp_program *prog, uint32_t j, double v, uint32_t *i
   double lo = prog->range[j][0], hi = prog->range[j][1];
   int clipped = v < lo || v > hi;
   double c = v < lo ? lo : v > hi ? hi : v;
-  *index = (uint32_t)round_half_even((c - lo) / (hi - lo) * (double)(prog->size[j] - 1));
+  *index = (uint32_t)round_half_even((c - lo) / (hi - lo) * (double)(prog->grid[j] - 1));
   return clipped;
 }
 
@@ -47,7 +47,7 @@ uint64_t ldp_wave_cell(const ldp_program *p, uint32_t step, uint32_t i, ldp_rng 
   const ldp_step *s = &p->steps[step];
   const double *w = p->cum + s->cum;
   double lo = w[0], hi = w[1], width = w[4];
-  double z = (double)i / (double)(p->size[s->in[0]] - 1);
+  double z = (double)i / (double)(p->grid[s->in[0]] - 1);
   double left_edge = w[2] * z + w[3], y;
   int inner = ldp_bernoulli(rng, s->p);
   double u = unit(rng);
@@ -72,6 +72,22 @@ uint64_t ldp_wave_cell(const ldp_program *p, uint32_t step, uint32_t i, ldp_rng 
   if (k < 0.0) k = 0.0;
   if (k > (double)(s->cells - 1)) k = (double)(s->cells - 1);
   return (uint64_t)k;
+}
+
+uint32_t ldp_round_index(const double *pts, uint32_t n, uint32_t x, double u) {
+  uint32_t lo = 0, hi = n - 1; /* binary search: pts[lo] <= x, lo <= n - 2 */
+  while (hi - lo > 1) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (pts[mid] <= (double)x) lo = mid;
+    else hi = mid;
+  }
+  double frac = ((double)x - pts[lo]) / (pts[lo + 1] - pts[lo]);
+  return frac > u ? lo + 1 : lo;
+}
+
+void ldp_run_round(const ldp_program *p, const ldp_step *s, uint32_t *x, ldp_rng *rng) {
+  double u = unit(rng); /* one word always, even on a point */
+  x[s->in[0]] = ldp_round_index(p->cum + s->cum, (uint32_t)s->cells, x[s->in[0]], u);
 }
 
 void ldp_run_wave(const ldp_program *p, const ldp_step *s, const uint32_t *x, ldp_rng *rng,

@@ -81,9 +81,15 @@ static void run(const ldp_program *p, uint32_t step, const uint32_t *x, ldp_rng 
 
 void ldp_program_randomize(const ldp_program *prog, const uint32_t *x, uint64_t device_id,
                            ldp_rng *rng, uint32_t *report) {
+  uint32_t rounded[LDP_MAX_ATTRS]; /* the record after its round steps (they come first) */
   memset(report, 0, prog->width * sizeof *report);
   for (uint32_t i = 0; i < prog->n_top; i = ldp_after(prog, i)) {
     const ldp_step *s = &prog->steps[i];
+    if (s->op == LDP_OP_ROUND) {
+      if (x != rounded) x = memcpy(rounded, x, prog->n_attrs * sizeof *rounded);
+      ldp_run_round(prog, s, rounded, rng);
+      continue;
+    }
     if (s->op == LDP_OP_PARTITION) {
       ldp_run_partition(prog, s, x, device_id, rng, report);
       continue;

@@ -33,6 +33,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (s->op == 10 && (s->cells < 1 || s->value + s->cells > LDP_MAX_CELLS ||
                         !prog.numeric[s->in[0]] || prog.size[s->in[0]] < 2))
       abort();
+    /* a round step: 2..64 points of a numeric attribute, which has that many cells after it */
+    if (s->op == 11 && (s->cells < 2 || s->cells > 64 || !prog.numeric[s->in[0]] ||
+                        prog.size[s->in[0]] != s->cells || prog.grid[s->in[0]] < s->cells))
+      abort();
   }
   for (uint32_t t = 0; t < prog.n_tables; t++)
     if (prog.tables[t].cells < 1 || prog.tables[t].cells > LDP_MAX_CELLS) abort();

@@ -5,7 +5,8 @@
  *   ldp_sample audit randomize.json SAMPLES   one JSON line per grr/matrix/keep step with at
  *       most 32 cells: the k x k counts (row: true cell, SAMPLES/k draws each); per bloom step
  *       the 1s of every (value, bit) over SAMPLES/values draws per value; the first slot of
- *       every small partition table; per wave step on at most 65 grid points, the G x cells
+ *       every small partition table (rows: the records' grid indices of a rounded numeric
+ *       attribute); per wave step on at most 65 grid points, the G x cells
  *       counts (SAMPLES/G draws per grid point); tests/test_sdk_audit.py
  *   ldp_sample bench randomize.json SECONDS   one JSON line per case: reports randomized per
  *       second on one core; ldpstream bench sdk
@@ -40,35 +41,42 @@ static uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-/* the first slot of a partition step, per table with at most 400 codes: a device assigned to
-   it, SAMPLES/cells reports of every cell (the other attributes 0) */
+/* a record's values of attribute j: its labels, or a numeric one's grid points (before any
+   round step) */
+static uint32_t input_size(uint32_t j) { return prog.numeric[j] ? prog.grid[j] : prog.size[j]; }
+
+/* the first slot of a partition step, per table with at most 36 cells and 400 codes (and at
+   most 64,000 input rows x codes): a device assigned to it, SAMPLES/rows reports of every
+   input row, a record's values of the table's attributes (a numeric one's grid indices, which
+   the description's round steps round first; the other attributes 0) */
 static void audit_partition(const char *name, uint32_t si, long samples, ldp_rng *rng) {
   const ldp_step *s = &prog.steps[si];
-  static uint64_t tc[36 * 400];
+  static uint64_t tc[64000];
   for (uint32_t ti = 0; ti < s->count; ti++) {
     const ldp_table *t = &prog.tables[s->first + ti];
-    uint64_t codes = t->cells, dev = 0;
+    uint64_t codes = t->cells, dev = 0, rows = 1;
     if (t->g) {
       codes = t->g;
       for (uint32_t k = 0; k < t->r; k++) codes *= t->g;
     }
-    if (codes > 400 || t->cells > 36) continue;
+    for (uint8_t i = 0; i < t->n_in; i++) rows *= input_size(t->in[i]);
+    if (codes > 400 || t->cells > 36 || rows * codes > 64000) continue;
     while (mix64(dev ^ s->seed) % s->count != ti) dev++;
     memset(tc, 0, sizeof tc);
-    for (uint64_t c = 0; c < t->cells; c++) {
+    for (uint64_t c = 0; c < rows; c++) {
       uint32_t x[LDP_MAX_ATTRS] = {0}, report[LDP_MAX_WIDTH];
       uint64_t rest = c;
       for (int i = t->n_in - 1; i >= 0; i--) {
-        x[t->in[i]] = (uint32_t)(rest % prog.size[t->in[i]]);
-        rest /= prog.size[t->in[i]];
+        x[t->in[i]] = (uint32_t)(rest % input_size(t->in[i]));
+        rest /= input_size(t->in[i]);
       }
-      for (long n = 0; n < samples / (long)t->cells; n++) {
+      for (long n = 0; n < samples / (long)rows; n++) {
         ldp_program_randomize(&prog, x, dev, rng, report);
         tc[c * codes + (report[s->out[0]] - t->offset)]++;
       }
     }
     printf("{\"case\":\"%s\",\"step\":%u,\"table\":%u,\"counts\":[", name, si, ti);
-    for (uint64_t c = 0; c < t->cells; c++) {
+    for (uint64_t c = 0; c < rows; c++) {
       printf("%s[", c ? "," : "");
       for (uint64_t y = 0; y < codes; y++)
         printf("%s%llu", y ? "," : "", (unsigned long long)tc[c * codes + y]);

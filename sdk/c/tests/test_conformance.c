@@ -43,7 +43,8 @@ static uint64_t u64(json_t *s) { return strtoull(json_string_value(s), NULL, 10)
    the typical programs every build must run (rr-ind, partitioned, memoized). */
 static int beyond_limits(const char *name, int r, const char *err) {
 #ifdef LDP_PROFILE_FIRMWARE
-  static const char *const typical[] = {"rr-ind", "partitioned-olh", "partitioned-2", "sw-hm",
+  static const char *const typical[] = {"rr-ind", "partitioned-olh", "partitioned-2",
+                                        "partitioned-num", "partitioned-num-olh", "sw-hm",
                                         "sw-hm-duchi", "memo",
                                         "memoized partition", "memoized partition (olh)",
                                         "memoized cluster", "memoized select",

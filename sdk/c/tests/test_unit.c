@@ -2,6 +2,7 @@
 /* Unit tests of the C SDK: parse errors name the field, the ledger and the batch sequence
    survive a restart through the file storage, the encoder refuses what it cannot write, the OS
    generator draws. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,6 +169,35 @@ static void daily_cap_beyond_ledger_cap(void) {
   }
 }
 
+/* a round step: the attribute has its points' count of cells afterwards, a value on a point
+   stays itself and still draws one word, a value 3/5 of the way to the next point goes there
+   with 3/5 (20,000 draws, within 5 standard errors) */
+static void round_step(void) {
+  static ldp_program prog;
+  static const char *desc =
+      "{\"v\":1,\"family\":\"t\",\"attrs\":[\"a\",\"x\"],\"labels\":[[\"p\",\"q\"],"
+      "{\"min\":0,\"max\":10,\"grid\":11}],\"width\":2,\"steps\":["
+      "{\"op\":\"round\",\"in\":[1],\"points\":[0,5,10]},"
+      "{\"op\":\"grr\",\"in\":[0,1],\"out\":[0,1],\"p\":1.0}]}";
+  char err[256];
+  CHECK(ldp_program_parse(&prog, desc, strlen(desc), err, sizeof err) == LDP_OK, err);
+  CHECK(prog.size[1] == 3 && prog.grid[1] == 11 && prog.steps[1].cells == 6,
+        "a rounded attribute has its points as cells");
+  uint64_t seed = 9, start = seed;
+  ldp_rng rng = {ldp_splitmix64_next, &seed};
+  uint32_t x[2] = {1, 5}, report[2];
+  ldp_program_randomize(&prog, x, 0, &rng, report);
+  CHECK(report[0] == 1 && report[1] == 1 && x[1] == 5, "a point stays itself, x untouched");
+  CHECK(seed == start + 2 * 0x9E3779B97F4A7C15ULL, "round draws one word on a point too");
+  long up = 0, n = 20000;
+  x[1] = 3;
+  for (long i = 0; i < n; i++) {
+    ldp_program_randomize(&prog, x, 0, &rng, report);
+    up += report[1];
+  }
+  CHECK(fabs((double)up / n - 0.6) < 5 * sqrt(0.24 / n), "round goes up with its fraction");
+}
+
 /* the caller's structs are the library's (ldp_limits.h); other sizes are told apart */
 static void abi_check(void) {
   CHECK(LDP_ABI_CHECK() == LDP_OK, "LDP_ABI_CHECK with the library's limits");
@@ -184,6 +214,7 @@ int main(void) {
   os_rng_draws();
   device_refuses_without_state();
   daily_cap_beyond_ledger_cap();
+  round_step();
   if (failures) fprintf(stderr, "%d unit checks failed\n", failures);
   else printf("unit: all checks pass\n");
   return failures ? 1 : 0;

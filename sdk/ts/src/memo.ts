@@ -11,7 +11,7 @@ import { blake2b } from "@noble/hashes/blake2.js";
 
 import { DrawSource, categorical, uniform } from "./rng.js";
 import { Leaf, M64, Partition, ProgramError, Select, Table, Wave, apply, grr, grrEpsilon, mix64,
-         ravel, tableCode, waveCell } from "./steps.js";
+         ravel, roundIndex, tableCode, waveCell } from "./steps.js";
 
 export type MemoKind = "attribute" | "cluster" | "partition" | "select";
 
@@ -197,14 +197,7 @@ export function memoRound(memo: Memo, x: number[], deviceId: bigint): number[] {
   return x.map((v, j) => {
     const r = memo.round![j];
     if (!r) return v;
-    const pts = r.points;
-    let lo = 0, hi = pts.length - 1;
-    while (hi - lo > 1) {
-      const mid = lo + Math.floor((hi - lo) / 2);
-      if (pts[mid] <= v) lo = mid;
-      else hi = mid;
-    }
-    return (v - pts[lo]) / (pts[lo + 1] - pts[lo]) > alpha(r, deviceId) ? pts[lo + 1] : pts[lo];
+    return r.points[roundIndex(r.points, v, alpha(r, deviceId))];
   });
 }
 

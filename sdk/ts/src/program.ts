@@ -3,7 +3,8 @@
 import { DrawSource, categorical, uniform } from "./rng.js";
 import { Memo, Rounding, makeMemo, memoKind } from "./memo.js";
 import { Leaf, M64, MAX_ATTRS, MAX_CELLS, MAX_GRID, MAX_LABEL_BYTES, MAX_LABELS,
-         MAX_MATRIX_ENTRIES, MAX_STEPS, MAX_TABLES, MAX_WIDTH, NUMBER_TEXT, bloomHamming,
+         MAX_MATRIX_ENTRIES, MAX_ROUND_POINTS, MAX_STEPS, MAX_TABLES, MAX_WIDTH, NUMBER_TEXT,
+         Round, bloomHamming, round,
          cellCount, utf8Length, PROGRAM_VERSION, Partition, Post, ProgramError, SchemaError,
          Select, Step, Table, Wave, apply, cumulative, grrEpsilon, isInt, isObj, ints, isPost,
          matrixEpsilon, mix64, partition, post, quantizeValue, run, wave, waveCell,
@@ -49,7 +50,13 @@ export class Program {
   readonly family: string;
   readonly attrs: string[];
   readonly labels: string[][];
+  /** per attribute: its labels, or a numeric attribute's grid points (what a record holds) */
   readonly shape: number[];
+  /** per attribute: its cells as the steps see them (a rounded attribute's points) */
+  private readonly sizes: number[];
+  /** per attribute: a round step rounds it */
+  private readonly rounded: boolean[];
+  private memoized = false;
   /** per attribute: [min, max, grid] of a numeric one, null for a categorical one */
   readonly ranges: ([number, number, number] | null)[];
   readonly width: number;
@@ -87,8 +94,11 @@ export class Program {
     this.attrs = attrs as string[];
     this.labels = text;
     this.shape = this.labels.map((l, j) => this.ranges[j]?.[2] ?? l.length);
+    this.sizes = [...this.shape];
+    this.rounded = this.shape.map(() => false);
     this.width = width;
     const memo = d.memoize ?? null;
+    this.memoized = memo !== null;
     this.steps = memo !== null && Array.isArray(d.steps) && d.steps.length === 0 ? []
       : this.parseSteps(d.steps, "device.steps", 0);
     this.memo = memo === null ? null : this.parseMemo(memo);
@@ -146,7 +156,42 @@ export class Program {
   private parseSteps(v: unknown, field: string, depth: number): Step[] {
     if (!Array.isArray(v) || v.length < 1 || v.length > MAX_STEPS)
       throw new ProgramError(field, `must be a list of 1..${MAX_STEPS} steps`);
-    return v.map((s, i) => this.parseStep(s, `${field}[${i}]`, depth));
+    const out: Step[] = [];
+    v.forEach((s, i) => {
+      const f = `${field}[${i}]`;
+      if (isObj(s) && s.op === "round") {
+        if (depth > 0 || this.memoized || this.nSteps !== out.length ||
+            out.some((t) => t.op !== "round"))
+          throw new ProgramError(`${f}.op`, "round steps come first, at the top level of a " +
+                                 "description without memoize");
+        out.push(this.parseRoundStep(s, f));
+      } else out.push(this.parseStep(s, f, depth));
+    });
+    return out;
+  }
+
+  /** A round step: `in` one numeric attribute not rounded yet, `points` 2..64 grid indices
+   * strictly increasing from 0 to the grid's last (each a matrix entry); the attribute then
+   * has that many cells for every later step. */
+  private parseRoundStep(d: Record<string, unknown>, field: string): Round {
+    if (++this.nSteps > MAX_STEPS) throw new ProgramError(field, `more than ${MAX_STEPS} steps`);
+    const cin = d.in;
+    if (!Array.isArray(cin) || cin.length !== 1 || !isInt(cin[0]) || cin[0] < 0 ||
+        cin[0] >= this.attrs.length || this.ranges[cin[0]] === null || this.rounded[cin[0]])
+      throw new ProgramError(`${field}.in`, "must be [j], j a numeric attribute not rounded yet");
+    const col = cin[0] as number, grid = this.shape[col], pts = d.points;
+    const ok = Array.isArray(pts) && pts.length >= 2 && pts.length <= MAX_ROUND_POINTS &&
+      this.matrixEntries + pts.length <= MAX_MATRIX_ENTRIES &&
+      pts.every((v, i) => isInt(v) && (i === 0 ? v === 0 : v > pts[i - 1])) &&
+      pts[pts.length - 1] === grid - 1;
+    if (!ok)
+      throw new ProgramError(`${field}.points`, `must be 2..${MAX_ROUND_POINTS} grid indices ` +
+                             `strictly increasing from 0 to ${grid - 1} (each counts against ` +
+                             `the ${MAX_MATRIX_ENTRIES} matrix entries in all)`);
+    this.matrixEntries += pts.length;
+    this.rounded[col] = true;
+    this.sizes[col] = pts.length;
+    return { op: "round", col, points: pts as number[], eps: 0 };
   }
 
   private parseStep(d: unknown, field: string, depth: number): Step {
@@ -171,12 +216,13 @@ export class Program {
       return this.parsePost(d, field);
     if (d.op !== "grr" && d.op !== "matrix" && d.op !== "uniform")
       throw new ProgramError(`${field}.op`, `unknown op ${JSON.stringify(d.op)} (known: grr, ` +
-                             "matrix, uniform, copy, const, keep, bloom, wave, select, partition)");
+                             "matrix, uniform, copy, const, keep, bloom, wave, round, select, " +
+                             "partition)");
     const cols = ints(d.in, `${field}.in`, this.attrs.length);
     const out = ints(d.out, `${field}.out`, this.width);
     if (out.length !== cols.length)
       throw new ProgramError(`${field}.out`, "must have as many columns as in");
-    const sizes = cols.map((c) => this.shape[c]);
+    const sizes = cols.map((c) => this.sizes[c]);
     const cells = cellCount(sizes, `${field}.in`);
     if (d.op === "uniform")
       return { op: "uniform", cols, sizes, out, cells, p: 0, cum: new Float64Array(0), eps: 0 };
@@ -222,8 +268,9 @@ export class Program {
     };
     const cin = d.in;
     if (!Array.isArray(cin) || cin.length !== 1 || !isInt(cin[0]) || cin[0] < 0 ||
-        cin[0] >= this.attrs.length || this.ranges[cin[0]] === null)
-      throw new ProgramError(`${field}.in`, "must be [j], j a numeric attribute");
+        cin[0] >= this.attrs.length || this.ranges[cin[0]] === null || this.rounded[cin[0]])
+      throw new ProgramError(`${field}.in`, "must be [j], j a numeric attribute not rounded by " +
+                             "a round step");
     const col = cin[0] as number;
     const out = d.out;
     if (!isInt(out) || out < 0 || out >= this.width)
@@ -275,7 +322,7 @@ export class Program {
     }
     if (d.op === "keep") {
       const cols = ints(d.in, `${field}.in`, this.attrs.length);
-      const sizes = cols.map((c) => this.shape[c]);
+      const sizes = cols.map((c) => this.sizes[c]);
       const cells = cellCount(sizes, `${field}.in`);
       const p = d.p, fake = d.fake;
       if (typeof p !== "number" || !(p >= 0 && p <= 1))
@@ -313,7 +360,7 @@ export class Program {
                              `${this.width} report columns`);
     if (typeof f !== "number" || !(f >= 0 && f <= 1))
       throw new ProgramError(`${field}.f`, "must be a number in [0, 1]");
-    const dv = this.shape[cols[0]];
+    const dv = this.sizes[cols[0]];
     const ok = cols.length === 1 && Array.isArray(filters) && filters.length === dv &&
       filters.every((v) => Array.isArray(v) && v.every((b) => isInt(b) && b >= 0 && b < bits));
     this.matrixEntries += ok ? dv + 1 + (filters as number[][]).reduce((a, v) => a + v.length, 0)
@@ -343,7 +390,7 @@ export class Program {
       if (!isObj(t) || (t.oracle !== "grr" && t.oracle !== "olh"))
         throw new ProgramError(`${f}.oracle`, "must be grr or olh");
       const cols = ints(t.in, `${f}.in`, this.attrs.length);
-      const sizes = cols.map((c) => this.shape[c]);
+      const sizes = cols.map((c) => this.sizes[c]);
       const cells = cellCount(sizes, `${f}.in`);
       const offset = t.offset;
       if (!isInt(offset) || offset < 0 || offset >= MAX_CELLS)
@@ -405,17 +452,23 @@ export class Program {
   randomize(x: ArrayLike<number>, rng: DrawSource,
             report: number[] = new Array<number>(this.width), deviceId = 0n): number[] {
     report.fill(0, 0, this.width);
+    let xr = x;   // the record after its round steps (they come first)
     for (const s of this.steps) {
-      if (s.op === "partition") { partition(s, x, rng, report, deviceId); continue; }
-      if (isPost(s)) { post(s, x, rng, report); continue; }
-      if (s.op === "wave") { wave(s, x, rng, report); continue; }
-      if (s.op !== "select") { run(s, x, rng, report); continue; }
+      if (s.op === "round") {
+        if (xr === x) xr = Array.from(x);
+        round(s, xr as number[], rng);
+        continue;
+      }
+      if (s.op === "partition") { partition(s, xr, rng, report, deviceId); continue; }
+      if (isPost(s)) { post(s, xr, rng, report); continue; }
+      if (s.op === "wave") { wave(s, xr, rng, report); continue; }
+      if (s.op !== "select") { run(s, xr, rng, report); continue; }
       const b = s.weights ? categorical(rng, s.weights) : uniform(rng, s.branches.length);
       if (s.out !== null) report[s.out] = b;
       for (const t of s.branches[b])
-        if (isPost(t)) post(t, x, rng, report);
-        else if (t.op === "wave") wave(t, x, rng, report);
-        else run(t, x, rng, report);
+        if (isPost(t)) post(t, xr, rng, report);
+        else if (t.op === "wave") wave(t, xr, rng, report);
+        else run(t, xr, rng, report);
     }
     return report;
   }
@@ -426,9 +479,11 @@ export class Program {
       : [{ index, cells: s.cells }]);
   }
 
-  /** Privacy audit of partition steps: per table with at most 36 cells and 400 codes, a
-   * device assigned to it reports `samples`/cells times each cell (other attributes 0); the
-   * cells x codes counts of its first slot. */
+  /** Privacy audit of partition steps: per table with at most 36 cells and 400 codes (and at
+   * most 64,000 input rows x codes), a device assigned to it reports `samples`/rows times each
+   * input row, a record's values of the table's attributes (a numeric one's grid indices, which
+   * the round steps round first; other attributes 0); the rows x codes counts of its first
+   * slot. */
   auditPartition(samples: number, rng: DrawSource
                  ): { step: number; table: number; counts: number[][] }[] {
     const out: { step: number; table: number; counts: number[][] }[] = [];
@@ -436,19 +491,21 @@ export class Program {
       if (s.op !== "partition") return;
       s.tables.forEach((t, table) => {
         const codes = t.g ? t.g ** (t.r + 1) : t.cells;
-        if (codes > 400 || t.cells > 36) return;
+        const inputs = t.cols.map((c) => this.shape[c]);
+        const rows = inputs.reduce((a, b) => a * b, 1);
+        if (codes > 400 || t.cells > 36 || rows * codes > 64000) return;
         let dev = 0n;
         while (mix64(dev ^ s.seed) % BigInt(s.tables.length) !== BigInt(table)) dev++;
-        const counts = Array.from({ length: t.cells }, () => new Array<number>(codes).fill(0));
+        const counts = Array.from({ length: rows }, () => new Array<number>(codes).fill(0));
         const report = new Array<number>(this.width);
-        for (let c = 0; c < t.cells; c++) {
+        for (let c = 0; c < rows; c++) {
           const x = new Array<number>(this.attrs.length).fill(0);
           let rest = c;
           for (let i = t.cols.length - 1; i >= 0; i--) {
-            x[t.cols[i]] = rest % t.sizes[i];
-            rest = Math.floor(rest / t.sizes[i]);
+            x[t.cols[i]] = rest % inputs[i];
+            rest = Math.floor(rest / inputs[i]);
           }
-          for (let n = 0; n < Math.floor(samples / t.cells); n++)
+          for (let n = 0; n < Math.floor(samples / rows); n++)
             counts[c][this.randomize(x, rng, report, dev)[s.out[0]] - t.offset]++;
         }
         out.push({ step, table, counts });

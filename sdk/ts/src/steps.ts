@@ -129,6 +129,35 @@ export interface Wave {
 
 /** points of a numeric attribute's grid, at most */
 export const MAX_GRID = 65536;
+/** points of a round step, at most */
+export const MAX_ROUND_POINTS = 64;
+
+/** A numeric attribute's grid index rounded without bias to its points (docs/device-protocol.md,
+ * "Numeric attributes"): x[col] becomes the index of its point. */
+export interface Round {
+  op: "round";
+  col: number;
+  points: number[];
+  eps: number;
+}
+
+/** The index of the point (of `pts`, increasing grid indices) grid index x rounds to with u:
+ * k = the last point <= x, at most the second last; k + 1 when the fraction of the way to the
+ * next point exceeds u, else k. */
+export function roundIndex(pts: number[], x: number, u: number): number {
+  let lo = 0, hi = pts.length - 1;
+  while (hi - lo > 1) {
+    const mid = lo + Math.floor((hi - lo) / 2);
+    if (pts[mid] <= x) lo = mid;
+    else hi = mid;
+  }
+  return (x - pts[lo]) / (pts[lo + 1] - pts[lo]) > u ? lo + 1 : lo;
+}
+
+/** A round step: u from one word, always (even on a point). */
+export function round(s: Round, x: number[], rng: DrawSource): void {
+  x[s.col] = roundIndex(s.points, x[s.col], Number(rng.nextU64() >> 11n) * 2 ** -53);
+}
 
 /** The text of a numeric value: [+-] (digits [. digits] | . digits) [exponent]. */
 export const NUMBER_TEXT = /^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$/;
@@ -206,7 +235,7 @@ export interface Partition {
   eps: number;
 }
 
-export type Step = Leaf | Select | Partition | Post | Wave;
+export type Step = Leaf | Select | Partition | Post | Wave | Round;
 
 export const M64 = (1n << 64n) - 1n;
 /** The SplitMix64 finalizer: the partition assignment's hash. */

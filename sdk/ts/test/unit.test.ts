@@ -133,3 +133,26 @@ test("the IndexedDB storage keeps the ledger across a restart", async () => {
   assert.match(b.refusal(1, 20) ?? "", /budget exceeded/);
   assert.equal(await b.takeSequence(), 1n);
 });
+
+test("a round step: points as cells afterwards, one word always, up with its fraction", () => {
+  const prog = new Program({
+    v: 1, family: "t", attrs: ["a", "x"], labels: [["p", "q"], { min: 0, max: 10, grid: 11 }],
+    width: 2, steps: [{ op: "round", in: [1], points: [0, 5, 10] },
+                      { op: "grr", in: [0, 1], out: [0, 1], p: 1.0 }],
+  });
+  const rng = new SplitMix64(9n), twin = new SplitMix64(9n);
+  const x = [1, 5];
+  assert.deepEqual(prog.randomize(x, rng), [1, 1]);   // a point stays itself
+  assert.deepEqual(x, [1, 5]);                         // the record is not changed
+  twin.nextU64();
+  twin.nextU64();
+  assert.equal(rng.nextU64(), twin.nextU64());         // two words: the round's and the grr's
+  let up = 0;
+  const n = 20000;
+  for (let i = 0; i < n; i++) up += prog.randomize([0, 3], rng)[1];
+  assert.ok(Math.abs(up / n - 0.6) < 5 * Math.sqrt(0.24 / n), `${up / n}`);
+  assert.throws(() => new Program({
+    v: 1, family: "t", attrs: ["x"], labels: [{ min: 0, max: 10, grid: 11 }], width: 1,
+    steps: [{ op: "round", in: [0], points: [0, 10] }, { op: "round", in: [0], points: [0, 10] }],
+  }), (e: unknown) => e instanceof ProgramError && e.field === "device.steps[1].in");
+});

@@ -8,63 +8,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy.special import betainc
 
+from ldpstream.bench.numeric_drift import (
+    BINS,
+    NUMERIC,
+    calibration,
+    cell_law,
+    collection,
+    draw,
+    mechanism,
+)
 from ldpstream.config import parse_config
 from ldpstream.estimators.families import partitioned_numeric as pn
 from ldpstream.estimators.families.partitioned import Partitioned, tensor_key
-from ldpstream.estimators.oracles import frequency_oracles as fo
 from ldpstream.estimators.stream.drift import sidak_threshold, terms_test
 
 pytestmark = pytest.mark.core
-
-BINS = 9
-#: the marginals served; (fw,) is categorical: its cells are tested, as before
-SERVED = [["battery"], ["fw", "battery"], ["fw"]]
-NUMERIC = [("battery",), ("fw", "battery")]
-
-
-def collection(oracles: list[str] | None = None, **extra) -> dict:
-    params = {"marginals": [["battery"], ["fw", "battery"], ["fw"]], "bins": {"battery": BINS},
-              **({"oracles": oracles} if oracles else {})}
-    return {"id": "c", "schema": {"attributes": {
-        "fw": ["a", "b", "c"], "battery": {"numeric": {"min": 0, "max": 100}}}},
-        "mechanism": "partitioned", "epsilon": 2.0, "epsilon_scope": "record",
-        "params": params, "marginals": SERVED, "estimators": ["global", "unbiased"], **extra}
-
-
-def mechanism(oracles: list[str] | None = None) -> Partitioned:
-    mech = parse_config({"collections": [collection(oracles)]}).collections["c"].mechanism()
-    assert isinstance(mech, Partitioned)
-    return mech
-
-
-def cell_law(mech: Partitioned, a: float = 5.0, b: float = 2.0) -> dict[str, np.ndarray]:
-    """Each declared table's cell probabilities: fw uniform, battery ~ 100·Beta(a, b) put on
-    the nearest grid point, then rounded without bias to the points (exactly)."""
-    G = mech.domain["battery"]
-    cuts = np.clip((np.arange(G + 1) - 0.5) / (G - 1), 0, 1)
-    grid = np.diff(betainc(a, b, cuts))
-    pts = grid @ mech.binning.channel(mech.domain.axes(("battery",))[0])
-    fw = np.full(3, 1 / 3)
-    law = {("battery",): pts, ("fw", "battery"): np.outer(fw, pts).ravel(), ("fw",): fw}
-    return {tensor_key(m): law[tuple(m)] for m in mech.marginals}
-
-
-def draw(mech: Partitioned, law: dict[str, np.ndarray], n: int,
-         rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """One window's tensors from the exact report probabilities: each report's table uniform,
-    then its code multinomial with the oracle's channel (GRR: the code is the support; OLH: the
-    code (seed, y) supports every cell hashed to y under its seed)."""
-    per_table = rng.multinomial(n, np.full(len(mech.marginals), 1 / len(mech.marginals)))
-    out = {}
-    for (key, f), o, n_k in zip(law.items(), mech.oracles, per_table):
-        codes = rng.multinomial(n_k, f @ o.channel())
-        if isinstance(o, fo.OLH):
-            H = o.hash(np.arange(o.seeds), np.arange(o.d))
-            codes = codes.reshape(o.seeds, o.g)[np.arange(o.seeds)[:, None], H].sum(axis=0)
-        out[key] = np.concatenate([codes, [n_k]])
-    return out
 
 
 def reports(mech: Partitioned, n: int, rng: np.random.Generator, a: float = 5.0,
@@ -86,25 +45,16 @@ def test_the_drift_of_the_mean_and_quantiles_is_calibrated(oracle):
     and α plus 3 binomial standard errors (Šidák over correlated quantities: at most α)."""
     mech = mechanism([oracle])
     assert {o.name for o in mech.oracles} == {oracle}
-    rng = np.random.default_rng(17)
-    law = cell_law(mech)
     runs = 300
-    zs: dict = {a: [] for a in NUMERIC}
-    alarms = dict.fromkeys(NUMERIC, 0)
-    for _ in range(runs):
-        cur, prev = draw(mech, law, 20_000, rng), draw(mech, law, 20_000, rng)
-        for attrs in NUMERIC:
-            t = mech.drift_terms(cur, prev, attrs, "global")
-            zs[attrs].append((t.cur - t.prev) / np.sqrt(t.cur_var + t.prev_var))
-            alarms[attrs] += terms_test(t, alpha=0.05).alarm
-    assert t.names == tuple(f"{c}/{q}" for c in "abc" for q in ("mean", "0.5", "0.9", "0.99"))
+    res = calibration(mech, runs, np.random.default_rng(17))
+    assert res["fw", "battery"]["names"] == tuple(
+        f"{c}/{q}" for c in "abc" for q in ("mean", "0.5", "0.9", "0.99"))
     se = np.sqrt(0.05 * 0.95 / runs)
     for attrs in NUMERIC:
-        z = np.array(zs[attrs])
+        z, sd = res[attrs]["z"], res[attrs]["sd"]
         assert np.all(np.abs(z.mean(axis=0)) < 0.2), (attrs, z.mean(axis=0))
-        sd = z.std(axis=0)
         assert np.all((sd > 0.87) & (sd < 1.13)), (attrs, sd)
-        assert 0.01 <= alarms[attrs] / runs <= 0.05 + 3 * se, (attrs, alarms[attrs])
+        assert 0.01 <= res[attrs]["alarm_rate"][0.05] <= 0.05 + 3 * se, (attrs, res[attrs])
 
 
 def test_olh_covariance_is_the_codes_multinomial():
@@ -203,3 +153,23 @@ def test_a_refresh_serves_the_numeric_drift_detail():
         assert by["drift_alarm"] and len(by["drift_detail"]) == 12
     fw = got[("fw",), "global"]
     assert fw["drift_detail"] is None and fw["drift_statistic"] is not None
+
+
+def test_bench_numeric_drift_quick_json():
+    """``ldpstream bench numeric --drift --quick --json`` (100 pairs): a row per oracle and
+    numeric marginal with standard deviations near 1 (within 0.75–1.25: 3.5 standard errors
+    over 100) and alarm rates at most α plus 3 standard errors."""
+    import json
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "ldpstream.cli", "bench", "numeric", "--drift",
+                          "--quick", "--json"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["runs"] == 100
+    assert [(r["oracle"], r["marginal"]) for r in out["rows"]] == [
+        (o, m) for o in ("grr", "olh") for m in ("battery", "fw|battery")]
+    for r in out["rows"]:
+        assert 0.75 < r["sd_min"] <= r["sd_max"] < 1.25, r
+        assert r["alarm_0.05"] <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 100), r

@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from scipy import sparse
 from scipy.stats import norm
 
 from ldpstream.estimators.families.numeric import (
@@ -145,13 +146,13 @@ class CellCov:
 @dataclass(frozen=True)
 class CodeCov:
     """Covariance of an OLH table's unbiased cells, exactly: a report is a code (seed a, hashed
-    value y), the codes of n users multinomial with probabilities ``pi`` (seeds × g: the
-    population's cells f through the oracle), and cell v's support count is the number of codes
-    with h_a(v) = y (``hashes``: seeds × cells). The family's hash is linear (h_a(0) = 0 for
-    every a), so supports of different cells are correlated (cell 0's with every other's), which
-    [Wang17] eq. 4, a per-cell variance, leaves out."""
+    value y), the codes of n users multinomial with probabilities ``pi`` (the population's cells
+    f through the oracle), and cell v's support count is the number of codes with h_a(v) = y
+    (``supports``: codes × cells, 0/1). The family's hash is linear (h_a(0) = 0 for every a), so
+    supports of different cells are correlated (cell 0's with every other's), which [Wang17]
+    eq. 4, a per-cell variance, leaves out."""
 
-    hashes: np.ndarray
+    supports: sparse.csr_array
     pi: np.ndarray
     n: int
     span: float
@@ -159,14 +160,9 @@ class CodeCov:
     def of(self, G: np.ndarray) -> np.ndarray:
         """G·Cov·Gᵀ for functionals G (r × cells): per code the functional's sum over the
         cells it supports, then the codes' multinomial covariance."""
-        G = np.atleast_2d(np.asarray(G, dtype=float))
-        seeds, g = self.pi.shape
-        codes = (np.arange(seeds)[:, None] * g + self.hashes).ravel()
-        SG = np.stack([np.bincount(codes, weights=np.broadcast_to(row, self.hashes.shape).ravel(),
-                                   minlength=seeds * g) for row in G])
-        pi = self.pi.ravel()
-        mean = SG @ pi
-        return ((SG * pi) @ SG.T - np.outer(mean, mean)) / (self.n * self.span ** 2)
+        SG = np.asarray(self.supports @ np.atleast_2d(np.asarray(G, dtype=float)).T)
+        mean = self.pi @ SG
+        return ((SG.T * self.pi) @ SG - np.outer(mean, mean)) / (self.n * self.span ** 2)
 
 
 #: most seeds × cells of an OLH table whose covariance is computed exactly (:class:`CodeCov`);
@@ -175,9 +171,13 @@ EXACT_OLH_CELLS = 1 << 20
 
 
 @lru_cache(maxsize=16)
-def _olh_hashes(eps: float, d: int, g: int) -> np.ndarray:
+def _olh_supports(eps: float, d: int, g: int) -> sparse.csr_array:
+    """The OLH oracle (ε, d, g)'s supports: codes (seed a, y) × cells, 1 where h_a(v) = y."""
     o = fo.OLH(eps, d, g=g)
-    return o.hash(np.arange(o.seeds), np.arange(d))
+    H = o.hash(np.arange(o.seeds), np.arange(d))
+    codes = (np.arange(o.seeds)[:, None] * g + H).ravel()
+    cells = np.broadcast_to(np.arange(d), H.shape).ravel()
+    return sparse.csr_array((np.ones(codes.size), (codes, cells)), shape=(o.seeds * g, d))
 
 
 def cell_cov(oracle: fo.Oracle, supports: np.ndarray, n: int,
@@ -192,10 +192,10 @@ def cell_cov(oracle: fo.Oracle, supports: np.ndarray, n: int,
         return CellCov(pi / (n * span ** 2), pi / (math.sqrt(n) * span))
     f = clip_rescale(np.asarray(raw, dtype=float))
     if isinstance(oracle, fo.OLH) and oracle.seeds * oracle.d <= EXACT_OLH_CELLS:
-        H = _olh_hashes(float(oracle.eps), int(oracle.d), int(oracle.g))
+        S = _olh_supports(float(oracle.eps), int(oracle.d), int(oracle.g))
         p, q = fo.grr_pq(oracle.eps, oracle.g)
-        hit = np.stack([np.bincount(h, weights=f, minlength=oracle.g) for h in H])
-        return CodeCov(H, (q + (p - q) * hit) / oracle.seeds, n, span)
+        hit = np.asarray(S @ f)   # per code (a, y): the mass of the cells hashed to y under a
+        return CodeCov(S, (q + (p - q) * hit) / oracle.seeds, n, span)
     return CellCov(oracle.variance(n, f, fixed_data=True) + f / n, f / math.sqrt(n))
 
 
@@ -363,14 +363,18 @@ def drift_terms(cur: Sequence[Table], prev: Sequence[Table], pooled: Sequence[Ta
     values: list[np.ndarray] = []
     details: list[dict[str, Any]] = []
     for k, label in enumerate(labels):
-        g = _combined(pooled, numeric, positions, cat, k)
-        if g is None:
+        cells = [t.cells_of(numeric, cat, k) for t in pooled]
+        J = [cdf_rows(mask, point, b) for mask, point in cells]
+        # the pooled CDF: the tables' unbiased CDFs of the group weighted by its reports
+        mass = np.array([t.n * float(mask @ t.raw) for t, (mask, _) in zip(pooled, cells)])
+        if not np.any(mass > 0):
             continue
+        F = np.sum([t.n * (j @ t.raw) for m, j, t in zip(mass, J, pooled) if m > 0],
+                   axis=0) / mass[mass > 0].sum()
         xs: list[float] = []
         parts = []
-        for tc, tp, t in zip(cur, prev, pooled):
-            mask, point = t.cells_of(numeric, cat, k)
-            xs, shares = nm.share_rows(cdf_rows(mask, point, b), g[3].F, QUANTILES)
+        for tc, tp, t, (mask, point), j in zip(cur, prev, pooled, cells, J):
+            xs, shares = nm.share_rows(j, F, QUANTILES)
             U = np.vstack([mask * positions[point], shares])
             D, _, cov = ratios(U, mask, t.raw, t.cov)
             d_cur, r_cur, _ = ratios(U, mask, tc.raw, tc.cov)

@@ -170,7 +170,7 @@ class CodeCov:
 EXACT_OLH_CELLS = 1 << 20
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=8)   # each at most EXACT_OLH_CELLS entries (12 MB)
 def _olh_supports(eps: float, d: int, g: int) -> sparse.csr_array:
     """The OLH oracle (ε, d, g)'s supports: codes (seed a, y) × cells, 1 where h_a(v) = y."""
     o = fo.OLH(eps, d, g=g)

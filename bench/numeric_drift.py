@@ -7,7 +7,9 @@ stationary windows of 20,000 reports each (fw uniform, battery ~ 100·Beta(5, 2)
 table's codes drawn from their exact probabilities (:func:`draw`). Per marginal and oracle:
 the standard deviation of every standardized change (the mean and the share below each pooled
 quantile, per firmware; ideal 1) and the alarm rates at α = 0.05 and 0.01 (ideal: at most α).
-``--quick``: 100 pairs.
+Then power: over 10 seeds, windows of reports randomized by the family (its own oracles) whose
+battery moved from 100·Beta(5, 2) to 100·Beta(3, 2) and to 100·Beta(2, 5), at α = 0.001.
+``--quick``: 100 pairs, 3 seeds.
 """
 from __future__ import annotations
 
@@ -76,6 +78,38 @@ def draw(mech: Partitioned, law: dict[str, np.ndarray], n: int,
     return out
 
 
+def reports(mech: Partitioned, n: int, rng: np.random.Generator, a: float = 5.0,
+            b: float = 2.0) -> dict[str, np.ndarray]:
+    """The counts of n reports randomized by the family (fw uniform, battery ~ 100·Beta(a, b)
+    on the nearest grid point)."""
+    G = mech.domain["battery"]
+    idx = np.stack([rng.integers(0, 3, n),
+                    np.rint(rng.beta(a, b, n) * (G - 1)).astype(np.int64)], axis=1)
+    return mech.count(mech.randomize(idx, rng), mech.tensors())
+
+
+def power(mech: Partitioned, seeds: int, later: tuple[float, float],
+          alpha: float = 0.001) -> dict[str, Any]:
+    """Per seed two windows of :data:`N` reports randomized by the family, battery ~
+    100·Beta(5, 2) then 100·Beta(*later): the share of seeds that alarm (battery; per firmware),
+    the statistics' and the means' z ranges."""
+    stat, z_mean, alarm, by_alarm, by_z = [], [], 0, 0, []
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        before, after = reports(mech, N, rng), reports(mech, N, rng, *later)
+        res = terms_test(mech.drift_terms(after, before, ("battery",), "global"), alpha=alpha)
+        by = terms_test(mech.drift_terms(after, before, ("fw", "battery"), "global"),
+                        alpha=alpha)
+        alarm += res.alarm
+        by_alarm += by.alarm
+        stat.append(res.statistic)
+        z_mean.append(res.detail[0]["z"])
+        by_z += [q["z"] for q in by.detail if q["quantity"] == "mean"]
+    return {"later": list(later), "seeds": seeds, "alpha": alpha, "alarm": alarm / seeds,
+            "statistic": [min(stat), max(stat)], "mean_z": [min(z_mean), max(z_mean)],
+            "by_alarm": by_alarm / seeds, "by_mean_z": [min(by_z), max(by_z)]}
+
+
 def calibration(mech: Partitioned, runs: int, rng: np.random.Generator,
                 advance: Any = lambda k: None) -> dict[tuple[str, ...], dict[str, Any]]:
     """Per numeric marginal over ``runs`` stationary pairs: every quantity's standardized
@@ -108,6 +142,8 @@ def run(quick: bool = False) -> dict[str, Any]:
                                     "sd_max": float(r["sd"].max()),
                                     **{f"alarm_{a:g}": float(v)
                                        for a, v in r["alarm_rate"].items()}})
+    seeds = 3 if quick else 10
+    out["power"] = [power(mechanism(), seeds, later) for later in ((3.0, 2.0), (2.0, 5.0))]
     return out
 
 
@@ -119,6 +155,14 @@ def report(out: dict[str, Any]) -> None:
     for r in out["rows"]:
         print(f"{r['oracle']:<6} {r['marginal']:<12} {r['sd_min']:>6.3f}–{r['sd_max']:<6.3f} " +
               " ".join(f"{r[f'alarm_{a:g}']:>8.3f}" for a in ALPHAS))
+    print("\nPower (the family's oracles, reports randomized by it, battery from 100·Beta(5, 2))")
+    print(f"{'to':<14} {'seeds':>5} {'α':>6} {'alarms':>7} {'statistic':>12} {'mean z':>12} "
+          f"{'by fw: alarms':>14} {'each mean z':>12}")
+    for p in out["power"]:
+        print(f"{'100·Beta(%g, %g)' % tuple(p['later']):<14} {p['seeds']:>5} {p['alpha']:>6g} "
+              f"{p['alarm']:>7.0%} {p['statistic'][0]:>5.1f}–{p['statistic'][1]:<6.1f} "
+              f"{p['mean_z'][0]:>5.1f}–{p['mean_z'][1]:<6.1f} {p['by_alarm']:>14.0%} "
+              f"{p['by_mean_z'][0]:>5.1f}–{p['by_mean_z'][1]:<6.1f}")
 
 
 def main(args: Any) -> int:
@@ -130,4 +174,5 @@ def main(args: Any) -> int:
     return 0
 
 
-__all__ = ["run", "main", "calibration", "cell_law", "draw", "collection", "mechanism"]
+__all__ = ["run", "main", "calibration", "power", "cell_law", "draw", "reports", "collection",
+           "mechanism"]

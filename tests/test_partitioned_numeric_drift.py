@@ -17,22 +17,14 @@ from ldpstream.bench.numeric_drift import (
     collection,
     draw,
     mechanism,
+    reports,
 )
 from ldpstream.config import parse_config
 from ldpstream.estimators.families import partitioned_numeric as pn
-from ldpstream.estimators.families.partitioned import Partitioned, tensor_key
+from ldpstream.estimators.families.partitioned import tensor_key
 from ldpstream.estimators.stream.drift import sidak_threshold, terms_test
 
 pytestmark = pytest.mark.core
-
-
-def reports(mech: Partitioned, n: int, rng: np.random.Generator, a: float = 5.0,
-            b: float = 2.0) -> dict[str, np.ndarray]:
-    """The counts of n reports randomized by the family (fw uniform, battery ~ 100·Beta(a, b))."""
-    G = mech.domain["battery"]
-    idx = np.stack([rng.integers(0, 3, n),
-                    np.rint(rng.beta(a, b, n) * (G - 1)).astype(np.int64)], axis=1)
-    return mech.count(mech.randomize(idx, rng), mech.tensors())
 
 
 @pytest.mark.parametrize("oracle", ["grr", "olh"])
@@ -156,9 +148,9 @@ def test_a_refresh_serves_the_numeric_drift_detail():
 
 
 def test_bench_numeric_drift_quick_json():
-    """``ldpstream bench numeric --drift --quick --json`` (100 pairs): a row per oracle and
-    numeric marginal with standard deviations near 1 (within 0.75–1.25: 3.5 standard errors
-    over 100) and alarm rates at most α plus 3 standard errors."""
+    """``ldpstream bench numeric --drift --quick --json`` (100 pairs, 3 seeds): a row per oracle
+    and numeric marginal with standard deviations near 1 (within 0.75–1.25: 3.5 standard errors
+    over 100) and alarm rates at most α plus 3 standard errors; the power rows."""
     import json
     import subprocess
     import sys
@@ -173,3 +165,6 @@ def test_bench_numeric_drift_quick_json():
     for r in out["rows"]:
         assert 0.75 < r["sd_min"] <= r["sd_max"] < 1.25, r
         assert r["alarm_0.05"] <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 100), r
+    # power over 3 seeds: both moves alarm on battery, the larger one per firmware too
+    moved, far = out["power"]
+    assert moved["later"] == [3.0, 2.0] and moved["alarm"] == 1.0 and far["by_alarm"] == 1.0

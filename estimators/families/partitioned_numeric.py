@@ -396,8 +396,8 @@ def drift_terms(cur: Sequence[Table], prev: Sequence[Table], pooled: Sequence[Ta
         what = ["mean"] + [f"{q:g}" for q in QUANTILES]
         for i, name in enumerate(what):
             names.append(name if label is None else f"{label}/{name}")
-            det: dict[str, Any] = ({"quantity": "mean", "current": lo + c[0] * (hi - lo),
-                                    "previous": lo + p[0] * (hi - lo)} if i == 0 else
+            det: dict[str, Any] = ({"quantity": "mean", "current": float(lo + c[0] * (hi - lo)),
+                                    "previous": float(lo + p[0] * (hi - lo))} if i == 0 else
                                    {"quantity": name,
                                     "at": float(np.clip(lo - h / 2 + xs[i - 1] * (hi - lo + h),
                                                         lo, hi)),

@@ -232,6 +232,10 @@ def main(args: Any) -> int:
         from ldpstream.bench import numeric_live
 
         return numeric_live.main(args)
+    if getattr(args, "drift", False):   # partitioned numeric drift: bench/numeric_drift.py
+        from ldpstream.bench import numeric_drift
+
+        return numeric_drift.main(args)
     out = run(quick=bool(getattr(args, "quick", False)), verbose=not args.json)
     if args.json:
         print(json.dumps(out, indent=2, default=float))

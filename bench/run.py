@@ -16,7 +16,7 @@ MODULES = {"refresh": "refresh_scale", "fetch": "fetch_guard"}
 EXTRA_OPTIONS = {"pipeline": ("--redis-cluster", "--broker"),
                  "marginals": ("--data", "--columns", "--bif", "--generate", "--seed",
                                "--epsilons", "--runs"),
-                 "devices": ("--steps",), "numeric": ("--live",)}
+                 "devices": ("--steps",), "numeric": ("--live", "--drift")}
 
 
 def describe(name: str) -> tuple[str, str]:

@@ -287,6 +287,10 @@ def _bench_parsers(sub: Any) -> None:
                            help="instead: ingest of a numeric collection against a categorical "
                                 "one of the same width, worker and broker running "
                                 "(bench/numeric_live.py)")
+        if "--drift" in EXTRA_OPTIONS.get(name, ()):
+            b.add_argument("--drift", action="store_true",
+                           help="instead: calibration of the drift test of a numeric attribute "
+                                "inside partitioned marginals (bench/numeric_drift.py)")
         if "--generate" in EXTRA_OPTIONS.get(name, ()):
             _heldout_options(b)
         if "--steps" in EXTRA_OPTIONS.get(name, ()):

@@ -644,8 +644,7 @@ class Numeric(Mechanism):
                 F, _, D = nm.ratio_stats(A[i], J, pool[:, cols])
                 if D <= 0:
                     continue
-                xs = [nm.first_crossing(np.linspace(0, 1, len(J)), F, p) for p in QUANTILES]
-                U = np.stack([nm.edge_weights(len(J) - 1, x) @ J for x in xs])
+                xs, U = nm.share_rows(J, F, QUANTILES)
                 what, at = [f"{p:g}" for p in QUANTILES], [lo + x * (hi - lo) for x in xs]
             _, se_pool, D = nm.ratio_stats(A[i], U, pool[:, cols])
             (r_cur, _, d_cur), (r_prev, _, d_prev) = (nm.ratio_stats(A[i], U, t[:, cols])

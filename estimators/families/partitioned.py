@@ -84,6 +84,7 @@ from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.global_fit import Noise, choose_fit
 from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex, repair
 from ldpstream.estimators.mechanism import (
+    DriftTerms,
     Estimate,
     Mechanism,
     Memoization,
@@ -813,8 +814,15 @@ class Partitioned(Mechanism):
                                     "alone or by one categorical attribute; these are its "
                                     "cells on its points"}
         a = num[0]
-        # the mean and the CDF band from every collected table holding attrs (one marginal
-        # per report: they are independent)
+        lo, hi, pos = self._numeric_scale(a)
+        return pn.numeric_summary(self._numeric_tables(counts, attrs, j), served, attrs, a, lo,
+                                  hi, pos, self.oracles[j].name)
+
+    def _numeric_tables(self, counts: Mapping[str, np.ndarray], attrs: tuple[str, ...],
+                        j: int) -> list[pn.Table]:
+        """The unbiased tables the numeric summaries of ``attrs`` come from: collected marginal
+        j and, with one marginal per report (the tables are then independent), every other
+        collected table holding ``attrs``."""
         holding = [j] + ([k for k, m in enumerate(self.marginals)
                           if k != j and set(attrs) <= set(m)] if self.per_report == 1 else [])
         tables = []
@@ -823,10 +831,35 @@ class Partitioned(Mechanism):
             raw, n = self._raw(counts, k)
             tables.append(pn.Table(self.cells.project(self.marginals[k]), raw,
                                    pn.cell_cov(self.oracles[k], t[:-1], n, raw), n))
+        return tables
+
+    def _numeric_scale(self, a: str) -> tuple[float, float, np.ndarray]:
+        """(min, max, the points' positions in [0, 1]) of numeric attribute ``a``."""
         jx = self.domain.axes((a,))[0]
         lo, hi = self.domain.ranges[jx]  # type: ignore[index]  # numeric: has a range
-        pos = self.binning.points[jx] / (self.domain.shape[jx] - 1)
-        return pn.numeric_summary(tables, served, attrs, a, lo, hi, pos, self.oracles[j].name)
+        return lo, hi, self.binning.points[jx] / (self.domain.shape[jx] - 1)
+
+    def drift_terms(self, cur: Mapping[str, np.ndarray], prev: Mapping[str, np.ndarray],
+                    attrs: Sequence[str], method: str) -> DriftTerms | None:
+        """A numeric attribute alone or by one categorical attribute, inside a collected
+        marginal: the mean and the share below each pooled quantile (median, p90, p99), per
+        category, from the unbiased tables of the summaries whatever ``method`` serves
+        (:func:`~.partitioned_numeric.drift_terms`, docs/windows.md "Numeric attributes");
+        their variances from both windows' counts summed. Any other marginal: None (the cells
+        are tested)."""
+        attrs = tuple(attrs)
+        why = self.check_marginal(attrs, method)
+        if why:
+            raise ValueError(why)
+        num = [a for a in attrs if a in self.bins]
+        j = self.collected_for(attrs)
+        if j is None or len(num) != 1 or len(attrs) > 2:
+            return None
+        pooled = {k: np.asarray(cur[k], dtype=np.int64) + np.asarray(prev[k], dtype=np.int64)
+                  for k in (tensor_key(m) for m in self.marginals)}
+        tables = [self._numeric_tables(c, attrs, j) for c in (cur, prev, pooled)]
+        lo, hi, pos = self._numeric_scale(num[0])
+        return pn.drift_terms(*tables, attrs, num[0], lo, hi, pos)
 
     def planned_for(self, n: int) -> "Partitioned":
         """With a numeric attribute whose points are chosen and no ``expected_reports`` stated:

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from scipy import sparse
 from scipy.stats import norm
 
 from ldpstream.estimators.families.numeric import (
+    QUANTILES,
     distribution_bounds,
     rounding_matrix,
     rounding_points,
@@ -39,11 +42,13 @@ from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, stream
 from ldpstream.estimators.kernels.device_program import round_index
 from ldpstream.estimators.kernels.domain import Domain
 from ldpstream.estimators.kernels.proper import clip_rescale
+from ldpstream.estimators.mechanism import DriftTerms
 from ldpstream.estimators.oracles import frequency_oracles as fo
 
 __all__ = ["MAX_BINS", "MIN_BINS", "DEFAULT_REPORTS", "PROVISIONAL_BINS", "RESOLUTION_W1",
            "RESOLUTION_QUANTILE", "Binning", "Table", "choose_bins", "predicted_w1", "numeric_summary",
-           "CellCov", "cell_cov"]
+           "CellCov", "CodeCov", "EXACT_OLH_CELLS", "cell_cov",
+           "ratios", "cdf_rows", "drift_terms"]
 
 #: most points of a numeric attribute inside a marginal (categorical families refuse a column
 #: of more values: docs/configuration.md)
@@ -138,32 +143,92 @@ class CellCov:
         return (G * self.v) @ G.T - np.outer(Gw, Gw)
 
 
-def cell_cov(oracle: fo.Oracle, supports: np.ndarray, n: int, raw: np.ndarray) -> CellCov:
-    """:class:`CellCov` of ``oracle``'s unbiased table ``raw`` from ``n`` reports."""
+@dataclass(frozen=True)
+class CodeCov:
+    """Covariance of an OLH table's unbiased cells, exactly: a report is a code (seed a, hashed
+    value y), the codes of n users multinomial with probabilities ``pi`` (the population's cells
+    f through the oracle), and cell v's support count is the number of codes with h_a(v) = y
+    (``supports``: codes × cells, 0/1). The family's hash is linear (h_a(0) = 0 for every a), so
+    supports of different cells are correlated (cell 0's with every other's), which [Wang17]
+    eq. 4, a per-cell variance, leaves out."""
+
+    supports: sparse.csr_array
+    pi: np.ndarray
+    n: int
+    span: float
+
+    def of(self, G: np.ndarray) -> np.ndarray:
+        """G·Cov·Gᵀ for functionals G (r × cells): per code the functional's sum over the
+        cells it supports, then the codes' multinomial covariance."""
+        SG = np.asarray(self.supports @ np.atleast_2d(np.asarray(G, dtype=float)).T)
+        mean = self.pi @ SG
+        return ((SG.T * self.pi) @ SG - np.outer(mean, mean)) / (self.n * self.span ** 2)
+
+
+#: most seeds × cells of an OLH table whose covariance is computed exactly (:class:`CodeCov`);
+#: a larger one gets [Wang17] eq. 4 per cell (:class:`CellCov`)
+EXACT_OLH_CELLS = 1 << 20
+
+
+@lru_cache(maxsize=8)   # each at most EXACT_OLH_CELLS entries (12 MB)
+def _olh_supports(eps: float, d: int, g: int) -> sparse.csr_array:
+    """The OLH oracle (ε, d, g)'s supports: codes (seed a, y) × cells, 1 where h_a(v) = y."""
+    o = fo.OLH(eps, d, g=g)
+    H = o.hash(np.arange(o.seeds), np.arange(d))
+    codes = (np.arange(o.seeds)[:, None] * g + H).ravel()
+    cells = np.broadcast_to(np.arange(d), H.shape).ravel()
+    return sparse.csr_array((np.ones(codes.size), (codes, cells)), shape=(o.seeds * g, d))
+
+
+def cell_cov(oracle: fo.Oracle, supports: np.ndarray, n: int,
+             raw: np.ndarray) -> CellCov | CodeCov:
+    """The covariance of ``oracle``'s unbiased table ``raw`` from ``n`` reports, the sampling
+    of users included: GRR's multinomial from the reports' frequencies (:class:`CellCov`), OLH's
+    from its codes (:class:`CodeCov`, the cells f̂ clipped and rescaled), or for an OLH table of
+    more than :data:`EXACT_OLH_CELLS` seeds × cells [Wang17] eq. 4 per cell."""
     span = oracle.p_star - oracle.q_star
     if isinstance(oracle, fo.GRR):
         pi = np.asarray(supports, dtype=float) / n
         return CellCov(pi / (n * span ** 2), pi / (math.sqrt(n) * span))
     f = clip_rescale(np.asarray(raw, dtype=float))
+    if isinstance(oracle, fo.OLH) and oracle.seeds * oracle.d <= EXACT_OLH_CELLS:
+        S = _olh_supports(float(oracle.eps), int(oracle.d), int(oracle.g))
+        p, q = fo.grr_pq(oracle.eps, oracle.g)
+        hit = np.asarray(S @ f)   # per code (a, y): the mass of the cells hashed to y under a
+        return CodeCov(S, (q + (p - q) * hit) / oracle.seeds, n, span)
     return CellCov(oracle.variance(n, f, fixed_data=True) + f / n, f / math.sqrt(n))
 
 
-def _group(raw: np.ndarray, cov: CellCov, mask: np.ndarray, point: np.ndarray, b: int,
+def ratios(U: np.ndarray, mask: np.ndarray, raw: np.ndarray, cov: CellCov | CodeCov
+           ) -> tuple[float, np.ndarray, np.ndarray]:
+    """Per row u of ``U`` (q × cells) the ratio u·raw / D of the group ``mask`` (D = mask·raw,
+    its unbiased share), with the ratios' covariance (q × q, the delta method through the cells'
+    covariance ``cov``), and D. D ≤ 0: NaN ratios, infinite variances."""
+    U = np.atleast_2d(np.asarray(U, dtype=float))
+    D = float(mask @ raw)
+    if D <= 0:
+        return D, np.full(len(U), np.nan), np.diag(np.full(len(U), np.inf))
+    r = U @ raw / D
+    return D, r, cov.of((U - r[:, None] * mask[None, :]) / D)
+
+
+def cdf_rows(mask: np.ndarray, point: np.ndarray, b: int) -> np.ndarray:
+    """((b + 1) × cells) the group's share below each edge of the b equal bins centred on the
+    points (edge t: the points below t), as functionals of the cells."""
+    return np.stack([mask * (point < t) for t in range(b + 1)]).astype(float)
+
+
+def _group(raw: np.ndarray, cov: CellCov | CodeCov, mask: np.ndarray, point: np.ndarray, b: int,
            pos: np.ndarray) -> tuple[float, float, float, nm.CdfBand] | None:
     """One group of cells (a category, or all): its unbiased count D, mean position (on the
     points' positions ``pos`` in [0, 1]) with its standard error (the ratio's delta method) and
     the unbiased CDF on b equal bins centred on the points, with its covariance."""
-    D = float(mask @ raw)
+    D, (r,), var = ratios(mask * pos[point], mask, raw, cov)
     if D <= 0:
         return None
-    u = mask * pos[point]
-    r = float(u @ raw) / D
-    g = (u - r * mask) / D
-    se = math.sqrt(max(float(cov.of(g[None, :])[0, 0]), 0.0))
-    U = np.stack([mask * (point < t) for t in range(b + 1)]).astype(float)
-    F = U @ raw / D
-    Gf = (U - F[:, None] * mask[None, :]) / D
-    return D, r, se, nm.CdfBand(np.linspace(0.0, 1.0, b + 1), F, cov.of(Gf))
+    se = math.sqrt(max(float(var[0, 0]), 0.0))
+    _, F, cov_f = ratios(cdf_rows(mask, point, b), mask, raw, cov)
+    return D, float(r), se, nm.CdfBand(np.linspace(0.0, 1.0, b + 1), F, cov_f)
 
 
 @dataclass(frozen=True)
@@ -173,16 +238,23 @@ class Table:
 
     domain: Domain
     raw: np.ndarray
-    cov: CellCov
+    cov: CellCov | CodeCov
     n: int
 
-    def group(self, numeric: str, positions: np.ndarray, cat: str | None = None,
-              k: int = 0) -> tuple[float, float, float, nm.CdfBand] | None:
-        """:func:`_group` of all cells (``cat`` None) or of category k of ``cat``."""
+    def cells_of(self, numeric: str, cat: str | None = None, k: int = 0
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(mask, point) per flat cell: 1 in the group (all cells when ``cat`` is None, else
+        category k of ``cat``), and the index of the numeric attribute's point."""
         idx = np.indices(self.domain.shape).reshape(len(self.domain.shape), -1)
         point = idx[self.domain.axes((numeric,))[0]]
         mask = (np.ones(self.raw.shape) if cat is None
                 else (idx[self.domain.axes((cat,))[0]] == k).astype(float))
+        return mask, point
+
+    def group(self, numeric: str, positions: np.ndarray, cat: str | None = None,
+              k: int = 0) -> tuple[float, float, float, nm.CdfBand] | None:
+        """:func:`_group` of all cells (``cat`` None) or of category k of ``cat``."""
+        mask, point = self.cells_of(numeric, cat, k)
         return _group(self.raw, self.cov, mask, point, self.domain[numeric], positions)
 
 
@@ -268,3 +340,73 @@ def numeric_summary(tables: Sequence[Table], served: np.ndarray, attrs: Sequence
         cats.append(row)
     out.update(by=cat, categories=cats)
     return out
+
+
+def drift_terms(cur: Sequence[Table], prev: Sequence[Table], pooled: Sequence[Table],
+                attrs: Sequence[str], numeric: str, lo: float, hi: float,
+                positions: np.ndarray) -> DriftTerms:
+    """The drift test's quantities of ``attrs`` (``numeric`` alone, or with one categorical
+    attribute: per category) between two windows (docs/windows.md "Numeric attributes"): the
+    mean and the share of values below each pooled quantile x_p (median, p90, p99; x_p from the
+    pooled CDF, :func:`~.numeric.share_rows`), each a ratio of the unbiased cells
+    (:func:`ratios`). ``cur``, ``prev``, ``pooled``: the tables holding ``attrs`` in each window
+    and summed over both, in the same order. A quantity's variance under "no change" is the
+    pooled table's (its covariance at the pooled reports N) at each window's size, × N / n; the
+    tables' values are combined with one weight per table and quantity for both windows (inverse
+    to the variance of the difference). Effect: |Δ mean| ÷ range, |Δ F(x_p)|."""
+    cat = next((a for a in attrs if a != numeric), None)
+    first = pooled[0]
+    labels: list[str | None] = [None] if cat is None else list(first.domain.categories(cat))
+    b = first.domain[numeric]
+    h = (hi - lo) / (b - 1)
+    names: list[str] = []
+    values: list[np.ndarray] = []
+    details: list[dict[str, Any]] = []
+    for k, label in enumerate(labels):
+        cells = [t.cells_of(numeric, cat, k) for t in pooled]
+        J = [cdf_rows(mask, point, b) for mask, point in cells]
+        # the pooled CDF: the tables' unbiased CDFs of the group weighted by its reports
+        mass = np.array([t.n * float(mask @ t.raw) for t, (mask, _) in zip(pooled, cells)])
+        if not np.any(mass > 0):
+            continue
+        F = np.sum([t.n * (j @ t.raw) for m, j, t in zip(mass, J, pooled) if m > 0],
+                   axis=0) / mass[mass > 0].sum()
+        xs: list[float] = []
+        parts = []
+        for tc, tp, t, (mask, point), j in zip(cur, prev, pooled, cells, J):
+            xs, shares = nm.share_rows(j, F, QUANTILES)
+            U = np.vstack([mask * positions[point], shares])
+            D, _, cov = ratios(U, mask, t.raw, t.cov)
+            d_cur, r_cur, _ = ratios(U, mask, tc.raw, tc.cov)
+            d_prev, r_prev, _ = ratios(U, mask, tp.raw, tp.cov)
+            if min(D, d_cur, d_prev) <= 0:
+                continue   # no reports of the group in a window: nothing to compare
+            v = np.clip(np.diag(cov), 0, None) * t.n   # ∝ 1/n: from the pooled size to each
+            parts.append((r_cur, v / tc.n, r_prev, v / tp.n))
+        if not parts:
+            continue
+        r_cur, v_cur, r_prev, v_prev = (np.array([p[i] for p in parts]) for i in range(4))
+        total = v_cur + v_prev
+        w = np.divide(1.0, total, out=np.zeros_like(total), where=total > 0)
+        s = w.sum(axis=0)
+        w = np.where(s > 0, w / np.where(s > 0, s, 1.0), 1.0 / len(parts))
+        c, p = (w * r_cur).sum(axis=0), (w * r_prev).sum(axis=0)
+        values.append(np.stack([c, (w * w * v_cur).sum(axis=0), p,
+                                (w * w * v_prev).sum(axis=0)], axis=1))
+        what = ["mean"] + [f"{q:g}" for q in QUANTILES]
+        for i, name in enumerate(what):
+            names.append(name if label is None else f"{label}/{name}")
+            det: dict[str, Any] = ({"quantity": "mean", "current": float(lo + c[0] * (hi - lo)),
+                                    "previous": float(lo + p[0] * (hi - lo))} if i == 0 else
+                                   {"quantity": name,
+                                    "at": float(np.clip(lo - h / 2 + xs[i - 1] * (hi - lo + h),
+                                                        lo, hi)),
+                                    "current": float(c[i]), "previous": float(p[i])})
+            if label is not None:
+                det["category"] = label
+            details.append(det)
+    if not values:
+        raise ValueError(f"no reports of {numeric!r} in both windows")
+    cur_v, cur_var, prev_v, prev_var = np.concatenate(values).T
+    return DriftTerms(tuple(names), cur_v, cur_var, prev_v, prev_var, np.abs(cur_v - prev_v),
+                      tuple(details))

@@ -35,7 +35,8 @@ __all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "du
            "pm_channel", "hm_channel",
            "hm_alpha", "sw_b", "sw_channel", "closed_form_variance", "worst_variance",
            "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
-           "auto_bins", "cv_bins", "edge_segments", "ratio_cov", "grid_mid", "bin_of_grid", "binned_channel",
+           "auto_bins", "cv_bins", "edge_segments", "ratio_cov", "share_rows", "grid_mid", "bin_of_grid",
+           "binned_channel",
            "cdf_at", "quantile", "w1_hist", "w1_samples",
            "sample_duchi", "sample_pm", "sample_sw", "round_to_grid", "epsilon", "CdfBand",
            "unbiased_cdf", "Task", "layout", "task_channel", "wave"]
@@ -497,6 +498,17 @@ def first_crossing(x: np.ndarray, y: np.ndarray, p: float) -> float:
         return float(x[0])
     y0, y1 = y[k - 1], y[k]
     return float(x[k - 1] + (x[k] - x[k - 1]) * (p - y0) / (y1 - y0)) if y1 > y0 else float(x[k])
+
+
+def share_rows(J: np.ndarray, F: np.ndarray, ps: Sequence[float]) -> tuple[list[float], np.ndarray]:
+    """The pooled quantiles' share test (docs/windows.md "Numeric attributes"): per p of ``ps``
+    the point x_p ∈ [0, 1] where the pooled CDF ``F`` (at the d + 1 equal edges) first reaches
+    p, and the row of the CDF at x_p (interpolated between the edges) as a functional of the
+    cells, ``edge_weights(x_p)·J`` (J: (d + 1) × cells, the CDF at the edges per cell)."""
+    J = np.asarray(J, dtype=float)
+    edges = np.linspace(0, 1, len(J))
+    xs = [first_crossing(edges, np.asarray(F, dtype=float), p) for p in ps]
+    return xs, np.stack([edge_weights(len(J) - 1, x) @ J for x in xs])
 
 
 def cdf_map(M: np.ndarray) -> np.ndarray:

@@ -125,7 +125,8 @@ def check_channel(where: str, counts: np.ndarray, P: np.ndarray) -> list[str]:
     dof = int(used.sum() - len(P))
     pvalue = float(chi2.sf(stat, dof))
     Phat = counts / n_row
-    eps_hat = float(np.max(np.log(Phat.max(axis=0) / Phat.min(axis=0))))
+    with np.errstate(divide="ignore"):   # an output never drawn: ε̂ = ∞, judged only when rare
+        eps_hat = float(np.max(np.log(Phat.max(axis=0) / Phat.min(axis=0))))
     eps = float(np.max(np.log(P.max(axis=0) / P.min(axis=0))))
     sigma = math.sqrt(1 / (n_row.min() * P.min()) + 1 / (n_row.min() * P.max()))
     if pvalue < ALPHA:

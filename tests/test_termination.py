@@ -12,6 +12,8 @@ import pytest
 
 from ldpstream import termination
 
+pytestmark = pytest.mark.core
+
 
 @pytest.fixture
 def fresh(monkeypatch):

@@ -5,7 +5,6 @@ import, and a loop handler installed later stops at once."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 
 import pytest
@@ -26,9 +25,11 @@ def fresh(monkeypatch):
 def _lose_a_sigterm() -> None:
     """SIGTERM whose exception is swallowed, as the compiler's constant folding does."""
     try:
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)   # to this thread; its handler runs before return
     except termination.Terminated:
         pass
+    else:
+        raise AssertionError("the SIGTERM handler did not run")
 
 
 def test_a_lost_sigterm_is_raised_again(fresh):

@@ -126,18 +126,29 @@ class Consistency:
         self.shapes = [tuple(int(d) for d in s) for s in shapes]
         self.steps = _cached_plan(tuple(self.axes), tuple(self.shapes))
 
-    def apply(self, values: Sequence[np.ndarray], cell_variance: Sequence[float]
-              ) -> list[np.ndarray]:
-        vals = [np.array(v, dtype=float) for v in values]
+    def weights(self, cell_variance: Sequence[float]) -> list[np.ndarray]:
+        """Per step, the members' normalised weights w_k = 1/(c_k·var_k) / Σ_j w_j."""
+        out = []
         for st in self.steps:
-            projs = [np.transpose(vals[k].sum(axis=d) if d else vals[k], p)
-                     for k, d, p in zip(st.members, st.drop, st.perm)]
             w = np.array([1.0 / (c * max(float(cell_variance[k]), 1e-300))
                           for k, c in zip(st.members, st.cells)])
             w /= w.sum()
+            out.append(w)
+        return out
+
+    def apply(self, values: Sequence[np.ndarray], cell_variance: Sequence[float],
+              weights: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """The consistent tables; ``weights``: :meth:`weights` of ``cell_variance``, when the
+        caller applies the same variances many times (Norm-Sub's passes)."""
+        vals = [np.array(v, dtype=float) for v in values]
+        add = np.add.reduce
+        for st, w in zip(self.steps, self.weights(cell_variance) if weights is None
+                         else weights):
+            projs = [(add(vals[k], axis=d) if d else vals[k]).transpose(p)
+                     for k, d, p in zip(st.members, st.drop, st.perm)]
             common = sum(wk * p for wk, p in zip(w, projs))
             for k, p, c, b, u in zip(st.members, projs, st.cells, st.back, st.unperm):
-                vals[k] += np.reshape(np.transpose((common - p) / c, u), b)
+                vals[k] += ((common - p) / c).transpose(u).reshape(b)
         return vals
 
 
@@ -319,20 +330,21 @@ def postprocess(tables: Sequence[Factor], cell_variance: Sequence[float], rounds
     each toward the product of its own 1-way marginals (:func:`shrink_to_independence`, one λ
     per table). Returns (tables, Norm-Sub passes)."""
     plan = Consistency([t.domain.attrs for t in tables], [t.domain.shape for t in tables])
-    vals = plan.apply([t.values for t in tables], cell_variance)
+    w = plan.weights(cell_variance)
+    vals = plan.apply([t.values for t in tables], cell_variance, w)
     if noise_variance is not None:
         if hierarchical:
             vals = plan.apply(shrink_hierarchical(
                 [Factor(t.domain, v) for t, v in zip(tables, vals)], noise_variance),
-                cell_variance)
+                cell_variance, w)
         else:
             vals = plan.apply([shrink_to_independence(v, s2)[0]
-                               for v, s2 in zip(vals, noise_variance)], cell_variance)
+                               for v, s2 in zip(vals, noise_variance)], cell_variance, w)
     passes = 0
     while passes < rounds and min(float(v.min()) for v in vals) < -tol:
         total = float(np.mean([v.sum() for v in vals]))
         vals = plan.apply([total * project_simplex(v / total) if total > 0 else np.zeros_like(v)
-                           for v in vals], cell_variance)
+                           for v in vals], cell_variance, w)
         passes += 1
     return [Factor(t.domain, v) for t, v in zip(tables, vals)], passes
 

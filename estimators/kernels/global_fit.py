@@ -372,11 +372,12 @@ def query_sure(tables: Sequence[Factor], noise: Sequence[Noise | Variance],
 
 def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance],
                smoothed: Sequence[np.ndarray],
-               smoother: Callable[[list[Factor]], list[np.ndarray]],
+               smoother: Callable[[list[list[Factor]]], list[list[np.ndarray]]],
                noise: Sequence[Noise | Variance] | None = None,
                direct: Sequence[Variance] | None = None
                ) -> tuple[np.ndarray | None, dict[str, Any]]:
-    """A smoothing estimator's tables (``smoothed`` = ``smoother(tables)``), the global fit
+    """A smoothing estimator's tables (``smoothed``; ``smoother`` maps many sets of tables,
+    the probes', to theirs in one call, so that it may smooth them together), the global fit
     to them (its iterate chosen likewise) or, with ``direct`` (one loss variance per table,
     Private-PGM's weights), the global fit to the measurements themselves, whichever has the
     smallest :func:`query_sure` on the 2- and 3-way marginals the tables hold (the same
@@ -396,13 +397,10 @@ def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
                           f"fit's {MAX_CELLS:,}")
         return None, info
     noise = variances if noise is None else noise
-    runs, bs = [list(smoothed)], []
-    for i in range(PROBES):
-        b = probes(tables, PROBE_SEED + i)
-        runs.append(smoother([Factor(t.domain, np.asarray(t.values)
-                                     + PROBE_STEP * _noise(t, v).unit(bb))
-                              for t, v, bb in zip(tables, noise, b)]))
-        bs.append(b)
+    bs = [probes(tables, PROBE_SEED + i) for i in range(PROBES)]
+    runs = [list(smoothed)] + smoother([[Factor(t.domain, np.asarray(t.values)
+                                                + PROBE_STEP * _noise(t, v).unit(bb))
+                                         for t, v, bb in zip(tables, noise, b)] for b in bs])
     sets = query_sets(tables)
     fits = {"global": global_fit(domain, tables, variances, smoothed=runs, noise=noise)}
     if direct is not None:

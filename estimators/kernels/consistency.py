@@ -273,13 +273,15 @@ def _interaction(r: np.ndarray) -> np.ndarray:
 REFIT_CELLS = 512
 
 
-def _maxent_below(f: Factor) -> np.ndarray:
-    """The maximum-entropy table with ``f``'s (w−1)-way sub-marginals (negative cells clipped),
-    scaled to ``f``'s total (IPF alone above :data:`REFIT_CELLS` cells)."""
-    attrs = f.domain.attrs
-    subs = [f.project(tuple(b for b in attrs if b != a)) for a in attrs]
-    fit = max_entropy(f.domain, subs, refit=f.values.size <= REFIT_CELLS)
-    return float(f.values.sum()) * fit.table.values
+def _maxent_below(domain: Domain, x: np.ndarray) -> np.ndarray:
+    """The maximum-entropy table with the (w−1)-way sub-marginals of each table of the stack
+    ``x`` (leading axis; negative cells clipped), scaled to its total (IPF alone above
+    :data:`REFIT_CELLS` cells)."""
+    attrs = domain.attrs
+    subs = [_project(domain, x, tuple(b for b in attrs if b != a)) for a in attrs]
+    vals = _max_entropy_stacked(domain, subs, refit=domain.size() <= REFIT_CELLS)[0]
+    total = np.add.reduce(x, axis=tuple(range(1, x.ndim)))
+    return total.reshape((len(x),) + (1,) * (x.ndim - 1)) * vals
 
 
 #: a set whose interaction has fewer dimensions than this cannot be shrunk by James–Stein on
@@ -357,8 +359,7 @@ def _shrink_stacked(domains: Sequence[Domain], stacked: Sequence[np.ndarray],
         if w == 2:
             res = [x - _independence(x) for d, x in xs]
         else:
-            res = [_interaction(x) - _interaction(np.stack(
-                [_maxent_below(Factor(d, one)) for one in x])) for d, x in xs]
+            res = [_interaction(x) - _interaction(_maxent_below(d, x)) for d, x in xs]
         qs = [_residual_dims(d.shape) for d, x in xs]
         ss = [_squares(r) for r in res]
         lam = [[_js_factor(q, float(d[b]), v) for q, d, v in zip(qs, ss, s2)]
@@ -438,8 +439,13 @@ class MaxEntResult:
     gap: float
 
 
-def max_entropy(domain: Domain, constraints: Sequence[Factor], *, tol: float = 1e-7,
-                max_iter: int = 200, stall: float = 1e-4, refit: bool = True) -> MaxEntResult:
+#: :func:`max_entropy`'s defaults: IPF's tolerance, sweeps at most, and stall ratio
+MAXENT_TOL, MAXENT_SWEEPS, MAXENT_STALL = 1e-7, 200, 1e-4
+
+
+def max_entropy(domain: Domain, constraints: Sequence[Factor], *, tol: float = MAXENT_TOL,
+                max_iter: int = MAXENT_SWEEPS, stall: float = MAXENT_STALL, refit: bool = True
+                ) -> MaxEntResult:
     """The maximum-entropy distribution over ``domain`` whose marginals on the constraint
     tables' attributes equal them (negatives clipped, each rescaled to sum 1), by iterative
     proportional fitting from the uniform table. ``gap`` is the largest |marginal − target|
@@ -449,10 +455,26 @@ def max_entropy(domain: Domain, constraints: Sequence[Factor], *, tol: float = 1
     (:func:`~.marginal_fit.fit_marginals`), where IPF converges, and ``gap`` is their distance
     to the targets. ``converged=False`` only when that IPF does not come within
     :data:`~.marginal_fit.TOL` of them in :data:`~.marginal_fit.MAX_SWEEPS` sweeps."""
-    from ldpstream.estimators.kernels.marginal_fit import fit_marginals, ipf, plans
-    vals, it, gap = ipf(domain, plans(domain, constraints), tol=tol, max_iter=max_iter,
-                        stall=stall)
-    if gap > tol and refit:
-        r = fit_marginals(domain, constraints)
-        return MaxEntResult(r.table, it + r.iterations, r.converged, r.gap)
-    return MaxEntResult(Factor(domain, vals), it, bool(gap <= tol), float(gap))
+    vals, its, conv, gaps = _max_entropy_stacked(
+        domain, [(c.domain, np.asarray(c.values, dtype=float)[None]) for c in constraints],
+        tol=tol, max_iter=max_iter, stall=stall, refit=refit)
+    return MaxEntResult(Factor(domain, vals[0]), its[0], conv[0], gaps[0])
+
+
+def _max_entropy_stacked(domain: Domain, constraints: Sequence[tuple[Domain, np.ndarray]], *,
+                         tol: float = MAXENT_TOL, max_iter: int = MAXENT_SWEEPS,
+                         stall: float = MAXENT_STALL, refit: bool = True
+                         ) -> tuple[np.ndarray, list[int], list[bool], list[float]]:
+    """:func:`max_entropy` of many sets of constraints at once (``constraints[k]``: the domain
+    of constraint k, its table in every set stacked along a leading axis), each as if alone:
+    (tables stacked, iterations, converged, gap), per set."""
+    from ldpstream.estimators.kernels.marginal_fit import fit_stacked, ipf_stacked, plans_stacked
+    targets = plans_stacked(domain, constraints)
+    vals, its, gaps = ipf_stacked(domain, targets, tol=tol, max_iter=max_iter, stall=stall)
+    conv = [g <= tol for g in gaps]
+    redo = [b for b, g in enumerate(gaps) if g > tol] if refit else []
+    if redo:
+        again, more, ok, off = fit_stacked(domain, [(d, t[redo], s) for d, t, s in targets])
+        for i, b in enumerate(redo):
+            vals[b], its[b], conv[b], gaps[b] = again[i], its[b] + more[i], ok[i], off[i]
+    return vals, its, conv, gaps

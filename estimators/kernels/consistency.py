@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from ldpstream.estimators.kernels.domain import Domain, Factor
-from ldpstream.estimators.kernels.proper import project_simplex
+from ldpstream.estimators.kernels.proper import project_simplex, project_simplex_rows
 
 __all__ = ["Consistency", "expand", "make_consistent", "norm_sub", "postprocess",
            "postprocess_stacked",
@@ -395,6 +395,15 @@ def postprocess(tables: Sequence[Factor], cell_variance: Sequence[float], rounds
     return [Factor(t.domain, v[0]) for t, v in zip(tables, vals)], passes[0]
 
 
+def _norm_sub_stacked(x: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """:func:`norm_sub` of each table of a stack (leading axis) to its total (0 where the
+    total is not positive)."""
+    t = totals.reshape((len(x),) + (1,) * (x.ndim - 1))
+    some = t > 0
+    flat = (x / np.where(some, t, 1.0)).reshape(len(x), -1)
+    return np.where(some, t * project_simplex_rows(flat).reshape(x.shape), 0.0)
+
+
 def postprocess_stacked(domains: Sequence[Domain], stacked: Sequence[np.ndarray],
                         cell_variance: Sequence[float], rounds: int = 30, tol: float = 1e-6,
                         noise_variance: Sequence[float] | None = None,
@@ -420,10 +429,9 @@ def postprocess_stacked(domains: Sequence[Domain], stacked: Sequence[np.ndarray]
                 and min(float(v[b].min()) for v in vals) < -tol]
         if not live:
             break
-        totals = [float(np.mean([v[b].sum() for v in vals])) for b in live]
-        moved = plan.apply([np.stack([t * project_simplex(v[b] / t) if t > 0
-                                      else np.zeros_like(v[b]) for b, t in zip(live, totals)])
-                            for v in vals], cell_variance, w, stacked=True)
+        totals = np.array([float(np.mean([v[b].sum() for v in vals])) for b in live])
+        moved = plan.apply([_norm_sub_stacked(v[live], totals) for v in vals], cell_variance,
+                           w, stacked=True)
         for v, m in zip(vals, moved):
             v[live] = m
         for b in live:

@@ -111,7 +111,9 @@ def run_heldout(sources: Sequence[Source], epsilons: Sequence[float], runs: int 
     """One row per (dataset, ε): mean TVD of the default estimator, of ``consistent`` and (with
     ``pgm``) of Private-PGM on the same counts, for pairs (``2way_*``) and triples
     (``3way_*``); ``pgm_over_default`` (≥ 1: the default matches or beats Private-PGM);
-    seconds per refresh (every pair and triple asked once, memo cold) of both estimators."""
+    CPU seconds of this process per refresh (every pair and triple asked once, memo cold) of
+    both estimators: other processes on a shared machine do not inflate them, wall time
+    would."""
     from ldpstream.bench.pgm import pgm_marginals
     default = Partitioned.default_estimators[0]
     rows = []
@@ -129,9 +131,9 @@ def run_heldout(sources: Sequence[Source], epsilons: Sequence[float], runs: int 
                                     mech.tensors())
                 for method in dict.fromkeys((default, "consistent")):
                     fresh = Partitioned.from_state(mech.state())   # a cold memo per estimator
-                    t0 = time.perf_counter()
+                    t0 = time.process_time()
                     est = {a: fresh.estimate(counts, a, method) for a in pairs + triples}
-                    acc.setdefault(f"seconds_{method}", []).append(time.perf_counter() - t0)
+                    acc.setdefault(f"seconds_{method}", []).append(time.process_time() - t0)
                     for w, sets in (("2way", pairs), ("3way", triples)):
                         acc.setdefault(f"{w}_{method}", []).append(
                             _mean_tvd(lambda a: est[a].factor.values, sets, truth))
@@ -162,7 +164,9 @@ def run_heldout(sources: Sequence[Source], epsilons: Sequence[float], runs: int 
                                       f"{row[f'{w}_pgm_over_default']:.2f}"
                                       if f"{w}_pgm" in row else "")
                                    for w in ("2way", "3way"))
-                      + f" | cost ×{row['cost_over_consistent']:.2f} chosen {chosen}",
+                      + f" | cost ×{row['cost_over_consistent']:.2f} "
+                      f"({row[f'seconds_{default}']:.2f} ÷ {row['seconds_consistent']:.2f} CPU "
+                      f"s a refresh) chosen {chosen}",
                       flush=True)
     return rows
 
@@ -196,7 +200,8 @@ def print_summary(rows: Sequence[dict[str, Any]], summary: dict[str, Any]) -> No
     default = rows[0]["default"] if rows else "default"
     t = Table(title=f"held-out: Private-PGM ÷ {default} (≥ 1: {default} as accurate or better)")
     for col in ("dataset", "ε", "ways / r", f"2-way {default}", "2-way PGM ÷", f"3-way {default}",
-                "3-way PGM ÷", "cost ÷ consistent"):
+                "3-way PGM ÷", f"CPU s {default}", "CPU s consistent",
+                "cost ÷ consistent"):
         t.add_column(col)
     for r in rows:
         t.add_row(r["dataset"], f"{r['epsilon']:g}", f"{r['ways']} / {r['per_report']}",
@@ -204,6 +209,7 @@ def print_summary(rows: Sequence[dict[str, Any]], summary: dict[str, Any]) -> No
                   f"{r['2way_pgm_over_default']:.2f}" if "2way_pgm_over_default" in r else "—",
                   f"{r[f'3way_{default}']:.4f}",
                   f"{r['3way_pgm_over_default']:.2f}" if "3way_pgm_over_default" in r else "—",
+                  f"{r[f'seconds_{default}']:.2f}", f"{r['seconds_consistent']:.2f}",
                   f"{r['cost_over_consistent']:.2f}")
     s = Table(title="per ε: Private-PGM ÷ default over the datasets (min / geometric mean)")
     for col in ("ε", "2-way", "3-way", "cost ÷ consistent (median / max)"):

@@ -79,7 +79,13 @@ from ldpstream.estimators.kernels.bounds import (
     reference,
     unbounded,
 )
-from ldpstream.estimators.kernels.consistency import expand, max_entropy, norm_sub, postprocess
+from ldpstream.estimators.kernels.consistency import (
+    expand,
+    max_entropy,
+    norm_sub,
+    postprocess,
+    postprocess_stacked,
+)
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.global_fit import Noise, choose_fit
 from ldpstream.estimators.kernels.proper import clip_rescale, project_simplex, repair
@@ -653,8 +659,12 @@ class Partitioned(Mechanism):
         ys, var = [r[0] for r in raw], [r[1] for r in raw]
         noise = [self.noise(counts, j) for j in range(len(self.marginals))]
 
-        def consistent(tables: list[Factor]) -> list[np.ndarray]:
-            return [t.values for t in postprocess(tables, var, noise_variance=var)[0]]
+        def consistent(runs: list[list[Factor]]) -> list[list[np.ndarray]]:
+            # every probe's consistent tables in one stacked pass (each as if alone)
+            vals = postprocess_stacked([t.domain for t in ys],
+                                       [np.stack([r[k].values for r in runs])
+                                        for k in range(len(ys))], var, noise_variance=var)[0]
+            return [[v[i] for v in vals] for i in range(len(runs))]
 
         table, info = choose_fit(self.cells, ys, [nz.var for nz in noise],
                                  [t.values for t in self.consistent_tables(counts, True)[0]],

@@ -36,9 +36,10 @@ from typing import Sequence
 import numpy as np
 
 from ldpstream.estimators.kernels.domain import Domain, Factor
-from ldpstream.estimators.kernels.proper import project_simplex
+from ldpstream.estimators.kernels.proper import project_simplex, project_simplex_rows
 
 __all__ = ["Consistency", "expand", "make_consistent", "norm_sub", "postprocess",
+           "postprocess_stacked",
            "shrink_to_independence", "shrink_hierarchical", "independence", "interaction",
            "max_entropy", "MaxEntResult", "shared_sets", "disagreement"]
 
@@ -105,12 +106,23 @@ def _plan(axes: Sequence[tuple[str, ...]], shapes: Sequence[tuple[int, ...]]) ->
     return steps
 
 
+def _stacked(st: _Step) -> _Step:
+    """``st`` for tables stacked along a new leading axis (one consistency problem each)."""
+    def up(t: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(i + 1 for i in t)
+    return _Step(st.members, tuple(up(d) for d in st.drop), tuple((0,) + up(p) for p in st.perm),
+                 tuple((-1,) + b for b in st.back), tuple((0,) + up(u) for u in st.unperm),
+                 st.cells)
+
+
 @functools.lru_cache(maxsize=64)
 def _cached_plan(axes: tuple[tuple[str, ...], ...], shapes: tuple[tuple[int, ...], ...]
-                 ) -> tuple[_Step, ...]:
-    """:func:`_plan`, memoized: a refresh plans the same tables once per probe run and level
-    of the shrinkage (the ``global`` estimator's risk probes), and the steps are immutable."""
-    return tuple(_plan(axes, shapes))
+                 ) -> tuple[tuple[_Step, ...], tuple[_Step, ...]]:
+    """:func:`_plan`, memoized, and the same steps for stacked tables: a refresh plans the
+    same tables once per level of the shrinkage and for the ``global`` estimator's risk
+    probes, and the steps are immutable."""
+    steps = tuple(_plan(axes, shapes))
+    return steps, tuple(_stacked(st) for st in steps)
 
 
 class Consistency:
@@ -124,20 +136,34 @@ class Consistency:
     def __init__(self, axes: Sequence[tuple[str, ...]], shapes: Sequence[tuple[int, ...]]) -> None:
         self.axes = [tuple(a) for a in axes]
         self.shapes = [tuple(int(d) for d in s) for s in shapes]
-        self.steps = _cached_plan(tuple(self.axes), tuple(self.shapes))
+        self.steps, self.stacked_steps = _cached_plan(tuple(self.axes), tuple(self.shapes))
 
-    def apply(self, values: Sequence[np.ndarray], cell_variance: Sequence[float]
-              ) -> list[np.ndarray]:
-        vals = [np.array(v, dtype=float) for v in values]
+    def weights(self, cell_variance: Sequence[float]) -> list[np.ndarray]:
+        """Per step, the members' normalised weights w_k = 1/(c_k·var_k) / Σ_j w_j."""
+        out = []
         for st in self.steps:
-            projs = [np.transpose(vals[k].sum(axis=d) if d else vals[k], p)
-                     for k, d, p in zip(st.members, st.drop, st.perm)]
             w = np.array([1.0 / (c * max(float(cell_variance[k]), 1e-300))
                           for k, c in zip(st.members, st.cells)])
             w /= w.sum()
+            out.append(w)
+        return out
+
+    def apply(self, values: Sequence[np.ndarray], cell_variance: Sequence[float],
+              weights: Sequence[np.ndarray] | None = None, stacked: bool = False
+              ) -> list[np.ndarray]:
+        """The consistent tables; ``weights``: :meth:`weights` of ``cell_variance``, when the
+        caller applies the same variances many times (Norm-Sub's passes). ``stacked``: every
+        ``values[k]`` has a leading axis, one independent set of tables per index along it
+        (the probes of the ``global`` estimator, docs/partitioned.md "Global fit")."""
+        vals = [np.array(v, dtype=float) for v in values]
+        add = np.add.reduce
+        for st, w in zip(self.stacked_steps if stacked else self.steps,
+                         self.weights(cell_variance) if weights is None else weights):
+            projs = [(add(vals[k], axis=d) if d else vals[k]).transpose(p)
+                     for k, d, p in zip(st.members, st.drop, st.perm)]
             common = sum(wk * p for wk, p in zip(w, projs))
             for k, p, c, b, u in zip(st.members, projs, st.cells, st.back, st.unperm):
-                vals[k] += np.reshape(np.transpose((common - p) / c, u), b)
+                vals[k] += ((common - p) / c).transpose(u).reshape(b)
         return vals
 
 
@@ -171,15 +197,22 @@ def norm_sub(table: Factor, total: float = 1.0) -> Factor:
 def independence(values: np.ndarray) -> np.ndarray:
     """The product of a table's 1-way marginals, scaled to its total (uniform 1-way
     marginals where the total is 0)."""
-    x = np.asarray(values, dtype=float)
-    total = float(x.sum())
-    nu = np.full(x.shape, total)
-    for i in range(x.ndim):
-        m = x.sum(axis=tuple(j for j in range(x.ndim) if j != i))
-        shape = [1] * x.ndim
-        shape[i] = len(m)
-        nu = nu * (m / total if total != 0 else np.full(len(m), 1.0 / len(m))).reshape(shape)
-    return nu
+    return _independence(np.asarray(values, dtype=float)[None])[0]
+
+
+def _independence(x: np.ndarray) -> np.ndarray:
+    """:func:`independence` of each table of a stack (leading axis)."""
+    lead = (len(x),) + (1,) * (x.ndim - 1)
+    total = np.add.reduce(x, axis=tuple(range(1, x.ndim))).reshape(lead)
+    some = total != 0
+    nu = np.broadcast_to(total, x.shape)
+    for i in range(1, x.ndim):
+        m = np.add.reduce(x, axis=tuple(j for j in range(1, x.ndim) if j != i))
+        shape = [len(x)] + [1] * (x.ndim - 1)
+        shape[i] = m.shape[1]
+        m = m.reshape(shape)
+        nu = nu * np.where(some, m / np.where(some, total, 1.0), 1.0 / m.shape[i])
+    return np.array(nu)
 
 
 def shrink_to_independence(values: np.ndarray, noise_variance: float) -> tuple[np.ndarray,
@@ -223,8 +256,12 @@ def interaction(values: np.ndarray) -> np.ndarray:
     (x ×_a (I − J/d_a) for every axis a), the orthogonal projection onto the Π_a (d_a − 1)
     dimensions that no marginal of fewer attributes sees; x minus it keeps every marginal of
     the other attributes' subsets exactly."""
-    r = np.asarray(values, dtype=float)
-    for i in range(r.ndim):
+    return _interaction(np.asarray(values, dtype=float)[None])[0]
+
+
+def _interaction(r: np.ndarray) -> np.ndarray:
+    """:func:`interaction` of each table of a stack (leading axis)."""
+    for i in range(1, r.ndim):
         r = r - r.mean(axis=i, keepdims=True)
     return r
 
@@ -236,13 +273,15 @@ def interaction(values: np.ndarray) -> np.ndarray:
 REFIT_CELLS = 512
 
 
-def _maxent_below(f: Factor) -> np.ndarray:
-    """The maximum-entropy table with ``f``'s (w−1)-way sub-marginals (negative cells clipped),
-    scaled to ``f``'s total (IPF alone above :data:`REFIT_CELLS` cells)."""
-    attrs = f.domain.attrs
-    subs = [f.project(tuple(b for b in attrs if b != a)) for a in attrs]
-    fit = max_entropy(f.domain, subs, refit=f.values.size <= REFIT_CELLS)
-    return float(f.values.sum()) * fit.table.values
+def _maxent_below(domain: Domain, x: np.ndarray) -> np.ndarray:
+    """The maximum-entropy table with the (w−1)-way sub-marginals of each table of the stack
+    ``x`` (leading axis; negative cells clipped), scaled to its total (IPF alone above
+    :data:`REFIT_CELLS` cells)."""
+    attrs = domain.attrs
+    subs = [_project(domain, x, tuple(b for b in attrs if b != a)) for a in attrs]
+    vals = _max_entropy_stacked(domain, subs, refit=domain.size() <= REFIT_CELLS)[0]
+    total = np.add.reduce(x, axis=tuple(range(1, x.ndim)))
+    return total.reshape((len(x),) + (1,) * (x.ndim - 1)) * vals
 
 
 #: a set whose interaction has fewer dimensions than this cannot be shrunk by James–Stein on
@@ -273,9 +312,37 @@ def shrink_hierarchical(tables: Sequence[Factor], noise_variance: Sequence[float
     exact tables: the minimum-norm additive lift) before the next level. Returns each table's
     new values; a
     table of q ≥ 3 collected alone (pairs of Adult) gets :func:`shrink_to_independence`."""
-    axes = [tuple(t.domain.attrs) for t in tables]
-    vals = [np.array(t.values, dtype=float) for t in tables]
+    return [v[0] for v in _shrink_stacked([t.domain for t in tables],
+                                          [np.asarray(t.values, dtype=float)[None]
+                                           for t in tables], noise_variance)]
+
+
+def _project(domain: Domain, x: np.ndarray, attrs: tuple[str, ...]
+             ) -> tuple[Domain, np.ndarray]:
+    """:meth:`~.domain.Factor.project` of each table of a stack (leading axis): (the domain of
+    one projected table, the projected stack)."""
+    keep = domain.axes(attrs)
+    drop = tuple(i + 1 for i in range(len(domain)) if i not in keep)
+    vals = np.add.reduce(x, axis=drop) if drop else x
+    remaining = [i for i in range(len(domain)) if i in keep]
+    return (domain.project(attrs),
+            vals.transpose((0,) + tuple(remaining.index(i) + 1 for i in keep)))
+
+
+def _squares(r: np.ndarray) -> np.ndarray:
+    """Σ r² of each table of a stack (leading axis)."""
+    return np.add.reduce(r ** 2, axis=tuple(range(1, r.ndim)))
+
+
+def _shrink_stacked(domains: Sequence[Domain], stacked: Sequence[np.ndarray],
+                    noise_variance: Sequence[float]) -> list[np.ndarray]:
+    """:func:`shrink_hierarchical` of each set of tables of a stack (``stacked[k]``: table k,
+    leading axis the sets; one λ per set of tables)."""
+    axes = [tuple(d.attrs) for d in domains]
+    vals = [np.array(v, dtype=float) for v in stacked]
     var = [max(float(v), 1e-300) for v in noise_variance]
+    cells = [d.size() for d in domains]
+    runs = len(vals[0]) if vals else 0
     top = max((len(a) for a in axes), default=0)
     for w in range(2, top + 1):
         level: dict[frozenset[str], list[int]] = {}
@@ -286,25 +353,29 @@ def shrink_hierarchical(tables: Sequence[Factor], noise_variance: Sequence[float
         xs, s2 = [], []
         for S in sets:
             k0 = level[S][0]
-            f = Factor(tables[k0].domain, vals[k0]).project(_ordered(S, axes[k0]))
-            xs.append(f)
-            s2.append(1.0 / sum(f.values.size / (vals[k].size * var[k]) for k in level[S]))
+            d, x = _project(domains[k0], vals[k0], _ordered(S, axes[k0]))
+            xs.append((d, x))
+            s2.append(1.0 / sum(d.size() / (cells[k] * var[k]) for k in level[S]))
         if w == 2:
-            res = [f.values - independence(f.values) for f in xs]
+            res = [x - _independence(x) for d, x in xs]
         else:
-            res = [interaction(f.values) - interaction(_maxent_below(f)) for f in xs]
-        qs = [_residual_dims(f.values.shape) for f in xs]
-        lam = [_js_factor(q, float((r ** 2).sum()), v) for q, r, v in zip(qs, res, s2)]
+            res = [_interaction(x) - _interaction(_maxent_below(d, x)) for d, x in xs]
+        qs = [_residual_dims(d.shape) for d, x in xs]
+        ss = [_squares(r) for r in res]
+        lam = [[_js_factor(q, float(d[b]), v) for q, d, v in zip(qs, ss, s2)]
+               for b in range(runs)]
         group = [i for i, q in enumerate(qs) if w >= 3 or q < POOL_BELOW]
-        if group:
-            common = _js_factor(sum(qs[i] for i in group),
-                                sum(float((res[i] ** 2).sum()) / s2[i] for i in group), 1.0)
-            for i in group:
-                lam[i] = common
-        new = [f.values - (1.0 - lm) * r for f, r, lm in zip(xs, res, lam)]
-        lift = Consistency(axes + [f.domain.attrs for f in xs],
-                           [v.shape for v in vals] + [f.values.shape for f in xs])
-        vals = lift.apply(vals + new, var + [0.0] * len(new))[:len(vals)]
+        for b in range(runs):
+            if group:
+                common = _js_factor(sum(qs[i] for i in group),
+                                    sum(float(ss[i][b]) / s2[i] for i in group), 1.0)
+                for i in group:
+                    lam[b][i] = common
+        new = [x - (1.0 - np.array([lam[b][i] for b in range(runs)]).reshape(
+            (runs,) + (1,) * (r.ndim - 1))) * r for i, ((d, x), r) in enumerate(zip(xs, res))]
+        lift = Consistency(axes + [d.attrs for d, x in xs],
+                           [d.shape for d in domains] + [d.shape for d, x in xs])
+        vals = lift.apply(vals + new, var + [0.0] * len(new), stacked=True)[:len(vals)]
     return vals
 
 
@@ -318,23 +389,54 @@ def postprocess(tables: Sequence[Factor], cell_variance: Sequence[float], rounds
     consistency step: by :func:`shrink_hierarchical` (default), or with ``hierarchical=False``
     each toward the product of its own 1-way marginals (:func:`shrink_to_independence`, one λ
     per table). Returns (tables, Norm-Sub passes)."""
-    plan = Consistency([t.domain.attrs for t in tables], [t.domain.shape for t in tables])
-    vals = plan.apply([t.values for t in tables], cell_variance)
+    vals, passes = postprocess_stacked([t.domain for t in tables],
+                                       [np.asarray(t.values, dtype=float)[None] for t in tables],
+                                       cell_variance, rounds, tol, noise_variance, hierarchical)
+    return [Factor(t.domain, v[0]) for t, v in zip(tables, vals)], passes[0]
+
+
+def _norm_sub_stacked(x: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """:func:`norm_sub` of each table of a stack (leading axis) to its total (0 where the
+    total is not positive)."""
+    t = totals.reshape((len(x),) + (1,) * (x.ndim - 1))
+    some = t > 0
+    flat = (x / np.where(some, t, 1.0)).reshape(len(x), -1)
+    return np.where(some, t * project_simplex_rows(flat).reshape(x.shape), 0.0)
+
+
+def postprocess_stacked(domains: Sequence[Domain], stacked: Sequence[np.ndarray],
+                        cell_variance: Sequence[float], rounds: int = 30, tol: float = 1e-6,
+                        noise_variance: Sequence[float] | None = None,
+                        hierarchical: bool = True) -> tuple[list[np.ndarray], list[int]]:
+    """:func:`postprocess` of many sets of tables of the same domains at once (``stacked[k]``:
+    table k of every set, stacked along a leading axis), each set as if alone (its own
+    shrinkage factors and Norm-Sub passes): the ``global`` estimator's risk probes
+    (docs/partitioned.md "Global fit"). Returns (stacked tables, passes per set)."""
+    plan = Consistency([d.attrs for d in domains], [d.shape for d in domains])
+    w = plan.weights(cell_variance)
+    vals = plan.apply(stacked, cell_variance, w, stacked=True)
+    runs = len(vals[0]) if vals else 0
     if noise_variance is not None:
         if hierarchical:
-            vals = plan.apply(shrink_hierarchical(
-                [Factor(t.domain, v) for t, v in zip(tables, vals)], noise_variance),
-                cell_variance)
+            shrunk = _shrink_stacked(domains, vals, noise_variance)
         else:
-            vals = plan.apply([shrink_to_independence(v, s2)[0]
-                               for v, s2 in zip(vals, noise_variance)], cell_variance)
-    passes = 0
-    while passes < rounds and min(float(v.min()) for v in vals) < -tol:
-        total = float(np.mean([v.sum() for v in vals]))
-        vals = plan.apply([total * project_simplex(v / total) if total > 0 else np.zeros_like(v)
-                           for v in vals], cell_variance)
-        passes += 1
-    return [Factor(t.domain, v) for t, v in zip(tables, vals)], passes
+            shrunk = [np.stack([shrink_to_independence(x, s2)[0] for x in v])
+                      for v, s2 in zip(vals, noise_variance)]
+        vals = plan.apply(shrunk, cell_variance, w, stacked=True)
+    passes = [0] * runs
+    while True:
+        live = [b for b in range(runs) if passes[b] < rounds
+                and min(float(v[b].min()) for v in vals) < -tol]
+        if not live:
+            break
+        totals = np.array([float(np.mean([v[b].sum() for v in vals])) for b in live])
+        moved = plan.apply([_norm_sub_stacked(v[live], totals) for v in vals], cell_variance,
+                           w, stacked=True)
+        for v, m in zip(vals, moved):
+            v[live] = m
+        for b in live:
+            passes[b] += 1
+    return vals, passes
 
 
 @dataclass(frozen=True)
@@ -345,8 +447,13 @@ class MaxEntResult:
     gap: float
 
 
-def max_entropy(domain: Domain, constraints: Sequence[Factor], *, tol: float = 1e-7,
-                max_iter: int = 200, stall: float = 1e-4, refit: bool = True) -> MaxEntResult:
+#: :func:`max_entropy`'s defaults: IPF's tolerance, sweeps at most, and stall ratio
+MAXENT_TOL, MAXENT_SWEEPS, MAXENT_STALL = 1e-7, 200, 1e-4
+
+
+def max_entropy(domain: Domain, constraints: Sequence[Factor], *, tol: float = MAXENT_TOL,
+                max_iter: int = MAXENT_SWEEPS, stall: float = MAXENT_STALL, refit: bool = True
+                ) -> MaxEntResult:
     """The maximum-entropy distribution over ``domain`` whose marginals on the constraint
     tables' attributes equal them (negatives clipped, each rescaled to sum 1), by iterative
     proportional fitting from the uniform table. ``gap`` is the largest |marginal − target|
@@ -356,10 +463,26 @@ def max_entropy(domain: Domain, constraints: Sequence[Factor], *, tol: float = 1
     (:func:`~.marginal_fit.fit_marginals`), where IPF converges, and ``gap`` is their distance
     to the targets. ``converged=False`` only when that IPF does not come within
     :data:`~.marginal_fit.TOL` of them in :data:`~.marginal_fit.MAX_SWEEPS` sweeps."""
-    from ldpstream.estimators.kernels.marginal_fit import fit_marginals, ipf, plans
-    vals, it, gap = ipf(domain, plans(domain, constraints), tol=tol, max_iter=max_iter,
-                        stall=stall)
-    if gap > tol and refit:
-        r = fit_marginals(domain, constraints)
-        return MaxEntResult(r.table, it + r.iterations, r.converged, r.gap)
-    return MaxEntResult(Factor(domain, vals), it, bool(gap <= tol), float(gap))
+    vals, its, conv, gaps = _max_entropy_stacked(
+        domain, [(c.domain, np.asarray(c.values, dtype=float)[None]) for c in constraints],
+        tol=tol, max_iter=max_iter, stall=stall, refit=refit)
+    return MaxEntResult(Factor(domain, vals[0]), its[0], conv[0], gaps[0])
+
+
+def _max_entropy_stacked(domain: Domain, constraints: Sequence[tuple[Domain, np.ndarray]], *,
+                         tol: float = MAXENT_TOL, max_iter: int = MAXENT_SWEEPS,
+                         stall: float = MAXENT_STALL, refit: bool = True
+                         ) -> tuple[np.ndarray, list[int], list[bool], list[float]]:
+    """:func:`max_entropy` of many sets of constraints at once (``constraints[k]``: the domain
+    of constraint k, its table in every set stacked along a leading axis), each as if alone:
+    (tables stacked, iterations, converged, gap), per set."""
+    from ldpstream.estimators.kernels.marginal_fit import fit_stacked, ipf_stacked, plans_stacked
+    targets = plans_stacked(domain, constraints)
+    vals, its, gaps = ipf_stacked(domain, targets, tol=tol, max_iter=max_iter, stall=stall)
+    conv = [g <= tol for g in gaps]
+    redo = [b for b, g in enumerate(gaps) if g > tol] if refit else []
+    if redo:
+        again, more, ok, off = fit_stacked(domain, [(d, t[redo], s) for d, t, s in targets])
+        for i, b in enumerate(redo):
+            vals[b], its[b], conv[b], gaps[b] = again[i], its[b] + more[i], ok[i], off[i]
+    return vals, its, conv, gaps

@@ -203,43 +203,72 @@ def _tree(ndim: int, targets: Sequence[_Target]) -> _Tree:
     return _Tree(tuple(parent), tuple(axis), tuple(node))
 
 
+@dataclass(frozen=True)
+class _Fit:
+    """What :func:`_loss_grad` needs of a fit, computed once per fit (not per iteration): the
+    summing tree, each target's goal y + shift (runs, …) and its cell variance σ²."""
+
+    tree: _Tree
+    goal: tuple[np.ndarray, ...]
+    var: tuple[np.ndarray, ...]
+
+
+def _fit(shape: tuple[int, ...], targets: Sequence[_Target], shift: Sequence[np.ndarray]
+         ) -> _Fit:
+    """:class:`_Fit` for stacked tables of ``shape`` (leading axis: the runs)."""
+    return _Fit(_tree(len(shape) - 1, targets), tuple(t.y + d for t, d in zip(targets, shift)),
+                tuple(t.sd ** 2 for t in targets))
+
+
 def _loss_grad(p: np.ndarray, targets: Sequence[_Target], shift: Sequence[np.ndarray],
-               tree: _Tree | None = None
+               fit: _Fit | None = None
                ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Loss, gradient and fitted marginals of a stack of tables ``p`` (leading axis: the
     run at the measurements, then one per probe; ``shift[k]``: the measurements' offset per
-    run, shape (runs, …)); the marginals summed along ``tree`` (:class:`_Tree`; built here
-    if not given)."""
-    if tree is None:
-        tree = _tree(p.ndim - 1, targets)
+    run, shape (runs, …)); the marginals summed along the tree of ``fit`` (:class:`_Fit`; built
+    here if not given)."""
+    if fit is None:
+        fit = _fit(p.shape, targets, shift)
+    tree = fit.tree
+    add = np.add.reduce
     vals = [p]
     for par, ax in zip(tree.parent[1:], tree.axis[1:]):
-        vals.append(vals[par].sum(axis=ax + 1))
+        vals.append(add(vals[par], axis=ax + 1))
     loss = np.zeros(len(p))
     acc: list[np.ndarray | None] = [None] * len(vals)
     fitted = []
-    for k, t in enumerate(targets):
-        mu = vals[tree.node[k]]
-        r = (mu - (t.y + shift[k])) / t.sd ** 2
-        loss += 0.5 * (r * r * t.sd ** 2).reshape(len(p), -1).sum(axis=1)
-        i = tree.node[k]
-        acc[i] = r if acc[i] is None else acc[i] + r
+    for k, i in enumerate(tree.node):
+        mu = vals[i]
+        var = fit.var[k]
+        r = (mu - fit.goal[k]) / var
+        loss += 0.5 * add((r * r * var).reshape(len(p), -1), axis=1)
+        a = acc[i]
+        acc[i] = r if a is None else a + r
         fitted.append(mu)
     for i in range(len(vals) - 1, 0, -1):   # children after their parents: push back up
         a = acc[i]
         if a is None:
             continue
-        up = np.expand_dims(a, tree.axis[i] + 1)
+        ax = tree.axis[i] + 1   # the summed axis restored (np.expand_dims, without its checks)
+        up = a.reshape(a.shape[:ax] + (1,) + a.shape[ax:])
         j = tree.parent[i]
-        acc[j] = up if acc[j] is None else acc[j] + up
-    grad = np.broadcast_to(acc[0], p.shape) if acc[0] is not None else np.zeros(p.shape)
-    return loss, np.array(grad), fitted
+        b = acc[j]
+        acc[j] = up if b is None else b + up
+    top = acc[0]
+    if top is None:
+        return loss, np.zeros(p.shape), fitted
+    if top.shape != p.shape:
+        top = np.array(np.broadcast_to(top, p.shape))
+    return loss, top, fitted
 
 
 def _step(p: np.ndarray, grad: np.ndarray, eta: float) -> np.ndarray:
     axes = tuple(range(1, p.ndim))
-    q = p * np.exp(-eta * (grad - grad.max(axis=axes, keepdims=True)))
-    return q / q.sum(axis=axes, keepdims=True)
+    q = grad - grad.max(axis=axes, keepdims=True)
+    np.multiply(-eta, q, out=q)
+    np.exp(q, out=q)
+    np.multiply(p, q, out=q)
+    return np.divide(q, q.sum(axis=axes, keepdims=True), out=q)
 
 
 def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance], *,
@@ -272,23 +301,24 @@ def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
         shift = [np.stack([np.transpose(np.asarray(run[k], dtype=float), t.perm) for run in
                            smoothed]) - t.y for k, t in enumerate(targets)]
     p = np.full((runs,) + tuple(domain.shape), 1.0 / domain.size())
-    tree = _tree(len(domain), targets)
-    loss, grad, fit = _loss_grad(p, targets, shift, tree)
+    plan = _fit(p.shape, targets, shift)
+    loss, grad, fit = _loss_grad(p, targets, shift, plan)
+    probe = [u[1:] for u in unit]
     eta = min(float(t.sd.min()) for t in targets) ** 2
     best = (np.inf, 0, p)
     it = 0
     for it in range(1, max_iter + 1):
         while True:   # backtracking on the run at the measurements (mirror-descent bound)
             q = _step(p, grad, eta)
-            lq, gq, fq = _loss_grad(q, targets, shift, tree)
+            lq, gq, fq = _loss_grad(q, targets, shift, plan)
             bound = loss[0] + float((grad[0] * (q[0] - p[0])).sum()) + float(
                 np.abs(q[0] - p[0]).sum()) ** 2 / (2 * eta)
             if lq[0] <= bound or eta < 1e-300:
                 break
             eta *= 0.5
         p, loss, grad, fit = q, lq, gq, fq   # the probes' runs take the same steps
-        div = sum(float((u[1:] * (f[1:] - f[0]) / t.sd ** 2).sum()) / PROBE_STEP
-                  for t, u, f in zip(targets, unit, fit)) / n_probes
+        div = sum(float((u * (f[1:] - f[0]) / v).sum()) / PROBE_STEP
+                  for v, u, f in zip(plan.var, probe, fit)) / n_probes
         res = sum(float((((f[0] - t.y) / t.sd) ** 2).sum()) for t, f in zip(targets, fit))
         risk = res - trace + 2.0 * div
         if on_iterate is not None:
@@ -342,11 +372,12 @@ def query_sure(tables: Sequence[Factor], noise: Sequence[Noise | Variance],
 
 def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance],
                smoothed: Sequence[np.ndarray],
-               smoother: Callable[[list[Factor]], list[np.ndarray]],
+               smoother: Callable[[list[list[Factor]]], list[list[np.ndarray]]],
                noise: Sequence[Noise | Variance] | None = None,
                direct: Sequence[Variance] | None = None
                ) -> tuple[np.ndarray | None, dict[str, Any]]:
-    """A smoothing estimator's tables (``smoothed`` = ``smoother(tables)``), the global fit
+    """A smoothing estimator's tables (``smoothed``; ``smoother`` maps many sets of tables,
+    the probes', to theirs in one call, so that it may smooth them together), the global fit
     to them (its iterate chosen likewise) or, with ``direct`` (one loss variance per table,
     Private-PGM's weights), the global fit to the measurements themselves, whichever has the
     smallest :func:`query_sure` on the 2- and 3-way marginals the tables hold (the same
@@ -366,13 +397,10 @@ def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
                           f"fit's {MAX_CELLS:,}")
         return None, info
     noise = variances if noise is None else noise
-    runs, bs = [list(smoothed)], []
-    for i in range(PROBES):
-        b = probes(tables, PROBE_SEED + i)
-        runs.append(smoother([Factor(t.domain, np.asarray(t.values)
-                                     + PROBE_STEP * _noise(t, v).unit(bb))
-                              for t, v, bb in zip(tables, noise, b)]))
-        bs.append(b)
+    bs = [probes(tables, PROBE_SEED + i) for i in range(PROBES)]
+    runs = [list(smoothed)] + smoother([[Factor(t.domain, np.asarray(t.values)
+                                                + PROBE_STEP * _noise(t, v).unit(bb))
+                                         for t, v, bb in zip(tables, noise, b)] for b in bs])
     sets = query_sets(tables)
     fits = {"global": global_fit(domain, tables, variances, smoothed=runs, noise=noise)}
     if direct is not None:

@@ -32,6 +32,7 @@ generated networks, the table then moves by less than 1e-3 in TVD over 4,000 mor
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -40,8 +41,8 @@ from scipy.optimize import nnls
 
 from ldpstream.estimators.kernels.domain import Domain, Factor
 
-__all__ = ["fit_marginals", "FitResult", "ipf", "closest_marginals", "plans", "TOL",
-           "MAX_SWEEPS"]
+__all__ = ["fit_marginals", "fit_stacked", "FitResult", "ipf", "ipf_stacked",
+           "closest_marginals", "plans", "plans_stacked", "TOL", "MAX_SWEEPS"]
 
 #: how close IPF must come to the closest realizable marginals (largest cell difference)
 TOL = 1e-4
@@ -68,14 +69,25 @@ Plan = tuple[tuple[int, ...], np.ndarray, tuple[int, ...]]
 def plans(domain: Domain, constraints: Sequence[Factor]) -> list[Plan]:
     """Per constraint: (axes summed out, target in domain axis order — clipped at 0 and
     rescaled to sum 1, broadcast shape)."""
+    return [(d, t[0], s) for d, t, s in plans_stacked(
+        domain, [(c.domain, np.asarray(c.values, dtype=float)[None]) for c in constraints])]
+
+
+def plans_stacked(domain: Domain, constraints: Sequence[tuple[Domain, np.ndarray]]
+                  ) -> list[Plan]:
+    """:func:`plans` of many sets of constraints at once: ``constraints[k]`` = (the domain of
+    constraint k, its table in every set, stacked along a leading axis); the targets keep that
+    axis (each set clipped and rescaled on its own)."""
     out = []
-    for c in constraints:
-        t = np.maximum(np.asarray(c.values, dtype=float), 0.0)
-        s = t.sum()
-        t = t / s if s > 0 else np.full(t.shape, 1.0 / t.size)
-        ax = domain.axes(c.domain.attrs)
+    for dom, c in constraints:
+        t = np.maximum(c, 0.0)
+        lead = (len(t),) + (1,) * (t.ndim - 1)
+        s = np.add.reduce(t, axis=tuple(range(1, t.ndim))).reshape(lead)
+        some = s > 0
+        t = np.where(some, t / np.where(some, s, 1.0), 1.0 / dom.size())
+        ax = domain.axes(dom.attrs)
         kept = sorted(ax)
-        t = np.transpose(t, [list(ax).index(i) for i in kept])
+        t = t.transpose((0,) + tuple(list(ax).index(i) + 1 for i in kept))
         drop = tuple(i for i in range(len(domain)) if i not in ax)
         shape = tuple(domain.shape[i] if i in ax else 1 for i in range(len(domain)))
         out.append((drop, t, shape))
@@ -91,20 +103,53 @@ def ipf(domain: Domain, targets: Sequence[Plan], *, tol: float, max_iter: int,
     """Iterative proportional fitting (Deming & Stephan 1940) from ``start`` (uniform):
     (table, sweeps, largest |marginal − target| of the last sweep). Stops at ``tol``, after
     ``max_iter`` sweeps, or once a sweep changes that gap by at most ``stall`` × gap."""
-    vals = np.full(domain.shape, 1.0 / domain.size()) if start is None else start
-    gap = prev = np.inf
-    it = 0
-    for it in range(1, max_iter + 1):  # noqa: B007 - the count is returned after the loop
-        gap = 0.0
-        for drop, t, shape in targets:
-            cur = _marginal(vals, drop)
-            gap = max(gap, float(np.max(np.abs(cur - t))))
+    vals, its, gaps = ipf_stacked(domain, [(d, t[None], s) for d, t, s in targets], tol=tol,
+                                  max_iter=max_iter, stall=stall,
+                                  start=None if start is None else np.asarray(start)[None])
+    return vals[0], its[0], gaps[0]
+
+
+def ipf_stacked(domain: Domain, targets: Sequence[Plan], *, tol: float, max_iter: int,
+                stall: float = 0.0, start: np.ndarray | None = None
+                ) -> tuple[np.ndarray, list[int], list[float]]:
+    """:func:`ipf` of many sets of targets at once (every target with a leading axis, one set
+    per index; :func:`plans_stacked`), each set stopped by its own gap as if alone: (tables
+    stacked, sweeps per set, gap per set)."""
+    runs = len(targets[0][1]) if targets else 1
+    out = np.empty((runs,) + tuple(domain.shape))
+    its = [0] * runs
+    gaps = [float(np.inf)] * runs
+    live = list(range(runs))
+    vals = (np.full(out.shape, 1.0 / domain.size()) if start is None
+            else np.array(start, dtype=float))
+    goal = list(targets)
+    add, top = np.add.reduce, np.maximum.reduce
+    prev = np.full(runs, np.inf)
+    for it in range(1, max_iter + 1):
+        gap = np.zeros(len(live))
+        for drop, t, shape in goal:
+            cur = add(vals, axis=tuple(i + 1 for i in drop)) if drop else vals
+            gap = np.maximum(gap, top(np.abs(cur - t), axis=tuple(range(1, cur.ndim))))
             ratio = np.divide(t, cur, out=np.zeros_like(t), where=cur > 0)
-            vals = vals * ratio.reshape(shape)
-        if gap <= tol or abs(prev - gap) <= stall * gap:
-            break
+            np.multiply(vals, ratio.reshape((len(live),) + shape), out=vals)   # ours: in place
+        stop = (gap <= tol) | (np.abs(prev - gap) <= stall * gap)
+        if it == max_iter:
+            stop[:] = True
+        for i in np.nonzero(stop)[0]:
+            out[live[i]] = vals[i]
+            its[live[i]] = it
+            gaps[live[i]] = float(gap[i])
+        if stop.all():
+            return out, its, gaps
+        keep = np.nonzero(~stop)[0]
+        if len(keep) < len(live):   # drop the stopped sets from the stack
+            live = [live[i] for i in keep]
+            vals = vals[keep]
+            goal = [(d, t[keep], s) for d, t, s in goal]
+            gap = gap[keep]
         prev = gap
-    return vals, it, float(gap)
+    out[live] = vals   # max_iter = 0: the start
+    return out, its, gaps
 
 
 def _design(domain: Domain, targets: Sequence[Plan]) -> np.ndarray:
@@ -115,11 +160,24 @@ def _design(domain: Domain, targets: Sequence[Plan]) -> np.ndarray:
                       for drop, t, shape in targets])
 
 
+@functools.lru_cache(maxsize=256)
+def _system(shape: tuple[int, ...], drops: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """The least-squares matrix of :func:`closest_marginals` (the design and the Σp row) for
+    a domain's shape and the constraints' summed axes, built once per layout (read-only): the
+    hierarchical shrinkage refits tables of the same layouts at every refresh and probe."""
+    dom = Domain([f"a{i}" for i in range(len(shape))], list(shape))
+    size = dom.size()
+    A = np.vstack([_design(dom, [(d, np.empty(0), ()) for d in drops]),
+                   np.full((1, size), _SUM_WEIGHT)])
+    A.setflags(write=False)
+    return A
+
+
 def closest_marginals(domain: Domain, targets: Sequence[Plan]) -> list[Plan]:
     """Step 1 of the module docstring: the realizable marginals closest to the targets in L2,
     as plans (same axes)."""
     size = domain.size()
-    A = np.vstack([_design(domain, targets), np.full((1, size), _SUM_WEIGHT)])
+    A = _system(tuple(domain.shape), tuple(drop for drop, t, shape in targets))
     b = np.concatenate([t.reshape(-1) for drop, t, shape in targets] + [[_SUM_WEIGHT]])
     p, _ = nnls(A, b, maxiter=50 * size)
     p = p.reshape(domain.shape) / p.sum()
@@ -129,8 +187,25 @@ def closest_marginals(domain: Domain, targets: Sequence[Plan]) -> list[Plan]:
 def fit_marginals(domain: Domain, constraints: Sequence[Factor], *, tol: float = TOL,
                   max_iter: int = MAX_SWEEPS, start: np.ndarray | None = None) -> FitResult:
     """The fit of the module docstring; ``start``: IPF's starting table (uniform)."""
-    targets = plans(domain, constraints)
-    mu = closest_marginals(domain, targets)
-    gap = max((float(np.max(np.abs(m[1] - t[1]))) for m, t in zip(mu, targets)), default=0.0)
-    vals, it, left = ipf(domain, mu, tol=tol, max_iter=max_iter, start=start)
-    return FitResult(Factor(domain, vals), it, bool(left <= tol), gap)
+    targets = plans_stacked(domain, [(c.domain, np.asarray(c.values, dtype=float)[None])
+                                     for c in constraints])
+    vals, its, conv, gaps = fit_stacked(domain, targets, tol=tol, max_iter=max_iter,
+                                        start=None if start is None else np.asarray(start)[None])
+    return FitResult(Factor(domain, vals[0]), its[0], conv[0], gaps[0])
+
+
+def fit_stacked(domain: Domain, targets: Sequence[Plan], *, tol: float = TOL,
+                max_iter: int = MAX_SWEEPS, start: np.ndarray | None = None
+                ) -> tuple[np.ndarray, list[int], list[bool], list[float]]:
+    """:func:`fit_marginals` of many sets of targets at once (:func:`plans_stacked`), each as
+    if alone (its own least-squares solve; one stacked IPF): (tables stacked, IPF sweeps,
+    converged, gap), per set."""
+    runs = len(targets[0][1]) if targets else 1
+    mus = [closest_marginals(domain, [(d, t[b], s) for d, t, s in targets])
+           for b in range(runs)]
+    gaps = [max((float(np.max(np.abs(m[1] - t[b]))) for m, (d, t, s) in zip(mu, targets)),
+                default=0.0) for b, mu in enumerate(mus)]
+    vals, its, left = ipf_stacked(domain, [(d, np.stack([mu[j][1] for mu in mus]), s)
+                                           for j, (d, t, s) in enumerate(targets)],
+                                  tol=tol, max_iter=max_iter, start=start)
+    return vals, its, [x <= tol for x in left], gaps

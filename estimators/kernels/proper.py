@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["clip_rescale", "project_simplex"]
+__all__ = ["clip_rescale", "project_simplex", "project_simplex_rows"]
 
 
 def clip_rescale(p: np.ndarray) -> np.ndarray:
@@ -43,17 +43,23 @@ def project_simplex(p: np.ndarray) -> np.ndarray:
     with u sorted decreasingly, ρ = max{j : u_j − (Σ_{i≤j} u_i − 1)/j > 0},
     θ = (Σ_{i≤ρ} u_i − 1)/ρ, result max(p − θ, 0)."""
     p = np.asarray(p, dtype=float)
-    if not np.all(np.isfinite(p)):
-        raise ValueError("project_simplex: estimate has non-finite cells")
     if p.size == 0:
         return p.copy()
-    v = p.reshape(-1)
-    u = np.sort(v)[::-1]
-    css = np.cumsum(u) - 1.0
-    j = np.arange(1, u.size + 1)
-    rho = np.nonzero(u - css / j > 0)[0][-1]
-    theta = css[rho] / (rho + 1)
-    return np.maximum(v - theta, 0.0).reshape(p.shape)
+    return project_simplex_rows(p.reshape(1, -1)).reshape(p.shape)
+
+
+def project_simplex_rows(rows: np.ndarray) -> np.ndarray:
+    """:func:`project_simplex` of every row of a 2-d array at once."""
+    v = np.asarray(rows, dtype=float)
+    if not np.all(np.isfinite(v)):
+        raise ValueError("project_simplex: estimate has non-finite cells")
+    u = np.sort(v, axis=1)[:, ::-1]
+    css = np.cumsum(u, axis=1) - 1.0
+    j = np.arange(1, u.shape[1] + 1)
+    # the last j with u_j − (Σ_{i≤j} u_i − 1)/j > 0 (j = 1 always qualifies)
+    rho = u.shape[1] - 1 - np.argmax((u - css / j > 0)[:, ::-1], axis=1)
+    theta = css[np.arange(len(v)), rho] / (rho + 1)
+    return np.maximum(v - theta[:, None], 0.0)
 
 
 def repair(values: np.ndarray, proper: object) -> np.ndarray:

@@ -1,0 +1,167 @@
+"""The ``global`` estimator's speed-ups change no result (docs/benchmarks.md "Held-out
+accuracy", the cost paragraph): the risk probes' consistent tables computed in one stacked pass
+equal each probe's alone, the descent's loss and gradient equal the plain sums and broadcasts
+they replace, and the served estimates of seeded held-out-style networks equal those recorded
+before the speed-ups."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from ldpstream.bench.heldout import _sets as heldout_sets
+from ldpstream.bngen import shape_network
+from ldpstream.estimators.families.partitioned import Partitioned
+from ldpstream.estimators.kernels.consistency import postprocess, postprocess_stacked
+from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.kernels.global_fit import (
+    PROBE_STEP,
+    _fit,
+    _loss_grad,
+    _targets,
+    probes,
+)
+from ldpstream.estimators.kernels.marginal_fit import _design, _system, plans
+from ldpstream.estimators.kernels.proper import project_simplex_rows
+from tests.tolerance import assert_close
+
+pytestmark = pytest.mark.core
+
+
+def _sample(kind: str, seed: int, eps: float) -> tuple[Partitioned, dict[str, np.ndarray]]:
+    """A held-out-style collection (bench/heldout.py): 7 attributes, 50,000 records, ``ways:
+    auto``, one seeded randomization."""
+    net = shape_network(kind, 7, seed)
+    records = net.sample(50_000, np.random.default_rng([seed, 13]))
+    mech = Partitioned(net.domain, eps, ways="auto", expected_reports=len(records))
+    return mech, mech.count(mech.randomize(records, np.random.default_rng([0, 1])),
+                            mech.tensors())
+
+
+def _noisy_tables(mech: Partitioned, counts: dict[str, np.ndarray]
+                  ) -> tuple[list[Factor], list[float]]:
+    raw = [mech.unbiased(counts, j) for j in range(len(mech.marginals))]
+    return [r[0] for r in raw], [r[1] for r in raw]
+
+
+@pytest.mark.parametrize("kind,seed,eps", [("skewed", 5003, 4.0), ("near-deterministic", 5001, 8.0)])
+def test_stacked_probes_equal_each_probe_alone(kind, seed, eps):
+    """postprocess_stacked on the four probes' tables (triples at ε = 4, 4-way tables at
+    ε = 8: the maximum-entropy refits and Norm-Sub passes differ per probe) equals postprocess
+    of each probe alone, to 1e-12 of each table's largest cell (bit-identical in practice)."""
+    mech, counts = _sample(kind, seed, eps)
+    ys, var = _noisy_tables(mech, counts)
+    runs = [[Factor(t.domain, t.values + PROBE_STEP * np.sqrt(v) * b)
+             for t, v, b in zip(ys, var, bs)] for bs in (probes(ys, 11 + i) for i in range(4))]
+    stacked, passes = postprocess_stacked([t.domain for t in ys],
+                                          [np.stack([r[k].values for r in runs])
+                                           for k in range(len(ys))], var, noise_variance=var)
+    for i, run in enumerate(runs):
+        alone, n = postprocess(run, var, noise_variance=var)
+        assert passes[i] == n
+        for k, t in enumerate(alone):
+            assert_close(stacked[k][i], t.values, rel=1e-12)
+
+
+def _plain_loss_grad(p: np.ndarray, targets, shift) -> tuple[np.ndarray, np.ndarray, list]:
+    """The descent's loss, gradient and fitted marginals computed plainly: each target's
+    marginal summed from the full stack, its residual broadcast back."""
+    loss = np.zeros(len(p))
+    grad = np.zeros(p.shape)
+    fitted = []
+    for t, d in zip(targets, shift):
+        mu = p.sum(axis=tuple(i + 1 for i in t.drop)) if t.drop else p
+        r = (mu - (t.y + d)) / t.sd ** 2
+        loss += 0.5 * (r * r * t.sd ** 2).reshape(len(p), -1).sum(axis=1)
+        grad += r.reshape((len(p),) + t.shape)
+        fitted.append(mu)
+    return loss, grad, fitted
+
+
+def test_loss_and_gradient_equal_the_plain_sums():
+    """The shared-partial-sum tree with per-fit goals and variances gives the plain loss,
+    gradient and marginals (5 stacked random tables, pairs and triples of a 5-attribute domain,
+    per-cell variances and shifts), to 1e-12 relative."""
+    rng = np.random.default_rng(4)
+    dom = Domain(tuple("abcde"), (3, 2, 4, 2, 3))
+    sets = list(itertools.combinations(dom.attrs, 2)) + [("a", "c", "e"), ("b", "d", "e")]
+    tables = [Factor(dom.project(s), rng.random(dom.project(s).shape)) for s in sets]
+    variances = [rng.uniform(1e-4, 1e-3, t.values.shape) for t in tables]
+    targets = _targets(dom, tables, variances)
+    p = rng.dirichlet(np.ones(dom.size()), 5).reshape((5,) + dom.shape)
+    shift = [rng.normal(0, 1e-3, (5,) + t.y.shape) for t in targets]
+    loss, grad, fitted = _loss_grad(p, targets, shift, _fit(p.shape, targets, shift))
+    want_loss, want_grad, want_fitted = _plain_loss_grad(p, targets, shift)
+    assert_close(loss, want_loss, rel=1e-12)
+    assert_close(grad, want_grad, rel=1e-12)
+    for f, w in zip(fitted, want_fitted):
+        assert_close(f, w, rel=1e-12)
+
+
+def test_the_cached_least_squares_matrix_is_the_design():
+    """The least-squares matrix built once per layout is the design of the constraints plus the
+    Σp row, and cannot be written to (it is shared)."""
+    dom = Domain(("a", "b", "c"), (2, 3, 2))
+    cons = [Factor(dom.project(s), np.full(dom.project(s).shape, 1.0 / dom.project(s).size()))
+            for s in (("a", "b"), ("b", "c"))]
+    targets = plans(dom, cons)
+    A = _system(dom.shape, tuple(d for d, t, s in targets))
+    assert np.array_equal(A[:-1], _design(dom, targets))
+    assert np.all(A[-1] == A[-1, 0]) and A[-1, 0] > 1
+    assert not A.flags.writeable
+
+
+def test_row_projections_equal_one_at_a_time():
+    """Every row's projection onto the simplex (Norm-Sub of the stacked probes) equals the
+    plain sort-and-threshold of that row alone, exactly: rows with and without negative cells,
+    one already on the simplex."""
+    rng = np.random.default_rng(9)
+    rows = np.vstack([rng.normal(0.05, 0.1, (6, 20)), np.full((1, 20), 0.05)])
+    got = project_simplex_rows(rows)
+    for v, g in zip(rows, got):
+        u = np.sort(v)[::-1]
+        css = np.cumsum(u) - 1.0
+        rho = np.nonzero(u - css / np.arange(1, u.size + 1) > 0)[0][-1]
+        assert np.array_equal(g, np.maximum(v - css[rho] / (rho + 1), 0.0))
+        assert g.sum() == pytest.approx(1.0, rel=1e-12)
+
+
+#: recorded before the speed-ups (the code of docs/benchmarks.md's held-out table): per case,
+#: (the chosen candidate, the iterations kept of each fit, the three risk estimates, a seeded
+#: weighted sum of every served pair and triple)
+RECORDED = {
+    ("dense", 5005, 4.0): ("global", 21, 20, 0.005811770443900059, 0.005783379831443968,
+                           0.006696475938871907, 21.828250952845757),
+    ("skewed", 5003, 2.0): ("measurements", 66, 48, 0.009033393606373731,
+                            0.009861325725942952, 0.008033476535660621, 23.154694586266157),
+    ("near-deterministic", 5001, 2.0): ("measurements", 89, 82, 0.01644476372952385,
+                                        0.01127934660954506, 0.004831215625639454,
+                                        20.570976953451197),
+    ("dense", 5002, 8.0): ("global", 29, 19, 0.0013437354932914513, 0.0010001356017769604,
+                           0.0015197490578519786, 20.905784515266227),
+}
+
+
+@pytest.mark.parametrize("case", list(RECORDED))
+def test_global_serves_what_it_served_before_the_speedups(case):
+    """Every pair and triple ``global`` serves on seeded held-out-style networks (pairs at
+    ε = 2 and 4, 4-way tables at ε = 8), its choice, iterations and risk estimates, as recorded
+    before the speed-ups: equal iterations and choice, risks and served cells to 1e-9 relative
+    (a weighted sum with seeded weights: one changed cell moves it)."""
+    kind, seed, eps = case
+    chosen, it_global, it_meas, sure_c, sure_g, sure_m, digest = RECORDED[case]
+    mech, counts = _sample(kind, seed, eps)
+    pairs, triples = heldout_sets(mech.cells)
+    sets = pairs + triples
+    est = {a: mech.estimate(counts, a, "global") for a in sets}
+    info = est[sets[0]].extra["global_fit"]
+    assert (info["chosen"], info["iterations_global"], info["iterations_measurements"]) == (
+        chosen, it_global, it_meas)
+    assert_close([info["sure_consistent"], info["sure_global"], info["sure_measurements"]],
+                 [sure_c, sure_g, sure_m], rel=1e-9)
+    total = 0.0
+    for a in sets:
+        v = np.asarray(est[a].factor.values, dtype=float).ravel()
+        total += float(np.random.default_rng(7).random(v.size) @ v)
+    assert total == pytest.approx(digest, rel=1e-9)

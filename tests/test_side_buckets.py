@@ -16,6 +16,7 @@ from ldpstream.agents.ingest.dedupe_gate import DedupeGate
 from ldpstream.agents.ingest.partition import Pending
 from ldpstream.agents.ingest.quota_gate import QuotaGate
 from ldpstream.agents.ingest.side_read import SideWant, read_side
+from ldpstream.agents.metrics import REGISTRY
 from ldpstream.agents.store import dedupe, keys, quota
 from ldpstream.agents.store.apply_delta import ApplyStatus, PartitionDelta
 from ldpstream.agents.store.count_store import CountStore
@@ -143,6 +144,9 @@ def test_a_fleet_of_50000_stays_listpack_encoded(request, target, unique_name):
         assert prev == [None] * len(some)
         assert cur == [pend.dedupe[dw][d].encode() for d in some]
         assert used_q == [b"3"] * len(some)
+        for state in ("dedupe", "quota"):   # the current window's fields per bucket
+            assert REGISTRY.get_sample_value("ldp_side_bucket_fill", {
+                "collection": cid, "state": state, "partition": "0"}) == FLEET / b
 
     with_stores(url, body, {})
 

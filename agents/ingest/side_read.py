@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import MutableMapping, Sequence
 
+from ldpstream.agents import metrics
 from ldpstream.agents.store import keys
 from ldpstream.agents.store.count_store import CountStore
 from ldpstream.agents.store.side_buckets import BucketedRead, buckets_for
@@ -53,11 +54,14 @@ async def read_side(store: CountStore, cid: str, partition: int,
         out: list[list[bytes | None]] = []
         agreed, at = True, 0
         for r, plan in zip(reads, plans):
-            recorded, values = r.merge(raw[at:at + len(plan)])
+            recorded, held, values = r.merge(raw[at:at + len(plan)])
             at += len(plan)
             if recorded is not None and recorded != r.buckets:
                 sizes[r.name] = recorded
                 agreed = False
+            elif recorded is not None:
+                metrics.SIDE_BUCKET_FILL.labels(cid, r.name.rsplit(":", 1)[0],
+                                                str(partition)).set(held / recorded)
             out.append(values)
         if agreed:
             return stored, out

@@ -88,17 +88,19 @@ class BucketedRead:
         if not self.fields:
             return []
         f = self.fields
-        return [(keys.side_meta_name(self.name), [META_B]), (self.name, f),
+        return [(keys.side_meta_name(self.name), [META_B, META_N]), (self.name, f),
                 *((keys.side_bucket_name(self.name, b), [f[i] for i in idx.tolist()])
                   for b, idx in self.groups)]
 
     def merge(self, values: Sequence[Sequence[bytes | None]]
-              ) -> tuple[int | None, list[bytes | None]]:
-        """(the window's recorded buckets, None: none yet; the value of each id, None: absent)
-        from the values :meth:`wanted`'s reads returned, in its order."""
+              ) -> tuple[int | None, int, list[bytes | None]]:
+        """(the window's recorded buckets, None: none yet; the fields its buckets hold; the
+        value of each id, None: absent) from the values :meth:`wanted`'s reads returned, in its
+        order."""
         if not self.fields:
-            return None, []
+            return None, 0, []
         recorded = None if values[0][0] is None else int(values[0][0])
+        held = 0 if values[0][1] is None else int(values[0][1])
         out: list[bytes | None] = list(values[1])
         for (_, idx), vals in zip(self.groups, values[2:]):
             for i, v in zip(idx.tolist(), vals):
@@ -107,7 +109,7 @@ class BucketedRead:
                 old = out[i]
                 out[i] = v if not self.additive or old is None else \
                     str(int(old) + int(v)).encode()
-        return recorded, out
+        return recorded, held, out
 
 
 def split_buckets(name: str, buckets: int, values: Mapping[int, V]) -> list[tuple[str, dict[str, V]]]:

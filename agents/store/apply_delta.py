@@ -41,7 +41,7 @@ class SideCounter:
 
 @dataclasses.dataclass(frozen=True)
 class SideValues:
-    """Fields of one side hash of the shard set to ``values`` (digits and ':' only, e.g. the
+    """Fields of one side hash of the shard set to ``values`` (digits, ':' and '-' only, e.g. the
     batch-dedupe state of agents/store/dedupe.py), atomically with the counts; ``expire_at`` unix
     seconds (None: never)."""
 

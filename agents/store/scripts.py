@@ -77,7 +77,7 @@ end
 #       (one blob per key keeps redis-py's argument packing off the hot path, and string.gmatch
 #       hands the script ready-made arguments); then for each side key: PEXPIREAT ms ('' = none)
 #       and "<field> <increment> ..." (HINCRBY) or "=<field> <value> ..." (HSET: fields and values
-#       of digits and ':') or "+<bytes>" (APPEND to a string: int64 words) or "!<bytes>" (SET;
+#       of digits, ':' and '-') or "+<bytes>" (APPEND to a string: int64 words) or "!<bytes>" (SET;
 #       "!" alone: DEL) or "~<patch>" (a device state segment, agents/store/memo_log.py
 #       patch_blob: u32 appended length A, u32 row length L, A bytes appended, then N u32 byte
 #       offsets and N rows of L bytes each rewritten there with SETRANGE, within the string;
@@ -180,8 +180,8 @@ for j = 1, nchunks + nside do
     end
     local b = redis.call('HGET', KEYS[2 + j], 'b')
     if b and b ~= string.sub(blob, 2) then return refuse(-1) end
-  elseif string.sub(blob, 1, 1) == '=' then  -- values set: digits and ':' only, one scan
-    if string.find(blob, '[^%d: ]', 2) then
+  elseif string.sub(blob, 1, 1) == '=' then  -- values set: digits, ':' and '-' only, one scan
+    if string.find(blob, '[^%d:%- ]', 2) then
       return redis.error_reply('ldp-apply: malformed side values')
     end
   else

@@ -5,7 +5,8 @@ The per-device state of one window of a partition (batch dedupe ``dedupe:<w>``, 
 keeps a field in a hashtable entry (~90 bytes whatever the value); a hash of at most 128 fields
 (Redis' default ``hash-max-listpack-entries``) of short values is one listpack, a few bytes a
 field more than its id and value. So the window's fields live in ``B`` bucket hashes
-``<name>:<b>`` (agents/store/keys.py ``side_bucket_name``), ``b = bucket_of(id, B)``, and ``B``
+``<name>:<b>`` (agents/store/keys.py ``side_bucket_name``), ``b = bucket_of(id, B)``, field the
+id as a signed 64-bit integer (:func:`bucket_fields`), and ``B``
 is chosen so that a bucket holds :data:`TARGET_FILL` fields on average (at most 128 with a fleet
 up to 2.5 times the one it was sized for):
 
@@ -29,7 +30,7 @@ import numpy as np
 from ldpstream.agents.store import keys
 
 __all__ = ["TARGET_FILL", "LISTPACK_FIELDS", "MAX_BUCKETS", "META_B", "META_N", "buckets_for",
-           "bucket_of", "BucketedRead", "split_buckets"]
+           "bucket_fields", "bucket_of", "BucketedRead", "split_buckets"]
 
 V = TypeVar("V")
 
@@ -51,6 +52,14 @@ def buckets_for(previous_fields: int, expected: int = 0) -> int:
     at least 1, at most :data:`MAX_BUCKETS`."""
     n = max(int(previous_fields), int(expected), 0)
     return min(MAX_BUCKETS, max(1, -(-n // TARGET_FILL)))
+
+
+def bucket_fields(ids: np.ndarray) -> list[str]:
+    """The field names of device ids (uint64) in a bucket: the id as a signed 64-bit integer
+    (``id - 2**64`` from ``2**63`` on), which a listpack stores as an integer, in at most 9
+    bytes, where the 20 digits of a larger unsigned id would be text. (The single hash of
+    earlier versions named fields by the unsigned id.)"""
+    return [str(i) for i in np.asarray(ids, dtype=np.uint64).view(np.int64).tolist()]
 
 
 def bucket_of(ids: np.ndarray, buckets: int) -> np.ndarray:
@@ -76,6 +85,7 @@ class BucketedRead:
         self.additive = additive
         self.ids = np.asarray(ids, dtype=np.uint64)
         self.fields = [str(i) for i in self.ids.tolist()]
+        self.signed = bucket_fields(self.ids)
         b = bucket_of(self.ids, self.buckets)
         self.order = np.argsort(b, kind="stable")
         sb = b[self.order]
@@ -87,8 +97,8 @@ class BucketedRead:
     def wanted(self) -> list[tuple[str, list[str]]]:
         if not self.fields:
             return []
-        f = self.fields
-        return [(keys.side_meta_name(self.name), [META_B, META_N]), (self.name, f),
+        f = self.signed
+        return [(keys.side_meta_name(self.name), [META_B, META_N]), (self.name, self.fields),
                 *((keys.side_bucket_name(self.name, b), [f[i] for i in idx.tolist()])
                   for b, idx in self.groups)]
 
@@ -114,9 +124,9 @@ class BucketedRead:
 
 def split_buckets(name: str, buckets: int, values: Mapping[int, V]) -> list[tuple[str, dict[str, V]]]:
     """``values`` (device id → value) of per-device side hash ``name`` grouped by bucket: the
-    side name of each bucket touched and its fields (decimal ids) and values."""
+    side name of each bucket touched and its fields (:func:`bucket_fields`) and values."""
     ids = np.fromiter(values.keys(), dtype=np.uint64, count=len(values))
     out: dict[int, dict[str, V]] = {}
-    for d, b, v in zip(ids.tolist(), bucket_of(ids, buckets).tolist(), values.values()):
-        out.setdefault(b, {})[str(d)] = v
+    for f, b, v in zip(bucket_fields(ids), bucket_of(ids, buckets).tolist(), values.values()):
+        out.setdefault(b, {})[f] = v
     return [(keys.side_bucket_name(name, b), f) for b, f in sorted(out.items())]

@@ -315,3 +315,14 @@ def test_config_error_is_a_cli_error():
     from ldpstream.cli import CliError
 
     assert issubclass(ConfigError, CliError)
+
+
+def test_expected_senders_sizes_the_side_buckets_and_is_checked():
+    """``expected_senders`` (docs/scaling.md "Per-device state"): 1,024 by default; a negative
+    or absurd value is refused naming the field."""
+    assert parse_config(BASE, env={}).collections["toy"].expected_senders == 1024
+    assert parse_config(with_("collections.0.expected_senders", 50_000),
+                        env={}).collections["toy"].expected_senders == 50_000
+    for bad in (-1, 10**9, "many"):
+        assert err(with_("collections.0.expected_senders", bad)).startswith(
+            "collections[0].expected_senders: "), bad

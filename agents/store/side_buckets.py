@@ -7,8 +7,8 @@ keeps a field in a hashtable entry (~90 bytes whatever the value); a hash of at 
 field more than its id and value. So the window's fields live in ``B`` bucket hashes
 ``<name>:<b>`` (agents/store/keys.py ``side_bucket_name``), ``b = bucket_of(id, B)``, field the
 id as a signed 64-bit integer (:func:`bucket_fields`), and ``B``
-is chosen so that a bucket holds :data:`TARGET_FILL` fields on average (at most 128 with a fleet
-up to 2.5 times the one it was sized for):
+is chosen so that a bucket holds :data:`TARGET_FILL` fields on average (with a fleet twice the
+one it was sized for, 96: fewer than one bucket in a thousand passes 128):
 
 - **chosen once per window**, by the first worker that reads the window: from the fields of the
   window before (its meta ``n``, or the field count of its single hash written by earlier

@@ -250,7 +250,7 @@ def test_semantic_errors_are_reported_alongside_type_errors():
         "collections[0].colour: unknown field (allowed: id, schema, mechanism, params, epsilon, "
         "epsilon_scope, partitions, marginals, estimators, refresh_interval_s, "
         "controller_interval_s, bucket_s, windows, drift_alpha, drift_min_effect, "
-        "expect_traffic, version, device_quota, reports_per_day, max_epsilon_per_day, "
+        "expect_traffic, version, device_quota, reports_per_day, max_epsilon_per_day, expected_senders, "
         "device_state_max, device_retention_s)",
         "collections[0].marginals[0]: unknown attribute 'zz' (attributes: a, b, c, d)",
         "collections[0].marginals[2]: lists an attribute twice (['a', 'a'])",

@@ -69,6 +69,13 @@ BATCHES_LATE = Counter(
     "Skipped sequences that arrived later (out of order): subtract from "
     "ldp_batches_missing_total.",
     ["collection", "fleet"], registry=REGISTRY)
+SIDE_BUCKET_FILL = Gauge(
+    "ldp_side_bucket_fill",
+    "Per-device side state (state: dedupe, quota, budget) of a partition's current window: "
+    "fields per bucket hash on average (agents/store/side_buckets.py; sized for 48, from the "
+    "window before); above about 100 some buckets pass 128 fields and cost a hashtable's "
+    "bytes a field: raise expected_senders if the fleet grows this fast.",
+    ["collection", "state", "partition"], registry=REGISTRY)
 DUPLICATE_BATCHES = Counter(
     "ldp_duplicate_batches_total",
     "Keyed report batches delivered again (same sender and sequence, agents/store/dedupe.py): not "
@@ -246,7 +253,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "ldp_ingest_expected", "ldp_estimate_freshness_seconds",
     "ldp_numeric_mean", "ldp_numeric_mean_low", "ldp_numeric_mean_high", "ldp_numeric_quantile",
     "ldp_numeric_quantile_low", "ldp_numeric_quantile_high", "ldp_numeric_w1_bound",
-    "ldp_numeric_cdf", "ldp_numeric_cdf_low", "ldp_numeric_cdf_high",
+    "ldp_numeric_cdf", "ldp_numeric_cdf_low", "ldp_numeric_cdf_high", "ldp_side_bucket_fill",
 )
 
 

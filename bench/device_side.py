@@ -3,14 +3,17 @@ idempotent (keyed) batches of a collection with a device quota while the batch-d
 the quota counters of ``N`` senders are in Redis (docs/scaling.md "Per-device state").
 
 For each ``N``, a collection of its own (plain, 8 Adult attributes, 4 partitions, ``device_quota``
-100 reports a day) whose state of ``N`` senders is written straight to Redis as the worker writes
-it (each sender's highest sequence :data:`SEQ` with the 64 below it seen, one report counted),
+100 reports a day) whose state of ``N`` senders is written straight to Redis as the versions
+before the bucketed side state wrote it (one hash per window, which the worker still reads:
+agents/store/side_buckets.py; each sender's highest sequence :data:`SEQ` with the 64 below it
+seen, one report counted),
 then :data:`BATCHES` keyed one-report batches produced, from as many of those senders with their
 next sequence, and a tenth more that repeat one of them (duplicates, not counted). A worker
 started on it: ``ready_s`` from its start to its first applied delta, ``rate`` batches counted a
 second from there to the last, ``worker_rss_mb`` its resident memory right after the last apply,
 ``worker_rss_mb_idle`` after ``IDLE_S`` more seconds idle, and the Redis bytes per sender of
-the dedupe and quota hashes (``MEMORY USAGE`` over their fields).
+the dedupe and quota hashes (``MEMORY USAGE`` over their fields; mostly that earlier format:
+``ldpstream bench devices`` measures the buckets).
 
 ``--compare-python PATH``: every ``N`` also with the workers of the ldpstream installed for that
 Python (an earlier version, in its own virtualenv), in the same run, on the same state:
@@ -54,7 +57,8 @@ async def write_side_state(store: Any, cid: str, partition: int, first: int, cou
                            quota_window_s: float) -> None:
     """The dedupe state ``(high, bitmap)`` and quota use ``used`` of senders
     ``first + step * i`` (``i < count``) on ``partition`` of ``cid``, in the current windows of
-    this clock, in the text form every version so far writes (agents/store/dedupe.py)."""
+    this clock, as the versions before the bucketed side state wrote it: one hash per window,
+    fields the unsigned ids, text values (agents/store/dedupe.py)."""
     from ldpstream.agents.store import dedupe, keys, quota
 
     now = time.time()

@@ -35,8 +35,8 @@ For each step (a number of distinct devices) the bench
    segments over the devices they hold (agents/store/memo_log.py); ``dedupe_bytes`` and
    ``quota_bytes``: of the batch-dedupe and quota side hashes of a third collection ``devq``
    (plain, ``device_quota``, every device sending its own keyed one-report batch) fed up to
-   30,000 of the step's new devices (their encoding does not depend on the fleet size once a
-   hash holds more than 128 fields).
+   30,000 of the step's new devices, its ``expected_senders`` the 7,500 of them a partition
+   gets (the buckets of their first window sized for them: agents/store/side_buckets.py).
 
 Then the **churn run** (``churn``): the retention rule itself (agents/store/device_memo.py
 ``roll``, ``latest_per_device``: the worker's functions, in this process, no broker) for one of
@@ -106,7 +106,8 @@ def _write_config(path: Path, devices_max: int, refresh_interval_s: float) -> No
     plain = dict(base, id="devp")
     memo = dict(base, id="devm", params={"memoize": MEMOIZE},
                 device_state_max=2 * devices_max // PARTITIONS + 1024)
-    side = dict(base, id="devq", device_quota={"reports": 100, "window_s": 86400})
+    side = dict(base, id="devq", device_quota={"reports": 100, "window_s": 86400},
+                expected_senders=SIDE_SAMPLE // PARTITIONS)
     loaded = dict(memo, id="devl")
     for coll in (plain, memo, side, loaded):
         one = dict(doc, collections=[coll])
@@ -171,7 +172,9 @@ async def _state_bytes(store: Any) -> dict[str, float | None]:
         return len(device_memo.parse_log(await store.redis.get(key)))
 
     async def fields(key: Any) -> int:
-        return int(await store.redis.hlen(key))
+        # a window's meta hash (agents/store/side_buckets.py) costs bytes but holds no device
+        meta = key.endswith(b":m") if isinstance(key, bytes) else key.endswith(":m")
+        return 0 if meta else int(await store.redis.hlen(key))
 
     return {"memo_bytes": await _bytes_per(store, "devm", device_memo.PREFIX, logged),
             "dedupe_bytes": await _bytes_per(store, "devq", dedupe.PREFIX, fields),

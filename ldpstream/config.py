@@ -223,6 +223,12 @@ class Collection(_Strict):
                                   "most the reports per device and day that fit (the rest go to "
                                   "`ldp.dlq` as `over_budget`); a declared rate that spends more "
                                   "fails at start (docs/privacy-over-time.md)")
+    expected_senders: int = Field(
+        1024, ge=0, le=6_000_000,
+        description="devices (or senders of keyed batches) one partition expects per window: "
+                    "sizes the buckets of the per-device dedupe and quota state (48 devices "
+                    "each) of a window whose previous window held fewer; later windows follow "
+                    "the fleet (docs/scaling.md)")
     device_state_max: int = Field(
         DEFAULT_DEVICE_STATE_MAX, ge=1,
         description="memoized collections, counted per device: entries (devices' latest "

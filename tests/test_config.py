@@ -250,7 +250,7 @@ def test_semantic_errors_are_reported_alongside_type_errors():
         "collections[0].colour: unknown field (allowed: id, schema, mechanism, params, epsilon, "
         "epsilon_scope, partitions, marginals, estimators, refresh_interval_s, "
         "controller_interval_s, bucket_s, windows, drift_alpha, drift_min_effect, "
-        "expect_traffic, version, device_quota, reports_per_day, max_epsilon_per_day, "
+        "expect_traffic, version, device_quota, reports_per_day, max_epsilon_per_day, expected_senders, "
         "device_state_max, device_retention_s)",
         "collections[0].marginals[0]: unknown attribute 'zz' (attributes: a, b, c, d)",
         "collections[0].marginals[2]: lists an attribute twice (['a', 'a'])",
@@ -315,3 +315,14 @@ def test_config_error_is_a_cli_error():
     from ldpstream.cli import CliError
 
     assert issubclass(ConfigError, CliError)
+
+
+def test_expected_senders_sizes_the_side_buckets_and_is_checked():
+    """``expected_senders`` (docs/scaling.md "Per-device state"): 1,024 by default; a negative
+    or absurd value is refused naming the field."""
+    assert parse_config(BASE, env={}).collections["toy"].expected_senders == 1024
+    assert parse_config(with_("collections.0.expected_senders", 50_000),
+                        env={}).collections["toy"].expected_senders == 50_000
+    for bad in (-1, 10**9, "many"):
+        assert err(with_("collections.0.expected_senders", bad)).startswith(
+            "collections[0].expected_senders: "), bad

@@ -12,9 +12,11 @@ from aiokafka.structs import ConsumerRecord
 from ldpstream.agents.ingest.acks import AckReconciler
 from ldpstream.agents.ingest.clients import RedisGate
 from ldpstream.agents.ingest.partition import PartitionState, Pending
-from ldpstream.agents.store import dedupe
-from ldpstream.agents.store.apply_delta import SideValues
+from ldpstream.agents.ingest.side_read import SideWant
+from ldpstream.agents.store import dedupe, keys
+from ldpstream.agents.store.apply_delta import SideBucketMeta, SideValues
 from ldpstream.agents.store.count_store import CountStore
+from ldpstream.agents.store.side_buckets import split_buckets
 from ldpstream.producers.codec import ReportBatch
 
 
@@ -30,21 +32,21 @@ class DedupeGate:
         self.acks = acks
 
     @staticmethod
-    def wanted(state: PartitionState, senders: Sequence[str]) -> list[tuple[str, Sequence[str]]]:
-        """The side hashes and fields a poll with keyed batches of ``senders`` (decimal ids)
-        reads: the current and previous window of the worker's clock."""
+    def wanted(state: PartitionState, senders: Sequence[int]) -> list[SideWant]:
+        """The side hashes and fields a poll with keyed batches of ``senders`` reads: the
+        current and previous window of the worker's clock."""
         state.dedupe_window = w = dedupe.window_of(time.time())
-        return [(dedupe.side_name(w - 1), senders), (dedupe.side_name(w), senders)] \
-            if senders else []
+        return [SideWant(dedupe.side_name(v), dedupe.side_name(v - 1), senders, False)
+                for v in (w - 1, w)] if senders else []
 
     @staticmethod
-    def took(state: PartitionState, senders: Sequence[str], values: Sequence[Sequence[bytes | None]],
+    def took(state: PartitionState, senders: Sequence[int], values: Sequence[Sequence[bytes | None]],
              unapplied: Sequence[Pending]) -> None:
         """The poll's book from what :meth:`wanted` read (``values``: per window, per sender)
         and the side values of ``unapplied`` deltas (oldest first; not in Redis yet)."""
         w = state.dedupe_window
         assert w is not None
-        ids = [int(s) for s in senders]
+        ids = list(senders)
         book = dedupe.DedupeBook(state.epoch, known=frozenset(ids))
         for window, vals in zip((w - 1, w), values or ([], [])):
             raw: dict[int, str | bytes] = {d: v for d, v in zip(ids, vals) if v is not None}
@@ -65,6 +67,9 @@ class DedupeGate:
         sender, seq = b.key
         before = book.state_of(window, sender) if self.acks is not None and b.fleet else None
         verdict = book.decide(window, sender, seq, pend.dedupe)
+        if verdict == dedupe.NEW:
+            name = dedupe.side_name(window)
+            pend.side_buckets[name] = state.side_buckets[name]
         if self.acks is not None and before is not None and b.fleet is not None \
                 and verdict == dedupe.NEW:
             self.acks.sequence(state.collection, b.fleet, seq - before[0] - 1 if seq > before[0]
@@ -78,8 +83,15 @@ class DedupeGate:
         return verdict == dedupe.NEW
 
     @staticmethod
-    def side(pend: Pending) -> dict[str, SideValues]:
-        """The dedupe side values of a delta (each expiring after its window)."""
-        return {dedupe.side_name(w): SideValues({str(d): v for d, v in senders.items()},
-                                                expire_at=dedupe.expire_at(w))
-                for w, senders in pend.dedupe.items() if senders}
+    def side(pend: Pending) -> dict[str, SideValues | SideBucketMeta]:
+        """The dedupe side values of a delta, bucketed, each window's meta after its buckets
+        (all expiring after their window)."""
+        out: dict[str, SideValues | SideBucketMeta] = {}
+        for w, senders in pend.dedupe.items():
+            if senders:
+                name, exp = dedupe.side_name(w), dedupe.expire_at(w)
+                b = pend.side_buckets[name]
+                for bucket, values in split_buckets(name, b, senders):
+                    out[bucket] = SideValues(values, expire_at=exp)
+                out[keys.side_meta_name(name)] = SideBucketMeta(b, expire_at=exp)
+        return out

@@ -19,6 +19,7 @@ from ldpstream.agents.ingest.log_identity import mark_of
 from ldpstream.agents.ingest.memo_gate import MemoGate
 from ldpstream.agents.ingest.partition import Decoded, Partitions, PartitionState, Pending
 from ldpstream.agents.ingest.quota_gate import QuotaGate
+from ldpstream.agents.ingest.side_read import read_side
 from ldpstream.agents.ingest.stats import IngestStats
 from ldpstream.agents.store import device_memo
 from ldpstream.agents.store.apply_guard import BAD_TIMESTAMP, split_bad_timestamps
@@ -79,18 +80,19 @@ class Intake:
         fresh, _ = split_bad_timestamps([m for m in msgs if m.offset > seen])
         good, refused = self._decode(cid, fresh)
         decoded = Decoded(state.epoch, tuple(m.offset for m in fresh), good, refused)
-        senders = [str(d) for d in sorted({b.key[0] for _, b in good if b.key is not None})]
-        devices: list[str] = []
+        senders = sorted({int(b.key[0]) for _, b in good if b.key is not None})
+        devices: list[int] = []
         if quota:
             ids = [b.device_ids for _, b in good if b.device_ids is not None]
-            devices = [str(d) for d in np.unique(np.concatenate(ids)).tolist()] if ids else []
+            devices = np.unique(np.concatenate(ids)).tolist() if ids else []
         wanted = [*self.dedupe.wanted(state, senders),
                   *(self.quota.wanted(state, devices) if quota else [])]
         # captured before the read: whether one was applied meanwhile the offset read tells
         epoch = state.epoch
         mine = [d for d in (state.flushing, state.pending) if d is not None and d.epoch == epoch]
         stored, values = await self.dedupe.gate.retry(
-            lambda: self.dedupe.store.read_side_fields(cid, state.tp.partition, wanted),
+            lambda: read_side(self.dedupe.store, cid, state.tp.partition, state.side_buckets,
+                              wanted, self.collections[cid].expected_senders),
             what=f"read the device state of {cid}[{state.tp.partition}]")
         if state.epoch != epoch or self.partitions.get(state.tp) is not state:
             return   # reset meanwhile: re-sought, the records come again

@@ -60,6 +60,8 @@ class Pending:
     quota: dict[tuple[str, int], dict[int, int]] = dataclasses.field(default_factory=dict)
     #: batch-dedupe state this delta sets (agents/store/dedupe.py): window -> sender -> "high:bitmap"
     dedupe: dict[int, dict[int, str]] = dataclasses.field(default_factory=dict)
+    #: buckets of each per-device side hash this delta writes (agents/store/side_buckets.py)
+    side_buckets: dict[str, int] = dataclasses.field(default_factory=dict)
     #: keyed batches not counted: delivered before
     duplicates: int = 0
     #: memoized collections: what this delta writes to and reads back from each epoch's device
@@ -114,6 +116,8 @@ class PartitionState:
     dedupe: DedupeBook | None = None
     #: the dedupe window of this poll, by the worker's clock
     dedupe_window: int | None = None
+    #: buckets of the per-device side hashes read (side name → B; agents/ingest/side_read.py)
+    side_buckets: dict[str, int] = dataclasses.field(default_factory=dict)
     #: memoized collections: epoch -> the index of its log (each device's id and the position of
     #: its latest row in Redis, applied and pending; agents/ingest/memo_gate.py), this epoch and
     #: the one before; None: not loaded

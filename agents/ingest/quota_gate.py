@@ -14,9 +14,12 @@ from aiokafka.structs import ConsumerRecord
 
 from ldpstream.agents.ingest.clients import RedisGate
 from ldpstream.agents.ingest.partition import PartitionState, Pending
-from ldpstream.agents.store.apply_delta import SideCounter
+from ldpstream.agents.ingest.side_read import SideWant
+from ldpstream.agents.store import keys
+from ldpstream.agents.store.apply_delta import SideBucketMeta, SideCounter
 from ldpstream.agents.store.count_store import CountStore
 from ldpstream.agents.store.quota import WINDOW_PREFIX, side_name, split_by_quota, window_of
+from ldpstream.agents.store.side_buckets import split_buckets
 from ldpstream.config import Collection
 from ldpstream.producers.codec import ReportBatch, encode_batch
 
@@ -54,24 +57,24 @@ class QuotaGate:
     def applies(self, cid: str) -> bool:
         return bool(self.rules.get(cid))
 
-    def wanted(self, state: PartitionState, devices: Sequence[str]
-               ) -> list[tuple[str, Sequence[str]]]:
-        """The side counters and fields a poll whose batches carry ``devices`` (distinct,
-        decimal ids) reads: each limit's window of the worker's clock, never of the producer's
-        record timestamp (a device could backdate its records into fresh windows)."""
+    def wanted(self, state: PartitionState, devices: Sequence[int]) -> list[SideWant]:
+        """The side counters and fields a poll whose batches carry ``devices`` (distinct ids)
+        reads: each limit's window of the worker's clock, never of the producer's record
+        timestamp (a device could backdate its records into fresh windows)."""
         now_ms = time.time() * 1000.0
-        out: list[tuple[str, Sequence[str]]] = []
+        out: list[SideWant] = []
         for rule, (_, window_s) in self.rules[state.collection]:
             w = window_of(now_ms, window_s)
             state.quota_window[rule.prefix] = w
-            out.append((side_name(w, rule.prefix), devices))
+            out.append(SideWant(side_name(w, rule.prefix), side_name(w - 1, rule.prefix),
+                                devices, True))
         return out
 
-    def took(self, state: PartitionState, devices: Sequence[str],
+    def took(self, state: PartitionState, devices: Sequence[int],
              values: Sequence[Sequence[bytes | None]], unapplied: Sequence[Pending]) -> None:
         """The poll's use per limit and device from what :meth:`wanted` read (``values``: per
         limit, per device) plus the increments of ``unapplied`` deltas (not in Redis yet)."""
-        ids = [int(d) for d in devices]
+        ids = list(devices)
         used: dict[tuple[str, int], dict[int, int]] = {}
         for (rule, _), vals in zip(self.rules[state.collection], values):
             at = (rule.prefix, state.quota_window[rule.prefix])
@@ -109,6 +112,8 @@ class QuotaGate:
         used = state.quota_used[(rule.prefix, w)]
         mask, taken = split_by_quota(b.device_ids, used, reports)
         counted = pend.quota.setdefault((rule.prefix, w), {})
+        name = side_name(w, rule.prefix)
+        pend.side_buckets[name] = state.side_buckets[name]
         for d, k in taken.items():
             used[d] = used.get(d, 0) + k
             counted[d] = counted.get(d, 0) + k
@@ -126,9 +131,16 @@ class QuotaGate:
             return None
         return dataclasses.replace(b, reports=b.reports[mask], device_ids=b.device_ids[mask])
 
-    def side(self, cid: str, pend: Pending) -> dict[str, SideCounter]:
-        """The side counters of a delta (each expiring two windows after its own)."""
+    def side(self, cid: str, pend: Pending) -> dict[str, SideCounter | SideBucketMeta]:
+        """The side counters of a delta, bucketed, each window's meta after its buckets (all
+        expiring two windows after their own)."""
         windows = {rule.prefix: window_s for rule, (_, window_s) in self.rules.get(cid, [])}
-        return {side_name(w, prefix): SideCounter({str(d): k for d, k in devices.items()},
-                                                  expire_at=(w + 2) * windows[prefix])
-                for (prefix, w), devices in pend.quota.items() if devices}
+        out: dict[str, SideCounter | SideBucketMeta] = {}
+        for (prefix, w), devices in pend.quota.items():
+            if devices:
+                name, exp = side_name(w, prefix), (w + 2) * windows[prefix]
+                b = pend.side_buckets[name]
+                for bucket, counts in split_buckets(name, b, devices):
+                    out[bucket] = SideCounter(counts, expire_at=exp)
+                out[keys.side_meta_name(name)] = SideBucketMeta(b, expire_at=exp)
+        return out

@@ -14,7 +14,7 @@ from ldpstream.agents.store.layout import Layout
 from ldpstream.windows import COARSE_FACTOR, BucketPolicy
 
 __all__ = ["ApplyStatus", "ApplyResult", "PartitionDelta", "SideCounter", "SideValues",
-           "SideLog", "SidePatch", "SideStaged", "CellsKey", "expand_levels"]
+           "SideLog", "SidePatch", "SideStaged", "SideBucketMeta", "CellsKey", "expand_levels"]
 
 class ApplyStatus(str, enum.Enum):
     """Outcome of one partition's delta in :meth:`CountStore.apply_many`."""
@@ -41,11 +41,23 @@ class SideCounter:
 
 @dataclasses.dataclass(frozen=True)
 class SideValues:
-    """Fields of one side hash of the shard set to ``values`` (digits and ':' only, e.g. the
+    """Fields of one side hash of the shard set to ``values`` (digits, ':' and '-' only, e.g. the
     batch-dedupe state of agents/store/dedupe.py), atomically with the counts; ``expire_at`` unix
     seconds (None: never)."""
 
     values: Mapping[str, str]
+    expire_at: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SideBucketMeta:
+    """The meta hash of a window's per-device side hashes bucketed in ``buckets``
+    (agents/store/side_buckets.py), after its buckets' :class:`SideValues` or
+    :class:`SideCounter` in ``PartitionDelta.side``: the apply records ``buckets`` if none is
+    recorded, refuses the delta as a CONFLICT if another one is, and counts the fields its
+    buckets gained; ``expire_at`` unix seconds (None: never)."""
+
+    buckets: int
     expire_at: float | None = None
 
 
@@ -94,8 +106,8 @@ class PartitionDelta:
     n_reports: int
     expected: int | None = None
     sent_at_max: float | None = None
-    side: Mapping[str, SideCounter | SideValues | SideLog | SidePatch | SideStaged] = dataclasses.field(
-        default_factory=dict)
+    side: Mapping[str, SideCounter | SideValues | SideLog | SidePatch | SideStaged
+                  | SideBucketMeta] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,6 +50,7 @@ from ldpstream.agents.store.apply_delta import (
     ApplyResult,
     CellsKey,
     PartitionDelta,
+    SideBucketMeta,
     SideLog,
     SidePatch,
     SideStaged,
@@ -67,6 +68,7 @@ from ldpstream.agents.store.scripts import (
     RESET_HOLD_S,
     RESET_SHARD_LUA,
     ROWS_LUA,
+    SIZING_LUA,
 )
 from ldpstream.redis_client import run_script, run_script_after_sets
 from ldpstream.windows import BucketPolicy
@@ -108,6 +110,7 @@ class CountStore:
         self._rebase = redis.register_script(REBASE_LUA)
         self._rows = redis.register_script(ROWS_LUA)
         self._fields = redis.register_script(FIELDS_LUA)
+        self._sizing = redis.register_script(SIZING_LUA)
         self._note_start = redis.register_script(NOTE_START_LUA)
         self._reset_shard = redis.register_script(RESET_SHARD_LUA)
 
@@ -188,6 +191,8 @@ class CountStore:
                     blob = sc.data
                 elif isinstance(sc, SideLog):
                     blob = (b"!" if sc.replace else b"+") + sc.data
+                elif isinstance(sc, SideBucketMeta):
+                    blob = f"?{int(sc.buckets)}"
                 elif isinstance(sc, SideValues):
                     blob = "=" + " ".join(f"{f} {v}" for f, v in sc.values.items())
                 else:
@@ -332,6 +337,18 @@ class CountStore:
             [" ".join(fields) for _, fields in wanted])
         stored = None if raw[0] is None else int(raw[0])
         return stored, [[None if v is None else bytes(v) for v in vals] for vals in raw[1:]]
+
+    async def side_sizing(self, collection: str, partition: int, name: str, previous: str
+                          ) -> tuple[int | None, int]:
+        """The buckets recorded for the per-device side hash ``name`` of a window (None: none
+        yet) and the fields of the window before (side hash ``previous``, bucketed or written
+        by earlier versions as one hash); agents/store/side_buckets.py."""
+        raw = await run_script(
+            self.redis, self._sizing,
+            [keys.side_key(collection, partition, keys.side_meta_name(name)),
+             keys.side_key(collection, partition, keys.side_meta_name(previous)),
+             keys.side_key(collection, partition, previous)], [])
+        return (None if raw[0] is None else int(raw[0])), int(raw[1])
 
     async def read_side_bytes(self, collection: str, partition: int, name: str) -> bytes | None:
         """A side string of the shard (a :class:`SideLog`'s; None when absent)."""

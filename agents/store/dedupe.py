@@ -14,9 +14,10 @@ the 64 sequences below it (bit ``i``: ``high - 1 - i`` seen). A sequence
 - more than 64 below ``high`` is refused: ``ldp.dlq`` reason ``stale_sequence`` (it may or may
   not have been counted; its payload is kept).
 
-The state of a partition's senders lives in side hashes ``ldp:{<cid>#<p>}:x:dedupe:<w>``
-(agents/store/keys.py) of the worker-clock window ``w = floor(now / WINDOW_S)``, field ``<sender>``,
-value ``"<high>:<bitmap>"``, set by the same Lua call that applies the counts and moves the
+The state of a partition's senders lives in side hashes ``ldp:{<cid>#<p>}:x:dedupe:<w>:<b>``
+(agents/store/keys.py; bucket ``b`` of the sender: agents/store/side_buckets.py) of the
+worker-clock window ``w = floor(now / WINDOW_S)``, field the sender's id, value
+``"<high>:<bitmap>"``, set by the same Lua call that applies the counts and moves the
 offset (agents/store/count_store.py ``SideValues``): after any crash the hashes hold exactly the state of what
 was counted. A lookup reads the current window, then the previous one; a hash expires two windows
 after its own, so a sender is remembered for at least one window (24 h) after its last keyed batch

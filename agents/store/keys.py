@@ -14,8 +14,15 @@ that no slot is hot::
                                                           int64 big-endian cells (BITFIELD): every
                                                           tensor of version <v> concatenated, cell 0
                                                           = reports counted in that bucket
-    ldp:{<cid>#<p>}:x:<name>                              side hashes: quota:<w> (agents/store/quota.py),
-                                                          dedupe:<w> (agents/store/dedupe.py), breaker
+    ldp:{<cid>#<p>}:x:<name>                              side keys: breaker, device state logs
+    ldp:{<cid>#<p>}:x:<name>:<b>                          per-device side hashes, bucket <b> of window
+                                                          <name> = dedupe:<w> (agents/store/dedupe.py),
+                                                          quota:<w> (agents/store/quota.py), budget:<w>;
+                                                          few fields each (listpack-encoded:
+                                                          agents/store/side_buckets.py)
+    ldp:{<cid>#<p>}:x:<name>:m                            hash: b (the window's buckets), n (fields)
+    ldp:{<cid>#<p>}:x:<name>                              the window's single hash of earlier versions,
+                                                          still read until it expires
     ldp:{<cid>}:<what>                                    collection-wide (leases, locks, controller)
     ldp:{<cid>|<window>|<method>|<marginal>}:est          latest estimate (JSON)
 
@@ -27,7 +34,8 @@ from __future__ import annotations
 from typing import Sequence
 
 __all__ = ["LEVEL_FINE", "LEVEL_COARSE", "LEVEL_ALL", "LEVELS", "shard_prefix", "offsets_key",
-           "sent_at_key", "counts_key", "side_key", "collection_key", "acks_taken_key",
+           "sent_at_key", "counts_key", "side_key", "side_bucket_name", "side_meta_name",
+           "collection_key", "acks_taken_key",
            "estimate_key",
            "collection_patterns", "glob_escape"]
 
@@ -58,6 +66,16 @@ def counts_key(collection: str, partition: int, layout: str, version: int, level
 
 def side_key(collection: str, partition: int, name: str) -> str:
     return f"{shard_prefix(collection, partition)}:x:{name}"
+
+
+def side_bucket_name(name: str, bucket: int) -> str:
+    """The side name of bucket ``bucket`` of the per-device side hash ``name`` of a window."""
+    return f"{name}:{int(bucket)}"
+
+
+def side_meta_name(name: str) -> str:
+    """The side name of the meta hash (fields ``b`` and ``n``) of per-device side hash ``name``."""
+    return f"{name}:m"
 
 
 def collection_key(collection: str, what: str) -> str:

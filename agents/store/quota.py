@@ -8,7 +8,8 @@ would move reports into windows of its choice); the excess goes to ``ldp.dlq`` w
 whole (``missing_device_ids``).
 
 Exactly once: the per-device counts of a partition live in the side-counter hash
-``ldp:{<cid>#<p>}:x:quota:<w>`` (agents/store/keys.py), incremented by the same Lua call that applies
+``ldp:{<cid>#<p>}:x:quota:<w>:<b>`` (agents/store/keys.py; bucket ``b`` of the device:
+agents/store/side_buckets.py), incremented by the same Lua call that applies
 the partition's count delta and moves its offset (``PartitionDelta.side``). So after any crash
 the hash holds exactly the reports counted up to the stored offset, and the worker resumes from
 there with those counts: a report is counted at most once, and each device at most ``q`` times

@@ -4,7 +4,7 @@ its first write, so an error leaves nothing half-written (Redis does not roll a 
 from __future__ import annotations
 
 __all__ = ["APPLY_LUA", "REBASE_LUA", "NOTE_START_LUA", "RESET_SHARD_LUA", "RESET_HOLD_S",
-           "ROWS_LUA", "FIELDS_LUA", "PACKED_ADD_LUA", "PACKED_BLOCK_CELLS", "PACKED_MAX_BYTES"]
+           "ROWS_LUA", "FIELDS_LUA", "SIZING_LUA", "PACKED_ADD_LUA", "PACKED_BLOCK_CELLS", "PACKED_MAX_BYTES"]
 
 #: cells a packed delta's block unpacks at once (2 Lua values each; Lua's C stack holds 8,000)
 PACKED_BLOCK_CELLS = 256
@@ -77,14 +77,17 @@ end
 #       (one blob per key keeps redis-py's argument packing off the hot path, and string.gmatch
 #       hands the script ready-made arguments); then for each side key: PEXPIREAT ms ('' = none)
 #       and "<field> <increment> ..." (HINCRBY) or "=<field> <value> ..." (HSET: fields and values
-#       of digits and ':') or "+<bytes>" (APPEND to a string: int64 words) or "!<bytes>" (SET;
+#       of digits, ':' and '-') or "+<bytes>" (APPEND to a string: int64 words) or "!<bytes>" (SET;
 #       "!" alone: DEL) or "~<patch>" (a device state segment, agents/store/memo_log.py
 #       patch_blob: u32 appended length A, u32 row length L, A bytes appended, then N u32 byte
 #       offsets and N rows of L bytes each rewritten there with SETRANGE, within the string;
 #       "^<patch>" the same, then the string copied to drop the spare room APPEND left) or
 #       "<" (a staging string written before the call, consumed by the next side key) and ">"
 #       (RENAME the previous side key, a "<", to this one: big new bytes never pass through Lua,
-#       which copies its arguments at ~5 ns a byte). A refused delta deletes its staging keys.
+#       which copies its arguments at ~5 ns a byte) or "?<B>" (the meta hash of the bucketed side
+#       hashes before it, agents/store/side_buckets.py: field b set to B if absent, the delta
+#       refused as a conflict if it holds another B; field n grows by the fields those hashes
+#       gained). A refused delta deletes its staging keys.
 # A chunk key's blob may instead be a packed delta "*..." (PACKED_ADD_LUA).
 # Returns {status (1 applied, 0 replayed, -1 conflict), stored offset after (-1: none)}.
 APPLY_LUA = PACKED_ADD_LUA + """
@@ -108,12 +111,13 @@ if ARGV[2] == '' then
 elseif stored == tonumber(ARGV[2]) then status = 1
 elseif stored >= offset then status = 0
 else status = -1 end
-if status ~= 1 then
+local function refuse(st)
   for j = nchunks + 1, nchunks + nside do
     if ARGV[7 + 2 * j] == '<' then redis.call('DEL', KEYS[2 + j]) end
   end
-  return {status, stored}
+  return {st, stored}
 end
+if status ~= 1 then return refuse(status) end
 -- every check before the first write: Redis does not roll a script back (agents/store/apply_guard.py)
 if #ARGV ~= 7 + 2 * (nchunks + nside) or not string.match(ARGV[3], '^%d+$')
     or not string.match(ARGV[4], '^%d+$') or (ARGV[5] ~= '' and not tonumber(ARGV[5])) then
@@ -170,8 +174,14 @@ for j = 1, nchunks + nside do
     if (#blob - 1) % 8 ~= 0 then
       return redis.error_reply('ldp-apply: malformed side log')
     end
-  elseif string.sub(blob, 1, 1) == '=' then  -- values set: digits and ':' only, one scan
-    if string.find(blob, '[^%d: ]', 2) then
+  elseif string.sub(blob, 1, 1) == '?' then  -- a bucketed window's meta: its B recorded or ours
+    if not string.match(blob, '^%?%d+$') then
+      return redis.error_reply('ldp-apply: malformed side buckets')
+    end
+    local b = redis.call('HGET', KEYS[2 + j], 'b')
+    if b and b ~= string.sub(blob, 2) then return refuse(-1) end
+  elseif string.sub(blob, 1, 1) == '=' then  -- values set: digits, ':' and '-' only, one scan
+    if string.find(blob, '[^%d:%- ]', 2) then
       return redis.error_reply('ldp-apply: malformed side values')
     end
   else
@@ -203,6 +213,7 @@ for j = 1, nchunks do
   if ARGV[6 + 2 * j] ~= '' then redis.call('PEXPIREAT', key, ARGV[6 + 2 * j]) end
 end
 local base = 7 + 2 * nchunks
+local gained = 0  -- fields the side hashes since the last meta gained
 for j = 1, nside do
   local key = KEYS[2 + nchunks + j]
   local blob = ARGV[base + 2 * j]
@@ -233,19 +244,25 @@ for j = 1, nside do
     redis.call('DEL', key)
   elseif kind == '!' then
     redis.call('SET', key, string.sub(blob, 2))
+  elseif kind == '?' then
+    redis.call('HSETNX', key, 'b', string.sub(blob, 2))
+    if gained > 0 then redis.call('HINCRBY', key, 'n', gained) end
+    gained = 0
   elseif kind == '=' then  -- one HSET per maxargs fields and values
     local args, a = {}, 0
     for f, v in string.gmatch(string.sub(blob, 2), '(%S+) (%S+)') do
       args[a + 1] = f; args[a + 2] = v
       a = a + 2
       if a >= maxargs then
-        redis.call('HSET', key, unpack(args, 1, a))
+        gained = gained + redis.call('HSET', key, unpack(args, 1, a))
         a = 0
       end
     end
-    if a > 0 then redis.call('HSET', key, unpack(args, 1, a)) end
+    if a > 0 then gained = gained + redis.call('HSET', key, unpack(args, 1, a)) end
   else
-    for f, delta in string.gmatch(blob, '(%S+) (%S+)') do redis.call('HINCRBY', key, f, delta) end
+    for f, delta in string.gmatch(blob, '(%S+) (%S+)') do
+      if redis.call('HINCRBY', key, f, delta) == tonumber(delta) then gained = gained + 1 end
+    end
   end
   if ARGV[base + 2 * j - 1] ~= '' then redis.call('PEXPIREAT', key, ARGV[base + 2 * j - 1]) end
 end
@@ -352,4 +369,14 @@ for i = 2, #KEYS do
   out[i] = vals
 end
 return out
+"""
+
+
+# What sizes the buckets of a window's per-device side hashes (agents/store/side_buckets.py).
+# KEYS: the window's meta hash, the previous window's meta hash, the previous window's single
+# hash of earlier versions. Returns {the window's recorded buckets (false: none), the fields of
+# the previous window (its meta's n plus the single hash's)}. Read-only.
+SIZING_LUA = """
+local n = tonumber(redis.call('HGET', KEYS[2], 'n') or '0') + redis.call('HLEN', KEYS[3])
+return {redis.call('HGET', KEYS[1], 'b'), n}
 """

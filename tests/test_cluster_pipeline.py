@@ -199,9 +199,12 @@ def test_failover_on_an_idle_stream_rereads_what_was_lost(
         return lost
 
     lost = asyncio.run(run())
-    assert lost > 0, f"nothing was lost on shards {on_master}: the scenario did not happen"
     ing = _health(worker)["checks"]["ingest"]
-    assert ing["lost_rereads"] >= 1 and ing["conflicts"] == 0, ing
+    # the scenario happened when the worker found its stored offsets behind its own (on a slow
+    # failover its 5 s audit may have re-read the lost range before `lost` was measured)
+    assert ing["lost_rereads"] >= 1, (f"nothing was lost on shards {on_master} (lost {lost}): "
+                                      f"the scenario did not happen", ing)
+    assert ing["conflicts"] == 0, ing
     assert worker.stop() == 0
 
 

@@ -189,6 +189,9 @@ class ConfigWatcher:
                 err = f"topic {self.topic!r} does not exist"
             except KafkaError as exc:
                 err = str(exc)
+            except BaseException:   # cancelled while starting: nothing left open
+                await consumer.stop()
+                raise
             await consumer.stop()
             if loop.time() > deadline:
                 raise ConnectionError(f"cannot read {self.topic} at {self.bootstrap}: {err}")

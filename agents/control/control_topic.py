@@ -57,11 +57,16 @@ class ControlTopics:
     async def start(self) -> "ControlTopics":
         from aiokafka import AIOKafkaConsumer
 
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
-                                          enable_auto_commit=False,
-                                          client_id="ldpstream-control", **self.client_kwargs)
-        await self._consumer.start()
-        self._last_end = self._published_end = await self._config_end()
+        self._consumer = consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+            client_id="ldpstream-control", **self.client_kwargs)
+        try:
+            await consumer.start()
+            self._last_end = self._published_end = await self._config_end()
+        except BaseException:   # failed or cancelled while starting: nothing left open
+            self._consumer = None
+            await consumer.stop()
+            raise
         return self
 
     async def stop(self) -> None:

@@ -228,15 +228,26 @@ class IngestService(Service):
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def on_start(self) -> None:
+        try:
+            await self._start()
+        finally:
+            if self.should_stop:   # stopped while starting: what started after on_stop ran
+                await self._stop_control()
+                await self._close_clients()
+
+    async def _start(self) -> None:
         boot = self.bootstrap
         topics = {c.topic: int(c.partitions) for c in self.collections.values()} | SERVICE_TOPICS
         if self.create_topics_on_start:
             await self._create_topics(topics)
-        self.clients.producer = AIOKafkaProducer(
+        self.clients.producer = producer = AIOKafkaProducer(
             bootstrap_servers=boot, acks="all", linger_ms=5,
             max_request_size=max(1_048_576, 2 * 65_536 + 4096), client_id="ldpstream-worker",
             **self.security)
-        await self.clients.producer.start()
+        await producer.start()
+        if self.clients.producer is not producer:   # taken by a stop while it started
+            await producer.stop()
+            return
         if self.publish_config_on_start:
             # the adaptive states stored so far; one that cannot be read now is not republished
             # (its stored version may be newer than the config's) until the controller can
@@ -270,17 +281,27 @@ class IngestService(Service):
             consumer, lambda: self.rebalancer.suspect(self.clients.assignment()))
         consumer.subscribe(sorted(self.cid_of), listener=Listener(self.rebalancer))
         await consumer.start()
+        if self.clients.consumer is not consumer:   # taken by a stop while it started
+            await consumer.stop()
+            return
         heap.freeze()   # the start-up's objects out of every later collection (agents/heap.py)
 
     async def on_stop(self) -> None:
-        if self.control is not None:
-            await self.control.stop()
-            self.control = self.applier.dlq.control = None
+        await self._stop_control()
         await self.applier.stop(10.0)
         # an apply that failed for a reason other than Redis being unreachable: the partitions
         # stay held, so the next owner's poison-pill breaker processes them carefully
         if self.applier.failed is None:
             await self.rebalancer.release(self.clients.assignment())
+        await self._close_clients()
+
+    async def _stop_control(self) -> None:
+        if self.control is not None:
+            await self.control.stop()
+            self.control = self.applier.dlq.control = None
+
+    async def _close_clients(self) -> None:
+        """Stop the config watcher and the Kafka clients, each once (taken, then stopped)."""
         if self.config_watch is not None:
             await self.config_watch.stop()
             self.config_watch = None

@@ -42,6 +42,10 @@ int ldp_parse_post(parser *ps, json_t *d, const char *field, ldp_step *s, const 
 int ldp_parse_numeric_attr(parser *ps, json_t *d, size_t j);
 /* a wave step (parse_numeric.c) */
 int ldp_parse_wave(parser *ps, json_t *d, const char *field, ldp_step *s);
+/* numeric attribute j's rounding points (2..max_n grid indices strictly increasing from 0 to
+   its last) into the cumulative pool at cum_used, not yet claimed: their count, 0 when bad
+   (the caller names the field) (parse_numeric.c) */
+size_t ldp_round_points(parser *ps, json_t *pts, uint32_t j, size_t max_n);
 /* a round step at depth (parse_numeric.c) */
 int ldp_parse_round(parser *ps, json_t *d, const char *field, ldp_step *s, int depth);
 /* a select's weights (null: uniform) into the cumulative pool, s->value = 1 (parse_numeric.c) */

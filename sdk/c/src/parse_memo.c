@@ -169,16 +169,8 @@ static int parse_round(parser *ps, json_t *r) {
     ldp_errf(f, sizeof f, "device.memoize.round[%u]", j);
     if (!json_is_object(e) || !p->numeric[j] || !json_is_array(pts))
       return bad(ps, f, "must be null or, for a numeric attribute, {points, seed}");
-    size_t n = json_array_size(pts);
-    int ok = n >= 2 && ps->cum_used + n <= LDP_MAX_MATRIX;
-    for (size_t i = 0; ok && i < n; i++) {
-      json_t *v = json_array_get(pts, i);
-      json_int_t k = json_is_integer(v) ? json_integer_value(v) : -1;
-      ok = k >= 0 && (i == 0 ? k == 0 : (double)k > p->cum[ps->cum_used + i - 1]) &&
-           (i + 1 < n || k == (json_int_t)p->grid[j] - 1);
-      if (ok) p->cum[ps->cum_used + i] = (double)k;
-    }
-    if (!ok) {
+    size_t n = ldp_round_points(ps, pts, j, SIZE_MAX);
+    if (!n) {
       ldp_errf(ps->err, ps->errlen, "%s.points: must be increasing grid indices from 0 to %u "
                "(each counts against the %d matrix entries in all)", f, p->grid[j] - 1,
                LDP_MAX_MATRIX);

@@ -149,6 +149,20 @@ int ldp_parse_wave(parser *ps, json_t *d, const char *field, ldp_step *s) {
   return 0;
 }
 
+size_t ldp_round_points(parser *ps, json_t *pts, uint32_t j, size_t max_n) {
+  ldp_program *p = ps->p;
+  size_t n = json_is_array(pts) ? json_array_size(pts) : 0;
+  int ok = n >= 2 && n <= max_n && ps->cum_used + n <= LDP_MAX_MATRIX;
+  for (size_t i = 0; ok && i < n; i++) {
+    json_t *v = json_array_get(pts, i);
+    json_int_t k = json_is_integer(v) ? json_integer_value(v) : -1;
+    ok = k >= 0 && (i == 0 ? k == 0 : (double)k > p->cum[ps->cum_used + i - 1]) &&
+         (i + 1 < n || k == (json_int_t)p->grid[j] - 1);
+    if (ok) p->cum[ps->cum_used + i] = (double)k;
+  }
+  return ok ? n : 0;
+}
+
 int ldp_parse_round(parser *ps, json_t *d, const char *field, ldp_step *s, int depth) {
   ldp_program *p = ps->p;
   char f[200];
@@ -167,16 +181,8 @@ int ldp_parse_round(parser *ps, json_t *d, const char *field, ldp_step *s, int d
     ldp_errf(f, sizeof f, "%s.in", field);
     return bad(ps, f, "must be [j], j a numeric attribute not rounded yet");
   }
-  size_t n = json_is_array(pts) ? json_array_size(pts) : 0;
-  int ok = n >= 2 && n <= LDP_MAX_ROUND_POINTS && ps->cum_used + n <= LDP_MAX_MATRIX;
-  for (size_t i = 0; ok && i < n; i++) {
-    json_t *v = json_array_get(pts, i);
-    json_int_t k = json_is_integer(v) ? json_integer_value(v) : -1;
-    ok = k >= 0 && (i == 0 ? k == 0 : (double)k > p->cum[ps->cum_used + i - 1]) &&
-         (i + 1 < n || k == (json_int_t)p->grid[j] - 1);
-    if (ok) p->cum[ps->cum_used + i] = (double)k;
-  }
-  if (!ok) {
+  size_t n = ldp_round_points(ps, pts, (uint32_t)j, LDP_MAX_ROUND_POINTS);
+  if (!n) {
     ldp_errf(ps->err, ps->errlen, "%s.points: must be 2..%u grid indices strictly increasing "
              "from 0 to %u (each counts against the %d matrix entries in all)", field,
              LDP_MAX_ROUND_POINTS, p->grid[j] - 1, LDP_MAX_MATRIX);

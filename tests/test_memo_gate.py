@@ -43,6 +43,23 @@ def _setup(tmp_path, redis_url: str, cid: str, retention_epochs: int = 1):
     return coll, store, memo, state, device_memo.epoch_length(coll.policy)
 
 
+def _rolled(coll, store, memo, state, left) -> tuple[int, dict]:
+    """(the current epoch, the partition's logs) after ``memo.load`` rolls what a worker left in
+    memory, ``left(epoch)`` = (its logs, their epoch), to the current epoch."""
+    from ldpstream.agents.store.device_memo import epoch_of
+
+    async def run():
+        try:
+            epoch = epoch_of(time.time(), coll.policy)
+            state.memo, state.memo_epoch = left(epoch)
+            await memo.load(state)
+            return epoch, state.memo
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
 def _rows(n: int) -> np.ndarray:
     from ldpstream.agents.store.device_memo import META, ROW
 
@@ -91,26 +108,19 @@ def test_what_a_roll_left_survives_a_second_roll_before_any_delta(tmp_path, redi
                                                                     unique_name):
     """Evictions a roll left in a log that holds no segment (no report came to write them: every
     record of the partition refused, say) are carried by the next roll, not dropped."""
-    from ldpstream.agents.store.device_memo import epoch_of, stack_rows
+    from ldpstream.agents.store.device_memo import stack_rows
     from ldpstream.agents.store.memo_log import EpochLog
 
     cid = unique_name
     coll, store, memo, state, _ = _setup(tmp_path, redis_server.url, cid)
 
-    async def run():
-        try:
-            epoch = epoch_of(time.time(), coll.policy)
-            left = EpochLog("a log two epochs old", 0.0)
-            left.evicted.append(_rows(OLD.size))
-            left.cleared.append(("an expired log", 2))
-            state.memo, state.memo_epoch = {epoch - 3: left,
-                                            epoch - 2: EpochLog("the last current log", 0.0)}, epoch - 2
-            await memo.load(state)   # rolls from epoch - 2 to epoch
-            return epoch, state.memo
-        finally:
-            await store.close()
+    def left(epoch: int) -> tuple[dict, int]:
+        old = EpochLog("a log two epochs old", 0.0)
+        old.evicted.append(_rows(OLD.size))
+        old.cleared.append(("an expired log", 2))
+        return {epoch - 3: old, epoch - 2: EpochLog("the last current log", 0.0)}, epoch - 2
 
-    epoch, held = asyncio.run(run())
+    epoch, held = _rolled(coll, store, memo, state, left)   # from epoch - 2 to epoch
     assert sorted(held) == [epoch - 1, epoch]
     assert stack_rows(held[epoch - 1].evicted).shape[0] == OLD.size
     assert ("an expired log", 2) in held[epoch - 1].cleared
@@ -123,29 +133,22 @@ def test_rows_a_roll_carried_survive_a_second_roll_before_any_delta(tmp_path, re
     """Rows a roll carried into a log, not written yet (no delta came since), are read from
     memory by the next roll: evicted if silent beyond the retention (K = 1), carried on (K = 3),
     never dropped (dropped, their devices would stay counted all time for good)."""
-    from ldpstream.agents.store.device_memo import epoch_of, stack_rows
+    from ldpstream.agents.store.device_memo import stack_rows
     from ldpstream.agents.store.memo_log import EpochLog
 
     cid = unique_name
     coll, store, memo, state, _ = _setup(tmp_path, redis_server.url, cid, retention_epochs)
 
-    async def run():
-        try:
-            epoch = epoch_of(time.time(), coll.policy)
-            carried = EpochLog("the log a roll carried into", 0.0)
-            rows = _rows(OLD.size)
-            rows[:, 1] = -(epoch - 2)     # all-time only, last seen in epoch - 2
-            chunks, pos = carried.place(OLD, rows)
-            carried.index.upsert(OLD, pos)
-            carried.unlogged += chunks
-            state.memo, state.memo_epoch = {epoch - 2: carried,
-                                            epoch - 1: EpochLog("the current log", 0.0)}, epoch - 1
-            await memo.load(state)   # rolls from epoch - 1 to epoch
-            return epoch, state.memo
-        finally:
-            await store.close()
+    def left(epoch: int) -> tuple[dict, int]:
+        carried = EpochLog("the log a roll carried into", 0.0)
+        rows = _rows(OLD.size)
+        rows[:, 1] = -(epoch - 2)     # all-time only, last seen in epoch - 2
+        chunks, pos = carried.place(OLD, rows)
+        carried.index.upsert(OLD, pos)
+        carried.unlogged += chunks
+        return {epoch - 2: carried, epoch - 1: EpochLog("the current log", 0.0)}, epoch - 1
 
-    epoch, held = asyncio.run(run())
+    epoch, held = _rolled(coll, store, memo, state, left)   # from epoch - 1 to epoch
     into = held[epoch - 1]
     if retention_epochs == 1:
         assert stack_rows(into.evicted).shape[0] == OLD.size

@@ -3,17 +3,17 @@ idempotent (keyed) batches of a collection with a device quota while the batch-d
 the quota counters of ``N`` senders are in Redis (docs/scaling.md "Per-device state").
 
 For each ``N``, a collection of its own (plain, 8 Adult attributes, 4 partitions, ``device_quota``
-100 reports a day) whose state of ``N`` senders is written straight to Redis as the versions
-before the bucketed side state wrote it (one hash per window, which the worker still reads:
-agents/store/side_buckets.py; each sender's highest sequence :data:`SEQ` with the 64 below it
-seen, one report counted),
+100 reports a day) whose state of ``N`` senders is written straight to Redis as a worker writes
+it: each window's fields in listpack-sized buckets with the window's meta hash
+(agents/store/side_buckets.py; each sender's highest sequence :data:`SEQ` with the 64 below it
+seen, one report counted; ``--compare-python``: as the versions before the buckets wrote it, one
+hash per window, which every version reads),
 then :data:`BATCHES` keyed one-report batches produced, from as many of those senders with their
 next sequence, and a tenth more that repeat one of them (duplicates, not counted). A worker
 started on it: ``ready_s`` from its start to its first applied delta, ``rate`` batches counted a
 second from there to the last, ``worker_rss_mb`` its resident memory right after the last apply,
 ``worker_rss_mb_idle`` after ``IDLE_S`` more seconds idle, and the Redis bytes per sender of
-the dedupe and quota hashes (``MEMORY USAGE`` over their fields; mostly that earlier format:
-``ldpstream bench devices`` measures the buckets).
+the dedupe and quota hashes (``MEMORY USAGE`` of their keys over their fields).
 
 ``--compare-python PATH``: every ``N`` also with the workers of the ldpstream installed for that
 Python (an earlier version, in its own virtualenv), in the same run, on the same state:
@@ -54,20 +54,42 @@ end
 
 async def write_side_state(store: Any, cid: str, partition: int, first: int, count: int,
                            step: int, high: int, bitmap: int, used: int,
-                           quota_window_s: float) -> None:
+                           quota_window_s: float, *, single: bool = False) -> None:
     """The dedupe state ``(high, bitmap)`` and quota use ``used`` of senders
     ``first + step * i`` (``i < count``) on ``partition`` of ``cid``, in the current windows of
-    this clock, as the versions before the bucketed side state wrote it: one hash per window,
-    fields the unsigned ids, text values (agents/store/dedupe.py)."""
-    from ldpstream.agents.store import dedupe, keys, quota
+    this clock: bucketed as a worker's applies write them (each window's buckets sized for
+    ``count`` fields, its meta hash recording them), or, ``single``, as the versions before the
+    buckets did: one hash per window, fields the unsigned ids, text values
+    (agents/store/dedupe.py)."""
+    from ldpstream.agents.store import dedupe, keys, quota, side_buckets
 
     now = time.time()
-    dkey = keys.side_key(cid, partition, dedupe.side_name(dedupe.window_of(now)))
-    qkey = keys.side_key(cid, partition,
-                         quota.side_name(quota.window_of(now * 1000, quota_window_s)))
-    for at in range(0, count, 25_000):   # one script call blocks Redis for ~0.2 s at most
-        await store.redis.eval(SIDE_STATE_LUA, 2, dkey, qkey, first + step * at,
-                               min(25_000, count - at), step, f"{high}:{bitmap}", used)
+    dname = dedupe.side_name(dedupe.window_of(now))
+    qname = quota.side_name(quota.window_of(now * 1000, quota_window_s))
+    if single:
+        dkey, qkey = keys.side_key(cid, partition, dname), keys.side_key(cid, partition, qname)
+        for at in range(0, count, 25_000):   # one script call blocks Redis for ~0.2 s at most
+            await store.redis.eval(SIDE_STATE_LUA, 2, dkey, qkey, first + step * at,
+                                   min(25_000, count - at), step, f"{high}:{bitmap}", used)
+        return
+    ids = np.uint64(first) + np.uint64(step) * np.arange(count, dtype=np.uint64)
+    buckets = side_buckets.buckets_for(count)
+    which = side_buckets.bucket_of(ids, buckets)
+    order = np.argsort(which, kind="stable")
+    fields = np.asarray(side_buckets.bucket_fields(ids[order]), dtype=object)
+    cuts = np.flatnonzero(np.diff(which[order])) + 1
+    for name, value in ((dname, f"{high}:{bitmap}"), (qname, str(used))):
+        pipe = store.redis.pipeline(transaction=False)
+        for n_cmd, part in enumerate(np.split(np.arange(count), cuts)):
+            if part.size:
+                bucket = int(which[order[part[0]]])
+                pipe.hset(keys.side_key(cid, partition, keys.side_bucket_name(name, bucket)),
+                          mapping=dict.fromkeys(fields[part].tolist(), value))
+            if n_cmd % 1000 == 999:
+                await pipe.execute()
+        pipe.hset(keys.side_key(cid, partition, keys.side_meta_name(name)),
+                  mapping={side_buckets.META_B: buckets, side_buckets.META_N: count})
+        await pipe.execute()
 
 
 def _config(work: Path, cid: str) -> Path:
@@ -121,7 +143,7 @@ async def _bytes_per_field(store: Any, cid: str, prefix: str) -> float | None:
 
 
 async def _one(store: Any, bootstrap: str, env: dict, work: Path, cid: str, senders: int,
-               python: str, reports: np.ndarray, say: Any) -> dict[str, Any]:
+               python: str, reports: np.ndarray, single: bool, say: Any) -> dict[str, Any]:
     from ldpstream.agents.store import dedupe, quota
     from ldpstream.bench.ingest_run import count_run, rss_mb, start_worker, stop_worker
     from ldpstream.config import load_config
@@ -135,7 +157,7 @@ async def _one(store: Any, bootstrap: str, env: dict, work: Path, cid: str, send
     for p in range(PARTITIONS):
         n = (senders - p + PARTITIONS - 1) // PARTITIONS
         await write_side_state(store, cid, p, p + PARTITIONS, n, PARTITIONS, SEQ,
-                               (1 << 64) - 1, 1, 86400)
+                               (1 << 64) - 1, 1, 86400, single=single)
     ids = np.arange(senders, dtype=np.uint64) + PARTITIONS
     rng = np.random.default_rng(3)
     take = rng.choice(ids, size=min(BATCHES, senders), replace=False)
@@ -190,7 +212,7 @@ async def run(senders: tuple[int, ...], pythons: tuple[str, ...], progress: Any 
             for python in pythons:
                 run_no += 1
                 row = await _one(store, bootstrap, env, work, f"side{run_no}", n, python,
-                                 reports, say)
+                                 reports, len(pythons) > 1, say)
                 say("side " + str(row))
                 rows.append(row)
         await store.close()

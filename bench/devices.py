@@ -53,8 +53,9 @@ loaded (how a 10-million-device restart is measured without feeding 10 million r
 
 ``--senders N[,N...]`` (``--compare-python PYTHON``): instead, the side-state run of
 bench/device_side.py: a worker taking idempotent batches of a collection with a device quota
-while the dedupe and quota state of ``N`` senders is in Redis (its memory, rate and the Redis
-bytes per sender), beside an earlier version's worker.
+while the dedupe and quota state of ``N`` senders is in Redis, bucketed as the applies write
+it (its memory, rate and the Redis bytes per sender); with ``--compare-python``, beside an
+earlier version's worker, on state in the single hash a window that every version reads.
 
 ``--quick`` (smoke tests): steps of 20,000 and 40,000 devices, a restart at 50,000, a churn run
 of 20,000 devices.

@@ -306,7 +306,8 @@ def _bench_parsers(sub: Any) -> None:
                                 "quota state of this many senders (comma-separated) in Redis")
             b.add_argument("--compare-python", default=None, metavar="PYTHON",
                            help="with --senders: also run the workers of the ldpstream installed "
-                                "for this Python (an earlier version), alternating")
+                                "for this Python (an earlier version), alternating, on state "
+                                "written in the earlier single-hash format both read")
 
 
 def _heldout_options(b: Any) -> None:

@@ -40,18 +40,22 @@ def _batch(coll, sender: int, seq: int, n: int = 1) -> bytes:
 
 
 async def _preload(store, cid: str, partition: int, first: int, count: int, step: int,
-                   high: int, used: int) -> None:
-    """State as the code before this one wrote it, for senders ``first + step * i``: dedupe
-    ``"<high>:<bitmap>"`` text, quota counts, in the current windows."""
+                   high: int, used: int, single: bool = True) -> None:
+    """State for senders ``first + step * i``: dedupe ``"<high>:<bitmap>"`` text, quota counts,
+    in the current windows; as earlier versions wrote it (``single``: one hash a window), or
+    bucketed as the applies write it now."""
     from ldpstream.bench.device_side import write_side_state
 
-    await write_side_state(store, cid, partition, first, count, step, high, 0, used, 86400)
+    await write_side_state(store, cid, partition, first, count, step, high, 0, used, 86400,
+                           single=single)
 
 
+@pytest.mark.parametrize("single", [True, False], ids=["earlier-format", "bucketed"])
 def test_a_poll_reads_its_senders_only_and_sees_its_unapplied_deltas(tmp_path, redis_target,
-                                                                      unique_name):
+                                                                      unique_name, single):
     """In the worker's own parts on a real Redis (one server, then a Redis Cluster: the reads
-    and the apply on the shard's slot) holding 20,000 senders (old text format): a
+    and the apply on the shard's slot) holding 20,000 senders (as earlier versions wrote them,
+    one hash a window, or in the buckets and meta hash the applies write now): a
     poll's book and quota use hold that poll's senders only; a duplicate of a batch whose delta
     is pending, in flight (handed to the flush, not applied) or applied is refused, and the
     quota's counts of an in-flight delta are added once, before and after its apply."""
@@ -94,7 +98,7 @@ def test_a_poll_reads_its_senders_only_and_sees_its_unapplied_deltas(tmp_path, r
                         MemoGate(collections, gate, store))
         applier = Applier(collections, clients, gate, partitions, store, quota,
                           DlqWriter(clients), Seeker(clients, partitions), stats)
-        await _preload(store, cid, 0, 1000, 20_000, 1, 100, QUOTA)
+        await _preload(store, cid, 0, 1000, 20_000, 1, 100, QUOTA, single)
         state = partitions.assign(tp, cid)
         state.seen = -1
 
@@ -103,7 +107,7 @@ def test_a_poll_reads_its_senders_only_and_sees_its_unapplied_deltas(tmp_path, r
             await intake.load(state, msgs)
             intake.take(state, msgs)
 
-        # 1000: seen (old format) up to 100, at its quota; 7 new, 5 reports (3 within the quota)
+        # 1000: seen up to 100, at its quota; 7 new, 5 reports (3 within the quota)
         await poll(_batch(coll, 1000, 100), _batch(coll, 1000, 101), _batch(coll, 7, 1, 5))
         book, used = state.dedupe, state.quota_used
         assert book is not None and used is not None

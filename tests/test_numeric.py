@@ -147,7 +147,7 @@ def test_mean_interval_coverage() -> None:
 def test_choose_mean_by_worst_variance() -> None:
     assert nm.choose_mean(0.5, 129) == "duchi"         # below ε* HM is Duchi: the fewer cells
     assert nm.choose_mean(1.0, 129) == "hm"
-    for eps in (2.0, 4.0, 8.0):                        # the k-point mechanism above ε ≈ 2
+    for eps in (2.0, 4.0, 8.0):                        # the k-point mechanism above ε ≈ 1.6
         assert nm.choose_mean(eps, 129) == "points"
         assert nm.choose_mean(eps, 129, among=nm.LEGACY_MEAN_MECHANISMS) == "hm"
     t = nm.grid_t(65)

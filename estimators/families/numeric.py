@@ -143,7 +143,7 @@ def _range(attr: str, raw: Any) -> tuple[float, float]:
 
 @register
 class Numeric(Mechanism):
-    """Means (Duchi/PM/HM) and distributions (SW + EMS) of numeric attributes."""
+    """Means (Duchi/PM/HM/k points) and distributions (SW + EMS) of numeric attributes."""
 
     name = "sw-hm"
     numeric = True

@@ -37,7 +37,8 @@ from ldpstream.estimators.kernels.channels import epsilon
 __all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "duchi_channel",
            "pm_channel", "hm_channel", "points_channel", "points_k", "sample_points",
            "hm_alpha", "sw_b", "sw_channel", "closed_form_variance", "worst_variance",
-           "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
+           "MEAN_MECHANISMS", "LEGACY_MEAN_MECHANISMS", "POINTS_MIN", "POINTS_MAX", "mean_cells",
+           "choose_mean", "MeanEstimate", "mean_estimate", "ems",
            "auto_bins", "cv_bins", "edge_segments", "ratio_cov", "share_rows", "grid_mid", "bin_of_grid",
            "binned_channel",
            "cdf_at", "quantile", "w1_hist", "w1_samples",
@@ -285,10 +286,9 @@ def mean_estimate(counts: np.ndarray, outputs: np.ndarray, level: float = 0.95) 
 
 @dataclass(frozen=True)
 class Task:
-    """One way a report of a numeric attribute is made: ``kind`` (``pm``, ``duchi``,
-    ``points``: the mean;
-    ``sw``: the distribution), the probability ``weight`` that a report does it, and its cells
-    ``offset`` … ``offset + cells − 1`` in the attribute's report column."""
+    """One way a report of a numeric attribute is made: ``kind`` (``pm``, ``duchi``, ``points``:
+    the mean; ``sw``: the distribution), the probability ``weight`` that a report does it, and
+    its cells ``offset`` … ``offset + cells − 1`` in the attribute's report column."""
 
     kind: str
     weight: float

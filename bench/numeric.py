@@ -1,10 +1,11 @@
 """``ldpstream bench numeric``: the numeric family (sw-hm, docs/numeric.md) against its
 targets, side by side in one run, at ε ∈ {0.5, 1, 2, 4, 8} per attribute.
 
-1. Mean: the Monte Carlo variance of the PM, HM and Duchi mean estimates (R runs of n values
-   of Adult's age, every report on the mean task) against the papers' closed forms, and the
-   smallest variance (and MSE) of "bin into k equal cells + GRR + bin centres" over k ≤ 64
-   (exact, from the GRR channel).
+1. Mean: the Monte Carlo variance of the PM, HM, Duchi and k-point mean estimates (R runs of
+   n values of Adult's age, every report on the mean task) against the papers' closed forms
+   (the k-point mechanism's: its exact variance), and the smallest variance (and MSE) of "bin
+   into k equal cells + GRR + bin centres" over k ≤ 64 (exact, from the GRR channel); at the
+   whole column's n, the MSE of ``mean: auto`` against that baseline's best MSE in hindsight.
 2. Distribution: W1 (÷ the range) of SW + EMS at the automatic granularity against hand-binned
    GRR with the best k ≤ 64 in hindsight and, from a source checkout, the reference SW + EMS
    written from the paper (tests/sw_oracle.py), on Beta(5, 2) and Adult's age and
@@ -87,6 +88,7 @@ def part_mean(ages: np.ndarray, R: int, n: int, rng: np.random.Generator,
         row["binned_grr"] = {"k": best[0], "variance": best[1], "mse": best[2],
                              "best_mse": min(binned_grr_mean(t, eps, k)[1] for k in KS)}
         row["auto"] = nm.choose_mean(eps, 129)
+        row["points_k"] = nm.points_k(eps)
         # at the whole column's n the centres' bias no longer shrinks with n: MSE against MSE
         N = len(t_all)
         full = min(((k,) + binned_grr_mean(t_all, eps, k) for k in KS), key=lambda r: r[2])
@@ -192,15 +194,17 @@ def run(quick: bool = False, verbose: bool = True) -> dict[str, Any]:
 def report(out: dict[str, Any]) -> None:
     s = out["settings"]
     print(f"Mean: variance of the estimate, Monte Carlo ({s['mean_runs']} runs of n = "
-          f"{s['mean_n']} Adult ages on [−1, 1]) ÷ closed form; binned GRR: smallest variance "
+          f"{s['mean_n']} Adult ages on [−1, 1]) ÷ closed form (points: ÷ its exact variance, "
+          f"its k); binned GRR: smallest variance "
           f"over k ≤ 64 (its k; its MSE with the centres' bias; best MSE over k)")
-    print(f"{'ε':>4} {'auto':>5} {'PM':>7} {'HM':>7} {'Duchi':>7} {'auto var':>10} "
+    print(f"{'ε':>4} {'auto':>6} {'PM':>7} {'HM':>7} {'Duchi':>7} {'points (k)':>12} {'auto var':>10} "
           f"{'GRR var (k)':>16} {'GRR MSE':>10} {'best MSE':>10}  below | at n = "
           f"{out['mean'][0]['full_n']['n']:,}: auto MSE, best GRR MSE (k)")
     for r in out["mean"]:
         g = r["binned_grr"]
-        print(f"{r['epsilon']:>4g} {r['auto']:>5} {r['pm']['ratio']:>7.3f} {r['hm']['ratio']:>7.3f} "
-              f"{r['duchi']['ratio']:>7.3f} {r[r['auto']]['variance']:>10.3e} "
+        print(f"{r['epsilon']:>4g} {r['auto']:>6} {r['pm']['ratio']:>7.3f} {r['hm']['ratio']:>7.3f} "
+              f"{r['duchi']['ratio']:>7.3f} {r['points']['ratio']:>7.3f} ({r['points_k']:>2}) "
+              f"{r[r['auto']]['variance']:>10.3e} "
               f"{g['variance']:>10.3e} ({g['k']:>2}) {g['mse']:>10.3e} {g['best_mse']:>10.3e}  "
               f"{'yes' if r[r['auto']]['variance'] < g['variance'] else 'NO':>5} | "
               f"{r['full_n']['auto_mse']:.3e}, {r['full_n']['grr_best_mse']:.3e} "

@@ -36,7 +36,7 @@ def brute_epsilon(P: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("eps", EPS)
-@pytest.mark.parametrize("mech", nm.MEAN_MECHANISMS)
+@pytest.mark.parametrize("mech", nm.LEGACY_MEAN_MECHANISMS)   # points: test_numeric_points.py
 def test_mean_channel_epsilon_unbiased_and_variance(eps: float, mech: str) -> None:
     t = nm.grid_t(257)
     P, y = nm.mean_channel(mech, eps, t, 129)
@@ -87,11 +87,12 @@ def _chi2_rows(sampler, P: np.ndarray, rows: list[int], n: int, seed: int) -> No
 def test_samplers_draw_from_the_channels(eps: float) -> None:
     """The privacy audit's second half: outputs sampled by the device-side samplers follow the
     matrix whose ε is declared (χ², p > 1e-4 per row; 5 rows per mechanism, 60,000 draws)."""
-    G, K = 33, 33
+    G = 33
     rows = [0, 7, 16, 25, 32]
     for mech in nm.MEAN_MECHANISMS:
+        K = nm.points_k(eps) if mech == "points" else 33
         P, _ = nm.mean_channel(mech, eps, nm.grid_t(G), K)
-        _chi2_rows(lambda x, r, m=mech: nm.sample_mean(m, eps, nm.grid_t(G)[x], K, r), P, rows,
+        _chi2_rows(lambda x, r, m=mech, k=K: nm.sample_mean(m, eps, nm.grid_t(G)[x], k, r), P, rows,
                    60_000, 1)
     k = sw_buckets(eps)
     S = nm.sw_channel(eps, nm.grid_v(G), k)
@@ -145,8 +146,10 @@ def test_mean_interval_coverage() -> None:
 
 def test_choose_mean_by_worst_variance() -> None:
     assert nm.choose_mean(0.5, 129) == "duchi"         # below ε* HM is Duchi: the fewer cells
-    for eps in (1.0, 2.0, 4.0, 8.0):
-        assert nm.choose_mean(eps, 129) == "hm"
+    assert nm.choose_mean(1.0, 129) == "hm"
+    for eps in (2.0, 4.0, 8.0):                        # the k-point mechanism above ε ≈ 1.6
+        assert nm.choose_mean(eps, 129) == "points"
+        assert nm.choose_mean(eps, 129, among=nm.LEGACY_MEAN_MECHANISMS) == "hm"
     t = nm.grid_t(65)
     for eps in (1.0, 4.0):
         hm = nm.worst_variance(*nm.mean_channel("hm", eps, t, 129), t)

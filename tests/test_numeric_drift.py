@@ -123,7 +123,7 @@ def test_a_refresh_tests_numeric_quantities_and_categorical_cells():
                          parse_window("1m"), 0.0, [0])
     assert p["epsilon_per_record"] == pytest.approx(mech.epsilon) == pytest.approx(4.0)
     num = p["numeric"]
-    assert num["mean"]["mechanism"] == "hm" and num["mean"]["low"] < num["mean"]["value"] < \
+    assert num["mean"]["mechanism"] == "points" and num["mean"]["low"] < num["mean"]["value"] < \
         num["mean"]["high"] and (num["min"], num["max"]) == (0.0, 100.0)
 
 

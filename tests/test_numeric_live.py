@@ -106,7 +106,7 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
     assert status == 200, est
     m = est["numeric"]["mean"]
     assert est["numeric"]["attribute"] == "battery" and est["numeric"]["level"] == 0.95
-    assert m["mechanism"] == mech.mean_mechs[1] == "hm"
+    assert m["mechanism"] == mech.mean_mechs[1] == "points"
     assert m["low"] < both.mean() < m["high"], (m, both.mean())
     assert m["high"] - m["low"] < 3.0
     assert est["epsilon_per_record"] == pytest.approx(mech.epsilon, rel=1e-12)
@@ -244,7 +244,7 @@ def test_the_page_shows_a_numeric_distribution_and_the_mean_over_time(numeric_st
         "const m = document.querySelector('#estimate-chart g.interval[data-cell=\"mean\"]');"
         "return [m.dataset.low, m.dataset.value, m.dataset.high];")
     assert float(low) <= float(value) <= float(high)
-    assert field(browser, '#summary dd[data-field="mean_mechanism"]') == "hm"
+    assert field(browser, '#summary dd[data-field="mean_mechanism"]') == "points"
     drift = wait(lambda: "mean" in field(browser, "#drift-state") and field(browser, "#drift-state"),
                  30, "the drift alarm naming the mean")
     assert drift.startswith("Drift alarm"), drift

@@ -45,7 +45,7 @@ def _domain(G: int, lo: float = 0.0, hi: float = 100.0) -> Domain:
 
 
 @pytest.mark.parametrize("eps", [0.3, 0.5, 1.0, 2.0, 4.0, 8.0])
-@pytest.mark.parametrize("mean", ["auto", "pm", "duchi"])
+@pytest.mark.parametrize("mean", ["auto", "pm", "duchi", "points"])
 def test_the_description_is_the_family_channel(eps, mean):
     """Per numeric attribute, every wave's channel (from its parameters alone) is the family's
     task channel and sits at the task's cells; its ε (computed from its parameters, as every SDK

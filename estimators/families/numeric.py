@@ -7,8 +7,10 @@ each value (:func:`~.numeric.quantize`); any other attribute is categorical and 
 GRR(ε). Per numeric attribute a report is one cell of
 
 * the mean task (probability ``mean_share``): Duchi, PM or HM [Wang et al., ICDE 2019] on
-  t ∈ [−1, 1], PM rounded without bias to ``mean_grid`` points; ``mean: auto`` takes the one
-  with the smallest worst-case variance at ε (:func:`~.numeric.choose_mean`), or
+  t ∈ [−1, 1], PM rounded without bias to ``mean_grid`` points, or the k-point mechanism (t
+  rounded without bias to k points, then k-ary randomized response; k from ε or
+  ``mean_points``); ``mean: auto`` takes the one with the smallest worst-case variance at ε
+  (:func:`~.numeric.choose_mean`), or
 * the distribution task: Square Wave [Li et al., SIGMOD 2020] bucketed into ``buckets`` cells
   (default from ε: :func:`sw_buckets`).
 
@@ -71,6 +73,9 @@ BAND_BINS = 32
 CATEGORY_MERGE_BINS = 1.0
 #: default points of the PM output grid
 MEAN_GRID = 129
+#: the input grid ``mean: auto`` compared the mean mechanisms on in states stored before the
+#: k-point mechanism
+LEGACY_CHOICE_GRID = 65
 
 
 #: intervals of α-point rounding of a memoized collection (docs/numeric.md "Memoization")
@@ -138,7 +143,7 @@ def _range(attr: str, raw: Any) -> tuple[float, float]:
 
 @register
 class Numeric(Mechanism):
-    """Means (Duchi/PM/HM) and distributions (SW + EMS) of numeric attributes."""
+    """Means (Duchi/PM/HM/k points) and distributions (SW + EMS) of numeric attributes."""
 
     name = "sw-hm"
     numeric = True
@@ -148,8 +153,14 @@ class Numeric(Mechanism):
     def __init__(self, domain: Domain, ranges: Mapping[str, tuple[float, float]],
                  epsilon: float | Sequence[float], *, mean: str = "auto", mean_share: float = 0.5,
                  buckets: int | None = None, mean_grid: int = MEAN_GRID,
+                 mean_points: int | Sequence[int] | None = None,
+                 mean_mechs: Sequence[str] | None = None,
                  memoize: Memoize | None = None, alpha_points: int = ALPHA_POINTS,
                  version: int = 0) -> None:
+        """``mean_points``: the k-point mechanism's k, one for every attribute or one per
+        attribute (default :func:`~.numeric.points_k` of its ε); ``mean_mechs``: each
+        attribute's mean mechanism as resolved before (a stored state's), instead of resolving
+        ``mean``."""
         super().__init__(domain, version)
         m = len(domain)
         eps = [float(epsilon)] * m if np.isscalar(epsilon) else [float(e) for e in epsilon]  # type: ignore[arg-type]  # a sequence here
@@ -169,8 +180,21 @@ class Numeric(Mechanism):
         self.mean_spec = mean
         self.mean_share = float(mean_share)
         self.mean_grid = int(mean_grid)
-        self.mean_mechs = [nm.choose_mean(e, self.mean_grid) if mean == "auto" else mean
-                           for e in eps]
+        ks = ([nm.points_k(e) for e in eps] if mean_points is None else
+              [int(mean_points)] * m if isinstance(mean_points, int) else
+              [int(k) for k in mean_points])
+        if len(ks) != m or any(not nm.POINTS_MIN <= k <= nm.POINTS_MAX for k in ks):
+            raise ParamError("mean_points", f"must be {m} integers in {nm.POINTS_MIN} … "
+                                            f"{nm.POINTS_MAX} (got {mean_points!r})")
+        #: the k-point mechanism's k per attribute (whichever mean mechanism is used)
+        self.mean_points = ks
+        if mean_mechs is not None and (len(mean_mechs) != m or any(
+                mm not in nm.MEAN_MECHANISMS for mm in mean_mechs)):
+            raise ParamError("mean_mechanisms", f"must be {m} of {', '.join(nm.MEAN_MECHANISMS)} "
+                                                f"(got {mean_mechs!r})")
+        self.mean_mechs = (list(mean_mechs) if mean_mechs is not None else
+                           [nm.choose_mean(e, self.mean_grid, points=k) if mean == "auto" else mean
+                            for e, k in zip(eps, ks)])
         self.buckets = [int(buckets) if buckets else sw_buckets(e) for e in eps]
         if memoize is not None and memoize.instantaneous_epsilon is not None:
             raise ParamError("memoize.instantaneous_epsilon", "sw-hm memoizes without an "
@@ -187,6 +211,11 @@ class Numeric(Mechanism):
     def is_numeric(self, j: int) -> bool:
         return self.domain.attrs[j] in self.ranges
 
+    def mean_out(self, j: int) -> int:
+        """The ``K`` of attribute j's mean mechanism (:func:`~.numeric.mean_channel`): PM's
+        output grid, or the k-point mechanism's k."""
+        return self.mean_points[j] if self.mean_mechs[j] == "points" else self.mean_grid
+
     def mean_part(self, j: int) -> tuple[np.ndarray, np.ndarray]:
         """(P_mean (G × Km), outputs on [−1, 1]'s scale) of attribute j."""
         return self._mean_parts[j]
@@ -202,7 +231,7 @@ class Numeric(Mechanism):
         out = {}
         for j, (mm, e, G) in enumerate(zip(self.mean_mechs, self.eps_in, self.domain.shape)):
             if self.is_numeric(j):
-                P, y = nm.mean_channel(mm, e, nm.grid_t(G), self.mean_grid)
+                P, y = nm.mean_channel(mm, e, nm.grid_t(G), self.mean_out(j))
                 out[j] = (self._rounded(j, P), y)
         return out
 
@@ -221,7 +250,7 @@ class Numeric(Mechanism):
         (:func:`~.numeric.layout`: the one definition the channel, the randomizer, the count
         tensors and the device description share)."""
         return nm.layout(self.mean_mechs[j], self.eps_in[j], self.mean_share, self.mean_grid,
-                         self.buckets[j])
+                         self.buckets[j], self.mean_points[j])
 
     def mean_cells(self, j: int) -> int:
         """The cells before Square Wave's in attribute j's column (the mean mechanism's)."""
@@ -354,7 +383,7 @@ class Numeric(Mechanism):
             task = rng.random(len(x)) < self.mean_share
             cell = np.empty(len(x), dtype=np.int64)
             cell[task] = nm.sample_mean(self.mean_mechs[j], e, nm.grid_t(G)[x[task]],
-                                        self.mean_grid, rng)
+                                        self.mean_out(j), rng)
             sw = self.layout(j)[-1]
             cell[~task] = sw.offset + nm.sample_sw(e, nm.grid_v(G)[x[~task]], sw.cells, rng)
             out[:, j] = cell
@@ -694,17 +723,22 @@ class Numeric(Mechanism):
                     version: int = 0) -> "Numeric":
         """``params``: ``ranges`` ({attribute: {min, max}}; default: the schema's range of a
         numeric attribute; an attribute with none is categorical, through GRR), ``mean`` (auto, hm, pm,
-        duchi), ``mean_share`` (0.5), ``buckets`` (SW cells; default from ε), ``mean_grid``
-        (PM output points, 129)."""
+        duchi, points), ``mean_share`` (0.5), ``buckets`` (SW cells; default from ε), ``mean_grid``
+        (PM output points, 129), ``mean_points`` (the k-point mechanism's k, 2 … 64; default
+        from ε; with ``mean`` auto or points)."""
         pr = Params(cls.name, params)
         raw = pr.value("ranges")
         mean = pr.choice("mean", "auto", ("auto",) + nm.MEAN_MECHANISMS)
         share = pr.number("mean_share", 0.5, ge=0.0, le=1.0)
         buckets = pr.integer("buckets", None, ge=8, le=4096)
         grid = pr.integer("mean_grid", MEAN_GRID, ge=3, le=4097)
+        k = pr.integer("mean_points", None, ge=nm.POINTS_MIN, le=nm.POINTS_MAX)
         raw_memo = pr.value("memoize")
         points = pr.integer("alpha_points", None, ge=1, le=1024)
         pr.done()
+        if k is not None and mean not in ("auto", "points"):
+            raise ParamError("mean_points", f"is the k-point mechanism's: set mean to points or "
+                                            f"auto (got mean: {mean})")
         if raw_memo is not None and isinstance(raw_memo, Mapping) and raw_memo.get(
                 "instantaneous_epsilon") is not None:
             raise ParamError("memoize.instantaneous_epsilon",
@@ -727,15 +761,24 @@ class Numeric(Mechanism):
         return cls(domain, ranges, attribute_budget(epsilon, epsilon_scope, len(domain)),
                    mean=str(mean), mean_share=0.5 if share is None else share,
                    buckets=buckets, mean_grid=MEAN_GRID if grid is None else grid,
-                   memoize=memoize, alpha_points=points or ALPHA_POINTS, version=version)
+                   mean_points=k, memoize=memoize, alpha_points=points or ALPHA_POINTS,
+                   version=version)
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "Numeric":
+        """The state's mean mechanisms as stored; a state stored before the k-point mechanism
+        (no ``mean_points``) resolves ``mean: auto`` among the mechanisms it had, on the grid
+        it used, so it keeps its layout."""
+        grid = int(state["mean_grid"])
+        mechs = state.get("mean_mechanisms")
+        if "mean_points" not in state:
+            mechs = [nm.choose_mean(float(e), grid, LEGACY_CHOICE_GRID, nm.LEGACY_MEAN_MECHANISMS)
+                     if state["mean"] == "auto" else state["mean"] for e in state["epsilons"]]
         return cls(Domain.from_dict(state["domain"]),
                    {a: (float(r[0]), float(r[1])) for a, r in state["ranges"].items()},
                    state["epsilons"], mean=state["mean"], mean_share=float(state["mean_share"]),
-                   buckets=None, mean_grid=int(state["mean_grid"]),
-                   memoize=memoize_of(state),
+                   buckets=None, mean_grid=grid, mean_points=state.get("mean_points"),
+                   mean_mechs=mechs, memoize=memoize_of(state),
                    alpha_points=int(state.get("alpha_points", ALPHA_POINTS)),
                    version=int(state.get("version", 0))).with_buckets(state["buckets"])
 
@@ -752,6 +795,7 @@ class Numeric(Mechanism):
                 "ranges": {a: list(r) for a, r in self.ranges.items()},
                 "mean": self.mean_spec, "mean_share": self.mean_share,
                 "mean_grid": self.mean_grid, "buckets": list(self.buckets),
+                "mean_points": list(self.mean_points), "mean_mechanisms": list(self.mean_mechs),
                 **memoize_state(self.memoize),
                 **({"alpha_points": self.alpha_points} if self.memoize is not None else {})}
 

@@ -8,6 +8,8 @@ so that reports are counted like any other (the count-tensor model):
   without bias to a grid of K points, and the Hybrid mechanism (HM, PM with probability α else
   Duchi) estimate the mean [Wang et al., "Collecting and Analyzing Multidimensional Data with
   Local Differential Privacy", ICDE 2019, §III-A/B/C]; on t = 2(x−lo)/(hi−lo) − 1 ∈ [−1, 1].
+* The k-point mechanism (``points``): t rounded without bias to one of k evenly spaced points
+  of [−1, 1], then k-ary randomized response; k chosen from ε (:func:`points_k`).
 * The Square Wave mechanism (SW), its output bucketed, estimates the distribution with EMS
   (EM with a binomial smoothing step) [Li et al., "Estimating Numerical Distributions under
   Local Differential Privacy", SIGMOD 2020, §4–5]; on v = (x−lo)/(hi−lo) ∈ [0, 1].
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -32,9 +35,10 @@ import numpy as np
 from ldpstream.estimators.kernels.channels import epsilon
 
 __all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "duchi_channel",
-           "pm_channel", "hm_channel",
+           "pm_channel", "hm_channel", "points_channel", "points_k", "sample_points",
            "hm_alpha", "sw_b", "sw_channel", "closed_form_variance", "worst_variance",
-           "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
+           "MEAN_MECHANISMS", "LEGACY_MEAN_MECHANISMS", "POINTS_MIN", "POINTS_MAX", "mean_cells",
+           "choose_mean", "MeanEstimate", "mean_estimate", "ems",
            "auto_bins", "cv_bins", "edge_segments", "ratio_cov", "share_rows", "grid_mid", "bin_of_grid",
            "binned_channel",
            "cdf_at", "quantile", "w1_hist", "w1_samples",
@@ -42,7 +46,12 @@ __all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "du
            "unbiased_cdf", "Task", "layout", "task_channel", "wave"]
 
 #: the mean mechanisms, in the order :func:`choose_mean` prefers on a tie
-MEAN_MECHANISMS = ("hm", "pm", "duchi")
+MEAN_MECHANISMS = ("hm", "pm", "duchi", "points")
+#: the mean mechanisms before ``points``: what ``mean: auto`` chose among in a state stored
+#: without the points' k
+LEGACY_MEAN_MECHANISMS = ("hm", "pm", "duchi")
+#: the k-point mechanism's fewest and most points
+POINTS_MIN, POINTS_MAX = 2, 64
 #: ε below which HM is Duchi alone (α = 0) [Wang et al. §III-C, ε* ≈ 0.61]
 HM_EPS_STAR = 0.61
 
@@ -138,22 +147,76 @@ def hm_channel(eps: float, t: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarra
     return np.concatenate([a * Pp, (1 - a) * Pd], axis=1), np.concatenate([yp, yd])
 
 
+def _points_pb(eps: float, k: int) -> tuple[float, float]:
+    """(p, B) of k-ary randomized response: the point kept with p = e^ε/(e^ε + k − 1), each
+    other with B = 1/(e^ε + k − 1)."""
+    d = math.exp(eps) + k - 1
+    return math.exp(eps) / d, 1.0 / d
+
+
+def points_channel(eps: float, t: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k-point mechanism: t rounded without bias to its two neighbours among the k evenly
+    spaced points c_0 … c_{k−1} of [−1, 1] (the upper one with probability the fractional
+    position, so E[c] = t), then k-ary randomized response (:func:`_points_pb`). Returns
+    (P (len(t), k), outputs a_y = c_y / (p − B)): unbiased, as Σc = 0."""
+    k = int(k)
+    if not POINTS_MIN <= k <= POINTS_MAX:
+        raise ValueError(f"the k-point mechanism needs {POINTS_MIN} … {POINTS_MAX} points "
+                         f"(got {k})")
+    p, B = _points_pb(eps, k)
+    c = np.linspace(-1.0, 1.0, k)
+    pos = (np.asarray(t, dtype=float) + 1) / 2 * (k - 1)
+    R = np.clip(1 - np.abs(pos[:, None] - np.arange(k)), 0.0, None)   # the rounding's weights
+    return B + (p - B) * R, c / (p - B)
+
+
+def _points_worst(eps: float, k: int) -> float:
+    t = grid_t(DEFAULT_GRID)
+    return worst_variance(*points_channel(eps, t, k), t)
+
+
+@lru_cache(maxsize=256)
+def points_k(eps: float) -> int:
+    """The k-point mechanism's k at ε: the k of :data:`POINTS_MIN` … :data:`POINTS_MAX` with
+    the smallest worst-case variance on the default input grid, computed from the channels (on
+    a tie the fewer points). Rounding to more points adds less rounding noise but spreads
+    randomized response over more cells: k grows with ε (2 at ε = 1, 3 at 2, 5 at 4, 17 at
+    8)."""
+    wv = {k: float(f"{_points_worst(float(eps), k):.9g}")
+          for k in range(POINTS_MIN, POINTS_MAX + 1)}
+    return min(wv, key=lambda k: (wv[k], k))
+
+
 def mean_channel(name: str, eps: float, t: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
-    """The channel and output values of mean mechanism ``name`` (one of MEAN_MECHANISMS)."""
+    """The channel and output values of mean mechanism ``name`` (one of MEAN_MECHANISMS); ``K``
+    is PM's output grid (pm, hm) or the number of points (points)."""
     if name == "duchi":
         return duchi_channel(eps, t)
     if name == "pm":
         return pm_channel(eps, t, K)
     if name == "hm":
         return hm_channel(eps, t, K)
+    if name == "points":
+        return points_channel(eps, t, K)
     raise ValueError(f"unknown mean mechanism {name!r} (known: {', '.join(MEAN_MECHANISMS)})")
 
 
-def closed_form_variance(name: str, eps: float, t: np.ndarray | float) -> np.ndarray:
+def closed_form_variance(name: str, eps: float, t: np.ndarray | float,
+                         k: int | None = None) -> np.ndarray:
     """Var[y | t] of one report, the papers' closed forms (continuous PM, no rounding):
     Duchi C² − t²; PM t²/(e^{ε/2}−1) + (e^{ε/2}+3)/(3(e^{ε/2}−1)²); HM their α-mixture
-    [Wang et al. Lemmas 1, 3, §III-C]."""
+    [Wang et al. Lemmas 1, 3, §III-C]. The k-point mechanism's (``k`` default
+    :func:`points_k`) is exact: ((p − B)(t² + ρ(t)) + B·Σc²)/(p − B)² − t², ρ(t) the
+    rounding's variance (t − c_j)(c_{j+1} − t) between neighbouring points."""
     t = np.asarray(t, dtype=float)
+    if name == "points":
+        k = points_k(eps) if k is None else int(k)
+        p, B = _points_pb(eps, k)
+        h = 2 / (k - 1)
+        j = np.minimum(np.floor((t + 1) / h), k - 2)
+        rho = (t - (-1 + j * h)) * (-1 + (j + 1) * h - t)
+        s2 = float((np.linspace(-1, 1, k) ** 2).sum())
+        return ((p - B) * (t ** 2 + rho) + B * s2) / (p - B) ** 2 - t ** 2
     duchi = _duchi_c(eps) ** 2 - t ** 2
     e2 = math.exp(eps / 2)
     pm = t ** 2 / (e2 - 1) + (e2 + 3) / (3 * (e2 - 1) ** 2)
@@ -170,14 +233,25 @@ def worst_variance(P: np.ndarray, outputs: np.ndarray, t: np.ndarray) -> float:
     return float(np.max(P @ outputs ** 2 - (P @ outputs) ** 2))
 
 
-def choose_mean(eps: float, K: int, G: int = 65) -> str:
-    """The mean mechanism with the smallest worst-case variance at ε, from the channels as
-    applied; on a tie the one with fewer cells (below ε* HM is Duchi: Duchi is chosen)
-    (docs/numeric.md "Which mean mechanism")."""
+def mean_cells(name: str, K: int, k: int) -> int:
+    """The cells of mean mechanism ``name``: PM's ``K`` (HM's K + 2), Duchi's 2, the k-point
+    mechanism's ``k``."""
+    return {"hm": K + 2, "pm": K, "duchi": 2, "points": k}[name]
+
+
+@lru_cache(maxsize=256)
+def choose_mean(eps: float, K: int, G: int = DEFAULT_GRID, among: tuple[str, ...] = MEAN_MECHANISMS,
+                points: int | None = None) -> str:
+    """The mean mechanism of ``among`` with the smallest worst-case variance at ε, from the
+    channels as applied on a G-point grid (PM rounded to K points, ``points`` points or
+    :func:`points_k`'s); on a tie the one with fewer cells, then the earlier in ``among``
+    (below ε* HM is Duchi, and 2 points are Duchi: Duchi is chosen) (docs/numeric.md "Which
+    mean mechanism")."""
     t = grid_t(G)
-    wv = {m: worst_variance(*mean_channel(m, eps, t, K), t) for m in MEAN_MECHANISMS}
-    cells = {m: mean_channel(m, eps, t[:2], K)[1].size for m in MEAN_MECHANISMS}
-    return min(MEAN_MECHANISMS, key=lambda m: (round(wv[m], 12), cells[m]))
+    k = points_k(eps) if points is None else int(points)
+    wv = {m: worst_variance(*mean_channel(m, eps, t, k if m == "points" else K), t)
+          for m in among}
+    return min(among, key=lambda m: (float(f"{wv[m]:.9g}"), mean_cells(m, K, k)))
 
 
 @dataclass(frozen=True)
@@ -212,9 +286,9 @@ def mean_estimate(counts: np.ndarray, outputs: np.ndarray, level: float = 0.95) 
 
 @dataclass(frozen=True)
 class Task:
-    """One way a report of a numeric attribute is made: ``kind`` (``pm``, ``duchi``: the mean;
-    ``sw``: the distribution), the probability ``weight`` that a report does it, and its cells
-    ``offset`` … ``offset + cells − 1`` in the attribute's report column."""
+    """One way a report of a numeric attribute is made: ``kind`` (``pm``, ``duchi``, ``points``:
+    the mean; ``sw``: the distribution), the probability ``weight`` that a report does it, and
+    its cells ``offset`` … ``offset + cells − 1`` in the attribute's report column."""
 
     kind: str
     weight: float
@@ -222,17 +296,18 @@ class Task:
     cells: int
 
 
-def layout(mean: str, eps: float, share: float, K: int, buckets: int) -> tuple[Task, ...]:
+def layout(mean: str, eps: float, share: float, K: int, buckets: int,
+           points: int = POINTS_MIN) -> tuple[Task, ...]:
     """THE cells of a numeric attribute's report column, in order: the mean mechanism's (PM's K
-    rounded points, Duchi's 2, HM's PM then Duchi), then Square Wave's ``buckets``; a report
-    does the mean task with probability ``share`` (HM: PM with α of it). The family's channel,
-    its randomizer, its count tensors and the device description all come from it (a task of
-    weight 0 keeps its cells)."""
+    rounded points, Duchi's 2, HM's PM then Duchi, the k-point mechanism's ``points``), then
+    Square Wave's ``buckets``; a report does the mean task with probability ``share`` (HM: PM
+    with α of it). The family's channel, its randomizer, its count tensors and the device
+    description all come from it (a task of weight 0 keeps its cells)."""
     if mean == "hm":
         a = hm_alpha(eps)
         parts = [("pm", share * a, K), ("duchi", share * (1 - a), 2)]
-    elif mean in ("pm", "duchi"):
-        parts = [(mean, share, K if mean == "pm" else 2)]
+    elif mean in ("pm", "duchi", "points"):
+        parts = [(mean, share, mean_cells(mean, K, points))]
     else:
         raise ValueError(f"unknown mean mechanism {mean!r} (known: {', '.join(MEAN_MECHANISMS)})")
     out, off = [], 0
@@ -248,6 +323,8 @@ def task_channel(t: Task, eps: float, G: int) -> np.ndarray:
         return pm_channel(eps, grid_t(G), t.cells)[0]
     if t.kind == "duchi":
         return duchi_channel(eps, grid_t(G))[0]
+    if t.kind == "points":
+        return points_channel(eps, grid_t(G), t.cells)[0]
     return sw_channel(eps, grid_v(G), t.cells)
 
 
@@ -256,7 +333,10 @@ def wave(t: Task, eps: float) -> dict[str, float | bool | tuple[float, float]]:
     from :func:`task_channel` on the grid position z = i/(G − 1): PM's window [l, l + C − 1],
     l = (C + 1)·z − C, in [−C, C], hit with e^{ε/2}/(e^{ε/2} + 1), rounded to K points; Square
     Wave's [z − b, z + b] in [−b, 1 + b], hit with 2be^ε/(2be^ε + 1), bucketed; Duchi's point
-    t = 2z − 1 rounded to the two points ±C."""
+    t = 2z − 1 rounded to the two points ±C; the k-point mechanism's [z − h/2, z + h/2],
+    h = 1/(k − 1), in [−h/2, 1 + h/2], hit with e^ε/(e^ε + k − 1), bucketed into k cells of
+    width h centred on the points (the window covers the two buckets around z in proportion
+    to its distance from their centres: the unbiased rounding, then randomized response)."""
     if t.kind == "duchi":
         C = _duchi_c(eps)
         return {"lo": -C, "hi": C, "at": (2.0, -1.0), "width": 0.0, "p": 1.0, "rounded": True}
@@ -265,6 +345,10 @@ def wave(t: Task, eps: float) -> dict[str, float | bool | tuple[float, float]]:
         e2 = math.exp(eps / 2)
         return {"lo": -C, "hi": C, "at": (C + 1, -C), "width": C - 1, "p": e2 / (e2 + 1),
                 "rounded": True}
+    if t.kind == "points":
+        h = 1.0 / (t.cells - 1)
+        return {"lo": -h / 2, "hi": 1 + h / 2, "at": (1.0, -h / 2), "width": h,
+                "p": _points_pb(eps, t.cells)[0], "rounded": False}
     b = sw_b(eps)
     e = math.exp(eps)
     return {"lo": -b, "hi": 1 + b, "at": (1.0, -b), "width": 2 * b,
@@ -621,13 +705,24 @@ def sample_hm(eps: float, t: np.ndarray, K: int, rng: np.random.Generator) -> np
     return np.where(pm, sample_pm(eps, t, K, rng), K + sample_duchi(eps, t, rng))
 
 
+def sample_points(eps: float, t: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """The k-point mechanism's cell (0…k−1) of every t: :func:`round_to_grid` on the k points,
+    kept with p = e^ε/(e^ε + k − 1), else one of the other k − 1 uniformly."""
+    c = round_to_grid(t, -1.0, 1.0, k, rng)
+    move = rng.random(c.shape) >= _points_pb(eps, k)[0]
+    return np.where(move, (c + 1 + rng.integers(0, k - 1, c.shape)) % k, c)
+
+
 def sample_mean(name: str, eps: float, t: np.ndarray, K: int,
                 rng: np.random.Generator) -> np.ndarray:
-    """The cell of mean mechanism ``name`` for every t (the columns of :func:`mean_channel`)."""
+    """The cell of mean mechanism ``name`` for every t (the columns of :func:`mean_channel`;
+    ``K`` as there)."""
     if name == "duchi":
         return sample_duchi(eps, t, rng)
     if name == "pm":
         return sample_pm(eps, t, K, rng)
+    if name == "points":
+        return sample_points(eps, t, K, rng)
     return sample_hm(eps, t, K, rng)
 
 

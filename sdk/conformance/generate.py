@@ -105,6 +105,9 @@ def _mechanisms() -> list[tuple[str, Any]]:
             NUM, {"buckets": 32, "mean_grid": 17}, epsilon=1.0, version=2)),
         ("sw-hm-duchi", mechanism_class("sw-hm").from_config(
             NUM1, {"mean_share": 0.3}, epsilon=0.5, version=1)),
+        # ε 4: the k-point mean mechanism (5 points: a bucketed wave of 5 cells)
+        ("sw-hm-points", mechanism_class("sw-hm").from_config(
+            NUM, {"buckets": 32}, epsilon=4.0, version=3)),
     ]
 
 

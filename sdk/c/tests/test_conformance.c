@@ -45,7 +45,7 @@ static int beyond_limits(const char *name, int r, const char *err) {
 #ifdef LDP_PROFILE_FIRMWARE
   static const char *const typical[] = {"rr-ind", "partitioned-olh", "partitioned-2",
                                         "partitioned-num", "partitioned-num-olh", "sw-hm",
-                                        "sw-hm-duchi", "memo",
+                                        "sw-hm-duchi", "sw-hm-points", "memo",
                                         "memoized partition", "memoized partition (olh)",
                                         "memoized cluster", "memoized select",
                                         "memoized across midnight", "memoized numeric"};

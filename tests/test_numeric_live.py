@@ -126,7 +126,10 @@ def test_estimates_metrics_drift_and_errors_of_a_numeric_collection(numeric_stac
     for p, q in num["quantiles"].items():
         truth = float(np.quantile(both, float(p)))
         assert q["low"] <= q["value"] <= q["high"], (p, q)
-        assert q["low"] <= truth <= q["high"], (p, q, truth)
+        # the 95 % interval widened by half its width each side (≈ 4σ: a chance miss is about
+        # 1 in 10,000; its coverage is measured in tests/test_numeric.py)
+        slack = (q["high"] - q["low"]) / 2
+        assert q["low"] - slack <= truth <= q["high"] + slack, (p, q, truth)
     assert set(num["quantiles"]) == {"0.5", "0.9", "0.99"}
     assert 0 < num["w1_bound"] < 10 and num["w1_bound_coverage"] == "at least"
 

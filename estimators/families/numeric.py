@@ -9,8 +9,9 @@ GRR(ε). Per numeric attribute a report is one cell of
 * the mean task (probability ``mean_share``): Duchi, PM or HM [Wang et al., ICDE 2019] on
   t ∈ [−1, 1], PM rounded without bias to ``mean_grid`` points; ``mean: auto`` takes the one
   with the smallest worst-case variance at ε (:func:`~.numeric.choose_mean`), or
-* the distribution task: Square Wave [Li et al., SIGMOD 2020] bucketed into ``buckets`` cells
-  (default from ε: :func:`sw_buckets`).
+* the distribution task: Square Wave [Li et al., SIGMOD 2020] of half-width ``sw_b`` (default
+  from ε: :func:`~.numeric.sw_half_width`) bucketed into ``buckets`` cells (default from b:
+  :func:`sw_buckets`).
 
 The attribute's channel is ``[s·P_mean, (1−s)·P_sw]`` (G × cells): its ε is computed from it and
 is the attribute's ε (each task at full ε, a device does one of them). Estimators:
@@ -93,10 +94,11 @@ def rounding_matrix(G: int, pts: np.ndarray) -> np.ndarray:
     return R
 
 
-def sw_buckets(eps: float) -> int:
+def sw_buckets(eps: float, b: float | None = None) -> int:
     """SW output buckets: the power of two giving at least four buckets per window 2b (so a
-    bucket can lie wholly inside the window and ε is attained), between 128 and 1024."""
-    b = nm.sw_b(eps)
+    bucket can lie wholly inside the window and ε is attained), between 128 and 1024 (``b``:
+    the half-width; None: Li et al.'s :func:`~.numeric.sw_b`)."""
+    b = nm.sw_b(eps) if b is None else float(b)
     need = 4 * (1 + 2 * b) / (2 * b)
     return int(min(1024, max(128, 2 ** math.ceil(math.log2(need)))))
 
@@ -107,12 +109,13 @@ def band_bins(d: int, buckets: int) -> int:
     return int(min(BAND_BINS, d, buckets // 2))
 
 
-def bound_bins(eps: float, d: int, buckets: int) -> int:
+def bound_bins(eps: float, d: int, buckets: int, b: float | None = None) -> int:
     """Bins of the unbiased CDF behind a distribution's bounds (docs/numeric.md "Bounds"):
     :data:`BAND_BINS`, or more when SW's window 2b is narrow — the power of two nearest four
     bins per window, so that the least squares' model (the value uniform within a bin) is fine
-    next to what the channel resolves; at most the estimate's d and half the SW buckets."""
-    per_window = 2 ** round(math.log2(4 / (2 * nm.sw_b(eps))))
+    next to what the channel resolves; at most the estimate's d and half the SW buckets (``b``:
+    as :func:`sw_buckets`)."""
+    per_window = 2 ** round(math.log2(4 / (2 * (nm.sw_b(eps) if b is None else b))))
     return int(min(max(BAND_BINS, per_window), d, buckets // 2))
 
 
@@ -149,7 +152,7 @@ class Numeric(Mechanism):
                  epsilon: float | Sequence[float], *, mean: str = "auto", mean_share: float = 0.5,
                  buckets: int | None = None, mean_grid: int = MEAN_GRID,
                  memoize: Memoize | None = None, alpha_points: int = ALPHA_POINTS,
-                 version: int = 0) -> None:
+                 version: int = 0, sw_b: float | Sequence[float] | None = None) -> None:
         super().__init__(domain, version)
         m = len(domain)
         eps = [float(epsilon)] * m if np.isscalar(epsilon) else [float(e) for e in epsilon]  # type: ignore[arg-type]  # a sequence here
@@ -171,7 +174,15 @@ class Numeric(Mechanism):
         self.mean_grid = int(mean_grid)
         self.mean_mechs = [nm.choose_mean(e, self.mean_grid) if mean == "auto" else mean
                            for e in eps]
-        self.buckets = [int(buckets) if buckets else sw_buckets(e) for e in eps]
+        if sw_b is None:
+            bs = [nm.sw_half_width(e) for e in eps]
+        else:
+            bs = [float(sw_b)] * m if np.isscalar(sw_b) else [float(b) for b in sw_b]  # type: ignore[arg-type]  # a sequence here
+        if len(bs) != m or any(not np.isfinite(b) or b <= 0 for b in bs):
+            raise ParamError("sw_b", f"need {m} finite half-widths > 0 (got {bs})")
+        #: Square Wave's half-width b per attribute (on [0, 1]; docs/numeric.md)
+        self.sw_bs = bs
+        self.buckets = [int(buckets) if buckets else sw_buckets(e, b) for e, b in zip(eps, bs)]
         if memoize is not None and memoize.instantaneous_epsilon is not None:
             raise ParamError("memoize.instantaneous_epsilon", "sw-hm memoizes without an "
                                                               "instantaneous layer")
@@ -208,8 +219,9 @@ class Numeric(Mechanism):
 
     @cached_property
     def _sw_parts(self) -> dict[int, np.ndarray]:
-        return {j: self._rounded(j, nm.sw_channel(e, nm.grid_v(G), k))
-                for j, (e, G, k) in enumerate(zip(self.eps_in, self.domain.shape, self.buckets))
+        return {j: self._rounded(j, nm.sw_channel(e, nm.grid_v(G), k, b))
+                for j, (e, G, k, b) in enumerate(zip(self.eps_in, self.domain.shape,
+                                                     self.buckets, self.sw_bs))
                 if self.is_numeric(j)}
 
     def sw_part(self, j: int) -> np.ndarray:
@@ -221,7 +233,7 @@ class Numeric(Mechanism):
         (:func:`~.numeric.layout`: the one definition the channel, the randomizer, the count
         tensors and the device description share)."""
         return nm.layout(self.mean_mechs[j], self.eps_in[j], self.mean_share, self.mean_grid,
-                         self.buckets[j])
+                         self.buckets[j], self.sw_bs[j])
 
     def mean_cells(self, j: int) -> int:
         """The cells before Square Wave's in attribute j's column (the mean mechanism's)."""
@@ -356,7 +368,8 @@ class Numeric(Mechanism):
             cell[task] = nm.sample_mean(self.mean_mechs[j], e, nm.grid_t(G)[x[task]],
                                         self.mean_grid, rng)
             sw = self.layout(j)[-1]
-            cell[~task] = sw.offset + nm.sample_sw(e, nm.grid_v(G)[x[~task]], sw.cells, rng)
+            cell[~task] = sw.offset + nm.sample_sw(e, nm.grid_v(G)[x[~task]], sw.cells, rng,
+                                                   sw.b)
             out[:, j] = cell
         return out
 
@@ -466,7 +479,8 @@ class Numeric(Mechanism):
             d = int(bins)
         d = min(G, d)
         x, iters = nm.ems(cs, nm.binned_channel(self.sw_part(j), d))
-        band, _ = self.band(j, bound_bins(self.eps_in[j], d, len(cs)), np.ones(1), cs[None])
+        band, _ = self.band(j, bound_bins(self.eps_in[j], d, len(cs), self.sw_bs[j]), np.ones(1),
+                            cs[None])
         band = band.of_reported(reported)
         z = float(ndtri(0.5 + LEVEL / 2))
         span = hi - lo
@@ -551,8 +565,8 @@ class Numeric(Mechanism):
                     which = nm.bin_of_grid(G, d)
                     grid[i] = x[which] / np.bincount(which, minlength=d)[which]
                     # its bounds from its own unbiased CDF: signed counts, a ratio per edge
-                    band, D = self.band(jx, bound_bins(self.eps_in[jx], d, len(sw[i])), A[i],
-                                        T[:, k:])
+                    band, D = self.band(jx, bound_bins(self.eps_in[jx], d, len(sw[i]),
+                                                       self.sw_bs[jx]), A[i], T[:, k:])
                     if D > 0:
                         # runs a bin apart are one here: at half a bin a category's
                         # quantiles covered 92.5 % (docs/numeric.md "Per-category bounds")
@@ -695,13 +709,15 @@ class Numeric(Mechanism):
         """``params``: ``ranges`` ({attribute: {min, max}}; default: the schema's range of a
         numeric attribute; an attribute with none is categorical, through GRR), ``mean`` (auto, hm, pm,
         duchi), ``mean_share`` (0.5), ``buckets`` (SW cells; default from ε), ``mean_grid``
-        (PM output points, 129)."""
+        (PM output points, 129), ``sw_b`` (SW's half-width on [0, 1], in (0, 0.5]; default from
+        ε: :func:`~.numeric.sw_half_width`)."""
         pr = Params(cls.name, params)
         raw = pr.value("ranges")
         mean = pr.choice("mean", "auto", ("auto",) + nm.MEAN_MECHANISMS)
         share = pr.number("mean_share", 0.5, ge=0.0, le=1.0)
         buckets = pr.integer("buckets", None, ge=8, le=4096)
         grid = pr.integer("mean_grid", MEAN_GRID, ge=3, le=4097)
+        half = pr.number("sw_b", None, gt=0.0, le=0.5)
         raw_memo = pr.value("memoize")
         points = pr.integer("alpha_points", None, ge=1, le=1024)
         pr.done()
@@ -727,7 +743,8 @@ class Numeric(Mechanism):
         return cls(domain, ranges, attribute_budget(epsilon, epsilon_scope, len(domain)),
                    mean=str(mean), mean_share=0.5 if share is None else share,
                    buckets=buckets, mean_grid=MEAN_GRID if grid is None else grid,
-                   memoize=memoize, alpha_points=points or ALPHA_POINTS, version=version)
+                   memoize=memoize, alpha_points=points or ALPHA_POINTS, version=version,
+                   sw_b=half)
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "Numeric":
@@ -737,7 +754,10 @@ class Numeric(Mechanism):
                    buckets=None, mean_grid=int(state["mean_grid"]),
                    memoize=memoize_of(state),
                    alpha_points=int(state.get("alpha_points", ALPHA_POINTS)),
-                   version=int(state.get("version", 0))).with_buckets(state["buckets"])
+                   version=int(state.get("version", 0)),
+                   # a state from before the half-width was chosen: Li et al.'s b
+                   sw_b=state.get("sw_b") or [nm.sw_b(float(e)) for e in state["epsilons"]]
+                   ).with_buckets(state["buckets"])
 
     def with_buckets(self, buckets: Sequence[int]) -> "Numeric":
         """This state with the SW bucket count of every attribute set."""
@@ -752,6 +772,7 @@ class Numeric(Mechanism):
                 "ranges": {a: list(r) for a, r in self.ranges.items()},
                 "mean": self.mean_spec, "mean_share": self.mean_share,
                 "mean_grid": self.mean_grid, "buckets": list(self.buckets),
+                "sw_b": list(self.sw_bs),
                 **memoize_state(self.memoize),
                 **({"alpha_points": self.alpha_points} if self.memoize is not None else {})}
 

@@ -33,7 +33,7 @@ from ldpstream.estimators.kernels.channels import epsilon
 
 __all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "duchi_channel",
            "pm_channel", "hm_channel",
-           "hm_alpha", "sw_b", "sw_channel", "closed_form_variance", "worst_variance",
+           "hm_alpha", "sw_b", "sw_half_width", "sw_channel", "closed_form_variance", "worst_variance",
            "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
            "auto_bins", "cv_bins", "edge_segments", "ratio_cov", "share_rows", "grid_mid", "bin_of_grid",
            "binned_channel",
@@ -220,12 +220,16 @@ class Task:
     weight: float
     offset: int
     cells: int
+    #: Square Wave's half-width b (``sw`` only; None: Li et al.'s :func:`sw_b`)
+    b: float | None = None
 
 
-def layout(mean: str, eps: float, share: float, K: int, buckets: int) -> tuple[Task, ...]:
+def layout(mean: str, eps: float, share: float, K: int, buckets: int,
+           b: float | None = None) -> tuple[Task, ...]:
     """THE cells of a numeric attribute's report column, in order: the mean mechanism's (PM's K
     rounded points, Duchi's 2, HM's PM then Duchi), then Square Wave's ``buckets``; a report
-    does the mean task with probability ``share`` (HM: PM with α of it). The family's channel,
+    does the mean task with probability ``share`` (HM: PM with α of it); ``b``: SW's half-width
+    (None: :func:`sw_b`). The family's channel,
     its randomizer, its count tensors and the device description all come from it (a task of
     weight 0 keeps its cells)."""
     if mean == "hm":
@@ -237,7 +241,7 @@ def layout(mean: str, eps: float, share: float, K: int, buckets: int) -> tuple[T
         raise ValueError(f"unknown mean mechanism {mean!r} (known: {', '.join(MEAN_MECHANISMS)})")
     out, off = [], 0
     for kind, w, k in parts + [("sw", 1 - share, buckets)]:
-        out.append(Task(kind, float(w), off, int(k)))
+        out.append(Task(kind, float(w), off, int(k), b if kind == "sw" else None))
         off += int(k)
     return tuple(out)
 
@@ -248,7 +252,7 @@ def task_channel(t: Task, eps: float, G: int) -> np.ndarray:
         return pm_channel(eps, grid_t(G), t.cells)[0]
     if t.kind == "duchi":
         return duchi_channel(eps, grid_t(G))[0]
-    return sw_channel(eps, grid_v(G), t.cells)
+    return sw_channel(eps, grid_v(G), t.cells, t.b)
 
 
 def wave(t: Task, eps: float) -> dict[str, float | bool | tuple[float, float]]:
@@ -265,7 +269,7 @@ def wave(t: Task, eps: float) -> dict[str, float | bool | tuple[float, float]]:
         e2 = math.exp(eps / 2)
         return {"lo": -C, "hi": C, "at": (C + 1, -C), "width": C - 1, "p": e2 / (e2 + 1),
                 "rounded": True}
-    b = sw_b(eps)
+    b = sw_b(eps) if t.b is None else t.b
     e = math.exp(eps)
     return {"lo": -b, "hi": 1 + b, "at": (1.0, -b), "width": 2 * b,
             "p": 2 * b * e / (2 * b * e + 1), "rounded": False}
@@ -279,16 +283,31 @@ def sw_b(eps: float) -> float:
     return (eps * e - e + 1) / (2 * e * (e - 1 - eps))
 
 
-def _sw_pq(eps: float) -> tuple[float, float, float]:
-    b = sw_b(eps)
+#: the default half-width's floor c·e^{−ε/3} (:func:`sw_half_width`; measured, docs/numeric.md)
+SW_B_FLOOR = 0.2
+
+
+def sw_half_width(eps: float) -> float:
+    """SW's half-width b for a new collection: Li et al.'s :func:`sw_b`, or c·e^{−ε/3}
+    (c = :data:`SW_B_FLOOR`) when that is wider (ε above about 2.6). Li et al.'s b maximizes
+    the mutual information; at large ε it is so narrow that most of the error is the reports
+    sent outside the window (1/(2be^ε + 1) of them: 12 % at ε = 8); a wider window keeps more
+    of them near the value, and EMS on fine buckets still resolves it (docs/numeric.md "The
+    distribution: Square Wave and EMS": W1 over b measured on Beta(5, 2) and Adult's age)."""
+    return max(sw_b(eps), SW_B_FLOOR * math.exp(-eps / 3))
+
+
+def _sw_pq(eps: float, b: float | None = None) -> tuple[float, float, float]:
+    b = sw_b(eps) if b is None else float(b)
     e = math.exp(eps)
     return b, e / (2 * b * e + 1), 1 / (2 * b * e + 1)
 
 
-def sw_channel(eps: float, v: np.ndarray, buckets: int) -> np.ndarray:
+def sw_channel(eps: float, v: np.ndarray, buckets: int, b: float | None = None) -> np.ndarray:
     """SW [Li et al. Alg. 1]: output density p on [v−b, v+b], q = p/e^ε elsewhere on
-    [−b, 1+b], bucketed into ``buckets`` equal cells; ``P[i, j]`` exactly."""
-    b, p, q = _sw_pq(eps)
+    [−b, 1+b], bucketed into ``buckets`` equal cells; ``P[i, j]`` exactly. ``b``: the
+    half-width (None: :func:`sw_b`)."""
+    b, p, q = _sw_pq(eps, b)
     edges = np.linspace(-b, 1 + b, int(buckets) + 1)
     v = np.asarray(v, dtype=float)[:, None]
     inside = np.clip(np.minimum(edges[1:], v + b) - np.maximum(edges[:-1], v - b), 0, None)
@@ -631,10 +650,12 @@ def sample_mean(name: str, eps: float, t: np.ndarray, K: int,
     return sample_hm(eps, t, K, rng)
 
 
-def sample_sw(eps: float, v: np.ndarray, buckets: int, rng: np.random.Generator) -> np.ndarray:
+def sample_sw(eps: float, v: np.ndarray, buckets: int, rng: np.random.Generator,
+              b: float | None = None) -> np.ndarray:
     """SW's bucket of every v ∈ [0, 1]: uniform on [v−b, v+b] with probability 2bp, else
-    uniform on the rest of [−b, 1+b]; then the bucket holding it."""
-    b, p, _ = _sw_pq(eps)
+    uniform on the rest of [−b, 1+b]; then the bucket holding it (``b``: as
+    :func:`sw_channel`)."""
+    b, p, _ = _sw_pq(eps, b)
     v = np.asarray(v, dtype=float)
     u = rng.random(v.shape)
     inner = rng.random(v.shape) < 2 * b * p

@@ -52,8 +52,8 @@ def test_default_window_channel_epsilon_and_sampler(eps: float) -> None:
 
 
 def test_wider_window_lowers_w1_at_eps_8() -> None:
-    """Beta(5, 2), n = 50,000, ε = 8, 3 seeded runs each: the default b's W1 is at least 15 %
-    below Li et al.'s b's (measured about 25 % lower; docs/numeric.md)."""
+    """Beta(5, 2), n = 50,000, ε = 8, 3 seeded runs each: the default b's W1 is at most 0.7 ×
+    Li et al.'s b's (measured 3.9e-4 against 8.9e-4, 0.43 ×; docs/numeric.md)."""
     rng = np.random.default_rng(2024)
     v = rng.beta(5, 2, size=50_000)
     w1 = {}
@@ -67,7 +67,7 @@ def test_wider_window_lowers_w1_at_eps_8() -> None:
             est = mech.estimate(counts, ("v",), "distribution")
             runs.append(nm.w1_samples(np.asarray(est.extra["histogram"]), v))
         w1[label] = float(np.mean(runs))
-    assert w1["default"] <= 0.85 * w1["li"], w1
+    assert w1["default"] <= 0.7 * w1["li"], w1
 
 
 def test_state_without_half_width_loads_as_before() -> None:
@@ -109,3 +109,26 @@ def test_half_width_param() -> None:
         with pytest.raises(ParamError, match=f"^sw_b: {msg}") as err:
             cls.from_config(dom, {"ranges": {"age": [0, 1]}, "sw_b": bad}, epsilon=4.0)
         assert err.value.field == "sw_b"
+
+
+def test_bins_keep_the_values_masses() -> None:
+    """The bins EMS fits hold the values' masses: a grid point on a bin edge counts half in each
+    bin (:func:`~.numeric.grid_bin_weights`). The exact grid counts of a Beta(5, 2) sample put
+    into 128 bins this way are within 1.5e-4 of the sample in W1 (measured 9.6e-5; each point
+    wholly in one bin, as before, gave 4.9e-4: a shift of half a grid step at every edge)."""
+    v = np.random.default_rng(1).beta(5, 2, size=50_000)
+    G = nm.DEFAULT_GRID
+    idx, _ = nm.quantize(v, 0.0, 1.0, G)
+    c = np.bincount(idx, minlength=G) / len(v)
+    for d in (64, 128, 512):
+        W = nm.grid_bin_weights(G, d)
+        np.testing.assert_allclose(W.sum(axis=1), 1.0, rtol=1e-12)
+        assert (W.sum(axis=0) > 0).all()
+        assert nm.w1_samples(c @ W, v) < 1.5e-4 * 128 / min(d, 128)
+        x = np.random.default_rng(d).dirichlet(np.ones(d))
+        assert math.isclose(nm.spread_on_grid(x, G).sum(), 1.0, rel_tol=1e-12)
+        assert math.isclose(float(nm.spread_on_grid(x, G) @ nm.grid_v(G)),
+                            float(x @ nm.grid_mid(d)), rel_tol=1e-3)
+    # a point on an edge: half in each bin
+    W = nm.grid_bin_weights(9, 2)
+    np.testing.assert_allclose(W[4], [0.5, 0.5], rtol=1e-12)

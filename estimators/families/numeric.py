@@ -500,8 +500,7 @@ class Numeric(Mechanism):
                                for ra, rb in options["ranges"]]
         extra["histogram"] = x.tolist()
         # on the attribute's grid: each bin's mass spread over its grid points
-        which = nm.bin_of_grid(G, d)
-        grid = x[which] / np.bincount(which, minlength=d)[which]
+        grid = nm.spread_on_grid(x, G)
         b = unbounded(grid)   # on the grid only W1 is bounded (extra["w1_bound"])
         return Estimate(Factor(self.domain.project((a,)), grid), "distribution", n,
                         self.epsilon, error_bound=b.tvd, bound=b, iterations=iters, extra=extra)
@@ -562,8 +561,7 @@ class Numeric(Mechanism):
                 if tot >= 1:
                     d = min(G, nm.auto_bins(self.eps_in[jx], int(tot)))
                     x, _ = nm.ems(sw[i], nm.binned_channel(self.sw_part(jx), d))
-                    which = nm.bin_of_grid(G, d)
-                    grid[i] = x[which] / np.bincount(which, minlength=d)[which]
+                    grid[i] = nm.spread_on_grid(x, G)
                     # its bounds from its own unbiased CDF: signed counts, a ratio per edge
                     band, D = self.band(jx, bound_bins(self.eps_in[jx], d, len(sw[i]),
                                                        self.sw_bs[jx]), A[i], T[:, k:])

@@ -36,7 +36,7 @@ __all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "du
            "hm_alpha", "sw_b", "sw_half_width", "sw_channel", "closed_form_variance", "worst_variance",
            "MEAN_MECHANISMS", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
            "auto_bins", "cv_bins", "edge_segments", "ratio_cov", "share_rows", "grid_mid", "bin_of_grid",
-           "binned_channel",
+           "grid_bin_weights", "binned_channel", "spread_on_grid",
            "cdf_at", "quantile", "w1_hist", "w1_samples",
            "sample_duchi", "sample_pm", "sample_sw", "round_to_grid", "epsilon", "CdfBand",
            "unbiased_cdf", "Task", "layout", "task_channel", "wave"]
@@ -326,14 +326,32 @@ def bin_of_grid(G: int, d: int) -> np.ndarray:
     return np.minimum((np.arange(G) * d) // G, d - 1)
 
 
+def grid_bin_weights(G: int, d: int) -> np.ndarray:
+    """W (G × d): the share of each of d equal bins of [0, 1] in grid point i, the point standing
+    for the values it is the nearest of, [(i − ½)/(G − 1), (i + ½)/(G − 1)] ∩ [0, 1]; a point on
+    a bin edge is split between its two bins. Rows sum to 1; every column is positive."""
+    i = np.arange(int(G))
+    lo = np.clip((i - 0.5) / (G - 1), 0.0, 1.0)
+    hi = np.clip((i + 0.5) / (G - 1), 0.0, 1.0)
+    e = np.linspace(0.0, 1.0, int(d) + 1)
+    W = np.clip(np.minimum(hi[:, None], e[1:]) - np.maximum(lo[:, None], e[:-1]), 0.0, None)
+    return W / W.sum(axis=1, keepdims=True)
+
+
 def binned_channel(P_fine: np.ndarray, d: int) -> np.ndarray:
-    """The channel of d equal input bins from the fine grid's rows (the value uniform over the
-    grid points of its bin, :func:`bin_of_grid`); d ≤ G."""
-    G = P_fine.shape[0]
-    which = bin_of_grid(G, d)
-    out = np.zeros((d, P_fine.shape[1]))
-    np.add.at(out, which, P_fine)
-    return out / np.bincount(which, minlength=d)[:, None]
+    """The channel of d equal input bins of [0, 1] from the fine grid's rows: the value uniform
+    within its bin, so a bin's row is the average of its grid points' rows weighted by their
+    shares in it (:func:`grid_bin_weights`; a point on an edge counts half in each bin, which
+    keeps the bins' masses those of the values, not shifted by half a grid step)."""
+    W = grid_bin_weights(P_fine.shape[0], d)
+    return (W.T @ P_fine) / W.sum(axis=0)[:, None]
+
+
+def spread_on_grid(x: np.ndarray, G: int) -> np.ndarray:
+    """A histogram on d equal bins of [0, 1] on the G grid points: each bin's mass spread over
+    its points by their shares in it (:func:`grid_bin_weights`); sums to x's total."""
+    W = grid_bin_weights(G, np.shape(x)[-1])
+    return np.asarray(x, dtype=float) / W.sum(axis=0) @ W.T
 
 
 def _smooth(x: np.ndarray) -> np.ndarray:

@@ -113,9 +113,13 @@ def bound_bins(eps: float, d: int, buckets: int, b: float | None = None) -> int:
     """Bins of the unbiased CDF behind a distribution's bounds (docs/numeric.md "Bounds"):
     :data:`BAND_BINS`, or more when SW's window 2b is narrow — the power of two nearest four
     bins per window, so that the least squares' model (the value uniform within a bin) is fine
-    next to what the channel resolves; at most the estimate's d and half the SW buckets (``b``:
-    as :func:`sw_buckets`)."""
-    per_window = 2 ** round(math.log2(4 / (2 * (nm.sw_b(eps) if b is None else b))))
+    next to what the channel resolves; at most the estimate's d and half the SW buckets. ``b``:
+    the collection's half-width; the window counted is the narrower of it and Li et al.'s
+    :func:`~.numeric.sw_b` (a wider window does not make the value smoother within a bin: with
+    the bins of the wider window the median's and p99's intervals covered 93–94 % at ε = 4,
+    with these 95 %; docs/numeric.md "Bounds")."""
+    w = nm.sw_b(eps) if b is None else min(float(b), nm.sw_b(eps))
+    per_window = 2 ** round(math.log2(4 / (2 * w)))
     return int(min(max(BAND_BINS, per_window), d, buckets // 2))
 
 

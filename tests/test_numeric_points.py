@@ -131,11 +131,13 @@ def test_state_keeps_k_and_old_states_load_as_before() -> None:
                                                  epsilon=4.0)
     assert from_state(fixed.state()).layout(1)[0] == nm.Task("points", 0.5, 0, 9)
 
-    old = {k: v for k, v in st.items() if k not in ("mean_points", "mean_mechanisms")}
+    # stored before the k-point mechanism and the chosen Square Wave half-width
+    old = {k: v for k, v in st.items() if k not in ("mean_points", "mean_mechanisms", "sw_b")}
     legacy = from_state(old)
     assert legacy.mean_mechs == ["hm", "hm"]
-    assert legacy.layout(0) == nm.layout("hm", 4.0, 0.5, 129, 64)
-    before = Numeric(dom, {"a": (0, 1), "b": (0, 1)}, 4.0, buckets=64, mean="hm")
+    assert legacy.layout(0) == nm.layout("hm", 4.0, 0.5, 129, 64, b=nm.sw_b(4.0))
+    before = Numeric(dom, {"a": (0, 1), "b": (0, 1)}, 4.0, buckets=64, mean="hm",
+                     sw_b=nm.sw_b(4.0))
     assert np.array_equal(legacy.channel(1), before.channel(1))
     assert np.array_equal(legacy.randomize(recs, np.random.default_rng(6)),
                           before.randomize(recs, np.random.default_rng(6)))

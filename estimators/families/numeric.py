@@ -11,8 +11,9 @@ GRR(ε). Per numeric attribute a report is one cell of
   rounded without bias to k points, then k-ary randomized response; k from ε or
   ``mean_points``); ``mean: auto`` takes the one with the smallest worst-case variance at ε
   (:func:`~.numeric.choose_mean`), or
-* the distribution task: Square Wave [Li et al., SIGMOD 2020] bucketed into ``buckets`` cells
-  (default from ε: :func:`sw_buckets`).
+* the distribution task: Square Wave [Li et al., SIGMOD 2020] of half-width ``sw_b`` (default
+  from ε: :func:`~.numeric.sw_half_width`) bucketed into ``buckets`` cells (default from b:
+  :func:`sw_buckets`).
 
 The attribute's channel is ``[s·P_mean, (1−s)·P_sw]`` (G × cells): its ε is computed from it and
 is the attribute's ε (each task at full ε, a device does one of them). Estimators:
@@ -98,10 +99,11 @@ def rounding_matrix(G: int, pts: np.ndarray) -> np.ndarray:
     return R
 
 
-def sw_buckets(eps: float) -> int:
+def sw_buckets(eps: float, b: float | None = None) -> int:
     """SW output buckets: the power of two giving at least four buckets per window 2b (so a
-    bucket can lie wholly inside the window and ε is attained), between 128 and 1024."""
-    b = nm.sw_b(eps)
+    bucket can lie wholly inside the window and ε is attained), between 128 and 1024 (``b``:
+    the half-width; None: Li et al.'s :func:`~.numeric.sw_b`)."""
+    b = nm.sw_b(eps) if b is None else float(b)
     need = 4 * (1 + 2 * b) / (2 * b)
     return int(min(1024, max(128, 2 ** math.ceil(math.log2(need)))))
 
@@ -112,12 +114,17 @@ def band_bins(d: int, buckets: int) -> int:
     return int(min(BAND_BINS, d, buckets // 2))
 
 
-def bound_bins(eps: float, d: int, buckets: int) -> int:
+def bound_bins(eps: float, d: int, buckets: int, b: float | None = None) -> int:
     """Bins of the unbiased CDF behind a distribution's bounds (docs/numeric.md "Bounds"):
     :data:`BAND_BINS`, or more when SW's window 2b is narrow — the power of two nearest four
     bins per window, so that the least squares' model (the value uniform within a bin) is fine
-    next to what the channel resolves; at most the estimate's d and half the SW buckets."""
-    per_window = 2 ** round(math.log2(4 / (2 * nm.sw_b(eps))))
+    next to what the channel resolves; at most the estimate's d and half the SW buckets. ``b``:
+    the collection's half-width; the window counted is the narrower of it and Li et al.'s
+    :func:`~.numeric.sw_b` (a wider window does not make the value smoother within a bin: with
+    the bins of the wider window the median's and p99's intervals covered 93–94 % at ε = 4,
+    with these 95 %; docs/numeric.md "Bounds")."""
+    w = nm.sw_b(eps) if b is None else min(float(b), nm.sw_b(eps))
+    per_window = 2 ** round(math.log2(4 / (2 * w)))
     return int(min(max(BAND_BINS, per_window), d, buckets // 2))
 
 
@@ -156,11 +163,12 @@ class Numeric(Mechanism):
                  mean_points: int | Sequence[int] | None = None,
                  mean_mechs: Sequence[str] | None = None,
                  memoize: Memoize | None = None, alpha_points: int = ALPHA_POINTS,
-                 version: int = 0) -> None:
+                 version: int = 0, sw_b: float | Sequence[float] | None = None) -> None:
         """``mean_points``: the k-point mechanism's k, one for every attribute or one per
         attribute (default :func:`~.numeric.points_k` of its ε); ``mean_mechs``: each
         attribute's mean mechanism as resolved before (a stored state's), instead of resolving
-        ``mean``."""
+        ``mean``; ``sw_b``: Square Wave's half-width, one or one per attribute (default
+        :func:`~.numeric.sw_half_width` of its ε)."""
         super().__init__(domain, version)
         m = len(domain)
         eps = [float(epsilon)] * m if np.isscalar(epsilon) else [float(e) for e in epsilon]  # type: ignore[arg-type]  # a sequence here
@@ -195,7 +203,15 @@ class Numeric(Mechanism):
         self.mean_mechs = (list(mean_mechs) if mean_mechs is not None else
                            [nm.choose_mean(e, self.mean_grid, points=k) if mean == "auto" else mean
                             for e, k in zip(eps, ks)])
-        self.buckets = [int(buckets) if buckets else sw_buckets(e) for e in eps]
+        if sw_b is None:
+            bs = [nm.sw_half_width(e) for e in eps]
+        else:
+            bs = [float(sw_b)] * m if np.isscalar(sw_b) else [float(b) for b in sw_b]  # type: ignore[arg-type]  # a sequence here
+        if len(bs) != m or any(not np.isfinite(b) or b <= 0 for b in bs):
+            raise ParamError("sw_b", f"need {m} finite half-widths > 0 (got {bs})")
+        #: Square Wave's half-width b per attribute (on [0, 1]; docs/numeric.md)
+        self.sw_bs = bs
+        self.buckets = [int(buckets) if buckets else sw_buckets(e, b) for e, b in zip(eps, bs)]
         if memoize is not None and memoize.instantaneous_epsilon is not None:
             raise ParamError("memoize.instantaneous_epsilon", "sw-hm memoizes without an "
                                                               "instantaneous layer")
@@ -237,8 +253,9 @@ class Numeric(Mechanism):
 
     @cached_property
     def _sw_parts(self) -> dict[int, np.ndarray]:
-        return {j: self._rounded(j, nm.sw_channel(e, nm.grid_v(G), k))
-                for j, (e, G, k) in enumerate(zip(self.eps_in, self.domain.shape, self.buckets))
+        return {j: self._rounded(j, nm.sw_channel(e, nm.grid_v(G), k, b))
+                for j, (e, G, k, b) in enumerate(zip(self.eps_in, self.domain.shape,
+                                                     self.buckets, self.sw_bs))
                 if self.is_numeric(j)}
 
     def sw_part(self, j: int) -> np.ndarray:
@@ -250,7 +267,7 @@ class Numeric(Mechanism):
         (:func:`~.numeric.layout`: the one definition the channel, the randomizer, the count
         tensors and the device description share)."""
         return nm.layout(self.mean_mechs[j], self.eps_in[j], self.mean_share, self.mean_grid,
-                         self.buckets[j], self.mean_points[j])
+                         self.buckets[j], self.mean_points[j], self.sw_bs[j])
 
     def mean_cells(self, j: int) -> int:
         """The cells before Square Wave's in attribute j's column (the mean mechanism's)."""
@@ -385,7 +402,8 @@ class Numeric(Mechanism):
             cell[task] = nm.sample_mean(self.mean_mechs[j], e, nm.grid_t(G)[x[task]],
                                         self.mean_out(j), rng)
             sw = self.layout(j)[-1]
-            cell[~task] = sw.offset + nm.sample_sw(e, nm.grid_v(G)[x[~task]], sw.cells, rng)
+            cell[~task] = sw.offset + nm.sample_sw(e, nm.grid_v(G)[x[~task]], sw.cells, rng,
+                                                   sw.b)
             out[:, j] = cell
         return out
 
@@ -495,7 +513,8 @@ class Numeric(Mechanism):
             d = int(bins)
         d = min(G, d)
         x, iters = nm.ems(cs, nm.binned_channel(self.sw_part(j), d))
-        band, _ = self.band(j, bound_bins(self.eps_in[j], d, len(cs)), np.ones(1), cs[None])
+        band, _ = self.band(j, bound_bins(self.eps_in[j], d, len(cs), self.sw_bs[j]), np.ones(1),
+                            cs[None])
         band = band.of_reported(reported)
         z = float(ndtri(0.5 + LEVEL / 2))
         span = hi - lo
@@ -515,8 +534,7 @@ class Numeric(Mechanism):
                                for ra, rb in options["ranges"]]
         extra["histogram"] = x.tolist()
         # on the attribute's grid: each bin's mass spread over its grid points
-        which = nm.bin_of_grid(G, d)
-        grid = x[which] / np.bincount(which, minlength=d)[which]
+        grid = nm.spread_on_grid(x, G)
         b = unbounded(grid)   # on the grid only W1 is bounded (extra["w1_bound"])
         return Estimate(Factor(self.domain.project((a,)), grid), "distribution", n,
                         self.epsilon, error_bound=b.tvd, bound=b, iterations=iters, extra=extra)
@@ -577,11 +595,10 @@ class Numeric(Mechanism):
                 if tot >= 1:
                     d = min(G, nm.auto_bins(self.eps_in[jx], int(tot)))
                     x, _ = nm.ems(sw[i], nm.binned_channel(self.sw_part(jx), d))
-                    which = nm.bin_of_grid(G, d)
-                    grid[i] = x[which] / np.bincount(which, minlength=d)[which]
+                    grid[i] = nm.spread_on_grid(x, G)
                     # its bounds from its own unbiased CDF: signed counts, a ratio per edge
-                    band, D = self.band(jx, bound_bins(self.eps_in[jx], d, len(sw[i])), A[i],
-                                        T[:, k:])
+                    band, D = self.band(jx, bound_bins(self.eps_in[jx], d, len(sw[i]),
+                                                       self.sw_bs[jx]), A[i], T[:, k:])
                     if D > 0:
                         # runs a bin apart are one here: at half a bin a category's
                         # quantiles covered 92.5 % (docs/numeric.md "Per-category bounds")
@@ -725,7 +742,8 @@ class Numeric(Mechanism):
         numeric attribute; an attribute with none is categorical, through GRR), ``mean`` (auto, hm, pm,
         duchi, points), ``mean_share`` (0.5), ``buckets`` (SW cells; default from ε), ``mean_grid``
         (PM output points, 129), ``mean_points`` (the k-point mechanism's k, 2 … 64; default
-        from ε; with ``mean`` auto or points)."""
+        from ε; with ``mean`` auto or points), ``sw_b`` (SW's half-width on [0, 1], in (0, 0.5],
+        or ``li``: Li et al.'s; default from ε: :func:`~.numeric.sw_half_width`)."""
         pr = Params(cls.name, params)
         raw = pr.value("ranges")
         mean = pr.choice("mean", "auto", ("auto",) + nm.MEAN_MECHANISMS)
@@ -733,6 +751,9 @@ class Numeric(Mechanism):
         buckets = pr.integer("buckets", None, ge=8, le=4096)
         grid = pr.integer("mean_grid", MEAN_GRID, ge=3, le=4097)
         k = pr.integer("mean_points", None, ge=nm.POINTS_MIN, le=nm.POINTS_MAX)
+        # "li": Li et al.'s half-width at the attribute's ε (values with point masses)
+        li = pr.value("sw_b") == "li"
+        half = None if li else pr.number("sw_b", None, gt=0.0, le=0.5)
         raw_memo = pr.value("memoize")
         points = pr.integer("alpha_points", None, ge=1, le=1024)
         pr.done()
@@ -758,11 +779,14 @@ class Numeric(Mechanism):
         ranges = {a: _range(a, raw[a]) if a in raw else domain.numeric_range(a)
                   for a in domain.attrs}
         ranges = {a: r for a, r in ranges.items() if r is not None}
-        return cls(domain, ranges, attribute_budget(epsilon, epsilon_scope, len(domain)),
+        eps = attribute_budget(epsilon, epsilon_scope, len(domain))
+        if li:
+            half = nm.sw_b(eps)
+        return cls(domain, ranges, eps,
                    mean=str(mean), mean_share=0.5 if share is None else share,
                    buckets=buckets, mean_grid=MEAN_GRID if grid is None else grid,
                    mean_points=k, memoize=memoize, alpha_points=points or ALPHA_POINTS,
-                   version=version)
+                   version=version, sw_b=half)
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "Numeric":
@@ -780,7 +804,10 @@ class Numeric(Mechanism):
                    buckets=None, mean_grid=grid, mean_points=state.get("mean_points"),
                    mean_mechs=mechs, memoize=memoize_of(state),
                    alpha_points=int(state.get("alpha_points", ALPHA_POINTS)),
-                   version=int(state.get("version", 0))).with_buckets(state["buckets"])
+                   version=int(state.get("version", 0)),
+                   # a state from before the half-width was chosen: Li et al.'s b
+                   sw_b=state.get("sw_b") or [nm.sw_b(float(e)) for e in state["epsilons"]]
+                   ).with_buckets(state["buckets"])
 
     def with_buckets(self, buckets: Sequence[int]) -> "Numeric":
         """This state with the SW bucket count of every attribute set."""
@@ -796,6 +823,7 @@ class Numeric(Mechanism):
                 "mean": self.mean_spec, "mean_share": self.mean_share,
                 "mean_grid": self.mean_grid, "buckets": list(self.buckets),
                 "mean_points": list(self.mean_points), "mean_mechanisms": list(self.mean_mechs),
+                "sw_b": list(self.sw_bs),
                 **memoize_state(self.memoize),
                 **({"alpha_points": self.alpha_points} if self.memoize is not None else {})}
 

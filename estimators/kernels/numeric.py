@@ -36,11 +36,11 @@ from ldpstream.estimators.kernels.channels import epsilon
 
 __all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "duchi_channel",
            "pm_channel", "hm_channel", "points_channel", "points_k", "sample_points",
-           "hm_alpha", "sw_b", "sw_channel", "closed_form_variance", "worst_variance",
-           "MEAN_MECHANISMS", "LEGACY_MEAN_MECHANISMS", "POINTS_MIN", "POINTS_MAX", "mean_cells",
-           "choose_mean", "MeanEstimate", "mean_estimate", "ems",
+           "hm_alpha", "sw_b", "sw_half_width", "sw_channel", "closed_form_variance",
+           "worst_variance", "MEAN_MECHANISMS", "LEGACY_MEAN_MECHANISMS", "POINTS_MIN",
+           "POINTS_MAX", "mean_cells", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
            "auto_bins", "cv_bins", "edge_segments", "ratio_cov", "share_rows", "grid_mid", "bin_of_grid",
-           "binned_channel",
+           "grid_bin_weights", "binned_channel", "spread_on_grid",
            "cdf_at", "quantile", "w1_hist", "w1_samples",
            "sample_duchi", "sample_pm", "sample_sw", "round_to_grid", "epsilon", "CdfBand",
            "unbiased_cdf", "Task", "layout", "task_channel", "wave"]
@@ -294,15 +294,18 @@ class Task:
     weight: float
     offset: int
     cells: int
+    #: Square Wave's half-width b (``sw`` only; None: Li et al.'s :func:`sw_b`)
+    b: float | None = None
 
 
 def layout(mean: str, eps: float, share: float, K: int, buckets: int,
-           points: int = POINTS_MIN) -> tuple[Task, ...]:
+           points: int = POINTS_MIN, b: float | None = None) -> tuple[Task, ...]:
     """THE cells of a numeric attribute's report column, in order: the mean mechanism's (PM's K
     rounded points, Duchi's 2, HM's PM then Duchi, the k-point mechanism's ``points``), then
     Square Wave's ``buckets``; a report does the mean task with probability ``share`` (HM: PM
-    with α of it). The family's channel, its randomizer, its count tensors and the device
-    description all come from it (a task of weight 0 keeps its cells)."""
+    with α of it); ``b``: SW's half-width (None: :func:`sw_b`). The family's channel, its
+    randomizer, its count tensors and the device description all come from it (a task of
+    weight 0 keeps its cells)."""
     if mean == "hm":
         a = hm_alpha(eps)
         parts = [("pm", share * a, K), ("duchi", share * (1 - a), 2)]
@@ -312,7 +315,7 @@ def layout(mean: str, eps: float, share: float, K: int, buckets: int,
         raise ValueError(f"unknown mean mechanism {mean!r} (known: {', '.join(MEAN_MECHANISMS)})")
     out, off = [], 0
     for kind, w, k in parts + [("sw", 1 - share, buckets)]:
-        out.append(Task(kind, float(w), off, int(k)))
+        out.append(Task(kind, float(w), off, int(k), b if kind == "sw" else None))
         off += int(k)
     return tuple(out)
 
@@ -325,7 +328,7 @@ def task_channel(t: Task, eps: float, G: int) -> np.ndarray:
         return duchi_channel(eps, grid_t(G))[0]
     if t.kind == "points":
         return points_channel(eps, grid_t(G), t.cells)[0]
-    return sw_channel(eps, grid_v(G), t.cells)
+    return sw_channel(eps, grid_v(G), t.cells, t.b)
 
 
 def wave(t: Task, eps: float) -> dict[str, float | bool | tuple[float, float]]:
@@ -349,7 +352,7 @@ def wave(t: Task, eps: float) -> dict[str, float | bool | tuple[float, float]]:
         h = 1.0 / (t.cells - 1)
         return {"lo": -h / 2, "hi": 1 + h / 2, "at": (1.0, -h / 2), "width": h,
                 "p": _points_pb(eps, t.cells)[0], "rounded": False}
-    b = sw_b(eps)
+    b = sw_b(eps) if t.b is None else t.b
     e = math.exp(eps)
     return {"lo": -b, "hi": 1 + b, "at": (1.0, -b), "width": 2 * b,
             "p": 2 * b * e / (2 * b * e + 1), "rounded": False}
@@ -363,16 +366,31 @@ def sw_b(eps: float) -> float:
     return (eps * e - e + 1) / (2 * e * (e - 1 - eps))
 
 
-def _sw_pq(eps: float) -> tuple[float, float, float]:
-    b = sw_b(eps)
+#: the default half-width's floor c·e^{−ε/3} (:func:`sw_half_width`; measured, docs/numeric.md)
+SW_B_FLOOR = 0.2
+
+
+def sw_half_width(eps: float) -> float:
+    """SW's half-width b for a new collection: Li et al.'s :func:`sw_b`, or c·e^{−ε/3}
+    (c = :data:`SW_B_FLOOR`) when that is wider (ε above about 2.6). Li et al.'s b maximizes
+    the mutual information; at large ε it is so narrow that most of the error is the reports
+    sent outside the window (1/(2be^ε + 1) of them: 12 % at ε = 8); a wider window keeps more
+    of them near the value, and EMS on fine buckets still resolves it (docs/numeric.md "The
+    distribution: Square Wave and EMS": W1 over b measured on Beta(5, 2) and Adult's age)."""
+    return max(sw_b(eps), SW_B_FLOOR * math.exp(-eps / 3))
+
+
+def _sw_pq(eps: float, b: float | None = None) -> tuple[float, float, float]:
+    b = sw_b(eps) if b is None else float(b)
     e = math.exp(eps)
     return b, e / (2 * b * e + 1), 1 / (2 * b * e + 1)
 
 
-def sw_channel(eps: float, v: np.ndarray, buckets: int) -> np.ndarray:
+def sw_channel(eps: float, v: np.ndarray, buckets: int, b: float | None = None) -> np.ndarray:
     """SW [Li et al. Alg. 1]: output density p on [v−b, v+b], q = p/e^ε elsewhere on
-    [−b, 1+b], bucketed into ``buckets`` equal cells; ``P[i, j]`` exactly."""
-    b, p, q = _sw_pq(eps)
+    [−b, 1+b], bucketed into ``buckets`` equal cells; ``P[i, j]`` exactly. ``b``: the
+    half-width (None: :func:`sw_b`)."""
+    b, p, q = _sw_pq(eps, b)
     edges = np.linspace(-b, 1 + b, int(buckets) + 1)
     v = np.asarray(v, dtype=float)[:, None]
     inside = np.clip(np.minimum(edges[1:], v + b) - np.maximum(edges[:-1], v - b), 0, None)
@@ -391,14 +409,32 @@ def bin_of_grid(G: int, d: int) -> np.ndarray:
     return np.minimum((np.arange(G) * d) // G, d - 1)
 
 
+def grid_bin_weights(G: int, d: int) -> np.ndarray:
+    """W (G × d): the share of each of d equal bins of [0, 1] in grid point i, the point standing
+    for the values it is the nearest of, [(i − ½)/(G − 1), (i + ½)/(G − 1)] ∩ [0, 1]; a point on
+    a bin edge is split between its two bins. Rows sum to 1; every column is positive."""
+    i = np.arange(int(G))
+    lo = np.clip((i - 0.5) / (G - 1), 0.0, 1.0)
+    hi = np.clip((i + 0.5) / (G - 1), 0.0, 1.0)
+    e = np.linspace(0.0, 1.0, int(d) + 1)
+    W = np.clip(np.minimum(hi[:, None], e[1:]) - np.maximum(lo[:, None], e[:-1]), 0.0, None)
+    return W / W.sum(axis=1, keepdims=True)
+
+
 def binned_channel(P_fine: np.ndarray, d: int) -> np.ndarray:
-    """The channel of d equal input bins from the fine grid's rows (the value uniform over the
-    grid points of its bin, :func:`bin_of_grid`); d ≤ G."""
-    G = P_fine.shape[0]
-    which = bin_of_grid(G, d)
-    out = np.zeros((d, P_fine.shape[1]))
-    np.add.at(out, which, P_fine)
-    return out / np.bincount(which, minlength=d)[:, None]
+    """The channel of d equal input bins of [0, 1] from the fine grid's rows: the value uniform
+    within its bin, so a bin's row is the average of its grid points' rows weighted by their
+    shares in it (:func:`grid_bin_weights`; a point on an edge counts half in each bin, which
+    keeps the bins' masses those of the values, not shifted by half a grid step)."""
+    W = grid_bin_weights(P_fine.shape[0], d)
+    return (W.T @ P_fine) / W.sum(axis=0)[:, None]
+
+
+def spread_on_grid(x: np.ndarray, G: int) -> np.ndarray:
+    """A histogram on d equal bins of [0, 1] on the G grid points: each bin's mass spread over
+    its points by their shares in it (:func:`grid_bin_weights`); sums to x's total."""
+    W = grid_bin_weights(G, np.shape(x)[-1])
+    return np.asarray(x, dtype=float) / W.sum(axis=0) @ W.T
 
 
 def _smooth(x: np.ndarray) -> np.ndarray:
@@ -726,10 +762,12 @@ def sample_mean(name: str, eps: float, t: np.ndarray, K: int,
     return sample_hm(eps, t, K, rng)
 
 
-def sample_sw(eps: float, v: np.ndarray, buckets: int, rng: np.random.Generator) -> np.ndarray:
+def sample_sw(eps: float, v: np.ndarray, buckets: int, rng: np.random.Generator,
+              b: float | None = None) -> np.ndarray:
     """SW's bucket of every v ∈ [0, 1]: uniform on [v−b, v+b] with probability 2bp, else
-    uniform on the rest of [−b, 1+b]; then the bucket holding it."""
-    b, p, _ = _sw_pq(eps)
+    uniform on the rest of [−b, 1+b]; then the bucket holding it (``b``: as
+    :func:`sw_channel`)."""
+    b, p, _ = _sw_pq(eps, b)
     v = np.asarray(v, dtype=float)
     u = rng.random(v.shape)
     inner = rng.random(v.shape) < 2 * b * p

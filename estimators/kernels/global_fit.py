@@ -175,9 +175,11 @@ class _Tree:
     """How every target's marginal is summed from the full table, sharing partial sums: node 0
     is the full table; node i > 0 is node ``parent[i]`` summed over its axis ``axis[i]`` (a
     position among the parent's kept domain axes); ``node[k]`` is target k's node. Each target
-    drops the largest absent domain axis first, so the targets' chains share their prefixes
+    drops the smallest absent domain axis first, so the targets' chains share their prefixes
     and at most one full-size sum per first dropped axis is computed (not one per target);
-    the gradient's broadcasts are accumulated back along the same tree."""
+    the gradient's broadcasts are accumulated back along the same tree. Smallest first: a sum
+    over a leading axis adds long contiguous blocks, where one over the short trailing axes of
+    a large table is several times slower (the order changes the sums by rounding only)."""
 
     parent: tuple[int, ...]
     axis: tuple[int, ...]
@@ -190,7 +192,7 @@ def _tree(ndim: int, targets: Sequence[_Target]) -> _Tree:
     for t in targets:
         kept = list(range(ndim))
         cur = 0
-        for a in sorted(t.drop, reverse=True):
+        for a in sorted(t.drop):
             pos = kept.index(a)
             kept.pop(pos)
             key = tuple(kept)

@@ -32,6 +32,7 @@ generated networks, the table then moves by less than 1e-3 in TVD over 4,000 mor
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Sequence
@@ -177,7 +178,7 @@ def _system(shape: tuple[int, ...], drops: tuple[tuple[int, ...], ...]) -> np.nd
 #: how far the gradient Aᵀ(b − Ap) may exceed 0 at a zero cell for a hinted least-squares
 #: solution to count as the non-negative one (:func:`_nnls_hinted`; A's entries are 0, 1 and
 #: :data:`_SUM_WEIGHT`, b's the targets' cells and :data:`_SUM_WEIGHT`: rounding alone leaves
-#: about 1e-10 there)
+#: a few 1e-10 there)
 KKT_TOL = 1e-9
 
 
@@ -247,7 +248,8 @@ def fit_stacked(domain: Domain, targets: Sequence[Plan], *, tol: float = TOL,
     runs = len(targets[0][1]) if targets else 1
     mus = []
     hint = None   # the first set's positive cells: the others (probes) are near it
-    with _blas_limit():   # small dense solves: a multi-threaded BLAS only spins on them
+    # the hinted solves are small dense products, on which a multi-threaded BLAS only spins
+    with _blas_limit() if runs > 1 else contextlib.nullcontext():
         for b in range(runs):
             mu, positive = _closest(domain, [(d, t[b], s) for d, t, s in targets], hint)
             mus.append(mu)

@@ -175,9 +175,11 @@ class _Tree:
     """How every target's marginal is summed from the full table, sharing partial sums: node 0
     is the full table; node i > 0 is node ``parent[i]`` summed over its axis ``axis[i]`` (a
     position among the parent's kept domain axes); ``node[k]`` is target k's node. Each target
-    drops the largest absent domain axis first, so the targets' chains share their prefixes
+    drops the smallest absent domain axis first, so the targets' chains share their prefixes
     and at most one full-size sum per first dropped axis is computed (not one per target);
-    the gradient's broadcasts are accumulated back along the same tree."""
+    the gradient's broadcasts are accumulated back along the same tree. Smallest first: a sum
+    over a leading axis adds long contiguous blocks, where one over the short trailing axes of
+    a large table is several times slower (the order changes the sums by rounding only)."""
 
     parent: tuple[int, ...]
     axis: tuple[int, ...]
@@ -190,7 +192,7 @@ def _tree(ndim: int, targets: Sequence[_Target]) -> _Tree:
     for t in targets:
         kept = list(range(ndim))
         cur = 0
-        for a in sorted(t.drop, reverse=True):
+        for a in sorted(t.drop):
             pos = kept.index(a)
             kept.pop(pos)
             key = tuple(kept)
@@ -206,45 +208,56 @@ def _tree(ndim: int, targets: Sequence[_Target]) -> _Tree:
 @dataclass(frozen=True)
 class _Fit:
     """What :func:`_loss_grad` needs of a fit, computed once per fit (not per iteration): the
-    summing tree, each target's goal y + shift (runs, …) and its cell variance σ²."""
+    summing tree and, for the targets' cells laid end to end (``edges``: where each target's
+    cells start and end), their goals y + shift (runs × cells) and cell variances σ²."""
 
     tree: _Tree
-    goal: tuple[np.ndarray, ...]
-    var: tuple[np.ndarray, ...]
+    edges: tuple[int, ...]
+    goal: np.ndarray
+    var: np.ndarray
 
 
 def _fit(shape: tuple[int, ...], targets: Sequence[_Target], shift: Sequence[np.ndarray]
          ) -> _Fit:
     """:class:`_Fit` for stacked tables of ``shape`` (leading axis: the runs)."""
-    return _Fit(_tree(len(shape) - 1, targets), tuple(t.y + d for t, d in zip(targets, shift)),
-                tuple(t.sd ** 2 for t in targets))
+    runs = shape[0]
+    edges = tuple(int(e) for e in np.cumsum([0] + [t.y.size for t in targets]))
+    goal = np.concatenate([np.broadcast_to(t.y + d, (runs,) + t.y.shape).reshape(runs, -1)
+                           for t, d in zip(targets, shift)], axis=1)
+    var = np.concatenate([(t.sd ** 2).reshape(-1) for t in targets])
+    return _Fit(_tree(len(shape) - 1, targets), edges, goal, var)
+
+
+def _cells(x: np.ndarray, targets: Sequence[_Target], fit: _Fit) -> list[np.ndarray]:
+    """Each target's table of ``x`` (runs × the targets' cells end to end), runs first."""
+    return [x[:, a:b].reshape((len(x),) + t.y.shape)
+            for t, a, b in zip(targets, fit.edges[:-1], fit.edges[1:])]
 
 
 def _loss_grad(p: np.ndarray, targets: Sequence[_Target], shift: Sequence[np.ndarray],
                fit: _Fit | None = None
-               ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Loss, gradient and fitted marginals of a stack of tables ``p`` (leading axis: the
     run at the measurements, then one per probe; ``shift[k]``: the measurements' offset per
     run, shape (runs, …)); the marginals summed along the tree of ``fit`` (:class:`_Fit`; built
-    here if not given)."""
+    here if not given), returned end to end (runs × cells; :func:`_cells` splits them), so
+    that the residuals, the loss and the risk estimate are a few operations on one array
+    rather than a few per target."""
     if fit is None:
         fit = _fit(p.shape, targets, shift)
     tree = fit.tree
     add = np.add.reduce
+    runs = len(p)
     vals = [p]
     for par, ax in zip(tree.parent[1:], tree.axis[1:]):
         vals.append(add(vals[par], axis=ax + 1))
-    loss = np.zeros(len(p))
+    fitted = np.concatenate([vals[i].reshape(runs, -1) for i in tree.node], axis=1)
+    r = (fitted - fit.goal) / fit.var
+    loss = 0.5 * add(r * r * fit.var, axis=1)
     acc: list[np.ndarray | None] = [None] * len(vals)
-    fitted = []
-    for k, i in enumerate(tree.node):
-        mu = vals[i]
-        var = fit.var[k]
-        r = (mu - fit.goal[k]) / var
-        loss += 0.5 * add((r * r * var).reshape(len(p), -1), axis=1)
+    for i, rk in zip(tree.node, _cells(r, targets, fit)):
         a = acc[i]
-        acc[i] = r if a is None else a + r
-        fitted.append(mu)
+        acc[i] = rk if a is None else a + rk
     for i in range(len(vals) - 1, 0, -1):   # children after their parents: push back up
         a = acc[i]
         if a is None:
@@ -303,7 +316,10 @@ def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
     p = np.full((runs,) + tuple(domain.shape), 1.0 / domain.size())
     plan = _fit(p.shape, targets, shift)
     loss, grad, fit = _loss_grad(p, targets, shift, plan)
-    probe = [u[1:] for u in unit]
+    # the risk's terms end to end as the fitted cells: the probes' draws over σ², y, σ
+    weight = np.concatenate([u[1:].reshape(n_probes, -1) for u in unit], axis=1) / plan.var
+    y = np.concatenate([t.y.reshape(-1) for t in targets])
+    sd = np.concatenate([t.sd.reshape(-1) for t in targets])
     eta = min(float(t.sd.min()) for t in targets) ** 2
     best = (np.inf, 0, p)
     it = 0
@@ -317,9 +333,8 @@ def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
                 break
             eta *= 0.5
         p, loss, grad, fit = q, lq, gq, fq   # the probes' runs take the same steps
-        div = sum(float((u * (f[1:] - f[0]) / v).sum()) / PROBE_STEP
-                  for v, u, f in zip(plan.var, probe, fit)) / n_probes
-        res = sum(float((((f[0] - t.y) / t.sd) ** 2).sum()) for t, f in zip(targets, fit))
+        div = float((weight * (fit[1:] - fit[0])).sum()) / PROBE_STEP / n_probes
+        res = float((((fit[0] - y) / sd) ** 2).sum())
         risk = res - trace + 2.0 * div
         if on_iterate is not None:
             on_iterate(it, p[0], risk)

@@ -107,7 +107,7 @@ def test_half_width_param() -> None:
     li = cls.from_config(dom, {"ranges": {"age": [0, 1]}, "sw_b": "li"}, epsilon=4.0)
     assert li.sw_bs == [nm.sw_b(4.0)] and li.buckets == [sw_buckets(4.0, nm.sw_b(4.0))]
     for bad, msg in ((0, "must be > 0"), (-0.1, "must be > 0"), (0.6, "must be <= 0.5"),
-                     ("wide", "must be a finite number")):
+                     ("wide", "must be a number in \\(0, 0.5\\] or li"), (True, "must be a finite number")):
         with pytest.raises(ParamError, match=f"^sw_b: {msg}") as err:
             cls.from_config(dom, {"ranges": {"age": [0, 1]}, "sw_b": bad}, epsilon=4.0)
         assert err.value.field == "sw_b"

@@ -45,6 +45,9 @@ class TensorSpec:
     axes: tuple[str, ...]
     shape: tuple[int, ...]
     columns: tuple[int, ...] = ()
+    #: what of the channel behind the counts the key and shape do not say ("": nothing), so
+    #: that counts of another channel are kept apart (agents/store/layout.py)
+    channel: str = ""
 
     @property
     def size(self) -> int:

@@ -134,3 +134,31 @@ def test_bins_keep_the_values_masses() -> None:
     # a point on an edge: half in each bin
     W = nm.grid_bin_weights(9, 2)
     np.testing.assert_allclose(W[4], [0.5, 0.5], rtol=1e-12)
+
+
+def test_counts_of_another_channel_with_the_same_shape_are_kept_apart() -> None:
+    """At ε = 4 Li et al.'s window and the wider one both give 128 buckets: the same tensor
+    shapes, other channels. The tensors say so (``channel``), so their counts go to other keys
+    (the layout id); the channels of earlier versions (HM, Li et al.'s b) say nothing, so the
+    counts of a collection that pins them keep the keys they had."""
+    from ldpstream.agents.store.layout import Layout
+
+    cls = mechanism_class("sw-hm")
+    dom = numeric_domain(["fw", "age"], 33)
+    marg = [("age",), ("fw", "age")]
+    wide = cls.from_config(dom, {"ranges": {"age": [0, 1]}}, epsilon=4.0)
+    li = cls.from_config(dom, {"ranges": {"age": [0, 1]}, "sw_b": "li"}, epsilon=4.0)
+    legacy = cls.from_config(dom, {"ranges": {"age": [0, 1]}, "sw_b": "li", "mean": "hm"},
+                             epsilon=4.0)
+    assert wide.buckets == li.buckets == [128, 128]
+    t_wide, t_li, t_legacy = (m.tensors(marg) for m in (wide, li, legacy))
+    assert [t.shape for t in t_wide] == [t.shape for t in t_li] != [t.shape for t in t_legacy]
+    assert all(t.channel for t in t_wide) and all(t.channel for t in t_li)
+    assert all(t.channel == "" for t in t_legacy)
+    ids = {Layout.of(0, t).id for t in (t_wide, t_li, t_legacy)}
+    assert len(ids) == 3
+    # a stored state tags its tensors as the collection it came from
+    assert from_state(wide.state()).tensors(marg) == t_wide
+    old = {k: v for k, v in legacy.state().items()
+           if k not in ("mean_points", "mean_mechanisms", "sw_b")}
+    assert from_state(old).tensors(marg) == t_legacy

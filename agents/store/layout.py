@@ -2,9 +2,10 @@
 
 Cell 0 holds the number of reports counted; tensor ``specs[i]`` follows at ``offsets[i]``. One
 Redis string per (shard, version, bucket) holds a whole layout (agents/store/keys.py), so that a refresh
-reads one key per bucket, not one per tensor. The layout id (a hash of the tensor keys and shapes)
-is part of the key: a config that changes the marginals counts into new keys instead of
-misreading old ones.
+reads one key per bucket, not one per tensor. The layout id (a hash of the tensor keys and shapes,
+and of what a tensor's ``channel`` says of the channel behind it) is part of the key: a config
+that changes the marginals, or a channel that changes with the same shape, counts into new keys
+instead of misreading old ones.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class Layout:
     size: int = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        text = ";".join(f"{s.key}={'x'.join(map(str, s.shape))}" for s in self.specs)
+        text = ";".join(f"{s.key}={'x'.join(map(str, s.shape))}"
+                        + (f"@{s.channel}" if s.channel else "") for s in self.specs)
         object.__setattr__(self, "id", hashlib.sha1(text.encode()).hexdigest()[:10])
         offs, at = [], 1
         for s in self.specs:

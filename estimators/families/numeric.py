@@ -26,6 +26,7 @@ is the attribute's ε (each task at full ε, a device does one of them). Estimat
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import cached_property
 from typing import Any, Mapping, Sequence
@@ -438,7 +439,26 @@ class Numeric(Mechanism):
 
     # --- server side ----------------------------------------------------------------------------
     def tensors(self, marginals: Sequence[Sequence[str]]) -> list[TensorSpec]:
-        return marginal_tensors(self.domain, marginals, self.report_bounds())
+        """The marginals' count tensors, each tagged with :meth:`channel_tag` of its attributes."""
+        return [dataclasses.replace(t, channel=self.channel_tag(t.axes))
+                for t in marginal_tensors(self.domain, marginals, self.report_bounds())]
+
+    def channel_tag(self, attrs: Sequence[str]) -> str:
+        """What the count tensor of ``attrs`` must say of their channels beyond its shape: the
+        k-point mean's k and a Square Wave half-width other than Li et al.'s; empty for the
+        channels of earlier versions, whose counts keep their keys. A channel that changes with
+        the same shape (the window at ε 3–6, whose buckets stay 128) then counts into new keys
+        instead of adding to counts of another channel (agents/store/layout.py)."""
+        parts = []
+        for a in attrs:
+            if a not in self.ranges:
+                continue
+            j = self.domain.axes((a,))[0]
+            if self.mean_mechs[j] == "points":
+                parts.append(f"{a}:points{self.mean_points[j]}")
+            if self.sw_bs[j] != nm.sw_b(self.eps_in[j]):
+                parts.append(f"{a}:b{self.sw_bs[j]:.12g}")
+        return ",".join(parts)
 
     def check_marginal(self, attrs: Sequence[str], method: str) -> str | None:
         """One numeric attribute (mean, distribution), one categorical (distribution), or a

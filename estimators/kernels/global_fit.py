@@ -36,6 +36,7 @@ composition (residual to y, divergence through both).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -234,6 +235,26 @@ def _cells(x: np.ndarray, targets: Sequence[_Target], fit: _Fit) -> list[np.ndar
             for t, a, b in zip(targets, fit.edges[:-1], fit.edges[1:])]
 
 
+#: the fewest cells :func:`_sum_axis` sums slice by slice (below, one reduction call is cheaper)
+SLICED_SUM = 1024
+
+
+def _sum_axis(x: np.ndarray, axis: int) -> np.ndarray:
+    """``x`` summed over ``axis``, equal to ``np.add.reduce`` to the bit: over a short axis
+    (fewer than 8 entries, where the reduction adds them one after the other, x₀ + x₁ + …, not
+    pairwise) the slices are added in that order, a few calls on long runs of cells, several
+    times faster on a large table than the reduction, whose inner loop runs over the short
+    trailing axes (or over the short axis itself)."""
+    n = x.shape[axis]
+    if n < 2 or n >= 8 or x.size < SLICED_SUM:
+        return np.add.reduce(x, axis=axis)
+    v = x.reshape(math.prod(x.shape[:axis]), n, math.prod(x.shape[axis + 1:]))
+    out = v[:, 0] + v[:, 1]
+    for k in range(2, n):
+        np.add(out, v[:, k], out=out)
+    return out.reshape(x.shape[:axis] + x.shape[axis + 1:])
+
+
 def _loss_grad(p: np.ndarray, targets: Sequence[_Target], shift: Sequence[np.ndarray],
                fit: _Fit | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -250,7 +271,7 @@ def _loss_grad(p: np.ndarray, targets: Sequence[_Target], shift: Sequence[np.nda
     runs = len(p)
     vals = [p]
     for par, ax in zip(tree.parent[1:], tree.axis[1:]):
-        vals.append(add(vals[par], axis=ax + 1))
+        vals.append(_sum_axis(vals[par], ax + 1))
     fitted = np.concatenate([vals[i].reshape(runs, -1) for i in tree.node], axis=1)
     r = (fitted - fit.goal) / fit.var
     loss = 0.5 * add(r * r * fit.var, axis=1)

@@ -246,7 +246,7 @@ def _sum_axis(x: np.ndarray, axis: int) -> np.ndarray:
     """``x`` summed over ``axis``, equal to ``np.add.reduce`` to the bit: over a short axis
     (fewer than 8 entries, where the reduction adds them one after the other, x₀ + x₁ + …, not
     pairwise) followed by few cells (:data:`SLICE_INNER`) of a large table
-    (:data:`SLICE_OUTER`), the slices are added in that order, two to three times faster than
+    (:data:`SLICE_OUTER`), the slices are added in that order, two to four times faster than
     the reduction, whose inner loop runs over the short trailing axes (or over the short axis
     itself); elsewhere the reduction is as fast or faster."""
     n = x.shape[axis]

@@ -29,33 +29,12 @@ from typing import Sequence
 
 import numpy as np
 
+from ldpstream.estimators.kernels.blas import blas_limit
+
 __all__ = ["mode_product", "castell", "castell_naive", "castell_reduced", "castell_variance",
-           "expected_tvd", "check_inputs", "apply_modes", "inverses", "BLAS_THREADS"]
+           "expected_tvd", "check_inputs", "apply_modes", "inverses"]
 
-#: BLAS threads used by :func:`apply_modes` on large tensors (``None``: leave BLAS as it is).
-#: The products are skinny (inner dimension d_i), close to memory-bound, and a multi-threaded
-#: BLAS collapses when the cores are shared (measured: 30× slower per pass on a loaded 2-core
-#: machine), so one thread is the robust default. Needs ``threadpoolctl`` (a scikit-learn
-#: dependency); without it the setting is ignored.
-BLAS_THREADS: int | None = 1
 _LIMIT_FROM = 1 << 16  # smaller products run single-threaded in BLAS anyway
-_controller = None
-
-
-def _blas_limit():
-    """Context manager limiting BLAS to :data:`BLAS_THREADS` threads (a no-op if unavailable)."""
-    global _controller
-    if BLAS_THREADS is None:
-        return contextlib.nullcontext()
-    if _controller is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-            _controller = ThreadpoolController()
-        except Exception:  # pragma: no cover - optional dependency
-            _controller = False
-    if _controller is False:
-        return contextlib.nullcontext()
-    return _controller.limit(limits=BLAS_THREADS, user_api="blas")
 
 
 def mode_product(T: np.ndarray, M: np.ndarray, axis: int) -> np.ndarray:
@@ -131,7 +110,7 @@ def apply_modes(T: np.ndarray, mats: Sequence[np.ndarray], *, out: np.ndarray | 
     mats = [np.asarray(M, dtype=float) for M in mats]
     if scale != 1.0:
         mats[0] = mats[0] * scale
-    with _blas_limit() if N >= _LIMIT_FROM else contextlib.nullcontext():
+    with blas_limit() if N >= _LIMIT_FROM else contextlib.nullcontext():
         X = T
         for i, M in enumerate(mats):
             d = shape[i]

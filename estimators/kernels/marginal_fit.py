@@ -40,7 +40,7 @@ from typing import Sequence
 import numpy as np
 from scipy.optimize import nnls
 
-from ldpstream.estimators.kernels.castell import _blas_limit
+from ldpstream.estimators.kernels.blas import blas_limit
 from ldpstream.estimators.kernels.domain import Domain, Factor
 
 __all__ = ["fit_marginals", "fit_stacked", "FitResult", "ipf", "ipf_stacked",
@@ -193,7 +193,7 @@ def _nnls_hinted(A: np.ndarray, b: np.ndarray, hint: np.ndarray | None) -> np.nd
         sub = A[:, hint]
         # the normal equations and one step of iterative refinement (the corrected
         # semi-normal equations: measured within 1e-13 of the marginals of the solve below,
-        # ten times faster than it; one BLAS thread: the caller's _blas_limit)
+        # ten times faster than it; one BLAS thread: the caller's blas_limit)
         gram = sub.T @ sub
         try:
             z = np.linalg.solve(gram, sub.T @ b)
@@ -249,7 +249,7 @@ def fit_stacked(domain: Domain, targets: Sequence[Plan], *, tol: float = TOL,
     mus = []
     hint = None   # the first set's positive cells: the others (probes) are near it
     # the hinted solves are small dense products, on which a multi-threaded BLAS only spins
-    with _blas_limit() if runs > 1 else contextlib.nullcontext():
+    with blas_limit() if runs > 1 else contextlib.nullcontext():
         for b in range(runs):
             mu, positive = _closest(domain, [(d, t[b], s) for d, t, s in targets], hint)
             mus.append(mu)

@@ -772,10 +772,10 @@ class Numeric(Mechanism):
         grid = pr.integer("mean_grid", MEAN_GRID, ge=3, le=4097)
         k = pr.integer("mean_points", None, ge=nm.POINTS_MIN, le=nm.POINTS_MAX)
         # "li": Li et al.'s half-width at the attribute's ε (values with point masses)
-        li = pr.value("sw_b") == "li"
-        if isinstance(pr.value("sw_b"), str) and not li:
-            raise ParamError("sw_b", f"must be a number in (0, 0.5] or li "
-                                     f"(got {pr.value('sw_b')!r})")
+        raw_b = pr.value("sw_b")
+        li = raw_b == "li"
+        if isinstance(raw_b, str) and not li:
+            raise ParamError("sw_b", f"must be a number in (0, 0.5] or li (got {raw_b!r})")
         half = None if li else pr.number("sw_b", None, gt=0.0, le=0.5)
         raw_memo = pr.value("memoize")
         points = pr.integer("alpha_points", None, ge=1, le=1024)

@@ -39,7 +39,7 @@ __all__ = ["DEFAULT_GRID", "numeric_labels", "grid_t", "grid_v", "quantize", "du
            "hm_alpha", "sw_b", "sw_half_width", "sw_channel", "closed_form_variance",
            "worst_variance", "MEAN_MECHANISMS", "LEGACY_MEAN_MECHANISMS", "POINTS_MIN",
            "POINTS_MAX", "mean_cells", "choose_mean", "MeanEstimate", "mean_estimate", "ems",
-           "auto_bins", "cv_bins", "edge_segments", "ratio_cov", "share_rows", "grid_mid", "bin_of_grid",
+           "auto_bins", "cv_bins", "edge_segments", "ratio_cov", "share_rows", "grid_mid",
            "grid_bin_weights", "binned_channel", "spread_on_grid",
            "cdf_at", "quantile", "w1_hist", "w1_samples",
            "sample_duchi", "sample_pm", "sample_sw", "round_to_grid", "epsilon", "CdfBand",
@@ -401,12 +401,6 @@ def sw_channel(eps: float, v: np.ndarray, buckets: int, b: float | None = None) 
 def grid_mid(d: int) -> np.ndarray:
     """The midpoints of d equal bins of [0, 1]."""
     return (np.arange(d) + 0.5) / d
-
-
-def bin_of_grid(G: int, d: int) -> np.ndarray:
-    """The bin (of d equal bins of [0, 1]) holding each of the G grid points, the top end in
-    the last bin; every bin holds at least one point when d ≤ G."""
-    return np.minimum((np.arange(G) * d) // G, d - 1)
 
 
 def grid_bin_weights(G: int, d: int) -> np.ndarray:

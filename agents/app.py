@@ -24,6 +24,7 @@ import tempfile
 import threading
 from typing import Any
 
+from ldpstream import termination
 from ldpstream.agents import heap
 from ldpstream.agents.context import Context
 from ldpstream.agents.control.controller import Controller
@@ -270,6 +271,10 @@ def _prompt_worker_class() -> type:
             _exit_after(STOP_GRACE_S)
             super()._on_sigint()
 
+        def stop_on_signal(self) -> None:
+            """Stop as on SIGTERM (what the loop calls until faust installs its own handlers)."""
+            self._on_sigterm()
+
         def _crash(self, reason: BaseException) -> None:
             """Any part of the app crashed (mode marks every node of the tree, this worker
             too): stop, and exit non-zero within :data:`STOP_GRACE_S` whatever the stop waits
@@ -318,6 +323,10 @@ def main(args) -> int:
           f"(collections: {', '.join(config.collections)})",
           file=sys.stderr, flush=True)
     worker = _PromptWorker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    # the loop takes the stop signals before it runs: faust installs its handlers only once the
+    # worker starts, and the exception SIGTERM raises until then, inside one of the loop's tasks
+    # (or in a module compiled while it starts), would be lost and the worker run on
+    termination.on_loop(worker.stop_on_signal, loop=worker.loop)
     heap.pin_mmap_threshold()
     try:
         worker.execute_from_commandline()

@@ -41,10 +41,12 @@ def raise_if_received() -> None:
 
 
 def on_loop(stop: Callable[[], None],
-            signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
-    """The running loop calls ``stop`` on each of ``signals`` from now on, and soon if SIGTERM
-    arrived before (its exception lost while the command started)."""
-    loop = asyncio.get_running_loop()
+            signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM),
+            loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """``loop`` (the running one by default; a loop not yet running acts once it runs) calls
+    ``stop`` on each of ``signals`` from now on, and soon if SIGTERM arrived before (its
+    exception lost while the command started)."""
+    loop = loop if loop is not None else asyncio.get_running_loop()
     for sig in signals:
         loop.add_signal_handler(sig, stop)
     if _received:

@@ -59,3 +59,24 @@ def test_a_loop_handler_installed_after_a_lost_sigterm_stops_at_once(fresh):
 
     assert asyncio.run(run(lose=False)) is False
     assert asyncio.run(run(lose=True)) is True
+
+
+def test_a_loop_not_yet_running_takes_sigterm_instead_of_its_tasks(fresh):
+    """The worker hands SIGTERM to its loop before the loop runs: raised inside one of the loop's
+    tasks, the exception would end that task alone and the command run on."""
+    loop = asyncio.new_event_loop()
+    stopped: list[bool] = []
+    try:
+        termination.on_loop(lambda: stopped.append(True), (signal.SIGTERM,), loop=loop)
+
+        async def busy() -> str:
+            signal.raise_signal(signal.SIGTERM)   # lands while a task runs
+            await asyncio.sleep(0.2)
+            return "ran on"
+
+        assert loop.run_until_complete(busy()) == "ran on"   # no Terminated in the task
+        assert stopped == [True] and not termination.received()
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        loop.close()
+        signal.signal(signal.SIGTERM, termination.on_sigterm)

@@ -56,8 +56,7 @@ def test_config_accepts_a_numeric_attribute_and_names_bad_fields():
             ({"bins": {"sex": 4}}, "params.bins.sex", "not a numeric attribute"),
             ({"bins": {"battery": 65}}, "params.bins.battery", "2…64"),
             ({"bins": {"battery": "many"}}, "params.bins.battery", "integer"),
-            ({"bins": [5]}, "params.bins", "numeric attribute: points"),
-            ({"memoize": {"rotation_s": 86400}}, "params.memoize", "not memoized")):
+            ({"bins": [5]}, "params.bins", "numeric attribute: points")):
         with pytest.raises(ConfigError) as exc:
             parse_config(_config(**params))
         assert f"collections[0].{field}: " in str(exc.value) and words in str(exc.value), \

@@ -899,7 +899,7 @@ def summary_of(est: Estimate) -> dict[str, Any]:
         out["mean"] = {"value": x["mean"], "low": x["mean_low"], "high": x["mean_high"],
                        "stderr": x["stderr"], "mechanism": x["mechanism"],
                        "reports": x["reports"]}
-    else:
+    elif "mean" in x:   # absent: no report of the group estimated (partitioned, small n)
         out.update(mean=_mean_of(x), reports=x["reports"],
                    quantiles={p: iv(v) for p, v in x["quantiles"].items()},
                    histogram={"bins": x["bins"], "mass": x["histogram"]},

@@ -413,7 +413,8 @@ class Partitioned(Mechanism):
     def guarantee(self) -> Guarantee:
         """Memoized: per report the composed oracles' ε; per rotation the permanent oracles'
         (the assignment is fixed for the period, the reports of one value re-randomize one
-        memo), per day that times the periods a day meets (:mod:`.longitudinal`)."""
+        memo; a numeric value: of one α-point rounded point), per day that times the periods a
+        day meets (:mod:`.longitudinal`)."""
         if self.memoize is None:
             return Guarantee.fresh(self.epsilon)
         per_rotation = self.per_report * max(o.epsilon for o in self.permanent_oracles)

@@ -33,8 +33,9 @@ and *steps* applied in order to a record of category (or grid) indices:
 * ``round`` (numeric attributes inside ``partitioned``'s marginals, docs/numeric.md): attribute
   ``in``'s grid index is rounded without bias to one of the grid indices ``points`` (a fresh
   uniform u per report, :func:`round_index`) and replaced by that point's index, so the
-  attribute has ``len(points)`` cells for every later step; leading top-level steps only, costs
-  nothing (pre-processing of the record: every point is a grid value).
+  attribute has ``len(points)`` cells for every later step; leading top-level steps only (or
+  leading a ``kind: partition`` memo's permanent steps), costs nothing (pre-processing of the
+  record: every point is a grid value).
 
 * ``partition``: the device's id picks the first of the ``tables`` (a fixed assignment); each
   report column ``out[s]`` carries table (first + s) mod K through its oracle (GRR, or OLH with
@@ -49,7 +50,10 @@ value first [Ding et al., NeurIPS 2017, §3]: ``points`` on its grid and the ``s
 device's α (:func:`round_spec`, :func:`device_alpha`), so a memo is keyed by the rounded
 value. ``kind: partition`` memoizes one ``partition`` step instead: the first table fixed per
 (device, period), the code of each (table, cell) kept, ``instantaneous_p`` re-randomizing its
-value per report (producers/program_memo.py).
+value per report (producers/program_memo.py); with numeric attributes ``round`` α-point rounds
+them as above and a ``round`` step per rounded attribute (the same points) leads the
+``partition`` step, mapping the rounded value, a point, to its index (no uniform needed: a
+point rounds to itself).
 
 ε of a description is computed from the channels it applies (:func:`program_epsilon`), never
 read from a declared field: steps compose sequentially (sum), ``select`` costs its dearest

@@ -496,6 +496,14 @@ class Partitioned(Mechanism):
         return self.randomize_assigned(
             records, assign_by_device(ids, len(self.marginals), self.assign_seed), rng)
 
+    def device_records(self, records: np.ndarray, device_ids: np.ndarray) -> np.ndarray:
+        """Memoized: grid indices ``(n, m)`` with each numeric value α-point rounded to its
+        points with each device's α — what a device memoizes under (a reading that stays
+        between its device's rounding points keeps its memo); unchanged when not memoized."""
+        if self.memoize is None:
+            return np.array(records, dtype=np.int64)
+        return dp.device_rounded(records, self.binning.points, self.domain.attrs, device_ids)
+
     def device_program(self) -> dict[str, Any]:
         """One ``partition`` step: the device's first marginal from its id, each slot's oracle
         (docs/device-protocol.md). With numeric attributes, a ``round`` step per attribute
@@ -552,11 +560,11 @@ class Partitioned(Mechanism):
                              or np.any(records.max(axis=0) >= np.asarray(self.domain.shape))):
             raise ValueError("records hold a value outside the domain")
         if self.binning.points:
-            records = records.astype(np.intp)   # a copy: the rounded record
-            for c in self.binning.points:
+            records = records.astype(np.intp) if alpha_ids is None else dp.device_rounded(
+                records, self.binning.points, self.domain.attrs, alpha_ids)   # a copy
+            for c, pts in self.binning.points.items():
                 records[:, c] = self.binning.round(c, records[:, c], rng) if alpha_ids is None \
-                    else dp.round_index(records[:, c], self.binning.points[c], dp.device_alpha(
-                        alpha_ids, dp.alpha_seed(self.domain.attrs[c])))
+                    else np.searchsorted(pts, records[:, c])   # the point's index
         out = np.empty((len(records), self.per_report), dtype=self._dtype())
         for s in range(self.per_report):
             out[:, s] = self._slot(records, (np.asarray(first) + s) % len(self.marginals), rng,

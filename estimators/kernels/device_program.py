@@ -72,7 +72,7 @@ from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels.domain import Domain
 
 __all__ = ["PROGRAM_VERSION", "MAX_GRID", "grr_step", "round_spec", "alpha_seed", "device_alpha",
-           "alpha_round", "round_index", "round_step", "round_channel", "MAX_ROUND_POINTS",
+           "alpha_round", "device_rounded", "round_index", "round_step", "round_channel", "MAX_ROUND_POINTS",
            "step_shapes", "table_channel", "record_table_channel", "mix64", "wave_step", "wave_epsilon", "wave_channel",
            "numeric_attribute",
            "attribute_size", "matrix_step", "select_step", "uniform_step",
@@ -215,6 +215,18 @@ def alpha_round(x: np.ndarray, pts: np.ndarray, alpha: np.ndarray) -> np.ndarray
     k = np.clip(np.searchsorted(pts, x, side="right") - 1, 0, len(pts) - 2)
     frac = (x - pts[k]) / (pts[k + 1] - pts[k])
     return np.where(frac > np.asarray(alpha), pts[k + 1], pts[k])
+
+
+def device_rounded(records: np.ndarray, points: Mapping[int, np.ndarray],
+                   attrs: Sequence[str], device_ids: np.ndarray) -> np.ndarray:
+    """Grid indices ``(n, m)`` with each column j of ``points`` α-point rounded to them with
+    each device's α for attribute ``attrs[j]`` (:func:`alpha_seed`): what a memoizing device
+    keys its memos by [Ding et al., NeurIPS 2017, §3]; a copy."""
+    out = np.array(records, dtype=np.int64)
+    ids = np.asarray(device_ids, dtype=np.uint64)
+    for j, pts in points.items():
+        out[:, j] = alpha_round(out[:, j], pts, device_alpha(ids, alpha_seed(attrs[j])))
+    return out
 
 
 def round_index(x: np.ndarray, pts: np.ndarray, u: np.ndarray) -> np.ndarray:

@@ -174,22 +174,25 @@ def test_estimates_unbiased_over_fleets_with_stated_errors_by_seeded_monte_carlo
     assert np.all((cover >= 0.90) & (cover <= 0.99)), cover
 
 
-def test_rounding_is_fixed_per_device_not_unbiased_per_fleet_of_fixed_ids():
-    """The same devices in every run keep their rounded points (only the oracles re-draw): the
-    permanent codes of a fleet holding one value between two points, over 50 runs, reach only
-    the two points' codes each device was assigned, the same split every run."""
-    m = _mech("grr", None)
+def test_rounding_is_fixed_per_device_and_splits_over_a_fleet():
+    """At ε = 40 (the oracle keeps the cell but with probability ~1e-17) the permanent codes show
+    each device's rounded point: 400 devices holding one value a quarter of the way between two
+    points keep their marginal and their point in every one of 20 runs (only the oracles
+    re-draw), the point each one's α gives; over the fleet a share 0.25 rounds up."""
+    m = _mech("grr", None, eps=40.0)
     memo = m.memoization()
     ids = np.arange(400, dtype=np.uint64)
-    x = int(m.binning.points[1][2]) + 1
+    pts = m.binning.points[1]
+    x = int(pts[2]) + 1                                  # 1 of 4 grid steps from point 2 to 3
     pop = np.tile([[0, x]], (len(ids), 1))
     first = assign_by_device(ids, len(m.marginals), m.assign_seed, 0)
-    alpha = dp.device_alpha(ids, dp.alpha_seed("battery"))
-    up = dp.round_index(np.full(len(ids), x), m.binning.points[1], alpha) == 3
-    for s in range(50):
+    point = dp.round_index(np.full(len(ids), x), pts,
+                           dp.device_alpha(ids, dp.alpha_seed("battery")))
+    want = m.offsets[first] + point   # [battery]: the point; [fw, battery]: fw a (0)·9 + it
+    for s in range(20):
         codes = memo.responses(pop, ids, 0, np.random.default_rng(s))[:, 0]
-        assert np.array_equal(first, np.searchsorted(m.offsets, codes, side="right") - 1)
-    # the split over a fleet is the fraction of the way there (0.25), not per device
+        assert np.array_equal(codes, want), s
+    up = point == 3
     assert abs(up.mean() - 0.25) < 4 * np.sqrt(0.25 * 0.75 / len(ids))
 
 

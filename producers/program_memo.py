@@ -35,6 +35,7 @@ from ldpstream.estimators.kernels.device_program import (
     alpha_round,
     device_alpha,
     memo_fingerprint,
+    round_index,
     step_epsilon,
 )
 from ldpstream.producers.draws import M64, DrawSource, mix64
@@ -77,6 +78,21 @@ class _Rotating:
         return [int(v) for v in x]
 
 
+#: per attribute: (rounding points, α seed) of a rounded numeric one, else None
+Rounding = tuple[tuple[np.ndarray, int] | None, ...]
+
+
+def _alpha_rounded(x: Sequence[int], rounding: Rounding, device_id: int) -> list[int]:
+    """``x`` with each value of a rounded attribute α-point rounded with the device's α
+    [Ding et al., NeurIPS 2017, §3]: a grid index that is one of the points."""
+    out = [int(v) for v in x]
+    for j, r in enumerate(rounding):
+        if r is not None:
+            alpha = device_alpha(np.array([device_id], dtype=np.uint64), r[1])
+            out[j] = int(alpha_round(np.array([out[j]]), r[0], alpha)[0])
+    return out
+
+
 @dataclass(frozen=True)
 class Memo(_Rotating):
     """Permanent ``grr``/``matrix`` steps, one per memo unit (attribute or cluster)."""
@@ -84,18 +100,12 @@ class Memo(_Rotating):
     permanent: tuple[Step, ...]
     epsilons: tuple[float, ...]
     fingerprint: str
-    #: per attribute: (rounding points, α seed) of a rounded numeric one, else None
-    rounding: tuple[tuple[np.ndarray, int] | None, ...] = ()
+    rounding: Rounding = ()
 
     def rounded(self, x: Sequence[int], device_id: int) -> list[int]:
         """``x`` with each rounded numeric value α-point rounded with the device's α
         (docs/device-protocol.md, "Numeric memoization")."""
-        out = [int(v) for v in x]
-        for j, r in enumerate(self.rounding):
-            if r is not None:
-                alpha = device_alpha(np.array([device_id], dtype=np.uint64), r[1])
-                out[j] = int(alpha_round(np.array([out[j]]), r[0], alpha)[0])
-        return out
+        return _alpha_rounded(x, self.rounding, device_id)
 
     def keys(self, x: Sequence[int], device_id: int, period: int) -> list[tuple[int, int]]:
         """(unit, cell) of every memo the record ``x`` needs."""
@@ -130,19 +140,33 @@ class Memo(_Rotating):
 
 @dataclass(frozen=True)
 class PartitionMemo(_Rotating):
-    """A memoized ``partition`` step and the instantaneous keep probability of every table."""
+    """A memoized ``partition`` step and the instantaneous keep probability of every table;
+    its numeric attributes α-point rounded (``rounding``), then mapped to their point's index
+    by the leading ``round`` steps (``rounds``)."""
 
     step: Step
     width: int
     instantaneous: tuple[float, ...] | None
     epsilons: tuple[float, ...]
     fingerprint: str
+    rounding: Rounding = ()
+    rounds: tuple[Step, ...] = ()
+
+    def rounded(self, x: Sequence[int], device_id: int) -> list[int]:
+        """``x`` with each rounded numeric value α-point rounded with the device's α."""
+        return _alpha_rounded(x, self.rounding, device_id)
 
     def keys(self, x: Sequence[int], device_id: int, period: int) -> list[tuple[int, int]]:
-        """(table, cell) of every slot: table (first + slot) mod K."""
+        """(table, cell) of every slot: table (first + slot) mod K; a rounded attribute's
+        value (a point, :meth:`rounded`) its point's index, as its ``round`` step maps it
+        (no uniform drawn: a point rounds to itself)."""
         k = len(self.step.tables)
         first = partition_first(self.step, device_id, period)
         assert isinstance(self.step.out, tuple)
+        x = list(x)
+        for r in self.rounds:
+            x[r.cols[0]] = int(round_index(np.array([x[r.cols[0]]]), np.asarray(r.points),
+                                           np.zeros(1))[0])
         out = []
         for i in range(len(self.step.out)):
             j = (first + i) % k
@@ -267,15 +291,16 @@ def parse_memo(d: Any, shape: Sequence[int], width: int, budget: list[int],
     if kind not in ("attribute", "cluster", "partition", "select"):
         raise ProgramError("device.memoize.kind", "must be attribute, cluster, partition or "
                                                   "select")
-    if kind != "attribute" and d.get("round") is not None:
-        raise ProgramError("device.memoize.round", "only with kind attribute")
-    rounding = _rounding(d.get("round"), shape, numeric, budget) if kind == "attribute" else ()
+    if kind not in ("attribute", "partition") and d.get("round") is not None:
+        raise ProgramError("device.memoize.round", "only with kind attribute or partition")
+    rounding = _rounding(d.get("round"), shape, numeric, budget) \
+        if kind in ("attribute", "partition") else ()
     depth = 0 if kind in ("partition", "select", "attribute") else 1
     perm = parse_steps(d.get("permanent"), "device.memoize.permanent", shape, width, depth,
-                       budget, numeric)
+                       budget, numeric, rounds=kind == "partition")
     raw = d["permanent"]
     if kind == "partition":
-        return _partition_memo(d, rotation, perm, raw, shape, width)
+        return _partition_memo(d, rotation, perm, raw, shape, width, rounding)
     if kind == "select":
         return _select_memo(d, rotation, perm, raw, shape, width)
     ok = all(s.op in ("grr", "matrix") and s.out == s.cols or _numeric_unit(s)
@@ -349,12 +374,25 @@ def _rounding(v: Any, shape: Sequence[int], numeric: Sequence[bool], budget: lis
 
 
 def _partition_memo(d: dict, rotation: float | None, perm: tuple[Step, ...], raw: list,
-                    shape: Sequence[int], width: int) -> PartitionMemo:
-    if len(perm) != 1 or perm[0].op != "partition":
-        raise ProgramError("device.memoize.permanent", "kind partition: one partition step")
-    step = perm[0]
+                    shape: Sequence[int], width: int, rounding: Rounding) -> PartitionMemo:
+    """One partition step, after a ``round`` step for exactly the attributes ``round`` α-point
+    rounds, with the same points (it maps the rounded value to its point's index)."""
+    rounds, step = perm[:-1], perm[-1]
+    if step.op != "partition" or any(s.op != "round" for s in rounds):
+        raise ProgramError("device.memoize.permanent", "kind partition: one partition step, "
+                                                       "after a round step per attribute "
+                                                       "memoize.round rounds")
+    by_col = {s.cols[0]: s.points for s in rounds}
+    want = {j: tuple(int(v) for v in r[0]) for j, r in enumerate(rounding) if r is not None}
+    if by_col != want:
+        raise ProgramError("device.memoize.round", "kind partition: one entry per attribute "
+                                                   "a permanent round step rounds, with its "
+                                                   "points")
     inst = _instantaneous(d, len(step.tables))
-    eps = tuple(step_epsilon({"op": "partition", "out": [0], "tables": [t]}, shape)
-                for t in raw[0]["tables"])
-    return PartitionMemo(rotation, step, width, inst,
-                         eps, memo_fingerprint(raw, shape))
+    seen = list(shape)   # the sizes the tables see: a rounded attribute's points
+    for r in rounds:
+        seen[r.cols[0]] = len(r.points)
+    eps = tuple(step_epsilon({"op": "partition", "out": [0], "tables": [t]}, seen)
+                for t in raw[-1]["tables"])
+    return PartitionMemo(rotation, step, width, inst, eps, memo_fingerprint(raw, shape),
+                         rounding, rounds)

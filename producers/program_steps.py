@@ -207,7 +207,8 @@ def parse_steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int
     """The steps of a list; ``budget``: matrix entries, steps and tables still allowed (in
     all, :func:`new_budget`); ``numeric[j]``: attribute j is numeric (``wave`` reads it);
     ``rounds``: the list may start with ``round`` steps (the top level of a description
-    without ``memoize``), after which their attributes have their points' count of cells."""
+    without ``memoize``, or the permanent steps of a ``kind: partition`` memo), after which
+    their attributes have their points' count of cells."""
     if not isinstance(v, list) or not 1 <= len(v) <= MAX_STEPS:
         raise ProgramError(field, f"must be a list of 1..{MAX_STEPS} steps")
     sizes, num = list(shape), list(numeric)
@@ -217,7 +218,8 @@ def parse_steps(v: Any, field: str, shape: Sequence[int], width: int, depth: int
         if isinstance(s, dict) and s.get("op") == "round":
             if not rounds or depth > 0 or any(t.op != "round" for t in out):
                 raise ProgramError(f"{f}.op", "round steps come first, at the top level of a "
-                                              "description without memoize")
+                                              "description without memoize or of a "
+                                              "partition memo's permanent steps")
             out.append(_round(s, f, sizes, num, budget))
             continue
         out.append(_step(s, f, sizes, width, depth, budget, num))

@@ -1,7 +1,8 @@
 """Statistical privacy audit of memoized reports in the C and TypeScript SDKs (docs/device-
 protocol.md, "Memoized descriptions"): for every memoized case of ``memo.json`` (per attribute,
 per cluster, partitioned with GRR and with OLH tables, smp's select, each with an
-instantaneous layer, and sw-hm's numeric memo: α-point rounding, then the task and its wave)
+instantaneous layer, sw-hm's numeric memo: α-point rounding, then the task and its wave, and
+partitioned with a numeric attribute: α-point rounding, its point's index, then the table)
 every
 memo unit is sampled 10⁶ times with the SDK's production generator, each report in a new
 rotation period (a new memo), every record of the domain in turn. The sampled channel from a
@@ -24,6 +25,7 @@ from ldpstream.estimators.kernels.device_program import (
     alpha_round,
     attribute_size,
     device_alpha,
+    step_shapes,
     table_channel,
     wave_channel,
 )
@@ -63,13 +65,26 @@ def numeric_unit(device: dict, unit: int, device_id: int = 1) -> np.ndarray:
     return C[alpha_round(np.arange(G), np.asarray(rnd["points"]), alpha[0])]
 
 
+def _rounded_index(rounding: dict, grid: int, device_id: int = 1) -> np.ndarray:
+    """Per grid index, the index of the point the device α-point rounds it to."""
+    pts = np.asarray(rounding["points"])
+    alpha = device_alpha(np.array([device_id], dtype=np.uint64), int(rounding["seed"]))
+    return np.searchsorted(pts, alpha_round(np.arange(grid), pts, alpha[0]))
+
+
 def composed(device: dict, unit: int) -> np.ndarray:
     """The channel of one memo unit: permanent step (or partition table) @ instantaneous."""
     sizes = [attribute_size(lab) for lab in device["labels"]]
     memo = device["memoize"]
-    if memo.get("kind") == "partition":
-        t = memo["permanent"][0]["tables"][unit]
-        P = table_channel(t, sizes)
+    if memo.get("kind") == "partition":   # rows: the table's cells on the devices' input
+        t = memo["permanent"][-1]["tables"][unit]
+        P = table_channel(t, step_shapes(device)[-1])
+        rounding = memo.get("round") or [None] * len(sizes)
+        R = np.ones((1, 1))
+        for c in t["in"]:   # device 1's α-point rounding to the point's index, else identity
+            R = np.kron(R, np.eye(sizes[c]) if rounding[c] is None else np.eye(
+                len(rounding[c]["points"]))[_rounded_index(rounding[c], sizes[c])])
+        P = R @ P
         inst = memo.get("instantaneous_p")
         if inst is None:
             return P
@@ -111,7 +126,7 @@ def test_composed_channels_are_what_the_estimators_invert():
     for dev in _cases().values():
         memo = dev["memoize"]
         partition = memo.get("kind") == "partition"
-        tables = (memo["permanent"][0]["tables"] if partition else
+        tables = (memo["permanent"][-1]["tables"] if partition else
                   memo["permanent"][0]["branches"] if memo.get("kind") == "select"
                   else memo["permanent"])
         for u, t in enumerate(tables):
@@ -119,7 +134,7 @@ def test_composed_channels_are_what_the_estimators_invert():
             np.testing.assert_allclose(C.sum(axis=1), 1.0, rtol=1e-12)
             if not partition or memo.get("instantaneous_p") is None:
                 continue
-            k = t["g"] if t["oracle"] == "olh" else C.shape[0]
+            k = t["g"] if t["oracle"] == "olh" else C.shape[1]
             p, q = composed_grr_pq(t["p"], memo["instantaneous_p"][u], k)
             assert ch.epsilon(C) == pytest.approx(math.log(p / q), rel=1e-9)
 

@@ -1,6 +1,8 @@
 """A memoized numeric collection end to end from the C and TypeScript SDKs (docs/numeric.md
 "Memoization", docs/device-protocol.md "Numeric memoization"): an ``sw-hm`` collection with
-``memoize`` and α-point rounding on one real worker behind ``ldpstream gateway``; C devices
+``memoize`` and α-point rounding, and a memoized ``partitioned`` one with the battery inside its
+marginals (docs/numeric.md "In partitioned marginals"), on one real worker behind ``ldpstream
+gateway``; C devices
 (``ldp_post``) and TypeScript devices (``post.js``) report a battery reading that wanders, as
 text. Each device sends one report per distinct rounded record — what the family's own rounding
 with the device's α predicts, so the SDKs' α and rounding are the server's — and the worker
@@ -34,25 +36,37 @@ def _records(level: float, fw: str) -> list[dict[str, str]]:
     return [{"fw": fw, "battery": f"{level + d:.2f}"} for d in WANDER]
 
 
+#: per family: its mechanism, ε and parameters (memoized for a day, the battery rounded)
+FAMILIES = {
+    "sw-hm": {"mechanism": "sw-hm", "epsilon": 1.0, "estimators": ["mean"],
+              "params": {"memoize": {"rotation_s": 86400}, "alpha_points": 16}},
+    "partitioned": {"mechanism": "partitioned", "epsilon": 2.0, "epsilon_scope": "record",
+                    "estimators": ["unbiased"],
+                    "params": {"memoize": {"rotation_s": 86400, "instantaneous_epsilon": 2.0},
+                               "bins": {"battery": 17}}}}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_memoized_numeric_devices_through_the_gateway(tmp_path, kafka_broker, redis_server,
                                                       spawn_worker, service_env, unique_name,
-                                                      c_sdk, ts_sdk):  # noqa: F811
+                                                      c_sdk, ts_sdk, family):  # noqa: F811
     from ldpstream.config import load_config
     from ldpstream.dev.process import free_port
+    from ldpstream.producers.program import Program
 
     cid = unique_name
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"collections": [{
         "id": cid, "schema": {"attributes": {"fw": ["v1", "v2", "v3"],
                                              "battery": {"numeric": {"min": 0, "max": 100}}}},
-        "mechanism": "sw-hm", "epsilon": 1.0, "partitions": 1,
-        "params": {"memoize": {"rotation_s": 86400}, "alpha_points": 16},
-        "marginals": [["battery"], ["fw", "battery"]], "estimators": ["mean"],
-        "refresh_interval_s": 1.0}]}))
+        **FAMILIES[family], "partitions": 1,
+        "marginals": [["battery"], ["fw", "battery"]], "refresh_interval_s": 1.0}]}))
     coll = load_config(path).collections[cid]
     mech = coll.mechanism()
     attrs = mech.domain.attrs
-    assert mech.device_program()["memoize"]["round"][attrs.index("battery")] is not None
+    prog = mech.device_program()
+    assert prog["memoize"]["round"][attrs.index("battery")] is not None
+    encode = Program(prog).encode   # labels and raw readings to grid indices
     worker = spawn_worker(str(path))
     port = free_port()
     gateway = GatewayProcess(dict(service_env, LDP_GATEWAY_TOKENS=json.dumps(fleets_doc(cid))),
@@ -66,8 +80,7 @@ def test_memoized_numeric_devices_through_the_gateway(tmp_path, kafka_broker, re
         total = 0
         for dev, (level, fw) in devices.items():
             recs = _records(level, fw)
-            x, _ = mech.encode(np.array([[("v1", "v2", "v3").index(r[a]) if a == "fw"
-                                          else float(r[a]) for a in attrs] for r in recs]))
+            x = np.array([encode(r) for r in recs])
             rounded = mech.device_records(x, np.full(len(x), dev, np.uint64))
             distinct = len({tuple(r) for r in rounded.tolist()})
             assert distinct < len(recs)     # the wander stays inside one rounded point
@@ -96,6 +109,9 @@ def test_memoized_numeric_devices_through_the_gateway(tmp_path, kafka_broker, re
             got = await assert_counted(redis_server.url, coll,
                                        mech.count(reports[last], coll.tensors()), total,
                                        timeout=30)
+            if family == "partitioned":   # each device once, in its assigned table
+                assert sum(int(c[-1]) for c in got.values()) == len(devices)
+                return
             for key, counts in got.items():
                 assert counts.sum() == len(devices), key   # each device once
 

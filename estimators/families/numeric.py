@@ -38,7 +38,12 @@ from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels import device_program as dp
 from ldpstream.estimators.kernels import numeric as nm
 from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, product_channel_bound, stream, unbounded
-from ldpstream.estimators.kernels.device_program import alpha_round, alpha_seed, device_alpha
+from ldpstream.estimators.kernels.device_program import (
+    alpha_round,
+    alpha_seed,
+    device_alpha,
+    device_rounded,
+)
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.mechanism import (
@@ -417,11 +422,7 @@ class Numeric(Mechanism):
         """Memoized: grid indices ``(n, m)`` α-point rounded with each device's α — what a
         device memoizes under (a value that stays between its rounding points keeps its
         permanent response); unchanged when not memoized."""
-        out = np.array(records, dtype=np.int64)
-        for j, pts in self.points.items():
-            out[:, j] = alpha_round(out[:, j], pts,
-                                    device_alpha(device_ids, alpha_seed(self.domain.attrs[j])))
-        return out
+        return device_rounded(records, self.points, self.domain.attrs, device_ids)
 
     def encode(self, values: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
         """Raw values ``(n, m)`` (domain order) → grid indices, and how many were clipped per
@@ -899,7 +900,7 @@ def summary_of(est: Estimate) -> dict[str, Any]:
         out["mean"] = {"value": x["mean"], "low": x["mean_low"], "high": x["mean_high"],
                        "stderr": x["stderr"], "mechanism": x["mechanism"],
                        "reports": x["reports"]}
-    else:
+    elif "mean" in x:   # absent: no report of the group estimated (partitioned, small n)
         out.update(mean=_mean_of(x), reports=x["reports"],
                    quantiles={p: iv(v) for p, v in x["quantiles"].items()},
                    histogram={"bins": x["bins"], "mass": x["histogram"]},

@@ -303,14 +303,12 @@ class Partitioned(Mechanism):
         reported value; the estimators invert the composition (:mod:`~.memo`). A numeric
         attribute of ``domain`` (one with a range) is rounded without bias to ``bins[attr]``
         points of its grid (default :func:`~.partitioned_numeric.choose_bins`), then counted as
-        a category (:mod:`~.partitioned_numeric`)."""
+        a category (:mod:`~.partitioned_numeric`); memoized, with each device's own α
+        (α-point rounding, Ding et al., NeurIPS 2017, §3), so the memo is keyed by the point."""
         super().__init__(domain, version)
         eps = float(epsilon)
         if not np.isfinite(eps) or eps <= 0:
             raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-        if domain.numeric_attrs() and memoize is not None:
-            raise ValueError("memoize: a partitioned collection with a numeric attribute is "
-                             "not memoized (docs/numeric.md \"In partitioned marginals\")")
         self.target_epsilon = eps
         bad = [o for o in oracles if o not in fo.COMPACT]
         if bad or not oracles:
@@ -415,7 +413,8 @@ class Partitioned(Mechanism):
     def guarantee(self) -> Guarantee:
         """Memoized: per report the composed oracles' ε; per rotation the permanent oracles'
         (the assignment is fixed for the period, the reports of one value re-randomize one
-        memo), per day that times the periods a day meets (:mod:`.longitudinal`)."""
+        memo; a numeric value: of one α-point rounded point), per day that times the periods a
+        day meets (:mod:`.longitudinal`)."""
         if self.memoize is None:
             return Guarantee.fresh(self.epsilon)
         per_rotation = self.per_report * max(o.epsilon for o in self.permanent_oracles)
@@ -460,7 +459,8 @@ class Partitioned(Mechanism):
         oracles."""
         first = assign_by_device(np.asarray(device_ids), len(self.marginals), self.assign_seed,
                                  period)
-        return self.randomize_assigned(records, first, rng, self.permanent_oracles)
+        return self.randomize_assigned(records, first, rng, self.permanent_oracles,
+                                       alpha_ids=np.asarray(device_ids, dtype=np.uint64))
 
     def randomize_instantaneous(self, codes: np.ndarray, rng: np.random.Generator
                                 ) -> np.ndarray:
@@ -496,15 +496,26 @@ class Partitioned(Mechanism):
         return self.randomize_assigned(
             records, assign_by_device(ids, len(self.marginals), self.assign_seed), rng)
 
+    def device_records(self, records: np.ndarray, device_ids: np.ndarray) -> np.ndarray:
+        """Memoized: grid indices ``(n, m)`` with each numeric value α-point rounded to its
+        points with each device's α — what a device memoizes under (a reading that stays
+        between its device's rounding points keeps its memo); unchanged when not memoized."""
+        if self.memoize is None:
+            return np.array(records, dtype=np.int64)
+        return dp.device_rounded(records, self.binning.points, self.domain.attrs, device_ids)
+
     def device_program(self) -> dict[str, Any]:
         """One ``partition`` step: the device's first marginal from its id, each slot's oracle
         (docs/device-protocol.md). With numeric attributes, a ``round`` step per attribute
         first (its grid index to its point's index, a fresh uniform per report: what
         :meth:`randomize_assigned` does). Memoized: the step with the permanent oracles under
         ``memoize`` (``kind: partition``, the assignment rotated per period), the
-        instantaneous keep probability of each table beside it."""
+        instantaneous keep probability of each table beside it; a numeric attribute is α-point
+        rounded first (``memoize.round``: its points and α seed, Ding et al., NeurIPS 2017, §3)
+        and its ``round`` step leads the permanent steps (the rounded value is a point: the
+        step maps it to the point's index, whatever its uniform)."""
+        rounds = [dp.round_step(j, pts) for j, pts in sorted(self.binning.points.items())]
         if self.memoize is None:
-            rounds = [dp.round_step(j, pts) for j, pts in sorted(self.binning.points.items())]
             return dp.program(self.name, self.domain, self.per_report,
                               [*rounds, self._partition_step(self.oracles)])
         out = dp.program(self.name, self.domain, self.per_report, [])
@@ -513,8 +524,12 @@ class Partitioned(Mechanism):
                             o.g if isinstance(o, fo.OLH) else o.d)[0])
             for o in self.permanent_oracles]
         out["memoize"] = {"rotation_s": self.memoize.rotation_s, "kind": "partition",
-                          "permanent": [self._partition_step(self.permanent_oracles)],
+                          "permanent": [*rounds, self._partition_step(self.permanent_oracles)],
                           "instantaneous_p": inst}
+        if rounds:
+            out["memoize"]["round"] = [
+                dp.round_spec(self.binning.points[j], dp.alpha_seed(a))
+                if j in self.binning.points else None for j, a in enumerate(self.domain.attrs)]
         return out
 
     def _partition_step(self, oracles: Sequence[fo.Oracle]) -> dict[str, Any]:
@@ -530,12 +545,14 @@ class Partitioned(Mechanism):
 
     def randomize_assigned(self, records: np.ndarray, first: np.ndarray,
                            rng: np.random.Generator,
-                           oracles: Sequence[fo.Oracle] | None = None) -> np.ndarray:
+                           oracles: Sequence[fo.Oracle] | None = None,
+                           alpha_ids: np.ndarray | None = None) -> np.ndarray:
         """Reports of ``records`` whose first marginal indices are ``first`` (drawn
         independently of the records by the caller); each numeric attribute rounded once per
         record to its point's index (:meth:`~.partitioned_numeric.Binning.round`, the
-        description's ``round`` steps), then slot s reports marginal (first + s) mod K through
-        ``oracles`` (default: the report's)."""
+        description's ``round`` steps; with ``alpha_ids``, the devices' ids, α-point rounded
+        with each device's fixed α: the memoized description's ``memoize.round``), then slot s
+        reports marginal (first + s) mod K through ``oracles`` (default: the report's)."""
         records = np.asarray(records)
         if records.ndim != 2 or records.shape[1] != len(self.domain):
             raise ValueError(f"records must be (n, {len(self.domain)}), got {records.shape}")
@@ -543,9 +560,11 @@ class Partitioned(Mechanism):
                              or np.any(records.max(axis=0) >= np.asarray(self.domain.shape))):
             raise ValueError("records hold a value outside the domain")
         if self.binning.points:
-            records = records.astype(np.intp)   # a copy: the rounded record
-            for c in self.binning.points:
-                records[:, c] = self.binning.round(c, records[:, c], rng)
+            records = records.astype(np.intp) if alpha_ids is None else dp.device_rounded(
+                records, self.binning.points, self.domain.attrs, alpha_ids)   # a copy
+            for c, pts in self.binning.points.items():
+                records[:, c] = self.binning.round(c, records[:, c], rng) if alpha_ids is None \
+                    else np.searchsorted(pts, records[:, c])   # the point's index
         out = np.empty((len(records), self.per_report), dtype=self._dtype())
         for s in range(self.per_report):
             out[:, s] = self._slot(records, (np.asarray(first) + s) % len(self.marginals), rng,
@@ -976,10 +995,6 @@ class Partitioned(Mechanism):
                 if len(set(m)) != len(m):
                     raise ParamError("marginals", f"lists an attribute twice in {m}")
         raw_memo = pr.value("memoize")
-        if raw_memo is not None and numeric:
-            raise ParamError("memoize", f"attribute {numeric[0]!r} is numeric: a partitioned "
-                                        f"collection with a numeric attribute is not memoized "
-                                        f"(docs/numeric.md)")
         oracles = pr.value("oracles")
         if oracles is None:
             oracles = list(fo.COMPACT)

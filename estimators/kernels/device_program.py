@@ -33,8 +33,9 @@ and *steps* applied in order to a record of category (or grid) indices:
 * ``round`` (numeric attributes inside ``partitioned``'s marginals, docs/numeric.md): attribute
   ``in``'s grid index is rounded without bias to one of the grid indices ``points`` (a fresh
   uniform u per report, :func:`round_index`) and replaced by that point's index, so the
-  attribute has ``len(points)`` cells for every later step; leading top-level steps only, costs
-  nothing (pre-processing of the record: every point is a grid value).
+  attribute has ``len(points)`` cells for every later step; leading top-level steps only (or
+  leading a ``kind: partition`` memo's permanent steps), costs nothing (pre-processing of the
+  record: every point is a grid value).
 
 * ``partition``: the device's id picks the first of the ``tables`` (a fixed assignment); each
   report column ``out[s]`` carries table (first + s) mod K through its oracle (GRR, or OLH with
@@ -49,7 +50,10 @@ value first [Ding et al., NeurIPS 2017, §3]: ``points`` on its grid and the ``s
 device's α (:func:`round_spec`, :func:`device_alpha`), so a memo is keyed by the rounded
 value. ``kind: partition`` memoizes one ``partition`` step instead: the first table fixed per
 (device, period), the code of each (table, cell) kept, ``instantaneous_p`` re-randomizing its
-value per report (producers/program_memo.py).
+value per report (producers/program_memo.py); with numeric attributes ``round`` α-point rounds
+them as above and a ``round`` step per rounded attribute (the same points) leads the
+``partition`` step, mapping the rounded value, a point, to its index (no uniform needed: a
+point rounds to itself).
 
 ε of a description is computed from the channels it applies (:func:`program_epsilon`), never
 read from a declared field: steps compose sequentially (sum), ``select`` costs its dearest
@@ -68,7 +72,7 @@ from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels.domain import Domain
 
 __all__ = ["PROGRAM_VERSION", "MAX_GRID", "grr_step", "round_spec", "alpha_seed", "device_alpha",
-           "alpha_round", "round_index", "round_step", "round_channel", "MAX_ROUND_POINTS",
+           "alpha_round", "device_rounded", "round_index", "round_step", "round_channel", "MAX_ROUND_POINTS",
            "step_shapes", "table_channel", "record_table_channel", "mix64", "wave_step", "wave_epsilon", "wave_channel",
            "numeric_attribute",
            "attribute_size", "matrix_step", "select_step", "uniform_step",
@@ -213,6 +217,18 @@ def alpha_round(x: np.ndarray, pts: np.ndarray, alpha: np.ndarray) -> np.ndarray
     return np.where(frac > np.asarray(alpha), pts[k + 1], pts[k])
 
 
+def device_rounded(records: np.ndarray, points: Mapping[int, np.ndarray],
+                   attrs: Sequence[str], device_ids: np.ndarray) -> np.ndarray:
+    """Grid indices ``(n, m)`` with each column j of ``points`` α-point rounded to them with
+    each device's α for attribute ``attrs[j]`` (:func:`alpha_seed`): what a memoizing device
+    keys its memos by [Ding et al., NeurIPS 2017, §3]; a copy."""
+    out = np.array(records, dtype=np.int64)
+    ids = np.asarray(device_ids, dtype=np.uint64)
+    for j, pts in points.items():
+        out[:, j] = alpha_round(out[:, j], pts, device_alpha(ids, alpha_seed(attrs[j])))
+    return out
+
+
 def round_index(x: np.ndarray, pts: np.ndarray, u: np.ndarray) -> np.ndarray:
     """The index (into ``pts``) of the point grid indices ``x`` round to without bias with the
     uniforms ``u``: :func:`alpha_round` with a fresh α per value (the ``round`` step)."""
@@ -353,10 +369,13 @@ def record_table_channel(prog: Mapping[str, Any], table: Mapping[str, Any]) -> n
     of its attributes (rows, mixed radix: labels, a numeric attribute's grid indices) to its
     codes: the ``round`` steps' channels (:func:`round_channel`, the identity for an attribute
     not rounded) ⊗ over the attributes, then :func:`table_channel`. What the privacy audits
-    compare sampled reports and the declared ε with."""
-    at = next(i for i, s in enumerate(prog["steps"]) if s["op"] == "partition")
+    compare sampled reports and the declared ε with. Memoized (``kind: partition``): the
+    permanent steps; with α uniform over a fleet, ``memoize.round`` then the ``round`` steps
+    (deterministic on a point) are the same channel R as a fresh ``round``."""
+    steps = _top_steps(prog)
+    at = next(i for i, s in enumerate(steps) if s["op"] == "partition")
     shape = step_shapes(prog)[at]
-    rounds = {s["in"][0]: s["points"] for s in prog["steps"] if s["op"] == "round"}
+    rounds = {s["in"][0]: s["points"] for s in steps if s["op"] == "round"}
     R = np.ones((1, 1))
     for c in table["in"]:
         R = np.kron(R, round_channel(rounds[c], attribute_size(prog["labels"][c]))
@@ -428,12 +447,18 @@ def bloom_hamming(filters: Sequence[Sequence[int]], bits: int) -> int:
     return int((size[:, None] + size[None, :] - 2.0 * (ind @ ind.T)).max())
 
 
+def _top_steps(prog: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    """The steps a record goes through first: a memoized description's permanent ones."""
+    return prog["memoize"]["permanent"] if prog.get("memoize") else prog["steps"]
+
+
 def step_shapes(prog: Mapping[str, Any]) -> list[list[int]]:
-    """The attribute sizes each top-level step sees: the labels' (a numeric attribute's grid
-    points), a ``round`` step's attribute its points' count from the next step on."""
+    """The attribute sizes each top-level step sees (a memoized description: each permanent
+    step): the labels' (a numeric attribute's grid points), a ``round`` step's attribute its
+    points' count from the next step on."""
     shape = [attribute_size(lab) for lab in prog["labels"]]
     out = []
-    for s in prog["steps"]:
+    for s in _top_steps(prog):
         out.append(list(shape))
         if s["op"] == "round":
             shape[s["in"][0]] = len(s["points"])
@@ -444,11 +469,8 @@ def program_epsilon(prog: Mapping[str, Any]) -> float:
     """ε of one report of the description (sum over its steps, each on the attribute sizes it
     sees: :func:`step_shapes`); memoized: the sum over the permanent steps (what any number of
     reports of one rotation period cost together)."""
-    if prog.get("memoize"):
-        shape = [attribute_size(lab) for lab in prog["labels"]]
-        return float(sum(step_epsilon(s, shape) for s in prog["memoize"]["permanent"]))
     return float(sum(step_epsilon(s, shape)
-                     for s, shape in zip(prog["steps"], step_shapes(prog))))
+                     for s, shape in zip(_top_steps(prog), step_shapes(prog))))
 
 
 def _leaves(steps: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -467,10 +489,15 @@ def memo_fingerprint(permanent: Sequence[Mapping[str, Any]], shape: Sequence[int
     table op byte 3, oracle byte (0 grr, 1 olh), cells u32, g u32, p f64 (all LE); a ``select``
     step: byte 4 (with ``weights``: byte 6, their count u32 and each f64), then its branches'
     steps in order; a ``wave``: byte 5, its grid points, offset and cells u32, round u8, then
-    range, at, width and p f64. Memoized responses are reused only under the same permanent
-    channels."""
+    range, at, width and p f64; a ``round`` step (leading a ``partition`` one) is not hashed,
+    the tables after it counting its attribute's points. Memoized responses are reused only
+    under the same permanent channels."""
     h = hashlib.blake2b(digest_size=8)
+    shape = list(shape)
     for s in _leaves(permanent):
+        if s["op"] == "round":   # not hashed: its attribute has its points' count of cells
+            shape[s["in"][0]] = len(s["points"])
+            continue
         if s["op"] == "select":   # its branches' steps follow, each hashed as a step
             w = s.get("weights")
             h.update(b"\x04" if w is None else struct.pack(f"<BI{len(w)}d", 6, len(w), *w))

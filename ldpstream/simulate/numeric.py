@@ -64,14 +64,22 @@ def simulate_numeric(values: dict[str, np.ndarray], mech: Mechanism, records: np
                      method: str = "distribution") -> dict[str, Any]:
     """Randomize every record ``runs`` times (seeded ``[seed, run]``) and score the estimates of
     every numeric attribute (``method``; sw-hm's mean by ``mean``) against ``values`` (the
-    columns as read)."""
+    columns as read). A memoized ``mech`` (``--param memoize=...``): each record is a device
+    of a new fleet per run, its permanent response (α-point rounding with its own α) then the
+    instantaneous layer, counted once as the worker counts it."""
     from ldpstream.estimators.families.numeric import QUANTILES
     attrs = mech.domain.numeric_attrs()
     per: dict[str, dict[str, list[Any]]] = {a: {} for a in attrs}
     info: dict[str, dict[str, Any]] = {}
+    memo = mech.memoization()
     for run in range(runs):
         rng = np.random.default_rng([seed, run])
-        counts = mech.count(mech.randomize(records, rng), mech.tensors([(a,) for a in attrs]))
+        if memo is None:
+            reports = mech.randomize(records, rng)
+        else:   # each record a device of a new fleet (its α, its assignment), counted once
+            ids = np.arange(len(records), dtype=np.uint64) + np.uint64(run * len(records))
+            reports = memo.instantaneous(memo.responses(records, ids, 0, rng), rng)
+        counts = mech.count(reports, mech.tensors([(a,) for a in attrs]))
         for a in attrs:
             lo, hi = mech.domain.numeric_range(a) or (0.0, 1.0)
             x = np.clip(values[a], lo, hi)      # the estimand: the data clipped into the range
@@ -131,6 +139,9 @@ def main(args: Any) -> int:
                        f"for numeric attributes (e.g. {DEFAULT_NUMERIC_MECHANISM})")
     if int(args.runs) < 1:
         raise CliError(f"--runs: must be ≥ 1, got {args.runs}")
+    if getattr(args, "memoize", False):
+        raise CliError("--memoize compares categorical columns; with --numeric memoize the "
+                       "collection itself: --param 'memoize={rotation_s: 86400}'")
     cols = parse_numeric(args.numeric)
     extra = [c.strip() for c in (args.columns or "").split(",") if c.strip()]
     if extra and "mean" in cls.estimators:

@@ -393,6 +393,22 @@ def _numeric_memo() -> dict[str, Any]:
                               50.0)}
 
 
+def _partition_numeric_memo() -> dict[str, Any]:
+    """A memoized partitioned collection with the battery inside its marginals: α-point
+    rounded to 9 points (``memoize.round``), its ``round`` step then mapping the point to its
+    index before the partition step; the numeric events replayed (docs/device-protocol.md,
+    "Numeric memoization")."""
+    st = mechanism_class("partitioned").from_config(
+        NUM_MEMO, {"marginals": [["battery"], ["fw", "battery"]], "bins": {"battery": 9},
+                   "memoize": {"rotation_s": 100.0, "instantaneous_epsilon": 2.0}},
+        epsilon=2.0, epsilon_scope="record", version=9).device_state()
+    return {"device": st["device"], "seed": "84", "device_id": str(DEVICE_ID),
+            "budget": {"epsilon": 8.0, "window_s": 60.0}, "resend_every_s": 50.0,
+            "fingerprint": Program(st["device"]).memo.fingerprint,
+            "events": _replay(st, NUM_MEMO, NUMERIC_MEMO_EVENTS, DEVICE_ID, 84, (8.0, 60.0),
+                              50.0)}
+
+
 def _replay(state: dict[str, Any], domain: Domain, events: list, device_id: int, seed: int,
             budget: tuple[float, float], resend_every_s: float | None,
             max_per_day: float | None = None) -> list[dict[str, Any]]:
@@ -429,7 +445,8 @@ def memo_vectors() -> dict[str, Any]:
     ``partition``, ``partition_olh``, ``cluster`` and ``select``: memoized partitioned,
     rr-clusters and smp collections (``memoize.kind`` partition, cluster, select) of the
     device ``DEVICE_ID``; under ``numeric``, a memoized sw-hm collection (α-point rounding,
-    the task memoized with its wave) and the rounding of four device ids."""
+    the task memoized with its wave) and the rounding of four device ids; under
+    ``partition_numeric``, a memoized partitioned one with the battery α-point rounded."""
     from ldpstream.estimators.stream.longitudinal import Memoize
 
     dom = Domain(DOM.attrs[:2], DOM.shape[:2], DOM.labels[:2])
@@ -463,7 +480,7 @@ def memo_vectors() -> dict[str, Any]:
             "events": _replay(state, dom, MEMO_EVENTS, 1, 77, (3.5, 60.0), 50.0),
             "partition": case(part, 78, 8.0), "partition_olh": case(olh, 80, 12.0),
             "cluster": case(clus, 79, 9.0), "select": case(smp, 81, 7.0),
-            "numeric": _numeric_memo(),
+            "numeric": _numeric_memo(), "partition_numeric": _partition_numeric_memo(),
             "daily": {"device": state["device"], "seed": "82", "max_epsilon_per_day": 3.0,
                       "budget": {"epsilon": 100.0, "window_s": 60.0}, "resend_every_s": None,
                       "fingerprint": Program(state["device"]).memo.fingerprint,

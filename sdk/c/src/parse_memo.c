@@ -4,7 +4,8 @@
    partition step, the first table fixed per (device, period), the oracle code memoized, an
    optional instantaneous GRR per table) and select (one select step, the branch fixed per
    (device, period)). Kind attribute may round numeric attributes (round: points and the alpha
-   seed) and memoize a numeric one's wave, or the weighted select over its waves. */
+   seed) and memoize a numeric one's wave, or the weighted select over its waves; kind
+   partition may round them too, its partition step then led by their round steps. */
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -125,10 +126,32 @@ static int parse_inst(parser *ps, json_t *inst, uint16_t n) {
   return 0;
 }
 
+/* partition: one partition step after a round step per attribute round alpha-point rounds,
+   with the same points (it maps the rounded value, a point, to the point's index) */
 static int parse_partition_memo(parser *ps, json_t *memo, uint16_t first, uint16_t count) {
-  const ldp_step *s = &ps->p->steps[first];
-  if (count != 1 || s->op != LDP_OP_PARTITION)
-    return bad(ps, "device.memoize.permanent", "kind partition: one partition step");
+  ldp_program *p = ps->p;
+  uint16_t at = (uint16_t)(first + count - 1);
+  const ldp_step *s = &p->steps[at];
+  uint32_t rounded = 0, want = 0;
+  int ok = s->op == LDP_OP_PARTITION;
+  for (uint16_t i = first; ok && i < at; i++) ok = p->steps[i].op == LDP_OP_ROUND;
+  if (!ok)
+    return bad(ps, "device.memoize.permanent", "kind partition: one partition step, after a "
+               "round step per attribute memoize.round rounds");
+  for (uint16_t i = first; i < at; i++) {
+    const ldp_step *r = &p->steps[i];
+    uint32_t j = r->in[0];
+    ok = ok && p->round_n[j] == r->cells &&
+         memcmp(p->cum + p->round_at[j], p->cum + r->cum, sizeof(double) * r->cells) == 0;
+    rounded |= 1u << j;
+  }
+  for (uint32_t j = 0; j < p->n_attrs; j++)
+    if (p->round_n[j]) want |= 1u << j;
+  if (!ok || rounded != want)
+    return bad(ps, "device.memoize.round", "kind partition: one entry per attribute a "
+               "permanent round step rounds, with its points");
+  p->unit_at[0] = at;
+  p->n_units = 1;
   return parse_inst(ps, json_object_get(memo, "instantaneous_p"), s->count);
 }
 
@@ -225,9 +248,11 @@ int ldp_parse_memo(parser *ps, json_t *memo) {
     return bad(ps, "device.memoize.rotation_s", "must be a number > 0 or null");
   p->rotation_s = rot && !json_is_null(rot) ? json_number_value(rot) : 0.0;
   json_t *rnd = json_object_get(memo, "round");
-  if (p->memo_kind != LDP_MEMO_ATTRIBUTE && rnd && !json_is_null(rnd))
-    return bad(ps, "device.memoize.round", "only with kind attribute");
+  if (p->memo_kind != LDP_MEMO_ATTRIBUTE && p->memo_kind != LDP_MEMO_PARTITION && rnd &&
+      !json_is_null(rnd))
+    return bad(ps, "device.memoize.round", "only with kind attribute or partition");
   if (parse_round(ps, rnd)) return -1;
+  ps->memo = p->memo_kind != LDP_MEMO_PARTITION; /* a partition's round steps lead it */
   if (ldp_parse_steps(ps, perm, "device.memoize.permanent",
                       p->memo_kind == LDP_MEMO_CLUSTER ? 1 : 0, &first, &count))
     return -1;

@@ -26,12 +26,18 @@ uint32_t ldp_memo_keys(const ldp_program *p, const uint32_t *x, uint64_t device_
     }
     return p->n_units;
   }
-  const ldp_step *s = &p->steps[p->n_top];
+  const ldp_step *s = &p->steps[p->unit_at[0]];
+  uint32_t y[LDP_MAX_ATTRS]; /* a rounded value (a point) its point's index: no draw */
+  memcpy(y, x, sizeof(uint32_t) * p->n_attrs);
+  for (uint32_t i = p->n_top; i < p->unit_at[0]; i++) {
+    const ldp_step *r = &p->steps[i];
+    y[r->in[0]] = ldp_round_index(p->cum + r->cum, (uint32_t)r->cells, y[r->in[0]], 0.0);
+  }
   uint64_t first = ldp_mix64(ldp_mix64(device_id ^ s->seed) ^ (uint64_t)period) % s->count;
   for (uint8_t i = 0; i < s->n_out; i++) {
     unit[i] = (uint32_t)((first + i) % s->count);
     const ldp_table *t = &p->tables[s->first + unit[i]];
-    cell[i] = (uint32_t)ldp_ravel(p, t->in, t->n_in, x);
+    cell[i] = (uint32_t)ldp_ravel(p, t->in, t->n_in, y);
   }
   return s->n_out;
 }
@@ -39,7 +45,7 @@ uint32_t ldp_memo_keys(const ldp_program *p, const uint32_t *x, uint64_t device_
 double ldp_memo_unit_eps(const ldp_program *p, uint32_t unit) {
   if (p->memo_kind == LDP_MEMO_SELECT) return branch(p, unit)->eps;
   if (p->memo_kind != LDP_MEMO_PARTITION) return p->steps[p->unit_at[unit]].eps;
-  const ldp_table *t = &p->tables[p->steps[p->n_top].first + unit];
+  const ldp_table *t = &p->tables[p->steps[p->unit_at[0]].first + unit];
   return ldp_grr_epsilon(t->p, t->g ? t->g : t->cells);
 }
 
@@ -59,13 +65,13 @@ uint32_t ldp_memo_draw(const ldp_program *p, uint32_t unit, uint32_t cell, ldp_r
       return (uint32_t)(p->steps[at].value + ldp_wave_cell(p, at, cell, rng));
     return (uint32_t)ldp_step_apply(p, at, cell, rng);
   }
-  return (uint32_t)ldp_table_code(&p->tables[p->steps[p->n_top].first + unit], cell, rng);
+  return (uint32_t)ldp_table_code(&p->tables[p->steps[p->unit_at[0]].first + unit], cell, rng);
 }
 
 void ldp_memo_emit(const ldp_program *p, const uint32_t *unit, const uint32_t *resp, uint32_t n,
                    ldp_rng *rng, uint32_t *report) {
   if (p->memo_kind == LDP_MEMO_PARTITION) {
-    const ldp_step *s = &p->steps[p->n_top];
+    const ldp_step *s = &p->steps[p->unit_at[0]];
     memset(report, 0, sizeof(uint32_t) * p->width);
     for (uint32_t i = 0; i < n; i++) {
       const ldp_table *t = &p->tables[s->first + unit[i]];

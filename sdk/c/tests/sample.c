@@ -202,21 +202,25 @@ static uint64_t numeric_codes(const ldp_step *s) {
   return top;
 }
 
+/* attribute j's cells as the device reads them (a numeric one: its grid, even when a round
+   step makes the tables count its points) */
+static uint32_t in_size(uint32_t j) { return prog.numeric[j] ? prog.grid[j] : prog.size[j]; }
+
 static int memo_audit(const char *name, long samples, ldp_rng *rng) {
   static ldp_ledger ledger;
   uint32_t x[LDP_MAX_ATTRS] = {0}, report[LDP_MAX_WIDTH], n_rec = 1;
-  const ldp_step *ps = &prog.steps[prog.n_top];
+  const ldp_step *ps = &prog.steps[prog.unit_at[0]]; /* partition, select: the step */
   int part = prog.memo_kind == 2, sel = prog.memo_kind == 3;  /* select: per branch */
   uint32_t units = part || sel ? ps->count : prog.n_units;
-  for (uint32_t j = 0; j < prog.n_attrs; j++) n_rec *= prog.size[j];
+  for (uint32_t j = 0; j < prog.n_attrs; j++) n_rec *= in_size(j);
   ldp_ledger_open(&ledger, 0.0, 86400.0, NULL);
   memset(mc, 0, sizeof mc);
   double t = 0.0, cost;
   for (uint32_t r = 0; r < n_rec; r++) {
     uint32_t rest = r;
     for (int j = (int)prog.n_attrs - 1; j >= 0; j--) {
-      x[j] = rest % prog.size[j];
-      rest /= prog.size[j];
+      x[j] = rest % in_size(j);
+      rest /= in_size(j);
     }
     for (long n = 0; n < samples / (long)n_rec; n++) {
       t += prog.rotation_s > 0 ? prog.rotation_s : 1.0;
@@ -228,10 +232,11 @@ static int memo_audit(const char *name, long samples, ldp_rng *rng) {
           uint64_t codes = tb->g ? tb->g : tb->cells;
           for (uint32_t k = 0; tb->g && k < tb->r; k++) codes *= tb->g;
           uint32_t code = report[ps->out[0]];
-          if (tb->cells > 36 || codes > 400 || code < tb->offset || code >= tb->offset + codes)
+          uint64_t rows = 1, cell = 0;
+          for (uint8_t i = 0; i < tb->n_in; i++) rows *= in_size(tb->in[i]);
+          if (rows > 36 || codes > 400 || code < tb->offset || code >= tb->offset + codes)
             continue;
-          uint64_t cell = 0;
-          for (uint8_t i = 0; i < tb->n_in; i++) cell = cell * prog.size[tb->in[i]] + x[tb->in[i]];
+          for (uint8_t i = 0; i < tb->n_in; i++) cell = cell * in_size(tb->in[i]) + x[tb->in[i]];
           mc[u][cell * codes + (code - tb->offset)]++;
         } else {
           const ldp_step *s = &prog.steps[sel ? prog.branch_start[ps->first + u] : prog.unit_at[u]];
@@ -255,7 +260,8 @@ static int memo_audit(const char *name, long samples, ldp_rng *rng) {
     uint64_t rows, cols;
     if (part) {
       const ldp_table *tb = &prog.tables[ps->first + u];
-      rows = tb->cells;
+      rows = 1;
+      for (uint8_t i = 0; i < tb->n_in; i++) rows *= in_size(tb->in[i]);
       cols = tb->g ? tb->g : tb->cells;
       for (uint32_t k = 0; tb->g && k < tb->r; k++) cols *= tb->g;
     } else {

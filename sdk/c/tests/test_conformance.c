@@ -367,6 +367,7 @@ static void memo_vectors(json_t *v) {
   memo_replay(json_object_get(v, "select"), "memoized select");
   memo_replay(json_object_get(v, "daily"), "memoized across midnight");
   memo_replay(json_object_get(v, "numeric"), "memoized numeric");
+  memo_replay(json_object_get(v, "partition_numeric"), "memoized partition (numeric)");
   alpha_vectors(json_object_get(v, "numeric"));
 }
 

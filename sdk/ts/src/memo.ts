@@ -6,12 +6,12 @@
  * fixed per (device, period), each branch one grr/matrix step memoized per cell. Kind attribute
  * may alpha-point round numeric attributes first (round: points and the alpha seed) and
  * memoize a numeric one's wave, or the weighted select over its waves (the task drawn with the
- * response). */
+ * response); kind partition may round them too, its partition step led by their round steps. */
 import { blake2b } from "@noble/hashes/blake2.js";
 
 import { DrawSource, categorical, uniform } from "./rng.js";
-import { Leaf, M64, Partition, ProgramError, Select, Table, Wave, apply, grr, grrEpsilon, mix64,
-         ravel, roundIndex, tableCode, waveCell } from "./steps.js";
+import { Leaf, M64, Partition, ProgramError, Round, Select, Table, Wave, apply, grr, grrEpsilon,
+         mix64, ravel, roundIndex, tableCode, waveCell } from "./steps.js";
 
 export type MemoKind = "attribute" | "cluster" | "partition" | "select";
 
@@ -39,7 +39,7 @@ export interface Memo {
   rotationS: number | null;
   /** attribute, cluster: one step per unit; select: one per branch */
   permanent: (Leaf | NumericUnit)[];
-  /** attribute: per attribute its rounding (null: none), or null */
+  /** attribute, partition: per attribute its rounding (null: none), or null */
   round: (Rounding | null)[] | null;
   /** select: the index column and mix64(seed) */
   select: { out: number; seed: bigint } | null;
@@ -56,7 +56,7 @@ export interface Memo {
  * partition step: per table op byte 3, oracle byte, cells u32, g u32, p f64 (all LE); a select
  * byte 4 (with weights: 6, their count u32 and each f64) then its branches' steps; a wave byte
  * 5, grid, offset and cells u32, round u8, range, at, width and p f64 */
-export function fingerprint(steps: (Leaf | Partition | Select | Wave)[], raw: unknown[]
+export function fingerprint(steps: (Leaf | Partition | Select | Wave | Round)[], raw: unknown[]
                             ): string {
   const parts: number[] = [];
   const buf = new DataView(new ArrayBuffer(8));
@@ -80,6 +80,7 @@ export function fingerprint(steps: (Leaf | Partition | Select | Wave)[], raw: un
     values.forEach(f64);
   };
   steps.forEach((s, j) => {
+    if (s.op === "round") return;   // not hashed: the tables after it count its points
     if (s.op === "wave") { wave(s); return; }
     if (s.op === "select") {
       const w = (raw[j] as { weights?: number[] | null }).weights ?? null;
@@ -125,7 +126,7 @@ function instantaneous(m: Record<string, unknown>, n: number): number[] | null {
 
 /** A numeric attribute's permanent step as a memo unit: a wave writing its own column, or a
  * select with out null over one such wave per branch (null: neither). */
-function numericUnit(s: Leaf | Partition | Select | Wave): NumericUnit | null {
+function numericUnit(s: Leaf | Partition | Select | Wave | Round): NumericUnit | null {
   const own = (w: unknown): w is Wave => (w as Wave).op === "wave" && (w as Wave).out === (w as Wave).col;
   let waves: Wave[];
   if (s.op === "wave") waves = [s];
@@ -141,14 +142,22 @@ function numericUnit(s: Leaf | Partition | Select | Wave): NumericUnit | null {
 }
 
 export function makeMemo(m: Record<string, unknown>, kind: MemoKind, rotationS: number | null,
-                         perm: (Leaf | Partition | Select | Wave)[], nAttrs: number,
+                         perm: (Leaf | Partition | Select | Wave | Round)[], nAttrs: number,
                          width: number, round: (Rounding | null)[] | null = null): Memo {
   const raw = m.permanent as unknown[];
-  if (kind === "partition") {
-    const s = perm[0];
-    if (perm.length !== 1 || s.op !== "partition")
-      throw new ProgramError("device.memoize.permanent", "kind partition: one partition step");
-    return { kind, rotationS, permanent: [], round: null, select: null, partition: s,
+  if (kind === "partition") {   // a round step per attribute round rounds, then one partition
+    const s = perm[perm.length - 1], rounds = perm.slice(0, -1);
+    if (s.op !== "partition" || !rounds.every((r) => r.op === "round"))
+      throw new ProgramError("device.memoize.permanent", "kind partition: one partition step, " +
+                             "after a round step per attribute memoize.round rounds");
+    const by = new Map((rounds as Round[]).map((r) => [r.col, r.points]));
+    const same = (a: number[] | undefined, b: number[]) =>
+      a !== undefined && a.length === b.length && a.every((v, i) => v === b[i]);
+    const want = (round ?? []).flatMap((r, j) => (r ? [[j, r.points] as const] : []));
+    if (want.length !== by.size || !want.every(([j, pts]) => same(by.get(j), pts)))
+      throw new ProgramError("device.memoize.round", "kind partition: one entry per attribute " +
+                             "a permanent round step rounds, with its points");
+    return { kind, rotationS, permanent: [], round, select: null, partition: s,
              instantaneous: instantaneous(m, s.tables.length), fingerprint: fingerprint(perm, raw),
              epsilon: s.eps };
   }
@@ -223,10 +232,13 @@ export function memoKeys(memo: Memo, x: ArrayLike<number>, deviceId: bigint,
   if (!s) return memo.permanent.map((p, u) => [u, ravel(x, p.cols, p.sizes)]);
   const k = s.tables.length;
   const slot0 = first(s.seed, k);
+  // a rounded value (a point) its point's index, as its round step maps it: no draw
+  const y = Array.from(x, (v, j) => (memo.round?.[j] ? roundIndex(memo.round[j]!.points, v, 0)
+                                                     : v));
   return s.out.map((_, i) => {
     const unit = (slot0 + i) % k;
     const t = s.tables[unit];
-    return [unit, ravel(x, t.cols, t.sizes)];
+    return [unit, ravel(y, t.cols, t.sizes)];
   });
 }
 

@@ -112,11 +112,12 @@ export class Program {
     const rot = m.rotation_s ?? null;
     if (rot !== null && !(typeof rot === "number" && Number.isFinite(rot) && rot > 0))
       throw new ProgramError("device.memoize.rotation_s", "must be a number > 0 or null");
-    if (kind !== "attribute" && m.round !== undefined && m.round !== null)
-      throw new ProgramError("device.memoize.round", "only with kind attribute");
+    if (kind !== "attribute" && kind !== "partition" && m.round !== undefined && m.round !== null)
+      throw new ProgramError("device.memoize.round", "only with kind attribute or partition");
     const round = this.parseRound(m.round);
     const perm = this.parseSteps(m.permanent, "device.memoize.permanent",
-                                 kind === "cluster" ? 1 : 0) as (Leaf | Partition | Select | Wave)[];
+                                 kind === "cluster" ? 1 : 0, kind === "partition"
+                                 ) as (Leaf | Partition | Select | Wave | Round)[];
     return makeMemo(m, kind, rot, perm, this.attrs.length, this.width, round);
   }
 
@@ -153,17 +154,21 @@ export class Program {
     return this.steps.length > 0;
   }
 
-  private parseSteps(v: unknown, field: string, depth: number): Step[] {
+  /** `rounds`: the list may start with round steps (the top level of a description without
+   * memoize, or a partition memo's permanent steps). */
+  private parseSteps(v: unknown, field: string, depth: number,
+                     rounds: boolean = !this.memoized): Step[] {
     if (!Array.isArray(v) || v.length < 1 || v.length > MAX_STEPS)
       throw new ProgramError(field, `must be a list of 1..${MAX_STEPS} steps`);
     const out: Step[] = [];
     v.forEach((s, i) => {
       const f = `${field}[${i}]`;
       if (isObj(s) && s.op === "round") {
-        if (depth > 0 || this.memoized || this.nSteps !== out.length ||
+        if (depth > 0 || !rounds || this.nSteps !== out.length ||
             out.some((t) => t.op !== "round"))
           throw new ProgramError(`${f}.op`, "round steps come first, at the top level of a " +
-                                 "description without memoize");
+                                 "description without memoize or of a partition memo's " +
+                                 "permanent steps");
         out.push(this.parseRoundStep(s, f));
       } else out.push(this.parseStep(s, f, depth));
     });

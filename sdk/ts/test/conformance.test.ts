@@ -170,6 +170,7 @@ test("memoized reports", async () => {
   await memoReplay(v.select, "smp");
   await memoReplay(v.daily, "rr-ind");
   await memoReplay(v.numeric, "sw-hm");
+  await memoReplay(v.partition_numeric, "partitioned");
 });
 
 test("memoized numeric: each device's alpha and its rounding of every grid index", () => {

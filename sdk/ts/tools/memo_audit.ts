@@ -10,9 +10,12 @@ export function memoAudit(program: Program, samples: number, rng: DrawSource
                           ): { unit: number; counts: number[][] }[] {
   const memo = program.memo!;
   const part = memo.partition;
-  const units = part ? part.tables.map((t) => ({ cols: t.cols, sizes: t.sizes, rows: t.cells,
-                                                 out: [] as number[], offset: t.offset,
-                                                 codes: t.g ? t.g ** (t.r + 1) : t.cells }))
+  // a partition table's rows: its attributes' cells as the device reads them (a rounded
+  // attribute's grid indices, the table counting its points)
+  const input = (cols: number[]) => cols.map((c) => program.shape[c]);
+  const units = part ? part.tables.map((t) => ({
+    cols: t.cols, sizes: input(t.cols), rows: input(t.cols).reduce((a, b) => a * b, 1),
+    out: [] as number[], offset: t.offset, codes: t.g ? t.g ** (t.r + 1) : t.cells }))
     : memo.permanent.map((s) => ({ cols: s.cols, sizes: s.sizes, rows: s.cells, out: s.out,
                                    offset: 0, codes: s.op === "numeric" ? s.codes : s.cells }));
   const counts = units.map((u) => Array.from({ length: u.rows },

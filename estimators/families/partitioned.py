@@ -678,16 +678,26 @@ class Partitioned(Mechanism):
         ys, var = [r[0] for r in raw], [r[1] for r in raw]
         noise = [self.noise(counts, j) for j in range(len(self.marginals))]
 
+        with self._memo_lock:
+            cons = self._memo.get((key, True))
+        first: list[tuple[list[Factor], int]] = []
+
         def consistent(runs: list[list[Factor]]) -> list[list[np.ndarray]]:
-            # every probe's consistent tables in one stacked pass (each as if alone)
-            vals = postprocess_stacked([t.domain for t in ys],
-                                       [np.stack([r[k].values for r in runs])
-                                        for k in range(len(ys))], var, noise_variance=var)[0]
+            # every probe's consistent tables in one stacked pass (each as if alone), with the
+            # measurements' own as the first set when they are not memoized yet
+            vals, passes = postprocess_stacked([t.domain for t in ys],
+                                               [np.stack([r[k].values for r in runs])
+                                                for k in range(len(ys))], var,
+                                               noise_variance=var)
+            if cons is None:
+                first.append(([Factor(t.domain, v[0]) for t, v in zip(ys, vals)], passes[0]))
             return [[v[i] for v in vals] for i in range(len(runs))]
 
         table, info = choose_fit(self.cells, ys, [nz.var for nz in noise],
-                                 [t.values for t in self.consistent_tables(counts, True)[0]],
+                                 None if cons is None else [t.values for t in cons[0]],
                                  consistent, noise, direct=var)
+        if first:
+            self._remember((key, True), (first[0][0], first[0][1], sum(r[2] for r in raw)))
         out = (None if table is None else Factor(self.cells, table), info)
         with self._memo_lock:
             while len(self._global_memo) >= 8:
@@ -746,11 +756,16 @@ class Partitioned(Mechanism):
         tables, passes = postprocess([r[0] for r in raw], [r[1] for r in raw],
                                      noise_variance=[r[1] for r in raw] if shrink else None)
         out = (tables, passes, sum(r[2] for r in raw))
-        with self._memo_lock:   # the refresher estimates in worker threads
+        self._remember(key, out)
+        return out
+
+    def _remember(self, key: tuple[bytes, bool], out: tuple[list[Factor], int, int]) -> None:
+        """Memoize :meth:`consistent_tables`'s answer (the refresher estimates in worker
+        threads: under the lock; the 8 most recent counts kept)."""
+        with self._memo_lock:
             while len(self._memo) >= 8:
                 self._memo.pop(next(iter(self._memo)))
             self._memo[key] = out
-        return out
 
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                  method: str = "consistent", **options: Any) -> Estimate:

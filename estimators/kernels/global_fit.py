@@ -412,13 +412,14 @@ def query_sure(tables: Sequence[Factor], noise: Sequence[Noise | Variance],
 
 
 def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance],
-               smoothed: Sequence[np.ndarray],
+               smoothed: Sequence[np.ndarray] | None,
                smoother: Callable[[list[list[Factor]]], list[list[np.ndarray]]],
                noise: Sequence[Noise | Variance] | None = None,
                direct: Sequence[Variance] | None = None
                ) -> tuple[np.ndarray | None, dict[str, Any]]:
     """A smoothing estimator's tables (``smoothed``; ``smoother`` maps many sets of tables,
-    the probes', to theirs in one call, so that it may smooth them together), the global fit
+    the probes', to theirs in one call, so that it may smooth them together; ``smoothed``
+    None: the smoother's first set is the measurements, smoothed with the probes), the global fit
     to them (its iterate chosen likewise) or, with ``direct`` (one loss variance per table,
     Private-PGM's weights), the global fit to the measurements themselves, whichever has the
     smallest :func:`query_sure` on the 2- and 3-way marginals the tables hold (the same
@@ -439,9 +440,12 @@ def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
         return None, info
     noise = variances if noise is None else noise
     bs = [probes(tables, PROBE_SEED + i) for i in range(PROBES)]
-    runs = [list(smoothed)] + smoother([[Factor(t.domain, np.asarray(t.values)
-                                                + PROBE_STEP * _noise(t, v).unit(bb))
-                                         for t, v, bb in zip(tables, noise, b)] for b in bs])
+    moved = [[Factor(t.domain, np.asarray(t.values) + PROBE_STEP * _noise(t, v).unit(bb))
+              for t, v, bb in zip(tables, noise, b)] for b in bs]
+    if smoothed is None:   # the measurements' smoothed tables with the probes', in one call
+        runs = smoother([list(tables)] + moved)
+    else:
+        runs = [list(smoothed)] + smoother(moved)
     sets = query_sets(tables)
     fits = {"global": global_fit(domain, tables, variances, smoothed=runs, noise=noise)}
     if direct is not None:

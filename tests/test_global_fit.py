@@ -252,3 +252,87 @@ def test_global_fits_the_measurements_where_consistent_shrinks_skewed_data():
     mean = {k: float(np.mean(v)) for k, v in err.items()}
     assert mean["global"] < 0.9 * mean["consistent"], mean
     assert mean["global"] <= mean["converged"], mean
+
+
+def test_one_step_is_the_first_mirror_descent_step_from_the_uniform_table():
+    """Private-PGM's first step (McKenna et al. 2019, Alg. 1, step 2/L with L = max 1/σ²_S)
+    from the uniform table u: p ∝ u·exp(−(2/L)·∇L(u)), ∇L(u) = Σ_S (u_S − y_S)/σ²_S broadcast;
+    :func:`one_step` writes it as p ∝ exp(2·Σ_S (σ²_min/σ²_S)·y_S), for every run."""
+    from ldpstream.estimators.kernels.global_fit import one_step
+    p, q = _truth(0), _truth(1)
+    ys = [p.project(("a", "b")), q.project(("b", "c")), p.project(("c",))]
+    var = [2e-3, 1e-3, 4e-3]
+    u = np.full(DOM.shape, 1.0 / DOM.size())
+    grad = np.zeros(DOM.shape)
+    for y, v in zip(ys, var):
+        us = Factor(DOM, u).project(y.domain.attrs).values
+        grad = grad + _broadcast(Factor(y.domain, (us - y.values) / v))
+    want = u * np.exp(-2.0 * min(var) * grad)
+    want /= want.sum()
+    moved = [Factor(y.domain, y.values + 1e-3 * np.random.default_rng(i).standard_normal(
+        y.values.shape)) for i, y in enumerate(ys)]
+    got = one_step(DOM, [ys, moved], var)
+    assert got.runs.shape == (2,) + DOM.shape
+    assert_close(got.table, want, rel=1e-10)
+    assert got.table.sum() == pytest.approx(1.0)
+    assert not np.allclose(got.runs[1], got.runs[0], rtol=1e-6, atol=0)
+
+
+def _broadcast(f: Factor) -> np.ndarray:
+    ax = DOM.axes(f.domain.attrs)
+    kept = sorted(ax)
+    v = np.transpose(f.values, [list(ax).index(i) for i in kept])
+    return np.broadcast_to(v.reshape([DOM.shape[i] if i in ax else 1 for i in range(len(DOM))]),
+                           DOM.shape)
+
+
+def _seven_from(kind: str, seed: int, eps: float) -> tuple[Partitioned, dict[str, np.ndarray],
+                                                            Factor]:
+    net = shape_network(kind, 7, seed)
+    rec = net.sample(50_000, np.random.default_rng([seed, 13]))
+    mech = Partitioned(net.domain, eps, ways="auto", expected_reports=len(rec))
+    counts = mech.count(mech.randomize(rec, np.random.default_rng([0, 1])), mech.tensors())
+    return mech, counts, Factor(net.domain, net.joint())
+
+
+def test_global_serves_the_one_step_where_the_data_are_near_deterministic(monkeypatch):
+    """A near-deterministic network at ε = 4 (pairs): the fits' descents stop far from the
+    mode the data concentrate on, Private-PGM's first step reaches it; the risk comparison
+    serves that step, and its pairs are several times more accurate than what was served
+    without it (docs/benchmarks.md "The first mirror-descent step as a candidate")."""
+    import ldpstream.estimators.kernels.global_fit as gf
+    mech, counts, truth = _seven_from("near-deterministic", 7302, 4.0)
+    pairs = list(itertools.combinations(mech.domain.attrs, 2))
+
+    def err(m: Partitioned) -> float:
+        return float(np.mean([tvd(m.estimate(counts, a, "global").factor.values,
+                                  truth.project(a).values) for a in pairs]))
+    fresh = Partitioned.from_state(mech.state())
+    info = fresh.global_table(counts)[1]
+    assert info["chosen"] == "one-step"
+    assert info["sure_one-step"] < min(info["sure_measurements"], info["sure_consistent"])
+    with_step = err(fresh)
+    monkeypatch.setattr(gf, "ONE_STEP", False)
+    without = Partitioned.from_state(mech.state())
+    assert without.global_table(counts)[1]["chosen"] != "one-step"
+    assert with_step < 0.5 * err(without)
+
+
+def test_one_step_leaves_the_choice_where_its_risk_is_larger(monkeypatch):
+    """On a skewed network (ε = 2, pairs) the step's estimated risk is far above the others',
+    and every served pair and triple equals, to the bit, what ``global`` serves without the
+    candidate."""
+    import ldpstream.estimators.kernels.global_fit as gf
+    mech, counts, _ = _seven_from("skewed", 5000, 2.0)
+    sets = list(itertools.combinations(mech.domain.attrs, 2)) + list(
+        itertools.combinations(mech.domain.attrs, 3))[:10]
+    fresh = Partitioned.from_state(mech.state())
+    info = fresh.global_table(counts)[1]
+    assert info["chosen"] != "one-step"
+    assert info["sure_one-step"] > 10 * max(info["sure_consistent"], info["sure_measurements"])
+    got = {a: fresh.estimate(counts, a, "global").factor.values for a in sets}
+    monkeypatch.setattr(gf, "ONE_STEP", False)
+    old = Partitioned.from_state(mech.state())
+    assert old.global_table(counts)[1]["chosen"] == info["chosen"]
+    for a in sets:
+        assert np.array_equal(old.estimate(counts, a, "global").factor.values, got[a])

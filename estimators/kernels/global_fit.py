@@ -45,8 +45,8 @@ import numpy as np
 from ldpstream.estimators.kernels.domain import Domain, Factor
 
 __all__ = ["GlobalFit", "Noise", "global_fit", "choose_fit", "sure", "query_sure", "query_sets", "probes",
-           "MAX_CELLS", "MAX_ITER", "PATIENCE", "DIRECT_PATIENCE", "PROBE_STEP", "PROBE_SEED", "PROBES", "GROWTH",
-           "QUERY_WAYS"]
+           "one_step", "ONE_STEP", "ONE_STEP_SCALE", "MAX_CELLS", "MAX_ITER", "PATIENCE",
+           "DIRECT_PATIENCE", "PROBE_STEP", "PROBE_SEED", "PROBES", "GROWTH", "QUERY_WAYS"]
 
 #: largest domain (cells of the full table) fitted; larger ones keep the consistent tables
 MAX_CELLS = 400_000
@@ -65,6 +65,10 @@ PROBES = 4
 GROWTH = 1.2
 #: seed of the probe (the fit is a function of the measurements)
 PROBE_SEED = 20_190_611
+#: :func:`choose_fit` also weighs Private-PGM's first mirror-descent step (:func:`one_step`)
+ONE_STEP = True
+#: that step's size in units of σ²_min (``mbi``'s initial step 2/L)
+ONE_STEP_SCALE = 2.0
 #: the marginal sizes :func:`choose_fit` compares the two estimators on
 QUERY_WAYS = (2, 3)
 
@@ -372,6 +376,30 @@ def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
     return GlobalFit(best[2][0], best[1], float(best[0]), it, best[2])
 
 
+def one_step(domain: Domain, runs: Sequence[Sequence[Factor]], variances: Sequence[Variance],
+             scale: float = ONE_STEP_SCALE) -> GlobalFit:
+    """Private-PGM's first mirror-descent step from the uniform table (McKenna, Sheldon &
+    Miklau, ICML 2019, §3 and Alg. 1 with ``mbi``'s initial step 2/L, L = max_S 1/σ²_S):
+    p ∝ exp(``scale``·Σ_S (σ²_min/σ²_S)·y_S) (the gradient at the uniform table is constant on
+    each table but for −y_S/σ²_S), for every run (``runs[0]`` the measurements, ``runs[i]``
+    the i-th probe's), so that its SURE is that of a smooth map of y. One variance per table."""
+    v = [float(np.max(np.asarray(x, dtype=float))) for x in variances]
+    vmin = min(v)
+    out = np.zeros((len(runs),) + tuple(domain.shape))
+    for k, t in enumerate(runs[0]):
+        ax = domain.axes(t.domain.attrs)
+        kept = sorted(ax)
+        perm = tuple(list(ax).index(i) for i in kept)
+        shape = tuple(domain.shape[i] if i in ax else 1 for i in range(len(domain)))
+        y = np.stack([np.transpose(np.asarray(r[k].values, dtype=float), perm) for r in runs])
+        out += (scale * vmin / v[k]) * y.reshape((len(runs),) + shape)
+    axes = tuple(range(1, out.ndim))
+    out -= out.max(axis=axes, keepdims=True)
+    np.exp(out, out=out)
+    out /= out.sum(axis=axes, keepdims=True)
+    return GlobalFit(out[0], 1, float("nan"), 1, out)
+
+
 def query_sets(tables: Sequence[Factor], ways: Sequence[int] = QUERY_WAYS
                ) -> list[tuple[str, ...]]:
     """Every attribute set of ``ways`` attributes held by some table (once each)."""
@@ -421,13 +449,19 @@ def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
     the probes', to theirs in one call, so that it may smooth them together; ``smoothed``
     None: the smoother's first set is the measurements, smoothed with the probes), the global fit
     to them (its iterate chosen likewise) or, with ``direct`` (one loss variance per table,
-    Private-PGM's weights), the global fit to the measurements themselves, whichever has the
+    Private-PGM's weights), the global fit to the measurements themselves and (with
+    :data:`ONE_STEP`) Private-PGM's first mirror-descent step from the uniform table
+    (:func:`one_step`, ibid. Alg. 1), whichever has the
     smallest :func:`query_sure` on the 2- and 3-way marginals the tables hold (the same
     :data:`PROBES` probes for all), under the noise ``noise`` (default: ``variances``, the
     loss's): (the chosen fit's table, or None for the smoothed tables; ``{"chosen": "global" |
-    "measurements" | "consistent", "sure_global", "sure_measurements", "sure_consistent",
-    "iterations"}`` or, above :data:`MAX_CELLS` cells, ``{"chosen": "consistent",
-    "reason"}``). The risk is that of the small marginals, not of the measured tables' cells:
+    "measurements" | "one-step" | "consistent", "sure_global", "sure_measurements",
+    "sure_one-step", "sure_consistent", "iterations"}`` or, above :data:`MAX_CELLS` cells,
+    ``{"chosen": "consistent", "reason"}``). The step is a smooth map of the measurements (a
+    softmax of a weighted sum of them), so its risk is estimated as reliably as the others';
+    it wins where the data concentrate on a few cells of the domain (near-deterministic
+    networks), which the descents, stopped early, approach slowly. The risk is that of the
+    small marginals, not of the measured tables' cells:
     where the tables are large (4 to 6 attributes at large ε), the iterate of smallest SURE on
     their cells smooths the many high-order cells and loses on the pairs. The fit to the
     measurements keeps the dependence that the marginal polytope (p ≥ 0 over the whole domain)
@@ -451,6 +485,8 @@ def choose_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
     if direct is not None:
         fits["measurements"] = global_fit(domain, tables, direct, noise=noise,
                                           patience=DIRECT_PATIENCE)
+        if ONE_STEP:
+            fits["one-step"] = one_step(domain, [list(tables)] + moved, direct)
     risks = {"consistent": query_sure(tables, noise, runs, bs, sets)}
     for name, fit in fits.items():
         fitted = [[Factor(domain, p).project(t.domain.attrs).values for t in tables]

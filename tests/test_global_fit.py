@@ -299,7 +299,7 @@ def test_global_serves_the_one_step_where_the_data_are_near_deterministic(monkey
     """A near-deterministic network at ε = 4 (pairs): the fits' descents stop far from the
     mode the data concentrate on, Private-PGM's first step reaches it; the risk comparison
     serves that step, and its pairs are several times more accurate than what was served
-    without it (docs/benchmarks.md "The first mirror-descent step as a candidate")."""
+    without it (docs/partitioned.md "Private-PGM's first step")."""
     import ldpstream.estimators.kernels.global_fit as gf
     mech, counts, truth = _seven_from("near-deterministic", 7302, 4.0)
     pairs = list(itertools.combinations(mech.domain.attrs, 2))

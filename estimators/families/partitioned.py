@@ -46,7 +46,8 @@ Estimators (:attr:`Partitioned.estimators`):
   docs/partitioned.md.
 * ``global`` (the default) — one distribution over the whole domain fitted by mirror descent
   to the ``consistent`` tables, or to the unbiased tables themselves (Private-PGM's loss and
-  weights), each kept at the iterate of smallest SURE, or the ``consistent`` tables: whichever
+  weights), each kept at the iterate of smallest SURE, Private-PGM's first mirror-descent step
+  from the uniform table (:func:`~.kernels.global_fit.one_step`), or the ``consistent`` tables: whichever
   has the smallest estimated risk on the pairs and triples (:meth:`Partitioned.global_table`,
   :mod:`~.kernels.global_fit`; held-out against Private-PGM in docs/benchmarks.md).
 

@@ -220,6 +220,8 @@ class _Fit:
     edges: tuple[int, ...]
     goal: np.ndarray
     var: np.ndarray
+    sliced: tuple[bool, ...]
+    shapes: tuple[tuple[int, ...], ...]
 
 
 def _fit(shape: tuple[int, ...], targets: Sequence[_Target], shift: Sequence[np.ndarray]
@@ -230,7 +232,13 @@ def _fit(shape: tuple[int, ...], targets: Sequence[_Target], shift: Sequence[np.
     goal = np.concatenate([np.broadcast_to(t.y + d, (runs,) + t.y.shape).reshape(runs, -1)
                            for t, d in zip(targets, shift)], axis=1)
     var = np.concatenate([(t.sd ** 2).reshape(-1) for t in targets])
-    return _Fit(_tree(len(shape) - 1, targets), edges, goal, var)
+    tree = _tree(len(shape) - 1, targets)
+    shapes = [tuple(shape)]
+    for par, ax in zip(tree.parent[1:], tree.axis[1:]):
+        s = shapes[par]
+        shapes.append(s[:ax + 1] + s[ax + 2:])
+    sliced = tuple(_sliced(shapes[par], ax + 1) for par, ax in zip(tree.parent, tree.axis))
+    return _Fit(tree, edges, goal, var, sliced, tuple(shapes))
 
 
 def _cells(x: np.ndarray, targets: Sequence[_Target], fit: _Fit) -> list[np.ndarray]:
@@ -246,6 +254,13 @@ SLICE_INNER = 32
 SLICE_OUTER = 256
 
 
+def _sliced(shape: tuple[int, ...], axis: int) -> bool:
+    """Whether :func:`_sum_axis` adds the slices of a table of ``shape`` over ``axis``."""
+    n = shape[axis]
+    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+    return not (n < 2 or n >= 8 or inner >= SLICE_INNER or outer < SLICE_OUTER)
+
+
 def _sum_axis(x: np.ndarray, axis: int) -> np.ndarray:
     """``x`` summed over ``axis``, equal to ``np.add.reduce`` to the bit: over a short axis
     (fewer than 8 entries, where the reduction adds them one after the other, x₀ + x₁ + …, not
@@ -253,10 +268,10 @@ def _sum_axis(x: np.ndarray, axis: int) -> np.ndarray:
     (:data:`SLICE_OUTER`), the slices are added in that order, two to four times faster than
     the reduction, whose inner loop runs over the short trailing axes (or over the short axis
     itself); elsewhere the reduction is as fast or faster."""
+    if not _sliced(x.shape, axis):
+        return np.add.reduce(x, axis=axis)
     n = x.shape[axis]
     outer, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1:])
-    if n < 2 or n >= 8 or inner >= SLICE_INNER or outer < SLICE_OUTER:
-        return np.add.reduce(x, axis=axis)
     v = x.reshape(outer, n, inner)
     out = v[:, 0] + v[:, 1]
     for k in range(2, n):
@@ -279,12 +294,17 @@ def _loss_grad(p: np.ndarray, targets: Sequence[_Target], shift: Sequence[np.nda
     add = np.add.reduce
     runs = len(p)
     vals = [p]
-    for par, ax in zip(tree.parent[1:], tree.axis[1:]):
-        vals.append(_sum_axis(vals[par], ax + 1))
+    for par, ax, cut in zip(tree.parent[1:], tree.axis[1:], fit.sliced[1:]):
+        vals.append(_sum_axis(vals[par], ax + 1) if cut else add(vals[par], axis=ax + 1))
     fitted = np.concatenate([vals[i].reshape(runs, -1) for i in tree.node], axis=1)
     r = (fitted - fit.goal) / fit.var
     loss = 0.5 * add(r * r * fit.var, axis=1)
     acc: list[np.ndarray | None] = [None] * len(vals)
+    # acc[i] is the gradient summed onto node i so far, of node i's shape but for size-1 axes
+    # still to broadcast; ``own[i]``: acc[i] is an array made here, of node i's full shape,
+    # that further terms are added into in place (b + up and np.add(b, up, out=b) are equal)
+    own = [False] * len(vals)
+    shapes = fit.shapes
     for i, rk in zip(tree.node, _cells(r, targets, fit)):
         a = acc[i]
         acc[i] = rk if a is None else a + rk
@@ -296,7 +316,13 @@ def _loss_grad(p: np.ndarray, targets: Sequence[_Target], shift: Sequence[np.nda
         up = a.reshape(a.shape[:ax] + (1,) + a.shape[ax:])
         j = tree.parent[i]
         b = acc[j]
-        acc[j] = up if b is None else b + up
+        if b is None:
+            acc[j] = up
+        elif own[j]:
+            np.add(b, up, out=b)
+        else:
+            acc[j] = b = b + up
+            own[j] = b.shape == shapes[j]
     top = acc[0]
     if top is None:
         return loss, np.zeros(p.shape), fitted
@@ -357,8 +383,9 @@ def global_fit(domain: Domain, tables: Sequence[Factor], variances: Sequence[Var
         while True:   # backtracking on the run at the measurements (mirror-descent bound)
             q = _step(p, grad, eta)
             lq, gq, fq = _loss_grad(q, targets, shift, plan)
-            bound = loss[0] + float((grad[0] * (q[0] - p[0])).sum()) + float(
-                np.abs(q[0] - p[0]).sum()) ** 2 / (2 * eta)
+            d = q[0] - p[0]
+            bound = loss[0] + float((grad[0] * d).sum()) + float(
+                np.abs(d, out=d).sum()) ** 2 / (2 * eta)
             if lq[0] <= bound or eta < 1e-300:
                 break
             eta *= 0.5

@@ -214,7 +214,9 @@ def _tree(ndim: int, targets: Sequence[_Target]) -> _Tree:
 class _Fit:
     """What :func:`_loss_grad` needs of a fit, computed once per fit (not per iteration): the
     summing tree and, for the targets' cells laid end to end (``edges``: where each target's
-    cells start and end), their goals y + shift (runs × cells) and cell variances σ²."""
+    cells start and end), their goals y + shift (runs × cells) and cell variances σ²; per node
+    of the tree, whether its sum adds slices (:func:`_sum_axis`) or is one reduction
+    (``sliced``), and its shape (``shapes``, runs first)."""
 
     tree: _Tree
     edges: tuple[int, ...]

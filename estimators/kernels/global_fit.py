@@ -140,16 +140,22 @@ def _noise(t: Factor, n: Noise | Variance) -> Noise:
     return Noise(np.broadcast_to(np.asarray(n, dtype=float), np.shape(t.values)))
 
 
+def _placement(domain: Domain, table: Factor
+               ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Where ``table`` sits in the full table of ``domain``: the axes summed out of it, the
+    permutation of its axes to domain order, and its broadcast shape (size 1 where summed)."""
+    ax = domain.axes(table.domain.attrs)
+    perm = tuple(list(ax).index(i) for i in sorted(ax))
+    return (tuple(i for i in range(len(domain)) if i not in ax), perm,
+            tuple(domain.shape[i] if i in ax else 1 for i in range(len(domain))))
+
+
 def _targets(domain: Domain, tables: Sequence[Factor], variances: Sequence[Variance]
              ) -> list[_Target]:
     out = []
     for t, v in zip(tables, variances):
-        ax = domain.axes(t.domain.attrs)
-        kept = sorted(ax)
-        perm = tuple(list(ax).index(i) for i in kept)
-        out.append(_Target(tuple(i for i in range(len(domain)) if i not in ax), perm,
-                           tuple(domain.shape[i] if i in ax else 1 for i in range(len(domain))),
-                           np.transpose(np.asarray(t.values, dtype=float), perm),
+        drop, perm, shape = _placement(domain, t)
+        out.append(_Target(drop, perm, shape, np.transpose(np.asarray(t.values, dtype=float), perm),
                            np.transpose(_sd(t, v), perm)))
     return out
 
@@ -270,8 +276,12 @@ def _sum_axis(x: np.ndarray, axis: int) -> np.ndarray:
     (:data:`SLICE_OUTER`), the slices are added in that order, two to four times faster than
     the reduction, whose inner loop runs over the short trailing axes (or over the short axis
     itself); elsewhere the reduction is as fast or faster."""
-    if not _sliced(x.shape, axis):
-        return np.add.reduce(x, axis=axis)
+    return _add_slices(x, axis) if _sliced(x.shape, axis) else np.add.reduce(x, axis=axis)
+
+
+def _add_slices(x: np.ndarray, axis: int) -> np.ndarray:
+    """``x`` summed over ``axis`` slice by slice, in the order the reduction adds them (what
+    :func:`_sum_axis` does where :func:`_sliced`; the descent decides that once per fit)."""
     n = x.shape[axis]
     outer, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1:])
     v = x.reshape(outer, n, inner)
@@ -297,7 +307,7 @@ def _loss_grad(p: np.ndarray, targets: Sequence[_Target], shift: Sequence[np.nda
     runs = len(p)
     vals = [p]
     for par, ax, cut in zip(tree.parent[1:], tree.axis[1:], fit.sliced[1:]):
-        vals.append(_sum_axis(vals[par], ax + 1) if cut else add(vals[par], axis=ax + 1))
+        vals.append(_add_slices(vals[par], ax + 1) if cut else add(vals[par], axis=ax + 1))
     fitted = np.concatenate([vals[i].reshape(runs, -1) for i in tree.node], axis=1)
     r = (fitted - fit.goal) / fit.var
     loss = 0.5 * add(r * r * fit.var, axis=1)
@@ -416,10 +426,7 @@ def one_step(domain: Domain, runs: Sequence[Sequence[Factor]], variances: Sequen
     vmin = min(v)
     out = np.zeros((len(runs),) + tuple(domain.shape))
     for k, t in enumerate(runs[0]):
-        ax = domain.axes(t.domain.attrs)
-        kept = sorted(ax)
-        perm = tuple(list(ax).index(i) for i in kept)
-        shape = tuple(domain.shape[i] if i in ax else 1 for i in range(len(domain)))
+        _, perm, shape = _placement(domain, t)
         y = np.stack([np.transpose(np.asarray(r[k].values, dtype=float), perm) for r in runs])
         out += (scale * vmin / v[k]) * y.reshape((len(runs),) + shape)
     axes = tuple(range(1, out.ndim))

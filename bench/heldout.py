@@ -31,7 +31,7 @@ from ldpstream.estimators.kernels.metrics import tvd
 from ldpstream.estimators.mechanism import histogram
 
 __all__ = ["Source", "csv_source", "bif_source", "generated_sources", "run_heldout",
-           "summarize", "TRIPLES", "N", "M"]
+           "summarize", "truths", "TRIPLES", "N", "M"]
 
 #: triples measured per dataset (seeded; all of them when there are fewer)
 TRIPLES = 20
@@ -100,6 +100,15 @@ def _sets(domain: Domain) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]
     return pairs, triples
 
 
+def truths(src: Source) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]],
+                                 dict[tuple[str, ...], np.ndarray]]:
+    """The pairs and triples measured on ``src`` (:func:`_sets`) and the population's marginal
+    of each."""
+    pairs, triples = _sets(src.domain)
+    pop = Factor(src.domain, src.population)
+    return pairs, triples, {a: pop.project(a).values for a in pairs + triples}
+
+
 def _mean_tvd(get: Callable[[tuple[str, ...]], np.ndarray], sets: Sequence[tuple[str, ...]],
               truth: dict[tuple[str, ...], np.ndarray]) -> float:
     return float(np.mean([tvd(get(a), truth[a]) for a in sets]))
@@ -118,9 +127,7 @@ def run_heldout(sources: Sequence[Source], epsilons: Sequence[float], runs: int 
     default = Partitioned.default_estimators[0]
     rows = []
     for src in sources:
-        pairs, triples = _sets(src.domain)
-        pop = Factor(src.domain, src.population)
-        truth = {a: pop.project(a).values for a in pairs + triples}
+        pairs, triples, truth = truths(src)
         n = len(src.records)
         for eps in epsilons:
             acc: dict[str, list[float]] = {}

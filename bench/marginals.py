@@ -34,7 +34,9 @@ Held-out runs (bench/heldout.py; docs/benchmarks.md "Held-out accuracy"): ``--da
 skewed, near-deterministic and dense conditional tables) measure the default estimator against
 Private-PGM on the same counts, every choice frozen from the shape before the data is seen
 (``ways: auto`` from n, the attribute sizes and ε), with its cost per refresh over
-``consistent``'s; ``--epsilons`` and ``--runs`` set the grid.
+``consistent``'s; ``--epsilons`` and ``--runs`` set the grid. With ``--bounds`` the same
+datasets measure the default estimator's error bounds instead, the proxy beside the bootstrap of
+the served estimator: coverage, width and cost (bench/heldout_bounds.py).
 """
 from __future__ import annotations
 
@@ -356,6 +358,15 @@ def heldout_main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"bench marginals: {exc}", file=sys.stderr)
         return 2
+    if args.bounds:
+        from ldpstream.bench.heldout_bounds import print_bounds, run_bounds
+        with progress("bounds", len(sources) * len(eps)) as advance:
+            brows = run_bounds(sources, eps, args.runs, advance=advance, verbose=not args.json)
+        if args.json:
+            print(json.dumps({"rows": brows}, indent=2))
+        else:
+            print_bounds(brows)
+        return 0
     with progress("held-out", len(sources) * len(eps)) as advance:
         rows = run_heldout(sources, eps, args.runs, pgm=available(), advance=advance,
                            verbose=not args.json)

@@ -15,7 +15,7 @@ MODULES = {"refresh": "refresh_scale", "fetch": "fetch_guard"}
 #: benchmarks with options beyond --json and --quick
 EXTRA_OPTIONS = {"pipeline": ("--redis-cluster", "--broker"),
                  "marginals": ("--data", "--columns", "--bif", "--generate", "--seed",
-                               "--epsilons", "--runs"),
+                               "--epsilons", "--runs", "--bounds"),
                  "devices": ("--steps",), "numeric": ("--live", "--drift")}
 
 

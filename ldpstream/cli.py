@@ -327,6 +327,10 @@ def _heldout_options(b: Any) -> None:
                    help="ε per record of the held-out runs (default 0.5,1,2,4,8)")
     b.add_argument("--runs", type=int, default=3,
                    help="randomizations per dataset and ε in the held-out runs (default 3)")
+    b.add_argument("--bounds", action="store_true",
+                   help="instead: the coverage and width of the default estimator's error "
+                        "bounds, proxy and bootstrap, each run a fresh sample and randomization "
+                        "(bench/heldout_bounds.py)")
 
 
 def _mqtt_bridge_parser(sub: Any) -> None:

@@ -3,6 +3,7 @@ from disjoint seeds), choices frozen from the shape, the rows and the summary.""
 from __future__ import annotations
 
 import argparse
+import json
 
 import numpy as np
 import pytest
@@ -71,9 +72,29 @@ def test_rows_use_the_frozen_shape_choice_and_name_the_cells_pgm_wins():
     assert s["per_epsilon"][1.0]["2way_min"] == pytest.approx(0.9, rel=1e-12)
 
 
+def test_bounds_run_measures_both_bounds_through_the_cli(capsys):
+    """``bench marginals --bounds`` (bench/heldout_bounds.py): one row per dataset and ε with
+    the coverage and width of the proxy and the bootstrap bounds, printed as a table."""
+    from ldpstream.bench.marginals import heldout_main
+    args = argparse.Namespace(data=[], columns=None, bif=[], generate=1, seed=7,
+                              epsilons="2", runs=2, json=True, quick=False, bounds=True)
+    assert heldout_main(args) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert len(rows) == 1 and rows[0]["runs"] == 2
+    for w in ("2way", "3way"):
+        for k in ("proxy_coverage", "bootstrap_coverage", "cell_coverage"):
+            assert 0.0 <= rows[0][f"{w}_{k}"] <= 1.0
+        assert rows[0][f"{w}_bootstrap_median_ratio"] > 0
+    assert rows[0]["2way_stated"] == ["calibrated"] and rows[0]["cost_over_estimate"] > 0
+    from ldpstream.bench.heldout_bounds import print_bounds
+    print_bounds(rows)
+    assert "bootstrap" in capsys.readouterr().out
+
+
 def test_bad_source_is_a_clear_error(tmp_path, capsys):
     from ldpstream.bench.marginals import heldout_main
     args = argparse.Namespace(data=[str(tmp_path / "missing.csv")], columns=None, bif=[],
-                              generate=0, seed=0, epsilons="1", runs=1, json=False, quick=False)
+                              generate=0, seed=0, epsilons="1", runs=1, json=False, quick=False,
+                              bounds=False)
     assert heldout_main(args) == 2
     assert "no such file" in capsys.readouterr().err

@@ -70,10 +70,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ldpstream.estimators.families import partitioned_bounds as pb
 from ldpstream.estimators.families import partitioned_numeric as pn
 from ldpstream.estimators.families.numeric import summary_of
 from ldpstream.estimators.kernels import device_program as dp
 from ldpstream.estimators.kernels.bounds import (
+    CALIBRATED,
     Bound,
     coarsened,
     oracle_bound,
@@ -81,6 +83,7 @@ from ldpstream.estimators.kernels.bounds import (
     unbounded,
 )
 from ldpstream.estimators.kernels.consistency import (
+    MaxEntResult,
     expand,
     max_entropy,
     norm_sub,
@@ -284,6 +287,37 @@ def choose_per_report(sizes: Sequence[int], n: int, epsilon: float, ways: int,
     return best
 
 
+#: ``params.bounds``: the unbiased table's bound as a proxy, or the served estimate's own
+BOUNDS = ("proxy", "bootstrap")
+#: the estimators ``bounds: bootstrap`` bounds (the others keep the unbiased table's bound)
+BOOTSTRAPPED = ("global", "consistent")
+#: most bootstrap draws per refresh (each one fit)
+MAX_DRAWS = 1000
+
+
+def derived_marginal(tables: Sequence[Factor], dom: Domain, **options: Any
+                     ) -> tuple[MaxEntResult, list[Factor]]:
+    """The maximum-entropy table on ``dom`` (a marginal no collected table holds) with the
+    collected ``tables``' projections onto it as constraints, the maximal ones only (a subset's
+    table is implied by its superset's): (the fit, the constraint tables)."""
+    cons = []
+    for t in tables:
+        sub = tuple(a for a in dom.attrs if a in t.domain.attrs)
+        if sub:
+            cons.append(t.project(sub))
+    keep = [c for c in cons if not any(set(c.domain.attrs) < set(o.domain.attrs)
+                                       for o in cons)]
+    uniq: dict[frozenset[str], Factor] = {}
+    for c in keep:
+        uniq.setdefault(frozenset(c.domain.attrs), c)
+    return max_entropy(dom, list(uniq.values()), **options), list(uniq.values())
+
+
+def _derived_cells(tables: Sequence[Factor], dom: Domain) -> np.ndarray:
+    """:func:`derived_marginal`'s cells."""
+    return np.asarray(derived_marginal(tables, dom)[0].table.values, dtype=float)
+
+
 @register
 class Partitioned(Mechanism):
     """One assigned marginal per report with the full ε; CALM-style estimation."""
@@ -297,7 +331,8 @@ class Partitioned(Mechanism):
                  = None, ways: int | str = 2, oracles: Sequence[str] = fo.COMPACT,
                  assign_seed: int = 0, per_report: int = 1, version: int = 0,
                  expected_reports: int | None = None, memoize: Memoize | None = None,
-                 bins: Mapping[str, int] | None = None) -> None:
+                 bins: Mapping[str, int] | None = None, bounds: str = "proxy",
+                 bootstrap_draws: int = pb.DRAWS) -> None:
         """With ``memoize`` the oracles at ε/per_report are the permanent channels (one memo
         per assigned marginal and value, the assignment rotated per period) and
         ``memoize.instantaneous_epsilon`` (one ε per slot) a fresh GRR over each oracle's
@@ -305,7 +340,10 @@ class Partitioned(Mechanism):
         attribute of ``domain`` (one with a range) is rounded without bias to ``bins[attr]``
         points of its grid (default :func:`~.partitioned_numeric.choose_bins`), then counted as
         a category (:mod:`~.partitioned_numeric`); memoized, with each device's own α
-        (α-point rounding, Ding et al., NeurIPS 2017, §3), so the memo is keyed by the point."""
+        (α-point rounding, Ding et al., NeurIPS 2017, §3), so the memo is keyed by the point.
+        ``bounds``: ``proxy`` (the unbiased table's bound; 1 for a derived marginal) or
+        ``bootstrap`` (``global`` and ``consistent`` get their own, :mod:`~.partitioned_bounds`,
+        from ``bootstrap_draws`` fits per refresh)."""
         super().__init__(domain, version)
         eps = float(epsilon)
         if not np.isfinite(eps) or eps <= 0:
@@ -375,7 +413,16 @@ class Partitioned(Mechanism):
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self._memo: dict[tuple[bytes, bool], tuple[list[Factor], int, int]] = {}
         self._global_memo: dict[bytes, tuple[Factor | None, dict[str, Any]]] = {}
+        self._boot_memo: dict[tuple[bytes, str], pb.Draws] = {}
         self._memo_lock = threading.Lock()
+        if bounds not in BOUNDS:
+            raise ValueError(f"bounds must be one of {', '.join(BOUNDS)}, got {bounds!r}")
+        if isinstance(bootstrap_draws, bool) or not isinstance(bootstrap_draws, (int, np.integer)) \
+                or not pb.DRAWS <= int(bootstrap_draws) <= MAX_DRAWS:
+            raise ValueError(f"bootstrap_draws must be an integer in {pb.DRAWS}..{MAX_DRAWS}, "
+                             f"got {bootstrap_draws!r}")
+        self.bounds = bounds
+        self.bootstrap_draws = int(bootstrap_draws)
         if self.offsets[-1] >= 2**32:
             raise ValueError("partitioned: the marginals' report codes exceed 32 bits; collect "
                              "fewer or smaller marginals")
@@ -663,16 +710,17 @@ class Partitioned(Mechanism):
             h.update(np.ascontiguousarray(counts[tensor_key(m)], dtype=np.int64).tobytes())
         return h.digest()
 
-    def global_table(self, counts: Mapping[str, np.ndarray]
+    def global_table(self, counts: Mapping[str, np.ndarray], memo: bool = True
                      ) -> tuple[Factor | None, dict[str, Any]]:
         """The ``global`` estimator's choice (docs/partitioned.md "Global fit";
         :func:`~.global_fit.choose_fit` on the unbiased tables, their per-cell variances, the
         consistent tables and, for the fit to the measurements, one variance per table):
         (the whole domain's table, or None for the consistent tables;
-        what was chosen and why). Memoized on the counts' content."""
+        what was chosen and why). Memoized on the counts' content unless ``memo`` is False
+        (a bootstrap draw's counts: fitted once, kept by the bootstrap)."""
         key = self._digest(counts)
         with self._memo_lock:
-            hit = self._global_memo.get(key)
+            hit = self._global_memo.get(key) if memo else None
         if hit is not None:
             return hit
         raw = [self.unbiased(counts, j) for j in range(len(self.marginals))]
@@ -680,7 +728,7 @@ class Partitioned(Mechanism):
         noise = [self.noise(counts, j) for j in range(len(self.marginals))]
 
         with self._memo_lock:
-            cons = self._memo.get((key, True))
+            cons = self._memo.get((key, True)) if memo else None
         first: list[tuple[list[Factor], int]] = []
 
         def consistent(runs: list[list[Factor]]) -> list[list[np.ndarray]]:
@@ -697,9 +745,11 @@ class Partitioned(Mechanism):
         table, info = choose_fit(self.cells, ys, [nz.var for nz in noise],
                                  None if cons is None else [t.values for t in cons[0]],
                                  consistent, noise, direct=var)
+        out = (None if table is None else Factor(self.cells, table), info)
+        if not memo:
+            return out
         if first:
             self._remember((key, True), (first[0][0], first[0][1], sum(r[2] for r in raw)))
-        out = (None if table is None else Factor(self.cells, table), info)
         with self._memo_lock:
             while len(self._global_memo) >= 8:
                 self._global_memo.pop(next(iter(self._global_memo)))
@@ -740,14 +790,15 @@ class Partitioned(Mechanism):
         return Noise(self.cell_variance(counts, j), pi.reshape(self._shapes[j]),
                      1.0 / (math.sqrt(n) * (o.p_star - o.q_star)))
 
-    def consistent_tables(self, counts: Mapping[str, np.ndarray], shrink: bool = True
-                          ) -> tuple[list[Factor], int, int]:
+    def consistent_tables(self, counts: Mapping[str, np.ndarray], shrink: bool = True,
+                          memo: bool = True) -> tuple[list[Factor], int, int]:
         """Every collected marginal after :func:`~.consistency.postprocess` (with the shrinkage
         toward independence when ``shrink``): (tables, Norm-Sub passes, reports). Memoized on
-        the counts' content (the refresher asks once per served marginal and estimator)."""
+        the counts' content (the refresher asks once per served marginal and estimator)
+        unless ``memo`` is False."""
         key = (self._digest(counts), shrink)
         with self._memo_lock:
-            hit = self._memo.get(key)
+            hit = self._memo.get(key) if memo else None
         if hit is not None:
             return hit
         raw = [self.unbiased(counts, j) for j in range(len(self.marginals))]
@@ -757,7 +808,8 @@ class Partitioned(Mechanism):
         tables, passes = postprocess([r[0] for r in raw], [r[1] for r in raw],
                                      noise_variance=[r[1] for r in raw] if shrink else None)
         out = (tables, passes, sum(r[2] for r in raw))
-        self._remember(key, out)
+        if memo:
+            self._remember(key, out)
         return out
 
     def _remember(self, key: tuple[bytes, bool], out: tuple[list[Factor], int, int]) -> None:
@@ -767,6 +819,67 @@ class Partitioned(Mechanism):
             while len(self._memo) >= 8:
                 self._memo.pop(next(iter(self._memo)))
             self._memo[key] = out
+
+    def _bound_method(self) -> str:
+        return (f"bootstrap of the served estimator: {self.bootstrap_draws} fits to tables "
+                f"drawn from the de-shrunk reference")
+
+    def _fit(self, counts: Mapping[str, np.ndarray], method: str) -> pb.Fit:
+        """``method``'s estimate of the whole collection from ``counts`` (not memoized)."""
+        whole = self.global_table(counts, memo=False)[0] if method == "global" else None
+        tables = [] if whole is not None else self.consistent_tables(counts, True, memo=False)[0]
+        return pb.Fit(whole, tables)
+
+    def _served(self, fit: pb.Fit, attrs: tuple[str, ...]) -> np.ndarray:
+        """``fit``'s estimate of the marginal ``attrs``, as :meth:`estimate` serves it."""
+        if fit.whole is not None:
+            return np.asarray(fit.whole.project(attrs).values, dtype=float)
+        j = self.collected_for(attrs)
+        if j is not None:
+            return np.asarray(fit.tables[j].project(attrs).values, dtype=float)
+        return _derived_cells(fit.tables, self.cells.project(attrs))
+
+    def bootstrap_draws_of(self, counts: Mapping[str, np.ndarray], method: str) -> pb.Draws:
+        """The bootstrap of ``method`` on ``counts`` (:func:`~.partitioned_bounds.bootstrap`):
+        memoized on the counts' content, the latest two."""
+        key = (self._digest(counts), method)
+        with self._memo_lock:
+            hit = self._boot_memo.get(key)
+        if hit is not None:
+            return hit
+        raws = [self.unbiased(counts, j)[0] for j in range(len(self.marginals))]
+        whole = self.global_table(counts)[0] if method == "global" else None   # memoized
+        here = pb.Fit(whole, [] if whole is not None else self.consistent_tables(counts, True)[0])
+        served = [Factor(r.domain, self._served(here, self.marginals[j]).reshape(r.values.shape))
+                  for j, r in enumerate(raws)]
+        seed = np.concatenate([np.asarray(counts[tensor_key(m)], dtype=float)
+                               for m in self.marginals])
+        out = pb.bootstrap([tensor_key(m) for m in self.marginals], self.oracles, raws,
+                           [int(counts[tensor_key(m)][-1]) for m in self.marginals], served,
+                           [self.cell_variance(counts, j) for j in range(len(self.marginals))],
+                           lambda c: self._fit(c, method), seed, self.bootstrap_draws)
+        with self._memo_lock:
+            while len(self._boot_memo) >= 2:
+                self._boot_memo.pop(next(iter(self._boot_memo)))
+            self._boot_memo[key] = out
+        return out
+
+    def served_bound(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str], method: str,
+                     served: np.ndarray) -> Bound:
+        """The bootstrap bound (:mod:`~.partitioned_bounds`) of ``method``'s ``served`` cells of
+        ``attrs``: calibrated for a marginal inside a collected one, noise only for a derived
+        one."""
+        attrs = tuple(attrs)
+        draws = self.bootstrap_draws_of(counts, method)
+        j = self.collected_for(attrs)
+        dom = self.cells.project(attrs)
+        if j is not None:
+            ref = np.asarray(draws.refs[j].project(attrs).values, dtype=float)
+        else:
+            ref = _derived_cells(draws.refs, dom)
+        est = np.stack([self._served(f, attrs) for f in draws.fits])
+        return pb.bound(np.asarray(served, dtype=float).reshape(dom.shape), ref, est,
+                        pb.NOISE_ONLY if j is None else CALIBRATED)
 
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                  method: str = "consistent", **options: Any) -> Estimate:
@@ -809,6 +922,11 @@ class Partitioned(Mechanism):
                          if method == "unbiased" and not options.get("proper") else None)
             extra.update(self._numeric_extra(counts, j, attrs,
                                              vals if projected is None else projected.values))
+            if self.bounds == "bootstrap" and method in BOOTSTRAPPED:
+                cb = self.served_bound(counts, attrs, method, vals)
+                bound = cb.tvd
+                extra.pop("error_bound_of", None)
+                extra["error_bound_method"] = self._bound_method()
             return Estimate(Factor(dom, repair(vals, options.get("proper"))), method, n,
                             self.epsilon, error_bound=bound, extra=extra, bound=cb,
                             projected=projected)
@@ -818,31 +936,26 @@ class Partitioned(Mechanism):
         if whole is not None:
             vals = repair(np.array(whole.project(attrs).values), options.get("proper"))
             ub = unbounded(vals)
+            if self.bounds == "bootstrap":
+                ub = self.served_bound(counts, attrs, method, vals)
+                extra["error_bound_method"] = self._bound_method()
             return Estimate(Factor(dom, vals), method, self._reports(counts), self.epsilon,
                             error_bound=ub.tvd, bound=ub,
                             iterations=extra["global_fit"]["iterations"], extra=extra)
         tables, passes, n = self.consistent_tables(counts, method != "calm")
-        cons = []
-        for t in tables:
-            sub = tuple(a for a in attrs if a in t.domain.attrs)
-            if sub:
-                cons.append(t.project(sub))
-        # keep the maximal constraint sets (a subset's table is implied by its superset's)
-        keep = [c for c in cons if not any(set(c.domain.attrs) < set(o.domain.attrs)
-                                           for o in cons)]
-        uniq: dict[frozenset[str], Factor] = {}
-        for c in keep:
-            uniq.setdefault(frozenset(c.domain.attrs), c)
         kw = {k: options[k] for k in ("tol", "max_iter") if k in options}
-        r = max_entropy(dom, list(uniq.values()), **kw)
+        r, fitted = derived_marginal(tables, dom, **kw)
         extra.update(norm_sub_passes=passes, fitted_from=["|".join(c.domain.attrs)
-                                                          for c in uniq.values()],
+                                                          for c in fitted],
                      gap=r.gap)
         if any(a in self.bins for a in attrs):
             extra["numeric_note"] = ("no numeric summaries: this marginal is inside no "
                                      "collected one; these are its cells on the points")
         vals = repair(r.table.values, options.get("proper"))
         ub = unbounded(vals)
+        if self.bounds == "bootstrap" and method in BOOTSTRAPPED:
+            ub = self.served_bound(counts, attrs, method, vals)
+            extra["error_bound_method"] = self._bound_method()
         return Estimate(Factor(dom, vals), method, n, self.epsilon, error_bound=ub.tvd, bound=ub,
                         iterations=r.iterations, converged=r.converged, extra=extra)
 
@@ -969,7 +1082,9 @@ class Partitioned(Mechanism):
                 "chosen": [{"oracle": o.name, "g": o.g if isinstance(o, fo.OLH) else None}
                            for o in self.oracles],
                 **({"memoize": self.memoize.to_dict()} if self.memoize is not None else {}),
-                **({"bins": dict(self.bins)} if self.bins else {})}
+                **({"bins": dict(self.bins)} if self.bins else {}),
+                **({"bounds": self.bounds, "bootstrap_draws": self.bootstrap_draws}
+                   if self.bounds != "proxy" else {})}
 
     @classmethod
     def from_config(cls, domain: Domain, params: Mapping[str, Any] | None, *, epsilon: float,
@@ -980,7 +1095,9 @@ class Partitioned(Mechanism):
         ``expected_reports``, required then, and ``per_report`` by :func:`choose_per_report`
         unless given), ``oracles`` (subset of grr, olh), ``assign_seed``, ``per_report``;
         with a numeric attribute, ``bins`` ({attribute: points}, each default
-        :func:`~.partitioned_numeric.choose_bins` from ε and ``expected_reports``)."""
+        :func:`~.partitioned_numeric.choose_bins` from ε and ``expected_reports``); ``bounds``
+        (``proxy``, the default, or ``bootstrap``) and ``bootstrap_draws`` (20..1000, default
+        20)."""
         pr = Params(cls.name, params)
         marginals = pr.value("marginals")
         auto = pr.value("ways") == "auto"
@@ -1011,6 +1128,10 @@ class Partitioned(Mechanism):
                 if len(set(m)) != len(m):
                     raise ParamError("marginals", f"lists an attribute twice in {m}")
         raw_memo = pr.value("memoize")
+        bounds = pr.choice("bounds", "proxy", BOUNDS)
+        if pr.has("bootstrap_draws") and bounds != "bootstrap":
+            raise ParamError("bootstrap_draws", "is read only with bounds: bootstrap")
+        draws = pr.integer("bootstrap_draws", pb.DRAWS, ge=pb.DRAWS, le=MAX_DRAWS)
         oracles = pr.value("oracles")
         if oracles is None:
             oracles = list(fo.COMPACT)
@@ -1040,7 +1161,8 @@ class Partitioned(Mechanism):
         try:
             return cls(domain, eps, marginals=marginals, ways=ways, oracles=tuple(oracles),
                        assign_seed=seed, per_report=per_report, version=version,
-                       expected_reports=expected, memoize=memoize, bins=bins)
+                       expected_reports=expected, memoize=memoize, bins=bins,
+                       bounds=str(bounds), bootstrap_draws=int(draws))
         except ValueError as exc:
             if str(exc).startswith("bins: "):
                 raise ParamError("bins", str(exc)[len("bins: "):]) from None
@@ -1055,7 +1177,9 @@ class Partitioned(Mechanism):
                    version=int(state.get("version", 0)),
                    memoize=None if state.get("memoize") is None
                    else Memoize.from_dict(state["memoize"]),
-                   bins={str(a): int(b) for a, b in state.get("bins", {}).items()})
+                   bins={str(a): int(b) for a, b in state.get("bins", {}).items()},
+                   bounds=str(state.get("bounds", "proxy")),
+                   bootstrap_draws=int(state.get("bootstrap_draws", pb.DRAWS)))
 
 
 def _bins_param(raw: Any, domain: Domain) -> dict[str, int]:

@@ -72,9 +72,12 @@ def served_fields(est: Estimate, attrs: Sequence[str] | None = None) -> dict[str
       between the served cells and the truth (at most 1 when the cells are a distribution);
       with q null: the expected TVD, or None; ``raw_error_bound`` — the bound of ``raw_cells``;
       ``error_bound_of`` — the estimate the bound was computed for when it is a proxy;
-      ``error_bound_coverage`` — ``"calibrated"`` (Pr[TVD ≤ bound] ≈ q, measured) or
+      ``error_bound_coverage`` — ``"calibrated"`` (Pr[TVD ≤ bound] ≈ q, measured),
       ``"at least"`` (≥ q: by construction, or a proxy bound, ``error_bound_of`` ending in
-      "(proxy)", measured to over-cover: docs/estimators.md "Error bounds"); None without q;
+      "(proxy)", measured to over-cover: docs/estimators.md "Error bounds") or ``"noise only"``
+      (≈ q for the noise of a marginal derived by a model, whose bias it does not bound:
+      docs/partitioned.md "Bootstrap bounds"); None without q; ``error_bound_method`` — how
+      a bound not given by the family's default rule was obtained (None otherwise);
     * ``cells_low`` / ``cells_high`` — per-cell ``q`` intervals for the true cells (None
       without a calibrated bound);
     * ``warnings`` — :func:`warnings` (e.g. an iterative fit that did not converge).
@@ -93,6 +96,7 @@ def served_fields(est: Estimate, attrs: Sequence[str] | None = None) -> dict[str
         "error_bound_of": of,
         "error_bound_coverage": None if b is None else (
             AT_LEAST if str(of).endswith("(proxy)") else b.coverage),
+        "error_bound_method": est.extra.get("error_bound_method"),
         "cells_low": None,
         "cells_high": None,
         "warnings": warnings(est),

@@ -155,7 +155,9 @@ const zipCells = (lo, hi) => (Array.isArray(lo) ? lo.map((x, i) => zipCells(x, h
 // what error_bound is, in the API's words (docs/api.md "Estimates")
 function boundMeaning(est) {
   const q = est.error_bound_quantile ? `${Math.round(100 * est.error_bound_quantile)} %` : "95 %";
-  const how = est.error_bound_coverage === "calibrated" ? "calibrated" : "covering at least that";
+  const how = est.error_bound_coverage === "calibrated" ? "calibrated"
+    : est.error_bound_coverage === "noise only" ? "calibrated for the noise, not the model's bias"
+    : "covering at least that";
   return `the ${q} upper quantile of the total-variation error of the whole estimate (${how})`;
 }
 

@@ -22,18 +22,21 @@ MARGINALS = [["sex", "race"], ["race", "relationship"], ["sex", "Salary"],
 METHODS = ("consistent", "calm", "global")
 
 
-def _config(path, cid: str) -> str:
+def _config(path, cid: str, bounds: str = "proxy") -> str:
     coll = {"id": cid, "schema": {"csv": {"columns": list(COLUMNS)}},
             "mechanism": "partitioned", "epsilon": 2.0, "epsilon_scope": "record",
-            "params": {"ways": 2}, "partitions": 2, "marginals": MARGINALS,
+            "params": {"ways": 2, "bounds": bounds}, "partitions": 2, "marginals": MARGINALS,
             "estimators": list(METHODS), "refresh_interval_s": 1.0, "windows": ["all", "5m"]}
     with open(path, "w") as fh:
         yaml.safe_dump({"collections": [coll]}, fh)
     return str(path)
 
 
+@pytest.mark.parametrize("bounds", ["proxy", "bootstrap"])
 def test_live_estimates_equal_offline(tmp_path, kafka_broker, redis_server, spawn_worker,
-                                      unique_name):
+                                      unique_name, bounds):
+    """With ``bounds: bootstrap`` the live bounds are the offline ones too (the bootstrap is
+    seeded by the counts), and a triple from the pairs gets its own bound, not 1."""
     from ldpstream.agents.app import make_store
     from ldpstream.agents.refresh.payloads import estimate_payload
     from ldpstream.config import load_config
@@ -41,7 +44,7 @@ def test_live_estimates_equal_offline(tmp_path, kafka_broker, redis_server, spaw
     from ldpstream.producers.fleet import run_fleet
 
     cid = unique_name
-    path = _config(tmp_path / "c.yaml", cid)
+    path = _config(tmp_path / "c.yaml", cid, bounds)
     coll = load_config(path).collections[cid]
     mech = coll.mechanism()
     assert isinstance(mech, Partitioned) and mech.epsilon == 2.0
@@ -79,9 +82,17 @@ def test_live_estimates_equal_offline(tmp_path, kafka_broker, redis_server, spaw
                          rel=1e-12, err_msg=str(k))
             assert p["epsilon"] == w["epsilon"] == mech.epsilon
             assert p["error_bound"] == w["error_bound"]
-        # a triple from the collected pairs: only the bound that always holds
+            assert p["error_bound_method"] == w["error_bound_method"]
         triple = live[(("sex", "race", "Salary"), "consistent")]
-        assert triple["error_bound"] == 1.0 and triple["error_bound_coverage"] == "at least"
+        if bounds == "proxy":   # a triple from the collected pairs: the bound that always holds
+            assert triple["error_bound"] == 1.0 and triple["error_bound_coverage"] == "at least"
+        else:                   # its own bootstrap bound, for the noise
+            assert 0 < triple["error_bound"] < 0.5, triple["error_bound"]
+            assert triple["error_bound_coverage"] == "noise only"
+            pair = live[(("sex", "race"), "global")]
+            assert pair["error_bound_coverage"] == "calibrated"
+            assert pair["error_bound_method"].startswith("bootstrap of the served estimator")
+            assert live[(("sex", "race"), "calm")]["error_bound_method"] is None
         assert live[(("sex", "race"), "consistent")]["error_bound"] > 0
         assert live[(("sex", "race", "Salary"), "global")]["chosen"] in ("global", "measurements",
                                                                          "consistent")

@@ -854,7 +854,8 @@ class Partitioned(Mechanism):
                   for j, r in enumerate(raws)]
         seed = np.concatenate([np.asarray(counts[tensor_key(m)], dtype=float)
                                for m in self.marginals])
-        out = pb.bootstrap([tensor_key(m) for m in self.marginals], self.oracles, raws,
+        out = pb.bootstrap(self.cells, [tensor_key(m) for m in self.marginals], self.oracles,
+                           raws,
                            [int(counts[tensor_key(m)][-1]) for m in self.marginals], served,
                            [self.cell_variance(counts, j) for j in range(len(self.marginals))],
                            lambda c: self._fit(c, method), seed, self.bootstrap_draws)
@@ -875,6 +876,8 @@ class Partitioned(Mechanism):
         dom = self.cells.project(attrs)
         if j is not None:
             ref = np.asarray(draws.refs[j].project(attrs).values, dtype=float)
+        elif draws.whole is not None:
+            ref = np.asarray(draws.whole.project(attrs).values, dtype=float)
         else:
             ref = _derived_cells(draws.refs, dom)
         est = np.stack([self._served(f, attrs) for f in draws.fits])

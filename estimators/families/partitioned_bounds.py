@@ -14,8 +14,9 @@ distribution the tables were drawn from:
    ‖I(u)‖² − E‖I(noise)‖² (:func:`deshrunk`). The served tables themselves are shrunk: drawn
    from them, every draw would look like the shrinkage's own target and the bound would
    under-cover (measured: 58–85 %); drawn from the unbiased tables, the reference is noisier
-   than the truth and the bound over-covers. A marginal no collected table holds has the
-   maximum-entropy table of the references' projections as its reference;
+   than the truth and the bound over-covers. The de-shrunk tables are then made the marginals
+   of one distribution over the whole domain, their maximum-entropy one (:func:`realized`),
+   which is also the reference of a marginal no collected table holds;
 2. :data:`DRAWS` report tables per collected marginal drawn from the reference through its
    oracle, as many reports as the marginal counted (GRR: the multinomial of its report values,
    normal once every expected count is ≥ 50; OLH: the normal approximation of its unbiased
@@ -46,12 +47,14 @@ from ldpstream.estimators.kernels.bounds import (
     multinomial,
     stream,
 )
-from ldpstream.estimators.kernels.domain import Factor
+from ldpstream.estimators.kernels.consistency import max_entropy
+from ldpstream.estimators.kernels.domain import Domain, Factor
+from ldpstream.estimators.kernels.global_fit import MAX_CELLS
 from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.oracles import frequency_oracles as fo
 
 __all__ = ["DRAWS", "NOISE_ONLY", "Fit", "Draws", "interaction", "deshrunk", "draw_tables",
-           "bootstrap", "bound"]
+           "bootstrap", "realized", "bound"]
 
 #: bootstrap draws per refresh (the 95 % quantile of 20 is their largest)
 DRAWS = 20
@@ -70,11 +73,13 @@ class Fit:
 
 @dataclass(frozen=True)
 class Draws:
-    """The bootstrap of one set of counts: the reference tables of the collected marginals and
-    the estimator's fit of every draw."""
+    """The bootstrap of one set of counts: the reference tables of the collected marginals, the
+    estimator's fit of every draw, and the whole domain's reference they are the marginals of
+    (None above :data:`~.global_fit.MAX_CELLS`)."""
 
     refs: list[Factor]
     fits: list[Fit]
+    whole: Factor | None = None
 
 
 def interaction(x: np.ndarray) -> np.ndarray:
@@ -129,17 +134,21 @@ def draw_tables(oracle: fo.Oracle, ref: np.ndarray, n: int, draws: int,
     return np.clip(np.rint(sup), 0, n).astype(np.int64)
 
 
-def bootstrap(keys: Sequence[str], oracles: Sequence[fo.Oracle], raws: Sequence[Factor],
-              ns: Sequence[int], served: Sequence[Factor], cell_vars: Sequence[np.ndarray],
-              fit: Callable[[Mapping[str, np.ndarray]], Fit], seed_table: np.ndarray,
-              draws: int = DRAWS) -> Draws:
+def bootstrap(cells: Domain, keys: Sequence[str], oracles: Sequence[fo.Oracle],
+              raws: Sequence[Factor], ns: Sequence[int], served: Sequence[Factor],
+              cell_vars: Sequence[np.ndarray], fit: Callable[[Mapping[str, np.ndarray]], Fit],
+              seed_table: np.ndarray, draws: int = DRAWS) -> Draws:
     """The references of the collected marginals (``keys``: their count tensors' keys, with
-    their oracles, unbiased tables, report counts, served tables and cell variances), then
-    ``draws`` count sets drawn from them and ``fit`` on each. Seeded by ``seed_table`` (the
-    counts)."""
+    their oracles, unbiased tables, report counts, served tables and cell variances) made the
+    marginals of one distribution over ``cells`` (:func:`realized`), then ``draws`` count sets
+    drawn from them and ``fit`` on each. Seeded by ``seed_table`` (the counts)."""
     rng = stream(SEED, seed_table)
     refs = [Factor(r.domain, deshrunk(r.values, s.values, v))
             for r, s, v in zip(raws, served, cell_vars)]
+    whole = realized(cells, refs)
+    if whole is not None:
+        refs = [Factor(r.domain, np.asarray(whole.project(r.domain.attrs).values, dtype=float))
+                for r in refs]
     drawn = [draw_tables(o, ref.values, int(n), draws, rng)
              for o, ref, n in zip(oracles, refs, ns)]
     fits = []
@@ -147,7 +156,19 @@ def bootstrap(keys: Sequence[str], oracles: Sequence[fo.Oracle], raws: Sequence[
         counts = {k: np.concatenate([d[b], [int(n)]]).astype(np.int64)
                   for k, d, n in zip(keys, drawn, ns)}
         fits.append(fit(counts))
-    return Draws(refs, fits)
+    return Draws(refs, fits, whole)
+
+
+def realized(cells: Domain, refs: Sequence[Factor]) -> Factor | None:
+    """The maximum-entropy distribution over ``cells`` with the de-shrunk tables as its
+    marginals (the closest realizable ones where they disagree), or None above
+    :data:`~.global_fit.MAX_CELLS`. Each de-shrunk table takes its interaction from its own
+    noisy unbiased table; drawn from as they are, they are tables no one distribution has, which
+    the global fit cannot represent, so the draws' estimates err more than the served one does
+    and the bound over-covers."""
+    if cells.size() > MAX_CELLS:
+        return None
+    return max_entropy(cells, list(refs)).table
 
 
 def bound(served: np.ndarray, reference: np.ndarray, estimates: np.ndarray,

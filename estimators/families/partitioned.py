@@ -1061,12 +1061,13 @@ class Partitioned(Mechanism):
             var = o.variance(n, f, fixed_data=False).reshape(self._shapes[j])
             return Factor(self.cells.project(self.marginals[j]), var).project(attrs).values
         # the global fit's table: through the consistent one (an approximation)
-        est = self.estimate(counts, attrs, "consistent" if method == "global" else method)
-        p = np.maximum(np.asarray(est.factor.values, dtype=float), 0.0)
+        dom = self.cells.project(attrs)
+        fit, fitted = derived_marginal(self.consistent_tables(counts, method != "calm")[0], dom)
+        p = np.maximum(np.asarray(fit.table.values, dtype=float), 0.0)
         out = np.zeros(p.shape)
-        for name in est.extra["fitted_from"]:
-            sub = tuple(a for a in attrs if a in name.split("|"))
-            p_s = expand(Factor(est.factor.domain, p).project(sub).values, sub, attrs)
+        for c in fitted:
+            sub = tuple(a for a in attrs if a in c.domain.attrs)
+            p_s = expand(Factor(dom, p).project(sub).values, sub, attrs)
             v_s = expand(self.analytic_variance(counts, sub, method), sub, attrs)
             ratio = np.divide(p, p_s, out=np.zeros(p.shape), where=p_s > 0)
             out = np.maximum(out, v_s * ratio ** 2)

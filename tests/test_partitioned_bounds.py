@@ -11,7 +11,7 @@ import pytest
 from ldpstream.bngen import shape_network
 from ldpstream.estimators.families import partitioned_bounds as pb
 from ldpstream.estimators.families.partitioned import Partitioned
-from ldpstream.estimators.kernels.bounds import CALIBRATED
+from ldpstream.estimators.kernels.bounds import CALIBRATED, CHANNEL, NO_REPORTS
 from ldpstream.estimators.kernels.domain import Factor
 from ldpstream.estimators.kernels.metrics import tvd
 from ldpstream.estimators.kernels.serving import served_fields
@@ -110,14 +110,16 @@ def test_served_estimates_carry_their_own_bound_and_say_so():
         assert b.error_bound < p.error_bound
         f = served_fields(b)
         assert f["error_bound_coverage"] == "calibrated" and f["error_bound_of"] is None
-        assert f["error_bound_method"] == b.extra["error_bound_method"]
+        assert f["error_bound_method"] == b.bound.method
         assert f["error_bound_method"].startswith("bootstrap of the served estimator")
-        assert served_fields(p)["error_bound_method"] is None
+        assert served_fields(p)["error_bound_method"] == CHANNEL   # the proxy's, unbiased
         assert np.all(np.asarray(f["cells_low"]) <= np.asarray(f["cells_high"]))
         t = boot.estimate(counts, triple, method)   # a derived marginal: not the trivial 1
         assert t.bound is not None and t.bound.coverage == pb.NOISE_ONLY
         assert 0 < t.error_bound < 0.5
-        assert proxy.estimate(counts, triple, method).error_bound == 1.0
+        trivial = proxy.estimate(counts, triple, method)
+        assert trivial.error_bound == 1.0 and served_fields(trivial)["error_bound_method"] \
+            == NO_REPORTS
     # a function of the counts: a fresh instance gives the same bound
     again = Partitioned(NET.domain, 2.0, bounds="bootstrap").estimate(counts, pair, "global")
     assert again.error_bound == boot.estimate(counts, pair, "global").error_bound

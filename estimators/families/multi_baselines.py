@@ -36,7 +36,15 @@ from scipy import optimize
 
 from ldpstream.estimators.kernels import channels as ch
 from ldpstream.estimators.kernels import device_program as dp
-from ldpstream.estimators.kernels.bounds import AT_LEAST, LEVEL, Bound, affine_bound, mixture, split_level
+from ldpstream.estimators.kernels.bounds import (
+    AT_LEAST,
+    LEVEL,
+    NO_REPORTS,
+    Bound,
+    affine_bound,
+    mixture,
+    split_level,
+)
 from ldpstream.estimators.kernels.domain import Domain, Factor
 from ldpstream.estimators.kernels.proper import clip_rescale, repair
 from ldpstream.estimators.mechanism import (
@@ -239,7 +247,7 @@ class _Multi(Mechanism):
         """The bootstrap bound of attribute i's unbiased estimate (no reports: the widest)."""
         c, alpha, beta = self.column(counts, i)
         if c.sum() <= 0:   # nothing to estimate from (smp: nobody sampled it yet)
-            return Bound(1.0, np.zeros(len(c)), np.ones(len(c)), level, AT_LEAST)
+            return Bound(1.0, np.zeros(len(c)), np.ones(len(c)), level, AT_LEAST, NO_REPORTS)
         return affine_bound(c, alpha, beta, level=level)
 
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],

@@ -820,10 +820,6 @@ class Partitioned(Mechanism):
                 self._memo.pop(next(iter(self._memo)))
             self._memo[key] = out
 
-    def _bound_method(self) -> str:
-        return (f"bootstrap of the served estimator: {self.bootstrap_draws} fits to tables "
-                f"drawn from the de-shrunk reference")
-
     def _fit(self, counts: Mapping[str, np.ndarray], method: str) -> pb.Fit:
         """``method``'s estimate of the whole collection from ``counts`` (not memoized)."""
         whole = self.global_table(counts, memo=False)[0] if method == "global" else None
@@ -882,7 +878,9 @@ class Partitioned(Mechanism):
             ref = _derived_cells(draws.refs, dom)
         est = np.stack([self._served(f, attrs) for f in draws.fits])
         return pb.bound(np.asarray(served, dtype=float).reshape(dom.shape), ref, est,
-                        pb.NOISE_ONLY if j is None else CALIBRATED)
+                        pb.NOISE_ONLY if j is None else CALIBRATED,
+                        method=f"bootstrap of the served estimator: {self.bootstrap_draws} fits "
+                               f"to tables drawn from the de-shrunk reference")
 
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                  method: str = "consistent", **options: Any) -> Estimate:
@@ -904,7 +902,7 @@ class Partitioned(Mechanism):
                 cb = coarsened(cb, project_simplex(sub_raw))
             else:
                 cb = Bound(cb.tvd, cb.low.reshape(dom.shape), cb.high.reshape(dom.shape),
-                           cb.level)
+                           cb.level, cb.coverage, cb.method)
             bound = cb.tvd
             if method != "unbiased":
                 extra["error_bound_of"] = "unbiased (proxy)"
@@ -929,7 +927,6 @@ class Partitioned(Mechanism):
                 cb = self.served_bound(counts, attrs, method, vals)
                 bound = cb.tvd
                 extra.pop("error_bound_of", None)
-                extra["error_bound_method"] = self._bound_method()
             return Estimate(Factor(dom, repair(vals, options.get("proper"))), method, n,
                             self.epsilon, error_bound=bound, extra=extra, bound=cb,
                             projected=projected)
@@ -941,7 +938,6 @@ class Partitioned(Mechanism):
             ub = unbounded(vals)
             if self.bounds == "bootstrap":
                 ub = self.served_bound(counts, attrs, method, vals)
-                extra["error_bound_method"] = self._bound_method()
             return Estimate(Factor(dom, vals), method, self._reports(counts), self.epsilon,
                             error_bound=ub.tvd, bound=ub,
                             iterations=extra["global_fit"]["iterations"], extra=extra)
@@ -958,7 +954,6 @@ class Partitioned(Mechanism):
         ub = unbounded(vals)
         if self.bounds == "bootstrap" and method in BOOTSTRAPPED:
             ub = self.served_bound(counts, attrs, method, vals)
-            extra["error_bound_method"] = self._bound_method()
         return Estimate(Factor(dom, vals), method, n, self.epsilon, error_bound=ub.tvd, bound=ub,
                         iterations=r.iterations, converged=r.converged, extra=extra)
 

@@ -172,7 +172,7 @@ def realized(cells: Domain, refs: Sequence[Factor]) -> Factor | None:
 
 
 def bound(served: np.ndarray, reference: np.ndarray, estimates: np.ndarray,
-          coverage: str = CALIBRATED, level: float = LEVEL) -> Bound:
+          coverage: str = CALIBRATED, level: float = LEVEL, method: str = "") -> Bound:
     """The bound of ``served`` from the draws' ``estimates`` ``(B, cells)`` of the marginal
     whose reference is ``reference``: the ⌈level·(B+1)⌉-th smallest TVD(estimate, reference);
     per cell, served less the draws' mean deviation μ from the reference (the estimator's bias
@@ -191,4 +191,4 @@ def bound(served: np.ndarray, reference: np.ndarray, estimates: np.ndarray,
     mid = s.reshape(-1) - mu
     low = np.clip(mid - half, 0.0, 1.0).reshape(s.shape)
     high = np.clip(mid + half, 0.0, 1.0).reshape(s.shape)
-    return Bound(tvd, low, high, level, coverage)
+    return Bound(tvd, low, high, level, coverage, method or "bootstrap of the served estimator")

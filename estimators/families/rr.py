@@ -564,7 +564,7 @@ class _Clustered(_RRBase):
         # the castell estimate's bootstrap bound through the block channels (one product
         # channel over the blocks), its cells mapped back to the marginal's axes
         bb = product_channel_bound(cb, [b.to_matrix() for b in blocks])
-        cbound = Bound(bb.tvd, back(bb.low), back(bb.high), bb.level)
+        cbound = Bound(bb.tvd, back(bb.low), back(bb.high), bb.level, bb.coverage, bb.method)
         proxy = {"error_bound_of": "castell (proxy)"}
         raw = back(castell_blocks(cb, blocks))
         if method == "rr-independent":

@@ -517,7 +517,8 @@ class RRBA(Mechanism):
             u = marginal_of(comb, pooled_estimate(c, Tt, self.p).reshape(dims), attrs)
             if set(attrs) == set(comb):
                 b = Bound(b.tvd, marginal_of(comb, b.low.reshape(dims), attrs),
-                          marginal_of(comb, b.high.reshape(dims), attrs), b.level)
+                          marginal_of(comb, b.high.reshape(dims), attrs), b.level, b.coverage,
+                          b.method)
             else:
                 b = coarsened(b, u)
             return triangle(values, u, b)

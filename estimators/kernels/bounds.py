@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -51,7 +51,8 @@ from ldpstream.estimators.kernels.castell import check_inputs
 from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.oracles.frequency_oracles import GRR, Oracle
 
-__all__ = ["LEVEL", "DRAWS", "SEED", "SIMULATE_MAX", "CALIBRATED", "AT_LEAST", "Bound",
+__all__ = ["LEVEL", "DRAWS", "SEED", "SIMULATE_MAX", "CALIBRATED", "AT_LEAST", "CHANNEL",
+           "TRIANGLE", "NO_REPORTS", "MIXTURE", "Bound",
            "reference", "stream", "multinomial", "bootstrap_bound", "product_channel_bound",
            "product_channel_bounds", "oracle_bound", "affine_bound", "coarsened", "triangle",
            "unbounded", "split_level", "mixture"]
@@ -65,6 +66,13 @@ CALIBRATED = "calibrated"
 AT_LEAST = "at least"
 #: bootstrap draws per bound
 DRAWS = 100
+#: ``Bound.method`` (the API's ``error_bound_method``) of each way a bound is obtained
+CHANNEL = (f"bootstrap of the unbiased estimate: {DRAWS} draws through the mechanism's channel "
+           f"from the projected estimate")
+TRIANGLE = "the unbiased estimate's bound plus this estimate's distance to it"
+NO_REPORTS = ("none from the reports: 1, the largest distance between two distributions, plus "
+              "the estimate's distance to the simplex")
+MIXTURE = "union bound: the weighted sum of the combined estimates' bounds"
 #: the bootstrap's seed (bounds are a function of the counts)
 SEED = 20_231
 #: largest draws × cells held at once for the per-cell quantiles (float64: 64 MB)
@@ -81,13 +89,14 @@ SIMULATE_MAX = 1 << 23
 class Bound:
     """``tvd``: the upper ``level`` quantile of the TVD; ``low``/``high``: per-cell ``level``
     intervals (the estimate's shape); ``coverage``: :data:`CALIBRATED` or :data:`AT_LEAST`
-    (``tvd`` covers at least ``level``)."""
+    (``tvd`` covers at least ``level``); ``method``: how it was obtained, in words."""
 
     tvd: float
     low: np.ndarray
     high: np.ndarray
     level: float = LEVEL
     coverage: str = CALIBRATED
+    method: str = CHANNEL
 
 
 def stream(seed: int, table: np.ndarray) -> np.random.Generator:
@@ -265,7 +274,7 @@ def coarsened(bound: Bound, cells: np.ndarray) -> Bound:
     every cell's interval is the estimate ± the bound, clipped to [0, 1]."""
     cells = np.asarray(cells, dtype=float)
     return Bound(bound.tvd, np.clip(cells - bound.tvd, 0.0, 1.0),
-                 np.clip(cells + bound.tvd, 0.0, 1.0), bound.level, bound.coverage)
+                 np.clip(cells + bound.tvd, 0.0, 1.0), bound.level, bound.coverage, bound.method)
 
 
 def affine_bound(counts: np.ndarray, alpha: float, beta: np.ndarray, *, level: float = LEVEL,
@@ -301,7 +310,7 @@ def triangle(estimate: np.ndarray, unbiased: np.ndarray, bound: Bound) -> Bound:
     if np.all(e >= 0) and abs(float(e.sum()) - 1.0) <= 1e-9:
         tvd = min(tvd, 1.0)
     return Bound(tvd, bound.low.reshape(e.shape), bound.high.reshape(e.shape), bound.level,
-                 AT_LEAST)
+                 AT_LEAST, TRIANGLE)
 
 
 def unbounded(estimate: np.ndarray, level: float = LEVEL) -> Bound:
@@ -309,8 +318,9 @@ def unbounded(estimate: np.ndarray, level: float = LEVEL) -> Bound:
     TVD(Π(e), truth) ≤ TVD(e, Π(e)) + 1 with Π the projection onto the simplex (always
     holds: :data:`AT_LEAST`); every cell in [0, 1]."""
     e = np.asarray(estimate, dtype=float)
-    return triangle(e, project_simplex(e.reshape(-1)),
-                    Bound(1.0, np.zeros(e.shape), np.ones(e.shape), level, AT_LEAST))
+    return replace(triangle(e, project_simplex(e.reshape(-1)),
+                            Bound(1.0, np.zeros(e.shape), np.ones(e.shape), level, AT_LEAST)),
+                   method=NO_REPORTS)
 
 
 def split_level(k: int, level: float = LEVEL) -> float:
@@ -327,4 +337,5 @@ def mixture(weights: Sequence[float], bounds: Sequence[Bound], level: float = LE
     w = np.asarray(weights, dtype=float)
     return Bound(float(w @ [b.tvd for b in bounds]),
                  np.tensordot(w, np.stack([b.low for b in bounds]), axes=1),
-                 np.tensordot(w, np.stack([b.high for b in bounds]), axes=1), level, AT_LEAST)
+                 np.tensordot(w, np.stack([b.high for b in bounds]), axes=1), level, AT_LEAST,
+                 MIXTURE)

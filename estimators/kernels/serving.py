@@ -77,7 +77,7 @@ def served_fields(est: Estimate, attrs: Sequence[str] | None = None) -> dict[str
       "(proxy)", measured to over-cover: docs/estimators.md "Error bounds") or ``"noise only"``
       (≈ q for the noise of a marginal derived by a model, whose bias it does not bound:
       docs/partitioned.md "Bootstrap bounds"); None without q; ``error_bound_method`` — how
-      a bound not given by the family's default rule was obtained (None otherwise);
+      the bound was obtained, in words (``Bound.method``; None without a bound);
     * ``cells_low`` / ``cells_high`` — per-cell ``q`` intervals for the true cells (None
       without a calibrated bound);
     * ``warnings`` — :func:`warnings` (e.g. an iterative fit that did not converge).
@@ -96,7 +96,7 @@ def served_fields(est: Estimate, attrs: Sequence[str] | None = None) -> dict[str
         "error_bound_of": of,
         "error_bound_coverage": None if b is None else (
             AT_LEAST if str(of).endswith("(proxy)") else b.coverage),
-        "error_bound_method": est.extra.get("error_bound_method"),
+        "error_bound_method": None if b is None else b.method,
         "cells_low": None,
         "cells_high": None,
         "warnings": warnings(est),

@@ -158,7 +158,8 @@ function boundMeaning(est) {
   const how = est.error_bound_coverage === "calibrated" ? "calibrated"
     : est.error_bound_coverage === "noise only" ? "calibrated for the noise, not the model's bias"
     : "covering at least that";
-  return `the ${q} upper quantile of the total-variation error of the whole estimate (${how})`;
+  const from = est.error_bound_method ? `; ${est.error_bound_method}` : "";
+  return `the ${q} upper quantile of the total-variation error of the whole estimate (${how}${from})`;
 }
 
 // --- numeric attributes (docs/numeric.md "Live"): summaries, not the input grid's cells -------------

@@ -54,10 +54,12 @@ from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.oracles import frequency_oracles as fo
 
 __all__ = ["DRAWS", "NOISE_ONLY", "Fit", "Draws", "interaction", "deshrunk", "draw_tables",
-           "bootstrap", "realized", "bound"]
+           "bootstrap", "realized", "bound", "REFIT_MAX"]
 
 #: bootstrap draws per refresh (the 95 % quantile of 20 is their largest)
 DRAWS = 20
+#: largest domain whose reference is refitted exactly (a dense cells × cells system: 134 MB)
+REFIT_MAX = 4096
 #: ``Bound.coverage`` of a derived marginal's bound: ≈ 95 % of the noise, not the model's bias
 NOISE_ONLY = "noise only"
 
@@ -161,17 +163,17 @@ def bootstrap(cells: Domain, keys: Sequence[str], oracles: Sequence[fo.Oracle],
 
 def realized(cells: Domain, refs: Sequence[Factor]) -> Factor | None:
     """The maximum-entropy distribution over ``cells`` with the de-shrunk tables as its
-    marginals (by IPF, stopped where it stalls when they disagree), or None above
+    marginals (where they disagree: refitted to the closest realizable ones up to
+    :data:`REFIT_MAX` cells, IPF's table where it stalls above), or None above
     :data:`~.global_fit.MAX_CELLS`. Each de-shrunk table takes its interaction from its own
     noisy unbiased table; drawn from as they are, they are tables no one distribution has, which
     the global fit cannot represent, so the draws' estimates err more than the served one does
     and the bound over-covers."""
     if cells.size() > MAX_CELLS:
         return None
-    # IPF's table where it stalls is a distribution close to every table, which is all a
-    # reference needs; the exact refit toward the closest realizable marginals solves a
-    # cells × cells system (109 GiB for Adult's 7 attributes)
-    return max_entropy(cells, list(refs), refit=False).table
+    # the exact refit toward the closest realizable marginals solves a cells × cells system
+    # (109 GiB for 7 Adult attributes); above REFIT_MAX cells IPF's table where it stalls
+    return max_entropy(cells, list(refs), refit=cells.size() <= REFIT_MAX).table
 
 
 def bound(served: np.ndarray, reference: np.ndarray, estimates: np.ndarray,

@@ -86,7 +86,7 @@ def test_bound_is_the_order_statistic_and_cells_a_t_interval_of_the_rms_deviatio
     est = ref + rng.normal(0, 0.01, (20, 3))
     est -= est.mean(axis=1, keepdims=True) - ref.mean()
     served = np.array([0.52, 0.29, 0.19])
-    b = pb.bound(served, ref, est)
+    b = pb.bound(served, ref, est, "test")
     tv = np.sort(0.5 * np.abs(est - ref).sum(axis=1))
     assert b.tvd == tv[19] and b.coverage == CALIBRATED   # ⌈0.95·21⌉ = 20th of 20
     dev = est - ref

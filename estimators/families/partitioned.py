@@ -878,9 +878,9 @@ class Partitioned(Mechanism):
             ref = _derived_cells(draws.refs, dom)
         est = np.stack([self._served(f, attrs) for f in draws.fits])
         return pb.bound(np.asarray(served, dtype=float).reshape(dom.shape), ref, est,
-                        pb.NOISE_ONLY if j is None else CALIBRATED,
-                        method=f"bootstrap of the served estimator: {self.bootstrap_draws} fits "
-                               f"to tables drawn from the de-shrunk reference")
+                        f"bootstrap of the served estimator: {self.bootstrap_draws} fits to "
+                        f"tables drawn from the de-shrunk reference",
+                        pb.NOISE_ONLY if j is None else CALIBRATED)
 
     def estimate(self, counts: Mapping[str, np.ndarray], attrs: Sequence[str],
                  method: str = "consistent", **options: Any) -> Estimate:
@@ -892,20 +892,21 @@ class Partitioned(Mechanism):
         dom = self.cells.project(attrs)
         j = self.collected_for(attrs)
         extra: dict[str, Any] = {}
-        bound = None
+        # the served estimate's own bound (computed once its cells are), else the proxy's
+        boot = self.bounds == "bootstrap" and method in BOOTSTRAPPED
         if j is not None:
             raw, n = self._raw(counts, j)
             f = Factor(self.cells.project(self.marginals[j]), raw.reshape(self._shapes[j]))
-            cb = oracle_bound(self.oracles[j], raw, n)
             sub_raw = f.project(attrs).values
-            if f.values.size != dom.size():   # a sub-marginal: the TVD bound carries over
-                cb = coarsened(cb, project_simplex(sub_raw))
-            else:
-                cb = Bound(cb.tvd, cb.low.reshape(dom.shape), cb.high.reshape(dom.shape),
-                           cb.level, cb.coverage, cb.method)
-            bound = cb.tvd
-            if method != "unbiased":
-                extra["error_bound_of"] = "unbiased (proxy)"
+            if not boot:
+                cb = oracle_bound(self.oracles[j], raw, n)
+                if f.values.size != dom.size():   # a sub-marginal: the TVD bound carries over
+                    cb = coarsened(cb, project_simplex(sub_raw))
+                else:
+                    cb = Bound(cb.tvd, cb.low.reshape(dom.shape), cb.high.reshape(dom.shape),
+                               cb.level, cb.coverage, cb.method)
+                if method != "unbiased":
+                    extra["error_bound_of"] = "unbiased (proxy)"
             extra["collected_from"] = "|".join(self.marginals[j])
             extra["oracle"] = self.oracles[j].name
             if method == "unbiased":
@@ -923,21 +924,17 @@ class Partitioned(Mechanism):
                          if method == "unbiased" and not options.get("proper") else None)
             extra.update(self._numeric_extra(counts, j, attrs,
                                              vals if projected is None else projected.values))
-            if self.bounds == "bootstrap" and method in BOOTSTRAPPED:
+            if boot:
                 cb = self.served_bound(counts, attrs, method, vals)
-                bound = cb.tvd
-                extra.pop("error_bound_of", None)
             return Estimate(Factor(dom, repair(vals, options.get("proper"))), method, n,
-                            self.epsilon, error_bound=bound, extra=extra, bound=cb,
+                            self.epsilon, error_bound=cb.tvd, extra=extra, bound=cb,
                             projected=projected)
         whole = self._global(counts, extra) if method == "global" else None
         # a marginal no collected table holds: no unbiased estimate to bound it by, so the bound
         # is the one that always holds (bounds.unbounded: ≤ 1 for a distribution)
         if whole is not None:
             vals = repair(np.array(whole.project(attrs).values), options.get("proper"))
-            ub = unbounded(vals)
-            if self.bounds == "bootstrap":
-                ub = self.served_bound(counts, attrs, method, vals)
+            ub = self.served_bound(counts, attrs, method, vals) if boot else unbounded(vals)
             return Estimate(Factor(dom, vals), method, self._reports(counts), self.epsilon,
                             error_bound=ub.tvd, bound=ub,
                             iterations=extra["global_fit"]["iterations"], extra=extra)
@@ -951,9 +948,7 @@ class Partitioned(Mechanism):
             extra["numeric_note"] = ("no numeric summaries: this marginal is inside no "
                                      "collected one; these are its cells on the points")
         vals = repair(r.table.values, options.get("proper"))
-        ub = unbounded(vals)
-        if self.bounds == "bootstrap" and method in BOOTSTRAPPED:
-            ub = self.served_bound(counts, attrs, method, vals)
+        ub = self.served_bound(counts, attrs, method, vals) if boot else unbounded(vals)
         return Estimate(Factor(dom, vals), method, n, self.epsilon, error_bound=ub.tvd, bound=ub,
                         iterations=r.iterations, converged=r.converged, extra=extra)
 

@@ -45,6 +45,7 @@ from ldpstream.estimators.kernels.bounds import (
     SEED,
     Bound,
     multinomial,
+    normal_estimates,
     stream,
 )
 from ldpstream.estimators.kernels.consistency import max_entropy
@@ -128,11 +129,7 @@ def draw_tables(oracle: fo.Oracle, ref: np.ndarray, n: int, draws: int,
     if isinstance(oracle, fo.GRR):
         sup = multinomial(rng, n, (p - q) * ref + q, draws)
     else:
-        v = (ref * p * (1 - p) + (1 - ref) * q * (1 - q)) / (p - q) ** 2
-        z1 = rng.standard_normal((draws, ref.size))
-        z2 = rng.standard_normal((draws, ref.size)) * np.sqrt(ref)
-        est = ref + (np.sqrt(v) * z1 + (z2 - np.outer(z2.sum(axis=1), ref))) / math.sqrt(n)
-        sup = n * (q + (p - q) * est)
+        sup = n * (q + (p - q) * normal_estimates(oracle, ref, n, draws, rng))
     return np.clip(np.rint(sup), 0, n).astype(np.int64)
 
 
@@ -176,8 +173,8 @@ def realized(cells: Domain, refs: Sequence[Factor]) -> Factor | None:
     return max_entropy(cells, list(refs), refit=cells.size() <= REFIT_MAX).table
 
 
-def bound(served: np.ndarray, reference: np.ndarray, estimates: np.ndarray,
-          coverage: str = CALIBRATED, level: float = LEVEL, method: str = "") -> Bound:
+def bound(served: np.ndarray, reference: np.ndarray, estimates: np.ndarray, method: str,
+          coverage: str = CALIBRATED, level: float = LEVEL) -> Bound:
     """The bound of ``served`` from the draws' ``estimates`` ``(B, cells)`` of the marginal
     whose reference is ``reference``: the ⌈level·(B+1)⌉-th smallest TVD(estimate, reference);
     per cell, served less the draws' mean deviation μ from the reference (the estimator's bias
@@ -196,4 +193,4 @@ def bound(served: np.ndarray, reference: np.ndarray, estimates: np.ndarray,
     mid = s.reshape(-1) - mu
     low = np.clip(mid - half, 0.0, 1.0).reshape(s.shape)
     high = np.clip(mid + half, 0.0, 1.0).reshape(s.shape)
-    return Bound(tvd, low, high, level, coverage, method or "bootstrap of the served estimator")
+    return Bound(tvd, low, high, level, coverage, method)

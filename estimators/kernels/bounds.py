@@ -52,7 +52,7 @@ from ldpstream.estimators.kernels.proper import project_simplex
 from ldpstream.estimators.oracles.frequency_oracles import GRR, Oracle
 
 __all__ = ["LEVEL", "DRAWS", "SEED", "SIMULATE_MAX", "CALIBRATED", "AT_LEAST", "CHANNEL",
-           "TRIANGLE", "NO_REPORTS", "MIXTURE", "Bound",
+           "TRIANGLE", "NO_REPORTS", "MIXTURE", "Bound", "normal_estimates",
            "reference", "stream", "multinomial", "bootstrap_bound", "product_channel_bound",
            "product_channel_bounds", "oracle_bound", "affine_bound", "coarsened", "triangle",
            "unbounded", "split_level", "mixture"]
@@ -260,12 +260,21 @@ def oracle_bound(oracle: Oracle, raw: np.ndarray, n: int, *, level: float = LEVE
     if draws * n * ref.size <= SIMULATE_MAX:
         est = (_simulated(oracle, ref, n, draws, rng) / n - q) / (p - q)
     else:
-        v = (ref * p * (1 - p) + (1 - ref) * q * (1 - q)) / (p - q) ** 2
-        z1 = rng.standard_normal((draws, ref.size))
-        z2 = rng.standard_normal((draws, ref.size)) * np.sqrt(ref)
-        sample = z2 - np.outer(z2.sum(axis=1), ref)
-        est = ref + (np.sqrt(v) * z1 + sample) / math.sqrt(n)
+        est = normal_estimates(oracle, ref, n, draws, rng)
     return bootstrap_bound(raw, ref, est, level)
+
+
+def normal_estimates(oracle: Oracle, ref: np.ndarray, n: int, draws: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """``draws`` unbiased estimates ``(draws, cells)`` of ``oracle`` from ``n`` users drawn from
+    ``ref``, by their normal approximation: covariance (diag(v) + diag(ref) − ref·refᵀ)/n,
+    v = (ref·p*(1−p*) + (1−ref)·q*(1−q*))/(p*−q*)² ([Wang17] eq. 4 plus the sampling of users)."""
+    p, q = oracle.p_star, oracle.q_star
+    v = (ref * p * (1 - p) + (1 - ref) * q * (1 - q)) / (p - q) ** 2
+    z1 = rng.standard_normal((draws, ref.size))
+    z2 = rng.standard_normal((draws, ref.size)) * np.sqrt(ref)
+    sample = z2 - np.outer(z2.sum(axis=1), ref)
+    return ref + (np.sqrt(v) * z1 + sample) / math.sqrt(n)
 
 
 def coarsened(bound: Bound, cells: np.ndarray) -> Bound:
